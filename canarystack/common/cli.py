@@ -1,0 +1,105 @@
+"""Command-line options every component shares, and serving an app.
+
+``base_parser(component)`` has ``--host``, ``--port`` (0 picks a free port),
+``--admin-token-file``, ``--max-fault-ttl-s``, ``--log-level``, ``--reuse-port`` and
+``--ready-file`` (written as ``{"port": P, "pid": N}`` once the socket listens, so a test
+or supervisor can start a component on port 0 and learn its port without races).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import signal
+from collections.abc import Sequence
+from pathlib import Path
+
+from aiohttp import web
+
+from canarystack.common import logs
+from canarystack.common.faults import DEFAULT_MAX_TTL_S
+
+
+def base_parser(component: str, description: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=f"python -m canarystack.{component}", description=description)
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=0, help="port to listen on (0 = a free port)")
+    p.add_argument(
+        "--admin-token-file",
+        default=None,
+        help="file holding the admin token (default: env CANARYSTACK_ADMIN_TOKEN)",
+    )
+    p.add_argument(
+        "--max-fault-ttl-s",
+        type=float,
+        default=DEFAULT_MAX_TTL_S,
+        help="cap on any fault's ttl_s (default %(default)s)",
+    )
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.add_argument(
+        "--reuse-port",
+        action="store_true",
+        help="set SO_REUSEPORT so several replicas can share one port",
+    )
+    p.add_argument("--ready-file", default=None, help="write {port, pid} here once listening")
+    return p
+
+
+def write_ready_file(path: str | None, port: int) -> None:
+    if not path:
+        return
+    target = Path(path)
+    tmp = target.with_suffix(target.suffix + ".tmp")
+    tmp.write_text(json.dumps({"port": port, "pid": os.getpid()}))
+    tmp.replace(target)
+
+
+def install_uvloop() -> None:
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
+        return
+    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+
+
+async def _serve(
+    app: web.Application,
+    host: str,
+    port: int,
+    reuse_port: bool,
+    ready_file: str | None,
+    component: str,
+) -> None:
+    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port, reuse_port=reuse_port or None, backlog=1024)
+    await site.start()
+    server = getattr(site, "_server", None)
+    bound = port
+    if server is not None and server.sockets:
+        bound = server.sockets[0].getsockname()[1]
+    write_ready_file(ready_file, bound)
+    logs.get_logger(component).info("listening", host=host, port=bound, pid=os.getpid())
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    logs.get_logger(component).info("stopping", pid=os.getpid())
+    await runner.cleanup()
+
+
+def serve(app: web.Application, args: argparse.Namespace, component: str) -> None:
+    """Run ``app`` until SIGTERM/SIGINT (uvloop when available)."""
+    install_uvloop()
+    asyncio.run(_serve(app, args.host, args.port, args.reuse_port, args.ready_file, component))
+
+
+def parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
+    args = parser.parse_args(argv)
+    logs.configure(args.log_level)
+    return args

@@ -1,0 +1,207 @@
+"""Faults with a time-to-live, enforced by the component that holds them.
+
+Every component exposes the same admin API over one ``FaultRegistry``:
+
+- ``GET /admin/faults``            -> ``{"faults": [fault, ...]}`` (with ``remaining_s``)
+- ``POST /admin/faults``  body ``{"kind": K, "ttl_s": S, ...params}`` -> 201 ``{"id": ...}``
+- ``DELETE /admin/faults/{id}``    -> ``{"cleared": [fault]}`` (404 if unknown or expired)
+- ``DELETE /admin/faults``         -> ``{"cleared": [fault, ...]}`` (all)
+
+The TTL is a dead-man switch: expiry is decided by this process's monotonic clock on
+every lookup, so a fault stops acting when its time is up even if the harness that
+injected it has died. ``ttl_s`` is required and capped (``max_ttl_s``). Faults live in
+memory only: a restarted process comes back clean.
+
+This module must never sleep, do I/O, or hold a fault past its TTL.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from canarystack.common.errors import BadRequest, NotFound, from_validation_error
+from canarystack.common.logs import JsonLogger, get_logger
+
+DEFAULT_MAX_TTL_S = 600.0
+
+
+class FaultParams(BaseModel):
+    """Base for a fault kind's parameters: unknown fields are refused (typos show)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class NoParams(FaultParams):
+    pass
+
+
+@dataclass
+class Fault:
+    id: str
+    kind: str
+    params: FaultParams
+    ttl_s: float
+    injected_at: float  # wall clock, for people
+    expires_mono: float  # monotonic, for enforcement
+    seq: int = field(default=0)
+
+    def remaining_s(self, now_mono: float) -> float:
+        return max(0.0, self.expires_mono - now_mono)
+
+    def to_json(self, now_mono: float) -> dict[str, Any]:
+        remaining = self.remaining_s(now_mono)
+        return {
+            "id": self.id,
+            "kind": self.kind,
+            "params": self.params.model_dump(),
+            "ttl_s": self.ttl_s,
+            "injected_at": self.injected_at,
+            "expires_at": self.injected_at + self.ttl_s,
+            "remaining_s": round(remaining, 3),
+        }
+
+
+class FaultRegistry:
+    """The faults active in one process.
+
+    ``kinds`` maps a kind name to its parameter model (a ``FaultParams`` subclass).
+    ``clock`` is monotonic time and ``wall`` epoch time; both are parameters so tests
+    can move time instead of sleeping.
+    """
+
+    def __init__(
+        self,
+        component: str,
+        kinds: Mapping[str, type[FaultParams]],
+        *,
+        max_ttl_s: float = DEFAULT_MAX_TTL_S,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+        log: JsonLogger | None = None,
+    ) -> None:
+        self.component = component
+        self.kinds = dict(kinds)
+        self.max_ttl_s = max_ttl_s
+        self._clock = clock
+        self._wall = wall
+        self._log = log or get_logger(component)
+        self._faults: dict[str, Fault] = {}
+        self._seq = itertools.count(1)
+
+    # -- validation ---------------------------------------------------------------
+    def _parse(self, body: Mapping[str, Any]) -> tuple[str, float, FaultParams]:
+        kind = body.get("kind")
+        allowed = ", ".join(sorted(self.kinds))
+        if kind is None:
+            raise BadRequest(f"Fault body needs 'kind': one of {allowed}.", param="kind")
+        if not isinstance(kind, str) or kind not in self.kinds:
+            raise BadRequest(
+                f"Unknown fault kind {kind!r} for {self.component}: use one of {allowed}.",
+                param="kind",
+            )
+        ttl = body.get("ttl_s")
+        if ttl is None:
+            raise BadRequest(
+                "Fault body needs 'ttl_s' (seconds): every fault expires by itself; "
+                f"give a number > 0 and <= {self.max_ttl_s:g}.",
+                param="ttl_s",
+            )
+        if isinstance(ttl, bool) or not isinstance(ttl, int | float):
+            raise BadRequest(f"'ttl_s' must be a number of seconds, got {ttl!r}.", param="ttl_s")
+        if not (0 < float(ttl) <= self.max_ttl_s):
+            raise BadRequest(
+                f"'ttl_s' is {ttl!r}: it must be > 0 and <= {self.max_ttl_s:g} seconds "
+                "(the cap keeps a forgotten fault from outliving a game day).",
+                param="ttl_s",
+            )
+        raw = {k: v for k, v in body.items() if k not in ("kind", "ttl_s")}
+        # Accept params either flat or under "params".
+        if "params" in raw and isinstance(raw["params"], dict) and len(raw) == 1:
+            raw = raw["params"]
+        try:
+            params = self.kinds[kind].model_validate(raw)
+        except ValidationError as exc:
+            raise from_validation_error(exc, what=f"{kind!r} fault") from None
+        return kind, float(ttl), params
+
+    # -- operations ---------------------------------------------------------------
+    def inject(self, body: Mapping[str, Any], actor: str = "admin") -> Fault:
+        kind, ttl, params = self._parse(body)
+        now = self._clock()
+        fault = Fault(
+            id=uuid.uuid4().hex[:12],
+            kind=kind,
+            params=params,
+            ttl_s=ttl,
+            injected_at=self._wall(),
+            expires_mono=now + ttl,
+            seq=next(self._seq),
+        )
+        self._faults[fault.id] = fault
+        self._log.info(
+            "fault_injected",
+            fault_id=fault.id,
+            kind=kind,
+            ttl_s=ttl,
+            params=params.model_dump(),
+            actor=actor,
+        )
+        return fault
+
+    def _prune(self) -> None:
+        if not self._faults:
+            return
+        now = self._clock()
+        for fid, fault in list(self._faults.items()):
+            if fault.expires_mono <= now:
+                del self._faults[fid]
+                self._log.info("fault_expired", fault_id=fid, kind=fault.kind, ttl_s=fault.ttl_s)
+
+    def active(self, kind: str | None = None) -> list[Fault]:
+        """Active faults (oldest first), optionally of one kind."""
+        self._prune()
+        faults = sorted(self._faults.values(), key=lambda f: f.seq)
+        if kind is not None:
+            faults = [f for f in faults if f.kind == kind]
+        return faults
+
+    def get(self, kind: str) -> FaultParams | None:
+        """The parameters of the newest active fault of ``kind``, or None (hot path)."""
+        if not self._faults:
+            return None
+        found = self.active(kind)
+        return found[-1].params if found else None
+
+    def clear(self, fault_id: str, actor: str = "admin") -> Fault:
+        self._prune()
+        fault = self._faults.pop(fault_id, None)
+        if fault is None:
+            raise NotFound(
+                f"No active fault with id {fault_id!r} on {self.component} "
+                "(it may have expired); GET /admin/faults lists the active ones.",
+                param="id",
+            )
+        self._log.info("fault_cleared", fault_id=fault.id, kind=fault.kind, actor=actor)
+        return fault
+
+    def clear_all(self, actor: str = "admin") -> list[Fault]:
+        self._prune()
+        cleared = sorted(self._faults.values(), key=lambda f: f.seq)
+        self._faults.clear()
+        for fault in cleared:
+            self._log.info("fault_cleared", fault_id=fault.id, kind=fault.kind, actor=actor)
+        return cleared
+
+    def count(self, kind: str) -> int:
+        return len(self.active(kind))
+
+    def to_json(self) -> list[dict[str, Any]]:
+        now = self._clock()
+        return [f.to_json(now) for f in self.active()]

@@ -1,0 +1,85 @@
+"""JSON-lines logging on stderr: one object per line, with ``ts``, ``level``,
+``component``, ``event`` and any extra fields.
+
+Use ``get_logger(component)`` and call ``log.info("event_name", key=value, ...)``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from typing import Any
+
+
+class _JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        payload: dict[str, Any] = {
+            "ts": round(record.created, 6),
+            "level": record.levelname.lower(),
+            "component": getattr(record, "component", record.name),
+            "event": record.getMessage(),
+        }
+        fields = getattr(record, "fields", None)
+        if fields:
+            payload.update(fields)
+        if record.exc_info:
+            payload["exc"] = self.formatException(record.exc_info)
+        return json.dumps(payload, default=str, separators=(",", ":"))
+
+
+class JsonLogger:
+    """A thin wrapper that turns keyword arguments into JSON fields."""
+
+    def __init__(self, component: str, logger: logging.Logger) -> None:
+        self.component = component
+        self._logger = logger
+
+    def _log(self, level: int, event: str, exc_info: bool = False, **fields: Any) -> None:
+        if self._logger.isEnabledFor(level):
+            self._logger.log(
+                level,
+                event,
+                exc_info=exc_info,
+                extra={"component": self.component, "fields": fields},
+            )
+
+    def debug(self, event: str, **fields: Any) -> None:
+        self._log(logging.DEBUG, event, **fields)
+
+    def info(self, event: str, **fields: Any) -> None:
+        self._log(logging.INFO, event, **fields)
+
+    def warning(self, event: str, **fields: Any) -> None:
+        self._log(logging.WARNING, event, **fields)
+
+    def error(self, event: str, exc_info: bool = False, **fields: Any) -> None:
+        self._log(logging.ERROR, event, exc_info=exc_info, **fields)
+
+
+_configured = False
+
+
+def configure(level: str = "info") -> None:
+    """Install the JSON handler on the root logger (once per process)."""
+    global _configured
+    root = logging.getLogger()
+    root.setLevel(level.upper())
+    if _configured:
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_JsonFormatter())
+    root.handlers[:] = [handler]
+    # aiohttp's access log is per request; it costs CPU on the hot path.
+    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+    _configured = True
+
+
+def get_logger(component: str) -> JsonLogger:
+    return JsonLogger(component, logging.getLogger(f"canarystack.{component}"))
+
+
+def now() -> float:
+    """Wall-clock seconds since the epoch (for timestamps a person reads)."""
+    return time.time()

@@ -1,0 +1,30 @@
+"""The ``gameday`` command.
+
+Subcommands are registered by their own modules (``gameday stack``, ``gameday run``,
+``gameday report``); this module only builds the group.
+"""
+
+from __future__ import annotations
+
+import click
+
+from gameday import __version__
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="gameday")
+def cli() -> None:
+    """Chaos game days for an LLM canary gate.
+
+    Inject latency, pod kills and faulty-kernel canaries into the router, broker and
+    rollback components of an LLM release stack while Locust replays mixed-length
+    prompts; check that the gate trips within its SLO and users were protected.
+    """
+
+
+def main() -> None:
+    cli()
+
+
+if __name__ == "__main__":
+    main()

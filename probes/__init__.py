@@ -1,0 +1,1 @@
+"""Chaos Toolkit activities (probes, actions, controls) for canary game days."""

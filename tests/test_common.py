@@ -1,0 +1,115 @@
+"""The shared parts: fault TTLs (with a fake clock), buckets, the tokenizer, tokens."""
+
+from __future__ import annotations
+
+import pytest
+
+from canarystack.common.auth import TokenFileError, load_admin_token
+from canarystack.common.buckets import bucket_labels, bucket_of, parse_edges
+from canarystack.common.errors import BadRequest, NotFound
+from canarystack.common.faults import FaultParams, FaultRegistry
+from canarystack.tokenizer import count_tokens, make_prompt, render_chat, vocab
+
+
+class LatencyParams(FaultParams):
+    ms: float = 100.0
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def registry(clock: Clock) -> FaultRegistry:
+    return FaultRegistry("test", {"latency": LatencyParams}, max_ttl_s=60, clock=clock)
+
+
+def test_fault_expires_by_its_own_clock() -> None:
+    clock = Clock()
+    reg = registry(clock)
+    fault = reg.inject({"kind": "latency", "ttl_s": 5, "ms": 250})
+    assert reg.get("latency") == LatencyParams(ms=250)
+    assert reg.to_json()[0]["remaining_s"] == 5
+    clock.t += 4.9
+    assert reg.to_json()[0]["remaining_s"] == pytest.approx(0.1)
+    clock.t += 0.2
+    assert reg.get("latency") is None
+    assert reg.active() == []
+    with pytest.raises(NotFound, match=fault.id):
+        reg.clear(fault.id)
+
+
+def test_newest_fault_of_a_kind_wins_and_clear_all() -> None:
+    clock = Clock()
+    reg = registry(clock)
+    reg.inject({"kind": "latency", "ttl_s": 10, "ms": 1})
+    second = reg.inject({"kind": "latency", "ttl_s": 10, "params": {"ms": 2}})
+    assert reg.get("latency") == LatencyParams(ms=2)
+    reg.clear(second.id)
+    assert reg.get("latency") == LatencyParams(ms=1)
+    assert len(reg.clear_all()) == 1
+    assert reg.active() == []
+
+
+@pytest.mark.parametrize(
+    ("body", "param", "text"),
+    [
+        ({"ttl_s": 5}, "kind", "needs 'kind'"),
+        ({"kind": "nope", "ttl_s": 5}, "kind", "Unknown fault kind 'nope'"),
+        ({"kind": "latency"}, "ttl_s", "needs 'ttl_s'"),
+        ({"kind": "latency", "ttl_s": 0}, "ttl_s", "must be > 0"),
+        ({"kind": "latency", "ttl_s": 61}, "ttl_s", "<= 60"),
+        ({"kind": "latency", "ttl_s": "5"}, "ttl_s", "must be a number"),
+        ({"kind": "latency", "ttl_s": 5, "msec": 3}, "msec", "Extra inputs"),
+        ({"kind": "latency", "ttl_s": 5, "ms": "slow"}, "ms", "valid number"),
+    ],
+)
+def test_bad_fault_bodies_name_the_field(body: dict[str, object], param: str, text: str) -> None:
+    reg = registry(Clock())
+    with pytest.raises(BadRequest) as info:
+        reg.inject(body)
+    assert info.value.param == param
+    assert text in info.value.message
+
+
+def test_buckets() -> None:
+    assert bucket_labels() == ["0-512", "512-1k", "1k-2k", "2k-4k", "4k+"]
+    assert bucket_of(0) == "0-512"
+    assert bucket_of(511) == "0-512"
+    assert bucket_of(512) == "512-1k"
+    assert bucket_of(2047) == "1k-2k"
+    assert bucket_of(2048) == "2k-4k"
+    assert bucket_of(10_000) == "4k+"
+    assert parse_edges("100, 200") == (100, 200)
+    with pytest.raises(ValueError, match="strictly increasing"):
+        parse_edges("200,100")
+    with pytest.raises(ValueError, match="separated by commas"):
+        parse_edges("a,b")
+
+
+def test_tokenizer_prompt_of_exact_length() -> None:
+    assert len(set(vocab())) == len(vocab()) == 512
+    for n in (0, 1, 7, 4096):
+        assert count_tokens(make_prompt(n, seed=n)) == n
+    assert make_prompt(50, seed=3) == make_prompt(50, seed=3)
+    assert make_prompt(50, seed=3) != make_prompt(50, seed=4)
+    chat = render_chat(
+        [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
+    )
+    assert count_tokens(chat) == 5
+
+
+def test_admin_token_sources(tmp_path) -> None:
+    f = tmp_path / "tok"
+    f.write_text("secret\n")
+    assert load_admin_token(str(f), environ={}) == "secret"
+    assert load_admin_token(None, environ={"CANARYSTACK_ADMIN_TOKEN": "env"}) == "env"
+    assert load_admin_token(None, environ={}) is None
+    with pytest.raises(TokenFileError, match="cannot read it"):
+        load_admin_token(str(tmp_path / "missing"), environ={})
+    (tmp_path / "empty").write_text("")
+    with pytest.raises(TokenFileError, match="empty"):
+        load_admin_token(str(tmp_path / "empty"), environ={})
