@@ -22,7 +22,14 @@ def cli() -> None:
     """
 
 
+def _register() -> None:
+    from gameday.stack import stack_cmd
+
+    cli.add_command(stack_cmd)
+
+
 def main() -> None:
+    _register()
     cli()
 
 

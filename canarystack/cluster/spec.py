@@ -1,0 +1,199 @@
+"""What a local stack is made of: ports, programs and their command lines.
+
+A ``StackSpec`` (from defaults, a YAML stack config and CLI flags) renders into the list
+of ``Program`` s that supervisord runs and into ``stack.json``, the description the
+harness reads (docs/ARCHITECTURE.md §6). Pure functions: no processes, no I/O except
+reading a config file.
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+ROLES = ("broker", "router", "gate", "rollback", "model-baseline", "model-canary")
+
+# Offsets from the base port (docs/ARCHITECTURE.md §6).
+BROKER_OFFSET = 0
+ROUTER_OFFSET = 1
+GATE_OFFSET = 2
+ROLLBACK_OFFSET = 3
+ROUTER_INSTANCE_OFFSET = 11
+BASELINE_OFFSET = 20
+CANARY_OFFSET = 30
+HOST = "127.0.0.1"
+
+
+class StackConfigError(ValueError):
+    """A stack config file or flag is wrong; the message names it and says what to do."""
+
+
+class StackSpec(BaseModel):
+    """The shape of a local stack. Every field can come from a YAML stack config."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    state_dir: Path = Path(".stack")
+    base_port: int = Field(18100, ge=1024, le=65000)
+    release: str = Field("default", pattern=r"^[a-z0-9][a-z0-9-]{0,62}$")
+    model_name: str = "default"
+    stable_version: str = "v1"
+    canary_version: str = "v2"
+    canary_weight: int = Field(5, ge=0, le=100)
+    router_replicas: int = Field(2, ge=1, le=9)
+    baseline_replicas: int = Field(2, ge=1, le=9)
+    canary_replicas: int = Field(1, ge=1, le=9)
+    engine: str = Field("sim", pattern=r"^(sim|llamacpp)$")
+    # Extra command-line arguments per role, e.g. {"gate": ["--drift-kl-tolerance", "50"]}.
+    args: dict[str, list[str]] = Field(default_factory=dict)
+    # Roles left out of the stack (e.g. ["gate"] to watch an unguarded canary).
+    without: list[str] = Field(default_factory=list)
+    python: str = sys.executable
+
+    @field_validator("without")
+    @classmethod
+    def _optional_roles(cls, value: list[str]) -> list[str]:
+        optional = ("gate", "rollback")
+        for role in value:
+            if role not in optional:
+                raise ValueError(
+                    f"cannot leave out {role!r}: only {', '.join(optional)} are optional"
+                )
+        return value
+
+    @field_validator("args")
+    @classmethod
+    def _known_roles(cls, value: dict[str, list[str]]) -> dict[str, list[str]]:
+        for role in value:
+            if role not in (*ROLES, "model"):
+                raise ValueError(
+                    f"unknown role {role!r} under 'args': use one of {', '.join((*ROLES, 'model'))}"
+                )
+        return value
+
+    def url(self, offset: int) -> str:
+        return f"http://{HOST}:{self.base_port + offset}"
+
+    @property
+    def abs_state_dir(self) -> Path:
+        return self.state_dir.resolve()
+
+
+@dataclass
+class Program:
+    """One supervisord program (a "pod")."""
+
+    name: str
+    role: str
+    command: list[str]
+    url: str  # where this replica answers /health and /admin/faults
+    env: dict[str, str] = field(default_factory=dict)
+
+    def command_line(self) -> str:
+        return " ".join(shlex.quote(part) for part in self.command)
+
+
+def load_stack_config(path: str | Path | None, **overrides: Any) -> StackSpec:
+    """Defaults, then the YAML file (if any), then non-None ``overrides``."""
+    data: dict[str, Any] = {}
+    if path:
+        p = Path(path)
+        try:
+            loaded = yaml.safe_load(p.read_text()) or {}
+        except OSError as exc:
+            raise StackConfigError(f"stack config {p}: cannot read it ({exc.strerror}).") from None
+        except yaml.YAMLError as exc:
+            raise StackConfigError(f"stack config {p}: not valid YAML: {exc}") from None
+        if not isinstance(loaded, dict):
+            raise StackConfigError(f"stack config {p}: the top level must be a mapping.")
+        data.update(loaded)
+    data.update({k: v for k, v in overrides.items() if v is not None})
+    try:
+        return StackSpec.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(str(x) for x in err["loc"])
+        source = f"stack config {path}" if path else "stack options"
+        raise StackConfigError(f"{source}: field '{where}': {err['msg']}") from None
+
+
+def _command(spec: StackSpec, module: str, port: int, *args: str) -> list[str]:
+    token = ["--admin-token-file", str(spec.abs_state_dir / "admin-token")]
+    return [spec.python, "-m", f"canarystack.{module}", "--host", HOST, "--port", str(port),
+            *token, *args]  # fmt: skip
+
+
+def _model_programs(
+    spec: StackSpec, role: str, version: str, count: int, offset: int
+) -> list[Program]:
+    variant = role.removeprefix("model-")
+    extra = [*spec.args.get("model", []), *spec.args.get(role, [])]
+    progs = []
+    for i in range(count):
+        port = spec.base_port + offset + i
+        cmd = _command(spec, "model", port, "--version", version,
+                       "--served-model-name", spec.model_name, *extra)  # fmt: skip
+        progs.append(Program(f"model-{variant}-{i}", role, cmd, f"http://{HOST}:{port}"))
+    return progs
+
+
+def programs(spec: StackSpec) -> list[Program]:
+    """Every program of the stack, in start order."""
+    sd = str(spec.abs_state_dir)
+    broker_url = spec.url(BROKER_OFFSET)
+    baseline = _model_programs(
+        spec, "model-baseline", spec.stable_version, spec.baseline_replicas, BASELINE_OFFSET
+    )
+    canary = _model_programs(
+        spec, "model-canary", spec.canary_version, spec.canary_replicas, CANARY_OFFSET
+    )
+    broker_cmd = _command(spec, "broker", spec.base_port + BROKER_OFFSET, "--state-dir", sd,
+                          *spec.args.get("broker", []))  # fmt: skip
+    progs = [Program("broker", "broker", broker_cmd, broker_url), *baseline, *canary]
+    gate = [] if "gate" in spec.without else ["--gate", spec.url(GATE_OFFSET)]
+    for i in range(spec.router_replicas):
+        instance_port = spec.base_port + ROUTER_INSTANCE_OFFSET + i
+        cmd = _command(
+            spec, "router", spec.base_port + ROUTER_OFFSET,
+            "--reuse-port", "--instance-port", str(instance_port),
+            "--router-id", f"router-{i}", "--broker", broker_url, "--release", spec.release,
+            "--baseline", ",".join(p.url for p in baseline),
+            "--canary", ",".join(p.url for p in canary),
+            "--state-dir", sd, *gate, *spec.args.get("router", []),
+        )  # fmt: skip
+        progs.append(Program(f"router-{i}", "router", cmd, f"http://{HOST}:{instance_port}"))
+    for role, offset in (("gate", GATE_OFFSET), ("rollback", ROLLBACK_OFFSET)):
+        if role in spec.without:
+            continue
+        cmd = _command(spec, role, spec.base_port + offset, "--broker", broker_url,
+                       "--release", spec.release, *spec.args.get(role, []))  # fmt: skip
+        progs.append(Program(role, role, cmd, spec.url(offset)))
+    return progs
+
+
+def stack_description(spec: StackSpec, progs: list[Program]) -> dict[str, Any]:
+    """The content of ``stack.json`` (docs/ARCHITECTURE.md §6)."""
+    sd = spec.abs_state_dir
+    return {
+        "state_dir": str(sd),
+        "base_port": spec.base_port,
+        "release": spec.release,
+        "model": spec.model_name,
+        "engine": spec.engine,
+        "router_url": spec.url(ROUTER_OFFSET),
+        "broker_url": spec.url(BROKER_OFFSET),
+        "gate_url": spec.url(GATE_OFFSET),
+        "rollback_url": spec.url(ROLLBACK_OFFSET),
+        "supervisor_socket": str(sd / "supervisor.sock"),
+        "admin_token_file": str(sd / "admin-token"),
+        "versions": {"stable": spec.stable_version, "canary": spec.canary_version},
+        "components": [
+            {"name": p.name, "role": p.role, "program": p.name, "url": p.url} for p in progs
+        ],
+    }

@@ -1,0 +1,247 @@
+"""The local stack's lifecycle: up, status, down, logs, timeline.
+
+``up`` writes the supervisord config and ``stack.json`` into the state folder, generates
+the admin token (mode 0600), starts supervisord, waits until every component answers
+``/health``, then creates the release (stable and canary versions registered with their
+digests, canary weight as configured). ``up`` on a running stack reports it and changes
+nothing.
+
+Never kills anything by name: supervisord is stopped by the PID in its pidfile, and it
+stops its programs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+import requests
+
+from canarystack.cluster import supervisor
+from canarystack.cluster.spec import Program, StackSpec, programs, stack_description
+
+HEALTH_TIMEOUT_S = 60.0
+HTTP_TIMEOUT_S = 2.0
+
+
+class StackError(RuntimeError):
+    """Something a person must act on; the message says what."""
+
+
+def _write_token(state_dir: Path) -> str:
+    path = state_dir / "admin-token"
+    if path.exists():
+        return path.read_text().strip()
+    token = secrets.token_urlsafe(32)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(token + "\n")
+    return token
+
+
+def _port_in_use(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return True
+    return False
+
+
+def _check_ports(spec: StackSpec, progs: list[Program]) -> None:
+    ports = sorted({int(p.url.rsplit(":", 1)[1]) for p in progs} | {spec.base_port + 1})
+    busy = [port for port in ports if _port_in_use(port)]
+    if busy:
+        raise StackError(
+            f"ports {', '.join(map(str, busy))} are in use on 127.0.0.1, so the stack cannot "
+            f"start on base port {spec.base_port}. Stop what holds them, or pick another "
+            "base port with --base-port."
+        )
+
+
+def _healthy(url: str) -> bool:
+    try:
+        return requests.get(url + "/health", timeout=HTTP_TIMEOUT_S).status_code == 200
+    except requests.RequestException:
+        return False
+
+
+def _log_tail(state_dir: Path, program: str, lines: int = 20) -> str:
+    try:
+        text = (state_dir / "logs" / f"{program}.log").read_text(errors="replace")
+    except OSError:
+        return "(no log)"
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def _wait_healthy(spec: StackSpec, progs: list[Program], timeout_s: float) -> None:
+    pending = {p.name: p for p in progs}
+    deadline = time.monotonic() + timeout_s
+    while pending and time.monotonic() < deadline:
+        for name, prog in list(pending.items()):
+            if _healthy(prog.url):
+                del pending[name]
+        if pending:
+            time.sleep(0.1)
+    if pending:
+        details = "\n".join(
+            f"--- {name} ({p.url}), last log lines:\n{_log_tail(spec.abs_state_dir, name)}"
+            for name, p in pending.items()
+        )
+        raise StackError(
+            f"components did not answer /health within {timeout_s:g}s: "
+            f"{', '.join(pending)}\n{details}"
+        )
+
+
+def _manifest(spec: StackSpec, version: str) -> dict[str, Any]:
+    return {
+        "name": spec.model_name,
+        "version": version,
+        "engine": spec.engine,
+        "args": spec.args.get("model", []),
+    }
+
+
+def _bootstrap_release(spec: StackSpec, token: str) -> dict[str, Any]:
+    from canarystack.broker.client import manifest_digest
+
+    base = spec.url(0)
+    headers = {"Authorization": f"Bearer {token}", "x-actor": "stack-up"}
+    existing = requests.get(f"{base}/v1/releases/{spec.release}", timeout=HTTP_TIMEOUT_S)
+    if existing.status_code == 200:
+        return dict(existing.json())
+    for version in (spec.stable_version, spec.canary_version):
+        manifest = _manifest(spec, version)
+        resp = requests.post(
+            f"{base}/v1/versions",
+            json={"version": version, "manifest": manifest, "digest": manifest_digest(manifest)},
+            headers=headers,
+            timeout=HTTP_TIMEOUT_S,
+        )
+        if resp.status_code not in (200, 201):
+            raise StackError(
+                f"registering version {version} failed: {resp.status_code} {resp.text}"
+            )
+    resp = requests.post(
+        f"{base}/v1/releases",
+        json={
+            "name": spec.release,
+            "stable": spec.stable_version,
+            "canary": spec.canary_version,
+            "weights": {"canary": spec.canary_weight},
+            "actor": "stack-up",
+            "reason": "local stack created",
+        },
+        headers=headers,
+        timeout=HTTP_TIMEOUT_S,
+    )
+    if resp.status_code != 201:
+        raise StackError(f"creating release {spec.release} failed: {resp.status_code} {resp.text}")
+    return dict(resp.json())
+
+
+def up(spec: StackSpec, health_timeout_s: float = HEALTH_TIMEOUT_S) -> tuple[bool, dict[str, Any]]:
+    """Start the stack. Returns (started, status); started is False if it was running."""
+    sd = spec.abs_state_dir
+    if supervisor.is_running(sd):
+        return False, status(sd)
+    (sd / "logs").mkdir(parents=True, exist_ok=True)
+    progs = programs(spec)
+    _check_ports(spec, progs)
+    token = _write_token(sd)
+    (sd / "supervisord.conf").write_text(supervisor.render_conf(sd, progs))
+    (sd / "stack.json").write_text(json.dumps(stack_description(spec, progs), indent=2) + "\n")
+    supervisor.start_daemon(sd)
+    try:
+        _wait_healthy(spec, progs, health_timeout_s)
+        _bootstrap_release(spec, token)
+    except Exception:
+        supervisor.stop_daemon(sd)
+        raise
+    return True, status(sd)
+
+
+def read_description(state_dir: Path) -> dict[str, Any]:
+    try:
+        return dict(json.loads((state_dir / "stack.json").read_text()))
+    except OSError:
+        raise StackError(
+            f"no stack in {state_dir}: stack.json is missing. Start one with "
+            f"`gameday stack up --state-dir {state_dir}`."
+        ) from None
+
+
+def status(state_dir: Path) -> dict[str, Any]:
+    sd = state_dir.resolve()
+    desc = read_description(sd)
+    running = supervisor.is_running(sd)
+    infos: dict[str, dict[str, Any]] = {}
+    if running:
+        for info in supervisor.rpc(sd).supervisor.getAllProcessInfo():
+            infos[info["name"]] = info
+    restarts = supervisor.restart_counts(sd) if running else {}
+    components = []
+    for comp in desc["components"]:
+        info = infos.get(comp["name"], {})
+        state = info.get("statename", "STOPPED")
+        components.append(
+            {
+                "name": comp["name"],
+                "role": comp["role"],
+                "pid": info.get("pid") or None,
+                "url": comp["url"],
+                "state": state,
+                "restarts": restarts.get(comp["name"], 0),
+                "healthy": state == "RUNNING" and _healthy(comp["url"]),
+            }
+        )
+    return {
+        "running": running,
+        "supervisord_pid": supervisor.daemon_pid(sd),
+        **{k: desc[k] for k in ("router_url", "broker_url", "gate_url", "rollback_url")},
+        "state_dir": str(sd),
+        "release": desc["release"],
+        "components": components,
+    }
+
+
+def down(state_dir: Path) -> bool:
+    return supervisor.stop_daemon(state_dir.resolve())
+
+
+def log_paths(state_dir: Path, component: str) -> list[Path]:
+    """Log files of a component: a program name (``router-0``) or a role (``router``)."""
+    sd = state_dir.resolve()
+    desc = read_description(sd)
+    names = [c["name"] for c in desc["components"] if component in (c["name"], c["role"])]
+    if component == "supervisord":
+        names = ["supervisord"]
+    if not names:
+        known = ", ".join(c["name"] for c in desc["components"])
+        raise StackError(f"unknown component {component!r}: use one of {known} (or a role).")
+    return [sd / "logs" / f"{name}.log" for name in names]
+
+
+def timeline(state_dir: Path, release: str | None = None) -> dict[str, Any]:
+    """The release's event history with times relative to the first injected fault."""
+    desc = read_description(state_dir.resolve())
+    name = release or desc["release"]
+    try:
+        resp = requests.get(f"{desc['broker_url']}/v1/releases/{name}/events", timeout=5)
+    except requests.RequestException as exc:
+        raise StackError(f"cannot reach the broker at {desc['broker_url']}: {exc}") from None
+    if resp.status_code == 404:
+        raise StackError(f"release {name!r} does not exist on the broker.")
+    resp.raise_for_status()
+    events = resp.json()["events"]
+    faults = [e for e in events if (e.get("change") or {}).get("annotation") == "fault_injected"]
+    t0 = faults[0]["time"] if faults else (events[0]["time"] if events else 0.0)
+    for e in events:
+        e["t_rel_s"] = round(e["time"] - t0, 3)
+    return {"release": name, "t0": t0, "t0_is_fault": bool(faults), "events": events}
