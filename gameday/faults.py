@@ -1,0 +1,268 @@
+"""Inject and clear faults on a target's components over their admin APIs.
+
+Every injection is checked against the target's blast radius, sent to every replica of
+the component (``/admin/faults`` on each replica's own URL), written to a fault ledger
+(JSON lines, append-only, in the run folder) and announced to the broker as a
+``fault_injected`` annotation (best effort: the release's timeline). Clearing deletes
+exactly the faults the ledger holds by id; a 404 means the component already dropped it
+(expired, or the pod restarted clean). The TTL is enforced by each component itself, so
+a fault outlives neither its TTL nor a dead harness.
+
+This module never kills processes and never sends traffic anywhere but the target.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import requests
+
+from gameday.targets import Target, TargetError
+
+HTTP_TIMEOUT_S = 3.0
+ANNOTATION_TIMEOUT_S = 2.0
+
+
+class FaultError(RuntimeError):
+    """A fault could not be injected or cleared; the message names the replica."""
+
+
+@dataclass
+class FaultEntry:
+    action: str  # inject | clear | kill
+    time: float
+    component: str
+    replica: str
+    url: str
+    kind: str
+    fault_id: str | None = None
+    ttl_s: float | None = None
+    params: dict[str, Any] = field(default_factory=dict)
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+class FaultLedger:
+    """What this run injected: an append-only JSON-lines file, safe across processes."""
+
+    _lock = threading.Lock()
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+
+    def append(self, entry: FaultEntry) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        line = json.dumps(asdict(entry), default=str)
+        with self._lock, self.path.open("a") as fh:
+            fh.write(line + "\n")
+            fh.flush()
+
+    def entries(self) -> list[FaultEntry]:
+        try:
+            lines = self.path.read_text().splitlines()
+        except OSError:
+            return []
+        out = []
+        for line in lines:
+            if line.strip():
+                out.append(FaultEntry(**json.loads(line)))
+        return out
+
+    def outstanding(self) -> list[FaultEntry]:
+        """Injected, not yet cleared (expiry is the component's business)."""
+        cleared = {(e.url, e.fault_id) for e in self.entries() if e.action == "clear"}
+        return [
+            e for e in self.entries() if e.action == "inject" and (e.url, e.fault_id) not in cleared
+        ]
+
+    def first(self, action: str = "inject", kind: str | None = None) -> FaultEntry | None:
+        for e in self.entries():
+            if e.action == action and (kind is None or e.kind == kind):
+                return e
+        return None
+
+
+def annotate(target: Target, change: dict[str, Any], reason: str) -> bool:
+    """Best effort: add an event to the release's history on the broker."""
+    try:
+        url = f"{target.service_url('broker')}/v1/releases/{target.release}/events"
+        resp = requests.post(
+            url,
+            json={"actor": "gameday", "change": change, "reason": reason},
+            headers=target.admin_headers(),
+            timeout=ANNOTATION_TIMEOUT_S,
+        )
+        return resp.status_code == 201
+    except (requests.RequestException, TargetError):
+        return False
+
+
+def _error_text(resp: requests.Response) -> str:
+    try:
+        return str(resp.json()["error"]["message"])
+    except (ValueError, KeyError, TypeError):
+        return resp.text[:300]
+
+
+def inject(
+    target: Target,
+    component: str,
+    kind: str,
+    ttl_s: float,
+    params: dict[str, Any] | None = None,
+    ledger: FaultLedger | None = None,
+) -> list[FaultEntry]:
+    """Inject a fault into every replica of ``component``; returns one entry per replica.
+
+    Raises BlastRadiusError before any request if the component is not allowed, and
+    FaultError if a replica refused (the ones that accepted are in the ledger, so they
+    are cleared by ``clear_injected``).
+    """
+    roles = target.check_allowed(component)
+    params = dict(params or {})
+    body = {"kind": kind, "ttl_s": ttl_s, **params}
+    done: list[FaultEntry] = []
+    failures: list[str] = []
+    for role in roles:
+        replicas = target.replicas(role)
+        if not replicas:
+            failures.append(f"{role}: no replicas found")
+        for rep in replicas:
+            try:
+                resp = requests.post(
+                    f"{rep.url}/admin/faults",
+                    json=body,
+                    headers=target.admin_headers(),
+                    timeout=HTTP_TIMEOUT_S,
+                )
+            except requests.RequestException as exc:
+                failures.append(f"{rep.name} ({rep.url}): {exc.__class__.__name__}: {exc}")
+                continue
+            if resp.status_code != 201:
+                failures.append(f"{rep.name}: HTTP {resp.status_code}: {_error_text(resp)}")
+                continue
+            entry = FaultEntry(
+                action="inject",
+                time=time.time(),
+                component=role,
+                replica=rep.name,
+                url=rep.url,
+                kind=kind,
+                fault_id=str(resp.json()["id"]),
+                ttl_s=ttl_s,
+                params=params,
+            )
+            if ledger is not None:
+                ledger.append(entry)
+            done.append(entry)
+    if done:
+        annotate(
+            target,
+            {
+                "annotation": "fault_injected",
+                "component": component,
+                "kind": kind,
+                "fault_ids": [e.fault_id for e in done],
+                "replicas": [e.replica for e in done],
+                "params": params,
+                "ttl_s": ttl_s,
+            },
+            reason=f"gameday injected {kind} into {component}",
+        )
+    if failures:
+        raise FaultError(
+            f"injecting {kind!r} into {component}: {len(failures)} replica(s) failed: "
+            + "; ".join(failures)
+        )
+    return done
+
+
+def clear_injected(
+    target: Target, ledger: FaultLedger, component: str | None = None
+) -> list[FaultEntry]:
+    """Clear every outstanding fault in the ledger (optionally of one component)."""
+    cleared: list[FaultEntry] = []
+    errors: list[str] = []
+    for e in ledger.outstanding():
+        if component is not None and component not in (e.component, "model"):
+            continue
+        if component == "model" and not e.component.startswith("model-"):
+            continue
+        try:
+            resp = requests.delete(
+                f"{e.url}/admin/faults/{e.fault_id}",
+                headers=target.admin_headers(),
+                timeout=HTTP_TIMEOUT_S,
+            )
+        except requests.RequestException as exc:
+            errors.append(f"{e.replica}: {exc.__class__.__name__}")
+            continue
+        if resp.status_code not in (200, 404):
+            errors.append(f"{e.replica}: HTTP {resp.status_code}: {_error_text(resp)}")
+            continue
+        entry = FaultEntry(
+            action="clear",
+            time=time.time(),
+            component=e.component,
+            replica=e.replica,
+            url=e.url,
+            kind=e.kind,
+            fault_id=e.fault_id,
+            detail={"already_gone": resp.status_code == 404},
+        )
+        ledger.append(entry)
+        cleared.append(entry)
+    if cleared:
+        annotate(
+            target,
+            {
+                "annotation": "fault_cleared",
+                "fault_ids": [e.fault_id for e in cleared],
+                "replicas": [e.replica for e in cleared],
+            },
+            reason="gameday cleared its faults",
+        )
+    if errors:
+        # Unreachable replicas: their faults still expire by TTL; say so, do not hide it.
+        raise FaultError(
+            "could not clear some faults (they expire by their TTL): " + "; ".join(errors)
+        )
+    return cleared
+
+
+def kill_pod(
+    target: Target, component: str, replica: str | None = None, ledger: FaultLedger | None = None
+) -> FaultEntry:
+    """Kill one pod of ``component`` (after the blast-radius check) and record it."""
+    roles = target.check_allowed(component)
+    if len(roles) != 1:
+        raise TargetError(
+            f"kill which pod? {component!r} stands for {', '.join(roles)}: name one role."
+        )
+    killed = target.kill_pod(roles[0], replica)
+    entry = FaultEntry(
+        action="kill",
+        time=time.time(),
+        component=roles[0],
+        replica=killed.name,
+        url="",
+        kind="pod-kill",
+        detail=killed.detail,
+    )
+    if ledger is not None:
+        ledger.append(entry)
+    annotate(
+        target,
+        {
+            "annotation": "pod_killed",
+            "component": roles[0],
+            "replica": killed.name,
+            **killed.detail,
+        },
+        reason=f"gameday killed {killed.name}",
+    )
+    return entry

@@ -1,0 +1,182 @@
+"""The target abstraction and the target file loader (see the package docstring)."""
+
+from __future__ import annotations
+
+import os
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+# The roles a component can have; "model" in an action means both model roles.
+ROLES = ("router", "broker", "gate", "rollback", "model-baseline", "model-canary")
+SERVICE_ROLES = ("router", "broker", "gate", "rollback")
+DEFAULT_TARGET_ENV = "GAMEDAY_TARGET"
+
+
+class TargetError(ValueError):
+    """The target file or the target is wrong; the message says what to do."""
+
+
+class BlastRadiusError(TargetError):
+    """A fault or kill aimed outside the target's blast-radius allowlist."""
+
+
+@dataclass(frozen=True)
+class Replica:
+    """One pod of a component: its name and the URL of its own admin API."""
+
+    name: str
+    role: str
+    url: str
+
+
+@dataclass(frozen=True)
+class KilledPod:
+    name: str
+    role: str
+    detail: dict[str, Any]
+
+
+class BlastRadius(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    components: list[str] = Field(default_factory=lambda: list(ROLES))
+    namespaces: list[str] = Field(default_factory=list)
+
+
+class LocalTargetSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    kind: Literal["local"] = "local"
+    name: str = "local"
+    state_dir: Path = Path(".stack")
+    release: str | None = None  # default: the stack's own release
+    blast_radius: BlastRadius = Field(default_factory=BlastRadius)
+
+
+class KubernetesTargetSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    kind: Literal["kubernetes"]
+    name: str = "kubernetes"
+    namespace: str
+    release: str = "default"
+    kubeconfig: str | None = None
+    context: str | None = None
+    # Service URLs for router, broker, gate, rollback (e.g. http://router.ns.svc:8000).
+    urls: dict[str, str]
+    # Label selectors per role, e.g. router: app.kubernetes.io/component=router
+    selectors: dict[str, str] = Field(default_factory=dict)
+    # Container port of each role's HTTP server (per-pod admin URLs are http://POD_IP:PORT).
+    ports: dict[str, int] = Field(default_factory=dict)
+    admin_token_env: str = "CANARYSTACK_ADMIN_TOKEN"
+    admin_token_file: str | None = None
+    blast_radius: BlastRadius = Field(default_factory=BlastRadius)
+
+
+class Target(ABC):
+    """Where experiments act. Subclasses: LocalTarget, KubernetesTarget."""
+
+    kind: str
+    name: str
+    release: str
+    blast_radius: BlastRadius
+
+    def expand_role(self, component: str) -> list[str]:
+        """``model`` means both model roles; anything else must be a role."""
+        if component == "model":
+            return ["model-baseline", "model-canary"]
+        if component not in ROLES:
+            raise TargetError(
+                f"unknown component {component!r}: use one of {', '.join((*ROLES, 'model'))}."
+            )
+        return [component]
+
+    def check_allowed(self, component: str) -> list[str]:
+        """The roles ``component`` stands for, or BlastRadiusError if any is not allowed."""
+        roles = self.expand_role(component)
+        allowed = self.blast_radius.components
+        refused = [r for r in roles if r not in allowed]
+        if refused:
+            raise BlastRadiusError(
+                f"component {', '.join(refused)!s} is outside the blast radius of target "
+                f"{self.name!r} (allowed: {', '.join(allowed) or 'nothing'}). Add it to "
+                "blast_radius.components in the target file if it may be harmed."
+            )
+        return roles
+
+    @abstractmethod
+    def service_url(self, role: str) -> str:
+        """The URL clients use for a service role (router, broker, gate, rollback)."""
+
+    @abstractmethod
+    def replicas(self, role: str) -> list[Replica]:
+        """Every replica of a role, each with the URL of its own admin API."""
+
+    @abstractmethod
+    def admin_token(self) -> str: ...
+
+    @abstractmethod
+    def kill_pod(self, role: str, replica: str | None = None) -> KilledPod:
+        """Kill one pod of ``role`` (``replica`` names it; default: the first)."""
+
+    def admin_headers(self, actor: str = "gameday") -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.admin_token()}", "x-actor": actor}
+
+    def describe(self) -> dict[str, Any]:
+        return {"kind": self.kind, "name": self.name, "release": self.release}
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise TargetError(
+            f"target file {path}: cannot read it ({exc.strerror}). Pass an existing file with "
+            f"--target or set {DEFAULT_TARGET_ENV}."
+        ) from None
+    except yaml.YAMLError as exc:
+        raise TargetError(f"target file {path}: not valid YAML: {exc}") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise TargetError(f"target file {path}: the top level must be a mapping.")
+    return data
+
+
+def parse_target(data: dict[str, Any], source: str = "target") -> Target:
+    kind = data.get("kind", "local")
+    model: type[BaseModel]
+    if kind == "local":
+        model = LocalTargetSpec
+    elif kind == "kubernetes":
+        model = KubernetesTargetSpec
+    else:
+        raise TargetError(f"{source}: field 'kind' is {kind!r}: use 'local' or 'kubernetes'.")
+    try:
+        spec = model.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(str(x) for x in err["loc"])
+        raise TargetError(f"{source}: field '{where}': {err['msg']}") from None
+    if isinstance(spec, LocalTargetSpec):
+        from gameday.targets.local import LocalTarget
+
+        return LocalTarget(spec)
+    from gameday.targets.kubernetes import KubernetesTarget
+
+    assert isinstance(spec, KubernetesTargetSpec)
+    return KubernetesTarget(spec)
+
+
+def load_target(path: str | Path | None = None) -> Target:
+    """The target from ``path``, else ``$GAMEDAY_TARGET``, else the local stack in .stack."""
+    chosen = path or os.environ.get(DEFAULT_TARGET_ENV)
+    if not chosen:
+        return parse_target({"kind": "local"}, source="default local target")
+    p = Path(chosen)
+    data = _read_yaml(p)
+    target = parse_target(data, source=f"target file {p}")
+    # Relative state_dir is relative to the working directory, as on the command line.
+    return target
