@@ -1,0 +1,137 @@
+"""``python -m canarystack.model``: run one simulated model-server process.
+
+Options beyond the shared ones (``canarystack.common.cli``): the version and served model
+name, the model family and drift, and every capacity-model parameter. This module must
+never do work at import time; everything happens in ``main()``.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+
+from canarystack.common.app import Component, create_app
+from canarystack.common.auth import load_admin_token
+from canarystack.common.cli import base_parser, parse, serve
+from canarystack.common.faults import FaultRegistry
+from canarystack.common.logs import get_logger
+from canarystack.model.capacity import CapacityModel
+from canarystack.model.faults import FAULT_KINDS
+from canarystack.model.server import ModelServer, ServerConfig
+
+COMPONENT = "model"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = base_parser(
+        COMPONENT,
+        "A simulated LLM engine behind an OpenAI-compatible API (completions and chat, "
+        "streaming, logprobs), with a capacity model and injectable faults.",
+    )
+    g = p.add_argument_group("model")
+    g.add_argument("--version", default="v1", help="model version name (default %(default)s)")
+    g.add_argument(
+        "--served-model-name",
+        default="default",
+        help="the name clients send in 'model' (default %(default)s)",
+    )
+    g.add_argument(
+        "--family-seed",
+        type=int,
+        default=0,
+        help="seed of the model family every version shares (default %(default)s)",
+    )
+    g.add_argument(
+        "--drift",
+        type=float,
+        default=0.01,
+        help="mean KL (nats) of this version's next-token distributions against another "
+        "version with the same drift; 0 = the family's base model (default %(default)s)",
+    )
+    g.add_argument("--max-model-len", type=int, default=16384, help="context window in tokens")
+    g.add_argument(
+        "--default-max-tokens",
+        type=int,
+        default=16,
+        help="max_tokens when a request gives none (default %(default)s)",
+    )
+    c = p.add_argument_group("capacity model")
+    c.add_argument("--slots", type=int, default=32, help="sequence slots (default %(default)s)")
+    c.add_argument(
+        "--ttft-base-ms", type=float, default=20.0, help="TTFT floor after admission (ms)"
+    )
+    c.add_argument(
+        "--prefill-ms-per-1k",
+        type=float,
+        default=50.0,
+        help="prefill time per 1,000 prompt tokens (ms, default %(default)s)",
+    )
+    c.add_argument("--itl-ms", type=float, default=5.0, help="decode time per token, idle (ms)")
+    c.add_argument(
+        "--itl-batch-k",
+        type=float,
+        default=1.0,
+        help="inter-token latency = itl x (1 + k x running/slots) (default %(default)s)",
+    )
+    c.add_argument(
+        "--itl-jitter",
+        type=float,
+        default=0.05,
+        help="relative jitter of each inter-token gap, in [0, 1) (default %(default)s)",
+    )
+    return p
+
+
+def config_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) -> ServerConfig:
+    try:
+        capacity = CapacityModel(
+            slots=args.slots,
+            ttft_base_s=args.ttft_base_ms / 1000.0,
+            prefill_s_per_1k=args.prefill_ms_per_1k / 1000.0,
+            itl_base_s=args.itl_ms / 1000.0,
+            itl_batch_k=args.itl_batch_k,
+            itl_jitter=args.itl_jitter,
+        )
+    except ValueError as exc:
+        parser.error(f"capacity model: {exc}")
+    if args.drift < 0:
+        parser.error(f"--drift {args.drift}: give a mean KL >= 0 (e.g. 0.01)")
+    if args.max_model_len < 2:
+        parser.error(f"--max-model-len {args.max_model_len}: give at least 2 tokens")
+    if args.default_max_tokens < 1:
+        parser.error(f"--default-max-tokens {args.default_max_tokens}: give at least 1")
+    if not args.version.strip() or not args.served_model_name.strip():
+        parser.error("--version and --served-model-name must not be empty")
+    return ServerConfig(
+        version=args.version,
+        served_model_name=args.served_model_name,
+        family_seed=args.family_seed,
+        drift=args.drift,
+        capacity=capacity,
+        max_model_len=args.max_model_len,
+        default_max_tokens=args.default_max_tokens,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = build_parser()
+    args = parse(parser, argv)
+    config = config_from_args(args, parser)
+    log = get_logger(COMPONENT)
+    faults = FaultRegistry(COMPONENT, FAULT_KINDS, max_ttl_s=args.max_fault_ttl_s, log=log)
+    component = Component(
+        name=COMPONENT,
+        version=config.version,
+        admin_token=load_admin_token(args.admin_token_file),
+        faults=faults,
+        log=log,
+    )
+    server = ModelServer(config, component)
+    component.health_extra = server.health_extra
+    app = create_app(component)
+    server.add_routes(app)
+    serve(app, args, COMPONENT)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,106 @@
+"""The simulated engine's capacity: sequence slots, a FIFO queue, and the latency model.
+
+A request waits in a FIFO queue until one of ``slots`` sequence slots is free (as in
+a continuous-batching engine: at most ``slots`` sequences decode together). Then:
+
+- time to first token = queue wait + ``ttft_base_s`` + ``prefill_s_per_1k`` x prompt
+  tokens / 1000 (+ a latency fault's extra);
+- each further token after ``itl_base_s`` x (1 + ``itl_batch_k`` x running / slots),
+  times (1 +/- ``itl_jitter``) (x a latency fault's multiplier).
+
+Token times are absolute deadlines (t_first, then deadline += itl), so the event loop's
+timer lateness does not accumulate over a stream: ``asyncio.sleep(0.002)`` lasts ~2.3 ms
+here, and 64 of them would add ~20 ms.
+
+This module must never compute tokens or touch HTTP; it only decides *when*.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+# A wait shorter than this is not worth a timer wakeup (the loop's granularity is ~1 ms).
+MIN_SLEEP_S = 0.0005
+
+
+@dataclass(frozen=True)
+class CapacityModel:
+    slots: int = 32
+    ttft_base_s: float = 0.020
+    prefill_s_per_1k: float = 0.050
+    itl_base_s: float = 0.005
+    itl_batch_k: float = 1.0
+    itl_jitter: float = 0.05
+
+    def __post_init__(self) -> None:
+        if self.slots < 1:
+            raise ValueError(f"slots must be >= 1, got {self.slots}")
+        for name in ("ttft_base_s", "prefill_s_per_1k", "itl_base_s", "itl_batch_k"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if not 0 <= self.itl_jitter < 1:
+            raise ValueError(f"itl_jitter must be in [0, 1), got {self.itl_jitter}")
+
+    def prefill_s(self, prompt_tokens: int) -> float:
+        """Time from admission to the first token (without faults)."""
+        return self.ttft_base_s + self.prefill_s_per_1k * prompt_tokens / 1000.0
+
+    def itl_s(self, running: int, rng: random.Random) -> float:
+        """One inter-token gap with ``running`` sequences decoding together."""
+        base = self.itl_base_s * (1.0 + self.itl_batch_k * running / self.slots)
+        if self.itl_jitter:
+            base *= 1.0 + self.itl_jitter * (2.0 * rng.random() - 1.0)
+        return base
+
+
+class SlotScheduler:
+    """``slots`` sequence slots and a FIFO queue of requests waiting for one."""
+
+    def __init__(self, slots: int) -> None:
+        self.slots = slots
+        self.running = 0
+        self._waiters: deque[asyncio.Future[None]] = deque()
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiters)
+
+    async def acquire(self) -> None:
+        """Wait (FIFO) for a slot. Cancelled while waiting: leaves the queue cleanly."""
+        if self.running < self.slots and not self._waiters:
+            self.running += 1
+            return
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append(fut)
+        try:
+            await fut
+        except asyncio.CancelledError:
+            if fut.done() and not fut.cancelled():
+                self.release()  # the slot was handed over just as we were cancelled
+            else:
+                try:
+                    self._waiters.remove(fut)
+                except ValueError:
+                    pass
+            raise
+
+    def release(self) -> None:
+        """Free a slot: hand it to the oldest waiter, or count it free."""
+        while self._waiters:
+            fut = self._waiters.popleft()
+            if not fut.done():
+                fut.set_result(None)  # the slot moves to the waiter; running is unchanged
+                return
+        self.running -= 1
+
+
+async def sleep_until(deadline: float, clock: Callable[[], float] = time.monotonic) -> None:
+    """Sleep until an absolute monotonic deadline (no-op if it has passed)."""
+    delay = deadline - clock()
+    if delay > MIN_SLEEP_S:
+        await asyncio.sleep(delay)

@@ -1,0 +1,75 @@
+"""The model server's fault kinds: their parameters (validated, typos refused) and what
+each does to a request.
+
+- ``kernel``  (``mode``, ``min_prompt_tokens``, ``magnitude``): the faulty kernel — the
+  next-token distributions of prompts at or above the threshold drift, growing with
+  length (``canarystack.model.engine``).
+- ``latency`` (``ttft_ms``, ``itl_multiplier``, ``min_prompt_tokens``): extra time to
+  first token and slower decoding.
+- ``errors``  (``rate``, ``error_kind``, ``min_prompt_tokens``): a share of requests
+  fails as http_500, http_503, truncate (the stream is cut mid-way) or empty (a
+  completion without tokens).
+- ``crash``   (``min_prompt_tokens``): the process exits with code 137 (like a CUDA OOM)
+  when a prompt at or above the threshold arrives.
+
+The TTL, listing and logging come from ``canarystack.common.faults``. This module must
+never decide timing or touch the network; it only describes faults.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from canarystack.common.faults import FaultParams
+from canarystack.model.engine import KernelFault
+
+CRASH_EXIT_CODE = 137
+
+
+class KernelParams(FaultParams):
+    mode: Literal["fp8-kv-scale"] = "fp8-kv-scale"
+    min_prompt_tokens: int = Field(default=2048, ge=0)
+    magnitude: float = Field(default=1.0, ge=0, le=10, allow_inf_nan=False)
+
+    def engine_fault(self) -> KernelFault:
+        return KernelFault(
+            mode=self.mode, min_prompt_tokens=self.min_prompt_tokens, magnitude=self.magnitude
+        )
+
+
+class LatencyParams(FaultParams):
+    ttft_ms: float = Field(default=0.0, ge=0, le=600_000, allow_inf_nan=False)
+    itl_multiplier: float = Field(default=1.0, gt=0, le=1000, allow_inf_nan=False)
+    min_prompt_tokens: int = Field(default=0, ge=0)
+
+    @model_validator(mode="after")
+    def _does_something(self) -> LatencyParams:
+        if self.ttft_ms == 0 and self.itl_multiplier == 1.0:
+            raise ValueError(
+                "a latency fault needs ttft_ms > 0 or itl_multiplier != 1 "
+                '(e.g. {"kind": "latency", "ttl_s": 60, "ttft_ms": 500})'
+            )
+        return self
+
+
+ErrorKind = Literal["http_500", "http_503", "truncate", "empty"]
+
+
+class ErrorsParams(FaultParams):
+    rate: float = Field(default=1.0, ge=0, le=1, allow_inf_nan=False)
+    error_kind: ErrorKind = "http_500"
+    min_prompt_tokens: int = Field(default=0, ge=0)
+
+
+class CrashParams(FaultParams):
+    min_prompt_tokens: int = Field(default=0, ge=0)
+
+
+FAULT_KINDS: dict[str, type[FaultParams]] = {
+    "kernel": KernelParams,
+    "latency": LatencyParams,
+    "errors": ErrorsParams,
+    "crash": CrashParams,
+}

@@ -1,0 +1,116 @@
+"""One request's generation, token by token: the engine's steps, sampling, and stop
+sequences, with the counts the response reports.
+
+``Generation.next_piece()`` yields the next emitted token (its text cut short when a stop
+sequence ends inside it) or None when the request is finished; then ``finish_reason``,
+``stop_reason`` and ``completion_tokens`` are final. Tokens are made one at a time so a
+long ``max_tokens`` never blocks the event loop for long, and a stream computes the next
+token while it waits for the current one's deadline.
+
+This module must never sleep, do I/O or render bytes.
+"""
+
+from __future__ import annotations
+
+import functools
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from canarystack.model.engine import NextTokenModel, Step, next_context, prompt_context
+from canarystack.tokenizer import vocab
+
+
+@functools.cache
+def token_texts() -> tuple[str, ...]:
+    """The text of each token id: the word with one leading space."""
+    return tuple(" " + w for w in vocab())
+
+
+@dataclass(frozen=True)
+class Piece:
+    """One emitted token: its id, its text (cut if a stop sequence ends in it), its step."""
+
+    token_id: int
+    text: str
+    step: Step
+
+
+@dataclass(frozen=True)
+class Output:
+    """A finished generation (what a non-streaming response holds)."""
+
+    pieces: list[Piece]
+    finish_reason: str  # "length" | "stop"
+    stop_reason: str | None
+    completion_tokens: int
+
+
+class Generation:
+    """The tokens of one request, made on demand.
+
+    ``completion_tokens`` counts every generated token, the one that completed a stop
+    sequence included (as vLLM does); the stop sequence itself is not emitted."""
+
+    def __init__(
+        self,
+        model: NextTokenModel,
+        prompt_words: Sequence[str],
+        max_tokens: int,
+        *,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        rng: random.Random | None = None,
+        kernel_scale: float = 0.0,
+        stop: Sequence[str] = (),
+    ) -> None:
+        self._model = model
+        self._ctx = prompt_context(prompt_words)
+        self._left = max_tokens
+        self._temperature = temperature
+        self._top_p = top_p
+        self._rng = rng or random.Random()
+        self._kernel_scale = kernel_scale
+        self._stop = list(stop)
+        self._longest_stop = max((len(s) for s in self._stop), default=0)
+        self._text = ""
+        self.finished = False
+        self.finish_reason = "length"
+        self.stop_reason: str | None = None
+        self.completion_tokens = 0
+
+    def next_piece(self) -> Piece | None:
+        while not self.finished:
+            if self._left <= 0:
+                self.finished = True
+                return None
+            dist = self._model.distribution(self._ctx, self._kernel_scale)
+            tok = self._model.sample(dist, self._temperature, self._top_p, self._rng)
+            self._ctx = next_context(self._ctx, tok)
+            self._left -= 1
+            self.completion_tokens += 1
+            text = token_texts()[tok]
+            step = Step(tok, dist)
+            if not self._stop:
+                return Piece(tok, text, step)
+            before = len(self._text)
+            self._text += text
+            window = max(0, before - self._longest_stop + 1)
+            hits = [(i, s) for s in self._stop if (i := self._text.find(s, window)) >= 0]
+            if not hits:
+                return Piece(tok, text, step)
+            cut, seq = min(hits)
+            self.finished = True
+            self.finish_reason = "stop"
+            self.stop_reason = seq
+            if cut > before:
+                return Piece(tok, self._text[before:cut], step)
+            return None
+        return None
+
+    def run(self) -> Output:
+        """Generate to the end (for non-streaming responses and tests)."""
+        pieces = []
+        while (piece := self.next_piece()) is not None:
+            pieces.append(piece)
+        return Output(pieces, self.finish_reason, self.stop_reason, self.completion_tokens)

@@ -1,0 +1,473 @@
+"""The model server's HTTP side: OpenAI/vLLM-compatible completions and chat completions
+(streaming and not), ``/v1/models``, and the per-request bookkeeping (faults, capacity,
+metrics, one ``request_done`` log line).
+
+A request goes: parse and validate (4xx naming the field) -> faults that act before the
+engine (crash, http errors) -> FIFO queue for a sequence slot -> first token at
+admission + prefill -> further tokens at absolute deadlines -> release the slot.
+
+Headers on every answer: ``x-model-version`` and ``x-request-id`` (the client's, or made
+here). The logged ``ttft_s`` is measured from the moment the handler starts to the moment
+the first content chunk has been handed to the transport (for a non-streaming answer,
+the simulated first-token time).
+
+This module must never let a client's input reach a 500, and never block the event
+loop for more than a few hundred tokens' worth of work.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from aiohttp import web
+
+from canarystack.common.app import Component
+from canarystack.common.errors import (
+    ApiError,
+    BadRequest,
+    NotFound,
+    Unavailable,
+    error_response,
+    parse_model,
+    read_json_object,
+)
+from canarystack.common.faults import FaultParams
+from canarystack.common.logs import get_logger
+from canarystack.model.capacity import CapacityModel, SlotScheduler, sleep_until
+from canarystack.model.engine import NextTokenModel
+from canarystack.model.faults import (
+    CRASH_EXIT_CODE,
+    CrashParams,
+    ErrorsParams,
+    KernelParams,
+    LatencyParams,
+)
+from canarystack.model.generation import Generation, Output
+from canarystack.model.metrics import ModelMetrics
+from canarystack.model.render import DONE, Renderer
+from canarystack.model.schemas import ChatCompletionRequest, CompletionRequest
+
+# Non-streaming answers make their tokens in batches of this size, yielding in between.
+GENERATE_BATCH = 256
+
+P = TypeVar("P", bound=FaultParams)
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    version: str
+    served_model_name: str = "default"
+    family_seed: int = 0
+    drift: float = 0.01
+    capacity: CapacityModel = field(default_factory=CapacityModel)
+    max_model_len: int = 16384
+    default_max_tokens: int = 16
+
+
+class SimulatedServerError(ApiError):
+    status = 500
+    type = "server_error"
+
+
+@dataclass
+class _Record:
+    """What the request_done log line says about one request."""
+
+    request_id: str
+    traceparent: str | None
+    traffic_tag: str | None
+    endpoint: str
+    t_recv: float
+    stream: bool = False
+    status: int = 200
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    ttft_s: float | None = None
+    queue_s: float | None = None
+    finish_reason: str | None = None
+    error: str | None = None
+
+
+class _Disconnected(Exception):
+    """The client went away while we were writing."""
+
+
+class ModelServer:
+    def __init__(self, config: ServerConfig, component: Component) -> None:
+        self.config = config
+        self.component = component
+        self.log = component.log or get_logger(component.name)
+        self.model = NextTokenModel(
+            config.version, family_seed=config.family_seed, drift=config.drift
+        )
+        self.capacity = config.capacity
+        self.scheduler = SlotScheduler(config.capacity.slots)
+        self.metrics = ModelMetrics(
+            component.registry,
+            config.served_model_name,
+            running=lambda: float(self.scheduler.running),
+            waiting=lambda: float(self.scheduler.waiting),
+        )
+        self._rng = random.Random()
+        self.created = int(time.time())
+
+    # -- wiring ---------------------------------------------------------------------
+    def add_routes(self, app: web.Application) -> None:
+        app.router.add_post("/v1/completions", self.completions)
+        app.router.add_post("/v1/chat/completions", self.chat_completions)
+        app.router.add_get("/v1/models", self.models)
+
+    def health_extra(self) -> dict[str, Any]:
+        return {
+            "model": self.config.served_model_name,
+            "running": self.scheduler.running,
+            "waiting": self.scheduler.waiting,
+            "slots": self.capacity.slots,
+        }
+
+    async def models(self, request: web.Request) -> web.Response:
+        return web.json_response(
+            {
+                "object": "list",
+                "data": [
+                    {
+                        "id": self.config.served_model_name,
+                        "object": "model",
+                        "created": self.created,
+                        "owned_by": "canarystack",
+                        "root": self.config.served_model_name,
+                        "parent": None,
+                        "max_model_len": self.config.max_model_len,
+                        "version": self.config.version,
+                    }
+                ],
+            },
+            headers={"x-model-version": self.config.version},
+        )
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._handle(request, "completion")
+
+    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._handle(request, "chat")
+
+    # -- one request ------------------------------------------------------------------
+    async def _handle(self, request: web.Request, kind: str) -> web.StreamResponse:
+        t_recv = time.monotonic()
+        request_id = request.headers.get("x-request-id") or uuid.uuid4().hex
+        rec = _Record(
+            request_id=request_id,
+            traceparent=request.headers.get("traceparent"),
+            traffic_tag=request.headers.get("x-traffic-tag"),
+            endpoint=request.path,
+            t_recv=t_recv,
+        )
+        headers = {"x-model-version": self.config.version, "x-request-id": request_id}
+        try:
+            return await self._serve(request, kind, rec, headers)
+        except ApiError as err:
+            rec.status = err.status
+            rec.error = rec.error or f"http_{err.status}"
+            resp = error_response(err)
+            resp.headers.update(headers)
+            return resp
+        except asyncio.CancelledError:
+            rec.error = rec.error or "cancelled"
+            rec.finish_reason = "abort"
+            raise
+        finally:
+            self._log_done(rec)
+
+    def _fault(self, kind: str, cls: type[P], prompt_tokens: int) -> P | None:
+        params = self.component.faults.get(kind)
+        if not isinstance(params, cls):
+            return None
+        threshold = getattr(params, "min_prompt_tokens", 0)
+        return params if prompt_tokens >= threshold else None
+
+    async def _serve(
+        self, request: web.Request, kind: str, rec: _Record, headers: dict[str, str]
+    ) -> web.StreamResponse:
+        body = await read_json_object(request)
+        req: CompletionRequest | ChatCompletionRequest
+        if kind == "completion":
+            req = parse_model(CompletionRequest, body)
+            top_n = req.logprobs
+            prompt_field = "prompt"
+            max_tokens = req.max_tokens
+        else:
+            req = parse_model(ChatCompletionRequest, body)
+            top_n = (req.top_logprobs or 0) if req.logprobs else None
+            prompt_field = "messages"
+            max_tokens = req.max_tokens or req.max_completion_tokens
+        rec.stream = req.stream
+        served = self.config.served_model_name
+        if req.model is not None and req.model != served:
+            raise NotFound(
+                f"The model `{req.model}` does not exist. This server serves `{served}` "
+                "(GET /v1/models lists it); send that name in 'model' or leave it out.",
+                param="model",
+                code="model_not_found",
+            )
+        words = req.prompt_text().split()
+        n_prompt = len(words)
+        rec.prompt_tokens = n_prompt
+        if n_prompt == 0:
+            raise BadRequest(
+                f"'{prompt_field}' is empty: send at least one token of text.",
+                param=prompt_field,
+            )
+        max_len = self.config.max_model_len
+        if max_tokens is None:
+            max_tokens = max(1, min(self.config.default_max_tokens, max_len - n_prompt))
+        if n_prompt + max_tokens > max_len:
+            raise BadRequest(
+                f"This model's maximum context length is {max_len} tokens. However, you "
+                f"requested {n_prompt + max_tokens} tokens ({n_prompt} in the "
+                f"{prompt_field}, {max_tokens} in the completion). Please reduce the length "
+                f"of the {prompt_field} or max_tokens.",
+                param="max_tokens" if n_prompt < max_len else prompt_field,
+            )
+
+        # Faults that act before the engine.
+        crash = self._fault("crash", CrashParams, n_prompt)
+        if crash is not None:
+            self._crash(rec, crash)
+        error_kind: str | None = None
+        errors = self._fault("errors", ErrorsParams, n_prompt)
+        if errors is not None and self._rng.random() < errors.rate:
+            error_kind = errors.error_kind
+            rec.error = f"fault_{error_kind}"
+        if error_kind == "http_500":
+            raise SimulatedServerError(
+                "Simulated engine failure (an 'errors' fault with error_kind http_500 is "
+                "active on this model server).",
+                code="simulated_fault",
+            )
+        if error_kind == "http_503":
+            raise Unavailable(
+                "Simulated overload (an 'errors' fault with error_kind http_503 is active on "
+                "this model server); retry later.",
+                code="simulated_fault",
+            )
+        latency = self._fault("latency", LatencyParams, n_prompt)
+        extra_ttft_s = latency.ttft_ms / 1000.0 if latency else 0.0
+        itl_mult = latency.itl_multiplier if latency else 1.0
+        kernel = self._fault("kernel", KernelParams, n_prompt)
+        kernel_scale = self.model.kernel_scale(n_prompt, kernel.engine_fault()) if kernel else 0.0
+
+        rng = random.Random(req.seed if req.seed is not None else self._rng.getrandbits(64))
+        gen = Generation(
+            self.model,
+            words,
+            0 if error_kind == "empty" else max_tokens,
+            temperature=req.temperature,
+            top_p=req.top_p,
+            rng=rng,
+            kernel_scale=kernel_scale,
+            stop=req.stop_sequences,
+        )
+        if error_kind == "empty":
+            gen.finish_reason = "stop"
+        prefix = "cmpl-" if kind == "completion" else "chatcmpl-"
+        renderer = Renderer(
+            kind,
+            prefix + rec.request_id,
+            int(time.time()),
+            served,
+            logprobs=top_n,
+            include_usage=req.include_usage,
+        )
+        truncate = error_kind == "truncate"
+        if req.stream:
+            return await self._stream(
+                request, rec, headers, gen, renderer, extra_ttft_s, itl_mult, truncate, max_tokens
+            )
+        return await self._complete(
+            request, rec, headers, gen, renderer, extra_ttft_s, itl_mult, truncate
+        )
+
+    async def _admit(self, rec: _Record) -> float:
+        await self.scheduler.acquire()
+        t_admit = time.monotonic()
+        rec.queue_s = t_admit - rec.t_recv
+        self.metrics.prompt_tokens.inc(rec.prompt_tokens)
+        return t_admit
+
+    async def _stream(
+        self,
+        request: web.Request,
+        rec: _Record,
+        headers: dict[str, str],
+        gen: Generation,
+        renderer: Renderer,
+        extra_ttft_s: float,
+        itl_mult: float,
+        truncate: bool,
+        max_tokens: int,
+    ) -> web.StreamResponse:
+        resp = web.StreamResponse(
+            headers={**headers, "Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+        )
+        await resp.prepare(request)  # headers go out now, as vLLM's StreamingResponse does
+        t_admit = await self._admit(rec)
+        cap = self.capacity
+        sent = 0
+        cut_after = max(1, max_tokens // 2)
+        try:
+            if request.transport is None or request.transport.is_closing():
+                raise _Disconnected("client left while queued")
+            piece = gen.next_piece()
+            deadline = t_admit + cap.prefill_s(rec.prompt_tokens) + extra_ttft_s
+            await sleep_until(deadline)
+            data = renderer.first_chunk()
+            last_write = 0.0
+            while True:
+                nxt = gen.next_piece() if piece is not None else None
+                if truncate and (sent >= cut_after or nxt is None):
+                    self._cut(request)
+                    rec.finish_reason = "abort"
+                    return resp
+                if nxt is None:
+                    data += renderer.token_chunk(piece, gen.finish_reason, gen.stop_reason)
+                    if renderer.include_usage:
+                        data += renderer.usage_chunk(rec.prompt_tokens, gen.completion_tokens)
+                    data += DONE
+                else:
+                    data += renderer.token_chunk(piece)
+                await self._write(resp, data)
+                now = time.monotonic()
+                if piece is not None:
+                    sent += 1
+                    if rec.ttft_s is None:
+                        rec.ttft_s = now - rec.t_recv
+                        self.metrics.ttft_s.observe(rec.ttft_s)
+                    else:
+                        self.metrics.itl_s.observe(now - last_write)
+                last_write = now
+                if nxt is None:
+                    rec.finish_reason = gen.finish_reason
+                    break
+                piece = nxt
+                data = b""
+                deadline += cap.itl_s(self.scheduler.running, self._rng) * itl_mult
+                await sleep_until(deadline)
+        except _Disconnected:
+            rec.error = "client_disconnected"
+            rec.finish_reason = "abort"
+        finally:
+            rec.completion_tokens = sent
+            self._finish(rec)
+        return resp
+
+    async def _complete(
+        self,
+        request: web.Request,
+        rec: _Record,
+        headers: dict[str, str],
+        gen: Generation,
+        renderer: Renderer,
+        extra_ttft_s: float,
+        itl_mult: float,
+        truncate: bool,
+    ) -> web.StreamResponse:
+        t_admit = await self._admit(rec)
+        cap = self.capacity
+        try:
+            t_first = t_admit + cap.prefill_s(rec.prompt_tokens) + extra_ttft_s
+            pieces = []
+            while not gen.finished:
+                for _ in range(GENERATE_BATCH):
+                    piece = gen.next_piece()
+                    if piece is None:
+                        break
+                    pieces.append(piece)
+                else:
+                    await asyncio.sleep(0)  # let streams write between batches
+            out = Output(pieces, gen.finish_reason, gen.stop_reason, gen.completion_tokens)
+            t_last = t_first
+            for _ in range(max(0, len(pieces) - 1)):
+                gap = cap.itl_s(self.scheduler.running, self._rng) * itl_mult
+                self.metrics.itl_s.observe(gap)
+                t_last += gap
+            await sleep_until(t_last)
+            if pieces:
+                rec.ttft_s = t_first - rec.t_recv
+                self.metrics.ttft_s.observe(rec.ttft_s)
+            body = renderer.full_response(out, rec.prompt_tokens)
+            rec.completion_tokens = out.completion_tokens
+            if truncate:
+                resp = web.StreamResponse(headers={**headers, "Content-Type": "application/json"})
+                resp.content_length = len(body)
+                await resp.prepare(request)
+                try:
+                    await self._write(resp, body[: len(body) // 2])
+                except _Disconnected:
+                    pass
+                self._cut(request)
+                rec.finish_reason = "abort"
+                return resp
+            rec.finish_reason = out.finish_reason
+            return web.Response(body=body, content_type="application/json", headers=headers)
+        finally:
+            self._finish(rec)
+
+    @staticmethod
+    async def _write(resp: web.StreamResponse, data: bytes) -> None:
+        try:
+            await resp.write(data)
+        except (ConnectionError, RuntimeError) as exc:
+            # aiohttp raises ClientConnectionResetError (a ConnectionError) or, on a
+            # closing transport, RuntimeError: the client is gone either way.
+            raise _Disconnected(str(exc)) from None
+
+    @staticmethod
+    def _cut(request: web.Request) -> None:
+        """Drop the connection mid-response: no terminating chunk, no [DONE]."""
+        transport = request.transport
+        if transport is not None:
+            transport.abort()
+
+    def _finish(self, rec: _Record) -> None:
+        self.scheduler.release()
+        e2e_s = time.monotonic() - rec.t_recv
+        self.metrics.e2e_s.observe(e2e_s)
+        self.metrics.generation_tokens.inc(rec.completion_tokens)
+        self.metrics.success[rec.finish_reason or "abort"].inc()
+
+    def _crash(self, rec: _Record, crash: CrashParams) -> None:
+        self.log.error(
+            "crash_fault",
+            request_id=rec.request_id,
+            prompt_tokens=rec.prompt_tokens,
+            min_prompt_tokens=crash.min_prompt_tokens,
+            exit_code=CRASH_EXIT_CODE,
+        )
+        # Like a CUDA OOM killing the engine: no cleanup, no answers to anyone in flight.
+        os._exit(CRASH_EXIT_CODE)
+
+    def _log_done(self, rec: _Record) -> None:
+        self.log.info(
+            "request_done",
+            request_id=rec.request_id,
+            traceparent=rec.traceparent,
+            traffic_tag=rec.traffic_tag,
+            version=self.config.version,
+            model=self.config.served_model_name,
+            endpoint=rec.endpoint,
+            stream=rec.stream,
+            status=rec.status,
+            prompt_tokens=rec.prompt_tokens,
+            completion_tokens=rec.completion_tokens,
+            ttft_s=None if rec.ttft_s is None else round(rec.ttft_s, 6),
+            queue_s=None if rec.queue_s is None else round(rec.queue_s, 6),
+            e2e_s=round(time.monotonic() - rec.t_recv, 6),
+            finish_reason=rec.finish_reason,
+            error=rec.error,
+        )
