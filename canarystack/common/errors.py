@@ -121,8 +121,10 @@ async def read_json_object(request: web.Request) -> dict[str, Any]:
         raise BadRequest("Request body is empty: send a JSON object.")
     try:
         data = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, over-long integers
         raise BadRequest(f"Request body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise BadRequest("Request body is nested too deeply to be read as JSON.") from None
     if not isinstance(data, dict):
         raise BadRequest(
             f"Request body must be a JSON object, got {type(data).__name__}.",
