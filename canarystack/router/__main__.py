@@ -1,0 +1,208 @@
+"""``python -m canarystack.router``: parse flags, build the app, serve it.
+
+The app listens on the public ``--port`` (shared by replicas with ``--reuse-port``) and,
+with ``--instance-port``, on a second port unique to this replica, so a harness can reach
+this replica's ``/admin/faults``, ``/health`` and ``/metrics``. The ready file holds
+``{"port", "pid", "instance_port"}`` once both listen.
+
+This module must never do work at import time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import signal
+from collections.abc import Sequence
+from pathlib import Path
+
+from aiohttp import web
+
+from canarystack.common import logs
+from canarystack.common.auth import load_admin_token
+from canarystack.common.buckets import DEFAULT_EDGES, parse_edges
+from canarystack.common.cli import base_parser, install_uvloop, parse
+from canarystack.router.server import RouterSettings, build_app
+from canarystack.router.shadow import ShadowSettings, parse_shadow_rates
+
+_DEFAULT_RATES = "0-512=0.05,512-1k=0.1,1k-2k=0.25,2k-4k=1,4k+=1"
+
+
+def _urls(flag: str, text: str) -> list[str]:
+    urls = [u.strip().rstrip("/") for u in text.split(",") if u.strip()]
+    for u in urls:
+        if not u.startswith(("http://", "https://")):
+            raise SystemExit(
+                f"{flag} {text!r}: {u!r} is not an http(s) URL; give base URLs separated "
+                "by commas, e.g. http://127.0.0.1:18120,http://127.0.0.1:18121"
+            )
+    return urls
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = base_parser("router", "Model router: canary routing, shadow comparison, fail-safe config")
+    p.add_argument("--router-id", default=None, help="this replica's id (default router-<pid>)")
+    p.add_argument("--broker", default=None, help="broker base URL (without it: 0%% canary)")
+    p.add_argument("--release", default="default", help="release to follow (default %(default)s)")
+    p.add_argument("--baseline", required=True, help="baseline replica URLs, comma-separated")
+    p.add_argument("--canary", default="", help="canary replica URLs, comma-separated")
+    p.add_argument("--gate", default=None, help="gate base URL for samples (optional)")
+    p.add_argument("--state-dir", default=".stack", help="where router-<id>.json is cached")
+    p.add_argument("--instance-port", type=int, default=None, help="second, per-replica port")
+    p.add_argument("--heartbeat-s", type=float, default=1.0, help="heartbeat interval (s)")
+    p.add_argument(
+        "--watch-timeout-s", type=float, default=10.0, help="broker long-poll length (s)"
+    )
+    p.add_argument(
+        "--bucket-edges",
+        default=",".join(str(e) for e in DEFAULT_EDGES),
+        help="prompt-length bucket edges in tokens (default %(default)s)",
+    )
+    p.add_argument(
+        "--max-canary-prompt-tokens",
+        type=int,
+        default=None,
+        help="prompts above this many tokens never go to the canary",
+    )
+    p.add_argument(
+        "--shadow-rates",
+        default=_DEFAULT_RATES,
+        help="shadow sampling rate per bucket, BUCKET=RATE,... (default %(default)s)",
+    )
+    p.add_argument(
+        "--shadow-noise-fraction",
+        type=float,
+        default=0.2,
+        help="baseline-vs-baseline comparisons at this fraction of the bucket rate "
+        "(needs 2+ baseline replicas; 0 disables; default %(default)s)",
+    )
+    p.add_argument("--shadow-max-inflight", type=int, default=8, help="cap on shadow copies")
+    p.add_argument("--shadow-max-tokens", type=int, default=8, help="max_tokens of a shadow copy")
+    p.add_argument("--shadow-topk", type=int, default=5, help="top-k logprobs compared")
+    p.add_argument("--no-shadow", action="store_true", help="turn shadow comparison off")
+    p.add_argument(
+        "--sample-queue-size", type=int, default=10_000, help="bound on records for the gate"
+    )
+    p.add_argument("--gate-flush-s", type=float, default=0.2, help="batch interval to the gate")
+    return p
+
+
+def settings_from_args(args: argparse.Namespace) -> RouterSettings:
+    def fail(msg: str) -> SystemExit:
+        return SystemExit(f"python -m canarystack.router: {msg}")
+
+    try:
+        edges = parse_edges(args.bucket_edges)
+    except ValueError as exc:
+        raise fail(f"--bucket-edges: {exc}") from None
+    baseline = _urls("--baseline", args.baseline)
+    if not baseline:
+        raise fail("--baseline: give at least one baseline replica URL")
+    shadow: ShadowSettings | None = None
+    if not args.no_shadow:
+        try:
+            rates = parse_shadow_rates(args.shadow_rates, edges)
+        except ValueError as exc:
+            raise fail(str(exc)) from None
+        if not 0 <= args.shadow_noise_fraction <= 1:
+            raise fail("--shadow-noise-fraction must be from 0 to 1")
+        for flag, value in (
+            ("--shadow-max-inflight", args.shadow_max_inflight),
+            ("--shadow-max-tokens", args.shadow_max_tokens),
+            ("--shadow-topk", args.shadow_topk),
+        ):
+            if value < 1:
+                raise fail(f"{flag} must be at least 1, got {value}")
+        shadow = ShadowSettings(
+            rates=rates,
+            noise_fraction=args.shadow_noise_fraction,
+            max_inflight=args.shadow_max_inflight,
+            max_tokens=args.shadow_max_tokens,
+            topk=args.shadow_topk,
+        )
+    if args.max_canary_prompt_tokens is not None and args.max_canary_prompt_tokens < 0:
+        raise fail("--max-canary-prompt-tokens must be >= 0")
+    if args.heartbeat_s <= 0 or args.watch_timeout_s <= 0:
+        raise fail("--heartbeat-s and --watch-timeout-s must be > 0")
+    if args.sample_queue_size < 1:
+        raise fail("--sample-queue-size must be at least 1")
+    return RouterSettings(
+        router_id=args.router_id or f"router-{os.getpid()}",
+        release=args.release,
+        baseline_urls=baseline,
+        canary_urls=_urls("--canary", args.canary),
+        broker_url=args.broker.rstrip("/") if args.broker else None,
+        gate_url=args.gate.rstrip("/") if args.gate else None,
+        state_dir=args.state_dir,
+        heartbeat_s=args.heartbeat_s,
+        watch_timeout_s=args.watch_timeout_s,
+        edges=edges,
+        max_canary_prompt_tokens=args.max_canary_prompt_tokens,
+        shadow=shadow,
+        sample_queue_size=args.sample_queue_size,
+        gate_flush_s=args.gate_flush_s,
+        instance_port=args.instance_port,
+    )
+
+
+def _bound_port(site: web.TCPSite, fallback: int) -> int:
+    server = getattr(site, "_server", None)
+    if server is not None and server.sockets:
+        return int(server.sockets[0].getsockname()[1])
+    return fallback
+
+
+async def _serve(app: web.Application, args: argparse.Namespace, settings: RouterSettings) -> None:
+    log = logs.get_logger("router")
+    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    await runner.setup()
+    public = web.TCPSite(
+        runner, args.host, args.port, reuse_port=args.reuse_port or None, backlog=1024
+    )
+    await public.start()
+    port = _bound_port(public, args.port)
+    instance_port: int | None = None
+    if args.instance_port is not None:
+        inst = web.TCPSite(runner, args.host, args.instance_port, backlog=128)
+        await inst.start()
+        instance_port = _bound_port(inst, args.instance_port)
+        settings.instance_port = instance_port
+    if args.ready_file:
+        target = Path(args.ready_file)
+        tmp = target.with_suffix(target.suffix + ".tmp")
+        tmp.write_text(
+            json.dumps({"port": port, "pid": os.getpid(), "instance_port": instance_port})
+        )
+        tmp.replace(target)
+    log.info(
+        "listening",
+        host=args.host,
+        port=port,
+        instance_port=instance_port,
+        pid=os.getpid(),
+        router_id=settings.router_id,
+    )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    log.info("stopping", pid=os.getpid())
+    await runner.cleanup()
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse(build_parser(), argv)
+    settings = settings_from_args(args)
+    token = load_admin_token(args.admin_token_file)
+    app = build_app(settings, token, max_fault_ttl_s=args.max_fault_ttl_s)
+    install_uvloop()
+    asyncio.run(_serve(app, args, settings))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,371 @@
+"""The router's view of its release: watched from the broker, cached on disk, fail-safe.
+
+- At start the router asks the broker once (bounded by ``START_TIMEOUT_S``); when that
+  fails it uses the last-known release from ``DIR/router-<id>.json``; with neither it
+  runs with no config, which means 0% canary.
+- Then it watches: ``GET /v1/releases/{name}?after=REV&timeout_s=S`` long-polls; every
+  release with a new revision is applied at once, written to the cache file atomically
+  (temp file + fsync + rename) and reported by a heartbeat right away; heartbeats also go
+  out every ``heartbeat_s``.
+- Broker errors are counted by kind and retried with a short, capped backoff; the router
+  keeps serving with the config it has.
+- Effective canary weight: 0 with no config, no canary version, a quarantined canary, or
+  phase ``tripped``/``rolling_back``/``rolled_back`` — whatever ``weights.canary`` says;
+  else ``weights.canary``. ``tripped`` takes effect in the same watch round it arrives.
+- The ``stale_config`` fault stops applying updates (the watch keeps running, so the
+  router catches up as soon as the fault ends); heartbeats keep reporting the revision
+  really applied.
+
+This module must never block the request path: requests read ``ConfigWatcher.current``,
+an immutable snapshot swapped in one assignment.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import aiohttp
+
+from canarystack.common.logs import get_logger
+
+FAIL_SAFE_PHASES = frozenset({"tripped", "rolling_back", "rolled_back"})
+START_TIMEOUT_S = 2.0
+WATCH_TIMEOUT_S = 10.0  # long-poll length we ask the broker for
+BACKOFF_MIN_S = 0.1
+BACKOFF_MAX_S = 2.0
+
+_log = get_logger("router")
+
+
+class BrokerApi(Protocol):
+    """The broker calls the router needs (``canarystack.broker.client`` provides them)."""
+
+    async def get_release(self, name: str) -> dict[str, Any]: ...
+
+    async def watch(self, name: str, after: int, timeout_s: float) -> dict[str, Any]: ...
+
+    async def heartbeat(self, router_id: str, release: str, applied_revision: int) -> Any: ...
+
+
+class BrokerHttpError(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f"broker answered {status}: {message}")
+        self.status = status
+
+
+class HttpBroker:
+    """A minimal broker client over the contract in docs/ARCHITECTURE.md §2."""
+
+    def __init__(
+        self, session: aiohttp.ClientSession, base_url: str, admin_token: str | None
+    ) -> None:
+        self.session = session
+        self.base_url = base_url.rstrip("/")
+        self.headers = {"x-actor": "router"}
+        if admin_token:
+            self.headers["Authorization"] = f"Bearer {admin_token}"
+
+    async def _get(self, path: str, params: dict[str, str], timeout_s: float) -> dict[str, Any]:
+        async with self.session.get(
+            self.base_url + path,
+            params=params,
+            headers=self.headers,
+            timeout=aiohttp.ClientTimeout(total=timeout_s),
+        ) as resp:
+            text = await resp.text()
+            if resp.status != 200:
+                raise BrokerHttpError(resp.status, text[:300])
+            data = json.loads(text)
+            if not isinstance(data, dict):
+                raise BrokerHttpError(resp.status, "not a JSON object")
+            return data
+
+    async def get_release(self, name: str) -> dict[str, Any]:
+        return await self._get(f"/v1/releases/{name}", {}, START_TIMEOUT_S + 3.0)
+
+    async def watch(self, name: str, after: int, timeout_s: float) -> dict[str, Any]:
+        params = {"after": str(after), "timeout_s": str(timeout_s)}
+        return await self._get(f"/v1/releases/{name}", params, timeout_s + 5.0)
+
+    async def heartbeat(self, router_id: str, release: str, applied_revision: int) -> Any:
+        body = {"router_id": router_id, "release": release, "applied_revision": applied_revision}
+        async with self.session.post(
+            self.base_url + "/v1/routers/heartbeat",
+            json=body,
+            headers=self.headers,
+            timeout=aiohttp.ClientTimeout(total=5.0),
+        ) as resp:
+            text = await resp.text()
+            if resp.status != 200:
+                raise BrokerHttpError(resp.status, text[:300])
+            return json.loads(text)
+
+
+def effective_weight(release: dict[str, Any] | None) -> float:
+    """The canary share (percent) the router applies for a release (see module doc)."""
+    if not release:
+        return 0.0
+    if release.get("phase") in FAIL_SAFE_PHASES:
+        return 0.0
+    canary = release.get("canary")
+    if not isinstance(canary, dict) or not canary.get("version") or canary.get("quarantined"):
+        return 0.0
+    weights = release.get("weights")
+    w = weights.get("canary") if isinstance(weights, dict) else None
+    if isinstance(w, bool) or not isinstance(w, int | float):
+        return 0.0
+    return float(min(100.0, max(0.0, w)))
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """The config one request sees."""
+
+    release: dict[str, Any] | None
+    revision: int
+    phase: str | None
+    weight_pct: float
+    source: str  # "broker" | "cache" | "none"
+    stable_version: str | None
+    canary_version: str | None
+    applied_at: float
+
+    @classmethod
+    def of(cls, release: dict[str, Any] | None, source: str) -> Snapshot:
+        if release is None:
+            return cls(None, 0, None, 0.0, "none", None, None, time.time())
+        stable = release.get("stable") if isinstance(release.get("stable"), dict) else {}
+        canary = release.get("canary") if isinstance(release.get("canary"), dict) else {}
+        rev = release.get("revision")
+        return cls(
+            release=release,
+            revision=rev if isinstance(rev, int) else 0,
+            phase=release.get("phase"),
+            weight_pct=effective_weight(release),
+            source=source,
+            stable_version=(stable or {}).get("version"),
+            canary_version=(canary or {}).get("version"),
+            applied_at=time.time(),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "revision": self.revision,
+            "phase": self.phase,
+            "effective_canary_weight": self.weight_pct,
+            "source": self.source,
+            "stable_version": self.stable_version,
+            "canary_version": self.canary_version,
+        }
+
+
+def cache_path(state_dir: str | Path, router_id: str) -> Path:
+    return Path(state_dir) / f"router-{router_id}.json"
+
+
+def write_cache(path: Path, release: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
+    with open(tmp, "w") as f:
+        json.dump(release, f, sort_keys=True)
+        f.flush()
+        os.fsync(f.fileno())
+    tmp.replace(path)
+
+
+def read_cache(path: Path, release_name: str) -> dict[str, Any] | None:
+    """The cached release, or None when missing, unreadable or for another release."""
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        _log.warning("config_cache_unreadable", path=str(path), error=str(exc))
+        return None
+    if not isinstance(data, dict) or data.get("name") != release_name:
+        _log.warning("config_cache_ignored", path=str(path), reason="not this release")
+        return None
+    return data
+
+
+class ConfigWatcher:
+    def __init__(
+        self,
+        broker: BrokerApi | None,
+        *,
+        release: str,
+        router_id: str,
+        state_dir: str | Path,
+        heartbeat_s: float = 1.0,
+        watch_timeout_s: float = WATCH_TIMEOUT_S,
+        is_stale: Callable[[], bool] = lambda: False,
+        on_error: Callable[[str], None] = lambda kind: None,
+        on_heartbeat_error: Callable[[], None] = lambda: None,
+        on_apply: Callable[[Snapshot], None] = lambda snap: None,
+    ) -> None:
+        self.broker = broker
+        self.release = release
+        self.router_id = router_id
+        self.cache = cache_path(state_dir, router_id)
+        self.heartbeat_s = heartbeat_s
+        self.watch_timeout_s = watch_timeout_s
+        self.is_stale = is_stale
+        self.on_error = on_error
+        self.on_heartbeat_error = on_heartbeat_error
+        self.on_apply = on_apply
+        self.current = Snapshot.of(None, "none")
+        self.last_seen_revision = 0
+        self.watch_errors = 0
+        self._beat_now = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+
+    # -- applying -------------------------------------------------------------------
+    def apply(self, release: dict[str, Any], source: str) -> None:
+        snap = Snapshot.of(release, source)
+        previous = self.current
+        self.current = snap
+        self.on_apply(snap)
+        _log.info(
+            "config_applied",
+            release=self.release,
+            revision=snap.revision,
+            previous_revision=previous.revision,
+            phase=snap.phase,
+            effective_canary_weight=snap.weight_pct,
+            source=source,
+        )
+        if source == "broker":
+            try:
+                write_cache(self.cache, release)
+            except OSError as exc:
+                _log.error("config_cache_write_failed", path=str(self.cache), error=str(exc))
+            self._beat_now.set()
+
+    def _offer(self, release: dict[str, Any]) -> None:
+        rev = release.get("revision")
+        rev = rev if isinstance(rev, int) else 0
+        self.last_seen_revision = rev
+        if self.is_stale():
+            if rev != self.current.revision:
+                _log.info("config_update_ignored", revision=rev, reason="stale_config fault")
+            return
+        if self.current.source == "broker" and rev == self.current.revision:
+            return
+        self.apply(release, "broker")
+
+    def _error(self, kind: str, exc: BaseException) -> None:
+        self.watch_errors += 1
+        self.on_error(kind)
+        _log.warning("broker_watch_error", kind=kind, error=f"{type(exc).__name__}: {exc}")
+
+    # -- lifecycle ------------------------------------------------------------------
+    async def start(self) -> None:
+        """Initial config (broker, else cache, else none); then the watch + heartbeat tasks."""
+        got = False
+        if self.broker is not None:
+            try:
+                release = await asyncio.wait_for(
+                    self.broker.get_release(self.release), START_TIMEOUT_S
+                )
+                self._offer(release)
+                got = True
+            except Exception as exc:
+                self._error(_kind(exc), exc)
+        if not got:
+            cached = read_cache(self.cache, self.release)
+            if cached is not None:
+                self.apply(cached, "cache")
+                self.last_seen_revision = self.current.revision
+            else:
+                _log.warning(
+                    "config_none", release=self.release, effect="0% canary until the broker answers"
+                )
+        if self.broker is not None:
+            self._tasks = [
+                asyncio.create_task(self._watch_loop()),
+                asyncio.create_task(self._heartbeat_loop()),
+            ]
+
+    async def stop(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
+
+    async def _watch_loop(self) -> None:
+        assert self.broker is not None
+        backoff = BACKOFF_MIN_S
+        while True:
+            try:
+                if self.current.source == "broker" or self.last_seen_revision:
+                    # When stale, watch from what we saw, not what we applied: no spinning.
+                    after = self.last_seen_revision if self.is_stale() else self.current.revision
+                    release = await asyncio.wait_for(
+                        self.broker.watch(self.release, after, self.watch_timeout_s),
+                        self.watch_timeout_s + 5.0,
+                    )
+                else:
+                    release = await asyncio.wait_for(
+                        self.broker.get_release(self.release), START_TIMEOUT_S + 3.0
+                    )
+                self._offer(release)
+                backoff = BACKOFF_MIN_S
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                self._error(_kind(exc), exc)
+                await asyncio.sleep(backoff)
+                backoff = min(BACKOFF_MAX_S, backoff * 2)
+
+    async def _heartbeat_loop(self) -> None:
+        assert self.broker is not None
+        failing = False
+        while True:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._beat_now.wait(), self.heartbeat_s)
+            self._beat_now.clear()
+            if self.current.release is None:
+                continue  # nothing applied yet: no revision to report
+            try:
+                await asyncio.wait_for(
+                    self.broker.heartbeat(self.router_id, self.release, self.current.revision),
+                    max(1.0, self.heartbeat_s * 2),
+                )
+                if failing:
+                    _log.info("broker_heartbeat_recovered")
+                failing = False
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                self.on_heartbeat_error()
+                if not failing:
+                    _log.warning("broker_heartbeat_failed", error=f"{type(exc).__name__}: {exc}")
+                failing = True
+
+
+def _kind(exc: BaseException) -> str:
+    """A short label for metrics: timeout, unavailable, not_found, http_<status>, connect..."""
+    if isinstance(exc, asyncio.TimeoutError):
+        return "timeout"
+    status = getattr(exc, "status", None)
+    if isinstance(status, int):
+        if status == 404:
+            return "not_found"
+        if status == 503:
+            return "unavailable"
+        return f"http_{status}"
+    name = type(exc).__name__
+    if "Unavailable" in name:
+        return "unavailable"
+    if "Connect" in name:
+        return "connect"
+    return name.lower()

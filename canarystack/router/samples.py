@@ -1,0 +1,187 @@
+"""Samples for the gate: a bounded queue and a batch pusher.
+
+Comparisons (shadow.py) and per-request outcomes are put on a bounded in-memory queue;
+one background task sends them in batches to ``POST {gate}/v1/samples`` (admin token)
+as ``{"router_id", "release", "comparisons": [...], "outcomes": [...], "dropped": N}``
+(docs/ARCHITECTURE.md §3), where ``dropped`` counts records dropped since the last batch
+the gate accepted.
+
+A full queue drops the new record and counts it. A failed push keeps its batch and tries
+again after a short backoff, while new records keep filling (and, if the gate stays away,
+overflowing) the bounded queue, so memory stays bounded.
+
+This module must never block or slow a user request: ``put`` is O(1) and never awaits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+import aiohttp
+
+from canarystack.common.logs import get_logger
+
+FLUSH_INTERVAL_S = 0.2
+MAX_BATCH = 500
+PUSH_TIMEOUT_S = 2.0
+BACKOFF_MIN_S = 0.2
+BACKOFF_MAX_S = 2.0
+
+_log = get_logger("router")
+
+
+class SampleQueue:
+    """Bounded FIFO of ``(kind, record)``; ``kind`` is "comparison" or "outcome"."""
+
+    def __init__(self, maxsize: int, on_drop: Callable[[str], None] | None = None) -> None:
+        self.maxsize = maxsize
+        self.items: deque[tuple[str, dict[str, Any]]] = deque()
+        self.dropped_total = 0
+        self.dropped_unreported = 0
+        self._on_drop = on_drop
+        self.wakeup = asyncio.Event()
+
+    def put(self, kind: str, record: dict[str, Any]) -> bool:
+        if len(self.items) >= self.maxsize:
+            self.dropped_total += 1
+            self.dropped_unreported += 1
+            if self._on_drop is not None:
+                self._on_drop(kind)
+            return False
+        self.items.append((kind, record))
+        if len(self.items) >= MAX_BATCH:
+            self.wakeup.set()
+        return True
+
+    def take(self, n: int) -> list[tuple[str, dict[str, Any]]]:
+        out: list[tuple[str, dict[str, Any]]] = []
+        items = self.items
+        while items and len(out) < n:
+            out.append(items.popleft())
+        return out
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+
+class GatePusher:
+    """Background task that drains a ``SampleQueue`` into the gate."""
+
+    def __init__(
+        self,
+        session: aiohttp.ClientSession,
+        gate_url: str,
+        queue: SampleQueue,
+        *,
+        router_id: str,
+        release: str,
+        admin_token: str | None,
+        on_push: Callable[[str], None] | None = None,
+        flush_interval_s: float = FLUSH_INTERVAL_S,
+    ) -> None:
+        self.session = session
+        self.url = gate_url.rstrip("/") + "/v1/samples"
+        self.queue = queue
+        self.router_id = router_id
+        self.release = release
+        self.headers = {"content-type": "application/json"}
+        if admin_token:
+            self.headers["Authorization"] = f"Bearer {admin_token}"
+        self.on_push = on_push or (lambda result: None)
+        self.flush_interval_s = flush_interval_s
+        self.pending: list[tuple[str, dict[str, Any]]] = []
+        self.pending_dropped = 0
+        self.last_error: str | None = None
+        self.pushed_batches = 0
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run())
+
+    async def stop(self, flush_timeout_s: float = 1.0) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        # One last try so samples of the final moments are not lost on a clean stop.
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.push_once(), flush_timeout_s)
+
+    async def _run(self) -> None:
+        backoff = BACKOFF_MIN_S
+        while True:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self.queue.wakeup.wait(), self.flush_interval_s)
+            self.queue.wakeup.clear()
+            ok = await self.push_once()
+            if ok:
+                backoff = BACKOFF_MIN_S
+            else:
+                await asyncio.sleep(backoff)
+                backoff = min(BACKOFF_MAX_S, backoff * 2)
+
+    async def push_once(self) -> bool:
+        """Send the pending batch (refilled from the queue); True on success or nothing to do."""
+        if not self.pending:
+            self.pending = self.queue.take(MAX_BATCH)
+            self.pending_dropped = self.queue.dropped_unreported
+            self.queue.dropped_unreported = 0
+        if not self.pending and not self.pending_dropped:
+            return True
+        body = {
+            "router_id": self.router_id,
+            "release": self.release,
+            "comparisons": [r for k, r in self.pending if k == "comparison"],
+            "outcomes": [r for k, r in self.pending if k == "outcome"],
+            "dropped": self.pending_dropped,
+        }
+        try:
+            async with self.session.post(
+                self.url,
+                json=body,
+                headers=self.headers,
+                timeout=aiohttp.ClientTimeout(total=PUSH_TIMEOUT_S),
+            ) as resp:
+                text = await resp.text()
+                if resp.status >= 300:
+                    raise RuntimeError(f"gate answered {resp.status}: {text[:200]}")
+        except Exception as exc:
+            error = f"{type(exc).__name__}: {exc}"
+            if error != self.last_error:  # log changes, not every retry
+                _log.warning("gate_push_failed", url=self.url, error=error, batch=len(self.pending))
+            self.last_error = error
+            self.on_push("error")
+            return False
+        if self.last_error is not None:
+            _log.info("gate_push_recovered", url=self.url)
+        self.last_error = None
+        self.pending = []
+        self.pending_dropped = 0
+        self.pushed_batches += 1
+        self.on_push("ok")
+        return True
+
+
+def outcome_record(
+    *,
+    variant: str,
+    bucket: str,
+    prompt_tokens: int,
+    ttft_s: float | None,
+    error: str | None,
+    request_id: str,
+) -> dict[str, Any]:
+    return {
+        "time": time.time(),
+        "variant": variant,
+        "bucket": bucket,
+        "prompt_tokens": prompt_tokens,
+        "ttft_s": ttft_s,
+        "error": error,
+        "request_id": request_id,
+    }

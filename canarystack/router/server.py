@@ -1,0 +1,886 @@
+"""The router's HTTP app: proxy ``/v1/completions`` and ``/v1/chat/completions`` to the
+baseline or canary pool, stream responses through chunk by chunk, add the routing headers,
+mirror sampled requests for shadow comparison, and report outcomes to the gate.
+
+Per request (the hot path):
+
+1. faults (``latency`` sleeps, ``abort`` answers 503) — a dict lookup when none is active;
+2. the body is parsed once (prompt length, bucket, ``stream``); the variant is chosen
+   (``routing.py``);
+3. the request goes to a replica of the variant's pool; a replica that refuses the
+   connection is marked down and the next one is tried (nothing was sent yet);
+4. the response is relayed: SSE with ``iter_any()`` chunk by chunk, written as it comes;
+   a non-streaming body is read whole (it is not a stream) and sent on. Only a request
+   sampled for shadow comparison has its events parsed (``shadow.Collector``);
+5. one JSON log line, metrics, and an outcome record for the gate.
+
+When a whole pool is down (every replica refused the connection):
+
+- an unpinned request for the canary goes to the baseline instead (users are protected;
+  ``x-served-by: baseline``, logged with ``fallback: true``);
+- a request pinned with ``x-canary-variant`` gets 503 naming the pool — a pin is a test
+  asking for that variant and must not be answered by the other one;
+- an unpinned baseline request gets 503: the router never moves all traffic to an
+  unvetted canary on its own.
+
+A stream that breaks after the headers were sent cannot change its status: the router
+closes the client connection without the terminating chunk, so the client sees a broken
+stream, not a short but "complete" one.
+
+This module must never buffer a stream, parse an unsampled stream's events, or let shadow
+work, the gate or the broker delay or fail a user's request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import random
+import secrets
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+from multidict import CIMultiDict
+from prometheus_client import Counter, Gauge, Histogram
+from pydantic import Field
+
+from canarystack.common.app import COMPONENT, Component, create_app
+from canarystack.common.buckets import DEFAULT_EDGES, bucket_of
+from canarystack.common.errors import ApiError, BadRequest, Unavailable, error_response
+from canarystack.common.faults import FaultParams, FaultRegistry, NoParams
+from canarystack.common.logs import JsonLogger, get_logger
+from canarystack.router.config import ConfigWatcher, HttpBroker, Snapshot
+from canarystack.router.proxy import HOP_BY_HOP, Pool, Upstream
+from canarystack.router.routing import (
+    PIN_HEADER,
+    USER_HEADER,
+    Variant,
+    choose_variant,
+    parse_pin,
+    prompt_tokens_of,
+)
+from canarystack.router.samples import GatePusher, SampleQueue, outcome_record
+from canarystack.router.shadow import (
+    PRIMARY_WAIT_S,
+    Collector,
+    LogprobRequest,
+    ShadowManager,
+    ShadowSettings,
+    ShadowStats,
+    SideResult,
+    build_comparison,
+    fetch_side,
+    is_greedy,
+    shadow_body,
+    user_logprobs_k,
+    with_logprobs,
+)
+
+ROUTER_VERSION = "0.1.0"
+UPSTREAM_CONNECT_TIMEOUT_S = 5.0
+# Long prompts on a slow engine can take a while before the first byte; a stream that
+# stays silent this long is broken.
+UPSTREAM_READ_TIMEOUT_S = 300.0
+TTFT_BUCKETS_S = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+)
+PROXIED_PATHS = ("/v1/completions", "/v1/chat/completions")
+
+
+# ------------------------------------------------------------------------- faults
+
+
+class LatencyFault(FaultParams):
+    ms: float = Field(ge=0, le=60_000, description="milliseconds added before forwarding")
+
+
+class AbortFault(FaultParams):
+    rate: float = Field(ge=0, le=1, description="share of requests answered 503")
+
+
+FAULT_KINDS: dict[str, type[FaultParams]] = {
+    "latency": LatencyFault,
+    "abort": AbortFault,
+    "stale_config": NoParams,
+}
+
+
+# ------------------------------------------------------------------------ settings
+
+
+@dataclass
+class RouterSettings:
+    router_id: str
+    release: str
+    baseline_urls: list[str]
+    canary_urls: list[str] = field(default_factory=list)
+    broker_url: str | None = None
+    gate_url: str | None = None
+    state_dir: str = ".stack"
+    heartbeat_s: float = 1.0
+    watch_timeout_s: float = 10.0
+    edges: tuple[int, ...] = DEFAULT_EDGES
+    max_canary_prompt_tokens: int | None = None
+    shadow: ShadowSettings | None = None
+    sample_queue_size: int = 10_000
+    gate_flush_s: float = 0.2
+    instance_port: int | None = None
+
+
+# ------------------------------------------------------------------------- metrics
+
+
+class RouterMetrics:
+    def __init__(self, comp: Component) -> None:
+        reg = comp.registry
+        self.requests = Counter(
+            "router_requests_total",
+            "Requests answered, by variant and HTTP status",
+            ["variant", "status"],
+            registry=reg,
+        )
+        self.ttft = Histogram(
+            "router_ttft_seconds",
+            "Time from request arrival to the first response byte sent, by variant",
+            ["variant"],
+            buckets=TTFT_BUCKETS_S,
+            registry=reg,
+        )
+        self.upstream_errors = Counter(
+            "router_upstream_errors_total",
+            "Upstream failures by variant and kind (connect, http_5xx, broken_stream, ...)",
+            ["variant", "kind"],
+            registry=reg,
+        )
+        self.fallbacks = Counter(
+            "router_canary_fallbacks_total",
+            "Unpinned canary requests served by the baseline because the canary pool was down",
+            registry=reg,
+        )
+        self.config_revision = Gauge(
+            "router_config_revision", "Revision of the applied release config", registry=reg
+        )
+        self.canary_weight = Gauge(
+            "router_canary_weight_percent",
+            "Effective canary weight applied (0 when fail-safe)",
+            registry=reg,
+        )
+        self.config_from_cache = Gauge(
+            "router_config_from_cache",
+            "1 while the applied config came from the on-disk cache",
+            registry=reg,
+        )
+        self.watch_errors = Counter(
+            "router_broker_watch_errors_total",
+            "Failed broker watch/get calls, by kind",
+            ["kind"],
+            registry=reg,
+        )
+        self.heartbeat_errors = Counter(
+            "router_broker_heartbeat_errors_total", "Failed heartbeats", registry=reg
+        )
+        self.shadow_requests = Counter(
+            "router_shadow_requests_total",
+            "Shadow copies by pair and result (ok, error, dropped_cap, ...)",
+            ["pair", "result"],
+            registry=reg,
+        )
+        self.shadow_comparisons = Counter(
+            "router_shadow_comparisons_total",
+            "Comparisons computed, by pair and bucket",
+            ["pair", "bucket"],
+            registry=reg,
+        )
+        self.samples_dropped = Counter(
+            "router_samples_dropped_total",
+            "Records dropped because the sample queue was full, by kind",
+            ["kind"],
+            registry=reg,
+        )
+        self.gate_pushes = Counter(
+            "router_gate_pushes_total",
+            "Batch pushes to the gate, by result",
+            ["result"],
+            registry=reg,
+        )
+        self.sample_queue_len = Gauge(
+            "router_sample_queue_length", "Records waiting for the gate", registry=reg
+        )
+        # Pre-bound children for the hot path (labels() is a dict lookup plus a lock).
+        self._req: dict[tuple[str, int], Any] = {}
+        self._ttft = {v: self.ttft.labels(variant=v) for v in ("baseline", "canary")}
+
+    def count_request(self, variant: str, status: int) -> None:
+        key = (variant, status)
+        child = self._req.get(key)
+        if child is None:
+            child = self._req[key] = self.requests.labels(variant=variant, status=str(status))
+        child.inc()
+
+    def observe_ttft(self, variant: str, seconds: float) -> None:
+        self._ttft[variant].observe(seconds)
+
+    def on_apply(self, snap: Snapshot) -> None:
+        self.config_revision.set(snap.revision)
+        self.canary_weight.set(snap.weight_pct)
+        self.config_from_cache.set(1 if snap.source == "cache" else 0)
+
+
+# --------------------------------------------------------------------------- state
+
+
+@dataclass
+class Attempt:
+    """What the upstream answered for one request (after replica retries)."""
+
+    resp: aiohttp.ClientResponse
+    upstream: Upstream
+    variant: Variant
+    fallback: bool
+
+
+@dataclass
+class RequestContext:
+    request_id: str
+    traceparent: str
+    traffic_tag: str | None
+    t0: float
+    variant: Variant | None = None
+    pinned: bool = False
+    fallback: bool = False
+    upstream: str | None = None
+    bucket: str | None = None
+    prompt_tokens: int = 0
+    stream: bool = False
+    status: int = 0
+    ttft_s: float | None = None  # from arrival, for users and metrics
+    upstream_ttft_s: float | None = None  # from send, for the gate
+    error: str | None = None
+    shadow_pairs: list[str] = field(default_factory=list)
+
+
+class RouterState:
+    def __init__(self, settings: RouterSettings, comp: Component) -> None:
+        self.settings = settings
+        self.comp = comp
+        assert comp.log is not None
+        self.log: JsonLogger = comp.log
+        self.metrics = RouterMetrics(comp)
+        self.pools: dict[str, Pool] = {
+            "baseline": Pool.from_urls("baseline", settings.baseline_urls),
+            "canary": Pool.from_urls("canary", settings.canary_urls),
+        }
+        self.session: aiohttp.ClientSession | None = None
+        self.control: aiohttp.ClientSession | None = None
+        self.queue: SampleQueue | None = None
+        self.pusher: GatePusher | None = None
+        self.shadow: ShadowManager | None = None
+        if settings.shadow is not None:
+            m = self.metrics
+            self.shadow = ShadowManager(
+                settings.shadow,
+                ShadowStats(
+                    on_request=lambda pair, result: m.shadow_requests.labels(
+                        pair=pair, result=result
+                    ).inc(),
+                    on_comparison=lambda pair, bucket: m.shadow_comparisons.labels(
+                        pair=pair, bucket=bucket
+                    ).inc(),
+                ),
+            )
+        self.config = ConfigWatcher(
+            None,
+            release=settings.release,
+            router_id=settings.router_id,
+            state_dir=settings.state_dir,
+            heartbeat_s=settings.heartbeat_s,
+            watch_timeout_s=settings.watch_timeout_s,
+            is_stale=lambda: comp.faults.get("stale_config") is not None,
+            on_error=lambda kind: self.metrics.watch_errors.labels(kind=kind).inc(),
+            on_heartbeat_error=self.metrics.heartbeat_errors.inc,
+            on_apply=self.metrics.on_apply,
+        )
+        self.rng = random.Random()
+
+    @property
+    def upstream_session(self) -> aiohttp.ClientSession:
+        assert self.session is not None, "router not started"
+        return self.session
+
+    def health(self) -> dict[str, Any]:
+        snap = self.config.current
+        out: dict[str, Any] = {
+            "router_id": self.settings.router_id,
+            "release": self.settings.release,
+            "config": snap.to_json(),
+            "last_seen_revision": self.config.last_seen_revision,
+            "broker_watch_errors": self.config.watch_errors,
+            "pools": {v: p.to_json() for v, p in self.pools.items()},
+            "instance_port": self.settings.instance_port,
+        }
+        if self.shadow is not None:
+            out["shadow_inflight"] = self.shadow.inflight
+        if self.queue is not None:
+            out["sample_queue"] = {
+                "length": len(self.queue),
+                "dropped_total": self.queue.dropped_total,
+                "gate_error": self.pusher.last_error if self.pusher else None,
+            }
+        return out
+
+    def push(self, kind: str, record: dict[str, Any]) -> None:
+        if self.queue is not None:
+            self.queue.put(kind, record)
+
+
+STATE: web.AppKey[RouterState] = web.AppKey("router_state", RouterState)
+
+
+# ------------------------------------------------------------------------ helpers
+
+
+def make_traceparent() -> str:
+    return f"00-{secrets.token_hex(16)}-{secrets.token_hex(8)}-01"
+
+
+def _ident_headers(st: RouterState, ctx: RequestContext) -> dict[str, str]:
+    return {
+        "x-router-id": st.settings.router_id,
+        "x-request-id": ctx.request_id,
+        "x-config-revision": str(st.config.current.revision),
+    }
+
+
+async def _open_upstream(
+    st: RouterState,
+    variant: Variant,
+    pinned: bool,
+    path: str,
+    payload: bytes,
+    headers: dict[str, str],
+    candidates: list[Upstream] | None = None,
+) -> Attempt:
+    """Send the request to a replica of ``variant``'s pool (see the module docstring for
+    what happens when the whole pool refuses)."""
+    session = st.upstream_session
+    pool = st.pools[variant]
+    for ups in candidates if candidates is not None else pool.candidates():
+        try:
+            resp = await session.post(ups.url + path, data=payload, headers=headers)
+        except aiohttp.ClientConnectorError:
+            # Nothing was sent: safe to try the next replica.
+            pool.mark_down(ups)
+            st.metrics.upstream_errors.labels(variant=variant, kind="connect").inc()
+            continue
+        pool.mark_up(ups)
+        return Attempt(resp, ups, variant, fallback=False)
+    if not pinned and variant == "canary" and len(st.pools["baseline"]):
+        st.metrics.fallbacks.inc()
+        attempt = await _open_upstream(st, "baseline", True, path, payload, headers)
+        attempt.fallback = True
+        return attempt
+    n = len(pool)
+    if n == 0:
+        raise Unavailable(
+            f"No {variant} pool is configured on this router (start it with --{variant} URL).",
+            param=PIN_HEADER if pinned else None,
+            code="no_pool",
+        )
+    what = f"All {n} {variant} replica(s) refused the connection"
+    hint = (
+        f"; the request was pinned with {PIN_HEADER}: {variant}, so it was not sent to the "
+        "other variant. Retry shortly or pin the other variant."
+        if pinned
+        else "; retry shortly."
+    )
+    raise Unavailable(what + hint, code="pool_down")
+
+
+def _response_headers(
+    st: RouterState, ctx: RequestContext, up: aiohttp.ClientResponse, variant: str
+) -> CIMultiDict[str]:
+    headers = CIMultiDict((k, v) for k, v in up.headers.items() if k.lower() not in HOP_BY_HOP)
+    headers.update(_ident_headers(st, ctx))
+    headers["x-served-by"] = variant
+    return headers
+
+
+def _shadow_headers(base: dict[str, str], pair: str) -> dict[str, str]:
+    h = dict(base)
+    h["x-shadow"] = pair
+    h["accept-encoding"] = "identity"
+    return h
+
+
+# ------------------------------------------------------------------------ handlers
+
+
+async def handle_proxy(request: web.Request) -> web.StreamResponse:
+    st = request.app[STATE]
+    t0 = time.perf_counter()
+    h = request.headers
+    ctx = RequestContext(
+        request_id=h.get("x-request-id") or uuid.uuid4().hex,
+        traceparent=h.get("traceparent") or make_traceparent(),
+        traffic_tag=h.get("x-traffic-tag"),
+        t0=t0,
+    )
+    try:
+        return await _proxy(request, st, ctx)
+    except ApiError as err:
+        ctx.status = err.status
+        ctx.error = ctx.error or err.code or "rejected"
+        resp = error_response(err)
+        resp.headers.update(_ident_headers(st, ctx))
+        if ctx.variant is not None and err.status >= 500:
+            resp.headers["x-served-by"] = ctx.variant
+        return resp
+    finally:
+        _finish(st, ctx)
+
+
+async def _proxy(request: web.Request, st: RouterState, ctx: RequestContext) -> web.StreamResponse:
+    faults = st.comp.faults
+    latency = faults.get("latency")
+    if isinstance(latency, LatencyFault):
+        await asyncio.sleep(latency.ms / 1000.0)
+    abort = faults.get("abort")
+    if isinstance(abort, AbortFault) and st.rng.random() < abort.rate:
+        ctx.error = "router_abort"
+        raise Unavailable(
+            "Request aborted by the router's injected 'abort' fault (chaos testing); retry.",
+            code="fault_abort",
+        )
+
+    h = request.headers
+    raw = await request.read()
+    if not raw:
+        raise BadRequest("Request body is empty: send a JSON object.")
+    try:
+        body = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise BadRequest(f"Request body is not valid JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise BadRequest(f"Request body must be a JSON object, got {type(body).__name__}.")
+
+    pin = parse_pin(h.get(PIN_HEADER))
+    settings = st.settings
+    snap = st.config.current
+    ctx.prompt_tokens = prompt_tokens_of(body)
+    ctx.bucket = bucket_of(ctx.prompt_tokens, settings.edges)
+    ctx.stream = body.get("stream") is True
+    canary_live = snap.weight_pct > 0 and len(st.pools["canary"]) > 0
+    if pin is not None:
+        variant: Variant = pin
+        ctx.pinned = True
+    else:
+        variant = choose_variant(
+            release=settings.release,
+            user_key=h.get(USER_HEADER),
+            weight_pct=snap.weight_pct if canary_live else 0.0,
+            prompt_tokens=ctx.prompt_tokens,
+            max_canary_prompt_tokens=settings.max_canary_prompt_tokens,
+            rng=st.rng,
+        )
+    ctx.variant = variant
+    path = request.path
+    chat = path.endswith("/chat/completions")
+
+    up_headers = {
+        "content-type": "application/json",
+        "x-request-id": ctx.request_id,
+        "traceparent": ctx.traceparent,
+    }
+    for name in ("authorization", "tracestate", "x-traffic-tag"):
+        value = h.get(name)
+        if value is not None:
+            up_headers[name] = value
+
+    payload = raw
+    collector: Collector | None = None
+    primary_done: asyncio.Future[SideResult] | None = None
+    candidates: list[Upstream] | None = None
+    if st.shadow is not None:
+        ctx.shadow_pairs = st.shadow.plan(
+            ctx.bucket, variant, canary_live, len(st.pools["baseline"])
+        )
+    if ctx.shadow_pairs:
+        assert st.shadow is not None
+        shadow_settings = st.shadow.settings
+        user_k = user_logprobs_k(body, chat)
+        k = max(user_k or 0, shadow_settings.topk)
+        lp = LogprobRequest(chat=chat, k=k, user_k=user_k)
+        payload = json.dumps(with_logprobs(body, chat, k), separators=(",", ":")).encode()
+        up_headers["accept-encoding"] = "identity"
+        collector = Collector(lp, shadow_settings.max_tokens, time.perf_counter)
+        primary_done = asyncio.get_running_loop().create_future()
+        candidates = st.pools[variant].candidates()
+        greedy = is_greedy(body)
+        sbody = shadow_body(body, chat, k, shadow_settings.max_tokens if greedy else 1)
+        for pair in ctx.shadow_pairs:
+            target: Variant
+            if pair == "baseline-canary":
+                target = "canary" if variant == "baseline" else "baseline"
+                exclude = None
+                primary_is_a = variant == "baseline"
+            else:
+                target, primary_is_a = "baseline", True
+                exclude = candidates[0].url if candidates else None
+            st.shadow.launch(
+                _run_comparison(
+                    st,
+                    pair=pair,
+                    target=target,
+                    exclude=exclude,
+                    url_path=path,
+                    body=sbody,
+                    headers=_shadow_headers(up_headers, pair),
+                    primary=primary_done,
+                    primary_is_a=primary_is_a,
+                    greedy=greedy,
+                    ctx=ctx,
+                )
+            )
+
+    primary = SideResult()
+    try:
+        t_send = time.perf_counter()
+        try:
+            attempt = await _open_upstream(
+                st, variant, ctx.pinned, path, payload, up_headers, candidates
+            )
+        except Unavailable:
+            ctx.error = "connect"
+            raise
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+            # The request was sent (or partly): never resend it to another replica.
+            ctx.error = "upstream_" + ("timeout" if isinstance(exc, asyncio.TimeoutError) else "io")
+            st.metrics.upstream_errors.labels(variant=variant, kind=ctx.error).inc()
+            raise Unavailable(
+                f"The {variant} upstream failed before answering ({type(exc).__name__}); retry.",
+                status=502,
+                code="upstream_failed",
+            ) from None
+        ctx.variant = attempt.variant
+        ctx.fallback = attempt.fallback
+        ctx.upstream = attempt.upstream.url
+        primary.version = attempt.resp.headers.get("x-model-version", "")
+        resp = await _relay(request, st, ctx, attempt, collector, t_send)
+        if collector is not None and ctx.error is None:
+            primary.positions = collector.positions
+            if collector.first_content_t is not None:
+                primary.ttft_s = collector.first_content_t - t_send
+        primary.error = ctx.error
+        return resp
+    finally:
+        if primary_done is not None and not primary_done.done():
+            if primary.error is None and ctx.error is not None:
+                primary.error = ctx.error
+            if primary.error is None and ctx.status != 200:
+                primary.error = f"http_{ctx.status}"
+            primary_done.set_result(primary)
+
+
+async def _relay(
+    request: web.Request,
+    st: RouterState,
+    ctx: RequestContext,
+    attempt: Attempt,
+    collector: Collector | None,
+    t_send: float,
+) -> web.StreamResponse:
+    up = attempt.resp
+    variant = attempt.variant
+    headers = _response_headers(st, ctx, up, variant)
+    status = up.status
+    ctx.status = status
+    if status >= 500:
+        ctx.error = "http_5xx"
+        st.metrics.upstream_errors.labels(variant=variant, kind="http_5xx").inc()
+    if status != 200:
+        collector = None  # nothing to compare in an error body
+    is_sse = up.headers.get("content-type", "").startswith("text/event-stream")
+    if not is_sse:
+        try:
+            data = await up.read()
+        except (TimeoutError, aiohttp.ClientError, OSError):
+            up.close()
+            ctx.error = "broken_stream"
+            st.metrics.upstream_errors.labels(variant=variant, kind="broken_stream").inc()
+            raise Unavailable(
+                f"The {variant} upstream broke off its answer; retry.",
+                status=502,
+                code="broken_stream",
+            ) from None
+        now = time.perf_counter()
+        ctx.ttft_s = now - ctx.t0
+        ctx.upstream_ttft_s = now - t_send
+        if collector is not None:
+            data = collector.feed_body(data)
+        up.release()
+        return web.Response(body=data, status=status, headers=headers)
+
+    resp = web.StreamResponse(status=status, headers=headers)
+    await resp.prepare(request)
+    prev = last = b""
+    try:
+        async for chunk in up.content.iter_any():
+            if ctx.ttft_s is None:
+                now = time.perf_counter()
+                ctx.ttft_s = now - ctx.t0
+                ctx.upstream_ttft_s = now - t_send
+            prev, last = last, chunk
+            if collector is not None:
+                chunk = collector.feed_chunk(chunk)
+                if not chunk:
+                    continue
+            try:
+                await resp.write(chunk)
+            except (ConnectionError, RuntimeError):
+                ctx.error = "client_abort"
+                up.close()
+                return resp
+        if collector is not None:
+            rest = collector.flush()
+            if rest:
+                await resp.write(rest)
+    except (TimeoutError, aiohttp.ClientError, OSError):
+        up.close()
+        ctx.error = "broken_stream"
+        st.metrics.upstream_errors.labels(variant=variant, kind="broken_stream").inc()
+        _break_client(request)
+        return resp
+    up.release()
+    if status == 200 and not (prev[-16:] + last)[-16:].rstrip().endswith(b"[DONE]"):
+        # The upstream ended the stream cleanly but without its terminator: truncated.
+        ctx.error = "broken_stream"
+        st.metrics.upstream_errors.labels(variant=variant, kind="truncated").inc()
+        _break_client(request)
+        return resp
+    with contextlib.suppress(ConnectionError, RuntimeError):
+        await resp.write_eof()
+    return resp
+
+
+def _break_client(request: web.Request) -> None:
+    """Close the client's connection without the final chunk: the stream reads as broken."""
+    transport = request.transport
+    if transport is not None:
+        transport.close()
+
+
+async def _run_comparison(
+    st: RouterState,
+    *,
+    pair: str,
+    target: Variant,
+    exclude: str | None,
+    url_path: str,
+    body: dict[str, Any],
+    headers: dict[str, str],
+    primary: asyncio.Future[SideResult],
+    primary_is_a: bool,
+    greedy: bool,
+    ctx: RequestContext,
+) -> None:
+    """One shadow copy and its comparison. Runs detached; every failure is counted."""
+    assert st.shadow is not None
+    stats = st.shadow.stats
+    pool = st.pools[target]
+    side = SideResult(error="connect")
+    max_positions = st.shadow.settings.max_tokens
+    for ups in pool.candidates(exclude=exclude):
+        side = await fetch_side(
+            st.upstream_session, ups.url + url_path, body, headers, max_positions
+        )
+        if side.error == "connect":
+            pool.mark_down(ups)
+            continue
+        break
+    try:
+        main = await asyncio.wait_for(asyncio.shield(primary), PRIMARY_WAIT_S)
+    except TimeoutError:
+        stats.on_request(pair, "primary_timeout")
+        return
+    if side.error is not None:
+        stats.on_request(pair, "error")
+        st.log.debug("shadow_failed", request_id=ctx.request_id, pair=pair, error=side.error)
+        return
+    if main.error is not None:
+        stats.on_request(pair, "primary_failed")
+        return
+    a, b = (main, side) if primary_is_a else (side, main)
+    assert ctx.bucket is not None
+    record = build_comparison(
+        pair=pair,
+        a=a,
+        b=b,
+        greedy=greedy,
+        bucket=ctx.bucket,
+        prompt_tokens=ctx.prompt_tokens,
+        request_id=ctx.request_id,
+    )
+    if record is None:
+        stats.on_request(pair, "not_comparable")
+        return
+    stats.on_request(pair, "ok")
+    stats.on_comparison(pair, ctx.bucket)
+    st.push("comparison", record)
+
+
+def _finish(st: RouterState, ctx: RequestContext) -> None:
+    """Metrics, the per-request log line, and the outcome for the gate."""
+    variant = ctx.variant or "none"
+    st.metrics.count_request(variant, ctx.status)
+    if ctx.ttft_s is not None and ctx.variant is not None:
+        st.metrics.observe_ttft(ctx.variant, ctx.ttft_s)
+    e2e_s = time.perf_counter() - ctx.t0
+    st.log.info(
+        "request_done",
+        request_id=ctx.request_id,
+        traceparent=ctx.traceparent,
+        traffic_tag=ctx.traffic_tag,
+        variant=ctx.variant,
+        pinned=ctx.pinned,
+        fallback=ctx.fallback,
+        upstream=ctx.upstream,
+        status=ctx.status,
+        bucket=ctx.bucket,
+        prompt_tokens=ctx.prompt_tokens,
+        stream=ctx.stream,
+        ttft_s=None if ctx.ttft_s is None else round(ctx.ttft_s, 6),
+        e2e_s=round(e2e_s, 6),
+        error=ctx.error,
+        shadow=ctx.shadow_pairs or None,
+        config_revision=st.config.current.revision,
+    )
+    # Only the models' behaviour goes to the gate: a client's own mistake (4xx), a client
+    # that hung up, or the router's injected abort say nothing about baseline vs canary.
+    if (
+        st.queue is not None
+        and ctx.variant is not None
+        and ctx.bucket is not None
+        and ctx.error not in ("client_abort", "router_abort")
+        and not (400 <= ctx.status < 500)
+    ):
+        st.push(
+            "outcome",
+            outcome_record(
+                variant=ctx.variant,
+                bucket=ctx.bucket,
+                prompt_tokens=ctx.prompt_tokens,
+                ttft_s=ctx.upstream_ttft_s,
+                error=ctx.error,
+                request_id=ctx.request_id,
+            ),
+        )
+
+
+async def handle_models(request: web.Request) -> web.StreamResponse:
+    """``GET /v1/models`` from a baseline replica (what clients may ask for)."""
+    st = request.app[STATE]
+    pool = st.pools["baseline"]
+    for ups in pool.candidates():
+        try:
+            async with st.upstream_session.get(ups.url + "/v1/models") as up:
+                data = await up.read()
+                return web.Response(
+                    body=data,
+                    status=up.status,
+                    content_type="application/json",
+                    headers={"x-router-id": st.settings.router_id},
+                )
+        except aiohttp.ClientConnectorError:
+            pool.mark_down(ups)
+    raise Unavailable("No baseline replica answered GET /v1/models; retry shortly.")
+
+
+# ------------------------------------------------------------------------- the app
+
+
+async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
+    st = app[STATE]
+    settings = st.settings
+    st.session = aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=None),
+        auto_decompress=False,
+        timeout=aiohttp.ClientTimeout(
+            total=None, sock_connect=UPSTREAM_CONNECT_TIMEOUT_S, sock_read=UPSTREAM_READ_TIMEOUT_S
+        ),
+    )
+    st.control = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=16))
+    token = st.comp.admin_token
+    if settings.broker_url:
+        st.config.broker = HttpBroker(st.control, settings.broker_url, token)
+    if settings.gate_url:
+        queue = SampleQueue(
+            settings.sample_queue_size,
+            on_drop=lambda kind: st.metrics.samples_dropped.labels(kind=kind).inc(),
+        )
+        st.queue = queue
+        st.metrics.sample_queue_len.set_function(lambda: float(len(queue)))
+        st.pusher = GatePusher(
+            st.control,
+            settings.gate_url,
+            queue,
+            router_id=settings.router_id,
+            release=settings.release,
+            admin_token=token,
+            on_push=lambda result: st.metrics.gate_pushes.labels(result=result).inc(),
+            flush_interval_s=settings.gate_flush_s,
+        )
+        st.pusher.start()
+    await st.config.start()
+    yield
+    if st.shadow is not None:
+        await st.shadow.close()
+    if st.pusher is not None:
+        await st.pusher.stop()
+    await st.config.stop()
+    await st.session.close()
+    await st.control.close()
+
+
+def build_app(
+    settings: RouterSettings, admin_token: str | None, max_fault_ttl_s: float = 600.0
+) -> web.Application:
+    log = get_logger("router")
+    faults = FaultRegistry("router", FAULT_KINDS, max_ttl_s=max_fault_ttl_s, log=log)
+    comp = Component(
+        name="router",
+        version=ROUTER_VERSION,
+        admin_token=admin_token,
+        faults=faults,
+        log=log,
+    )
+    state = RouterState(settings, comp)
+    comp.health_extra = state.health
+    app = create_app(comp)
+    app[STATE] = state
+    for path in PROXIED_PATHS:
+        app.router.add_post(path, handle_proxy)
+    app.router.add_get("/v1/models", handle_models)
+    app.cleanup_ctx.append(_lifecycle)
+    assert app[COMPONENT] is comp
+    return app

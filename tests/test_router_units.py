@@ -1,0 +1,303 @@
+"""Router pure parts: hashing split and stickiness, pin parsing, prompt counting,
+fail-safe weight, pool order, the KL math and the logprob collector/rewriter."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+
+import pytest
+
+from canarystack.common.buckets import DEFAULT_EDGES
+from canarystack.common.errors import BadRequest
+from canarystack.router.config import effective_weight
+from canarystack.router.proxy import DOWN_S, Pool
+from canarystack.router.routing import (
+    canary_threshold,
+    choose_variant,
+    parse_pin,
+    prompt_tokens_of,
+    user_slot,
+)
+from canarystack.router.shadow import (
+    Collector,
+    LogprobRequest,
+    Position,
+    compare_positions,
+    kl_topk,
+    parse_shadow_rates,
+    shadow_body,
+    user_logprobs_k,
+)
+from canarystack.tokenizer import make_prompt
+
+USERS = [f"user-{i}" for i in range(20_000)]
+
+
+@pytest.mark.parametrize("weight", [0.5, 1, 5, 10, 25, 50, 90])
+def test_split_is_within_one_point_over_20k_users(weight: float) -> None:
+    canary = sum(
+        choose_variant(release="default", user_key=u, weight_pct=weight, prompt_tokens=10)
+        == "canary"
+        for u in USERS
+    )
+    share_pct = 100 * canary / len(USERS)
+    assert abs(share_pct - weight) <= 1.0, (weight, share_pct)
+
+
+def test_user_keeps_variant_and_raising_weight_only_moves_users_to_canary() -> None:
+    def variants(weight: float) -> list[str]:
+        return [
+            choose_variant(release="default", user_key=u, weight_pct=weight, prompt_tokens=1)
+            for u in USERS[:5000]
+        ]
+
+    at5 = variants(5)
+    assert at5 == variants(5)  # sticky while the weight does not change
+    at20 = variants(20)
+    moved_back = [u for u, a, b in zip(USERS, at5, at20, strict=False) if a == "canary" != b]
+    assert moved_back == []
+    assert at20.count("canary") > at5.count("canary")
+    # 0 and 100 are exact
+    assert set(variants(0)) == {"baseline"}
+    assert set(variants(100)) == {"canary"}
+
+
+def test_slot_is_stable_across_processes_and_salted_by_release() -> None:
+    # A fixed value: the hash must not depend on PYTHONHASHSEED or the process.
+    assert user_slot("default", "alice") == user_slot("default", "alice")
+    assert 0 <= user_slot("default", "alice") < 10_000
+    same = sum(user_slot("a", u) == user_slot("b", u) for u in USERS[:2000])
+    assert same < 20  # different releases pick different users
+    assert canary_threshold(5) == 500 and canary_threshold(0.01) == 1
+
+
+def test_random_key_split_when_no_user_id() -> None:
+    rng = random.Random(7)
+    n = 20_000
+    canary = sum(
+        choose_variant(release="r", user_key=None, weight_pct=10, prompt_tokens=5, rng=rng)
+        == "canary"
+        for _ in range(n)
+    )
+    assert abs(100 * canary / n - 10) <= 1.0
+
+
+def test_long_prompts_never_go_to_the_canary() -> None:
+    for u in USERS[:500]:
+        assert (
+            choose_variant(
+                release="r",
+                user_key=u,
+                weight_pct=100,
+                prompt_tokens=2049,
+                max_canary_prompt_tokens=2048,
+            )
+            == "baseline"
+        )
+    assert (
+        choose_variant(
+            release="r",
+            user_key="u",
+            weight_pct=100,
+            prompt_tokens=2048,
+            max_canary_prompt_tokens=2048,
+        )
+        == "canary"
+    )
+
+
+def test_pin_header_parsing() -> None:
+    assert parse_pin(None) is None
+    assert parse_pin("canary") == "canary"
+    assert parse_pin(" Baseline ") == "baseline"
+    with pytest.raises(BadRequest, match="x-canary-variant") as exc:
+        parse_pin("blue")
+    assert exc.value.param == "x-canary-variant"
+
+
+def test_prompt_token_count_for_completions_and_chat() -> None:
+    assert prompt_tokens_of({"prompt": make_prompt(300)}) == 300
+    assert prompt_tokens_of({"prompt": [make_prompt(3)]}) == 3
+    assert prompt_tokens_of({"prompt": [1, 2, 3, 4]}) == 4
+    # chat: one role marker token per message plus the words
+    body = {"messages": [{"role": "user", "content": make_prompt(10)}]}
+    assert prompt_tokens_of(body) == 11
+    # malformed prompts never raise
+    assert prompt_tokens_of({"prompt": {"x": 1}}) == 0
+    assert prompt_tokens_of({"messages": "nope"}) == 0
+
+
+@pytest.mark.parametrize(
+    ("release", "weight"),
+    [
+        (None, 0.0),
+        ({"phase": "progressing", "canary": {"version": "v2"}, "weights": {"canary": 5}}, 5.0),
+        ({"phase": "tripped", "canary": {"version": "v2"}, "weights": {"canary": 5}}, 0.0),
+        ({"phase": "rolling_back", "canary": {"version": "v2"}, "weights": {"canary": 5}}, 0.0),
+        ({"phase": "rolled_back", "canary": {"version": "v2"}, "weights": {"canary": 5}}, 0.0),
+        ({"phase": "progressing", "canary": None, "weights": {"canary": 5}}, 0.0),
+        (
+            {
+                "phase": "progressing",
+                "canary": {"version": "v2", "quarantined": True},
+                "weights": {"canary": 5},
+            },
+            0.0,
+        ),
+        ({"phase": "progressing", "canary": {"version": "v2"}, "weights": {}}, 0.0),
+    ],
+)
+def test_effective_weight_is_fail_safe(release: dict[str, object] | None, weight: float) -> None:
+    assert effective_weight(release) == weight
+
+
+def test_pool_round_robin_skips_a_down_replica_for_a_while() -> None:
+    now = [100.0]
+    pool = Pool.from_urls("baseline", ["http://a", "http://b", "http://c"], clock=lambda: now[0])
+    firsts = [pool.candidates()[0].url for _ in range(6)]
+    assert firsts == ["http://a", "http://b", "http://c"] * 2
+    b = pool.upstreams[1]
+    pool.mark_down(b)
+    for _ in range(6):
+        order = [u.url for u in pool.candidates()]
+        assert order[-1] == "http://b"  # still tried, but last
+    now[0] += DOWN_S + 0.01
+    assert "http://b" in [pool.candidates()[0].url for _ in range(3)]
+    assert [u.url for u in pool.candidates(exclude="http://a")].count("http://a") == 0
+
+
+# ----------------------------------------------------------------------------- KL math
+
+
+def _lp(probs: dict[str, float]) -> dict[str, float]:
+    return {t: math.log(p) for t, p in probs.items()}
+
+
+def test_kl_is_zero_for_identical_and_matches_the_formula() -> None:
+    p = _lp({"a": 0.5, "b": 0.3, "c": 0.1})
+    assert kl_topk(p, p) == pytest.approx(0.0, abs=1e-12)
+    q = _lp({"a": 0.3, "b": 0.5, "d": 0.1})
+    # By hand: floors are min(min prob, 1 - sum) = min(0.1, 0.1) = 0.1 on both sides.
+    pp = {"a": 0.5, "b": 0.3, "c": 0.1, "d": 0.1}
+    qq = {"a": 0.3, "b": 0.5, "c": 0.1, "d": 0.1}
+    sp, sq = sum(pp.values()), sum(qq.values())
+    expected = sum((pp[t] / sp) * math.log((pp[t] / sp) / (qq[t] / sq)) for t in pp)
+    assert kl_topk(p, q) == pytest.approx(expected, rel=1e-12)
+    assert kl_topk(p, q) > 0
+
+
+def test_kl_grows_with_disagreement() -> None:
+    base = _lp({"a": 0.6, "b": 0.2, "c": 0.1, "d": 0.05, "e": 0.03})
+    near = _lp({"a": 0.55, "b": 0.25, "c": 0.1, "d": 0.05, "e": 0.03})
+    far = _lp({"x": 0.6, "y": 0.2, "z": 0.1, "a": 0.05, "b": 0.03})
+    assert 0 < kl_topk(base, near) < kl_topk(base, far)
+
+
+def test_positions_compared_only_on_a_shared_prefix() -> None:
+    top = {"a": -0.1, "b": -2.5}
+    a = [Position("a", top), Position("b", top), Position("c", top)]
+    b_same = [Position("a", top), Position("b", top), Position("c", top)]
+    b_diverge = [Position("a", top), Position("x", top), Position("c", top)]
+    assert len(compare_positions(a, b_same, greedy=True)) == 3
+    assert len(compare_positions(a, b_same, greedy=False)) == 1  # sampling: only position 0
+    # positions 0 and 1 share the prefix; position 2 follows different tokens
+    assert len(compare_positions(a, b_diverge, greedy=True)) == 2
+    scores = compare_positions(a, [Position("a", {"b": -0.1, "a": -2.5})], greedy=True)
+    assert scores[0].top1_agree is False
+
+
+def test_shadow_rates_parse_and_reject_bad_input() -> None:
+    rates = parse_shadow_rates("0-512=0.5,4k+=0", DEFAULT_EDGES)
+    assert rates["0-512"] == 0.5 and rates["4k+"] == 0 and rates["2k-4k"] == 1.0
+    with pytest.raises(ValueError, match="BUCKET=RATE"):
+        parse_shadow_rates("0-100=1", DEFAULT_EDGES)
+    with pytest.raises(ValueError, match="from 0 to 1"):
+        parse_shadow_rates("0-512=2", DEFAULT_EDGES)
+
+
+# ------------------------------------------------------------------ logprob rewriting
+
+
+def _completion_event(tok: str, top: dict[str, float]) -> bytes:
+    obj = {
+        "choices": [
+            {
+                "index": 0,
+                "text": tok,
+                "logprobs": {"tokens": [tok], "token_logprobs": [top[tok]], "top_logprobs": [top]},
+            }
+        ]
+    }
+    return b"data: " + json.dumps(obj).encode() + b"\n\n"
+
+
+def test_collector_strips_logprobs_and_collects_positions_across_split_chunks() -> None:
+    stream = (
+        _completion_event(" a", {" a": -0.1, " b": -2.0, " c": -3.0})
+        + _completion_event(" b", {" b": -0.2, " a": -1.9, " d": -3.0})
+        + b"data: [DONE]\n\n"
+    )
+    col = Collector(LogprobRequest(chat=False, k=5, user_k=None), 8, clock=lambda: 1.0)
+    out = b""
+    for i in range(0, len(stream), 7):  # awkward chunk boundaries
+        out += col.feed_chunk(stream[i : i + 7])
+    out += col.flush()
+    events = [e for e in out.split(b"\n\n") if e]
+    assert events[-1] == b"data: [DONE]"
+    for ev in events[:-1]:
+        choice = json.loads(ev[len(b"data: ") :])["choices"][0]
+        assert choice["logprobs"] is None
+    assert [p.token for p in col.positions] == [" a", " b"]
+    assert col.positions[0].top == {" a": -0.1, " b": -2.0, " c": -3.0}
+
+
+def test_collector_trims_to_the_users_k_and_passes_through_when_enough() -> None:
+    ev = _completion_event(" a", {" a": -0.1, " b": -2.0, " c": -3.0})
+    trim = Collector(LogprobRequest(chat=False, k=5, user_k=1), 8, clock=lambda: 1.0)
+    out = trim.feed_chunk(ev)
+    top = json.loads(out.split(b"\n\n")[0][6:])["choices"][0]["logprobs"]["top_logprobs"][0]
+    assert top == {" a": -0.1}
+    keep = Collector(LogprobRequest(chat=False, k=5, user_k=5), 8, clock=lambda: 1.0)
+    assert keep.feed_chunk(ev) == ev  # the user asked for all of it: bytes untouched
+    assert len(keep.positions[0].top) == 3
+
+
+def test_collector_chat_shape_non_streaming() -> None:
+    body = {
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": " a"},
+                "logprobs": {
+                    "content": [
+                        {
+                            "token": " a",
+                            "logprob": -0.1,
+                            "top_logprobs": [
+                                {"token": " a", "logprob": -0.1},
+                                {"token": " b", "logprob": -2.4},
+                            ],
+                        }
+                    ]
+                },
+            }
+        ]
+    }
+    col = Collector(LogprobRequest(chat=True, k=5, user_k=None), 8, clock=lambda: 1.0)
+    out = json.loads(col.feed_body(json.dumps(body).encode()))
+    assert out["choices"][0]["logprobs"] is None
+    assert col.positions[0].top == {" a": -0.1, " b": -2.4}
+
+
+def test_user_logprob_detection_and_shadow_body() -> None:
+    assert user_logprobs_k({"logprobs": 3}, chat=False) == 3
+    assert user_logprobs_k({}, chat=False) is None
+    assert user_logprobs_k({"logprobs": True, "top_logprobs": 2}, chat=True) == 2
+    assert user_logprobs_k({"logprobs": False}, chat=True) is None
+    body = {"prompt": "x y", "max_tokens": 100, "temperature": 0, "stream": False, "seed": 3}
+    sb = shadow_body(body, chat=False, k=5, max_tokens=8)
+    assert sb["max_tokens"] == 8 and sb["stream"] is True and sb["logprobs"] == 5
+    assert sb["seed"] == 3 and sb["temperature"] == 0 and sb["prompt"] == "x y"
+    assert shadow_body({**body, "max_tokens": 2}, chat=False, k=5, max_tokens=8)["max_tokens"] == 2
