@@ -1,0 +1,131 @@
+"""Helpers for the model-server tests: a strict SSE parser, request shortcuts, KL from
+returned logprobs, and a module-scoped spawner.
+
+The SSE parser is strict on purpose: every event must be exactly ``data: <json>\\n\\n``
+and the stream must end with ``data: [DONE]\\n\\n`` — a client in the wild (the router,
+Locust) breaks on less.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import requests
+
+from tests.procs import ADMIN_TOKEN, Proc, Spawner
+
+ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+# Fast capacity settings for tests that are not about latency.
+FAST = ("--ttft-base-ms", "1", "--prefill-ms-per-1k", "0", "--itl-ms", "0.2")
+
+
+class SSEError(AssertionError):
+    pass
+
+
+def parse_sse(raw: bytes, *, require_done: bool = True) -> list[dict[str, Any]]:
+    """The JSON events of an SSE body; raises SSEError on any deviation from the format."""
+    if not raw.endswith(b"\n\n"):
+        raise SSEError(f"stream does not end with a blank line: {raw[-80:]!r}")
+    blocks = raw[:-2].split(b"\n\n")
+    events: list[dict[str, Any]] = []
+    done = False
+    for block in blocks:
+        if done:
+            raise SSEError(f"event after [DONE]: {block[:80]!r}")
+        if not block.startswith(b"data: ") or b"\n" in block:
+            raise SSEError(f"not a single 'data: ' line: {block[:120]!r}")
+        payload = block[len(b"data: ") :]
+        if payload == b"[DONE]":
+            done = True
+            continue
+        obj = json.loads(payload)
+        if not isinstance(obj, dict):
+            raise SSEError(f"event is not a JSON object: {payload[:80]!r}")
+        events.append(obj)
+    if require_done and not done:
+        raise SSEError("stream ended without data: [DONE]")
+    return events
+
+
+def post(
+    proc: Proc,
+    path: str,
+    body: Mapping[str, Any],
+    headers: Mapping[str, str] | None = None,
+    timeout: float = 30.0,
+) -> requests.Response:
+    return requests.post(proc.url + path, json=body, headers=dict(headers or {}), timeout=timeout)
+
+
+def complete(proc: Proc, body: Mapping[str, Any], **kw: Any) -> dict[str, Any]:
+    resp = post(proc, "/v1/completions", body, **kw)
+    assert resp.status_code == 200, resp.text
+    return dict(resp.json())
+
+
+def stream(
+    proc: Proc, path: str, body: Mapping[str, Any], headers: Mapping[str, str] | None = None
+) -> tuple[requests.Response, list[dict[str, Any]], float]:
+    """POST with stream true; returns the response, its events, and the client's TTFT
+    (seconds to the first event with text)."""
+    t0 = time.monotonic()
+    resp = requests.post(
+        proc.url + path,
+        json={**body, "stream": True},
+        headers=dict(headers or {}),
+        stream=True,
+        timeout=30,
+    )
+    assert resp.status_code == 200, resp.text
+    raw = b""
+    ttft = math.nan
+    for chunk in resp.iter_content(chunk_size=None):
+        raw += chunk
+        if math.isnan(ttft) and (b'"text":" ' in raw or b'"content":" ' in raw):
+            ttft = time.monotonic() - t0
+    return resp, parse_sse(raw), ttft
+
+
+def inject(proc: Proc, body: Mapping[str, Any]) -> dict[str, Any]:
+    resp = requests.post(proc.url + "/admin/faults", json=body, headers=ADMIN, timeout=10)
+    assert resp.status_code == 201, resp.text
+    return dict(resp.json())
+
+
+def clear_faults(proc: Proc) -> None:
+    resp = requests.delete(proc.url + "/admin/faults", headers=ADMIN, timeout=10)
+    assert resp.status_code == 200, resp.text
+
+
+def kl_from_top(p: Mapping[str, float], q: Mapping[str, float]) -> float:
+    """KL(p || q) from two {token: logprob} maps over the same tokens plus the rest mass.
+
+    Exact for the simulator when both maps hold all candidates (logprobs >= 8): the rest
+    is spread evenly over the same tokens in both."""
+    assert set(p) == set(q), (sorted(p), sorted(q))
+    kl = 0.0
+    for tok, lp in p.items():
+        kl += math.exp(lp) * (lp - q[tok])
+    rest_p = max(1e-300, 1.0 - sum(math.exp(v) for v in p.values()))
+    rest_q = max(1e-300, 1.0 - sum(math.exp(v) for v in q.values()))
+    return kl + rest_p * math.log(rest_p / rest_q)
+
+
+@contextmanager
+def module_spawner(tmp: Path) -> Iterator[Spawner]:
+    spawner = Spawner(tmp)
+    try:
+        yield spawner
+    finally:
+        spawner.stop_all()
+
+
+def request_done_lines(proc: Proc) -> list[dict[str, Any]]:
+    return [e for e in proc.log_events() if e.get("event") == "request_done"]
