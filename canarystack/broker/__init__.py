@@ -1,0 +1,20 @@
+"""The version broker: the single source of truth for releases.
+
+A release holds the stable and canary versions (with artifact digests), the canary's
+traffic weight, the phase (``canarystack.broker.phases``), a revision that increments on
+every change, trip evidence and an append-only event history. State lives in SQLite
+(WAL) under ``--state-dir``; clients watch by long-poll. The API is fixed in
+docs/ARCHITECTURE.md §2.
+
+- ``canarystack.broker.server``  aiohttp handlers (``build_app``)
+- ``canarystack.broker.store``   SQLite: transactions, compare-and-set, events
+- ``canarystack.broker.phases``  the phase transition table
+- ``canarystack.broker.client``  ``BrokerClient``, the async client other components use
+- ``canarystack.broker.digest``  ``manifest_digest``
+
+Importing this package must stay cheap and side-effect free: it imports nothing heavy.
+"""
+
+from canarystack.broker.digest import manifest_digest
+
+__all__ = ["manifest_digest"]

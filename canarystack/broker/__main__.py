@@ -1,0 +1,102 @@
+"""``python -m canarystack.broker --state-dir DIR [--router-expiry-s 3] [--max-watch-s 60]``.
+
+Checks the flags, takes an exclusive lock on the state folder (two brokers on one
+database would each cache their own view of it) and serves the API until SIGTERM.
+
+This module must never start serving when the state folder is unusable or already in use.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import IO
+
+from canarystack.broker.server import build_app
+from canarystack.common.auth import load_admin_token
+from canarystack.common.cli import base_parser, parse, serve
+
+LOCK_FILE = "broker.lock"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = base_parser("broker", "The version broker: releases, weights, phases and events.")
+    p.add_argument(
+        "--state-dir",
+        required=True,
+        help="folder for broker.sqlite (created if missing)",
+    )
+    p.add_argument(
+        "--router-expiry-s",
+        type=float,
+        default=3.0,
+        help="a router missing heartbeats this long drops off GET /v1/routers (default 3)",
+    )
+    p.add_argument(
+        "--max-watch-s",
+        type=float,
+        default=60.0,
+        help="longest long-poll a client may ask for with timeout_s (default 60)",
+    )
+    return p
+
+
+def lock_state_dir(state_dir: Path) -> IO[str]:
+    """Hold an exclusive lock on ``DIR/broker.lock`` for the life of the process.
+
+    The kernel drops the lock when the process dies, SIGKILL included, so a restarted
+    broker never finds a stale lock.
+    """
+    path = state_dir / LOCK_FILE
+    handle = open(path, "a+")  # noqa: SIM115 - held open until the process exits
+    try:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.seek(0)
+        holder = handle.read().strip() or "unknown"
+        handle.close()
+        raise SystemExit(
+            f"--state-dir {state_dir}: another broker (pid {holder}) is using this folder "
+            f"(it holds {path}). Stop that broker first, or give another --state-dir."
+        ) from None
+    handle.seek(0)
+    handle.truncate()
+    handle.write(str(os.getpid()))
+    handle.flush()
+    return handle
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = build_parser()
+    args = parse(parser, argv)
+    if not args.router_expiry_s > 0:
+        parser.error(f"--router-expiry-s must be > 0 seconds, got {args.router_expiry_s}")
+    if not args.max_watch_s > 0:
+        parser.error(f"--max-watch-s must be > 0 seconds, got {args.max_watch_s}")
+    state_dir = Path(args.state_dir).resolve()
+    try:
+        state_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        parser.error(f"--state-dir {args.state_dir}: cannot create it ({exc.strerror})")
+    if not os.access(state_dir, os.W_OK):
+        parser.error(f"--state-dir {state_dir}: not writable; give a folder this user can write")
+    lock = lock_state_dir(state_dir)
+    token = load_admin_token(args.admin_token_file)
+    app = build_app(
+        state_dir,
+        token,
+        router_expiry_s=args.router_expiry_s,
+        max_watch_s=args.max_watch_s,
+        max_fault_ttl_s=args.max_fault_ttl_s,
+    )
+    try:
+        serve(app, args, "broker")
+    finally:
+        lock.close()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,346 @@
+"""``BrokerClient``: the async client the router, gate, rollback executor and stack use.
+
+The caller passes its own ``aiohttp.ClientSession`` in (as with httpx), so it controls
+pooling and lifetime, and tests can aim the client at a real broker::
+
+    async with aiohttp.ClientSession() as session:
+        broker = BrokerClient(session, "http://127.0.0.1:18100", token, actor="rollback")
+        release = await broker.get_release("default")
+        release = await broker.watch("default", after=release["revision"], timeout_s=30)
+        await broker.patch_release("default", release["revision"], canary_weight=0)
+
+Exceptions (every one carries ``method`` and ``url`` of the request)::
+
+    BrokerError
+     ├── BrokerUnavailable    cannot connect, no answer in time, or a 5xx: retry with backoff
+     ├── RevisionConflict     409: expected_revision is stale; .current_revision
+     ├── IllegalTransition    409: the phase rules refuse; .current_phase, .allowed
+     └── BrokerRequestError   any other 4xx; .status, .message, .param, .code
+          └── BrokerNotFound  404 (no such release or version)
+
+Releases, versions, events and routers come back as the JSON objects of the API
+(docs/ARCHITECTURE.md §2), as plain dicts.
+
+This module must never create or close the session it is given, retry a write on its own
+(a retried write could apply twice; compare-and-set is the caller's decision), or import
+the broker server.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from collections.abc import Mapping
+from typing import Any
+
+import aiohttp
+
+from canarystack.broker.digest import manifest_digest
+
+__all__ = [
+    "UNSET",
+    "BrokerClient",
+    "BrokerError",
+    "BrokerNotFound",
+    "BrokerRequestError",
+    "BrokerUnavailable",
+    "IllegalTransition",
+    "RevisionConflict",
+    "manifest_digest",
+]
+
+Json = dict[str, Any]
+
+# Module-level so callers and tests can change them.
+DEFAULT_TIMEOUT_S = 10.0
+# A watch may legitimately take timeout_s; allow this much more before giving up on it.
+WATCH_GRACE_S = 5.0
+
+
+class _Unset(enum.Enum):
+    UNSET = "UNSET"
+
+
+UNSET = _Unset.UNSET
+
+
+class BrokerError(Exception):
+    """Base of every error this client raises."""
+
+    def __init__(self, message: str, *, method: str = "", url: str = "") -> None:
+        super().__init__(message)
+        self.message = message
+        self.method = method
+        self.url = url
+
+
+class BrokerUnavailable(BrokerError):
+    """The broker could not be reached, did not answer in time, or answered 5xx."""
+
+
+class RevisionConflict(BrokerError):
+    """Compare-and-set failed: someone changed the release since you read it."""
+
+    def __init__(self, message: str, current_revision: int, **kw: str) -> None:
+        super().__init__(message, **kw)
+        self.current_revision = current_revision
+
+
+class IllegalTransition(BrokerError):
+    """The phase rules refuse the change; ``allowed`` lists the phases reachable now."""
+
+    def __init__(self, message: str, current_phase: str, allowed: list[str], **kw: str) -> None:
+        super().__init__(message, **kw)
+        self.current_phase = current_phase
+        self.allowed = allowed
+
+
+class BrokerRequestError(BrokerError):
+    """The broker refused the request (4xx other than the two 409s above)."""
+
+    def __init__(
+        self,
+        message: str,
+        status: int,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        body: Json | None = None,
+        **kw: str,
+    ) -> None:
+        super().__init__(message, **kw)
+        self.status = status
+        self.param = param
+        self.code = code
+        self.body = body or {}
+
+
+class BrokerNotFound(BrokerRequestError):
+    """404: no such release or version."""
+
+
+def _error_from(status: int, body: Any, text: str, method: str, url: str) -> BrokerError:
+    err = body.get("error") if isinstance(body, dict) else None
+    message = (
+        str(err.get("message"))
+        if isinstance(err, dict) and err.get("message")
+        else (text[:300] or f"HTTP {status}")
+    )
+    where = {"method": method, "url": url}
+    full = f"{method} {url} -> {status}: {message}"
+    if status >= 500:
+        return BrokerUnavailable(full, **where)
+    code = err.get("code") if isinstance(err, dict) else None
+    param = err.get("param") if isinstance(err, dict) else None
+    if status == 409 and isinstance(body, dict):
+        if "current_revision" in body:
+            return RevisionConflict(full, int(body["current_revision"]), **where)
+        if "current_phase" in body:
+            return IllegalTransition(
+                full, str(body["current_phase"]), list(body.get("allowed") or []), **where
+            )
+    cls = BrokerNotFound if status == 404 else BrokerRequestError
+    return cls(
+        full,
+        status,
+        param=param,
+        code=code,
+        body=body if isinstance(body, dict) else None,
+        **where,
+    )
+
+
+class BrokerClient:
+    """Async client for one broker. Cheap to build; holds no connection of its own."""
+
+    def __init__(
+        self,
+        session: aiohttp.ClientSession,
+        base_url: str,
+        admin_token: str | None = None,
+        actor: str = "unknown",
+        *,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+    ) -> None:
+        self._session = session
+        self.base_url = base_url.rstrip("/")
+        self._admin_token = admin_token
+        self.actor = actor
+        self.timeout_s = timeout_s
+
+    # -- transport --------------------------------------------------------------------------
+    async def _call(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: Json | None = None,
+        params: Mapping[str, str] | None = None,
+        admin: bool = False,
+        timeout_s: float | None = None,
+    ) -> tuple[Any, int, Mapping[str, str]]:
+        url = self.base_url + path
+        headers = {"x-actor": self.actor}
+        if admin and self._admin_token is not None:
+            headers["Authorization"] = f"Bearer {self._admin_token}"
+        limit_s = self.timeout_s if timeout_s is None else timeout_s
+        try:
+            async with self._session.request(
+                method,
+                url,
+                json=body,
+                params=params,
+                headers=headers,
+                timeout=aiohttp.ClientTimeout(total=limit_s),
+            ) as resp:
+                text = await resp.text()
+                status = resp.status
+                resp_headers = dict(resp.headers)
+        except TimeoutError:  # aiohttp's timeouts are TimeoutError since 3.10 / Python 3.11
+            raise BrokerUnavailable(
+                f"{method} {url}: no answer within {limit_s:g} s", method=method, url=url
+            ) from None
+        except aiohttp.ClientError as exc:
+            raise BrokerUnavailable(
+                f"{method} {url}: {type(exc).__name__}: {exc}", method=method, url=url
+            ) from exc
+        try:
+            data: Any = json.loads(text) if text else None
+        except json.JSONDecodeError:
+            data = None
+        if status >= 400:
+            raise _error_from(status, data, text, method, url)
+        if not isinstance(data, dict):
+            raise BrokerUnavailable(
+                f"{method} {url}: answered {status} without a JSON object: {text[:200]!r}",
+                method=method,
+                url=url,
+            )
+        return data, status, resp_headers
+
+    async def _get(self, path: str, params: Mapping[str, str] | None = None) -> Json:
+        data, _, _ = await self._call("GET", path, params=params)
+        return dict(data)
+
+    async def _write(self, method: str, path: str, body: Json) -> Json:
+        body = {"actor": self.actor, **body}
+        data, _, _ = await self._call(method, path, body=body, admin=True)
+        return dict(data)
+
+    # -- releases ---------------------------------------------------------------------------
+    async def get_release(self, name: str) -> Json:
+        return await self._get(f"/v1/releases/{name}")
+
+    async def watch(self, name: str, after: int, timeout_s: float = 30.0) -> Json:
+        """The release once its revision is above ``after``, or, after ``timeout_s``, the
+        current one (check ``revision`` to tell which). A release that does not exist yet
+        is waited for; if it still does not exist at the timeout, ``BrokerNotFound``."""
+        data, _, _ = await self._call(
+            "GET",
+            f"/v1/releases/{name}",
+            params={"after": str(int(after)), "timeout_s": f"{timeout_s:g}"},
+            timeout_s=timeout_s + WATCH_GRACE_S,
+        )
+        return dict(data)
+
+    async def list_releases(self) -> list[Json]:
+        return list((await self._get("/v1/releases"))["releases"])
+
+    async def create_release(
+        self,
+        name: str,
+        stable: str,
+        canary: str | None = None,
+        canary_weight: float = 0,
+        reason: str = "",
+    ) -> Json:
+        return await self._write(
+            "POST",
+            "/v1/releases",
+            {
+                "name": name,
+                "stable": stable,
+                "canary": canary,
+                "weights": {"canary": canary_weight},
+                "reason": reason,
+            },
+        )
+
+    async def patch_release(
+        self,
+        name: str,
+        expected_revision: int,
+        *,
+        canary_weight: float | None = None,
+        phase: str | None = None,
+        canary: str | _Unset | None = UNSET,
+        trip: Mapping[str, Any] | None = None,
+        reason: str = "",
+    ) -> Json:
+        """Compare-and-set change; raises ``RevisionConflict`` or ``IllegalTransition``.
+
+        ``canary=None`` removes the canary; leave it unset to keep it.
+        """
+        body: Json = {"expected_revision": expected_revision, "reason": reason}
+        if canary_weight is not None:
+            body["weights"] = {"canary": canary_weight}
+        if phase is not None:
+            body["phase"] = phase
+        if canary is not UNSET:
+            body["canary"] = canary
+        if trip is not None:
+            body["trip"] = dict(trip)
+        return await self._write("PATCH", f"/v1/releases/{name}", body)
+
+    # -- versions ---------------------------------------------------------------------------
+    async def register_version(
+        self, version: str, manifest: Any, digest: str | None = None
+    ) -> Json:
+        """Register a version; ``digest`` defaults to ``manifest_digest(manifest)``."""
+        return await self._write(
+            "POST",
+            "/v1/versions",
+            {
+                "version": version,
+                "manifest": manifest,
+                "digest": digest or manifest_digest(manifest),
+            },
+        )
+
+    async def get_version(self, version: str) -> Json:
+        return await self._get(f"/v1/versions/{version}")
+
+    async def list_versions(self) -> list[Json]:
+        return list((await self._get("/v1/versions"))["versions"])
+
+    async def quarantine_version(self, version: str, reason: str = "") -> Json:
+        return await self._write("POST", f"/v1/versions/{version}/quarantine", {"reason": reason})
+
+    # -- events -----------------------------------------------------------------------------
+    async def events(self, name: str, after_seq: int = 0) -> list[Json]:
+        data = await self._get(f"/v1/releases/{name}/events", {"after_seq": str(after_seq)})
+        return list(data["events"])
+
+    async def annotate(self, name: str, change: Mapping[str, Any], reason: str = "") -> Json:
+        """Append an annotation event (``change`` needs an ``annotation`` key)."""
+        return await self._write(
+            "POST", f"/v1/releases/{name}/events", {"change": dict(change), "reason": reason}
+        )
+
+    # -- routers ----------------------------------------------------------------------------
+    async def heartbeat(self, router_id: str, release: str, applied_revision: int | None) -> None:
+        await self._call(
+            "POST",
+            "/v1/routers/heartbeat",
+            body={
+                "router_id": router_id,
+                "release": release,
+                "applied_revision": applied_revision,
+            },
+            admin=True,
+        )
+
+    async def routers(self, release: str | None = None) -> list[Json]:
+        """Live routers (optionally of one release)."""
+        params = {"release": release} if release else None
+        return list((await self._get("/v1/routers", params))["routers"])

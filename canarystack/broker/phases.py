@@ -1,0 +1,190 @@
+"""The release phase: THE transition table, written down once.
+
+A release moves along these edges and no others::
+
+    progressing ──► tripped ──► rolling_back ──► rolled_back
+         │  ▲                        ▲                │
+         │  └────────────────────────┼── new canary ──┘
+         ├──────────────────────────►┘
+         └──► promoted ──── new canary ──► progressing
+
+- ``progressing -> tripped | rolling_back | promoted``
+- ``tripped -> rolling_back``
+- ``rolling_back -> rolled_back``
+- ``rolled_back -> progressing`` and ``promoted -> progressing`` only together with a new
+  canary version (the version check itself — registered, not quarantined — is the
+  store's; this table only says that a new one is needed).
+
+Side rules that belong to the phase and so live here too: entering ``tripped`` needs
+trip evidence; a canary weight above 0 is refused unless the resulting phase is
+``progressing``; promotion needs a canary to promote.
+
+Like httpx's ``ClientState``, ``check_transition`` refuses a bad move with a message that
+lists the allowed ones. A "move" to the phase a release is already in is not a
+transition and is always accepted (so a client can resend the phase it read).
+
+This module must never do I/O or know about HTTP or SQLite: it is the pure rule book
+that the store applies inside its transaction.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+
+
+class Phase(enum.StrEnum):
+    PROGRESSING = "progressing"
+    TRIPPED = "tripped"
+    ROLLING_BACK = "rolling_back"
+    ROLLED_BACK = "rolled_back"
+    PROMOTED = "promoted"
+
+
+# THE transition table. Every phase change in the broker is checked against it.
+TRANSITIONS: Mapping[Phase, frozenset[Phase]] = {
+    Phase.PROGRESSING: frozenset({Phase.TRIPPED, Phase.ROLLING_BACK, Phase.PROMOTED}),
+    Phase.TRIPPED: frozenset({Phase.ROLLING_BACK}),
+    Phase.ROLLING_BACK: frozenset({Phase.ROLLED_BACK}),
+    Phase.ROLLED_BACK: frozenset({Phase.PROGRESSING}),
+    Phase.PROMOTED: frozenset({Phase.PROGRESSING}),
+}
+
+# Edges that are legal only when the same change brings a new canary version.
+NEEDS_NEW_CANARY: frozenset[tuple[Phase, Phase]] = frozenset(
+    {(Phase.ROLLED_BACK, Phase.PROGRESSING), (Phase.PROMOTED, Phase.PROGRESSING)}
+)
+
+# Phases that can only be entered with trip evidence in the same change.
+NEEDS_TRIP: frozenset[Phase] = frozenset({Phase.TRIPPED})
+
+# Phases in which a canary weight above 0 may be set.
+WEIGHTS_ALLOWED_IN: frozenset[Phase] = frozenset({Phase.PROGRESSING})
+
+# Phases in which the canary version may be replaced without a phase change.
+CANARY_CHANGE_ALLOWED_IN: frozenset[Phase] = frozenset({Phase.PROGRESSING})
+
+# Phases whose routers must send no traffic to the canary, whatever the weights say.
+CANARY_OFF: frozenset[Phase] = frozenset({Phase.TRIPPED, Phase.ROLLING_BACK, Phase.ROLLED_BACK})
+
+
+class IllegalTransition(Exception):
+    """A change the phase rules refuse; carries the current phase and the allowed moves."""
+
+    def __init__(self, current: Phase, allowed: list[str], message: str) -> None:
+        super().__init__(message)
+        self.current = current
+        self.allowed = allowed
+        self.message = message
+
+
+def allowed_from(current: Phase) -> list[str]:
+    """The phases ``current`` may move to, sorted (for messages and 409 bodies)."""
+    return sorted(p.value for p in TRANSITIONS[current])
+
+
+def parse_phase(value: str) -> Phase:
+    """``Phase(value)`` with a message listing the phases (raises ValueError)."""
+    try:
+        return Phase(value)
+    except ValueError:
+        names = ", ".join(p.value for p in Phase)
+        raise ValueError(f"unknown phase {value!r}: use one of {names}") from None
+
+
+def _hint(current: Phase, target: Phase) -> str:
+    if current == Phase.TRIPPED and target == Phase.ROLLED_BACK:
+        return " Move to rolling_back first."
+    if target == Phase.TRIPPED and current != Phase.PROGRESSING:
+        return " Only a progressing release can trip."
+    return ""
+
+
+def check_transition(
+    current: Phase,
+    target: Phase,
+    *,
+    new_canary: bool = False,
+    trip_given: bool = False,
+    has_canary: bool = True,
+) -> None:
+    """Raise ``IllegalTransition`` unless ``current -> target`` is allowed with these extras.
+
+    ``new_canary``: the same change sets a canary version different from the current one.
+    ``trip_given``: the same change carries trip evidence.
+    ``has_canary``: the release has a canary version after the change (promotion needs one).
+    """
+    allowed = allowed_from(current)
+    if target == current:
+        if trip_given:
+            raise IllegalTransition(
+                current,
+                allowed,
+                f"Trip evidence is only accepted when the phase moves to tripped; the release "
+                f"is already {current.value}. Allowed next phases: {', '.join(allowed)}.",
+            )
+        return
+    if target not in TRANSITIONS[current]:
+        raise IllegalTransition(
+            current,
+            allowed,
+            f"Illegal phase transition {current.value} -> {target.value}: from "
+            f"{current.value} the release may move only to {', '.join(allowed)}."
+            + _hint(current, target),
+        )
+    if (current, target) in NEEDS_NEW_CANARY and not new_canary:
+        raise IllegalTransition(
+            current,
+            allowed,
+            f"Phase {current.value} -> {target.value} needs a new canary version in the same "
+            "change: send 'canary' with a registered, not quarantined version other than "
+            "the current canary.",
+        )
+    if target in NEEDS_TRIP and not trip_given:
+        raise IllegalTransition(
+            current,
+            allowed,
+            f"Phase {target.value} needs trip evidence: send 'trip' with test, bucket, "
+            "statistic, threshold, samples, first_sample_time, last_sample_time, tripped_at.",
+        )
+    if target not in NEEDS_TRIP and trip_given:
+        raise IllegalTransition(
+            current,
+            allowed,
+            f"Trip evidence is only accepted when the phase moves to tripped, not to "
+            f"{target.value}.",
+        )
+    if target == Phase.PROMOTED and not has_canary:
+        raise IllegalTransition(
+            current,
+            allowed,
+            "Cannot promote: the release has no canary version to promote.",
+        )
+
+
+def check_weight(phase_after: Phase, canary_weight: float, current: Phase) -> None:
+    """Refuse a canary weight above 0 unless the phase after the change allows traffic."""
+    if canary_weight > 0 and phase_after not in WEIGHTS_ALLOWED_IN:
+        raise IllegalTransition(
+            current,
+            allowed_from(current),
+            f"A canary weight above 0 ({canary_weight:g}) is refused in phase "
+            f"{phase_after.value}: weights above 0 are allowed only while "
+            f"{', '.join(sorted(p.value for p in WEIGHTS_ALLOWED_IN))}.",
+        )
+
+
+def check_canary_change(current: Phase, phase_after: Phase) -> None:
+    """Refuse replacing the canary version except in progressing or when re-entering it."""
+    if current in CANARY_CHANGE_ALLOWED_IN and phase_after == current:
+        return
+    if (current, phase_after) in NEEDS_NEW_CANARY:
+        return
+    raise IllegalTransition(
+        current,
+        allowed_from(current),
+        f"The canary version cannot change in phase {current.value}"
+        + (f" -> {phase_after.value}" if phase_after != current else "")
+        + ": change it while progressing, or together with the move from rolled_back or "
+        "promoted back to progressing.",
+    )

@@ -1,0 +1,575 @@
+"""The broker's durable state: one SQLite file (``DIR/broker.sqlite``) in WAL mode.
+
+Tables: ``versions`` (version, digest, manifest, quarantined, registered_at, and who
+quarantined it and why), ``releases`` (one row per release, with its revision) and
+``events`` (append-only: seq, release, time, revision, actor, change JSON, reason;
+triggers refuse UPDATE and DELETE).
+
+Durability: ``journal_mode=WAL`` with ``synchronous=FULL``. A write is acknowledged
+(2xx) only after its COMMIT returned, and with FULL the commit has fsync'ed the WAL, so
+an acknowledged write survives SIGKILL of the broker *and* a power loss or kernel crash.
+(``NORMAL`` would also survive SIGKILL — the committed WAL frames are in the OS page
+cache and SQLite replays them on the next open — but can lose the last commits on power
+loss, which would break the promise a 2xx makes to the gate and the rollback executor.)
+The price is one fsync per write; the broker sees a few writes per second at most.
+
+Every write is one ``BEGIN IMMEDIATE`` transaction that reads the release's revision,
+compares it with what the caller expected (compare-and-set), checks the phase rules
+(``canarystack.broker.phases``), writes ``revision + 1`` guarded by
+``WHERE revision = <read>`` and appends an event describing the change (old -> new).
+
+``Store`` is synchronous and not thread-safe: the server calls it from one dedicated
+thread. It raises ``canarystack.common.errors.ApiError`` subclasses for anything a
+client caused, so the HTTP layer only has to serialise them.
+
+This module must never acknowledge a write before COMMIT, update or delete an event, or
+change a phase except through ``phases.check_transition``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sqlite3
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from canarystack.broker import phases
+from canarystack.broker.phases import Phase
+from canarystack.common.errors import Conflict, NotFound, Unprocessable
+
+SCHEMA_VERSION = 1
+DB_FILE = "broker.sqlite"
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS versions (
+    version TEXT PRIMARY KEY,
+    digest TEXT NOT NULL,
+    manifest TEXT NOT NULL,
+    quarantined INTEGER NOT NULL DEFAULT 0,
+    registered_at REAL NOT NULL,
+    quarantined_at REAL,
+    quarantined_by TEXT,
+    quarantine_reason TEXT
+);
+CREATE TABLE IF NOT EXISTS releases (
+    name TEXT PRIMARY KEY,
+    phase TEXT NOT NULL,
+    revision INTEGER NOT NULL,
+    stable_version TEXT NOT NULL REFERENCES versions(version),
+    canary_version TEXT REFERENCES versions(version),
+    weight_canary REAL NOT NULL,
+    trip TEXT,
+    created_at REAL NOT NULL,
+    updated_at REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS events (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    release TEXT NOT NULL,
+    time REAL NOT NULL,
+    revision INTEGER NOT NULL,
+    actor TEXT NOT NULL,
+    change TEXT NOT NULL,
+    reason TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS events_by_release ON events(release, seq);
+CREATE TRIGGER IF NOT EXISTS events_no_update BEFORE UPDATE ON events
+BEGIN SELECT RAISE(ABORT, 'events are append-only'); END;
+CREATE TRIGGER IF NOT EXISTS events_no_delete BEFORE DELETE ON events
+BEGIN SELECT RAISE(ABORT, 'events are append-only'); END;
+"""
+
+_RELEASE_SELECT = """
+SELECT r.name, r.phase, r.revision, r.stable_version, sv.digest AS stable_digest,
+       r.canary_version, cv.digest AS canary_digest, cv.quarantined AS canary_quarantined,
+       r.weight_canary, r.trip, r.created_at, r.updated_at
+FROM releases r
+JOIN versions sv ON sv.version = r.stable_version
+LEFT JOIN versions cv ON cv.version = r.canary_version
+"""
+
+Json = dict[str, Any]
+
+
+class StateDirError(SystemExit):
+    """The state folder or its database cannot be used (the message says why and what to do)."""
+
+
+@dataclass(frozen=True)
+class ReleasePatch:
+    """One PATCH, already schema-validated. ``canary_set`` tells an explicit null apart."""
+
+    expected_revision: int
+    canary_weight: float | None = None
+    phase: Phase | None = None
+    canary_set: bool = False
+    canary: str | None = None
+    trip: Json | None = None
+
+
+def _number(x: float) -> float | int:
+    """Weights read back as ints when whole (5, not 5.0), as clients wrote them."""
+    return int(x) if float(x).is_integer() else x
+
+
+def _flat(release: Json | None) -> dict[str, Any]:
+    """The fields an event's ``change`` compares, flattened (``weights.canary``)."""
+    if release is None:
+        return {}
+    canary = release["canary"] or {}
+    return {
+        "phase": release["phase"],
+        "stable.version": release["stable"]["version"],
+        "stable.digest": release["stable"]["digest"],
+        "canary.version": canary.get("version"),
+        "canary.digest": canary.get("digest"),
+        "canary.quarantined": canary.get("quarantined"),
+        "weights.canary": release["weights"]["canary"],
+        "trip": release["trip"],
+    }
+
+
+def diff(old: Json | None, new: Json) -> dict[str, dict[str, Any]]:
+    """``{field: {"old": a, "new": b}}`` for every field that differs."""
+    before, after = _flat(old), _flat(new)
+    return {
+        key: {"old": before.get(key), "new": value}
+        for key, value in after.items()
+        if before.get(key) != value
+    }
+
+
+class Store:
+    """The broker database. Open with ``Store.open(state_dir)``; use from one thread."""
+
+    def __init__(self, conn: sqlite3.Connection, path: Path) -> None:
+        self._conn = conn
+        self.path = path
+
+    # -- lifecycle ------------------------------------------------------------------
+    @classmethod
+    def open(cls, state_dir: Path) -> Store:
+        path = Path(state_dir) / DB_FILE
+        try:
+            # isolation_level=None: we issue BEGIN IMMEDIATE / COMMIT ourselves.
+            # check_same_thread=False: the server opens it in its DB thread, tests in theirs;
+            # the class is still used from one thread at a time.
+            conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+            conn.row_factory = sqlite3.Row
+            mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+        except sqlite3.Error as exc:
+            raise StateDirError(
+                f"--state-dir: cannot open {path} ({exc}). Check that the folder exists, is "
+                "writable, and that the file is a broker database (or move it away)."
+            ) from None
+        if str(mode).lower() != "wal":
+            conn.close()
+            raise StateDirError(
+                f"--state-dir: {path} could not be switched to WAL mode (got {mode!r}); "
+                "use a local filesystem for the state folder."
+            )
+        conn.execute("PRAGMA synchronous=FULL")
+        conn.execute("PRAGMA foreign_keys=ON")
+        conn.execute("PRAGMA busy_timeout=5000")
+        found = conn.execute("PRAGMA user_version").fetchone()[0]
+        if found > SCHEMA_VERSION:
+            conn.close()
+            raise StateDirError(
+                f"--state-dir: {path} has schema version {found}, newer than this broker's "
+                f"{SCHEMA_VERSION}; run a newer broker or use another state folder."
+            )
+        conn.executescript(_SCHEMA)
+        conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+        return cls(conn, path)
+
+    def close(self) -> None:
+        self._conn.close()
+
+    def pragma(self, name: str) -> Any:
+        return self._conn.execute(f"PRAGMA {name}").fetchone()[0]
+
+    @contextlib.contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        # IMMEDIATE takes the write lock at BEGIN, so the revision we read cannot change
+        # before our UPDATE; the guarded UPDATE below is the belt to these braces.
+        self._conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield self._conn
+        except BaseException:
+            self._conn.execute("ROLLBACK")
+            raise
+        self._conn.execute("COMMIT")
+
+    # -- versions ---------------------------------------------------------------------
+    @staticmethod
+    def _version_json(row: sqlite3.Row) -> Json:
+        out: Json = {
+            "version": row["version"],
+            "digest": row["digest"],
+            "manifest": json.loads(row["manifest"]),
+            "quarantined": bool(row["quarantined"]),
+            "registered_at": row["registered_at"],
+        }
+        if row["quarantined"]:
+            out["quarantine"] = {
+                "time": row["quarantined_at"],
+                "actor": row["quarantined_by"],
+                "reason": row["quarantine_reason"],
+            }
+        return out
+
+    def get_version(self, version: str) -> Json | None:
+        row = self._conn.execute("SELECT * FROM versions WHERE version = ?", (version,)).fetchone()
+        return None if row is None else self._version_json(row)
+
+    def list_versions(self) -> list[Json]:
+        rows = self._conn.execute("SELECT * FROM versions ORDER BY registered_at, version")
+        return [self._version_json(r) for r in rows]
+
+    def register_version(
+        self, version: str, digest: str, manifest: Any, now: float
+    ) -> tuple[Json, bool]:
+        """Insert a version; ``(version, False)`` for an identical re-registration.
+
+        The caller has already checked that ``digest`` matches ``manifest``.
+        """
+        with self._tx() as db:
+            row = db.execute("SELECT * FROM versions WHERE version = ?", (version,)).fetchone()
+            if row is not None:
+                if row["digest"] != digest:
+                    raise Conflict(
+                        f"Version {version!r} is already registered with digest "
+                        f"{row['digest']}, not {digest}: versions are immutable; register "
+                        "the new artifact under a new version name.",
+                        param="version",
+                        code="version_conflict",
+                    )
+                return self._version_json(row), False
+            db.execute(
+                "INSERT INTO versions (version, digest, manifest, registered_at) "
+                "VALUES (?, ?, ?, ?)",
+                (version, digest, json.dumps(manifest), now),
+            )
+            row = db.execute("SELECT * FROM versions WHERE version = ?", (version,)).fetchone()
+            return self._version_json(row), True
+
+    def quarantine_version(
+        self, version: str, actor: str, reason: str, now: float
+    ) -> tuple[Json, list[Json]]:
+        """Mark a version quarantined (idempotent).
+
+        Returns the version and the releases whose canary it is: their JSON shows
+        ``canary.quarantined``, so each gets a new revision and an event.
+        """
+        with self._tx() as db:
+            row = db.execute("SELECT * FROM versions WHERE version = ?", (version,)).fetchone()
+            if row is None:
+                raise NotFound(
+                    f"No version {version!r}: GET /v1/versions lists the registered ones.",
+                    param="version",
+                )
+            if row["quarantined"]:
+                return self._version_json(row), []
+            names = [
+                r["name"]
+                for r in db.execute(
+                    "SELECT name FROM releases WHERE canary_version = ? ORDER BY name", (version,)
+                )
+            ]
+            before = {n: self._release_in_tx(db, n) for n in names}
+            db.execute(
+                "UPDATE versions SET quarantined = 1, quarantined_at = ?, quarantined_by = ?, "
+                "quarantine_reason = ? WHERE version = ?",
+                (now, actor, reason, version),
+            )
+            changed = []
+            for name in names:
+                old = before[name]
+                assert old is not None
+                self._bump(db, name, old["revision"], now)
+                new = self._release_in_tx(db, name)
+                assert new is not None
+                self._append(db, name, now, new["revision"], actor, diff(old, new), reason)
+                changed.append(new)
+            row = db.execute("SELECT * FROM versions WHERE version = ?", (version,)).fetchone()
+            return self._version_json(row), changed
+
+    # -- releases ---------------------------------------------------------------------
+    @staticmethod
+    def _release_json(row: sqlite3.Row) -> Json:
+        canary = None
+        if row["canary_version"] is not None:
+            canary = {
+                "version": row["canary_version"],
+                "digest": row["canary_digest"],
+                "quarantined": bool(row["canary_quarantined"]),
+            }
+        return {
+            "name": row["name"],
+            "phase": row["phase"],
+            "revision": row["revision"],
+            "stable": {"version": row["stable_version"], "digest": row["stable_digest"]},
+            "canary": canary,
+            "weights": {"canary": _number(row["weight_canary"])},
+            "trip": None if row["trip"] is None else json.loads(row["trip"]),
+            "created_at": row["created_at"],
+            "updated_at": row["updated_at"],
+        }
+
+    def _release_in_tx(self, db: sqlite3.Connection, name: str) -> Json | None:
+        row = db.execute(_RELEASE_SELECT + " WHERE r.name = ?", (name,)).fetchone()
+        return None if row is None else self._release_json(row)
+
+    def get_release(self, name: str) -> Json | None:
+        return self._release_in_tx(self._conn, name)
+
+    def list_releases(self) -> list[Json]:
+        rows = self._conn.execute(_RELEASE_SELECT + " ORDER BY r.name")
+        return [self._release_json(r) for r in rows]
+
+    def _usable_version(
+        self, db: sqlite3.Connection, version: str, param: str, *, as_canary: bool
+    ) -> None:
+        row = db.execute(
+            "SELECT quarantined FROM versions WHERE version = ?", (version,)
+        ).fetchone()
+        if row is None:
+            raise Unprocessable(
+                f"Unknown version {version!r} in '{param}': register it first with "
+                "POST /v1/versions (GET /v1/versions lists the registered ones).",
+                param=param,
+                code="unknown_version",
+            )
+        if as_canary and row["quarantined"]:
+            raise Unprocessable(
+                f"Version {version!r} in '{param}' is quarantined and cannot be a canary; "
+                "register a fixed artifact under a new version name.",
+                param=param,
+                code="version_quarantined",
+            )
+
+    def create_release(
+        self,
+        name: str,
+        stable: str,
+        canary: str | None,
+        canary_weight: float,
+        actor: str,
+        reason: str,
+        now: float,
+    ) -> Json:
+        with self._tx() as db:
+            if self._release_in_tx(db, name) is not None:
+                raise Conflict(
+                    f"Release {name!r} already exists: change it with PATCH "
+                    f"/v1/releases/{name} (GET it for the current revision).",
+                    param="name",
+                    code="release_exists",
+                )
+            self._usable_version(db, stable, "stable", as_canary=False)
+            if canary is not None:
+                self._usable_version(db, canary, "canary", as_canary=True)
+            elif canary_weight > 0:
+                raise Unprocessable(
+                    f"weights.canary is {canary_weight:g} but the release has no canary: "
+                    "give 'canary' or a weight of 0.",
+                    param="weights.canary",
+                    code="no_canary",
+                )
+            db.execute(
+                "INSERT INTO releases (name, phase, revision, stable_version, canary_version, "
+                "weight_canary, trip, created_at, updated_at) "
+                "VALUES (?, ?, 1, ?, ?, ?, NULL, ?, ?)",
+                (name, Phase.PROGRESSING.value, stable, canary, canary_weight, now, now),
+            )
+            release = self._release_in_tx(db, name)
+            assert release is not None
+            self._append(db, name, now, 1, actor, diff(None, release), reason)
+            return release
+
+    def patch_release(
+        self, name: str, patch: ReleasePatch, actor: str, reason: str, now: float
+    ) -> tuple[Json, bool]:
+        """Apply a PATCH with compare-and-set; ``(release, changed)``.
+
+        A PATCH whose values equal the current ones changes nothing: no new revision and
+        no event (so a retried step of the rollback executor is harmless).
+        """
+        with self._tx() as db:
+            old = self._release_in_tx(db, name)
+            if old is None:
+                raise NotFound(f"No release {name!r}: GET /v1/releases lists them.", param="name")
+            if old["revision"] != patch.expected_revision:
+                raise Conflict(
+                    f"Revision conflict on release {name!r}: expected_revision is "
+                    f"{patch.expected_revision} but the release is at revision "
+                    f"{old['revision']}; GET it again and reapply your change.",
+                    param="expected_revision",
+                    code="revision_conflict",
+                    extra={"current_revision": old["revision"]},
+                )
+            new = self._plan(db, old, patch)
+            change = diff(old, new)
+            if not change:
+                return old, False
+            revision = self._bump(db, name, old["revision"], now, new)
+            release = self._release_in_tx(db, name)
+            assert release is not None and release["revision"] == revision
+            self._append(db, name, now, revision, actor, change, reason)
+            return release, True
+
+    def _plan(self, db: sqlite3.Connection, old: Json, patch: ReleasePatch) -> Json:
+        """The release after ``patch``, or an ApiError saying why it is refused."""
+        current = Phase(old["phase"])
+        target = patch.phase or current
+        old_canary = old["canary"]["version"] if old["canary"] else None
+        canary_after = patch.canary if patch.canary_set else old_canary
+        canary_changed = canary_after != old_canary
+        if canary_changed and canary_after is not None:
+            self._usable_version(db, canary_after, "canary", as_canary=True)
+        try:
+            phases.check_transition(
+                current,
+                target,
+                new_canary=canary_changed and canary_after is not None,
+                trip_given=patch.trip is not None,
+                has_canary=canary_after is not None,
+            )
+            if canary_changed:
+                phases.check_canary_change(current, target)
+            if patch.canary_weight is not None:
+                phases.check_weight(target, patch.canary_weight, current)
+        except phases.IllegalTransition as exc:
+            raise Conflict(
+                exc.message,
+                param="phase",
+                code="illegal_transition",
+                extra={"current_phase": exc.current.value, "allowed": exc.allowed},
+            ) from None
+
+        weight = old["weights"]["canary"] if patch.canary_weight is None else patch.canary_weight
+        trip = old["trip"]
+        stable = dict(old["stable"])
+        if (current, target) in phases.NEEDS_NEW_CANARY:
+            # A fresh start: the old evidence belongs to the old canary, and traffic
+            # starts at the weight this change gives (0 unless it says otherwise).
+            trip = None
+            weight = patch.canary_weight or 0
+        if target in phases.NEEDS_TRIP and patch.trip is not None:
+            trip = patch.trip
+        if target == Phase.PROMOTED and current != Phase.PROMOTED:
+            # Promotion: the canary becomes the stable version; nothing is left to split.
+            assert old["canary"] is not None  # check_transition needs has_canary
+            stable = {"version": old["canary"]["version"], "digest": old["canary"]["digest"]}
+            canary_after = None
+            weight = 0
+        if canary_after is None and weight > 0:
+            raise Unprocessable(
+                f"weights.canary would be {weight:g} but the release would have no canary: "
+                "give a canary version or set the weight to 0.",
+                param="weights.canary",
+                code="no_canary",
+            )
+        canary: Json | None = None
+        if canary_after is not None:
+            row = db.execute(
+                "SELECT digest, quarantined FROM versions WHERE version = ?", (canary_after,)
+            ).fetchone()
+            canary = {
+                "version": canary_after,
+                "digest": row["digest"],
+                "quarantined": bool(row["quarantined"]),
+            }
+        return {
+            **old,
+            "phase": target.value,
+            "stable": stable,
+            "canary": canary,
+            "weights": {"canary": _number(weight)},
+            "trip": trip,
+        }
+
+    def _bump(
+        self,
+        db: sqlite3.Connection,
+        name: str,
+        expected: int,
+        now: float,
+        new: Json | None = None,
+    ) -> int:
+        """Write revision+1 (and ``new``'s fields) guarded by the revision read."""
+        if new is None:
+            cur = db.execute(
+                "UPDATE releases SET revision = revision + 1, updated_at = ? "
+                "WHERE name = ? AND revision = ?",
+                (now, name, expected),
+            )
+        else:
+            cur = db.execute(
+                "UPDATE releases SET revision = revision + 1, updated_at = ?, phase = ?, "
+                "stable_version = ?, canary_version = ?, weight_canary = ?, trip = ? "
+                "WHERE name = ? AND revision = ?",
+                (
+                    now,
+                    new["phase"],
+                    new["stable"]["version"],
+                    new["canary"]["version"] if new["canary"] else None,
+                    float(new["weights"]["canary"]),
+                    None if new["trip"] is None else json.dumps(new["trip"]),
+                    name,
+                    expected,
+                ),
+            )
+        if cur.rowcount != 1:  # cannot happen under BEGIN IMMEDIATE; refuse loudly if it does
+            raise RuntimeError(f"compare-and-set lost on release {name!r} at {expected}")
+        return expected + 1
+
+    # -- events -----------------------------------------------------------------------
+    @staticmethod
+    def _event_json(row: sqlite3.Row) -> Json:
+        return {
+            "seq": row["seq"],
+            "release": row["release"],
+            "time": row["time"],
+            "revision": row["revision"],
+            "actor": row["actor"],
+            "change": json.loads(row["change"]),
+            "reason": row["reason"],
+        }
+
+    def _append(
+        self,
+        db: sqlite3.Connection,
+        release: str,
+        now: float,
+        revision: int,
+        actor: str,
+        change: Json,
+        reason: str,
+    ) -> Json:
+        cur = db.execute(
+            "INSERT INTO events (release, time, revision, actor, change, reason) "
+            "VALUES (?, ?, ?, ?, ?, ?)",
+            (release, now, revision, actor, json.dumps(change, default=str), reason),
+        )
+        row = db.execute("SELECT * FROM events WHERE seq = ?", (cur.lastrowid,)).fetchone()
+        return self._event_json(row)
+
+    def annotate(self, name: str, change: Json, actor: str, reason: str, now: float) -> Json:
+        """Append an annotation event; the release's revision does not change."""
+        with self._tx() as db:
+            release = self._release_in_tx(db, name)
+            if release is None:
+                raise NotFound(f"No release {name!r}: GET /v1/releases lists them.", param="name")
+            return self._append(db, name, now, release["revision"], actor, change, reason)
+
+    def events(self, name: str, after_seq: int = 0, limit: int = 10_000) -> list[Json]:
+        if self.get_release(name) is None:
+            raise NotFound(f"No release {name!r}: GET /v1/releases lists them.", param="name")
+        rows = self._conn.execute(
+            "SELECT * FROM events WHERE release = ? AND seq > ? ORDER BY seq LIMIT ?",
+            (name, after_seq, limit),
+        )
+        return [self._event_json(r) for r in rows]

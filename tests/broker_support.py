@@ -1,0 +1,140 @@
+"""Helpers for the broker tests: a small synchronous API wrapper over ``requests`` and
+ways to put a release into a given phase along legal edges only."""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import requests
+
+from tests.procs import ADMIN_TOKEN, Proc, Spawner
+
+_names = itertools.count(1)
+
+
+def start_broker(spawn: Spawner, state_dir: Path, *extra: str) -> Proc:
+    return spawn("canarystack.broker", "--state-dir", str(state_dir), *extra)
+
+
+def digest_of(manifest: Any) -> str:
+    """The contract's digest, computed independently of canarystack.broker.digest."""
+    if isinstance(manifest, str):
+        raw = manifest.encode("utf-8")
+    else:
+        raw = json.dumps(manifest, sort_keys=True, separators=(",", ":")).encode("utf-8")
+    return "sha256:" + hashlib.sha256(raw).hexdigest()
+
+
+def trip_evidence(**over: Any) -> dict[str, Any]:
+    now = time.time()
+    evidence: dict[str, Any] = {
+        "test": "drift",
+        "bucket": "2k-4k",
+        "statistic": 0.31,
+        "threshold": 0.05,
+        "samples": 48,
+        "first_sample_time": now - 3,
+        "last_sample_time": now - 1,
+        "tripped_at": now,
+        "detail": {"kl_mean": 0.31},
+    }
+    evidence.update(over)
+    return evidence
+
+
+class Api:
+    """``requests`` against one broker; admin calls carry the token and an actor."""
+
+    def __init__(self, url: str, token: str | None = ADMIN_TOKEN) -> None:
+        self.url = url
+        self.session = requests.Session()
+        self.headers = {"Authorization": f"Bearer {token}"} if token else {}
+
+    def get(self, path: str, **kw: Any) -> requests.Response:
+        kw.setdefault("timeout", 10)
+        return self.session.get(self.url + path, **kw)
+
+    def write(self, method: str, path: str, body: Any = None, **kw: Any) -> requests.Response:
+        kw.setdefault("timeout", 10)
+        headers = {**self.headers, **kw.pop("headers", {})}
+        return self.session.request(method, self.url + path, json=body, headers=headers, **kw)
+
+    # -- shortcuts that assert success ---------------------------------------------------
+    def register(self, version: str, manifest: Any = None) -> dict[str, Any]:
+        manifest = {"image": f"model:{version}"} if manifest is None else manifest
+        r = self.write(
+            "POST",
+            "/v1/versions",
+            {"version": version, "manifest": manifest, "digest": digest_of(manifest)},
+        )
+        assert r.status_code in (200, 201), r.text
+        return dict(r.json())
+
+    def release(self, name: str) -> dict[str, Any]:
+        r = self.get(f"/v1/releases/{name}")
+        assert r.status_code == 200, r.text
+        return dict(r.json())
+
+    def create(
+        self, name: str | None = None, stable: str = "v1", canary: str | None = "v2", weight=5
+    ) -> dict[str, Any]:
+        name = name or f"rel-{next(_names)}"
+        r = self.write(
+            "POST",
+            "/v1/releases",
+            {
+                "name": name,
+                "stable": stable,
+                "canary": canary,
+                "weights": {"canary": weight},
+                "actor": "test",
+                "reason": "created by a test",
+            },
+        )
+        assert r.status_code == 201, r.text
+        return dict(r.json())
+
+    def patch(self, name: str, expected_revision: int, **fields: Any) -> requests.Response:
+        body = {"expected_revision": expected_revision, "actor": "test", **fields}
+        return self.write("PATCH", f"/v1/releases/{name}", body)
+
+    def patch_ok(self, name: str, **fields: Any) -> dict[str, Any]:
+        r = self.patch(name, self.release(name)["revision"], **fields)
+        assert r.status_code == 200, r.text
+        return dict(r.json())
+
+    def events(self, name: str, after_seq: int = 0) -> list[dict[str, Any]]:
+        r = self.get(f"/v1/releases/{name}/events", params={"after_seq": after_seq})
+        assert r.status_code == 200, r.text
+        return list(r.json()["events"])
+
+    def watchers(self) -> int:
+        return int(self.get("/health").json()["watchers"])
+
+
+def drive_to(api: Api, name: str, phase: str) -> dict[str, Any]:
+    """Move a fresh progressing release to ``phase`` along legal edges."""
+    paths: dict[str, list[dict[str, Any]]] = {
+        "progressing": [],
+        "tripped": [{"phase": "tripped", "trip": trip_evidence()}],
+        "rolling_back": [
+            {"phase": "tripped", "trip": trip_evidence()},
+            {"phase": "rolling_back", "weights": {"canary": 0}},
+        ],
+        "rolled_back": [
+            {"phase": "tripped", "trip": trip_evidence()},
+            {"phase": "rolling_back", "weights": {"canary": 0}},
+            {"phase": "rolled_back"},
+        ],
+        "promoted": [{"phase": "promoted", "weights": {"canary": 0}}],
+    }
+    release = api.release(name)
+    for step in paths[phase]:
+        release = api.patch_ok(name, **step)
+    assert release["phase"] == phase
+    return release
