@@ -1,0 +1,344 @@
+"""The router against real model servers (no broker: no config means 0% canary).
+
+Pinning, routing headers and request identity, streaming chunk by chunk, passive health,
+whole-pool-down answers, two SO_REUSEPORT replicas with a SIGKILL, faults with TTLs,
+logprob stripping, baseline-vs-baseline comparisons reaching a gate receiver, and the
+sample queue dropping when the gate is unreachable.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+
+from canarystack.tokenizer import make_prompt
+from tests.procs import Proc, Spawner, free_port, wait_for
+from tests.router_support import (
+    ADMIN,
+    GateReceiver,
+    completion,
+    gate_receiver,
+    health,
+    instance_url,
+    metric,
+    sse_events,
+    start_model,
+    start_router,
+)
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Proc]]:
+    sp = Spawner(tmp_path_factory.mktemp("models"))
+    try:
+        yield {
+            "b0": start_model(sp, "v1"),
+            "b1": start_model(sp, "v1"),
+            "c0": start_model(sp, "v2"),
+        }
+    finally:
+        sp.stop_all()
+
+
+@pytest.fixture
+def gate() -> Iterator[GateReceiver]:
+    yield from gate_receiver()
+
+
+def test_pin_headers_and_request_identity(
+    spawn: Spawner, tmp_path: Path, models: dict[str, Proc]
+) -> None:
+    router = start_router(spawn, tmp_path, [models["b0"].url], [models["c0"].url])
+    tp = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    r = completion(
+        router.url,
+        headers={
+            "x-canary-variant": "canary",
+            "x-request-id": "req-abc",
+            "traceparent": tp,
+            "x-traffic-tag": "gameday-1",
+        },
+    )
+    assert r.status_code == 200, r.text
+    assert r.headers["x-served-by"] == "canary"
+    assert r.headers["x-model-version"] == "v2"
+    assert r.headers["x-request-id"] == "req-abc"
+    assert r.headers["x-router-id"] == "router-0"
+    assert r.headers["x-config-revision"] == "0"  # no broker: no config
+
+    pinned_base = completion(router.url, headers={"x-canary-variant": "baseline"})
+    assert pinned_base.headers["x-served-by"] == "baseline"
+    assert pinned_base.headers["x-model-version"] == "v1"
+    made = pinned_base.headers["x-request-id"]
+    assert len(made) >= 16  # the router made one
+
+    # No config: every unpinned request goes to the baseline.
+    for i in range(20):
+        r = completion(router.url, headers={"x-user-id": f"u{i}"})
+        assert r.headers["x-served-by"] == "baseline"
+
+    # Identity reached the model server and the router's own log line.
+    def model_line() -> dict[str, object] | None:
+        for ev in models["c0"].log_events():
+            if ev.get("event") == "request_done" and ev.get("request_id") == "req-abc":
+                return ev
+        return None
+
+    line = wait_for(model_line, what="model log line for req-abc")
+    assert isinstance(line, dict)
+    assert line["traceparent"] == tp and line["traffic_tag"] == "gameday-1"
+    router_line = wait_for(
+        lambda: [
+            e
+            for e in router.log_events()
+            if e.get("event") == "request_done" and e.get("request_id") == "req-abc"
+        ],
+        what="router log line",
+    )
+    assert isinstance(router_line, list)
+    assert router_line[0]["traceparent"] == tp and router_line[0]["variant"] == "canary"
+    assert router_line[0]["traffic_tag"] == "gameday-1"
+
+
+def test_bad_input_is_a_clear_400(spawn: Spawner, tmp_path: Path, models: dict[str, Proc]) -> None:
+    router = start_router(spawn, tmp_path, [models["b0"].url], [models["c0"].url])
+    r = completion(router.url, headers={"x-canary-variant": "green"})
+    assert r.status_code == 400
+    err = r.json()["error"]
+    assert err["param"] == "x-canary-variant" and "'baseline' or 'canary'" in err["message"]
+    assert r.headers["x-router-id"] == "router-0"
+    r = requests.post(router.url + "/v1/completions", data=b"{not json", timeout=10)
+    assert r.status_code == 400 and "not valid JSON" in r.json()["error"]["message"]
+    r = requests.post(router.url + "/v1/completions", json=[1, 2], timeout=10)
+    assert r.status_code == 400 and "JSON object" in r.json()["error"]["message"]
+    # The upstream's own 4xx passes through with the routing headers.
+    r = requests.post(router.url + "/v1/completions", json={"model": "default"}, timeout=10)
+    assert r.status_code == 400 and r.headers["x-served-by"] == "baseline"
+    assert "prompt" in r.json()["error"]["message"]
+
+
+def test_stream_passes_through_chunk_by_chunk(spawn: Spawner, tmp_path: Path) -> None:
+    # A slow decoder (20 ms per token, 40 tokens) so the stream lasts well past its start.
+    model = spawn("canarystack.model", "--version", "v1", "--itl-ms", "20", "--itl-jitter", "0")
+    router = start_router(spawn, tmp_path, [model.url])
+    body = {
+        "model": "default",
+        "prompt": make_prompt(50),
+        "max_tokens": 40,
+        "stream": True,
+        "temperature": 0,
+    }
+    t0 = time.monotonic()
+    arrivals: list[float] = []
+    raw = b""
+    with requests.post(router.url + "/v1/completions", json=body, stream=True, timeout=30) as r:
+        assert r.status_code == 200
+        assert r.headers["content-type"].startswith("text/event-stream")
+        for chunk in r.iter_content(chunk_size=None):
+            arrivals.append(time.monotonic() - t0)
+            raw += chunk
+    total = arrivals[-1]
+    # The first chunk arrives long before the end, and the body came in many pieces.
+    assert arrivals[0] < total / 2, (arrivals[0], total)
+    assert len(arrivals) >= 10
+    events = sse_events(raw)
+    text = "".join(e["choices"][0]["text"] for e in events if e.get("choices"))
+    direct = requests.post(model.url + "/v1/completions", json=body, timeout=30).content
+    direct_text = "".join(e["choices"][0]["text"] for e in sse_events(direct) if e.get("choices"))
+    assert text == direct_text and len(text.split()) == 40
+
+
+def test_passive_health_skips_a_dead_replica(spawn: Spawner, tmp_path: Path) -> None:
+    alive = start_model(spawn, "v1")
+    doomed = start_model(spawn, "v1")
+    router = start_router(spawn, tmp_path, [alive.url, doomed.url])
+    served = {completion(router.url).headers["x-model-version"] for _ in range(4)}
+    assert served == {"v1"}
+    doomed.kill()
+    for _ in range(30):
+        r = completion(router.url)
+        assert r.status_code == 200, r.text
+    pools = health(router)["pools"]["baseline"]
+    dead = next(p for p in pools if p["url"] == doomed.url)
+    assert dead["connect_failures"] >= 1
+    # Skipped while marked down: far fewer connect attempts than requests sent to it.
+    assert metric(router, "router_upstream_errors_total", kind="connect") <= 5
+
+
+def test_whole_pool_down(spawn: Spawner, tmp_path: Path, models: dict[str, Proc]) -> None:
+    dead_url = f"http://127.0.0.1:{free_port()}"
+    router = start_router(spawn, tmp_path, [models["b0"].url], [dead_url])
+    r = completion(router.url, headers={"x-canary-variant": "canary"})
+    assert r.status_code == 503
+    msg = r.json()["error"]["message"]
+    assert "canary" in msg and "pinned" in msg
+    assert r.json()["error"]["code"] == "pool_down"
+    other = start_router(spawn, tmp_path, [dead_url], [models["c0"].url], router_id="r-b")
+    r = completion(other.url)
+    assert r.status_code == 503 and "baseline" in r.json()["error"]["message"]
+
+
+def test_two_reuse_port_replicas_and_sigkill(
+    spawn: Spawner, tmp_path: Path, models: dict[str, Proc]
+) -> None:
+    port = free_port()
+    a = start_router(spawn, tmp_path, [models["b0"].url], router_id="router-a", port=port)
+    b = start_router(spawn, tmp_path, [models["b0"].url], router_id="router-b", port=port)
+    url = f"http://127.0.0.1:{port}"
+    seen: set[str] = set()
+    for _ in range(60):  # a new connection each time: the kernel spreads them
+        seen.add(completion(url, headers={"connection": "close"}).headers["x-router-id"])
+        if seen == {"router-a", "router-b"}:
+            break
+    assert seen == {"router-a", "router-b"}
+    assert health(a)["router_id"] == "router-a" and health(b)["router_id"] == "router-b"
+    a.kill()
+    for _ in range(20):
+        r = completion(url, headers={"connection": "close"})
+        assert r.status_code == 200 and r.headers["x-router-id"] == "router-b"
+
+
+def test_faults_latency_abort_stale_with_ttl(
+    spawn: Spawner, tmp_path: Path, models: dict[str, Proc]
+) -> None:
+    router = start_router(spawn, tmp_path, [models["b0"].url], [models["c0"].url])
+    admin = instance_url(router) + "/admin/faults"
+    r = requests.post(admin, json={"kind": "latency", "ttl_s": 3, "ms": 600}, headers=ADMIN)
+    assert r.status_code == 201, r.text
+    for variant in ("baseline", "canary"):
+        t0 = time.monotonic()
+        assert completion(router.url, headers={"x-canary-variant": variant}).status_code == 200
+        assert time.monotonic() - t0 >= 0.6  # added before forwarding, to every variant
+    r = requests.post(admin, json={"kind": "abort", "ttl_s": 1.5, "rate": 1.0}, headers=ADMIN)
+    assert r.status_code == 201
+    r = completion(router.url)
+    assert r.status_code == 503 and r.json()["error"]["code"] == "fault_abort"
+    assert r.headers["x-router-id"] == "router-0"
+    # Both expire by themselves (the router's own clock).
+    wait_for(
+        lambda: requests.get(admin, headers=ADMIN, timeout=5).json()["faults"] == [],
+        timeout=10,
+        what="faults to expire",
+    )
+    assert completion(router.url).status_code == 200
+    kinds = [e.get("kind") for e in router.log_events() if e.get("event") == "fault_expired"]
+    assert {"latency", "abort"} <= set(kinds)
+    bad = requests.post(admin, json={"kind": "abort", "ttl_s": 5, "rate": 3}, headers=ADMIN)
+    assert bad.status_code == 400 and "rate" in bad.json()["error"]["message"]
+    stale = requests.post(admin, json={"kind": "stale_config", "ttl_s": 5}, headers=ADMIN)
+    assert stale.status_code == 201
+    no_token = requests.post(admin, json={"kind": "stale_config", "ttl_s": 5})
+    assert no_token.status_code == 401
+
+
+def test_logprobs_stripped_and_noise_floor_comparisons_reach_the_gate(
+    spawn: Spawner, tmp_path: Path, models: dict[str, Proc], gate: GateReceiver
+) -> None:
+    # Two baseline replicas, every request sampled, every sample also baseline-baseline.
+    router = start_router(
+        spawn,
+        tmp_path,
+        [models["b0"].url, models["b1"].url],
+        [models["c0"].url],
+        "--shadow-rates",
+        "0-512=1,512-1k=1",
+        "--shadow-noise-fraction",
+        "1",
+        gate=gate.url,
+    )
+    prompt = make_prompt(40, seed=3)
+    # Streaming, no logprobs asked: none in the answer, text as the model gives it.
+    body: dict[str, Any] = {"max_tokens": 6, "temperature": 0, "stream": True}
+    r = completion(router.url, prompt, **body)
+    assert r.status_code == 200
+    events = sse_events(r.content)
+    assert all(e["choices"][0]["logprobs"] is None for e in events if e.get("choices"))
+    direct = completion(models["b0"].url, prompt, **body)
+    assert [e["choices"][0]["text"] for e in events] == [
+        e["choices"][0]["text"] for e in sse_events(direct.content)
+    ]
+    # Non-streaming and chat: stripped too.
+    r = completion(router.url, prompt, max_tokens=5, temperature=0)
+    assert r.json()["choices"][0]["logprobs"] is None
+    chat = requests.post(
+        router.url + "/v1/chat/completions",
+        json={"messages": [{"role": "user", "content": prompt}], "max_tokens": 4, "stream": True},
+        timeout=30,
+    )
+    assert chat.status_code == 200
+    assert all(e["choices"][0].get("logprobs") is None for e in sse_events(chat.content))
+    # The user asked for 2: gets exactly 2 although the router asked upstream for 5.
+    r = completion(router.url, prompt, max_tokens=3, temperature=0, logprobs=2)
+    tops = r.json()["choices"][0]["logprobs"]["top_logprobs"]
+    assert len(tops) == 3 and all(len(t) == 2 for t in tops)
+
+    def comparisons() -> list[dict[str, Any]]:
+        return gate.records("comparisons")
+
+    wait_for(lambda: len(comparisons()) >= 4, timeout=15, what="4 comparisons at the gate")
+    comps = comparisons()
+    assert gate.unauthorized == 0
+    assert {c["pair"] for c in comps} == {"baseline-baseline"}  # no config: canary not live
+    for c in comps:
+        assert c["version_a"] == c["version_b"] == "v1"
+        assert c["kl_mean"] == pytest.approx(0.0, abs=1e-9)  # same version: same numbers
+        assert c["top1_agree"] == 1.0 and c["bucket"] == "0-512"
+        assert c["prompt_tokens"] in (40, 41)  # completions 40, chat 40 + role marker
+    greedy = [c for c in comps if c["positions"] > 1]
+    assert greedy, "greedy requests compare more than the first position"
+    outcomes = gate.records("outcomes")
+    assert len(outcomes) >= 4 and {o["variant"] for o in outcomes} == {"baseline"}
+    assert all(o["error"] is None and o["ttft_s"] > 0 for o in outcomes)
+    batch = gate.batches[0]
+    assert batch["router_id"] == "router-0" and batch["release"] == "default"
+    assert metric(router, "router_shadow_comparisons_total") >= 4
+
+
+def test_sample_queue_drops_when_gate_unreachable(
+    spawn: Spawner, tmp_path: Path, models: dict[str, Proc]
+) -> None:
+    dead_gate = f"http://127.0.0.1:{free_port()}"
+    router = start_router(
+        spawn,
+        tmp_path,
+        [models["b0"].url],
+        None,
+        "--sample-queue-size",
+        "5",
+        gate=dead_gate,
+    )
+    for i in range(40):
+        r = completion(router.url, headers={"x-user-id": f"u{i}"})
+        assert r.status_code == 200
+    h = health(router)
+    assert h["sample_queue"]["length"] <= 5
+    assert h["sample_queue"]["dropped_total"] >= 20
+    assert "gate_error" in h["sample_queue"] and h["sample_queue"]["gate_error"]
+    assert metric(router, "router_samples_dropped_total", kind="outcome") >= 20
+    assert metric(router, "router_gate_pushes_total", result="error") >= 1
+
+
+def test_metrics_by_variant_and_status(
+    spawn: Spawner, tmp_path: Path, models: dict[str, Proc]
+) -> None:
+    router = start_router(spawn, tmp_path, [models["b0"].url], [models["c0"].url])
+    for variant in ("baseline", "canary", "canary"):
+        completion(router.url, headers={"x-canary-variant": variant}, stream=True)
+    assert metric(router, "router_requests_total", variant="canary", status="200") == 2
+    assert metric(router, "router_requests_total", variant="baseline", status="200") == 1
+    assert metric(router, "router_ttft_seconds_count", variant="canary") == 2
+    text = requests.get(instance_url(router) + "/metrics", timeout=5).text
+    for name in (
+        "router_config_revision",
+        "router_broker_watch_errors_total",
+        "router_upstream_errors_total",
+        "router_shadow_requests_total",
+        "router_samples_dropped_total",
+    ):
+        assert name in text
+    assert health(router)["config"]["source"] == "none"
