@@ -40,8 +40,11 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Proc]:
 
 
 def test_completion_shape_usage_and_logprobs(server: Proc) -> None:
-    resp = post(server, "/v1/completions", {"model": "m", "prompt": PROMPT, "max_tokens": 8,
-                                            "temperature": 0, "logprobs": 3})  # fmt: skip
+    resp = post(
+        server,
+        "/v1/completions",
+        {"model": "m", "prompt": PROMPT, "max_tokens": 8, "temperature": 0, "logprobs": 3},
+    )
     assert resp.status_code == 200
     assert resp.headers["x-model-version"] == "v1"
     assert resp.headers["content-type"].startswith("application/json")
@@ -76,8 +79,13 @@ def _word(token_id: int) -> str:
 
 
 def test_completion_stream_shape_and_include_usage(server: Proc) -> None:
-    body = {"prompt": PROMPT, "max_tokens": 6, "temperature": 0, "logprobs": 2,
-            "stream_options": {"include_usage": True}}  # fmt: skip
+    body = {
+        "prompt": PROMPT,
+        "max_tokens": 6,
+        "temperature": 0,
+        "logprobs": 2,
+        "stream_options": {"include_usage": True},
+    }
     resp, events, _ = stream(server, "/v1/completions", body)
     assert resp.headers["content-type"].startswith("text/event-stream")
     *chunks, usage = events
@@ -106,15 +114,21 @@ def test_stream_without_include_usage_has_no_usage_field(server: Proc) -> None:
 
 
 def test_chat_shape_and_logprobs(server: Proc) -> None:
-    resp = post(server, "/v1/chat/completions", {"messages": CHAT, "max_tokens": 5,
-                "temperature": 0, "logprobs": True, "top_logprobs": 4})  # fmt: skip
+    resp = post(
+        server,
+        "/v1/chat/completions",
+        {"messages": CHAT, "max_tokens": 5, "temperature": 0, "logprobs": True, "top_logprobs": 4},
+    )
     assert resp.status_code == 200
     body = resp.json()
     assert body["object"] == "chat.completion"
     assert body["id"] == "chatcmpl-" + resp.headers["x-request-id"]
     prompt_tokens = len(render_chat(CHAT).split())
-    assert body["usage"] == {"prompt_tokens": prompt_tokens, "completion_tokens": 5,
-                             "total_tokens": prompt_tokens + 5}  # fmt: skip
+    assert body["usage"] == {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": 5,
+        "total_tokens": prompt_tokens + 5,
+    }
     (choice,) = body["choices"]
     assert choice["message"]["role"] == "assistant"
     content = choice["logprobs"]["content"]
@@ -129,8 +143,14 @@ def test_chat_shape_and_logprobs(server: Proc) -> None:
 
 
 def test_chat_stream_shape(server: Proc) -> None:
-    body = {"messages": CHAT, "max_tokens": 4, "temperature": 0, "logprobs": True,
-            "top_logprobs": 2, "stream_options": {"include_usage": True}}  # fmt: skip
+    body = {
+        "messages": CHAT,
+        "max_tokens": 4,
+        "temperature": 0,
+        "logprobs": True,
+        "top_logprobs": 2,
+        "stream_options": {"include_usage": True},
+    }
     _, events, _ = stream(server, "/v1/chat/completions", body)
     role, *chunks, usage = events
     assert role["object"] == "chat.completion.chunk"
@@ -164,8 +184,9 @@ def test_headers_and_request_done_log_line(server: Proc) -> None:
         "traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
         "x-traffic-tag": "shadow",
     }
-    resp, events, _ = stream(server, "/v1/completions", {"prompt": "a b c", "max_tokens": 4},
-                             headers=headers)  # fmt: skip
+    resp, events, _ = stream(
+        server, "/v1/completions", {"prompt": "a b c", "max_tokens": 4}, headers=headers
+    )
     assert resp.headers["x-request-id"] == "req-abc-1"
     assert resp.headers["x-model-version"] == "v1"
     assert events[0]["id"] == "cmpl-req-abc-1"
@@ -224,8 +245,13 @@ def test_two_processes_of_one_version_agree_bit_for_bit(
         a, b = complete(server, body), complete(twin, body)
         assert a["choices"] == b["choices"]
         assert all(not math.isnan(x) for x in a["choices"][0]["logprobs"]["token_logprobs"])
-    chat = {"messages": CHAT, "max_tokens": 8, "temperature": 0, "logprobs": True,
-            "top_logprobs": 5}  # fmt: skip
+    chat = {
+        "messages": CHAT,
+        "max_tokens": 8,
+        "temperature": 0,
+        "logprobs": True,
+        "top_logprobs": 5,
+    }
     ra = post(server, "/v1/chat/completions", chat).json()
     rb = post(twin, "/v1/chat/completions", chat).json()
     assert ra["choices"] == rb["choices"]

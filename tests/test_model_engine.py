@@ -134,8 +134,14 @@ def test_prompt_context_depends_on_every_token_and_their_order() -> None:
 
 
 def test_capacity_model_formulas() -> None:
-    cap = CapacityModel(slots=4, ttft_base_s=0.02, prefill_s_per_1k=0.05, itl_base_s=0.01,
-                        itl_batch_k=2.0, itl_jitter=0.0)  # fmt: skip
+    cap = CapacityModel(
+        slots=4,
+        ttft_base_s=0.02,
+        prefill_s_per_1k=0.05,
+        itl_base_s=0.01,
+        itl_batch_k=2.0,
+        itl_jitter=0.0,
+    )
     assert cap.prefill_s(4000) == pytest.approx(0.22)
     rng = random.Random(0)
     assert cap.itl_s(0, rng) == pytest.approx(0.01)
