@@ -1,0 +1,225 @@
+"""A small OpenAI-compatible HTTP client for gevent, built to measure streams honestly.
+
+It talks through geventhttpclient directly rather than through Locust's HttpSession or
+FastHttpSession, because those fire their own request events with the time to the
+response headers (the wrong number for a stream) and their ``iter_content(n)`` waits for
+n bytes before returning. ``HTTPSocketResponse.readline`` returns as soon as one line has
+arrived (its socket ``recv`` hands over whatever is there), so each SSE line is timed
+when it reaches the process.
+
+``Attempt`` is filled in step by step, so that when the user's greenlet is killed (the
+run's stop timeout) the caller still holds what was measured so far and records it.
+
+Never used outside a gevent-patched process (Locust's); it does not fire Locust events.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+import gevent
+from geventhttpclient import HTTPClient
+
+from gameday.load.sse import SSEDecoder, StreamMeasurement, parse_full_response
+
+CONNECT_TIMEOUT_S = 10.0
+MAX_ERROR_BODY_BYTES = 64 * 1024
+
+# headers a router adds (docs/ARCHITECTURE.md §3); the model server adds the version
+ROUTING_HEADERS = ("x-served-by", "x-model-version", "x-config-revision", "x-router-id")
+
+
+@dataclass
+class Attempt:
+    """One request and what was measured about it (times from ``time.perf_counter``)."""
+
+    request_id: str
+    path: str
+    stream: bool
+    start_time: float = 0.0  # epoch seconds, just before sending
+    t_sent: float = 0.0
+    t_end: float | None = None
+    status: int = 0
+    headers: dict[str, str] = field(default_factory=dict)
+    measurement: StreamMeasurement | None = None
+    body_json: Any = None  # non-streamed responses
+    error_kind: str | None = None
+    error_detail: str | None = None
+    bytes_read: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return self.t_end is not None and self.error_kind is None
+
+    @property
+    def e2e_s(self) -> float | None:
+        return None if self.t_end is None else self.t_end - self.t_sent
+
+    @property
+    def ttft_s(self) -> float | None:
+        if self.measurement is None:
+            return None
+        return self.measurement.ttft_s
+
+    def fail(self, kind: str, detail: str) -> None:
+        if self.error_kind is None:
+            self.error_kind, self.error_detail = kind, detail
+        if self.t_end is None:
+            self.t_end = time.perf_counter()
+
+
+def _error_message(body: bytes) -> str:
+    try:
+        obj = json.loads(body)
+        msg = obj["error"]["message"] if isinstance(obj.get("error"), dict) else obj.get("error")
+        return str(msg)[:300]
+    except Exception:
+        return body[:300].decode("utf-8", errors="replace")
+
+
+class OpenAIClient:
+    """One keep-alive connection to one server (one per Locust user)."""
+
+    def __init__(
+        self,
+        base_url: str,
+        headers: dict[str, str] | None = None,
+        timeout_s: float = 120.0,
+        connect_timeout_s: float = CONNECT_TIMEOUT_S,
+    ) -> None:
+        parts = urlsplit(base_url)
+        self.prefix = parts.path.rstrip("/")
+        self.timeout_s = timeout_s
+        self.headers = dict(headers or {})
+        self._http = HTTPClient.from_url(
+            base_url,
+            concurrency=1,
+            connection_timeout=connect_timeout_s,
+            network_timeout=timeout_s,
+            headers={"User-Agent": "gameday-load"},
+        )
+
+    def close(self) -> None:
+        self._http.close()
+
+    def new_attempt(self, path: str, stream: bool, request_id: str | None = None) -> Attempt:
+        return Attempt(request_id=request_id or uuid.uuid4().hex, path=path, stream=stream)
+
+    def send(
+        self, attempt: Attempt, body: dict[str, Any], headers: dict[str, str] | None = None
+    ) -> None:
+        """Send ``body`` and fill ``attempt``; never raises for network or server trouble."""
+        payload = json.dumps(body).encode()
+        all_headers = {
+            **self.headers,
+            **(headers or {}),
+            "Content-Type": "application/json",
+            "Accept": "text/event-stream" if attempt.stream else "application/json",
+            "x-request-id": attempt.request_id,
+        }
+        timer = gevent.Timeout(self.timeout_s)
+        timer.start()
+        try:
+            self._send(attempt, payload, all_headers)
+        except gevent.Timeout as t:
+            if t is not timer:
+                raise
+            attempt.fail("timeout", f"no complete response within {self.timeout_s:g} s")
+        finally:
+            timer.close()
+
+    def _send(self, attempt: Attempt, payload: bytes, headers: dict[str, str]) -> None:
+        attempt.start_time = time.time()
+        attempt.t_sent = time.perf_counter()
+        try:
+            resp = self._http.request(
+                "POST", self.prefix + attempt.path, body=payload, headers=headers
+            )
+        except OSError as exc:
+            attempt.fail("connect", f"{type(exc).__name__}: {exc}")
+            return
+        except Exception as exc:  # geventhttpclient's parse/closed errors before a response
+            attempt.fail("connect", f"{type(exc).__name__}: {exc}")
+            return
+        try:
+            attempt.status = resp.status_code
+            for name in ROUTING_HEADERS:
+                value = resp.get(name)  # case-insensitive; a list if repeated
+                if isinstance(value, list):
+                    value = value[0] if value else None
+                if value is not None:
+                    attempt.headers[name] = str(value)
+            if attempt.status >= 400:
+                body = resp.read(MAX_ERROR_BODY_BYTES)
+                attempt.fail("http_status", f"HTTP {attempt.status}: {_error_message(body)}")
+                return
+            if attempt.stream:
+                self._read_stream(attempt, resp)
+            else:
+                self._read_body(attempt, resp)
+        finally:
+            resp.release()
+
+    def _read_stream(self, attempt: Attempt, resp: Any) -> None:
+        m = attempt.measurement = StreamMeasurement(t_sent=attempt.t_sent)
+        decoder = SSEDecoder()
+        try:
+            while not m.done:
+                line = resp.readline(b"\n")
+                now = time.perf_counter()
+                if not line:
+                    tail = decoder.flush()
+                    if tail is not None:
+                        m.on_payload(tail, now)
+                    break
+                attempt.bytes_read += len(line)
+                payload = decoder.feed_line(line)
+                if payload is not None:
+                    m.on_payload(payload, now)
+            if m.done and not resp.message_complete:
+                resp.read()  # the end of the chunked body, so the connection can be reused
+        except OSError as exc:
+            attempt.fail("broken_stream", f"{type(exc).__name__}: {exc}")
+            return
+        except Exception as exc:  # HTTPParseError: "Incomplete response" when the peer cut
+            if type(exc).__name__ not in ("HTTPParseError", "HTTPConnectionClosed"):
+                raise
+            attempt.fail("broken_stream", f"{type(exc).__name__}: {exc}")
+            return
+        attempt.t_end = time.perf_counter()
+        kind, detail = m.error_kind()
+        if kind is not None:
+            attempt.fail(kind, detail or kind)
+
+    def _read_body(self, attempt: Attempt, resp: Any) -> None:
+        try:
+            body = resp.read()
+        except OSError as exc:
+            attempt.fail("broken_stream", f"{type(exc).__name__}: {exc}")
+            return
+        except Exception as exc:
+            if type(exc).__name__ not in ("HTTPParseError", "HTTPConnectionClosed"):
+                raise
+            attempt.fail("broken_stream", f"{type(exc).__name__}: {exc}")
+            return
+        now = time.perf_counter()
+        attempt.bytes_read = len(body)
+        attempt.t_end = now
+        try:
+            content, pt, ct = parse_full_response(body)
+            attempt.body_json = json.loads(body)
+        except ValueError as exc:
+            attempt.fail("broken_stream", str(exc))
+            return
+        m = attempt.measurement = StreamMeasurement(t_sent=attempt.t_sent)
+        m.done = True
+        m.prompt_tokens, m.completion_tokens = pt, ct
+        if content:
+            m.content_times.append(now)  # a whole body: first content = end
+        else:
+            attempt.fail("empty_completion", "response has no content")

@@ -1,0 +1,218 @@
+"""Getting every record of a Locust run into one Parquet file, also with workers.
+
+Roles, decided by the Locust runner of the process:
+
+- ``local`` (one process): rows go straight into the ``ParquetSink``.
+- ``worker`` (``--processes N`` children, or ``--worker``): rows are buffered and shipped
+  to the master as custom messages (``gameday_records``, a column dict) every
+  ``SHIP_INTERVAL_S`` or ``SHIP_MAX_ROWS`` rows. When its test stops — after its users
+  finished or were cut by the stop timeout, so every request has its row — a worker ships
+  the rest and then ``gameday_final`` with its counters.
+- ``master``: writes what workers ship. Locust's headless master stops *without* waiting
+  for its workers' users (``quit`` sends workers "quit" and exits half a second later), so
+  when the master's test stops it asks every worker that has not reported final to stop
+  and flush (``gameday_flush``), and waits for their ``gameday_final`` — at most the stop
+  timeout plus ``FLUSH_MARGIN_S``. ZeroMQ keeps one worker's messages in order, so a
+  worker's final arrives after all its rows.
+
+Files are closed on Locust's ``quit`` event (the very end, after the runner stopped), so
+a row that arrives during the stop timeout is still written. A process that is killed
+with SIGKILL loses what it had not written, and leaves ``PATH.partial``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import gevent
+from locust.runners import MasterRunner, WorkerRunner
+
+from gameday.load.records import (
+    LOAD_COLUMNS,
+    LOAD_SCHEMA,
+    ORACLE_COLUMNS,
+    ORACLE_SCHEMA,
+    ParquetSink,
+    rows_to_columns,
+)
+
+log = logging.getLogger("gameday.load")
+
+SHIP_INTERVAL_S = 1.0
+SHIP_MAX_ROWS = 500
+FLUSH_MARGIN_S = 15.0
+
+MSG_RECORDS = "gameday_records"
+MSG_FINAL = "gameday_final"
+MSG_FLUSH = "gameday_flush"
+
+
+class Collector:
+    def __init__(self, environment: Any, counters: Callable[[], dict[str, Any]]) -> None:
+        self.environment = environment
+        self.runner = environment.runner
+        self.counters = counters  # this process's counters, shipped with the final message
+        if isinstance(self.runner, WorkerRunner):
+            self.role = "worker"
+        elif isinstance(self.runner, MasterRunner):
+            self.role = "master"
+        else:
+            self.role = "local"
+        self.records_out = ""
+        self.oracle_out = ""
+        self.summary_out = ""
+        self.sinks: dict[str, ParquetSink] = {}
+        self._pending: dict[str, list[dict[str, Any]]] = {"load": [], "oracle": []}
+        self._shipper: gevent.Greenlet | None = None
+        self.finals: dict[str, dict[str, Any]] = {}
+        self.summary: dict[str, Any] = {}
+        self._register()
+
+    # --- set-up -------------------------------------------------------------------
+    def _register(self) -> None:
+        if self.role == "master":
+            self.runner.register_message(MSG_RECORDS, self._on_records)
+            self.runner.register_message(MSG_FINAL, self._on_final)
+        elif self.role == "worker":
+            self.runner.register_message(MSG_FLUSH, self._on_flush, concurrent=True)
+
+    def configure(self, records_out: str, oracle_out: str, summary_out: str) -> None:
+        self.records_out, self.oracle_out, self.summary_out = records_out, oracle_out, summary_out
+
+    def _sink(self, kind: str) -> ParquetSink | None:
+        sink = self.sinks.get(kind)
+        if sink is None:
+            path = self.records_out if kind == "load" else self.oracle_out
+            if not path:
+                return None
+            schema = LOAD_SCHEMA if kind == "load" else ORACLE_SCHEMA
+            sink = self.sinks[kind] = ParquetSink(path, schema)
+        return sink
+
+    # --- rows ---------------------------------------------------------------------
+    def add(self, kind: str, row: dict[str, Any]) -> None:
+        if self.role == "worker":
+            self._pending[kind].append(row)
+            if len(self._pending[kind]) >= SHIP_MAX_ROWS:
+                self.ship()
+            return
+        sink = self._sink(kind)
+        if sink is not None:
+            sink.add(row)
+
+    def ship(self) -> None:
+        """Worker: send the buffered rows to the master."""
+        for kind, rows in self._pending.items():
+            if not rows:
+                continue
+            self._pending[kind] = []
+            columns = LOAD_COLUMNS if kind == "load" else ORACLE_COLUMNS
+            self.runner.send_message(
+                MSG_RECORDS, {"kind": kind, "cols": rows_to_columns(rows, columns)}
+            )
+
+    def _ship_loop(self) -> None:
+        while True:
+            gevent.sleep(SHIP_INTERVAL_S)
+            self.ship()
+
+    # --- test lifecycle -------------------------------------------------------------
+    def on_test_start(self) -> None:
+        self.finals = {}
+        if self.role == "worker" and (self._shipper is None or self._shipper.dead):
+            self._shipper = gevent.spawn(self._ship_loop)
+
+    def on_test_stop(self) -> None:
+        if self.role == "worker":
+            self._send_final()
+            return
+        if self.role == "master":
+            self._wait_for_workers()
+        for sink in self.sinks.values():
+            sink.flush()
+        self._write_summary()
+
+    def _send_final(self) -> None:
+        if self._shipper is not None:
+            self._shipper.kill(block=False)
+            self._shipper = None
+        self.ship()
+        self.runner.send_message(MSG_FINAL, {"pid": os.getpid(), **self.counters()})
+
+    def _on_flush(self, environment: Any, msg: Any) -> None:
+        # stop() fires test_stop (and so _send_final) unless the test had stopped already
+        was_stopped = self.runner.state == "stopped"
+        self.runner.stop()
+        if was_stopped:
+            self._send_final()
+
+    def _on_records(self, environment: Any, msg: Any) -> None:
+        data = msg.data
+        sink = self._sink(data["kind"])
+        if sink is not None:
+            sink.add_columns(data["cols"])
+
+    def _on_final(self, environment: Any, msg: Any) -> None:
+        self.finals[msg.node_id] = dict(msg.data)
+
+    def _wait_for_workers(self) -> None:
+        workers = {c.id for c in self.runner.clients.all}
+        pending = workers - set(self.finals)
+        for client_id in pending:
+            self.runner.send_message(MSG_FLUSH, None, client_id=client_id)
+        deadline = time.monotonic() + (self.environment.stop_timeout or 0) + FLUSH_MARGIN_S
+        while pending - set(self.finals) and time.monotonic() < deadline:
+            gevent.sleep(0.05)
+        missing = pending - set(self.finals)
+        if missing:
+            log.error(
+                "gameday.load: %d worker(s) did not send their last records within the stop "
+                "timeout + %.0f s; their records are incomplete: %s",
+                len(missing),
+                FLUSH_MARGIN_S,
+                ", ".join(sorted(missing)),
+            )
+
+    def totals(self) -> dict[str, Any]:
+        parts = list(self.finals.values()) if self.role == "master" else [self.counters()]
+        total: dict[str, Any] = {}
+        for part in parts:
+            for k, v in part.items():
+                if k == "pid":
+                    continue
+                if k.startswith("max_"):
+                    total[k] = max(total.get(k, 0.0), v)
+                elif isinstance(v, int | float):
+                    total[k] = total.get(k, 0) + v
+        return total
+
+    def _write_summary(self) -> None:
+        self.summary = {
+            **self.totals(),
+            "workers_reported": len(self.finals) if self.role == "master" else 1,
+            "records_written": {k: s.rows_written for k, s in self.sinks.items()},
+            "records_out": self.records_out or None,
+            "oracle_out": self.oracle_out or None,
+        }
+        if self.summary_out:
+            path = Path(self.summary_out)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(path.name + ".tmp")
+            tmp.write_text(json.dumps(self.summary, indent=2, sort_keys=True))
+            os.replace(tmp, path)
+
+    def close(self) -> None:
+        if self.role == "worker":
+            return
+        for sink in self.sinks.values():
+            sink.close()
+        # a run that produced no rows still leaves files with the schema
+        for kind, path in (("load", self.records_out), ("oracle", self.oracle_out)):
+            if path and kind not in self.sinks:
+                ParquetSink(path, LOAD_SCHEMA if kind == "load" else ORACLE_SCHEMA).close()

@@ -1,0 +1,285 @@
+"""The load harness's state in one Locust process, and its event wiring.
+
+``install(events)`` (called by ``locustfiles/llm.py``, never at import) hooks:
+
+- ``init_command_line_parser``: the gameday options (``gameday.load.options``);
+- ``init``: validate the options and load the prompt mix on the master / single process,
+  so a bad option or file stops Locust before any request with a message naming the
+  input (exit code 2); make up a run id; decide which oracle users run;
+- ``test_start``: (re)read the options — a worker only gets them from its master now —
+  set up the trace schedule and this process's share of it, write the ready file;
+- ``test_stopping``: wake users that wait for a trace slot so that nothing new starts;
+- ``test_stop``: ship or write the records, wait for workers (``gameday.load.collector``);
+- ``quit``: close the Parquet files.
+
+``LoadContext`` (one per Locust environment, found with ``context_for``) is what the
+users read: options, the mix, the next closed-loop request, the next trace slot, and the
+counters (requests sent, records, late starts).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import time
+import weakref
+from pathlib import Path
+from typing import Any
+
+import gevent.event
+
+from gameday.load.collector import Collector
+from gameday.load.options import LoadOptions, OptionsError, add_arguments, new_run_id
+from gameday.load.pacing import Slot, TraceSchedule
+from gameday.load.prompts import (
+    JsonlMix,
+    MixSpecError,
+    PromptFileError,
+    PromptRequest,
+    SyntheticMix,
+    TraceMix,
+    parse_mix,
+)
+
+log = logging.getLogger("gameday.load")
+
+TRACE_START_DELAY_S = 0.5  # users spawn before the first trace request is due
+LATE_WARNING_INTERVAL_S = 5.0
+ORACLE_INDEX_OFFSET = 1 << 40  # oracle prompts never repeat a load user's prompt
+
+_contexts: weakref.WeakKeyDictionary[Any, LoadContext] = weakref.WeakKeyDictionary()
+
+
+def context_for(environment: Any) -> LoadContext:
+    ctx = _contexts.get(environment)
+    if ctx is None:
+        raise RuntimeError(
+            "gameday.load is not installed in this Locust process: the locustfile must call "
+            "gameday.load.install(locust.events), like locustfiles/llm.py does"
+        )
+    return ctx
+
+
+class LoadContext:
+    def __init__(self, environment: Any) -> None:
+        self.environment = environment
+        self.options: LoadOptions | None = None
+        self.mix: SyntheticMix | JsonlMix | TraceMix | None = None
+        self._mix_key: tuple[str, Any] | None = None
+        self.schedule: TraceSchedule | None = None
+        self.stopping = gevent.event.Event()
+        self.worker_index = 0
+        self.worker_count = 1
+        self._closed_loop_next = 0
+        self._oracle_next = 0
+        self.requests_sent = 0
+        self.records = 0
+        self.oracle_pairs = 0
+        self.abandoned_slots = 0
+        self._last_late_warning = 0.0
+        self.collector = Collector(environment, self.counters)
+
+    # --- options and mix -------------------------------------------------------------
+    def load(self) -> LoadOptions:
+        """Read and validate the options and (re)load the mix if its inputs changed."""
+        opts = LoadOptions.from_namespace(self.environment.parsed_options, self.environment.host)
+        key = (opts.prompt_mix, opts.mix)
+        if self.mix is None or key != self._mix_key:
+            self.mix = parse_mix(opts.prompt_mix, opts.mix)
+            self._mix_key = key
+        self.options = opts
+        self.collector.configure(
+            opts.records_out, opts.oracle_out if opts.oracle else "", opts.summary_out
+        )
+        return opts
+
+    def counters(self) -> dict[str, Any]:
+        s = self.schedule
+        return {
+            "requests_sent": self.requests_sent,
+            "records": self.records,
+            "oracle_pairs": self.oracle_pairs,
+            "trace_requests": len(s) if s else 0,
+            "trace_late_starts": s.late if s else 0,
+            "max_trace_lag_s": round(s.max_lag_s, 4) if s else 0.0,
+            "trace_abandoned": self.abandoned_slots,
+        }
+
+    # --- what users ask for -------------------------------------------------------
+    @property
+    def open_loop(self) -> bool:
+        return bool(self.mix is not None and self.mix.open_loop)
+
+    def next_closed_loop(self) -> PromptRequest:
+        assert self.mix is not None
+        i = self._closed_loop_next * self.worker_count + self.worker_index
+        self._closed_loop_next += 1
+        if isinstance(self.mix, TraceMix):
+            i %= len(self.mix)
+        return self.mix.request(i)
+
+    def next_oracle(self) -> PromptRequest:
+        assert self.mix is not None
+        i = self._oracle_next * self.worker_count + self.worker_index
+        self._oracle_next += 1
+        if isinstance(self.mix, SyntheticMix):
+            i += ORACLE_INDEX_OFFSET
+        else:
+            i %= len(self.mix)
+        return self.mix.request(i)
+
+    def next_slot(self) -> tuple[Slot, PromptRequest] | None:
+        assert self.schedule is not None and self.mix is not None
+        slot = self.schedule.take()
+        if slot is None:
+            return None
+        return slot, self.mix.request(slot.index)
+
+    def wait_until(self, due: float) -> bool:
+        """Sleep until ``due`` (monotonic); False when the test began stopping first."""
+        delay = due - time.monotonic()
+        if delay > 0:
+            self.stopping.wait(delay)
+        return not self.stopping.is_set()
+
+    def note_started(self, slot: Slot) -> None:
+        assert self.schedule is not None
+        lag = self.schedule.mark_started(slot)
+        if lag > self.schedule.late_tolerance_s:
+            now = time.monotonic()
+            if now - self._last_late_warning >= LATE_WARNING_INTERVAL_S:
+                self._last_late_warning = now
+                log.warning(
+                    "gameday.load: trace replay is behind: %d of %d requests started more than "
+                    "%.2f s late (worst %.2f s). Add users (-u) or slow the trace down "
+                    "(a larger --trace-time-scale).",
+                    self.schedule.late,
+                    self.schedule.started,
+                    self.schedule.late_tolerance_s,
+                    self.schedule.max_lag_s,
+                )
+
+    # --- lifecycle -----------------------------------------------------------------
+    def on_init(self) -> None:
+        ns = self.environment.parsed_options
+        if ns is None or self.collector.role == "worker":
+            return  # a worker learns its options from the master at test start
+        if not ns.run_id:
+            ns.run_id = new_run_id()  # forwarded to workers with the other options
+        try:
+            opts = self.load()
+        except (OptionsError, PromptFileError, MixSpecError, ValueError) as exc:
+            sys.stderr.write(f"gameday.load: error: {exc}\n")
+            sys.stderr.flush()
+            sys.exit(2)
+        if opts.shape == "trace" and self.environment.shape_class is None:
+            log.warning("gameday.load: --shape trace has no effect without the GamedayShape class")
+
+    def on_test_start(self) -> None:
+        self.stopping.clear()
+        try:
+            opts = self.load()
+        except (OptionsError, PromptFileError, MixSpecError, ValueError) as exc:
+            log.error("gameday.load: error: %s", exc)
+            raise
+        runner = self.environment.runner
+        if self.collector.role == "worker":
+            self.worker_count = max(
+                1, int(getattr(self.environment.parsed_options, "expect_workers", 1) or 1)
+            )
+            self.worker_index = max(0, int(getattr(runner, "worker_index", 0)))
+            if self.worker_index >= self.worker_count:
+                log.warning(
+                    "gameday.load: worker index %d but only %d workers expected; this worker "
+                    "replays the trace share of index %d",
+                    self.worker_index,
+                    self.worker_count,
+                    self.worker_index % self.worker_count,
+                )
+                self.worker_index %= self.worker_count
+        if isinstance(self.mix, TraceMix) and self.collector.role != "master":
+            self.schedule = TraceSchedule(
+                self.mix.offsets_s,
+                opts.trace_time_scale,
+                self.worker_index,
+                self.worker_count,
+                opts.trace_late_tolerance_s,
+            )
+            self.schedule.start(time.monotonic() + TRACE_START_DELAY_S)
+        self.collector.on_test_start()
+        if opts.ready_file and self.collector.role != "worker":
+            path = Path(opts.ready_file)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(
+                json.dumps({"pid": os.getpid(), "run_id": opts.run_id, "time": time.time()})
+            )
+
+    def on_test_stopping(self) -> None:
+        self.stopping.set()
+
+    def on_test_stop(self) -> None:
+        self.collector.on_test_stop()
+        if self.collector.role != "worker":
+            s = self.collector.summary
+            log.info(
+                "gameday.load: %s requests sent, %s records written%s",
+                s.get("requests_sent", 0),
+                s.get("records_written", {}).get("load", 0),
+                f", {s['trace_late_starts']} trace requests started late"
+                if s.get("trace_late_starts")
+                else "",
+            )
+
+    def on_quit(self) -> None:
+        self.collector.close()
+
+
+def _enable_oracle(environment: Any, role: str) -> None:
+    """Oracle users run only with --oracle: drop the class otherwise, else fix its count.
+
+    Only the master (or single process) drops it: it alone decides which users run, and a
+    worker must still know the class if its master dispatches it.
+    """
+    from gameday.load.user import OracleUser
+
+    ns = environment.parsed_options
+    classes = environment.user_classes
+    wanted = bool(ns is not None and getattr(ns, "oracle", False))
+    if wanted:
+        for cls in classes:
+            if issubclass(cls, OracleUser):
+                cls.fixed_count = int(getattr(ns, "oracle_users", 1))
+    elif role != "worker":
+        classes[:] = [c for c in classes if not issubclass(c, OracleUser)]
+
+
+def install(events: Any) -> None:
+    """Wire the load harness into Locust's events (call once, from the locustfile)."""
+
+    @events.init_command_line_parser.add_listener
+    def _parser(parser: Any, **_kw: Any) -> None:
+        add_arguments(parser)
+
+    @events.init.add_listener
+    def _init(environment: Any, **_kw: Any) -> None:
+        ctx = _contexts[environment] = LoadContext(environment)
+        _enable_oracle(environment, ctx.collector.role)
+        ctx.on_init()
+
+        @events.quit.add_listener
+        def _quit(**_kw: Any) -> None:
+            ctx.on_quit()
+
+    @events.test_start.add_listener
+    def _start(environment: Any, **_kw: Any) -> None:
+        context_for(environment).on_test_start()
+
+    @events.test_stopping.add_listener
+    def _stopping(environment: Any, **_kw: Any) -> None:
+        context_for(environment).on_test_stopping()
+
+    @events.test_stop.add_listener
+    def _stop(environment: Any, **_kw: Any) -> None:
+        context_for(environment).on_test_stop()

@@ -1,0 +1,399 @@
+"""Command-line options of the load users, added to Locust's own parser.
+
+``add_arguments(parser)`` is what the locustfile registers on Locust's
+``init_command_line_parser`` event; ``LoadOptions.from_namespace(parsed_options)`` turns
+Locust's parsed options into one validated, typed object (raising ``OptionsError`` with a
+message that names the option and says what to give instead).
+
+Locust's own options keep their meaning: ``--host`` is the server's base URL, ``-u``/
+``-r``/``-t`` the users, spawn rate and run time, ``-s``/``--stop-timeout`` how long
+streams in flight may finish when the run stops, ``--processes``, ``--csv`` and
+``--html`` as usual. Options are forwarded by Locust from the master to its workers.
+
+No work at import time; this module does not import Locust.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import re
+import uuid
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from gameday.load.buckets import DEFAULT_EDGES, parse_edges
+from gameday.load.prompts import MixSettings, SyntheticParams
+
+COMPLETIONS = "/v1/completions"
+CHAT = "/v1/chat/completions"
+SHAPES = ("auto", "steady", "ramp", "trace")
+_HEADER_NAME = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")
+
+
+class OptionsError(ValueError):
+    """A load option is wrong; the message names it and what to give instead."""
+
+
+def add_arguments(parser: Any) -> None:
+    """Add the gameday options to Locust's parser (a configargparse parser)."""
+    a = parser.add_argument
+    hidden = {"include_in_web_ui": False}
+    a("--api-path", default=COMPLETIONS, help=f"endpoint path: {COMPLETIONS} (default) or {CHAT}")
+    a("--model", default="default", help="model name sent in each request (default: default)")
+    a(
+        "--api-key",
+        default="",
+        env_var="GAMEDAY_API_KEY",
+        is_secret=True,
+        help="bearer token for the server (env GAMEDAY_API_KEY); none by default",
+    )
+    a(
+        "--header",
+        action="append",
+        default=[],
+        metavar="NAME:VALUE",
+        help="extra request header, repeatable (e.g. --header x-canary-variant:canary)",
+        **hidden,
+    )
+    a(
+        "--prompt-mix",
+        default="synthetic",
+        help="synthetic (default) | jsonl:PATH | azure-trace:PATH",
+    )
+    a("--max-tokens", type=int, default=None, help="cap on max_tokens of every request")
+    a(
+        "--max-prompt-tokens",
+        type=int,
+        default=None,
+        help="cap on synthetic/trace prompt length",
+        **hidden,
+    )
+    a(
+        "--temperature",
+        type=float,
+        default=None,
+        help="sampling temperature (server default if unset)",
+        **hidden,
+    )
+    a(
+        "--no-stream",
+        action="store_true",
+        default=False,
+        help="send stream=false (TTFT = e2e then)",
+        **hidden,
+    )
+    a(
+        "--think-time-s",
+        type=float,
+        default=0.0,
+        help="closed-loop pause between a user's requests",
+        **hidden,
+    )
+    a(
+        "--request-timeout-s",
+        type=float,
+        default=120.0,
+        help="deadline of one request (error kind timeout)",
+        **hidden,
+    )
+    a("--seed", type=int, default=0, help="seed of prompt lengths, texts and user ids", **hidden)
+    a(
+        "--user-id-pool",
+        type=int,
+        default=1000,
+        help="x-user-id drawn from user-0..N-1 (0: no header)",
+        **hidden,
+    )
+    a(
+        "--bucket-edges",
+        default=",".join(map(str, DEFAULT_EDGES)),
+        help="prompt-length bucket edges",
+        **hidden,
+    )
+    # synthetic mix
+    sp = SyntheticParams()
+    a(
+        "--synthetic-median-tokens",
+        type=float,
+        default=sp.median_tokens,
+        help="synthetic: median prompt length",
+        **hidden,
+    )
+    a(
+        "--synthetic-sigma",
+        type=float,
+        default=sp.sigma,
+        help="synthetic: lognormal sigma (the tail)",
+        **hidden,
+    )
+    a(
+        "--synthetic-min-tokens",
+        type=int,
+        default=sp.min_tokens,
+        help="synthetic: shortest prompt",
+        **hidden,
+    )
+    a(
+        "--synthetic-max-tokens",
+        type=int,
+        default=sp.max_tokens,
+        help="synthetic: longest prompt",
+        **hidden,
+    )
+    a(
+        "--synthetic-output-median-tokens",
+        type=float,
+        default=sp.output_median_tokens,
+        help="synthetic: median max_tokens",
+        **hidden,
+    )
+    # trace replay
+    a(
+        "--trace-time-scale",
+        type=float,
+        default=1.0,
+        help="trace: multiply arrival offsets (0.1 = 10x faster)",
+    )
+    a(
+        "--trace-start-s",
+        type=float,
+        default=0.0,
+        help="trace: skip this many seconds of the trace",
+        **hidden,
+    )
+    a(
+        "--trace-duration-s",
+        type=float,
+        default=None,
+        help="trace: replay only this many trace seconds",
+        **hidden,
+    )
+    a(
+        "--trace-late-tolerance-s",
+        type=float,
+        default=0.1,
+        help="trace: a start later than this counts as late",
+        **hidden,
+    )
+    # load shape
+    a(
+        "--shape",
+        default="auto",
+        choices=SHAPES,
+        help="auto (trace for azure-trace, else steady) | steady | ramp | trace",
+    )
+    a("--ramp-start-users", type=int, default=1, help="ramp: users at the start", **hidden)
+    a(
+        "--ramp-s",
+        type=float,
+        default=None,
+        help="ramp: seconds to reach -u users (default: the run time)",
+        **hidden,
+    )
+    # outputs
+    a("--records-out", default="", help="write per-request records (Parquet) here", **hidden)
+    a(
+        "--oracle-out",
+        default="",
+        help="oracle records (default: oracle.parquet beside --records-out)",
+        **hidden,
+    )
+    a(
+        "--summary-out",
+        default="",
+        help="write a JSON summary (requests sent, records, late starts)",
+        **hidden,
+    )
+    a("--run-id", default="", help="run id stored in every record (default: made up)", **hidden)
+    a(
+        "--ready-file",
+        default="",
+        help="written once the test starts (used by gameday.load.runner)",
+        **hidden,
+    )
+    # oracle
+    a(
+        "--oracle",
+        action="store_true",
+        default=False,
+        help="add oracle users (pinned baseline/canary pairs)",
+    )
+    a("--oracle-users", type=int, default=1, help="oracle: how many oracle users", **hidden)
+    a("--oracle-positions", type=int, default=8, help="oracle: tokens generated per side", **hidden)
+    a("--oracle-logprobs", type=int, default=5, help="oracle: top logprobs per position", **hidden)
+    a(
+        "--oracle-baseline-host",
+        default="",
+        help="oracle: baseline URL (default: --host, pinned)",
+        **hidden,
+    )
+    a(
+        "--oracle-canary-host",
+        default="",
+        help="oracle: canary URL (default: --host, pinned)",
+        **hidden,
+    )
+    a("--oracle-interval-s", type=float, default=0.5, help="oracle: pause between pairs", **hidden)
+
+
+def new_run_id() -> str:
+    return datetime.now(UTC).strftime("load-%Y%m%dT%H%M%SZ-") + uuid.uuid4().hex[:6]
+
+
+def parse_headers(items: list[str]) -> dict[str, str]:
+    headers: dict[str, str] = {}
+    for item in items:
+        name, sep, value = item.partition(":")
+        name = name.strip()
+        if not sep or not _HEADER_NAME.match(name):
+            raise OptionsError(
+                f"--header {item!r}: give NAME:VALUE with a valid header name, "
+                "e.g. --header x-canary-variant:canary"
+            )
+        headers[name] = value.strip()
+    return headers
+
+
+def _positive(name: str, value: float | None, allow_zero: bool = False) -> None:
+    if value is None:
+        return
+    bad = value < 0 if allow_zero else value <= 0
+    if bad or math.isnan(value):
+        need = ">= 0" if allow_zero else "> 0"
+        raise OptionsError(f"{name} must be {need}, got {value}")
+
+
+@dataclass(frozen=True)
+class LoadOptions:
+    host: str
+    api_path: str = COMPLETIONS
+    model: str = "default"
+    api_key: str = ""
+    headers: dict[str, str] = field(default_factory=dict)
+    prompt_mix: str = "synthetic"
+    mix: MixSettings = field(default_factory=MixSettings)
+    temperature: float | None = None
+    stream: bool = True
+    think_time_s: float = 0.0
+    request_timeout_s: float = 120.0
+    bucket_edges: tuple[int, ...] = DEFAULT_EDGES
+    trace_time_scale: float = 1.0
+    trace_late_tolerance_s: float = 0.1
+    shape: str = "steady"
+    ramp_start_users: int = 1
+    ramp_s: float | None = None
+    records_out: str = ""
+    oracle_out: str = ""
+    summary_out: str = ""
+    run_id: str = ""
+    ready_file: str = ""
+    oracle: bool = False
+    oracle_users: int = 1
+    oracle_positions: int = 8
+    oracle_logprobs: int = 5
+    oracle_baseline_host: str = ""
+    oracle_canary_host: str = ""
+    oracle_interval_s: float = 0.5
+
+    @property
+    def chat(self) -> bool:
+        return self.api_path.rstrip("/").endswith("chat/completions")
+
+    @classmethod
+    def from_namespace(cls, ns: argparse.Namespace | Any, host: str | None = None) -> LoadOptions:
+        host = (host or getattr(ns, "host", None) or "").rstrip("/")
+        if not host:
+            raise OptionsError(
+                "no --host: give the server's base URL, e.g. --host http://127.0.0.1:8000"
+            )
+        if not re.match(r"^https?://", host):
+            raise OptionsError(f"--host {host!r}: give a URL starting with http:// or https://")
+        api_path = ns.api_path if ns.api_path.startswith("/") else "/" + ns.api_path
+        if not api_path.rstrip("/").endswith("completions"):
+            raise OptionsError(
+                f"--api-path {ns.api_path!r}: give an OpenAI-compatible completions path, "
+                f"{COMPLETIONS} or {CHAT}"
+            )
+        for name in ("max_tokens", "max_prompt_tokens"):
+            v = getattr(ns, name)
+            if v is not None and v < 1:
+                raise OptionsError(f"--{name.replace('_', '-')} must be >= 1, got {v}")
+        _positive("--trace-time-scale", ns.trace_time_scale)
+        _positive("--request-timeout-s", ns.request_timeout_s)
+        _positive("--think-time-s", ns.think_time_s, allow_zero=True)
+        _positive("--trace-start-s", ns.trace_start_s, allow_zero=True)
+        _positive("--trace-duration-s", ns.trace_duration_s)
+        _positive("--trace-late-tolerance-s", ns.trace_late_tolerance_s, allow_zero=True)
+        _positive("--ramp-s", ns.ramp_s)
+        _positive("--oracle-interval-s", ns.oracle_interval_s, allow_zero=True)
+        if ns.user_id_pool < 0:
+            raise OptionsError(f"--user-id-pool must be >= 0, got {ns.user_id_pool}")
+        if ns.ramp_start_users < 0:
+            raise OptionsError(f"--ramp-start-users must be >= 0, got {ns.ramp_start_users}")
+        if ns.oracle_users < 1 or ns.oracle_positions < 1 or not 1 <= ns.oracle_logprobs <= 20:
+            raise OptionsError(
+                "--oracle-users and --oracle-positions must be >= 1, --oracle-logprobs 1..20"
+            )
+        try:
+            edges = parse_edges(ns.bucket_edges)
+        except ValueError as exc:
+            raise OptionsError(str(exc)) from None
+        shape = ns.shape
+        is_trace = ns.prompt_mix.startswith("azure-trace:")
+        if shape == "auto":
+            shape = "trace" if is_trace else "steady"
+        if shape == "trace" and not is_trace:
+            raise OptionsError(
+                f"--shape trace needs --prompt-mix azure-trace:PATH (got {ns.prompt_mix!r})"
+            )
+        oracle_out = ns.oracle_out
+        if not oracle_out and ns.records_out:
+            oracle_out = str(Path(ns.records_out).with_name("oracle.parquet"))
+        return cls(
+            host=host,
+            api_path=api_path,
+            model=ns.model,
+            api_key=ns.api_key or "",
+            headers=parse_headers(list(ns.header or [])),
+            prompt_mix=ns.prompt_mix,
+            mix=MixSettings(
+                seed=ns.seed,
+                user_id_pool=ns.user_id_pool,
+                max_tokens_cap=ns.max_tokens,
+                max_prompt_tokens=ns.max_prompt_tokens,
+                synthetic=SyntheticParams(
+                    median_tokens=ns.synthetic_median_tokens,
+                    sigma=ns.synthetic_sigma,
+                    min_tokens=ns.synthetic_min_tokens,
+                    max_tokens=ns.synthetic_max_tokens,
+                    output_median_tokens=ns.synthetic_output_median_tokens,
+                ),
+                trace_start_s=ns.trace_start_s,
+                trace_duration_s=ns.trace_duration_s,
+            ),
+            temperature=ns.temperature,
+            stream=not ns.no_stream,
+            think_time_s=ns.think_time_s,
+            request_timeout_s=ns.request_timeout_s,
+            bucket_edges=edges,
+            trace_time_scale=ns.trace_time_scale,
+            trace_late_tolerance_s=ns.trace_late_tolerance_s,
+            shape=shape,
+            ramp_start_users=ns.ramp_start_users,
+            ramp_s=ns.ramp_s,
+            records_out=ns.records_out,
+            oracle_out=oracle_out,
+            summary_out=ns.summary_out,
+            run_id=ns.run_id,
+            ready_file=ns.ready_file,
+            oracle=ns.oracle,
+            oracle_users=ns.oracle_users,
+            oracle_positions=ns.oracle_positions,
+            oracle_logprobs=ns.oracle_logprobs,
+            oracle_baseline_host=ns.oracle_baseline_host.rstrip("/"),
+            oracle_canary_host=ns.oracle_canary_host.rstrip("/"),
+            oracle_interval_s=ns.oracle_interval_s,
+        )

@@ -1,0 +1,97 @@
+"""Pacing: when each trace request must start (open loop), and the ramp curve.
+
+A trace says when requests arrived. Replaying it closed-loop (each user sends its next
+request when its previous one ends) would let a slow server push the arrivals back and
+hide the very overload the trace contains. Here every request has a due time — its trace
+offset × ``time_scale`` after the schedule starts — and a free user takes the next due
+request and waits until it is due. When no user is free the request starts late; the
+schedule counts every start later than ``late_tolerance_s`` and keeps the worst lag, so a
+run that could not keep up says so (add users, or slow the trace down with a larger
+time scale).
+
+With several Locust processes, process ``worker_index`` of ``worker_count`` takes every
+``worker_count``-th request, so together they replay the whole trace once.
+
+This module keeps no global state and does no I/O; the clock is a parameter so tests can
+drive it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Slot:
+    index: int  # index into the trace
+    due: float  # clock time at which the request should start
+
+
+class TraceSchedule:
+    def __init__(
+        self,
+        offsets_s: Sequence[float],
+        time_scale: float = 1.0,
+        worker_index: int = 0,
+        worker_count: int = 1,
+        late_tolerance_s: float = 0.1,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if time_scale <= 0:
+            raise ValueError(f"--trace-time-scale must be > 0, got {time_scale}")
+        if not 0 <= worker_index < worker_count:
+            raise ValueError(f"worker index {worker_index} outside 0..{worker_count - 1}")
+        self.offsets_s = offsets_s
+        self.time_scale = time_scale
+        self.worker_index = worker_index
+        self.worker_count = worker_count
+        self.late_tolerance_s = late_tolerance_s
+        self.clock = clock
+        self.t0: float | None = None
+        self._next = worker_index
+        self.started = 0
+        self.late = 0
+        self.max_lag_s = 0.0
+
+    def __len__(self) -> int:
+        """Requests this process replays."""
+        n = len(self.offsets_s)
+        return max(0, (n - self.worker_index + self.worker_count - 1) // self.worker_count)
+
+    @property
+    def duration_s(self) -> float:
+        """Scaled time from the first to the last request of the whole trace."""
+        return (self.offsets_s[-1] if self.offsets_s else 0.0) * self.time_scale
+
+    def start(self, t0: float | None = None) -> None:
+        self.t0 = self.clock() if t0 is None else t0
+
+    def take(self) -> Slot | None:
+        """The next request for this process, or None once all are taken."""
+        if self.t0 is None:
+            self.start()
+        assert self.t0 is not None
+        i = self._next
+        if i >= len(self.offsets_s):
+            return None
+        self._next += self.worker_count
+        return Slot(i, self.t0 + self.offsets_s[i] * self.time_scale)
+
+    def mark_started(self, slot: Slot, now: float | None = None) -> float:
+        """Note that ``slot`` started now; returns its lag (0 when on time or early)."""
+        now = self.clock() if now is None else now
+        lag = max(0.0, now - slot.due)
+        self.started += 1
+        self.max_lag_s = max(self.max_lag_s, lag)
+        if lag > self.late_tolerance_s:
+            self.late += 1
+        return lag
+
+
+def ramp_users(t_s: float, start: int, end: int, ramp_s: float) -> int:
+    """Users at ``t_s`` seconds of a linear ramp from ``start`` to ``end`` over ``ramp_s``."""
+    if ramp_s <= 0 or t_s >= ramp_s:
+        return end
+    return max(0, round(start + (end - start) * t_s / ramp_s))

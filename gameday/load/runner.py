@@ -1,0 +1,296 @@
+"""Run Locust (``locustfiles/llm.py``) as a subprocess from ordinary Python.
+
+    config = LoadConfig(host="http://127.0.0.1:18101", users=8, duration_s=60,
+                        output_dir=Path("reports/run-1/router-latency"))
+    with LoadRun(config) as run:        # start(): returns once the test has started
+        ...                             # inject faults, watch the gate
+    result = run.result                 # stop() on exit: SIGTERM, streams finish
+    result.records_path                 # Parquet, one row per request
+
+Locust runs in its own process because gevent (Locust) and asyncio (the harness, the
+stack) must not share one. It is started in its own session and stopped by its PID:
+SIGTERM makes Locust stop its users — streams in flight get ``stop_timeout_s`` to end —
+write the records and exit; if it has not exited ``STOP_MARGIN_S`` after that, it and its
+worker processes (``processes``) get SIGKILL, by PID.
+
+``start()`` waits until Locust has started the test (the locustfile writes a ready file
+on test start). If Locust exits first — a bad option, a bad prompt file, a port in use —
+``LoadStartError`` carries the end of Locust's output, which names the problem.
+
+Outputs in ``output_dir``: ``records.parquet``, ``oracle.parquet`` (with ``oracle=True``),
+``load-summary.json`` (requests sent, records written, late trace starts),
+``locust.log`` (Locust's stdout and stderr), ``locust_stats.csv`` & co. (``csv=True``)
+and ``locust.html`` (``html=True``).
+
+This module must not import Locust or gevent.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+DEFAULT_LOCUSTFILE = Path(__file__).resolve().parents[2] / "locustfiles" / "llm.py"
+START_TIMEOUT_S = 60.0
+STOP_MARGIN_S = 15.0
+LOG_TAIL_CHARS = 3000
+
+
+class LoadRunError(RuntimeError):
+    """Locust failed; the message ends with the tail of its output."""
+
+
+class LoadStartError(LoadRunError):
+    """Locust exited (or hung) before the test started."""
+
+
+@dataclass(frozen=True)
+class LoadConfig:
+    host: str
+    output_dir: Path
+    users: int = 4
+    spawn_rate: float = 4.0
+    prompt_mix: str = "synthetic"
+    duration_s: float | None = None  # None: run until stop()
+    stop_timeout_s: float = 30.0
+    processes: int | None = None  # Locust --processes (a master and N workers)
+    max_tokens: int | None = None
+    api_path: str | None = None
+    run_id: str | None = None
+    oracle: bool = False
+    csv: bool = True
+    html: bool = False
+    extra_args: Sequence[str] = ()  # any further Locust or gameday.load options
+    locustfile: Path = DEFAULT_LOCUSTFILE
+    python: str = sys.executable
+    env: dict[str, str] = field(default_factory=dict)
+
+    def validate(self) -> None:
+        if self.users < 1:
+            raise ValueError(f"LoadConfig.users must be >= 1, got {self.users}")
+        if self.spawn_rate <= 0:
+            raise ValueError(f"LoadConfig.spawn_rate must be > 0, got {self.spawn_rate}")
+        if self.duration_s is not None and self.duration_s <= 0:
+            raise ValueError(f"LoadConfig.duration_s must be > 0 or None, got {self.duration_s}")
+        if self.stop_timeout_s < 0:
+            raise ValueError(f"LoadConfig.stop_timeout_s must be >= 0, got {self.stop_timeout_s}")
+        if self.processes is not None and self.processes < 1:
+            raise ValueError(f"LoadConfig.processes must be >= 1, got {self.processes}")
+        if not Path(self.locustfile).is_file():
+            raise ValueError(f"LoadConfig.locustfile {self.locustfile} does not exist")
+
+
+@dataclass(frozen=True)
+class LoadResult:
+    exit_code: int
+    records_path: Path
+    oracle_path: Path | None
+    summary: dict[str, Any]
+    log_tail: str
+
+    @property
+    def failed_requests(self) -> bool:
+        """Locust exits 1 when any request failed; that is a result, not a crash."""
+        return self.exit_code == 1
+
+
+class LoadRun:
+    def __init__(self, config: LoadConfig) -> None:
+        config.validate()
+        self.config = config
+        self.output_dir = Path(config.output_dir)
+        self.records_path = self.output_dir / "records.parquet"
+        self.oracle_path: Path | None = (
+            self.output_dir / "oracle.parquet" if config.oracle else None
+        )
+        self.summary_path = self.output_dir / "load-summary.json"
+        self.log_path = self.output_dir / "locust.log"
+        self.ready_path = self.output_dir / ".locust-ready.json"
+        self._popen: subprocess.Popen[bytes] | None = None
+        self.result: LoadResult | None = None
+
+    # --- command -------------------------------------------------------------------
+    def command(self) -> list[str]:
+        c = self.config
+        cmd = [
+            c.python,
+            "-m",
+            "locust",
+            "-f",
+            str(c.locustfile),
+            "--headless",
+            "--host",
+            c.host,
+            "-u",
+            str(c.users),
+            "-r",
+            str(c.spawn_rate),
+            "-s",
+            f"{c.stop_timeout_s:g}",
+            "--prompt-mix",
+            c.prompt_mix,
+            "--records-out",
+            str(self.records_path),
+            "--summary-out",
+            str(self.summary_path),
+            "--ready-file",
+            str(self.ready_path),
+        ]
+        if c.duration_s is not None:
+            cmd += ["-t", f"{math.ceil(c.duration_s)}s"]
+        if c.processes:
+            cmd += ["--processes", str(c.processes)]
+        if c.max_tokens is not None:
+            cmd += ["--max-tokens", str(c.max_tokens)]
+        if c.api_path:
+            cmd += ["--api-path", c.api_path]
+        if c.run_id:
+            cmd += ["--run-id", c.run_id]
+        if c.oracle:
+            cmd += ["--oracle", "--oracle-out", str(self.oracle_path)]
+        if c.csv:
+            cmd += ["--csv", str(self.output_dir / "locust")]
+        if c.html:
+            cmd += ["--html", str(self.output_dir / "locust.html")]
+        cmd += list(c.extra_args)
+        return cmd
+
+    # --- lifecycle -----------------------------------------------------------------
+    @property
+    def pid(self) -> int | None:
+        return self._popen.pid if self._popen is not None else None
+
+    @property
+    def running(self) -> bool:
+        return self._popen is not None and self._popen.poll() is None
+
+    def log_tail(self, chars: int = LOG_TAIL_CHARS) -> str:
+        try:
+            with self.log_path.open("rb") as f:
+                f.seek(0, os.SEEK_END)
+                f.seek(max(0, f.tell() - chars))
+                return f.read().decode("utf-8", errors="replace")
+        except OSError:
+            return ""
+
+    def start(self, timeout_s: float = START_TIMEOUT_S) -> LoadRun:
+        if self._popen is not None:
+            raise LoadRunError("this LoadRun was already started; make a new one")
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        for stale in (self.ready_path, self.records_path, self.summary_path):
+            stale.unlink(missing_ok=True)
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.config.env}
+        with self.log_path.open("wb") as log:
+            self._popen = subprocess.Popen(
+                self.command(),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,  # the harness's Ctrl-C must not reach it half-way
+            )
+        deadline = time.monotonic() + timeout_s
+        while not self.ready_path.exists():
+            code = self._popen.poll()
+            if code is not None:
+                raise LoadStartError(
+                    f"Locust exited with code {code} before the test started "
+                    f"(command: {' '.join(self.command())}).\n"
+                    f"Its output ends with:\n{self.log_tail()}"
+                )
+            if time.monotonic() > deadline:
+                self._kill()
+                raise LoadStartError(
+                    f"Locust did not start the test within {timeout_s:g} s; it was killed.\n"
+                    f"Its output ends with:\n{self.log_tail()}"
+                )
+            time.sleep(0.05)
+        return self
+
+    def stop(self) -> LoadResult:
+        """SIGTERM (by PID): users stop, streams get the stop timeout, records are written."""
+        if self._popen is None:
+            raise LoadRunError("stop() before start()")
+        if self.running:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self._popen.pid, signal.SIGTERM)
+        try:
+            return self.wait(self.config.stop_timeout_s + STOP_MARGIN_S)
+        except TimeoutError:
+            self._kill()
+            raise LoadRunError(
+                f"Locust did not exit within {self.config.stop_timeout_s + STOP_MARGIN_S:g} s "
+                f"of SIGTERM and was killed; records may be incomplete.\n{self.log_tail()}"
+            ) from None
+
+    def wait(self, timeout_s: float | None = None) -> LoadResult:
+        """Wait for Locust to exit (raises TimeoutError if it is still running then)."""
+        if self._popen is None:
+            raise LoadRunError("wait() before start()")
+        try:
+            code = self._popen.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            raise TimeoutError(
+                f"Locust (pid {self._popen.pid}) still running after {timeout_s} s"
+            ) from None
+        return self._finish(code)
+
+    def _finish(self, code: int) -> LoadResult:
+        if self.result is not None:
+            return self.result
+        tail = self.log_tail()
+        if code not in (0, 1) or not self.records_path.exists():
+            raise LoadRunError(
+                f"Locust exited with code {code}"
+                + ("" if self.records_path.exists() else f" without writing {self.records_path}")
+                + f".\nIts output ends with:\n{tail}"
+            )
+        try:
+            summary = json.loads(self.summary_path.read_text())
+        except (OSError, json.JSONDecodeError):
+            summary = {}
+        self.result = LoadResult(code, self.records_path, self.oracle_path, summary, tail)
+        return self.result
+
+    def _kill(self) -> None:
+        """SIGKILL Locust and its worker processes, each by PID."""
+        if self._popen is None or self._popen.poll() is not None:
+            return
+        try:
+            import psutil
+
+            children = [p.pid for p in psutil.Process(self._popen.pid).children(recursive=True)]
+        except Exception:  # psutil missing or the process just ended
+            children = []
+        for pid in [self._popen.pid, *children]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        self._popen.wait(timeout=10)
+
+    def __enter__(self) -> LoadRun:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self._popen is None:
+            return
+        if exc_type is None:
+            self.stop()
+        else:  # do not hide the original error behind a stop error
+            with contextlib.suppress(LoadRunError):
+                self.stop()

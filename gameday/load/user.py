@@ -1,0 +1,298 @@
+"""The Locust users: ``LLMUser`` streams completions; ``OracleUser`` compares variants.
+
+``LLMUser`` sends the prompt mix's requests to an OpenAI-compatible endpoint
+(``--api-path``), streaming, and for each request:
+
+- measures TTFT from just before sending to the first event with content, inter-token
+  gaps, end-to-end time, tokens from the usage chunk (``gameday.load.sse``);
+- records one row (``gameday.load.records.LOAD_SCHEMA``) — including requests that failed,
+  and requests cut by the run's stop timeout (``error_kind`` ``timeout``);
+- fires one Locust request event named ``ttft[<variant>]`` (``x-served-by``, else
+  ``unknown``) whose response time is the TTFT in ms (the end-to-end time for a request
+  that failed before its first token), so Locust's statistics, CSV and HTML show the TTFT
+  users felt, not the time to the response headers. Failures carry their error kind.
+
+Closed loop for ``synthetic`` and ``jsonl`` mixes (a user sends its next request when the
+previous one ended, plus ``--think-time-s``); open loop for ``azure-trace`` (each request
+starts at its trace offset × ``--trace-time-scale``; ``gameday.load.pacing``).
+
+``OracleUser`` (only with ``--oracle``) sends the same prompt twice, pinned with
+``x-canary-variant: baseline`` and ``canary`` (or to ``--oracle-baseline-host`` /
+``--oracle-canary-host``), temperature 0 with top logprobs, and records KL and top-1
+agreement (``gameday.oracle``) per prompt-length bucket. Its requests are not in the load
+records; they show in Locust's statistics as ``oracle``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from typing import Any
+
+import gevent
+from locust import User, task
+
+from gameday.load.buckets import bucket_of
+from gameday.load.client import Attempt, OpenAIClient
+from gameday.load.context import LoadContext, context_for
+from gameday.load.options import LoadOptions
+from gameday.load.prompts import PromptRequest
+from gameday.oracle import compare_positions, parse_logprobs
+
+log = logging.getLogger("gameday.load")
+
+IDLE_SLEEP_S = 1.0  # a trace user with nothing left to send
+
+
+class LoadError(Exception):
+    """A failed request as Locust shows it: ``<error kind>: <detail>``."""
+
+
+def build_body(opts: LoadOptions, req: PromptRequest, stream: bool) -> dict[str, Any]:
+    body: dict[str, Any] = {"model": opts.model, "max_tokens": req.max_tokens, "stream": stream}
+    if opts.chat:
+        body["messages"] = req.chat_messages()
+    else:
+        body["prompt"] = req.completion_prompt()
+    if stream:
+        body["stream_options"] = {"include_usage": True}
+    if opts.temperature is not None:
+        body["temperature"] = opts.temperature
+    if req.user_id is not None:
+        body["user"] = req.user_id
+    return body
+
+
+def auth_headers(opts: LoadOptions) -> dict[str, str]:
+    headers = dict(opts.headers)
+    if opts.api_key:
+        headers["Authorization"] = f"Bearer {opts.api_key}"
+    return headers
+
+
+def record_row(
+    ctx: LoadContext, opts: LoadOptions, req: PromptRequest, a: Attempt
+) -> dict[str, Any]:
+    m = a.measurement
+    itl_mean, itl_p99, itl_max = m.itl() if m is not None else (None, None, None)
+    prompt_tokens = m.prompt_tokens if m is not None else None
+    # bucket by the server's own count when it gave one (as the router buckets), else planned
+    tokens_for_bucket = prompt_tokens if prompt_tokens is not None else req.planned_prompt_tokens
+    return {
+        "run_id": opts.run_id,
+        "request_id": a.request_id,
+        "user_id": req.user_id,
+        "start_time": a.start_time,
+        "ttft_s": a.ttft_s,
+        "e2e_s": a.e2e_s,
+        "itl_mean_s": itl_mean,
+        "itl_p99_s": itl_p99,
+        "itl_max_s": itl_max,
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": m.completion_tokens if m is not None else None,
+        "planned_prompt_tokens": req.planned_prompt_tokens,
+        "status": a.status,
+        "ok": a.ok,
+        "error_kind": a.error_kind,
+        "served_by": a.headers.get("x-served-by", ""),
+        "model_version": a.headers.get("x-model-version"),
+        "config_revision": a.headers.get("x-config-revision"),
+        "router_id": a.headers.get("x-router-id"),
+        "bucket": bucket_of(tokens_for_bucket, opts.bucket_edges),
+        "endpoint": opts.api_path,
+        "stream": a.stream,
+    }
+
+
+class LLMUser(User):
+    """Streams the prompt mix to an OpenAI-compatible server and records every request."""
+
+    weight = 1
+
+    def __init__(self, environment: Any) -> None:
+        super().__init__(environment)
+        self.ctx = context_for(environment)
+        self.client: OpenAIClient | None = None
+
+    def wait_time(self) -> float:
+        opts = self.ctx.options
+        return 0.0 if self.ctx.open_loop or opts is None else opts.think_time_s
+
+    def on_start(self) -> None:
+        opts = self.ctx.options
+        assert opts is not None
+        self.client = OpenAIClient(opts.host, auth_headers(opts), opts.request_timeout_s)
+
+    def on_stop(self) -> None:
+        if self.client is not None:
+            self.client.close()
+
+    @task
+    def send_one(self) -> None:
+        opts = self.ctx.options
+        assert opts is not None and self.client is not None
+        if self.ctx.open_loop:
+            nxt = self.ctx.next_slot()
+            if nxt is None:
+                gevent.sleep(IDLE_SLEEP_S)  # trace done for this process; the shape ends the run
+                return
+            slot, req = nxt
+            if not self.ctx.wait_until(slot.due):
+                self.ctx.abandoned_slots += 1  # the run is stopping: never start new requests
+                return
+            self.ctx.note_started(slot)
+        else:
+            req = self.ctx.next_closed_loop()
+        self.run_request(opts, req)
+
+    def run_request(self, opts: LoadOptions, req: PromptRequest) -> None:
+        assert self.client is not None
+        attempt = self.client.new_attempt(opts.api_path, opts.stream)
+        headers: dict[str, str] = {}  # auth and --header are the client's defaults
+        if req.user_id is not None:
+            headers["x-user-id"] = req.user_id
+        body = build_body(opts, req, opts.stream)
+        self.ctx.requests_sent += 1
+        try:
+            self.client.send(attempt, body, headers)
+        except gevent.GreenletExit:
+            # the stop timeout ran out while this request was in flight: keep its row
+            attempt.fail("timeout", "cut when the run stopped (stop timeout)")
+            self.finish(opts, req, attempt)
+            raise
+        except Exception as exc:
+            # a bug here must not lose the row of a request that was sent; say so loudly
+            log.exception("gameday.load: harness error while measuring a request")
+            attempt.fail("broken_stream", f"harness error: {type(exc).__name__}: {exc}")
+        self.finish(opts, req, attempt)
+
+    def finish(self, opts: LoadOptions, req: PromptRequest, a: Attempt) -> None:
+        self.ctx.records += 1
+        self.ctx.collector.add("load", record_row(self.ctx, opts, req, a))
+        variant = a.headers.get("x-served-by") or "unknown"
+        ttft, e2e = a.ttft_s, a.e2e_s
+        response_ms = (ttft if ttft is not None else (e2e or 0.0)) * 1000.0
+        self.environment.events.request.fire(
+            request_type="POST",
+            name=f"ttft[{variant}]",
+            response_time=response_ms,
+            response_length=a.bytes_read,
+            exception=None if a.ok else LoadError(f"{a.error_kind}: {a.error_detail}"),
+            context={"request_id": a.request_id, "bucket": None},
+            url=opts.api_path,
+        )
+
+
+class OracleUser(User):
+    """Pinned baseline/canary pairs at temperature 0; KL and top-1 agreement per bucket."""
+
+    # with --oracle the master sets fixed_count to --oracle-users; without it, it drops the
+    # class (gameday.load.context). A weight of 0 would make Locust drop it before that.
+    weight = 1
+    fixed_count = 0
+
+    def __init__(self, environment: Any) -> None:
+        super().__init__(environment)
+        self.ctx = context_for(environment)
+        self.sides: dict[str, OpenAIClient] = {}
+
+    def wait_time(self) -> float:
+        opts = self.ctx.options
+        return opts.oracle_interval_s if opts is not None else 1.0
+
+    def on_start(self) -> None:
+        opts = self.ctx.options
+        assert opts is not None
+        for variant, host in (
+            ("baseline", opts.oracle_baseline_host or opts.host),
+            ("canary", opts.oracle_canary_host or opts.host),
+        ):
+            self.sides[variant] = OpenAIClient(host, auth_headers(opts), opts.request_timeout_s)
+
+    def on_stop(self) -> None:
+        for c in self.sides.values():
+            c.close()
+
+    def _body(self, opts: LoadOptions, req: PromptRequest) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "model": opts.model,
+            "max_tokens": opts.oracle_positions,
+            "temperature": 0,
+            "seed": 0,
+            "stream": False,
+        }
+        if opts.chat:
+            body["messages"] = req.chat_messages()
+            body["logprobs"] = True
+            body["top_logprobs"] = opts.oracle_logprobs
+        else:
+            body["prompt"] = req.completion_prompt()
+            body["logprobs"] = opts.oracle_logprobs
+        return body
+
+    @task
+    def compare_pair(self) -> None:
+        opts = self.ctx.options
+        assert opts is not None
+        req = self.ctx.next_oracle()
+        pair_id = uuid.uuid4().hex
+        body = self._body(opts, req)
+        started = time.time()
+        attempts: dict[str, Attempt] = {}
+        jobs = []
+        for variant, client in self.sides.items():
+            a = attempts[variant] = client.new_attempt(opts.api_path, False, f"{pair_id}-{variant}")
+            headers = {"x-canary-variant": variant}
+            if req.user_id is not None:
+                headers["x-user-id"] = req.user_id
+            jobs.append(gevent.spawn(client.send, a, body, headers))
+        gevent.joinall(jobs, raise_error=True)
+        row, error = self._compare(opts, req, attempts)
+        row.update(run_id=opts.run_id, time=started, request_id=pair_id, error=error)
+        self.ctx.oracle_pairs += 1
+        self.ctx.collector.add("oracle", row)
+        e2e = max((a.e2e_s or 0.0) for a in attempts.values())
+        self.environment.events.request.fire(
+            request_type="POST",
+            name="oracle",
+            response_time=e2e * 1000.0,
+            response_length=sum(a.bytes_read for a in attempts.values()),
+            exception=None if error is None else LoadError(error),
+            context={"request_id": pair_id},
+            url=opts.api_path,
+        )
+
+    def _compare(
+        self, opts: LoadOptions, req: PromptRequest, attempts: dict[str, Attempt]
+    ) -> tuple[dict[str, Any], str | None]:
+        base, can = attempts["baseline"], attempts["canary"]
+        pt = base.measurement.prompt_tokens if base.measurement is not None else None
+        tokens = pt if pt is not None else req.planned_prompt_tokens
+        row: dict[str, Any] = {
+            "bucket": bucket_of(tokens, opts.bucket_edges),
+            "prompt_tokens": tokens,
+            "positions": 0,
+            "kl_mean": None,
+            "kl_first": None,
+            "top1_agree": None,
+            "baseline_version": base.headers.get("x-model-version"),
+            "canary_version": can.headers.get("x-model-version"),
+        }
+        for variant, a in attempts.items():
+            if not a.ok:
+                return row, f"{variant}: {a.error_kind}: {a.error_detail}"
+            served = a.headers.get("x-served-by")
+            if served and served != variant:
+                return row, f"{variant}: pin not honoured, served by {served}"
+        try:
+            cmp = compare_positions(parse_logprobs(base.body_json), parse_logprobs(can.body_json))
+        except (ValueError, KeyError, TypeError) as exc:
+            return row, f"logprobs: {exc}"
+        row.update(
+            positions=cmp.positions,
+            kl_mean=cmp.kl_mean,
+            kl_first=cmp.kl_first,
+            top1_agree=cmp.top1_agree,
+        )
+        return row, None
