@@ -32,8 +32,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-import aiohttp
-
 from canarystack.common.logs import get_logger
 
 FAIL_SAFE_PHASES = frozenset({"tripped", "rolling_back", "rolled_back"})
@@ -53,60 +51,6 @@ class BrokerApi(Protocol):
     async def watch(self, name: str, after: int, timeout_s: float) -> dict[str, Any]: ...
 
     async def heartbeat(self, router_id: str, release: str, applied_revision: int) -> Any: ...
-
-
-class BrokerHttpError(Exception):
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(f"broker answered {status}: {message}")
-        self.status = status
-
-
-class HttpBroker:
-    """A minimal broker client over the contract in docs/ARCHITECTURE.md §2."""
-
-    def __init__(
-        self, session: aiohttp.ClientSession, base_url: str, admin_token: str | None
-    ) -> None:
-        self.session = session
-        self.base_url = base_url.rstrip("/")
-        self.headers = {"x-actor": "router"}
-        if admin_token:
-            self.headers["Authorization"] = f"Bearer {admin_token}"
-
-    async def _get(self, path: str, params: dict[str, str], timeout_s: float) -> dict[str, Any]:
-        async with self.session.get(
-            self.base_url + path,
-            params=params,
-            headers=self.headers,
-            timeout=aiohttp.ClientTimeout(total=timeout_s),
-        ) as resp:
-            text = await resp.text()
-            if resp.status != 200:
-                raise BrokerHttpError(resp.status, text[:300])
-            data = json.loads(text)
-            if not isinstance(data, dict):
-                raise BrokerHttpError(resp.status, "not a JSON object")
-            return data
-
-    async def get_release(self, name: str) -> dict[str, Any]:
-        return await self._get(f"/v1/releases/{name}", {}, START_TIMEOUT_S + 3.0)
-
-    async def watch(self, name: str, after: int, timeout_s: float) -> dict[str, Any]:
-        params = {"after": str(after), "timeout_s": str(timeout_s)}
-        return await self._get(f"/v1/releases/{name}", params, timeout_s + 5.0)
-
-    async def heartbeat(self, router_id: str, release: str, applied_revision: int) -> Any:
-        body = {"router_id": router_id, "release": release, "applied_revision": applied_revision}
-        async with self.session.post(
-            self.base_url + "/v1/routers/heartbeat",
-            json=body,
-            headers=self.headers,
-            timeout=aiohttp.ClientTimeout(total=5.0),
-        ) as resp:
-            text = await resp.text()
-            if resp.status != 200:
-                raise BrokerHttpError(resp.status, text[:300])
-            return json.loads(text)
 
 
 def effective_weight(release: dict[str, Any] | None) -> float:

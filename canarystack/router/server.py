@@ -50,12 +50,13 @@ from multidict import CIMultiDict
 from prometheus_client import Counter, Gauge, Histogram
 from pydantic import Field
 
+from canarystack.broker.client import BrokerClient
 from canarystack.common.app import COMPONENT, Component, create_app
 from canarystack.common.buckets import DEFAULT_EDGES, bucket_of
 from canarystack.common.errors import ApiError, BadRequest, Unavailable, error_response
 from canarystack.common.faults import FaultParams, FaultRegistry, NoParams
 from canarystack.common.logs import JsonLogger, get_logger
-from canarystack.router.config import ConfigWatcher, HttpBroker, Snapshot
+from canarystack.router.config import ConfigWatcher, Snapshot
 from canarystack.router.proxy import HOP_BY_HOP, Pool, Upstream
 from canarystack.router.routing import (
     PIN_HEADER,
@@ -832,7 +833,9 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     st.control = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=16))
     token = st.comp.admin_token
     if settings.broker_url:
-        st.config.broker = HttpBroker(st.control, settings.broker_url, token)
+        st.config.broker = BrokerClient(
+            st.control, settings.broker_url, token, actor=settings.router_id
+        )
     if settings.gate_url:
         queue = SampleQueue(
             settings.sample_queue_size,

@@ -1,0 +1,284 @@
+"""The router with a real broker: weights from the broker drive the split (the HTTP path
+agrees exactly with the hashing function, sticky across calls and replicas), phase
+``tripped`` means 0% canary within one watch round, heartbeats report the applied
+revision, the on-disk cache covers a broker that is down at start, ``stale_config`` stops
+applying updates until it expires, a dead canary pool falls back to the baseline, and
+baseline-vs-canary comparisons reach a gate receiver."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+
+from canarystack.router.routing import choose_variant
+from canarystack.tokenizer import make_prompt
+from tests.procs import Proc, Spawner, free_port, wait_for
+from tests.router_support import (
+    ADMIN,
+    Broker,
+    GateReceiver,
+    completion,
+    gate_receiver,
+    health,
+    instance_url,
+    metric,
+    start_model,
+    start_router,
+    wait_revision,
+)
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Proc]]:
+    sp = Spawner(tmp_path_factory.mktemp("models"))
+    try:
+        yield {"b0": start_model(sp, "v1"), "c0": start_model(sp, "v2")}
+    finally:
+        sp.stop_all()
+
+
+@pytest.fixture
+def gate() -> Iterator[GateReceiver]:
+    yield from gate_receiver()
+
+
+def start_broker(spawn: Spawner, state_dir: Path, port: int = 0) -> Proc:
+    return spawn("canarystack.broker", "--state-dir", str(state_dir), port=port)
+
+
+def served_by(router: Proc, user: str, prompt: str = "a b c") -> str:
+    r = completion(router.url, prompt, headers={"x-user-id": user}, max_tokens=1)
+    assert r.status_code == 200, r.text
+    return str(r.headers["x-served-by"])
+
+
+def test_split_follows_broker_weight_sticky_across_replicas(
+    spawn: Spawner, tmp_path: Path, models: dict[str, Proc]
+) -> None:
+    broker = start_broker(spawn, tmp_path / "broker")
+    api = Broker(broker.url)
+    release = api.create(weight=30)
+    kw: dict[str, Any] = {"broker": broker.url}
+    r0 = start_router(spawn, tmp_path, [models["b0"].url], [models["c0"].url], **kw)
+    r1 = start_router(
+        spawn, tmp_path, [models["b0"].url], [models["c0"].url], router_id="router-1", **kw
+    )
+    wait_revision(r0, release["revision"])
+    wait_revision(r1, release["revision"])
+    users = [f"user-{i}" for i in range(300)]
+    got = {u: served_by(r0, u) for u in users}
+    expected = {
+        u: choose_variant(release="default", user_key=u, weight_pct=30, prompt_tokens=3)
+        for u in users
+    }
+    assert got == expected  # the HTTP path is the hashing function (20k-user split: units)
+    share = sum(v == "canary" for v in got.values()) / len(users)
+    assert 0.2 < share < 0.4
+    # Sticky: the same user again, and on the other replica.
+    for u in users[:60]:
+        assert served_by(r0, u) == got[u]
+        assert served_by(r1, u) == got[u]
+    r = completion(r0.url, headers={"x-user-id": "user-1"})
+    assert r.headers["x-config-revision"] == str(release["revision"])
+    assert r.headers["x-model-version"] == ("v2" if got["user-1"] == "canary" else "v1")
+    # Raising the weight moves users baseline -> canary only.
+    raised = api.patch(weights={"canary": 60})
+    wait_revision(r0, raised["revision"])
+    for u in users[:100]:
+        now = served_by(r0, u)
+        if got[u] == "canary":
+            assert now == "canary", u
+
+
+def test_tripped_phase_is_zero_canary_within_one_watch_round(
+    spawn: Spawner, tmp_path: Path, models: dict[str, Proc]
+) -> None:
+    broker = start_broker(spawn, tmp_path / "broker")
+    api = Broker(broker.url)
+    release = api.create(weight=100)
+    router = start_router(
+        spawn, tmp_path, [models["b0"].url], [models["c0"].url], broker=broker.url
+    )
+    wait_revision(router, release["revision"])
+    assert {served_by(router, f"u{i}") for i in range(10)} == {"canary"}
+    # Heartbeat: the broker lists this router with the applied revision.
+    wait_for(
+        lambda: any(
+            r["router_id"] == "router-0" and r["applied_revision"] == release["revision"]
+            for r in api.routers()
+        ),
+        what="heartbeat with the applied revision",
+    )
+    tripped = api.trip()
+    # The long-poll returns on the change: one watch round, no polling interval.
+    h = wait_revision(router, tripped["revision"], timeout=5)
+    assert h["config"]["phase"] == "tripped"
+    assert h["config"]["effective_canary_weight"] == 0
+    assert {served_by(router, f"u{i}") for i in range(30)} == {"baseline"}
+    assert api.release()["weights"]["canary"] == 100  # weights untouched, still 0% applied
+    wait_for(
+        lambda: any(r["applied_revision"] == tripped["revision"] for r in api.routers()),
+        what="heartbeat of the tripped revision",
+    )
+    # A pin still reaches the canary (tests and the oracle use pins on purpose).
+    pinned = completion(router.url, headers={"x-canary-variant": "canary"})
+    assert pinned.headers["x-served-by"] == "canary"
+    # The cache holds the tripped release.
+    cache = json.loads((tmp_path / "router-router-0.json").read_text())
+    assert cache["revision"] == tripped["revision"] and cache["phase"] == "tripped"
+    assert metric(router, "router_config_revision") == tripped["revision"]
+    assert metric(router, "router_canary_weight_percent") == 0
+
+
+def test_broker_down_at_start_with_and_without_cache(
+    spawn: Spawner, tmp_path: Path, models: dict[str, Proc]
+) -> None:
+    port = free_port()
+    broker_dir = tmp_path / "broker"
+    broker = start_broker(spawn, broker_dir, port=port)
+    api = Broker(broker.url)
+    release = api.create(weight=100)
+    pools = ([models["b0"].url], [models["c0"].url])
+    first = start_router(spawn, tmp_path, *pools, broker=broker.url)
+    wait_revision(first, release["revision"])
+    first.stop()
+    broker.kill()
+
+    # With a cache: the last-known release (100% canary) is served.
+    cached = start_router(spawn, tmp_path, *pools, broker=broker.url)
+    h = health(cached)
+    assert h["config"]["source"] == "cache" and h["config"]["revision"] == release["revision"]
+    assert served_by(cached, "someone") == "canary"
+    # Without one (another router id, no file): no config, 0% canary.
+    fresh = start_router(spawn, tmp_path, *pools, broker=broker.url, router_id="router-new")
+    h = health(fresh)
+    assert h["config"]["source"] == "none" and h["config"]["effective_canary_weight"] == 0
+    assert {served_by(fresh, f"u{i}") for i in range(20)} == {"baseline"}
+    wait_for(lambda: metric(fresh, "router_broker_watch_errors_total") >= 2, what="retries")
+
+    # The broker comes back on its port: both routers pick the release up by themselves.
+    start_broker(spawn, broker_dir, port=port)
+    wait_for(lambda: health(fresh)["config"]["source"] == "broker", timeout=15, what="fresh")
+    wait_for(lambda: health(cached)["config"]["source"] == "broker", timeout=15, what="cached")
+    assert served_by(fresh, "someone") == "canary"
+
+
+def test_stale_config_fault_stops_applying_until_it_expires(
+    spawn: Spawner, tmp_path: Path, models: dict[str, Proc]
+) -> None:
+    broker = start_broker(spawn, tmp_path / "broker")
+    api = Broker(broker.url)
+    release = api.create(weight=100)
+    router = start_router(
+        spawn, tmp_path, [models["b0"].url], [models["c0"].url], broker=broker.url
+    )
+    wait_revision(router, release["revision"])
+    r = requests.post(
+        instance_url(router) + "/admin/faults",
+        json={"kind": "stale_config", "ttl_s": 3},
+        headers=ADMIN,
+        timeout=5,
+    )
+    assert r.status_code == 201
+    tripped = api.trip()
+    # The router sees the new revision but does not apply it while the fault lasts.
+    wait_for(
+        lambda: health(router)["last_seen_revision"] == tripped["revision"],
+        what="router to see the revision",
+    )
+    h = health(router)
+    assert h["config"]["revision"] == release["revision"]
+    assert served_by(router, "u1") == "canary"
+    # Its heartbeat keeps reporting what it really applied.
+    assert any(r["applied_revision"] == release["revision"] for r in api.routers())
+    # The TTL ends the fault; the watch applies the pending revision.
+    wait_revision(router, tripped["revision"], timeout=15)
+    assert served_by(router, "u1") == "baseline"
+
+
+def test_dead_canary_pool_falls_back_to_baseline_unless_pinned(
+    spawn: Spawner, tmp_path: Path, models: dict[str, Proc]
+) -> None:
+    broker = start_broker(spawn, tmp_path / "broker")
+    api = Broker(broker.url)
+    release = api.create(weight=100)
+    dead = f"http://127.0.0.1:{free_port()}"
+    router = start_router(spawn, tmp_path, [models["b0"].url], [dead], broker=broker.url)
+    wait_revision(router, release["revision"])
+    for i in range(5):
+        r = completion(router.url, headers={"x-user-id": f"u{i}"})
+        assert r.status_code == 200 and r.headers["x-served-by"] == "baseline"
+    assert metric(router, "router_canary_fallbacks_total") == 5
+    pinned = completion(router.url, headers={"x-canary-variant": "canary"})
+    assert pinned.status_code == 503 and "pinned" in pinned.json()["error"]["message"]
+
+
+def test_long_prompts_stay_off_the_canary(
+    spawn: Spawner, tmp_path: Path, models: dict[str, Proc]
+) -> None:
+    broker = start_broker(spawn, tmp_path / "broker")
+    release = Broker(broker.url).create(weight=100)
+    router = start_router(
+        spawn,
+        tmp_path,
+        [models["b0"].url],
+        [models["c0"].url],
+        "--max-canary-prompt-tokens",
+        "100",
+        broker=broker.url,
+    )
+    wait_revision(router, release["revision"])
+    assert served_by(router, "u", make_prompt(100)) == "canary"
+    assert served_by(router, "u", make_prompt(101)) == "baseline"
+
+
+def test_baseline_canary_comparisons_reach_the_gate(
+    spawn: Spawner, tmp_path: Path, models: dict[str, Proc], gate: GateReceiver
+) -> None:
+    broker = start_broker(spawn, tmp_path / "broker")
+    release = Broker(broker.url).create(weight=50)
+    router = start_router(
+        spawn,
+        tmp_path,
+        [models["b0"].url],
+        [models["c0"].url],
+        "--shadow-rates",
+        "0-512=1,512-1k=1",
+        broker=broker.url,
+        gate=gate.url,
+    )
+    wait_revision(router, release["revision"])
+    served = set()
+    for i in range(12):
+        r = completion(
+            router.url,
+            make_prompt(600 if i % 2 else 30, seed=i),
+            headers={"x-user-id": f"user-{i}"},
+            max_tokens=6,
+            temperature=0,
+            stream=bool(i % 3),
+        )
+        assert r.status_code == 200
+        served.add(r.headers["x-served-by"])
+    assert served == {"baseline", "canary"}
+    wait_for(lambda: len(gate.records("comparisons")) >= 10, timeout=20, what="comparisons")
+    comps = gate.records("comparisons")
+    assert {c["pair"] for c in comps} == {"baseline-canary"}
+    assert {c["bucket"] for c in comps} == {"0-512", "512-1k"}
+    for c in comps:
+        # a is always the baseline side, whichever variant served the user.
+        assert (c["version_a"], c["version_b"]) == ("v1", "v2")
+        assert c["kl_first"] >= 0 and 0 <= c["top1_agree"] <= 1
+        assert c["ttft_a_s"] > 0 and c["ttft_b_s"] > 0
+        assert 1 <= c["positions"] <= 8
+    # v2 drifts from v1 (the healthy drift): some distributions differ.
+    assert max(c["kl_mean"] for c in comps) > 0
+    outcomes = gate.records("outcomes")
+    assert {o["variant"] for o in outcomes} == {"baseline", "canary"}
+    assert time.time() - max(o["time"] for o in outcomes) < 120
