@@ -1,0 +1,728 @@
+"""Per-release gate state: the detectors per bucket, the live noise floor, the no-data
+rule, and the decision to trip.
+
+Scopes. Drift is tested per bucket *and* per tail (every bucket at or above an edge:
+``512+``, ``1k+``, ``2k+``, plus ``all``): a fault that grows with prompt length shows in
+the tail that pools all the long buckets at twice the sample rate of either bucket, so
+it trips sooner. A tail trip names, as ``bucket``, the member bucket with the strongest
+evidence of its own (highest statistic, then highest run mean), and lists the pooled
+buckets in ``detail``. Latency and errors compare variants *in the same bucket* only, as
+TTFT and error rates depend on prompt length.
+
+What each test observes (the method is ``canarystack.gate.stats``):
+
+- drift/kl: a baseline-canary comparison's ``kl_mean`` (clipped at ``kl_clip``) against
+  ``m0 = noise_kl + kl_tolerance``, where ``noise_kl`` is the mean + 2 SE of the last
+  ``noise_window`` baseline-baseline ``kl_mean`` values in the scope (falling back to
+  all buckets, then to 0 when fewer than ``noise_min_samples`` exist);
+- drift/top1: ``1 - top1_agree`` against ``noise_top1 + top1_tolerance``;
+- latency: 1 when the canary's TTFT exceeds ``latency_ratio`` x baseline + slack, else 0,
+  against ``m0 = 1/2``; paired from a comparison (both TTFTs of one prompt) or, for a
+  canary outcome, against the median of the last ``latency_reference_n`` baseline TTFTs
+  of the same bucket within ``latency_window_s`` seconds (a slow router or broker slows
+  both sides, and reaches that reference within a few baseline requests);
+- errors: 1 for a canary outcome with an error, else 0, against ``m0`` = Clopper-Pearson
+  upper bound (level ``1 - error_ucb_delta``) of the baseline's error rate in the same
+  bucket over the last ``error_window_s`` seconds, + ``error_tolerance``.
+
+State: ``idle`` (no progressing release with a canary), ``watching``, ``inconclusive``
+(canary weight > 0 but no canary sample for ``no_data_timeout_s``), ``tripped`` (this
+gate decided, or the broker's phase keeps the canary off). A new canary version resets
+everything. Samples that name another canary version than the broker's are ignored.
+
+This module must never do I/O or read a clock: callers pass ``now`` in, so tests drive
+time. It never decides to trip a release the broker does not show as progressing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from canarystack.common.buckets import DEFAULT_EDGES, bucket_labels
+from canarystack.gate.stats import ECusum, MeanWindow, TimeWindow, binomial_upper, median
+
+GateState = Literal["idle", "watching", "tripped", "inconclusive"]
+STATES: tuple[GateState, ...] = ("idle", "watching", "tripped", "inconclusive")
+# Phases in which the routers keep the canary off: the gate shows them as tripped.
+CANARY_OFF_PHASES = frozenset({"tripped", "rolling_back", "rolled_back"})
+ALL_SCOPE = "all"
+
+
+# ----------------------------------------------------------------------------- input
+class _Sample(BaseModel):
+    # Unknown fields are ignored: routers may add fields before the gate reads them.
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+
+
+class Comparison(_Sample):
+    time: float
+    pair: Literal["baseline-canary", "baseline-baseline"]
+    bucket: str
+    prompt_tokens: int = Field(ge=0)
+    positions: int = Field(ge=1)
+    kl_mean: float = Field(ge=0)
+    kl_first: float | None = Field(default=None, ge=0)
+    top1_agree: float = Field(ge=0, le=1)
+    ttft_a_s: float | None = Field(default=None, ge=0)
+    ttft_b_s: float | None = Field(default=None, ge=0)
+    version_a: str | None = None
+    version_b: str | None = None
+    request_id: str | None = None
+
+
+class Outcome(_Sample):
+    time: float
+    variant: Literal["baseline", "canary"]
+    bucket: str
+    prompt_tokens: int = Field(default=0, ge=0)
+    ttft_s: float | None = Field(default=None, ge=0)
+    error: str | None = None
+    request_id: str | None = None
+
+
+MAX_BATCH_ITEMS = 50_000
+
+
+class SampleBatch(_Sample):
+    router_id: str = Field(min_length=1, max_length=200)
+    release: str = Field(min_length=1, max_length=128)
+    comparisons: list[Comparison] = Field(default_factory=list, max_length=MAX_BATCH_ITEMS)
+    outcomes: list[Outcome] = Field(default_factory=list, max_length=MAX_BATCH_ITEMS)
+    dropped: int = Field(default=0, ge=0)
+
+
+# ---------------------------------------------------------------------------- config
+@dataclass(frozen=True)
+class GateConfig:
+    """Every threshold of the gate (each one is a CLI flag; see ``__main__``)."""
+
+    edges: tuple[int, ...] = DEFAULT_EDGES
+    pool_tails: bool = True
+    # drift
+    kl_tolerance: float = 0.02
+    top1_tolerance: float = 0.3
+    kl_clip: float = 1.0
+    drift_threshold: float = 1000.0
+    drift_bet: float = 0.8
+    noise_window: int = 500
+    noise_min_samples: int = 20
+    # latency
+    latency_ratio: float = 1.5
+    latency_slack_s: float = 0.025
+    latency_threshold: float = 1000.0
+    latency_bet: float = 0.8
+    latency_window_s: float = 10.0
+    latency_reference_n: int = 20
+    latency_min_reference: int = 5
+    # errors
+    error_tolerance: float = 0.05
+    errors_threshold: float = 1000.0
+    errors_bet: float = 0.8
+    error_window_s: float = 10.0
+    error_ucb_delta: float = 0.01
+    # no data
+    no_data_timeout_s: float = 30.0
+    trip_on_no_data: bool = False
+
+    def __post_init__(self) -> None:
+        checks: list[tuple[str, bool, str]] = [
+            ("kl_tolerance", self.kl_tolerance > 0, "> 0"),
+            ("top1_tolerance", self.top1_tolerance > 0, "> 0"),
+            ("kl_clip", self.kl_clip > 0, "> 0"),
+            ("drift_threshold", self.drift_threshold > 1, "> 1"),
+            ("latency_threshold", self.latency_threshold > 1, "> 1"),
+            ("errors_threshold", self.errors_threshold > 1, "> 1"),
+            ("drift_bet", 0 < self.drift_bet < 1, "in (0, 1)"),
+            ("latency_bet", 0 < self.latency_bet < 1, "in (0, 1)"),
+            ("errors_bet", 0 < self.errors_bet < 1, "in (0, 1)"),
+            ("latency_ratio", self.latency_ratio > 0, "> 0"),
+            ("latency_slack_s", self.latency_slack_s >= 0, ">= 0"),
+            ("latency_window_s", self.latency_window_s > 0, "> 0"),
+            ("latency_min_reference", self.latency_min_reference >= 1, ">= 1"),
+            ("latency_reference_n", self.latency_reference_n >= 1, ">= 1"),
+            ("error_tolerance", self.error_tolerance > 0, "> 0"),
+            ("error_window_s", self.error_window_s > 0, "> 0"),
+            ("error_ucb_delta", 0 < self.error_ucb_delta < 1, "in (0, 1)"),
+            ("noise_window", self.noise_window >= 1, ">= 1"),
+            ("noise_min_samples", self.noise_min_samples >= 1, ">= 1"),
+            ("no_data_timeout_s", self.no_data_timeout_s > 0, "> 0"),
+        ]
+        for name, ok, rule in checks:
+            if not ok:
+                raise ValueError(f"{name} must be {rule}, got {getattr(self, name)!r}")
+
+    @property
+    def labels(self) -> list[str]:
+        return bucket_labels(self.edges)
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: (list(v) if isinstance(v, tuple) else v) for k, v in self.__dict__.items()}
+
+
+def tail_label(bucket: str) -> str:
+    """``"2k-4k"`` -> ``"2k+"`` (the tail that starts at this bucket)."""
+    return bucket.split("-", 1)[0].rstrip("+") + "+"
+
+
+# -------------------------------------------------------------------------- scopes
+@dataclass
+class DriftScope:
+    """Drift detectors and the live noise floor of one bucket or tail."""
+
+    name: str
+    members: tuple[str, ...]
+    kl: ECusum
+    top1: ECusum
+    noise_kl: MeanWindow
+    noise_top1: MeanWindow
+    comparisons: int = 0
+
+
+@dataclass
+class BucketScope:
+    """Counters, reference windows and the latency and error detectors of one bucket."""
+
+    name: str
+    latency: ECusum
+    errors: ECusum
+    baseline_ttft: TimeWindow
+    baseline_errors: TimeWindow
+    comparisons: int = 0
+    noise_comparisons: int = 0
+    outcomes: dict[str, int] = field(default_factory=lambda: {"baseline": 0, "canary": 0})
+    errors_seen: dict[str, int] = field(default_factory=lambda: {"baseline": 0, "canary": 0})
+
+
+@dataclass
+class Alarm:
+    """A detector that reached its threshold, with what the evidence needs."""
+
+    test: Literal["drift", "latency", "errors"]
+    scope: str
+    bucket: str
+    detector: ECusum
+    detail: dict[str, Any]
+
+
+@dataclass
+class Ingested:
+    comparisons: int = 0
+    noise_comparisons: int = 0
+    outcomes: int = 0
+    ignored: dict[str, int] = field(default_factory=dict)
+
+    def ignore(self, reason: str, n: int = 1) -> None:
+        self.ignored[reason] = self.ignored.get(reason, 0) + n
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "comparisons": self.comparisons,
+            "noise_comparisons": self.noise_comparisons,
+            "outcomes": self.outcomes,
+            "ignored": dict(self.ignored),
+        }
+
+
+# ------------------------------------------------------------------------ the gate
+class ReleaseGate:
+    """The gate's view of one release. Feed it releases and batches; ask it for a trip.
+
+    ``on_release`` takes the broker's release JSON (or None while unknown); ``ingest``
+    takes a validated batch and returns the evidence of a new trip decision, if any.
+    """
+
+    def __init__(self, name: str, config: GateConfig) -> None:
+        self.name = name
+        self.config = config
+        self.release: dict[str, Any] | None = None
+        self.canary_version: str | None = None
+        self.trip: dict[str, Any] | None = None  # this gate's decision (evidence)
+        self.trip_status: str | None = None  # pending | written | abandoned: <why>
+        self.trip_revision: int | None = None
+        self.watch_start_mono: float | None = None
+        self.last_canary_sample_mono: float | None = None
+        self.resets = 0
+        self.totals = Ingested()
+        self.router_dropped = 0
+        self._reset()
+
+    # -- lifecycle -------------------------------------------------------------------
+    def _reset(self) -> None:
+        cfg = self.config
+        labels = cfg.labels
+        self.buckets: dict[str, BucketScope] = {
+            b: BucketScope(
+                name=b,
+                latency=ECusum(cfg.latency_threshold, cfg.latency_bet),
+                errors=ECusum(cfg.errors_threshold, cfg.errors_bet),
+                baseline_ttft=TimeWindow(cfg.latency_window_s),
+                baseline_errors=TimeWindow(cfg.error_window_s),
+            )
+            for b in labels
+        }
+        scopes: list[tuple[str, tuple[str, ...]]] = [(b, (b,)) for b in labels]
+        if cfg.pool_tails:
+            # Tails that pool more than one bucket (the last bucket's tail is itself).
+            for i in range(1, len(labels) - 1):
+                scopes.append((tail_label(labels[i]), tuple(labels[i:])))
+            scopes.append((ALL_SCOPE, tuple(labels)))
+        else:
+            scopes.append((ALL_SCOPE, tuple(labels)))  # for the noise floor fallback only
+        self.drift: dict[str, DriftScope] = {
+            name: DriftScope(
+                name=name,
+                members=members,
+                kl=ECusum(cfg.drift_threshold, cfg.drift_bet, clip=cfg.kl_clip),
+                top1=ECusum(cfg.drift_threshold, cfg.drift_bet, clip=1.0),
+                noise_kl=MeanWindow(cfg.noise_window),
+                noise_top1=MeanWindow(cfg.noise_window),
+            )
+            for name, members in scopes
+        }
+        self._scopes_of: dict[str, list[DriftScope]] = {
+            b: [s for s in self.drift.values() if b in s.members] for b in labels
+        }
+        # Scopes whose drift detectors run (the "all" pool only when tails are pooled).
+        self._tested = {
+            s.name for s in self.drift.values() if cfg.pool_tails or s.name != ALL_SCOPE
+        }
+
+    def reset(self, reason: str, now_mono: float) -> None:
+        self._reset()
+        self.trip = None
+        self.trip_status = None
+        self.trip_revision = None
+        self.last_canary_sample_mono = None
+        self.watch_start_mono = now_mono if self._canary_live() else None
+        self.resets += 1
+        self.last_reset_reason = reason
+
+    # -- broker view -----------------------------------------------------------------
+    @property
+    def phase(self) -> str | None:
+        return None if self.release is None else str(self.release.get("phase"))
+
+    @property
+    def revision(self) -> int | None:
+        return None if self.release is None else int(self.release.get("revision", 0))
+
+    @property
+    def canary_weight(self) -> float:
+        if self.release is None:
+            return 0.0
+        weights = self.release.get("weights") or {}
+        return float(weights.get("canary") or 0)
+
+    @property
+    def stable_version(self) -> str | None:
+        if self.release is None:
+            return None
+        stable = self.release.get("stable") or {}
+        return stable.get("version")
+
+    def _release_canary(self) -> str | None:
+        if self.release is None:
+            return None
+        canary = self.release.get("canary") or {}
+        return canary.get("version")
+
+    def _canary_live(self) -> bool:
+        return (
+            self.phase == "progressing"
+            and self._release_canary() is not None
+            and self.canary_weight > 0
+        )
+
+    def trippable(self) -> bool:
+        """The broker shows this release progressing with the canary we tested."""
+        return (
+            self.phase == "progressing"
+            and self._release_canary() is not None
+            and self._release_canary() == self.canary_version
+        )
+
+    def on_release(self, release: dict[str, Any] | None, now_mono: float) -> None:
+        was_live = self._canary_live()
+        self.release = release
+        version = self._release_canary()
+        if version != self.canary_version:
+            if self.canary_version is not None or self.totals.comparisons:
+                self.reset(f"canary version {self.canary_version} -> {version}", now_mono)
+            self.canary_version = version
+        if self._canary_live() and not was_live:
+            self.watch_start_mono = now_mono
+        if not self._canary_live():
+            self.watch_start_mono = None
+
+    # -- samples ---------------------------------------------------------------------
+    def testing(self) -> bool:
+        """Detectors run only while no trip is decided and the phase lets the canary serve
+        (or the broker has not been heard from yet: samples still count, a trip waits)."""
+        if self.trip is not None:
+            return False
+        return self.release is None or self.phase == "progressing"
+
+    def ingest(self, batch: SampleBatch, now_mono: float, now_wall: float) -> Ingested:
+        got = Ingested()
+        self.router_dropped += batch.dropped
+        if not self.testing():
+            reason = "after_trip" if self.trip is not None else f"phase_{self.phase}"
+            got.ignore(reason, len(batch.comparisons) + len(batch.outcomes))
+            self._add_totals(got)
+            return got
+        for c in batch.comparisons:
+            self._comparison(c, got, now_mono)
+            if self.trip is not None:
+                break
+        if self.trip is None:
+            # Time order, so each canary outcome meets the baseline outcomes before it.
+            for o in sorted(batch.outcomes, key=lambda o: o.time):
+                self._outcome(o, got, now_mono)
+                if self.trip is not None:
+                    break
+        self._add_totals(got)
+        return got
+
+    def _add_totals(self, got: Ingested) -> None:
+        t = self.totals
+        t.comparisons += got.comparisons
+        t.noise_comparisons += got.noise_comparisons
+        t.outcomes += got.outcomes
+        for k, v in got.ignored.items():
+            t.ignore(k, v)
+
+    def _comparison(self, c: Comparison, got: Ingested, now_mono: float) -> None:
+        cfg = self.config
+        bucket = self.buckets[c.bucket]
+        disagree = 1.0 - c.top1_agree
+        if c.pair == "baseline-baseline":
+            got.noise_comparisons += 1
+            bucket.noise_comparisons += 1
+            for scope in self._scopes_of[c.bucket]:
+                scope.noise_kl.add(c.kl_mean)
+                scope.noise_top1.add(disagree)
+            return
+        if c.version_b is not None:
+            if self.canary_version is None and self.release is None:
+                self.canary_version = c.version_b  # broker not heard yet: follow samples
+            elif c.version_b != self.canary_version:
+                got.ignore("other_canary_version")
+                return
+        got.comparisons += 1
+        bucket.comparisons += 1
+        self.last_canary_sample_mono = now_mono
+        alarms: list[tuple[int, float, DriftScope, ECusum, str, float, float]] = []
+        for scope in self._scopes_of[c.bucket]:
+            scope.comparisons += 1
+            if scope.name not in self._tested:
+                continue
+            noise_kl, noise_top1, _ = self._noise(scope)
+            m0_kl = noise_kl + cfg.kl_tolerance
+            m0_top1 = noise_top1 + cfg.top1_tolerance
+            if scope.kl.update(c.kl_mean, m0_kl, c.time):
+                alarms.append(
+                    (
+                        len(scope.members),
+                        -scope.kl.log_m,
+                        scope,
+                        scope.kl,
+                        "kl_mean",
+                        noise_kl,
+                        cfg.kl_tolerance,
+                    )
+                )
+            if m0_top1 < 1.0 and scope.top1.update(disagree, m0_top1, c.time):
+                alarms.append(
+                    (
+                        len(scope.members),
+                        -scope.top1.log_m,
+                        scope,
+                        scope.top1,
+                        "top1_disagreement",
+                        noise_top1,
+                        cfg.top1_tolerance,
+                    )
+                )
+        if alarms:
+            # Several scopes may alarm on one sample: the narrowest one says most.
+            _, _, scope, det, metric, noise, tolerance = min(alarms, key=lambda a: a[:2])
+            self._alarm("drift", scope, det, metric=metric, noise=noise, tolerance=tolerance)
+            return
+        if c.ttft_a_s is not None and c.ttft_b_s is not None:
+            slow = c.ttft_b_s > cfg.latency_ratio * c.ttft_a_s + cfg.latency_slack_s
+            if bucket.latency.update(1.0 if slow else 0.0, 0.5, c.time):
+                self._alarm_bucket("latency", bucket, bucket.latency, source="paired_shadow")
+
+    def _outcome(self, o: Outcome, got: Ingested, now_mono: float) -> None:
+        cfg = self.config
+        bucket = self.buckets[o.bucket]
+        got.outcomes += 1
+        bucket.outcomes[o.variant] += 1
+        failed = o.error is not None
+        if failed:
+            bucket.errors_seen[o.variant] += 1
+        if o.variant == "baseline":
+            bucket.baseline_errors.add(o.time, 1.0 if failed else 0.0)
+            if not failed and o.ttft_s is not None:
+                bucket.baseline_ttft.add(o.time, o.ttft_s)
+            return
+        self.last_canary_sample_mono = now_mono
+        ref_errors = bucket.baseline_errors.values(o.time)
+        n_ref = len(ref_errors)
+        k_ref = int(sum(ref_errors))
+        m0 = binomial_upper(k_ref, n_ref, cfg.error_ucb_delta) + cfg.error_tolerance
+        if m0 < 1.0 and bucket.errors.update(1.0 if failed else 0.0, m0, o.time):
+            self._alarm_bucket(
+                "errors",
+                bucket,
+                bucket.errors,
+                baseline_errors=k_ref,
+                baseline_outcomes=n_ref,
+                baseline_error_rate=round(k_ref / n_ref, 6) if n_ref else None,
+                tolerance=cfg.error_tolerance,
+                error=o.error,
+            )
+            return
+        if failed or o.ttft_s is None:
+            return
+        # The most recent baseline TTFTs only: a slowdown of both variants (slow router,
+        # loaded machine) reaches the reference within a few baseline requests.
+        ref = bucket.baseline_ttft.values(o.time)[-cfg.latency_reference_n :]
+        if len(ref) < cfg.latency_min_reference:
+            return
+        ref_median = median(ref)
+        slow = o.ttft_s > cfg.latency_ratio * ref_median + cfg.latency_slack_s
+        if bucket.latency.update(1.0 if slow else 0.0, 0.5, o.time):
+            self._alarm_bucket(
+                "latency",
+                bucket,
+                bucket.latency,
+                source="outcomes",
+                baseline_median_ttft_s=round(ref_median, 6),
+                canary_ttft_s=o.ttft_s,
+            )
+
+    def _noise(self, scope: DriftScope) -> tuple[float, float, str]:
+        """(kl floor, top-1 disagreement floor, where it came from) for a scope."""
+        n_min = self.config.noise_min_samples
+        if len(scope.noise_kl) >= n_min:
+            return scope.noise_kl.upper(), scope.noise_top1.upper(), scope.name
+        pooled = self.drift[ALL_SCOPE]
+        if len(pooled.noise_kl) >= n_min:
+            return pooled.noise_kl.upper(), pooled.noise_top1.upper(), ALL_SCOPE
+        return 0.0, 0.0, "none"
+
+    # -- decisions -------------------------------------------------------------------
+    def _alarm(
+        self,
+        test: Literal["drift"],
+        scope: DriftScope,
+        det: ECusum,
+        *,
+        metric: str,
+        noise: float,
+        tolerance: float,
+    ) -> None:
+        bucket = self._strongest_member(scope, metric)
+        detail: dict[str, Any] = {
+            "metric": metric,
+            "scope": scope.name,
+            "pooled_buckets": list(scope.members),
+            "noise_floor": round(noise, 6),
+            "noise_source": self._noise(scope)[2],
+            "tolerance": tolerance,
+        }
+        self._decide(Alarm(test, scope.name, bucket, det, detail))
+
+    def _alarm_bucket(
+        self,
+        test: Literal["latency", "errors"],
+        bucket: BucketScope,
+        det: ECusum,
+        **extra: Any,
+    ) -> None:
+        detail: dict[str, Any] = {"scope": bucket.name, "pooled_buckets": [bucket.name]}
+        if test == "latency":
+            detail.update(
+                metric="canary_slower_share",
+                latency_ratio=self.config.latency_ratio,
+                latency_slack_s=self.config.latency_slack_s,
+            )
+        else:
+            detail.update(metric="canary_error_rate")
+        detail.update(extra)
+        self._decide(Alarm(test, bucket.name, bucket.name, det, detail))
+
+    def _strongest_member(self, scope: DriftScope, metric: str) -> str:
+        if len(scope.members) == 1:
+            return scope.members[0]
+
+        def strength(label: str) -> tuple[float, float]:
+            own = self.drift[label]
+            det = own.kl if metric == "kl_mean" else own.top1
+            run = det.run_sum / det.run_samples if det.run_samples and det.log_m > 0 else 0.0
+            return (det.log_m, run)
+
+        return max(scope.members, key=strength)
+
+    def _decide(self, alarm: Alarm) -> None:
+        det = alarm.detector
+        first = det.run_first_time if det.run_first_time is not None else 0.0
+        last = det.run_last_time if det.run_last_time is not None else first
+        run_mean = det.run_sum / det.run_samples if det.run_samples else None
+        detail = {
+            "method": "e-CUSUM (betting e-values)",
+            "arl_lower_bound_samples": det.threshold,
+            "null_mean": round(det.last_m0, 6) if det.last_m0 is not None else None,
+            "run_mean": round(run_mean, 6) if run_mean is not None else None,
+            "bet_fraction": det.bet_fraction,
+            "test_samples": det.samples,
+            "canary_version": self.canary_version,
+            "stable_version": self.stable_version,
+            **alarm.detail,
+        }
+        self.trip = {
+            "test": alarm.test,
+            "bucket": alarm.bucket,
+            "statistic": round(det.statistic, 6),
+            "threshold": float(det.threshold),
+            "samples": det.run_samples,
+            "first_sample_time": first,
+            "last_sample_time": max(first, last),
+            "tripped_at": 0.0,  # set by the caller with its wall clock
+            "detail": detail,
+        }
+        self.trip_status = "pending"
+
+    def check_no_data(self, now_mono: float) -> bool:
+        """True when the canary is live and no canary sample came for the timeout."""
+        if not self._canary_live() or self.trip is not None:
+            return False
+        since = self.last_canary_sample_mono or self.watch_start_mono
+        if since is None:
+            return False
+        return now_mono - since >= self.config.no_data_timeout_s
+
+    def decide_no_data(self, now_mono: float, now_wall: float) -> None:
+        """Trip for lack of data (only with ``trip_on_no_data``)."""
+        since = self.last_canary_sample_mono or self.watch_start_mono or now_mono
+        waited = now_mono - since
+        self.trip = {
+            "test": "no_data",
+            "bucket": ALL_SCOPE,
+            "statistic": round(waited, 3),
+            "threshold": self.config.no_data_timeout_s,
+            "samples": 0,
+            "first_sample_time": now_wall - waited,
+            "last_sample_time": now_wall,
+            "tripped_at": now_wall,
+            "detail": {
+                "reason": "no_data",
+                "message": f"canary weight {self.canary_weight:g} but no canary sample for "
+                f"{waited:.1f} s (--trip-on-no-data)",
+                "canary_version": self.canary_version,
+            },
+        }
+        self.trip_status = "pending"
+
+    # -- reading ---------------------------------------------------------------------
+    def state(self, now_mono: float) -> GateState:
+        if self.trip is not None and self.trip_status != "abandoned":
+            return "tripped"
+        if self.phase in CANARY_OFF_PHASES:
+            return "tripped"
+        if self.phase != "progressing" or self._release_canary() is None:
+            return "idle"
+        if self.check_no_data(now_mono):
+            return "inconclusive"
+        return "watching"
+
+    def broker_trip(self) -> dict[str, Any] | None:
+        return None if self.release is None else self.release.get("trip")
+
+    def noise_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for scope in self.drift.values():
+            kl, top1, source = self._noise(scope)
+            out[scope.name] = {
+                "kl": round(kl, 6),
+                "top1_disagreement": round(top1, 6),
+                "source": source,
+                "samples": len(scope.noise_kl),
+                "kl_mean": round(scope.noise_kl.mean(), 6),
+            }
+        return out
+
+    def to_json(self, now_mono: float) -> dict[str, Any]:
+        buckets: dict[str, Any] = {}
+        for label, b in self.buckets.items():
+            d = self.drift[label]
+            buckets[label] = {
+                "comparisons": b.comparisons,
+                "noise_comparisons": b.noise_comparisons,
+                "outcomes": dict(b.outcomes),
+                "errors_seen": dict(b.errors_seen),
+                "drift": {"kl": d.kl.to_json(), "top1_disagreement": d.top1.to_json()},
+                "latency": b.latency.to_json(),
+                "errors": b.errors.to_json(),
+            }
+        tails = {
+            name: {
+                "buckets": list(s.members),
+                "comparisons": s.comparisons,
+                "drift": {"kl": s.kl.to_json(), "top1_disagreement": s.top1.to_json()},
+            }
+            for name, s in self.drift.items()
+            if len(s.members) > 1 and name in self._tested
+        }
+        no_data_for = None
+        since = self.last_canary_sample_mono or self.watch_start_mono
+        if since is not None and self._canary_live():
+            no_data_for = round(now_mono - since, 3)
+        return {
+            "release": self.name,
+            "state": self.state(now_mono),
+            "revision": self.revision,
+            "phase": self.phase,
+            "canary_version": self.canary_version,
+            "canary_weight": self.canary_weight,
+            "buckets": buckets,
+            "tails": tails,
+            "noise_floor": self.noise_json(),
+            "trip": self.trip if self.trip is not None else self.broker_trip(),
+            "trip_source": "gate"
+            if self.trip is not None
+            else ("broker" if self.broker_trip() is not None else None),
+            "trip_status": self.trip_status,
+            "trip_revision": self.trip_revision,
+            "seconds_since_canary_sample": no_data_for,
+            "samples": self.totals.to_json(),
+            "router_dropped": self.router_dropped,
+            "resets": self.resets,
+        }
+
+    def detectors(self) -> Iterable[tuple[str, str, ECusum]]:
+        """(scope, test name, detector) for every running detector (for /metrics)."""
+        for name, s in self.drift.items():
+            if name in self._tested:
+                yield name, "drift_kl", s.kl
+                yield name, "drift_top1", s.top1
+        for label, b in self.buckets.items():
+            yield label, "latency", b.latency
+            yield label, "errors", b.errors
+
+
+def check_buckets(batch: SampleBatch, labels: Sequence[str]) -> tuple[str, str] | None:
+    """The first sample whose bucket this gate does not know: (param, label), or None."""
+    known = set(labels)
+    for i, c in enumerate(batch.comparisons):
+        if c.bucket not in known:
+            return f"comparisons[{i}].bucket", c.bucket
+    for i, o in enumerate(batch.outcomes):
+        if o.bucket not in known:
+            return f"outcomes[{i}].bucket", o.bucket
+    return None

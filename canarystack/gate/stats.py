@@ -1,0 +1,214 @@
+"""The gate's sequential tests: pure, unit-testable classes with no I/O and no clock.
+
+Every test is an **e-CUSUM** (Shin, Ramdas & Rinaldo, "E-detectors: a nonparametric
+framework for sequential change detection", New England Journal of Statistics in Data
+Science 2(2), 2024, §3) over *betting e-values* for a bounded-below mean (Waudby-Smith &
+Ramdas, "Estimating means of bounded random variables by betting", JRSS-B 86(1), 2024).
+
+The null hypothesis of one test: each new observation ``x_t >= 0`` has conditional mean at
+most ``m0_t`` given the past (``m0_t`` may itself be computed from the past, e.g. the live
+noise floor plus a tolerance). For a bet ``lambda_t = f / m0_t`` with ``0 <= f < 1``::
+
+    e_t = 1 + lambda_t * (x_t - m0_t)           (>= 1 - f > 0, and E[e_t | past] <= 1)
+    M_t = max(M_{t-1}, 1) * e_t,   M_0 = 1       (the e-CUSUM statistic)
+    alarm at the first t with M_t >= A           (A = the test's ``threshold``)
+
+Decision rule and false-alarm rate: each ``e_t`` is an e-value under the null, so ``M_t``
+is an e-detector and the *average run length to a false alarm* is at least ``A``
+observations, for every stream that satisfies the null — no distributional assumption
+beyond ``x_t >= 0`` (Shin et al. 2024, Theorem 3.3 / Lorden 1971 for the CUSUM form).
+A healthy stream whose mean sits well below ``m0`` false-alarms far less often (the
+bound is reached only when the mean equals ``m0``). Clipping ``x_t`` at ``clip`` only
+lowers it, so the guarantee is unchanged and one wild observation moves ``M`` by at most
+``1 + f * (clip - m0) / m0``.
+
+Detection: while the mean is above ``m0``, ``log M_t`` grows by ``E[log e_t] > 0`` per
+observation; the run that ends in an alarm starts at the last time ``M`` was reset
+(``M_{t-1} <= 1``), which estimates the change point — the evidence reports its first
+and last sample times and its length.
+
+The gate uses one class for all three tests, with different ``x_t`` and ``m0_t``:
+drift (``x`` = KL or top-1 disagreement of one comparison, ``m0`` = noise floor +
+tolerance), latency (``x`` = 1 if the canary's TTFT exceeds ``ratio x`` the baseline's,
+``m0 = 1/2``: the null is "the canary/baseline TTFT ratio has median <= ratio"), errors
+(``x`` = 1 for a canary error, ``m0`` = a Clopper-Pearson upper bound on the baseline's
+recent error rate + tolerance). The helpers below compute those references.
+
+This module must never do I/O, read a clock, or keep anything but counters and bounded
+windows: callers pass the sample times in.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from scipy.special import betaincinv
+
+
+@dataclass
+class ECusum:
+    """An e-CUSUM detector for "the mean of ``x`` has risen above ``m0``".
+
+    ``threshold`` is A (alarm when the statistic reaches it; average run length to a false
+    alarm >= A observations under the null). ``bet_fraction`` is f in ``lambda = f / m0``
+    (0 < f < 1: closer to 1 detects large shifts faster, tolerates fewer low samples).
+    ``clip`` caps each observation (None: no cap).
+    """
+
+    threshold: float
+    bet_fraction: float = 0.8
+    clip: float | None = None
+    log_m: float = 0.0  # log of the statistic M_t
+    run_samples: int = 0
+    run_first_time: float | None = None
+    run_last_time: float | None = None
+    run_sum: float = 0.0
+    samples: int = 0
+    total_sum: float = 0.0
+    max_log_m: float = 0.0
+    last_m0: float | None = None
+
+    def __post_init__(self) -> None:
+        if not self.threshold > 1:
+            raise ValueError(f"threshold must be > 1 (the alarm level A), got {self.threshold}")
+        if not 0 < self.bet_fraction < 1:
+            raise ValueError(f"bet_fraction must be in (0, 1), got {self.bet_fraction}")
+        if self.clip is not None and not self.clip > 0:
+            raise ValueError(f"clip must be > 0, got {self.clip}")
+
+    @property
+    def statistic(self) -> float:
+        return math.exp(min(self.log_m, 700.0))
+
+    @property
+    def alarmed(self) -> bool:
+        return self.log_m >= math.log(self.threshold)
+
+    def update(self, x: float, m0: float, t: float) -> bool:
+        """Add one observation ``x`` (taken at time ``t``) against the null mean ``m0``.
+
+        Returns True when the statistic reaches the threshold. ``m0 >= clip`` (or m0 >= 1
+        for indicators) makes the test blind by construction: ``e_t <= 1`` always.
+        """
+        if not m0 > 0:
+            raise ValueError(f"m0 must be > 0, got {m0}")
+        if x < 0 or math.isnan(x):
+            raise ValueError(f"observations must be >= 0, got {x}")
+        if self.clip is not None:
+            x = min(x, self.clip)
+        e = 1.0 + (self.bet_fraction / m0) * (x - m0)
+        if self.log_m <= 0.0:  # max(M_{t-1}, 1) = 1: a new run starts here
+            self.log_m = 0.0
+            self.run_samples = 0
+            self.run_first_time = t
+            self.run_sum = 0.0
+        self.log_m += math.log(e)
+        self.run_samples += 1
+        self.run_last_time = t
+        self.run_sum += x
+        self.samples += 1
+        self.total_sum += x
+        self.last_m0 = m0
+        self.max_log_m = max(self.max_log_m, self.log_m)
+        return self.alarmed
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "statistic": round(self.statistic, 6),
+            "threshold": self.threshold,
+            "samples": self.samples,
+            "mean": _r(self.total_sum / self.samples) if self.samples else None,
+            "null_mean": _r(self.last_m0) if self.last_m0 is not None else None,
+            "run_samples": self.run_samples if self.log_m > 0 else 0,
+            "run_mean": _r(self.run_sum / self.run_samples)
+            if self.log_m > 0 and self.run_samples
+            else None,
+            "max_statistic": round(math.exp(min(self.max_log_m, 700.0)), 6),
+        }
+
+
+def _r(x: float) -> float:
+    return round(x, 6)
+
+
+@dataclass
+class MeanWindow:
+    """The last ``size`` values and an upper estimate of their mean (mean + z * SE)."""
+
+    size: int
+    z: float = 2.0
+    values: deque[float] = field(default_factory=deque)
+    _sum: float = 0.0
+    _sumsq: float = 0.0
+
+    def add(self, x: float) -> None:
+        self.values.append(x)
+        self._sum += x
+        self._sumsq += x * x
+        if len(self.values) > self.size:
+            old = self.values.popleft()
+            self._sum -= old
+            self._sumsq -= old * old
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+    def mean(self) -> float:
+        return self._sum / len(self.values) if self.values else 0.0
+
+    def upper(self) -> float:
+        """mean + z * standard error (0 when empty)."""
+        n = len(self.values)
+        if n == 0:
+            return 0.0
+        mean = self._sum / n
+        if n < 2:
+            return mean
+        var = max(0.0, (self._sumsq - n * mean * mean) / (n - 1))
+        return mean + self.z * math.sqrt(var / n)
+
+
+@dataclass
+class TimeWindow:
+    """Values seen in the last ``window_s`` seconds of sample time (at most ``max_n``)."""
+
+    window_s: float
+    max_n: int = 2000
+    items: deque[tuple[float, float]] = field(default_factory=deque)
+
+    def add(self, t: float, value: float) -> None:
+        self.items.append((t, value))
+        if len(self.items) > self.max_n:
+            self.items.popleft()
+
+    def prune(self, now_t: float) -> None:
+        cutoff = now_t - self.window_s
+        while self.items and self.items[0][0] < cutoff:
+            self.items.popleft()
+
+    def values(self, now_t: float) -> list[float]:
+        self.prune(now_t)
+        return [v for _, v in self.items]
+
+
+def median(values: list[float]) -> float:
+    s = sorted(values)
+    n = len(s)
+    mid = n // 2
+    return s[mid] if n % 2 else 0.5 * (s[mid - 1] + s[mid])
+
+
+def binomial_upper(errors: int, n: int, delta: float) -> float:
+    """One-sided Clopper-Pearson upper confidence bound (level 1 - delta) on a rate.
+
+    1.0 when there is no data: an unknown baseline error rate must never make the canary
+    look worse than it.
+    """
+    if n <= 0:
+        return 1.0
+    if errors >= n:
+        return 1.0
+    return float(betaincinv(errors + 1, n - errors, 1.0 - delta))

@@ -1,0 +1,146 @@
+"""Writing a trip to the broker: ``phase=tripped`` with the evidence, by compare-and-set.
+
+The write is retried until it lands or no longer makes sense:
+
+- ``RevisionConflict`` (someone else changed the release): read the release again; if it
+  is still progressing with the same canary version, retry at once with the new revision;
+- ``IllegalTransition`` or a release that is no longer progressing, or whose canary
+  changed: abandon (the routers already keep the canary off, or it is another canary);
+- ``BrokerUnavailable`` (down, slow, 5xx): back off (``BACKOFF_S`` doubling up to
+  ``MAX_BACKOFF_S``) and retry, for as long as it takes;
+- any other refusal (4xx): abandon and log it — the evidence itself was rejected.
+
+This module must never trip a release the broker does not show as progressing with the
+canary version the evidence is about, and never write anything but the trip.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from canarystack.broker.client import (
+    BrokerClient,
+    BrokerNotFound,
+    BrokerRequestError,
+    BrokerUnavailable,
+    IllegalTransition,
+    RevisionConflict,
+)
+from canarystack.common.logs import JsonLogger, get_logger
+
+Json = dict[str, Any]
+
+BACKOFF_S = 0.05
+MAX_BACKOFF_S = 1.0
+
+
+@dataclass
+class TripResult:
+    written: bool
+    release: Json | None
+    reason: str
+    attempts: int
+
+
+def progressing_with(release: Json | None, canary_version: str | None) -> str | None:
+    """None when the release may be tripped for ``canary_version``; else why not."""
+    if release is None:
+        return "release not found"
+    if release.get("phase") != "progressing":
+        return f"release is {release.get('phase')}, not progressing"
+    canary = (release.get("canary") or {}).get("version")
+    if canary is None:
+        return "release has no canary"
+    if canary != canary_version:
+        return f"canary is now {canary}, the evidence is about {canary_version}"
+    return None
+
+
+def is_our_trip(release: Json | None, evidence: Json) -> bool:
+    """The release already carries this very evidence (an earlier attempt landed)."""
+    if release is None or release.get("phase") not in ("tripped", "rolling_back", "rolled_back"):
+        return False
+    trip = release.get("trip") or {}
+    return bool(
+        trip.get("tripped_at") == evidence.get("tripped_at")
+        and trip.get("test") == evidence.get("test")
+        and trip.get("bucket") == evidence.get("bucket")
+    )
+
+
+async def write_trip(
+    client: BrokerClient,
+    name: str,
+    evidence: Json,
+    canary_version: str | None,
+    known: Json | None,
+    *,
+    on_release: Callable[[Json | None], None] | None = None,
+    log: JsonLogger | None = None,
+    sleep: Callable[[float], Any] = asyncio.sleep,
+) -> TripResult:
+    """CAS ``phase=tripped`` + ``trip=evidence`` onto release ``name``; see module doc."""
+    log = log or get_logger("gate")
+    release = known
+    backoff = BACKOFF_S
+    attempts = 0
+    while True:
+        if release is None:
+            try:
+                release = await client.get_release(name)
+            except BrokerNotFound:
+                return TripResult(False, None, "release not found", attempts)
+            except BrokerUnavailable as exc:
+                log.warning("trip_broker_unavailable", release=name, error=str(exc))
+                await sleep(backoff)
+                backoff = min(MAX_BACKOFF_S, backoff * 2)
+                continue
+            if on_release is not None:
+                on_release(release)
+        if is_our_trip(release, evidence):
+            return TripResult(True, release, "written", attempts)
+        why_not = progressing_with(release, canary_version)
+        if why_not is not None:
+            return TripResult(False, release, why_not, attempts)
+        attempts += 1
+        try:
+            new = await client.patch_release(
+                name,
+                int(release["revision"]),
+                phase="tripped",
+                trip=evidence,
+                reason=(
+                    f"gate: {evidence['test']} test tripped in bucket {evidence['bucket']} "
+                    f"(statistic {evidence['statistic']:g} >= {evidence['threshold']:g} "
+                    f"over {evidence['samples']} samples)"
+                ),
+            )
+        except RevisionConflict as exc:
+            log.info("trip_revision_conflict", release=name, current=exc.current_revision)
+            release = None
+            continue
+        except IllegalTransition as exc:
+            release = None
+            try:
+                release = await client.get_release(name)
+            except (BrokerUnavailable, BrokerRequestError):
+                pass
+            if on_release is not None and release is not None:
+                on_release(release)
+            return TripResult(False, release, f"refused: {exc.message}", attempts)
+        except BrokerUnavailable as exc:
+            log.warning("trip_broker_unavailable", release=name, error=str(exc))
+            await sleep(backoff)
+            backoff = min(MAX_BACKOFF_S, backoff * 2)
+            # The write may have landed before the connection broke: read before retrying.
+            release = None
+            continue
+        except BrokerRequestError as exc:
+            log.error("trip_refused", release=name, error=exc.message, status=exc.status)
+            return TripResult(False, release, f"refused: {exc.message}", attempts)
+        if on_release is not None:
+            on_release(new)
+        return TripResult(True, new, "written", attempts)
