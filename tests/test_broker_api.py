@@ -121,6 +121,14 @@ def test_watch_returns_at_once_when_already_newer(api: Api) -> None:
     assert r.json()["revision"] == 1
 
 
+def test_watch_from_a_client_ahead_of_the_broker_returns_at_once(api: Api) -> None:
+    """A revision above the broker's came from another database: answer, don't wait."""
+    release = api.create()
+    r = api.get(f"/v1/releases/{release['name']}", params={"after": 999, "timeout_s": 20})
+    assert r.status_code == 200 and "x-watch-timeout" not in r.headers
+    assert r.json()["revision"] == 1
+
+
 def test_watch_times_out_with_the_header(api: Api) -> None:
     release = api.create()
     started = time.monotonic()
@@ -284,6 +292,14 @@ def test_quarantine_marks_the_canary_and_bumps_the_revision(api: Api) -> None:
     again = api.write("POST", "/v1/versions/q1/quarantine", {"actor": "rollback"})
     assert again.status_code == 200 and api.release(name)["revision"] == 2
     assert api.write("POST", "/v1/versions/zz/quarantine", {"actor": "x"}).status_code == 404
+    # No body at all: the actor may come from the x-actor header.
+    api.register("q2")
+    r = api.session.post(
+        api.url + "/v1/versions/q2/quarantine", headers={**api.headers, "x-actor": "ops"}
+    )
+    assert r.status_code == 200 and r.json()["quarantine"]["actor"] == "ops"
+    r = api.session.post(api.url + "/v1/versions/q2/quarantine", headers=api.headers)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "actor"
 
 
 # -- versions and digests ------------------------------------------------------------------

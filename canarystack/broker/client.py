@@ -222,8 +222,9 @@ class BrokerClient:
         data, _, _ = await self._call("GET", path, params=params)
         return dict(data)
 
-    async def _write(self, method: str, path: str, body: Json) -> Json:
-        body = {"actor": self.actor, **body}
+    async def _write(self, method: str, path: str, body: Json, *, with_actor: bool = True) -> Json:
+        if with_actor:
+            body = {"actor": self.actor, **body}
         data, _, _ = await self._call(method, path, body=body, admin=True)
         return dict(data)
 
@@ -232,9 +233,10 @@ class BrokerClient:
         return await self._get(f"/v1/releases/{name}")
 
     async def watch(self, name: str, after: int, timeout_s: float = 30.0) -> Json:
-        """The release once its revision is above ``after``, or, after ``timeout_s``, the
-        current one (check ``revision`` to tell which). A release that does not exist yet
-        is waited for; if it still does not exist at the timeout, ``BrokerNotFound``."""
+        """The release once its revision differs from ``after`` (newer; or older, when
+        ``after`` came from another broker database), or, after ``timeout_s``, the current
+        one unchanged (compare ``revision`` to tell). A release that does not exist yet is
+        waited for; if it still does not exist at the timeout, ``BrokerNotFound``."""
         data, _, _ = await self._call(
             "GET",
             f"/v1/releases/{name}",
@@ -305,6 +307,7 @@ class BrokerClient:
                 "manifest": manifest,
                 "digest": digest or manifest_digest(manifest),
             },
+            with_actor=False,  # the contract's body has no actor; the x-actor header names it
         )
 
     async def get_version(self, version: str) -> Json:

@@ -9,7 +9,9 @@ router watch and GET — are answered from an in-memory copy that is replaced af
 commit, so they never wait for the database.
 
 Watch: ``GET /v1/releases/{name}?after=REV&timeout_s=S`` waits on an ``asyncio.Event``
-per release that a commit sets (and replaces); there is no polling of SQLite. A watch on
+per release that a commit sets (and replaces); there is no polling of SQLite. It also
+answers at once when ``after`` is above the current revision (the client's revision came
+from another database, e.g. a wiped state folder). A watch on
 a release that does not exist yet waits for it to be created (a router may start before
 the release does); if the timeout passes first it gets 404.
 
@@ -320,7 +322,7 @@ class Broker:
     async def watch(
         self, name: str, after: int, timeout_s: float, request: web.Request
     ) -> tuple[Json | None, bool]:
-        """The release once its revision is above ``after``: ``(release, timed_out)``."""
+        """The release once its revision differs from ``after``: ``(release, timed_out)``."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         self.watchers += 1
@@ -329,7 +331,10 @@ class Broker:
                 if not await self._hang_while_dropped(request):
                     return None, True
                 release = self.releases.get(name)
-                if release is not None and release["revision"] > after:
+                # Answer at once when the client is *ahead* too: its revision came from
+                # another database (a wiped state folder), and waiting for the broker to
+                # count up to it would freeze the client's config for minutes.
+                if release is not None and release["revision"] != after:
                     return release, False
                 remaining = deadline - loop.time()
                 if remaining <= 0 or self.closing:
@@ -453,6 +458,13 @@ async def register_version(request: web.Request) -> web.Response:
         body.manifest,
         time.time(),
     )
+    if created:
+        _log.info(
+            "version_registered",
+            version=body.version,
+            digest=body.digest,
+            actor=request.headers.get("x-actor", "admin"),
+        )
     return web.json_response(version, status=201 if created else 200)
 
 
