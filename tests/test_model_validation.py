@@ -126,7 +126,7 @@ def test_body_that_is_not_a_json_object_is_a_400(server: Proc, raw: bytes, text:
     assert text in resp.json()["error"]["message"]
 
 
-def test_unknown_fields_are_ignored(server: Proc) -> None:
+def test_unknown_fields_are_ignored_and_null_means_default(server: Proc) -> None:
     body = {
         "prompt": "a b",
         "max_tokens": 2,
@@ -144,6 +144,23 @@ def test_unknown_fields_are_ignored(server: Proc) -> None:
         "response_format": {"type": "text"},
     }
     assert post(server, "/v1/chat/completions", chat).status_code == 200
+    # Some clients send null for "use the default".
+    nulls = {
+        "prompt": "a",
+        "max_tokens": None,
+        "temperature": None,
+        "top_p": None,
+        "stream": None,
+        "n": None,
+        "echo": None,
+        "logprobs": None,
+        "stop": None,
+    }
+    resp = post(server, "/v1/completions", nulls)
+    assert resp.status_code == 200, resp.text
+    assert resp.json()["usage"]["completion_tokens"] == 16  # --default-max-tokens
+    chat_nulls = {"messages": MSG, "max_tokens": 1, "logprobs": None, "top_logprobs": None}
+    assert post(server, "/v1/chat/completions", chat_nulls).status_code == 200
 
 
 JUNK: list[Any] = [

@@ -48,7 +48,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="mean KL (nats) of this version's next-token distributions against another "
         "version with the same drift; 0 = the family's base model (default %(default)s)",
     )
-    g.add_argument("--max-model-len", type=int, default=16384, help="context window in tokens")
+    g.add_argument(
+        "--max-model-len",
+        type=int,
+        default=16384,
+        help="context window in tokens (default %(default)s)",
+    )
     g.add_argument(
         "--default-max-tokens",
         type=int,
@@ -58,7 +63,10 @@ def build_parser() -> argparse.ArgumentParser:
     c = p.add_argument_group("capacity model")
     c.add_argument("--slots", type=int, default=32, help="sequence slots (default %(default)s)")
     c.add_argument(
-        "--ttft-base-ms", type=float, default=20.0, help="TTFT floor after admission (ms)"
+        "--ttft-base-ms",
+        type=float,
+        default=20.0,
+        help="TTFT floor after admission (ms, default %(default)s)",
     )
     c.add_argument(
         "--prefill-ms-per-1k",
@@ -66,7 +74,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=50.0,
         help="prefill time per 1,000 prompt tokens (ms, default %(default)s)",
     )
-    c.add_argument("--itl-ms", type=float, default=5.0, help="decode time per token, idle (ms)")
+    c.add_argument(
+        "--itl-ms",
+        type=float,
+        default=5.0,
+        help="decode time per token, idle (ms, default %(default)s)",
+    )
     c.add_argument(
         "--itl-batch-k",
         type=float,
@@ -83,6 +96,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def config_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) -> ServerConfig:
+    if args.slots < 1:
+        parser.error(f"--slots {args.slots}: give at least 1 sequence slot")
+    for option, value in (
+        ("--ttft-base-ms", args.ttft_base_ms),
+        ("--prefill-ms-per-1k", args.prefill_ms_per_1k),
+        ("--itl-ms", args.itl_ms),
+        ("--itl-batch-k", args.itl_batch_k),
+    ):
+        if not value >= 0:  # also refuses nan
+            parser.error(f"{option} {value}: give a number >= 0")
+    if not 0 <= args.itl_jitter < 1:
+        parser.error(f"--itl-jitter {args.itl_jitter}: give a fraction in [0, 1), e.g. 0.05")
     try:
         capacity = CapacityModel(
             slots=args.slots,
@@ -94,7 +119,7 @@ def config_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) 
         )
     except ValueError as exc:
         parser.error(f"capacity model: {exc}")
-    if args.drift < 0:
+    if not args.drift >= 0:
         parser.error(f"--drift {args.drift}: give a mean KL >= 0 (e.g. 0.01)")
     if args.max_model_len < 2:
         parser.error(f"--max-model-len {args.max_model_len}: give at least 2 tokens")

@@ -43,11 +43,13 @@ class _Request(_Body):
     n: int = 1
     best_of: int | None = None
 
-    @field_validator("temperature", "top_p", mode="before")
+    @field_validator("temperature", "top_p", "stream", "n", mode="before")
     @classmethod
-    def _null_is_default(cls, value: Any) -> Any:
-        # OpenAI clients send null for "use the default".
-        return 1.0 if value is None else value
+    def _null_is_default(cls, value: Any, info: ValidationInfo) -> Any:
+        # Some OpenAI clients send null for "use the default".
+        if value is None and info.field_name is not None:
+            return cls.model_fields[info.field_name].default
+        return value
 
     @field_validator("n")
     @classmethod
@@ -117,10 +119,12 @@ class CompletionRequest(_Request):
             "batched prompts and token-id prompts are not supported"
         )
 
-    @field_validator("echo")
+    @field_validator("echo", mode="before")
     @classmethod
-    def _no_echo(cls, value: bool) -> bool:
-        if value:
+    def _no_echo(cls, value: Any) -> Any:
+        if value is None:
+            return False
+        if value is True:
             raise ValueError("echo is not supported by the simulated engine; leave it out")
         return value
 
@@ -160,6 +164,11 @@ class ChatCompletionRequest(_Request):
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
     max_completion_tokens: int | None = Field(default=None, ge=1)
+
+    @field_validator("logprobs", mode="before")
+    @classmethod
+    def _null_logprobs(cls, value: Any) -> Any:
+        return False if value is None else value
 
     @field_validator("top_logprobs")
     @classmethod
