@@ -4,8 +4,10 @@ gauges show the queue. Comparisons are relative and generous: the machine is sha
 
 from __future__ import annotations
 
+import itertools
 import statistics
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -88,3 +90,38 @@ def test_ttft_grows_under_overload_and_the_queue_shows(spawn: Any, tmp_path: Pat
         timeout=5,
         what="slots released",
     )
+
+
+def test_tokens_arrive_one_by_one_at_the_inter_token_latency(spawn: Any) -> None:
+    proc: Proc = spawn(
+        "canarystack.model",
+        "--version",
+        "v1",
+        "--ttft-base-ms",
+        "1",
+        "--prefill-ms-per-1k",
+        "0",
+        "--itl-ms",
+        "50",
+        "--itl-jitter",
+        "0",
+        "--itl-batch-k",
+        "0",
+    )
+    resp = requests.post(
+        proc.url + "/v1/completions",
+        json={"prompt": "a b", "max_tokens": 6, "stream": True},
+        stream=True,
+        timeout=10,
+    )
+    arrivals: list[float] = []
+    raw = b""
+    for chunk in resp.iter_content(chunk_size=None):
+        raw += chunk
+        arrivals.extend(time.monotonic() for _ in range(chunk.count(b'"text":"')))
+    assert raw.endswith(b"data: [DONE]\n\n")
+    assert len(arrivals) == 6
+    gaps = [b - a for a, b in itertools.pairwise(arrivals)]
+    # Each token is its own write, 50 ms apart (a late timer shifts one gap, not all).
+    assert sum(g > 0.02 for g in gaps) >= 4, gaps
+    assert arrivals[-1] - arrivals[0] >= 0.2, gaps  # 5 gaps of 50 ms, minus client lag
