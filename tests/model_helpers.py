@@ -18,7 +18,7 @@ from typing import Any
 
 import requests
 
-from tests.procs import ADMIN_TOKEN, Proc, Spawner
+from tests.procs import ADMIN_TOKEN, Proc, Spawner, wait_for
 
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 # Fast capacity settings for tests that are not about latency.
@@ -129,3 +129,18 @@ def module_spawner(tmp: Path) -> Iterator[Spawner]:
 
 def request_done_lines(proc: Proc) -> list[dict[str, Any]]:
     return [e for e in proc.log_events() if e.get("event") == "request_done"]
+
+
+def done_line(proc: Proc, request_id: str, timeout: float = 5.0) -> dict[str, Any]:
+    """The request_done line of one request (a stream's line follows its last byte, so
+    wait for it rather than read the log once)."""
+
+    def find() -> dict[str, Any] | None:
+        for e in request_done_lines(proc):
+            if e.get("request_id") == request_id:
+                return e
+        return None
+
+    found = wait_for(find, timeout=timeout, what=f"request_done of {request_id}")
+    assert isinstance(found, dict)
+    return found

@@ -15,7 +15,7 @@ from typing import Any
 import requests
 
 from canarystack.tokenizer import make_prompt
-from tests.model_helpers import request_done_lines, stream
+from tests.model_helpers import done_line, stream
 from tests.procs import Proc, wait_for
 
 
@@ -24,17 +24,20 @@ def test_ttft_grows_with_prompt_length(spawn: Any) -> None:
     proc: Proc = spawn("canarystack.model", "--version", "v1")
     short, long_ = make_prompt(64, seed=1), make_prompt(4096, seed=2)
     ttft: dict[str, list[float]] = {"short": [], "long": []}
-    for _ in range(3):
+    for i in range(3):
         for name, prompt in (("short", short), ("long", long_)):
-            _, events, t = stream(proc, "/v1/completions", {"prompt": prompt, "max_tokens": 2})
+            body = {"prompt": prompt, "max_tokens": 2}
+            headers = {"x-request-id": f"{name}-{i}"}
+            _, events, t = stream(proc, "/v1/completions", body, headers=headers)
             assert len(events) == 2
             ttft[name].append(t)
     short_s, long_s = statistics.median(ttft["short"]), statistics.median(ttft["long"])
     assert long_s > short_s + 0.1, ttft
     # The server's own TTFT (logged) says the same, and prefill is not queueing.
-    logged = {e["prompt_tokens"]: e for e in request_done_lines(proc)}
-    assert logged[4096]["ttft_s"] > logged[64]["ttft_s"] + 0.1
-    assert logged[4096]["queue_s"] < 0.1
+    short_line, long_line = done_line(proc, "short-2"), done_line(proc, "long-2")
+    assert (short_line["prompt_tokens"], long_line["prompt_tokens"]) == (64, 4096)
+    assert long_line["ttft_s"] > short_line["ttft_s"] + 0.1
+    assert long_line["queue_s"] < 0.1
 
 
 def test_ttft_grows_under_overload_and_the_queue_shows(spawn: Any, tmp_path: Path) -> None:
@@ -71,7 +74,12 @@ def test_ttft_grows_under_overload_and_the_queue_shows(spawn: Any, tmp_path: Pat
     watcher.start()
     try:
         with ThreadPoolExecutor(10) as pool:
-            results = list(pool.map(lambda _: stream(proc, "/v1/completions", body), range(10)))
+            results = list(
+                pool.map(
+                    lambda i: stream(proc, "/v1/completions", body, {"x-request-id": f"r{i}"}),
+                    range(10),
+                )
+            )
     finally:
         stop.set()
         watcher.join()
@@ -80,7 +88,7 @@ def test_ttft_grows_under_overload_and_the_queue_shows(spawn: Any, tmp_path: Pat
     # 10 requests on 2 slots, each ~0.2 s: the last wave waits ~0.8 s for a slot.
     assert ttfts[-1] > 0.4 and ttfts[-1] > 4 * idle_ttft, (idle_ttft, ttfts)
     assert peak_waiting >= 2
-    queued = [e["queue_s"] for e in request_done_lines(proc)]
+    queued = [done_line(proc, f"r{i}")["queue_s"] for i in range(10)]
     assert max(queued) > 0.3
     wait_for(
         lambda: (
