@@ -282,3 +282,41 @@ def test_baseline_canary_comparisons_reach_the_gate(
     outcomes = gate.records("outcomes")
     assert {o["variant"] for o in outcomes} == {"baseline", "canary"}
     assert time.time() - max(o["time"] for o in outcomes) < 120
+
+
+def test_a_slow_shadow_target_never_delays_the_user(
+    spawn: Spawner, tmp_path: Path, gate: GateReceiver
+) -> None:
+    baseline = start_model(spawn, "v1")
+    canary = start_model(spawn, "v2")
+    broker = start_broker(spawn, tmp_path / "broker")
+    release = Broker(broker.url).create(weight=50)
+    router = start_router(
+        spawn,
+        tmp_path,
+        [baseline.url],
+        [canary.url],
+        "--shadow-rates",
+        "0-512=1",
+        broker=broker.url,
+        gate=gate.url,
+    )
+    wait_revision(router, release["revision"])
+    fault = {"kind": "latency", "ttl_s": 30, "ttft_ms": 2500}
+    r = requests.post(canary.url + "/admin/faults", json=fault, headers=ADMIN, timeout=5)
+    assert r.status_code == 201
+    t0 = time.monotonic()
+    r = completion(
+        router.url, headers={"x-canary-variant": "baseline", "x-request-id": "slow-shadow"}
+    )
+    user_s = time.monotonic() - t0
+    assert r.status_code == 200 and r.headers["x-served-by"] == "baseline"
+    assert user_s < 2.5  # answered before the shadow copy's first token even exists
+    assert metric(router, "router_shadow_comparisons_total") == 0
+    wait_for(
+        lambda: any(c["request_id"] == "slow-shadow" for c in gate.records("comparisons")),
+        timeout=15,
+        what="the late comparison",
+    )
+    late = next(c for c in gate.records("comparisons") if c["request_id"] == "slow-shadow")
+    assert late["ttft_b_s"] >= 2.5 > late["ttft_a_s"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -342,3 +343,78 @@ def test_metrics_by_variant_and_status(
     ):
         assert name in text
     assert health(router)["config"]["source"] == "none"
+
+
+def test_upstream_failures_reach_the_client_and_the_gate_as_errors(
+    spawn: Spawner, tmp_path: Path, gate: GateReceiver
+) -> None:
+    model = start_model(spawn, "v1")
+    router = start_router(spawn, tmp_path, [model.url], None, "--no-shadow", gate=gate.url)
+    faults = model.url + "/admin/faults"
+
+    def inject(kind: str) -> None:
+        requests.delete(faults, headers=ADMIN, timeout=5)
+        body = {"kind": "errors", "ttl_s": 30, "error_kind": kind}
+        assert requests.post(faults, json=body, headers=ADMIN, timeout=5).status_code == 201
+
+    inject("truncate")
+    body = {"model": "default", "prompt": "a b c", "max_tokens": 12, "stream": True}
+    with requests.post(
+        router.url + "/v1/completions", json=body, headers={"x-request-id": "trunc"}, stream=True
+    ) as r:
+        assert r.status_code == 200
+        with pytest.raises(requests.exceptions.ChunkedEncodingError):
+            # The router does not end a cut stream cleanly: the client sees it broken.
+            b"".join(r.iter_content(chunk_size=None))
+    inject("http_500")
+    r = completion(router.url, headers={"x-request-id": "five"})
+    assert r.status_code == 500 and r.headers["x-served-by"] == "baseline"
+    requests.delete(faults, headers=ADMIN, timeout=5)
+    assert completion(router.url, headers={"x-request-id": "fine"}).status_code == 200
+
+    def outcome(rid: str) -> dict[str, Any] | None:
+        return next((o for o in gate.records("outcomes") if o["request_id"] == rid), None)
+
+    wait_for(lambda: outcome("fine"), what="outcomes at the gate")
+    assert outcome("trunc")["error"] == "broken_stream"  # type: ignore[index]
+    assert outcome("five")["error"] == "http_5xx"  # type: ignore[index]
+    assert outcome("fine")["error"] is None  # type: ignore[index]
+    assert metric(router, "router_upstream_errors_total", kind="http_5xx") == 1
+    # Cut off (connection dropped) or ended early without [DONE]: either is one error.
+    cut = metric(router, "router_upstream_errors_total", kind="broken_stream")
+    assert cut + metric(router, "router_upstream_errors_total", kind="truncated") == 1
+
+
+def test_shadow_cap_drops_and_counts(spawn: Spawner, tmp_path: Path) -> None:
+    # Slow decoders so shadow copies stay in flight; at most one at a time is allowed.
+    slow = ("--itl-ms", "40", "--itl-jitter", "0")
+    b0 = spawn("canarystack.model", "--version", "v1", *slow)
+    b1 = spawn("canarystack.model", "--version", "v1", *slow)
+    router = start_router(
+        spawn,
+        tmp_path,
+        [b0.url, b1.url],
+        None,
+        "--shadow-rates",
+        "0-512=1",
+        "--shadow-noise-fraction",
+        "1",
+        "--shadow-max-inflight",
+        "1",
+    )
+    with ThreadPoolExecutor(6) as pool:
+        codes = list(
+            pool.map(
+                lambda i: (
+                    completion(router.url, make_prompt(20, seed=i), temperature=0).status_code
+                ),
+                range(6),
+            )
+        )
+    assert codes == [200] * 6
+    assert metric(router, "router_shadow_requests_total", result="dropped_cap") >= 1
+    wait_for(
+        lambda: metric(router, "router_shadow_requests_total", result="ok") >= 1,
+        what="the one allowed shadow to finish",
+    )
+    wait_for(lambda: health(router)["shadow_inflight"] == 0, what="shadows to drain")

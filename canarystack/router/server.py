@@ -79,6 +79,7 @@ from canarystack.router.shadow import (
     fetch_side,
     is_greedy,
     shadow_body,
+    shadow_safe,
     user_logprobs_k,
     with_logprobs,
 )
@@ -522,7 +523,7 @@ async def _proxy(request: web.Request, st: RouterState, ctx: RequestContext) -> 
     collector: Collector | None = None
     primary_done: asyncio.Future[SideResult] | None = None
     candidates: list[Upstream] | None = None
-    if st.shadow is not None:
+    if st.shadow is not None and shadow_safe(body, chat):
         ctx.shadow_pairs = st.shadow.plan(
             ctx.bucket, variant, canary_live, len(st.pools["baseline"])
         )
@@ -587,7 +588,11 @@ async def _proxy(request: web.Request, st: RouterState, ctx: RequestContext) -> 
         ctx.fallback = attempt.fallback
         ctx.upstream = attempt.upstream.url
         primary.version = attempt.resp.headers.get("x-model-version", "")
-        resp = await _relay(request, st, ctx, attempt, collector, t_send)
+        try:
+            resp = await _relay(request, st, ctx, attempt, collector, t_send)
+        except BaseException:
+            attempt.resp.close()  # never leave a half-read upstream connection in the pool
+            raise
         if collector is not None and ctx.error is None:
             primary.positions = collector.positions
             if collector.first_content_t is not None:
@@ -643,7 +648,12 @@ async def _relay(
         return web.Response(body=data, status=status, headers=headers)
 
     resp = web.StreamResponse(status=status, headers=headers)
-    await resp.prepare(request)
+    try:
+        await resp.prepare(request)
+    except (ConnectionError, RuntimeError):
+        ctx.error = "client_abort"
+        up.close()
+        return resp
     prev = last = b""
     try:
         async for chunk in up.content.iter_any():
@@ -730,6 +740,10 @@ async def _run_comparison(
         return
     if main.error is not None:
         stats.on_request(pair, "primary_failed")
+        return
+    if ctx.fallback:
+        # The canary pool was down and the baseline served the user: not the pair planned.
+        stats.on_request(pair, "primary_fallback")
         return
     a, b = (main, side) if primary_is_a else (side, main)
     assert ctx.bucket is not None

@@ -232,6 +232,21 @@ def user_logprobs_k(body: Mapping[str, Any], chat: bool) -> int | None:
     return k
 
 
+def shadow_safe(body: Mapping[str, Any], chat: bool) -> bool:
+    """Whether a request may be sampled: its logprob fields are absent or well-formed (a
+    malformed one must reach the upstream untouched and get its 400 there) and it does
+    not ask for things a comparison cannot use (``echo``, several choices)."""
+    if body.get("echo") or body.get("n") not in (None, 1) or body.get("best_of") not in (None, 1):
+        return False
+    lp = body.get("logprobs")
+    if chat:
+        if lp not in (None, True, False):
+            return False
+        top = body.get("top_logprobs")
+        return top is None or (isinstance(top, int) and not isinstance(top, bool) and top >= 0)
+    return lp is None or (isinstance(lp, int) and not isinstance(lp, bool) and lp >= 0)
+
+
 def with_logprobs(body: dict[str, Any], chat: bool, k: int) -> dict[str, Any]:
     out = dict(body)
     if chat:

@@ -1,0 +1,333 @@
+"""Benchmark: what the router adds to TTFT and end-to-end latency, and what it costs in CPU.
+
+Starts a model server, a broker (release ``default``: stable v1, canary v2 at weight 0, so
+every unpinned request is relayed to the one baseline replica) and one router, each as its
+own process, stopped by PID at the end. Then drives both paths *side by side in the same
+run*: every request of each of ``--concurrency`` client workers picks direct-to-model or
+through-router by a coin flip, so both see the same model load at the same moments.
+
+Prints one JSON object: TTFT and end-to-end p50/p99 direct vs routed and the differences
+(routed - direct), streamed requests per path, errors, and router CPU seconds per 1,000
+streamed requests (``/proc/PID/stat``, over the measured window). DESIGN.md §4 target:
+<= 1 ms p50 and <= 5 ms p99 added TTFT.
+
+    .venv/bin/python bench/router_overhead.py                      # c=16, 64 tokens, 20 s
+    .venv/bin/python bench/router_overhead.py --concurrency 64 --duration-s 10
+
+TTFT is the client's time from sending the request to the first SSE event with text.
+Loopback only; bounded by ``--duration-s`` (plus warm-up) and ``--max-requests``. This
+script must never assert on timings; it reports them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import hashlib
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+ROOT = Path(__file__).resolve().parents[1]
+TOKEN = "bench-admin-token"
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of a process, in seconds (fields 14 and 15 of /proc/PID/stat)."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def pct(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    s = sorted(values)
+    return s[min(len(s) - 1, int(q * len(s)))]
+
+
+class Procs:
+    """Component processes of this run, each stopped by its PID."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.commands: dict[str, str] = {}
+
+    def start(self, name: str, module: str, *args: str) -> tuple[int, int]:
+        ready = self.tmp / f"{name}.ready.json"
+        cmd = [sys.executable, "-m", module, "--port", "0", "--ready-file", str(ready), *args]
+        env = {**os.environ, "CANARYSTACK_ADMIN_TOKEN": TOKEN, "PYTHONUNBUFFERED": "1"}
+        log = open(self.tmp / f"{name}.log", "wb")  # noqa: SIM115 - closed right after
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+        log.close()
+        self.procs.append(proc)
+        self.commands[name] = " ".join(cmd[1:])
+        deadline = time.monotonic() + 30
+        while not ready.exists():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(
+                    f"{name} did not start:\n{(self.tmp / f'{name}.log').read_text()[-2000:]}"
+                )
+            time.sleep(0.05)
+        return int(json.loads(ready.read_text())["port"]), proc.pid
+
+    def stop_all(self) -> None:
+        for proc in reversed(self.procs):
+            if proc.poll() is None:
+                os.kill(proc.pid, signal.SIGTERM)
+                try:
+                    proc.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    os.kill(proc.pid, signal.SIGKILL)
+                    proc.wait(timeout=5)
+
+
+async def setup_release(broker_url: str) -> None:
+    headers = {"Authorization": f"Bearer {TOKEN}", "x-actor": "bench"}
+    async with aiohttp.ClientSession() as s:
+        for version in ("v1", "v2"):
+            manifest = {"image": f"model:{version}"}
+            raw = json.dumps(manifest, sort_keys=True, separators=(",", ":")).encode()
+            digest = "sha256:" + hashlib.sha256(raw).hexdigest()
+            body = {"version": version, "manifest": manifest, "digest": digest}
+            async with s.post(broker_url + "/v1/versions", json=body, headers=headers) as r:
+                assert r.status in (200, 201), await r.text()
+        body2 = {
+            "name": "default",
+            "stable": "v1",
+            "canary": "v2",
+            "weights": {"canary": 0},
+            "actor": "bench",
+            "reason": "router overhead bench",
+        }
+        async with s.post(broker_url + "/v1/releases", json=body2, headers=headers) as r:
+            assert r.status == 201, await r.text()
+
+
+async def wait_health(url: str) -> None:
+    async with aiohttp.ClientSession() as s:
+        for _ in range(200):
+            with contextlib.suppress(aiohttp.ClientError):
+                async with s.get(url + "/health") as r:
+                    if r.status == 200:
+                        return
+            await asyncio.sleep(0.05)
+    raise SystemExit(f"{url} never became healthy")
+
+
+async def drive(
+    targets: dict[str, str],
+    args: argparse.Namespace,
+    router_pid: int,
+) -> dict[str, Any]:
+    body = {
+        "model": "default",
+        "prompt": " ".join(f"w{i % 97}" for i in range(args.prompt_tokens)),
+        "max_tokens": args.max_tokens,
+        "temperature": 0,
+        "stream": True,
+    }
+    payload = json.dumps(body).encode()
+    results: dict[str, list[tuple[float, float]]] = {k: [] for k in targets}
+    errors = dict.fromkeys(targets, 0)
+    rng = random.Random(1)
+    t_start = time.monotonic()
+    t_measure = t_start + args.warmup_s
+    t_end = t_measure + args.duration_s
+    cpu: dict[str, float] = {}
+    sent = 0
+
+    connector = aiohttp.TCPConnector(limit=0)
+    timeout = aiohttp.ClientTimeout(total=60)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+
+        async def one(path: str, url: str, measured: bool) -> None:
+            t0 = time.perf_counter()
+            ttft = -1.0
+            ok = False
+            try:
+                async with session.post(
+                    url,
+                    data=payload,
+                    headers={"content-type": "application/json", "x-user-id": "bench"},
+                ) as resp:
+                    if resp.status == 200:
+                        tail = b""
+                        async for chunk in resp.content.iter_any():
+                            if ttft < 0 and b'"text"' in chunk:
+                                ttft = time.perf_counter() - t0
+                            tail = (tail + chunk)[-32:]
+                        ok = tail.rstrip().endswith(b"[DONE]")
+                    else:
+                        await resp.read()
+            except (TimeoutError, aiohttp.ClientError):
+                ok = False
+            e2e = time.perf_counter() - t0
+            if measured:
+                if ok and ttft >= 0:
+                    results[path].append((ttft, e2e))
+                else:
+                    errors[path] += 1
+
+        async def worker() -> None:
+            nonlocal sent
+            while time.monotonic() < t_end and sent < args.max_requests:
+                sent += 1
+                path = rng.choice(list(targets))
+                measured = time.monotonic() >= t_measure
+                await one(path, targets[path], measured)
+
+        async def cpu_marks() -> None:
+            await asyncio.sleep(max(0.0, t_measure - time.monotonic()))
+            cpu["start"] = cpu_seconds(router_pid)
+            cpu["t_start"] = time.monotonic()
+            await asyncio.sleep(max(0.0, t_end - time.monotonic()))
+            cpu["end"] = cpu_seconds(router_pid)
+            cpu["t_end"] = time.monotonic()
+
+        marks = asyncio.create_task(cpu_marks())
+        await asyncio.gather(*(worker() for _ in range(args.concurrency)))
+        if "end" not in cpu:  # stopped early by --max-requests
+            marks.cancel()
+            cpu["end"] = cpu_seconds(router_pid)
+            cpu["t_end"] = time.monotonic()
+            cpu.setdefault("start", cpu["end"])
+
+    def ms(values: list[float], q: float) -> float | None:
+        v = pct(values, q)
+        return None if v is None else round(v * 1000.0, 3)
+
+    def summary(path: str) -> dict[str, Any]:
+        ttfts = [t for t, _ in results[path]]
+        e2es = [e for _, e in results[path]]
+        return {
+            "requests": len(results[path]),
+            "errors": errors[path],
+            "ttft_p50_ms": ms(ttfts, 0.5),
+            "ttft_p99_ms": ms(ttfts, 0.99),
+            "e2e_p50_ms": ms(e2es, 0.5),
+            "e2e_p99_ms": ms(e2es, 0.99),
+        }
+
+    direct, routed = summary("direct"), summary("routed")
+    added = {
+        k: (
+            round(routed[k] - direct[k], 3)
+            if routed[k] is not None and direct[k] is not None
+            else None
+        )
+        for k in ("ttft_p50_ms", "ttft_p99_ms", "e2e_p50_ms", "e2e_p99_ms")
+    }
+    routed_n = routed["requests"] + routed["errors"]
+    cpu_s = cpu["end"] - cpu["start"]
+    window_s = cpu["t_end"] - cpu["t_start"]
+    return {
+        "direct": direct,
+        "routed": routed,
+        "added_by_router": added,
+        "router_cpu_s": round(cpu_s, 3),
+        "router_cpu_s_per_1000_streams": round(1000 * cpu_s / routed_n, 3) if routed_n else None,
+        "router_cpu_share_of_one_core": round(cpu_s / window_s, 3) if window_s > 0 else None,
+        "routed_streams_per_s": round(routed_n / window_s, 1) if window_s > 0 else None,
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--concurrency", type=int, default=16)
+    p.add_argument("--duration-s", type=float, default=20.0)
+    p.add_argument("--warmup-s", type=float, default=2.0)
+    p.add_argument("--max-requests", type=int, default=50_000)
+    p.add_argument("--max-tokens", type=int, default=64, help="tokens per streamed answer")
+    p.add_argument("--prompt-tokens", type=int, default=100)
+    p.add_argument("--ttft-base-ms", type=float, default=20.0, help="model server TTFT floor")
+    p.add_argument("--itl-ms", type=float, default=2.0, help="model server decode time/token")
+    p.add_argument("--router-arg", action="append", default=[], help="extra router flag(s)")
+    args = p.parse_args()
+    if args.concurrency < 1 or args.duration_s <= 0 or args.max_requests < 1:
+        raise SystemExit("--concurrency, --duration-s and --max-requests must be positive")
+
+    with tempfile.TemporaryDirectory(prefix="router-bench-") as tmp_s:
+        tmp = Path(tmp_s)
+        procs = Procs(tmp)
+        try:
+            model_args = [
+                "--version", "v1",
+                "--ttft-base-ms", str(args.ttft_base_ms),
+                "--itl-ms", str(args.itl_ms),
+                "--itl-jitter", "0",
+                "--slots", "256",
+            ]  # fmt: skip
+            model_port, model_pid = procs.start("model", "canarystack.model", *model_args)
+            canary_port, _ = procs.start(
+                "canary", "canarystack.model", *model_args[:1], "v2", *model_args[2:]
+            )
+            broker_port, broker_pid = procs.start(
+                "broker", "canarystack.broker", "--state-dir", str(tmp / "broker")
+            )
+            broker_url = f"http://127.0.0.1:{broker_port}"
+            asyncio.run(wait_health(broker_url))
+            asyncio.run(setup_release(broker_url))
+            router_port, router_pid = procs.start(
+                "router",
+                "canarystack.router",
+                "--router-id", "bench-router",
+                "--broker", broker_url,
+                "--baseline", f"http://127.0.0.1:{model_port}",
+                "--canary", f"http://127.0.0.1:{canary_port}",
+                "--state-dir", str(tmp),
+                *args.router_arg,
+            )  # fmt: skip
+            model_url = f"http://127.0.0.1:{model_port}"
+            router_url = f"http://127.0.0.1:{router_port}"
+            for url in (model_url, router_url):
+                asyncio.run(wait_health(url))
+            try:
+                import uvloop
+
+                uvloop.install()
+            except ImportError:  # pragma: no cover
+                pass
+            targets = {
+                "direct": model_url + "/v1/completions",
+                "routed": router_url + "/v1/completions",
+            }
+            figures = asyncio.run(drive(targets, args, router_pid))
+        finally:
+            procs.stop_all()
+    out = {
+        "benchmark": "router_overhead",
+        "load": {
+            "concurrency": args.concurrency,
+            "duration_s": args.duration_s,
+            "warmup_s": args.warmup_s,
+            "max_tokens": args.max_tokens,
+            "prompt_tokens": args.prompt_tokens,
+            "mix": "each request direct or routed by coin flip, same model server",
+            "model_ttft_base_ms": args.ttft_base_ms,
+            "model_itl_ms": args.itl_ms,
+        },
+        **figures,
+        "target": {"added_ttft_p50_ms": 1.0, "added_ttft_p99_ms": 5.0},
+        "cpu_count": os.cpu_count(),
+        "commands": procs.commands,
+        "pids": {"model": model_pid, "broker": broker_pid, "router": router_pid},
+    }
+    print(json.dumps(out, indent=2))
+
+
+if __name__ == "__main__":
+    main()
