@@ -1,12 +1,6 @@
 """The release phase: THE transition table, written down once.
 
-A release moves along these edges and no others::
-
-    progressing ──► tripped ──► rolling_back ──► rolled_back
-         │  ▲                        ▲                │
-         │  └────────────────────────┼── new canary ──┘
-         ├──────────────────────────►┘
-         └──► promoted ──── new canary ──► progressing
+A release moves along these edges and no others:
 
 - ``progressing -> tripped | rolling_back | promoted``
 - ``tripped -> rolling_back``
@@ -16,12 +10,15 @@ A release moves along these edges and no others::
   store's; this table only says that a new one is needed).
 
 Side rules that belong to the phase and so live here too: entering ``tripped`` needs
-trip evidence; a canary weight above 0 is refused unless the resulting phase is
-``progressing``; promotion needs a canary to promote.
+trip evidence (and evidence is accepted only then); a canary weight above 0 is refused
+unless the resulting phase is ``progressing``; promotion needs a canary to promote; the
+canary version may change only while progressing or on the way back to it.
+``CANARY_OFF`` names the phases in which routers send the canary nothing.
 
 Like httpx's ``ClientState``, ``check_transition`` refuses a bad move with a message that
 lists the allowed ones. A "move" to the phase a release is already in is not a
-transition and is always accepted (so a client can resend the phase it read).
+transition and is accepted (so a client can resend the phase it read), unless it carries
+trip evidence.
 
 This module must never do I/O or know about HTTP or SQLite: it is the pure rule book
 that the store applies inside its transaction.

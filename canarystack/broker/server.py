@@ -279,15 +279,39 @@ class Broker:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._executor, functools.partial(fn, *args))
 
-    async def write(self, kind: str, fn: Callable[..., T], *args: Any) -> T:
-        """Run a write on the database thread; it has committed when this returns."""
+    async def write(
+        self,
+        kind: str,
+        fn: Callable[..., T],
+        *args: Any,
+        changed: Callable[[T], list[Json]] | None = None,
+    ) -> T:
+        """Run a write on the database thread; it has committed when this returns.
+
+        ``changed`` picks the releases the write changed out of its result. They are
+        published (cache, watchers) from the commit's own completion, not from the
+        awaiting handler, and the handler's wait is shielded: a handler cancelled after
+        the commit cannot leave the in-memory copy behind the database.
+        """
         started = time.perf_counter()
+        loop = asyncio.get_running_loop()
+        if self._executor is None:
+            raise RuntimeError("the broker's database thread is not running")
+        future = loop.run_in_executor(self._executor, functools.partial(fn, *args))
+
+        def on_commit(done: asyncio.Future[T]) -> None:
+            if done.cancelled() or done.exception() is not None:
+                return
+            self._commit_s.observe(time.perf_counter() - started)
+            if changed is not None:
+                self.publish_all(changed(done.result()))
+
+        future.add_done_callback(on_commit)
         try:
-            result = await self._db(fn, *args)
+            result = await asyncio.shield(future)
         except Exception as exc:
             self._writes.labels(kind=kind, outcome=type(exc).__name__).inc()
             raise
-        self._commit_s.observe(time.perf_counter() - started)
         self._writes.labels(kind=kind, outcome="ok").inc()
         return result
 
@@ -493,9 +517,14 @@ async def quarantine_version(request: web.Request) -> web.Response:
     body = parse_model(QuarantineVersion, data)
     actor = _actor(body.actor, request)
     version, changed = await broker.write(
-        "quarantine", broker.store.quarantine_version, name, actor, body.reason, time.time()
+        "quarantine",
+        broker.store.quarantine_version,
+        name,
+        actor,
+        body.reason,
+        time.time(),
+        changed=lambda result: result[1],
     )
-    broker.publish_all(changed)
     if changed:
         _log.info("version_quarantined", version=name, actor=actor, releases=len(changed))
     return web.json_response(version)
@@ -521,8 +550,8 @@ async def create_release(request: web.Request) -> web.Response:
         actor,
         body.reason,
         time.time(),
+        changed=lambda release: [release],
     )
-    broker.publish_all([release])
     _log.info("release_created", release=body.name, actor=actor, revision=release["revision"])
     return web.json_response(release, status=201)
 
@@ -584,10 +613,16 @@ async def patch_release(request: web.Request) -> web.Response:
         trip=None if body.trip is None else body.trip.model_dump(),
     )
     release, changed = await broker.write(
-        "patch_release", broker.store.patch_release, name, patch, actor, body.reason, time.time()
+        "patch_release",
+        broker.store.patch_release,
+        name,
+        patch,
+        actor,
+        body.reason,
+        time.time(),
+        changed=lambda result: [result[0]] if result[1] else [],
     )
     if changed:
-        broker.publish_all([release])
         _log.info(
             "release_changed",
             release=name,
