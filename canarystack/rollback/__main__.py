@@ -1,0 +1,90 @@
+"""``python -m canarystack.rollback --broker URL [--release NAME ...]``.
+
+This module must never start serving with a setting the executor cannot honour: bad
+values end the process with a message naming the flag.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+
+from canarystack.common.auth import load_admin_token
+from canarystack.common.cli import base_parser, parse, serve
+from canarystack.rollback.executor import ExecutorConfig
+from canarystack.rollback.server import build_app
+
+_D = ExecutorConfig()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = base_parser(
+        "rollback",
+        "The rollback executor: canary weight 0, wait for every router, quarantine, "
+        "rolled_back — each step idempotent and resumable after a kill.",
+    )
+    p.add_argument("--broker", required=True, help="broker URL, e.g. http://127.0.0.1:18100")
+    p.add_argument(
+        "--release",
+        action="append",
+        default=None,
+        help="release to handle (repeat for several; default: default)",
+    )
+    p.add_argument(
+        "--poll-ms",
+        type=float,
+        default=_D.poll_s * 1000,
+        help="how often step 2 reads the routers' applied revisions (default %(default)s)",
+    )
+    p.add_argument(
+        "--apply-timeout-s",
+        type=float,
+        default=_D.apply_timeout_s,
+        help="one attempt of step 2 waits this long for every router (default %(default)s)",
+    )
+    p.add_argument(
+        "--apply-retries",
+        type=int,
+        default=_D.apply_retries,
+        help="attempts of step 2 after the first; then the lagging routers are recorded "
+        "and the rollback goes on (default %(default)s)",
+    )
+    p.add_argument(
+        "--empty-routers-grace-s",
+        type=float,
+        default=_D.empty_routers_grace_s,
+        help="with no live router, wait this long for heartbeats before going on "
+        "(default %(default)s)",
+    )
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = build_parser()
+    args = parse(parser, argv)
+    if args.poll_ms <= 0:
+        parser.error(f"--poll-ms must be > 0, got {args.poll_ms}")
+    if args.apply_timeout_s <= 0:
+        parser.error(f"--apply-timeout-s must be > 0, got {args.apply_timeout_s}")
+    if args.apply_retries < 0:
+        parser.error(f"--apply-retries must be >= 0, got {args.apply_retries}")
+    if args.empty_routers_grace_s < 0:
+        parser.error(f"--empty-routers-grace-s must be >= 0, got {args.empty_routers_grace_s}")
+    config = ExecutorConfig(
+        poll_s=args.poll_ms / 1000.0,
+        apply_timeout_s=args.apply_timeout_s,
+        apply_retries=args.apply_retries,
+        empty_routers_grace_s=args.empty_routers_grace_s,
+    )
+    app = build_app(
+        args.broker,
+        args.release or ["default"],
+        config,
+        admin_token=load_admin_token(args.admin_token_file),
+        max_fault_ttl_s=args.max_fault_ttl_s,
+    )
+    serve(app, args, "rollback")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,432 @@
+"""The rollback of one release, as an explicit state machine decided from the broker.
+
+The executor keeps no state that matters: before every step it reads the release and its
+event history and *classifies* where the rollback stands; the table below says which
+step runs from there. A SIGKILL at any point therefore resumes correctly on restart, and
+no side effect happens twice (each step's write is a compare-and-set, or is skipped when
+the broker already shows it)::
+
+    observed (from the broker)                      step run               next
+    ----------------------------------------------  ---------------------  ---------------
+    NEEDS_ROLLBACK  tripped, or progressing + a     1 weights_zero: CAS    WAITING_ROUTERS
+                    manual request                    weights.canary=0,
+                                                      phase=rolling_back
+    WAITING_ROUTERS rolling_back, no routers_applied 2 routers_applied:   ROUTERS_APPLIED
+                    annotation since it began         wait until every live
+                                                      router reports
+                                                      applied_revision >= R,
+                                                      then annotate
+    ROUTERS_APPLIED rolling_back, annotated          3 quarantine: mark    DONE
+                                                      the canary version
+                                                      quarantined (if not
+                                                      yet), CAS phase=
+                                                      rolled_back
+    DONE            rolled_back                      -                      -
+    IDLE            anything else                    -                      -
+
+``R`` is the revision of the event that moved the release to ``rolling_back``. Step 2
+polls ``GET /v1/routers?release=`` every ``poll_s`` (default 50 ms); an attempt that
+does not see every live router at ``R`` within ``apply_timeout_s`` is retried (counted);
+after ``apply_retries`` retries the annotation records the routers still lagging and the
+rollback goes on (waiting longer would not move a stuck router, and the canary weight is
+already 0 in the broker). An empty router list is accepted only after
+``empty_routers_grace_s`` (a restarted broker learns its routers from heartbeats).
+
+Every step leaves an event with a timestamp in the broker's history: the PATCH of step 1,
+the ``routers_applied`` annotation of step 2, the quarantine and the PATCH of step 3.
+
+This module must never write to the broker without first reading the state that makes
+the write necessary, never retry a write blindly (compare-and-set decides), and never
+touch a release that is not the one it was asked about.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from canarystack.broker.client import (
+    BrokerClient,
+    BrokerNotFound,
+    BrokerRequestError,
+    BrokerUnavailable,
+    IllegalTransition,
+    RevisionConflict,
+)
+from canarystack.common.logs import JsonLogger, get_logger
+
+Json = dict[str, Any]
+
+
+class Observed(enum.Enum):
+    """Where a rollback stands, as read from the broker."""
+
+    IDLE = "idle"
+    NEEDS_ROLLBACK = "needs_rollback"
+    WAITING_ROUTERS = "waiting_routers"
+    ROUTERS_APPLIED = "routers_applied"
+    DONE = "done"
+
+
+class Step(enum.IntEnum):
+    WEIGHTS_ZERO = 1
+    ROUTERS_APPLIED = 2
+    QUARANTINE = 3
+
+
+# THE transition table: from an observed state, the step to run and the state it leads to.
+TRANSITIONS: dict[Observed, tuple[Step, Observed] | None] = {
+    Observed.NEEDS_ROLLBACK: (Step.WEIGHTS_ZERO, Observed.WAITING_ROUTERS),
+    Observed.WAITING_ROUTERS: (Step.ROUTERS_APPLIED, Observed.ROUTERS_APPLIED),
+    Observed.ROUTERS_APPLIED: (Step.QUARANTINE, Observed.DONE),
+    Observed.DONE: None,
+    Observed.IDLE: None,
+}
+
+STEP_NAMES = {
+    Step.WEIGHTS_ZERO: "weights_zero",
+    Step.ROUTERS_APPLIED: "routers_applied",
+    Step.QUARANTINE: "quarantine",
+}
+
+
+class RollbackError(Exception):
+    """The rollback cannot go on (e.g. the broker refused a step); carries the reason."""
+
+
+@dataclass(frozen=True)
+class ExecutorConfig:
+    poll_s: float = 0.05
+    apply_timeout_s: float = 5.0
+    apply_retries: int = 6
+    empty_routers_grace_s: float = 3.0
+    backoff_s: float = 0.1
+    max_backoff_s: float = 2.0
+
+    def __post_init__(self) -> None:
+        if self.poll_s <= 0 or self.apply_timeout_s <= 0 or self.empty_routers_grace_s < 0:
+            raise ValueError("poll_s and apply_timeout_s must be > 0, empty grace >= 0")
+        if self.apply_retries < 0:
+            raise ValueError(f"apply_retries must be >= 0, got {self.apply_retries}")
+
+
+@dataclass
+class Situation:
+    """What the broker shows: the release, the rollback's events, the observed state."""
+
+    release: Json
+    observed: Observed
+    rolling_back_event: Json | None = None
+    applied_event: Json | None = None
+    steps: list[Json] = field(default_factory=list)
+
+    @property
+    def rollback_revision(self) -> int | None:
+        ev = self.rolling_back_event
+        return None if ev is None else int(ev["revision"])
+
+
+def _phase_moved_to(event: Json, phase: str) -> bool:
+    change = event.get("change") or {}
+    moved = change.get("phase")
+    return isinstance(moved, dict) and moved.get("new") == phase
+
+
+def _quarantined(event: Json) -> bool:
+    change = event.get("change") or {}
+    q = change.get("canary.quarantined")
+    return isinstance(q, dict) and q.get("new") is True
+
+
+def classify(release: Json, events: list[Json], manual: bool = False) -> Situation:
+    """The observed state of the latest rollback (pure: tests call it directly)."""
+    phase = release.get("phase")
+    start = None
+    for ev in events:
+        if _phase_moved_to(ev, "rolling_back"):
+            start = ev
+    applied = None
+    steps: list[Json] = []
+    if start is not None:
+        steps.append(_step_record(Step.WEIGHTS_ZERO, "weights_zero", start))
+        for ev in events:
+            if ev["seq"] <= start["seq"]:
+                continue
+            change = ev.get("change") or {}
+            if (
+                change.get("annotation") == "routers_applied"
+                and int(change.get("revision", -1)) >= int(start["revision"])
+                and applied is None
+            ):
+                applied = ev
+                steps.append(_step_record(Step.ROUTERS_APPLIED, "routers_applied", ev))
+            elif _quarantined(ev):
+                steps.append(_step_record(Step.QUARANTINE, "quarantined", ev))
+            elif _phase_moved_to(ev, "rolled_back"):
+                steps.append(_step_record(Step.QUARANTINE, "rolled_back", ev))
+    if phase == "tripped" or (phase == "progressing" and manual):
+        observed = Observed.NEEDS_ROLLBACK
+        if phase == "tripped":
+            steps = []  # a new trip: the steps of an older rollback are history
+    elif phase == "rolling_back":
+        observed = Observed.WAITING_ROUTERS if applied is None else Observed.ROUTERS_APPLIED
+    elif phase == "rolled_back":
+        observed = Observed.DONE
+    else:
+        observed = Observed.IDLE
+    return Situation(release, observed, start, applied, steps)
+
+
+def _step_record(step: Step, name: str, ev: Json) -> Json:
+    rec: Json = {
+        "step": int(step),
+        "name": name,
+        "time": ev["time"],
+        "revision": ev["revision"],
+        "actor": ev.get("actor"),
+        "seq": ev["seq"],
+    }
+    change = ev.get("change") or {}
+    if name == "routers_applied":
+        for k in ("routers", "waited_s", "retries", "lagging", "timed_out"):
+            if k in change:
+                rec[k] = change[k]
+    return rec
+
+
+@dataclass
+class StepHooks:
+    """What the process around the machine does between steps (faults, metrics)."""
+
+    before_step: Callable[[Step], Awaitable[None]] | None = None
+    after_step: Callable[[Step], Awaitable[None]] | None = None
+
+
+class RollbackRunner:
+    """Drives one release's rollback to DONE, one table step at a time."""
+
+    def __init__(
+        self,
+        client: BrokerClient,
+        release: str,
+        config: ExecutorConfig,
+        *,
+        hooks: StepHooks | None = None,
+        log: JsonLogger | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.client = client
+        self.name = release
+        self.config = config
+        self.hooks = hooks or StepHooks()
+        self.log = log or get_logger("rollback")
+        self.clock = clock
+        self.manual_reason: str | None = None
+        self.last_error: str | None = None
+        self.last_situation: Situation | None = None
+        self.apply_progress: Json | None = None
+        self.lock = asyncio.Lock()
+
+    async def situation(self) -> Situation:
+        release = await self.client.get_release(self.name)
+        events = await self.client.events(self.name)
+        sit = classify(release, events, manual=self.manual_reason is not None)
+        self.last_situation = sit
+        return sit
+
+    async def run(self) -> Situation:
+        """Run steps until the table has none for the observed state (DONE or IDLE).
+
+        Broker outages are waited out with backoff; a refused step re-reads the broker and
+        decides again (someone else may have moved the release).
+        """
+        async with self.lock:
+            backoff = self.config.backoff_s
+            while True:
+                try:
+                    sit = await self.situation()
+                    entry = TRANSITIONS[sit.observed]
+                    if entry is None:
+                        # A manual request is moot unless the release is progressing (a
+                        # request made while this read was in flight must survive it).
+                        if sit.release.get("phase") != "progressing":
+                            self.manual_reason = None
+                        return sit
+                    step, _ = entry
+                    if self.hooks.before_step is not None:
+                        await self.hooks.before_step(step)
+                    await self._run_step(step, sit)
+                    self.last_error = None
+                    backoff = self.config.backoff_s
+                    if self.hooks.after_step is not None:
+                        await self.hooks.after_step(step)
+                except (RevisionConflict, IllegalTransition) as exc:
+                    self.log.info("rollback_step_refused", release=self.name, error=exc.message)
+                    continue  # decide again from what the broker shows now
+                except BrokerNotFound:
+                    self.last_error = f"release {self.name!r} not found"
+                    raise
+                except BrokerUnavailable as exc:
+                    self.last_error = exc.message
+                    self.log.warning("broker_unavailable", release=self.name, error=exc.message)
+                    await asyncio.sleep(backoff)
+                    backoff = min(self.config.max_backoff_s, backoff * 2)
+                except BrokerRequestError as exc:
+                    self.last_error = exc.message
+                    raise RollbackError(exc.message) from exc
+
+    async def _run_step(self, step: Step, sit: Situation) -> None:
+        if step is Step.WEIGHTS_ZERO:
+            await self._weights_zero(sit)
+        elif step is Step.ROUTERS_APPLIED:
+            await self._routers_applied(sit)
+        else:
+            await self._quarantine(sit)
+
+    async def _weights_zero(self, sit: Situation) -> None:
+        rel = sit.release
+        trip = rel.get("trip") or {}
+        if rel.get("phase") == "tripped":
+            reason = (
+                f"rollback step 1: canary weight 0 after a {trip.get('test')} trip in bucket "
+                f"{trip.get('bucket')}"
+            )
+        else:
+            reason = f"rollback step 1 (manual): {self.manual_reason or 'no reason given'}"
+        new = await self.client.patch_release(
+            self.name,
+            int(rel["revision"]),
+            canary_weight=0,
+            phase="rolling_back",
+            reason=reason,
+        )
+        self.manual_reason = None
+        self.log.info(
+            "rollback_step",
+            release=self.name,
+            step=1,
+            name="weights_zero",
+            revision=new["revision"],
+        )
+
+    async def _routers_applied(self, sit: Situation) -> None:
+        target = sit.rollback_revision
+        assert target is not None
+        cfg = self.config
+        started = self.clock()
+        retries = 0
+        attempt_start = started
+        routers: list[Json] = []
+        lagging: list[Json] = []
+        timed_out = False
+        while True:
+            routers = await self.client.routers(self.name)
+            lagging = [
+                r
+                for r in routers
+                if r.get("applied_revision") is None or int(r["applied_revision"]) < target
+            ]
+            now = self.clock()
+            self.apply_progress = {
+                "revision": target,
+                "routers": len(routers),
+                "lagging": [r["router_id"] for r in lagging],
+                "retries": retries,
+                "waited_s": round(now - started, 3),
+            }
+            if routers and not lagging:
+                break
+            if not routers and now - started >= cfg.empty_routers_grace_s:
+                break  # no live router at all: nothing serves the canary
+            if now - attempt_start >= cfg.apply_timeout_s:
+                if retries >= cfg.apply_retries:
+                    timed_out = True
+                    break
+                retries += 1
+                attempt_start = now
+                self.log.warning(
+                    "routers_apply_timeout",
+                    release=self.name,
+                    revision=target,
+                    retry=retries,
+                    lagging=[r["router_id"] for r in lagging],
+                )
+            await asyncio.sleep(cfg.poll_s)
+        waited_s = round(self.clock() - started, 4)
+        # The annotation is step 2's only side effect: re-check that no earlier run of this
+        # step (killed after writing it) already recorded it, then write it.
+        again = await self.situation()
+        if again.observed is not Observed.WAITING_ROUTERS or again.rollback_revision != target:
+            return
+        change: Json = {
+            "annotation": "routers_applied",
+            "revision": target,
+            "routers": [r["router_id"] for r in routers],
+            "waited_s": waited_s,
+            "retries": retries,
+        }
+        if timed_out:
+            change["timed_out"] = True
+            change["lagging"] = [
+                {"router_id": r["router_id"], "applied_revision": r.get("applied_revision")}
+                for r in lagging
+            ]
+        await self.client.annotate(
+            self.name,
+            change,
+            reason=f"rollback step 2: routers at revision >= {target}"
+            + (" (timed out; lagging routers listed)" if timed_out else ""),
+        )
+        self.apply_progress = None
+        self.log.info("rollback_step", release=self.name, step=2, name="routers_applied", **change)
+
+    async def _quarantine(self, sit: Situation) -> None:
+        rel = sit.release
+        canary = rel.get("canary") or {}
+        version = canary.get("version")
+        if version is not None and not canary.get("quarantined"):
+            await self.client.quarantine_version(
+                version, reason=f"rollback step 3: release {self.name} rolled back"
+            )
+            self.log.info("rollback_step", release=self.name, step=3, name="quarantined")
+            rel = await self.client.get_release(self.name)
+            if rel.get("phase") != "rolling_back":
+                return  # someone else moved it meanwhile: decide again
+        new = await self.client.patch_release(
+            self.name,
+            int(rel["revision"]),
+            phase="rolled_back",
+            reason=f"rollback step 3: canary {version} quarantined, rolled back",
+        )
+        self.log.info(
+            "rollback_step", release=self.name, step=3, name="rolled_back", revision=new["revision"]
+        )
+
+    def status(self, sit: Situation | None = None) -> Json:
+        sit = sit or self.last_situation
+        body: Json = {
+            "release": self.name,
+            "state": "unknown",
+            "phase": None,
+            "revision": None,
+            "steps": [],
+            "manual_requested": self.manual_reason is not None,
+            "last_error": self.last_error,
+            "waiting": self.apply_progress,
+            "running": self.lock.locked(),
+        }
+        if sit is not None:
+            rel = sit.release
+            body.update(
+                state=sit.observed.value,
+                phase=rel.get("phase"),
+                revision=rel.get("revision"),
+                steps=sit.steps,
+                trip=rel.get("trip"),
+                rollback_revision=sit.rollback_revision,
+            )
+        return body
