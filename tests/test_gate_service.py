@@ -182,6 +182,16 @@ def test_no_data_is_inconclusive_and_never_trips_by_default(spawn: Spawner, tmp_
     assert 'canarystack_gate_state{release="default",state="inconclusive"} 1.0' in metrics
 
 
+def test_trip_on_no_data_when_asked(spawn: Spawner, tmp_path: Path) -> None:
+    _, api, _ = setup_stack(spawn, tmp_path, "--no-data-timeout-s", "1", "--trip-on-no-data")
+    release = wait_for(
+        lambda: (rel := api.release("default"))["phase"] == "tripped" and rel, what="no-data trip"
+    )
+    assert isinstance(release, dict)
+    assert release["trip"]["test"] == "no_data"
+    assert release["trip"]["samples"] == 0
+
+
 def test_never_trips_a_release_that_is_not_progressing_and_resets_on_a_new_canary(
     spawn: Spawner, tmp_path: Path
 ) -> None:

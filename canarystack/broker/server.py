@@ -105,7 +105,7 @@ class Weights(_Body):
 
 
 class TripEvidence(_Body):
-    test: Literal["drift", "latency", "errors"]
+    test: Literal["drift", "latency", "errors", "no_data"]
     bucket: Annotated[str, Field(min_length=1, max_length=64)]
     statistic: Number
     threshold: Number
