@@ -218,23 +218,26 @@ class NextTokenModel:
         return math.sqrt(2.0 * target_kl / self._t.spread)
 
     def distribution(self, ctx: int, kernel_scale: float = 0.0) -> Distribution:
+        # Plain list comprehensions and local names: this runs once per generated token.
         t = self._t
-        h = mix64(ctx ^ self._family_key)
-        offset = (h >> 12) % self.vocab_size
         vs = self.vocab_size
-        ids = tuple((i + offset) % vs for i in t.ids[h & _ROW_MASK])
-        logits = t.logits[(h >> 24) & _ROW_MASK]
-        if self.version_scale:
-            s = self.version_scale
+        h = mix64(ctx ^ self._family_key)
+        offset = (h >> 12) % vs
+        ids = tuple([(i + offset) % vs for i in t.ids[h & _ROW_MASK]])
+        logits: Sequence[float] = t.logits[(h >> 24) & _ROW_MASK]
+        s = self.version_scale
+        if s:
             nv = t.noise[mix64(ctx ^ self._version_key) & _ROW_MASK]
-            logits = tuple(a + s * b for a, b in zip(logits, nv, strict=True))
+            logits = [a + s * b for a, b in zip(logits, nv, strict=True)]
         if kernel_scale:
             nk = t.noise[mix64(ctx ^ _KERNEL_SALT) & _ROW_MASK]
-            logits = tuple(a + kernel_scale * b for a, b in zip(logits, nk, strict=True))
+            logits = [a + kernel_scale * b for a, b in zip(logits, nk, strict=True)]
         top = max(logits)
-        lse = top + math.log(sum(math.exp(x - top) for x in logits))
-        lps = tuple(x - lse for x in logits)
-        return Distribution(ids=ids, logprobs=lps[:-1], tail_logprob=lps[-1], vocab_size=vs)
+        exp = math.exp
+        lse = top + math.log(sum([exp(x - top) for x in logits]))
+        lps = [x - lse for x in logits]
+        tail = lps.pop()
+        return Distribution(ids=ids, logprobs=tuple(lps), tail_logprob=tail, vocab_size=vs)
 
     def sample(
         self, dist: Distribution, temperature: float, top_p: float, rng: random.Random
