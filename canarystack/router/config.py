@@ -37,6 +37,7 @@ from canarystack.common.logs import get_logger
 FAIL_SAFE_PHASES = frozenset({"tripped", "rolling_back", "rolled_back"})
 START_TIMEOUT_S = 2.0
 WATCH_TIMEOUT_S = 10.0  # long-poll length we ask the broker for
+STALE_POLL_S = 0.5
 BACKOFF_MIN_S = 0.1
 BACKOFF_MAX_S = 2.0
 
@@ -250,17 +251,18 @@ class ConfigWatcher:
         backoff = BACKOFF_MIN_S
         while True:
             try:
-                if self.current.source == "broker" or self.last_seen_revision:
-                    # When stale, watch from what we saw, not what we applied: no spinning.
-                    after = self.last_seen_revision if self.is_stale() else self.current.revision
-                    release = await asyncio.wait_for(
-                        self.broker.watch(self.release, after, self.watch_timeout_s),
-                        self.watch_timeout_s + 5.0,
-                    )
-                else:
-                    release = await asyncio.wait_for(
-                        self.broker.get_release(self.release), START_TIMEOUT_S + 3.0
-                    )
+                # While stale, watch from the revision seen, not the one applied: no spinning.
+                # With no config yet, after=0 long-polls until the release exists.
+                stale = self.is_stale()
+                after = self.last_seen_revision if stale else self.current.revision
+                # Short polls while stale, so the pending revision applies soon after the
+                # fault expires rather than at the end of a long poll.
+                timeout_s = (
+                    min(self.watch_timeout_s, STALE_POLL_S) if stale else self.watch_timeout_s
+                )
+                release = await asyncio.wait_for(
+                    self.broker.watch(self.release, after, timeout_s), timeout_s + 5.0
+                )
                 self._offer(release)
                 backoff = BACKOFF_MIN_S
             except asyncio.CancelledError:

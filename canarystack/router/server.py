@@ -34,6 +34,7 @@ work, the gate or the broker delay or fail a user's request.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import json
 import random
@@ -52,7 +53,7 @@ from pydantic import Field
 
 from canarystack.broker.client import BrokerClient
 from canarystack.common.app import COMPONENT, Component, create_app
-from canarystack.common.buckets import DEFAULT_EDGES, bucket_of
+from canarystack.common.buckets import DEFAULT_EDGES, bucket_labels
 from canarystack.common.errors import ApiError, BadRequest, Unavailable, error_response
 from canarystack.common.faults import FaultParams, FaultRegistry, NoParams
 from canarystack.common.logs import JsonLogger, get_logger
@@ -324,6 +325,8 @@ class RouterState:
             on_apply=self.metrics.on_apply,
         )
         self.rng = random.Random()
+        # Same labels as canarystack.common.buckets.bucket_of, computed once.
+        self.bucket_labels = bucket_labels(settings.edges)
 
     @property
     def upstream_session(self) -> aiohttp.ClientSession:
@@ -490,7 +493,7 @@ async def _proxy(request: web.Request, st: RouterState, ctx: RequestContext) -> 
     settings = st.settings
     snap = st.config.current
     ctx.prompt_tokens = prompt_tokens_of(body)
-    ctx.bucket = bucket_of(ctx.prompt_tokens, settings.edges)
+    ctx.bucket = st.bucket_labels[bisect.bisect_right(settings.edges, ctx.prompt_tokens)]
     ctx.stream = body.get("stream") is True
     canary_live = snap.weight_pct > 0 and len(st.pools["canary"]) > 0
     if pin is not None:
