@@ -23,9 +23,11 @@ def cli() -> None:
 
 
 def _register() -> None:
+    from gameday.report.cli import report_cmd
     from gameday.stack import stack_cmd
 
     cli.add_command(stack_cmd)
+    cli.add_command(report_cmd)
 
 
 def main() -> None:

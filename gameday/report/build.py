@@ -1,0 +1,164 @@
+"""The whole report: ``build_report(run_dir) -> Summary``.
+
+Reads the run folder, computes each experiment's timeline, heatmap cells, checks and
+verdict, draws the figures and writes, at the run folder's top:
+
+    summary.json            the verdict, every check (measured vs allowed), key figures
+    junit.xml               one test case per experiment and per SLO check
+    report.html             self-contained (figures embedded)
+    timeline.json           every experiment's milestones, checks and markers
+    matrix.png, matrix.csv  the game day matrix (when the run has any experiment)
+    timeline-<exp>.png      per experiment
+    heatmap-<exp>.png, heatmap-<exp>.csv   the heatmaps and the numbers behind each cell
+
+``<exp>`` is the experiment's folder name with ``/`` as ``-``. Each file is written to a
+temporary name and renamed, so a reader never sees half a file. ``gameday run`` calls
+this at the end of a run; ``gameday report`` from the shell. The returned ``Summary``
+carries the seconds each phase took (``timings_s``).
+
+This module never changes the experiments' own files and never raises on partial data
+(only ``ReportInputError`` for a RUN_DIR that is not a run folder, and OSError when the
+run folder cannot be written).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import time
+from collections.abc import Callable, Iterator
+from functools import partial
+from pathlib import Path
+
+from gameday.report.heatmaps import HeatmapData, heatmap_cells, render_heatmaps
+from gameday.report.html import render_html
+from gameday.report.junit import write_junit
+from gameday.report.loader import ExperimentData, load_run
+from gameday.report.matrix import build_matrix, render_matrix
+from gameday.report.timeline import build_timeline
+from gameday.report.timeline_figure import render_timeline
+from gameday.report.verdict import (
+    ExperimentSummary,
+    Summary,
+    journal_findings,
+    summarise_experiment,
+    summarise_run,
+)
+
+
+def slug(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", name).strip("-") or "experiment"
+
+
+@contextlib.contextmanager
+def _phase(timings: dict[str, float], name: str) -> Iterator[None]:
+    t0 = time.perf_counter()
+    try:
+        yield
+    finally:
+        timings[name] = timings.get(name, 0.0) + time.perf_counter() - t0
+
+
+def _write_json(doc: object, path: Path) -> None:
+    path.write_text(json.dumps(doc, indent=2, default=str) + "\n")
+
+
+def _atomic(path: Path, write: Callable[[Path], object]) -> None:
+    tmp = path.with_name(f".{path.stem}.tmp-{os.getpid()}{path.suffix}")
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+
+
+def _experiment(
+    exp: ExperimentData, bin_s: float | None, timings: dict[str, float]
+) -> ExperimentSummary:
+    with _phase(timings, "journal"):
+        findings = journal_findings(exp.name, exp.journal)
+    with _phase(timings, "timeline"):
+        timeline = build_timeline(exp, findings.probe_allowed)
+    heatmap: HeatmapData | None = None
+    with _phase(timings, "heatmap_cells"):
+        if len(exp.records) or len(exp.oracle):
+            heatmap = heatmap_cells(
+                exp.records,
+                exp.oracle,
+                timeline.reference_time,
+                bin_s=bin_s,
+                experiment=exp.name,
+                reference=timeline.reference,
+                markers=timeline.markers,
+            )
+    with _phase(timings, "verdict"):
+        return summarise_experiment(exp, findings, timeline, heatmap)
+
+
+def build_report(run_dir: str | Path, *, bin_s: float | None = None) -> Summary:
+    """Build every report file into ``run_dir``; returns the verdict and what it rests on.
+
+    ``bin_s``: heatmap bin width in seconds (default: chosen from the run's length, a
+    few seconds for a normal experiment).
+    """
+    started = time.perf_counter()
+    timings: dict[str, float] = {}
+    with _phase(timings, "load"):
+        run = load_run(run_dir)
+    root = run.run_dir
+    experiments = [_experiment(exp, bin_s, timings) for exp in run.experiments]
+    summary = summarise_run(run, experiments)
+    images: dict[str, Path] = {}
+
+    with _phase(timings, "figures"):
+        for e in experiments:
+            name = slug(e.name)
+            tl_png = root / f"timeline-{name}.png"
+            _atomic(tl_png, partial(render_timeline, e.timeline, title=f"{e.name}: timeline"))
+            images[f"timeline:{e.name}"] = tl_png
+            e.files["timeline_png"] = tl_png.name
+            if e.heatmap is not None:
+                hm_png = root / f"heatmap-{name}.png"
+                title = f"{e.name}: {e.title}"
+                _atomic(hm_png, partial(render_heatmaps, e.heatmap, title=title))
+                images[f"heatmap:{e.name}"] = hm_png
+                e.files["heatmap_png"] = hm_png.name
+        if experiments:
+            matrix = build_matrix(experiments)
+            _atomic(root / "matrix.png", partial(render_matrix, matrix))
+            _atomic(root / "matrix.csv", partial(matrix.to_csv, index=False))
+            images["matrix"] = root / "matrix.png"
+            summary.files.update({"matrix_png": "matrix.png", "matrix_csv": "matrix.csv"})
+
+    with _phase(timings, "data_files"):
+        for e in experiments:
+            if e.heatmap is not None:
+                csv = root / f"heatmap-{slug(e.name)}.csv"
+                _atomic(csv, partial(e.heatmap.cells.to_csv, index=False, float_format="%.6g"))
+                e.files["heatmap_csv"] = csv.name
+        timeline_doc = {
+            "run_id": summary.run_id,
+            "experiments": {e.name: e.timeline.to_json() for e in experiments},
+        }
+        _atomic(root / "timeline.json", partial(_write_json, timeline_doc))
+        summary.files.update(
+            {
+                "timeline_json": "timeline.json",
+                "summary_json": "summary.json",
+                "junit_xml": "junit.xml",
+                "report_html": "report.html",
+            }
+        )
+
+    with _phase(timings, "junit"):
+        _atomic(root / "junit.xml", partial(write_junit, summary))
+    timings["total"] = time.perf_counter() - started
+    with _phase(timings, "html"):
+        _atomic(root / "report.html", partial(render_html, summary, images))
+    timings["total"] = time.perf_counter() - started
+    summary.timings_s = timings
+    _atomic(root / "summary.json", summary.write_json)
+    return summary

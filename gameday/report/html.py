@@ -1,0 +1,63 @@
+"""report.html: one self-contained page, verdict first.
+
+Order: the verdict (a green or red banner with the headline and every reason), what is
+missing, the game day matrix, each experiment's timeline (table + figure), the heatmaps,
+every SLO check in one table, and each experiment's own description (title and
+description from its journal, its Chaos Toolkit activities). Images are embedded as
+base64 ``data:`` URIs, so the file can be mailed or attached to a CI run on its own.
+
+Rendering only (jinja2 with autoescape: experiment text is never trusted as HTML); it
+never decides anything.
+"""
+
+from __future__ import annotations
+
+import base64
+from pathlib import Path
+from typing import Any
+
+import jinja2
+
+from gameday.report.verdict import Summary
+
+TEMPLATE = "report.html.j2"
+# The banner colours; the browser test looks for these exact pixels.
+PASS_RGB = (26, 127, 55)
+FAIL_RGB = (207, 34, 46)
+
+
+def _data_uri(path: Path | None) -> str | None:
+    if path is None or not path.exists():
+        return None
+    return "data:image/png;base64," + base64.b64encode(path.read_bytes()).decode("ascii")
+
+
+def _fmt(value: Any, digits: int = 3) -> str:
+    if value is None:
+        return "—"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return f"{value:.{digits}g}" if abs(value) < 1000 else f"{value:.0f}"
+    return str(value)
+
+
+def render_html(summary: Summary, images: dict[str, Path], path: Path) -> None:
+    """``images``: names (``matrix``, ``timeline:<exp>``, ``heatmap:<exp>``) -> PNG paths."""
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(Path(__file__).parent / "templates"),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.filters["fmt"] = _fmt
+    uris = {name: _data_uri(p) for name, p in images.items()}
+    html = env.get_template(TEMPLATE).render(
+        summary=summary,
+        data=summary.to_json(),
+        images=uris,
+        pass_rgb="rgb({}, {}, {})".format(*PASS_RGB),
+        fail_rgb="rgb({}, {}, {})".format(*FAIL_RGB),
+    )
+    path.write_text(html, encoding="utf-8")

@@ -1,0 +1,137 @@
+"""The game day matrix: component (rows) x fault (columns), one cell per experiment.
+
+Rows: ``router``, ``broker``, ``rollback``, ``control`` (then any other component seen);
+columns: ``latency``, ``pod-kill``, ``faulty-kernel``, and ``none`` for the control run,
+which injects no fault. A cell says what happened — "trip +2.3 s" (time from the fault to
+the trip), "no trip", "not run" — and is coloured by that experiment's verdict (pass:
+green, fail: red, not run: grey), which already includes whether the trip matched what
+the experiment expects. Several experiments in one cell (a re-run) fail the cell if any
+of them failed and show the slowest trip.
+
+This module never reads files and never decides a verdict.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from gameday.report.verdict import ExperimentSummary
+
+ROWS = ("router", "broker", "rollback", "control")
+COLUMNS = ("latency", "pod-kill", "faulty-kernel", "none")
+COLOURS = {"pass": "#2da44e", "fail": "#cf222e", "not run": "#d0d7de"}
+MATRIX_COLUMNS = (
+    "component",
+    "fault",
+    "experiments",
+    "expect",
+    "tripped",
+    "time_to_trip_s",
+    "verdict",
+    "text",
+)
+
+
+def build_matrix(experiments: list[ExperimentSummary]) -> pd.DataFrame:
+    """One row per (component, fault) cell, in display order, including cells not run."""
+    rows = list(ROWS) + sorted({e.component or "?" for e in experiments} - set(ROWS))
+    cols = list(COLUMNS[:3]) + sorted({e.fault or "?" for e in experiments} - set(COLUMNS[:3]))
+    if "none" in cols:  # the control run's column goes last
+        cols.remove("none")
+        cols.append("none")
+    cells = []
+    for component in rows:
+        for fault in cols:
+            here = [
+                e
+                for e in experiments
+                if (e.component or "?") == component and (e.fault or "?") == fault
+            ]
+            cells.append(_cell(component, fault, here))
+    frame = pd.DataFrame(cells, columns=list(MATRIX_COLUMNS))
+    # Keep rows/columns that hold an experiment, plus the standard ones.
+    used_rows = set(frame.loc[frame["verdict"] != "not run", "component"]) | set(ROWS)
+    used_cols = set(frame.loc[frame["verdict"] != "not run", "fault"]) | set(COLUMNS[:3])
+    return frame[frame["component"].isin(used_rows) & frame["fault"].isin(used_cols)].reset_index(
+        drop=True
+    )
+
+
+def _cell(component: str, fault: str, here: list[ExperimentSummary]) -> dict[str, object]:
+    if not here:
+        return {
+            "component": component,
+            "fault": fault,
+            "experiments": "",
+            "expect": None,
+            "tripped": None,
+            "time_to_trip_s": None,
+            "verdict": "not run",
+            "text": "not run",
+        }
+    tripped = [e for e in here if e.timeline.tripped]
+    times = [e.timeline.time_to_trip_s for e in tripped if e.timeline.time_to_trip_s is not None]
+    worst = max(times) if times else None
+    if tripped and worst is not None:
+        ref = "fault" if tripped[0].timeline.reference == "fault" else "start"
+        text = f"trip +{worst:.1f} s" + ("" if ref == "fault" else " (after start)")
+    elif tripped:
+        text = "trip (no fault time)"
+    else:
+        text = "no trip"
+    blind = [
+        e for e in here if any(m.piece in ("timeline.json", "experiment folder") for m in e.missing)
+    ]
+    if not tripped and blind:
+        text = "unknown: no timeline"
+    if len(here) > 1:
+        text += f" ×{len(here)}"
+    verdict = "pass" if all(e.passed for e in here) else "fail"
+    expects = sorted({str(e.expect) for e in here})
+    return {
+        "component": component,
+        "fault": fault,
+        "experiments": ", ".join(e.name for e in here),
+        "expect": "/".join(expects),
+        "tripped": bool(tripped),
+        "time_to_trip_s": worst,
+        "verdict": verdict,
+        "text": text,
+    }
+
+
+def render_matrix(matrix: pd.DataFrame, path: Path) -> None:
+    from matplotlib.colors import ListedColormap
+    from matplotlib.figure import Figure
+
+    rows = list(dict.fromkeys(matrix["component"]))
+    cols = list(dict.fromkeys(matrix["fault"]))
+    codes = {"pass": 0, "fail": 1, "not run": 2}
+    grid = np.full((len(rows), len(cols)), 2)
+    text = [["" for _ in cols] for _ in rows]
+    for cell in matrix.itertuples():  # a few cells, not records
+        i, j = rows.index(cell.component), cols.index(cell.fault)
+        grid[i, j] = codes[str(cell.verdict)]
+        expect = f"\nexpects {cell.expect}" if isinstance(cell.expect, str) and cell.expect else ""
+        verdict = "" if cell.verdict == "not run" else f"\n{str(cell.verdict).upper()}"
+        text[i][j] = f"{cell.text}{verdict}{expect}"
+    fig = Figure(figsize=(2.3 * len(cols) + 1.5, 1.0 * len(rows) + 1.2), layout="constrained")
+    ax = fig.subplots()
+    cmap = ListedColormap([COLOURS["pass"], COLOURS["fail"], COLOURS["not run"]])
+    ax.imshow(grid, cmap=cmap, vmin=0, vmax=2, aspect="auto")
+    for i in range(len(rows)):
+        for j in range(len(cols)):
+            colour = "white" if grid[i, j] in (0, 1) else "#57606a"
+            ax.text(j, i, text[i][j], ha="center", va="center", fontsize=9, color=colour)
+    ax.set_xticks(range(len(cols)), [c if c != "none" else "none (control)" for c in cols])
+    ax.set_yticks(range(len(rows)), rows)
+    ax.xaxis.tick_top()
+    ax.set_xticks(np.arange(len(cols) + 1) - 0.5, minor=True)
+    ax.set_yticks(np.arange(len(rows) + 1) - 0.5, minor=True)
+    ax.grid(which="minor", color="white", linewidth=3)
+    ax.tick_params(which="both", length=0)
+    fig.suptitle("Game day: time from the fault to the trip, per component and fault", fontsize=11)
+    fig.savefig(path, dpi=80, format="png", pil_kwargs={"compress_level": 1})

@@ -1,0 +1,547 @@
+"""Synthetic run folders that follow the contracts (docs/ARCHITECTURE.md §7, §7.1).
+
+For the report's tests and ``bench/report_speed.py``: ``write_run`` lays out a game day —
+the control run plus router, broker and rollback under latency, pod-kill and
+faulty-kernel — with load records, oracle records, fault ledgers, broker timelines
+(changes in the broker's ``{"old", "new"}`` form), Chaos-Toolkit-shaped journals and
+result.json files. ``write_records`` / ``write_oracle`` write hand-made rows with the full
+§7 schemas (unspecified columns filled with plausible values).
+
+Data is generated with numpy, vectorised, from a seed: the same arguments give the same
+files. This module only writes under the folder it is given and never talks to
+anything.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+LOAD_SCHEMA = pa.schema(
+    [
+        ("run_id", pa.string()),
+        ("request_id", pa.string()),
+        ("user_id", pa.string()),
+        ("start_time", pa.float64()),
+        ("ttft_s", pa.float64()),
+        ("e2e_s", pa.float64()),
+        ("itl_mean_s", pa.float64()),
+        ("itl_p99_s", pa.float64()),
+        ("itl_max_s", pa.float64()),
+        ("prompt_tokens", pa.int64()),
+        ("completion_tokens", pa.int64()),
+        ("planned_prompt_tokens", pa.int64()),
+        ("status", pa.int64()),
+        ("ok", pa.bool_()),
+        ("error_kind", pa.string()),
+        ("served_by", pa.string()),
+        ("model_version", pa.string()),
+        ("config_revision", pa.string()),
+        ("router_id", pa.string()),
+        ("bucket", pa.string()),
+        ("endpoint", pa.string()),
+        ("stream", pa.bool_()),
+    ]
+)
+ORACLE_SCHEMA = pa.schema(
+    [
+        ("run_id", pa.string()),
+        ("time", pa.float64()),
+        ("request_id", pa.string()),
+        ("bucket", pa.string()),
+        ("prompt_tokens", pa.int64()),
+        ("positions", pa.int64()),
+        ("kl_mean", pa.float64()),
+        ("kl_first", pa.float64()),
+        ("top1_agree", pa.float64()),
+        ("baseline_version", pa.string()),
+        ("canary_version", pa.string()),
+        ("error", pa.string()),
+    ]
+)
+EDGES = np.array([512, 1024, 2048, 4096])
+LABELS = np.array(["0-512", "512-1k", "1k-2k", "2k-4k", "4k+"], dtype=object)
+BUCKET_WEIGHTS = np.array([0.40, 0.25, 0.15, 0.12, 0.08])
+KERNEL_MIN_TOKENS = 2048
+
+
+def bucket_of(tokens: np.ndarray) -> np.ndarray:
+    return LABELS[np.searchsorted(EDGES, tokens, side="right")]
+
+
+def _table(schema: pa.Schema, columns: Mapping[str, Any], defaults: Mapping[str, Any]) -> pa.Table:
+    n = len(next(iter(columns.values())))
+    arrays = []
+    for f in schema:
+        if f.name in columns:
+            values = columns[f.name]
+        else:
+            d = defaults[f.name]
+            values = d(n) if callable(d) else [d] * n
+        arrays.append(pa.array(values, type=f.type, from_pandas=True))
+    return pa.Table.from_arrays(arrays, schema=schema)
+
+
+def _error_kinds(ok: np.ndarray) -> np.ndarray:
+    kinds = np.full(len(ok), None, dtype=object)
+    kinds[~ok] = "http_status"
+    return kinds
+
+
+def write_records(
+    path: Path, columns: Mapping[str, Sequence[Any] | np.ndarray], run_id: str = "run"
+) -> None:
+    """Load records with the full §7 schema; give at least start_time and served_by."""
+    tokens = np.asarray(columns.get("prompt_tokens", [100] * len(columns["start_time"])))
+    ok = np.asarray(columns.get("ok", [True] * len(tokens)), dtype=bool)
+    defaults: dict[str, Any] = {
+        "run_id": run_id,
+        "request_id": lambda n: [f"req-{i}" for i in range(n)],
+        "user_id": lambda n: [f"user-{i % 16}" for i in range(n)],
+        "ttft_s": 0.1,
+        "e2e_s": 1.0,
+        "itl_mean_s": 0.01,
+        "itl_p99_s": 0.02,
+        "itl_max_s": 0.03,
+        "prompt_tokens": lambda n: tokens,
+        "completion_tokens": 64,
+        "planned_prompt_tokens": lambda n: tokens,
+        "status": lambda n: np.where(ok, 200, 500),
+        "ok": lambda n: ok,
+        "error_kind": lambda n: _error_kinds(ok),
+        "model_version": None,
+        "config_revision": "1",
+        "router_id": "router-0",
+        "bucket": lambda n: bucket_of(tokens),
+        "endpoint": "/v1/completions",
+        "stream": True,
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(_table(LOAD_SCHEMA, columns, defaults), path)
+
+
+def write_oracle(
+    path: Path, columns: Mapping[str, Sequence[Any] | np.ndarray], run_id: str = "run"
+) -> None:
+    """Oracle records with the full §7 schema; give at least time and kl_mean."""
+    tokens = np.asarray(columns.get("prompt_tokens", [3000] * len(columns["time"])))
+    defaults: dict[str, Any] = {
+        "run_id": run_id,
+        "request_id": lambda n: [f"pair-{i}" for i in range(n)],
+        "bucket": lambda n: bucket_of(tokens),
+        "prompt_tokens": lambda n: tokens,
+        "positions": 16,
+        "kl_first": lambda n: columns["kl_mean"],
+        "top1_agree": 1.0,
+        "baseline_version": "v1",
+        "canary_version": "v2",
+        "error": None,
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(_table(ORACLE_SCHEMA, columns, defaults), path)
+
+
+def iso(t: float) -> str:
+    return datetime.fromtimestamp(t, tz=UTC).isoformat()
+
+
+def slo_output(check: str, measured: float, allowed: float, unit: str = "s") -> dict[str, Any]:
+    return {
+        "check": check,
+        "measured": measured,
+        "allowed": allowed,
+        "unit": unit,
+        "ok": measured <= allowed,
+        "detail": {},
+    }
+
+
+def journal(
+    title: str,
+    component: str,
+    fault: str,
+    expect: str,
+    start: float,
+    end: float,
+    slo: Mapping[str, float],
+    outputs: Sequence[dict[str, Any]] = (),
+    status: str = "completed",
+    deviated: bool = False,
+    description: str = "",
+) -> dict[str, Any]:
+    """A journal shaped like chaoslib's (``run.py: initialize_run_journal`` and after)."""
+
+    def run_entry(name: str, output: Any, kind: str = "probe") -> dict[str, Any]:
+        return {
+            "activity": {
+                "type": kind,
+                "name": name,
+                "provider": {"type": "python", "module": "probes.slo", "func": name},
+            },
+            "output": output,
+            "start": iso(start),
+            "status": "succeeded",
+            "end": iso(end),
+            "duration": end - start,
+        }
+
+    experiment = {
+        "version": "1.0.0",
+        "title": title,
+        "description": description,
+        "extensions": [
+            {
+                "name": "gameday",
+                "component": component,
+                "fault": fault,
+                "expect": expect,
+                "slo": dict(slo),
+            }
+        ],
+        "steady-state-hypothesis": {"title": "stack healthy", "probes": []},
+        "method": [],
+        "rollbacks": [],
+    }
+    healthy = dict(run_entry("stack-healthy", True), tolerance_met=True)
+    return {
+        "chaoslib-version": "1.44.0",
+        "platform": "synthetic",
+        "node": "synthetic",
+        "experiment": experiment,
+        "start": iso(start),
+        "status": status,
+        "deviated": deviated,
+        "steady_states": {
+            "before": {"steady_state_met": True, "probes": [healthy]},
+            "after": {"steady_state_met": not deviated, "probes": [healthy]},
+            "during": [],
+        },
+        "run": [run_entry(f"check-{o['check']}", o) for o in outputs],
+        "rollbacks": [],
+        "end": iso(end),
+        "duration": end - start,
+    }
+
+
+@dataclass
+class Scenario:
+    name: str
+    component: str
+    fault: str  # latency | pod-kill | faulty-kernel | none
+    expect: str  # trip | no_trip
+    trips: bool
+    detection_s: float = 2.0
+    title: str = ""
+
+
+def game_day() -> list[Scenario]:
+    out = [
+        Scenario("control", "control", "none", "no_trip", False, title="Control: healthy canary")
+    ]
+    for component in ("router", "broker", "rollback"):
+        out.append(
+            Scenario(
+                f"{component}-latency",
+                component,
+                "latency",
+                "no_trip",
+                False,
+                title=f"{component} slowed, healthy canary: no trip",
+            )
+        )
+        out.append(
+            Scenario(
+                f"{component}-pod-kill",
+                component,
+                "pod-kill",
+                "trip",
+                True,
+                2.5,
+                title=f"{component} pod killed while the canary turns faulty",
+            )
+        )
+        out.append(
+            Scenario(
+                f"{component}-faulty-kernel",
+                component,
+                "faulty-kernel",
+                "trip",
+                True,
+                1.8,
+                title=f"faulty kernel while the {component} is slowed",
+            )
+        )
+    return out
+
+
+SLO = {"detection_s": 5.0, "weights_applied_s": 5.0, "rollback_s": 5.0, "rollback_complete_s": 30.0}
+
+
+def write_experiment(
+    folder: Path,
+    sc: Scenario,
+    start: float,
+    n_requests: int,
+    oracle_share: float,
+    rng: np.random.Generator,
+    run_id: str,
+    duration_s: float = 90.0,
+    fault_after_s: float = 30.0,
+) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    end = start + duration_s
+    fault_t = start + fault_after_s if sc.fault != "none" else None
+    kernel = sc.fault in ("faulty-kernel", "pod-kill")
+    trip_t = fault_t + sc.detection_s if (sc.trips and fault_t is not None) else None
+    applied_t = trip_t + 0.6 if trip_t else None
+
+    # Load records.
+    n = n_requests
+    t = np.sort(rng.uniform(start, end, n))
+    b = rng.choice(len(LABELS), size=n, p=BUCKET_WEIGHTS)
+    lo = np.array([1, 512, 1024, 2048, 4096])[b]
+    hi = np.array([512, 1024, 2048, 4096, 8192])[b]
+    tokens = (lo + rng.random(n) * (hi - lo)).astype(np.int64)
+    canary = rng.random(n) < 0.05
+    if applied_t is not None:
+        canary &= t < applied_t
+    ok = rng.random(n) > 0.005
+    served = np.where(canary, "canary", "baseline").astype(object)
+    served[~ok & (rng.random(n) < 0.3)] = ""
+    ttft = 0.03 + tokens * 1.5e-4 + rng.lognormal(-4, 0.5, n)
+    if sc.fault == "latency" and fault_t is not None:
+        ttft = ttft + np.where((t >= fault_t) & (t < fault_t + 30), 0.2, 0.0)
+    write_records(
+        folder / "records.parquet",
+        {
+            "start_time": t,
+            "served_by": served,
+            "prompt_tokens": tokens,
+            "ok": ok,
+            "ttft_s": np.where(ok, ttft, np.nan),
+            "e2e_s": ttft + 0.64,
+            "model_version": np.where(canary, "v2", "v1"),
+        },
+        run_id=run_id,
+    )
+
+    # Oracle pairs.
+    m = max(int(n * oracle_share), 1)
+    ot = np.sort(rng.uniform(start, end, m))
+    otok = rng.integers(64, 8192, m)
+    kl = rng.gamma(4.0, 0.0025, m)
+    if kernel and fault_t is not None:
+        kl = kl + np.where((ot >= fault_t) & (otok >= KERNEL_MIN_TOKENS), 0.15 * otok / 4096, 0.0)
+    write_oracle(
+        folder / "oracle.parquet", {"time": ot, "prompt_tokens": otok, "kl_mean": kl}, run_id
+    )
+
+    # Fault ledger.
+    ledger: list[dict[str, Any]] = []
+    if fault_t is not None:
+
+        def entry(
+            action: str, when: float, component: str, kind: str, params: dict[str, Any]
+        ) -> dict[str, Any]:
+            return {
+                "action": action,
+                "time": when,
+                "component": component,
+                "replica": f"{component}-0",
+                "url": "http://127.0.0.1:1",
+                "kind": kind,
+                "fault_id": f"f-{len(ledger)}",
+                "ttl_s": 60.0,
+                "params": params,
+                "detail": {},
+            }
+
+        if sc.fault in ("latency", "faulty-kernel"):
+            ledger.append(
+                entry(
+                    "inject", fault_t - (0.5 if kernel else 0), sc.component, "latency", {"ms": 200}
+                )
+            )
+        if kernel:
+            ledger.append(
+                entry("inject", fault_t, "model-canary", "kernel", {"min_prompt_tokens": 2048})
+            )
+        if sc.fault == "pod-kill":
+            ledger.append(entry("kill", fault_t + 0.5, sc.component, "pod-kill", {}))
+        ledger.append(entry("clear", end - 5, sc.component, "latency", {}))
+    (folder / "faults.jsonl").write_text("".join(json.dumps(e) + "\n" for e in ledger))
+
+    # Broker timeline.
+    events: list[dict[str, Any]] = [
+        {
+            "seq": 1,
+            "time": start - 600,
+            "revision": 1,
+            "actor": "setup",
+            "change": {"phase": {"old": None, "new": "progressing"}},
+            "reason": "an earlier run",
+        },
+        {
+            "seq": 2,
+            "time": start - 590,
+            "revision": 2,
+            "actor": "gate",
+            "change": {"phase": {"old": "progressing", "new": "tripped"}},
+            "reason": "an earlier run",
+        },
+    ]
+    if fault_t is not None:
+        events.append(
+            {
+                "seq": 3,
+                "time": fault_t,
+                "revision": 5,
+                "actor": "gameday",
+                "change": {
+                    "annotation": "fault_injected",
+                    "component": "model-canary" if kernel else sc.component,
+                    "kind": "kernel" if kernel else "latency",
+                },
+                "reason": "fault",
+            }
+        )
+    if trip_t is not None and applied_t is not None:
+        evidence = {
+            "test": "drift",
+            "bucket": "2k-4k",
+            "statistic": 0.09,
+            "threshold": 0.03,
+            "samples": 12,
+            "first_sample_time": fault_t + 0.3 if fault_t else None,
+            "last_sample_time": trip_t - 0.1,
+            "tripped_at": trip_t,
+            "detail": {},
+        }
+        events += [
+            {
+                "seq": 4,
+                "time": trip_t,
+                "revision": 6,
+                "actor": "gate",
+                "reason": "drift",
+                "change": {
+                    "phase": {"old": "progressing", "new": "tripped"},
+                    "trip": {"old": None, "new": evidence},
+                },
+            },
+            {
+                "seq": 5,
+                "time": trip_t + 0.1,
+                "revision": 7,
+                "actor": "rollback",
+                "reason": "rollback",
+                "change": {
+                    "phase": {"old": "tripped", "new": "rolling_back"},
+                    "weights.canary": {"old": 5, "new": 0},
+                },
+            },
+            {
+                "seq": 6,
+                "time": applied_t,
+                "revision": 7,
+                "actor": "rollback",
+                "reason": "applied",
+                "change": {
+                    "annotation": "routers_applied",
+                    "revision": 7,
+                    "routers": ["router-0", "router-1"],
+                    "waited_s": 0.5,
+                    "retries": 0,
+                },
+            },
+            {
+                "seq": 7,
+                "time": applied_t + 0.2,
+                "revision": 8,
+                "actor": "rollback",
+                "reason": "q",
+                "change": {"canary.quarantined": {"old": False, "new": True}},
+            },
+            {
+                "seq": 8,
+                "time": applied_t + 0.3,
+                "revision": 9,
+                "actor": "rollback",
+                "reason": "done",
+                "change": {"phase": {"old": "rolling_back", "new": "rolled_back"}},
+            },
+        ]
+    (folder / "timeline.json").write_text(
+        json.dumps({"release": "default", "events": events, "routers": [], "collected_at": end})
+    )
+
+    outputs = []
+    if sc.expect == "trip" and trip_t is not None and fault_t is not None:
+        outputs.append(slo_output("detection_s", trip_t - fault_t, SLO["detection_s"]))
+    outputs.append(slo_output("error_rate", float((~ok).mean()), 0.02, "ratio"))
+    (folder / "journal.json").write_text(
+        json.dumps(
+            journal(
+                sc.title or sc.name,
+                sc.component,
+                sc.fault,
+                sc.expect,
+                start,
+                end,
+                SLO,
+                outputs,
+                description=f"Synthetic {sc.name}: {sc.title}.",
+            )
+        )
+    )
+    (folder / "result.json").write_text(
+        json.dumps(
+            {
+                "experiment": sc.name,
+                "verdict": "pass",
+                "reasons": [],
+                "chaos_exit_code": 0,
+                "started_at": start,
+                "ended_at": end,
+            }
+        )
+    )
+
+
+def write_run(
+    root: Path,
+    scenarios: Sequence[Scenario] | None = None,
+    requests_per_experiment: int = 2000,
+    oracle_share: float = 0.05,
+    seed: int = 7,
+    run_id: str = "synthetic",
+    start: float = 1_700_000_000.0,
+) -> Path:
+    """A whole run folder under ``root`` (created); returns it."""
+    scenarios = list(scenarios) if scenarios is not None else game_day()
+    rng = np.random.default_rng(seed)
+    root.mkdir(parents=True, exist_ok=True)
+    for i, sc in enumerate(scenarios):
+        write_experiment(
+            root / sc.name,
+            sc,
+            start + 120.0 * i,
+            requests_per_experiment,
+            oracle_share,
+            rng,
+            run_id,
+        )
+    (root / "run.json").write_text(
+        json.dumps(
+            {"run_id": run_id, "experiments": [sc.name for sc in scenarios], "started_at": start}
+        )
+    )
+    return root

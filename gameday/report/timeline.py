@@ -1,0 +1,536 @@
+"""One experiment's timeline: from the fault to the completed rollback, against the SLOs.
+
+Milestones, each with the time it happened, where that time came from, and its distance
+from the fault:
+
+1. ``fault_injected`` — the first ``inject`` in ``faults.jsonl`` of the fault the gate
+   must catch: the ``kernel`` fault (on ``model-canary``) when the experiment has one
+   (faulty-kernel and pod-kill experiments), else the first injection (or kill) of the
+   experiment's own fault on its component; the broker's ``fault_injected`` /
+   ``pod_killed`` annotations stand in when the ledger is missing.
+2. ``first_drifted_sample`` — the first oracle record after the fault whose ``kl_mean``
+   exceeds the drift threshold, else the gate's trip evidence ``first_sample_time``.
+3. ``gate_tripped`` — the broker event whose change sets the phase to ``tripped``.
+4. ``weights_applied`` — the ``routers_applied`` annotation (every live router reports
+   the revision with canary weight 0).
+5. ``last_canary_request`` — the latest ``start_time`` of a canary-served request at or
+   after the fault (load records).
+6. ``rollback_complete`` — the event whose change sets the phase to ``rolled_back``.
+
+Checks against the SLOs, all measured from the fault (keys of the experiment's
+``gameday.slo``, defaults in ``DEFAULT_SLO_S``): ``detection_s`` (3), ``weights_applied_s``
+(4), ``rollback_s`` (5: no canary-served request started later than this),
+``rollback_complete_s`` (6). An experiment that expects no trip gets one check instead,
+``no_trip`` (trips seen, allowed 0).
+
+Broker events carry changes as ``{"phase": {"old": ..., "new": ...}}`` (flattened keys
+such as ``weights.canary``) or plain ``{"phase": "tripped"}``; both are read. Only events
+inside the experiment's window count, since the broker keeps the history of every
+earlier experiment on the same release.
+
+This module computes; it never reads files or draws.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from gameday.report.loader import ExperimentData, parse_time
+
+DEFAULT_DRIFT_KL = 0.05  # nats; a healthy canary of the reference stack shows ~0.01
+DEFAULT_SLO_S: dict[str, float] = {
+    "detection_s": 5.0,
+    "weights_applied_s": 5.0,  # DESIGN.md §4: weight 0 applied at every router, p95 <= 5 s
+    "rollback_s": 5.0,
+    "rollback_complete_s": 30.0,
+}
+# Events a few seconds before the journal's start still belong to the experiment (the
+# harness may annotate while Chaos Toolkit starts up).
+WINDOW_SLACK_S = 2.0
+
+MILESTONES: tuple[tuple[str, str, str | None], ...] = (
+    ("fault_injected", "fault injected", None),
+    ("first_drifted_sample", "first drifted sample", None),
+    ("gate_tripped", "gate trip", "detection_s"),
+    ("weights_applied", "weights applied at every router", "weights_applied_s"),
+    ("last_canary_request", "last canary-served request", "rollback_s"),
+    ("rollback_complete", "rollback complete", "rollback_complete_s"),
+)
+
+
+@dataclass
+class Milestone:
+    name: str
+    label: str
+    time: float | None  # epoch seconds
+    since_fault_s: float | None
+    step_s: float | None  # since the previous milestone that has a time
+    source: str
+    slo_key: str | None = None
+    allowed_s: float | None = None
+    slo_source: str | None = None
+    ok: bool | None = None
+    detail: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "label": self.label,
+            "time": self.time,
+            "since_fault_s": _round(self.since_fault_s),
+            "step_s": _round(self.step_s),
+            "source": self.source,
+            "slo": self.slo_key,
+            "allowed_s": self.allowed_s,
+            "slo_source": self.slo_source,
+            "ok": self.ok,
+            "detail": self.detail,
+        }
+
+
+@dataclass
+class TimelineCheck:
+    check: str
+    measured: float | None
+    allowed: float
+    unit: str
+    ok: bool
+    note: str
+
+
+@dataclass
+class Marker:
+    label: str
+    time: float
+    kind: str  # milestone | fault | clear | kill | phase
+
+
+@dataclass
+class Timeline:
+    experiment: str
+    reference_time: float | None  # the fault, else the experiment's start
+    reference: str  # "fault" | "start" | "none"
+    milestones: list[Milestone]
+    tripped: bool
+    trips: int
+    trip: dict[str, Any] | None
+    drift_kl: float
+    checks: list[TimelineCheck]
+    markers: list[Marker]
+    notes: list[str]
+
+    def milestone(self, name: str) -> Milestone:
+        return next(m for m in self.milestones if m.name == name)
+
+    @property
+    def time_to_trip_s(self) -> float | None:
+        return self.milestone("gate_tripped").since_fault_s
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "experiment": self.experiment,
+            "reference": self.reference,
+            "reference_time": self.reference_time,
+            "tripped": self.tripped,
+            "trips": self.trips,
+            "trip": self.trip,
+            "drift_kl_threshold": self.drift_kl,
+            "milestones": [m.to_json() for m in self.milestones],
+            "checks": [
+                {
+                    "check": c.check,
+                    "measured": _round(c.measured),
+                    "allowed": c.allowed,
+                    "unit": c.unit,
+                    "ok": c.ok,
+                    "note": c.note,
+                }
+                for c in self.checks
+            ],
+            "markers": [
+                {
+                    "label": m.label,
+                    "time": m.time,
+                    "kind": m.kind,
+                    "since_reference_s": _since(m.time, self.reference_time),
+                }
+                for m in self.markers
+            ],
+            "notes": self.notes,
+        }
+
+
+def _round(x: float | None) -> float | None:
+    return None if x is None else round(float(x), 4)
+
+
+def _since(t: float | None, ref: float | None) -> float | None:
+    return None if t is None or ref is None else round(t - ref, 4)
+
+
+# ---------------------------------------------------------------------------------------
+# Broker events
+
+
+def _new_value(change: Any, key: str) -> Any:
+    """The value an event's change sets ``key`` to (``_ABSENT`` when it does not)."""
+    if not isinstance(change, dict):
+        return _ABSENT
+    if key in change:
+        value = change[key]
+        if isinstance(value, dict) and "new" in value and set(value) <= {"old", "new"}:
+            return value["new"]
+        return value
+    head, _, tail = key.partition(".")
+    if tail and isinstance(change.get(head), dict):
+        return _new_value(change[head], tail)
+    return _ABSENT
+
+
+_ABSENT = object()
+
+
+def window_events(exp: ExperimentData) -> list[dict[str, Any]]:
+    """The broker events of this experiment, in order (those before its start dropped)."""
+    if exp.timeline is None:
+        return []
+    events = [e for e in exp.timeline.get("events") or [] if isinstance(e, dict)]
+    for e in events:
+        e["time"] = parse_time(e.get("time"))
+    events = [e for e in events if e["time"] is not None]
+    start = exp.window_start()
+    if start is not None:
+        events = [e for e in events if e["time"] >= start - WINDOW_SLACK_S]
+    events.sort(key=lambda e: (e["time"], e.get("seq") or 0))
+    return events
+
+
+def _first_phase(
+    events: list[dict[str, Any]], phase: str, after: float | None = None
+) -> dict[str, Any] | None:
+    for e in events:
+        if after is not None and e["time"] < after:
+            continue
+        if _new_value(e.get("change"), "phase") == phase:
+            return e
+    return None
+
+
+def _annotation(events: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
+    return [
+        e
+        for e in events
+        if isinstance(e.get("change"), dict) and e["change"].get("annotation") == name
+    ]
+
+
+# ---------------------------------------------------------------------------------------
+# The fault
+
+
+def find_fault(exp: ExperimentData, events: list[dict[str, Any]]) -> tuple[float | None, str]:
+    """The reference fault's time and a sentence saying where it came from."""
+    spec = exp.spec
+    fault = spec.fault if spec else None
+    component = spec.component if spec else None
+    if fault in ("none",):
+        return None, "this experiment injects no fault"
+    injects = [f for f in exp.faults if f.get("action") == "inject"]
+    kills = [f for f in exp.faults if f.get("action") == "kill"]
+
+    def on(
+        entries: list[dict[str, Any]], kind: str | None = None, comp: str | None = None
+    ) -> dict[str, Any] | None:
+        for f in entries:
+            if kind is not None and f.get("kind") != kind:
+                continue
+            if comp is not None and not str(f.get("component") or "").startswith(comp):
+                continue
+            return f
+        return None
+
+    candidates: list[tuple[dict[str, Any] | None, str]] = [
+        (on(injects, "kernel", "model-canary"), "kernel fault injected on model-canary"),
+        (on(injects, "kernel"), "kernel fault injected"),
+    ]
+    if fault == "latency":
+        candidates.append((on(injects, "latency", component), f"latency injected on {component}"))
+    if fault == "pod-kill":
+        candidates.append((on(kills, None, component), f"pod of {component} killed"))
+    candidates.append((on(injects), "first injection in the ledger"))
+    candidates.append((on(kills), "first kill in the ledger"))
+    for entry, why in candidates:
+        if entry is not None:
+            detail = f"{entry.get('kind')} on {entry.get('replica') or entry.get('component')}"
+            return float(entry["time"]), f"faults.jsonl: {why} ({detail})"
+    # No ledger: the broker's annotations.
+    annotated = _annotation(events, "fault_injected")
+    kernel = [e for e in annotated if e["change"].get("kind") == "kernel"]
+    for group, why in (
+        (kernel, "kernel fault_injected annotation"),
+        (annotated, "fault_injected annotation"),
+        (_annotation(events, "pod_killed"), "pod_killed annotation"),
+    ):
+        if group:
+            return float(group[0]["time"]), f"timeline.json: {why}"
+    return None, "no fault found in faults.jsonl or timeline.json"
+
+
+# ---------------------------------------------------------------------------------------
+# Building a timeline
+
+
+def slo_allowed(
+    exp: ExperimentData, key: str, probe_allowed: dict[str, float]
+) -> tuple[float, str]:
+    if exp.spec and key in exp.spec.slo:
+        return exp.spec.slo[key], "experiment gameday.slo"
+    if key in probe_allowed:
+        return probe_allowed[key], "the experiment's SLO probe"
+    return DEFAULT_SLO_S[key], "report default"
+
+
+def build_timeline(exp: ExperimentData, probe_allowed: dict[str, float] | None = None) -> Timeline:
+    """``probe_allowed``: check name -> allowed, from the journal's SLO probe outputs."""
+    probe_allowed = probe_allowed or {}
+    events = window_events(exp)
+    notes: list[str] = []
+    fault_time, fault_source = find_fault(exp, events)
+    drift_kl = exp.spec.drift_kl if exp.spec and exp.spec.drift_kl is not None else DEFAULT_DRIFT_KL
+
+    trip_event = _first_phase(events, "tripped")
+    trips = sum(1 for e in events if _new_value(e.get("change"), "phase") == "tripped")
+    trip = None
+    if trip_event is not None:
+        evidence = _new_value(trip_event.get("change"), "trip")
+        trip = evidence if isinstance(evidence, dict) else None
+    trip_time = trip_event["time"] if trip_event else None
+
+    times: dict[str, tuple[float | None, str, dict[str, Any]]] = {}
+    times["fault_injected"] = (fault_time, fault_source, {})
+    times["first_drifted_sample"] = _first_drift(exp, fault_time, drift_kl, trip)
+    times["gate_tripped"] = (
+        (
+            trip_time,
+            f"timeline.json: event seq {trip_event.get('seq')} sets phase tripped "
+            f"(actor {trip_event.get('actor')})",
+            {"evidence": trip},
+        )
+        if trip_event
+        else (None, "no event sets phase tripped", {})
+    )
+    applied = [
+        e
+        for e in _annotation(events, "routers_applied")
+        if trip_time is None or e["time"] >= trip_time
+    ]
+    if applied:
+        a = applied[0]
+        times["weights_applied"] = (
+            a["time"],
+            "timeline.json: routers_applied annotation",
+            {k: a["change"].get(k) for k in ("revision", "routers", "waited_s", "retries")},
+        )
+    else:
+        times["weights_applied"] = (None, "no routers_applied annotation", {})
+    times["last_canary_request"] = _last_canary(exp, fault_time)
+    done = _first_phase(events, "rolled_back", after=trip_time)
+    times["rollback_complete"] = (
+        (done["time"], f"timeline.json: event seq {done.get('seq')} sets phase rolled_back", {})
+        if done
+        else (None, "no event sets phase rolled_back", {})
+    )
+
+    reference_time, reference = fault_time, "fault"
+    if reference_time is None:
+        reference_time = exp.window_start()
+        reference = "start" if reference_time is not None else "none"
+        if reference_time is None and len(exp.records):
+            reference_time, reference = float(exp.records["start_time"].min()), "start"
+
+    milestones: list[Milestone] = []
+    previous: float | None = None
+    for name, label, slo_key in MILESTONES:
+        t, source, detail = times[name]
+        m = Milestone(
+            name=name,
+            label=label,
+            time=t,
+            since_fault_s=None if t is None or fault_time is None else t - fault_time,
+            step_s=None if t is None or previous is None else t - previous,
+            source=source,
+            detail=detail,
+            slo_key=slo_key,
+        )
+        if t is not None:
+            previous = t
+        milestones.append(m)
+
+    expect = exp.spec.expect if exp.spec else None
+    checks = _checks(
+        exp, milestones, expect, trips, trip_time, reference_time, probe_allowed, notes
+    )
+    markers = _markers(exp, events, milestones)
+    return Timeline(
+        experiment=exp.name,
+        reference_time=reference_time,
+        reference=reference,
+        milestones=milestones,
+        tripped=trip_event is not None,
+        trips=trips,
+        trip=trip,
+        drift_kl=drift_kl,
+        checks=checks,
+        markers=markers,
+        notes=notes,
+    )
+
+
+def _first_drift(
+    exp: ExperimentData, fault_time: float | None, threshold: float, trip: dict[str, Any] | None
+) -> tuple[float | None, str, dict[str, Any]]:
+    gate_first = parse_time(trip.get("first_sample_time")) if trip else None
+    oracle = exp.oracle
+    if fault_time is not None and len(oracle):
+        t = oracle["time"].to_numpy()
+        kl = oracle["kl_mean"].to_numpy()
+        error = oracle["error"]
+        clean = (error.isna() | (error == "")).to_numpy()
+        hit = (t >= fault_time) & clean & (kl > threshold)
+        if hit.any():
+            i = int(np.flatnonzero(hit)[np.argmin(t[hit])])
+            detail = {
+                "kl_mean": float(kl[i]),
+                "threshold": threshold,
+                "bucket": str(oracle["bucket"].iloc[i]),
+                "gate_first_sample_time": gate_first,
+            }
+            return float(t[i]), f"oracle: first record with kl_mean > {threshold:g}", detail
+    if gate_first is not None:
+        return gate_first, "gate trip evidence: first_sample_time", {"threshold": threshold}
+    why = "no oracle record above the threshold after the fault, and no trip evidence"
+    return None, why, {"threshold": threshold}
+
+
+def _last_canary(
+    exp: ExperimentData, fault_time: float | None
+) -> tuple[float | None, str, dict[str, Any]]:
+    rec = exp.records
+    if fault_time is None:
+        return None, "unknown without a fault time", {}
+    if not len(rec):
+        return None, "no load records", {}
+    canary = (rec["served_by"] == "canary").to_numpy() & (
+        rec["start_time"].to_numpy() >= fault_time
+    )
+    count = int(canary.sum())
+    if not count:
+        return None, "records: no canary-served request at or after the fault", {"requests": 0}
+    last = float(rec["start_time"].to_numpy()[canary].max())
+    return last, "records: latest start_time served by the canary", {"requests": count}
+
+
+def _checks(
+    exp: ExperimentData,
+    milestones: list[Milestone],
+    expect: str | None,
+    trips: int,
+    trip_time: float | None,
+    reference_time: float | None,
+    probe_allowed: dict[str, float],
+    notes: list[str],
+) -> list[TimelineCheck]:
+    if expect == "no_trip":
+        note = "no trip" if trips == 0 else f"tripped {trips} time(s)"
+        if trip_time is not None and reference_time is not None:
+            note += f", first at +{trip_time - reference_time:.2f} s"
+        return [TimelineCheck("no_trip", float(trips), 0.0, "count", trips == 0, note)]
+    if expect != "trip":
+        return []
+    checks: list[TimelineCheck] = []
+    fault = milestones[0]
+    for m in milestones:
+        if m.slo_key is None:
+            continue
+        allowed, source = slo_allowed(exp, m.slo_key, probe_allowed)
+        m.allowed_s, m.slo_source = allowed, source
+        if fault.time is None:
+            m.ok = False
+            checks.append(
+                TimelineCheck(
+                    m.slo_key,
+                    None,
+                    allowed,
+                    "s",
+                    False,
+                    f"{m.label}: not measurable, the fault time is unknown",
+                )
+            )
+            continue
+        if m.name == "last_canary_request" and m.time is None and m.detail.get("requests") == 0:
+            m.ok = True
+            checks.append(
+                TimelineCheck(
+                    m.slo_key,
+                    0.0,
+                    allowed,
+                    "s",
+                    True,
+                    "no canary-served request started after the fault",
+                )
+            )
+            continue
+        if m.time is None:
+            m.ok = False
+            checks.append(
+                TimelineCheck(m.slo_key, None, allowed, "s", False, f"{m.label}: {m.source}")
+            )
+            continue
+        measured = float(m.since_fault_s or 0.0)
+        m.ok = measured <= allowed
+        checks.append(
+            TimelineCheck(
+                m.slo_key,
+                measured,
+                allowed,
+                "s",
+                m.ok,
+                f"fault → {m.label}: {measured:.2f} s (allowed {allowed:g} s)",
+            )
+        )
+    return checks
+
+
+def _markers(
+    exp: ExperimentData, events: list[dict[str, Any]], milestones: list[Milestone]
+) -> list[Marker]:
+    markers = [Marker(m.label, m.time, "milestone") for m in milestones if m.time is not None]
+    for f in exp.faults:
+        action = str(f.get("action"))
+        if action in ("inject", "clear", "kill"):
+            label = f"{action} {f.get('kind')} on {f.get('replica') or f.get('component')}"
+            markers.append(Marker(label, float(f["time"]), {"inject": "fault"}.get(action, action)))
+    if not exp.faults:
+        for e in _annotation(events, "fault_injected") + _annotation(events, "pod_killed"):
+            ch = e["change"]
+            markers.append(
+                Marker(
+                    f"{ch.get('annotation')} {ch.get('kind') or ''} on {ch.get('component')}",
+                    float(e["time"]),
+                    "fault",
+                )
+            )
+    markers.sort(key=lambda m: m.time)
+    return markers
+
+
+def records_after(records: pd.DataFrame, t: float | None, variant: str) -> int:
+    """How many requests served by ``variant`` started after ``t`` (0 when t is None)."""
+    if t is None or not len(records):
+        return 0
+    mask = (records["served_by"] == variant).to_numpy() & (records["start_time"].to_numpy() > t)
+    return int(mask.sum())

@@ -1,0 +1,484 @@
+"""The verdict: every check an experiment has, why it passed or failed, and summary.json.
+
+An experiment passes only when everything below holds (fail-closed, DESIGN.md §3):
+
+- no piece the verdict depends on is missing (journal.json, result.json, records with
+  rows; timeline.json when a trip is expected; the gameday extension);
+- ``result.json`` (what ``gameday run`` decided) says pass;
+- Chaos Toolkit's journal: status ``completed``, not deviated, the steady state met
+  before the method, no method or rollback activity failed — Chaos Toolkit exits 0 in
+  some of these cases, a release gate must not;
+- every SLO probe output in the journal (``{"check", "measured", "allowed", "unit",
+  "ok", "detail"}``, from the hypothesis before and after and the method) is ok;
+- the report's own timeline checks (``gameday.report.timeline``): the trip and the
+  rollback within their SLOs when a trip is expected, no trip when none is.
+
+The run passes when it has experiments and all of them pass. This module decides and
+serialises; it never reads files or draws.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from gameday.report.heatmaps import HeatmapData
+from gameday.report.loader import ExperimentData, Missing, RunData, as_dict
+from gameday.report.timeline import Timeline, records_after
+
+SLO_KEYS = frozenset({"check", "measured", "allowed", "ok"})
+JOURNAL_PHASES = (
+    ("before", "hypothesis before"),
+    ("method", "method"),
+    ("after", "hypothesis after"),
+    ("rollbacks", "rollbacks"),
+)
+
+
+@dataclass
+class SloCheck:
+    experiment: str
+    check: str
+    source: str
+    measured: float | None
+    allowed: float | None
+    unit: str
+    ok: bool | None  # None: could not be measured
+    note: str = ""
+    detail: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return f"{self.check} [{self.source}]"
+
+    def sentence(self) -> str:
+        if self.measured is None:
+            return f"{self.check} ({self.source}): not measured — {self.note}"
+        verb = "within" if self.ok else "over"
+        unit = "" if self.unit in ("ratio", "count") else f" {self.unit}"
+        return (
+            f"{self.check} ({self.source}): measured {_fmt(self.measured)}{unit}, "
+            f"{verb} the allowed {_fmt(self.allowed)}{unit}"
+            + (f" — {self.note}" if self.note and not self.ok else "")
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "experiment": self.experiment,
+            "check": self.check,
+            "source": self.source,
+            "measured": _num(self.measured),
+            "allowed": _num(self.allowed),
+            "unit": self.unit,
+            "ok": self.ok,
+            "note": self.note,
+            "detail": self.detail,
+        }
+
+
+@dataclass
+class Activity:
+    phase: str
+    name: str
+    kind: str
+    status: str
+    duration_s: float | None
+    error: str | None
+    tolerance_met: bool | None
+
+
+@dataclass
+class JournalFindings:
+    status: str | None
+    reasons: list[str]
+    checks: list[SloCheck]
+    activities: list[Activity]
+    probe_allowed: dict[str, float]
+
+
+@dataclass
+class ExperimentSummary:
+    name: str
+    title: str
+    description: str
+    component: str | None
+    fault: str | None
+    expect: str | None
+    verdict: str
+    reasons: list[str]
+    journal_status: str | None
+    checks: list[SloCheck]
+    activities: list[Activity]
+    missing: list[Missing]
+    figures: dict[str, Any]
+    timeline: Timeline
+    heatmap: HeatmapData | None
+    result: dict[str, Any] | None
+    notes: list[str] = field(default_factory=list)
+    files: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def passed(self) -> bool:
+        return self.verdict == "pass"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "title": self.title,
+            "component": self.component,
+            "fault": self.fault,
+            "expect": self.expect,
+            "verdict": self.verdict,
+            "reasons": self.reasons,
+            "journal_status": self.journal_status,
+            "tripped": self.timeline.tripped,
+            "time_to_trip_s": _num(self.timeline.time_to_trip_s),
+            "checks": [c.to_json() for c in self.checks],
+            "missing": [m.to_json() for m in self.missing],
+            "figures": self.figures,
+            "notes": self.notes,
+            "files": self.files,
+        }
+
+
+@dataclass
+class Summary:
+    run_id: str
+    run_dir: Path
+    verdict: str
+    headline: str
+    reasons: list[str]
+    experiments: list[ExperimentSummary]
+    missing: list[Missing]
+    generated_at: float = field(default_factory=time.time)
+    timings_s: dict[str, float] = field(default_factory=dict)
+    files: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def passed(self) -> bool:
+        return self.verdict == "pass"
+
+    @property
+    def checks(self) -> list[SloCheck]:
+        return [c for e in self.experiments for c in e.checks]
+
+    @property
+    def report_html(self) -> Path:
+        return self.run_dir / "report.html"
+
+    def all_missing(self) -> list[Missing]:
+        return self.missing + [m for e in self.experiments for m in e.missing]
+
+    def to_json(self) -> dict[str, Any]:
+        checks = self.checks
+        return {
+            "run_id": self.run_id,
+            "run_dir": str(self.run_dir),
+            "verdict": self.verdict,
+            "headline": self.headline,
+            "reasons": self.reasons,
+            "generated_at": self.generated_at,
+            "counts": {
+                "experiments": len(self.experiments),
+                "experiments_passed": sum(e.passed for e in self.experiments),
+                "checks": len(checks),
+                "checks_failed": sum(c.ok is False for c in checks),
+                "checks_not_measured": sum(c.ok is None for c in checks),
+            },
+            "key_figures": self.key_figures(),
+            "checks": [c.to_json() for c in checks],
+            "experiments": [e.to_json() for e in self.experiments],
+            "missing": [m.to_json() for m in self.all_missing()],
+            "files": self.files,
+            "report_build_s": {k: round(v, 4) for k, v in self.timings_s.items()},
+        }
+
+    def key_figures(self) -> dict[str, Any]:
+        trips = [
+            e.timeline.time_to_trip_s
+            for e in self.experiments
+            if e.expect == "trip" and e.timeline.time_to_trip_s is not None
+        ]
+        return {
+            "requests": sum(int(e.figures.get("requests", 0)) for e in self.experiments),
+            "failed_requests": sum(
+                int(e.figures.get("failed_requests", 0)) for e in self.experiments
+            ),
+            "time_to_trip_s": {
+                e.name: _num(e.timeline.time_to_trip_s)
+                for e in self.experiments
+                if e.timeline.tripped
+            },
+            "worst_time_to_trip_s": _num(max(trips)) if trips else None,
+            "unexpected_trips": [
+                e.name for e in self.experiments if e.expect == "no_trip" and e.timeline.tripped
+            ],
+            "missed_trips": [
+                e.name for e in self.experiments if e.expect == "trip" and not e.timeline.tripped
+            ],
+            "canary_requests_after_trip": sum(
+                int(e.figures.get("canary_requests_after_trip", 0)) for e in self.experiments
+            ),
+        }
+
+    def write_json(self, path: Path) -> None:
+        path.write_text(json.dumps(self.to_json(), indent=2, default=str, allow_nan=False) + "\n")
+
+
+def _num(x: Any) -> float | None:
+    if x is None:
+        return None
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        return None
+    return round(v, 6) if math.isfinite(v) else None
+
+
+def _fmt(x: float | None) -> str:
+    if x is None:
+        return "?"
+    return f"{x:.3g}" if abs(x) < 100 else f"{x:.1f}"
+
+
+# ---------------------------------------------------------------------------------------
+# The journal
+
+
+def _last_error_line(activity: dict[str, Any]) -> str | None:
+    exc = activity.get("exception")
+    if isinstance(exc, list) and exc:
+        lines = [line.strip() for line in "".join(str(x) for x in exc).splitlines() if line.strip()]
+        return lines[-1][:400] if lines else None
+    if isinstance(exc, str) and exc.strip():
+        return exc.strip().splitlines()[-1][:400]
+    return None
+
+
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
+def _is_slo(output: Any) -> bool:
+    return isinstance(output, dict) and set(output) >= SLO_KEYS
+
+
+def journal_findings(experiment: str, journal: dict[str, Any] | None) -> JournalFindings:
+    if journal is None:
+        return JournalFindings(None, [], [], [], {})
+    reasons: list[str] = []
+    status = journal.get("status") if isinstance(journal.get("status"), str) else None
+    if status != "completed":
+        reasons.append(f"Chaos Toolkit's status is {status!r}, not 'completed'")
+    if journal.get("deviated") is True:
+        reasons.append("the steady state deviated: the hypothesis was not met after the method")
+    states = as_dict(journal.get("steady_states"))
+    before, after = as_dict(states.get("before")), as_dict(states.get("after"))
+    if before.get("steady_state_met") is False:
+        reasons.append("the steady state was not met before the method (the method did not run)")
+    entries: dict[str, list[Any]] = {
+        "before": _list(before.get("probes")),
+        "method": _list(journal.get("run")),
+        "after": _list(after.get("probes")),
+        "rollbacks": _list(journal.get("rollbacks")),
+    }
+    activities: list[Activity] = []
+    checks: list[SloCheck] = []
+    probe_allowed: dict[str, float] = {}
+    for phase, label in JOURNAL_PHASES:
+        for run in entries[phase]:
+            if not isinstance(run, dict):
+                continue
+            act = as_dict(run.get("activity"))
+            name = str(act.get("name") or "?")
+            kind = str(act.get("type") or "?")
+            a_status = str(run.get("status") or "?")
+            error = _last_error_line(run)
+            tol = run.get("tolerance_met") if isinstance(run.get("tolerance_met"), bool) else None
+            duration = run.get("duration")
+            activities.append(
+                Activity(
+                    label,
+                    name,
+                    kind,
+                    a_status,
+                    float(duration) if isinstance(duration, int | float) else None,
+                    error,
+                    tol,
+                )
+            )
+            if a_status == "failed" and phase in ("method", "rollbacks"):
+                what = "rollback" if phase == "rollbacks" else f"method {kind}"
+                reasons.append(
+                    f"{what} {name!r} failed: {error or 'no exception recorded'}"
+                    + (" (faults may not have been cleared)" if phase == "rollbacks" else "")
+                )
+            if tol is False:
+                reasons.append(
+                    f"steady-state probe {name!r} ({label}) was not within its tolerance"
+                )
+            output = as_dict(run.get("output"))
+            if _is_slo(output):
+                check = _slo_check(experiment, output, f"probe {name!r}, {label}")
+                checks.append(check)
+                if check.allowed is not None:
+                    probe_allowed.setdefault(check.check, check.allowed)
+    return JournalFindings(status, reasons, checks, activities, probe_allowed)
+
+
+def _slo_check(experiment: str, output: dict[str, Any], source: str) -> SloCheck:
+    measured, allowed = _num(output.get("measured")), _num(output.get("allowed"))
+    ok = output.get("ok")
+    detail = as_dict(output.get("detail"))
+    return SloCheck(
+        experiment=experiment,
+        check=str(output.get("check")),
+        source=source,
+        measured=measured,
+        allowed=allowed,
+        unit=str(output.get("unit") or ""),
+        ok=ok if isinstance(ok, bool) else False,
+        note="" if isinstance(ok, bool) else f"the probe's 'ok' is {ok!r}, not a boolean",
+        detail=detail,
+    )
+
+
+# ---------------------------------------------------------------------------------------
+# Key figures
+
+
+def key_figures(exp: ExperimentData, timeline: Timeline) -> dict[str, Any]:
+    rec = exp.records
+    ok = rec["ok"].to_numpy(dtype=bool)
+    variant = rec["served_by"].astype("category")
+    fig: dict[str, Any] = {
+        "requests": len(rec),
+        "failed_requests": int((~ok).sum()),
+        "error_rate": _num((~ok).mean()) if len(rec) else None,
+        "requests_by_variant": {
+            str(k): int(v) for k, v in variant.value_counts(dropna=False).items() if v
+        },
+    }
+    good = rec.loc[ok & rec["ttft_s"].notna().to_numpy(), ["served_by", "ttft_s"]]
+    by = good.groupby(good["served_by"].astype("category"), observed=True)["ttft_s"]
+    fig["ttft_p50_s"] = {str(k): _num(v) for k, v in by.quantile(0.5).items()}
+    fig["ttft_p99_s"] = {str(k): _num(v) for k, v in by.quantile(0.99).items()}
+    fault = timeline.milestone("fault_injected").time
+    trip = timeline.milestone("gate_tripped").time
+    fig["canary_requests_after_fault"] = records_after(rec, fault, "canary")
+    fig["canary_requests_after_trip"] = records_after(rec, trip, "canary")
+    ora = exp.oracle
+    kl = ora["kl_mean"].to_numpy(dtype=float)
+    fig["oracle_pairs"] = len(ora)
+    fig["oracle_kl_max"] = _num(np.nanmax(kl)) if len(kl) and np.isfinite(kl).any() else None
+    fig["time_to_trip_s"] = _num(timeline.time_to_trip_s)
+    if timeline.trip:
+        fig["trip"] = {
+            k: timeline.trip.get(k) for k in ("test", "bucket", "statistic", "threshold", "samples")
+        }
+    return fig
+
+
+# ---------------------------------------------------------------------------------------
+# Deciding
+
+
+def summarise_experiment(
+    exp: ExperimentData, findings: JournalFindings, timeline: Timeline, heatmap: HeatmapData | None
+) -> ExperimentSummary:
+    reasons: list[str] = []
+    for m in exp.missing:
+        if m.required:
+            reasons.append(f"incomplete: {m.piece} {m.problem}")
+    if exp.result is not None:
+        verdict = exp.result.get("verdict")
+        if verdict != "pass":
+            listed = [str(r) for r in exp.result.get("reasons") or []]
+            reasons.append(
+                f"gameday run's verdict is {verdict!r}"
+                + (f": {'; '.join(listed)}" if listed else "")
+            )
+    reasons.extend(findings.reasons)
+    checks = list(findings.checks)
+    for c in timeline.checks:
+        checks.append(
+            SloCheck(
+                exp.name, c.check, "report timeline", c.measured, c.allowed, c.unit, c.ok, c.note
+            )
+        )
+    spec = exp.spec
+    if spec and spec.expect == "trip" and not timeline.tripped and exp.timeline is not None:
+        reasons.append(
+            "the experiment expects the gate to trip; no event in timeline.json sets phase tripped"
+        )
+    for check in checks:
+        if check.ok is False:
+            reasons.append(check.sentence())
+    notes = list(spec.notes) if spec else []
+    notes.extend(timeline.notes)
+    return ExperimentSummary(
+        name=exp.name,
+        title=exp.title,
+        description=exp.description,
+        component=spec.component if spec else None,
+        fault=spec.fault if spec else None,
+        expect=spec.expect if spec else None,
+        verdict="fail" if reasons else "pass",
+        reasons=_dedupe(reasons),
+        journal_status=findings.status,
+        checks=checks,
+        activities=findings.activities,
+        missing=list(exp.missing),
+        figures=key_figures(exp, timeline),
+        timeline=timeline,
+        heatmap=heatmap,
+        result=exp.result,
+        notes=notes,
+    )
+
+
+def summarise_run(run: RunData, experiments: list[ExperimentSummary]) -> Summary:
+    reasons = [f"incomplete: {m.piece} {m.problem}" for m in run.missing if m.required]
+    failed = [e for e in experiments if not e.passed]
+    reasons.extend(
+        f"{e.name}: {e.reasons[0]}"
+        + (f" (+{len(e.reasons) - 1} more)" if len(e.reasons) > 1 else "")
+        for e in failed
+    )
+    verdict = "pass" if experiments and not reasons else "fail"
+    n = len(experiments)
+    if verdict == "pass":
+        headline = f"PASS — all {n} experiment{'s' if n != 1 else ''} passed"
+    elif not experiments:
+        headline = "FAIL — the run has no experiments"
+    else:
+        names = ", ".join(e.name for e in failed)
+        headline = f"FAIL — {len(failed)} of {n} experiment{'s' if n != 1 else ''} failed: {names}"
+    return Summary(
+        run_id=run.run_id,
+        run_dir=run.run_dir,
+        verdict=verdict,
+        headline=headline,
+        reasons=reasons,
+        experiments=experiments,
+        missing=list(run.missing),
+    )
+
+
+def _dedupe(items: list[str]) -> list[str]:
+    return list(dict.fromkeys(items))
+
+
+def frame_records(df: pd.DataFrame) -> list[dict[str, Any]]:
+    """A small DataFrame as JSON-ready rows (NaN -> None)."""
+    return [
+        {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in row.items()}
+        for row in df.to_dict(orient="records")
+    ]
