@@ -31,6 +31,10 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+class StopWaiting(Exception):
+    """Raised by a predicate to end ``wait_for`` at once (e.g. the process died)."""
+
+
 def wait_for(
     predicate: Callable[[], object], timeout: float = 10.0, interval: float = 0.02, what: str = ""
 ) -> object:
@@ -42,6 +46,8 @@ def wait_for(
             value = predicate()
             if value:
                 return value
+        except StopWaiting:
+            raise
         except Exception as exc:  # keep polling; report the last error
             last_exc = exc
         time.sleep(interval)
@@ -142,8 +148,8 @@ class Spawner:
 
         try:
             proc.port = int(wait_for(ready_port, timeout=timeout, what=f"{module} to listen"))  # type: ignore[call-overload]
-        except AssertionError:
-            raise AssertionError(f"{module} did not start:\n{proc.log()[-3000:]}") from None
+        except (AssertionError, StopWaiting) as exc:
+            raise AssertionError(f"{module} did not start: {exc}\n{proc.log()[-3000:]}") from None
         if wait_health:
             wait_for(
                 lambda: requests.get(proc.url + "/health", timeout=1).status_code == 200,
