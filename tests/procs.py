@@ -139,9 +139,7 @@ class Spawner:
 
         def ready_port() -> int | None:
             if popen.poll() is not None:
-                raise RuntimeError(
-                    f"{module} exited with {popen.returncode}:\n{proc.log()[-3000:]}"
-                )
+                raise StopWaiting(f"{module} exited with {popen.returncode}")
             if ready.exists():
                 return int(json.loads(ready.read_text())["port"])
             return None
