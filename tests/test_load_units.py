@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
@@ -149,7 +150,7 @@ def test_parquet_sink_schema_row_groups_and_atomic_close(tmp_path: Path) -> None
 
 def parse(*args: str) -> argparse.Namespace:
     class P(argparse.ArgumentParser):
-        def add_argument(self, *a, **kw):  # type: ignore[no-untyped-def]
+        def add_argument(self, *a: Any, **kw: Any) -> Any:
             kw.pop("include_in_web_ui", None)
             kw.pop("is_secret", None)
             kw.pop("env_var", None)

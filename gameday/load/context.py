@@ -22,13 +22,16 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import sys
 import time
 import weakref
 from pathlib import Path
 from typing import Any
 
+import gevent
 import gevent.event
+from locust.stats import CSV_STATS_INTERVAL_SEC
 
 from gameday.load.collector import Collector
 from gameday.load.options import LoadOptions, OptionsError, add_arguments, new_run_id
@@ -47,7 +50,8 @@ log = logging.getLogger("gameday.load")
 
 TRACE_START_DELAY_S = 0.5  # users spawn before the first trace request is due
 LATE_WARNING_INTERVAL_S = 5.0
-ORACLE_INDEX_OFFSET = 1 << 40  # oracle prompts never repeat a load user's prompt
+ORACLE_INDEX_OFFSET = 1 << 40
+MSG_TRACE_DONE = "gameday_trace_done"  # oracle prompts never repeat a load user's prompt
 
 _contexts: weakref.WeakKeyDictionary[Any, LoadContext] = weakref.WeakKeyDictionary()
 
@@ -77,7 +81,9 @@ class LoadContext:
         self.requests_sent = 0
         self.records = 0
         self.oracle_pairs = 0
-        self.abandoned_slots = 0
+        self.stop_requested = False  # SIGTERM: the shape ends the test at its next tick
+        self.trace_done_nodes: set[str] = set()
+        self._trace_done_sent = False
         self._last_late_warning = 0.0
         self.collector = Collector(environment, self.counters)
 
@@ -104,7 +110,7 @@ class LoadContext:
             "trace_requests": len(s) if s else 0,
             "trace_late_starts": s.late if s else 0,
             "max_trace_lag_s": round(s.max_lag_s, 4) if s else 0.0,
-            "trace_abandoned": self.abandoned_slots,
+            "trace_abandoned": s.abandoned if s else 0,
         }
 
     # --- what users ask for -------------------------------------------------------
@@ -144,9 +150,15 @@ class LoadContext:
             self.stopping.wait(delay)
         return not self.stopping.is_set()
 
+    def note_abandoned(self, slot: Slot) -> None:
+        assert self.schedule is not None
+        self.schedule.abandon(slot)
+        self._check_trace_done()
+
     def note_started(self, slot: Slot) -> None:
         assert self.schedule is not None
         lag = self.schedule.mark_started(slot)
+        self._check_trace_done()
         if lag > self.schedule.late_tolerance_s:
             now = time.monotonic()
             if now - self._last_late_warning >= LATE_WARNING_INTERVAL_S:
@@ -161,8 +173,28 @@ class LoadContext:
                     self.schedule.max_lag_s,
                 )
 
+    def _check_trace_done(self) -> None:
+        """Tell the master (once) that this worker has started all its trace requests."""
+        if self.schedule is None or self._trace_done_sent or not self.schedule.finished:
+            return
+        self._trace_done_sent = True
+        if self.collector.role == "worker":
+            self.environment.runner.send_message(MSG_TRACE_DONE, None)
+
+    def _on_trace_done(self, environment: Any, msg: Any) -> None:
+        self.trace_done_nodes.add(str(msg.node_id))
+
+    def trace_finished(self) -> bool:
+        """All trace requests started, in this process or (master) in every worker."""
+        if self.collector.role == "master":
+            workers = self.environment.runner.worker_count
+            return workers > 0 and len(self.trace_done_nodes) >= workers
+        return self.schedule is not None and self.schedule.finished
+
     # --- lifecycle -----------------------------------------------------------------
     def on_init(self) -> None:
+        if self.collector.role == "master":
+            self.environment.runner.register_message(MSG_TRACE_DONE, self._on_trace_done)
         ns = self.environment.parsed_options
         if ns is None or self.collector.role == "worker":
             return  # a worker learns its options from the master at test start
@@ -185,6 +217,10 @@ class LoadContext:
             log.error("gameday.load: error: %s", exc)
             raise
         runner = self.environment.runner
+        if self.collector.role != "worker":
+            # one trace clock for all processes: Locust forwards the master's options with
+            # the spawn message, which it sends right after this event
+            self.environment.parsed_options.gameday_trace_t0 = time.time() + TRACE_START_DELAY_S
         if self.collector.role == "worker":
             self.worker_count = max(
                 1, int(getattr(self.environment.parsed_options, "expect_workers", 1) or 1)
@@ -207,7 +243,10 @@ class LoadContext:
                 self.worker_count,
                 opts.trace_late_tolerance_s,
             )
-            self.schedule.start(time.monotonic() + TRACE_START_DELAY_S)
+            self.schedule.start(time.monotonic() + (self._trace_t0_epoch() - time.time()))
+            self._trace_done_sent = False
+            self._check_trace_done()  # a worker whose share is empty is done at once
+        self.trace_done_nodes = set()
         self.collector.on_test_start()
         if opts.ready_file and self.collector.role != "worker":
             path = Path(opts.ready_file)
@@ -215,6 +254,14 @@ class LoadContext:
             path.write_text(
                 json.dumps({"pid": os.getpid(), "run_id": opts.run_id, "time": time.time()})
             )
+
+    def _trace_t0_epoch(self) -> float:
+        t0 = getattr(self.environment.parsed_options, "gameday_trace_t0", None)
+        return float(t0) if t0 else time.time() + TRACE_START_DELAY_S
+
+    def on_sigterm(self) -> None:
+        log.info("gameday.load: got SIGTERM; stopping (streams in flight get the stop timeout)")
+        self.stop_requested = True
 
     def on_test_stopping(self) -> None:
         self.stopping.set()
@@ -234,6 +281,32 @@ class LoadContext:
 
     def on_quit(self) -> None:
         self.collector.close()
+        prefix = getattr(self.environment.parsed_options, "csv_prefix", None)
+        if self.collector.role != "worker" and prefix:
+            _await_csv_rewrite(Path(f"{prefix}_stats.csv"))
+
+
+def _await_csv_rewrite(path: Path) -> None:
+    """Let Locust's CSV writer write once more after the test stopped.
+
+    Locust rewrites its CSV files every CSV_STATS_INTERVAL_SEC and closes them at exit
+    without a last write, so requests that ended during the stop timeout would be missing
+    from ``--csv``. Waiting for the next rewrite (not a fixed sleep: returning right after
+    it leaves a whole interval before the writer wakes again, so it never writes into a
+    closed file) makes the CSV agree with the records.
+    """
+    try:
+        before = path.stat().st_mtime_ns
+    except OSError:
+        return
+    deadline = time.monotonic() + CSV_STATS_INTERVAL_SEC + 0.5
+    while time.monotonic() < deadline:
+        gevent.sleep(0.02)
+        try:
+            if path.stat().st_mtime_ns != before:
+                return
+        except OSError:
+            return
 
 
 def _enable_oracle(environment: Any, role: str) -> None:
@@ -255,6 +328,23 @@ def _enable_oracle(environment: Any, role: str) -> None:
         classes[:] = [c for c in classes if not issubclass(c, OracleUser)]
 
 
+def _handle_sigterm(ctx: LoadContext) -> None:
+    """Stop cleanly on SIGTERM while a headless shape test runs.
+
+    Locust installs its own SIGTERM handler only after a headless shape test has ended
+    (``main`` blocks on the shape until then), so until that point SIGTERM would kill the
+    process without stopping users or writing records. This handler asks the shape to end
+    the test at its next tick (within a second); Locust then stops users with the stop
+    timeout, fires test_stop and quits as after ``-t``. Locust's own handler replaces this
+    one once it is installed.
+    """
+    from gameday.load.shapes import GamedayShape
+
+    if ctx.collector.role == "worker" or not isinstance(ctx.environment.shape_class, GamedayShape):
+        return
+    gevent.signal_handler(signal.SIGTERM, ctx.on_sigterm)
+
+
 def install(events: Any) -> None:
     """Wire the load harness into Locust's events (call once, from the locustfile)."""
 
@@ -267,6 +357,7 @@ def install(events: Any) -> None:
         ctx = _contexts[environment] = LoadContext(environment)
         _enable_oracle(environment, ctx.collector.role)
         ctx.on_init()
+        _handle_sigterm(ctx)
 
         @events.quit.add_listener
         def _quit(**_kw: Any) -> None:

@@ -51,7 +51,9 @@ class TraceSchedule:
         self.clock = clock
         self.t0: float | None = None
         self._next = worker_index
+        self.taken = 0
         self.started = 0
+        self.abandoned = 0
         self.late = 0
         self.max_lag_s = 0.0
 
@@ -77,7 +79,17 @@ class TraceSchedule:
         if i >= len(self.offsets_s):
             return None
         self._next += self.worker_count
+        self.taken += 1
         return Slot(i, self.t0 + self.offsets_s[i] * self.time_scale)
+
+    @property
+    def finished(self) -> bool:
+        """Every request of this process has started (or was given up when the run stopped)."""
+        return self.taken == len(self) and self.started + self.abandoned == self.taken
+
+    def abandon(self, slot: Slot) -> None:
+        """``slot`` will never start (the run is stopping)."""
+        self.abandoned += 1
 
     def mark_started(self, slot: Slot, now: float | None = None) -> float:
         """Note that ``slot`` started now; returns its lag (0 when on time or early)."""

@@ -8,8 +8,9 @@ Locust's common options (``-u``, ``-r``, ``-t``) and ``--shape``:
   the run time, else 60 s), then steady until ``-t``.
 - ``trace``: the arrivals follow the trace's timestamps × ``--trace-time-scale`` (open loop,
   ``gameday.load.pacing``); ``-u`` users are the pool that sends them, all spawned at once.
-  The run ends when the last trace request is due (plus ``TRACE_END_GRACE_S``; the stop
-  timeout then lets streams finish), or at ``-t`` if that comes first.
+  The run ends once the last trace request is due (plus ``TRACE_END_GRACE_S``) and every
+  process has started all of its trace requests — late ones are sent late, not dropped —
+  and the stop timeout then lets streams finish; or at ``-t`` if that comes first.
 
 ``auto`` (the default) is ``trace`` for an ``azure-trace:`` mix and ``steady`` otherwise.
 The shape runs only on the master (or the single process).
@@ -35,6 +36,8 @@ class GamedayShape(LoadTestShape):
     def tick(self) -> tuple[int, float] | None:
         assert self.runner is not None
         env = self.runner.environment
+        if context_for(env).stop_requested:
+            return None
         ns = env.parsed_options
         opts = context_for(env).options
         t = self.get_run_time()
@@ -43,10 +46,12 @@ class GamedayShape(LoadTestShape):
         run_time = getattr(ns, "run_time", None)
         end = float(run_time) if run_time else math.inf
         shape = opts.shape if opts is not None else "steady"
-        mix = context_for(env).mix
-        if shape == "trace" and isinstance(mix, TraceMix) and opts is not None:
-            trace_end = TRACE_START_DELAY_S + mix.duration_s * opts.trace_time_scale
-            end = min(end, trace_end + TRACE_END_GRACE_S)
+        ctx = context_for(env)
+        if shape == "trace" and isinstance(ctx.mix, TraceMix) and opts is not None:
+            trace_end = TRACE_START_DELAY_S + ctx.mix.duration_s * opts.trace_time_scale
+            # late requests are still sent: wait until every process started all of its own
+            if t >= trace_end + TRACE_END_GRACE_S and ctx.trace_finished():
+                return None
             rate = max(rate, float(users))  # the whole pool at once: arrivals are paced
         if t >= end:
             return None

@@ -139,7 +139,7 @@ class LLMUser(User):
                 return
             slot, req = nxt
             if not self.ctx.wait_until(slot.due):
-                self.ctx.abandoned_slots += 1  # the run is stopping: never start new requests
+                self.ctx.note_abandoned(slot)  # the run is stopping: start nothing new
                 return
             self.ctx.note_started(slot)
         else:
