@@ -243,6 +243,23 @@ async def drive(
     }
 
 
+def pre_forward_ms(log_path: Path) -> dict[str, float | None]:
+    """The router's own time from a request's arrival to its first byte relayed, minus the
+    upstream's time to first byte (from its per-request log lines): the work the router
+    does before forwarding plus its event-loop wait, without the network hop."""
+    gaps: list[float] = []
+    with contextlib.suppress(OSError):
+        for line in log_path.read_text().splitlines():
+            with contextlib.suppress(ValueError):
+                ev = json.loads(line)
+                if ev.get("event") == "request_done" and ev.get("upstream_ttft_s") is not None:
+                    gaps.append(float(ev["ttft_s"]) - float(ev["upstream_ttft_s"]))
+    return {
+        "p50": None if not gaps else round(1000 * (pct(gaps, 0.5) or 0.0), 3),
+        "p99": None if not gaps else round(1000 * (pct(gaps, 0.99) or 0.0), 3),
+    }
+
+
 def main() -> None:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -308,6 +325,7 @@ def main() -> None:
             figures = asyncio.run(drive(targets, args, router_pid))
         finally:
             procs.stop_all()
+        figures["router_pre_forward_ms"] = pre_forward_ms(tmp / "router.log")
     out = {
         "benchmark": "router_overhead",
         "load": {

@@ -788,6 +788,7 @@ def _finish(st: RouterState, ctx: RequestContext) -> None:
         prompt_tokens=ctx.prompt_tokens,
         stream=ctx.stream,
         ttft_s=None if ctx.ttft_s is None else round(ctx.ttft_s, 6),
+        upstream_ttft_s=None if ctx.upstream_ttft_s is None else round(ctx.upstream_ttft_s, 6),
         e2e_s=round(e2e_s, 6),
         error=ctx.error,
         shadow=ctx.shadow_pairs or None,
