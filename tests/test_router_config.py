@@ -181,7 +181,7 @@ def test_stale_config_fault_stops_applying_until_it_expires(
     wait_revision(router, release["revision"])
     r = requests.post(
         instance_url(router) + "/admin/faults",
-        json={"kind": "stale_config", "ttl_s": 3},
+        json={"kind": "stale_config", "ttl_s": 5},
         headers=ADMIN,
         timeout=5,
     )

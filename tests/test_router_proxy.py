@@ -168,7 +168,7 @@ def test_passive_health_skips_a_dead_replica(spawn: Spawner, tmp_path: Path) -> 
     dead = next(p for p in pools if p["url"] == doomed.url)
     assert dead["connect_failures"] >= 1
     # Skipped while marked down: far fewer connect attempts than requests sent to it.
-    assert metric(router, "router_upstream_errors_total", kind="connect") <= 5
+    assert metric(router, "router_upstream_errors_total", kind="connect") < 10
 
 
 def test_whole_pool_down(spawn: Spawner, tmp_path: Path, models: dict[str, Proc]) -> None:
@@ -209,13 +209,13 @@ def test_faults_latency_abort_stale_with_ttl(
 ) -> None:
     router = start_router(spawn, tmp_path, [models["b0"].url], [models["c0"].url])
     admin = instance_url(router) + "/admin/faults"
-    r = requests.post(admin, json={"kind": "latency", "ttl_s": 3, "ms": 600}, headers=ADMIN)
+    r = requests.post(admin, json={"kind": "latency", "ttl_s": 4, "ms": 600}, headers=ADMIN)
     assert r.status_code == 201, r.text
     for variant in ("baseline", "canary"):
         t0 = time.monotonic()
         assert completion(router.url, headers={"x-canary-variant": variant}).status_code == 200
         assert time.monotonic() - t0 >= 0.6  # added before forwarding, to every variant
-    r = requests.post(admin, json={"kind": "abort", "ttl_s": 1.5, "rate": 1.0}, headers=ADMIN)
+    r = requests.post(admin, json={"kind": "abort", "ttl_s": 3, "rate": 1.0}, headers=ADMIN)
     assert r.status_code == 201
     r = completion(router.url)
     assert r.status_code == 503 and r.json()["error"]["code"] == "fault_abort"
