@@ -419,3 +419,37 @@ def test_shadow_cap_drops_and_counts(spawn: Spawner, tmp_path: Path) -> None:
         what="the one allowed shadow to finish",
     )
     wait_for(lambda: health(router)["shadow_inflight"] == 0, what="shadows to drain")
+
+
+def test_client_hanging_up_stops_the_upstream_stream(spawn: Spawner, tmp_path: Path) -> None:
+    # 200 tokens at 50 ms: the model would stream for 10 s if nobody hung up.
+    model = spawn("canarystack.model", "--version", "v1", "--itl-ms", "50", "--itl-jitter", "0")
+    router = start_router(spawn, tmp_path, [model.url])
+    body = {"model": "default", "prompt": "a b c", "max_tokens": 200, "stream": True}
+    t0 = time.monotonic()
+    with requests.post(
+        router.url + "/v1/completions",
+        json=body,
+        headers={"x-request-id": "hangup"},
+        stream=True,
+        timeout=30,
+    ) as r:
+        next(r.iter_content(chunk_size=None))
+    # The connection is closed here, after the first chunk.
+
+    def done(proc: Proc) -> dict[str, Any] | None:
+        return next(
+            (
+                e
+                for e in proc.log_events()
+                if e.get("event") == "request_done" and e.get("request_id") == "hangup"
+            ),
+            None,
+        )
+
+    router_line = wait_for(lambda: done(router), timeout=8, what="router request_done")
+    model_line = wait_for(lambda: done(model), timeout=8, what="model request_done")
+    assert time.monotonic() - t0 < 9  # both ended well before the 10 s stream would have
+    assert isinstance(router_line, dict) and router_line["error"] == "client_abort"
+    assert isinstance(model_line, dict)
+    assert int(model_line["completion_tokens"]) < 200

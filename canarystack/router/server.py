@@ -385,6 +385,8 @@ async def _open_upstream(
     payload: bytes,
     headers: dict[str, str],
     candidates: list[Upstream] | None = None,
+    *,
+    may_fall_back: bool = True,
 ) -> Attempt:
     """Send the request to a replica of ``variant``'s pool (see the module docstring for
     what happens when the whole pool refuses)."""
@@ -400,9 +402,11 @@ async def _open_upstream(
             continue
         pool.mark_up(ups)
         return Attempt(resp, ups, variant, fallback=False)
-    if not pinned and variant == "canary" and len(st.pools["baseline"]):
+    if may_fall_back and not pinned and variant == "canary" and len(st.pools["baseline"]):
         st.metrics.fallbacks.inc()
-        attempt = await _open_upstream(st, "baseline", True, path, payload, headers)
+        attempt = await _open_upstream(
+            st, "baseline", False, path, payload, headers, may_fall_back=False
+        )
         attempt.fallback = True
         return attempt
     n = len(pool)
@@ -580,7 +584,7 @@ async def _proxy(request: web.Request, st: RouterState, ctx: RequestContext) -> 
             raise
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             # The request was sent (or partly): never resend it to another replica.
-            ctx.error = "upstream_" + ("timeout" if isinstance(exc, asyncio.TimeoutError) else "io")
+            ctx.error = "timeout" if isinstance(exc, TimeoutError) else "broken_stream"
             st.metrics.upstream_errors.labels(variant=variant, kind=ctx.error).inc()
             raise Unavailable(
                 f"The {variant} upstream failed before answering ({type(exc).__name__}); retry.",
@@ -675,10 +679,14 @@ async def _relay(
                 ctx.error = "client_abort"
                 up.close()
                 return resp
-        if collector is not None:
-            rest = collector.flush()
-            if rest:
+        rest = collector.flush() if collector is not None else b""
+        if rest:
+            try:
                 await resp.write(rest)
+            except (ConnectionError, RuntimeError):
+                ctx.error = "client_abort"
+                up.close()
+                return resp
     except (TimeoutError, aiohttp.ClientError, OSError):
         up.close()
         ctx.error = "broken_stream"
