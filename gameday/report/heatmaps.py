@@ -332,9 +332,8 @@ def render_heatmaps(data: HeatmapData, path: Path, title: str) -> None:
 def _cmap(name: str) -> object:
     from matplotlib import colormaps
 
-    cmap = colormaps[name].copy()
-    cmap.set_bad("#c8ced6")  # cells without data: darker than any colormap's zero
-    return cmap
+    # Cells without data: a grey darker than any colormap's zero.
+    return colormaps[name].with_extremes(bad="#c8ced6")
 
 
 def _scales(data: HeatmapData) -> dict[str, tuple[float, float, str]]:

@@ -221,6 +221,13 @@ def load_run(run_dir: str | Path) -> RunData:
             f"RUN_DIR {str(root)!r} looks like one experiment's folder (it holds journal.json "
             f"or records.parquet): give the run folder above it, {str(root.parent)!r}"
         )
+    runs = [c.name for c in sorted(root.iterdir()) if c.is_dir() and (c / "run.json").exists()]
+    if runs:
+        raise ReportInputError(
+            f"RUN_DIR {str(root)!r} holds run folders ({', '.join(runs[:3])}"
+            f"{', ...' if len(runs) > 3 else ''}): give one of them, e.g. "
+            f"{str(root / runs[-1])!r} or reports/latest"
+        )
     missing: list[Missing] = []
     run_info = _read_json(
         root / "run.json",

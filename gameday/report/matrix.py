@@ -73,11 +73,12 @@ def _cell(component: str, fault: str, here: list[ExperimentSummary]) -> dict[str
             "text": "not run",
         }
     tripped = [e for e in here if e.timeline.tripped]
-    times = [e.timeline.time_to_trip_s for e in tripped if e.timeline.time_to_trip_s is not None]
-    worst = max(times) if times else None
+    times = [e.timeline.trip_since_reference_s for e in tripped]
+    known = [t for t in times if t is not None]
+    worst = max(known) if known else None
     if tripped and worst is not None:
-        ref = "fault" if tripped[0].timeline.reference == "fault" else "start"
-        text = f"trip +{worst:.1f} s" + ("" if ref == "fault" else " (after start)")
+        after_start = any(e.timeline.reference != "fault" for e in tripped)
+        text = f"trip +{worst:.1f} s" + (" after start" if after_start else "")
     elif tripped:
         text = "trip (no fault time)"
     else:

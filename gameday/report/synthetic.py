@@ -300,7 +300,8 @@ def write_experiment(
     end = start + duration_s
     fault_t = start + fault_after_s if sc.fault != "none" else None
     kernel = sc.fault in ("faulty-kernel", "pod-kill")
-    trip_t = fault_t + sc.detection_s if (sc.trips and fault_t is not None) else None
+    # A control run that trips (a false trip) trips as long after its start as the others.
+    trip_t = (fault_t or start + fault_after_s) + sc.detection_s if sc.trips else None
     applied_t = trip_t + 0.6 if trip_t else None
 
     # Load records.
@@ -420,7 +421,7 @@ def write_experiment(
             "statistic": 0.09,
             "threshold": 0.03,
             "samples": 12,
-            "first_sample_time": fault_t + 0.3 if fault_t else None,
+            "first_sample_time": trip_t - sc.detection_s + 0.3,
             "last_sample_time": trip_t - 0.1,
             "tripped_at": trip_t,
             "detail": {},

@@ -130,6 +130,12 @@ class Timeline:
     def time_to_trip_s(self) -> float | None:
         return self.milestone("gate_tripped").since_fault_s
 
+    @property
+    def trip_since_reference_s(self) -> float | None:
+        """Since the fault, or since the start for a run without one (a false trip)."""
+        t = self.milestone("gate_tripped").time
+        return None if t is None or self.reference_time is None else t - self.reference_time
+
     def to_json(self) -> dict[str, Any]:
         return {
             "experiment": self.experiment,

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -252,14 +253,18 @@ def _fmt(x: float | None) -> str:
 # The journal
 
 
+# chaoslib re-raises an activity's ActivityFailed wrapped in another, so the last line
+# reads "chaoslib.exceptions.ActivityFailed: chaoslib.exceptions.ActivityFailed: ...".
+_REPEATED_PREFIX = re.compile(r"^([\w.]+: )(?:\1)+")
+
+
 def _last_error_line(activity: dict[str, Any]) -> str | None:
     exc = activity.get("exception")
-    if isinstance(exc, list) and exc:
-        lines = [line.strip() for line in "".join(str(x) for x in exc).splitlines() if line.strip()]
-        return lines[-1][:400] if lines else None
-    if isinstance(exc, str) and exc.strip():
-        return exc.strip().splitlines()[-1][:400]
-    return None
+    text = "".join(str(x) for x in exc) if isinstance(exc, list) else exc
+    if not isinstance(text, str):
+        return None
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return _REPEATED_PREFIX.sub(r"\1", lines[-1])[:400] if lines else None
 
 
 def _list(value: Any) -> list[Any]:

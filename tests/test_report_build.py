@@ -1,0 +1,436 @@
+"""The whole report: verdicts, the matrix, summary.json, junit.xml, partial data, the CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pandas as pd
+import pyarrow.parquet as pq
+import pytest
+import xmlschema
+from click.testing import CliRunner
+
+from gameday.report import ReportInputError, build_report
+from gameday.report.cli import report_cmd
+from gameday.report.synthetic import LOAD_SCHEMA, Scenario, game_day, write_run
+from gameday.report.verdict import Summary
+from tests.report_data import hand_made_experiment
+
+XSD = Path(__file__).parent / "data" / "junit.xsd"
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def schema() -> xmlschema.XMLSchema:
+    return xmlschema.XMLSchema(str(XSD))
+
+
+def _valid_junit(run: Path, schema: xmlschema.XMLSchema) -> ET.Element:
+    schema.validate(str(run / "junit.xml"))  # raises with the reason when invalid
+    return ET.parse(run / "junit.xml").getroot()
+
+
+def _small_game_day(root: Path) -> Path:
+    return write_run(root, requests_per_experiment=300, oracle_share=0.1)
+
+
+# ---------------------------------------------------------------------------------------
+# A whole game day
+
+
+def test_a_healthy_game_day_passes(tmp_path: Path, schema: xmlschema.XMLSchema) -> None:
+    run = _small_game_day(tmp_path / "run")
+    summary = build_report(run)
+    assert summary.verdict == "pass", summary.reasons
+    assert summary.headline == "PASS — all 10 experiments passed"
+    assert summary.all_missing() == []
+    for name in (
+        "summary.json",
+        "junit.xml",
+        "report.html",
+        "timeline.json",
+        "matrix.png",
+        "matrix.csv",
+        "timeline-router-pod-kill.png",
+        "heatmap-control.png",
+        "heatmap-control.csv",
+    ):
+        assert (run / name).stat().st_size > 0, name
+    doc = json.loads((run / "summary.json").read_text())
+    assert doc["verdict"] == "pass"
+    assert doc["counts"]["experiments"] == 10 and doc["counts"]["experiments_passed"] == 10
+    # Every SLO check with measured vs allowed: the probe outputs and the report's own.
+    checks = {(c["experiment"], c["check"], c["source"]): c for c in doc["checks"]}
+    det = checks[("router-faulty-kernel", "detection_s", "report timeline")]
+    assert (det["measured"], det["allowed"], det["ok"]) == (pytest.approx(1.8), 5.0, True)
+    probe = checks[("router-faulty-kernel", "detection_s", "probe 'check-detection_s', method")]
+    assert probe["measured"] == pytest.approx(1.8)
+    assert checks[("control", "no_trip", "report timeline")]["measured"] == 0
+    assert doc["key_figures"]["worst_time_to_trip_s"] == pytest.approx(2.5)
+    assert doc["key_figures"]["requests"] == 3000
+    assert set(doc["report_build_s"]) >= {"load", "heatmap_cells", "figures", "html", "total"}
+    # The matrix: every component x fault cell with its time to trip.
+    matrix = pd.read_csv(run / "matrix.csv").set_index(["component", "fault"])
+    assert matrix.loc[("router", "faulty-kernel"), "text"] == "trip +1.8 s"
+    assert matrix.loc[("broker", "pod-kill"), "time_to_trip_s"] == pytest.approx(2.5)
+    assert matrix.loc[("rollback", "latency"), "text"] == "no trip"
+    assert matrix.loc[("control", "none"), "verdict"] == "pass"
+    assert matrix.loc[("control", "latency"), "verdict"] == "not run"
+    assert set(matrix["verdict"]) == {"pass", "not run"}
+    # junit.xml: one test case per experiment and per SLO check, all passing.
+    root = _valid_junit(run, schema)
+    assert len(root.findall("testsuite")) == 10
+    assert int(root.get("tests", "0")) == 10 + len(doc["checks"])
+    assert root.get("failures") == "0" and root.get("errors") == "0"
+
+
+def test_failures_are_named_in_every_output(tmp_path: Path, schema: xmlschema.XMLSchema) -> None:
+    scenarios = [
+        Scenario("control", "control", "none", "no_trip", trips=True),  # a false trip
+        Scenario("router-faulty-kernel", "router", "faulty-kernel", "trip", True, detection_s=7.0),
+        Scenario("broker-latency", "broker", "latency", "no_trip", False),
+        Scenario("rollback-pod-kill", "rollback", "pod-kill", "trip", True),
+    ]
+    run = write_run(tmp_path / "run", scenarios, requests_per_experiment=200)
+    # broker-latency: Chaos Toolkit said "completed" but a method action raised.
+    j_path = run / "broker-latency" / "journal.json"
+    journal = json.loads(j_path.read_text())
+    journal["run"].append(
+        {
+            "activity": {"type": "action", "name": "inject-latency"},
+            "status": "failed",
+            "output": None,
+            "exception": [
+                "Traceback...\n",
+                "chaoslib.exceptions.ActivityFailed: router-0 refused the fault: 401\n",
+            ],
+        }
+    )
+    j_path.write_text(json.dumps(journal))
+    # rollback-pod-kill: gameday run itself failed it.
+    r_path = run / "rollback-pod-kill" / "result.json"
+    result = json.loads(r_path.read_text())
+    result.update(verdict="fail", reasons=["interrupted by SIGTERM"])
+    r_path.write_text(json.dumps(result))
+
+    summary = build_report(run)
+    assert summary.verdict == "fail"
+    by = {e.name: e for e in summary.experiments}
+    assert not any(e.passed for e in summary.experiments)
+    assert any("no_trip (report timeline): measured 1" in r for r in by["control"].reasons)
+    assert any(
+        r.startswith("detection_s (report timeline): measured 7 s, over the allowed 5 s")
+        for r in by["router-faulty-kernel"].reasons
+    )
+    assert (
+        "method action 'inject-latency' failed: chaoslib.exceptions.ActivityFailed: "
+        "router-0 refused the fault: 401"
+    ) in by["broker-latency"].reasons
+    assert (
+        "gameday run's verdict is 'fail': interrupted by SIGTERM" in by["rollback-pod-kill"].reasons
+    )
+    assert summary.headline.startswith("FAIL — 4 of 4 experiments failed")
+
+    matrix = pd.read_csv(run / "matrix.csv").set_index(["component", "fault"])
+    assert matrix.loc[("control", "none"), "text"].startswith("trip +")
+    assert matrix.loc[("router", "faulty-kernel"), "verdict"] == "fail"
+
+    root = _valid_junit(run, schema)
+    suites = {s.get("name"): s for s in root.findall("testsuite")}
+    case = suites["router-faulty-kernel"].find("testcase[@name='experiment router-faulty-kernel']")
+    assert case is not None
+    failure = case.find("failure")
+    assert failure is not None and "detection_s" in (failure.get("message") or "")
+    slo_case = suites["router-faulty-kernel"].find(
+        "testcase[@name='detection_s [report timeline]']"
+    )
+    assert slo_case is not None and slo_case.find("failure") is not None
+    assert int(root.get("failures", "0")) >= 5
+
+    html = (run / "report.html").read_text()
+    assert 'id="verdict" class="fail"' in html
+    assert "router-0 refused the fault: 401" in html
+    doc = json.loads((run / "summary.json").read_text())
+    assert doc["key_figures"]["unexpected_trips"] == ["control"]
+
+
+def test_a_real_journal_status_and_steady_state(tmp_path: Path) -> None:
+    run = write_run(
+        tmp_path / "run",
+        [Scenario("router-latency", "router", "latency", "no_trip", False)],
+        requests_per_experiment=100,
+    )
+    j_path = run / "router-latency" / "journal.json"
+    journal = json.loads(j_path.read_text())
+    journal["status"] = "failed"
+    journal["steady_states"]["before"]["steady_state_met"] = False
+    j_path.write_text(json.dumps(journal))
+    (exp,) = build_report(run).experiments
+    assert "Chaos Toolkit's status is 'failed', not 'completed'" in exp.reasons
+    assert "the steady state was not met before the method (the method did not run)" in exp.reasons
+
+
+# ---------------------------------------------------------------------------------------
+# Partial data: a report that says what is missing, never a crash
+
+
+def _missing(summary: Summary, experiment: str | None = None) -> dict[str, str]:
+    return {m.piece: m.problem for m in summary.all_missing() if m.experiment == experiment}
+
+
+def _partial_case(tmp_path: Path, schema: xmlschema.XMLSchema) -> tuple[Summary, str]:
+    summary = build_report(tmp_path / "run")
+    assert summary.verdict == "fail"
+    root = _valid_junit(tmp_path / "run", schema)
+    assert int(root.get("errors", "0")) >= 1
+    html = (tmp_path / "run" / "report.html").read_text()
+    assert "What is missing" in html
+    return summary, html
+
+
+def test_missing_journal(tmp_path: Path, schema: xmlschema.XMLSchema) -> None:
+    folder = hand_made_experiment(tmp_path / "run")
+    (folder / "journal.json").unlink()
+    summary, html = _partial_case(tmp_path, schema)
+    assert _missing(summary, "router-faulty-kernel") == {"journal.json": "absent"}
+    (exp,) = summary.experiments
+    assert "incomplete: journal.json absent" in exp.reasons
+    # Without the journal the gameday extension is unknown: the folder name places it.
+    assert (exp.component, exp.fault, exp.expect) == ("router", "faulty-kernel", None)
+    assert exp.timeline.tripped  # the timeline still works from the other files
+    assert "no Chaos Toolkit status" in html
+
+
+def test_records_of_an_interrupted_load_run(tmp_path: Path, schema: xmlschema.XMLSchema) -> None:
+    folder = hand_made_experiment(tmp_path / "run")
+    (folder / "records.parquet").rename(folder / "records.parquet.partial")
+    summary, _ = _partial_case(tmp_path, schema)
+    problem = _missing(summary, "router-faulty-kernel")["records.parquet"]
+    assert "only records.parquet.partial exists" in problem and "interrupted" in problem
+    (exp,) = summary.experiments
+    assert exp.timeline.milestone("last_canary_request").source == "no load records"
+    check = next(c for c in exp.checks if c.check == "rollback_s")
+    assert check.ok is False and check.measured is None
+    assert exp.heatmap is not None  # the drift panel still has its oracle pairs
+
+
+def test_empty_records(tmp_path: Path, schema: xmlschema.XMLSchema) -> None:
+    folder = hand_made_experiment(tmp_path / "run")
+    pq.write_table(LOAD_SCHEMA.empty_table(), folder / "records.parquet")
+    summary, _ = _partial_case(tmp_path, schema)
+    assert _missing(summary, "router-faulty-kernel")["records.parquet"] == "has no rows"
+    assert summary.experiments[0].figures["requests"] == 0
+
+
+def test_unreadable_records_and_oracle(tmp_path: Path, schema: xmlschema.XMLSchema) -> None:
+    folder = hand_made_experiment(tmp_path / "run")
+    (folder / "records.parquet").write_bytes(b"PAR1 this is not parquet")
+    (folder / "oracle.parquet").write_bytes(b"")
+    summary, _ = _partial_case(tmp_path, schema)
+    missing = _missing(summary, "router-faulty-kernel")
+    assert missing["records.parquet"].startswith("unreadable (")
+    assert missing["oracle.parquet"].startswith("unreadable (")
+    (exp,) = summary.experiments
+    assert exp.heatmap is None
+    assert exp.timeline.milestone("first_drifted_sample").source.startswith("gate trip evidence")
+
+
+def test_records_without_the_columns_the_report_needs(
+    tmp_path: Path, schema: xmlschema.XMLSchema
+) -> None:
+    folder = hand_made_experiment(tmp_path / "run")
+    table = pq.read_table(folder / "records.parquet").drop_columns(["served_by", "ttft_s"])
+    pq.write_table(table, folder / "records.parquet")
+    summary, _ = _partial_case(tmp_path, schema)
+    assert "served_by" in _missing(summary, "router-faulty-kernel")["records.parquet"]
+
+
+def test_interrupted_run(tmp_path: Path, schema: xmlschema.XMLSchema) -> None:
+    run = tmp_path / "run"
+    folder = hand_made_experiment(run)
+    (folder / "result.json").unlink()
+    (folder / "timeline.json").unlink()
+    with (folder / "faults.jsonl").open("a") as fh:
+        fh.write('{"action": "clear", "time": 17000')  # torn by a SIGKILL
+    (run / "run.json").write_text(
+        json.dumps(
+            {"run_id": "r1", "experiments": ["router-faulty-kernel", "broker-pod-kill", "control"]}
+        )
+    )
+    summary, html = _partial_case(tmp_path, schema)
+    assert summary.run_id == "r1"
+    assert [e.name for e in summary.experiments] == [
+        "router-faulty-kernel",
+        "broker-pod-kill",
+        "control",
+    ]
+    first = _missing(summary, "router-faulty-kernel")
+    assert first["result.json"] == "absent" and first["timeline.json"] == "absent"
+    assert first["faults.jsonl"] == "unreadable line(s) [4]"
+    assert _missing(summary, "broker-pod-kill") == {
+        "experiment folder": "listed in run.json but absent"
+    }
+    by = {e.name: e for e in summary.experiments}
+    assert (by["broker-pod-kill"].component, by["broker-pod-kill"].fault) == ("broker", "pod-kill")
+    assert by["router-faulty-kernel"].timeline.milestone("fault_injected").since_fault_s == 0.0
+    matrix = pd.read_csv(run / "matrix.csv").set_index(["component", "fault"])
+    assert matrix.loc[("broker", "pod-kill"), "text"] == "unknown: no timeline"
+    assert matrix.loc[("broker", "pod-kill"), "verdict"] == "fail"
+    assert "listed in run.json but absent" in html
+
+
+def test_a_run_that_stopped_before_its_first_experiment(
+    tmp_path: Path, schema: xmlschema.XMLSchema
+) -> None:
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "run.json").write_text(json.dumps({"run_id": "r2", "experiments": []}))
+    summary, _ = _partial_case(tmp_path, schema)
+    assert summary.experiments == []
+    assert summary.headline == "FAIL — the run has no experiments"
+    assert _missing(summary) == {"experiments": "no experiment folder in the run"}
+
+
+def test_broken_json_files(tmp_path: Path, schema: xmlschema.XMLSchema) -> None:
+    folder = hand_made_experiment(tmp_path / "run")
+    (folder / "journal.json").write_text('{"status": "compl')
+    (folder / "timeline.json").write_text("[1, 2]")
+    (tmp_path / "run" / "run.json").write_text("not json")
+    summary, _ = _partial_case(tmp_path, schema)
+    missing = _missing(summary, "router-faulty-kernel")
+    assert missing["journal.json"].startswith("unreadable (")
+    assert missing["timeline.json"] == "is not a JSON object"
+    assert _missing(summary)["run.json"].startswith("unreadable (")
+
+
+def test_experiment_without_a_gameday_extension(
+    tmp_path: Path, schema: xmlschema.XMLSchema
+) -> None:
+    folder = hand_made_experiment(tmp_path / "run")
+    journal = json.loads((folder / "journal.json").read_text())
+    journal["experiment"]["extensions"] = []
+    (folder / "journal.json").write_text(json.dumps(journal))
+    summary, _ = _partial_case(tmp_path, schema)
+    assert _missing(summary, "router-faulty-kernel") == {
+        "gameday extension": "absent from the experiment"
+    }
+
+
+def test_slo_given_as_configuration_variables(tmp_path: Path) -> None:
+    folder = hand_made_experiment(tmp_path / "run")
+    journal = json.loads((folder / "journal.json").read_text())
+    journal["experiment"]["configuration"] = {
+        "detection_s": {"type": "env", "key": "GAMEDAY_DETECTION_S", "default": 2.0},
+        "rollback_s": "4",
+    }
+    journal["experiment"]["extensions"][0]["slo"] = {
+        "detection_s": "${detection_s}",
+        "rollback_s": "${rollback_s}",
+        "weights_applied_s": "soon",
+    }
+    (folder / "journal.json").write_text(json.dumps(journal))
+    (exp,) = build_report(tmp_path / "run").experiments
+    allowed = {c.check: c.allowed for c in exp.checks if c.source == "report timeline"}
+    assert allowed == {
+        "detection_s": 2.0,
+        "weights_applied_s": 5.0,
+        "rollback_s": 4.0,
+        "rollback_complete_s": 30.0,
+    }
+    assert "slo.weights_applied_s = 'soon' is not a number: the default is used" in exp.notes
+
+
+# ---------------------------------------------------------------------------------------
+# Usage errors and the command
+
+
+@pytest.mark.parametrize("case", ["absent", "file", "experiment-folder", "empty", "reports-root"])
+def test_usage_errors(tmp_path: Path, case: str) -> None:
+    target = tmp_path / "x"
+    if case == "file":
+        target.write_text("")
+    elif case == "experiment-folder":
+        target = hand_made_experiment(tmp_path / "run")
+    elif case == "empty":
+        target.mkdir()
+    elif case == "reports-root":
+        write_run(
+            target / "run-1",
+            [Scenario("control", "control", "none", "no_trip", False)],
+            requests_per_experiment=10,
+        )
+    with pytest.raises(ReportInputError) as err:
+        build_report(target)
+    assert str(target) in str(err.value)
+    result = CliRunner().invoke(report_cmd, [str(target)])
+    assert result.exit_code == 2, result.output
+    assert "RUN_DIR" in result.output
+
+
+def test_nested_experiment_folders(tmp_path: Path) -> None:
+    hand_made_experiment(tmp_path / "run" / "router", "faulty-kernel")
+    hand_made_experiment(
+        tmp_path / "run" / "broker",
+        "latency",
+        component="broker",
+        fault="latency",
+        expect="no_trip",
+        events=[],
+    )
+    summary = build_report(tmp_path / "run")
+    assert [e.name for e in summary.experiments] == ["broker/latency", "router/faulty-kernel"]
+    assert (tmp_path / "run" / "heatmap-router-faulty-kernel.png").exists()
+    assert summary.verdict == "pass", summary.reasons
+
+
+def test_cli_bad_option_is_a_usage_error(tmp_path: Path) -> None:
+    result = CliRunner().invoke(report_cmd, [str(tmp_path), "--bin-s", "0"])
+    assert result.exit_code == 2 and "--bin-s" in result.output
+
+
+def _gameday(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.run(
+        [sys.executable, "-m", "gameday.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd=REPO,
+        env=env,
+    )
+
+
+def test_command_exit_codes(tmp_path: Path) -> None:
+    good = write_run(
+        tmp_path / "good",
+        [Scenario("router-latency", "router", "latency", "no_trip", False)],
+        requests_per_experiment=100,
+    )
+    res = _gameday("report", str(good))
+    assert res.returncode == 0, res.stderr
+    assert "verdict: PASS — all 1 experiment passed" in res.stdout
+    assert f"report: {(good / 'report.html').resolve()}" in res.stdout
+
+    bad = write_run(
+        tmp_path / "bad",
+        [Scenario("control", "control", "none", "no_trip", True)],
+        requests_per_experiment=100,
+    )
+    res = _gameday("report", str(bad))
+    assert res.returncode == 1, res.stderr
+    assert "verdict: FAIL — 1 of 1 experiment failed: control" in res.stdout
+    assert "no_trip (report timeline)" in res.stdout
+
+    res = _gameday("report", str(tmp_path / "nowhere"))
+    assert res.returncode == 2
+    assert "does not exist" in res.stderr
+
+
+def test_game_day_scenarios_cover_the_matrix() -> None:
+    cells = {(s.component, s.fault) for s in game_day()}
+    assert len(cells) == 10
+    assert ("control", "none") in cells

@@ -1,0 +1,166 @@
+"""The timeline: each milestone's time, where it came from, and each duration vs its SLO."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from gameday.report.loader import ExperimentData, load_experiment
+from gameday.report.timeline import DEFAULT_SLO_S, Timeline, build_timeline
+from gameday.report.verdict import journal_findings, summarise_experiment
+from tests.report_data import (
+    EXPECTED_SINCE_FAULT,
+    FAULT,
+    hand_made_events,
+    hand_made_experiment,
+)
+
+
+def _timeline(folder: Path) -> tuple[ExperimentData, Timeline]:
+    exp = load_experiment(folder.name, folder)
+    return exp, build_timeline(exp, journal_findings(exp.name, exp.journal).probe_allowed)
+
+
+@pytest.mark.parametrize("plain", [False, True], ids=["old-new-changes", "plain-changes"])
+def test_every_milestone_and_duration(tmp_path: Path, plain: bool) -> None:
+    folder = hand_made_experiment(tmp_path, events=hand_made_events(plain=plain))
+    exp, tl = _timeline(folder)
+    assert exp.missing == []
+    got = {m.name: m.since_fault_s for m in tl.milestones}
+    assert got == pytest.approx(EXPECTED_SINCE_FAULT, abs=1e-6)
+    assert tl.reference == "fault" and tl.reference_time == FAULT
+    # Steps: since the previous milestone that happened.
+    steps = [m.step_s for m in tl.milestones]
+    assert steps == pytest.approx([None, 1.2, 1.3, 0.9, -0.4, 0.9], abs=1e-6)
+    # Where each time came from is said.
+    src = {m.name: m.source for m in tl.milestones}
+    assert "kernel fault injected on model-canary" in src["fault_injected"]
+    assert src["first_drifted_sample"].startswith("oracle")
+    assert tl.milestone("first_drifted_sample").detail["kl_mean"] == pytest.approx(0.09)
+    assert "phase tripped" in src["gate_tripped"]
+    assert tl.milestone("weights_applied").detail["routers"] == ["router-0", "router-1"]
+    assert tl.milestone("last_canary_request").detail["requests"] == 2
+    # The older trip (before the journal's start) is not this experiment's.
+    assert tl.trips == 1 and tl.tripped
+    assert tl.trip is not None and tl.trip["bucket"] == "2k-4k"
+
+
+def test_each_duration_against_its_slo(tmp_path: Path) -> None:
+    folder = hand_made_experiment(
+        tmp_path, slo={"detection_s": 2.0, "weights_applied_s": 5.0, "rollback_s": 2.5}
+    )
+    exp, tl = _timeline(folder)
+    checks = {c.check: c for c in tl.checks}
+    assert set(checks) == {"detection_s", "weights_applied_s", "rollback_s", "rollback_complete_s"}
+    assert (checks["detection_s"].measured, checks["detection_s"].allowed) == pytest.approx(
+        (2.5, 2.0)
+    )
+    assert checks["detection_s"].ok is False
+    assert checks["weights_applied_s"].ok is True
+    assert checks["rollback_s"].measured == pytest.approx(3.0)
+    assert checks["rollback_s"].ok is False
+    # Not in the experiment's slo: the report's default, and it says so.
+    assert checks["rollback_complete_s"].allowed == DEFAULT_SLO_S["rollback_complete_s"]
+    assert tl.milestone("rollback_complete").slo_source == "report default"
+    summary = summarise_experiment(exp, journal_findings(exp.name, exp.journal), tl, None)
+    assert summary.verdict == "fail"
+    assert any(
+        r.startswith("detection_s (report timeline): measured 2.5 s, over") for r in summary.reasons
+    )
+    assert any(r.startswith("rollback_s (report timeline)") for r in summary.reasons)
+
+
+def test_first_drift_falls_back_to_the_gates_evidence(tmp_path: Path) -> None:
+    folder = hand_made_experiment(tmp_path)
+    (folder / "oracle.parquet").unlink()
+    _, tl = _timeline(folder)
+    m = tl.milestone("first_drifted_sample")
+    assert m.source == "gate trip evidence: first_sample_time"
+    assert m.since_fault_s == pytest.approx(0.9)
+
+
+def test_fault_time_from_the_brokers_annotation_without_a_ledger(tmp_path: Path) -> None:
+    folder = hand_made_experiment(tmp_path)
+    (folder / "faults.jsonl").unlink()
+    exp, tl = _timeline(folder)
+    assert tl.milestone("fault_injected").time == FAULT
+    assert "fault_injected annotation" in tl.milestone("fault_injected").source
+    assert [m.piece for m in exp.missing] == ["faults.jsonl"]
+    assert not exp.missing[0].required
+
+
+def test_latency_experiment_uses_its_own_fault_and_expects_no_trip(tmp_path: Path) -> None:
+    folder = hand_made_experiment(tmp_path, "router-latency", fault="latency", expect="no_trip")
+    # Only the latency injection in the ledger.
+    lines = (folder / "faults.jsonl").read_text().splitlines()
+    (folder / "faults.jsonl").write_text(lines[0] + "\n")
+    exp, tl = _timeline(folder)
+    assert tl.milestone("fault_injected").time == FAULT - 0.5
+    assert "latency injected on router" in tl.milestone("fault_injected").source
+    (check,) = tl.checks
+    assert (check.check, check.measured, check.allowed, check.ok) == ("no_trip", 1.0, 0.0, False)
+    summary = summarise_experiment(exp, journal_findings(exp.name, exp.journal), tl, None)
+    assert summary.verdict == "fail"
+    assert any("no_trip" in r and "tripped 1 time" in r for r in summary.reasons)
+
+
+def test_expected_trip_that_never_came(tmp_path: Path) -> None:
+    events = [e for e in hand_made_events() if e["seq"] == 3]  # only the fault annotation
+    folder = hand_made_experiment(tmp_path, events=events)
+    exp, tl = _timeline(folder)
+    assert not tl.tripped
+    checks = {c.check: c for c in tl.checks}
+    assert checks["detection_s"].measured is None and checks["detection_s"].ok is False
+    # No trip, so canary traffic never stopped: the last canary request is still measured.
+    assert checks["rollback_s"].measured == pytest.approx(3.0)
+    summary = summarise_experiment(exp, journal_findings(exp.name, exp.journal), tl, None)
+    assert (
+        "the experiment expects the gate to trip; no event in timeline.json sets phase tripped"
+        in summary.reasons
+    )
+
+
+def test_no_canary_request_after_the_fault_meets_the_rollback_slo(tmp_path: Path) -> None:
+    from gameday.report.synthetic import write_records
+
+    folder = hand_made_experiment(tmp_path)
+    write_records(
+        folder / "records.parquet",
+        {"start_time": [FAULT - 2, FAULT + 1], "served_by": ["canary", "baseline"]},
+    )
+    _, tl = _timeline(folder)
+    check = next(c for c in tl.checks if c.check == "rollback_s")
+    assert (check.measured, check.ok) == (0.0, True)
+    assert tl.milestone("last_canary_request").time is None
+
+
+def test_control_run_is_measured_from_its_start(tmp_path: Path) -> None:
+    folder = hand_made_experiment(
+        tmp_path, "control", component="control", fault="none", expect="no_trip", events=[]
+    )
+    (folder / "faults.jsonl").unlink()
+    exp, tl = _timeline(folder)
+    assert exp.missing == []  # a control run needs no fault ledger
+    assert tl.reference == "start"
+    assert tl.milestone("fault_injected").time is None
+    assert [(c.check, c.ok) for c in tl.checks] == [("no_trip", True)]
+
+
+def test_timeline_json_is_written_with_every_milestone(tmp_path: Path) -> None:
+    from gameday.report import build_report
+
+    hand_made_experiment(tmp_path / "run")
+    build_report(tmp_path / "run")
+    doc = json.loads((tmp_path / "run" / "timeline.json").read_text())
+    tl = doc["experiments"]["router-faulty-kernel"]
+    assert {m["name"]: m["since_fault_s"] for m in tl["milestones"]} == pytest.approx(
+        EXPECTED_SINCE_FAULT, abs=1e-4
+    )
+    assert [c["check"] for c in tl["checks"]] == [
+        "detection_s",
+        "weights_applied_s",
+        "rollback_s",
+        "rollback_complete_s",
+    ]
