@@ -198,6 +198,8 @@ class GateReceiver:
     def __init__(self) -> None:
         self.batches: list[dict[str, Any]] = []
         self.unauthorized = 0
+        self.reject_next = 0  # answer this many batches 422 (a batch the gate refuses)
+        self.rejected: list[dict[str, Any]] = []
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self._loop = asyncio.new_event_loop()
@@ -209,6 +211,10 @@ class GateReceiver:
         if request.headers.get("Authorization") != ADMIN["Authorization"]:
             self.unauthorized += 1
             return web.json_response({"error": {"message": "no token"}}, status=401)
+        if self.reject_next > 0:
+            self.reject_next -= 1
+            self.rejected.append(await request.json())
+            return web.json_response({"error": {"message": "bad batch"}}, status=422)
         self.batches.append(await request.json())
         return web.json_response({"accepted": True}, status=202)
 

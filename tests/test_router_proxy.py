@@ -453,3 +453,21 @@ def test_client_hanging_up_stops_the_upstream_stream(spawn: Spawner, tmp_path: P
     assert isinstance(router_line, dict) and router_line["error"] == "client_abort"
     assert isinstance(model_line, dict)
     assert int(model_line["completion_tokens"]) < 200
+
+
+def test_a_batch_the_gate_refuses_is_dropped_not_resent(
+    spawn: Spawner, tmp_path: Path, models: dict[str, Proc], gate: GateReceiver
+) -> None:
+    gate.reject_next = 1
+    router = start_router(spawn, tmp_path, [models["b0"].url], None, "--no-shadow", gate=gate.url)
+    assert completion(router.url, headers={"x-request-id": "first"}).status_code == 200
+    wait_for(lambda: gate.rejected, what="the first batch to be refused")
+    assert completion(router.url, headers={"x-request-id": "second"}).status_code == 200
+    wait_for(
+        lambda: any(o["request_id"] == "second" for o in gate.records("outcomes")),
+        what="the next batch to arrive",
+    )
+    ids = [o["request_id"] for o in gate.records("outcomes")]
+    assert "first" not in ids  # refused once, never resent
+    assert [o["request_id"] for o in gate.rejected[0]["outcomes"]] == ["first"]
+    assert metric(router, "router_gate_pushes_total", result="rejected") == 1

@@ -6,9 +6,11 @@ as ``{"router_id", "release", "comparisons": [...], "outcomes": [...], "dropped"
 (docs/ARCHITECTURE.md §3), where ``dropped`` counts records dropped since the last batch
 the gate accepted.
 
-A full queue drops the new record and counts it. A failed push keeps its batch and tries
-again after a short backoff, while new records keep filling (and, if the gate stays away,
-overflowing) the bounded queue, so memory stays bounded.
+A full queue drops the new record and counts it. A failed push (no connection, timeout,
+5xx) keeps its batch and tries again after a short backoff, while new records keep
+filling (and, if the gate stays away, overflowing) the bounded queue, so memory stays
+bounded. A 4xx answer means the batch itself is bad (docs/ARCHITECTURE.md §4): it is
+logged, counted and dropped, never resent.
 
 This module must never block or slow a user request: ``put`` is O(1) and never awaits.
 """
@@ -133,11 +135,13 @@ class GatePusher:
             self.queue.dropped_unreported = 0
         if not self.pending and not self.pending_dropped:
             return True
+        comparisons = [r for k, r in self.pending if k == "comparison"]
+        outcomes = [r for k, r in self.pending if k == "outcome"]
         body = {
             "router_id": self.router_id,
             "release": self.release,
-            "comparisons": [r for k, r in self.pending if k == "comparison"],
-            "outcomes": [r for k, r in self.pending if k == "outcome"],
+            "comparisons": comparisons,
+            "outcomes": outcomes,
             "dropped": self.pending_dropped,
         }
         try:
@@ -148,6 +152,19 @@ class GatePusher:
                 timeout=aiohttp.ClientTimeout(total=PUSH_TIMEOUT_S),
             ) as resp:
                 text = await resp.text()
+                if 400 <= resp.status < 500:
+                    _log.error(
+                        "gate_rejected_batch",
+                        url=self.url,
+                        status=resp.status,
+                        answer=text[:300],
+                        comparisons=len(comparisons),
+                        outcomes=len(outcomes),
+                    )
+                    self.pending = []
+                    self.pending_dropped = 0
+                    self.on_push("rejected")
+                    return True
                 if resp.status >= 300:
                     raise RuntimeError(f"gate answered {resp.status}: {text[:200]}")
         except Exception as exc:
