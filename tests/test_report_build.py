@@ -387,6 +387,40 @@ def test_nested_experiment_folders(tmp_path: Path) -> None:
     assert summary.verdict == "pass", summary.reasons
 
 
+def test_a_report_that_cannot_be_written_is_not_a_fail_verdict(tmp_path: Path) -> None:
+    hand_made_experiment(tmp_path / "run")
+    (tmp_path / "run" / "report.html").mkdir()  # something in the way
+    result = CliRunner().invoke(report_cmd, [str(tmp_path / "run")])
+    assert result.exit_code == 2
+    assert "cannot read the run folder or write the report" in result.output
+
+
+def test_non_finite_numbers_in_inputs_give_valid_json(tmp_path: Path) -> None:
+    folder = hand_made_experiment(
+        tmp_path / "run",
+        outputs=[
+            {
+                "check": "ttft_p99_s",
+                "measured": float("nan"),
+                "allowed": 1.0,
+                "unit": "s",
+                "ok": False,
+                "detail": {"worst": float("inf")},
+            }
+        ],
+    )
+    assert "NaN" in (folder / "journal.json").read_text()
+    build_report(tmp_path / "run")
+    text = (tmp_path / "run" / "summary.json").read_text()
+    doc = json.loads(text, parse_constant=lambda c: pytest.fail(f"{c} in summary.json"))
+    check = next(c for c in doc["checks"] if c["check"] == "ttft_p99_s")
+    assert check["measured"] is None and check["detail"] == {"worst": None}
+    json.loads(
+        (tmp_path / "run" / "timeline.json").read_text(),
+        parse_constant=lambda c: pytest.fail(f"{c} in timeline.json"),
+    )
+
+
 def test_cli_bad_option_is_a_usage_error(tmp_path: Path) -> None:
     result = CliRunner().invoke(report_cmd, [str(tmp_path), "--bin-s", "0"])
     assert result.exit_code == 2 and "--bin-s" in result.output

@@ -164,3 +164,23 @@ def test_timeline_json_is_written_with_every_milestone(tmp_path: Path) -> None:
         "rollback_s",
         "rollback_complete_s",
     ]
+
+
+def test_weights_applied_without_the_annotation_says_what_the_routers_report(
+    tmp_path: Path,
+) -> None:
+    events = [e for e in hand_made_events() if e["seq"] != 6]  # no routers_applied
+    folder = hand_made_experiment(tmp_path, events=events)
+    doc = json.loads((folder / "timeline.json").read_text())
+    doc["routers"] = [
+        {"router_id": "router-0", "applied_revision": 8},
+        {"router_id": "router-1", "applied_revision": 7},
+    ]
+    (folder / "timeline.json").write_text(json.dumps(doc))
+    _, tl = _timeline(folder)
+    m = tl.milestone("weights_applied")
+    assert m.time is None and m.ok is False
+    assert m.source == (
+        "no routers_applied annotation; at collection all 2 live routers "
+        "reported revision >= 7 (canary weight 0), time unknown"
+    )

@@ -24,7 +24,6 @@ run folder cannot be written).
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import re
 import time
@@ -42,6 +41,7 @@ from gameday.report.timeline_figure import render_timeline
 from gameday.report.verdict import (
     ExperimentSummary,
     Summary,
+    dumps_json,
     journal_findings,
     summarise_experiment,
     summarise_run,
@@ -62,7 +62,7 @@ def _phase(timings: dict[str, float], name: str) -> Iterator[None]:
 
 
 def _write_json(doc: object, path: Path) -> None:
-    path.write_text(json.dumps(doc, indent=2, default=str) + "\n")
+    path.write_text(dumps_json(doc))
 
 
 def _atomic(path: Path, write: Callable[[Path], object]) -> None:

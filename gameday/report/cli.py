@@ -39,12 +39,14 @@ def report_cmd(ctx: click.Context, run_dir: Path, bin_s: float | None) -> None:
         summary = build_report(run_dir, bin_s=bin_s)
     except ReportInputError as exc:
         raise click.UsageError(str(exc), ctx) from None
-    except PermissionError as exc:
-        raise click.UsageError(
-            f"cannot write the report into {str(run_dir)!r}: {exc.strerror} "
-            "(give a run folder you can write to, or copy it first)",
-            ctx,
-        ) from None
+    except OSError as exc:
+        # Exit 1 means "the verdict is fail": an unwritable folder must not look like one.
+        click.echo(
+            f"Error: cannot read the run folder or write the report in {str(run_dir)!r}: "
+            f"{exc.strerror or exc} (give a run folder you can write to, or copy it first)",
+            err=True,
+        )
+        ctx.exit(EXIT_USAGE)
     colour = "green" if summary.passed else "red"
     click.secho(f"verdict: {summary.headline}", fg=colour, bold=True)
     for reason in summary.reasons[:MAX_REASONS_SHOWN]:

@@ -91,7 +91,7 @@ def _cell(component: str, fault: str, here: list[ExperimentSummary]) -> dict[str
     if len(here) > 1:
         text += f" ×{len(here)}"
     verdict = "pass" if all(e.passed for e in here) else "fail"
-    expects = sorted({str(e.expect) for e in here})
+    expects = sorted({e.expect for e in here if e.expect})
     return {
         "component": component,
         "fault": fault,

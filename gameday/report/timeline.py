@@ -342,7 +342,7 @@ def build_timeline(exp: ExperimentData, probe_allowed: dict[str, float] | None =
             {k: a["change"].get(k) for k in ("revision", "routers", "waited_s", "retries")},
         )
     else:
-        times["weights_applied"] = (None, "no routers_applied annotation", {})
+        times["weights_applied"] = (None, _routers_without_annotation(exp, events), {})
     times["last_canary_request"] = _last_canary(exp, fault_time)
     done = _first_phase(events, "rolled_back", after=trip_time)
     times["rollback_complete"] = (
@@ -394,6 +394,22 @@ def build_timeline(exp: ExperimentData, probe_allowed: dict[str, float] | None =
         markers=markers,
         notes=notes,
     )
+
+
+def _routers_without_annotation(exp: ExperimentData, events: list[dict[str, Any]]) -> str:
+    """What the router list says when the rollback executor wrote no routers_applied."""
+    zero = [e for e in events if _new_value(e.get("change"), "weights.canary") == 0]
+    routers = [r for r in (exp.timeline or {}).get("routers") or [] if isinstance(r, dict)]
+    if not zero or not routers:
+        return "no routers_applied annotation"
+    revision = zero[0].get("revision")
+    applied = [r.get("applied_revision") for r in routers]
+    if isinstance(revision, int) and all(isinstance(a, int) and a >= revision for a in applied):
+        return (
+            f"no routers_applied annotation; at collection all {len(routers)} live routers "
+            f"reported revision >= {revision} (canary weight 0), time unknown"
+        )
+    return f"no routers_applied annotation; live routers report revisions {applied}"
 
 
 def _first_drift(

@@ -61,7 +61,9 @@ class SloCheck:
 
     def sentence(self) -> str:
         if self.measured is None:
-            return f"{self.check} ({self.source}): not measured — {self.note}"
+            return f"{self.check} ({self.source}): not measured" + (
+                f" — {self.note}" if self.note else ""
+            )
         verb = "within" if self.ok else "over"
         unit = "" if self.unit in ("ratio", "count") else f" {self.unit}"
         return (
@@ -230,7 +232,27 @@ class Summary:
         }
 
     def write_json(self, path: Path) -> None:
-        path.write_text(json.dumps(self.to_json(), indent=2, default=str, allow_nan=False) + "\n")
+        path.write_text(dumps_json(self.to_json()))
+
+
+def json_safe(value: Any) -> Any:
+    """JSON that any parser reads: NaN and infinities (which probe details and broker
+    events may carry) become null, numpy scalars plain numbers."""
+    if isinstance(value, dict):
+        return {str(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_safe(v) for v in value]
+    if isinstance(value, bool | str) or value is None:
+        return value
+    if isinstance(value, int | np.integer):
+        return int(value)
+    if isinstance(value, float | np.floating):
+        return float(value) if math.isfinite(value) else None
+    return str(value)
+
+
+def dumps_json(doc: Any) -> str:
+    return json.dumps(json_safe(doc), indent=2, allow_nan=False) + "\n"
 
 
 def _num(x: Any) -> float | None:
@@ -399,9 +421,6 @@ def summarise_experiment(
     exp: ExperimentData, findings: JournalFindings, timeline: Timeline, heatmap: HeatmapData | None
 ) -> ExperimentSummary:
     reasons: list[str] = []
-    for m in exp.missing:
-        if m.required:
-            reasons.append(f"incomplete: {m.piece} {m.problem}")
     if exp.result is not None:
         verdict = exp.result.get("verdict")
         if verdict != "pass":
@@ -426,6 +445,8 @@ def summarise_experiment(
     for check in checks:
         if check.ok is False:
             reasons.append(check.sentence())
+    # What went wrong first, then what could not be checked.
+    reasons.extend(f"incomplete: {m.piece} {m.problem}" for m in exp.missing if m.required)
     notes = list(spec.notes) if spec else []
     notes.extend(timeline.notes)
     return ExperimentSummary(
