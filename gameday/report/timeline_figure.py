@@ -37,7 +37,9 @@ def render_timeline(timeline: Timeline, path: Path, title: str) -> None:
             continue
         colour = NEUTRAL_COLOUR if m.ok is None else OK_COLOUR if m.ok else BAD_COLOUR
         ax.barh(row, since, left=0, height=0.55, color=colour)
-        ax.text(max(since, 0), row, f"  {since:+.2f} s", va="center", fontsize=8)
+        # Right of both the bar and the SLO tick, so neither hides the number.
+        label_x = max(since, 0.0, m.allowed_s or 0.0)
+        ax.text(label_x, row, f"  {since:+.2f} s", va="center", fontsize=8)
         extent.append(since)
         if m.allowed_s is not None:
             ax.plot([m.allowed_s, m.allowed_s], [row - 0.38, row + 0.38], color="black", lw=2)
