@@ -70,6 +70,9 @@ class KubernetesTargetSpec(BaseModel):
     selectors: dict[str, str] = Field(default_factory=dict)
     # Container port of each role's HTTP server (per-pod admin URLs are http://POD_IP:PORT).
     ports: dict[str, int] = Field(default_factory=dict)
+    # The workload owning each role's pods, KIND/NAME (default: deployment/<role>,
+    # statefulset/broker): read by the readiness probes.
+    workloads: dict[str, str] = Field(default_factory=dict)
     admin_token_env: str = "CANARYSTACK_ADMIN_TOKEN"
     admin_token_file: str | None = None
     blast_radius: BlastRadius = Field(default_factory=BlastRadius)

@@ -3,19 +3,27 @@
 Services are reached through the URLs in the target file; a replica's own admin API
 through its pod IP and the role's container port (pods listed with the role's label
 selector through the Kubernetes API). Pod kills use chaostoolkit-kubernetes
-``terminate_pods`` with the role's label selector, so the same experiments run as a
-chaos runner Job in the cluster (``CHAOSTOOLKIT_IN_POD=true``) or from a laptop with a
-kubeconfig. ``kube-system`` and every namespace not listed in
-``blast_radius.namespaces`` are refused before any API call.
+``terminate_pods`` on the role's label selector narrowed to one pod by name, so the same
+experiments run as a chaos runner Job in the cluster (``CHAOSTOOLKIT_IN_POD=true``) or
+from a machine with a kubeconfig that reaches the pod IPs.
+
+The namespace is checked before any Kubernetes API call: ``kube-system`` (and the other
+``kube-*`` system namespaces) always, and every namespace not listed in
+``blast_radius.namespaces`` of the target file, are refused with ``BlastRadiusError``.
+This module never acts on a namespace other than the target's, and never deletes
+anything but one pod that the role's selector matches.
 """
 
 from __future__ import annotations
 
 import os
+import re
+import time
 from pathlib import Path
 from typing import Any
 
 from gameday.targets.base import (
+    ROLES,
     BlastRadiusError,
     KilledPod,
     KubernetesTargetSpec,
@@ -29,16 +37,32 @@ FORBIDDEN_NAMESPACES = ("kube-system", "kube-public", "kube-node-lease")
 
 DEFAULT_SELECTORS = {
     role: f"app.kubernetes.io/part-of=canarystack,app.kubernetes.io/component={role}"
-    for role in ("router", "broker", "gate", "rollback", "model-baseline", "model-canary")
+    for role in ROLES
 }
-DEFAULT_PORTS = {
-    "router": 8000,
-    "broker": 8000,
-    "gate": 8000,
-    "rollback": 8000,
-    "model-baseline": 8000,
-    "model-canary": 8000,
+DEFAULT_PORTS = {role: 8000 for role in ROLES}
+# The workload that owns each role's pods (deploy/k8s): KIND/NAME.
+DEFAULT_WORKLOADS = {
+    "router": "deployment/router",
+    "broker": "statefulset/broker",
+    "gate": "deployment/gate",
+    "rollback": "deployment/rollback",
+    "model-baseline": "deployment/model-baseline",
+    "model-canary": "deployment/model-canary",
 }
+WORKLOAD_KINDS = ("deployment", "statefulset")
+
+
+def _is_serving(pod: Any) -> bool:
+    """A pod that can take an admin call: Running, with an IP, not being deleted."""
+    status = getattr(pod, "status", None)
+    meta = getattr(pod, "metadata", None)
+    return bool(
+        status is not None
+        and status.phase == "Running"
+        and status.pod_ip
+        and meta is not None
+        and meta.deletion_timestamp is None
+    )
 
 
 class KubernetesTarget(Target):
@@ -52,12 +76,14 @@ class KubernetesTarget(Target):
         self.namespace = spec.namespace
 
     # -- blast radius ------------------------------------------------------------
-    def check_namespace(self) -> None:
+    def check_namespace(self) -> str:
+        """The target's namespace, or BlastRadiusError (before any API call)."""
         ns = self.namespace
         if ns in FORBIDDEN_NAMESPACES:
             raise BlastRadiusError(
                 f"namespace {ns!r} is never a blast radius: game days run in the namespace "
-                "of the stack under test."
+                f"of the stack under test, never in {', '.join(FORBIDDEN_NAMESPACES)}. "
+                f"Set 'namespace' in the target file {self.name!r} to the stack's namespace."
             )
         if ns not in self.blast_radius.namespaces:
             listed = ", ".join(self.blast_radius.namespaces) or "none"
@@ -65,6 +91,7 @@ class KubernetesTarget(Target):
                 f"namespace {ns!r} is outside the blast radius of target {self.name!r} "
                 f"(allowed: {listed}). Add it to blast_radius.namespaces in the target file."
             )
+        return ns
 
     def check_allowed(self, component: str) -> list[str]:
         self.check_namespace()
@@ -72,7 +99,22 @@ class KubernetesTarget(Target):
 
     # -- lookups -----------------------------------------------------------------
     def selector(self, role: str) -> str:
+        if role not in ROLES:
+            raise TargetError(f"unknown role {role!r}: use one of {', '.join(ROLES)}.")
         return self.spec.selectors.get(role, DEFAULT_SELECTORS[role])
+
+    def workload(self, role: str) -> tuple[str, str]:
+        """(kind, name) of the workload that owns ``role``'s pods, e.g. (deployment, router)."""
+        if role not in ROLES:
+            raise TargetError(f"unknown role {role!r}: use one of {', '.join(ROLES)}.")
+        ref = self.spec.workloads.get(role, DEFAULT_WORKLOADS[role])
+        kind, _, name = ref.partition("/")
+        if kind not in WORKLOAD_KINDS or not name:
+            raise TargetError(
+                f"kubernetes target {self.name!r}: workloads.{role} is {ref!r}: write "
+                f"KIND/NAME with KIND one of {', '.join(WORKLOAD_KINDS)} (e.g. deployment/{role})."
+            )
+        return kind, name
 
     def service_url(self, role: str) -> str:
         try:
@@ -84,31 +126,50 @@ class KubernetesTarget(Target):
             ) from None
 
     def secrets(self) -> dict[str, Any]:
+        """What chaostoolkit-kubernetes reads besides the environment."""
         out: dict[str, Any] = {}
         if self.spec.context:
             out["KUBERNETES_CONTEXT"] = self.spec.context
         return out
 
-    def core_api(self) -> Any:
+    def _use_kubeconfig(self) -> None:
+        # chaostoolkit-kubernetes reads the kubeconfig path from $KUBECONFIG only; a path
+        # in the target file must win over one inherited from the shell.
+        if self.spec.kubeconfig:
+            os.environ["KUBECONFIG"] = str(Path(self.spec.kubeconfig).expanduser())
+
+    def api_client(self) -> Any:
+        """A kubernetes ApiClient, configured the way chaostoolkit-kubernetes does it."""
+        self.check_namespace()
+        self._use_kubeconfig()
         from chaosk8s import create_k8s_api_client
+
+        return create_k8s_api_client(self.secrets())
+
+    def core_api(self) -> Any:
         from kubernetes import client
 
-        if self.spec.kubeconfig:
-            os.environ.setdefault("KUBECONFIG", self.spec.kubeconfig)
-        return client.CoreV1Api(create_k8s_api_client(self.secrets()))
+        return client.CoreV1Api(self.api_client())
+
+    def _pods(self, role: str) -> list[Any]:
+        selector = self.selector(role)
+        api = self.core_api()
+        try:
+            pods = api.list_namespaced_pod(self.namespace, label_selector=selector)
+        except Exception as exc:
+            raise TargetError(
+                f"kubernetes target {self.name!r}: listing pods {selector!r} in namespace "
+                f"{self.namespace!r} failed: {_api_error(exc)}"
+            ) from None
+        return sorted(pods.items, key=lambda p: p.metadata.name)
 
     def replicas(self, role: str) -> list[Replica]:
         port = self.spec.ports.get(role, DEFAULT_PORTS[role])
-        pods = self.core_api().list_namespaced_pod(
-            self.namespace, label_selector=self.selector(role)
-        )
-        out = []
-        for pod in pods.items:
-            ip = getattr(pod.status, "pod_ip", None)
-            phase = getattr(pod.status, "phase", None)
-            if ip and phase == "Running":
-                out.append(Replica(name=pod.metadata.name, role=role, url=f"http://{ip}:{port}"))
-        return sorted(out, key=lambda r: r.name)
+        return [
+            Replica(name=pod.metadata.name, role=role, url=f"http://{pod.status.pod_ip}:{port}")
+            for pod in self._pods(role)
+            if _is_serving(pod)
+        ]
 
     def admin_token(self) -> str:
         if self.spec.admin_token_file:
@@ -129,23 +190,105 @@ class KubernetesTarget(Target):
         return token
 
     def kill_pod(self, role: str, replica: str | None = None) -> KilledPod:
+        """Delete one pod of ``role`` with grace period 0 (the kubelet sends SIGKILL).
+
+        The pod is chosen here (``replica``, else the first serving pod by name) and
+        handed to chaostoolkit-kubernetes ``terminate_pods`` as the role's label selector
+        plus an exact name pattern, so the ledger names the pod that was killed.
+        """
         self.check_allowed(role)
+        selector = self.selector(role)
+        pods = self._pods(role)
+        names = [p.metadata.name for p in pods]
+        if replica is not None:
+            chosen = [p for p in pods if p.metadata.name == replica]
+            if not chosen:
+                raise TargetError(
+                    f"no pod {replica!r} matches {selector!r} in namespace {self.namespace!r} "
+                    f"(pods: {', '.join(names) or 'none'})."
+                )
+        else:
+            chosen = [p for p in pods if _is_serving(p)]
+            if not chosen:
+                raise TargetError(
+                    f"no running pod of {role} matches {selector!r} in namespace "
+                    f"{self.namespace!r} (pods: {', '.join(names) or 'none'}); is it deployed?"
+                )
+        pod = chosen[0]
+        name = pod.metadata.name
         from chaosk8s.pod.actions import terminate_pods
 
-        name_pattern = f"^{replica}$" if replica else None
-        terminate_pods(
-            label_selector=self.selector(role),
-            name_pattern=name_pattern,
-            qty=1,
-            grace_period=0,
-            ns=self.namespace,
-            secrets=self.secrets(),
-        )
+        killed_at = time.time()
+        try:
+            deleted = terminate_pods(
+                label_selector=selector,
+                name_pattern=f"^{re.escape(name)}$",
+                qty=1,
+                grace_period=0,
+                ns=self.namespace,
+                secrets=self.secrets(),
+            )
+        except Exception as exc:
+            raise TargetError(
+                f"deleting pod {name!r} in namespace {self.namespace!r} failed: {_api_error(exc)}"
+            ) from None
+        if list(deleted or []) != [name]:
+            raise TargetError(
+                f"pod {name!r} was not deleted (terminate_pods deleted {deleted!r}); "
+                "it may have gone away on its own. Check `kubectl get pods`."
+            )
         return KilledPod(
-            name=replica or f"1 pod matching {self.selector(role)}",
+            name=name,
             role=role,
-            detail={"namespace": self.namespace, "selector": self.selector(role), "grace": 0},
+            detail={
+                "namespace": self.namespace,
+                "selector": selector,
+                "grace_period_s": 0,
+                "pod_ip": getattr(pod.status, "pod_ip", None),
+                "node": getattr(pod.spec, "node_name", None) if pod.spec else None,
+                "time": killed_at,
+            },
         )
+
+    def workload_status(self, role: str) -> dict[str, Any]:
+        """Desired and ready replicas of the workload that owns ``role``'s pods."""
+        kind, name = self.workload(role)
+        from kubernetes import client
+
+        apps = client.AppsV1Api(self.api_client())
+        obj: Any
+        try:
+            if kind == "deployment":
+                obj = apps.read_namespaced_deployment(name, self.namespace)
+                ready = (obj.status and obj.status.available_replicas) or 0
+            else:
+                obj = apps.read_namespaced_stateful_set(name, self.namespace)
+                ready = (obj.status and obj.status.ready_replicas) or 0
+        except Exception as exc:
+            raise TargetError(
+                f"reading {kind}/{name} in namespace {self.namespace!r} failed: {_api_error(exc)}"
+            ) from None
+        desired = obj.spec.replicas if obj.spec.replicas is not None else 1
+        return {
+            "kind": kind,
+            "name": name,
+            "namespace": self.namespace,
+            "desired": int(desired),
+            "ready": int(ready),
+            "ok": int(ready) >= int(desired),
+        }
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "namespace": self.namespace}
+
+
+def _api_error(exc: Exception) -> str:
+    """A short, readable form of a kubernetes client error (status and reason)."""
+    status = getattr(exc, "status", None)
+    reason = getattr(exc, "reason", None)
+    if status is not None:
+        hint = ""
+        if status == 403:
+            hint = " (the ServiceAccount's Role does not allow it: see deploy/k8s RBAC)"
+        return f"HTTP {status} {reason or ''}".rstrip() + hint
+    return f"{exc.__class__.__name__}: {exc}"

@@ -1,0 +1,331 @@
+"""A fake Kubernetes API server and a fake Prometheus, for tests: real HTTP on loopback.
+
+No cluster is reachable from the machines these tests run on, so the few endpoints the
+harness uses are served from memory by a ``ThreadingHTTPServer`` on a free port, in the
+JSON the real APIs speak:
+
+- ``GET /api/v1/namespaces/{ns}/pods?labelSelector=`` (equality selectors), ``DELETE
+  /api/v1/namespaces/{ns}/pods/{name}`` (the pod is gone afterwards);
+- ``GET /apis/apps/v1/namespaces/{ns}/deployments[?fieldSelector=metadata.name=X]``,
+  ``.../deployments/{name}``, ``.../statefulsets/{name}``;
+- ``GET /apis/{group}/{version}/namespaces/{ns}/{plural}/{name}`` (custom objects: Argo
+  Rollouts, Flagger canaries);
+- Prometheus ``GET|POST /api/v1/query`` (answers set per PromQL expression).
+
+Every request is recorded (method, path, query, body) so a test can assert what was, or
+was not, asked. This is a fake at the true external edge: it checks that our code speaks
+the API's shapes, not how a real API server or Prometheus behaves.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+
+@dataclass
+class Seen:
+    method: str
+    path: str
+    query: dict[str, str]
+    body: Any
+
+
+def matches(labels: dict[str, str], selector: str) -> bool:
+    """Equality-based label selectors: ``a=b,c==d,e!=f``."""
+    for term in filter(None, (t.strip() for t in selector.split(","))):
+        if "!=" in term:
+            key, value = term.split("!=", 1)
+            if labels.get(key) == value:
+                return False
+        else:
+            key, value = term.replace("==", "=").split("=", 1)
+            if labels.get(key) != value:
+                return False
+    return True
+
+
+def pod(
+    name: str,
+    labels: dict[str, str],
+    ip: str,
+    phase: str = "Running",
+    namespace: str = "stack",
+    terminating: bool = False,
+) -> dict[str, Any]:
+    meta: dict[str, Any] = {
+        "name": name,
+        "namespace": namespace,
+        "labels": labels,
+        "uid": f"uid-{name}",
+        "creationTimestamp": "2025-01-01T00:00:00Z",
+    }
+    if terminating:
+        meta["deletionTimestamp"] = "2025-01-01T00:01:00Z"
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": meta,
+        "spec": {"nodeName": "node-1", "containers": [{"name": "main", "image": "img"}]},
+        "status": {"phase": phase, "podIP": ip},
+    }
+
+
+def workload(
+    kind: str, name: str, desired: int, ready: int, namespace: str = "stack"
+) -> dict[str, Any]:
+    labels = {"app.kubernetes.io/component": name}
+    spec: dict[str, Any] = {
+        "replicas": desired,
+        "selector": {"matchLabels": labels},
+        "template": {
+            "metadata": {"labels": labels},
+            "spec": {"containers": [{"name": "main", "image": "img"}]},
+        },
+    }
+    status: dict[str, Any] = {"replicas": desired, "readyReplicas": ready}
+    if kind == "Deployment":
+        status["availableReplicas"] = ready
+    else:
+        spec["serviceName"] = name
+    return {
+        "apiVersion": "apps/v1",
+        "kind": kind,
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": spec,
+        "status": status,
+    }
+
+
+def prom_vector(*values: float, labels: dict[str, str] | None = None) -> dict[str, Any]:
+    """A Prometheus instant-vector answer with one sample per value."""
+    return {
+        "status": "success",
+        "data": {
+            "resultType": "vector",
+            "result": [{"metric": dict(labels or {}), "value": [1.7e9, str(v)]} for v in values],
+        },
+    }
+
+
+@dataclass
+class FakeApi:
+    pods: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)  # ns -> name -> pod
+    workloads: dict[tuple[str, str, str], dict[str, Any]] = field(default_factory=dict)
+    custom: dict[tuple[str, str, str, str, str], dict[str, Any]] = field(default_factory=dict)
+    promql: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # answers computed from the expression (for expressions with a time window in them)
+    promql_fn: Callable[[str], dict[str, Any] | None] | None = None
+    seen: list[Seen] = field(default_factory=list)
+    # (method, path prefix) answered 403 Forbidden, as an API server does for what RBAC denies
+    forbidden: set[tuple[str, str]] = field(default_factory=set)
+    _server: ThreadingHTTPServer | None = None
+    _thread: threading.Thread | None = None
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    # --- fixtures -------------------------------------------------------------------
+    def add_pod(self, body: dict[str, Any]) -> None:
+        meta = body["metadata"]
+        self.pods.setdefault(meta["namespace"], {})[meta["name"]] = body
+
+    def add_workload(self, body: dict[str, Any]) -> None:
+        kind = {"Deployment": "deployments", "StatefulSet": "statefulsets"}[body["kind"]]
+        meta = body["metadata"]
+        self.workloads[(meta["namespace"], kind, meta["name"])] = body
+
+    def add_custom(self, group: str, version: str, plural: str, body: dict[str, Any]) -> None:
+        meta = body["metadata"]
+        self.custom[(group, version, meta["namespace"], plural, meta["name"])] = body
+
+    # --- lifecycle ------------------------------------------------------------------
+    @property
+    def url(self) -> str:
+        assert self._server is not None
+        return f"http://127.0.0.1:{self._server.server_address[1]}"
+
+    def start(self) -> FakeApi:
+        api = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, format: str, *args: Any) -> None:  # quiet
+                return
+
+            def _send(self, code: int, body: Any) -> None:
+                data = json.dumps(body).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def _handle(self, method: str) -> None:
+                parts = urlsplit(self.path)
+                query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
+                length = int(self.headers.get("Content-Length") or 0)
+                raw = self.rfile.read(length) if length else b""
+                body: Any = None
+                if raw:
+                    ctype = self.headers.get("Content-Type", "")
+                    if "x-www-form-urlencoded" in ctype:
+                        body = {k: v[-1] for k, v in parse_qs(raw.decode()).items()}
+                    else:
+                        try:
+                            body = json.loads(raw)
+                        except ValueError:
+                            body = raw.decode(errors="replace")
+                with api._lock:
+                    api.seen.append(Seen(method, parts.path, query, body))
+                    code, answer = api.answer(method, parts.path, query, body)
+                self._send(code, answer)
+
+            def do_GET(self) -> None:
+                self._handle("GET")
+
+            def do_POST(self) -> None:
+                self._handle("POST")
+
+            def do_DELETE(self) -> None:
+                self._handle("DELETE")
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, args=(0.05,), daemon=True
+        )
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    # --- the API --------------------------------------------------------------------
+    @staticmethod
+    def _status(code: int, reason: str, message: str) -> tuple[int, dict[str, Any]]:
+        return code, {
+            "apiVersion": "v1",
+            "kind": "Status",
+            "status": "Failure",
+            "message": message,
+            "reason": reason,
+            "code": code,
+        }
+
+    def answer(
+        self, method: str, path: str, query: dict[str, str], body: Any
+    ) -> tuple[int, dict[str, Any]]:
+        if any(method == m and path.startswith(pre) for m, pre in self.forbidden):
+            return self._status(403, "Forbidden", f"{method} {path} is forbidden")
+        p = path.strip("/").split("/")
+        if p[:2] == ["api", "v1"] and len(p) >= 3 and p[2] == "query":
+            return self._prometheus(query, body)
+        if p[:3] == ["api", "v1", "namespaces"] and len(p) >= 5 and p[4] == "pods":
+            ns = p[3]
+            if len(p) == 5 and method == "GET":
+                items = [
+                    v
+                    for v in self.pods.get(ns, {}).values()
+                    if matches(v["metadata"].get("labels", {}), query.get("labelSelector", ""))
+                ]
+                return 200, {
+                    "apiVersion": "v1",
+                    "kind": "PodList",
+                    "metadata": {"resourceVersion": "1"},
+                    "items": sorted(items, key=lambda v: v["metadata"]["name"]),
+                }
+            if len(p) == 6 and method == "DELETE":
+                gone = self.pods.get(ns, {}).pop(p[5], None)
+                if gone is None:
+                    return self._status(404, "NotFound", f'pods "{p[5]}" not found')
+                gone["metadata"]["deletionTimestamp"] = "2025-01-01T00:02:00Z"
+                return 200, gone
+        if p[:4] == ["apis", "apps", "v1", "namespaces"] and len(p) >= 6:
+            ns, kind = p[4], p[5]
+            if len(p) == 7 and method == "GET":
+                obj = self.workloads.get((ns, kind, p[6]))
+                if obj is None:
+                    return self._status(404, "NotFound", f'{kind} "{p[6]}" not found')
+                return 200, obj
+            if len(p) == 6 and method == "GET":
+                wanted = query.get("fieldSelector", "").removeprefix("metadata.name=")
+                items = [
+                    v
+                    for (n, k, name), v in self.workloads.items()
+                    if n == ns and k == kind and (not wanted or name == wanted)
+                ]
+                list_kind = {"deployments": "DeploymentList", "statefulsets": "StatefulSetList"}
+                return 200, {
+                    "apiVersion": "apps/v1",
+                    "kind": list_kind[kind],
+                    "metadata": {"resourceVersion": "1"},
+                    "items": items,
+                }
+        if p[0] == "apis" and len(p) == 7 and p[3] == "namespaces" and method == "GET":
+            key = (p[1], p[2], p[4], p[5], p[6])
+            obj = self.custom.get(key)
+            if obj is None:
+                return self._status(404, "NotFound", f'{p[5]}.{p[1]} "{p[6]}" not found')
+            return 200, obj
+        return self._status(404, "NotFound", f"the fake API does not serve {method} {path}")
+
+    def _prometheus(self, query: dict[str, str], body: Any) -> tuple[int, dict[str, Any]]:
+        params = dict(query)
+        if isinstance(body, dict):
+            params.update(body)
+        expr = params.get("query", "")
+        answer = self.promql.get(expr)
+        if answer is None and self.promql_fn is not None:
+            answer = self.promql_fn(expr)
+        if answer is None:
+            return 400, {
+                "status": "error",
+                "errorType": "bad_data",
+                "error": f"the fake Prometheus has no answer for {expr!r}",
+            }
+        return 200, answer
+
+    def api_requests(self) -> list[Seen]:
+        """Requests to the Kubernetes API (not Prometheus)."""
+        return [s for s in self.seen if not s.path.startswith("/api/v1/query")]
+
+    def prometheus_queries(self) -> list[str]:
+        out = []
+        for s in self.seen:
+            if s.path.startswith("/api/v1/query"):
+                params = {**s.query, **(s.body if isinstance(s.body, dict) else {})}
+                out.append(str(params.get("query")))
+        return out
+
+
+CLIENT_ENV_DROPPED = (
+    "CHAOSTOOLKIT_IN_POD",
+    "KUBERNETES_CONTEXT",
+    "KUBERNETES_API_KEY",
+    "KUBERNETES_CERT_FILE",
+    "KUBERNETES_USERNAME",
+    "HTTP_PROXY",
+    "http_proxy",
+    "HTTPS_PROXY",
+    "https_proxy",
+    "NO_PROXY",
+    "no_proxy",
+)
+
+
+def client_env(api: FakeApi, missing_kubeconfig: Path) -> dict[str, str | None]:
+    """Environment that makes chaostoolkit-kubernetes talk to ``api``: no kubeconfig (a
+    path that does not exist, so ~/.kube/config cannot interfere), not in a pod, and
+    ``KUBERNETES_HOST`` at the fake. None means "unset"."""
+    env: dict[str, str | None] = {v: None for v in CLIENT_ENV_DROPPED}
+    env["KUBECONFIG"] = str(missing_kubeconfig)
+    env["KUBERNETES_HOST"] = api.url
+    return env

@@ -1,0 +1,212 @@
+"""The Kubernetes target against a FAKED Kubernetes API (tests/k8s_fake.py, real HTTP).
+
+- ``replicas`` lists the role's pods by label selector and keeps the serving ones;
+- ``kill_pod`` goes through chaostoolkit-kubernetes ``terminate_pods``: exactly one pod,
+  the chosen one, deleted with grace period 0; the ledger (through ``gameday.faults`` and
+  the ``probes.faults.kill_pod`` action) names it;
+- ``kube-system``, unlisted namespaces and components outside the blast radius are
+  refused before any API request (the fake server sees none);
+- API errors (403 from RBAC) come back as TargetError naming the call.
+
+chaostoolkit-kubernetes falls back to ``$KUBERNETES_HOST`` when no kubeconfig exists, so
+the tests point ``$KUBECONFIG`` at a missing file and ``$KUBERNETES_HOST`` at the fake.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from gameday import faults as gd_faults
+from gameday.targets import BlastRadiusError, TargetError, load_target
+from gameday.targets.kubernetes import DEFAULT_SELECTORS, KubernetesTarget
+from tests.k8s_fake import FakeApi, client_env, pod, workload
+
+NS = "stack"
+
+
+def labels(role: str) -> dict[str, str]:
+    return {"app.kubernetes.io/part-of": "canarystack", "app.kubernetes.io/component": role}
+
+
+@pytest.fixture
+def fake(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[FakeApi]:
+    api = FakeApi()
+    api.add_pod(pod("router-7d9-b", labels("router"), "10.0.0.12"))
+    api.add_pod(pod("router-7d9-a", labels("router"), "10.0.0.11"))
+    api.add_pod(pod("router-7d9-c", labels("router"), "10.0.0.13", phase="Pending"))
+    api.add_pod(pod("router-7d9-0", labels("router"), "10.0.0.10", terminating=True))
+    api.add_pod(pod("model-canary-1", labels("model-canary"), "10.0.1.1"))
+    api.add_pod(pod("other-app", {"app": "other"}, "10.0.9.9"))
+    api.add_pod(pod("router-elsewhere", labels("router"), "10.1.0.1", namespace="prod"))
+    api.add_workload(workload("Deployment", "router", desired=2, ready=1))
+    api.add_workload(workload("StatefulSet", "broker", desired=1, ready=1))
+    api.start()
+    for var, value in client_env(api, tmp_path / "no-kubeconfig").items():
+        if value is None:
+            monkeypatch.delenv(var, raising=False)
+        else:
+            monkeypatch.setenv(var, value)
+    monkeypatch.setenv("CANARYSTACK_ADMIN_TOKEN", "t0k3n")
+    try:
+        yield api
+    finally:
+        api.stop()
+
+
+def target_file(tmp_path: Path, **overrides: Any) -> Path:
+    data: dict[str, Any] = {
+        "kind": "kubernetes",
+        "name": "staging",
+        "namespace": NS,
+        "urls": {"broker": "http://127.0.0.1:9", "router": "http://127.0.0.1:9"},
+        "blast_radius": {"namespaces": [NS], "components": ["router", "broker", "model-canary"]},
+    }
+    data.update(overrides)
+    path = tmp_path / "target.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def k8s_target(tmp_path: Path, **overrides: Any) -> KubernetesTarget:
+    target = load_target(target_file(tmp_path, **overrides))
+    assert isinstance(target, KubernetesTarget)
+    return target
+
+
+def test_replicas_are_the_serving_pods_of_the_role_with_their_own_urls(
+    fake: FakeApi, tmp_path: Path
+) -> None:
+    target = k8s_target(tmp_path, ports={"router": 8080})
+    reps = target.replicas("router")
+    assert [(r.name, r.url) for r in reps] == [
+        ("router-7d9-a", "http://10.0.0.11:8080"),
+        ("router-7d9-b", "http://10.0.0.12:8080"),
+    ]
+    (req,) = fake.api_requests()
+    assert (req.method, req.path) == ("GET", f"/api/v1/namespaces/{NS}/pods")
+    assert req.query["labelSelector"] == DEFAULT_SELECTORS["router"]
+
+
+def test_kill_pod_deletes_exactly_the_first_serving_pod_with_grace_0(
+    fake: FakeApi, tmp_path: Path
+) -> None:
+    target = k8s_target(tmp_path)
+    killed = target.kill_pod("router")
+    assert killed.name == "router-7d9-a"
+    assert killed.detail["namespace"] == NS and killed.detail["grace_period_s"] == 0
+    assert killed.detail["pod_ip"] == "10.0.0.11"
+    deletes = [s for s in fake.seen if s.method == "DELETE"]
+    assert [(d.path, d.body["gracePeriodSeconds"]) for d in deletes] == [
+        (f"/api/v1/namespaces/{NS}/pods/router-7d9-a", 0)
+    ]
+    # terminate_pods listed by the role's label selector, in the target's namespace only
+    lists = [s for s in fake.seen if s.method == "GET"]
+    assert {s.query.get("labelSelector") for s in lists} == {DEFAULT_SELECTORS["router"]}
+    assert all(s.path.startswith(f"/api/v1/namespaces/{NS}/") for s in fake.seen)
+    # the pod is gone; its sibling and the other namespace's router are untouched
+    assert [r.name for r in target.replicas("router")] == ["router-7d9-b"]
+    assert "router-elsewhere" in fake.pods["prod"]
+
+
+def test_kill_pod_by_name_and_through_the_fault_ledger(fake: FakeApi, tmp_path: Path) -> None:
+    target = k8s_target(tmp_path)
+    book = gd_faults.FaultLedger(tmp_path / "faults.jsonl")
+    entry = gd_faults.kill_pod(target, "router", "router-7d9-b", ledger=book)
+    assert entry.replica == "router-7d9-b" and entry.kind == "pod-kill"
+    assert [e.replica for e in book.entries()] == ["router-7d9-b"]
+    assert "router-7d9-b" not in fake.pods[NS] and "router-7d9-a" in fake.pods[NS]
+
+
+def test_probes_faults_kill_pod_action_on_a_kubernetes_target(
+    fake: FakeApi, tmp_path: Path
+) -> None:
+    from probes.faults import kill_pod
+
+    run = tmp_path / "run"
+    config = {"gameday_target": str(target_file(tmp_path)), "gameday_run_dir": str(run)}
+    out = kill_pod("model-canary", configuration=config)
+    assert out["replica"] == "model-canary-1" and out["component"] == "model-canary"
+    assert "model-canary-1" not in fake.pods[NS]
+    assert '"replica": "model-canary-1"' in (run / "faults.jsonl").read_text()
+
+
+def test_kill_pod_of_an_unknown_replica_names_the_pods_and_deletes_nothing(
+    fake: FakeApi, tmp_path: Path
+) -> None:
+    target = k8s_target(tmp_path)
+    with pytest.raises(TargetError, match=r"no pod 'router-x'.*router-7d9-a, router-7d9-b"):
+        target.kill_pod("router", "router-x")
+    with pytest.raises(TargetError, match="no running pod of broker"):
+        target.kill_pod("broker")
+    assert not [s for s in fake.seen if s.method == "DELETE"]
+
+
+@pytest.mark.parametrize(
+    ("namespace", "allowed", "message"),
+    [
+        ("kube-system", ["kube-system"], "namespace 'kube-system' is never a blast radius"),
+        ("kube-public", ["kube-public"], "is never a blast radius"),
+        ("prod", ["stack"], r"namespace 'prod' is outside the blast radius .*allowed: stack"),
+        ("stack", [], r"namespace 'stack' is outside the blast radius .*allowed: none"),
+    ],
+)
+def test_forbidden_and_unlisted_namespaces_are_refused_before_any_api_request(
+    fake: FakeApi, tmp_path: Path, namespace: str, allowed: list[str], message: str
+) -> None:
+    target = k8s_target(
+        tmp_path,
+        namespace=namespace,
+        blast_radius={"namespaces": allowed, "components": ["router", "model-canary"]},
+    )
+    calls = [
+        lambda: target.kill_pod("router"),
+        lambda: target.replicas("router"),
+        lambda: target.workload_status("router"),
+        lambda: gd_faults.kill_pod(target, "router"),
+        lambda: gd_faults.inject(target, "model-canary", "latency", 10, {"ttft_ms": 5}),
+    ]
+    for call in calls:
+        with pytest.raises(BlastRadiusError, match=message):
+            call()
+    assert fake.seen == []
+
+
+def test_component_outside_the_blast_radius_is_refused_before_any_request(
+    fake: FakeApi, tmp_path: Path
+) -> None:
+    target = k8s_target(tmp_path)
+    with pytest.raises(BlastRadiusError, match="component gate is outside the blast radius"):
+        target.kill_pod("gate")
+    assert fake.seen == []
+
+
+def test_workload_status_reads_deployments_and_statefulsets(fake: FakeApi, tmp_path: Path) -> None:
+    target = k8s_target(tmp_path)
+    assert target.workload_status("router") == {
+        "kind": "deployment", "name": "router", "namespace": NS,
+        "desired": 2, "ready": 1, "ok": False,
+    }  # fmt: skip
+    assert target.workload_status("broker")["ok"] is True
+    paths = [s.path for s in fake.seen]
+    assert paths == [
+        f"/apis/apps/v1/namespaces/{NS}/deployments/router",
+        f"/apis/apps/v1/namespaces/{NS}/statefulsets/broker",
+    ]
+    bad = k8s_target(tmp_path, workloads={"router": "daemonset/router"})
+    with pytest.raises(TargetError, match=r"workloads.router is 'daemonset/router'"):
+        bad.workload_status("router")
+
+
+def test_rbac_denial_is_a_target_error_that_points_at_the_role(
+    fake: FakeApi, tmp_path: Path
+) -> None:
+    fake.forbidden.add(("DELETE", f"/api/v1/namespaces/{NS}/pods/"))
+    target = k8s_target(tmp_path)
+    with pytest.raises(TargetError, match=r"deleting pod 'router-7d9-a'.*HTTP 403.*Role"):
+        target.kill_pod("router")
+    assert "router-7d9-a" in fake.pods[NS]
