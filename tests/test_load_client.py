@@ -65,8 +65,9 @@ def test_stream_measures_ttft_gaps_usage_and_headers(model: Proc) -> None:
     assert mean is not None and p99 is not None and mx is not None and 0 < mean <= p99 <= mx
     assert a.headers.get("x-model-version") == "v1" and "x-served-by" not in a.headers
     server = request_done(model, a.request_id)  # the client's x-request-id reached it
-    # the client cannot see content before the server wrote it
-    assert a.ttft_s >= server["ttft_s"] - 0.0005
+    # not before the server's first write (the server stamps after the write returns, so
+    # a busy CPU can put its stamp a little after the client's read)
+    assert a.ttft_s >= server["ttft_s"] - 0.005
 
 
 def test_non_streamed_request(model: Proc) -> None:

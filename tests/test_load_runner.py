@@ -77,7 +77,10 @@ def test_start_stop_records_chat_and_oracle_pairs(spawn: Spawner, tmp_path: Path
     assert (run.output_dir / "locust_stats.csv").exists() and run.log_path.exists()
 
 
-def test_stop_timeout_cuts_streams_but_keeps_their_rows(spawn: Spawner, tmp_path: Path) -> None:
+@pytest.mark.parametrize("processes", [None, 2])
+def test_stop_timeout_cuts_streams_but_keeps_their_rows(
+    spawn: Spawner, tmp_path: Path, processes: int | None
+) -> None:
     model = spawn("canarystack.model", "--version", "v1", "--itl-ms", "20")  # ~4 s streams
     config = LoadConfig(
         host=model.url,
@@ -86,6 +89,7 @@ def test_stop_timeout_cuts_streams_but_keeps_their_rows(spawn: Spawner, tmp_path
         spawn_rate=4,
         stop_timeout_s=0,
         max_tokens=200,
+        processes=processes,
         extra_args=SHORT_PROMPTS,
     )
     run = LoadRun(config).start()

@@ -93,6 +93,13 @@ def add_arguments(parser: Any) -> None:
         **hidden,
     )
     a(
+        "--error-pause-s",
+        type=float,
+        default=0.1,
+        help="closed loop: pause after a failed request (a refused connect fails at once)",
+        **hidden,
+    )
+    a(
         "--request-timeout-s",
         type=float,
         default=120.0,
@@ -278,6 +285,7 @@ class LoadOptions:
     temperature: float | None = None
     stream: bool = True
     think_time_s: float = 0.0
+    error_pause_s: float = 0.1
     request_timeout_s: float = 120.0
     bucket_edges: tuple[int, ...] = DEFAULT_EDGES
     trace_time_scale: float = 1.0
@@ -324,6 +332,7 @@ class LoadOptions:
         _positive("--trace-time-scale", ns.trace_time_scale)
         _positive("--request-timeout-s", ns.request_timeout_s)
         _positive("--think-time-s", ns.think_time_s, allow_zero=True)
+        _positive("--error-pause-s", ns.error_pause_s, allow_zero=True)
         _positive("--trace-start-s", ns.trace_start_s, allow_zero=True)
         _positive("--trace-duration-s", ns.trace_duration_s)
         _positive("--trace-late-tolerance-s", ns.trace_late_tolerance_s, allow_zero=True)
@@ -377,6 +386,7 @@ class LoadOptions:
             temperature=ns.temperature,
             stream=not ns.no_stream,
             think_time_s=ns.think_time_s,
+            error_pause_s=ns.error_pause_s,
             request_timeout_s=ns.request_timeout_s,
             bucket_edges=edges,
             trace_time_scale=ns.trace_time_scale,

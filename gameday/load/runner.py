@@ -32,6 +32,7 @@ import json
 import math
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -45,6 +46,12 @@ DEFAULT_LOCUSTFILE = Path(__file__).resolve().parents[2] / "locustfiles" / "llm.
 START_TIMEOUT_S = 60.0
 STOP_MARGIN_S = 15.0
 LOG_TAIL_CHARS = 3000
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 class LoadRunError(RuntimeError):
@@ -119,6 +126,7 @@ class LoadRun:
         self.ready_path = self.output_dir / ".locust-ready.json"
         self._popen: subprocess.Popen[bytes] | None = None
         self.result: LoadResult | None = None
+        self.master_port: int | None = None
 
     # --- command -------------------------------------------------------------------
     def command(self) -> list[str]:
@@ -150,7 +158,11 @@ class LoadRun:
         if c.duration_s is not None:
             cmd += ["-t", f"{math.ceil(c.duration_s)}s"]
         if c.processes:
+            # Locust's master binds 5557 by default: two runs on one machine would collide
+            # (or, worse, one run's workers would join the other's master)
+            port = self.master_port = self.master_port or free_port()
             cmd += ["--processes", str(c.processes)]
+            cmd += ["--master-bind-port", str(port), "--master-port", str(port)]
         if c.max_tokens is not None:
             cmd += ["--max-tokens", str(c.max_tokens)]
         if c.api_path:

@@ -13,8 +13,9 @@
   users felt, not the time to the response headers. Failures carry their error kind.
 
 Closed loop for ``synthetic`` and ``jsonl`` mixes (a user sends its next request when the
-previous one ended, plus ``--think-time-s``); open loop for ``azure-trace`` (each request
-starts at its trace offset × ``--trace-time-scale``; ``gameday.load.pacing``).
+previous one ended, plus ``--think-time-s``, or ``--error-pause-s`` after a failure); open
+loop for ``azure-trace`` (each request starts at its trace offset × ``--trace-time-scale``;
+``gameday.load.pacing``).
 
 ``OracleUser`` (only with ``--oracle``) sends the same prompt twice, pinned with
 ``x-canary-variant: baseline`` and ``canary`` (or to ``--oracle-baseline-host`` /
@@ -114,10 +115,17 @@ class LLMUser(User):
         super().__init__(environment)
         self.ctx = context_for(environment)
         self.client: OpenAIClient | None = None
+        self.last_failed = False
 
     def wait_time(self) -> float:
         opts = self.ctx.options
-        return 0.0 if self.ctx.open_loop or opts is None else opts.think_time_s
+        if self.ctx.open_loop or opts is None:
+            return 0.0
+        if self.last_failed:
+            # a refused connection fails in microseconds: without a pause one closed-loop
+            # user would log thousands of failures a second while a router restarts
+            return max(opts.think_time_s, opts.error_pause_s)
+        return opts.think_time_s
 
     def on_start(self) -> None:
         opts = self.ctx.options
@@ -168,6 +176,7 @@ class LLMUser(User):
         self.finish(opts, req, attempt)
 
     def finish(self, opts: LoadOptions, req: PromptRequest, a: Attempt) -> None:
+        self.last_failed = not a.ok
         self.ctx.records += 1
         self.ctx.collector.add("load", record_row(self.ctx, opts, req, a))
         variant = a.headers.get("x-served-by") or "unknown"
