@@ -5,13 +5,12 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
 
 from gameday.load.buckets import bucket_of, parse_edges
-from gameday.load.options import CHAT, LoadOptions, OptionsError, add_arguments, parse_headers
+from gameday.load.options import CHAT, LoadOptions, OptionsError, parse_headers, plain_parser
 from gameday.load.pacing import TraceSchedule, ramp_users
 from gameday.load.records import LOAD_COLUMNS, LOAD_SCHEMA, ORACLE_SCHEMA, ParquetSink
 from gameday.load.sse import SSEDecoder, StreamMeasurement, percentile
@@ -149,17 +148,7 @@ def test_parquet_sink_schema_row_groups_and_atomic_close(tmp_path: Path) -> None
 
 
 def parse(*args: str) -> argparse.Namespace:
-    class P(argparse.ArgumentParser):
-        def add_argument(self, *a: Any, **kw: Any) -> Any:
-            kw.pop("include_in_web_ui", None)
-            kw.pop("is_secret", None)
-            kw.pop("env_var", None)
-            return super().add_argument(*a, **kw)
-
-    p = P()
-    p.add_argument("--host", default=None)
-    add_arguments(p)
-    return p.parse_args(list(args))
+    return plain_parser().parse_args(list(args))
 
 
 def test_options_defaults_and_validation() -> None:

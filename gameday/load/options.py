@@ -246,6 +246,30 @@ def add_arguments(parser: Any) -> None:
     a("--oracle-interval-s", type=float, default=0.5, help="oracle: pause between pairs", **hidden)
 
 
+class _PlainParser(argparse.ArgumentParser):
+    """argparse that accepts (and drops) Locust's extra keyword arguments."""
+
+    def add_argument(self, *args: Any, **kwargs: Any) -> Any:
+        for key in ("include_in_web_ui", "is_secret", "is_required", "is_multiple", "env_var"):
+            kwargs.pop(key, None)
+        return super().add_argument(*args, **kwargs)
+
+
+def plain_parser() -> argparse.ArgumentParser:
+    """The gameday options (plus ``--host``) in a plain argparse parser.
+
+    Locust's ``--help`` is printed before the locustfile is imported, so it never lists
+    these options; ``python -m gameday.load --help`` does, and tests parse with this.
+    """
+    p = _PlainParser(
+        prog="locust -f locustfiles/llm.py",
+        description="gameday.load options, added to Locust's own (see `locust --help`).",
+    )
+    p.add_argument("--host", "-H", default=None, help="the server's base URL (Locust's option)")
+    add_arguments(p)
+    return p
+
+
 def new_run_id() -> str:
     return datetime.now(UTC).strftime("load-%Y%m%dT%H%M%SZ-") + uuid.uuid4().hex[:6]
 
