@@ -173,7 +173,10 @@ def test_workloads_carry_the_labels_replicas_probes_and_limits(
     worker = one(docs, "Deployment", "locust-worker")
     assert pod_spec(master)["containers"][0]["args"][0] == "locust-master"
     assert pod_spec(worker)["containers"][0]["args"][0] == "locust-worker"
-    assert worker["spec"]["replicas"] == 2
+    # no load at deploy time; a run scales the workers to what the master expects
+    assert master["spec"]["replicas"] == 0 and worker["spec"]["replicas"] == 0
+    master_env = {e["name"]: e.get("value") for e in pod_spec(master)["containers"][0]["env"]}
+    assert master_env["LOCUST_EXPECT_WORKERS"] == "2"
     cron = one(docs, "CronJob", "gameday")
     assert cron["spec"]["suspend"] is True and cron["spec"]["concurrencyPolicy"] == "Forbid"
     assert one(rendered["staging"], "CronJob", "gameday")["spec"]["suspend"] is False
