@@ -1,0 +1,87 @@
+"""What every activity needs from its configuration: the target, the run folder, the ledger.
+
+Two configuration entries (each with an environment default, so ``chaos run`` alone works):
+
+- ``gameday_target``: the target file (``$GAMEDAY_TARGET``, else ``targets/local.yaml``
+  when it exists, else the local stack in ``.stack``);
+- ``gameday_run_dir``: the experiment's folder (``$GAMEDAY_RUN_DIR``, else
+  ``reports/adhoc``): the fault ledger (``faults.jsonl``), the load records and
+  ``load.json`` live there.
+
+Errors a person can cause (a bad target file, a component outside the blast radius) come
+back as ``ActivityFailed`` with the message of the harness, which names the input and
+what to do. This module never talks to a target itself.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from chaoslib.exceptions import ActivityFailed
+
+from gameday.faults import FaultError, FaultLedger
+from gameday.targets import Target, TargetError, load_target
+
+CONFIG_TARGET = "gameday_target"
+CONFIG_RUN_DIR = "gameday_run_dir"
+ENV_TARGET = "GAMEDAY_TARGET"
+ENV_RUN_DIR = "GAMEDAY_RUN_DIR"
+DEFAULT_TARGET_FILE = Path("targets/local.yaml")
+DEFAULT_RUN_DIR = Path("reports/adhoc")
+LEDGER_NAME = "faults.jsonl"
+LOAD_STATE_NAME = "load.json"
+
+Configuration = dict[str, Any]
+
+
+def target_path(configuration: Configuration | None) -> str | None:
+    """The target file this activity acts on (None: the built-in local default)."""
+    chosen = (configuration or {}).get(CONFIG_TARGET) or os.environ.get(ENV_TARGET)
+    if chosen:
+        return str(chosen)
+    if DEFAULT_TARGET_FILE.is_file():
+        return str(DEFAULT_TARGET_FILE)
+    return None
+
+
+def get_target(configuration: Configuration | None) -> Target:
+    try:
+        return load_target(target_path(configuration))
+    except TargetError as exc:
+        raise ActivityFailed(str(exc)) from None
+
+
+def run_dir(configuration: Configuration | None) -> Path:
+    chosen = (configuration or {}).get(CONFIG_RUN_DIR) or os.environ.get(ENV_RUN_DIR)
+    return Path(chosen) if chosen else DEFAULT_RUN_DIR
+
+
+def ledger(configuration: Configuration | None) -> FaultLedger:
+    return FaultLedger(run_dir(configuration) / LEDGER_NAME)
+
+
+@contextmanager
+def harness_errors(what: str) -> Iterator[None]:
+    """Turn the harness's own errors into ``ActivityFailed`` naming what was attempted."""
+    try:
+        yield
+    except ActivityFailed:
+        raise
+    except (TargetError, FaultError) as exc:
+        raise ActivityFailed(f"{what}: {exc}") from None
+
+
+def positive(name: str, value: float, upper: float | None = None) -> float:
+    """A positive number argument, or ActivityFailed naming it."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ActivityFailed(f"argument {name} must be a number, got {value!r}") from None
+    if not number > 0 or (upper is not None and number > upper):
+        bound = f" and at most {upper:g}" if upper is not None else ""
+        raise ActivityFailed(f"argument {name} must be above 0{bound}, got {value!r}")
+    return number

@@ -1,0 +1,157 @@
+"""Chaos Toolkit actions that harm the target: latency, a faulty canary, pod kills, clearing.
+
+    - type: action
+      name: slow-the-router
+      provider:
+        type: python
+        module: probes.faults
+        func: inject_latency
+        arguments: {component: router, ms: 200, ttl_s: 90}
+
+Every fault has a TTL that the component itself enforces (a dead-man switch: a harness
+that dies leaves nothing behind for longer than the TTL), goes to every replica of the
+component, is checked against the target's blast-radius allowlist before any request,
+and is written to the fault ledger of the run (``faults.jsonl`` in the run folder) and
+to the release's history on the broker. ``clear_faults`` deletes what the ledger holds.
+
+Components: ``router``, ``broker``, ``gate``, ``rollback``, ``model-baseline``,
+``model-canary``, or ``model`` for both model roles.
+
+These actions never kill by name and never act outside the target's blast radius.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from chaoslib.exceptions import ActivityFailed
+
+from gameday import faults as gd_faults
+from probes._context import Configuration, get_target, harness_errors, ledger, positive
+
+__all__ = ["clear_faults", "inject_latency", "kill_pod", "make_canary_faulty"]
+
+MAX_TTL_S = 600.0
+MAX_LATENCY_MS = 60_000.0
+KERNEL_MODES = ("fp8-kv-scale",)
+MODEL_ROLES = ("model", "model-baseline", "model-canary")
+
+Secrets = dict[str, Any]
+
+
+def _summary(entries: list[gd_faults.FaultEntry]) -> dict[str, Any]:
+    first = entries[0]
+    return {
+        "component": first.component if len({e.component for e in entries}) == 1 else "model",
+        "kind": first.kind,
+        "params": first.params,
+        "ttl_s": first.ttl_s,
+        "injected_at": min(e.time for e in entries),
+        "replicas": [e.replica for e in entries],
+        "fault_ids": [e.fault_id for e in entries],
+    }
+
+
+def inject_latency(
+    component: str,
+    ms: float,
+    ttl_s: float = 60.0,
+    configuration: Configuration | None = None,
+    secrets: Secrets | None = None,
+) -> dict[str, Any]:
+    """Slow every replica of ``component`` by ``ms`` milliseconds for ``ttl_s`` seconds.
+
+    Router, broker, gate: ``ms`` before each request is handled; rollback executor:
+    ``ms`` before each rollback step; model servers: ``ms`` more time to first token.
+    Returns the replicas, fault ids and the injection time.
+    """
+    ms = positive("ms", ms, MAX_LATENCY_MS)
+    ttl_s = positive("ttl_s", ttl_s, MAX_TTL_S)
+    params = {"ttft_ms": ms} if component in MODEL_ROLES else {"ms": ms}
+    with harness_errors(f"injecting {ms:g} ms of latency into {component}"):
+        target = get_target(configuration)
+        entries = gd_faults.inject(
+            target, component, "latency", ttl_s, params, ledger(configuration)
+        )
+    return _summary(entries)
+
+
+def make_canary_faulty(
+    mode: str = "fp8-kv-scale",
+    min_prompt_tokens: int = 2048,
+    magnitude: float = 1.0,
+    ttl_s: float = 60.0,
+    configuration: Configuration | None = None,
+    secrets: Secrets | None = None,
+) -> dict[str, Any]:
+    """Give the canary a faulty kernel: its next-token distributions drift (and top tokens
+    can flip) for prompts of at least ``min_prompt_tokens`` tokens, growing with
+    ``magnitude`` and with the prompt's length. This is what the gate must catch."""
+    if mode not in KERNEL_MODES:
+        raise ActivityFailed(f"argument mode is {mode!r}: use one of {', '.join(KERNEL_MODES)}")
+    try:
+        min_tokens = int(min_prompt_tokens)
+    except (TypeError, ValueError):
+        raise ActivityFailed(
+            f"argument min_prompt_tokens must be an integer, got {min_prompt_tokens!r}"
+        ) from None
+    if min_tokens < 0:
+        raise ActivityFailed(f"argument min_prompt_tokens must be >= 0, got {min_tokens}")
+    magnitude = positive("magnitude", magnitude, 10.0)
+    ttl_s = positive("ttl_s", ttl_s, MAX_TTL_S)
+    params = {"mode": mode, "min_prompt_tokens": min_tokens, "magnitude": magnitude}
+    with harness_errors("making the canary faulty"):
+        target = get_target(configuration)
+        entries = gd_faults.inject(
+            target, "model-canary", "kernel", ttl_s, params, ledger(configuration)
+        )
+    return _summary(entries)
+
+
+def kill_pod(
+    component: str,
+    replica: str | None = None,
+    configuration: Configuration | None = None,
+    secrets: Secrets | None = None,
+) -> dict[str, Any]:
+    """Kill one pod of ``component`` (``replica`` names it; default: the first).
+
+    Local target: SIGKILL to the process supervisord runs (by PID; supervisord restarts
+    it, like a ReplicaSet). Kubernetes: chaostoolkit-kubernetes ``terminate_pods`` with
+    grace period 0 on the role's label selector.
+    """
+    with harness_errors(f"killing a pod of {component}"):
+        target = get_target(configuration)
+        entry = gd_faults.kill_pod(target, component, replica, ledger(configuration))
+    return {
+        "component": entry.component,
+        "replica": entry.replica,
+        "killed_at": entry.time,
+        "detail": entry.detail,
+    }
+
+
+def clear_faults(
+    component: str | None = None,
+    configuration: Configuration | None = None,
+    secrets: Secrets | None = None,
+) -> dict[str, Any]:
+    """Clear every fault of this run's ledger that is still outstanding (of ``component``
+    only, when given). A fault the component already dropped (expired, or a restarted
+    pod) counts as cleared. Idempotent: safe as a rollback after any failure."""
+    with harness_errors("clearing faults"):
+        target = get_target(configuration)
+        cleared = gd_faults.clear_injected(target, ledger(configuration), component)
+    return {
+        "cleared": len(cleared),
+        "faults": [
+            {
+                "component": e.component,
+                "replica": e.replica,
+                "kind": e.kind,
+                "fault_id": e.fault_id,
+                "already_gone": bool(e.detail.get("already_gone")),
+            }
+            for e in cleared
+        ],
+    }

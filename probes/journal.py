@@ -1,0 +1,50 @@
+"""A Chaos Toolkit control that records in the journal what the experiment ran with.
+
+    controls:
+      - name: resolved-slos
+        provider: {type: python, module: probes.journal}
+
+The ``gameday`` extension states the SLOs as references to the configuration
+(``detection_s: ${detection_s}``), which environment variables can override. Chaos
+Toolkit keeps the experiment as written in the journal, so a reader of the journal alone
+(the report) would only see the defaults. At the end of the experiment this control
+resolves the extension's ``slo`` with the configuration in force and writes the numbers
+into the journal's copy of the extension (the references stay, under ``slo_declared``),
+so the report judges against exactly what the probes judged.
+
+It changes nothing but the journal's copy of the ``gameday`` extension.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from chaoslib import substitute
+
+__all__ = ["after_experiment_control"]
+
+Secrets = dict[str, Any]
+
+
+def after_experiment_control(
+    context: Any,
+    state: Any = None,
+    configuration: dict[str, Any] | None = None,
+    secrets: Secrets | None = None,
+    **kwargs: Any,
+) -> None:
+    """Resolve the ``gameday`` extension's SLOs in the journal's experiment."""
+    if not isinstance(state, dict) or not isinstance(state.get("experiment"), dict):
+        return
+    experiment = state["experiment"]
+    resolved = []
+    for ext in experiment.get("extensions") or []:
+        if isinstance(ext, dict) and ext.get("name") == "gameday" and "slo" in ext:
+            declared = ext.get("slo_declared", ext["slo"])
+            ext = {
+                **ext,
+                "slo": substitute(declared, configuration or {}, secrets or {}),
+                "slo_declared": declared,
+            }
+        resolved.append(ext)
+    experiment["extensions"] = resolved

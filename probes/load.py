@@ -1,0 +1,211 @@
+"""A Chaos Toolkit control that runs the user load (Locust, through ``gameday.load``)
+around the method: started before it, stopped after it.
+
+    controls:
+      - name: load
+        provider:
+          type: python
+          module: probes.load
+          arguments: {users: 12, spawn_rate: 12, max_tokens: 48}
+
+Locust targets the target's router and writes ``records.parquet`` (and, with ``oracle``,
+``oracle.parquet`` from pinned baseline/canary pairs sent straight to one model server
+of each variant on a local target) into the run folder. ``load.json`` there says where
+the load stands (``running`` with Locust's PID, then ``stopped`` with the records' path
+and Locust's summary); the SLO probes and ``gameday run`` read it, and the journal gets
+it as an experiment extension named ``gameday-load``.
+
+A load that cannot start raises ``InterruptExecution``: the experiment is interrupted
+(and its rollbacks run), never silently run without users. Locust is stopped by its PID
+after the method, again at the end of the experiment if an interruption skipped that,
+and killed at control cleanup as the last resort. Nothing here imports Locust.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from chaoslib.exceptions import InterruptExecution
+
+from gameday.load.runner import LoadConfig, LoadRun, LoadRunError
+from gameday.targets import TargetError
+from probes._context import LOAD_STATE_NAME, Configuration, get_target, run_dir
+
+__all__ = [
+    "after_experiment_control",
+    "after_method_control",
+    "before_method_control",
+    "cleanup_control",
+]
+
+ENV_RUN_ID = "GAMEDAY_RUN_ID"
+JOURNAL_EXTENSION = "gameday-load"
+MAX_USERS = 1000
+
+Secrets = dict[str, Any]
+
+# The LoadRun of each run folder, alive between the method's before and after hooks.
+_RUNS: dict[Path, LoadRun] = {}
+
+
+def _write_state(folder: Path, state: dict[str, Any]) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = folder / f".{LOAD_STATE_NAME}.tmp"
+    tmp.write_text(json.dumps(state, indent=2, default=str) + "\n")
+    os.replace(tmp, folder / LOAD_STATE_NAME)
+
+
+def _read_state(folder: Path) -> dict[str, Any]:
+    try:
+        value = json.loads((folder / LOAD_STATE_NAME).read_text())
+    except (OSError, ValueError):
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def _oracle_args(configuration: Configuration | None) -> list[str]:
+    """Oracle pairs go straight to one model server of each variant on a local target,
+    so the oracle does not depend on the router it judges."""
+    target = get_target(configuration)
+    if target.kind != "local":
+        return []
+    baseline, canary = target.replicas("model-baseline"), target.replicas("model-canary")
+    if not baseline or not canary:
+        return []
+    return ["--oracle-baseline-host", baseline[0].url, "--oracle-canary-host", canary[0].url]
+
+
+def before_method_control(
+    context: Any,
+    users: int = 12,
+    spawn_rate: float = 12.0,
+    max_tokens: int = 48,
+    prompt_mix: str = "synthetic",
+    stop_timeout_s: float = 10.0,
+    oracle: bool = True,
+    max_duration_s: float = 600.0,
+    extra_args: list[str] | None = None,
+    configuration: Configuration | None = None,
+    secrets: Secrets | None = None,
+    **kwargs: Any,
+) -> None:
+    """Start Locust against the target's router; InterruptExecution if it cannot start."""
+    folder = run_dir(configuration)
+    try:
+        n_users = int(users)
+        if not 1 <= n_users <= MAX_USERS:
+            raise ValueError(f"users must be from 1 to {MAX_USERS}, got {users!r}")
+        target = get_target(configuration)
+        config = LoadConfig(
+            host=target.service_url("router"),
+            output_dir=folder,
+            users=n_users,
+            spawn_rate=float(spawn_rate),
+            prompt_mix=str(prompt_mix),
+            duration_s=float(max_duration_s),  # a bound; stop() ends it after the method
+            stop_timeout_s=float(stop_timeout_s),
+            max_tokens=int(max_tokens),
+            run_id=os.environ.get(ENV_RUN_ID) or folder.name,
+            oracle=bool(oracle),
+            extra_args=[*(_oracle_args(configuration) if oracle else []), *(extra_args or [])],
+        )
+        run = LoadRun(config)
+        state: dict[str, Any] = {
+            "state": "starting",
+            "host": config.host,
+            "users": n_users,
+            "spawn_rate": config.spawn_rate,
+            "max_tokens": config.max_tokens,
+            "prompt_mix": config.prompt_mix,
+            "oracle": config.oracle,
+            "stop_timeout_s": config.stop_timeout_s,
+            "command": run.command(),
+        }
+        _write_state(folder, state)
+        run.start()
+    except (LoadRunError, ValueError, TypeError, TargetError, OSError) as exc:
+        _write_state(folder, {**_read_state(folder), "state": "failed", "error": str(exc)})
+        raise InterruptExecution(
+            f"the user load could not start, so the experiment stops: {exc}"
+        ) from None
+    _RUNS[folder] = run
+    _write_state(
+        folder,
+        {
+            **state,
+            "state": "running",
+            "pid": run.pid,
+            "started_at": time.time(),
+            "records": str(run.records_path.resolve()),
+            "oracle_records": str(run.oracle_path.resolve()) if run.oracle_path else None,
+        },
+    )
+
+
+def _stop(folder: Path) -> None:
+    run = _RUNS.pop(folder, None)
+    if run is None:
+        return
+    state = _read_state(folder)
+    try:
+        result = run.stop()
+    except LoadRunError as exc:
+        _write_state(
+            folder, {**state, "state": "failed", "stopped_at": time.time(), "error": str(exc)}
+        )
+        return
+    _write_state(
+        folder,
+        {
+            **state,
+            "state": "stopped",
+            "stopped_at": time.time(),
+            "exit_code": result.exit_code,
+            "failed_requests": result.failed_requests,
+            "summary": result.summary,
+        },
+    )
+
+
+def after_method_control(
+    context: Any,
+    state: Any = None,
+    configuration: Configuration | None = None,
+    secrets: Secrets | None = None,
+    **kwargs: Any,
+) -> None:
+    """Stop Locust (SIGTERM by PID; streams in flight get the stop timeout)."""
+    _stop(run_dir(configuration))
+
+
+def after_experiment_control(
+    context: Any,
+    state: Any = None,
+    configuration: Configuration | None = None,
+    secrets: Secrets | None = None,
+    **kwargs: Any,
+) -> None:
+    """Stop Locust if an interruption skipped the method's end, and put where the load
+    stands (records path included) into the journal."""
+    folder = run_dir(configuration)
+    _stop(folder)
+    load = _read_state(folder)
+    if isinstance(state, dict) and isinstance(state.get("experiment"), dict) and load:
+        experiment = state["experiment"]
+        extensions = [
+            e
+            for e in experiment.get("extensions") or []
+            if not (isinstance(e, dict) and e.get("name") == JOURNAL_EXTENSION)
+        ]
+        extensions.append({"name": JOURNAL_EXTENSION, **load})
+        experiment["extensions"] = extensions
+
+
+def cleanup_control(**kwargs: Any) -> None:
+    """Last resort: no Locust outlives the experiment."""
+    for folder in list(_RUNS):
+        _stop(folder)

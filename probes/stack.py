@@ -1,0 +1,207 @@
+"""Chaos Toolkit probes of the stack's state: health, the release's phase and canary weight.
+
+    - type: probe
+      name: release-is-progressing
+      provider:
+        type: python
+        module: probes.stack
+        func: release_phase
+        arguments: {expected: progressing}
+
+Without ``expected`` a probe returns what it sees (for a tolerance to judge); with it, it
+raises ``ActivityFailed`` naming expected and actual — the form a method uses to check
+that an experiment starts from the state it assumes. Everything is read over HTTP from
+the target (``/health`` of every replica, the broker's release API), never from files
+or internals. These probes never change anything.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import requests
+from chaoslib.exceptions import ActivityFailed
+
+from gameday.targets import ROLES, Target, TargetError
+from probes._broker import get_release
+from probes._context import Configuration, get_target, harness_errors
+
+__all__ = [
+    "canary_weight",
+    "no_active_faults",
+    "release_phase",
+    "stack_healthy",
+    "wait_for_release_phase",
+]
+
+HTTP_TIMEOUT_S = 3.0
+PHASES = ("progressing", "tripped", "rolling_back", "rolled_back", "promoted")
+MAX_WAIT_S = 600.0
+
+Secrets = dict[str, Any]
+
+
+def _unhealthy(target: Target) -> list[str]:
+    problems: list[str] = []
+    for role in ROLES:
+        try:
+            replicas = target.replicas(role)
+        except TargetError as exc:
+            problems.append(f"{role}: {exc}")
+            continue
+        for rep in replicas:
+            try:
+                status = requests.get(f"{rep.url}/health", timeout=HTTP_TIMEOUT_S).status_code
+            except requests.RequestException as exc:
+                problems.append(f"{rep.name} ({rep.url}): {exc.__class__.__name__}")
+                continue
+            if status != 200:
+                problems.append(f"{rep.name} ({rep.url}): /health answered HTTP {status}")
+    return problems
+
+
+def stack_healthy(
+    wait_s: float = 0.0,
+    configuration: Configuration | None = None,
+    secrets: Secrets | None = None,
+) -> bool:
+    """True when every replica of every component answers ``/health``; waits up to
+    ``wait_s`` seconds for that (a killed pod being restarted), else raises naming the
+    replicas that did not answer."""
+    with harness_errors("checking the stack's health"):
+        target = get_target(configuration)
+        deadline = time.monotonic() + min(max(float(wait_s), 0.0), MAX_WAIT_S)
+        while True:
+            problems = _unhealthy(target)
+            if not problems:
+                return True
+            if time.monotonic() >= deadline:
+                raise ActivityFailed(
+                    f"expected every component to answer /health (waited {float(wait_s):g} s), "
+                    f"but {len(problems)} did not: " + "; ".join(problems)
+                )
+            time.sleep(0.25)
+
+
+def release_phase(
+    expected: str | None = None,
+    configuration: Configuration | None = None,
+    secrets: Secrets | None = None,
+) -> str:
+    """The release's phase (``progressing``, ``tripped``, ``rolling_back``,
+    ``rolled_back``, ``promoted``); with ``expected``, raises unless it is that."""
+    if expected is not None and expected not in PHASES:
+        raise ActivityFailed(f"argument expected is {expected!r}: use one of {', '.join(PHASES)}")
+    with harness_errors("reading the release phase"):
+        target = get_target(configuration)
+        release = get_release(target)
+    phase = str(release.get("phase"))
+    if expected is not None and phase != expected:
+        hint = ""
+        if expected == "progressing":
+            hint = (
+                " — an earlier experiment or a real trip left it there: start a fresh stack "
+                "(`gameday run` does, when it owns the stack) or deploy a new canary version"
+            )
+        raise ActivityFailed(
+            f"release {target.release!r} is in phase {phase!r} but should be {expected!r}{hint}"
+        )
+    return phase
+
+
+def canary_weight(
+    expected: int | None = None,
+    configuration: Configuration | None = None,
+    secrets: Secrets | None = None,
+) -> int:
+    """The canary's traffic weight in percent, as the broker has it; with ``expected``,
+    raises unless it is that."""
+    with harness_errors("reading the canary weight"):
+        target = get_target(configuration)
+        release = get_release(target)
+    weight = int((release.get("weights") or {}).get("canary") or 0)
+    if expected is not None and weight != int(expected):
+        raise ActivityFailed(
+            f"release {target.release!r} gives the canary {weight}% of traffic but the "
+            f"experiment expects {int(expected)}% (its configuration canary_weight, env "
+            "GAMEDAY_CANARY_WEIGHT)"
+        )
+    return weight
+
+
+def wait_for_release_phase(
+    phase: str,
+    deadline_s: float = 30.0,
+    poll_s: float = 0.1,
+    configuration: Configuration | None = None,
+    secrets: Secrets | None = None,
+) -> float:
+    """Wait until the release is in ``phase``; returns the seconds waited, raises after
+    ``deadline_s`` (Chaos Toolkit does not time out Python activities, so this does)."""
+    if phase not in PHASES:
+        raise ActivityFailed(f"argument phase is {phase!r}: use one of {', '.join(PHASES)}")
+    t0 = time.monotonic()
+    deadline = t0 + min(max(float(deadline_s), 0.0), MAX_WAIT_S)
+    with harness_errors(f"waiting for phase {phase}"):
+        target = get_target(configuration)
+        last = "unknown"
+        while True:
+            try:
+                last = str(get_release(target).get("phase"))
+            except ActivityFailed as exc:
+                last = f"unreadable ({exc})"  # a broker being restarted: keep waiting
+            if last == phase:
+                return round(time.monotonic() - t0, 3)
+            if time.monotonic() >= deadline:
+                raise ActivityFailed(
+                    f"release {target.release!r} should reach phase {phase!r} within "
+                    f"{float(deadline_s):g} s, but it is {last!r}"
+                )
+            time.sleep(max(0.02, float(poll_s)))
+
+
+def no_active_faults(
+    configuration: Configuration | None = None,
+    secrets: Secrets | None = None,
+) -> bool:
+    """True when no replica of any component holds a fault (the state an experiment must
+    start from); raises listing the leftovers otherwise."""
+    with harness_errors("listing active faults"):
+        target = get_target(configuration)
+        found: list[str] = []
+        for role in ROLES:
+            for rep in target.replicas(role):
+                try:
+                    resp = requests.get(
+                        f"{rep.url}/admin/faults",
+                        headers=target.admin_headers(),
+                        timeout=HTTP_TIMEOUT_S,
+                    )
+                except requests.RequestException as exc:
+                    raise ActivityFailed(
+                        f"cannot list the faults of {rep.name} ({rep.url}): "
+                        f"{exc.__class__.__name__}"
+                    ) from None
+                if resp.status_code != 200:
+                    raise ActivityFailed(
+                        f"listing the faults of {rep.name} answered HTTP {resp.status_code}"
+                    )
+                for fault in _fault_list(resp.json()):
+                    found.append(
+                        f"{rep.name}: {fault.get('kind')} (id {fault.get('id')}, "
+                        f"{fault.get('remaining_s')} s left)"
+                    )
+    if found:
+        raise ActivityFailed(
+            "expected no active faults before the experiment, found: "
+            + "; ".join(found)
+            + " — wait for their TTL or clear them (DELETE /admin/faults)"
+        )
+    return True
+
+
+def _fault_list(body: Any) -> list[dict[str, Any]]:
+    if isinstance(body, dict):
+        body = body.get("faults", [])
+    return [f for f in body if isinstance(f, dict)] if isinstance(body, list) else []

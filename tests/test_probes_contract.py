@@ -1,0 +1,144 @@
+"""Every activity of ``probes/`` follows the Chaos Toolkit contract, checked the way Chaos
+Toolkit checks it: chaoslib's own ``validate_python_activity`` on each one, flat
+JSON-friendly arguments, ``configuration``/``secrets`` last, and discovery."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import subprocess
+import sys
+import types
+from typing import Any, get_type_hints
+
+import pytest
+from chaoslib.control.python import validate_python_control
+from chaoslib.exceptions import InvalidActivity
+from chaoslib.provider.python import validate_python_activity
+
+import probes
+
+ACTIVITY_MODULES = ("probes.faults", "probes.stack", "probes.gate", "probes.slo")
+
+# Arguments as an experiment gives them; every activity is validated with these.
+EXAMPLE_ARGUMENTS: dict[str, dict[str, Any]] = {
+    "inject_latency": {"component": "router", "ms": 200, "ttl_s": 90},
+    "make_canary_faulty": {
+        "mode": "fp8-kv-scale",
+        "min_prompt_tokens": 2048,
+        "magnitude": 1.0,
+        "ttl_s": 60,
+    },
+    "kill_pod": {"component": "router", "replica": "router-0"},
+    "clear_faults": {"component": "router"},
+    "stack_healthy": {"wait_s": 10},
+    "release_phase": {"expected": "progressing"},
+    "canary_weight": {"expected": 5},
+    "wait_for_release_phase": {"phase": "rolled_back", "deadline_s": 30},
+    "no_active_faults": {},
+    "wait_for_trip": {"deadline_s": 20},
+    "gate_did_not_trip": {"observe_s": 15},
+    "baseline_ttft_p99_below": {"max_s": 2.0},
+    "error_rate_below": {"max_ratio": 0.0},
+    "no_canary_served_after": {"max_s": 5},
+    "drifted_responses_at_most": {"max_count": 3},
+    "errors_only_in_flight_at_kill": {"grace_s": 1.0},
+    "trip_within": {"max_s": 5},
+    "weights_applied_within": {"max_s": 5},
+    "rollback_complete_within": {"max_s": 30},
+    "no_trip": {},
+    "slo_met": {},
+}
+JSON_FRIENDLY = {str, int, float, bool, type(None), list, dict}
+
+
+def _activities() -> list[tuple[str, str]]:
+    out: list[tuple[str, str]] = []
+    for module in ACTIVITY_MODULES:
+        mod = importlib.import_module(module)
+        out.extend((module, name) for name in mod.__all__)
+    return out
+
+
+def _types_of(hint: Any) -> set[Any]:
+    if isinstance(hint, types.UnionType) or getattr(hint, "__origin__", None) is not None:
+        args = getattr(hint, "__args__", ())
+        origin = getattr(hint, "__origin__", None)
+        if origin in (list, dict):
+            return {origin}
+        return set().union(*(_types_of(a) for a in args))
+    return {hint}
+
+
+def test_every_exported_activity_has_an_example() -> None:
+    assert {name for _, name in _activities()} == set(EXAMPLE_ARGUMENTS)
+
+
+@pytest.mark.parametrize(("module", "func"), _activities())
+def test_chaoslib_validates_the_activity(module: str, func: str) -> None:
+    kind = "action" if module == "probes.faults" else "probe"
+    activity = {
+        "type": kind,
+        "name": func.replace("_", "-"),
+        "provider": {
+            "type": "python",
+            "module": module,
+            "func": func,
+            "arguments": EXAMPLE_ARGUMENTS[func],
+        },
+    }
+    validate_python_activity(activity)  # raises InvalidActivity when it does not fit
+
+
+@pytest.mark.parametrize(("module", "func"), _activities())
+def test_signature_is_flat_with_configuration_and_secrets_last(module: str, func: str) -> None:
+    fn = getattr(importlib.import_module(module), func)
+    params = list(inspect.signature(fn).parameters.values())
+    assert [p.name for p in params[-2:]] == ["configuration", "secrets"]
+    assert all(p.default is None for p in params[-2:])
+    hints = get_type_hints(fn)
+    for p in params[:-2]:
+        assert p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD, p
+        assert _types_of(hints[p.name]) <= JSON_FRIENDLY, (func, p.name, hints[p.name])
+    assert inspect.getdoc(fn), f"{func} needs a docstring (chaos discover shows it)"
+
+
+def test_a_wrong_argument_is_refused_with_its_name() -> None:
+    activity = {
+        "type": "action",
+        "name": "slow",
+        "provider": {
+            "type": "python",
+            "module": "probes.faults",
+            "func": "inject_latency",
+            "arguments": {"component": "router", "ms": 5, "millis": 5},
+        },
+    }
+    with pytest.raises(InvalidActivity, match="millis"):
+        validate_python_activity(activity)
+    del activity["provider"]["arguments"]["ms"]  # type: ignore[index]
+    with pytest.raises(InvalidActivity, match="'ms' is missing"):
+        validate_python_activity(activity)
+
+
+def test_the_load_control_validates() -> None:
+    validate_python_control(
+        {"name": "user-load", "provider": {"type": "python", "module": "probes.load"}}
+    )
+
+
+def test_discover_lists_every_activity_and_the_control() -> None:
+    found = probes.discover(discover_system=False)
+    listed = {(a["mod"], a["name"], a["type"]) for a in found["activities"]}
+    for module, name in _activities():
+        kind = "action" if module == "probes.faults" else "probe"
+        assert (module, name, kind) in listed
+    assert ("probes.load", "before_method_control", "control") in listed
+    assert "discover" in probes.__all__
+
+
+def test_python_m_probes_prints_the_discovery() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "probes"], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert '"make_canary_faulty"' in out.stdout
