@@ -1,0 +1,210 @@
+"""The experiment files: each passes ``chaos validate`` (the real CLI), says what it
+expects (the ``gameday`` extension), rolls back whatever happens, clears its faults,
+gives every fault a TTL, checks its starting state first, runs the load, keeps every
+SLO and duration in configuration with an environment override, and fits the time
+budget. Also the target file and the Makefile targets that run them."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from gameday.targets.base import parse_target
+from tests.run_support import REPO
+
+COMPONENTS = ("router", "broker", "rollback")
+# The local game day (experiments/k8s/ and experiments/stack-configs/ are not experiments
+# of this matrix).
+EXPERIMENTS = sorted(
+    [REPO / "experiments" / "control.yaml"]
+    + [p for c in COMPONENTS for p in (REPO / "experiments" / c).glob("*.yaml")]
+)
+BY_NAME = {str(p.relative_to(REPO / "experiments").with_suffix("")): p for p in EXPERIMENTS}
+FAULTS = ("latency", "pod-kill", "faulty-kernel")
+FAULT_ACTIONS = {"inject_latency", "make_canary_faulty", "kill_pod"}
+REPORT_SLO_KEYS = {"detection_s", "weights_applied_s", "rollback_s", "rollback_complete_s"}
+STACK_START_S, STACK_STOP_S, LOAD_STOP_S, CHAOS_START_S = 8, 8, 4, 2
+BUDGET_S = 90
+
+
+def load(path: Path) -> dict[str, Any]:
+    return dict(yaml.safe_load(path.read_text()))
+
+
+def default(experiment: dict[str, Any], key: str) -> Any:
+    entry = experiment["configuration"][key]
+    return entry["default"] if isinstance(entry, dict) else entry
+
+
+def resolve(experiment: dict[str, Any], value: Any) -> Any:
+    match = re.fullmatch(r"\$\{([a-z_0-9]+)\}", str(value))
+    return default(experiment, match.group(1)) if match else value
+
+
+def activities(experiment: dict[str, Any]) -> list[dict[str, Any]]:
+    return [*experiment["method"], *experiment.get("rollbacks", [])]
+
+
+def test_every_component_gets_every_fault_plus_the_control() -> None:
+    expected = {f"{c}/{f}" for c in COMPONENTS for f in FAULTS} | {"control"}
+    assert set(BY_NAME) == expected
+
+
+def test_chaos_validate_accepts_every_experiment(tmp_path: Path) -> None:
+    # All at once (each `chaos validate` is a Python start-up); each checked on its own.
+    procs = {
+        name: subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "chaostoolkit",
+                "--no-version-check",
+                "--log-file",
+                str(tmp_path / f"{name.replace('/', '-')}.log"),
+                "validate",
+                str(path),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            cwd=tmp_path,
+        )
+        for name, path in BY_NAME.items()
+    }
+    failures = {}
+    for name, proc in procs.items():
+        out, _ = proc.communicate(timeout=180)
+        if proc.returncode != 0 or b"experiment syntax and semantic look valid" not in out:
+            failures[name] = out.decode(errors="replace")[-800:]
+    assert not failures, failures
+
+
+@pytest.mark.parametrize("name", sorted(BY_NAME))
+def test_the_gameday_extension_says_what_is_expected(name: str) -> None:
+    exp = load(BY_NAME[name])
+    ext = next(e for e in exp["extensions"] if e["name"] == "gameday")
+    component, _, fault = name.partition("/")
+    assert ext["component"] == component
+    assert ext["fault"] == (fault or "none")
+    assert ext["expect"] == ("trip" if fault in ("pod-kill", "faulty-kernel") else "no_trip")
+    slo = {k: resolve(exp, v) for k, v in ext["slo"].items()}
+    assert all(isinstance(v, int | float) for v in slo.values()), slo
+    if ext["expect"] == "trip":
+        assert set(slo) >= REPORT_SLO_KEYS
+        assert slo["detection_s"] <= 5, "DESIGN.md §4: detection p95 <= 5 s"
+        assert slo["drifted_max"] <= 3, "DESIGN.md §4: <= 3 canary-served bad responses"
+
+
+@pytest.mark.parametrize("name", sorted(BY_NAME))
+def test_rollbacks_always_run_and_clear_the_faults(name: str) -> None:
+    exp = load(BY_NAME[name])
+    assert exp["runtime"]["rollbacks"]["strategy"] == "always"
+    funcs = [(a["provider"]["module"], a["provider"]["func"]) for a in exp["rollbacks"]]
+    assert ("probes.faults", "clear_faults") in funcs
+    clear = next(a for a in exp["rollbacks"] if a["provider"]["func"] == "clear_faults")
+    assert not clear["provider"].get("arguments"), "the rollback clears every fault of the run"
+
+
+@pytest.mark.parametrize("name", sorted(BY_NAME))
+def test_faults_have_ttls_and_the_method_starts_from_the_same_state(name: str) -> None:
+    exp = load(BY_NAME[name])
+    for act in activities(exp):
+        func = act["provider"]["func"]
+        args = act["provider"].get("arguments", {})
+        if func in ("inject_latency", "make_canary_faulty"):
+            ttl = resolve(exp, args["ttl_s"])
+            assert 0 < ttl <= 600
+    first = [a["provider"]["func"] for a in exp["method"][:3]]
+    assert first == ["release_phase", "canary_weight", "no_active_faults"]
+    assert exp["method"][0]["provider"]["arguments"] == {"expected": "progressing"}
+    assert exp["method"][1]["provider"]["arguments"] == {"expected": "${canary_weight}"}
+
+
+@pytest.mark.parametrize("name", sorted(BY_NAME))
+def test_the_load_runs_and_slos_are_checked_after_it(name: str) -> None:
+    exp = load(BY_NAME[name])
+    assert [c["provider"]["module"] for c in exp["controls"]] == ["probes.load", "probes.journal"]
+    probes = exp["steady-state-hypothesis"]["probes"]
+    assert probes[0]["provider"]["func"] == "stack_healthy"
+    for probe in probes[1:]:
+        assert probe["provider"]["module"] == "probes.slo"
+        assert probe["tolerance"]["provider"]["func"] == "slo_met"
+    funcs = {p["provider"]["func"] for p in probes}
+    assert {"baseline_ttft_p99_below", "error_rate_below"} <= funcs
+    if "pod-kill" in name or "faulty-kernel" in name:
+        assert {"trip_within", "no_canary_served_after", "drifted_responses_at_most"} <= funcs
+        method = [a["provider"]["func"] for a in exp["method"]]
+        assert "make_canary_faulty" in method and "wait_for_trip" in method
+    else:
+        assert "no_trip" in funcs
+        assert "gate_did_not_trip" in [a["provider"]["func"] for a in exp["method"]]
+
+
+@pytest.mark.parametrize("name", sorted(BY_NAME))
+def test_configuration_has_environment_overrides(name: str) -> None:
+    exp = load(BY_NAME[name])
+    for key, entry in exp["configuration"].items():
+        assert isinstance(entry, dict) and entry["type"] == "env", key
+        assert entry["key"].startswith("GAMEDAY_"), key
+        assert "default" in entry, key
+    assert exp["configuration"]["gameday_target"]["key"] == "GAMEDAY_TARGET"
+    assert exp["configuration"]["gameday_run_dir"]["key"] == "GAMEDAY_RUN_DIR"
+    # the load fits a 2-core machine running the whole stack
+    assert default(exp, "load_users") <= 16 and default(exp, "load_max_tokens") <= 64
+
+
+@pytest.mark.parametrize("name", sorted(BY_NAME))
+def test_default_durations_fit_the_budget(name: str) -> None:
+    exp = load(BY_NAME[name])
+    waits = [default(exp, "warmup_s"), default(exp, "observe_s")]
+    text = BY_NAME[name].read_text()
+    if "wait_for_trip" in text:
+        waits.append(5.0)  # the detection SLO: the trip itself
+    if "kill_pod" in text:
+        waits.append(3.0)  # a restart
+    overhead = STACK_START_S + STACK_STOP_S + LOAD_STOP_S + CHAOS_START_S
+    assert sum(waits) + overhead <= BUDGET_S, (name, waits)
+
+
+@pytest.mark.parametrize("name", sorted(BY_NAME))
+def test_faults_stay_inside_the_default_blast_radius(name: str) -> None:
+    exp = load(BY_NAME[name])
+    allowed = set(load(REPO / "targets" / "local.yaml")["blast_radius"]["components"])
+    for act in activities(exp):
+        func = act["provider"]["func"]
+        args = act["provider"].get("arguments", {})
+        if func in ("inject_latency", "kill_pod"):
+            assert args["component"] in allowed
+        if func == "make_canary_faulty":
+            assert "model-canary" in allowed
+
+
+def test_the_target_file_and_its_kubernetes_example_load() -> None:
+    path = REPO / "targets" / "local.yaml"
+    target = parse_target(load(path))
+    assert target.kind == "local"
+    assert "gate" not in target.blast_radius.components
+    example = path.read_text().split("# kind: kubernetes", 1)[1]
+    uncommented = "kind: kubernetes\n" + "\n".join(
+        line[2:] if line.startswith("# ") else line.lstrip("#") for line in example.splitlines()
+    )
+    k8s = parse_target(yaml.safe_load(uncommented))
+    assert k8s.kind == "kubernetes" and k8s.describe()["namespace"] == "llm-canary"
+
+
+def test_the_makefile_runs_each_component_and_the_whole_game_day() -> None:
+    text = (REPO / "Makefile").read_text()
+    for component in COMPONENTS:
+        assert re.search(
+            rf"chaos-{component}: \$\(STAMP\)\n\t\$\(BIN\)/gameday run "
+            rf"experiments/{component}/\*\.yaml \$\(RUN_ARGS\)",
+            text,
+        )
+    gameday = text.split("\ngameday: ", 1)[1].split("\n\n", 1)[0]
+    for part in ("experiments/control.yaml", *(f"experiments/{c}/*.yaml" for c in COMPONENTS)):
+        assert part in gameday
