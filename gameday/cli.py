@@ -24,10 +24,12 @@ def cli() -> None:
 
 def _register() -> None:
     from gameday.report.cli import report_cmd
+    from gameday.run.cli import run_cmd
     from gameday.stack import stack_cmd
 
     cli.add_command(stack_cmd)
     cli.add_command(report_cmd)
+    cli.add_command(run_cmd)
 
 
 def main() -> None:

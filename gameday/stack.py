@@ -24,7 +24,14 @@ class StackCommandError(RuntimeError):
 
 
 def _run(args: Sequence[str], timeout_s: float) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*CLUSTER, *args], capture_output=True, text=True, timeout=timeout_s)
+    # Own session: a Ctrl-C on the terminal must not kill `up` half-way; the caller decides.
+    return subprocess.run(
+        [*CLUSTER, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        start_new_session=True,
+    )
 
 
 def stack_status(state_dir: Path) -> dict[str, Any] | None:

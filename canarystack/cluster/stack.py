@@ -46,6 +46,9 @@ def _write_token(state_dir: Path) -> str:
 
 def _port_in_use(port: int) -> bool:
     with socket.socket() as s:
+        # As the servers bind (asyncio sets SO_REUSEADDR): connections of a stack stopped
+        # a moment ago linger in TIME_WAIT and must not count as "in use".
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("127.0.0.1", port))
         except OSError:

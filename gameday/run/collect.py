@@ -1,0 +1,141 @@
+"""Gather and tidy what one experiment leaves in its folder (docs/ARCHITECTURE.md §7.1).
+
+- ``timeline.json``: the release's broker events and live routers, fetched at the end;
+- ``records.parquet`` row count (the verdict needs users to have been there);
+- trips inside the experiment's window, from the broker's history;
+- safety nets after ``chaos run`` ends, whatever happened: a Locust still running (its PID
+  is in ``load.json``) is stopped by that PID, and every fault still outstanding in the
+  ledger is cleared (those that cannot be cleared expire by their TTL).
+
+This module never kills anything but the Locust PID the run itself recorded, and only
+after checking that the PID is still a Locust process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import requests
+
+from gameday.faults import FaultError, FaultLedger, clear_injected
+from gameday.targets import Target, TargetError
+
+HTTP_TIMEOUT_S = 5.0
+WINDOW_SLACK_S = 2.0
+LOCUST_STOP_S = 20.0
+
+
+def _write_json(path: Path, doc: Any) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(doc, indent=2, default=str) + "\n")
+    os.replace(tmp, path)
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        value = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def collect_timeline(target: Target, folder: Path) -> tuple[list[dict[str, Any]] | None, str]:
+    """Write ``timeline.json``; returns the events (None when the broker did not answer)."""
+    try:
+        broker = target.service_url("broker")
+        release = target.release
+        ev = requests.get(f"{broker}/v1/releases/{release}/events", timeout=HTTP_TIMEOUT_S)
+        ev.raise_for_status()
+        routers = requests.get(
+            f"{broker}/v1/routers", params={"release": release}, timeout=HTTP_TIMEOUT_S
+        )
+        routers.raise_for_status()
+    except (requests.RequestException, TargetError) as exc:
+        return None, f"the broker's history could not be read: {exc}"
+    events = [e for e in ev.json().get("events") or [] if isinstance(e, dict)]
+    _write_json(
+        folder / "timeline.json",
+        {
+            "release": release,
+            "events": events,
+            "routers": routers.json().get("routers") or [],
+            "collected_at": time.time(),
+        },
+    )
+    return events, ""
+
+
+def trips_between(events: list[dict[str, Any]], start: float, end: float) -> int:
+    """Events inside [start - slack, end + slack] that set the phase to ``tripped``."""
+    count = 0
+    for e in events:
+        change = e.get("change")
+        phase = change.get("phase") if isinstance(change, dict) else None
+        if isinstance(phase, dict):
+            phase = phase.get("new")
+        t = e.get("time")
+        if (
+            phase == "tripped"
+            and isinstance(t, int | float)
+            and start - WINDOW_SLACK_S <= t <= end + WINDOW_SLACK_S
+        ):
+            count += 1
+    return count
+
+
+def records_rows(folder: Path) -> int | None:
+    path = folder / "records.parquet"
+    if not path.exists():
+        return None
+    try:
+        import pyarrow.parquet as pq
+
+        return int(pq.ParquetFile(path).metadata.num_rows)
+    except Exception:  # an unreadable file counts as none
+        return None
+
+
+def _is_locust(pid: int) -> bool:
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return any(part.endswith(b"locust") for part in cmdline) or b"locust" in cmdline
+
+
+def stop_orphan_locust(folder: Path) -> str | None:
+    """Stop a Locust the load control left running (by the PID in load.json)."""
+    state = read_json(folder / "load.json") or {}
+    pid = state.get("pid")
+    if state.get("state") != "running" or not isinstance(pid, int) or not _is_locust(pid):
+        return None
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + LOCUST_STOP_S
+    while time.monotonic() < deadline and _is_locust(pid):
+        time.sleep(0.2)
+    if _is_locust(pid):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    state.update({"state": "killed", "stopped_at": time.time(), "error": "stopped by gameday run"})
+    _write_json(folder / "load.json", state)
+    return f"Locust (pid {pid}) was still running after chaos ended and was stopped"
+
+
+def clear_leftover_faults(target: Target | None, folder: Path) -> list[str]:
+    """Clear what the ledger still holds; returns the faults that may still be active."""
+    ledger = FaultLedger(folder / "faults.jsonl")
+    if not ledger.outstanding():
+        return []
+    if target is not None:
+        with contextlib.suppress(FaultError, TargetError):
+            clear_injected(target, ledger)
+    return [
+        f"{e.kind} on {e.replica} (id {e.fault_id}, TTL {e.ttl_s} s)" for e in ledger.outstanding()
+    ]

@@ -1,0 +1,218 @@
+"""What a run will do, decided before anything starts: experiments, target, stack.
+
+``plan_run`` checks every input a person gives (experiment files exist and are valid
+Chaos Toolkit experiments, the target file loads, the stack options make sense for the
+target) and raises ``PlanError`` naming the input and what to do — before a stack is
+started or a fault injected.
+
+Isolation: when the target is local and no stack runs in its ``state_dir``, the run owns
+the stack and starts a fresh one per experiment (own state folder, so the broker's
+release, the gate's state and every fault start clean), stopped after the experiment.
+When a stack already runs there (or the target is Kubernetes), the run uses it as it is:
+each experiment's method first checks the starting state (release progressing, the
+configured canary weight, no active fault) and fails clearly when it does not hold.
+
+This module starts nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gameday.stack import StackCommandError, stack_status
+from gameday.targets import Target, TargetError, load_target
+from gameday.targets.base import DEFAULT_TARGET_ENV
+from gameday.targets.local import LocalTarget
+
+DEFAULT_TARGET_FILE = Path("targets/local.yaml")
+
+
+class PlanError(ValueError):
+    """A wrong input; the message names it and says what to do."""
+
+
+@dataclass(frozen=True)
+class PlannedExperiment:
+    name: str  # folder name in the run, e.g. router/latency
+    path: Path  # absolute
+
+
+@dataclass
+class RunPlan:
+    run_id: str
+    run_dir: Path
+    out_dir: Path
+    experiments: list[PlannedExperiment]
+    target: Target
+    target_file: Path | None
+    target_data: dict[str, Any]
+    owns_stack: bool
+    stack_config: Path | None
+    base_port: int | None
+    experiment_timeout_s: float
+    notes: list[str] = field(default_factory=list)
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "target": self.target.describe(),
+            "target_file": str(self.target_file) if self.target_file else None,
+            "stack": {
+                "owned": self.owns_stack,
+                "fresh_per_experiment": self.owns_stack,
+                "config": str(self.stack_config) if self.stack_config else None,
+                "base_port": self.base_port,
+            },
+        }
+
+
+def new_run_id() -> str:
+    return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + secrets.token_hex(2)
+
+
+def experiment_name(path: Path) -> str:
+    """``experiments/router/latency.yaml`` -> ``router/latency``; else the file's stem."""
+    parts = path.resolve().parts
+    if "experiments" in parts[:-1]:
+        i = len(parts) - 1 - parts[::-1].index("experiments")
+        rel = Path(*parts[i + 1 :])
+        return str(rel.with_suffix("")).replace(os.sep, "/")
+    return path.stem
+
+
+def _check_experiment(path: Path) -> None:
+    if not path.is_file():
+        raise PlanError(
+            f"experiment file {path} does not exist: give paths such as "
+            "experiments/router/latency.yaml"
+        )
+    from chaoslib.exceptions import ChaosException
+    from chaoslib.experiment import ensure_experiment_is_valid
+    from chaoslib.loader import load_experiment
+
+    try:
+        experiment = load_experiment(str(path))
+        ensure_experiment_is_valid(experiment)
+    except ChaosException as exc:
+        raise PlanError(
+            f"experiment {path} is not a valid Chaos Toolkit experiment: {exc} "
+            f"(check it with `chaos validate {path}`)"
+        ) from None
+    except (yaml.YAMLError, ValueError) as exc:
+        raise PlanError(f"experiment {path} cannot be read: {exc}") from None
+
+
+def _target_file(given: Path | None) -> Path | None:
+    if given is not None:
+        return given
+    env = os.environ.get(DEFAULT_TARGET_ENV)
+    if env:
+        return Path(env)
+    return DEFAULT_TARGET_FILE if DEFAULT_TARGET_FILE.is_file() else None
+
+
+def _target_data(path: Path | None) -> dict[str, Any]:
+    if path is None:
+        return {"kind": "local"}
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise PlanError(f"target file {path}: {exc}") from None
+    return dict(data) if isinstance(data, dict) else {}
+
+
+def plan_run(
+    experiments: list[Path],
+    target_file: Path | None = None,
+    out_dir: Path = Path("reports"),
+    stack_config: Path | None = None,
+    base_port: int | None = None,
+    experiment_timeout_s: float = 600.0,
+    run_id: str | None = None,
+) -> RunPlan:
+    if not experiments:
+        raise PlanError("no experiment given: e.g. gameday run experiments/router/*.yaml")
+    planned: list[PlannedExperiment] = []
+    seen: dict[str, int] = {}
+    for path in experiments:
+        _check_experiment(path)
+        name = experiment_name(path)
+        seen[name] = seen.get(name, 0) + 1
+        if seen[name] > 1:
+            name = f"{name}-{seen[name]}"
+        planned.append(PlannedExperiment(name, path.resolve()))
+    chosen = _target_file(target_file)
+    try:
+        target = load_target(chosen) if chosen else load_target(None)
+    except TargetError as exc:
+        raise PlanError(str(exc)) from None
+    data = _target_data(chosen)
+    if stack_config is not None and not stack_config.is_file():
+        raise PlanError(f"--stack-config {stack_config}: no such file")
+    owns = False
+    notes: list[str] = []
+    if isinstance(target, LocalTarget):
+        try:
+            status = stack_status(target.state_dir)
+        except (StackCommandError, OSError, ValueError) as exc:
+            raise PlanError(
+                f"cannot tell whether a stack runs in {target.state_dir}: {exc}"
+            ) from None
+        running = bool(status and status.get("running"))
+        owns = not running
+        if running and (stack_config is not None or base_port is not None):
+            raise PlanError(
+                f"a stack is already running in {target.state_dir}; --stack-config and "
+                "--base-port apply only to the stacks gameday run starts itself. Stop it "
+                f"(`gameday stack down --state-dir {target.spec.state_dir}`) or drop the options."
+            )
+        if running:
+            notes.append(
+                f"using the stack already running in {target.state_dir}: experiments share "
+                "it, so each checks its starting state first"
+            )
+    elif stack_config is not None or base_port is not None:
+        raise PlanError(
+            f"--stack-config and --base-port apply to a local target only; the target "
+            f"is {target.kind!r}"
+        )
+    if experiment_timeout_s <= 0:
+        raise PlanError(f"--experiment-timeout-s must be above 0, got {experiment_timeout_s}")
+    rid = run_id or new_run_id()
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}", rid) or rid == "latest":
+        raise PlanError(f"--run-id {rid!r}: use letters, digits, '.', '_' and '-' only")
+    run_dir = out_dir / rid
+    if run_dir.exists():
+        raise PlanError(f"run folder {run_dir} exists already: pick another --run-id")
+    return RunPlan(
+        run_id=rid,
+        run_dir=run_dir,
+        out_dir=out_dir,
+        experiments=planned,
+        target=target,
+        target_file=chosen.resolve() if chosen else None,
+        target_data=data,
+        owns_stack=owns,
+        stack_config=stack_config.resolve() if stack_config else None,
+        base_port=base_port,
+        experiment_timeout_s=experiment_timeout_s,
+        notes=notes,
+    )
+
+
+def effective_target_data(plan: RunPlan, state_dir: Path | None) -> dict[str, Any]:
+    """The target file an experiment's activities read: the user's, with the local state
+    folder made absolute (or replaced by the fresh stack's)."""
+    data = dict(plan.target_data)
+    if plan.target.kind == "local":
+        data["kind"] = "local"
+        assert isinstance(plan.target, LocalTarget)
+        data["state_dir"] = str(state_dir or plan.target.state_dir)
+    return data

@@ -1,0 +1,435 @@
+"""``gameday run``: run experiments one after the other, gather, decide, report.
+
+Per experiment, in ``reports/<run-id>/<experiment>/``:
+
+1. a stack to act on — a fresh local stack when the run owns it (see ``gameday.run.plan``),
+   and ``target.yaml``, the target file the experiment's activities read;
+2. ``chaos run`` in a subprocess (``gameday.run.chaos``) with ``GAMEDAY_TARGET`` and
+   ``GAMEDAY_RUN_DIR`` pointing there; the experiment's own activities write the fault
+   ledger (``faults.jsonl``), the load records and ``load.json``;
+3. safety nets (a Locust left running, faults left in the ledger), ``timeline.json``
+   from the broker, the stack's logs (``stack/``) when the run owned the stack;
+4. the verdict (``gameday.run.verdict``) in ``result.json``.
+
+Then ``run.json`` and the report (``gameday.report.build_report``) at the run folder's top,
+and ``reports/latest`` -> the run. On SIGINT/SIGTERM: chaos gets SIGINT (its rollbacks
+clear the faults and its controls stop Locust), is killed by PID after a grace period,
+then the run clears whatever the ledgers still hold, stops Locust by PID if needed, stops
+the stack it started, writes the verdict (fail) and exits non-zero. A second signal
+skips the waiting.
+
+This module never kills anything by name, and never stops a stack it did not start.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from types import FrameType
+from typing import Any, Protocol
+
+import yaml
+
+from gameday.run.chaos import ChaosRun
+from gameday.run.collect import (
+    clear_leftover_faults,
+    collect_timeline,
+    read_json,
+    records_rows,
+    stop_orphan_locust,
+    trips_between,
+)
+from gameday.run.plan import PlannedExperiment, RunPlan, effective_target_data
+from gameday.run.verdict import Evidence, decide
+from gameday.stack import StackCommandError, stack_down, stack_up
+from gameday.targets import Target, TargetError, load_target
+
+EXIT_PASS, EXIT_FAIL = 0, 1
+CHAOS_GRACE_S = 60.0  # rollbacks + the load's stop timeout + margin
+POLL_S = 0.2
+
+
+class _NotStarted(Exception):
+    pass
+
+
+class Progress(Protocol):
+    """What the terminal shows (``gameday.run.cli``); tests pass a silent one."""
+
+    def run_started(self, plan: RunPlan) -> None: ...
+    def experiment_started(self, index: int, total: int, name: str) -> None: ...
+    def stage(self, name: str, text: str) -> None: ...
+    def chaos_line(self, name: str, level: str, message: str, elapsed_s: float) -> None: ...
+    def experiment_done(self, name: str, result: dict[str, Any]) -> None: ...
+    def run_done(self, outcome: RunOutcome) -> None: ...
+
+
+class SilentProgress:
+    def run_started(self, plan: RunPlan) -> None:
+        pass
+
+    def experiment_started(self, index: int, total: int, name: str) -> None:
+        pass
+
+    def stage(self, name: str, text: str) -> None:
+        pass
+
+    def chaos_line(self, name: str, level: str, message: str, elapsed_s: float) -> None:
+        pass
+
+    def experiment_done(self, name: str, result: dict[str, Any]) -> None:
+        pass
+
+    def run_done(self, outcome: RunOutcome) -> None:
+        pass
+
+
+@dataclass
+class RunOutcome:
+    run_dir: Path
+    exit_code: int
+    results: list[dict[str, Any]]
+    interrupted: str | None = None
+    report_headline: str | None = None
+    report_html: Path | None = None
+    report_error: str | None = None
+    not_run: list[str] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return self.exit_code == EXIT_PASS
+
+
+class Interrupts:
+    """SIGINT/SIGTERM while a run is in progress: remembered, forwarded to chaos."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self.count = 0
+        self.chaos: ChaosRun | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def name(self) -> str | None:
+        return signal.Signals(self.signum).name if self.signum else None
+
+    def handle(self, signum: int, frame: FrameType | None) -> None:
+        with self._lock:
+            self.count += 1
+            self.signum = self.signum or signum
+            chaos = self.chaos
+        if chaos is not None:
+            if self.count == 1:
+                chaos.interrupt()
+            else:
+                chaos.kill()  # a second signal: no more waiting for rollbacks
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[Interrupts]:
+        old = {s: signal.signal(s, self.handle) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield self
+        finally:
+            for s, handler in old.items():
+                signal.signal(s, handler)
+
+
+def _write_json(path: Path, doc: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(doc, indent=2, default=str) + "\n")
+    os.replace(tmp, path)
+
+
+def _point_latest(plan: RunPlan) -> None:
+    link = plan.out_dir / "latest"
+    tmp = plan.out_dir / f".latest-{os.getpid()}"
+    with contextlib.suppress(FileNotFoundError):
+        tmp.unlink()
+    try:
+        tmp.symlink_to(plan.run_id, target_is_directory=True)
+        os.replace(tmp, link)
+    except OSError:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+
+
+def _versions() -> dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {"python": sys.version.split()[0]}
+    for dist in ("chaostoolkit", "chaostoolkit-lib", "locust"):
+        with contextlib.suppress(PackageNotFoundError):
+            out[dist] = version(dist)
+    return out
+
+
+class GameDay:
+    """One ``gameday run``."""
+
+    def __init__(self, plan: RunPlan, progress: Progress | None = None) -> None:
+        self.plan = plan
+        self.progress = progress or SilentProgress()
+        self.interrupts = Interrupts()
+        self.results: list[dict[str, Any]] = []
+        self.started_at = time.time()
+        self._stack_dir: Path | None = None  # the stack this run started and has not stopped
+
+    # -- the run -------------------------------------------------------------------
+    def run(self, build_report: bool = True) -> RunOutcome:
+        plan = self.plan
+        plan.run_dir.mkdir(parents=True, exist_ok=False)
+        _point_latest(plan)
+        self._write_run_json(final=False)
+        self.progress.run_started(plan)
+        not_run: list[str] = []
+        with self.interrupts.installed():
+            try:
+                for i, exp in enumerate(plan.experiments, start=1):
+                    if self.interrupts.signum:
+                        not_run.append(exp.name)
+                        continue
+                    self.progress.experiment_started(i, len(plan.experiments), exp.name)
+                    result = self._experiment(exp)
+                    self.results.append(result)
+                    self.progress.experiment_done(exp.name, result)
+            finally:
+                self._stop_stack()  # whatever happened, the stack this run started stops
+        outcome = RunOutcome(
+            run_dir=plan.run_dir,
+            exit_code=EXIT_FAIL,
+            results=self.results,
+            interrupted=self.interrupts.name,
+            not_run=not_run,
+        )
+        passed = bool(self.results) and all(r["verdict"] == "pass" for r in self.results)
+        self._write_run_json(final=True, passed=passed, not_run=not_run)
+        if build_report and self.interrupts.count < 2:
+            self.progress.stage("", "building the report")
+            self._report(outcome)
+        if outcome.report_error or (outcome.report_headline or "").startswith("FAIL"):
+            passed = False
+        if self.interrupts.signum:
+            outcome.exit_code = 128 + self.interrupts.signum
+        else:
+            outcome.exit_code = EXIT_PASS if passed else EXIT_FAIL
+        _point_latest(plan)
+        self.progress.run_done(outcome)
+        return outcome
+
+    def _report(self, outcome: RunOutcome) -> None:
+        # The report's own module (another part of the harness) decides its verdict from
+        # the same folder; a report that fails to build fails the run (fail-closed).
+        try:
+            from gameday.report import build_report
+
+            summary = build_report(self.plan.run_dir)
+        except Exception as exc:  # any failure of the report is reported, not raised
+            outcome.report_error = f"{exc.__class__.__name__}: {exc}"
+            return
+        outcome.report_headline = str(summary.headline)
+        outcome.report_html = Path(summary.report_html)
+
+    def _write_run_json(
+        self, final: bool, passed: bool | None = None, not_run: list[str] | None = None
+    ) -> None:
+        plan = self.plan
+        doc: dict[str, Any] = {
+            "run_id": plan.run_id,
+            "started_at": self.started_at,
+            "ended_at": time.time() if final else None,
+            "experiments": [{"name": e.name, "file": str(e.path)} for e in plan.experiments],
+            **plan.describe(),
+            "argv": sys.argv,
+            "versions": _versions(),
+            "notes": plan.notes,
+        }
+        if final:
+            doc["verdict"] = "pass" if passed else "fail"
+            doc["interrupted"] = self.interrupts.name
+            doc["not_run"] = not_run or []
+            doc["results"] = [
+                {k: r.get(k) for k in ("experiment", "verdict", "reasons")} for r in self.results
+            ]
+        _write_json(plan.run_dir / "run.json", doc)
+
+    # -- one experiment ------------------------------------------------------------
+    def _experiment(self, exp: PlannedExperiment) -> dict[str, Any]:
+        folder = self.plan.run_dir / exp.name
+        folder.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(exp.path, folder / "experiment.yaml")
+        started = time.time()
+        evidence = Evidence(None, None, None, None)
+        target: Target | None = None
+        chaos_result = None
+        try:
+            target = self._prepare(exp, folder)
+            if self.interrupts.signum:
+                raise _NotStarted(f"interrupted ({self.interrupts.name}) before chaos started")
+            chaos = ChaosRun(
+                exp.path,
+                folder.resolve(),
+                self._env(folder),
+                on_line=lambda level, msg: self.progress.chaos_line(
+                    exp.name, level, msg, chaos.elapsed_s()
+                ),
+                cwd=Path.cwd(),
+            )
+            self.interrupts.chaos = chaos
+            chaos.start()
+            deadline = time.monotonic() + self.plan.experiment_timeout_s
+            while chaos.poll() is None:
+                if self.interrupts.signum and not chaos.interrupted:
+                    chaos.interrupt()  # the signal came while chaos was starting
+                if time.monotonic() > deadline and not chaos.timed_out:
+                    chaos.timed_out = True
+                    self.progress.stage(exp.name, "timed out: interrupting chaos")
+                    chaos.interrupt()
+                time.sleep(POLL_S)
+            chaos_result = chaos.finish(grace_s=CHAOS_GRACE_S)
+        except _NotStarted as exc:
+            evidence.setup_error = str(exc)
+        except (StackCommandError, TargetError, OSError) as exc:
+            evidence.setup_error = f"could not prepare the experiment: {exc}"
+        finally:
+            self.interrupts.chaos = None
+            if chaos_result is not None and chaos_result.timed_out:
+                evidence.timed_out_s = self.plan.experiment_timeout_s
+            self._after_chaos(exp, folder, target, evidence)
+        if chaos_result is not None:
+            evidence.chaos_exit_code = chaos_result.exit_code
+        evidence.interrupted = self.interrupts.name if self.interrupts.signum else None
+        evidence.journal = read_json(folder / "journal.json")
+        evidence.records_rows = records_rows(folder)
+        verdict, reasons = decide(evidence)
+        result = {
+            "experiment": exp.name,
+            "verdict": verdict,
+            "reasons": reasons,
+            "chaos_exit_code": evidence.chaos_exit_code,
+            "started_at": started,
+            "ended_at": time.time(),
+            "file": str(exp.path),
+            "figures": figures(evidence.journal, evidence.records_rows),
+            "stack": {"owned": self.plan.owns_stack},
+        }
+        _write_json(folder / "result.json", result)
+        return result
+
+    def _env(self, folder: Path) -> dict[str, str]:
+        return {
+            **os.environ,
+            "GAMEDAY_TARGET": str((folder / "target.yaml").resolve()),
+            "GAMEDAY_RUN_DIR": str(folder.resolve()),
+            "GAMEDAY_RUN_ID": self.plan.run_id,
+            "PYTHONUNBUFFERED": "1",
+        }
+
+    def _prepare(self, exp: PlannedExperiment, folder: Path) -> Target:
+        state_dir = None
+        if self.plan.owns_stack:
+            self.progress.stage(exp.name, "starting a fresh local stack")
+            state_dir = Path(tempfile.mkdtemp(prefix="gameday-stack-"))
+            self._stack_dir = state_dir
+            extra: list[str] = []
+            if self.plan.base_port is not None:
+                extra += ["--base-port", str(self.plan.base_port)]
+            if self.plan.stack_config is not None:
+                extra += ["--config", str(self.plan.stack_config)]
+            stack_up(state_dir, extra)
+        target_path = folder / "target.yaml"
+        target_path.write_text(
+            yaml.safe_dump(effective_target_data(self.plan, state_dir), sort_keys=False)
+        )
+        return load_target(target_path)
+
+    def _after_chaos(
+        self, exp: PlannedExperiment, folder: Path, target: Target | None, ev: Evidence
+    ) -> None:
+        note = stop_orphan_locust(folder)
+        if note:
+            ev.load_problem = note
+        load = read_json(folder / "load.json")
+        if load and load.get("state") not in ("stopped", None):
+            ev.load_problem = (
+                ev.load_problem
+                or (
+                    f"the load ended in state {load.get('state')!r}: {load.get('error') or ''}"
+                ).strip()
+            )
+        ev.faults_left = clear_leftover_faults(target, folder)
+        if target is not None:
+            events, problem = collect_timeline(target, folder)
+            journal = read_json(folder / "journal.json") or {}
+            start, end = _window(journal, folder)
+            ev.trips_in_window = None if events is None else trips_between(events, start, end)
+            if problem and ev.setup_error is None:
+                ev.load_problem = ev.load_problem or problem
+        if self.plan.owns_stack and self._stack_dir is not None:
+            self.progress.stage(exp.name, "stopping the stack")
+            self._stop_stack(keep_logs_in=folder / "stack")
+
+    def _stop_stack(self, keep_logs_in: Path | None = None) -> None:
+        state_dir, self._stack_dir = self._stack_dir, None
+        if state_dir is None:
+            return
+        if keep_logs_in is not None:
+            with contextlib.suppress(OSError):
+                shutil.copytree(state_dir / "logs", keep_logs_in / "logs", dirs_exist_ok=True)
+                shutil.copyfile(state_dir / "stack.json", keep_logs_in / "stack.json")
+        with contextlib.suppress(StackCommandError, OSError):
+            stack_down(state_dir)
+        shutil.rmtree(state_dir, ignore_errors=True)
+
+
+def _epoch(value: Any) -> float | None:
+    if not isinstance(value, str):
+        return None
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def _window(journal: dict[str, Any], folder: Path) -> tuple[float, float]:
+    """The experiment's time window, from its journal (else the folder's creation)."""
+    start = _epoch(journal.get("start"))
+    end = _epoch(journal.get("end"))
+    if start is None:
+        start = (folder / "experiment.yaml").stat().st_mtime
+    return float(start), float(end if end is not None else time.time())
+
+
+def figures(journal: dict[str, Any] | None, rows: int | None) -> dict[str, Any]:
+    """Key figures for the terminal: every SLO result after the method, and trip time."""
+    out: dict[str, Any] = {"requests": rows}
+    if not journal:
+        return out
+    after = (journal.get("steady_states") or {}).get("after") or {}
+    for run in after.get("probes") or []:
+        o = run.get("output") if isinstance(run, dict) else None
+        if isinstance(o, dict) and {"check", "measured"} <= set(o):
+            out[str(o["check"])] = o.get("measured")
+            detail = o.get("detail") or {}
+            if o["check"] == "error_rate":
+                out["failed_requests"] = detail.get("failed")
+            if o["check"] == "rollback_s":
+                out["canary_requests_after_fault"] = detail.get("canary_requests_after_fault")
+    for run in journal.get("run") or []:
+        act = (run or {}).get("activity") or {}
+        if (act.get("provider") or {}).get("func") == "wait_for_trip" and isinstance(
+            run.get("output"), int | float
+        ):
+            out["time_to_trip_s"] = run["output"]
+    return out

@@ -1,0 +1,223 @@
+"""One experiment's verdict, decided fail-closed from what the run left behind.
+
+Chaos Toolkit's exit code is not enough: ``chaos run`` exits 0 when the steady state was
+not met before the method (the method never ran) and when a method activity raised
+(docs: ../shared/MEASURED.md). An experiment passes only when all of this holds:
+
+- ``chaos run`` exited 0 on its own (not interrupted, not timed out, not killed);
+- the journal exists, its status is ``completed`` and it did not deviate;
+- the steady state was met before the method and after it (every hypothesis probe ran
+  and was within its tolerance);
+- the method ran, and every activity in it succeeded; every rollback succeeded;
+- every SLO result in the journal (``{"check", "measured", "allowed", "ok", ...}``) is ok;
+- the experiment says what it expects (the ``gameday`` extension), and the broker's
+  history agrees: a trip when it expects one, none when it does not;
+- users were there: the load records exist and have rows;
+- no fault of the run is left active (those not cleared expire by their TTL, but the run
+  says so and fails).
+
+Each reason is a sentence a person can act on. This module decides; it reads nothing from
+disk and talks to nothing (``gameday.run.runner`` gathers the inputs).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+SLO_KEYS = frozenset({"check", "measured", "allowed", "ok"})
+ACTIVITY_FAILED = "chaoslib.exceptions.ActivityFailed: "
+TRIPPED = "tripped"
+
+
+@dataclass
+class Evidence:
+    """Everything the verdict of one experiment looks at."""
+
+    chaos_exit_code: int | None  # None: chaos never started or was killed
+    journal: dict[str, Any] | None
+    records_rows: int | None  # None: no records file, or unreadable
+    trips_in_window: int | None  # None: the broker's history could not be read
+    interrupted: str | None = None  # "SIGINT" etc. when the run was interrupted
+    timed_out_s: float | None = None
+    setup_error: str | None = None  # the stack did not start, the target is wrong...
+    faults_left: list[str] = field(default_factory=list)
+    load_problem: str | None = None
+
+
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
+def _dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _last_error(run: dict[str, Any]) -> str:
+    exc = run.get("exception")
+    if isinstance(exc, list):
+        exc = "".join(str(x) for x in exc)
+    if isinstance(exc, str) and exc.strip():
+        line = exc.strip().splitlines()[-1]
+        # chaoslib wraps an activity's exception in ActivityFailed, sometimes twice.
+        while line.startswith(ACTIVITY_FAILED):
+            line = line.removeprefix(ACTIVITY_FAILED)
+        return line[:500]
+    return "no exception recorded"
+
+
+def _name(run: dict[str, Any]) -> str:
+    return str(_dict(run.get("activity")).get("name") or "?")
+
+
+def gameday_extension(experiment: dict[str, Any] | None) -> dict[str, Any] | None:
+    for ext in _list(_dict(experiment).get("extensions")):
+        if isinstance(ext, dict) and ext.get("name") == "gameday":
+            return ext
+    return None
+
+
+def _slo_sentence(where: str, output: dict[str, Any]) -> str:
+    detail = _dict(output.get("detail"))
+    measured = output.get("measured")
+    unit = output.get("unit") or ""
+    why = f" ({detail['why']})" if detail.get("why") else ""
+    if measured is None:
+        return f"SLO {output.get('check')!r} ({where}) could not be measured{why}"
+    return (
+        f"SLO {output.get('check')!r} ({where}) not met: measured {measured:g} {unit}, "
+        f"allowed {output.get('allowed')} {unit}{why}".replace("  ", " ")
+    )
+
+
+def _hypothesis_reasons(state: Any, when: str) -> list[str]:
+    reasons: list[str] = []
+    for run in _list(_dict(state).get("probes")):
+        if not isinstance(run, dict):
+            continue
+        name = _name(run)
+        if run.get("status") != "succeeded":
+            reasons.append(f"steady-state probe {name!r} ({when}) raised: {_last_error(run)}")
+        elif run.get("tolerance_met") is False:
+            out = run.get("output")
+            if isinstance(out, dict) and set(out) >= SLO_KEYS:
+                reasons.append(_slo_sentence(f"probe {name!r}, {when}", out))
+            else:
+                reasons.append(
+                    f"steady-state probe {name!r} ({when}) returned {str(out)[:200]!r}, "
+                    "outside its tolerance"
+                )
+    return reasons
+
+
+def journal_reasons(journal: dict[str, Any] | None) -> list[str]:
+    """Why Chaos Toolkit's own record says the experiment did not pass (empty: it did)."""
+    if journal is None:
+        return ["no journal.json: Chaos Toolkit did not finish the experiment"]
+    reasons: list[str] = []
+    experiment = _dict(journal.get("experiment"))
+    status = journal.get("status")
+    states = _dict(journal.get("steady_states"))
+    before, after = states.get("before"), states.get("after")
+    has_hypothesis = bool(_list(_dict(experiment.get("steady-state-hypothesis")).get("probes")))
+    if status != "completed":
+        reasons.append(f"Chaos Toolkit's status is {status!r}, not 'completed'")
+    if has_hypothesis and isinstance(before, dict) and before.get("steady_state_met") is False:
+        reasons.append(
+            "the steady state was not met before the method, so the method never ran "
+            "(Chaos Toolkit exits 0 here)"
+        )
+        reasons.extend(_hypothesis_reasons(before, "before the method"))
+    elif has_hypothesis and not isinstance(before, dict):
+        reasons.append("the steady-state hypothesis did not run before the method")
+    if journal.get("deviated") is True:
+        reasons.append("the steady state deviated: the hypothesis was not met after the method")
+    if has_hypothesis and isinstance(after, dict):
+        if after.get("steady_state_met") is False:
+            reasons.extend(_hypothesis_reasons(after, "after the method"))
+    elif has_hypothesis and status == "completed" and _dict(before).get("steady_state_met"):
+        reasons.append("the steady-state hypothesis did not run after the method")
+    method = _list(experiment.get("method"))
+    runs = _list(journal.get("run"))
+    if method and not runs and _dict(before).get("steady_state_met", True):
+        reasons.append("the method did not run")
+    elif method and len(runs) < len(method) and status == "completed":
+        reasons.append(f"only {len(runs)} of the method's {len(method)} activities ran")
+    for run in runs:
+        if not isinstance(run, dict):
+            continue
+        if run.get("status") != "succeeded":
+            kind = _dict(run.get("activity")).get("type") or "activity"
+            reasons.append(
+                f"method {kind} {_name(run)!r} {run.get('status') or 'did not finish'}: "
+                f"{_last_error(run)} (Chaos Toolkit exits 0 here)"
+            )
+    for run in _list(journal.get("rollbacks")):
+        if isinstance(run, dict) and run.get("status") != "succeeded":
+            reasons.append(
+                f"rollback {_name(run)!r} {run.get('status')}: {_last_error(run)} "
+                "(faults may stay until their TTL)"
+            )
+    # SLO results anywhere (a method probe has no tolerance; its result still counts).
+    for label, items in (("method", runs), ("after the method", _list(_dict(after).get("probes")))):
+        for run in items:
+            out = run.get("output") if isinstance(run, dict) else None
+            if (
+                isinstance(out, dict)
+                and set(out) >= SLO_KEYS
+                and out.get("ok") is not True
+                and not (label != "method" and run.get("tolerance_met") is False)
+            ):
+                reasons.append(_slo_sentence(f"probe {_name(run)!r}, {label}", out))
+    return reasons
+
+
+def decide(evidence: Evidence) -> tuple[str, list[str]]:
+    """``("pass", [])`` or ``("fail", reasons)``."""
+    reasons: list[str] = []
+    ev = evidence
+    if ev.setup_error:
+        reasons.append(ev.setup_error)
+    if ev.interrupted:
+        reasons.append(f"the run was interrupted ({ev.interrupted}) during this experiment")
+    if ev.timed_out_s is not None:
+        reasons.append(
+            f"the experiment did not finish within {ev.timed_out_s:g} s and was stopped "
+            "(raise --experiment-timeout-s if it needs longer)"
+        )
+    if ev.chaos_exit_code is None and not ev.setup_error:
+        reasons.append("chaos run did not exit by itself (it was killed)")
+    elif ev.chaos_exit_code not in (None, 0):
+        reasons.append(f"chaos run exited with code {ev.chaos_exit_code}")
+    if not ev.setup_error or ev.journal is not None:
+        reasons.extend(journal_reasons(ev.journal))
+    experiment = _dict(ev.journal.get("experiment")) if ev.journal else None
+    ext = gameday_extension(experiment) if experiment is not None else None
+    if ev.journal is not None and ext is None:
+        reasons.append(
+            "the experiment has no 'gameday' extension saying what it expects "
+            "(docs/ARCHITECTURE.md §7.1)"
+        )
+    expect = ext.get("expect") if ext else None
+    if ext is not None and expect not in ("trip", "no_trip"):
+        reasons.append(f"the gameday extension's expect is {expect!r}: use trip or no_trip")
+    if ev.journal is not None and ev.trips_in_window is None:
+        reasons.append("the broker's history could not be read: trip or no trip is unknown")
+    elif ev.trips_in_window is not None:
+        if expect == "trip" and ev.trips_in_window == 0:
+            reasons.append("the experiment expects a trip; the broker's history shows none")
+        if expect == "no_trip" and ev.trips_in_window > 0:
+            reasons.append(
+                f"the experiment expects no trip; the broker's history shows "
+                f"{ev.trips_in_window} trip(s)"
+            )
+    if ev.load_problem:
+        reasons.append(ev.load_problem)
+    if ev.journal is not None and not ev.records_rows:
+        reasons.append(
+            "no load records (records.parquet is missing or empty): what users saw is unknown"
+        )
+    for fault in ev.faults_left:
+        reasons.append(f"a fault is still active after the experiment: {fault}")
+    reasons = list(dict.fromkeys(reasons))
+    return ("fail" if reasons else "pass"), reasons

@@ -1,0 +1,169 @@
+"""The verdict is fail-closed: every case where Chaos Toolkit exits 0 but the experiment
+did not pass becomes a failing verdict. Each case is a real ``chaos run`` (through
+``gameday.run.chaos.ChaosRun``, as ``gameday run`` runs it) of a tiny experiment whose
+Python activities fail in the right place; no stack needed."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gameday.run.chaos import ChaosRun
+from gameday.run.verdict import Evidence, decide, journal_reasons
+from tests.procs import wait_for
+from tests.run_support import tiny_activity, tiny_experiment
+
+
+def run_tiny(folder: Path, experiment: Path) -> tuple[int | None, dict[str, Any]]:
+    env = {
+        **os.environ,
+        "PYTHONPATH": f"{folder}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+        "TINY_DIR": str(folder),
+    }
+    lines: list[tuple[str, str]] = []
+    chaos = ChaosRun(
+        experiment, folder / "out", env, on_line=lambda lv, m: lines.append((lv, m)), cwd=folder
+    )
+    result = chaos.start().finish(grace_s=120)
+    journal = json.loads((folder / "out" / "journal.json").read_text())
+    assert any("Experiment ended with status" in m for _, m in lines)  # progress was followed
+    return result.exit_code, journal
+
+
+def verdict(journal: dict[str, Any], exit_code: int | None) -> tuple[str, list[str]]:
+    # Everything else in order, so only the journal can fail the verdict.
+    return decide(Evidence(exit_code, journal, records_rows=10, trips_in_window=0))
+
+
+def test_a_passing_tiny_experiment_passes(tmp_path: Path) -> None:
+    code, journal = run_tiny(tmp_path, tiny_experiment(tmp_path, "fine"))
+    assert code == 0 and journal_reasons(journal) == []
+    assert verdict(journal, code) == ("pass", [])
+    assert (tmp_path / "rolled-back").exists()  # rollbacks played (strategy always)
+
+
+def test_steady_state_unmet_before_the_method_fails(tmp_path: Path) -> None:
+    code, journal = run_tiny(tmp_path, tiny_experiment(tmp_path, "unmet", before="not_ok"))
+    assert code == 0, "Chaos Toolkit exits 0 here: the reason this verdict exists"
+    assert journal["run"] == []
+    result, reasons = verdict(journal, code)
+    assert result == "fail"
+    assert any("not met before the method, so the method never ran" in r for r in reasons)
+    assert any("'steady'" in r and "outside its tolerance" in r for r in reasons)
+
+
+def test_a_method_action_that_raised_fails(tmp_path: Path) -> None:
+    method = [tiny_activity("inject", "boom"), tiny_activity("after", "ok")]
+    code, journal = run_tiny(tmp_path, tiny_experiment(tmp_path, "raised", method=method))
+    assert code == 0, "Chaos Toolkit exits 0 here: the reason this verdict exists"
+    assert journal["status"] == "completed"
+    result, reasons = verdict(journal, code)
+    assert result == "fail"
+    assert any(
+        "method action 'inject' failed" in r and "expected the fault to be accepted" in r
+        for r in reasons
+    )
+
+
+def test_a_failed_slo_in_the_method_fails(tmp_path: Path) -> None:
+    method = [tiny_activity("slo", "slo", kind="probe", measured=3.0, allowed=2.0)]
+    code, journal = run_tiny(tmp_path, tiny_experiment(tmp_path, "slo", method=method))
+    assert code == 0
+    result, reasons = verdict(journal, code)
+    assert result == "fail"
+    assert any("SLO 'tiny_s'" in r and "measured 3 s, allowed 2.0 s" in r for r in reasons)
+
+
+def test_an_interrupting_control_fails_and_still_rolls_back(tmp_path: Path) -> None:
+    experiment = tiny_experiment(tmp_path, "interrupted", control=True)
+    code, journal = run_tiny(tmp_path, experiment)
+    assert journal["status"] == "interrupted"
+    assert (tmp_path / "rolled-back").exists()
+    result, reasons = verdict(journal, code)
+    assert result == "fail"
+    assert any("status is 'interrupted'" in r for r in reasons)
+
+
+def test_a_deviated_experiment_fails(tmp_path: Path) -> None:
+    # The steady state holds before the method and not after it: the probe is true until
+    # the method's action leaves a marker file.
+    method = [tiny_activity("m", "mark", marker="marked")]
+    exp = tiny_experiment(tmp_path, "deviated", before="until_marked", method=method)
+    code, journal = run_tiny(tmp_path, exp)
+    assert journal["deviated"] is True and code == 1
+    result, reasons = verdict(journal, code)
+    assert result == "fail"
+    assert any("deviated" in r for r in reasons)
+    assert any("chaos run exited with code 1" in r for r in reasons)
+
+
+def test_sigint_interrupts_chaos_and_rollbacks_run(tmp_path: Path) -> None:
+    method = [tiny_activity("wait", "slow", seconds=120)]
+    experiment = tiny_experiment(tmp_path, "sigint", method=method)
+    env = {**os.environ, "PYTHONPATH": str(tmp_path), "TINY_DIR": str(tmp_path)}
+    chaos = ChaosRun(experiment, tmp_path / "out", env, cwd=tmp_path).start()
+    wait_for(lambda: (tmp_path / "slow-started").exists(), timeout=60, what="the slow action")
+    t0 = time.monotonic()
+    chaos.interrupt()
+    result = chaos.finish(grace_s=60)
+    assert time.monotonic() - t0 < 60, "chaos must stop promptly on SIGINT"
+    assert result.interrupted and result.exit_code is not None
+    journal = json.loads((tmp_path / "out" / "journal.json").read_text())
+    assert journal["status"] == "interrupted"
+    assert (tmp_path / "rolled-back").exists(), "rollbacks must run on an interrupt"
+    ev = Evidence(result.exit_code, journal, 10, 0, interrupted="SIGINT")
+    result_, reasons = decide(ev)
+    assert result_ == "fail" and any("interrupted (SIGINT)" in r for r in reasons)
+
+
+@pytest.mark.parametrize(
+    ("evidence", "expected"),
+    [
+        (Evidence(0, None, 10, 0), "no journal.json"),
+        (Evidence(None, {}, 10, 0), "did not exit by itself"),
+        (Evidence(0, None, 10, 0, setup_error="the stack did not start"), "did not start"),
+        (Evidence(0, {}, 10, 0, timed_out_s=600), "did not finish within 600 s"),
+        (Evidence(0, {}, 10, 0, faults_left=["kernel on model-canary-0"]), "still active"),
+    ],
+)
+def test_other_failures_are_named(evidence: Evidence, expected: str) -> None:
+    result, reasons = decide(evidence)
+    assert result == "fail" and any(expected in r for r in reasons), reasons
+
+
+def _passing_journal(expect: str = "trip") -> dict[str, Any]:
+    return {
+        "status": "completed",
+        "deviated": False,
+        "experiment": {
+            "extensions": [{"name": "gameday", "expect": expect}],
+            "method": [{"name": "a"}],
+        },
+        "steady_states": {"before": None, "after": None},
+        "run": [{"activity": {"name": "a", "type": "action"}, "status": "succeeded"}],
+        "rollbacks": [],
+    }
+
+
+def test_the_brokers_history_must_agree_with_what_the_experiment_expects() -> None:
+    assert decide(Evidence(0, _passing_journal("trip"), 10, 1)) == ("pass", [])
+    result, reasons = decide(Evidence(0, _passing_journal("trip"), 10, 0))
+    assert result == "fail" and "expects a trip" in reasons[0]
+    result, reasons = decide(Evidence(0, _passing_journal("no_trip"), 10, 2))
+    assert result == "fail" and "shows 2 trip(s)" in reasons[0]
+    result, reasons = decide(Evidence(0, _passing_journal("no_trip"), 10, None))
+    assert result == "fail" and "could not be read" in reasons[0]
+
+
+def test_records_and_the_extension_are_required() -> None:
+    result, reasons = decide(Evidence(0, _passing_journal("no_trip"), 0, 0))
+    assert result == "fail" and any("no load records" in r for r in reasons)
+    journal = _passing_journal()
+    journal["experiment"]["extensions"] = []
+    result, reasons = decide(Evidence(0, journal, 10, 1))
+    assert result == "fail" and any("no 'gameday' extension" in r for r in reasons)
