@@ -35,6 +35,7 @@ class Seen:
     path: str
     query: dict[str, str]
     body: Any
+    content_type: str = ""
 
 
 def matches(labels: dict[str, str], selector: str) -> bool:
@@ -73,19 +74,29 @@ def pod(
         "kind": "Pod",
         "metadata": meta,
         "spec": {"nodeName": "node-1", "containers": [{"name": "main", "image": "img"}]},
-        "status": {"phase": phase, "podIP": ip},
+        "status": {
+            "phase": phase,
+            "podIP": ip,
+            "conditions": [{"type": "Ready", "status": "True" if phase == "Running" else "False"}],
+        },
     }
 
 
 def workload(
-    kind: str, name: str, desired: int, ready: int, namespace: str = "stack"
+    kind: str,
+    name: str,
+    desired: int,
+    ready: int,
+    namespace: str = "stack",
+    labels: dict[str, str] | None = None,
+    annotations: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    labels = {"app.kubernetes.io/component": name}
+    labels = labels or {"app.kubernetes.io/component": name}
     spec: dict[str, Any] = {
         "replicas": desired,
         "selector": {"matchLabels": labels},
         "template": {
-            "metadata": {"labels": labels},
+            "metadata": {"labels": dict(labels), "annotations": dict(annotations or {})},
             "spec": {"containers": [{"name": "main", "image": "img"}]},
         },
     }
@@ -97,9 +108,9 @@ def workload(
     return {
         "apiVersion": "apps/v1",
         "kind": kind,
-        "metadata": {"name": name, "namespace": namespace},
+        "metadata": {"name": name, "namespace": namespace, "generation": 1},
         "spec": spec,
-        "status": status,
+        "status": {**status, "observedGeneration": 1},
     }
 
 
@@ -123,6 +134,9 @@ class FakeApi:
     # answers computed from the expression (for expressions with a time window in them)
     promql_fn: Callable[[str], dict[str, Any] | None] | None = None
     seen: list[Seen] = field(default_factory=list)
+    # a PATCHed Deployment rolls out at once: status caught up, its pods replaced by pods
+    # of the new template (what the Deployment controller and kubelets would do)
+    auto_rollout: bool = True
     # (method, path prefix) answered 403 Forbidden, as an API server does for what RBAC denies
     forbidden: set[tuple[str, str]] = field(default_factory=set)
     _server: ThreadingHTTPServer | None = None
@@ -179,8 +193,9 @@ class FakeApi:
                             body = json.loads(raw)
                         except ValueError:
                             body = raw.decode(errors="replace")
+                ctype = self.headers.get("Content-Type", "")
                 with api._lock:
-                    api.seen.append(Seen(method, parts.path, query, body))
+                    api.seen.append(Seen(method, parts.path, query, body, ctype))
                     code, answer = api.answer(method, parts.path, query, body)
                 self._send(code, answer)
 
@@ -192,6 +207,9 @@ class FakeApi:
 
             def do_DELETE(self) -> None:
                 self._handle("DELETE")
+
+            def do_PATCH(self) -> None:
+                self._handle("PATCH")
 
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self._server.daemon_threads = True
@@ -250,6 +268,8 @@ class FakeApi:
                 return 200, gone
         if p[:4] == ["apis", "apps", "v1", "namespaces"] and len(p) >= 6:
             ns, kind = p[4], p[5]
+            if len(p) == 7 and method == "PATCH":
+                return self._patch_workload(ns, kind, p[6], body)
             if len(p) == 7 and method == "GET":
                 obj = self.workloads.get((ns, kind, p[6]))
                 if obj is None:
@@ -276,6 +296,43 @@ class FakeApi:
                 return self._status(404, "NotFound", f'{p[5]}.{p[1]} "{p[6]}" not found')
             return 200, obj
         return self._status(404, "NotFound", f"the fake API does not serve {method} {path}")
+
+    def _patch_workload(
+        self, ns: str, kind: str, name: str, ops: Any
+    ) -> tuple[int, dict[str, Any]]:
+        obj = self.workloads.get((ns, kind, name))
+        if obj is None:
+            return self._status(404, "NotFound", f'{kind} "{name}" not found')
+        if not isinstance(ops, list):
+            return self._status(415, "UnsupportedMediaType", "the fake takes JSON patches only")
+        for op in ops:
+            if op.get("op") not in ("add", "replace"):
+                return self._status(422, "Invalid", f"the fake cannot {op.get('op')}")
+            keys = [k.replace("~1", "/").replace("~0", "~") for k in op["path"].split("/")[1:]]
+            node = obj
+            for key in keys[:-1]:
+                node = node.setdefault(key, {})
+            node[keys[-1]] = op["value"]
+        meta = obj["metadata"]
+        meta["generation"] = int(meta.get("generation", 1)) + 1
+        if self.auto_rollout:
+            desired = obj["spec"]["replicas"]
+            obj["status"].update({"observedGeneration": meta["generation"], "replicas": desired,
+                                  "updatedReplicas": desired, "availableReplicas": desired,
+                                  "readyReplicas": desired})  # fmt: skip
+            template = obj["spec"]["template"]["metadata"]
+            labels = template.get("labels", {})
+            pods = self.pods.setdefault(ns, {})
+            old = [n for n, v in pods.items() if matches(v["metadata"].get("labels", {}),
+                   ",".join(f"{k}={v}" for k, v in labels.items()))]  # fmt: skip
+            for n in old:
+                del pods[n]
+            for i in range(desired):
+                new = pod(f"{name}-g{meta['generation']}-{i}", dict(labels), f"10.9.0.{i + 1}",
+                          namespace=ns)  # fmt: skip
+                new["metadata"]["annotations"] = dict(template.get("annotations", {}))
+                pods[new["metadata"]["name"]] = new
+        return 200, obj
 
     def _prometheus(self, query: dict[str, str], body: Any) -> tuple[int, dict[str, Any]]:
         params = dict(query)

@@ -1,0 +1,245 @@
+"""Shared by the cluster probes (``probes.kubernetes``, ``probes.progressive``,
+``probes.prometheus``): the Kubernetes target, SLO results, times, and the traffic
+evidence that pairs a controller's status with what users were actually served.
+
+Traffic evidence comes from one of two sources:
+
+- the run's load records (``records.parquet``, once the ``probes.load`` control has
+  stopped the load): canary-served means ``served_by == "canary"``, or, for stacks whose
+  router does not say (a service mesh driven by Argo Rollouts or Flagger), the response's
+  ``model_version`` equal to the canary's version;
+- a PromQL expression over the Prometheus HTTP API, with ``{window}`` replaced by the
+  seconds since the controller's status changed (e.g. ``[{window}]`` -> ``[37s]``).
+
+Either way, no traffic at all after the status change is *not* evidence that the canary
+stopped serving: the check fails (fail-closed). This module only reads.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from datetime import datetime
+from typing import Any
+
+import requests
+from chaoslib.exceptions import ActivityFailed
+
+from gameday.targets import TargetError
+from gameday.targets.kubernetes import KubernetesTarget
+from probes._context import Configuration, get_target
+from probes._evidence import load_state, read_records
+
+Slo = dict[str, Any]
+
+CONFIG_PROMETHEUS_URL = "prometheus_url"
+ENV_PROMETHEUS_URL = "PROMETHEUS_URL"
+HTTP_TIMEOUT_S = 5.0
+
+
+def kubernetes_target(configuration: Configuration | None, what: str) -> KubernetesTarget:
+    """The run's target, which must be a Kubernetes target inside its blast radius."""
+    target = get_target(configuration)
+    if not isinstance(target, KubernetesTarget):
+        raise ActivityFailed(
+            f"{what} needs a kubernetes target, but the target is {target.kind!r}: point "
+            "gameday_target (or $GAMEDAY_TARGET) at a target file with kind: kubernetes."
+        )
+    try:
+        target.check_namespace()
+    except TargetError as exc:
+        raise ActivityFailed(f"{what}: {exc}") from None
+    return target
+
+
+def result(
+    check: str, measured: float | None, allowed: float, unit: str, ok: bool, **detail: Any
+) -> Slo:
+    """The SLO result of docs/ARCHITECTURE.md §7.1."""
+    return {
+        "check": check,
+        "measured": None if measured is None else round(float(measured), 6),
+        "allowed": float(allowed),
+        "unit": unit,
+        "ok": bool(ok),
+        "detail": {"status": "measured" if measured is not None else "failed", **detail},
+    }
+
+
+def epoch_s(value: Any) -> float | None:
+    """Epoch seconds of an RFC 3339 time as the Kubernetes API writes it (or None)."""
+    if value is None or value == "":
+        return None
+    if isinstance(value, datetime):
+        return value.timestamp()
+    try:
+        return datetime.fromisoformat(str(value).replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def non_negative(name: str, value: Any) -> float:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ActivityFailed(f"argument {name} must be a number, got {value!r}") from None
+    if not math.isfinite(number) or number < 0:
+        raise ActivityFailed(f"argument {name} must be 0 or more, got {value!r}")
+    return number
+
+
+# --- Prometheus ----------------------------------------------------------------------
+def prometheus_url(configuration: Configuration | None, given: str | None) -> str:
+    url = (
+        given
+        or (configuration or {}).get(CONFIG_PROMETHEUS_URL)
+        or os.environ.get(ENV_PROMETHEUS_URL)
+    )
+    if not url:
+        raise ActivityFailed(
+            "no Prometheus URL: pass prometheus_url, set the configuration entry "
+            f"{CONFIG_PROMETHEUS_URL!r}, or export {ENV_PROMETHEUS_URL} "
+            "(e.g. http://prometheus-server.monitoring.svc:80)."
+        )
+    return str(url).rstrip("/")
+
+
+def promql_value(url: str, expr: str, at: float | None = None) -> float | None:
+    """An instant query's value: the sum of a vector's samples, or a scalar; None when the
+    vector is empty (no series matched). ActivityFailed when Prometheus says no."""
+    params: dict[str, str] = {"query": expr}
+    if at is not None:
+        params["time"] = f"{at:.3f}"
+    endpoint = f"{url}/api/v1/query"
+    try:
+        resp = requests.post(endpoint, data=params, timeout=HTTP_TIMEOUT_S)
+    except requests.RequestException as exc:
+        raise ActivityFailed(
+            f"cannot reach Prometheus at {endpoint}: {exc.__class__.__name__}"
+        ) from None
+    try:
+        body = resp.json()
+    except ValueError:
+        raise ActivityFailed(
+            f"Prometheus at {endpoint} answered HTTP {resp.status_code} with no JSON"
+        ) from None
+    if resp.status_code != 200 or body.get("status") != "success":
+        raise ActivityFailed(
+            f"Prometheus refused the query {expr!r}: HTTP {resp.status_code} "
+            f"{body.get('errorType', '')}: {body.get('error', '')}".rstrip()
+        )
+    data = body.get("data") or {}
+    kind, values = data.get("resultType"), data.get("result") or []
+    try:
+        if kind == "scalar":
+            return float(values[1])
+        if kind == "vector":
+            if not values:
+                return None
+            return float(sum(float(sample["value"][1]) for sample in values))
+    except (TypeError, ValueError, KeyError, IndexError):
+        pass
+    raise ActivityFailed(
+        f"Prometheus answered {expr!r} with a {kind!r} result; the probe needs an instant "
+        "vector or a scalar (wrap the expression in sum(...))."
+    )
+
+
+def window(since: float, now: float | None = None) -> str:
+    """A PromQL range covering ``since``..now, in whole seconds (at least 1 s)."""
+    return f"{max(1, math.ceil((now or time.time()) - since))}s"
+
+
+# --- traffic evidence ------------------------------------------------------------------
+def canary_traffic_after(
+    since: float,
+    configuration: Configuration | None,
+    *,
+    canary_version: str | None = None,
+    canary_promql: str | None = None,
+    total_promql: str | None = None,
+    prometheus: str | None = None,
+) -> dict[str, Any]:
+    """Requests started after ``since``: ``{"source", "canary", "total", ...}``; ``total``
+    None when the source cannot tell. ActivityFailed when there is no evidence to read."""
+    if canary_promql:
+        url = prometheus_url(configuration, prometheus)
+        now = time.time()
+        w = window(since, now)
+        canary_expr = canary_promql.replace("{window}", w)
+        canary = promql_value(url, canary_expr, at=now)
+        total = None
+        total_expr = None
+        if total_promql:
+            total_expr = total_promql.replace("{window}", w)
+            total = promql_value(url, total_expr, at=now)
+        return {
+            "source": "prometheus",
+            "prometheus_url": url,
+            "canary_query": canary_expr,
+            "total_query": total_expr,
+            # an empty vector for the canary's series is 0 only when total traffic is known
+            "canary": canary,
+            "total": total,
+        }
+    state = load_state(configuration)
+    if state is None or state.get("state") != "stopped":
+        where = "has not run" if state is None else f"is {state.get('state')!r}, not stopped"
+        raise ActivityFailed(
+            f"no load records to pair with the controller's status: the load {where}. Add the "
+            "probes.load control, run this probe after the method, or pass canary_promql."
+        )
+    path = str(state.get("records"))
+    try:
+        frame = read_records(path)
+    except Exception as exc:  # an unreadable file is no evidence, never a crash
+        raise ActivityFailed(f"cannot read the load records {path}: {exc}") from None
+    after = frame[frame["start_time"] >= since]
+    if canary_version:
+        import pyarrow.parquet as pq
+
+        versions = pq.read_table(path, columns=["model_version", "start_time"]).to_pandas()
+        mask = (versions["start_time"] >= since) & (versions["model_version"] == canary_version)
+        canary = int(mask.sum())
+        rule = f"model_version == {canary_version!r}"
+    else:
+        canary = int((after["served_by"] == "canary").sum())
+        rule = "served_by == 'canary'"
+    return {
+        "source": "records",
+        "records": path,
+        "canary_rule": rule,
+        "canary": canary,
+        "total": len(after),
+        "failed": int((~after["ok"]).sum()),
+    }
+
+
+def judge_traffic(
+    evidence: dict[str, Any], allowed: float
+) -> tuple[float | None, bool, str | None]:
+    """(measured canary requests, ok, why-not) for traffic evidence; fail-closed."""
+    canary, total = evidence.get("canary"), evidence.get("total")
+    if total is not None and total <= 0:
+        why = (
+            "no request at all after the status change: nothing shows whether the canary "
+            "stopped serving (is the load running and reaching the router?)"
+        )
+        return None, False, why
+    if canary is None:
+        if total is None:
+            why = (
+                "the canary query matched no series and no total_promql says traffic flowed: "
+                "cannot tell an idle canary from a metric that is not scraped"
+            )
+            return None, False, why
+        canary = 0.0
+    measured = float(canary)
+    if measured > allowed:
+        why = (
+            f"expected at most {allowed:g} canary-served requests after the status change, "
+            f"got {measured:g}"
+        )
+        return measured, False, why
+    return measured, True, None

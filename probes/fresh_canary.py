@@ -1,0 +1,62 @@
+"""A Chaos Toolkit control that starts a Kubernetes experiment from a fresh canary, before
+its steady-state hypothesis and before the load starts.
+
+    controls:
+      - name: fresh-canary
+        provider:
+          type: python
+          module: probes.fresh_canary
+          arguments: {weight: 5, deadline_s: 300}
+
+A cluster is not restarted between experiments the way ``gameday run`` restarts a local
+stack, so the previous experiment may have left the release tripped and rolled back with
+its canary quarantined. This control runs ``probes.kubernetes.start_fresh_canary`` (wait
+out a rollback in progress, roll the canary Deployment to a new version, set the release
+back to ``progressing`` with ``weight``) and writes what it did to ``fresh-canary.json``
+in the run folder. When that fails the experiment is interrupted (``InterruptExecution``):
+it never runs from a state it did not choose.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from chaoslib.exceptions import ActivityFailed, InterruptExecution
+
+from probes._context import Configuration, run_dir
+from probes.kubernetes import start_fresh_canary
+
+__all__ = ["before_experiment_control"]
+
+STATE_NAME = "fresh-canary.json"
+
+Secrets = dict[str, Any]
+
+
+def before_experiment_control(
+    context: Any,
+    weight: int = 5,
+    deadline_s: float = 300.0,
+    configuration: Configuration | None = None,
+    secrets: Secrets | None = None,
+    **kwargs: Any,
+) -> None:
+    """Start from a progressing release with a canary that is not quarantined."""
+    folder = run_dir(configuration)
+    started = time.time()
+    try:
+        outcome: dict[str, Any] = start_fresh_canary(weight, deadline_s, configuration, secrets)
+    except ActivityFailed as exc:
+        _write(folder, {"ok": False, "error": str(exc), "started_at": started})
+        raise InterruptExecution(
+            f"the experiment needs a progressing release with a fresh canary and could not "
+            f"get one, so it stops: {exc}"
+        ) from None
+    _write(folder, {"ok": True, "started_at": started, **outcome})
+
+
+def _write(folder: Any, state: dict[str, Any]) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / STATE_NAME).write_text(json.dumps(state, indent=2, default=str) + "\n")

@@ -1,0 +1,432 @@
+"""Kubernetes probes and the namespace guard for experiments that use
+chaostoolkit-kubernetes (``chaosk8s``) activities directly.
+
+    controls:
+      - name: kubernetes-blast-radius
+        provider: {type: python, module: probes.kubernetes}
+
+The control refuses an experiment — ``InterruptExecution`` before its first activity, and
+again before each activity — when any ``chaosk8s`` activity would act on a namespace
+that the target's blast radius does not allow: ``kube-system`` and its siblings always,
+anything not in ``blast_radius.namespaces``, and a namespace other than the target's own.
+(``chaosk8s`` activities take a namespace argument ``ns`` that defaults to ``default``;
+the guard reads it after substituting the configuration, as Chaos Toolkit will.) The
+harness's own activities (``probes.faults.kill_pod`` & co.) check the target themselves.
+
+``wait_for_ready`` waits until a component's workload (Deployment or StatefulSet) has all
+its replicas available again — after a pod kill, the recovery time as an SLO result.
+
+``start_fresh_canary`` is what a cluster needs between experiments and a local stack does
+not (``gameday run`` gives every local experiment a fresh stack): a release the previous
+experiment tripped and rolled back cannot take its quarantined canary version again, so
+this action rolls out a new canary version — it sets the canary Deployment's pod-template
+annotation ``canarystack.io/model-version`` (the model servers' ``--version``), waits for
+the rollout, registers the version on the broker and sets the release back to
+``progressing`` with the canary weight. It is the only thing here that changes the
+cluster, and it changes one Deployment: the target's ``model-canary`` workload, inside the
+blast radius.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import time
+from typing import Any
+
+import requests
+from chaoslib import substitute
+from chaoslib.exceptions import ActivityFailed, InterruptExecution
+
+from gameday.targets import TargetError
+from gameday.targets.kubernetes import FORBIDDEN_NAMESPACES, KubernetesTarget
+from probes._broker import get_release
+from probes._cluster import Slo, kubernetes_target, non_negative, result
+from probes._context import Configuration, get_target, harness_errors, ledger
+
+__all__ = [
+    "before_activity_control",
+    "before_experiment_control",
+    "start_fresh_canary",
+    "wait_for_ready",
+]
+
+CHAOSK8S_DEFAULT_NS = "default"
+MAX_WAIT_S = 600.0
+VERSION_ANNOTATION = "canarystack.io/model-version"
+HTTP_TIMEOUT_S = 5.0
+POLL_S = 1.0
+FRESH_SUFFIX = re.compile(r"-g\d+$")
+
+Secrets = dict[str, Any]
+
+
+# --- readiness -------------------------------------------------------------------------
+def wait_for_ready(
+    component: str,
+    timeout_s: float = 60.0,
+    poll_s: float = 0.5,
+    configuration: Configuration | None = None,
+    secrets: Secrets | None = None,
+) -> Slo:
+    """Wait until every workload of ``component`` is whole again: the workload reports
+    all its replicas available AND that many of its pods are Running, Ready and not being
+    deleted (right after a kill the controller may not have counted the loss yet).
+
+    Measured: seconds from this run's last pod kill of the component (the ledger) until
+    this probe saw it whole — an upper bound, as close as the probe's start and ``poll_s``
+    allow — else the seconds waited; allowed: ``timeout_s``. Not whole in time: a failed
+    check naming desired, available and ready pods.
+    """
+    allowed = min(non_negative("timeout_s", timeout_s), MAX_WAIT_S)
+    poll = max(0.05, non_negative("poll_s", poll_s))
+    target = kubernetes_target(configuration, "wait_for_ready")
+    with harness_errors(f"waiting for {component} to be ready"):
+        roles = target.expand_role(component)
+        kills = [
+            e.time for e in ledger(configuration).entries()
+            if e.action == "kill" and e.component in roles
+        ]  # fmt: skip
+        start = max(kills) if kills else time.time()
+        deadline = time.monotonic() + allowed
+        while True:
+            states = [
+                {**target.workload_status(role), "ready_pods": _ready_pods(target, role)}
+                for role in roles
+            ]
+            whole = [s["ok"] and len(s["ready_pods"]) >= s["desired"] for s in states]
+            if all(whole):
+                took = time.time() - start
+                return result(
+                    "k8s_ready_s",
+                    took,
+                    allowed,
+                    "s",
+                    took <= allowed,
+                    workloads=states,
+                    measured_from="pod kill" if kills else "probe start",
+                )
+            if time.monotonic() >= deadline:
+                lagging = ", ".join(
+                    f"{s['kind']}/{s['name']} {s['ready']}/{s['desired']} available, "
+                    f"{len(s['ready_pods'])} pods Ready"
+                    for s, ok in zip(states, whole, strict=True)
+                    if not ok
+                )
+                why = f"{component} should be whole again within {allowed:g} s, but {lagging}"
+                return result("k8s_ready_s", None, allowed, "s", False, workloads=states, why=why)
+            time.sleep(poll)
+
+
+def _ready_pods(target: KubernetesTarget, role: str) -> list[str]:
+    """Pods of ``role`` that are Running, Ready and not being deleted."""
+    api = target.core_api()
+    try:
+        pods = api.list_namespaced_pod(target.namespace, label_selector=target.selector(role))
+    except Exception as exc:
+        raise TargetError(f"listing pods of {role} failed: {exc}") from None
+    ready = []
+    for p in pods.items:
+        conditions = (p.status.conditions if p.status else None) or []
+        if (
+            p.metadata.deletion_timestamp is None
+            and p.status is not None
+            and p.status.phase == "Running"
+            and any(c.type == "Ready" and c.status == "True" for c in conditions)
+        ):
+            ready.append(p.metadata.name)
+    return sorted(ready)
+
+
+# --- a fresh canary before an experiment -------------------------------------------------
+def _digest(manifest: Any) -> str:
+    """The broker's digest of a manifest (docs/ARCHITECTURE.md §2)."""
+    if isinstance(manifest, str):
+        raw = manifest.encode("utf-8")
+    else:
+        raw = json.dumps(manifest, sort_keys=True, separators=(",", ":")).encode("utf-8")
+    return "sha256:" + hashlib.sha256(raw).hexdigest()
+
+
+def _broker_write(
+    target: KubernetesTarget, method: str, path: str, body: dict[str, Any]
+) -> requests.Response:
+    url = f"{target.service_url('broker')}{path}"
+    try:
+        return requests.request(
+            method, url, json=body, headers=target.admin_headers(), timeout=HTTP_TIMEOUT_S
+        )
+    except requests.RequestException as exc:
+        raise ActivityFailed(f"cannot reach the broker ({url}): {exc.__class__.__name__}") from None
+
+
+def _error(resp: requests.Response) -> str:
+    try:
+        return str(resp.json()["error"]["message"])
+    except (ValueError, KeyError, TypeError):
+        return resp.text[:300]
+
+
+def _patch_release(target: KubernetesTarget, change: dict[str, Any], reason: str) -> dict[str, Any]:
+    """A compare-and-set PATCH of the release, retried on a revision conflict."""
+    for _ in range(5):
+        revision = get_release(target)["revision"]
+        body = {"expected_revision": revision, "actor": "gameday", "reason": reason, **change}
+        resp = _broker_write(target, "PATCH", f"/v1/releases/{target.release}", body)
+        if resp.status_code == 200:
+            return dict(resp.json())
+        if resp.status_code == 409 and "current_revision" in (resp.json() or {}):
+            continue  # someone wrote in between (a heartbeat does not, a quarantine does)
+        raise ActivityFailed(
+            f"the broker refused {change} for release {target.release!r}: "
+            f"HTTP {resp.status_code}: {_error(resp)}"
+        )
+    raise ActivityFailed(f"release {target.release!r} kept changing under the harness; retry")
+
+
+def _rolled_out(target: KubernetesTarget, name: str, version: str) -> tuple[bool, str]:
+    from kubernetes import client
+
+    apps = client.AppsV1Api(target.api_client())
+    dep: Any = apps.read_namespaced_deployment(name, target.namespace)
+    desired = dep.spec.replicas if dep.spec.replicas is not None else 1
+    st = dep.status or client.V1DeploymentStatus()
+    progress = (
+        f"generation {dep.metadata.generation} observed {st.observed_generation}, "
+        f"{st.updated_replicas or 0} updated / {st.available_replicas or 0} available / "
+        f"{st.replicas or 0} in all of {desired}"
+    )
+    if not (
+        (st.observed_generation or 0) >= (dep.metadata.generation or 0)
+        and (st.updated_replicas or 0) == desired
+        and (st.available_replicas or 0) == desired
+        and (st.replicas or 0) == desired
+    ):
+        return False, progress
+    # the pods themselves: every live one carries the new version, none is terminating
+    pods = target.core_api().list_namespaced_pod(
+        target.namespace, label_selector=target.selector("model-canary")
+    )
+    stale = [
+        p.metadata.name
+        for p in pods.items
+        if p.metadata.deletion_timestamp
+        or (p.metadata.annotations or {}).get(VERSION_ANNOTATION) != version
+    ]
+    if stale:
+        return False, f"{progress}; pods not on {version} yet: {', '.join(stale)}"
+    return True, progress
+
+
+def _unused_version(target: KubernetesTarget, stem: str) -> str:
+    """``<stem>-g<epoch ms>``, a name the broker does not know yet (versions are immutable)."""
+    stamp = int(time.time() * 1000)
+    for _ in range(100):
+        candidate = f"{stem}-g{stamp}"
+        url = f"{target.service_url('broker')}/v1/versions/{candidate}"
+        try:
+            known = requests.get(url, timeout=HTTP_TIMEOUT_S).status_code != 404
+        except requests.RequestException as exc:
+            raise ActivityFailed(
+                f"cannot reach the broker ({url}): {exc.__class__.__name__}"
+            ) from None
+        if not known:
+            return candidate
+        stamp += 1
+    raise ActivityFailed(f"no free version name after {stem}-g{stamp}: clean up the broker")
+
+
+def start_fresh_canary(
+    weight: int = 5,
+    deadline_s: float = 300.0,
+    configuration: Configuration | None = None,
+    secrets: Secrets | None = None,
+) -> dict[str, Any]:
+    """Make the release ``progressing`` with a canary that is not quarantined and the
+    canary weight ``weight``: nothing to do when it already is; after a trip, wait for
+    the rollback to finish, then roll out a new canary version (``<version>-g<epoch ms>``)
+    on the canary Deployment and switch the release to it. ActivityFailed naming the step
+    that did not finish within ``deadline_s``."""
+    try:
+        wanted = int(weight)
+    except (TypeError, ValueError):
+        raise ActivityFailed(f"argument weight must be an integer, got {weight!r}") from None
+    if not 1 <= wanted <= 100:
+        raise ActivityFailed(f"argument weight must be from 1 to 100, got {weight!r}")
+    wait = min(non_negative("deadline_s", deadline_s), MAX_WAIT_S)
+    target = kubernetes_target(configuration, "start_fresh_canary")
+    t0 = time.monotonic()
+    deadline = t0 + wait
+    with harness_errors("starting a fresh canary"):
+        target.check_allowed("model-canary")  # it rolls the canary's pods
+        kind, name = target.workload("model-canary")
+        if kind != "deployment":
+            raise ActivityFailed(
+                f"start_fresh_canary rolls out a Deployment, but workloads.model-canary is "
+                f"{kind}/{name}"
+            )
+        release = get_release(target)
+        while release.get("phase") in ("tripped", "rolling_back"):
+            if time.monotonic() >= deadline:
+                raise ActivityFailed(
+                    f"release {target.release!r} is still {release.get('phase')!r} after "
+                    f"{wait:g} s: the rollback executor has not finished the last rollback"
+                )
+            time.sleep(POLL_S)
+            release = get_release(target)
+        canary = release.get("canary") or {}
+        phase = release.get("phase")
+        weights = release.get("weights") or {}
+        if phase == "progressing" and canary and not canary.get("quarantined"):
+            if weights.get("canary") == wanted:
+                return {"changed": False, "phase": phase, "canary_version": canary["version"]}
+            patched = _patch_release(
+                target, {"weights": {"canary": wanted}}, "gameday: canary weight for the run"
+            )
+            return {
+                "changed": True,
+                "phase": patched["phase"],
+                "canary_version": canary["version"],
+                "weight": wanted,
+            }
+        previous = str(canary.get("version") or (release.get("stable") or {}).get("version"))
+        version = _unused_version(target, FRESH_SUFFIX.sub("", previous))
+        from kubernetes import client
+
+        apps = client.AppsV1Api(target.api_client())
+        path = "/spec/template/metadata/annotations/" + VERSION_ANNOTATION.replace("/", "~1")
+        try:
+            apps.patch_namespaced_deployment(
+                name, target.namespace, [{"op": "add", "path": path, "value": version}]
+            )
+        except Exception as exc:
+            raise ActivityFailed(
+                f"patching deployment/{name} in {target.namespace!r} failed: "
+                f"HTTP {getattr(exc, 'status', '?')} {getattr(exc, 'reason', exc)}"
+            ) from None
+        while True:
+            done, progress = _rolled_out(target, name, version)
+            if done:
+                break
+            if time.monotonic() >= deadline:
+                raise ActivityFailed(
+                    f"the canary rollout to {version} did not finish within {wait:g} s: {progress}"
+                )
+            time.sleep(POLL_S)
+        manifest = {"name": release.get("name"), "version": version, "engine": "sim",
+                    "previous": previous}  # fmt: skip
+        resp = _broker_write(
+            target,
+            "POST",
+            "/v1/versions",
+            {"version": version, "manifest": manifest, "digest": _digest(manifest)},
+        )
+        if resp.status_code not in (200, 201):
+            raise ActivityFailed(
+                f"registering version {version}: HTTP {resp.status_code}: {_error(resp)}"
+            )
+        patched = _patch_release(
+            target,
+            {"phase": "progressing", "canary": version, "weights": {"canary": wanted}},
+            f"gameday: fresh canary {version} after {phase}",
+        )
+    return {
+        "changed": True,
+        "phase": patched["phase"],
+        "previous_phase": phase,
+        "previous_canary_version": previous,
+        "canary_version": version,
+        "weight": wanted,
+        "took_s": round(time.monotonic() - t0, 3),
+    }
+
+
+# --- the namespace guard (a Chaos Toolkit control) --------------------------------------
+def _activities(experiment: dict[str, Any]) -> list[dict[str, Any]]:
+    found = list((experiment.get("steady-state-hypothesis") or {}).get("probes") or [])
+    found += list(experiment.get("method") or [])
+    found += list(experiment.get("rollbacks") or [])
+    return [a for a in found if isinstance(a, dict)]
+
+
+def _namespace_of(
+    activity: dict[str, Any], configuration: Configuration | None, secrets: Secrets | None
+) -> str | None:
+    """The namespace a chaosk8s activity acts on, or None for other activities."""
+    provider = activity.get("provider") or {}
+    module = str(provider.get("module") or "")
+    if provider.get("type") != "python" or not module.startswith("chaosk8s"):
+        return None
+    arguments = provider.get("arguments") or {}
+    if configuration or secrets:
+        arguments = substitute(arguments, configuration, secrets)
+    return str(arguments.get("ns", CHAOSK8S_DEFAULT_NS))
+
+
+def refused_namespaces(
+    activities: list[dict[str, Any]],
+    configuration: Configuration | None,
+    secrets: Secrets | None = None,
+) -> list[str]:
+    """One line per chaosk8s activity whose namespace the target does not allow."""
+    uses = [(a, _namespace_of(a, configuration, secrets)) for a in activities]
+    uses = [(a, ns) for a, ns in uses if ns is not None]
+    if not uses:
+        return []
+    try:
+        target = get_target(configuration)
+    except ActivityFailed as exc:
+        return [f"no usable target for the chaosk8s activities: {exc}"]
+    if not isinstance(target, KubernetesTarget):
+        return [
+            f"activity {a.get('name')!r} uses chaosk8s, but the target {target.name!r} is "
+            f"{target.kind!r}, not kubernetes"
+            for a, _ in uses
+        ]
+    problems = []
+    for activity, ns in uses:
+        name = activity.get("name")
+        if ns in FORBIDDEN_NAMESPACES:
+            problems.append(f"activity {name!r} acts on namespace {ns!r}, which is never allowed")
+        elif ns not in target.blast_radius.namespaces:
+            allowed = ", ".join(target.blast_radius.namespaces) or "none"
+            problems.append(
+                f"activity {name!r} acts on namespace {ns!r}, outside the blast radius of "
+                f"target {target.name!r} (allowed: {allowed})"
+            )
+        elif ns != target.namespace:
+            problems.append(
+                f"activity {name!r} acts on namespace {ns!r}, not the target's namespace "
+                f"{target.namespace!r} (pass ns: ${{k8s_namespace}} or the namespace itself)"
+            )
+    return problems
+
+
+def before_experiment_control(
+    context: dict[str, Any],
+    configuration: Configuration | None = None,
+    secrets: Secrets | None = None,
+    **kwargs: Any,
+) -> None:
+    """Refuse the whole experiment before anything runs if any chaosk8s activity in it
+    would act outside the blast radius."""
+    problems = refused_namespaces(_activities(context), configuration, secrets)
+    if problems:
+        raise InterruptExecution(
+            "refused by the kubernetes blast-radius guard: " + "; ".join(problems)
+        )
+
+
+def before_activity_control(
+    context: dict[str, Any],
+    configuration: Configuration | None = None,
+    secrets: Secrets | None = None,
+    **kwargs: Any,
+) -> None:
+    """The same check on each activity, right before it runs."""
+    problems = refused_namespaces([context], configuration, secrets)
+    if problems:
+        raise InterruptExecution(
+            "refused by the kubernetes blast-radius guard: " + "; ".join(problems)
+        )

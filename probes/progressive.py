@@ -1,0 +1,289 @@
+"""Probes for clusters whose canary is driven by a progressive-delivery controller:
+Argo Rollouts (``Rollout``, argoproj.io/v1alpha1) and Flagger (``Canary``,
+flagger.app/v1beta1), read through the Kubernetes API (CustomObjectsApi, ``get`` only).
+
+    - type: probe
+      name: argo-aborted-and-canary-drained
+      tolerance: {type: probe, name: slo-met,
+                  provider: {type: python, module: probes.slo, func: slo_met}}
+      provider:
+        type: python
+        module: probes.progressive
+        func: argo_rollout_aborted
+        arguments: {rollout: llm-server, grace_s: 5, timeout_s: 60}
+
+Those controllers have had fail-open bugs (a status that says aborted while the canary
+kept its traffic), so a status alone is never a pass: each probe pairs the status with
+the traffic actually served after it changed — the run's load records, or a PromQL
+expression — and passes only when both agree. The result is the SLO shape of
+docs/ARCHITECTURE.md §7.1: ``measured`` is the number of canary-served requests that
+started later than ``grace_s`` after the status change, ``allowed`` is
+``max_canary_requests``. A status that never says aborted/failed within ``timeout_s`` is a
+failed check naming expected and actual.
+
+The namespace is the target's (blast-radius checked before any API call). These probes
+never change anything in the cluster.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from chaoslib.exceptions import ActivityFailed
+
+from probes._cluster import (
+    Slo,
+    canary_traffic_after,
+    epoch_s,
+    judge_traffic,
+    kubernetes_target,
+    non_negative,
+    result,
+)
+from probes._context import Configuration
+
+__all__ = ["argo_rollout_aborted", "argo_rollout_status", "flagger_canary_failed",
+           "flagger_canary_status"]  # fmt: skip
+
+ARGO = ("argoproj.io", "v1alpha1", "rollouts")
+FLAGGER = ("flagger.app", "v1beta1", "canaries")
+ARGO_ABORTED_REASON = "RolloutAborted"
+MAX_WAIT_S = 600.0
+POLL_S = 1.0
+
+Secrets = dict[str, Any]
+
+
+def _read(
+    configuration: Configuration | None, crd: tuple[str, str, str], name: str, what: str
+) -> dict[str, Any]:
+    target = kubernetes_target(configuration, what)
+    from kubernetes import client
+
+    group, version, plural = crd
+    api = client.CustomObjectsApi(target.api_client())
+    try:
+        obj = api.get_namespaced_custom_object(group, version, target.namespace, plural, name)
+    except Exception as exc:
+        status = getattr(exc, "status", None)
+        if status == 404:
+            raise ActivityFailed(
+                f"{plural}.{group} {name!r} not found in namespace {target.namespace!r} "
+                f"(is the controller installed and the name right?)"
+            ) from None
+        if status == 403:
+            raise ActivityFailed(
+                f"reading {plural}.{group} {name!r} is forbidden: the chaos runner's Role "
+                "needs get on it (deploy/k8s/components/progressive-delivery)"
+            ) from None
+        raise ActivityFailed(
+            f"reading {plural}.{group} {name!r} in {target.namespace!r} failed: "
+            f"{getattr(exc, 'reason', None) or exc}"
+        ) from None
+    if not isinstance(obj, dict):
+        raise ActivityFailed(f"{plural}.{group} {name!r}: the API answered {type(obj).__name__}")
+    return obj
+
+
+# --- Argo Rollouts -------------------------------------------------------------------
+def _argo_view(obj: dict[str, Any]) -> dict[str, Any]:
+    status = obj.get("status") or {}
+    conditions = status.get("conditions") or []
+    aborted_cond = next(
+        (
+            c
+            for c in conditions
+            if c.get("type") == "Progressing" and c.get("reason") == ARGO_ABORTED_REASON
+        ),
+        None,
+    )
+    weight = ((status.get("canary") or {}).get("weights") or {}).get("canary", {}).get("weight")
+    aborted_at = epoch_s(status.get("abortedAt")) or epoch_s(
+        (aborted_cond or {}).get("lastTransitionTime")
+    )
+    return {
+        "phase": status.get("phase"),
+        "abort": bool(status.get("abort")),
+        "aborted_condition": aborted_cond is not None,
+        "aborted_at": aborted_at,
+        "message": status.get("message"),
+        "canary_weight": weight,
+    }
+
+
+def _argo_aborted(view: dict[str, Any]) -> bool:
+    return bool(view["abort"] and view["phase"] == "Degraded" and view["aborted_condition"])
+
+
+def argo_rollout_status(
+    rollout: str,
+    configuration: Configuration | None = None,
+    secrets: Secrets | None = None,
+) -> dict[str, Any]:
+    """What the Argo Rollout says: phase, abort, the RolloutAborted condition, its time
+    (epoch seconds) and the canary weight when traffic routing reports one."""
+    return _argo_view(_read(configuration, ARGO, rollout, "argo_rollout_status"))
+
+
+def argo_rollout_aborted(
+    rollout: str,
+    grace_s: float = 5.0,
+    max_canary_requests: int = 0,
+    timeout_s: float = 0.0,
+    canary_version: str | None = None,
+    canary_promql: str | None = None,
+    total_promql: str | None = None,
+    prometheus_url: str | None = None,
+    configuration: Configuration | None = None,
+    secrets: Secrets | None = None,
+) -> Slo:
+    """The Rollout is aborted — ``status.abort`` true, phase ``Degraded``, condition
+    ``Progressing``/``RolloutAborted`` — its canary weight (if reported) is 0, AND at most
+    ``max_canary_requests`` canary-served requests started later than ``grace_s`` after
+    the abort. Waits up to ``timeout_s`` for the abort status."""
+    return _paired(
+        check="argo_rollout_aborted",
+        name=rollout,
+        read=lambda: argo_rollout_status(rollout, configuration),
+        is_done=_argo_aborted,
+        expected="aborted (status.abort true, phase Degraded, condition RolloutAborted)",
+        since_key="aborted_at",
+        grace_s=grace_s,
+        max_canary_requests=max_canary_requests,
+        timeout_s=timeout_s,
+        traffic={
+            "canary_version": canary_version,
+            "canary_promql": canary_promql,
+            "total_promql": total_promql,
+            "prometheus": prometheus_url,
+        },
+        configuration=configuration,
+    )
+
+
+# --- Flagger -------------------------------------------------------------------------
+def _flagger_view(obj: dict[str, Any]) -> dict[str, Any]:
+    status = obj.get("status") or {}
+    promoted = next(
+        (c for c in status.get("conditions") or [] if c.get("type") == "Promoted"), None
+    )
+    return {
+        "phase": status.get("phase"),
+        "canary_weight": status.get("canaryWeight"),
+        "failed_checks": status.get("failedChecks"),
+        "changed_at": epoch_s(status.get("lastTransitionTime"))
+        or epoch_s((promoted or {}).get("lastTransitionTime")),
+        "promoted_condition": promoted,
+    }
+
+
+def flagger_canary_status(
+    canary: str,
+    configuration: Configuration | None = None,
+    secrets: Secrets | None = None,
+) -> dict[str, Any]:
+    """What the Flagger Canary says: phase, canaryWeight, failedChecks, when it changed."""
+    return _flagger_view(_read(configuration, FLAGGER, canary, "flagger_canary_status"))
+
+
+def flagger_canary_failed(
+    canary: str,
+    grace_s: float = 5.0,
+    max_canary_requests: int = 0,
+    timeout_s: float = 0.0,
+    canary_version: str | None = None,
+    canary_promql: str | None = None,
+    total_promql: str | None = None,
+    prometheus_url: str | None = None,
+    configuration: Configuration | None = None,
+    secrets: Secrets | None = None,
+) -> Slo:
+    """The Flagger Canary has failed — phase ``Failed`` with ``canaryWeight`` 0 — AND at
+    most ``max_canary_requests`` canary-served requests started later than ``grace_s``
+    after its last transition. Waits up to ``timeout_s`` for the Failed phase."""
+    return _paired(
+        check="flagger_canary_failed",
+        name=canary,
+        read=lambda: flagger_canary_status(canary, configuration),
+        is_done=lambda v: v["phase"] == "Failed",
+        expected="phase Failed",
+        since_key="changed_at",
+        grace_s=grace_s,
+        max_canary_requests=max_canary_requests,
+        timeout_s=timeout_s,
+        traffic={
+            "canary_version": canary_version,
+            "canary_promql": canary_promql,
+            "total_promql": total_promql,
+            "prometheus": prometheus_url,
+        },
+        configuration=configuration,
+    )
+
+
+# --- the pairing -----------------------------------------------------------------------
+def _paired(
+    *,
+    check: str,
+    name: str,
+    read: Callable[[], dict[str, Any]],
+    is_done: Callable[[dict[str, Any]], bool],
+    expected: str,
+    since_key: str,
+    grace_s: float,
+    max_canary_requests: int,
+    timeout_s: float,
+    traffic: dict[str, Any],
+    configuration: Configuration | None,
+) -> Slo:
+    grace = non_negative("grace_s", grace_s)
+    allowed = non_negative("max_canary_requests", max_canary_requests)
+    wait = min(non_negative("timeout_s", timeout_s), MAX_WAIT_S)
+    deadline = time.monotonic() + wait
+    view = read()
+    while not is_done(view) and time.monotonic() < deadline:
+        time.sleep(POLL_S)
+        view = read()
+    if not is_done(view):
+        return result(
+            check, None, allowed, "count", False,
+            why=f"{name!r} should be {expected} within {wait:g} s, but it is phase "
+            f"{view.get('phase')!r} ({_short(view)})",
+            controller=view,
+        )  # fmt: skip
+    weight = view.get("canary_weight")
+    if weight not in (None, 0):
+        return result(
+            check, None, allowed, "count", False,
+            why=f"{name!r} says {expected} but still gives the canary weight {weight} "
+            "(expected 0): the controller failed open",
+            controller=view,
+        )  # fmt: skip
+    changed_at = view.get(since_key)
+    if changed_at is None:
+        return result(
+            check, None, allowed, "count", False,
+            why=f"{name!r} says {expected} but gives no time for it, so the traffic after "
+            "it cannot be checked",
+            controller=view,
+        )  # fmt: skip
+    since = float(changed_at) + grace
+    evidence = canary_traffic_after(since, configuration, **traffic)
+    measured, ok, why = judge_traffic(evidence, allowed)
+    if why is not None and measured is not None:
+        why = f"{name!r} says {expected}, but {why}: the controller failed open"
+    detail: dict[str, Any] = {
+        "controller": view,
+        "since": since,
+        "grace_s": grace,
+        "traffic": evidence,
+    }
+    if why is not None:
+        detail["why"] = why
+    return result(check, measured, allowed, "count", ok, **detail)
+
+
+def _short(view: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={v!r}" for k, v in view.items() if k != "promoted_condition")

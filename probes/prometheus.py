@@ -1,0 +1,188 @@
+"""Probes over Prometheus (PromQL through the HTTP API ``/api/v1/query``), for routers and
+gates that export their weights, traffic and trips as metrics.
+
+    - type: probe
+      name: weight-0-and-no-canary-traffic
+      tolerance: {type: probe, name: slo-met,
+                  provider: {type: python, module: probes.slo, func: slo_met}}
+      provider:
+        type: python
+        module: probes.prometheus
+        func: canary_drained
+        arguments: {window_s: 30}
+
+The Prometheus URL comes from the ``prometheus_url`` argument, else the configuration
+entry ``prometheus_url``, else ``$PROMETHEUS_URL``. In every expression ``{namespace}`` is
+replaced by the target's namespace (when the target is a Kubernetes one) and ``{window}``
+by the window of the check (e.g. ``30s``).
+
+``canary_drained`` pairs a status with traffic: the routers *say* the canary weight is 0
+(``router_canary_weight_percent``) AND they *served* no canary request in the window
+(``router_requests_total{variant="canary"}``) while they did serve requests — an empty
+answer is never read as "zero" unless the total shows that the metrics are scraped.
+Results have the SLO shape of docs/ARCHITECTURE.md §7.1. These probes only read.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from chaoslib.exceptions import ActivityFailed
+
+from probes._cluster import Slo, non_negative, prometheus_url, promql_value, result
+from probes._context import Configuration, get_target
+
+__all__ = ["canary_drained", "metric_at_least", "metric_at_most", "query_value"]
+
+Secrets = dict[str, Any]
+
+# Metric names exported by canarystack's router (canarystack/router/server.py).
+WEIGHT_QUERY = 'max(router_canary_weight_percent{namespace="{namespace}"})'
+CANARY_QUERY = (
+    'sum(increase(router_requests_total{namespace="{namespace}",variant="canary"}[{window}]))'
+)
+TOTAL_QUERY = 'sum(increase(router_requests_total{namespace="{namespace}"}[{window}]))'
+
+
+def _expand(expr: str, configuration: Configuration | None, window_s: float | None) -> str:
+    if not isinstance(expr, str) or not expr.strip():
+        raise ActivityFailed(f"argument promql must be a PromQL expression, got {expr!r}")
+    if "{namespace}" in expr:
+        target = get_target(configuration)
+        namespace = getattr(target, "namespace", None)
+        if not namespace:
+            raise ActivityFailed(
+                f"the expression {expr!r} uses {{namespace}}, but the target "
+                f"{target.name!r} is not a Kubernetes target: write the label out instead."
+            )
+        expr = expr.replace("{namespace}", str(namespace))
+    if "{window}" in expr:
+        if window_s is None:
+            raise ActivityFailed(f"the expression {expr!r} uses {{window}}: pass window_s.")
+        expr = expr.replace("{window}", f"{max(1, round(window_s))}s")
+    return expr
+
+
+def query_value(
+    promql: str,
+    window_s: float | None = None,
+    prometheus_url: str | None = None,
+    configuration: Configuration | None = None,
+    secrets: Secrets | None = None,
+) -> float | None:
+    """The value of an instant query (a vector is summed); None when no series matched."""
+    url = _url(configuration, prometheus_url)
+    return promql_value(url, _expand(promql, configuration, window_s))
+
+
+def _url(configuration: Configuration | None, given: str | None) -> str:
+    return prometheus_url(configuration, given)
+
+
+def _bounded(
+    check: str,
+    promql: str,
+    limit: float,
+    unit: str,
+    at_most: bool,
+    window_s: float | None,
+    url_arg: str | None,
+    configuration: Configuration | None,
+) -> Slo:
+    allowed = float(limit)
+    url = _url(configuration, url_arg)
+    expr = _expand(promql, configuration, window_s)
+    value = promql_value(url, expr)
+    detail: dict[str, Any] = {"query": expr, "prometheus_url": url}
+    if value is None:
+        detail["why"] = (
+            f"the query matched no series (expected a value {'<=' if at_most else '>='} "
+            f"{allowed:g}): is the metric scraped, and are its labels right?"
+        )
+        return result(check, None, allowed, unit, False, **detail)
+    ok = value <= allowed if at_most else value >= allowed
+    if not ok:
+        detail["why"] = f"expected {'<=' if at_most else '>='} {allowed:g}, got {value:g}"
+    return result(check, value, allowed, unit, ok, **detail)
+
+
+def metric_at_most(
+    promql: str,
+    max_value: float,
+    check: str = "promql_at_most",
+    unit: str = "count",
+    window_s: float | None = None,
+    prometheus_url: str | None = None,
+    configuration: Configuration | None = None,
+    secrets: Secrets | None = None,
+) -> Slo:
+    """The expression's value is at most ``max_value`` (no series at all fails)."""
+    return _bounded(check, promql, max_value, unit, True, window_s, prometheus_url, configuration)
+
+
+def metric_at_least(
+    promql: str,
+    min_value: float,
+    check: str = "promql_at_least",
+    unit: str = "count",
+    window_s: float | None = None,
+    prometheus_url: str | None = None,
+    configuration: Configuration | None = None,
+    secrets: Secrets | None = None,
+) -> Slo:
+    """The expression's value is at least ``min_value`` (no series at all fails)."""
+    return _bounded(check, promql, min_value, unit, False, window_s, prometheus_url, configuration)
+
+
+def canary_drained(
+    window_s: float = 30.0,
+    max_canary_requests: float = 0.0,
+    weight_promql: str = WEIGHT_QUERY,
+    canary_promql: str = CANARY_QUERY,
+    total_promql: str = TOTAL_QUERY,
+    prometheus_url: str | None = None,
+    configuration: Configuration | None = None,
+    secrets: Secrets | None = None,
+) -> Slo:
+    """Every router reports canary weight 0 AND the routers served at most
+    ``max_canary_requests`` canary requests in the last ``window_s`` seconds, while they
+    served some requests (so the zero is traffic, not a missing metric)."""
+    window = non_negative("window_s", window_s)
+    if window < 1:
+        raise ActivityFailed(f"argument window_s must be at least 1, got {window_s!r}")
+    allowed = non_negative("max_canary_requests", max_canary_requests)
+    url = _url(configuration, prometheus_url)
+    queries = {
+        "weight": _expand(weight_promql, configuration, window),
+        "canary": _expand(canary_promql, configuration, window),
+        "total": _expand(total_promql, configuration, window),
+    }
+    values = {k: promql_value(url, q) for k, q in queries.items()}
+    detail: dict[str, Any] = {"queries": queries, "values": values, "prometheus_url": url}
+    weight, canary, total = values["weight"], values["canary"], values["total"]
+    check = "canary_drained"
+    if weight is None or total is None:
+        missing = [k for k in ("weight", "total") if values[k] is None]
+        detail["why"] = (
+            f"no series for the {' and '.join(missing)} query: cannot tell whether the canary "
+            "was drained (are the routers scraped, with a namespace label?)"
+        )
+        return result(check, None, allowed, "count", False, **detail)
+    if total <= 0:
+        detail["why"] = (
+            f"the routers served no request in the last {window:g} s: no traffic shows "
+            "whether the canary was drained (is the load running?)"
+        )
+        return result(check, None, allowed, "count", False, **detail)
+    served = 0.0 if canary is None else float(canary)
+    problems = []
+    if weight != 0:
+        problems.append(f"a router still reports canary weight {weight:g} (expected 0)")
+    if served > allowed:
+        problems.append(
+            f"{served:g} canary-served requests in the last {window:g} s "
+            f"(expected at most {allowed:g})"
+        )
+    if problems:
+        detail["why"] = "; ".join(problems)
+    return result(check, served, allowed, "count", not problems, **detail)
