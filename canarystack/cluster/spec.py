@@ -50,6 +50,9 @@ class StackSpec(BaseModel):
     baseline_replicas: int = Field(2, ge=1, le=9)
     canary_replicas: int = Field(1, ge=1, le=9)
     engine: str = Field("sim", pattern=r"^(sim|llamacpp)$")
+    # llamacpp: the seed of the random-weight GGUF the model pods write into the state
+    # folder on first start (canarystack.engine.gguf_gen); every pod serves the same file.
+    engine_seed: int = Field(0, ge=0)
     # Extra command-line arguments per role, e.g. {"gate": ["--drift-kl-tolerance", "50"]}.
     args: dict[str, list[str]] = Field(default_factory=dict)
     # Roles left out of the stack (e.g. ["gate"] to watch an unguarded canary).
@@ -99,21 +102,37 @@ class Program:
         return " ".join(shlex.quote(part) for part in self.command)
 
 
+# Settings for the llama.cpp engine on a small CPU (replicas, router and gate flags
+# calibrated against it); a stack config's own values win, role by role under 'args'.
+ENGINE_DEFAULTS = {"llamacpp": Path(__file__).with_name("llamacpp.yaml")}
+
+
+def _read_yaml(p: Path) -> dict[str, Any]:
+    try:
+        loaded = yaml.safe_load(p.read_text()) or {}
+    except OSError as exc:
+        raise StackConfigError(f"stack config {p}: cannot read it ({exc.strerror}).") from None
+    except yaml.YAMLError as exc:
+        raise StackConfigError(f"stack config {p}: not valid YAML: {exc}") from None
+    if not isinstance(loaded, dict):
+        raise StackConfigError(f"stack config {p}: the top level must be a mapping.")
+    return loaded
+
+
 def load_stack_config(path: str | Path | None, **overrides: Any) -> StackSpec:
-    """Defaults, then the YAML file (if any), then non-None ``overrides``."""
+    """Defaults, then the engine's defaults (``ENGINE_DEFAULTS``), then the YAML file (if
+    any), then non-None ``overrides``."""
     data: dict[str, Any] = {}
     if path:
-        p = Path(path)
-        try:
-            loaded = yaml.safe_load(p.read_text()) or {}
-        except OSError as exc:
-            raise StackConfigError(f"stack config {p}: cannot read it ({exc.strerror}).") from None
-        except yaml.YAMLError as exc:
-            raise StackConfigError(f"stack config {p}: not valid YAML: {exc}") from None
-        if not isinstance(loaded, dict):
-            raise StackConfigError(f"stack config {p}: the top level must be a mapping.")
-        data.update(loaded)
+        data.update(_read_yaml(Path(path)))
     data.update({k: v for k, v in overrides.items() if v is not None})
+    defaults_file = ENGINE_DEFAULTS.get(str(data.get("engine", "sim")))
+    if defaults_file is not None:
+        defaults = _read_yaml(defaults_file)
+        args = dict(defaults.get("args") or {})
+        if isinstance(data.get("args"), dict):
+            args.update(data["args"])
+        data = {**defaults, **data, "args": args}
     try:
         return StackSpec.model_validate(data)
     except ValidationError as exc:
@@ -137,9 +156,19 @@ def _model_programs(
     progs = []
     for i in range(count):
         port = spec.base_port + offset + i
-        cmd = _command(spec, "model", port, "--version", version,
-                       "--served-model-name", spec.model_name, *extra)  # fmt: skip
-        progs.append(Program(f"model-{variant}-{i}", role, cmd, f"http://{HOST}:{port}"))
+        name = f"model-{variant}-{i}"
+        if spec.engine == "llamacpp":
+            # An engine pod (canarystack.engine): llama.cpp serving the generated GGUF.
+            gguf = spec.abs_state_dir / f"model-seed{spec.engine_seed}.gguf"
+            engine_log = spec.abs_state_dir / "logs" / f"{name}-engine.log"
+            cmd = _command(spec, "engine", port, "--version", version,
+                           "--served-model-name", spec.model_name,
+                           "--model", str(gguf), "--gguf-seed", str(spec.engine_seed),
+                           "--engine-log", str(engine_log), *extra)  # fmt: skip
+        else:
+            cmd = _command(spec, "model", port, "--version", version,
+                           "--served-model-name", spec.model_name, *extra)  # fmt: skip
+        progs.append(Program(name, role, cmd, f"http://{HOST}:{port}"))
     return progs
 
 

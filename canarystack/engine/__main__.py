@@ -1,0 +1,153 @@
+"""``python -m canarystack.engine --model M.gguf --version v2``: run one engine pod.
+
+The shared component flags (``canarystack.common.cli``), plus the model file, the served
+name and version, and the llama.cpp settings the child gets. Needs the ``engine`` extra;
+without it the process exits at once with a message saying how to install it. This module
+must never do work at import time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+from collections.abc import Sequence
+from pathlib import Path
+
+from canarystack.common.app import Component, create_app
+from canarystack.common.auth import load_admin_token
+from canarystack.common.cli import base_parser, parse, serve
+from canarystack.common.faults import FaultRegistry
+from canarystack.common.logs import get_logger
+
+COMPONENT = "model"  # the engine pod is a model server to everyone else
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = base_parser(
+        "engine",
+        "A model server backed by a real engine: llama.cpp (llama_cpp.server as a child "
+        "process) behind the OpenAI API, with a quantized KV cache as its kernel fault.",
+    )
+    g = p.add_argument_group("engine")
+    g.add_argument("--model", required=True, help="the GGUF file to serve")
+    g.add_argument(
+        "--gguf-seed",
+        type=int,
+        default=None,
+        help="if --model does not exist, write it first: a random-weight llama from this "
+        "seed (canarystack.engine.gguf_gen; the same seed gives the same bytes)",
+    )
+    g.add_argument("--version", default="v1", help="model version name (default %(default)s)")
+    g.add_argument(
+        "--served-model-name",
+        default="default",
+        help="the name clients send in 'model' (default %(default)s)",
+    )
+    g.add_argument(
+        "--n-ctx", type=int, default=8192, help="context window in tokens (default %(default)s)"
+    )
+    g.add_argument(
+        "--n-threads", type=int, default=1, help="llama.cpp threads (default %(default)s)"
+    )
+    g.add_argument(
+        "--default-max-tokens",
+        type=int,
+        default=16,
+        help="max_tokens when a request gives none (default %(default)s)",
+    )
+    g.add_argument(
+        "--engine-log",
+        default=None,
+        help="file for the llama.cpp server's own output (default: discarded)",
+    )
+    g.add_argument(
+        "--start-timeout-s",
+        type=float,
+        default=60.0,
+        help="how long a new engine may take to answer (default %(default)s)",
+    )
+    g.add_argument(
+        "--drain-timeout-s",
+        type=float,
+        default=60.0,
+        help="after a rollout, how long the old engine may finish its requests "
+        "(default %(default)s)",
+    )
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = build_parser()
+    args = parse(parser, argv)
+    if importlib.util.find_spec("llama_cpp") is None:
+        parser.exit(
+            2,
+            "python -m canarystack.engine: llama-cpp-python is not installed. Install the "
+            "engine extra: pip install '.[engine]' (or run make test-engine once).\n",
+        )
+    model = Path(args.model)
+    if args.gguf_seed is not None and not model.exists():
+        if args.gguf_seed < 0:
+            parser.error(f"--gguf-seed {args.gguf_seed}: give an integer >= 0")
+        from canarystack.engine.gguf_gen import sha256_file, write_gguf
+
+        write_gguf(model, args.gguf_seed)
+        get_logger(COMPONENT).info(
+            "gguf_written", path=str(model), seed=args.gguf_seed, sha256=sha256_file(model)
+        )
+    if not model.is_file():
+        parser.error(
+            f"--model {args.model}: no such file. Write one with "
+            f"`python -m canarystack.engine.gguf_gen --out {args.model}`."
+        )
+    if args.n_ctx < 64:
+        parser.error(f"--n-ctx {args.n_ctx}: give at least 64 tokens")
+    if args.n_threads < 1:
+        parser.error(f"--n-threads {args.n_threads}: give at least 1")
+    if args.default_max_tokens < 1:
+        parser.error(f"--default-max-tokens {args.default_max_tokens}: give at least 1")
+    for flag, value in (
+        ("--start-timeout-s", args.start_timeout_s),
+        ("--drain-timeout-s", args.drain_timeout_s),
+    ):
+        if not value > 0:
+            parser.error(f"{flag} {value}: give a number of seconds > 0")
+    if not args.version.strip() or not args.served_model_name.strip():
+        parser.error("--version and --served-model-name must not be empty")
+
+    from canarystack.engine.child import EngineSettings
+    from canarystack.engine.faults import FAULT_KINDS
+    from canarystack.engine.pod import EnginePod
+
+    log = get_logger(COMPONENT)
+    faults = FaultRegistry(COMPONENT, FAULT_KINDS, max_ttl_s=args.max_fault_ttl_s, log=log)
+    component = Component(
+        name=COMPONENT,
+        version=args.version,
+        admin_token=load_admin_token(args.admin_token_file),
+        faults=faults,
+        log=log,
+    )
+    settings = EngineSettings(
+        model_path=model.resolve(),
+        served_model_name=args.served_model_name,
+        n_ctx=args.n_ctx,
+        n_threads=args.n_threads,
+        log_path=Path(args.engine_log).resolve() if args.engine_log else None,
+    )
+    pod = EnginePod(
+        settings,
+        args.version,
+        component,
+        default_max_tokens=args.default_max_tokens,
+        start_timeout_s=args.start_timeout_s,
+        drain_timeout_s=args.drain_timeout_s,
+    )
+    component.health_extra = pod.health_extra
+    app = create_app(component)
+    pod.add_routes(app)
+    serve(app, args, COMPONENT)
+
+
+if __name__ == "__main__":
+    main()

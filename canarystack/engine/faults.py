@@ -1,0 +1,52 @@
+"""The engine pod's fault kinds: ``kernel`` only — a quantized KV cache.
+
+``{"kind": "kernel", "ttl_s": 60, "mode": "kv-quant", "cache_type": "q4_0"}`` rolls the
+pod's llama.cpp engine over to a K and V cache of ``cache_type`` (``q8_0`` or ``q4_0``);
+when the fault is cleared or its TTL ends, the pod rolls back to ``f16``. The fault acts
+on every prompt: a restarted engine cannot quantize some sequences and not others.
+
+For the harness's existing experiments the simulator's spelling is accepted too: ``mode:
+fp8-kv-scale`` (a KV-cache precision fault) maps to the same quantized cache, with
+``min_prompt_tokens`` only 0 and ``magnitude`` only 1 — other values are refused, with a
+message saying why, rather than silently ignored.
+
+This module only describes faults; it never starts or stops anything.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from canarystack.common.faults import FaultParams
+
+CacheType = Literal["f16", "q8_0", "q4_0"]
+# ggml_type ids that llama_cpp.server's --type_k/--type_v take (ggml.h).
+GGML_TYPE_ID: dict[str, int] = {"f16": 1, "q4_0": 2, "q8_0": 8}
+HEALTHY_CACHE: CacheType = "f16"
+
+
+class EngineKernelParams(FaultParams):
+    mode: Literal["kv-quant", "fp8-kv-scale"] = "kv-quant"
+    cache_type: Literal["q8_0", "q4_0"] = "q4_0"
+    min_prompt_tokens: int = Field(default=0, ge=0)
+    magnitude: float = Field(default=1.0, allow_inf_nan=False)
+
+    @model_validator(mode="after")
+    def _whole_engine(self) -> EngineKernelParams:
+        if self.min_prompt_tokens != 0:
+            raise ValueError(
+                f"min_prompt_tokens={self.min_prompt_tokens}: a quantized KV cache on the "
+                "llama.cpp engine acts on every prompt; send 0 (for gameday experiments: "
+                "GAMEDAY_KERNEL_MIN_PROMPT_TOKENS=0)"
+            )
+        if self.magnitude != 1.0:
+            raise ValueError(
+                f"magnitude={self.magnitude}: the llama.cpp engine's fault size is its "
+                "cache_type (q8_0 small, q4_0 large); send magnitude 1 or leave it out"
+            )
+        return self
+
+
+FAULT_KINDS: dict[str, type[FaultParams]] = {"kernel": EngineKernelParams}

@@ -1,0 +1,418 @@
+"""Tests with a real engine: llama.cpp serving a generated GGUF (marker ``engine``).
+
+They need the ``engine`` extra (llama-cpp-python[server], gguf): ``make test-engine``
+installs it (a ~6-8 minute compile the first time) and runs them; ``make test``
+deselects them, and without the extra they skip with that reason.
+
+What they prove: the GGUF generator is deterministic and its model loads and is peaked
+enough for drift tests; the engine pod keeps the model-server contract (headers, usage
+chunk, ``request_done``, 4xx for bad input); the ``kernel`` fault is a real rollout to a
+quantized KV cache that ends with its TTL; a pod kill takes its engine along; the drift
+the harness's oracle measures over HTTP (top-5 logprobs keyed by token text) equals the
+engine's own (direct logits) within a stated tolerance; and in a whole stack a q4_0
+canary trips the gate and is rolled back while an f16 canary of the same GGUF does not.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+import pytest
+import requests
+
+from tests.engine_support import (
+    DirectEngine,
+    Traffic,
+    engine_stack,
+    full_kl,
+    inject_kernel,
+    kv_cache_type,
+    prompt,
+)
+from tests.procs import ADMIN_TOKEN, Proc, Spawner, wait_for
+
+pytestmark = pytest.mark.engine
+
+REASON = "needs the engine extra (llama-cpp-python[server], gguf): run `make test-engine`"
+pytest.importorskip("llama_cpp", reason=REASON)
+pytest.importorskip("gguf", reason=REASON)
+
+from canarystack.engine.gguf_gen import (  # noqa: E402 - after the skip
+    ModelShape,
+    silent_token_ids,
+    vocabulary,
+    write_gguf,
+)
+from gameday.oracle import compare_positions, kl_topk, parse_logprobs  # noqa: E402
+
+ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}", "x-actor": "test"}
+START_TIMEOUT_S = 90.0  # a pod answers /health once its engine is up (seconds on 2 cores)
+# A prompt that shares no prefix (beyond BOS) with the pseudo-word prompts: sent between
+# measured prompts so llama.cpp's prefix reuse does not change what is measured.
+RESET_PROMPT = "0 1 2 3 4 5 6 7 8 9"
+
+
+@pytest.fixture(scope="module")
+def gguf_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_gguf(tmp_path_factory.mktemp("gguf") / "model.gguf", seed=0)
+
+
+def start_pod(spawn: Spawner, gguf: Path, tmp_path: Path, version: str = "v1") -> Proc:
+    return spawn(
+        "canarystack.engine",
+        "--model", str(gguf), "--version", version,
+        "--engine-log", str(tmp_path / f"engine-{version}.log"),
+        timeout=START_TIMEOUT_S,
+    )  # fmt: skip
+
+
+def complete(url: str, text: str, **extra: object) -> requests.Response:
+    body = {"prompt": text, "max_tokens": 4, "temperature": 0, "logprobs": 5, **extra}
+    return requests.post(url + "/v1/completions", json=body, timeout=60)
+
+
+def wait_cache(url: str, cache_type: str, timeout: float = 60) -> None:
+    wait_for(lambda: kv_cache_type(url) == cache_type, timeout=timeout, what=cache_type)
+
+
+# ------------------------------------------------------------------------ the model
+def test_gguf_generator_is_deterministic_and_loads(tmp_path: Path) -> None:
+    from llama_cpp import Llama
+
+    a = write_gguf(tmp_path / "a.gguf", seed=7)
+    b = write_gguf(tmp_path / "b.gguf", seed=7)
+    c = write_gguf(tmp_path / "c.gguf", seed=8)
+    assert a.read_bytes() == b.read_bytes()
+    assert a.read_bytes() != c.read_bytes()
+    assert not list(tmp_path.glob("*.tmp"))
+
+    engine = DirectEngine(a, "f16", n_ctx=512)
+    llama: Llama = engine.llama
+    text = "kabo lumo shai teazou, 42!"
+    assert llama.detokenize(llama.tokenize(text.encode(), add_bos=True)).decode() == text
+    assert llama.n_vocab() == ModelShape().vocab
+    # "medium" scales: peaked enough for drift tests, not one-hot.
+    lp = engine.next_logprobs(prompt(1, 64))
+    p = __import__("numpy").exp(lp)
+    entropy = float(-(p * lp).sum())
+    assert 0.8 < entropy < 4.0, entropy
+    assert 0.15 < float(p.max()) < 0.95, float(p.max())
+    # Every token that can reach a top-k prints as a text no other such token has, so
+    # top_logprobs keyed by text lose nothing.
+    _, types, _ = vocabulary(ModelShape().vocab)
+    silent = set(silent_token_ids(types))
+    texts = [
+        llama.detokenize([i]).decode("utf-8", errors="ignore")
+        for i in range(llama.n_vocab())
+        if i not in silent
+    ]
+    assert len(texts) == len(set(texts))
+    assert float(p[sorted(silent)].max()) < float(p.max()) / 10
+
+
+def test_gguf_command_line(tmp_path: Path) -> None:
+    out = tmp_path / "m.gguf"
+    ok = subprocess.run(
+        [sys.executable, "-m", "canarystack.engine.gguf_gen", "--out", str(out), "--seed", "3"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert ok.returncode == 0, ok.stderr
+    assert "sha256" in ok.stdout and out.stat().st_size > 10_000_000
+    bad = subprocess.run(
+        [sys.executable, "-m", "canarystack.engine.gguf_gen", "--out", str(out), "--seed", "-1"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert bad.returncode == 2 and "--seed -1" in bad.stderr
+
+
+# ------------------------------------------------------------------------- the pod
+def test_engine_pod_keeps_the_model_server_contract(
+    spawn: Spawner, gguf_path: Path, tmp_path: Path
+) -> None:
+    pod = start_pod(spawn, gguf_path, tmp_path, version="v7")
+    health = requests.get(pod.url + "/health", timeout=5).json()
+    assert health["engine"] == "llama.cpp" and health["kv_cache_type"] == "f16"
+    models = requests.get(pod.url + "/v1/models", timeout=5).json()
+    assert models["data"][0]["id"] == "default" and models["data"][0]["max_model_len"] == 8192
+
+    text = prompt(11, 48)
+    resp = requests.post(
+        pod.url + "/v1/completions",
+        json={
+            "prompt": text,
+            "max_tokens": 6,
+            "temperature": 0,
+            "logprobs": 3,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        },
+        headers={"x-request-id": "req-1", "x-traffic-tag": "tag-1"},
+        stream=True,
+        timeout=60,
+    )
+    assert resp.status_code == 200
+    assert resp.headers["x-model-version"] == "v7" and resp.headers["x-request-id"] == "req-1"
+    events = [line[5:].strip() for line in resp.iter_lines() if line.startswith(b"data:")]
+    assert events[-1] == b"[DONE]"
+    chunks = [__import__("json").loads(e) for e in events[:-1]]
+    usage = chunks[-1]["usage"]
+    tokens = [c for c in chunks if c["choices"] and c["choices"][0].get("logprobs")]
+    assert usage["completion_tokens"] == len(tokens) == 6
+    for c in tokens:
+        top = c["choices"][0]["logprobs"]["top_logprobs"][0]
+        assert isinstance(top, dict) and 1 <= len(top) <= 4  # keyed by token text
+
+    # The same prompt, not streamed: the engine's own usage agrees with the pod's count.
+    plain = complete(pod.url, text, max_tokens=6).json()
+    assert plain["usage"]["prompt_tokens"] == usage["prompt_tokens"]
+    assert plain["choices"][0]["text"] == "".join(c["choices"][0]["text"] for c in chunks[:-1])
+
+    def done_line() -> dict[str, object] | None:
+        for ev in pod.log_events():
+            if ev.get("event") == "request_done" and ev.get("request_id") == "req-1":
+                return ev
+        return None
+
+    line = wait_for(done_line, timeout=10, what="request_done")
+    assert isinstance(line, dict)
+    assert line["traffic_tag"] == "tag-1" and line["version"] == "v7"
+    assert line["prompt_tokens"] == usage["prompt_tokens"]
+    assert line["completion_tokens"] == 6 and line["finish_reason"] == "length"
+    assert line["kv_cache_type"] == "f16" and line["error"] is None
+    assert isinstance(line["ttft_s"], float) and 0 < line["ttft_s"] <= line["e2e_s"]
+    metrics = requests.get(pod.url + "/metrics", timeout=5).text
+    assert "vllm:time_to_first_token_seconds_count" in metrics
+
+
+BAD_REQUESTS: list[tuple[str, dict[str, object], int, str]] = [
+    ("completions", {"prompt": "kabo", "max_tokens": "x"}, 400, "max_tokens"),
+    ("completions", {"prompt": "kabo", "max_tokens": 9000}, 400, "max_tokens"),
+    ("completions", {"prompt": "kabo", "logprobs": 50}, 400, "logprobs"),
+    ("completions", {"prompt": "   "}, 400, "prompt"),
+    ("completions", {"prompt": "kabo", "n": 2}, 400, "n"),
+    ("completions", {"prompt": "kabo", "model": "other"}, 404, "model"),
+    ("completions", {"messages": []}, 400, "prompt"),
+    ("chat/completions", {"messages": "hi"}, 400, "messages"),
+    ("chat/completions", {"messages": [{"role": "user", "content": 3}]}, 400, "messages"),
+]
+
+
+def test_bad_requests_get_a_4xx_naming_the_field(
+    spawn: Spawner, gguf_path: Path, tmp_path: Path
+) -> None:
+    pod = start_pod(spawn, gguf_path, tmp_path)
+    for path, body, status, param in BAD_REQUESTS:
+        resp = requests.post(f"{pod.url}/v1/{path}", json=body, timeout=30)
+        assert resp.status_code == status, (path, body, resp.text)
+        assert str(resp.json()["error"]["param"]).startswith(param), (body, resp.text)
+    assert requests.post(pod.url + "/v1/completions", data=b"{", timeout=30).status_code == 400
+    # none of that reached the engine, which still answers
+    assert complete(pod.url, "kabo lumo").status_code == 200
+
+
+def test_kernel_fault_rolls_over_to_a_quantized_cache_and_back(
+    spawn: Spawner, gguf_path: Path, tmp_path: Path
+) -> None:
+    pod = start_pod(spawn, gguf_path, tmp_path)
+    texts = [prompt(100 + i, 64) for i in range(3)]
+
+    def measure() -> list[Mapping[str, float]]:
+        out = []
+        for t in texts:
+            complete(pod.url, RESET_PROMPT, max_tokens=1)
+            out.append(parse_logprobs(complete(pod.url, t, max_tokens=1).json())[0].top)
+        return out
+
+    reference = measure()
+    # Refused: the simulator's parameters the engine cannot honour, and unknown ones.
+    for bad in ({"min_prompt_tokens": 2048}, {"magnitude": 2}, {"cache_type": "q2_k"}):
+        resp = requests.post(
+            pod.url + "/admin/faults",
+            json={"kind": "kernel", "ttl_s": 30, **bad},
+            headers=ADMIN,
+            timeout=5,
+        )
+        assert resp.status_code == 400, resp.text
+        assert next(iter(bad)) in resp.json()["error"]["message"]
+
+    # A q4_0 cache via the TTL: it rolls over, serves quantized, and rolls back by itself.
+    inject_kernel(pod.url, ADMIN, "q4_0", ttl_s=6)
+    wait_cache(pod.url, "q4_0")
+    quantized = measure()
+    drift = [kl_topk(a, b) for a, b in zip(reference, quantized, strict=True)]
+    assert sum(drift) / len(drift) > 1e-3, drift
+    resp = complete(pod.url, texts[0])
+    assert resp.headers["x-engine-kv-cache"] == "q4_0"
+    wait_cache(pod.url, "f16", timeout=60)
+    assert measure() == reference  # f16 again: the same numbers as before the fault
+
+    # q8_0, cleared by hand.
+    fault_id = inject_kernel(pod.url, ADMIN, "q8_0", ttl_s=300)
+    wait_cache(pod.url, "q8_0")
+    small = [kl_topk(a, b) for a, b in zip(reference, measure(), strict=True)]
+    assert 0 < sum(small) / len(small) < sum(drift) / len(drift)
+    requests.delete(pod.url + f"/admin/faults/{fault_id}", headers=ADMIN, timeout=5)
+    wait_cache(pod.url, "f16", timeout=60)
+
+    def events() -> list[object]:
+        return [e.get("event") for e in pod.log_events()]
+
+    # every old engine is stopped once its requests are done
+    wait_for(lambda: events().count("engine_retired") == 4, timeout=20, what="4 retired")
+    assert events().count("rollout_done") == 5  # start, q4_0, f16, q8_0, f16
+    assert "rollout_failed" not in events()
+
+
+def _process_gone(pid: int) -> bool:
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return True
+    return "\nState:\tZ" in status  # a zombie no one reaped has stopped running
+
+
+def test_a_killed_pod_takes_its_engine_with_it(
+    spawn: Spawner, gguf_path: Path, tmp_path: Path
+) -> None:
+    pod = start_pod(spawn, gguf_path, tmp_path)
+    engine_pid = requests.get(pod.url + "/health", timeout=5).json()["engine_pid"]
+    assert not _process_gone(engine_pid)
+    pod.kill()  # SIGKILL: no cleanup code runs in the pod
+    wait_for(lambda: _process_gone(engine_pid), timeout=10, what="the engine to exit")
+
+
+def test_a_stopped_pod_stops_its_engine(spawn: Spawner, gguf_path: Path, tmp_path: Path) -> None:
+    pod = start_pod(spawn, gguf_path, tmp_path)
+    engine_pid = requests.get(pod.url + "/health", timeout=5).json()["engine_pid"]
+    os.kill(pod.pid, signal.SIGTERM)
+    pod.popen.wait(timeout=20)
+    assert _process_gone(engine_pid)
+    assert any(e.get("event") == "engine_stopped" for e in pod.log_events())
+
+
+def test_engine_pod_without_a_model_says_how_to_make_one(tmp_path: Path) -> None:
+    missing = tmp_path / "nope.gguf"
+    res = subprocess.run(
+        [sys.executable, "-m", "canarystack.engine", "--model", str(missing)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert res.returncode == 2
+    assert "canarystack.engine.gguf_gen" in res.stderr and str(missing) in res.stderr
+
+
+# ------------------------------------------------------------------ the drift check
+# Tolerance: per prompt, the oracle's KL over HTTP equals the same top-5 construction on
+# the engine's direct logits within 1e-3 + 5 %; on the mean over prompts within 5 %. (The
+# engine's numbers over HTTP and in-process agree to ~1e-7 in logprob; what is left is
+# llama.cpp's own batch-split noise.) The top-5 KL tracks the full-vocabulary KL: their
+# means are within a factor 2 (measured: ~0.8).
+KL_ABS_TOL = 1e-3
+KL_REL_TOL = 0.05
+
+
+def test_oracle_drift_matches_the_engines_own_logits(
+    spawn: Spawner, gguf_path: Path, tmp_path: Path
+) -> None:
+    baseline = start_pod(spawn, gguf_path, tmp_path, version="v1")
+    canary = start_pod(spawn, gguf_path, tmp_path, version="v2")
+    inject_kernel(canary.url, ADMIN, "q4_0", ttl_s=300)
+    wait_cache(canary.url, "q4_0")
+    direct_f16 = DirectEngine(gguf_path, "f16")
+    direct_q4 = DirectEngine(gguf_path, "q4_0")
+
+    http, top5, full = [], [], []
+    for i in range(12):
+        text = prompt(300 + i, (16, 32, 64, 128)[i % 4])  # < 512 tokens: one batch
+        sides = []
+        for pod in (baseline, canary):
+            complete(pod.url, RESET_PROMPT, max_tokens=1)
+            sides.append(parse_logprobs(complete(pod.url, text, max_tokens=1).json()))
+        http.append(compare_positions(sides[0], sides[1]).kl_first)
+        a, b = direct_f16.next_logprobs(text), direct_q4.next_logprobs(text)
+        top5.append(kl_topk(direct_f16.top_k(a, 5), direct_q4.top_k(b, 5)))
+        full.append(full_kl(a, b))
+    for h, d in zip(http, top5, strict=True):
+        assert abs(h - d) <= KL_ABS_TOL + KL_REL_TOL * d, (h, d)
+    mean_http, mean_top5, mean_full = (sum(x) / len(x) for x in (http, top5, full))
+    assert abs(mean_http - mean_top5) <= KL_REL_TOL * mean_top5, (mean_http, mean_top5)
+    assert 0.5 <= mean_top5 / mean_full <= 2.0, (mean_top5, mean_full)
+    assert mean_full > 1e-3  # q4_0 is a drift the gate must see
+
+
+# -------------------------------------------------------------------- the whole stack
+def test_an_f16_canary_does_not_trip(tmp_path: Path) -> None:
+    with engine_stack(tmp_path) as stack:
+        traffic = Traffic(stack.desc["router_url"], users=2, max_s=150).start()
+        try:
+
+            def enough() -> bool:
+                gate = stack.gate()
+                assert gate["trip"] is None, gate["trip"]
+                b = gate["buckets"].values()
+                return (
+                    sum(x["comparisons"] for x in b) >= 80
+                    and sum(x["noise_comparisons"] for x in b) >= 15
+                )
+
+            wait_for(enough, timeout=150, interval=0.5, what="80 canary comparisons")
+        finally:
+            traffic.stop()
+        gate = stack.gate()
+        assert gate["state"] == "watching" and gate["trip"] is None
+        assert stack.release()["phase"] == "progressing"
+        for label, bucket in gate["buckets"].items():
+            if bucket["comparisons"]:
+                assert bucket["drift"]["kl"]["mean"] < 1e-3, (label, bucket["drift"])
+        assert traffic.served["canary"] > 0 and not traffic.errors, traffic.errors[:3]
+
+
+def test_a_q4_0_canary_trips_and_is_rolled_back(tmp_path: Path) -> None:
+    with engine_stack(tmp_path) as stack:
+        canary = stack.url("model-canary-0")
+        traffic = Traffic(stack.desc["router_url"], users=2, max_s=150).start()
+        try:
+            wait_for(
+                lambda: sum(b["comparisons"] for b in stack.gate()["buckets"].values()) >= 20,
+                timeout=60,
+                interval=0.5,
+                what="the gate to see the canary",
+            )
+            t_fault = time.time()
+            inject_kernel(canary, stack.headers, "q4_0", ttl_s=300)
+            wait_for(
+                lambda: stack.release()["phase"] == "rolled_back",
+                timeout=90,
+                interval=0.2,
+                what="the rollback",
+            )
+            t_rolled_back = time.time()
+            time.sleep(2)  # traffic after the rollback: none of it may reach the canary
+        finally:
+            traffic.stop()
+        release = stack.release()
+        trip = release["trip"]
+        assert trip["test"] in ("drift", "latency"), trip
+        assert trip["tripped_at"] > t_fault
+        assert release["canary"]["quarantined"] is True
+        if trip["test"] == "drift":
+            assert trip["detail"]["run_mean"] > trip["detail"]["null_mean"]
+        assert kv_cache_type(canary) == "q4_0"  # the fault still holds: the gate, not a TTL
+        assert not [t for t in traffic.canary_starts if t > t_rolled_back]
+        assert not traffic.errors, traffic.errors[:3]
+        print(
+            f"q4_0 canary: tripped {trip['tripped_at'] - t_fault:.2f}s after the fault "
+            f"({trip['test']}, bucket {trip['bucket']}, {trip['samples']} samples), "
+            f"rolled back {t_rolled_back - t_fault:.2f}s after it"
+        )

@@ -1,0 +1,55 @@
+"""The local stack's spec for ``--engine llamacpp`` (no engine needed: command lines only).
+
+Proves: the model pods become engine pods serving one GGUF in the state folder, the
+engine's calibrated defaults (canarystack/cluster/llamacpp.yaml) reach the router and
+gate, and a stack config's own values win role by role.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from canarystack.cluster.spec import load_stack_config, programs
+
+
+def _by_name(spec_dir: Path, **kw: object) -> dict[str, list[str]]:
+    spec = load_stack_config(kw.pop("config", None), state_dir=spec_dir, **kw)  # type: ignore[arg-type]
+    return {p.name: p.command for p in programs(spec)}
+
+
+def test_llamacpp_engine_pods_serve_the_generated_gguf(tmp_path: Path) -> None:
+    cmds = _by_name(tmp_path, engine="llamacpp")
+    pods = [n for n in cmds if n.startswith("model-")]
+    assert pods == ["model-baseline-0", "model-baseline-1", "model-canary-0"]
+    ggufs = set()
+    for name in pods:
+        cmd = cmds[name]
+        assert cmd[cmd.index("-m") + 1] == "canarystack.engine"
+        ggufs.add(cmd[cmd.index("--model") + 1])
+        assert cmd[cmd.index("--gguf-seed") + 1] == "0"
+        assert cmd[cmd.index("--engine-log") + 1].endswith(f"logs/{name}-engine.log")
+    assert ggufs == {str(tmp_path.resolve() / "model-seed0.gguf")}
+    assert "--bucket-edges=64,128,256" in cmds["router-0"]
+    assert "--drift-kl-tolerance=0.003" in cmds["gate"]
+    assert "--n-threads" in cmds["model-canary-0"]
+
+
+def test_a_stack_config_wins_role_by_role(tmp_path: Path) -> None:
+    config = tmp_path / "stack.yaml"
+    config.write_text(
+        "engine: llamacpp\nengine_seed: 5\nbaseline_replicas: 1\n"
+        "args:\n  gate: ['--drift-kl-tolerance=0.01']\n"
+    )
+    cmds = _by_name(tmp_path, config=config)
+    assert "--drift-kl-tolerance=0.01" in cmds["gate"]
+    assert "--drift-kl-tolerance=0.003" not in cmds["gate"]
+    assert "--bucket-edges=64,128,256" in cmds["router-0"]  # the engine default stays
+    assert "model-baseline-1" not in cmds
+    assert str(tmp_path.resolve() / "model-seed5.gguf") in cmds["model-canary-0"]
+
+
+def test_the_simulator_stack_is_unchanged(tmp_path: Path) -> None:
+    cmds = _by_name(tmp_path)
+    cmd = cmds["model-canary-0"]
+    assert cmd[cmd.index("-m") + 1] == "canarystack.model"
+    assert "--bucket-edges=64,128,256" not in cmds["router-0"]
