@@ -9,11 +9,33 @@ STAMP  := $(VENV)/.installed-$(shell cksum < pyproject.toml | cut -d' ' -f1)
 RUN_ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: help venv test test-fast lint fmt clean chaos-router chaos-broker chaos-rollback gameday bench
+# The optional real engine (llama.cpp, the `engine` extra): `make test-engine`, and
+# `make chaos-router ENGINE=llamacpp` for the experiments against llama.cpp model pods.
+# The first use compiles llama.cpp from source (about 6-8 minutes on 2 cores).
+ENGINE ?= sim
+ENGINE_STAMP := $(VENV)/.engine-installed
+ENGINE_STACK_CONFIG ?= canarystack/cluster/llamacpp.yaml
+# Load and SLO settings that fit a 2-core CPU (README: "A real engine: llama.cpp").
+ENGINE_ENV ?= GAMEDAY_KERNEL_MIN_PROMPT_TOKENS=0 GAMEDAY_LOAD_USERS=2 \
+	GAMEDAY_LOAD_SPAWN_RATE=2 GAMEDAY_LOAD_MAX_TOKENS=16 \
+	GAMEDAY_LOAD_EXTRA_ARGS="--synthetic-median-tokens 64 --synthetic-sigma 0.7 \
+	--synthetic-min-tokens 16 --synthetic-max-tokens 256 --bucket-edges 64,128,256"
+ifeq ($(ENGINE),llamacpp)
+RUN_ENGINE_DEPS := $(ENGINE_STAMP)
+RUN_ENV := $(ENGINE_ENV)
+RUN_ENGINE_ARGS := --stack-config $(ENGINE_STACK_CONFIG)
+else ifneq ($(ENGINE),sim)
+$(error ENGINE=$(ENGINE): use sim (the simulator, default) or llamacpp)
+endif
+
+.PHONY: help venv test test-fast test-engine lint fmt clean chaos-router chaos-broker \
+	chaos-rollback gameday bench
 
 help:
 	@echo "make test            run the test suite (sets up .venv on first use)"
+	@echo "make test-engine     build the llama.cpp extra (once) and run the engine tests"
 	@echo "make chaos-router    run the router experiments against the local stack"
+	@echo "                     (ENGINE=llamacpp: against llama.cpp model pods)"
 	@echo "make chaos-broker    run the broker experiments"
 	@echo "make chaos-rollback  run the rollback-executor experiments"
 	@echo "make gameday         all nine experiments plus the control run"
@@ -29,8 +51,18 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
+# The engine tests need the extra: `make test` leaves them out, `make test-engine` runs them.
 test: $(STAMP)
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m "not engine" $(PYTEST_ARGS)
+
+$(ENGINE_STAMP): $(STAMP)
+	@$(BIN)/python -c "import llama_cpp, gguf" 2>/dev/null || { \
+		echo "installing the engine extra: compiles llama.cpp (about 6-8 minutes)"; \
+		CMAKE_ARGS="-DLLAVA_BUILD=OFF $$CMAKE_ARGS" $(BIN)/python -m pip install -q -e '.[test,engine]'; }
+	@touch $@
+
+test-engine: $(ENGINE_STAMP)
+	$(BIN)/python -m pytest -m engine $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
@@ -41,8 +73,8 @@ fmt: $(STAMP)
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
-chaos-router: $(STAMP)
-	$(BIN)/gameday run experiments/router/*.yaml $(RUN_ARGS)
+chaos-router: $(STAMP) $(RUN_ENGINE_DEPS)
+	$(RUN_ENV) $(BIN)/gameday run experiments/router/*.yaml $(RUN_ENGINE_ARGS) $(RUN_ARGS)
 
 chaos-broker: $(STAMP)
 	$(BIN)/gameday run experiments/broker/*.yaml $(RUN_ARGS)
