@@ -312,6 +312,44 @@ def test_engine_pod_without_a_model_says_how_to_make_one(tmp_path: Path) -> None
     assert "canarystack.engine.gguf_gen" in res.stderr and str(missing) in res.stderr
 
 
+def test_router_and_oracle_read_llamacpp_logprobs(
+    spawn: Spawner, gguf_path: Path, tmp_path: Path
+) -> None:
+    """Both readers of logprobs — the router's shadow collector (streamed, as the router
+    sees shadow copies) and the oracle's parser (whole responses) — get the same positions
+    from llama.cpp's shapes: completions' ``top_logprobs`` dicts keyed by token text, and
+    chat's ``content`` lists."""
+    from canarystack.router.shadow import Collector, LogprobRequest
+
+    pod = start_pod(spawn, gguf_path, tmp_path)
+    text = prompt(21, 40)
+    for chat in (False, True):
+        path = "/v1/chat/completions" if chat else "/v1/completions"
+        body: dict[str, object] = {"max_tokens": 4, "temperature": 0}
+        if chat:
+            body.update(messages=[{"role": "user", "content": text}], logprobs=True)
+            body["top_logprobs"] = 5
+        else:
+            body.update(prompt=text, logprobs=5)
+        complete(pod.url, RESET_PROMPT, max_tokens=1)
+        whole = parse_logprobs(requests.post(pod.url + path, json=body, timeout=60).json())
+        complete(pod.url, RESET_PROMPT, max_tokens=1)
+        collector = Collector(LogprobRequest(chat=chat, k=5, user_k=5), 16, time.perf_counter)
+        with requests.post(
+            pod.url + path, json={**body, "stream": True}, stream=True, timeout=60
+        ) as resp:
+            for chunk in resp.iter_content(None):
+                collector.feed_chunk(chunk)
+        collector.flush()
+        streamed = collector.positions
+        assert len(whole) == len(streamed) == 4, (chat, whole, streamed)
+        for w, s in zip(whole, streamed, strict=True):
+            assert w.token == s.token and len(w.top) == len(s.top) == 5
+            assert set(w.top) == set(s.top)
+            assert all(abs(w.top[t] - s.top[t]) < 1e-4 for t in w.top)
+        assert collector.first_content_t is not None
+
+
 # ------------------------------------------------------------------ the drift check
 # Tolerance: per prompt, the oracle's KL over HTTP equals the same top-5 construction on
 # the engine's direct logits within 1e-3 + 5 %; on the mean over prompts within 5 %. (The
