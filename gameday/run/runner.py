@@ -30,7 +30,6 @@ import shutil
 import signal
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -118,17 +117,16 @@ class Interrupts:
         self.signum: int | None = None
         self.count = 0
         self.chaos: ChaosRun | None = None
-        self._lock = threading.Lock()
 
     @property
     def name(self) -> str | None:
         return signal.Signals(self.signum).name if self.signum else None
 
     def handle(self, signum: int, frame: FrameType | None) -> None:
-        with self._lock:
-            self.count += 1
-            self.signum = self.signum or signum
-            chaos = self.chaos
+        # Runs in the main thread between two bytecodes: no locks, nothing that blocks.
+        self.count += 1
+        self.signum = self.signum or signum
+        chaos = self.chaos
         if chaos is not None:
             if self.count == 1:
                 chaos.interrupt()
@@ -206,18 +204,19 @@ class GameDay:
                     self.progress.experiment_done(exp.name, result)
             finally:
                 self._stop_stack()  # whatever happened, the stack this run started stops
-        outcome = RunOutcome(
-            run_dir=plan.run_dir,
-            exit_code=EXIT_FAIL,
-            results=self.results,
-            interrupted=self.interrupts.name,
-            not_run=not_run,
-        )
-        passed = bool(self.results) and all(r["verdict"] == "pass" for r in self.results)
-        self._write_run_json(final=True, passed=passed, not_run=not_run)
-        if build_report and self.interrupts.count < 2:
-            self.progress.stage("", "building the report")
-            self._report(outcome)
+            outcome = RunOutcome(
+                run_dir=plan.run_dir,
+                exit_code=EXIT_FAIL,
+                results=self.results,
+                interrupted=self.interrupts.name,
+                not_run=not_run,
+            )
+            passed = bool(self.results) and all(r["verdict"] == "pass" for r in self.results)
+            self._write_run_json(final=True, passed=passed, not_run=not_run)
+            if build_report and self.interrupts.count < 2:
+                self.progress.stage("", "building the report")
+                self._report(outcome)
+        outcome.interrupted = self.interrupts.name
         if outcome.report_error or (outcome.report_headline or "").startswith("FAIL"):
             passed = False
         if self.interrupts.signum:
@@ -289,13 +288,20 @@ class GameDay:
             self.interrupts.chaos = chaos
             chaos.start()
             deadline = time.monotonic() + self.plan.experiment_timeout_s
+            stop_by: float | None = None  # once interrupted: SIGKILL after the grace period
             while chaos.poll() is None:
+                now = time.monotonic()
                 if self.interrupts.signum and not chaos.interrupted:
-                    chaos.interrupt()  # the signal came while chaos was starting
-                if time.monotonic() > deadline and not chaos.timed_out:
+                    chaos.interrupt()  # (also when the signal came while chaos was starting)
+                if now > deadline and not chaos.timed_out:
                     chaos.timed_out = True
                     self.progress.stage(exp.name, "timed out: interrupting chaos")
                     chaos.interrupt()
+                if chaos.interrupted and stop_by is None:
+                    stop_by = now + CHAOS_GRACE_S
+                    self.progress.stage(exp.name, "interrupting chaos: rollbacks, then cleanup")
+                if stop_by is not None and now > stop_by:
+                    chaos.kill()
                 time.sleep(POLL_S)
             chaos_result = chaos.finish(grace_s=CHAOS_GRACE_S)
         except _NotStarted as exc:
