@@ -2,12 +2,15 @@
 
 Proves: the model pods become engine pods serving one GGUF in the state folder, the
 engine's calibrated defaults (canarystack/cluster/llamacpp.yaml) reach the router and
-gate, and a stack config's own values win role by role.
+gate, and a stack config's own values win role by role; and the load runner takes the
+short prompt mix `make chaos-router ENGINE=llamacpp` passes through the environment.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+
+import pytest
 
 from canarystack.cluster.spec import load_stack_config, programs
 
@@ -53,3 +56,21 @@ def test_the_simulator_stack_is_unchanged(tmp_path: Path) -> None:
     cmd = cmds["model-canary-0"]
     assert cmd[cmd.index("-m") + 1] == "canarystack.model"
     assert "--bucket-edges=64,128,256" not in cmds["router-0"]
+
+
+def test_load_runs_take_extra_options_from_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`make chaos-router ENGINE=llamacpp` shortens the prompt mix this way."""
+    from gameday.load.runner import LoadConfig, LoadRun
+
+    config = LoadConfig(host="http://127.0.0.1:1", output_dir=tmp_path, extra_args=["--seed", "2"])
+    monkeypatch.delenv("GAMEDAY_LOAD_EXTRA_ARGS", raising=False)
+    plain = LoadRun(config).command()
+    monkeypatch.setenv("GAMEDAY_LOAD_EXTRA_ARGS", "--synthetic-max-tokens 256 --seed 1")
+    cmd = LoadRun(config).command()
+    assert cmd[: len(plain) - 2] == plain[:-2]
+    assert cmd[len(plain) - 2 :] == ["--synthetic-max-tokens", "256", "--seed", "1", "--seed", "2"]
+    monkeypatch.setenv("GAMEDAY_LOAD_EXTRA_ARGS", "--prompt-mix 'jsonl:a b")
+    with pytest.raises(ValueError, match="GAMEDAY_LOAD_EXTRA_ARGS"):
+        LoadRun(config).command()

@@ -13,6 +13,11 @@ SIGTERM makes Locust stop its users — streams in flight get ``stop_timeout_s``
 write the records and exit; if it has not exited ``STOP_MARGIN_S`` after that, it and its
 worker processes (``processes``) get SIGKILL, by PID.
 
+``GAMEDAY_LOAD_EXTRA_ARGS`` (environment, read when the command is built): further
+gameday.load or Locust options for every run this process starts, before
+``LoadConfig.extra_args`` (which win) — e.g. a short prompt mix for a slow engine
+(``make chaos-router ENGINE=llamacpp`` sets it).
+
 ``start()`` waits until Locust has started the test (the locustfile writes a ready file
 on test start). If Locust exits first — a bad option, a bad prompt file, a port in use —
 ``LoadStartError`` carries the end of Locust's output, which names the problem.
@@ -31,6 +36,7 @@ import contextlib
 import json
 import math
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -46,12 +52,25 @@ DEFAULT_LOCUSTFILE = Path(__file__).resolve().parents[2] / "locustfiles" / "llm.
 START_TIMEOUT_S = 60.0
 STOP_MARGIN_S = 15.0
 LOG_TAIL_CHARS = 3000
+ENV_EXTRA_ARGS = "GAMEDAY_LOAD_EXTRA_ARGS"
 
 
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def env_extra_args() -> list[str]:
+    """The options in ``$GAMEDAY_LOAD_EXTRA_ARGS`` (shell words); ValueError if unparsable."""
+    text = os.environ.get(ENV_EXTRA_ARGS, "")
+    try:
+        return shlex.split(text)
+    except ValueError as exc:
+        raise ValueError(
+            f"{ENV_EXTRA_ARGS}={text!r}: not a list of shell words ({exc}); quote it like "
+            f"{ENV_EXTRA_ARGS}='--synthetic-median-tokens 64 --synthetic-max-tokens 256'"
+        ) from None
 
 
 class LoadRunError(RuntimeError):
@@ -175,6 +194,7 @@ class LoadRun:
             cmd += ["--csv", str(self.output_dir / "locust")]
         if c.html:
             cmd += ["--html", str(self.output_dir / "locust.html")]
+        cmd += env_extra_args()
         cmd += list(c.extra_args)
         return cmd
 
