@@ -126,13 +126,15 @@ def before_method_control(
             "command": run.command(),
         }
         _write_state(folder, state)
+        # Registered before it starts: a Ctrl-C during the start still stops it after.
+        _RUNS[folder] = run
         run.start()
     except (LoadRunError, ValueError, TypeError, TargetError, OSError) as exc:
+        _RUNS.pop(folder, None)
         _write_state(folder, {**_read_state(folder), "state": "failed", "error": str(exc)})
         raise InterruptExecution(
             f"the user load could not start, so the experiment stops: {exc}"
         ) from None
-    _RUNS[folder] = run
     _write_state(
         folder,
         {
