@@ -26,12 +26,14 @@ from chaoslib.exceptions import ActivityFailed
 from gameday.targets import ROLES, Target, TargetError
 from probes._broker import get_release
 from probes._context import Configuration, get_target, harness_errors
+from probes._evidence import load_state, run_ledger
 
 __all__ = [
     "canary_weight",
     "no_active_faults",
     "release_phase",
     "stack_healthy",
+    "starting_state",
     "wait_for_release_phase",
 ]
 
@@ -117,6 +119,10 @@ def canary_weight(
 ) -> int:
     """The canary's traffic weight in percent, as the broker has it; with ``expected``,
     raises unless it is that."""
+    return _weight(expected, configuration)
+
+
+def _weight(expected: int | None, configuration: Configuration | None) -> int:
     with harness_errors("reading the canary weight"):
         target = get_target(configuration)
         release = get_release(target)
@@ -159,6 +165,24 @@ def wait_for_release_phase(
                     f"{float(deadline_s):g} s, but it is {last!r}"
                 )
             time.sleep(max(0.02, float(poll_s)))
+
+
+def starting_state(
+    canary_weight: int | None = None,
+    configuration: Configuration | None = None,
+    secrets: Secrets | None = None,
+) -> bool:
+    """Before anything happened in this experiment (no fault in its ledger, no load run):
+    True when the release is progressing, gives the canary ``canary_weight`` percent and
+    no replica holds a fault — else raises saying what differs, so the steady state is
+    not met and the method never runs. Once the experiment has begun (the hypothesis
+    after the method) it returns True: the start is history by then."""
+    if run_ledger(configuration).entries() or load_state(configuration) is not None:
+        return True
+    release_phase(expected="progressing", configuration=configuration)
+    if canary_weight is not None:
+        _weight(canary_weight, configuration)
+    return no_active_faults(configuration=configuration)
 
 
 def no_active_faults(

@@ -111,7 +111,7 @@ def test_rollbacks_always_run_and_clear_the_faults(name: str) -> None:
 
 
 @pytest.mark.parametrize("name", sorted(BY_NAME))
-def test_faults_have_ttls_and_the_method_starts_from_the_same_state(name: str) -> None:
+def test_faults_have_ttls_and_every_experiment_starts_from_the_same_state(name: str) -> None:
     exp = load(BY_NAME[name])
     for act in activities(exp):
         func = act["provider"]["func"]
@@ -119,10 +119,14 @@ def test_faults_have_ttls_and_the_method_starts_from_the_same_state(name: str) -
         if func in ("inject_latency", "make_canary_faulty"):
             ttl = resolve(exp, args["ttl_s"])
             assert 0 < ttl <= 600
-    first = [a["provider"]["func"] for a in exp["method"][:3]]
-    assert first == ["release_phase", "canary_weight", "no_active_faults"]
-    assert exp["method"][0]["provider"]["arguments"] == {"expected": "progressing"}
-    assert exp["method"][1]["provider"]["arguments"] == {"expected": "${canary_weight}"}
+    start = exp["steady-state-hypothesis"]["probes"][1]
+    assert start["provider"]["func"] == "starting_state" and start["tolerance"] is True
+    assert start["provider"]["arguments"] == {"canary_weight": "${canary_weight}"}
+    assert exp["method"][0]["pauses"] in (  # the load warms up before the first fault
+        {"before": "${warmup_s}"},
+        {"after": "${warmup_s}"},
+        {"before": "${warmup_s}", "after": "${kill_delay_s}"},
+    )
 
 
 @pytest.mark.parametrize("name", sorted(BY_NAME))
@@ -131,7 +135,7 @@ def test_the_load_runs_and_slos_are_checked_after_it(name: str) -> None:
     assert [c["provider"]["module"] for c in exp["controls"]] == ["probes.load", "probes.journal"]
     probes = exp["steady-state-hypothesis"]["probes"]
     assert probes[0]["provider"]["func"] == "stack_healthy"
-    for probe in probes[1:]:
+    for probe in probes[2:]:
         assert probe["provider"]["module"] == "probes.slo"
         assert probe["tolerance"]["provider"]["func"] == "slo_met"
     funcs = {p["provider"]["func"] for p in probes}

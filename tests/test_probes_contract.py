@@ -36,6 +36,7 @@ EXAMPLE_ARGUMENTS: dict[str, dict[str, Any]] = {
     "canary_weight": {"expected": 5},
     "wait_for_release_phase": {"phase": "rolled_back", "deadline_s": 30},
     "no_active_faults": {},
+    "starting_state": {"canary_weight": 5},
     "wait_for_trip": {"deadline_s": 20},
     "gate_did_not_trip": {"observe_s": 15},
     "baseline_ttft_p99_below": {"max_s": 2.0},

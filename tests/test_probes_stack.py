@@ -102,10 +102,21 @@ def test_state_probes_say_expected_and_actual(cfg: dict[str, Any]) -> None:
     assert stack.no_active_faults(configuration=cfg) is True
 
 
-def test_leftover_faults_are_listed(cfg: dict[str, Any]) -> None:
+def test_leftover_faults_are_listed(
+    live: dict[str, Any], cfg: dict[str, Any], tmp_path: Path
+) -> None:
+    assert stack.starting_state(canary_weight=5, configuration=cfg) is True
+    with pytest.raises(ActivityFailed, match="expects 10%"):
+        stack.starting_state(canary_weight=10, configuration=cfg)
     faults.inject_latency("rollback", 20, ttl_s=30, configuration=cfg)
     with pytest.raises(ActivityFailed, match=r"rollback: latency .* s left"):
         stack.no_active_faults(configuration=cfg)
+    # Once this experiment has begun (its ledger has an entry), the start is history ...
+    assert stack.starting_state(canary_weight=5, configuration=cfg) is True
+    # ... but another experiment starting now finds the leftover and does not run.
+    fresh = {**cfg, "gameday_run_dir": str(tmp_path / "next")}
+    with pytest.raises(ActivityFailed, match="expected no active faults before the experiment"):
+        stack.starting_state(canary_weight=5, configuration=fresh)
     faults.clear_faults(configuration=cfg)
     assert stack.no_active_faults(configuration=cfg) is True
 

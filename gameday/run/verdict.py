@@ -120,12 +120,17 @@ def journal_reasons(journal: dict[str, Any] | None) -> list[str]:
     states = _dict(journal.get("steady_states"))
     before, after = states.get("before"), states.get("after")
     has_hypothesis = bool(_list(_dict(experiment.get("steady-state-hypothesis")).get("probes")))
+    # Said where Chaos Toolkit's own exit code would have let the failure pass.
+    exits_0 = (
+        " (Chaos Toolkit exits 0 here)"
+        if status == "completed" and journal.get("deviated") is not True
+        else ""
+    )
     if status != "completed":
         reasons.append(f"Chaos Toolkit's status is {status!r}, not 'completed'")
     if has_hypothesis and isinstance(before, dict) and before.get("steady_state_met") is False:
         reasons.append(
-            "the steady state was not met before the method, so the method never ran "
-            "(Chaos Toolkit exits 0 here)"
+            "the steady state was not met before the method, so the method never ran" + exits_0
         )
         reasons.extend(_hypothesis_reasons(before, "before the method"))
     elif has_hypothesis and not isinstance(before, dict):
@@ -150,7 +155,7 @@ def journal_reasons(journal: dict[str, Any] | None) -> list[str]:
             kind = _dict(run.get("activity")).get("type") or "activity"
             reasons.append(
                 f"method {kind} {_name(run)!r} {run.get('status') or 'did not finish'}: "
-                f"{_last_error(run)} (Chaos Toolkit exits 0 here)"
+                f"{_last_error(run)}{exits_0}"
             )
     for run in _list(journal.get("rollbacks")):
         if isinstance(run, dict) and run.get("status") != "succeeded":
