@@ -3,7 +3,7 @@
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
-STAMP  := $(VENV)/.installed-$(shell cksum < pyproject.toml | cut -d' ' -f1)
+STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml probes/pyproject.toml | cksum | cut -d' ' -f1)
 
 # Pass extra arguments to `gameday run`, e.g. make chaos-router RUN_ARGS="--target my.yaml"
 RUN_ARGS ?=
@@ -42,10 +42,10 @@ help:
 	@echo "make lint            ruff and mypy"
 	@echo "make clean           remove the venv, caches and reports"
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml probes/pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[test]'
+	$(BIN)/python -m pip install -q -e '.[test]' -e ./probes
 	@rm -f $(VENV)/.installed-*
 	@touch $@
 

@@ -15,7 +15,8 @@ Modules, named by what an experiment author reads in ``module:``:
 
 Every activity reads two configuration entries: ``gameday_target`` (the target file;
 env ``GAMEDAY_TARGET``) and ``gameday_run_dir`` (where the ledger and records go; env
-``GAMEDAY_RUN_DIR``). ``chaos discover --no-install probes`` lists them all.
+``GAMEDAY_RUN_DIR``). ``chaos discover --no-install chaostoolkit-canary-gameday``
+lists them all (``probes`` is packaged as that distribution: probes/pyproject.toml).
 
 Activities are thin: the work is in ``gameday`` (targets, faults, load). Nothing here runs
 at import time, and nothing imports ``canarystack``.
@@ -28,28 +29,52 @@ from typing import Any
 __version__ = "0.1.0"
 __all__ = ["__version__", "discover"]
 
-ACTION_MODULES = ("probes.faults",)
-PROBE_MODULES = ("probes.stack", "probes.gate", "probes.slo")
-CONTROL_MODULES = ("probes.load",)
+# Every exported activity module; each function is an action, a probe or a control
+# hook by its name (chaoslib's control hooks have fixed names).
+MODULES = (
+    "probes.faults",
+    "probes.stack",
+    "probes.gate",
+    "probes.slo",
+    "probes.load",
+    "probes.journal",
+    "probes.kubernetes",
+    "probes.fresh_canary",
+    "probes.progressive",
+    "probes.prometheus",
+)
+ACTIONS = frozenset(
+    {
+        "inject_latency",
+        "make_canary_faulty",
+        "kill_pod",
+        "clear_faults",
+        "start_fresh_canary",
+    }
+)
+CONTROL_HOOK_SUFFIX = "_control"
+
+
+def _kind(name: str) -> str:
+    if name.endswith(CONTROL_HOOK_SUFFIX):
+        return "control"
+    return "action" if name in ACTIONS else "probe"
 
 
 def discover(discover_system: bool = True) -> dict[str, Any]:
-    """What this extension offers, in Chaos Toolkit's discovery format."""
-    from chaoslib.discovery import (
-        discover_actions,
-        discover_probes,
-        initialize_discovery_result,
-    )
+    """What this extension offers, in Chaos Toolkit's discovery format.
 
-    discovery = initialize_discovery_result("canary-gameday-probes", __version__, "gameday")
-    for module in ACTION_MODULES:
-        discovery["activities"].extend(discover_actions(module))
-    for module in PROBE_MODULES:
-        discovery["activities"].extend(discover_probes(module))
-    for module in CONTROL_MODULES:
-        for control in discover_probes(module):
-            control["type"] = "control"
-            discovery["activities"].append(control)
+    ``chaos discover --no-install chaostoolkit-canary-gameday`` calls this (the
+    ``probes`` package is its own distribution, see probes/pyproject.toml).
+    """
+    from chaoslib.discovery import initialize_discovery_result
+    from chaoslib.discovery.discover import discover_activities
+
+    discovery = initialize_discovery_result("chaostoolkit-canary-gameday", __version__, "gameday")
+    for module in MODULES:
+        for activity in discover_activities(module, "probe"):
+            activity["type"] = _kind(activity["name"])
+            discovery["activities"].append(activity)
     if discover_system:
         discovery["system"] = None  # the target is described by a target file, not found
     return dict(discovery)

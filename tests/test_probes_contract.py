@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import json
 import subprocess
 import sys
 import types
+from pathlib import Path
 from typing import Any, get_type_hints
 
 import pytest
@@ -143,3 +145,20 @@ def test_python_m_probes_prints_the_discovery() -> None:
         [sys.executable, "-m", "probes"], capture_output=True, text=True, timeout=60, check=True
     )
     assert '"make_canary_faulty"' in out.stdout
+
+
+def test_chaos_discover_lists_the_extension(tmp_path) -> None:
+    """`chaos discover` resolves the distribution to the `probes` package (its own dist)."""
+    chaos = Path(sys.executable).with_name("chaos")
+    out = tmp_path / "discovery.json"
+    subprocess.run(
+        [str(chaos), "--log-file", str(tmp_path / "chaos.log"), "discover", "--no-install",
+         "--no-system-info", "chaostoolkit-canary-gameday", "--discovery-path", str(out)],
+        capture_output=True, text=True, timeout=120, check=True, cwd=tmp_path,
+    )  # fmt: skip
+    found = json.loads(out.read_text())
+    names = {(a["mod"], a["name"], a["type"]) for a in found["activities"]}
+    assert ("probes.faults", "make_canary_faulty", "action") in names
+    assert ("probes.gate", "wait_for_trip", "probe") in names
+    assert ("probes.progressive", "argo_rollout_aborted", "probe") in names
+    assert ("probes.load", "before_method_control", "control") in names
