@@ -492,6 +492,28 @@ def test_bad_patch_bodies_name_the_field(
             "router_id",
             "",
         ),
+        (
+            "POST",
+            "/v1/routers/heartbeat",
+            b'{"router_id": "r", "release": "x", "applied_revision": 1, "applied_at": "now"}',
+            "applied_at",
+            "",
+        ),
+        (
+            "POST",
+            "/v1/routers/heartbeat",
+            b'{"router_id": "r", "release": "x", "applied_revision": 1, "canary_off_since": -1}',
+            "canary_off_since",
+            "",
+        ),
+        (
+            "POST",
+            "/v1/routers/heartbeat",
+            b'{"router_id": "r", "release": "x", "applied_revision": 1, '
+            b'"canary_off_since": Infinity}',
+            "canary_off_since",
+            "finite",
+        ),
     ],
 )
 def test_malformed_bodies_get_400(

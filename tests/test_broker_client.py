@@ -118,13 +118,22 @@ def test_client_against_a_real_broker(
             assert no_note.value.status == 400
 
             # routers
-            await broker.heartbeat("router-0", "default", no_canary["revision"])
-            await broker.heartbeat("router-1", "other", None)
+            await broker.heartbeat(
+                "router-0",
+                "default",
+                no_canary["revision"],
+                applied_at=1_700_000_001.5,
+                canary_off_since=1_700_000_000.25,
+            )
+            await broker.heartbeat("router-1", "other", None)  # an older router's beat
             assert [r["router_id"] for r in await broker.routers()] == ["router-0", "router-1"]
             live = await broker.routers("default")
-            assert [(r["router_id"], r["applied_revision"]) for r in live] == [
-                ("router-0", no_canary["revision"])
-            ]
+            assert [
+                (r["router_id"], r["applied_revision"], r["applied_at"], r["canary_off_since"])
+                for r in live
+            ] == [("router-0", no_canary["revision"], 1_700_000_001.5, 1_700_000_000.25)]
+            other = await broker.routers("other")
+            assert (other[0]["applied_at"], other[0]["canary_off_since"]) == (None, None)
 
             # failures that are the broker's, not the caller's
             anonymous = BrokerClient(session, proc.url, None, actor="nobody")

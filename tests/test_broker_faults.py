@@ -140,6 +140,38 @@ def test_heartbeats_and_expiry(spawn: Spawner, tmp_path: Path) -> None:
         ("router-1", "other", None),
     ]
     assert all(x["age_s"] >= 0 and x["last_seen"] > 1e9 for x in body["routers"])
+    # Beats without the optional fields (older routers) list them as null.
+    assert all((x["applied_at"], x["canary_off_since"]) == (None, None) for x in body["routers"])
+    # A router that says when it applied the revision and since when its canary is off.
+    r = api.write(
+        "POST",
+        "/v1/routers/heartbeat",
+        {
+            "router_id": "router-0",
+            "release": "default",
+            "applied_revision": 3,
+            "applied_at": 1_700_000_002.5,
+            "canary_off_since": 1_700_000_001,
+        },
+    )
+    assert r.status_code == 200, r.text
+    (r0,) = api.get("/v1/routers", params={"release": "default"}).json()["routers"]
+    assert (r0["applied_at"], r0["canary_off_since"]) == (1_700_000_002.5, 1_700_000_001.0)
+    # Each beat replaces the last: canary traffic again (no canary_off_since) shows as null.
+    r = api.write(
+        "POST",
+        "/v1/routers/heartbeat",
+        {
+            "router_id": "router-0",
+            "release": "default",
+            "applied_revision": 3,
+            "applied_at": 1_700_000_003.0,
+            "canary_off_since": None,
+        },
+    )
+    assert r.status_code == 200, r.text
+    (r0,) = api.get("/v1/routers", params={"release": "default"}).json()["routers"]
+    assert (r0["applied_at"], r0["canary_off_since"]) == (1_700_000_003.0, None)
     only = api.get("/v1/routers", params={"release": "default"}).json()["routers"]
     assert [x["router_id"] for x in only] == ["router-0"]
     beat("router-0", "default", 4)

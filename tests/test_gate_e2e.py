@@ -183,12 +183,21 @@ def test_faulty_kernel_canary_trips_and_rolls_back(spawn: Spawner, tmp_path: Pat
     assert release["canary"]["quarantined"] is True
     once = assert_each_step_once(stack.api)
     assert sorted(once["routers_applied"]["change"]["routers"]) == ["router-0", "router-1"]
-    # Users were protected: no request that started after every router applied the
-    # rollback was served by the canary.
-    applied_at = once["routers_applied"]["time"]
-    late_canary = [
-        r for r in traffic.records if r["served_by"] == "canary" and r["start"] > applied_at
-    ]
+    # The routers said when their canary went off: after the trip (they apply it from
+    # the broker), before the rollback executor saw them all at its own revision.
+    applied = once["routers_applied"]["change"]
+    trip_event = next(
+        e
+        for e in stack.api.events("default")
+        if e["change"].get("phase", {}).get("new") == "tripped"
+    )
+    off_at = applied["canary_off_at"]
+    assert trip_event["time"] <= off_at <= once["routers_applied"]["time"]
+    assert {s["router_id"] for s in applied["router_states"]} == {"router-0", "router-1"}
+    assert off_at == max(s["canary_off_since"] for s in applied["router_states"])
+    # Users were protected: no request that started after the last router's canary went
+    # off was served by the canary.
+    late_canary = [r for r in traffic.records if r["served_by"] == "canary" and r["start"] > off_at]
     assert late_canary == []
     ok = [r for r in traffic.records if r.get("status") == 200]
     assert len(ok) >= 0.95 * len(traffic.records)

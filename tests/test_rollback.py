@@ -1,7 +1,8 @@
 """The rollback executor as a real process against a real broker.
 
 The routers are stood in for by ``Routers``, a thread that sends the broker the same
-heartbeats a router does (``POST /v1/routers/heartbeat`` with the revision it applied),
+heartbeats a router does (``POST /v1/routers/heartbeat`` with the revision it applied,
+when, and since when its canary is off — or, like an older router, the revision only),
 optionally late or stuck — real API calls to a real broker. Every test checks the
 broker's event history: each step exactly once, with a timestamp.
 """
@@ -23,41 +24,61 @@ ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 CRASH_EXIT_CODE = 70
 
 
+FAIL_SAFE_PHASES = ("tripped", "rolling_back", "rolled_back")
+
+
 class Routers(threading.Thread):
     """Heartbeats like routers: each applies the broker's revision ``delay_s`` after it
-    appears; a router in ``stuck`` never applies past the revision it had."""
+    appears; a router in ``stuck`` never applies past the revision it had. Each beat says
+    when the router applied its revision and since when its canary is off (0%: a
+    fail-safe phase or weight 0), unless ``report_off`` is false (an older router)."""
 
-    def __init__(self, api: Api, ids: list[str], delay_s: float = 0.0) -> None:
+    def __init__(
+        self, api: Api, ids: list[str], delay_s: float = 0.0, report_off: bool = True
+    ) -> None:
         super().__init__(daemon=True)
         self.api = Api(api.url)
         self.ids = ids
         self.delay_s = delay_s
+        self.report_off = report_off
         self.stuck: set[str] = set()
         self.applied: dict[str, int] = {}
         self.applied_at: dict[tuple[str, int], float] = {}
+        self.off_since: dict[str, float] = {}
         self._seen_at: dict[int, float] = {}
         self._halt = threading.Event()
 
     def run(self) -> None:
         while not self._halt.is_set():
             try:
-                revision = int(self.api.release("default")["revision"])
+                release = self.api.release("default")
             except (requests.RequestException, AssertionError):
                 self._halt.wait(0.05)
                 continue
+            revision = int(release["revision"])
+            canary_off = release["phase"] in FAIL_SAFE_PHASES or release["weights"]["canary"] == 0
             self._seen_at.setdefault(revision, time.time())
             for rid in self.ids:
                 ready = time.time() - self._seen_at[revision] >= self.delay_s
                 if rid not in self.stuck and ready and self.applied.get(rid) != revision:
                     self.applied[rid] = revision
-                    self.applied_at[(rid, revision)] = time.time()
+                    now = time.time()
+                    self.applied_at[(rid, revision)] = now
+                    if not canary_off:
+                        self.off_since.pop(rid, None)
+                    elif rid not in self.off_since:
+                        self.off_since[rid] = now
                 with_rev = self.applied.get(rid)
+                beat: dict[str, Any] = {
+                    "router_id": rid,
+                    "release": "default",
+                    "applied_revision": with_rev,
+                }
+                if self.report_off and with_rev is not None:
+                    beat["applied_at"] = self.applied_at[(rid, with_rev)]
+                    beat["canary_off_since"] = self.off_since.get(rid)
                 try:
-                    self.api.write(
-                        "POST",
-                        "/v1/routers/heartbeat",
-                        {"router_id": rid, "release": "default", "applied_revision": with_rev},
-                    )
+                    self.api.write("POST", "/v1/routers/heartbeat", beat)
                 except requests.RequestException:
                     pass
             self._halt.wait(0.05)
@@ -157,6 +178,17 @@ def test_rollback_completes_in_three_steps_after_every_router_applied(
     last_apply = max(routers.applied_at[(r, revision)] for r in ("router-0", "router-1"))
     assert once["routers_applied"]["time"] >= last_apply
     assert applied["waited_s"] >= 0.3
+    # When users stopped getting the canary: the last router's canary_off_since, as each
+    # router reported it, and each router's own times.
+    off = {r: routers.off_since[r] for r in ("router-0", "router-1")}
+    assert applied["canary_off_at"] == max(off.values())
+    assert applied["canary_off_at"] <= once["routers_applied"]["time"]
+    states = {s["router_id"]: s for s in applied["router_states"]}
+    assert set(states) == {"router-0", "router-1"}
+    for rid, state in states.items():
+        assert state["canary_off_since"] == off[rid]
+        assert state["applied_revision"] == revision
+        assert state["applied_at"] == routers.applied_at[(rid, revision)]
     status = requests.get(executor.url + "/v1/rollbacks/default", timeout=5).json()
     assert status["state"] == "done"
     assert [s["name"] for s in status["steps"]] == [
@@ -166,6 +198,7 @@ def test_rollback_completes_in_three_steps_after_every_router_applied(
         "rolled_back",
     ]
     assert all(s["time"] > 0 for s in status["steps"])
+    assert status["steps"][1]["canary_off_at"] == applied["canary_off_at"]
     metrics = requests.get(executor.url + "/metrics", timeout=5).text
     assert 'canarystack_rollback_completed_total{release="default"} 1.0' in metrics
 
@@ -175,7 +208,7 @@ def test_killed_after_each_step_the_restarted_executor_completes_once(
     spawn: Spawner, tmp_path: Path, step: int
 ) -> None:
     broker, api, executor = setup(spawn, tmp_path)
-    routers = Routers(api, ["router-0"])
+    routers = Routers(api, ["router-0"], report_off=False)  # an older router
     routers.start()
     try:
         r = requests.post(
@@ -201,7 +234,18 @@ def test_killed_after_each_step_the_restarted_executor_completes_once(
         rolled_back(api)
     finally:
         routers.stop()
-    assert_each_step_once(api)
+    applied = assert_each_step_once(api)["routers_applied"]["change"]
+    # The router did not say when its canary went off: no canary_off_at (readers fall back
+    # to the annotation's time), and its state says what it did report.
+    assert applied["canary_off_at"] is None
+    assert applied["router_states"] == [
+        {
+            "router_id": "router-0",
+            "applied_revision": applied["revision"],
+            "applied_at": None,
+            "canary_off_since": None,
+        }
+    ]
     status = requests.get(restarted.url + "/v1/rollbacks/default", timeout=5).json()
     assert status["state"] == "done" and len(status["steps"]) == 4
 
@@ -250,6 +294,11 @@ def test_a_stuck_router_is_retried_recorded_and_the_rollback_goes_on(
     assert applied["retries"] == 2
     assert applied["timed_out"] is True
     assert [lag["router_id"] for lag in applied["lagging"]] == ["router-1"]
+    # router-1 never applied the trip: it still sends canary traffic, so no canary_off_at.
+    assert applied["canary_off_at"] is None
+    states = {s["router_id"]: s for s in applied["router_states"]}
+    assert states["router-1"]["canary_off_since"] is None
+    assert states["router-0"]["canary_off_since"] == routers.off_since["router-0"]
     assert applied["waited_s"] >= 0.9
 
 
@@ -270,6 +319,7 @@ def test_manual_rollback_and_its_errors(spawn: Spawner, tmp_path: Path) -> None:
     once = assert_each_step_once(api)
     assert "users report gibberish" in once["weights_zero"]["reason"]
     assert once["routers_applied"]["change"]["routers"] == []  # no live router
+    assert once["routers_applied"]["change"]["canary_off_at"] is None
     again = requests.post(url, json={}, headers=ADMIN, timeout=5)
     assert again.status_code == 200 and again.json()["state"] == "done"
     # A promoted release has nothing to roll back.

@@ -1,9 +1,10 @@
 """The router with a real broker: weights from the broker drive the split (the HTTP path
 agrees exactly with the hashing function, sticky across calls and replicas), phase
 ``tripped`` means 0% canary within one watch round, heartbeats report the applied
-revision, the on-disk cache covers a broker that is down at start, ``stale_config`` stops
-applying updates until it expires, a dead canary pool falls back to the baseline, and
-baseline-vs-canary comparisons reach a gate receiver."""
+revision, when it was applied and since when the canary gets no traffic, the on-disk
+cache covers a broker that is down at start, ``stale_config`` stops applying updates
+until it expires, a dead canary pool falls back to the baseline, and baseline-vs-canary
+comparisons reach a gate receiver."""
 
 from __future__ import annotations
 
@@ -107,19 +108,39 @@ def test_tripped_phase_is_zero_canary_within_one_watch_round(
     )
     wait_revision(router, release["revision"])
     assert {served_by(router, f"u{i}") for i in range(10)} == {"canary"}
-    # Heartbeat: the broker lists this router with the applied revision.
-    wait_for(
-        lambda: any(
-            r["router_id"] == "router-0" and r["applied_revision"] == release["revision"]
-            for r in api.routers()
-        ),
-        what="heartbeat with the applied revision",
-    )
+
+    # Heartbeat: the broker lists this router with the applied revision, when it applied
+    # it, and no canary_off_since (the canary gets traffic).
+    def beat(revision: int) -> dict[str, Any]:
+        found = wait_for(
+            lambda: next(
+                (
+                    r
+                    for r in api.routers()
+                    if r["router_id"] == "router-0" and r["applied_revision"] == revision
+                ),
+                None,
+            ),
+            what=f"heartbeat with revision {revision}",
+        )
+        assert isinstance(found, dict)
+        return found
+
+    on = beat(release["revision"])
+    assert on["canary_off_since"] is None
+    assert on["applied_at"] == health(router)["config"]["applied_at"]
+    before_trip = time.time()
     tripped = api.trip()
     # The long-poll returns on the change: one watch round, no polling interval.
     h = wait_revision(router, tripped["revision"], timeout=5)
     assert h["config"]["phase"] == "tripped"
     assert h["config"]["effective_canary_weight"] == 0
+    # The canary gets no traffic since this apply; the heartbeat says so.
+    off_since = h["config"]["canary_off_since"]
+    assert off_since == h["config"]["applied_at"]
+    assert before_trip <= off_since <= time.time()
+    off = beat(tripped["revision"])
+    assert (off["applied_at"], off["canary_off_since"]) == (off_since, off_since)
     assert {served_by(router, f"u{i}") for i in range(30)} == {"baseline"}
     assert api.release()["weights"]["canary"] == 100  # weights untouched, still 0% applied
     wait_for(
@@ -134,6 +155,12 @@ def test_tripped_phase_is_zero_canary_within_one_watch_round(
     assert cache["revision"] == tripped["revision"] and cache["phase"] == "tripped"
     assert metric(router, "router_config_revision") == tripped["revision"]
     assert metric(router, "router_canary_weight_percent") == 0
+    # A later revision that keeps the canary at 0% (the rollback's) is applied later, but
+    # the canary has been off since the trip.
+    rolling = api.patch(phase="rolling_back", weights={"canary": 0})
+    later = beat(rolling["revision"])
+    assert later["applied_at"] > off_since
+    assert later["canary_off_since"] == off_since
 
 
 def test_broker_down_at_start_with_and_without_cache(

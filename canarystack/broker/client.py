@@ -331,17 +331,27 @@ class BrokerClient:
         )
 
     # -- routers ----------------------------------------------------------------------------
-    async def heartbeat(self, router_id: str, release: str, applied_revision: int | None) -> None:
-        await self._call(
-            "POST",
-            "/v1/routers/heartbeat",
-            body={
-                "router_id": router_id,
-                "release": release,
-                "applied_revision": applied_revision,
-            },
-            admin=True,
-        )
+    async def heartbeat(
+        self,
+        router_id: str,
+        release: str,
+        applied_revision: int | None,
+        *,
+        applied_at: float | None = None,
+        canary_off_since: float | None = None,
+    ) -> None:
+        """Report the revision applied; ``applied_at`` (when) and ``canary_off_since`` (since
+        when the effective canary weight is 0) are sent only when given."""
+        body: Json = {
+            "router_id": router_id,
+            "release": release,
+            "applied_revision": applied_revision,
+        }
+        if applied_at is not None:
+            body["applied_at"] = applied_at
+        if canary_off_since is not None:
+            body["canary_off_since"] = canary_off_since
+        await self._call("POST", "/v1/routers/heartbeat", body=body, admin=True)
 
     async def routers(self, release: str | None = None) -> list[Json]:
         """Live routers (optionally of one release)."""

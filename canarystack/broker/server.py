@@ -93,6 +93,7 @@ Name = Annotated[str, Field(pattern=NAME_PATTERN)]
 Actor = Annotated[str, Field(min_length=1, max_length=200)]
 Reason = Annotated[str, Field(max_length=4000)]
 Number = Annotated[float, Field(strict=True)]
+EpochSeconds = Annotated[float, Field(strict=True, ge=0, allow_inf_nan=False)]
 
 
 class _Body(BaseModel):
@@ -175,6 +176,10 @@ class Heartbeat(_Body):
     router_id: Annotated[str, Field(min_length=1, max_length=200)]
     release: Name
     applied_revision: Annotated[StrictInt, Field(ge=0)] | None
+    # Optional (older routers omit them): when the router applied that revision, and since
+    # when its effective canary weight is 0 (null while the canary gets traffic).
+    applied_at: EpochSeconds | None = None
+    canary_off_since: EpochSeconds | None = None
 
 
 # -- the broker -----------------------------------------------------------------------------
@@ -185,6 +190,8 @@ class RouterBeat:
     applied_revision: int | None
     last_seen: float  # epoch seconds, for people
     seen_mono: float  # for expiry
+    applied_at: float | None = None  # the router's clock, epoch seconds
+    canary_off_since: float | None = None  # the router's clock; None: canary gets traffic
 
 
 class Broker:
@@ -381,6 +388,8 @@ class Broker:
             applied_revision=beat.applied_revision,
             last_seen=self._wall(),
             seen_mono=self._clock(),
+            applied_at=beat.applied_at,
+            canary_off_since=beat.canary_off_since,
         )
 
     def live_routers(self, release: str | None = None) -> list[Json]:
@@ -393,6 +402,8 @@ class Broker:
                 "router_id": b.router_id,
                 "release": b.release,
                 "applied_revision": b.applied_revision,
+                "applied_at": b.applied_at,
+                "canary_off_since": b.canary_off_since,
                 "last_seen": b.last_seen,
                 "age_s": round(now - b.seen_mono, 3),
             }

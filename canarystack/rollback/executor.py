@@ -35,6 +35,16 @@ already 0 in the broker). An empty router list is accepted only after
 Every step leaves an event with a timestamp in the broker's history: the PATCH of step 1,
 the ``routers_applied`` annotation of step 2, the quarantine and the PATCH of step 3.
 
+The annotation's own time is when the executor saw every router at ``R`` — its own and
+the broker's latency included. What users feel is earlier: a router sends no canary
+traffic from the moment it applies a fail-safe phase (the trip itself). So the
+annotation also carries ``canary_off_at``, the latest ``canary_off_since`` the live routers
+reported in their heartbeats (each router's own clock), and per router its
+``applied_at``/``canary_off_since`` (``router_states``). ``canary_off_at`` is null when a
+router reports no ``canary_off_since`` (it still sends canary traffic, or it is an older
+router that does not say), or when there is no live router: readers then fall back to
+the annotation's time.
+
 This module must never write to the broker without first reading the state that makes
 the write necessary, never retry a write blindly (compare-and-set decides), and never
 touch a release that is not the one it was asked about.
@@ -181,6 +191,28 @@ def classify(release: Json, events: list[Json], manual: bool = False) -> Situati
     return Situation(release, observed, start, applied, steps)
 
 
+def canary_off_at(routers: list[Json]) -> float | None:
+    """The latest ``canary_off_since`` over ``routers`` (GET /v1/routers entries): when the
+    last of them stopped sending canary traffic. None when any of them reports none, or
+    there are none."""
+    off: list[float] = []
+    for r in routers:
+        since = r.get("canary_off_since")
+        if isinstance(since, bool) or not isinstance(since, int | float):
+            return None
+        off.append(float(since))
+    return max(off) if off else None
+
+
+def _router_state(r: Json) -> Json:
+    return {
+        "router_id": r.get("router_id"),
+        "applied_revision": r.get("applied_revision"),
+        "applied_at": r.get("applied_at"),
+        "canary_off_since": r.get("canary_off_since"),
+    }
+
+
 def _step_record(step: Step, name: str, ev: Json) -> Json:
     rec: Json = {
         "step": int(step),
@@ -192,7 +224,7 @@ def _step_record(step: Step, name: str, ev: Json) -> Json:
     }
     change = ev.get("change") or {}
     if name == "routers_applied":
-        for k in ("routers", "waited_s", "retries", "lagging", "timed_out"):
+        for k in ("routers", "waited_s", "retries", "lagging", "timed_out", "canary_off_at"):
             if k in change:
                 rec[k] = change[k]
     return rec
@@ -368,6 +400,8 @@ class RollbackRunner:
             "routers": [r["router_id"] for r in routers],
             "waited_s": waited_s,
             "retries": retries,
+            "canary_off_at": canary_off_at(routers),
+            "router_states": [_router_state(r) for r in routers],
         }
         if timed_out:
             change["timed_out"] = True

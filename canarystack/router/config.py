@@ -6,7 +6,11 @@
 - Then it watches: ``GET /v1/releases/{name}?after=REV&timeout_s=S`` long-polls; every
   release with a new revision is applied at once, written to the cache file atomically
   (temp file + fsync + rename) and reported by a heartbeat right away; heartbeats also go
-  out every ``heartbeat_s``.
+  out every ``heartbeat_s``. A heartbeat carries the revision applied, when it was applied
+  (``applied_at``) and since when the effective canary weight has been 0
+  (``canary_off_since``: the apply that made it 0, kept while it stays 0; null while the
+  canary gets traffic). The router starts with no config, i.e. at 0%, so a router that
+  never served the canary reports its own start: an upper bound, never too early.
 - Broker errors are counted by kind and retried with a short, capped backoff; the router
   keeps serving with the config it has.
 - Effective canary weight: 0 with no config, no canary version, a quarantined canary, or
@@ -28,7 +32,7 @@ import json
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -51,7 +55,15 @@ class BrokerApi(Protocol):
 
     async def watch(self, name: str, after: int, timeout_s: float) -> dict[str, Any]: ...
 
-    async def heartbeat(self, router_id: str, release: str, applied_revision: int) -> Any: ...
+    async def heartbeat(
+        self,
+        router_id: str,
+        release: str,
+        applied_revision: int,
+        *,
+        applied_at: float | None = None,
+        canary_off_since: float | None = None,
+    ) -> Any: ...
 
 
 def effective_weight(release: dict[str, Any] | None) -> float:
@@ -81,24 +93,30 @@ class Snapshot:
     source: str  # "broker" | "cache" | "none"
     stable_version: str | None
     canary_version: str | None
-    applied_at: float
+    applied_at: float  # epoch seconds
+    # Epoch seconds of the apply that made the effective weight 0 (None while above 0);
+    # ``of`` sets it to ``applied_at``, ``ConfigWatcher.apply`` carries an earlier one over.
+    canary_off_since: float | None = None
 
     @classmethod
     def of(cls, release: dict[str, Any] | None, source: str) -> Snapshot:
+        now = time.time()
         if release is None:
-            return cls(None, 0, None, 0.0, "none", None, None, time.time())
+            return cls(None, 0, None, 0.0, "none", None, None, now, now)
         stable = release.get("stable") if isinstance(release.get("stable"), dict) else {}
         canary = release.get("canary") if isinstance(release.get("canary"), dict) else {}
         rev = release.get("revision")
+        weight_pct = effective_weight(release)
         return cls(
             release=release,
             revision=rev if isinstance(rev, int) else 0,
             phase=release.get("phase"),
-            weight_pct=effective_weight(release),
+            weight_pct=weight_pct,
             source=source,
             stable_version=(stable or {}).get("version"),
             canary_version=(canary or {}).get("version"),
-            applied_at=time.time(),
+            applied_at=now,
+            canary_off_since=now if weight_pct == 0 else None,
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -109,6 +127,8 @@ class Snapshot:
             "source": self.source,
             "stable_version": self.stable_version,
             "canary_version": self.canary_version,
+            "applied_at": self.applied_at,
+            "canary_off_since": self.canary_off_since,
         }
 
 
@@ -176,6 +196,9 @@ class ConfigWatcher:
     def apply(self, release: dict[str, Any], source: str) -> None:
         snap = Snapshot.of(release, source)
         previous = self.current
+        if snap.weight_pct == 0 and previous.weight_pct == 0:
+            # Still 0%: the canary stopped getting traffic at the earlier apply, not now.
+            snap = replace(snap, canary_off_since=previous.canary_off_since)
         self.current = snap
         self.on_apply(snap)
         _log.info(
@@ -185,6 +208,7 @@ class ConfigWatcher:
             previous_revision=previous.revision,
             phase=snap.phase,
             effective_canary_weight=snap.weight_pct,
+            canary_off_since=snap.canary_off_since,
             source=source,
         )
         if source == "broker":
@@ -279,11 +303,18 @@ class ConfigWatcher:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._beat_now.wait(), self.heartbeat_s)
             self._beat_now.clear()
-            if self.current.release is None:
+            snap = self.current
+            if snap.release is None:
                 continue  # nothing applied yet: no revision to report
             try:
                 await asyncio.wait_for(
-                    self.broker.heartbeat(self.router_id, self.release, self.current.revision),
+                    self.broker.heartbeat(
+                        self.router_id,
+                        self.release,
+                        snap.revision,
+                        applied_at=snap.applied_at,
+                        canary_off_since=snap.canary_off_since,
+                    ),
                     max(1.0, self.heartbeat_s * 2),
                 )
                 if failing:
