@@ -33,6 +33,7 @@ These probes only read; they never change the target.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -349,13 +350,21 @@ def errors_only_in_flight_at_kill(
     )
 
 
+def _event_time(event: dict[str, Any]) -> tuple[float, dict[str, Any]]:
+    return float(event["time"]), {}
+
+
 def _broker_milestone(
     configuration: Configuration | None,
     check: str,
     max_s: float,
     what: str,
     find: Any,
+    time_of: Callable[[dict[str, Any]], tuple[float, dict[str, Any]]] = _event_time,
 ) -> Slo:
+    """``find(events, since)`` picks the event; ``time_of(event)`` says when the milestone
+    happened (the event's own time unless the event records an earlier, truer one) and
+    what the detail should say about it."""
     allowed = float(max_s)
     book = run_ledger(configuration)
     if _before_anything(configuration, book):
@@ -378,14 +387,20 @@ def _broker_milestone(
             f"no {what} in the release's history since the fault",
             **_fault_detail(fault),
         )
-    measured = float(hit["time"]) - fault.time
+    when, about = time_of(hit)
+    measured = when - fault.time
     return _result(
         check,
         measured,
         allowed,
         "s",
         measured <= allowed,
-        {"event_seq": hit.get("seq"), "actor": hit.get("actor"), **_fault_detail(fault)},
+        {
+            "event_seq": hit.get("seq"),
+            "actor": hit.get("actor"),
+            **about,
+            **_fault_detail(fault),
+        },
     )
 
 
@@ -403,20 +418,53 @@ def trip_within(
     return _broker_milestone(configuration, "detection_s", max_s, "trip", find)
 
 
+def _routers_applied_time(event: dict[str, Any]) -> tuple[float, dict[str, Any]]:
+    """When canary weight 0 was in force at every live router, from the rollback
+    executor's ``routers_applied`` annotation: its ``canary_off_at`` (the latest
+    ``canary_off_since`` the routers reported: when the last of them stopped sending the
+    canary traffic) when present, else the annotation's own time (the executor saw every
+    router at its rollback revision, its and the broker's latency included)."""
+    change = event.get("change")
+    change = change if isinstance(change, dict) else {}
+    annotated = float(event["time"])
+    off = _num(change.get("canary_off_at"))
+    if off is not None:
+        return off, {
+            "source": "canary_off_at",
+            "source_text": "routers_applied annotation: canary_off_at, the latest time a live "
+            "router's effective canary weight became 0 (router heartbeats)",
+            "annotation_time": annotated,
+            "annotation_after_off_s": round(annotated - off, 6),
+        }
+    return annotated, {
+        "source": "annotation_time",
+        "source_text": "routers_applied annotation's own time (it has no canary_off_at: a "
+        "router did not report when its canary weight became 0)",
+        "annotation_time": annotated,
+    }
+
+
 def weights_applied_within(
     max_s: float,
     configuration: Configuration | None = None,
     secrets: Secrets | None = None,
 ) -> Slo:
-    """Canary weight 0 was applied at every live router (the rollback executor's
-    ``routers_applied`` annotation) at most ``max_s`` seconds after the fault."""
+    """Canary weight 0 was in force at every live router at most ``max_s`` seconds after
+    the fault: the rollback executor's ``routers_applied`` annotation — its ``canary_off_at``
+    (when the last live router stopped sending canary traffic) when present, else its own
+    time. ``detail.source`` says which (``canary_off_at`` | ``annotation_time``)."""
 
     def find(events: list[dict[str, Any]], since: float) -> dict[str, Any] | None:
         applied = annotation_events(events, "routers_applied", since)
         return applied[0] if applied else None
 
     return _broker_milestone(
-        configuration, "weights_applied_s", max_s, "routers_applied annotation", find
+        configuration,
+        "weights_applied_s",
+        max_s,
+        "routers_applied annotation",
+        find,
+        _routers_applied_time,
     )
 
 

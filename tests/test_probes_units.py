@@ -1,6 +1,8 @@
 """Probes over a run folder (records, ledger, load.json) and the checks that need no stack:
 SLO results measured right, fail-closed when data is missing, blast radius refused before
-any request, bad arguments named, a load that cannot start interrupts the experiment."""
+any request, bad arguments named, a load that cannot start interrupts the experiment; the
+weights-applied SLO read from a real broker's history (canary_off_at, else the
+annotation's time)."""
 
 from __future__ import annotations
 
@@ -14,6 +16,8 @@ from chaoslib.exceptions import ActivityFailed, InterruptExecution
 
 from gameday.faults import FaultLedger
 from probes import faults, load, slo
+from tests.broker_support import Api, start_broker
+from tests.procs import Spawner
 from tests.run_support import (
     ledger_entry,
     record,
@@ -154,6 +158,51 @@ def test_errors_only_in_flight_at_kill(run_dir: Path) -> None:
     late = slo.errors_only_in_flight_at_kill(1.0, configuration=cfg)
     assert late["ok"] is False and late["measured"] == 2
     assert late["detail"]["unexplained_start_times"] == [-9.0, 5.0]
+
+
+def test_weights_applied_is_when_the_last_router_stopped_the_canary(
+    spawn: Spawner, tmp_path: Path, run_dir: Path
+) -> None:
+    broker = start_broker(spawn, tmp_path / "broker")
+    api = Api(broker.url)
+    for v in ("v1", "v2"):
+        api.register(v)
+    stack = tmp_path / "stack"
+    stack.mkdir()
+    (stack / "stack.json").write_text(json.dumps({"release": "a", "broker_url": broker.url}))
+    fault = ledger_entry(run_dir, time=time.time() - 5.0)
+
+    def applied(release: str, **change: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+        api.create(release)
+        r = api.write(
+            "POST",
+            f"/v1/releases/{release}/events",
+            {
+                "actor": "rollback",
+                "change": {"annotation": "routers_applied", "revision": 2, **change},
+                "reason": "test",
+            },
+        )
+        assert r.status_code == 201, r.text
+        target = write_target(tmp_path / f"{release}.yaml", stack, release=release)
+        return dict(r.json()), slo.weights_applied_within(5, configuration=config(run_dir, target))
+
+    # The routers said when their canary went off: that is the time, not the annotation's.
+    note, result = applied("a", routers=["router-0"], canary_off_at=fault.time + 1.25)
+    assert result["ok"] is True
+    assert result["measured"] == pytest.approx(1.25)
+    assert result["detail"]["source"] == "canary_off_at"
+    assert result["detail"]["annotation_time"] == note["time"]
+    # A tighter SLO fails on the same figure.
+    target_a = tmp_path / "a.yaml"
+    tight = slo.weights_applied_within(1.0, configuration=config(run_dir, target_a))
+    assert tight["ok"] is False and tight["measured"] == pytest.approx(1.25)
+    # No canary_off_at (an older executor, or a router that did not say): the annotation's
+    # own time, and the detail says so.
+    note, result = applied("b", routers=["router-0"], canary_off_at=None)
+    assert result["detail"]["source"] == "annotation_time"
+    assert result["measured"] == pytest.approx(note["time"] - fault.time, abs=1e-5)
+    assert result["ok"] is False  # the annotation came 5 s or more after the fault
 
 
 def test_slo_met_accepts_only_an_ok_slo() -> None:

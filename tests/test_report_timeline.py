@@ -72,6 +72,36 @@ def test_each_duration_against_its_slo(tmp_path: Path) -> None:
     assert any(r.startswith("rollback_s (report timeline)") for r in summary.reasons)
 
 
+def test_weights_applied_is_the_routers_canary_off_at_when_the_annotation_has_it(
+    tmp_path: Path,
+) -> None:
+    events = hand_made_events()
+    annotation = next(e for e in events if e["seq"] == 6)
+    # The last router stopped sending canary traffic at +2.7; the executor annotated at +3.4.
+    annotation["change"]["canary_off_at"] = FAULT + 2.7
+    folder = hand_made_experiment(tmp_path, slo={"weights_applied_s": 3.0}, events=events)
+    _, tl = _timeline(folder)
+    m = tl.milestone("weights_applied")
+    assert m.since_fault_s == pytest.approx(2.7)
+    assert m.step_s == pytest.approx(0.2)  # since the trip at +2.5
+    assert "canary_off_at" in m.source and "annotated 0.70 s later" in m.source
+    assert m.detail["time_source"] == "canary_off_at"
+    assert m.detail["annotation_time"] == FAULT + 3.4
+    check = next(c for c in tl.checks if c.check == "weights_applied_s")
+    # Within 3 s, although the annotation itself came at +3.4.
+    assert (check.measured, check.ok) == (pytest.approx(2.7), True)
+    # Without it, the annotation's own time, and the source says so.
+    del annotation["change"]["canary_off_at"]
+    folder = hand_made_experiment(tmp_path / "old", slo={"weights_applied_s": 3.0}, events=events)
+    _, tl = _timeline(folder)
+    m = tl.milestone("weights_applied")
+    assert m.since_fault_s == pytest.approx(3.4)
+    assert m.detail["time_source"] == "annotation_time"
+    assert "no canary_off_at" in m.source
+    check = next(c for c in tl.checks if c.check == "weights_applied_s")
+    assert (check.measured, check.ok) == (pytest.approx(3.4), False)
+
+
 def test_first_drift_falls_back_to_the_gates_evidence(tmp_path: Path) -> None:
     folder = hand_made_experiment(tmp_path)
     (folder / "oracle.parquet").unlink()

@@ -11,8 +11,12 @@ from the fault:
 2. ``first_drifted_sample`` — the first oracle record after the fault whose ``kl_mean``
    exceeds the drift threshold, else the gate's trip evidence ``first_sample_time``.
 3. ``gate_tripped`` — the broker event whose change sets the phase to ``tripped``.
-4. ``weights_applied`` — the ``routers_applied`` annotation (every live router reports
-   the revision with canary weight 0).
+4. ``weights_applied`` — canary weight 0 in force at every live router, from the
+   rollback executor's ``routers_applied`` annotation: its ``canary_off_at`` (the latest
+   time a live router's effective canary weight became 0, from the routers' heartbeats —
+   a router stops sending canary traffic as soon as it applies the trip) when present,
+   else the annotation's own time (when the executor saw every router at its rollback
+   revision: later, by its own and the broker's latency). The source says which.
 5. ``last_canary_request`` — the latest ``start_time`` of a canary-served request at or
    after the fault (load records).
 6. ``rollback_complete`` — the event whose change sets the phase to ``rolled_back``.
@@ -335,12 +339,7 @@ def build_timeline(exp: ExperimentData, probe_allowed: dict[str, float] | None =
         if trip_time is None or e["time"] >= trip_time
     ]
     if applied:
-        a = applied[0]
-        times["weights_applied"] = (
-            a["time"],
-            "timeline.json: routers_applied annotation",
-            {k: a["change"].get(k) for k in ("revision", "routers", "waited_s", "retries")},
-        )
+        times["weights_applied"] = _weights_applied(applied[0])
     else:
         times["weights_applied"] = (None, _routers_without_annotation(exp, events), {})
     times["last_canary_request"] = _last_canary(exp, fault_time)
@@ -393,6 +392,28 @@ def build_timeline(exp: ExperimentData, probe_allowed: dict[str, float] | None =
         checks=checks,
         markers=markers,
         notes=notes,
+    )
+
+
+def _weights_applied(annotation: dict[str, Any]) -> tuple[float, str, dict[str, Any]]:
+    change = annotation["change"]
+    detail = {k: change.get(k) for k in ("revision", "routers", "waited_s", "retries")}
+    detail["annotation_time"] = annotation["time"]
+    off = parse_time(change.get("canary_off_at"))
+    if off is not None:
+        detail["canary_off_at"] = off
+        detail["time_source"] = "canary_off_at"
+        return (
+            off,
+            "timeline.json: routers_applied annotation, canary_off_at (the last live router's "
+            f"canary weight became 0; annotated {annotation['time'] - off:.2f} s later)",
+            detail,
+        )
+    detail["time_source"] = "annotation_time"
+    return (
+        annotation["time"],
+        "timeline.json: routers_applied annotation's time (no canary_off_at in it)",
+        detail,
     )
 
 
