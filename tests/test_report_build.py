@@ -175,6 +175,95 @@ def test_a_real_journal_status_and_steady_state(tmp_path: Path) -> None:
     assert "the steady state was not met before the method (the method did not run)" in exp.reasons
 
 
+def _slo_probe_run(name: str, output: dict[str, object]) -> dict[str, object]:
+    return {
+        "activity": {"type": "probe", "name": name},
+        "status": "succeeded",
+        "output": output,
+        "tolerance_met": True,
+    }
+
+
+def _not_measured(check: str) -> dict[str, object]:
+    return {
+        "check": check,
+        "measured": None,
+        "allowed": 5.0,
+        "unit": "s",
+        "ok": True,
+        "detail": {"status": "not_measured", "why": "nothing to measure yet"},
+    }
+
+
+def test_slo_probes_not_measured_before_the_method_are_not_checks(
+    tmp_path: Path, schema: xmlschema.XMLSchema
+) -> None:
+    run = tmp_path / "run"
+    folder = hand_made_experiment(run)
+    j_path = folder / "journal.json"
+    journal = json.loads(j_path.read_text())
+    before = journal["steady_states"]["before"]["probes"]
+    after = journal["steady_states"]["after"]["probes"]
+    before.append(_slo_probe_run("weights-applied-in-time", _not_measured("weights_applied_s")))
+    after.append(
+        _slo_probe_run(
+            "weights-applied-in-time",
+            {
+                "check": "weights_applied_s",
+                "measured": 3.4,
+                "allowed": 5.0,
+                "unit": "s",
+                "ok": True,
+                "detail": {"status": "measured"},
+            },
+        )
+    )
+    j_path.write_text(json.dumps(journal))
+    summary = build_report(run)
+    assert summary.verdict == "pass", summary.reasons
+    (exp,) = summary.experiments
+    sources = [c.source for c in exp.checks if c.check == "weights_applied_s"]
+    # The measured one and the report's own; not the one before the method.
+    assert sources == ["probe 'weights-applied-in-time', hypothesis after", "report timeline"]
+    assert exp.not_measured_before == ["weights_applied_s (probe 'weights-applied-in-time')"]
+    assert any(
+        n.startswith("Not counted as checks: SLO probes in the hypothesis before")
+        for n in exp.notes
+    )
+    doc = json.loads((run / "summary.json").read_text())
+    assert not any("hypothesis before" in c["source"] for c in doc["checks"])
+    assert doc["counts"]["checks"] == len(exp.checks)
+    assert doc["experiments"][0]["not_measured_before_method"] == exp.not_measured_before
+    root = _valid_junit(run, schema)
+    names = [c.get("name") for c in root.iter("testcase")]
+    assert "weights_applied_s [probe 'weights-applied-in-time', hypothesis after]" in names
+    assert not any("hypothesis before" in (n or "") for n in names)
+    html = (run / "report.html").read_text()
+    assert "hypothesis after" in html
+    assert "weights-applied-in-time&#39;, hypothesis before" not in html
+    assert "Not counted as checks" in html
+
+
+def test_an_slo_probe_not_measured_after_the_method_fails(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    folder = hand_made_experiment(run)
+    j_path = folder / "journal.json"
+    journal = json.loads(j_path.read_text())
+    journal["steady_states"]["after"]["probes"].append(
+        _slo_probe_run("gate-trips-in-time", _not_measured("detection_s"))
+    )
+    j_path.write_text(json.dumps(journal))
+    summary = build_report(run)
+    assert summary.verdict == "fail"
+    (exp,) = summary.experiments
+    (check,) = [c for c in exp.checks if c.source.endswith("hypothesis after")]
+    assert check.ok is False and check.measured is None
+    assert (
+        "detection_s (probe 'gate-trips-in-time', hypothesis after): not measured — the probe "
+        "measured nothing in the hypothesis after"
+    ) in exp.reasons[0]
+
+
 # ---------------------------------------------------------------------------------------
 # Partial data: a report that says what is missing, never a crash
 

@@ -167,3 +167,28 @@ def test_records_and_the_extension_are_required() -> None:
     journal["experiment"]["extensions"] = []
     result, reasons = decide(Evidence(0, journal, 10, 1))
     assert result == "fail" and any("no 'gameday' extension" in r for r in reasons)
+
+
+def test_an_slo_not_measured_is_a_pass_only_before_the_method() -> None:
+    def probe(status: str) -> dict[str, Any]:
+        output: dict[str, Any] = {"check": "weights_applied_s", "measured": None}
+        output.update(allowed=5.0, unit="s", ok=True, detail={"status": status})
+        return {
+            "activity": {"name": "weights-applied-in-time"},
+            "status": "succeeded",
+            "output": output,
+        }
+
+    journal = _passing_journal()
+    journal["steady_states"] = {
+        "before": {"steady_state_met": True, "probes": [probe("not_measured")]},
+        "after": {"steady_state_met": True, "probes": []},
+    }
+    assert decide(Evidence(0, journal, 10, 1)) == ("pass", [])
+    journal["steady_states"]["after"]["probes"] = [probe("not_measured")]
+    result, reasons = decide(Evidence(0, journal, 10, 1))
+    assert result == "fail"
+    assert reasons == [
+        "SLO 'weights_applied_s' (probe 'weights-applied-in-time', after the method) was not "
+        "measured: the probe saw no load and no fault"
+    ]

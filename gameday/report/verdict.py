@@ -9,7 +9,12 @@ An experiment passes only when everything below holds (fail-closed, DESIGN.md §
   before the method, no method or rollback activity failed — Chaos Toolkit exits 0 in
   some of these cases, a release gate must not;
 - every SLO probe output in the journal (``{"check", "measured", "allowed", "unit",
-  "ok", "detail"}``, from the hypothesis before and after and the method) is ok;
+  "ok", "detail"}``, from the hypothesis before and after and the method) is ok. An
+  output with ``detail.status == "not_measured"`` (``measured`` null, ``ok`` true) from
+  the hypothesis *before* the method is no check at all — nothing could be measured yet,
+  the same probe measures after the method — so it is left out of the checks (and of
+  junit.xml, summary.json's checks and the HTML table) and only named in a note; the same
+  output anywhere else is a failed check (nothing was measured where it should have been);
 - the report's own timeline checks (``gameday.report.timeline``): the trip and the
   rollback within their SLOs when a trip is expected, no trip when none is.
 
@@ -104,6 +109,8 @@ class JournalFindings:
     checks: list[SloCheck]
     activities: list[Activity]
     probe_allowed: dict[str, float]
+    # "check (probe 'name')" of SLO outputs not measured before the method: not checks.
+    not_measured_before: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -126,6 +133,7 @@ class ExperimentSummary:
     result: dict[str, Any] | None
     notes: list[str] = field(default_factory=list)
     files: dict[str, str] = field(default_factory=dict)
+    not_measured_before: list[str] = field(default_factory=list)
 
     @property
     def passed(self) -> bool:
@@ -144,6 +152,7 @@ class ExperimentSummary:
             "tripped": self.timeline.tripped,
             "time_to_trip_s": _num(self.timeline.time_to_trip_s),
             "checks": [c.to_json() for c in self.checks],
+            "not_measured_before_method": self.not_measured_before,
             "missing": [m.to_json() for m in self.missing],
             "figures": self.figures,
             "notes": self.notes,
@@ -297,6 +306,10 @@ def _is_slo(output: Any) -> bool:
     return isinstance(output, dict) and set(output) >= SLO_KEYS
 
 
+def _not_measured(output: dict[str, Any]) -> bool:
+    return as_dict(output.get("detail")).get("status") == "not_measured"
+
+
 def journal_findings(experiment: str, journal: dict[str, Any] | None) -> JournalFindings:
     if journal is None:
         return JournalFindings(None, [], [], [], {})
@@ -319,6 +332,7 @@ def journal_findings(experiment: str, journal: dict[str, Any] | None) -> Journal
     activities: list[Activity] = []
     checks: list[SloCheck] = []
     probe_allowed: dict[str, float] = {}
+    not_measured_before: list[str] = []
     for phase, label in JOURNAL_PHASES:
         for run in entries[phase]:
             if not isinstance(run, dict):
@@ -354,10 +368,19 @@ def journal_findings(experiment: str, journal: dict[str, Any] | None) -> Journal
             output = as_dict(run.get("output"))
             if _is_slo(output):
                 check = _slo_check(experiment, output, f"probe {name!r}, {label}")
-                checks.append(check)
                 if check.allowed is not None:
                     probe_allowed.setdefault(check.check, check.allowed)
-    return JournalFindings(status, reasons, checks, activities, probe_allowed)
+                if _not_measured(output):
+                    if phase == "before":
+                        not_measured_before.append(f"{check.check} (probe {name!r})")
+                        continue
+                    check.ok = False
+                    check.note = (
+                        f"the probe measured nothing in the {label} (detail.status "
+                        "'not_measured': it saw no load and no fault)"
+                    )
+                checks.append(check)
+    return JournalFindings(status, reasons, checks, activities, probe_allowed, not_measured_before)
 
 
 def _slo_check(experiment: str, output: dict[str, Any], source: str) -> SloCheck:
@@ -449,6 +472,12 @@ def summarise_experiment(
     reasons.extend(f"incomplete: {m.piece} {m.problem}" for m in exp.missing if m.required)
     notes = list(spec.notes) if spec else []
     notes.extend(timeline.notes)
+    if findings.not_measured_before:
+        notes.append(
+            "Not counted as checks: SLO probes in the hypothesis before the method, where "
+            "nothing can be measured yet (the same probes measure after the method): "
+            + ", ".join(findings.not_measured_before)
+        )
     return ExperimentSummary(
         name=exp.name,
         title=exp.title,
@@ -467,6 +496,7 @@ def summarise_experiment(
         heatmap=heatmap,
         result=exp.result,
         notes=notes,
+        not_measured_before=list(findings.not_measured_before),
     )
 
 

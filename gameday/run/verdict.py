@@ -167,13 +167,19 @@ def journal_reasons(journal: dict[str, Any] | None) -> list[str]:
     for label, items in (("method", runs), ("after the method", _list(_dict(after).get("probes")))):
         for run in items:
             out = run.get("output") if isinstance(run, dict) else None
-            if (
-                isinstance(out, dict)
-                and set(out) >= SLO_KEYS
-                and out.get("ok") is not True
-                and not (label != "method" and run.get("tolerance_met") is False)
+            if not (isinstance(out, dict) and set(out) >= SLO_KEYS):
+                continue
+            where = f"probe {_name(run)!r}, {label}"
+            if _dict(out.get("detail")).get("status") == "not_measured":
+                # ok true, but only the hypothesis before the method may measure nothing.
+                reasons.append(
+                    f"SLO {out.get('check')!r} ({where}) was not measured: the probe saw no "
+                    "load and no fault"
+                )
+            elif out.get("ok") is not True and not (
+                label != "method" and run.get("tolerance_met") is False
             ):
-                reasons.append(_slo_sentence(f"probe {_name(run)!r}, {label}", out))
+                reasons.append(_slo_sentence(where, out))
     return reasons
 
 
