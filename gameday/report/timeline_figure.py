@@ -47,7 +47,13 @@ def render_timeline(timeline: Timeline, path: Path, title: str) -> None:
     if ref is not None:
         for marker in timeline.markers:
             if marker.kind in ("kill", "clear"):
-                ax.axvline(marker.time - ref, color="#bf8700", lw=0.8, ls=":")
+                x = marker.time - ref
+                ax.axvline(x, color="#bf8700", lw=0.8, ls=":")
+                # Name the line inside the plot, along its bottom edge.
+                ax.text(x, 0.02, "pod kill " if marker.kind == "kill" else "faults cleared ",
+                        transform=ax.get_xaxis_transform(), color="#bf8700", fontsize=7,
+                        va="bottom", ha="right", rotation=90,
+                        bbox={"facecolor": "white", "edgecolor": "none", "pad": 0.5})  # fmt: skip
     ax.set_yticks(range(len(milestones)), labels)
     ax.invert_yaxis()
     lo, hi = min(extent), max(extent)
