@@ -13,13 +13,15 @@ import importlib.util
 from collections.abc import Sequence
 from pathlib import Path
 
-from canarystack.common.app import Component, create_app
-from canarystack.common.auth import load_admin_token
-from canarystack.common.cli import base_parser, parse, serve
-from canarystack.common.faults import FaultRegistry
+from canarystack.common.cli import base_parser, parse
 from canarystack.common.logs import get_logger
-
-COMPONENT = "model"  # the engine pod is a model server to everyone else
+from canarystack.model.contract import (
+    COMPONENT,  # the engine pod is a model server to everyone else
+    add_default_max_tokens_option,
+    add_identity_options,
+    check_shared_options,
+    run_model_server,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -37,24 +39,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="if --model does not exist, write it first: a random-weight llama from this "
         "seed (canarystack.engine.gguf_gen; the same seed gives the same bytes)",
     )
-    g.add_argument("--version", default="v1", help="model version name (default %(default)s)")
-    g.add_argument(
-        "--served-model-name",
-        default="default",
-        help="the name clients send in 'model' (default %(default)s)",
-    )
+    add_identity_options(g)
     g.add_argument(
         "--n-ctx", type=int, default=8192, help="context window in tokens (default %(default)s)"
     )
     g.add_argument(
         "--n-threads", type=int, default=1, help="llama.cpp threads (default %(default)s)"
     )
-    g.add_argument(
-        "--default-max-tokens",
-        type=int,
-        default=16,
-        help="max_tokens when a request gives none (default %(default)s)",
-    )
+    add_default_max_tokens_option(g)
     g.add_argument(
         "--engine-log",
         default=None,
@@ -104,30 +96,18 @@ def main(argv: Sequence[str] | None = None) -> None:
         parser.error(f"--n-ctx {args.n_ctx}: give at least 64 tokens")
     if args.n_threads < 1:
         parser.error(f"--n-threads {args.n_threads}: give at least 1")
-    if args.default_max_tokens < 1:
-        parser.error(f"--default-max-tokens {args.default_max_tokens}: give at least 1")
     for flag, value in (
         ("--start-timeout-s", args.start_timeout_s),
         ("--drain-timeout-s", args.drain_timeout_s),
     ):
         if not value > 0:
             parser.error(f"{flag} {value}: give a number of seconds > 0")
-    if not args.version.strip() or not args.served_model_name.strip():
-        parser.error("--version and --served-model-name must not be empty")
+    check_shared_options(args, parser)
 
     from canarystack.engine.child import EngineSettings
     from canarystack.engine.faults import FAULT_KINDS
     from canarystack.engine.pod import EnginePod
 
-    log = get_logger(COMPONENT)
-    faults = FaultRegistry(COMPONENT, FAULT_KINDS, max_ttl_s=args.max_fault_ttl_s, log=log)
-    component = Component(
-        name=COMPONENT,
-        version=args.version,
-        admin_token=load_admin_token(args.admin_token_file),
-        faults=faults,
-        log=log,
-    )
     settings = EngineSettings(
         model_path=model.resolve(),
         served_model_name=args.served_model_name,
@@ -135,18 +115,19 @@ def main(argv: Sequence[str] | None = None) -> None:
         n_threads=args.n_threads,
         log_path=Path(args.engine_log).resolve() if args.engine_log else None,
     )
-    pod = EnginePod(
-        settings,
+    run_model_server(
+        args,
         args.version,
-        component,
-        default_max_tokens=args.default_max_tokens,
-        start_timeout_s=args.start_timeout_s,
-        drain_timeout_s=args.drain_timeout_s,
+        FAULT_KINDS,
+        lambda component: EnginePod(
+            settings,
+            args.version,
+            component,
+            default_max_tokens=args.default_max_tokens,
+            start_timeout_s=args.start_timeout_s,
+            drain_timeout_s=args.drain_timeout_s,
+        ),
     )
-    component.health_extra = pod.health_extra
-    app = create_app(component)
-    pod.add_routes(app)
-    serve(app, args, COMPONENT)
 
 
 if __name__ == "__main__":

@@ -43,7 +43,6 @@ import contextlib
 import json
 import os
 import time
-import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,17 +53,22 @@ from aiohttp import web
 
 from canarystack.common.app import Component
 from canarystack.common.errors import (
-    ApiError,
     BadRequest,
-    NotFound,
     Unavailable,
-    error_response,
     parse_model,
     read_json_object,
 )
 from canarystack.common.logs import get_logger
 from canarystack.engine.child import EngineChild, EngineSettings, log_tail
 from canarystack.engine.faults import HEALTHY_CACHE, EngineKernelParams
+from canarystack.model.contract import (
+    RequestRecord,
+    check_model_name,
+    models_response,
+    resolve_max_tokens,
+    response_headers,
+    serve_logged,
+)
 from canarystack.model.metrics import ModelMetrics
 from canarystack.model.schemas import ChatCompletionRequest, CompletionRequest
 
@@ -119,21 +123,14 @@ class PromptCounter:
 
 
 @dataclass
-class _Record:
-    request_id: str
-    traceparent: str | None
-    traffic_tag: str | None
-    endpoint: str
-    t_recv: float
-    stream: bool = False
-    status: int = 200
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    ttft_s: float | None = None
-    finish_reason: str | None = None
-    error: str | None = None
+class _Record(RequestRecord):
+    """The shared request_done record plus the engine that served the request."""
+
     kv_cache_type: str | None = None
     engine_pid: int | None = None
+
+    def extra_fields(self) -> dict[str, Any]:
+        return {"kv_cache_type": self.kv_cache_type, "engine_pid": self.engine_pid}
 
 
 class _ClientGone(Exception):
@@ -333,25 +330,12 @@ class EnginePod:
 
     # -- HTTP -----------------------------------------------------------------------
     async def models(self, request: web.Request) -> web.Response:
-        name = self.settings.served_model_name
-        return web.json_response(
-            {
-                "object": "list",
-                "data": [
-                    {
-                        "id": name,
-                        "object": "model",
-                        "created": self.created,
-                        "owned_by": "canarystack",
-                        "root": name,
-                        "parent": None,
-                        "max_model_len": self.settings.n_ctx,
-                        "version": self.version,
-                        "engine": "llama.cpp",
-                    }
-                ],
-            },
-            headers={"x-model-version": self.version},
+        return models_response(
+            self.settings.served_model_name,
+            created=self.created,
+            max_model_len=self.settings.n_ctx,
+            version=self.version,
+            engine="llama.cpp",
         )
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
@@ -361,31 +345,20 @@ class EnginePod:
         return await self._handle(request, chat=True)
 
     async def _handle(self, request: web.Request, chat: bool) -> web.StreamResponse:
-        rid = request.headers.get("x-request-id") or uuid.uuid4().hex
-        rec = _Record(
-            request_id=rid,
-            traceparent=request.headers.get("traceparent"),
-            traffic_tag=request.headers.get("x-traffic-tag"),
-            endpoint=request.path,
-            t_recv=time.monotonic(),
-        )
-        headers = {"x-model-version": self.version, "x-request-id": rid}
+        rec = _Record.start(request)
+        headers = response_headers(self.version, rec)
         self.inflight += 1
         try:
-            return await self._serve(request, chat, rec, headers)
-        except ApiError as err:
-            rec.status = err.status
-            rec.error = rec.error or f"http_{err.status}"
-            resp = error_response(err)
-            resp.headers.update(headers)
-            return resp
-        except asyncio.CancelledError:
-            rec.error = rec.error or "cancelled"
-            rec.finish_reason = "abort"
-            raise
+            return await serve_logged(
+                rec,
+                headers,
+                self._serve(request, chat, rec, headers),
+                log=self.log,
+                version=self.version,
+                model=self.settings.served_model_name,
+            )
         finally:
             self.inflight -= 1
-            self._log_done(rec)
 
     def _upstream_body(
         self, body: dict[str, Any], chat: bool, rec: _Record
@@ -410,24 +383,14 @@ class EnginePod:
             field = "prompt"
         rec.stream = req.stream
         served = self.settings.served_model_name
-        if req.model is not None and req.model != served:
-            raise NotFound(
-                f"The model `{req.model}` does not exist. This server serves `{served}` "
-                "(GET /v1/models lists it); send that name in 'model' or leave it out.",
-                param="model",
-                code="model_not_found",
-            )
-        n_ctx = self.settings.n_ctx
-        if max_tokens is None:
-            max_tokens = max(1, min(self.default_max_tokens, n_ctx - rec.prompt_tokens))
-        if rec.prompt_tokens + max_tokens > n_ctx:
-            raise BadRequest(
-                f"This model's maximum context length is {n_ctx} tokens. However, you "
-                f"requested {rec.prompt_tokens + max_tokens} tokens ({rec.prompt_tokens} in "
-                f"the {field}, {max_tokens} in the completion). Please reduce the length of "
-                f"the {field} or max_tokens.",
-                param="max_tokens" if rec.prompt_tokens < n_ctx else field,
-            )
+        check_model_name(req.model, served)
+        max_tokens = resolve_max_tokens(
+            max_tokens,
+            rec.prompt_tokens,
+            max_len=self.settings.n_ctx,
+            default_max_tokens=self.default_max_tokens,
+            prompt_field=field,
+        )
         dropped = ("stream_options", "max_completion_tokens")
         out = {k: v for k, v in body.items() if k not in dropped}
         out["model"] = served
@@ -625,25 +588,3 @@ class EnginePod:
         self.metrics.generation_tokens.inc(rec.completion_tokens)
         reason = rec.finish_reason if rec.finish_reason in ("stop", "length") else "abort"
         self.metrics.success[reason].inc()
-
-    def _log_done(self, rec: _Record) -> None:
-        self.log.info(
-            "request_done",
-            request_id=rec.request_id,
-            traceparent=rec.traceparent,
-            traffic_tag=rec.traffic_tag,
-            version=self.version,
-            model=self.settings.served_model_name,
-            endpoint=rec.endpoint,
-            stream=rec.stream,
-            status=rec.status,
-            prompt_tokens=rec.prompt_tokens,
-            completion_tokens=rec.completion_tokens,
-            ttft_s=None if rec.ttft_s is None else round(rec.ttft_s, 6),
-            queue_s=None,
-            e2e_s=round(time.monotonic() - rec.t_recv, 6),
-            finish_reason=rec.finish_reason,
-            error=rec.error,
-            kv_cache_type=rec.kv_cache_type,
-            engine_pid=rec.engine_pid,
-        )

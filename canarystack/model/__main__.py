@@ -10,16 +10,17 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
-from canarystack.common.app import Component, create_app
-from canarystack.common.auth import load_admin_token
-from canarystack.common.cli import base_parser, parse, serve
-from canarystack.common.faults import FaultRegistry
-from canarystack.common.logs import get_logger
+from canarystack.common.cli import base_parser, parse
 from canarystack.model.capacity import CapacityModel
+from canarystack.model.contract import (
+    COMPONENT,
+    add_default_max_tokens_option,
+    add_identity_options,
+    check_shared_options,
+    run_model_server,
+)
 from canarystack.model.faults import FAULT_KINDS
 from canarystack.model.server import ModelServer, ServerConfig
-
-COMPONENT = "model"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -29,12 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
         "streaming, logprobs), with a capacity model and injectable faults.",
     )
     g = p.add_argument_group("model")
-    g.add_argument("--version", default="v1", help="model version name (default %(default)s)")
-    g.add_argument(
-        "--served-model-name",
-        default="default",
-        help="the name clients send in 'model' (default %(default)s)",
-    )
+    add_identity_options(g)
     g.add_argument(
         "--family-seed",
         type=int,
@@ -54,12 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=16384,
         help="context window in tokens (default %(default)s)",
     )
-    g.add_argument(
-        "--default-max-tokens",
-        type=int,
-        default=16,
-        help="max_tokens when a request gives none (default %(default)s)",
-    )
+    add_default_max_tokens_option(g)
     c = p.add_argument_group("capacity model")
     c.add_argument("--slots", type=int, default=32, help="sequence slots (default %(default)s)")
     c.add_argument(
@@ -123,10 +114,7 @@ def config_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) 
         parser.error(f"--drift {args.drift}: give a mean KL >= 0 (e.g. 0.01)")
     if args.max_model_len < 2:
         parser.error(f"--max-model-len {args.max_model_len}: give at least 2 tokens")
-    if args.default_max_tokens < 1:
-        parser.error(f"--default-max-tokens {args.default_max_tokens}: give at least 1")
-    if not args.version.strip() or not args.served_model_name.strip():
-        parser.error("--version and --served-model-name must not be empty")
+    check_shared_options(args, parser)
     return ServerConfig(
         version=args.version,
         served_model_name=args.served_model_name,
@@ -142,20 +130,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = build_parser()
     args = parse(parser, argv)
     config = config_from_args(args, parser)
-    log = get_logger(COMPONENT)
-    faults = FaultRegistry(COMPONENT, FAULT_KINDS, max_ttl_s=args.max_fault_ttl_s, log=log)
-    component = Component(
-        name=COMPONENT,
-        version=config.version,
-        admin_token=load_admin_token(args.admin_token_file),
-        faults=faults,
-        log=log,
+    run_model_server(
+        args, config.version, FAULT_KINDS, lambda component: ModelServer(config, component)
     )
-    server = ModelServer(config, component)
-    component.health_extra = server.health_extra
-    app = create_app(component)
-    server.add_routes(app)
-    serve(app, args, COMPONENT)
 
 
 if __name__ == "__main__":

@@ -21,7 +21,6 @@ import asyncio
 import os
 import random
 import time
-import uuid
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -31,15 +30,21 @@ from canarystack.common.app import Component
 from canarystack.common.errors import (
     ApiError,
     BadRequest,
-    NotFound,
     Unavailable,
-    error_response,
     parse_model,
     read_json_object,
 )
 from canarystack.common.faults import FaultParams
 from canarystack.common.logs import get_logger
 from canarystack.model.capacity import CapacityModel, SlotScheduler, sleep_until
+from canarystack.model.contract import (
+    RequestRecord,
+    check_model_name,
+    models_response,
+    resolve_max_tokens,
+    response_headers,
+    serve_logged,
+)
 from canarystack.model.engine import NextTokenModel
 from canarystack.model.faults import (
     CRASH_EXIT_CODE,
@@ -73,25 +78,6 @@ class ServerConfig:
 class SimulatedServerError(ApiError):
     status = 500
     type = "server_error"
-
-
-@dataclass
-class _Record:
-    """What the request_done log line says about one request."""
-
-    request_id: str
-    traceparent: str | None
-    traffic_tag: str | None
-    endpoint: str
-    t_recv: float
-    stream: bool = False
-    status: int = 200
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    ttft_s: float | None = None
-    queue_s: float | None = None
-    finish_reason: str | None = None
-    error: str | None = None
 
 
 class _Disconnected(Exception):
@@ -132,23 +118,11 @@ class ModelServer:
         }
 
     async def models(self, request: web.Request) -> web.Response:
-        return web.json_response(
-            {
-                "object": "list",
-                "data": [
-                    {
-                        "id": self.config.served_model_name,
-                        "object": "model",
-                        "created": self.created,
-                        "owned_by": "canarystack",
-                        "root": self.config.served_model_name,
-                        "parent": None,
-                        "max_model_len": self.config.max_model_len,
-                        "version": self.config.version,
-                    }
-                ],
-            },
-            headers={"x-model-version": self.config.version},
+        return models_response(
+            self.config.served_model_name,
+            created=self.created,
+            max_model_len=self.config.max_model_len,
+            version=self.config.version,
         )
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
@@ -159,30 +133,16 @@ class ModelServer:
 
     # -- one request ------------------------------------------------------------------
     async def _handle(self, request: web.Request, kind: str) -> web.StreamResponse:
-        t_recv = time.monotonic()
-        request_id = request.headers.get("x-request-id") or uuid.uuid4().hex
-        rec = _Record(
-            request_id=request_id,
-            traceparent=request.headers.get("traceparent"),
-            traffic_tag=request.headers.get("x-traffic-tag"),
-            endpoint=request.path,
-            t_recv=t_recv,
+        rec = RequestRecord.start(request)
+        headers = response_headers(self.config.version, rec)
+        return await serve_logged(
+            rec,
+            headers,
+            self._serve(request, kind, rec, headers),
+            log=self.log,
+            version=self.config.version,
+            model=self.config.served_model_name,
         )
-        headers = {"x-model-version": self.config.version, "x-request-id": request_id}
-        try:
-            return await self._serve(request, kind, rec, headers)
-        except ApiError as err:
-            rec.status = err.status
-            rec.error = rec.error or f"http_{err.status}"
-            resp = error_response(err)
-            resp.headers.update(headers)
-            return resp
-        except asyncio.CancelledError:
-            rec.error = rec.error or "cancelled"
-            rec.finish_reason = "abort"
-            raise
-        finally:
-            self._log_done(rec)
 
     def _fault(self, kind: str, cls: type[P], prompt_tokens: int) -> P | None:
         params = self.component.faults.get(kind)
@@ -192,7 +152,7 @@ class ModelServer:
         return params if prompt_tokens >= threshold else None
 
     async def _serve(
-        self, request: web.Request, kind: str, rec: _Record, headers: dict[str, str]
+        self, request: web.Request, kind: str, rec: RequestRecord, headers: dict[str, str]
     ) -> web.StreamResponse:
         body = await read_json_object(request)
         req: CompletionRequest | ChatCompletionRequest
@@ -208,13 +168,7 @@ class ModelServer:
             max_tokens = req.max_tokens or req.max_completion_tokens
         rec.stream = req.stream
         served = self.config.served_model_name
-        if req.model is not None and req.model != served:
-            raise NotFound(
-                f"The model `{req.model}` does not exist. This server serves `{served}` "
-                "(GET /v1/models lists it); send that name in 'model' or leave it out.",
-                param="model",
-                code="model_not_found",
-            )
+        check_model_name(req.model, served)
         words = req.prompt_text().split()
         n_prompt = len(words)
         rec.prompt_tokens = n_prompt
@@ -223,17 +177,13 @@ class ModelServer:
                 f"'{prompt_field}' is empty: send at least one token of text.",
                 param=prompt_field,
             )
-        max_len = self.config.max_model_len
-        if max_tokens is None:
-            max_tokens = max(1, min(self.config.default_max_tokens, max_len - n_prompt))
-        if n_prompt + max_tokens > max_len:
-            raise BadRequest(
-                f"This model's maximum context length is {max_len} tokens. However, you "
-                f"requested {n_prompt + max_tokens} tokens ({n_prompt} in the "
-                f"{prompt_field}, {max_tokens} in the completion). Please reduce the length "
-                f"of the {prompt_field} or max_tokens.",
-                param="max_tokens" if n_prompt < max_len else prompt_field,
-            )
+        max_tokens = resolve_max_tokens(
+            max_tokens,
+            n_prompt,
+            max_len=self.config.max_model_len,
+            default_max_tokens=self.config.default_max_tokens,
+            prompt_field=prompt_field,
+        )
 
         # Faults that act before the engine.
         crash = self._fault("crash", CrashParams, n_prompt)
@@ -293,7 +243,7 @@ class ModelServer:
             request, rec, headers, gen, renderer, extra_ttft_s, itl_mult, truncate
         )
 
-    async def _admit(self, rec: _Record) -> float:
+    async def _admit(self, rec: RequestRecord) -> float:
         await self.scheduler.acquire()
         t_admit = time.monotonic()
         rec.queue_s = t_admit - rec.t_recv
@@ -303,7 +253,7 @@ class ModelServer:
     async def _stream(
         self,
         request: web.Request,
-        rec: _Record,
+        rec: RequestRecord,
         headers: dict[str, str],
         gen: Generation,
         renderer: Renderer,
@@ -369,7 +319,7 @@ class ModelServer:
     async def _complete(
         self,
         request: web.Request,
-        rec: _Record,
+        rec: RequestRecord,
         headers: dict[str, str],
         gen: Generation,
         renderer: Renderer,
@@ -434,14 +384,14 @@ class ModelServer:
         if transport is not None:
             transport.abort()
 
-    def _finish(self, rec: _Record) -> None:
+    def _finish(self, rec: RequestRecord) -> None:
         self.scheduler.release()
         e2e_s = time.monotonic() - rec.t_recv
         self.metrics.e2e_s.observe(e2e_s)
         self.metrics.generation_tokens.inc(rec.completion_tokens)
         self.metrics.success[rec.finish_reason or "abort"].inc()
 
-    def _crash(self, rec: _Record, crash: CrashParams) -> None:
+    def _crash(self, rec: RequestRecord, crash: CrashParams) -> None:
         self.log.error(
             "crash_fault",
             request_id=rec.request_id,
@@ -451,23 +401,3 @@ class ModelServer:
         )
         # Like a CUDA OOM killing the engine: no cleanup, no answers to anyone in flight.
         os._exit(CRASH_EXIT_CODE)
-
-    def _log_done(self, rec: _Record) -> None:
-        self.log.info(
-            "request_done",
-            request_id=rec.request_id,
-            traceparent=rec.traceparent,
-            traffic_tag=rec.traffic_tag,
-            version=self.config.version,
-            model=self.config.served_model_name,
-            endpoint=rec.endpoint,
-            stream=rec.stream,
-            status=rec.status,
-            prompt_tokens=rec.prompt_tokens,
-            completion_tokens=rec.completion_tokens,
-            ttft_s=None if rec.ttft_s is None else round(rec.ttft_s, 6),
-            queue_s=None if rec.queue_s is None else round(rec.queue_s, 6),
-            e2e_s=round(time.monotonic() - rec.t_recv, 6),
-            finish_reason=rec.finish_reason,
-            error=rec.error,
-        )

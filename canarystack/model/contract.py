@@ -1,0 +1,241 @@
+"""What every model server does the same way (docs/ARCHITECTURE.md §1 and §1.1).
+
+Two processes serve the model-server contract: the simulator (``canarystack.model``) and
+the engine pod (``canarystack.engine``). What the contract fixes, and they share from here
+so the two cannot drift apart:
+
+- the flags ``--version``, ``--served-model-name`` and ``--default-max-tokens`` and their
+  checks, and the component wiring (``run_model_server``);
+- the request checks: the ``model`` name and the context length (a 4xx naming the field);
+- the ``request_done`` record and log line, the ``x-model-version``/``x-request-id``
+  headers, and the answer to a client mistake (``serve_logged``);
+- the ``/v1/models`` body.
+
+This module must never import an engine (no llama.cpp, no simulator model): the engine
+pod imports it without the simulator, the simulator without llama.cpp.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol, Self
+
+from aiohttp import web
+
+from canarystack.common.app import Component, create_app
+from canarystack.common.auth import load_admin_token
+from canarystack.common.cli import serve
+from canarystack.common.errors import ApiError, BadRequest, NotFound, error_response
+from canarystack.common.faults import FaultParams, FaultRegistry
+from canarystack.common.logs import JsonLogger, get_logger
+
+# Both model servers log and register faults as "model": to everyone else they are one kind.
+COMPONENT = "model"
+
+
+# -- flags ------------------------------------------------------------------------------
+def add_identity_options(group: argparse._ArgumentGroup) -> None:
+    """``--version`` and ``--served-model-name``."""
+    group.add_argument("--version", default="v1", help="model version name (default %(default)s)")
+    group.add_argument(
+        "--served-model-name",
+        default="default",
+        help="the name clients send in 'model' (default %(default)s)",
+    )
+
+
+def add_default_max_tokens_option(group: argparse._ArgumentGroup) -> None:
+    group.add_argument(
+        "--default-max-tokens",
+        type=int,
+        default=16,
+        help="max_tokens when a request gives none (default %(default)s)",
+    )
+
+
+def check_shared_options(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    """Exit with a usage error naming the flag when a shared flag's value is unusable."""
+    if args.default_max_tokens < 1:
+        parser.error(f"--default-max-tokens {args.default_max_tokens}: give at least 1")
+    if not args.version.strip() or not args.served_model_name.strip():
+        parser.error("--version and --served-model-name must not be empty")
+
+
+class ModelServerApp(Protocol):
+    def health_extra(self) -> dict[str, Any]: ...
+
+    def add_routes(self, app: web.Application) -> None: ...
+
+
+def run_model_server(
+    args: argparse.Namespace,
+    version: str,
+    fault_kinds: Mapping[str, type[FaultParams]],
+    build: Callable[[Component], ModelServerApp],
+) -> None:
+    """Wire a model server into a component (faults, admin token, /health) and serve it
+    until SIGTERM."""
+    log = get_logger(COMPONENT)
+    faults = FaultRegistry(COMPONENT, fault_kinds, max_ttl_s=args.max_fault_ttl_s, log=log)
+    component = Component(
+        name=COMPONENT,
+        version=version,
+        admin_token=load_admin_token(args.admin_token_file),
+        faults=faults,
+        log=log,
+    )
+    server = build(component)
+    component.health_extra = server.health_extra
+    app = create_app(component)
+    server.add_routes(app)
+    serve(app, args, COMPONENT)
+
+
+# -- request checks ---------------------------------------------------------------------
+def check_model_name(requested: str | None, served: str) -> None:
+    """A request may leave ``model`` out or name the served model; anything else is a 404."""
+    if requested is not None and requested != served:
+        raise NotFound(
+            f"The model `{requested}` does not exist. This server serves `{served}` "
+            "(GET /v1/models lists it); send that name in 'model' or leave it out.",
+            param="model",
+            code="model_not_found",
+        )
+
+
+def resolve_max_tokens(
+    max_tokens: int | None,
+    prompt_tokens: int,
+    *,
+    max_len: int,
+    default_max_tokens: int,
+    prompt_field: str,
+) -> int:
+    """``max_tokens`` (the default when the request gives none, fitted into the context),
+    or a 400 when prompt and completion do not fit into ``max_len`` tokens."""
+    if max_tokens is None:
+        max_tokens = max(1, min(default_max_tokens, max_len - prompt_tokens))
+    if prompt_tokens + max_tokens > max_len:
+        raise BadRequest(
+            f"This model's maximum context length is {max_len} tokens. However, you "
+            f"requested {prompt_tokens + max_tokens} tokens ({prompt_tokens} in the "
+            f"{prompt_field}, {max_tokens} in the completion). Please reduce the length "
+            f"of the {prompt_field} or max_tokens.",
+            param="max_tokens" if prompt_tokens < max_len else prompt_field,
+        )
+    return max_tokens
+
+
+# -- one request: the request_done record and line ----------------------------------------
+@dataclass
+class RequestRecord:
+    """What the request_done log line says about one request."""
+
+    request_id: str
+    traceparent: str | None
+    traffic_tag: str | None
+    endpoint: str
+    t_recv: float
+    stream: bool = False
+    status: int = 200
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    ttft_s: float | None = None
+    queue_s: float | None = None
+    finish_reason: str | None = None
+    error: str | None = None
+
+    @classmethod
+    def start(cls, request: web.Request) -> Self:
+        """A record for a request that arrives now (the client's x-request-id, or a new one)."""
+        return cls(
+            request_id=request.headers.get("x-request-id") or uuid.uuid4().hex,
+            traceparent=request.headers.get("traceparent"),
+            traffic_tag=request.headers.get("x-traffic-tag"),
+            endpoint=request.path,
+            t_recv=time.monotonic(),
+        )
+
+    def extra_fields(self) -> dict[str, Any]:
+        """Fields a model server adds to the line (after the shared ones)."""
+        return {}
+
+
+async def serve_logged(
+    rec: RequestRecord,
+    headers: dict[str, str],
+    serving: Awaitable[web.StreamResponse],
+    *,
+    log: JsonLogger,
+    version: str,
+    model: str,
+) -> web.StreamResponse:
+    """Await ``serving``; a client mistake (``ApiError``) becomes its JSON answer with
+    ``headers``; either way, and on a cancelled request, one ``request_done`` line."""
+    try:
+        return await serving
+    except ApiError as err:
+        rec.status = err.status
+        rec.error = rec.error or f"http_{err.status}"
+        resp = error_response(err)
+        resp.headers.update(headers)
+        return resp
+    except asyncio.CancelledError:
+        rec.error = rec.error or "cancelled"
+        rec.finish_reason = "abort"
+        raise
+    finally:
+        log.info(
+            "request_done",
+            request_id=rec.request_id,
+            traceparent=rec.traceparent,
+            traffic_tag=rec.traffic_tag,
+            version=version,
+            model=model,
+            endpoint=rec.endpoint,
+            stream=rec.stream,
+            status=rec.status,
+            prompt_tokens=rec.prompt_tokens,
+            completion_tokens=rec.completion_tokens,
+            ttft_s=None if rec.ttft_s is None else round(rec.ttft_s, 6),
+            queue_s=None if rec.queue_s is None else round(rec.queue_s, 6),
+            e2e_s=round(time.monotonic() - rec.t_recv, 6),
+            finish_reason=rec.finish_reason,
+            error=rec.error,
+            **rec.extra_fields(),
+        )
+
+
+def response_headers(version: str, rec: RequestRecord) -> dict[str, str]:
+    return {"x-model-version": version, "x-request-id": rec.request_id}
+
+
+# -- /v1/models -------------------------------------------------------------------------
+def models_response(
+    name: str, *, created: int, max_model_len: int, version: str, **extra: Any
+) -> web.Response:
+    """The one-model list, vLLM's shape plus ``version`` (and ``extra``)."""
+    return web.json_response(
+        {
+            "object": "list",
+            "data": [
+                {
+                    "id": name,
+                    "object": "model",
+                    "created": created,
+                    "owned_by": "canarystack",
+                    "root": name,
+                    "parent": None,
+                    "max_model_len": max_model_len,
+                    "version": version,
+                    **extra,
+                }
+            ],
+        },
+        headers={"x-model-version": version},
+    )
