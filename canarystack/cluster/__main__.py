@@ -86,8 +86,10 @@ def _summarise_change(change: dict[str, Any]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    console = Console()
-    err = Console(stderr=True)
+    # Messages are never hard-wrapped (they get piped and grepped); tables get room.
+    width = None if sys.stdout.isatty() else 160
+    console = Console(soft_wrap=True, width=width)
+    err = Console(stderr=True, soft_wrap=True)
     state_dir = Path(args.state_dir)
     try:
         if args.cmd == "up":
