@@ -18,10 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
 import threading
@@ -30,15 +27,12 @@ from pathlib import Path
 from typing import Any
 
 import requests
+from _procs import ADMIN, ROOT, command, launch, stop, wait_port
 
-ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from canarystack.broker import manifest_digest  # noqa: E402
-from canarystack.broker.store import ReleasePatch, Store  # noqa: E402
-
-TOKEN = "bench-admin-token"
-HEADERS = {"Authorization": f"Bearer {TOKEN}", "x-actor": "bench"}
+from canarystack.broker import manifest_digest
+from canarystack.broker.store import ReleasePatch, Store
 
 
 def pct(values: list[float], q: float) -> float:
@@ -68,39 +62,25 @@ def main() -> None:
     ap.add_argument("--watches", type=int, default=100)
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="broker-bench-"))
-    cmd = [
-        sys.executable,
-        "-m",
-        "canarystack.broker",
-        "--state-dir",
-        str(work / "state"),
-        "--ready-file",
-        str(work / "ready.json"),
-        "--log-level",
-        "warning",
-    ]
-    env = {**os.environ, "CANARYSTACK_ADMIN_TOKEN": TOKEN}
-    proc = subprocess.Popen(cmd, env=env, cwd=ROOT)
+    ready, log = work / "ready.json", work / "broker.log"
+    broker_args = ["--state-dir", str(work / "state"), "--log-level", "warning"]
+    proc = launch("canarystack.broker", broker_args, ready=ready, log=log)
     try:
-        deadline = time.monotonic() + 30
-        while not (work / "ready.json").exists():
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit("the broker did not start")
-            time.sleep(0.05)
-        url = f"http://127.0.0.1:{json.loads((work / 'ready.json').read_text())['port']}"
+        port = wait_port(proc, ready, log, "the broker")
+        url = f"http://127.0.0.1:{port}"
         http = requests.Session()
         for v in ("v1", "v2"):
             body = {"version": v, "manifest": v, "digest": manifest_digest(v)}
-            http.post(url + "/v1/versions", json=body, headers=HEADERS).raise_for_status()
+            http.post(url + "/v1/versions", json=body, headers=ADMIN).raise_for_status()
         release = {"name": "r", "stable": "v1", "canary": "v2", "weights": {"canary": 0}}
-        http.post(url + "/v1/releases", json=release, headers=HEADERS).raise_for_status()
+        http.post(url + "/v1/releases", json=release, headers=ADMIN).raise_for_status()
         revision, weight = 1, 0
 
         def patch() -> None:
             nonlocal revision, weight
             weight = weight % 100 + 1  # always a change, never a no-op
             body = {"expected_revision": revision, "weights": {"canary": weight}}
-            r = http.patch(url + "/v1/releases/r", json=body, headers=HEADERS)
+            r = http.patch(url + "/v1/releases/r", json=body, headers=ADMIN)
             r.raise_for_status()
             revision = r.json()["revision"]
 
@@ -128,8 +108,7 @@ def main() -> None:
             thread.join(timeout=20)
             wake_s.append(got["t"] - started)
     finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=10)
+        stop(proc, grace_s=10)
     result = {
         "patches": args.patches,
         "watches": args.watches,
@@ -140,7 +119,7 @@ def main() -> None:
             "normal": store_commits(work / "normal", "NORMAL", args.patches),
         },
         "state_dir": str(work),
-        "broker_command": " ".join(cmd),
+        "broker_command": " ".join(command("canarystack.broker", broker_args, ready=ready)),
     }
     shutil.rmtree(work, ignore_errors=True)
     print(json.dumps(result))

@@ -49,13 +49,12 @@ from typing import Any
 
 import numpy as np
 import requests
+from _procs import ADMIN, launch, wait_port
 
 from canarystack.engine.gguf_gen import write_gguf
 from canarystack.tokenizer import make_prompt
 from gameday.oracle import compare_positions, kl_topk, parse_logprobs
 
-TOKEN = "bench-admin-token"
-ADMIN = {"Authorization": f"Bearer {TOKEN}", "x-actor": "bench"}
 RESET_PROMPT = "0 1 2 3 4 5 6 7 8 9"
 WORDS = (16, 32, 48, 64, 96, 128, 192, 256)
 GGML = {"f16": 1, "q4_0": 2, "q8_0": 8}
@@ -79,16 +78,11 @@ def pods(gguf: Path, folder: Path, n: int) -> Iterator[list[str]]:
     urls: list[str] = []
     try:
         for i in range(n):
-            ready = folder / f"pod{i}.json"
-            log = open(folder / f"pod{i}.log", "wb")  # noqa: SIM115 - closed below
-            cmd = [sys.executable, "-m", "canarystack.engine", "--port", "0",
-                   "--ready-file", str(ready), "--model", str(gguf),
-                   "--version", f"v{i}"]  # fmt: skip
-            env = {**os.environ, "CANARYSTACK_ADMIN_TOKEN": TOKEN}
-            procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env))
-            log.close()
-            wait(ready.exists, 60, f"pod {i} to listen")
-            urls.append(f"http://127.0.0.1:{json.loads(ready.read_text())['port']}")
+            ready, log = folder / f"pod{i}.json", folder / f"pod{i}.log"
+            args = ["--model", str(gguf), "--version", f"v{i}"]
+            procs.append(launch("canarystack.engine", args, ready=ready, log=log))
+            port = wait_port(procs[-1], ready, log, f"engine pod {i}", timeout_s=60)
+            urls.append(f"http://127.0.0.1:{port}")
         for url in urls:
             wait(lambda u=url: requests.get(u + "/health", timeout=2).ok, 90, "engine up")  # type: ignore[misc]
         yield urls

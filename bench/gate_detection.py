@@ -68,16 +68,14 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+from _procs import ADMIN, ROOT, launch, port_if_ready, stop, wait_healthy
 from aiohttp import web
 
-ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from canarystack.gate.state import GateConfig, ReleaseGate, SampleBatch  # noqa: E402
-from canarystack.tokenizer import make_prompt  # noqa: E402
+from canarystack.gate.state import GateConfig, ReleaseGate, SampleBatch
+from canarystack.tokenizer import make_prompt
 
-TOKEN = "bench-admin-token"
-ADMIN = {"Authorization": f"Bearer {TOKEN}", "x-actor": "bench"}
 POLL_S = 0.02
 SEED_KL_WINDOW = 100
 SEED_KL_THRESHOLD = 0.05
@@ -124,32 +122,16 @@ class Procs:
         self.args: dict[str, tuple[str, tuple[str, ...]]] = {}
 
     async def start(self, name: str, module: str, *args: str, port: int = 0) -> int:
-        ready = self.tmp / f"{name}.ready.json"
-        ready.unlink(missing_ok=True)
-        cmd = [sys.executable, "-m", module, "--port", str(port), "--ready-file", str(ready)]
-        cmd += list(args)
-        env = {**os.environ, "CANARYSTACK_ADMIN_TOKEN": TOKEN, "PYTHONUNBUFFERED": "1"}
-        log = open(self.tmp / f"{name}.log", "ab")  # noqa: SIM115 - closed right after
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
-        log.close()
+        ready, log = self.tmp / f"{name}.ready.json", self.tmp / f"{name}.log"
+        proc = launch(module, args, ready=ready, log=log, port=port, append=True)
         self.procs[name] = proc
         self.args[name] = (module, tuple(args))
         deadline = time.monotonic() + 30
-        while not ready.exists():
-            if proc.poll() is not None or time.monotonic() > deadline:
-                text = (self.tmp / f"{name}.log").read_text()[-2000:]
-                raise SystemExit(f"{name} did not start:\n{text}")
-            await asyncio.sleep(0.05)
-        self.ports[name] = int(json.loads(ready.read_text())["port"])
-        url = f"http://127.0.0.1:{self.ports[name]}"
-        async with aiohttp.ClientSession() as s:
-            for _ in range(400):
-                with contextlib.suppress(aiohttp.ClientError):
-                    async with s.get(url + "/health") as r:
-                        if r.status == 200:
-                            return self.ports[name]
-                await asyncio.sleep(0.05)
-        raise SystemExit(f"{name} never became healthy")
+        while (bound := port_if_ready(proc, ready, log, name, deadline)) is None:
+            await asyncio.sleep(0.05)  # the event loop keeps serving the tap meanwhile
+        self.ports[name] = bound
+        await wait_healthy(self.url(name), name)
+        return bound
 
     def url(self, name: str) -> str:
         return f"http://127.0.0.1:{self.ports[name]}"
@@ -167,14 +149,7 @@ class Procs:
         await self.start(name, module, *(new_args or args), port=self.ports[name])
 
     def stop(self, name: str) -> None:
-        proc = self.procs[name]
-        if proc.poll() is None:
-            os.kill(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                os.kill(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=5)
+        stop(self.procs[name])
 
     def stop_all(self) -> None:
         for name in reversed(list(self.procs)):

@@ -28,7 +28,6 @@ import contextlib
 import json
 import os
 import resource
-import signal
 import subprocess
 import sys
 import tempfile
@@ -37,22 +36,16 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+from _procs import ROOT, cpu_seconds, launch, pct, stop, wait_port
+
 sys.path.insert(0, str(ROOT))
 
-from gameday.load.prompts import SyntheticMix  # noqa: E402
-from gameday.load.runner import LoadConfig, LoadRun  # noqa: E402
-from gameday.load.sse import SSEDecoder, StreamMeasurement  # noqa: E402
+from gameday.load.prompts import SyntheticMix
+from gameday.load.runner import LoadConfig, LoadRun
+from gameday.load.sse import SSEDecoder, StreamMeasurement
 
 SERVER_ARGS = ("--ttft-base-ms", "5", "--prefill-ms-per-1k", "2", "--itl-ms", "2", "--slots", "256")
 MAX_TOKENS = 64
-
-
-def proc_cpu_s(pid: int) -> float:
-    """utime + stime of a live process (fields 14 and 15 of /proc/PID/stat)."""
-    stat = Path(f"/proc/{pid}/stat").read_text()
-    fields = stat[stat.rindex(")") + 2 :].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def children_cpu_s() -> float:
@@ -60,28 +53,10 @@ def children_cpu_s() -> float:
     return ru.ru_utime + ru.ru_stime
 
 
-def pct(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    s = sorted(values)
-    return s[min(len(s) - 1, int(q * len(s)))]
-
-
 def start_server(tmp: Path) -> tuple[subprocess.Popen[bytes], str, Path]:
     ready, log = tmp / "model.ready.json", tmp / "model.log"
-    with log.open("wb") as f:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "canarystack.model", "--version", "v1", "--port", "0",
-             "--ready-file", str(ready), *SERVER_ARGS],
-            stdout=f, stderr=subprocess.STDOUT, cwd=ROOT,
-        )  # fmt: skip
-    deadline = time.monotonic() + 30
-    while not ready.exists():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            raise SystemExit(f"model server did not start:\n{log.read_text()[-2000:]}")
-        time.sleep(0.05)
-    port = json.loads(ready.read_text())["port"]
-    return proc, f"http://127.0.0.1:{port}", log
+    proc = launch("canarystack.model", ["--version", "v1", *SERVER_ARGS], ready=ready, log=log)
+    return proc, f"http://127.0.0.1:{wait_port(proc, ready, log, 'model server')}", log
 
 
 def server_ttfts(log: Path) -> dict[str, float]:
@@ -139,7 +114,7 @@ def run_locust(url: str, users: int, duration_s: float, out: Path, log: Path) ->
     )  # fmt: skip
     run = LoadRun(config).start()
     assert run.pid is not None
-    startup_cpu = proc_cpu_s(run.pid)  # imports and set-up are not load-generation cost
+    startup_cpu = cpu_seconds(run.pid)  # imports and set-up are not load-generation cost
     run.wait(duration_s + 60)
     cpu = children_cpu_s() - cpu0 - startup_cpu
     df = pd.read_parquet(out / "records.parquet")
@@ -240,13 +215,7 @@ def main() -> None:
                 )
                 results.append(level)
         finally:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(server.pid, signal.SIGTERM)
-            try:
-                server.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                os.kill(server.pid, signal.SIGKILL)
-                server.wait()
+            stop(server, grace_s=10)
     print(
         json.dumps(
             {

@@ -22,7 +22,6 @@ import contextlib
 import json
 import os
 import shlex
-import signal
 import subprocess
 import sys
 import tempfile
@@ -31,28 +30,13 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of a process, in seconds (fields 14 and 15 of /proc/PID/stat)."""
-    stat = Path(f"/proc/{pid}/stat").read_text()
-    fields = stat[stat.rindex(")") + 2 :].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+from _procs import cpu_seconds, launch, pct, stop, wait_port
 
 
 def make_prompt(n_tokens: int) -> str:
     # Mirrors canarystack.tokenizer.make_prompt's contract (n words = n tokens) without
     # importing the system under test into the client.
     return " ".join(f"w{i % 97}" for i in range(n_tokens))
-
-
-def pct(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    s = sorted(values)
-    return s[min(len(s) - 1, int(q * len(s)))]
 
 
 async def drive(
@@ -131,29 +115,9 @@ async def drive(
 
 
 def start_server(server_args: list[str], tmp: Path) -> tuple[subprocess.Popen[bytes], int]:
-    ready = tmp / "ready.json"
-    cmd = [sys.executable, "-m", "canarystack.model", "--port", "0", "--ready-file", str(ready)]
-    cmd += server_args
-    log = open(tmp / "model.log", "wb")  # noqa: SIM115 - closed right after the fork
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
-    log.close()
-    deadline = time.monotonic() + 20
-    while not ready.exists():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            stop(proc)
-            sys.exit(f"model server did not start:\n{(tmp / 'model.log').read_text()[-2000:]}")
-        time.sleep(0.05)
-    return proc, int(json.loads(ready.read_text())["port"])
-
-
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        os.kill(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            os.kill(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=5)
+    ready, log = tmp / "ready.json", tmp / "model.log"
+    proc = launch("canarystack.model", server_args, ready=ready, log=log)
+    return proc, wait_port(proc, ready, log, "model server", timeout_s=20)
 
 
 def main() -> None:

@@ -28,32 +28,14 @@ import hashlib
 import json
 import os
 import random
-import signal
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import aiohttp
-
-ROOT = Path(__file__).resolve().parents[1]
-TOKEN = "bench-admin-token"
-
-
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of a process, in seconds (fields 14 and 15 of /proc/PID/stat)."""
-    stat = Path(f"/proc/{pid}/stat").read_text()
-    fields = stat[stat.rindex(")") + 2 :].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def pct(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    s = sorted(values)
-    return s[min(len(s) - 1, int(q * len(s)))]
+from _procs import ADMIN, command, cpu_seconds, launch, pct, stop, wait_healthy, wait_port
 
 
 class Procs:
@@ -65,43 +47,25 @@ class Procs:
         self.commands: dict[str, str] = {}
 
     def start(self, name: str, module: str, *args: str) -> tuple[int, int]:
-        ready = self.tmp / f"{name}.ready.json"
-        cmd = [sys.executable, "-m", module, "--port", "0", "--ready-file", str(ready), *args]
-        env = {**os.environ, "CANARYSTACK_ADMIN_TOKEN": TOKEN, "PYTHONUNBUFFERED": "1"}
-        log = open(self.tmp / f"{name}.log", "wb")  # noqa: SIM115 - closed right after
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
-        log.close()
+        ready, log = self.tmp / f"{name}.ready.json", self.tmp / f"{name}.log"
+        proc = launch(module, args, ready=ready, log=log)
         self.procs.append(proc)
-        self.commands[name] = " ".join(cmd[1:])
-        deadline = time.monotonic() + 30
-        while not ready.exists():
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit(
-                    f"{name} did not start:\n{(self.tmp / f'{name}.log').read_text()[-2000:]}"
-                )
-            time.sleep(0.05)
-        return int(json.loads(ready.read_text())["port"]), proc.pid
+        self.commands[name] = " ".join(command(module, args, ready=ready)[1:])
+        return wait_port(proc, ready, log, name), proc.pid
 
     def stop_all(self) -> None:
         for proc in reversed(self.procs):
-            if proc.poll() is None:
-                os.kill(proc.pid, signal.SIGTERM)
-                try:
-                    proc.wait(timeout=5)
-                except subprocess.TimeoutExpired:
-                    os.kill(proc.pid, signal.SIGKILL)
-                    proc.wait(timeout=5)
+            stop(proc)
 
 
 async def setup_release(broker_url: str) -> None:
-    headers = {"Authorization": f"Bearer {TOKEN}", "x-actor": "bench"}
     async with aiohttp.ClientSession() as s:
         for version in ("v1", "v2"):
             manifest = {"image": f"model:{version}"}
             raw = json.dumps(manifest, sort_keys=True, separators=(",", ":")).encode()
             digest = "sha256:" + hashlib.sha256(raw).hexdigest()
             body = {"version": version, "manifest": manifest, "digest": digest}
-            async with s.post(broker_url + "/v1/versions", json=body, headers=headers) as r:
+            async with s.post(broker_url + "/v1/versions", json=body, headers=ADMIN) as r:
                 assert r.status in (200, 201), await r.text()
         body2 = {
             "name": "default",
@@ -111,19 +75,8 @@ async def setup_release(broker_url: str) -> None:
             "actor": "bench",
             "reason": "router overhead bench",
         }
-        async with s.post(broker_url + "/v1/releases", json=body2, headers=headers) as r:
+        async with s.post(broker_url + "/v1/releases", json=body2, headers=ADMIN) as r:
             assert r.status == 201, await r.text()
-
-
-async def wait_health(url: str) -> None:
-    async with aiohttp.ClientSession() as s:
-        for _ in range(200):
-            with contextlib.suppress(aiohttp.ClientError):
-                async with s.get(url + "/health") as r:
-                    if r.status == 200:
-                        return
-            await asyncio.sleep(0.05)
-    raise SystemExit(f"{url} never became healthy")
 
 
 async def drive(
@@ -296,7 +249,7 @@ def main() -> None:
                 "broker", "canarystack.broker", "--state-dir", str(tmp / "broker")
             )
             broker_url = f"http://127.0.0.1:{broker_port}"
-            asyncio.run(wait_health(broker_url))
+            asyncio.run(wait_healthy(broker_url, "broker"))
             asyncio.run(setup_release(broker_url))
             router_port, router_pid = procs.start(
                 "router",
@@ -310,8 +263,8 @@ def main() -> None:
             )  # fmt: skip
             model_url = f"http://127.0.0.1:{model_port}"
             router_url = f"http://127.0.0.1:{router_port}"
-            for url in (model_url, router_url):
-                asyncio.run(wait_health(url))
+            for url, name in ((model_url, "model"), (router_url, "router")):
+                asyncio.run(wait_healthy(url, name))
             try:
                 import uvloop
 

@@ -1,0 +1,114 @@
+"""What the benchmarks share: start a component process, learn its port from its ready
+file and wait until it is healthy, stop a process by its PID, a process's CPU seconds,
+and the percentile the throughput benchmarks report.
+
+The benchmarks run as scripts (``.venv/bin/python bench/<name>.py``); Python puts
+``bench/`` first on ``sys.path`` then, so they import this module as ``_procs``. It must
+never import the system under test (the benchmarks measure it from outside, as a client
+does) and never signal a process it did not start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import aiohttp
+
+ROOT = Path(__file__).resolve().parents[1]
+TOKEN = "bench-admin-token"
+ADMIN = {"Authorization": f"Bearer {TOKEN}", "x-actor": "bench"}
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of a live process, in seconds (fields 14 and 15 of /proc/PID/stat)."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def pct(values: list[float], q: float) -> float | None:
+    """The value at rank ``int(q * n)`` of the sorted values (None when there are none)."""
+    if not values:
+        return None
+    s = sorted(values)
+    return s[min(len(s) - 1, int(q * len(s)))]
+
+
+def command(module: str, args: Sequence[str], *, ready: Path, port: int = 0) -> list[str]:
+    """``python -m MODULE --port PORT --ready-file READY ARGS``."""
+    return [sys.executable, "-m", module, "--port", str(port), "--ready-file", str(ready), *args]
+
+
+def launch(
+    module: str,
+    args: Sequence[str],
+    *,
+    ready: Path,
+    log: Path,
+    port: int = 0,
+    append: bool = False,
+) -> subprocess.Popen[bytes]:
+    """Start ``python -m MODULE --port PORT --ready-file READY ARGS`` in the repository,
+    with the benchmark's admin token, its output to ``log``. Wait with ``wait_port``."""
+    ready.unlink(missing_ok=True)  # a restart must not read the last run's port
+    cmd = command(module, args, ready=ready, port=port)
+    env = {**os.environ, "CANARYSTACK_ADMIN_TOKEN": TOKEN, "PYTHONUNBUFFERED": "1"}
+    with log.open("ab" if append else "wb") as out:
+        return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+
+
+def port_if_ready(
+    proc: subprocess.Popen[bytes], ready: Path, log: Path, what: str, deadline: float
+) -> int | None:
+    """The port from the ready file once it is there, None while the process starts; exits
+    with the log's tail when the process died or ``deadline`` (monotonic) passed."""
+    if ready.exists():
+        return int(json.loads(ready.read_text())["port"])
+    if proc.poll() is not None or time.monotonic() > deadline:
+        stop(proc)
+        raise SystemExit(f"{what} did not start:\n{log.read_text()[-2000:]}")
+    return None
+
+
+def wait_port(
+    proc: subprocess.Popen[bytes], ready: Path, log: Path, what: str, timeout_s: float = 30.0
+) -> int:
+    """Block until the process has written its ready file; its port."""
+    deadline = time.monotonic() + timeout_s
+    while (port := port_if_ready(proc, ready, log, what, deadline)) is None:
+        time.sleep(0.05)
+    return port
+
+
+def stop(proc: subprocess.Popen[bytes], grace_s: float = 5.0) -> None:
+    """SIGTERM by PID, SIGKILL after ``grace_s``."""
+    if proc.poll() is not None:
+        return
+    os.kill(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=5)
+
+
+async def wait_healthy(url: str, what: str, timeout_s: float = 20.0) -> None:
+    """Poll ``URL/health`` until it answers 200; exit naming ``what`` after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    async with aiohttp.ClientSession() as s:
+        while time.monotonic() < deadline:
+            with contextlib.suppress(aiohttp.ClientError):
+                async with s.get(url + "/health") as r:
+                    if r.status == 200:
+                        return
+            await asyncio.sleep(0.05)
+    raise SystemExit(f"{what} never became healthy")
