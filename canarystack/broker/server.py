@@ -58,7 +58,7 @@ from canarystack.common.errors import (
     parse_model,
     read_json_object,
 )
-from canarystack.common.faults import FaultParams, FaultRegistry, NoParams
+from canarystack.common.faults import FaultParams, FaultRegistry, LatencyMs, NoParams
 from canarystack.common.logs import get_logger
 
 T = TypeVar("T")
@@ -76,12 +76,8 @@ _log = get_logger("broker")
 
 
 # -- faults -------------------------------------------------------------------------------
-class LatencyFault(FaultParams):
-    ms: Annotated[float, Field(ge=0, le=60_000)] = 100.0
-
-
 FAULT_KINDS: dict[str, type[FaultParams]] = {
-    "latency": LatencyFault,
+    "latency": LatencyMs,
     "unavailable": NoParams,
     "drop_watch": NoParams,
 }
@@ -693,7 +689,7 @@ async def fault_middleware(request: web.Request, handler: Handler) -> web.Stream
     if request.path.startswith("/v1/"):
         faults = request.app[COMPONENT].faults
         latency = faults.get("latency")
-        if isinstance(latency, LatencyFault) and latency.ms > 0:
+        if isinstance(latency, LatencyMs) and latency.ms > 0:
             await asyncio.sleep(latency.ms / 1000.0)
         if faults.get("unavailable") is not None:
             raise Unavailable(

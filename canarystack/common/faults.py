@@ -22,9 +22,9 @@ import time
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from canarystack.common.errors import BadRequest, NotFound, from_validation_error
 from canarystack.common.logs import JsonLogger, get_logger
@@ -40,6 +40,13 @@ class FaultParams(BaseModel):
 
 class NoParams(FaultParams):
     pass
+
+
+class LatencyMs(FaultParams):
+    """A ``latency`` fault that adds ``ms`` milliseconds (default 100) to each request or
+    step; the component decides where it sleeps."""
+
+    ms: Annotated[float, Field(ge=0, le=60_000)] = 100.0
 
 
 @dataclass

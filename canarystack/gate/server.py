@@ -26,19 +26,18 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Iterator, Sequence
-from typing import Annotated, Any
+from typing import Any
 
 import aiohttp
 from aiohttp import web
 from prometheus_client import Counter
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
-from pydantic import Field
 
 from canarystack.broker.client import BrokerClient, BrokerNotFound, BrokerUnavailable
 from canarystack.common.app import COMPONENT, Component, create_app
 from canarystack.common.errors import BadRequest, NotFound, parse_model, read_json_object
-from canarystack.common.faults import FaultParams, FaultRegistry
+from canarystack.common.faults import FaultParams, FaultRegistry, LatencyMs
 from canarystack.common.logs import get_logger
 from canarystack.gate.state import STATES, GateConfig, ReleaseGate, SampleBatch, check_buckets
 from canarystack.gate.tripper import write_trip
@@ -54,11 +53,7 @@ MISSING_RELEASE_RETRY_S = 1.0
 _log = get_logger("gate")
 
 
-class LatencyFault(FaultParams):
-    ms: Annotated[float, Field(ge=0, le=60_000)] = 100.0
-
-
-FAULT_KINDS: dict[str, type[FaultParams]] = {"latency": LatencyFault}
+FAULT_KINDS: dict[str, type[FaultParams]] = {"latency": LatencyMs}
 
 
 class GateService:
@@ -338,7 +333,7 @@ async def _post_samples(request: web.Request) -> web.Response:
     comp = request.app[COMPONENT]
     comp.require_admin(request)
     fault = comp.faults.get("latency")
-    if isinstance(fault, LatencyFault) and fault.ms > 0:
+    if isinstance(fault, LatencyMs) and fault.ms > 0:
         await asyncio.sleep(fault.ms / 1000.0)
     body = await read_json_object(request)
     try:

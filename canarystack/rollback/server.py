@@ -23,7 +23,7 @@ import os
 import sys
 import time
 from collections.abc import AsyncIterator, Sequence
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 import aiohttp
 from aiohttp import web
@@ -40,7 +40,7 @@ from canarystack.common.errors import (
     parse_model,
     read_json_object,
 )
-from canarystack.common.faults import FaultParams, FaultRegistry
+from canarystack.common.faults import FaultParams, FaultRegistry, LatencyMs
 from canarystack.common.logs import get_logger
 from canarystack.rollback.executor import (
     STEP_NAMES,
@@ -63,16 +63,12 @@ CRASH_EXIT_CODE = 70
 _log = get_logger("rollback")
 
 
-class LatencyFault(FaultParams):
-    ms: Annotated[float, Field(ge=0, le=60_000)] = 100.0
-
-
 class CrashAfterStep(FaultParams):
     step: Literal[1, 2, 3]
 
 
 FAULT_KINDS: dict[str, type[FaultParams]] = {
-    "latency": LatencyFault,
+    "latency": LatencyMs,
     "crash_after_step": CrashAfterStep,
 }
 
@@ -115,7 +111,7 @@ class RollbackService:
 
         async def before(step: Step) -> None:
             fault = faults.get("latency")
-            if isinstance(fault, LatencyFault) and fault.ms > 0:
+            if isinstance(fault, LatencyMs) and fault.ms > 0:
                 await asyncio.sleep(fault.ms / 1000.0)
 
         async def after(step: Step) -> None:
