@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from gameday.load import buckets as load_buckets
 from gameday.report.loader import UNKNOWN_BUCKET
 from gameday.report.timeline import Marker
 
@@ -43,7 +44,8 @@ PANELS = (
     ("canary_share", "all", "share of traffic served by the canary"),
     ("drift_kl", "oracle", "drift: oracle KL (nats, mean)"),
 )
-KNOWN_BUCKET_ORDER = ("0-512", "512-1k", "1k-2k", "2k-4k", "4k+")
+# The harness's default buckets, short to long: the tie-break when two start alike.
+KNOWN_BUCKET_ORDER = tuple(load_buckets.bucket_labels())
 
 
 @dataclass

@@ -25,50 +25,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-LOAD_SCHEMA = pa.schema(
-    [
-        ("run_id", pa.string()),
-        ("request_id", pa.string()),
-        ("user_id", pa.string()),
-        ("start_time", pa.float64()),
-        ("ttft_s", pa.float64()),
-        ("e2e_s", pa.float64()),
-        ("itl_mean_s", pa.float64()),
-        ("itl_p99_s", pa.float64()),
-        ("itl_max_s", pa.float64()),
-        ("prompt_tokens", pa.int64()),
-        ("completion_tokens", pa.int64()),
-        ("planned_prompt_tokens", pa.int64()),
-        ("status", pa.int64()),
-        ("ok", pa.bool_()),
-        ("error_kind", pa.string()),
-        ("served_by", pa.string()),
-        ("model_version", pa.string()),
-        ("config_revision", pa.string()),
-        ("router_id", pa.string()),
-        ("bucket", pa.string()),
-        ("endpoint", pa.string()),
-        ("stream", pa.bool_()),
-    ]
-)
-ORACLE_SCHEMA = pa.schema(
-    [
-        ("run_id", pa.string()),
-        ("time", pa.float64()),
-        ("request_id", pa.string()),
-        ("bucket", pa.string()),
-        ("prompt_tokens", pa.int64()),
-        ("positions", pa.int64()),
-        ("kl_mean", pa.float64()),
-        ("kl_first", pa.float64()),
-        ("top1_agree", pa.float64()),
-        ("baseline_version", pa.string()),
-        ("canary_version", pa.string()),
-        ("error", pa.string()),
-    ]
-)
-EDGES = np.array([512, 1024, 2048, 4096])
-LABELS = np.array(["0-512", "512-1k", "1k-2k", "2k-4k", "4k+"], dtype=object)
+from gameday.load.buckets import DEFAULT_EDGES, bucket_labels
+from gameday.load.records import LOAD_SCHEMA, ORACLE_SCHEMA
+
+EDGES = np.array(DEFAULT_EDGES)
+LABELS = np.array(bucket_labels(DEFAULT_EDGES), dtype=object)
 BUCKET_WEIGHTS = np.array([0.40, 0.25, 0.15, 0.12, 0.08])
 KERNEL_MIN_TOKENS = 2048
 
@@ -308,8 +269,8 @@ def write_experiment(
     n = n_requests
     t = np.sort(rng.uniform(start, end, n))
     b = rng.choice(len(LABELS), size=n, p=BUCKET_WEIGHTS)
-    lo = np.array([1, 512, 1024, 2048, 4096])[b]
-    hi = np.array([512, 1024, 2048, 4096, 8192])[b]
+    lo = np.array([1, *DEFAULT_EDGES])[b]
+    hi = np.array([*DEFAULT_EDGES, 2 * DEFAULT_EDGES[-1]])[b]
     tokens = (lo + rng.random(n) * (hi - lo)).astype(np.int64)
     canary = rng.random(n) < 0.05
     if applied_t is not None:
