@@ -1,5 +1,5 @@
 """Shared by the cluster probes (``probes.kubernetes``, ``probes.progressive``,
-``probes.prometheus``): the Kubernetes target, SLO results, times, and the traffic
+``probes.prometheus``): the Kubernetes target, times, and the traffic
 evidence that pairs a controller's status with what users were actually served.
 
 Traffic evidence comes from one of two sources:
@@ -31,8 +31,6 @@ from gameday.targets.kubernetes import KubernetesTarget
 from probes._context import Configuration, get_target
 from probes._evidence import load_state, read_records
 
-Slo = dict[str, Any]
-
 CONFIG_PROMETHEUS_URL = "prometheus_url"
 ENV_PROMETHEUS_URL = "PROMETHEUS_URL"
 HTTP_TIMEOUT_S = 5.0
@@ -51,20 +49,6 @@ def kubernetes_target(configuration: Configuration | None, what: str) -> Kuberne
     except TargetError as exc:
         raise ActivityFailed(f"{what}: {exc}") from None
     return target
-
-
-def result(
-    check: str, measured: float | None, allowed: float, unit: str, ok: bool, **detail: Any
-) -> Slo:
-    """The SLO result of docs/ARCHITECTURE.md §7.1."""
-    return {
-        "check": check,
-        "measured": None if measured is None else round(float(measured), 6),
-        "allowed": float(allowed),
-        "unit": unit,
-        "ok": bool(ok),
-        "detail": {"status": "measured" if measured is not None else "failed", **detail},
-    }
 
 
 def epoch_s(value: Any) -> float | None:

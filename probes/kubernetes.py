@@ -42,8 +42,9 @@ from chaoslib.exceptions import ActivityFailed, InterruptExecution
 from gameday.targets import TargetError
 from gameday.targets.kubernetes import FORBIDDEN_NAMESPACES, KubernetesTarget
 from probes._broker import get_release
-from probes._cluster import Slo, kubernetes_target, non_negative, result
+from probes._cluster import kubernetes_target, non_negative
 from probes._context import Configuration, get_target, harness_errors, ledger
+from probes._result import Slo, result
 
 __all__ = [
     "before_activity_control",

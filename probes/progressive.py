@@ -34,15 +34,14 @@ from typing import Any
 from chaoslib.exceptions import ActivityFailed
 
 from probes._cluster import (
-    Slo,
     canary_traffic_after,
     epoch_s,
     judge_traffic,
     kubernetes_target,
     non_negative,
-    result,
 )
 from probes._context import Configuration
+from probes._result import Slo, result
 
 __all__ = ["argo_rollout_aborted", "argo_rollout_status", "flagger_canary_failed",
            "flagger_canary_status"]  # fmt: skip
@@ -153,12 +152,7 @@ def argo_rollout_aborted(
         grace_s=grace_s,
         max_canary_requests=max_canary_requests,
         timeout_s=timeout_s,
-        traffic={
-            "canary_version": canary_version,
-            "canary_promql": canary_promql,
-            "total_promql": total_promql,
-            "prometheus": prometheus_url,
-        },
+        traffic=_traffic(canary_version, canary_promql, total_promql, prometheus_url),
         configuration=configuration,
     )
 
@@ -213,17 +207,27 @@ def flagger_canary_failed(
         grace_s=grace_s,
         max_canary_requests=max_canary_requests,
         timeout_s=timeout_s,
-        traffic={
-            "canary_version": canary_version,
-            "canary_promql": canary_promql,
-            "total_promql": total_promql,
-            "prometheus": prometheus_url,
-        },
+        traffic=_traffic(canary_version, canary_promql, total_promql, prometheus_url),
         configuration=configuration,
     )
 
 
 # --- the pairing -----------------------------------------------------------------------
+def _traffic(
+    canary_version: str | None,
+    canary_promql: str | None,
+    total_promql: str | None,
+    prometheus_url: str | None,
+) -> dict[str, Any]:
+    """The probes' traffic arguments as ``canary_traffic_after`` takes them."""
+    return {
+        "canary_version": canary_version,
+        "canary_promql": canary_promql,
+        "total_promql": total_promql,
+        "prometheus": prometheus_url,
+    }
+
+
 def _paired(
     *,
     check: str,

@@ -29,8 +29,9 @@ from typing import Any
 
 from chaoslib.exceptions import ActivityFailed
 
-from probes._cluster import Slo, non_negative, prometheus_url, promql_value, result
+from probes._cluster import non_negative, prometheus_url, promql_value
 from probes._context import Configuration, get_target
+from probes._result import Slo, result
 
 __all__ = ["canary_drained", "metric_at_least", "metric_at_most", "query_value"]
 

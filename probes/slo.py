@@ -44,6 +44,7 @@ from gameday.targets import TargetError
 from probes._broker import annotation_events, get_release, phase_events, release_events
 from probes._context import Configuration, get_target
 from probes._evidence import first_kill, load_state, read_records, reference_fault, run_ledger
+from probes._result import Slo, failed_result, not_measured, result
 
 __all__ = [
     "baseline_ttft_p99_below",
@@ -62,7 +63,6 @@ CLOCK_SLACK_S = 1.0
 TRIPPED = ("tripped", "rolling_back", "rolled_back")
 
 Secrets = dict[str, Any]
-Slo = dict[str, Any]
 
 
 def _num(value: Any) -> float | None:
@@ -73,48 +73,14 @@ def _num(value: Any) -> float | None:
     return number if math.isfinite(number) else None
 
 
-def _result(
-    check: str,
-    measured: float | None,
-    allowed: float,
-    unit: str,
-    ok: bool,
-    detail: dict[str, Any],
-) -> Slo:
-    return {
-        "check": check,
-        "measured": None if measured is None else round(float(measured), 6),
-        "allowed": float(allowed),
-        "unit": unit,
-        "ok": bool(ok),
-        "detail": {"status": "measured", **detail},
-    }
-
-
-def _failed(check: str, allowed: float, unit: str, why: str, **detail: Any) -> Slo:
-    return {
-        "check": check,
-        "measured": None,
-        "allowed": float(allowed),
-        "unit": unit,
-        "ok": False,
-        "detail": {"status": "failed", "why": why, **detail},
-    }
-
-
 def _not_yet(check: str, allowed: float, unit: str) -> Slo:
-    return {
-        "check": check,
-        "measured": None,
-        "allowed": float(allowed),
-        "unit": unit,
-        "ok": True,
-        "detail": {
-            "status": "not_measured",
-            "why": "nothing to measure yet: no load has run and no fault was injected in "
-            "this experiment (the hypothesis before the method); measured after the method",
-        },
-    }
+    return not_measured(
+        check,
+        allowed,
+        unit,
+        "nothing to measure yet: no load has run and no fault was injected in "
+        "this experiment (the hypothesis before the method); measured after the method",
+    )
 
 
 def _before_anything(configuration: Configuration | None, book: FaultLedger) -> bool:
@@ -129,7 +95,7 @@ def _records(
     if state is None:
         if reference_fault(run_ledger(configuration)) is None:
             return _not_yet(check, allowed, unit)
-        return _failed(
+        return failed_result(
             check,
             allowed,
             unit,
@@ -137,7 +103,7 @@ def _records(
             "probes.load control to the experiment",
         )
     if state.get("state") != "stopped":
-        return _failed(
+        return failed_result(
             check,
             allowed,
             unit,
@@ -148,11 +114,11 @@ def _records(
     try:
         frame = read_records(str(path))
     except Exception as exc:  # any unreadable file is a failed check, never a crash
-        return _failed(
+        return failed_result(
             check, allowed, unit, f"cannot read the load records {path}: {exc}", records=path
         )
     if frame.empty:
-        return _failed(check, allowed, unit, "the load records have no rows", records=path)
+        return failed_result(check, allowed, unit, "the load records have no rows", records=path)
     return frame
 
 
@@ -191,7 +157,7 @@ def baseline_ttft_p99_below(
     base = frame[(frame["served_by"] == "baseline") & frame["ok"] & frame["ttft_s"].notna()]
     n = len(base)
     if n < int(min_requests):
-        return _failed(
+        return failed_result(
             check,
             allowed,
             "s",
@@ -201,17 +167,15 @@ def baseline_ttft_p99_below(
         )
     ttft = base["ttft_s"].to_numpy(dtype=float)
     p99 = float(np.quantile(ttft, 0.99))
-    return _result(
+    return result(
         check,
         p99,
         allowed,
         "s",
         p99 <= allowed,
-        {
-            "requests": n,
-            "p50_s": round(float(np.quantile(ttft, 0.5)), 6),
-            "max_s": round(float(ttft.max()), 6),
-        },
+        requests=n,
+        p50_s=round(float(np.quantile(ttft, 0.5)), 6),
+        max_s=round(float(ttft.max()), 6),
     )
 
 
@@ -230,18 +194,16 @@ def error_rate_below(
     ratio = len(failed) / len(frame)
     kinds = failed["error_kind"].fillna("unknown").astype(str).value_counts().to_dict()
     variants = failed["served_by"].replace("", "unknown").value_counts().to_dict()
-    return _result(
+    return result(
         check,
         ratio,
         allowed,
         "ratio",
         ratio <= allowed,
-        {
-            "requests": len(frame),
-            "failed": len(failed),
-            "by_error_kind": {str(k): int(v) for k, v in kinds.items()},
-            "by_variant": {str(k): int(v) for k, v in variants.items()},
-        },
+        requests=len(frame),
+        failed=len(failed),
+        by_error_kind={str(k): int(v) for k, v in kinds.items()},
+        by_variant={str(k): int(v) for k, v in variants.items()},
     )
 
 
@@ -258,20 +220,18 @@ def no_canary_served_after(
         return frame
     fault = reference_fault(run_ledger(configuration))
     if fault is None:
-        return _failed(check, allowed, "s", "no fault in this run's ledger to measure from")
+        return failed_result(check, allowed, "s", "no fault in this run's ledger to measure from")
     canary = frame[(frame["served_by"] == "canary") & (frame["start_time"] >= fault.time)]
     last = float(canary["start_time"].max()) - fault.time if len(canary) else 0.0
-    return _result(
+    return result(
         check,
         last,
         allowed,
         "s",
         last <= allowed,
-        {
-            "canary_requests_after_fault": len(canary),
-            "canary_requests_total": int((frame["served_by"] == "canary").sum()),
-            **_fault_detail(fault),
-        },
+        canary_requests_after_fault=len(canary),
+        canary_requests_total=int((frame["served_by"] == "canary").sum()),
+        **_fault_detail(fault),
     )
 
 
@@ -288,7 +248,7 @@ def drifted_responses_at_most(
         return frame
     kernel = run_ledger(configuration).first(action="inject", kind="kernel")
     if kernel is None:
-        return _failed(
+        return failed_result(
             check, allowed, "count", "no kernel fault in this run's ledger: nothing to count"
         )
     threshold = int(kernel.params.get("min_prompt_tokens", 0))
@@ -298,17 +258,15 @@ def drifted_responses_at_most(
         & (frame["tokens"] >= threshold)
     ]
     count = len(exposed)
-    return _result(
+    return result(
         check,
         float(count),
         allowed,
         "count",
         count <= allowed,
-        {
-            "min_prompt_tokens": threshold,
-            "failed_among_them": int((~exposed["ok"]).sum()),
-            **_fault_detail(kernel),
-        },
+        min_prompt_tokens=threshold,
+        failed_among_them=int((~exposed["ok"]).sum()),
+        **_fault_detail(kernel),
     )
 
 
@@ -326,27 +284,24 @@ def errors_only_in_flight_at_kill(
         return frame
     kill = first_kill(run_ledger(configuration))
     if kill is None:
-        return _failed(check, allowed, "count", "no pod kill in this run's ledger")
+        return failed_result(check, allowed, "count", "no pod kill in this run's ledger")
     failed = frame[~frame["ok"]]
     start = failed["start_time"].to_numpy(dtype=float)
     end = start + failed["e2e_s"].fillna(np.inf).to_numpy(dtype=float)
     in_flight = (start <= kill.time + float(grace_s)) & (end >= kill.time - 0.05)
     unexplained = failed[~in_flight]
-    return _result(
+    return result(
         check,
         float(len(unexplained)),
         allowed,
         "count",
         len(unexplained) == 0,
-        {
-            "failed": len(failed),
-            "in_flight_at_kill": int(in_flight.sum()),
-            "kill": {"replica": kill.replica, "time": kill.time},
-            "unexplained_start_times": [
-                round(float(t) - kill.time, 3)
-                for t in unexplained["start_time"].sort_values().head(10)
-            ],
-        },
+        failed=len(failed),
+        in_flight_at_kill=int(in_flight.sum()),
+        kill={"replica": kill.replica, "time": kill.time},
+        unexplained_start_times=[
+            round(float(t) - kill.time, 3) for t in unexplained["start_time"].sort_values().head(10)
+        ],
     )
 
 
@@ -371,16 +326,16 @@ def _broker_milestone(
         return _not_yet(check, allowed, "s")
     fault = reference_fault(book)
     if fault is None:
-        return _failed(check, allowed, "s", "no fault in this run's ledger to measure from")
+        return failed_result(check, allowed, "s", "no fault in this run's ledger to measure from")
     try:
         target = get_target(configuration)
         events = release_events(target)
     except (TargetError, Exception) as exc:  # the check fails; it never crashes
-        return _failed(check, allowed, "s", f"cannot read the broker's history: {exc}")
+        return failed_result(check, allowed, "s", f"cannot read the broker's history: {exc}")
     since = fault.time - CLOCK_SLACK_S
     hit = find(events, since)
     if hit is None:
-        return _failed(
+        return failed_result(
             check,
             allowed,
             "s",
@@ -389,18 +344,16 @@ def _broker_milestone(
         )
     when, about = time_of(hit)
     measured = when - fault.time
-    return _result(
+    return result(
         check,
         measured,
         allowed,
         "s",
         measured <= allowed,
-        {
-            "event_seq": hit.get("seq"),
-            "actor": hit.get("actor"),
-            **about,
-            **_fault_detail(fault),
-        },
+        event_seq=hit.get("seq"),
+        actor=hit.get("actor"),
+        **about,
+        **_fault_detail(fault),
     )
 
 
@@ -506,15 +459,13 @@ def no_trip(
         else:
             trips = phase_events(release_events(target), "tripped", since)
     except Exception as exc:  # the check fails; it never crashes
-        return _failed(check, 0.0, "count", f"cannot read the broker's history: {exc}")
-    return _result(
+        return failed_result(check, 0.0, "count", f"cannot read the broker's history: {exc}")
+    return result(
         check,
         float(len(trips)),
         0.0,
         "count",
         not trips,
-        {
-            "since": since,
-            "trips": [{"time": t.get("time"), "seq": t.get("seq")} for t in trips[:5]],
-        },
+        since=since,
+        trips=[{"time": t.get("time"), "seq": t.get("seq")} for t in trips[:5]],
     )
