@@ -17,8 +17,8 @@ from tests.procs import ADMIN_TOKEN, Proc, Spawner
 _names = itertools.count(1)
 
 
-def start_broker(spawn: Spawner, state_dir: Path, *extra: str) -> Proc:
-    return spawn("canarystack.broker", "--state-dir", str(state_dir), *extra)
+def start_broker(spawn: Spawner, state_dir: Path, *extra: str, port: int = 0) -> Proc:
+    return spawn("canarystack.broker", "--state-dir", str(state_dir), *extra, port=port)
 
 
 def digest_of(manifest: Any) -> str:

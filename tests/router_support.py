@@ -9,17 +9,17 @@ background thread that records every ``POST /v1/samples`` batch, checking the ad
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pytest
 import requests
 from aiohttp import web
 
+from tests.broker_support import digest_of, trip_evidence
 from tests.procs import ADMIN_TOKEN, Proc, Spawner, free_port, wait_for
 
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
@@ -29,6 +29,17 @@ FAST_MODEL = ("--ttft-base-ms", "2", "--prefill-ms-per-1k", "1", "--itl-ms", "0.
 
 def start_model(spawn: Spawner, version: str, *extra: str) -> Proc:
     return spawn("canarystack.model", "--version", version, *FAST_MODEL, *extra)
+
+
+def model_servers(
+    tmp_path_factory: pytest.TempPathFactory, **versions: str
+) -> Iterator[dict[str, Proc]]:
+    """Model servers by name (``b0="v1"``) for a module-scoped fixture; stopped after."""
+    sp = Spawner(tmp_path_factory.mktemp("models"))
+    try:
+        yield {name: start_model(sp, version) for name, version in versions.items()}
+    finally:
+        sp.stop_all()
 
 
 def start_router(
@@ -116,11 +127,6 @@ def sse_events(raw: bytes) -> list[dict[str, Any]]:
 # ------------------------------------------------------------------------- broker
 
 
-def digest_of(manifest: Any) -> str:
-    raw = json.dumps(manifest, sort_keys=True, separators=(",", ":")).encode()
-    return "sha256:" + hashlib.sha256(raw).hexdigest()
-
-
 class Broker:
     def __init__(self, url: str) -> None:
         self.url = url
@@ -160,19 +166,7 @@ class Broker:
         return self._write("PATCH", f"/v1/releases/{name}", {"expected_revision": rev, **change})
 
     def trip(self, name: str = "default") -> dict[str, Any]:
-        now = time.time()
-        evidence = {
-            "test": "drift",
-            "bucket": "2k-4k",
-            "statistic": 0.3,
-            "threshold": 0.05,
-            "samples": 40,
-            "first_sample_time": now - 2,
-            "last_sample_time": now,
-            "tripped_at": now,
-            "detail": {},
-        }
-        return self.patch(name, phase="tripped", trip=evidence, reason="test trip")
+        return self.patch(name, phase="tripped", trip=trip_evidence(), reason="test trip")
 
     def routers(self) -> list[dict[str, Any]]:
         r = requests.get(self.url + "/v1/routers", timeout=10)

@@ -19,6 +19,7 @@ import requests
 
 from canarystack.router.routing import choose_variant
 from canarystack.tokenizer import make_prompt
+from tests.broker_support import start_broker
 from tests.procs import Proc, Spawner, free_port, wait_for
 from tests.router_support import (
     ADMIN,
@@ -29,6 +30,7 @@ from tests.router_support import (
     health,
     instance_url,
     metric,
+    model_servers,
     start_model,
     start_router,
     wait_revision,
@@ -37,20 +39,12 @@ from tests.router_support import (
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Proc]]:
-    sp = Spawner(tmp_path_factory.mktemp("models"))
-    try:
-        yield {"b0": start_model(sp, "v1"), "c0": start_model(sp, "v2")}
-    finally:
-        sp.stop_all()
+    yield from model_servers(tmp_path_factory, b0="v1", c0="v2")
 
 
 @pytest.fixture
 def gate() -> Iterator[GateReceiver]:
     yield from gate_receiver()
-
-
-def start_broker(spawn: Spawner, state_dir: Path, port: int = 0) -> Proc:
-    return spawn("canarystack.broker", "--state-dir", str(state_dir), port=port)
 
 
 def served_by(router: Proc, user: str, prompt: str = "a b c") -> str:

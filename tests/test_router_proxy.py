@@ -27,6 +27,7 @@ from tests.router_support import (
     health,
     instance_url,
     metric,
+    model_servers,
     sse_events,
     start_model,
     start_router,
@@ -35,15 +36,7 @@ from tests.router_support import (
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Proc]]:
-    sp = Spawner(tmp_path_factory.mktemp("models"))
-    try:
-        yield {
-            "b0": start_model(sp, "v1"),
-            "b1": start_model(sp, "v1"),
-            "c0": start_model(sp, "v2"),
-        }
-    finally:
-        sp.stop_all()
+    yield from model_servers(tmp_path_factory, b0="v1", b1="v1", c0="v2")
 
 
 @pytest.fixture
