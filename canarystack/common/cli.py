@@ -16,6 +16,7 @@ import os
 import signal
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from aiohttp import web
 
@@ -48,13 +49,32 @@ def base_parser(component: str, description: str) -> argparse.ArgumentParser:
     return p
 
 
-def write_ready_file(path: str | None, port: int) -> None:
+def write_ready_file(path: str | None, port: int, **extra: Any) -> None:
+    """``{"port", "pid", **extra}`` at ``path``, atomically (nothing when no path)."""
     if not path:
         return
     target = Path(path)
     tmp = target.with_suffix(target.suffix + ".tmp")
-    tmp.write_text(json.dumps({"port": port, "pid": os.getpid()}))
+    tmp.write_text(json.dumps({"port": port, "pid": os.getpid(), **extra}))
     tmp.replace(target)
+
+
+def bound_port(site: web.TCPSite, requested: int) -> int:
+    """The port ``site`` listens on: the one the OS chose when ``requested`` was 0."""
+    server = getattr(site, "_server", None)
+    if server is not None and server.sockets:
+        return int(server.sockets[0].getsockname()[1])
+    return requested
+
+
+async def until_stopped() -> None:
+    """Return once the process gets SIGTERM or SIGINT."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
 
 
 def install_uvloop() -> None:
@@ -77,18 +97,10 @@ async def _serve(
     await runner.setup()
     site = web.TCPSite(runner, host, port, reuse_port=reuse_port or None, backlog=1024)
     await site.start()
-    server = getattr(site, "_server", None)
-    bound = port
-    if server is not None and server.sockets:
-        bound = server.sockets[0].getsockname()[1]
+    bound = bound_port(site, port)
     write_ready_file(ready_file, bound)
     logs.get_logger(component).info("listening", host=host, port=bound, pid=os.getpid())
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        with contextlib.suppress(NotImplementedError):
-            loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
+    await until_stopped()
     logs.get_logger(component).info("stopping", pid=os.getpid())
     await runner.cleanup()
 

@@ -12,19 +12,22 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
-import json
 import os
-import signal
 from collections.abc import Sequence
-from pathlib import Path
 
 from aiohttp import web
 
 from canarystack.common import logs
 from canarystack.common.auth import load_admin_token
 from canarystack.common.buckets import DEFAULT_EDGES, parse_edges
-from canarystack.common.cli import base_parser, install_uvloop, parse
+from canarystack.common.cli import (
+    base_parser,
+    bound_port,
+    install_uvloop,
+    parse,
+    until_stopped,
+    write_ready_file,
+)
 from canarystack.router.server import RouterSettings, build_app
 from canarystack.router.shadow import ShadowSettings, parse_shadow_rates
 
@@ -148,13 +151,6 @@ def settings_from_args(args: argparse.Namespace) -> RouterSettings:
     )
 
 
-def _bound_port(site: web.TCPSite, fallback: int) -> int:
-    server = getattr(site, "_server", None)
-    if server is not None and server.sockets:
-        return int(server.sockets[0].getsockname()[1])
-    return fallback
-
-
 async def _serve(app: web.Application, args: argparse.Namespace, settings: RouterSettings) -> None:
     log = logs.get_logger("router")
     runner = web.AppRunner(app, access_log=None, handle_signals=False)
@@ -163,20 +159,14 @@ async def _serve(app: web.Application, args: argparse.Namespace, settings: Route
         runner, args.host, args.port, reuse_port=args.reuse_port or None, backlog=1024
     )
     await public.start()
-    port = _bound_port(public, args.port)
+    port = bound_port(public, args.port)
     instance_port: int | None = None
     if args.instance_port is not None:
         inst = web.TCPSite(runner, args.host, args.instance_port, backlog=128)
         await inst.start()
-        instance_port = _bound_port(inst, args.instance_port)
+        instance_port = bound_port(inst, args.instance_port)
         settings.instance_port = instance_port
-    if args.ready_file:
-        target = Path(args.ready_file)
-        tmp = target.with_suffix(target.suffix + ".tmp")
-        tmp.write_text(
-            json.dumps({"port": port, "pid": os.getpid(), "instance_port": instance_port})
-        )
-        tmp.replace(target)
+    write_ready_file(args.ready_file, port, instance_port=instance_port)
     log.info(
         "listening",
         host=args.host,
@@ -185,12 +175,7 @@ async def _serve(app: web.Application, args: argparse.Namespace, settings: Route
         pid=os.getpid(),
         router_id=settings.router_id,
     )
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        with contextlib.suppress(NotImplementedError):
-            loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
+    await until_stopped()
     log.info("stopping", pid=os.getpid())
     await runner.cleanup()
 
