@@ -28,6 +28,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+import pytest
+
 
 @dataclass
 class Seen:
@@ -386,3 +388,14 @@ def client_env(api: FakeApi, missing_kubeconfig: Path) -> dict[str, str | None]:
     env["KUBECONFIG"] = str(missing_kubeconfig)
     env["KUBERNETES_HOST"] = api.url
     return env
+
+
+def point_client_at(
+    api: FakeApi, missing_kubeconfig: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Put ``client_env`` into this process's environment (``monkeypatch`` undoes it)."""
+    for var, value in client_env(api, missing_kubeconfig).items():
+        if value is None:
+            monkeypatch.delenv(var, raising=False)
+        else:
+            monkeypatch.setenv(var, value)

@@ -22,7 +22,7 @@ from chaoslib.exceptions import ActivityFailed
 
 from probes.kubernetes import VERSION_ANNOTATION, start_fresh_canary
 from tests.broker_support import Api, drive_to, start_broker
-from tests.k8s_fake import FakeApi, client_env, pod, workload
+from tests.k8s_fake import FakeApi, pod, point_client_at, workload
 from tests.procs import ADMIN_TOKEN, Proc, Spawner
 
 NS = "stack"
@@ -38,11 +38,7 @@ def fake(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[FakeApi]:
     old["metadata"]["annotations"] = {VERSION_ANNOTATION: "v2"}
     api.add_pod(old)
     api.start()
-    for var, value in client_env(api, tmp_path / "no-kubeconfig").items():
-        if value is None:
-            monkeypatch.delenv(var, raising=False)
-        else:
-            monkeypatch.setenv(var, value)
+    point_client_at(api, tmp_path / "no-kubeconfig", monkeypatch)
     monkeypatch.setenv("CANARYSTACK_ADMIN_TOKEN", ADMIN_TOKEN)
     try:
         yield api

@@ -24,7 +24,7 @@ import yaml
 from gameday import faults as gd_faults
 from gameday.targets import BlastRadiusError, TargetError, load_target
 from gameday.targets.kubernetes import DEFAULT_SELECTORS, KubernetesTarget
-from tests.k8s_fake import FakeApi, client_env, pod, workload
+from tests.k8s_fake import FakeApi, pod, point_client_at, workload
 
 NS = "stack"
 
@@ -46,11 +46,7 @@ def fake(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[FakeApi]:
     api.add_workload(workload("Deployment", "router", desired=2, ready=1))
     api.add_workload(workload("StatefulSet", "broker", desired=1, ready=1))
     api.start()
-    for var, value in client_env(api, tmp_path / "no-kubeconfig").items():
-        if value is None:
-            monkeypatch.delenv(var, raising=False)
-        else:
-            monkeypatch.setenv(var, value)
+    point_client_at(api, tmp_path / "no-kubeconfig", monkeypatch)
     monkeypatch.setenv("CANARYSTACK_ADMIN_TOKEN", "t0k3n")
     try:
         yield api
