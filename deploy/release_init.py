@@ -26,7 +26,7 @@ from typing import Any
 
 import requests
 
-from canarystack.broker.digest import manifest_digest
+from canarystack.broker.bootstrap import ReleaseSetupError, ensure_release
 
 ACTOR = "release-init"
 HTTP_TIMEOUT_S = 5.0
@@ -34,7 +34,7 @@ RETRY_S = 1.0
 
 
 class InitError(RuntimeError):
-    """The broker refused a write; the message names the call and its answer."""
+    """The broker did not answer in time; the message says what it answered last."""
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -108,42 +108,18 @@ def init_release(
     engine: str = "sim",
 ) -> tuple[bool, dict[str, Any]]:
     """(created, release): creates the release unless it exists."""
-    headers = {"Authorization": f"Bearer {token}", "x-actor": ACTOR}
-    existing = requests.get(f"{base}/v1/releases/{release}", timeout=HTTP_TIMEOUT_S)
-    if existing.status_code == 200:
-        return False, dict(existing.json())
-    if existing.status_code != 404:
-        raise InitError(f"GET /v1/releases/{release}: HTTP {existing.status_code} {existing.text}")
-    for version in (stable, canary):
-        body = manifest(model_name, version, engine)
-        resp = requests.post(
-            f"{base}/v1/versions",
-            json={"version": version, "manifest": body, "digest": manifest_digest(body)},
-            headers=headers,
-            timeout=HTTP_TIMEOUT_S,
-        )
-        if resp.status_code not in (200, 201):
-            raise InitError(f"registering version {version}: HTTP {resp.status_code} {resp.text}")
-    resp = requests.post(
-        f"{base}/v1/releases",
-        json={
-            "name": release,
-            "stable": stable,
-            "canary": canary,
-            "weights": {"canary": weight},
-            "actor": ACTOR,
-            "reason": "release created by deploy/k8s release-init",
-        },
-        headers=headers,
-        timeout=HTTP_TIMEOUT_S,
+    return ensure_release(
+        base,
+        token,
+        release=release,
+        manifests={v: manifest(model_name, v, engine) for v in (stable, canary)},
+        stable=stable,
+        canary=canary,
+        weight=weight,
+        actor=ACTOR,
+        reason="release created by deploy/k8s release-init",
+        timeout_s=HTTP_TIMEOUT_S,
     )
-    if resp.status_code == 409:  # another init won the race: fine, it is there
-        return False, dict(
-            requests.get(f"{base}/v1/releases/{release}", timeout=HTTP_TIMEOUT_S).json()
-        )
-    if resp.status_code != 201:
-        raise InitError(f"creating release {release}: HTTP {resp.status_code} {resp.text}")
-    return True, dict(resp.json())
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -164,7 +140,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             base, token, args.release, args.stable, args.canary, args.canary_weight,
             args.model_name, args.engine,
         )  # fmt: skip
-    except (InitError, requests.RequestException) as exc:
+    except (InitError, ReleaseSetupError, requests.RequestException) as exc:
         print(f"release_init: {exc}", file=sys.stderr)
         return 1
     what = "created" if created else "already exists, left as it is"

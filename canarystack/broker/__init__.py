@@ -11,6 +11,7 @@ docs/ARCHITECTURE.md §2.
 - ``canarystack.broker.phases``  the phase transition table
 - ``canarystack.broker.client``  ``BrokerClient``, the async client other components use
 - ``canarystack.broker.digest``  ``manifest_digest``
+- ``canarystack.broker.bootstrap``  ``ensure_release``: create a release once, over HTTP
 
 Importing this package must stay cheap and side-effect free: it imports nothing heavy.
 """

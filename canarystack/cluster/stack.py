@@ -112,41 +112,24 @@ def _manifest(spec: StackSpec, version: str) -> dict[str, Any]:
 
 
 def _bootstrap_release(spec: StackSpec, token: str) -> dict[str, Any]:
-    from canarystack.broker.client import manifest_digest
+    from canarystack.broker.bootstrap import ReleaseSetupError, ensure_release
 
-    base = spec.url(0)
-    headers = {"Authorization": f"Bearer {token}", "x-actor": "stack-up"}
-    existing = requests.get(f"{base}/v1/releases/{spec.release}", timeout=HTTP_TIMEOUT_S)
-    if existing.status_code == 200:
-        return dict(existing.json())
-    for version in (spec.stable_version, spec.canary_version):
-        manifest = _manifest(spec, version)
-        resp = requests.post(
-            f"{base}/v1/versions",
-            json={"version": version, "manifest": manifest, "digest": manifest_digest(manifest)},
-            headers=headers,
-            timeout=HTTP_TIMEOUT_S,
+    try:
+        _, release = ensure_release(
+            spec.url(0),
+            token,
+            release=spec.release,
+            manifests={v: _manifest(spec, v) for v in (spec.stable_version, spec.canary_version)},
+            stable=spec.stable_version,
+            canary=spec.canary_version,
+            weight=spec.canary_weight,
+            actor="stack-up",
+            reason="local stack created",
+            timeout_s=HTTP_TIMEOUT_S,
         )
-        if resp.status_code not in (200, 201):
-            raise StackError(
-                f"registering version {version} failed: {resp.status_code} {resp.text}"
-            )
-    resp = requests.post(
-        f"{base}/v1/releases",
-        json={
-            "name": spec.release,
-            "stable": spec.stable_version,
-            "canary": spec.canary_version,
-            "weights": {"canary": spec.canary_weight},
-            "actor": "stack-up",
-            "reason": "local stack created",
-        },
-        headers=headers,
-        timeout=HTTP_TIMEOUT_S,
-    )
-    if resp.status_code != 201:
-        raise StackError(f"creating release {spec.release} failed: {resp.status_code} {resp.text}")
-    return dict(resp.json())
+    except ReleaseSetupError as exc:
+        raise StackError(f"setting up release {spec.release}: {exc}") from None
+    return release
 
 
 def up(spec: StackSpec, health_timeout_s: float = HEALTH_TIMEOUT_S) -> tuple[bool, dict[str, Any]]:
