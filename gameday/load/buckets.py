@@ -9,6 +9,7 @@ deployment. A prompt of exactly 2048 tokens is in ``2k-4k``.
 from __future__ import annotations
 
 import bisect
+import functools
 import itertools
 from collections.abc import Sequence
 
@@ -26,8 +27,14 @@ def bucket_labels(edges: Sequence[int] = DEFAULT_EDGES) -> list[str]:
     return labels
 
 
+@functools.lru_cache(maxsize=16)
+def _labels(edges: tuple[int, ...]) -> tuple[str, ...]:
+    return tuple(bucket_labels(edges))
+
+
 def bucket_of(prompt_tokens: int, edges: Sequence[int] = DEFAULT_EDGES) -> str:
-    return bucket_labels(edges)[bisect.bisect_right(edges, prompt_tokens)]
+    # Once per request in the Locust user: the labels are made once per set of edges.
+    return _labels(tuple(edges))[bisect.bisect_right(edges, prompt_tokens)]
 
 
 def parse_edges(text: str) -> tuple[int, ...]:

@@ -36,7 +36,7 @@ from locust import User, task
 
 from gameday.load.buckets import bucket_of
 from gameday.load.client import Attempt, OpenAIClient
-from gameday.load.context import LoadContext, context_for
+from gameday.load.context import context_for
 from gameday.load.options import LoadOptions
 from gameday.load.prompts import PromptRequest
 from gameday.oracle import compare_positions, parse_logprobs
@@ -72,9 +72,7 @@ def auth_headers(opts: LoadOptions) -> dict[str, str]:
     return headers
 
 
-def record_row(
-    ctx: LoadContext, opts: LoadOptions, req: PromptRequest, a: Attempt
-) -> dict[str, Any]:
+def record_row(opts: LoadOptions, req: PromptRequest, a: Attempt) -> dict[str, Any]:
     m = a.measurement
     itl_mean, itl_p99, itl_max = m.itl() if m is not None else (None, None, None)
     prompt_tokens = m.prompt_tokens if m is not None else None
@@ -178,7 +176,7 @@ class LLMUser(User):
     def finish(self, opts: LoadOptions, req: PromptRequest, a: Attempt) -> None:
         self.last_failed = not a.ok
         self.ctx.records += 1
-        self.ctx.collector.add("load", record_row(self.ctx, opts, req, a))
+        self.ctx.collector.add("load", record_row(opts, req, a))
         variant = a.headers.get("x-served-by") or "unknown"
         ttft, e2e = a.ttft_s, a.e2e_s
         response_ms = (ttft if ttft is not None else (e2e or 0.0)) * 1000.0
