@@ -28,13 +28,6 @@ def bucket_of(prompt_tokens: int, edges: Sequence[int] = DEFAULT_EDGES) -> str:
     return bucket_labels(edges)[bisect.bisect_right(edges, prompt_tokens)]
 
 
-def bucket_lower_bound(label: str, edges: Sequence[int] = DEFAULT_EDGES) -> int:
-    """The smallest prompt length in a bucket (``2k-4k`` -> 2048)."""
-    labels = bucket_labels(edges)
-    i = labels.index(label)
-    return 0 if i == 0 else edges[i - 1]
-
-
 def parse_edges(text: str) -> tuple[int, ...]:
     """Parse ``"512,1024,2048,4096"``; raises ValueError with a message that says why."""
     try:

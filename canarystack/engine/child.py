@@ -179,14 +179,6 @@ class EngineChild:
             self._log.close()
             self._log = None
 
-    def kill_now(self) -> None:
-        """Synchronous SIGKILL by PID (for exit paths that cannot await)."""
-        if self.popen is not None and self.popen.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self.popen.pid, signal.SIGKILL)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.popen.wait(timeout=5)
-
 
 def log_tail(path: Path | None, lines: int = 15) -> str:
     if path is None:

@@ -95,10 +95,6 @@ class Pool:
         if upstream.down_until:
             upstream.down_until = 0.0
 
-    def healthy_count(self) -> int:
-        now = self.clock()
-        return sum(1 for u in self.upstreams if u.is_up(now))
-
     def to_json(self) -> list[dict[str, object]]:
         now = self.clock()
         return [

@@ -32,8 +32,6 @@ from canarystack.common.errors import BadRequest
 from canarystack.tokenizer import count_tokens, render_chat
 
 Variant = Literal["baseline", "canary"]
-VARIANTS: tuple[Variant, Variant] = ("baseline", "canary")
-
 PIN_HEADER = "x-canary-variant"
 USER_HEADER = "x-user-id"
 SLOTS = 10_000  # hash resolution: weights are honoured to 0.01 pp

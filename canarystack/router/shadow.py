@@ -399,13 +399,6 @@ class SideResult:
     error: str | None = None
 
 
-@dataclass
-class ShadowPlan:
-    """The shadow copies decided for one request."""
-
-    pairs: list[str]  # "baseline-canary" and/or "baseline-baseline"
-
-
 def is_greedy(body: Mapping[str, Any]) -> bool:
     t = body.get("temperature")
     return isinstance(t, int | float) and not isinstance(t, bool) and t == 0
