@@ -67,7 +67,7 @@ def read_records(path: str | Path) -> pd.DataFrame:
 
     pfile = pq.ParquetFile(path)
     present = [c for c in RECORD_COLUMNS if c in pfile.schema_arrow.names]
-    frame = pq.read_table(path, columns=present).to_pandas()
+    frame = pfile.read(columns=present).to_pandas()  # the file opened once
     for col in RECORD_COLUMNS:
         if col not in frame.columns:
             frame[col] = None
