@@ -1,0 +1,117 @@
+"""Strict JSON in and out: what every component uses for bytes that crossed the wire.
+
+Python's ``json`` accepts ``NaN``, ``Infinity`` and ``-Infinity``, integers of any length
+(a 5000-digit integer raises ``ValueError`` only past ``sys.get_int_max_str_digits``) and
+nesting until ``RecursionError``; and ``json.dumps`` writes ``NaN`` back out. A value that
+is not finite must never enter a statistic, a store or an answer silently.
+
+- ``loads`` refuses the non-finite constants, integers longer than ``MAX_INT_DIGITS``,
+  nesting deeper than ``MAX_DEPTH`` and invalid UTF-8 (lone surrogates included), always
+  with ``StrictJsonError`` (a ``ValueError``) saying what was wrong;
+- ``dumps`` refuses non-finite floats (``allow_nan=False``) and writes compact JSON.
+
+This module must never do I/O.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+MAX_DEPTH = 64
+MAX_INT_DIGITS = 32
+
+
+class StrictJsonError(ValueError):
+    """The bytes are not strict JSON; the message says why."""
+
+
+def _reject_constant(name: str) -> Any:
+    raise StrictJsonError(
+        f"{name} is not a JSON number (non-finite values are refused); send a finite number"
+    )
+
+
+def _parse_int(text: str) -> int:
+    digits = len(text.lstrip("-"))
+    if digits > MAX_INT_DIGITS:
+        raise StrictJsonError(
+            f"an integer of {digits} digits is out of range (at most {MAX_INT_DIGITS} digits)"
+        )
+    return int(text)
+
+
+def _parse_float(text: str) -> float:
+    value = float(text)
+    if value in (float("inf"), float("-inf")):
+        raise StrictJsonError(f"the number {text[:40]} overflows a double; send a finite number")
+    return value
+
+
+def _check_text(text: str) -> None:
+    # A lone surrogate (written as an escape such as "\ud800") decodes to a str that
+    # cannot be encoded again: refuse it here rather than fail later with a 500.
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise StrictJsonError(
+            f"the text holds a lone surrogate at character {exc.start} "
+            "(not valid Unicode); send valid UTF-8"
+        ) from None
+
+
+def _check_tree(obj: Any, max_depth: int, check_strings: bool) -> None:
+    """Refuse nesting deeper than ``max_depth`` and (when escapes were present) lone
+    surrogates, in one iterative walk over the parsed value."""
+    stack: list[tuple[Any, int]] = [(obj, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict | list):
+            if depth >= max_depth:
+                raise StrictJsonError(
+                    f"nested deeper than {max_depth} levels; flatten the document"
+                )
+            if isinstance(item, dict):
+                for k, v in item.items():
+                    if check_strings:
+                        _check_text(k)
+                    stack.append((v, depth + 1))
+            else:
+                stack.extend((v, depth + 1) for v in item)
+        elif check_strings and isinstance(item, str):
+            _check_text(item)
+
+
+def loads(data: bytes | str, *, max_depth: int = MAX_DEPTH) -> Any:
+    """Parse strict JSON; ``StrictJsonError`` (a ``ValueError``) says what was wrong."""
+    if isinstance(data, bytes | bytearray | memoryview):
+        try:
+            text = bytes(data).decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise StrictJsonError(f"not valid UTF-8 at byte {exc.start}") from None
+    else:
+        text = data
+    try:
+        obj = json.loads(
+            text,
+            parse_constant=_reject_constant,
+            parse_int=_parse_int,
+            parse_float=_parse_float,
+        )
+    except StrictJsonError:
+        raise
+    except RecursionError:
+        raise StrictJsonError("nested too deeply to be read") from None
+    except ValueError as exc:
+        raise StrictJsonError(str(exc)) from None
+    _check_tree(obj, max_depth, check_strings="\\u" in text)
+    return obj
+
+
+def dumps(obj: Any) -> str:
+    """Compact JSON; ``ValueError`` for a non-finite float rather than writing ``NaN``."""
+    return json.dumps(obj, separators=(",", ":"), allow_nan=False)
+
+
+def dumps_bytes(obj: Any) -> bytes:
+    return dumps(obj).encode()
