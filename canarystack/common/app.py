@@ -3,11 +3,20 @@
 ``create_app(component)`` gives an app with:
 
 - ``GET /health``  -> ``{"status": "ok", "component", "version", "pid", "uptime_s"}``
-  (a component can add fields or report "degraded" through ``health_extra``)
+  (a component can add fields or report "degraded" through ``health_extra``; a
+  ``health_extra`` that raises or returns a value JSON cannot carry, such as ``NaN``,
+  makes the answer 503 "degraded" with the reason in ``degraded_reasons``: the
+  component cannot tell it is well, so it does not say so)
 - ``GET /metrics`` -> Prometheus text from the component's own ``CollectorRegistry``,
   including ``canarystack_active_faults{kind}``
-- ``/admin/faults`` -> the fault API of ``canarystack.common.faults`` (admin token)
-- JSON error responses (``canarystack.common.errors``)
+- ``/admin/faults`` -> the fault API of ``canarystack.common.faults`` (admin token;
+  bodies at most ``FAULT_BODY_LIMIT`` bytes, each key once)
+- JSON error responses (``canarystack.common.errors``); every answer here is written
+  with ``errors.json_response`` (strict JSON, never ``NaN``)
+
+Bodies are limited by ``client_max_size`` (default ``DEFAULT_BODY_LIMIT``, 1 MiB: admin,
+broker, gate and rollback bodies are small); the model server and the router pass a
+limit sized from their context length.
 
 The component adds its own routes to the returned app. The ``Component`` object is
 stored at ``app[COMPONENT]``.
@@ -26,9 +35,15 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, generate_latest
 
+from canarystack.common import strictjson
 from canarystack.common.auth import check_admin
-from canarystack.common.errors import error_middleware, read_json_object
-from canarystack.common.faults import FaultRegistry
+from canarystack.common.errors import (
+    DEFAULT_BODY_LIMIT,
+    error_middleware,
+    json_response,
+    read_json_object,
+)
+from canarystack.common.faults import FAULT_BODY_LIMIT, FaultRegistry
 from canarystack.common.logs import JsonLogger, get_logger
 
 # How often expired faults are pruned (and their expiry logged) without a request.
@@ -77,10 +92,22 @@ async def _health(request: web.Request) -> web.Response:
         "pid": os.getpid(),
         "uptime_s": round(time.monotonic() - comp.started_mono, 3),
     }
+    reason: str | None = None
     if comp.health_extra is not None:
-        body.update(comp.health_extra())
+        try:
+            extra = comp.health_extra()
+            strictjson.dumps(extra)  # a NaN here is a statistic gone bad: say so
+        except Exception as exc:  # the health answer must still come
+            assert comp.log is not None
+            comp.log.error("health_check_failed", error=f"{type(exc).__name__}: {exc}")
+            reason = f"health check failed: {type(exc).__name__}: {exc}"
+        else:
+            body.update(extra)
+    if reason is not None:
+        body["status"] = "degraded"
+        body["degraded_reasons"] = [reason]
     status = 200 if body.get("status") == "ok" else 503
-    return web.json_response(body, status=status)
+    return json_response(body, status=status)
 
 
 async def _metrics(request: web.Request) -> web.Response:
@@ -94,16 +121,18 @@ async def _metrics(request: web.Request) -> web.Response:
 async def _list_faults(request: web.Request) -> web.Response:
     comp = request.app[COMPONENT]
     comp.require_admin(request)
-    return web.json_response({"faults": comp.faults.to_json()})
+    return json_response({"faults": comp.faults.to_json()})
 
 
 async def _inject_fault(request: web.Request) -> web.Response:
     comp = request.app[COMPONENT]
     comp.require_admin(request)
-    body = await read_json_object(request)
+    body = await read_json_object(
+        request, max_bytes=FAULT_BODY_LIMIT, unique_keys=True, what="Fault body"
+    )
     actor = request.headers.get("x-actor", "admin")
     fault = comp.faults.inject(body, actor=actor)
-    return web.json_response(fault.to_json(time.monotonic()), status=201)
+    return json_response(fault.to_json(time.monotonic()), status=201)
 
 
 async def _clear_fault(request: web.Request) -> web.Response:
@@ -111,7 +140,7 @@ async def _clear_fault(request: web.Request) -> web.Response:
     comp.require_admin(request)
     actor = request.headers.get("x-actor", "admin")
     fault = comp.faults.clear(request.match_info["fault_id"], actor=actor)
-    return web.json_response({"cleared": [fault.to_json(time.monotonic())]})
+    return json_response({"cleared": [fault.to_json(time.monotonic())]})
 
 
 async def _clear_all(request: web.Request) -> web.Response:
@@ -119,9 +148,7 @@ async def _clear_all(request: web.Request) -> web.Response:
     comp.require_admin(request)
     actor = request.headers.get("x-actor", "admin")
     now = time.monotonic()
-    return web.json_response(
-        {"cleared": [f.to_json(now) for f in comp.faults.clear_all(actor=actor)]}
-    )
+    return json_response({"cleared": [f.to_json(now) for f in comp.faults.clear_all(actor=actor)]})
 
 
 async def _sweep_faults(app: web.Application) -> AsyncIterator[None]:
@@ -139,7 +166,9 @@ async def _sweep_faults(app: web.Application) -> AsyncIterator[None]:
         await task
 
 
-def create_app(component: Component, *, client_max_size: int = 64 * 1024**2) -> web.Application:
+def create_app(
+    component: Component, *, client_max_size: int = DEFAULT_BODY_LIMIT
+) -> web.Application:
     app = web.Application(middlewares=[error_middleware], client_max_size=client_max_size)
     app[COMPONENT] = component
     app.router.add_get("/health", _health)

@@ -4,6 +4,10 @@
 ``--admin-token-file``, ``--max-fault-ttl-s``, ``--log-level``, ``--reuse-port`` and
 ``--ready-file`` (written as ``{"port": P, "pid": N}`` once the socket listens, so a test
 or supervisor can start a component on port 0 and learn its port without races).
+
+Flags are checked when parsed: ``--max-fault-ttl-s`` must be a finite number of seconds
+> 0 (``inf`` would make a fault permanent), ``--port`` a port number; argparse's message
+names the flag.
 """
 
 from __future__ import annotations
@@ -21,13 +25,46 @@ from typing import Any
 from aiohttp import web
 
 from canarystack.common import logs
-from canarystack.common.faults import DEFAULT_MAX_TTL_S
+from canarystack.common.faults import DEFAULT_MAX_TTL_S, check_max_ttl_s
+
+
+def max_ttl_seconds(text: str) -> float:
+    """argparse type of ``--max-fault-ttl-s``: a finite number of seconds > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a number of seconds (e.g. {DEFAULT_MAX_TTL_S:g})"
+        ) from None
+    try:
+        return check_max_ttl_s(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: it must be a finite number of seconds > 0 (default "
+            f"{DEFAULT_MAX_TTL_S:g}); an infinite or zero cap would make a fault permanent "
+            "or impossible"
+        ) from None
+
+
+def port_number(text: str) -> int:
+    """argparse type of ``--port``: 0 (a free port) to 65535."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number (0 to 65535)") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(
+            f"{value} is not a port number: give 0 (a free port) to 65535"
+        )
+    return value
 
 
 def base_parser(component: str, description: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=f"python -m canarystack.{component}", description=description)
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=0, help="port to listen on (0 = a free port)")
+    p.add_argument(
+        "--port", type=port_number, default=0, help="port to listen on (0 = a free port)"
+    )
     p.add_argument(
         "--admin-token-file",
         default=None,
@@ -35,9 +72,9 @@ def base_parser(component: str, description: str) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--max-fault-ttl-s",
-        type=float,
+        type=max_ttl_seconds,
         default=DEFAULT_MAX_TTL_S,
-        help="cap on any fault's ttl_s (default %(default)s)",
+        help="cap on any fault's ttl_s, finite seconds > 0 (default %(default)s)",
     )
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.add_argument(

@@ -6,22 +6,42 @@
 Handlers raise ``ApiError`` (or a subclass); ``error_middleware`` turns it into a JSON
 response. Anything else that escapes a handler is logged and answered with a 500 in the
 same shape; a client's input must never get there (validate first, answer 4xx).
+
+Bodies and answers that cross the wire go through one strict path:
+
+- ``read_json_object(request, max_bytes=...)`` refuses a body over the limit with 413
+  before reading it (``Content-Length``) or as soon as the bytes read pass it, parses with
+  ``canarystack.common.strictjson.loads`` (no NaN/Infinity, bounded integers and nesting,
+  valid UTF-8) and answers 400 naming the problem; a body above
+  ``PARSE_IN_THREAD_BYTES`` is parsed in a worker thread so it never stalls the loop.
+- ``json_response(data)`` writes with ``strictjson.dumps``: no ``NaN`` ever leaves a
+  component. A non-finite value in an answer is a bug: it is logged (with where it sits)
+  and that one answer is a 500; the process keeps serving.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
-from collections.abc import Awaitable, Callable
+import math
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
+from canarystack.common import strictjson
 from canarystack.common.logs import get_logger
 
 _log = get_logger("http")
 
 M = TypeVar("M", bound=BaseModel)
+
+# The default body limit of every component (create_app's client_max_size): admin, broker,
+# gate and rollback bodies are small; the model server and the router pass their own.
+DEFAULT_BODY_LIMIT = 1024 * 1024
+# Bodies larger than this are parsed in a worker thread, off the event loop.
+PARSE_IN_THREAD_BYTES = 1024 * 1024
 
 
 class ApiError(Exception):
@@ -76,6 +96,11 @@ class Conflict(ApiError):
     type = "conflict_error"
 
 
+class PayloadTooLarge(ApiError):
+    status = 413
+    type = "invalid_request_error"
+
+
 class Unprocessable(ApiError):
     status = 422
     type = "invalid_request_error"
@@ -86,8 +111,55 @@ class Unavailable(ApiError):
     type = "service_unavailable"
 
 
+def _nonfinite_path(obj: Any, path: str = "$") -> str | None:
+    """Where the first non-finite float sits in ``obj`` (for the log), or None."""
+    stack: list[tuple[Any, str]] = [(obj, path)]
+    while stack:
+        item, where = stack.pop()
+        if isinstance(item, float) and not math.isfinite(item):
+            return f"{where} = {item!r}"
+        if isinstance(item, Mapping):
+            stack.extend((v, f"{where}.{k}") for k, v in item.items())
+        elif isinstance(item, list | tuple):
+            stack.extend((v, f"{where}[{i}]") for i, v in enumerate(item))
+    return None
+
+
+_SERVER_ERROR = {
+    "error": {
+        "message": "Internal server error (logged).",
+        "type": "server_error",
+        "param": None,
+        "code": None,
+    }
+}
+
+
+def json_response(
+    data: Any, *, status: int = 200, headers: Mapping[str, str] | None = None
+) -> web.Response:
+    """``data`` as a JSON answer written with ``strictjson.dumps``.
+
+    A value that cannot be written strictly (``NaN``, ``Infinity``, an object JSON does
+    not know) is a bug in the component, never something to send: it is logged with where
+    it sits and this one answer becomes a 500 in the error shape.
+    """
+    try:
+        text = strictjson.dumps(data)
+    except (ValueError, TypeError) as exc:
+        _log.error(
+            "unwritable_response",
+            error=str(exc),
+            where=_nonfinite_path(data),
+            status=status,
+        )
+        text = strictjson.dumps(_SERVER_ERROR)
+        status = 500
+    return web.Response(text=text, status=status, headers=headers, content_type="application/json")
+
+
 def error_response(err: ApiError) -> web.Response:
-    return web.json_response(err.body(), status=err.status)
+    return json_response(err.body(), status=err.status)
 
 
 def _loc_to_param(loc: tuple[Any, ...]) -> str:
@@ -114,22 +186,108 @@ def from_validation_error(exc: ValidationError, what: str = "request body") -> B
     return BadRequest(message, param=param)
 
 
-async def read_json_object(request: web.Request) -> dict[str, Any]:
-    """The request body as a JSON object, or a 400 saying why it is not one."""
-    raw = await request.read()
-    if not raw:
-        raise BadRequest("Request body is empty: send a JSON object.")
+def _too_large(limit: int, size: int | None, what: str) -> PayloadTooLarge:
+    got = f"{size} bytes" if size is not None else f"more than {limit} bytes"
+    return PayloadTooLarge(
+        f"{what} is too large: {got}, the limit here is {limit} bytes. "
+        "Send a smaller body (fewer or shorter items).",
+        code="body_too_large",
+    )
+
+
+async def read_body(
+    request: web.Request, *, max_bytes: int | None = None, what: str = "Request body"
+) -> bytes:
+    """The raw body, at most ``max_bytes`` (default: the app's ``client_max_size``).
+
+    ``Content-Length`` is checked before a byte is read, and the bytes read are counted
+    as they arrive (chunked or compressed bodies): past the limit is a 413 at once.
+    """
+    limit = request.client_max_size if max_bytes is None else max_bytes
     try:
-        data = json.loads(raw)
-    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, over-long integers
-        raise BadRequest(f"Request body is not valid JSON: {exc}") from None
-    except RecursionError:
-        raise BadRequest("Request body is nested too deeply to be read as JSON.") from None
+        declared = request.content_length
+    except ValueError:  # the HTTP parser refuses most of these first
+        raise BadRequest("The Content-Length header is not a number.") from None
+    if declared is not None and declared > limit:
+        raise _too_large(limit, declared, what)
+    cached = getattr(request, "_read_bytes", None)  # read before by the handler
+    if cached is not None:
+        if len(cached) > limit:
+            raise _too_large(limit, len(cached), what)
+        return bytes(cached)
+    body = bytearray()
+    while True:
+        chunk = await request.content.readany()
+        if not chunk:
+            break
+        body.extend(chunk)
+        if len(body) > limit:
+            raise _too_large(limit, None, what)
+    raw = bytes(body)
+    # Keep request.read()/json() working for a handler that reads the body again.
+    try:
+        request._read_bytes = raw
+    except AttributeError:  # pragma: no cover - a future aiohttp without the cache
+        pass
+    return raw
+
+
+def _refuse_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    seen: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in seen:
+            raise BadRequest(
+                f"Request body has the key {key!r} twice: send each field once.", param=key
+            )
+        seen[key] = value
+    return seen
+
+
+async def read_json_object(
+    request: web.Request,
+    *,
+    max_bytes: int | None = None,
+    unique_keys: bool = False,
+    what: str = "Request body",
+) -> dict[str, Any]:
+    """The request body as a JSON object, or a 4xx saying why it is not one.
+
+    413 above ``max_bytes`` (default: the app's ``client_max_size``), 400 for an empty
+    body, anything ``strictjson.loads`` refuses, or a value that is not an object; with
+    ``unique_keys`` also for an object that repeats a key (which value would win is
+    otherwise up to the parser).
+    """
+    raw = await read_body(request, max_bytes=max_bytes, what=what)
+    if not raw.strip():
+        raise BadRequest(f"{what} is empty: send a JSON object.")
+    try:
+        if len(raw) > PARSE_IN_THREAD_BYTES:
+            loop = asyncio.get_running_loop()
+            data = await loop.run_in_executor(None, strictjson.loads, raw)
+        else:
+            data = strictjson.loads(raw)
+    except ValueError as exc:  # StrictJsonError
+        raise BadRequest(f"{what} is not valid JSON: {exc}.") from None
     if not isinstance(data, dict):
         raise BadRequest(
-            f"Request body must be a JSON object, got {type(data).__name__}.",
+            f"{what} must be a JSON object, got {_json_type(data)}.",
         )
+    if unique_keys:
+        # Already strictly parsed and small (callers use it for small bodies only).
+        json.loads(raw, object_pairs_hook=_refuse_duplicates)
     return data
+
+
+def _json_type(value: Any) -> str:
+    if isinstance(value, list):
+        return "an array"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, bool):
+        return "a boolean"
+    if value is None:
+        return "null"
+    return "a number"
 
 
 def parse_model(model: type[M], data: dict[str, Any], what: str = "request body") -> M:
@@ -151,11 +309,18 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
-        # aiohttp's own 404/405 etc.: keep the status, use our JSON shape.
-        return web.json_response(
+        if exc.status == 413:  # request.read() past client_max_size
+            message = (
+                f"Request body is too large ({exc.text}): send a smaller body "
+                f"to {request.method} {request.path}."
+            )
+        else:
+            # aiohttp's own 404/405 etc.: keep the status, use our JSON shape.
+            message = f"{exc.reason}: {request.method} {request.path}"
+        return json_response(
             {
                 "error": {
-                    "message": f"{exc.reason}: {request.method} {request.path}",
+                    "message": message,
                     "type": "invalid_request_error",
                     "param": None,
                     "code": None,
@@ -165,14 +330,4 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         )
     except Exception:
         _log.error("unhandled_error", exc_info=True, method=request.method, path=request.path)
-        return web.json_response(
-            {
-                "error": {
-                    "message": "Internal server error (logged).",
-                    "type": "server_error",
-                    "param": None,
-                    "code": None,
-                }
-            },
-            status=500,
-        )
+        return json_response(_SERVER_ERROR, status=500)

@@ -9,8 +9,14 @@ Every component exposes the same admin API over one ``FaultRegistry``:
 
 The TTL is a dead-man switch: expiry is decided by this process's monotonic clock on
 every lookup, so a fault stops acting when its time is up even if the harness that
-injected it has died. ``ttl_s`` is required and capped (``max_ttl_s``). Faults live in
-memory only: a restarted process comes back clean.
+injected it has died. ``ttl_s`` is required, finite and capped (``max_ttl_s``, itself
+finite and > 0: an infinite cap would make a fault permanent). Faults live in memory
+only: a restarted process comes back clean.
+
+A fault's parameters can never set its ``kind`` or ``ttl_s``: a body whose ``params``
+object names either is refused (400 naming the field), the admin route refuses a body
+that repeats a key, and a kind whose parameter model declares one of those names is a
+programming error at start.
 
 This module must never sleep, do I/O, or hold a fault past its TTL.
 """
@@ -18,6 +24,7 @@ This module must never sleep, do I/O, or hold a fault past its TTL.
 from __future__ import annotations
 
 import itertools
+import math
 import time
 import uuid
 from collections.abc import Callable, Mapping
@@ -30,6 +37,28 @@ from canarystack.common.errors import BadRequest, NotFound, from_validation_erro
 from canarystack.common.logs import JsonLogger, get_logger
 
 DEFAULT_MAX_TTL_S = 600.0
+# The fault admin API's body limit: a fault body is a handful of fields.
+FAULT_BODY_LIMIT = 16 * 1024
+# Names a fault's parameters may not use: they belong to the fault itself.
+RESERVED_FIELDS = ("kind", "ttl_s", "params")
+
+
+def check_max_ttl_s(value: object, what: str = "max_ttl_s") -> float:
+    """``value`` as a cap on fault TTLs: a finite number of seconds > 0, else ValueError
+    naming ``what``."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"{what} must be a number of seconds, got {value!r}")
+    try:
+        seconds = float(value)
+    except OverflowError:
+        seconds = math.inf
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise ValueError(
+            f"{what} is {value!r}: it must be a finite number of seconds > 0 "
+            f"(default {DEFAULT_MAX_TTL_S:g}); an infinite cap would let a fault outlive "
+            "every game day"
+        )
+    return seconds
 
 
 class FaultParams(BaseModel):
@@ -95,7 +124,14 @@ class FaultRegistry:
     ) -> None:
         self.component = component
         self.kinds = dict(kinds)
-        self.max_ttl_s = max_ttl_s
+        for kind, model in self.kinds.items():
+            clash = sorted(set(model.model_fields) & set(RESERVED_FIELDS))
+            if clash:
+                raise ValueError(
+                    f"fault kind {kind!r} of {component}: its parameters may not be named "
+                    f"{', '.join(clash)} (those belong to the fault itself)"
+                )
+        self.max_ttl_s = check_max_ttl_s(max_ttl_s)
         self._clock = clock
         self._wall = wall
         self._log = log or get_logger(component)
@@ -122,21 +158,54 @@ class FaultRegistry:
             )
         if isinstance(ttl, bool) or not isinstance(ttl, int | float):
             raise BadRequest(f"'ttl_s' must be a number of seconds, got {ttl!r}.", param="ttl_s")
-        if not (0 < float(ttl) <= self.max_ttl_s):
+        try:
+            seconds = float(ttl)
+        except OverflowError:
+            seconds = math.inf
+        if not math.isfinite(seconds):
+            raise BadRequest(
+                f"'ttl_s' is {ttl!r}: it must be a finite number of seconds > 0 and "
+                f"<= {self.max_ttl_s:g}.",
+                param="ttl_s",
+            )
+        if not (0 < seconds <= self.max_ttl_s):
             raise BadRequest(
                 f"'ttl_s' is {ttl!r}: it must be > 0 and <= {self.max_ttl_s:g} seconds "
                 "(the cap keeps a forgotten fault from outliving a game day).",
                 param="ttl_s",
             )
         raw = {k: v for k, v in body.items() if k not in ("kind", "ttl_s")}
-        # Accept params either flat or under "params".
-        if "params" in raw and isinstance(raw["params"], dict) and len(raw) == 1:
-            raw = raw["params"]
+        where = ""
+        # Accept params either flat or under "params" (an object, alone).
+        if "params" in raw:
+            nested = raw["params"]
+            if not isinstance(nested, dict):
+                raise BadRequest(
+                    f"'params' must be an object of the {kind!r} fault's parameters, "
+                    f"got {type(nested).__name__}.",
+                    param="params",
+                )
+            if len(raw) > 1:
+                others = ", ".join(sorted(k for k in raw if k != "params"))
+                raise BadRequest(
+                    f"Give the {kind!r} fault's parameters either flat or under 'params', "
+                    f"not both (flat: {others}).",
+                    param="params",
+                )
+            raw, where = nested, "params."
+        for name in RESERVED_FIELDS:
+            if name in raw:
+                raise BadRequest(
+                    f"'{where}{name}' is not a parameter of the {kind!r} fault: a fault's "
+                    f"parameters cannot set its {name}; give 'kind' and 'ttl_s' once, at "
+                    "the top of the body.",
+                    param=f"{where}{name}",
+                )
         try:
             params = self.kinds[kind].model_validate(raw)
         except ValidationError as exc:
             raise from_validation_error(exc, what=f"{kind!r} fault") from None
-        return kind, float(ttl), params
+        return kind, seconds, params
 
     # -- operations ---------------------------------------------------------------
     def inject(self, body: Mapping[str, Any], actor: str = "admin") -> Fault:
