@@ -29,7 +29,7 @@ $(error ENGINE=$(ENGINE): use sim (the simulator, default) or llamacpp)
 endif
 
 .PHONY: help venv test test-fast test-engine lint fmt clean chaos-router chaos-broker \
-	chaos-rollback gameday bench
+	chaos-rollback chaos-hostile gameday bench
 
 help:
 	@echo "make test            run the test suite (sets up .venv on first use)"
@@ -38,7 +38,8 @@ help:
 	@echo "                     (ENGINE=llamacpp: against llama.cpp model pods)"
 	@echo "make chaos-broker    run the broker experiments"
 	@echo "make chaos-rollback  run the rollback-executor experiments"
-	@echo "make gameday         all nine experiments plus the control run"
+	@echo "make chaos-hostile   the hostile game day: broken kernel, client flood, pins"
+	@echo "make gameday         every experiment above plus the control run"
 	@echo "make lint            ruff and mypy"
 	@echo "make clean           remove the venv, caches and reports"
 
@@ -82,9 +83,13 @@ chaos-broker: $(STAMP)
 chaos-rollback: $(STAMP)
 	$(BIN)/gameday run experiments/rollback/*.yaml $(RUN_ARGS)
 
+chaos-hostile: $(STAMP)
+	$(BIN)/gameday run experiments/hostile/*.yaml $(RUN_ARGS)
+
 gameday: $(STAMP)
 	$(BIN)/gameday run experiments/control.yaml experiments/router/*.yaml \
-		experiments/broker/*.yaml experiments/rollback/*.yaml $(RUN_ARGS)
+		experiments/broker/*.yaml experiments/rollback/*.yaml experiments/hostile/*.yaml \
+		$(RUN_ARGS)
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache

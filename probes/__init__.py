@@ -11,7 +11,9 @@ Modules, named by what an experiment author reads in ``module:``:
 - ``probes.slo``     SLO probes over the run's records and the broker's history, each
   returning ``{"check", "measured", "allowed", "unit", "ok", "detail"}``, and the
   ``slo_met`` tolerance;
-- ``probes.load``    the control that runs Locust around the method.
+- ``probes.load``    the control that runs Locust around the method;
+- ``probes.hostile`` the hostile game day: a flood of hostile input pinned to the canary,
+  pins sent after a trip, and the SLO probes that judge them.
 
 Every activity reads two configuration entries: ``gameday_target`` (the target file;
 env ``GAMEDAY_TARGET``) and ``gameday_run_dir`` (where the ledger and records go; env
@@ -42,6 +44,7 @@ MODULES = (
     "probes.fresh_canary",
     "probes.progressive",
     "probes.prometheus",
+    "probes.hostile",
 )
 ACTIONS = frozenset(
     {
@@ -50,6 +53,8 @@ ACTIONS = frozenset(
         "kill_pod",
         "clear_faults",
         "start_fresh_canary",
+        "flood_pinned_canary",
+        "pin_canary_after_trip",
     }
 )
 CONTROL_HOOK_SUFFIX = "_control"

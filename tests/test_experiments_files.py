@@ -18,7 +18,7 @@ import yaml
 from gameday.targets.base import parse_target
 from tests.run_support import REPO
 
-COMPONENTS = ("router", "broker", "rollback")
+COMPONENTS = ("router", "broker", "rollback", "hostile")
 # The local game day (experiments/k8s/ and experiments/stack-configs/ are not experiments
 # of this matrix).
 EXPERIMENTS = sorted(
@@ -27,6 +27,17 @@ EXPERIMENTS = sorted(
 )
 BY_NAME = {str(p.relative_to(REPO / "experiments").with_suffix("")): p for p in EXPERIMENTS}
 FAULTS = ("latency", "pod-kill", "faulty-kernel")
+# The hostile game day (issue #12): a broken engine, hostile clients, pins after a trip.
+HOSTILE = ("broken-kernel", "client-flood", "pins-after-trip")
+# What each fault must do to a healthy gate: trip, or not.
+EXPECT = {
+    "latency": "no_trip",
+    "pod-kill": "trip",
+    "faulty-kernel": "trip",
+    "broken-kernel": "trip",
+    "client-flood": "no_trip",
+    "pins-after-trip": "trip",
+}
 FAULT_ACTIONS = {"inject_latency", "make_canary_faulty", "kill_pod"}
 REPORT_SLO_KEYS = {"detection_s", "weights_applied_s", "rollback_s", "rollback_complete_s"}
 STACK_START_S, STACK_STOP_S, LOAD_STOP_S, CHAOS_START_S = 8, 8, 4, 2
@@ -52,7 +63,8 @@ def activities(experiment: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def test_every_component_gets_every_fault_plus_the_control() -> None:
-    expected = {f"{c}/{f}" for c in COMPONENTS for f in FAULTS} | {"control"}
+    expected = {f"{c}/{f}" for c in ("router", "broker", "rollback") for f in FAULTS}
+    expected |= {"control", "router/broken-kernel"} | {f"hostile/{f}" for f in HOSTILE}
     assert set(BY_NAME) == expected
 
 
@@ -91,7 +103,7 @@ def test_the_gameday_extension_says_what_is_expected(name: str) -> None:
     component, _, fault = name.partition("/")
     assert ext["component"] == component
     assert ext["fault"] == (fault or "none")
-    assert ext["expect"] == ("trip" if fault in ("pod-kill", "faulty-kernel") else "no_trip")
+    assert ext["expect"] == EXPECT.get(fault, "no_trip")
     slo = {k: resolve(exp, v) for k, v in ext["slo"].items()}
     assert all(isinstance(v, int | float) for v in slo.values()), slo
     if ext["expect"] == "trip":
@@ -136,11 +148,11 @@ def test_the_load_runs_and_slos_are_checked_after_it(name: str) -> None:
     probes = exp["steady-state-hypothesis"]["probes"]
     assert probes[0]["provider"]["func"] == "stack_healthy"
     for probe in probes[2:]:
-        assert probe["provider"]["module"] == "probes.slo"
+        assert probe["provider"]["module"] in ("probes.slo", "probes.hostile")
         assert probe["tolerance"]["provider"]["func"] == "slo_met"
     funcs = {p["provider"]["func"] for p in probes}
     assert {"baseline_ttft_p99_below", "error_rate_below"} <= funcs
-    if "pod-kill" in name or "faulty-kernel" in name:
+    if EXPECT.get(name.partition("/")[2]) == "trip":
         assert {"trip_within", "no_canary_served_after", "drifted_responses_at_most"} <= funcs
         method = [a["provider"]["func"] for a in exp["method"]]
         assert "make_canary_faulty" in method and "wait_for_trip" in method
