@@ -11,6 +11,7 @@ import argparse
 from collections.abc import Sequence
 
 from canarystack.common.cli import base_parser, parse
+from canarystack.model.body import ADMIN_BODY_BYTES, BYTES_PER_TOKEN, ENVELOPE_BYTES
 from canarystack.model.capacity import CapacityModel
 from canarystack.model.contract import (
     COMPONENT,
@@ -21,6 +22,8 @@ from canarystack.model.contract import (
 )
 from canarystack.model.faults import FAULT_KINDS
 from canarystack.model.server import ModelServer, ServerConfig
+
+MIN_BODY_BYTES = 4096
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -51,6 +54,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="context window in tokens (default %(default)s)",
     )
     add_default_max_tokens_option(g)
+    g.add_argument(
+        "--max-body-bytes",
+        type=int,
+        default=None,
+        help="largest request body accepted (bytes; 413 above it); default: "
+        f"--max-model-len x {BYTES_PER_TOKEN} + {ENVELOPE_BYTES} (the JSON envelope)",
+    )
     c = p.add_argument_group("capacity model")
     c.add_argument("--slots", type=int, default=32, help="sequence slots (default %(default)s)")
     c.add_argument(
@@ -114,6 +124,11 @@ def config_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) 
         parser.error(f"--drift {args.drift}: give a mean KL >= 0 (e.g. 0.01)")
     if args.max_model_len < 2:
         parser.error(f"--max-model-len {args.max_model_len}: give at least 2 tokens")
+    if args.max_body_bytes is not None and args.max_body_bytes < MIN_BODY_BYTES:
+        parser.error(
+            f"--max-body-bytes {args.max_body_bytes}: give at least {MIN_BODY_BYTES} "
+            "(or leave it out to size it from --max-model-len)"
+        )
     check_shared_options(args, parser)
     return ServerConfig(
         version=args.version,
@@ -123,6 +138,7 @@ def config_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) 
         capacity=capacity,
         max_model_len=args.max_model_len,
         default_max_tokens=args.default_max_tokens,
+        max_body_bytes=args.max_body_bytes,
     )
 
 
@@ -131,7 +147,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parse(parser, argv)
     config = config_from_args(args, parser)
     run_model_server(
-        args, config.version, FAULT_KINDS, lambda component: ModelServer(config, component)
+        args,
+        config.version,
+        FAULT_KINDS,
+        lambda component: ModelServer(config, component),
+        client_max_size=ADMIN_BODY_BYTES,  # the model routes read with model.body
     )
 
 

@@ -36,6 +36,7 @@ from canarystack.common.logs import JsonLogger, get_logger
 
 # Both model servers log and register faults as "model": to everyone else they are one kind.
 COMPONENT = "model"
+MAX_REQUEST_ID_CHARS = 200
 
 
 # -- flags ------------------------------------------------------------------------------
@@ -77,9 +78,12 @@ def run_model_server(
     version: str,
     fault_kinds: Mapping[str, type[FaultParams]],
     build: Callable[[Component], ModelServerApp],
+    *,
+    client_max_size: int | None = None,
 ) -> None:
     """Wire a model server into a component (faults, admin token, /health) and serve it
-    until SIGTERM."""
+    until SIGTERM. ``client_max_size`` caps what ``request.read()`` accepts (aiohttp's
+    413), for the routes that read that way; None keeps ``create_app``'s default."""
     log = get_logger(COMPONENT)
     faults = FaultRegistry(COMPONENT, fault_kinds, max_ttl_s=args.max_fault_ttl_s, log=log)
     component = Component(
@@ -91,7 +95,11 @@ def run_model_server(
     )
     server = build(component)
     component.health_extra = server.health_extra
-    app = create_app(component)
+    app = (
+        create_app(component)
+        if client_max_size is None
+        else create_app(component, client_max_size=client_max_size)
+    )
     server.add_routes(app)
     serve(app, args, COMPONENT)
 
@@ -100,8 +108,9 @@ def run_model_server(
 def check_model_name(requested: str | None, served: str) -> None:
     """A request may leave ``model`` out or name the served model; anything else is a 404."""
     if requested is not None and requested != served:
+        shown = requested if len(requested) <= 100 else requested[:100] + "..."
         raise NotFound(
-            f"The model `{requested}` does not exist. This server serves `{served}` "
+            f"The model `{shown}` does not exist. This server serves `{served}` "
             "(GET /v1/models lists it); send that name in 'model' or leave it out.",
             param="model",
             code="model_not_found",
@@ -152,9 +161,13 @@ class RequestRecord:
 
     @classmethod
     def start(cls, request: web.Request) -> Self:
-        """A record for a request that arrives now (the client's x-request-id, or a new one)."""
+        """A record for a request that arrives now (the client's x-request-id when it is a
+        usable one, else a new one: the id is echoed in headers and JSON bodies, so bytes
+        that are not printable ASCII, or more than ``MAX_REQUEST_ID_CHARS``, never are)."""
+        given = request.headers.get("x-request-id") or ""
+        usable = 0 < len(given) <= MAX_REQUEST_ID_CHARS and given.isascii() and given.isprintable()
         return cls(
-            request_id=request.headers.get("x-request-id") or uuid.uuid4().hex,
+            request_id=given if usable else uuid.uuid4().hex,
             traceparent=request.headers.get("traceparent"),
             traffic_tag=request.headers.get("x-traffic-tag"),
             endpoint=request.path,

@@ -18,6 +18,14 @@ a splitmix64 hash of the context picks the rows — no Generator per token.
 - The ``kernel`` fault (``fp8-kv-scale``) adds a further perturbation, only for prompts
   of at least ``min_prompt_tokens`` tokens, whose size grows with the prompt length:
   mean KL about ``KERNEL_KL_AT_REF * magnitude**2 * prompt_tokens / KERNEL_REF_TOKENS``.
+- The *broken* kernel modes (``BROKEN_MODES``) model an engine whose numbers are gone
+  rather than drifted, again only for prompts at or above the threshold (``magnitude``
+  plays no part): ``nan-logits`` (every logit NaN: greedy argmax and the exponential-race
+  sampler both pick token id 0 at every position), ``inf-logits`` (the softmax
+  normaliser overflowed: the token order is the healthy one, so the text is unchanged,
+  but every logprob is ``-inf``) and ``garbage`` (tokens drawn uniformly from the whole
+  vocabulary, unrelated to the context). How they look on the wire is
+  ``canarystack.model.render``'s business.
 
 Logprobs are the raw model's (before temperature and top_p), as vLLM reports them.
 
@@ -46,7 +54,11 @@ _GOLDEN = 0x9E3779B97F4A7C15
 # The kernel fault's size at the reference length and magnitude 1 (mean KL, nats).
 KERNEL_REF_TOKENS = 4096
 KERNEL_KL_AT_REF = 0.15
-KERNEL_MODES = ("fp8-kv-scale",)
+DRIFT_MODE = "fp8-kv-scale"
+BROKEN_MODES = ("nan-logits", "inf-logits", "garbage")
+KERNEL_MODES = (DRIFT_MODE, *BROKEN_MODES)
+# The token every position gets when all logits are NaN (argmax of all-NaN is index 0).
+NAN_TOKEN_ID = 0
 
 # Distinct hash salts, so a version's noise and the kernel's noise are independent.
 _FAMILY_SALT = 0x5EED_F00D_0000_0001
@@ -209,8 +221,14 @@ class NextTokenModel:
         self._log_tail_size = math.log(vocab_size - CANDIDATES)
 
     def kernel_scale(self, prompt_tokens: int, fault: KernelFault | None) -> float:
-        """The kernel fault's logit-noise scale for a prompt length (0 when untouched)."""
-        if fault is None or fault.magnitude <= 0 or prompt_tokens < fault.min_prompt_tokens:
+        """The kernel fault's logit-noise scale for a prompt length (0 when untouched, and
+        for the broken modes, which do not drift the distribution: see ``broken_mode``)."""
+        if (
+            fault is None
+            or fault.mode != DRIFT_MODE
+            or fault.magnitude <= 0
+            or prompt_tokens < fault.min_prompt_tokens
+        ):
             return 0.0
         # One-sided noise of variance v gives KL ~ v/2 (1 - sum p^2): scale so KL grows
         # linearly with prompt length and with magnitude squared.
@@ -238,6 +256,29 @@ class NextTokenModel:
         lps = [x - lse for x in logits]
         tail = lps.pop()
         return Distribution(ids=ids, logprobs=tuple(lps), tail_logprob=tail, vocab_size=vs)
+
+    @staticmethod
+    def broken_mode(prompt_tokens: int, fault: KernelFault | None) -> str | None:
+        """The broken kernel mode acting on a prompt of this length, or None."""
+        if fault is None or fault.mode not in BROKEN_MODES:
+            return None
+        return fault.mode if prompt_tokens >= fault.min_prompt_tokens else None
+
+    def choose(
+        self,
+        dist: Distribution,
+        temperature: float,
+        top_p: float,
+        rng: random.Random,
+        broken: str | None = None,
+    ) -> int:
+        """The next token: ``sample`` for a healthy (or inf-logits) kernel, token 0 for
+        nan-logits, a uniform draw over the vocabulary for garbage."""
+        if broken == "nan-logits":
+            return NAN_TOKEN_ID
+        if broken == "garbage":
+            return rng.randrange(self.vocab_size)
+        return self.sample(dist, temperature, top_p, rng)
 
     def sample(
         self, dist: Distribution, temperature: float, top_p: float, rng: random.Random
@@ -296,11 +337,12 @@ def generate(
     and the tests share. Sampling uses ``random.Random(seed)`` when a seed is given."""
     rng = random.Random(seed) if seed is not None else random.Random()
     scale = model.kernel_scale(len(prompt_words), kernel)
+    broken = model.broken_mode(len(prompt_words), kernel)
     ctx = prompt_context(prompt_words)
     steps: list[Step] = []
     for _ in range(max_tokens):
         dist = model.distribution(ctx, scale)
-        tok = model.sample(dist, temperature, top_p, rng)
+        tok = model.choose(dist, temperature, top_p, rng, broken)
         steps.append(Step(tok, dist))
         ctx = next_context(ctx, tok)
     return steps

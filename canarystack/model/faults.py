@@ -1,9 +1,14 @@
 """The model server's fault kinds: their parameters (validated, typos refused) and what
 each does to a request.
 
-- ``kernel``  (``mode``, ``min_prompt_tokens``, ``magnitude``): the faulty kernel — the
-  next-token distributions of prompts at or above the threshold drift, growing with
-  length (``canarystack.model.engine``).
+- ``kernel``  (``mode``, ``min_prompt_tokens``, ``magnitude``): the faulty kernel, acting
+  only on prompts at or above the threshold. ``fp8-kv-scale`` (the default): the
+  next-token distributions drift, growing with length and ``magnitude``
+  (``canarystack.model.engine``). The broken modes (``magnitude`` is ignored):
+  ``nan-logits`` (every logprob ``NaN`` on the wire, token id 0 at every position),
+  ``inf-logits`` (every logprob ``-Infinity``, text unchanged) and ``garbage`` (unrelated
+  tokens, ``"logprobs": null`` even when asked for); ``canarystack.model.render`` shows
+  the exact shapes.
 - ``latency`` (``ttft_ms``, ``itl_multiplier``, ``min_prompt_tokens``): extra time to
   first token and slower decoding.
 - ``errors``  (``rate``, ``error_kind``, ``min_prompt_tokens``): a share of requests
@@ -29,7 +34,7 @@ CRASH_EXIT_CODE = 137
 
 
 class KernelParams(FaultParams):
-    mode: Literal["fp8-kv-scale"] = "fp8-kv-scale"
+    mode: Literal["fp8-kv-scale", "nan-logits", "inf-logits", "garbage"] = "fp8-kv-scale"
     min_prompt_tokens: int = Field(default=2048, ge=0)
     magnitude: float = Field(default=1.0, ge=0, le=10, allow_inf_nan=False)
 

@@ -62,6 +62,7 @@ class Generation:
         top_p: float = 1.0,
         rng: random.Random | None = None,
         kernel_scale: float = 0.0,
+        broken: str | None = None,
         stop: Sequence[str] = (),
     ) -> None:
         self._model = model
@@ -71,6 +72,7 @@ class Generation:
         self._top_p = top_p
         self._rng = rng or random.Random()
         self._kernel_scale = kernel_scale
+        self._broken = broken
         self._stop = list(stop)
         self._longest_stop = max((len(s) for s in self._stop), default=0)
         self._text = ""
@@ -85,7 +87,7 @@ class Generation:
                 self.finished = True
                 return None
             dist = self._model.distribution(self._ctx, self._kernel_scale)
-            tok = self._model.sample(dist, self._temperature, self._top_p, self._rng)
+            tok = self._model.choose(dist, self._temperature, self._top_p, self._rng, self._broken)
             self._ctx = next_context(self._ctx, tok)
             self._left -= 1
             self.completion_tokens += 1

@@ -13,6 +13,18 @@ Shapes (as vLLM's OpenAI server sends them):
 - with ``stream_options.include_usage`` every chunk carries ``"usage": null`` and a last
   chunk ``{"choices": [], "usage": {...}}`` comes before ``data: [DONE]``.
 
+A broken kernel (``broken``, only for requests the fault acts on) changes the logprobs as
+an engine that writes them with Python's ``json`` would (``allow_nan=True``):
+
+- ``nan-logits``: every logprob of the position (the chosen token's and each
+  alternative's) is the bare JSON token ``NaN``;
+- ``inf-logits``: every logprob of the position is ``-Infinity`` (the normaliser
+  overflowed; the text is the healthy one);
+- ``garbage``: ``"logprobs": null`` even when the client asked for logprobs.
+
+Everything else is written strictly (``allow_nan=False``): a healthy answer can never
+carry a non-finite number by accident.
+
 The per-chunk path is string concatenation over pre-encoded pieces (no pydantic, one
 small ``json.dumps`` only when logprobs were asked for). This module must never decide
 timing or read requests.
@@ -22,12 +34,17 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 from typing import Any
 
 from canarystack.model.generation import Output, Piece, token_texts
 
 DONE = b"data: [DONE]\n\n"
-_dumps = functools.partial(json.dumps, separators=(",", ":"))
+_dumps = functools.partial(json.dumps, separators=(",", ":"), allow_nan=False)
+# Only a broken kernel's logprobs are written with this one.
+_dumps_broken = functools.partial(json.dumps, separators=(",", ":"), allow_nan=True)
+# The logprob a broken kernel reports at every position it touches.
+BROKEN_LOGPROB = {"nan-logits": math.nan, "inf-logits": -math.inf}
 
 
 @functools.cache
@@ -58,9 +75,15 @@ class Renderer:
         *,
         logprobs: int | None,
         include_usage: bool = False,
+        broken: str | None = None,
     ) -> None:
         self.kind = kind
         self.logprobs = logprobs
+        self.broken = broken
+        # garbage: no logprobs at all, whatever was asked; NaN/-inf: every value replaced.
+        self._no_logprobs = logprobs is None or broken == "garbage"
+        self._bad_value = BROKEN_LOGPROB.get(broken or "")
+        self._lp_dumps = _dumps if self._bad_value is None else _dumps_broken
         self.include_usage = include_usage
         self._offset = 0
 
@@ -79,9 +102,10 @@ class Renderer:
     def _completion_logprobs(self, piece: Piece) -> dict[str, Any]:
         texts = token_texts()
         dist = piece.step.dist
-        lp = dist.logprob_of(piece.token_id)
+        bad = self._bad_value
+        lp = dist.logprob_of(piece.token_id) if bad is None else bad
         n = self.logprobs or 0
-        top = {texts[t]: v for t, v in dist.top(n)}
+        top = {texts[t]: (v if bad is None else bad) for t, v in dist.top(n)}
         top.setdefault(texts[piece.token_id], lp)
         entry = {
             "text_offset": [self._offset],
@@ -94,12 +118,17 @@ class Renderer:
     def _chat_logprob(self, piece: Piece) -> dict[str, Any]:
         texts = token_texts()
         dist = piece.step.dist
+        bad = self._bad_value
         return {
             "token": texts[piece.token_id],
-            "logprob": dist.logprob_of(piece.token_id),
+            "logprob": dist.logprob_of(piece.token_id) if bad is None else bad,
             "bytes": list(texts[piece.token_id].encode()),
             "top_logprobs": [
-                {"token": texts[t], "logprob": v, "bytes": list(texts[t].encode())}
+                {
+                    "token": texts[t],
+                    "logprob": v if bad is None else bad,
+                    "bytes": list(texts[t].encode()),
+                }
                 for t, v in dist.top(self.logprobs or 0)
             ],
         }
@@ -131,11 +160,11 @@ class Renderer:
             text_json = token_json()[piece.token_id]  # pre-encoded: the common case
         else:
             text_json = _dumps(piece.text)
-        if piece is not None and self.logprobs is not None:
+        if piece is not None and not self._no_logprobs:
             if self.kind == "completion":
-                lp = _dumps(self._completion_logprobs(piece))
+                lp = self._lp_dumps(self._completion_logprobs(piece))
             else:
-                lp = '{"content":[' + _dumps(self._chat_logprob(piece)) + "]}"
+                lp = '{"content":[' + self._lp_dumps(self._chat_logprob(piece)) + "]}"
         else:
             lp = "null"
         if piece is not None:
@@ -162,7 +191,7 @@ class Renderer:
     def full_response(self, out: Output, prompt_tokens: int) -> bytes:
         text = "".join(p.text for p in out.pieces)
         logprobs: Any = None
-        if self.logprobs is not None:
+        if not self._no_logprobs:
             if self.kind == "completion":
                 merged: dict[str, list[Any]] = {
                     "text_offset": [],
@@ -198,4 +227,5 @@ class Renderer:
             "choices": [choice],
             "usage": usage_json(prompt_tokens, out.completion_tokens),
         }
-        return (self._final_head + _dumps(tail)[1:]).encode()
+        dumps = _dumps if logprobs is None else self._lp_dumps
+        return (self._final_head + dumps(tail)[1:]).encode()

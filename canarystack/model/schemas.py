@@ -18,7 +18,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 from canarystack.tokenizer import render_chat
 
 MAX_LOGPROBS = 20
-MAX_STOP_SEQUENCES = 16
+# OpenAI accepts at most 4 stop sequences; each is matched against the text per token.
+MAX_STOP_SEQUENCES = 4
+MAX_STOP_CHARS = 1024
 
 
 class _Body(BaseModel):
@@ -80,6 +82,8 @@ class _Request(_Body):
             raise ValueError(f"stop has {len(items)} sequences; at most {MAX_STOP_SEQUENCES}")
         if any(s == "" for s in items):
             raise ValueError("stop sequences must not be empty strings")
+        if any(len(s) > MAX_STOP_CHARS for s in items):
+            raise ValueError(f"each stop sequence may have at most {MAX_STOP_CHARS} characters")
         return items
 
     @field_validator("stream_options")

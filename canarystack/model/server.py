@@ -2,7 +2,9 @@
 (streaming and not), ``/v1/models``, and the per-request bookkeeping (faults, capacity,
 metrics, one ``request_done`` log line).
 
-A request goes: parse and validate (4xx naming the field) -> faults that act before the
+A request goes: read the body within its limit and parse it strictly (``model.body``:
+413/400 naming the input; a body above ``OFF_LOOP_BYTES`` is parsed in a worker
+thread) and validate (4xx naming the field) -> faults that act before the
 engine (crash, http errors) -> FIFO queue for a sequence slot -> first token at
 admission + prefill -> further tokens at absolute deadlines -> release the slot.
 
@@ -27,15 +29,10 @@ from typing import Any, TypeVar
 from aiohttp import web
 
 from canarystack.common.app import Component
-from canarystack.common.errors import (
-    ApiError,
-    BadRequest,
-    Unavailable,
-    parse_model,
-    read_json_object,
-)
+from canarystack.common.errors import ApiError, BadRequest, Unavailable
 from canarystack.common.faults import FaultParams
 from canarystack.common.logs import get_logger
+from canarystack.model.body import OFF_LOOP_BYTES, Limits, Parsed, parse_request, read_body
 from canarystack.model.capacity import CapacityModel, SlotScheduler, sleep_until
 from canarystack.model.contract import (
     RequestRecord,
@@ -56,7 +53,6 @@ from canarystack.model.faults import (
 from canarystack.model.generation import Generation, Output
 from canarystack.model.metrics import ModelMetrics
 from canarystack.model.render import DONE, Renderer
-from canarystack.model.schemas import ChatCompletionRequest, CompletionRequest
 
 # Non-streaming answers make their tokens in batches of this size, yielding in between.
 GENERATE_BATCH = 256
@@ -73,6 +69,11 @@ class ServerConfig:
     capacity: CapacityModel = field(default_factory=CapacityModel)
     max_model_len: int = 16384
     default_max_tokens: int = 16
+    max_body_bytes: int | None = None  # None: sized from max_model_len (model.body)
+
+    @property
+    def limits(self) -> Limits:
+        return Limits.for_model_len(self.max_model_len, self.max_body_bytes)
 
 
 class SimulatedServerError(ApiError):
@@ -102,6 +103,7 @@ class ModelServer:
         )
         self._rng = random.Random()
         self.created = int(time.time())
+        self.limits = config.limits
 
     # -- wiring ---------------------------------------------------------------------
     def add_routes(self, app: web.Application) -> None:
@@ -115,6 +117,7 @@ class ModelServer:
             "running": self.scheduler.running,
             "waiting": self.scheduler.waiting,
             "slots": self.capacity.slots,
+            "max_body_bytes": self.limits.body_bytes,
         }
 
     async def models(self, request: web.Request) -> web.Response:
@@ -154,22 +157,21 @@ class ModelServer:
     async def _serve(
         self, request: web.Request, kind: str, rec: RequestRecord, headers: dict[str, str]
     ) -> web.StreamResponse:
-        body = await read_json_object(request)
-        req: CompletionRequest | ChatCompletionRequest
-        if kind == "completion":
-            req = parse_model(CompletionRequest, body)
-            top_n = req.logprobs
-            prompt_field = "prompt"
-            max_tokens = req.max_tokens
+        raw = await read_body(request, self.limits)
+        parsed: Parsed
+        if len(raw) > OFF_LOOP_BYTES:
+            # A big body is parsed and tokenised in a worker thread: other requests'
+            # streams keep their deadlines meanwhile.
+            loop = asyncio.get_running_loop()
+            parsed = await loop.run_in_executor(None, parse_request, raw, kind, self.limits)
         else:
-            req = parse_model(ChatCompletionRequest, body)
-            top_n = (req.top_logprobs or 0) if req.logprobs else None
-            prompt_field = "messages"
-            max_tokens = req.max_tokens or req.max_completion_tokens
+            parsed = parse_request(raw, kind, self.limits)
+        del raw
+        req, words, top_n = parsed.req, parsed.words, parsed.top_n
+        prompt_field, max_tokens = parsed.prompt_field, parsed.max_tokens
         rec.stream = req.stream
         served = self.config.served_model_name
         check_model_name(req.model, served)
-        words = req.prompt_text().split()
         n_prompt = len(words)
         rec.prompt_tokens = n_prompt
         if n_prompt == 0:
@@ -210,7 +212,10 @@ class ModelServer:
         extra_ttft_s = latency.ttft_ms / 1000.0 if latency else 0.0
         itl_mult = latency.itl_multiplier if latency else 1.0
         kernel = self._fault("kernel", KernelParams, n_prompt)
-        kernel_scale = self.model.kernel_scale(n_prompt, kernel.engine_fault()) if kernel else 0.0
+        kernel_fault = kernel.engine_fault() if kernel else None
+        kernel_scale = self.model.kernel_scale(n_prompt, kernel_fault)
+        # A broken kernel does not know it is broken: nothing in the record says so.
+        broken = self.model.broken_mode(n_prompt, kernel_fault)
 
         rng = random.Random(req.seed if req.seed is not None else self._rng.getrandbits(64))
         gen = Generation(
@@ -221,6 +226,7 @@ class ModelServer:
             top_p=req.top_p,
             rng=rng,
             kernel_scale=kernel_scale,
+            broken=broken,
             stop=req.stop_sequences,
         )
         if error_kind == "empty":
@@ -233,6 +239,7 @@ class ModelServer:
             served,
             logprobs=top_n,
             include_usage=req.include_usage,
+            broken=broken,
         )
         truncate = error_kind == "truncate"
         if req.stream:

@@ -1,0 +1,174 @@
+"""Reading and parsing one request body of the model server, strictly and within limits.
+
+What a client sends is bounded before it costs anything:
+
+- the body: at most ``Limits.body_bytes`` (default ``max_model_len`` x
+  ``BYTES_PER_TOKEN`` + ``ENVELOPE_BYTES``; ``--max-body-bytes`` overrides), refused
+  with a 413 from ``Content-Length`` before a byte is read, or as soon as a chunked body
+  passes the limit;
+- the JSON: ``canarystack.common.strictjson`` (no ``NaN``/``Infinity``, integers of at
+  most 32 digits, nesting of at most 64 levels, valid UTF-8 without lone surrogates);
+- before pydantic sees the body: at most ``MAX_MESSAGES`` messages and
+  ``MAX_STOP_SEQUENCES`` stop strings of at most ``MAX_STOP_CHARS`` characters each;
+- before the prompt is tokenised: at most ``Limits.prompt_bytes`` bytes of prompt text
+  (``max_model_len`` x ``BYTES_PER_TOKEN``).
+
+Every refusal is a 4xx naming the input and what to do. ``parse_request`` is plain
+synchronous work so the server can run it off the event loop for big bodies
+(``OFF_LOOP_BYTES``). This module must never sleep or touch the network beyond reading
+the one request's body.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+
+from canarystack.common import strictjson
+from canarystack.common.errors import ApiError, BadRequest, parse_model
+from canarystack.model.schemas import (
+    MAX_STOP_CHARS,
+    MAX_STOP_SEQUENCES,
+    ChatCompletionRequest,
+    CompletionRequest,
+)
+
+# The body limit per context token (a token is a word here, a few bytes of JSON) and
+# the room for everything around the prompt.
+BYTES_PER_TOKEN = 16
+ENVELOPE_BYTES = 64 * 1024
+# Bodies above this are parsed in a worker thread, so other requests keep streaming.
+OFF_LOOP_BYTES = 1024 * 1024
+# Caps checked before validation (pydantic would otherwise build a model per message).
+MAX_MESSAGES = 2048
+# The admin API's bodies (fault injection) are tiny.
+ADMIN_BODY_BYTES = 64 * 1024
+READ_CHUNK_BYTES = 64 * 1024
+
+
+class PayloadTooLarge(ApiError):
+    status = 413
+    type = "invalid_request_error"
+
+
+@dataclass(frozen=True)
+class Limits:
+    body_bytes: int
+    prompt_bytes: int
+
+    @classmethod
+    def for_model_len(cls, max_model_len: int, max_body_bytes: int | None = None) -> Limits:
+        derived = max_model_len * BYTES_PER_TOKEN + ENVELOPE_BYTES
+        return cls(
+            body_bytes=derived if max_body_bytes is None else max_body_bytes,
+            prompt_bytes=max_model_len * BYTES_PER_TOKEN,
+        )
+
+
+def _too_large(size: str, limits: Limits) -> PayloadTooLarge:
+    return PayloadTooLarge(
+        f"Request body is {size}; this model server accepts at most {limits.body_bytes} "
+        f"bytes (sized from its context length; --max-body-bytes sets it). Send a shorter "
+        "prompt or fewer messages.",
+        code="body_too_large",
+    )
+
+
+async def read_body(request: web.Request, limits: Limits) -> bytes:
+    """The body's bytes, or a 413 as soon as it is known to exceed ``limits.body_bytes``."""
+    declared = request.content_length
+    if declared is not None and declared > limits.body_bytes:
+        raise _too_large(f"{declared} bytes (Content-Length)", limits)
+    chunks: list[bytes] = []
+    total = 0
+    async for chunk in request.content.iter_chunked(READ_CHUNK_BYTES):
+        total += len(chunk)
+        if total > limits.body_bytes:
+            raise _too_large(f"more than {limits.body_bytes} bytes", limits)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+@dataclass(frozen=True)
+class Parsed:
+    """A validated request and what the server needs from it."""
+
+    req: CompletionRequest | ChatCompletionRequest
+    words: list[str]
+    top_n: int | None
+    prompt_field: str
+    max_tokens: int | None
+
+
+def _json_object(raw: bytes) -> dict[str, Any]:
+    if not raw:
+        raise BadRequest("Request body is empty: send a JSON object.")
+    try:
+        data = strictjson.loads(raw)
+    except strictjson.StrictJsonError as exc:
+        raise BadRequest(f"Request body is not valid JSON: {exc}.") from None
+    if not isinstance(data, dict):
+        raise BadRequest(f"Request body must be a JSON object, got {type(data).__name__}.")
+    return data
+
+
+def _precheck(data: dict[str, Any]) -> None:
+    """Caps that must hold before pydantic walks the body."""
+    messages = data.get("messages")
+    if isinstance(messages, list) and len(messages) > MAX_MESSAGES:
+        raise BadRequest(
+            f"Invalid request body: field 'messages' has {len(messages)} messages; at most "
+            f"{MAX_MESSAGES} are accepted. Merge or drop messages.",
+            param="messages",
+        )
+    stop = data.get("stop")
+    if isinstance(stop, list) and len(stop) > MAX_STOP_SEQUENCES:
+        raise BadRequest(
+            f"Invalid request body: field 'stop' has {len(stop)} sequences; at most "
+            f"{MAX_STOP_SEQUENCES} are accepted.",
+            param="stop",
+        )
+    items = stop if isinstance(stop, list) else [stop]
+    for s in items:
+        if isinstance(s, str) and len(s) > MAX_STOP_CHARS:
+            raise BadRequest(
+                f"Invalid request body: field 'stop' holds a sequence of {len(s)} "
+                f"characters; each may have at most {MAX_STOP_CHARS}.",
+                param="stop",
+            )
+
+
+def _prompt_bytes(req: CompletionRequest | ChatCompletionRequest) -> int:
+    if isinstance(req, CompletionRequest):
+        return len(str(req.prompt).encode())
+    return sum(len(m.role.encode()) + len(str(m.content).encode()) for m in req.messages)
+
+
+def parse_request(raw: bytes, kind: str, limits: Limits) -> Parsed:
+    """The request of ``kind`` ("completion" or "chat") in ``raw``, validated and its
+    prompt tokenised, or a 400 naming what was wrong (synchronous: may run in a thread)."""
+    data = _json_object(raw)
+    _precheck(data)
+    req: CompletionRequest | ChatCompletionRequest
+    if kind == "completion":
+        req = parse_model(CompletionRequest, data)
+        top_n = req.logprobs
+        prompt_field = "prompt"
+        max_tokens = req.max_tokens
+    else:
+        req = parse_model(ChatCompletionRequest, data)
+        top_n = (req.top_logprobs or 0) if req.logprobs else None
+        prompt_field = "messages"
+        max_tokens = req.max_tokens or req.max_completion_tokens
+    size = _prompt_bytes(req)
+    if size > limits.prompt_bytes:
+        raise BadRequest(
+            f"Invalid request body: field '{prompt_field}' holds {size} bytes of text; this "
+            f"model server accepts at most {limits.prompt_bytes} (its context length times "
+            f"{BYTES_PER_TOKEN} bytes per token). Send a shorter {prompt_field}.",
+            param=prompt_field,
+            code="prompt_too_large",
+        )
+    return Parsed(req, req.prompt_text().split(), top_n, prompt_field, max_tokens)
