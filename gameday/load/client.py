@@ -26,6 +26,7 @@ import gevent
 from geventhttpclient import HTTPClient
 
 from gameday.load.sse import SSEDecoder, StreamMeasurement, parse_full_response
+from gameday.oracle.wire import loads as wire_loads
 
 CONNECT_TIMEOUT_S = 10.0
 MAX_ERROR_BODY_BYTES = 64 * 1024
@@ -50,6 +51,8 @@ class Attempt:
     body_json: Any = None  # non-streamed responses
     error_kind: str | None = None
     error_detail: str | None = None
+    error_code: str | None = None  # the server's ``error.code`` of a 4xx/5xx answer
+    body_received: bool = False  # a non-streamed 2xx body arrived whole (maybe garbage)
     bytes_read: int = 0
 
     @property
@@ -75,11 +78,22 @@ class Attempt:
 
 def _error_message(body: bytes) -> str:
     try:
-        obj = json.loads(body)
+        obj = wire_loads(body)
         msg = obj["error"]["message"] if isinstance(obj.get("error"), dict) else obj.get("error")
         return str(msg)[:300]
     except Exception:
         return body[:300].decode("utf-8", errors="replace")
+
+
+def error_code(body: bytes) -> str | None:
+    """``error.code`` of an error body (``{"error": {"code": ...}}``), if it has one."""
+    try:
+        obj = wire_loads(body)
+    except ValueError:
+        return None
+    err = obj.get("error") if isinstance(obj, dict) else None
+    code = err.get("code") if isinstance(err, dict) else None
+    return code if isinstance(code, str) else None
 
 
 class OpenAIClient:
@@ -156,6 +170,7 @@ class OpenAIClient:
                     attempt.headers[name] = str(value)
             if attempt.status >= 400:
                 body = resp.read(MAX_ERROR_BODY_BYTES)
+                attempt.error_code = error_code(body)
                 attempt.fail("http_status", f"HTTP {attempt.status}: {_error_message(body)}")
                 return
             if attempt.stream:
@@ -210,9 +225,12 @@ class OpenAIClient:
         now = time.perf_counter()
         attempt.bytes_read = len(body)
         attempt.t_end = now
+        attempt.body_received = True
         try:
+            # NaN/Infinity kept as floats: the oracle judges a canary that sends them;
+            # read first, so a body nested too deep is refused before anything recurses
+            attempt.body_json = wire_loads(body, keep_non_finite=True)
             content, pt, ct = parse_full_response(body)
-            attempt.body_json = json.loads(body)
         except ValueError as exc:
             attempt.fail("broken_stream", str(exc))
             return

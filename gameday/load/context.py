@@ -81,6 +81,8 @@ class LoadContext:
         self.requests_sent = 0
         self.records = 0
         self.oracle_pairs = 0
+        self.oracle_canary_off = 0  # pins the router refused: the canary is off
+        self.oracle_canary_broken = 0  # pairs whose canary answer counted as maximal drift
         self.stop_requested = False  # SIGTERM: the shape ends the test at its next tick
         self.trace_done_nodes: set[str] = set()
         self._trace_done_sent = False
@@ -107,6 +109,8 @@ class LoadContext:
             "requests_sent": self.requests_sent,
             "records": self.records,
             "oracle_pairs": self.oracle_pairs,
+            "oracle_canary_off": self.oracle_canary_off,
+            "oracle_canary_broken": self.oracle_canary_broken,
             "trace_requests": len(s) if s else 0,
             "trace_late_starts": s.late if s else 0,
             "max_trace_lag_s": round(s.max_lag_s, 4) if s else 0.0,

@@ -21,7 +21,17 @@ loop for ``azure-trace`` (each request starts at its trace offset × ``--trace-t
 ``x-canary-variant: baseline`` and ``canary`` (or to ``--oracle-baseline-host`` /
 ``--oracle-canary-host``), temperature 0 with top logprobs, and records KL and top-1
 agreement (``gameday.oracle``) per prompt-length bucket. Its requests are not in the load
-records; they show in Locust's statistics as ``oracle``.
+records; they show in Locust's statistics as ``oracle``. What a pair records:
+
+- both sides answered with sound logprobs: KL and top-1 agreement, ``error`` null;
+- the canary answered 2xx but its body is garbage, has no or malformed logprobs, or
+  non-finite ones: maximal divergence (``KL_CLIP``, top-1 agreement 0), ``error`` null —
+  a broken engine is drift, never a dropped pair (counted in ``oracle_canary_broken``);
+- the baseline's 2xx body is broken: ``error`` ``baseline broken: ...`` (not canary drift);
+- the canary answered 409 ``canary_off`` (the router refuses pins to a canary whose
+  effective weight is 0): ``error`` ``canary_off: ...``, no pair, and not a failure in
+  Locust's statistics (``oracle[canary_off]``; counted in ``oracle_canary_off``);
+- a side failed (connection, 4xx/5xx, timeout): ``error`` ``<side>: <kind>: <detail>``.
 """
 
 from __future__ import annotations
@@ -38,8 +48,8 @@ from gameday.load.buckets import bucket_of
 from gameday.load.client import Attempt, OpenAIClient
 from gameday.load.context import context_for
 from gameday.load.options import LoadOptions
+from gameday.load.pairs import CANARY_OFF_PREFIX, judge_pair
 from gameday.load.prompts import PromptRequest
-from gameday.oracle import compare_positions, parse_logprobs
 
 log = logging.getLogger("gameday.load")
 
@@ -257,15 +267,19 @@ class OracleUser(User):
         gevent.joinall(jobs, raise_error=True)
         row, error = self._compare(opts, req, attempts)
         row.update(run_id=opts.run_id, time=started, request_id=pair_id, error=error)
-        self.ctx.oracle_pairs += 1
+        canary_off = error is not None and error.startswith(CANARY_OFF_PREFIX)  # judge_pair
+        if canary_off:
+            self.ctx.oracle_canary_off += 1
+        else:
+            self.ctx.oracle_pairs += 1
         self.ctx.collector.add("oracle", row)
         e2e = max((a.e2e_s or 0.0) for a in attempts.values())
         self.environment.events.request.fire(
             request_type="POST",
-            name="oracle",
+            name="oracle[canary_off]" if canary_off else "oracle",
             response_time=e2e * 1000.0,
             response_length=sum(a.bytes_read for a in attempts.values()),
-            exception=None if error is None else LoadError(error),
+            exception=None if error is None or canary_off else LoadError(error),
             context={"request_id": pair_id},
             url=opts.api_path,
         )
@@ -286,20 +300,8 @@ class OracleUser(User):
             "baseline_version": base.headers.get("x-model-version"),
             "canary_version": can.headers.get("x-model-version"),
         }
-        for variant, a in attempts.items():
-            if not a.ok:
-                return row, f"{variant}: {a.error_kind}: {a.error_detail}"
-            served = a.headers.get("x-served-by")
-            if served and served != variant:
-                return row, f"{variant}: pin not honoured, served by {served}"
-        try:
-            cmp = compare_positions(parse_logprobs(base.body_json), parse_logprobs(can.body_json))
-        except (ValueError, KeyError, TypeError) as exc:
-            return row, f"logprobs: {exc}"
-        row.update(
-            positions=cmp.positions,
-            kl_mean=cmp.kl_mean,
-            kl_first=cmp.kl_first,
-            top1_agree=cmp.top1_agree,
-        )
-        return row, None
+        fields, error, outcome = judge_pair(base, can)
+        if outcome == "canary_broken":
+            self.ctx.oracle_canary_broken += 1
+        row.update(fields)
+        return row, error
