@@ -14,6 +14,7 @@ This module never kills processes and never sends traffic anywhere but the targe
 from __future__ import annotations
 
 import json
+import math
 import threading
 import time
 from dataclasses import asdict, dataclass, field
@@ -28,8 +29,9 @@ HTTP_TIMEOUT_S = 3.0
 ANNOTATION_TIMEOUT_S = 2.0
 
 
-class FaultError(RuntimeError):
-    """A fault could not be injected or cleared; the message names the replica."""
+class FaultError(RuntimeError, ValueError):
+    """A fault could not be injected or cleared, or its arguments are wrong; the message
+    names the replica or the argument."""
 
 
 @dataclass
@@ -108,6 +110,41 @@ def _error_text(resp: requests.Response) -> str:
         return resp.text[:300]
 
 
+RESERVED_PARAMS = ("kind", "ttl_s")
+
+
+def fault_body(kind: str, ttl_s: float, params: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The ``/admin/faults`` body; ValueError (FaultError) for a bad ``ttl_s`` or ``params``.
+
+    ``params`` are the fault's own settings: they can never override the fault's ``kind``
+    or its ``ttl_s`` (a params mapping that could would let an experiment file turn a
+    short, named fault into a different or a permanent one).
+    """
+    if isinstance(ttl_s, bool) or not isinstance(ttl_s, int | float):
+        raise FaultError(
+            f"fault {kind!r}: ttl_s is {ttl_s!r}: give a number of seconds (e.g. ttl_s: 60)."
+        )
+    if not math.isfinite(ttl_s) or ttl_s <= 0:
+        raise FaultError(
+            f"fault {kind!r}: ttl_s is {ttl_s!r}: it must be a finite number of seconds above "
+            "0, so the fault expires on its own (e.g. ttl_s: 60)."
+        )
+    if params is not None and not isinstance(params, dict):
+        raise FaultError(
+            f"fault {kind!r}: params is {type(params).__name__}: give a mapping of the "
+            "fault's settings (e.g. params: {{min_prompt_tokens: 2048}})."
+        )
+    params = dict(params or {})
+    reserved = [k for k in RESERVED_PARAMS if k in params]
+    if reserved:
+        raise FaultError(
+            f"fault {kind!r}: params holds {', '.join(repr(k) for k in reserved)}, which params "
+            "may not set: give the fault's kind and lifetime as the 'kind' and 'ttl_s' "
+            "arguments of the action, not inside 'params'."
+        )
+    return {"kind": kind, "ttl_s": ttl_s, **params}
+
+
 def inject(
     target: Target,
     component: str,
@@ -118,13 +155,14 @@ def inject(
 ) -> list[FaultEntry]:
     """Inject a fault into every replica of ``component``; returns one entry per replica.
 
-    Raises BlastRadiusError before any request if the component is not allowed, and
-    FaultError if a replica refused (the ones that accepted are in the ledger, so they
+    Raises FaultError before any request for a bad ``ttl_s`` or ``params`` (see
+    ``fault_body``), BlastRadiusError before any request if the component is not allowed,
+    and FaultError if a replica refused (the ones that accepted are in the ledger, so they
     are cleared by ``clear_injected``).
     """
+    body = fault_body(kind, ttl_s, params)
+    params = {k: v for k, v in body.items() if k not in RESERVED_PARAMS}
     roles = target.check_allowed(component)
-    params = dict(params or {})
-    body = {"kind": kind, "ttl_s": ttl_s, **params}
     done: list[FaultEntry] = []
     failures: list[str] = []
     for role in roles:

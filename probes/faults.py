@@ -33,7 +33,8 @@ __all__ = ["clear_faults", "inject_latency", "kill_pod", "make_canary_faulty"]
 
 MAX_TTL_S = 600.0
 MAX_LATENCY_MS = 60_000.0
-KERNEL_MODES = ("fp8-kv-scale",)
+# fp8-kv-scale: drift; nan-logits / inf-logits: a broken kernel (NaN or ±Inf logprobs)
+KERNEL_MODES = ("fp8-kv-scale", "nan-logits", "inf-logits")
 MODEL_ROLES = ("model", "model-baseline", "model-canary")
 
 Secrets = dict[str, Any]
