@@ -38,6 +38,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import requests
 
 from gameday.faults import FaultEntry, FaultLedger
 from gameday.targets import TargetError
@@ -51,6 +52,7 @@ __all__ = [
     "drifted_responses_at_most",
     "error_rate_below",
     "errors_only_in_flight_at_kill",
+    "gate_sees_every_router",
     "no_canary_served_after",
     "no_trip",
     "rollback_complete_within",
@@ -468,4 +470,73 @@ def no_trip(
         not trips,
         since=since,
         trips=[{"time": t.get("time"), "seq": t.get("seq")} for t in trips[:5]],
+    )
+
+
+# Router health fields that say whether its samples reach the gate (canarystack router
+# /health: "gate_auth" is ok | unauthorized | forbidden).
+GATE_AUTH_OK = "ok"
+HEALTH_TIMEOUT_S = 3.0
+
+
+def _router_blindness(health: dict[str, Any]) -> str | None:
+    """Why this router's samples do not reach the gate, or None when they do."""
+    auth = health.get("gate_auth")
+    if isinstance(auth, dict):
+        auth = auth.get("status")
+    if auth is not None and auth != GATE_AUTH_OK:
+        return f"its sample pushes are refused by the gate ({auth})"
+    queue = health.get("sample_queue")
+    error = queue.get("gate_error") if isinstance(queue, dict) else None
+    if isinstance(error, str) and any(code in error for code in ("401", "403")):
+        return f"its sample pushes are refused by the gate ({error})"
+    return None
+
+
+def gate_sees_every_router(
+    configuration: Configuration | None = None,
+    secrets: Secrets | None = None,
+) -> Slo:
+    """The gate can see: every live router's samples reach it, and the gate is not
+    ``inconclusive`` (no canary sample for its no-data timeout). Measured is the number of
+    routers (plus the gate itself, when inconclusive) that leave the gate blind; allowed 0.
+    A blind gate never trips, so a run without this check could pass quietly."""
+    check, unit = "gate_blind", "routers"
+    try:
+        target = get_target(configuration)
+        routers = target.replicas("router")
+        gate_url = f"{target.service_url('gate')}/v1/gate/{target.release}"
+    except TargetError as exc:  # the check fails; it never crashes
+        return failed_result(check, 0.0, unit, f"cannot find the routers and the gate: {exc}")
+    blind: dict[str, str] = {}
+    unreachable: list[str] = []
+    for router in routers:
+        try:
+            health = requests.get(f"{router.url}/health", timeout=HEALTH_TIMEOUT_S).json()
+        except (requests.RequestException, ValueError):
+            unreachable.append(router.name)
+            continue
+        why = _router_blindness(health if isinstance(health, dict) else {})
+        if why is not None:
+            blind[router.name] = why
+    try:
+        gate_state = requests.get(gate_url, timeout=HEALTH_TIMEOUT_S).json().get("state")
+    except (requests.RequestException, ValueError, AttributeError) as exc:
+        return failed_result(check, 0.0, unit, f"cannot read the gate's state at {gate_url}: {exc}")
+    if gate_state == "inconclusive":
+        blind["gate"] = "the gate is inconclusive: no canary sample for its no-data timeout"
+    if not routers or len(unreachable) == len(routers):
+        return failed_result(
+            check, 0.0, unit, "no router answered /health: whether the gate can see is unknown"
+        )
+    return result(
+        check,
+        float(len(blind)),
+        0.0,
+        unit,
+        not blind,
+        blind=blind,
+        unreachable=unreachable,
+        gate_state=gate_state,
+        why="; ".join(f"{k}: {v}" for k, v in blind.items()) or None,
     )

@@ -192,3 +192,50 @@ def test_an_slo_not_measured_is_a_pass_only_before_the_method() -> None:
         "SLO 'weights_applied_s' (probe 'weights-applied-in-time', after the method) was not "
         "measured: the probe saw no load and no fault"
     ]
+
+
+def _blind_journal(expect: str) -> dict[str, Any]:
+    """A run whose hypothesis after the method found a router's samples refused."""
+    journal = _passing_journal(expect)
+    output = {
+        "check": "gate_blind",
+        "measured": 1.0,
+        "allowed": 0.0,
+        "unit": "routers",
+        "ok": False,
+        "detail": {
+            "status": "measured",
+            "why": "router-1: its sample pushes are refused by the gate (unauthorized)",
+        },
+    }
+    run = {
+        "activity": {"name": "gate-sees-every-router"},
+        "status": "succeeded",
+        "tolerance_met": False,
+        "output": output,
+    }
+    journal["deviated"] = True
+    journal["experiment"]["steady-state-hypothesis"] = {"probes": [{"name": "gate-sees"}]}
+    journal["steady_states"] = {
+        "before": {"steady_state_met": True, "probes": []},
+        "after": {"steady_state_met": False, "probes": [run]},
+    }
+    return journal
+
+
+def test_a_blind_gate_fails_the_run_and_says_so() -> None:
+    # No trip happened: without the gate_blind check a no_trip experiment would pass.
+    result, reasons = decide(Evidence(0, _blind_journal("no_trip"), 10, 0))
+    assert result == "fail"
+    assert (
+        "the gate was blind (probe 'gate-sees-every-router', after the method): router-1: "
+        "its sample pushes are refused by the gate (unauthorized)"
+    ) in reasons
+
+
+def test_expect_blind_passes_only_when_the_harness_noticed() -> None:
+    assert decide(Evidence(0, _blind_journal("blind"), 10, 0)) == ("pass", [])
+    result, reasons = decide(Evidence(0, _passing_journal("blind"), 10, 0))
+    assert result == "fail" and "a blind gate would have gone unnoticed" in reasons[-1]
+    result, reasons = decide(Evidence(0, _blind_journal("blind"), 10, 1))
+    assert result == "fail" and any("shows 1 trip(s)" in r for r in reasons)

@@ -107,7 +107,7 @@ class GamedaySpec:
 
     component: str | None
     fault: str | None
-    expect: str | None  # "trip" | "no_trip"
+    expect: str | None  # "trip" | "no_trip" | "blind"
     slo: dict[str, float]
     drift_kl: float | None
     notes: list[str] = field(default_factory=list)
@@ -557,9 +557,21 @@ DEFAULT_EXPECT = {
     "pod-kill": "trip",
     "latency": "no_trip",
     "none": "no_trip",
+    "broken-kernel": "trip",
+    "client-flood": "no_trip",
+    "pins-after-trip": "trip",
+    "wrong-credential": "blind",
 }
-_NAME_FAULTS = ("faulty-kernel", "pod-kill", "latency")
-_NAME_COMPONENTS = ("router", "broker", "rollback", "control")
+_NAME_FAULTS = (
+    "faulty-kernel",
+    "broken-kernel",
+    "pod-kill",
+    "latency",
+    "client-flood",
+    "pins-after-trip",
+    "wrong-credential",
+)
+_NAME_COMPONENTS = ("router", "broker", "rollback", "hostile", "control")
 
 
 def spec_from_name(name: str) -> GamedaySpec:
@@ -613,12 +625,12 @@ def spec_from_definition(
             slo[str(key)] = number
     drift = _resolve_number(ext.get("drift_kl", raw_slo.get("drift_kl")), config)
     expect = ext.get("expect")
-    if expect not in ("trip", "no_trip"):
+    if expect not in ("trip", "no_trip", "blind"):
         missing.append(
             Missing(
                 name,
                 "gameday extension",
-                f"expect is {expect!r}, not trip|no_trip",
+                f"expect is {expect!r}, not trip|no_trip|blind",
                 "the report cannot tell whether a trip was expected",
                 True,
             )

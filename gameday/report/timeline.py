@@ -487,7 +487,7 @@ def _checks(
     probe_allowed: dict[str, float],
     notes: list[str],
 ) -> list[TimelineCheck]:
-    if expect == "no_trip":
+    if expect in ("no_trip", "blind"):  # a blind gate must not trip either
         note = "no trip" if trips == 0 else f"tripped {trips} time(s)"
         if trip_time is not None and reference_time is not None:
             note += f", first at +{trip_time - reference_time:.2f} s"

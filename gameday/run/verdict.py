@@ -12,6 +12,9 @@ not met before the method (the method never ran) and when a method activity rais
 - every SLO result in the journal (``{"check", "measured", "allowed", "ok", ...}``) is ok;
 - the experiment says what it expects (the ``gameday`` extension), and the broker's
   history agrees: a trip when it expects one, none when it does not;
+- the gate could see (``probes.slo.gate_sees_every_router``): a blind gate fails the run
+  with a reason that starts "the gate was blind". An experiment that blinds the gate on
+  purpose says ``expect: blind`` and passes only when the harness noticed;
 - users were there: the load records exist and have rows;
 - no fault of the run is left active (those not cleared expire by their TTL, but the run
   says so and fails).
@@ -26,6 +29,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 SLO_KEYS = frozenset({"check", "measured", "allowed", "ok"})
+# The check of probes.slo.gate_sees_every_router: a gate that cannot see never trips.
+BLIND_CHECK = "gate_blind"
+BLIND_PREFIX = "the gate was blind"
+DEVIATED = "the steady state deviated: the hypothesis was not met after the method"
+EXPECTS = ("trip", "no_trip", "blind")
 ACTIVITY_FAILED = "chaoslib.exceptions.ActivityFailed: "
 TRIPPED = "tripped"
 
@@ -82,6 +90,8 @@ def _slo_sentence(where: str, output: dict[str, Any]) -> str:
     measured = output.get("measured")
     unit = output.get("unit") or ""
     why = f" ({detail['why']})" if detail.get("why") else ""
+    if output.get("check") == BLIND_CHECK and measured:
+        return f"{BLIND_PREFIX} ({where}): {detail.get('why') or 'see the probe output'}"
     if measured is None:
         return f"SLO {output.get('check')!r} ({where}) could not be measured{why}"
     return (
@@ -136,7 +146,7 @@ def journal_reasons(journal: dict[str, Any] | None) -> list[str]:
     elif has_hypothesis and not isinstance(before, dict):
         reasons.append("the steady-state hypothesis did not run before the method")
     if journal.get("deviated") is True:
-        reasons.append("the steady state deviated: the hypothesis was not met after the method")
+        reasons.append(DEVIATED)
     if has_hypothesis and isinstance(after, dict):
         if after.get("steady_state_met") is False:
             reasons.extend(_hypothesis_reasons(after, "after the method"))
@@ -183,6 +193,20 @@ def journal_reasons(journal: dict[str, Any] | None) -> list[str]:
     return reasons
 
 
+def _blind_expected(reasons: list[str]) -> list[str]:
+    """For ``expect: blind`` (an experiment that makes the gate blind on purpose, to show
+    the harness notices): the blindness findings are what it expects, so they and the
+    deviation they cause are not reasons to fail; their absence is."""
+    found = [r for r in reasons if r.startswith(BLIND_PREFIX)]
+    if not found:
+        return [
+            *reasons,
+            "the experiment expects the harness to find the gate blind, but every "
+            f"{BLIND_CHECK!r} check passed: a blind gate would have gone unnoticed",
+        ]
+    return [r for r in reasons if r not in found and r != DEVIATED]
+
+
 def decide(evidence: Evidence) -> tuple[str, list[str]]:
     """``("pass", [])`` or ``("fail", reasons)``."""
     reasons: list[str] = []
@@ -210,14 +234,18 @@ def decide(evidence: Evidence) -> tuple[str, list[str]]:
             "(docs/ARCHITECTURE.md §7.1)"
         )
     expect = ext.get("expect") if ext else None
-    if ext is not None and expect not in ("trip", "no_trip"):
-        reasons.append(f"the gameday extension's expect is {expect!r}: use trip or no_trip")
+    if ext is not None and expect not in EXPECTS:
+        reasons.append(
+            f"the gameday extension's expect is {expect!r}: use one of {', '.join(EXPECTS)}"
+        )
+    if expect == "blind":
+        reasons = _blind_expected(reasons)
     if ev.journal is not None and ev.trips_in_window is None:
         reasons.append("the broker's history could not be read: trip or no trip is unknown")
     elif ev.trips_in_window is not None:
         if expect == "trip" and ev.trips_in_window == 0:
             reasons.append("the experiment expects a trip; the broker's history shows none")
-        if expect == "no_trip" and ev.trips_in_window > 0:
+        if expect in ("no_trip", "blind") and ev.trips_in_window > 0:
             reasons.append(
                 f"the experiment expects no trip; the broker's history shows "
                 f"{ev.trips_in_window} trip(s)"
