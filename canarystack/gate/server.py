@@ -13,6 +13,16 @@ view of phase, weights, revision and canary version; a new canary version resets
 release's state. A trip decision is written by ``canarystack.gate.tripper`` in its own
 task, so intake never waits on the broker.
 
+Fail closed: the watch and tick loops survive any exception (logged, counted in
+``canarystack_gate_watch_errors_total``, retried with backoff); a watch the broker
+refuses (4xx) falls back to plain reads and, when it refuses the long-poll timeout, the
+gate lowers ``--watch-timeout-s`` to what the broker allows. ``/health`` answers
+``degraded`` (503) with ``degraded_reasons`` — and ``canarystack_gate_degraded{reason}``
+is 1 — while a statistic is not finite, a loop died or keeps failing, or the broker
+refuses the gate's credential (a trip then stays ``writing``, retried until it lands).
+A batch is validated as a whole before anything is counted, and a resend of a
+``batch_id`` counts nothing twice.
+
 State lives in memory: a restarted gate starts fresh (watching from zero samples) and
 shows a release the broker already tripped as ``tripped``.
 
@@ -34,12 +44,24 @@ from prometheus_client import Counter
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from canarystack.broker.client import BrokerClient, BrokerNotFound, BrokerUnavailable
+from canarystack.broker.client import (
+    BrokerClient,
+    BrokerNotFound,
+    BrokerRequestError,
+    BrokerUnavailable,
+)
 from canarystack.common.app import COMPONENT, Component, create_app
 from canarystack.common.errors import BadRequest, NotFound, parse_model, read_json_object
 from canarystack.common.faults import FaultParams, FaultRegistry, LatencyMs
 from canarystack.common.logs import get_logger
-from canarystack.gate.state import STATES, GateConfig, ReleaseGate, SampleBatch, check_buckets
+from canarystack.gate.state import (
+    STATES,
+    BatchRefused,
+    GateConfig,
+    ReleaseGate,
+    SampleBatch,
+    TripStatus,
+)
 from canarystack.gate.tripper import write_trip
 
 Json = dict[str, Any]
@@ -49,6 +71,8 @@ TICK_S = 0.25
 WATCH_BACKOFF_S = 0.1
 WATCH_MAX_BACKOFF_S = 2.0
 MISSING_RELEASE_RETRY_S = 1.0
+# The lowest long-poll timeout the gate lowers itself to when the broker refuses its own.
+MIN_WATCH_TIMEOUT_S = 1.0
 
 _log = get_logger("gate")
 
@@ -74,7 +98,12 @@ class GateService:
         self.watch_timeout_s = watch_timeout_s
         self.gates: dict[str, ReleaseGate] = {name: ReleaseGate(name, config) for name in releases}
         self._trip_tasks: dict[str, asyncio.Task[None]] = {}
+        self._loops: dict[str, asyncio.Task[None]] = {}  # "watch:<release>", "tick"
+        self._loop_errors: dict[str, str] = {}  # loop -> last error, until it succeeds
         self._states: dict[str, str] = {}
+        self.broker_auth = "ok"  # ok | unauthorized | forbidden (the last trip write)
+        self.broker_auth_error: str | None = None
+        self.watch_timeout_lowered_from: float | None = None
         self.client: BrokerClient | None = None
         reg = component.registry
         self.samples_total = Counter(
@@ -104,6 +133,25 @@ class GateService:
             ["release", "test", "bucket"],
             registry=reg,
         )
+        self.watch_errors_total = Counter(
+            "canarystack_gate_watch_errors",
+            "Errors of the gate's broker watch and tick loops, by loop and error kind",
+            ["loop", "error"],
+            registry=reg,
+        )
+        self.broker_auth_errors_total = Counter(
+            "canarystack_gate_broker_auth_errors",
+            "Broker refusals (401/403) of the gate's credential, by release and status",
+            ["release", "status"],
+            registry=reg,
+        )
+        self.degraded_total = Counter(
+            "canarystack_gate_degraded_transitions",
+            "Times the gate's health went from ok to degraded, by reason",
+            ["reason"],
+            registry=reg,
+        )
+        self._last_reasons: set[str] = set()
         reg.register(_GateCollector(self))
 
     # -- intake ----------------------------------------------------------------------
@@ -118,18 +166,22 @@ class GateService:
                 "to the gate that watches it.",
                 param="release",
             )
-        unknown = check_buckets(batch, self.config.labels)
-        if unknown is not None:
-            param, label = unknown
-            raise BadRequest(
-                f"Unknown bucket {label!r} in {param}: this gate's buckets are "
-                f"{', '.join(self.config.labels)}; start the gate and the routers with the "
-                "same --bucket-edges.",
-                param=param,
-            )
-        got = gate.ingest(batch, time.monotonic(), time.time())
+        try:
+            got = gate.ingest(batch, time.monotonic(), time.time())
+        except BatchRefused as exc:
+            raise BadRequest(exc.message, param=exc.param) from None
+        if got.duplicate:
+            self.batches_total.labels(result="duplicate").inc()
+            return {
+                "release": gate.name,
+                "accepted": {"comparisons": 0, "noise_comparisons": 0, "outcomes": 0},
+                "ignored": {},
+                "duplicate": True,
+                "batch_id": batch.batch_id,
+                "state": gate.state(time.monotonic()),
+            }
         self._count(batch, got.to_json())
-        if gate.trip is not None and gate.trip_status == "pending":
+        if gate.trip is not None and gate.trip_status is TripStatus.PENDING:
             self._start_trip(gate)
         return {
             "release": gate.name,
@@ -139,6 +191,8 @@ class GateService:
                 "outcomes": got.outcomes,
             },
             "ignored": got.ignored,
+            "duplicate": False,
+            "batch_id": batch.batch_id,
             "state": gate.state(time.monotonic()),
         }
 
@@ -162,7 +216,8 @@ class GateService:
             return
         if not gate.trip.get("tripped_at"):
             gate.trip["tripped_at"] = time.time()
-        gate.trip_status = "writing"
+        gate.trip_status = TripStatus.WRITING
+        gate.trip_status_reason = None
         _log.info("trip_decided", release=gate.name, trip=gate.trip)
         self._trip_tasks[gate.name] = asyncio.create_task(self._write_trip(gate))
 
@@ -177,12 +232,15 @@ class GateService:
             gate.canary_version,
             gate.release,
             on_release=lambda rel: gate.on_release(rel, time.monotonic()),
+            on_auth=lambda exc: self._on_auth(gate, evidence, exc),
             log=_log,
         )
         if gate.trip is not evidence:  # reset meanwhile (new canary): nothing to record
             return
         if result.written:
-            gate.trip_status = "written"
+            self._on_auth(gate, evidence, None)
+            gate.trip_status = TripStatus.WRITTEN
+            gate.trip_status_reason = None
             gate.trip_revision = None if result.release is None else result.release["revision"]
             self.trips_total.labels(
                 release=gate.name, test=evidence["test"], bucket=evidence["bucket"]
@@ -195,67 +253,218 @@ class GateService:
                 delay_s=round(time.time() - evidence["tripped_at"], 4),
             )
         else:
-            gate.trip_status = f"abandoned: {result.reason}"
+            gate.abandon_trip(result.reason)
             _log.warning("trip_abandoned", release=gate.name, reason=result.reason)
+
+    def _on_auth(self, gate: ReleaseGate, evidence: Json, exc: BrokerRequestError | None) -> None:
+        """The broker accepted (None) or refused (401/403) the gate's credential."""
+        if exc is None:
+            if self.broker_auth != "ok":
+                _log.info("broker_auth_ok", release=gate.name)
+            self.broker_auth = "ok"
+            self.broker_auth_error = None
+            return
+        self.broker_auth = "unauthorized" if exc.status == 401 else "forbidden"
+        self.broker_auth_error = exc.message
+        self.broker_auth_errors_total.labels(release=gate.name, status=str(exc.status)).inc()
+        if gate.trip is evidence:
+            gate.trip_status_reason = (
+                f"the broker refuses the gate's credential ({exc.status}): retrying until it "
+                "works; give the gate the broker's admin token"
+            )
 
     # -- broker watch ----------------------------------------------------------------
     def _on_release(self, gate: ReleaseGate, release: Json | None) -> None:
         gate.on_release(release, time.monotonic())
-        if gate.trip is not None and gate.trip_status == "pending":
+        if gate.trip is not None and gate.trip_status is TripStatus.PENDING:
             self._start_trip(gate)
 
+    def _loop_failed(self, loop: str, kind: str, error: str) -> None:
+        self.watch_errors_total.labels(loop=loop, error=kind).inc()
+        self._loop_errors[loop] = f"{kind}: {error}"[:500]
+
+    def _loop_ok(self, loop: str) -> None:
+        if self._loop_errors.pop(loop, None) is not None:
+            _log.info("loop_recovered", loop=loop)
+
     async def watch(self, name: str) -> None:
+        """Keep ``name``'s release in view; survives any error (see the module doc)."""
         gate = self.gates[name]
         assert self.client is not None
+        loop = f"watch:{name}"
         backoff = WATCH_BACKOFF_S
         fresh = True
         while True:
             try:
-                if fresh or gate.release is None:
-                    release = await self.client.get_release(name)
-                else:
+                long_poll = not (fresh or gate.release is None)
+                if long_poll:
                     release = await self.client.watch(
                         name, after=int(gate.revision or 0), timeout_s=self.watch_timeout_s
                     )
+                else:
+                    release = await self.client.get_release(name)
                 fresh = False
                 backoff = WATCH_BACKOFF_S
                 self._on_release(gate, release)
+                if long_poll:  # a plain read working says nothing about the watch
+                    self._loop_ok(loop)
+            except asyncio.CancelledError:
+                raise
             except BrokerNotFound:
                 self._on_release(gate, None)
+                self._loop_ok(loop)
                 fresh = True
                 await asyncio.sleep(MISSING_RELEASE_RETRY_S)
             except BrokerUnavailable as exc:
+                # Down or slow: a broker restart is routine; retried, logged, counted.
                 _log.warning("broker_unavailable", release=name, error=str(exc))
+                self.watch_errors_total.labels(loop=loop, error="unavailable").inc()
+                fresh = True
+                await asyncio.sleep(backoff)
+                backoff = min(WATCH_MAX_BACKOFF_S, backoff * 2)
+            except BrokerRequestError as exc:
+                # The broker refuses the watch itself: read plainly meanwhile (fresh), and
+                # adapt when what it refuses is our long-poll timeout.
+                _log.error(
+                    "watch_refused",
+                    release=name,
+                    status=exc.status,
+                    param=exc.param,
+                    error=exc.message,
+                    watch_timeout_s=self.watch_timeout_s,
+                )
+                self._loop_failed(loop, f"refused_{exc.status}", exc.message)
+                if exc.status == 400 and exc.param == "timeout_s":
+                    self._lower_watch_timeout(name)
+                fresh = True
+                await asyncio.sleep(backoff)
+                backoff = min(WATCH_MAX_BACKOFF_S, backoff * 2)
+            except Exception as exc:  # a bug or a broker answer we cannot read: never die
+                _log.error("watch_error", release=name, error=repr(exc), exc_info=True)
+                self._loop_failed(loop, type(exc).__name__, repr(exc))
                 fresh = True
                 await asyncio.sleep(backoff)
                 backoff = min(WATCH_MAX_BACKOFF_S, backoff * 2)
 
+    async def check_broker_watch_limit(self, session: aiohttp.ClientSession) -> None:
+        """At start: a ``--watch-timeout-s`` above the broker's ``max_watch_s`` (in its
+        ``/health``) would have every watch refused; lower it at once, loudly. A broker
+        that does not answer or say is left to the watch loop (which adapts the same way).
+        """
+        try:
+            async with session.get(
+                self.broker_url.rstrip("/") + "/health", timeout=aiohttp.ClientTimeout(total=3)
+            ) as resp:
+                body = await resp.json(content_type=None)
+        except Exception as exc:  # best effort: the watch loop copes without it
+            _log.info("broker_watch_limit_unknown", error=repr(exc))
+            return
+        limit = body.get("max_watch_s") if isinstance(body, dict) else None
+        if (
+            isinstance(limit, (int, float))
+            and not isinstance(limit, bool)
+            and 0 < limit < self.watch_timeout_s
+        ):
+            old = self.watch_timeout_s
+            self.watch_timeout_lowered_from = old
+            self.watch_timeout_s = max(MIN_WATCH_TIMEOUT_S, float(limit))
+            _log.warning(
+                "watch_timeout_lowered",
+                watch_timeout_s=self.watch_timeout_s,
+                previous=old,
+                hint=f"the broker's --max-watch-s is {limit:g}, below the gate's "
+                "--watch-timeout-s; start the gate with a --watch-timeout-s the broker allows",
+            )
+
+    def _lower_watch_timeout(self, name: str) -> None:
+        old = self.watch_timeout_s
+        new = max(MIN_WATCH_TIMEOUT_S, old / 2)
+        if new >= old:
+            return
+        if self.watch_timeout_lowered_from is None:
+            self.watch_timeout_lowered_from = old
+        self.watch_timeout_s = new
+        _log.warning(
+            "watch_timeout_lowered",
+            release=name,
+            watch_timeout_s=new,
+            previous=old,
+            hint="the broker's --max-watch-s is below the gate's --watch-timeout-s; "
+            "start the gate with a --watch-timeout-s the broker allows",
+        )
+
     async def tick(self) -> None:
-        """No-data checks and state-change logs, a few times a second."""
+        """No-data checks and state-change logs, a few times a second; survives errors."""
         while True:
-            now = time.monotonic()
-            for gate in self.gates.values():
-                state = gate.state(now)
-                if (
-                    state == "inconclusive"
-                    and self.config.trip_on_no_data
-                    and gate.trip is None
-                    and gate.trippable()
-                ):
-                    gate.decide_no_data(now, time.time())
-                    self._start_trip(gate)
-                    state = gate.state(now)
-                if self._states.get(gate.name) != state:
-                    _log.info(
-                        "gate_state",
-                        release=gate.name,
-                        state=state,
-                        previous=self._states.get(gate.name),
-                        revision=gate.revision,
-                        canary_version=gate.canary_version,
-                    )
-                    self._states[gate.name] = state
+            try:
+                self._tick_once()
+                self._loop_ok("tick")
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                _log.error("tick_error", error=repr(exc), exc_info=True)
+                self._loop_failed("tick", type(exc).__name__, repr(exc))
             await asyncio.sleep(TICK_S)
+
+    def _tick_once(self) -> None:
+        now = time.monotonic()
+        for gate in self.gates.values():
+            state = gate.state(now)
+            if (
+                state == "inconclusive"
+                and self.config.trip_on_no_data
+                and gate.trip is None
+                and gate.trippable()
+            ):
+                gate.decide_no_data(now, time.time())
+                self._start_trip(gate)
+                state = gate.state(now)
+            if self._states.get(gate.name) != state:
+                _log.info(
+                    "gate_state",
+                    release=gate.name,
+                    state=state,
+                    previous=self._states.get(gate.name),
+                    revision=gate.revision,
+                    canary_version=gate.canary_version,
+                )
+                self._states[gate.name] = state
+        self.degraded_reasons()  # counts ok -> degraded transitions without a scrape
+
+    def degraded_reasons(self) -> list[str]:
+        """Why the gate cannot be trusted now (empty: ok); see the module doc."""
+        reasons: list[str] = []
+        for gate in self.gates.values():
+            reasons.extend(f"{p}:{gate.name}" for p in gate.problems())
+        for loop, task in self._loops.items():
+            if task.done() and not task.cancelled():
+                reasons.append(f"loop_died:{loop}")
+        reasons.extend(f"loop_failing:{loop}" for loop in sorted(self._loop_errors))
+        if self.broker_auth != "ok":
+            reasons.append(f"broker_auth_{self.broker_auth}")
+        current = set(reasons)
+        for reason in current - self._last_reasons:
+            self.degraded_total.labels(reason=reason.split(":", 1)[0]).inc()
+            _log.error("gate_degraded", reason=reason)
+        self._last_reasons = current
+        return reasons
+
+    def health(self) -> Json:
+        reasons = self.degraded_reasons()
+        now = time.monotonic()
+        body: Json = {
+            "releases": {name: gate.state(now) for name, gate in self.gates.items()},
+            "broker_auth": self.broker_auth,
+            "broker_auth_error": self.broker_auth_error,
+            "watch_timeout_s": self.watch_timeout_s,
+            "loop_errors": dict(self._loop_errors),
+        }
+        if self.watch_timeout_lowered_from is not None:
+            body["watch_timeout_lowered_from"] = self.watch_timeout_lowered_from
+        if reasons:
+            body["status"] = "degraded"
+            body["degraded_reasons"] = reasons
+        return body
 
     def status(self, name: str) -> Json:
         gate = self.gates.get(name)
@@ -305,6 +514,13 @@ class _GateCollector(Collector):
             "1 for the release's current state",
             labels=["release", "state"],
         )
+        degraded = GaugeMetricFamily(
+            "canarystack_gate_degraded",
+            "1 for each reason the gate's health is degraded now",
+            labels=["reason"],
+        )
+        for reason in self.service.degraded_reasons():
+            degraded.add_metric([reason], 1.0)
         now = time.monotonic()
         for name, gate in self.service.gates.items():
             for scope, test, det in gate.detectors():
@@ -322,7 +538,7 @@ class _GateCollector(Collector):
             current = gate.state(now)
             for s in STATES:
                 state.add_metric([name, s], 1.0 if s == current else 0.0)
-        yield from (stat, thr, n, bucket_samples, noise, state)
+        yield from (stat, thr, n, bucket_samples, noise, state, degraded)
 
 
 SERVICE: web.AppKey[GateService] = web.AppKey("gate_service", GateService)
@@ -358,8 +574,11 @@ async def _background(app: web.Application) -> AsyncIterator[None]:
     comp = app[COMPONENT]
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
         service.client = BrokerClient(session, service.broker_url, comp.admin_token, actor="gate")
-        tasks = [asyncio.create_task(service.watch(name)) for name in service.gates]
-        tasks.append(asyncio.create_task(service.tick()))
+        limit_check = asyncio.create_task(service.check_broker_watch_limit(session))
+        for name in service.gates:
+            service._loops[f"watch:{name}"] = asyncio.create_task(service.watch(name))
+        service._loops["tick"] = asyncio.create_task(service.tick())
+        tasks = [*service._loops.values(), limit_check]
         yield
         for task in [*tasks, *service._trip_tasks.values()]:
             task.cancel()
@@ -380,9 +599,7 @@ def build_app(
     faults = FaultRegistry("gate", FAULT_KINDS, max_ttl_s=max_fault_ttl_s)
     comp = Component(name="gate", version="0.1.0", admin_token=admin_token, faults=faults)
     service = GateService(comp, config, broker_url, releases, watch_timeout_s=watch_timeout_s)
-    comp.health_extra = lambda: {
-        "releases": {name: gate.state(time.monotonic()) for name, gate in service.gates.items()}
-    }
+    comp.health_extra = service.health
     app = create_app(comp)
     app[SERVICE] = service
     app.router.add_post("/v1/samples", _post_samples)

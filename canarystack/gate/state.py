@@ -36,6 +36,9 @@ time. It never decides to trip a release the broker does not show as progressing
 
 from __future__ import annotations
 
+import enum
+import math
+from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -53,46 +56,111 @@ ALL_SCOPE = "all"
 
 
 # ----------------------------------------------------------------------------- input
+# Bounds of one sample: generous for any real router, small enough that no value can
+# overflow a sum or push a window. Every float is finite (``allow_inf_nan=False``).
+MAX_TIME = 1e11  # seconds since the epoch (year ~5138); sample times are wall clock
+MAX_TTFT_S = 3600.0
+MAX_PROMPT_TOKENS = 10_000_000
+MAX_POSITIONS = 1_000_000
+MAX_LABEL = 64
+MAX_ID = 200
+MAX_ERROR = 1000
+
+
 class _Sample(BaseModel):
     # Unknown fields are ignored: routers may add fields before the gate reads them.
     model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
 
 
 class Comparison(_Sample):
-    time: float
+    """One shadow comparison. ``kl_mean`` / ``kl_first`` may be any finite value >= 0:
+    the gate clips them at its ``kl_clip`` on ingestion (a broken canary's huge KL is
+    maximal divergence, never an overflow)."""
+
+    time: float = Field(ge=0, le=MAX_TIME)
     pair: Literal["baseline-canary", "baseline-baseline"]
-    bucket: str
-    prompt_tokens: int = Field(ge=0)
-    positions: int = Field(ge=1)
+    bucket: str = Field(max_length=MAX_LABEL)
+    prompt_tokens: int = Field(ge=0, le=MAX_PROMPT_TOKENS)
+    positions: int = Field(ge=1, le=MAX_POSITIONS)
     kl_mean: float = Field(ge=0)
     kl_first: float | None = Field(default=None, ge=0)
     top1_agree: float = Field(ge=0, le=1)
-    ttft_a_s: float | None = Field(default=None, ge=0)
-    ttft_b_s: float | None = Field(default=None, ge=0)
-    version_a: str | None = None
-    version_b: str | None = None
-    request_id: str | None = None
+    ttft_a_s: float | None = Field(default=None, ge=0, le=MAX_TTFT_S)
+    ttft_b_s: float | None = Field(default=None, ge=0, le=MAX_TTFT_S)
+    version_a: str | None = Field(default=None, max_length=MAX_ID)
+    version_b: str | None = Field(default=None, max_length=MAX_ID)
+    request_id: str | None = Field(default=None, max_length=MAX_ID)
 
 
 class Outcome(_Sample):
-    time: float
+    time: float = Field(ge=0, le=MAX_TIME)
     variant: Literal["baseline", "canary"]
-    bucket: str
-    prompt_tokens: int = Field(default=0, ge=0)
-    ttft_s: float | None = Field(default=None, ge=0)
-    error: str | None = None
-    request_id: str | None = None
+    bucket: str = Field(max_length=MAX_LABEL)
+    prompt_tokens: int = Field(default=0, ge=0, le=MAX_PROMPT_TOKENS)
+    ttft_s: float | None = Field(default=None, ge=0, le=MAX_TTFT_S)
+    error: str | None = Field(default=None, max_length=MAX_ERROR)
+    request_id: str | None = Field(default=None, max_length=MAX_ID)
 
 
-MAX_BATCH_ITEMS = 50_000
+# Samples in one batch, comparisons and outcomes together (a router sends at most 500).
+MAX_BATCH_ITEMS = 10_000
+# Batch ids remembered per router, and routers remembered, for deduplication.
+BATCH_IDS_PER_ROUTER = 4096
+MAX_ROUTERS_REMEMBERED = 1024
 
 
 class SampleBatch(_Sample):
-    router_id: str = Field(min_length=1, max_length=200)
+    """A router's batch. ``batch_id`` makes a resend idempotent: an id this gate saw
+    recently from the same router (the last ``BATCH_IDS_PER_ROUTER``) is answered as a
+    duplicate and counts nothing. A batch without a ``batch_id`` is accepted, but cannot
+    be deduplicated: a resend of it counts twice."""
+
+    router_id: str = Field(min_length=1, max_length=MAX_ID)
     release: str = Field(min_length=1, max_length=128)
+    batch_id: str | None = Field(default=None, min_length=1, max_length=MAX_ID)
     comparisons: list[Comparison] = Field(default_factory=list, max_length=MAX_BATCH_ITEMS)
     outcomes: list[Outcome] = Field(default_factory=list, max_length=MAX_BATCH_ITEMS)
-    dropped: int = Field(default=0, ge=0)
+    dropped: int = Field(default=0, ge=0, le=10**12)
+
+
+class BatchRefused(ValueError):
+    """A batch the gate refuses as a whole (nothing of it was counted); names the field."""
+
+    def __init__(self, param: str, message: str) -> None:
+        super().__init__(message)
+        self.param = param
+        self.message = message
+
+
+def validate_batch(batch: SampleBatch, labels: Sequence[str]) -> None:
+    """Everything ``ReleaseGate.ingest`` needs beyond the model's own checks; raises
+    ``BatchRefused`` naming the first bad field, before anything is counted."""
+    total = len(batch.comparisons) + len(batch.outcomes)
+    if total > MAX_BATCH_ITEMS:
+        raise BatchRefused(
+            "comparisons",
+            f"Invalid sample batch: {len(batch.comparisons)} comparisons + "
+            f"{len(batch.outcomes)} outcomes = {total} samples, more than "
+            f"{MAX_BATCH_ITEMS} in one batch; send smaller batches.",
+        )
+    unknown = check_buckets(batch, labels)
+    if unknown is not None:
+        param, label = unknown
+        raise BatchRefused(
+            param,
+            f"Unknown bucket {label!r} in {param}: this gate's buckets are "
+            f"{', '.join(labels)}; start the gate and the routers with the "
+            "same --bucket-edges.",
+        )
+
+
+class TripStatus(enum.Enum):
+    """Where this gate's own trip decision stands (the only place these values live)."""
+
+    PENDING = "pending"  # decided, not handed to the writer yet
+    WRITING = "writing"  # the writer is at it (retrying while the broker is down or refuses)
+    WRITTEN = "written"  # the broker carries the trip
+    ABANDONED = "abandoned"  # no longer makes sense; why is in ``trip_status_reason``
 
 
 # ---------------------------------------------------------------------------- config
@@ -214,6 +282,7 @@ class Ingested:
     noise_comparisons: int = 0
     outcomes: int = 0
     ignored: dict[str, int] = field(default_factory=dict)
+    duplicate: bool = False
 
     def ignore(self, reason: str, n: int = 1) -> None:
         self.ignored[reason] = self.ignored.get(reason, 0) + n
@@ -224,6 +293,7 @@ class Ingested:
             "noise_comparisons": self.noise_comparisons,
             "outcomes": self.outcomes,
             "ignored": dict(self.ignored),
+            "duplicate": self.duplicate,
         }
 
 
@@ -241,13 +311,18 @@ class ReleaseGate:
         self.release: dict[str, Any] | None = None
         self.canary_version: str | None = None
         self.trip: dict[str, Any] | None = None  # this gate's decision (evidence)
-        self.trip_status: str | None = None  # pending | written | abandoned: <why>
+        self.trip_status: TripStatus | None = None
+        self.trip_status_reason: str | None = None  # why abandoned, or why still writing
         self.trip_revision: int | None = None
         self.watch_start_mono: float | None = None
         self.last_canary_sample_mono: float | None = None
         self.resets = 0
         self.totals = Ingested()
         self.router_dropped = 0
+        self.duplicate_batches = 0
+        # router id -> its recent batch ids (LRU); kept across resets: a resend is a
+        # resend whatever the canary is now.
+        self._seen_batches: OrderedDict[str, OrderedDict[str, None]] = OrderedDict()
         self._reset()
 
     # -- lifecycle -------------------------------------------------------------------
@@ -278,8 +353,8 @@ class ReleaseGate:
                 members=members,
                 kl=ECusum(cfg.drift_threshold, cfg.drift_bet, clip=cfg.kl_clip),
                 top1=ECusum(cfg.drift_threshold, cfg.drift_bet, clip=1.0),
-                noise_kl=MeanWindow(cfg.noise_window),
-                noise_top1=MeanWindow(cfg.noise_window),
+                noise_kl=MeanWindow(cfg.noise_window, clip=cfg.kl_clip),
+                noise_top1=MeanWindow(cfg.noise_window, clip=1.0),
             )
             for name, members in scopes
         }
@@ -295,6 +370,7 @@ class ReleaseGate:
         self._reset()
         self.trip = None
         self.trip_status = None
+        self.trip_status_reason = None
         self.trip_revision = None
         self.last_canary_sample_mono = None
         self.watch_start_mono = now_mono if self._canary_live() else None
@@ -366,8 +442,35 @@ class ReleaseGate:
             return False
         return self.release is None or self.phase == "progressing"
 
+    def _seen(self, batch: SampleBatch) -> bool:
+        """True when this router sent this batch id recently (and remember it if not)."""
+        if batch.batch_id is None:
+            return False
+        ids = self._seen_batches.get(batch.router_id)
+        if ids is None:
+            ids = self._seen_batches[batch.router_id] = OrderedDict()
+            while len(self._seen_batches) > MAX_ROUTERS_REMEMBERED:
+                self._seen_batches.popitem(last=False)
+        else:
+            self._seen_batches.move_to_end(batch.router_id)
+        if batch.batch_id in ids:
+            ids.move_to_end(batch.batch_id)
+            return True
+        ids[batch.batch_id] = None
+        while len(ids) > BATCH_IDS_PER_ROUTER:
+            ids.popitem(last=False)
+        return False
+
     def ingest(self, batch: SampleBatch, now_mono: float, now_wall: float) -> Ingested:
+        """Count and test a batch. The whole batch is checked first (``validate_batch``,
+        raising ``BatchRefused``): a refused batch changes nothing. A resend of a batch id
+        seen recently from the same router counts nothing (``Ingested.duplicate``)."""
+        validate_batch(batch, self.config.labels)
         got = Ingested()
+        if self._seen(batch):
+            got.duplicate = True
+            self.duplicate_batches += 1
+            return got
         self.router_dropped += batch.dropped
         if not self.testing():
             reason = "after_trip" if self.trip is not None else f"phase_{self.phase}"
@@ -398,12 +501,15 @@ class ReleaseGate:
     def _comparison(self, c: Comparison, got: Ingested, now_mono: float) -> None:
         cfg = self.config
         bucket = self.buckets[c.bucket]
-        disagree = 1.0 - c.top1_agree
+        # Clipped on ingestion: a huge KL is maximal divergence, and can move neither a
+        # detector nor the noise floor further than the clip.
+        kl = min(c.kl_mean, cfg.kl_clip)
+        disagree = min(1.0, max(0.0, 1.0 - c.top1_agree))
         if c.pair == "baseline-baseline":
             got.noise_comparisons += 1
             bucket.noise_comparisons += 1
             for scope in self._scopes_of[c.bucket]:
-                scope.noise_kl.add(c.kl_mean)
+                scope.noise_kl.add(kl)
                 scope.noise_top1.add(disagree)
             return
         if c.version_b is not None:
@@ -423,7 +529,7 @@ class ReleaseGate:
             noise_kl, noise_top1, _ = self._noise(scope)
             m0_kl = noise_kl + cfg.kl_tolerance
             m0_top1 = noise_top1 + cfg.top1_tolerance
-            if scope.kl.update(c.kl_mean, m0_kl, c.time):
+            if scope.kl.update(kl, m0_kl, c.time):
                 alarms.append(
                     (
                         len(scope.members),
@@ -509,11 +615,13 @@ class ReleaseGate:
     def _noise(self, scope: DriftScope) -> tuple[float, float, str]:
         """(kl floor, top-1 disagreement floor, where it came from) for a scope."""
         n_min = self.config.noise_min_samples
-        if len(scope.noise_kl) >= n_min:
-            return scope.noise_kl.upper(), scope.noise_top1.upper(), scope.name
-        pooled = self.drift[ALL_SCOPE]
-        if len(pooled.noise_kl) >= n_min:
-            return pooled.noise_kl.upper(), pooled.noise_top1.upper(), ALL_SCOPE
+        for source in (scope, self.drift[ALL_SCOPE]):
+            if len(source.noise_kl) >= n_min:
+                kl, top1 = source.noise_kl.upper(), source.noise_top1.upper()
+                # Never use a floor that is not finite (it would blind the test): fall
+                # back, and ``problems`` reports it.
+                if math.isfinite(kl) and math.isfinite(top1):
+                    return max(0.0, kl), min(1.0, max(0.0, top1)), source.name
         return 0.0, 0.0, "none"
 
     # -- decisions -------------------------------------------------------------------
@@ -596,7 +704,8 @@ class ReleaseGate:
             "tripped_at": 0.0,  # set by the caller with its wall clock
             "detail": detail,
         }
-        self.trip_status = "pending"
+        self.trip_status = TripStatus.PENDING
+        self.trip_status_reason = None
 
     def check_no_data(self, now_mono: float) -> bool:
         """True when the canary is live and no canary sample came for the timeout."""
@@ -627,11 +736,17 @@ class ReleaseGate:
                 "canary_version": self.canary_version,
             },
         }
-        self.trip_status = "pending"
+        self.trip_status = TripStatus.PENDING
+        self.trip_status_reason = None
+
+    def abandon_trip(self, reason: str) -> None:
+        """The trip no longer makes sense (release moved on, or the broker refused it)."""
+        self.trip_status = TripStatus.ABANDONED
+        self.trip_status_reason = reason
 
     # -- reading ---------------------------------------------------------------------
     def state(self, now_mono: float) -> GateState:
-        if self.trip is not None and self.trip_status != "abandoned":
+        if self.trip is not None and self.trip_status is not TripStatus.ABANDONED:
             return "tripped"
         if self.phase in CANARY_OFF_PHASES:
             return "tripped"
@@ -697,13 +812,32 @@ class ReleaseGate:
             "trip_source": "gate"
             if self.trip is not None
             else ("broker" if self.broker_trip() is not None else None),
-            "trip_status": self.trip_status,
+            "trip_status": None if self.trip_status is None else self.trip_status.value,
+            "trip_status_reason": self.trip_status_reason,
             "trip_revision": self.trip_revision,
             "seconds_since_canary_sample": no_data_for,
             "samples": self.totals.to_json(),
             "router_dropped": self.router_dropped,
+            "duplicate_batches": self.duplicate_batches,
             "resets": self.resets,
+            "problems": self.problems(),
         }
+
+    def problems(self) -> list[str]:
+        """Why this gate's statistics cannot be trusted (empty when they can): a detector
+        or noise floor that is not finite, or a trip the broker refused while the release
+        is still progressing with that canary (users are not protected)."""
+        out: list[str] = []
+        for scope_name, test, det in self.detectors():
+            if not det.finite():
+                out.append(f"statistic_not_finite:{scope_name}:{test}")
+        for scope in self.drift.values():
+            for metric, window in (("kl", scope.noise_kl), ("top1", scope.noise_top1)):
+                if not (math.isfinite(window.upper()) and window.upper() >= 0):
+                    out.append(f"noise_floor_not_finite:{scope.name}:{metric}")
+        if self.trip is not None and self.trip_status is TripStatus.ABANDONED and self.trippable():
+            out.append("trip_not_written")
+        return out
 
     def detectors(self) -> Iterable[tuple[str, str, ECusum]]:
         """(scope, test name, detector) for every running detector (for /metrics)."""

@@ -83,6 +83,12 @@ class ECusum:
     def statistic(self) -> float:
         return math.exp(min(self.log_m, 700.0))
 
+    def finite(self) -> bool:
+        """Every number this detector keeps is finite (else its verdict means nothing)."""
+        return all(
+            math.isfinite(v) for v in (self.log_m, self.max_log_m, self.run_sum, self.total_sum)
+        )
+
     @property
     def alarmed(self) -> bool:
         return self.log_m >= math.log(self.threshold)
@@ -93,10 +99,12 @@ class ECusum:
         Returns True when the statistic reaches the threshold. ``m0 >= clip`` (or m0 >= 1
         for indicators) makes the test blind by construction: ``e_t <= 1`` always.
         """
-        if not m0 > 0:
-            raise ValueError(f"m0 must be > 0, got {m0}")
-        if x < 0 or math.isnan(x):
-            raise ValueError(f"observations must be >= 0, got {x}")
+        if not (m0 > 0 and math.isfinite(m0)):
+            raise ValueError(f"m0 must be > 0 and finite, got {m0}")
+        if not (x >= 0 and math.isfinite(x)):
+            raise ValueError(f"observations must be >= 0 and finite, got {x}")
+        if not math.isfinite(t):
+            raise ValueError(f"sample times must be finite, got {t}")
         if self.clip is not None:
             x = min(x, self.clip)
         e = 1.0 + (self.bet_fraction / m0) * (x - m0)
@@ -136,15 +144,34 @@ def _r(x: float) -> float:
 
 @dataclass
 class MeanWindow:
-    """The last ``size`` values and an upper estimate of their mean (mean + z * SE)."""
+    """The last ``size`` values and an upper estimate of their mean (mean + z * SE).
+
+    Numerically robust over any run length: values must be finite and >= 0 (``clip``
+    caps them, so the sums cannot overflow), and the running sums are recomputed exactly
+    (``math.fsum``) from the window every ``size`` additions, so rounding error never
+    accumulates (a huge value that leaves the window takes no precision with it). The
+    mean and variance are clamped at 0: the estimate is never negative, never infinite.
+    """
 
     size: int
     z: float = 2.0
+    clip: float | None = None
     values: deque[float] = field(default_factory=deque)
     _sum: float = 0.0
     _sumsq: float = 0.0
+    _since_exact: int = 0
+
+    def __post_init__(self) -> None:
+        if self.size < 1:
+            raise ValueError(f"size must be >= 1, got {self.size}")
+        if self.clip is not None and not (self.clip > 0 and math.isfinite(self.clip)):
+            raise ValueError(f"clip must be > 0 and finite, got {self.clip}")
 
     def add(self, x: float) -> None:
+        if not (x >= 0 and math.isfinite(x)):
+            raise ValueError(f"window values must be >= 0 and finite, got {x}")
+        if self.clip is not None:
+            x = min(x, self.clip)
         self.values.append(x)
         self._sum += x
         self._sumsq += x * x
@@ -152,22 +179,34 @@ class MeanWindow:
             old = self.values.popleft()
             self._sum -= old
             self._sumsq -= old * old
+        self._since_exact += 1
+        if self._since_exact >= self.size or not (
+            math.isfinite(self._sum) and math.isfinite(self._sumsq)
+        ):
+            self._recompute()
+
+    def _recompute(self) -> None:
+        self._sum = math.fsum(self.values)
+        self._sumsq = math.fsum(v * v for v in self.values)
+        self._since_exact = 0
 
     def __len__(self) -> int:
         return len(self.values)
 
     def mean(self) -> float:
-        return self._sum / len(self.values) if self.values else 0.0
+        return max(0.0, self._sum / len(self.values)) if self.values else 0.0
 
     def upper(self) -> float:
-        """mean + z * standard error (0 when empty)."""
+        """mean + z * standard error (0 when empty); finite and >= 0."""
         n = len(self.values)
         if n == 0:
             return 0.0
-        mean = self._sum / n
+        mean = self.mean()
         if n < 2:
             return mean
-        var = max(0.0, (self._sumsq - n * mean * mean) / (n - 1))
+        var = (self._sumsq - n * mean * mean) / (n - 1)
+        if not var > 0:  # also NaN
+            var = 0.0
         return mean + self.z * math.sqrt(var / n)
 
 
@@ -180,6 +219,8 @@ class TimeWindow:
     items: deque[tuple[float, float]] = field(default_factory=deque)
 
     def add(self, t: float, value: float) -> None:
+        if not (math.isfinite(t) and math.isfinite(value)):
+            raise ValueError(f"time and value must be finite, got ({t}, {value})")
         self.items.append((t, value))
         if len(self.items) > self.max_n:
             self.items.popleft()

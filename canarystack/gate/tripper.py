@@ -8,6 +8,9 @@ The write is retried until it lands or no longer makes sense:
   changed: abandon (the routers already keep the canary off, or it is another canary);
 - ``BrokerUnavailable`` (down, slow, 5xx): back off (``BACKOFF_S`` doubling up to
   ``MAX_BACKOFF_S``) and retry, for as long as it takes;
+- 401/403 (the broker refuses the gate's credential): the decision stands and the
+  evidence is fine, so never abandon: report it (``on_auth``, an error log line) and
+  retry with backoff up to ``AUTH_MAX_BACKOFF_S``, until the credential works again;
 - any other refusal (4xx): abandon and log it — the evidence itself was rejected.
 
 This module must never trip a release the broker does not show as progressing with the
@@ -35,6 +38,8 @@ Json = dict[str, Any]
 
 BACKOFF_S = 0.05
 MAX_BACKOFF_S = 1.0
+AUTH_MAX_BACKOFF_S = 2.0
+AUTH_STATUSES = (401, 403)
 
 
 @dataclass
@@ -79,10 +84,13 @@ async def write_trip(
     known: Json | None,
     *,
     on_release: Callable[[Json | None], None] | None = None,
+    on_auth: Callable[[BrokerRequestError | None], None] | None = None,
     log: JsonLogger | None = None,
     sleep: Callable[[float], Any] = asyncio.sleep,
 ) -> TripResult:
-    """CAS ``phase=tripped`` + ``trip=evidence`` onto release ``name``; see module doc."""
+    """CAS ``phase=tripped`` + ``trip=evidence`` onto release ``name``; see module doc.
+
+    ``on_auth(exc)`` is called on each 401/403 and ``on_auth(None)`` once a write lands."""
     log = log or get_logger("gate")
     release = known
     backoff = BACKOFF_S
@@ -139,8 +147,26 @@ async def write_trip(
             release = None
             continue
         except BrokerRequestError as exc:
+            if exc.status in AUTH_STATUSES:
+                log.error(
+                    "trip_unauthorized",
+                    release=name,
+                    status=exc.status,
+                    error=exc.message,
+                    retry_in_s=backoff,
+                    hint="the broker refuses this gate's token: give the gate the broker's "
+                    "admin token (--admin-token-file); the trip is written once it works",
+                )
+                if on_auth is not None:
+                    on_auth(exc)
+                await sleep(backoff)
+                backoff = min(AUTH_MAX_BACKOFF_S, backoff * 2)
+                release = None
+                continue
             log.error("trip_refused", release=name, error=exc.message, status=exc.status)
             return TripResult(False, release, f"refused: {exc.message}", attempts)
+        if on_auth is not None:
+            on_auth(None)
         if on_release is not None:
             on_release(new)
         return TripResult(True, new, "written", attempts)
