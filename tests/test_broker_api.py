@@ -157,7 +157,7 @@ def test_watch_waits_for_a_release_to_be_created(api: Api) -> None:
     ("params", "param", "text"),
     [
         ({"after": "abc"}, "after", "whole number"),
-        ({"after": "-1"}, "after", ">= 0"),
+        ({"after": "-1"}, "after", "from 0 to 9223372036854775807"),
         ({"after": "1", "timeout_s": "0"}, "timeout_s", "<= 20"),
         ({"after": "1", "timeout_s": "-3"}, "timeout_s", "> 0"),
         ({"after": "1", "timeout_s": "soon"}, "timeout_s", "'soon'"),
@@ -511,8 +511,8 @@ def test_bad_patch_bodies_name_the_field(
             "/v1/routers/heartbeat",
             b'{"router_id": "r", "release": "x", "applied_revision": 1, '
             b'"canary_off_since": Infinity}',
-            "canary_off_since",
-            "finite",
+            None,
+            "non-finite values are refused",
         ),
     ],
 )

@@ -29,13 +29,13 @@ the broker server.
 from __future__ import annotations
 
 import enum
-import json
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import aiohttp
 
 from canarystack.broker.digest import manifest_digest
+from canarystack.common import strictjson
 
 __all__ = [
     "UNSET",
@@ -55,6 +55,10 @@ Json = dict[str, Any]
 DEFAULT_TIMEOUT_S = 10.0
 # A watch may legitimately take timeout_s; allow this much more before giving up on it.
 WATCH_GRACE_S = 5.0
+# Events asked for per request; the broker answers at most 10,000 (its MAX_EVENTS_PER_PAGE).
+EVENTS_PAGE_SIZE = 10_000
+# Give up paging after this many pages in one call (a broker that never ends a page).
+MAX_EVENT_PAGES = 10_000
 
 
 class _Unset(enum.Enum):
@@ -183,12 +187,27 @@ class BrokerClient:
         headers = {"x-actor": self.actor}
         if admin and self._admin_token is not None:
             headers["Authorization"] = f"Bearer {self._admin_token}"
+        data_out: bytes | None = None
+        if body is not None:
+            try:
+                data_out = strictjson.dumps_bytes(body)
+            except ValueError as exc:
+                # What the broker would refuse with 400; never send NaN or Infinity.
+                raise BrokerRequestError(
+                    f"{method} {url}: not sent: the body holds a non-finite number ({exc}); "
+                    "every number the broker stores must be finite",
+                    400,
+                    code="non_finite",
+                    method=method,
+                    url=url,
+                ) from None
+            headers["Content-Type"] = "application/json"
         limit_s = self.timeout_s if timeout_s is None else timeout_s
         try:
             async with self._session.request(
                 method,
                 url,
-                json=body,
+                data=data_out,
                 params=params,
                 headers=headers,
                 timeout=aiohttp.ClientTimeout(total=limit_s),
@@ -205,8 +224,9 @@ class BrokerClient:
                 f"{method} {url}: {type(exc).__name__}: {exc}", method=method, url=url
             ) from exc
         try:
-            data: Any = json.loads(text) if text else None
-        except json.JSONDecodeError:
+            # Strict: an answer holding NaN or Infinity is not a broker answer.
+            data: Any = strictjson.loads(text) if text else None
+        except ValueError:
             data = None
         if status >= 400:
             raise _error_from(status, data, text, method, url)
@@ -320,9 +340,55 @@ class BrokerClient:
         return await self._write("POST", f"/v1/versions/{version}/quarantine", {"reason": reason})
 
     # -- events -----------------------------------------------------------------------------
+    async def events_page(
+        self, name: str, after_seq: int = 0, limit: int | None = None
+    ) -> tuple[list[Json], int]:
+        """One page of events after ``after_seq`` (oldest first) and the ``after_seq`` of
+        the next page. A page shorter than ``limit`` is the last one."""
+        limit = EVENTS_PAGE_SIZE if limit is None else limit
+        path = f"/v1/releases/{name}/events"
+        data = await self._get(path, {"after_seq": str(int(after_seq)), "limit": str(limit)})
+        events = data.get("events")
+        if not isinstance(events, list):
+            raise BrokerUnavailable(
+                f"GET {self.base_url}{path}: the answer has no 'events' list",
+                method="GET",
+                url=self.base_url + path,
+            )
+        nxt = data.get("next_after_seq")
+        if isinstance(nxt, bool) or not isinstance(nxt, int):  # an older broker
+            nxt = int(events[-1]["seq"]) if events else int(after_seq)
+        if events and nxt <= after_seq:
+            raise BrokerUnavailable(
+                f"GET {self.base_url}{path}: next_after_seq {nxt} does not move past "
+                f"after_seq {after_seq}; the broker's answer is inconsistent",
+                method="GET",
+                url=self.base_url + path,
+            )
+        return [dict(e) for e in events], nxt
+
+    async def iter_events(self, name: str, after_seq: int = 0) -> AsyncIterator[list[Json]]:
+        """Every event after ``after_seq``, page by page, to the end of the history."""
+        limit = EVENTS_PAGE_SIZE
+        for _ in range(MAX_EVENT_PAGES):
+            events, after_seq = await self.events_page(name, after_seq, limit)
+            if events:
+                yield events
+            if len(events) < limit:
+                return
+        raise BrokerUnavailable(
+            f"GET {self.base_url}/v1/releases/{name}/events: still more after "
+            f"{MAX_EVENT_PAGES} pages of {limit}; giving up",
+            method="GET",
+            url=f"{self.base_url}/v1/releases/{name}/events",
+        )
+
     async def events(self, name: str, after_seq: int = 0) -> list[Json]:
-        data = await self._get(f"/v1/releases/{name}/events", {"after_seq": str(after_seq)})
-        return list(data["events"])
+        """Every event after ``after_seq`` (oldest first): all pages, not just the first."""
+        out: list[Json] = []
+        async for page in self.iter_events(name, after_seq):
+            out.extend(page)
+        return out
 
     async def annotate(self, name: str, change: Mapping[str, Any], reason: str = "") -> Json:
         """Append an annotation event (``change`` needs an ``annotation`` key)."""
@@ -355,5 +421,28 @@ class BrokerClient:
 
     async def routers(self, release: str | None = None) -> list[Json]:
         """Live routers (optionally of one release)."""
+        return (await self.router_listing(release))["routers"]
+
+    async def router_listing(self, release: str | None = None) -> dict[str, list[Json]]:
+        """``{"routers": live routers, "recent": routers whose heartbeats stopped a moment
+        ago}`` (optionally of one release); ``recent`` is empty from an older broker."""
         params = {"release": release} if release else None
-        return list((await self._get("/v1/routers", params))["routers"])
+        data = await self._get("/v1/routers", params)
+        out: dict[str, list[Json]] = {}
+        for key in ("routers", "recent"):
+            items = data.get(key, [] if key == "recent" else None)
+            if not isinstance(items, list) or not all(
+                isinstance(r, dict) and isinstance(r.get("router_id"), str) for r in items
+            ):
+                raise BrokerUnavailable(
+                    f"GET {self.base_url}/v1/routers: '{key}' is not a list of routers",
+                    method="GET",
+                    url=self.base_url + "/v1/routers",
+                )
+            out[key] = [dict(r) for r in items]
+        return out
+
+    async def check_credential(self) -> None:
+        """Prove the admin token without changing anything (``GET /admin/faults`` needs
+        it); raises ``BrokerRequestError`` with status 401/403 when the broker refuses it."""
+        await self._call("GET", "/admin/faults", admin=True)

@@ -45,9 +45,20 @@ from prometheus_client import Counter, Gauge, Histogram
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, model_validator
 
 import canarystack
+from canarystack.broker.api_spec import install as install_api_spec
 from canarystack.broker.digest import manifest_digest
 from canarystack.broker.phases import Phase
 from canarystack.broker.store import ReleasePatch, Store
+from canarystack.broker.wire import (
+    BROKER_MAX_BODY_BYTES,
+    MAX_INT64,
+    header_text,
+    json_response,
+    query_float,
+    query_int,
+    read_json_object,
+    read_optional_object,
+)
 from canarystack.common.app import COMPONENT, Component, create_app
 from canarystack.common.errors import (
     BadRequest,
@@ -56,7 +67,6 @@ from canarystack.common.errors import (
     Unavailable,
     Unprocessable,
     parse_model,
-    read_json_object,
 )
 from canarystack.common.faults import FaultParams, FaultRegistry, LatencyMs, NoParams
 from canarystack.common.logs import get_logger
@@ -71,6 +81,9 @@ WATCH_SLICE_S = 1.0
 # How often a long-poll hung by drop_watch checks whether the fault ended or the client left.
 DROP_WATCH_POLL_S = 0.05
 MAX_EVENTS_PER_PAGE = 10_000
+# A router whose heartbeats stopped stays listed under "recent" this many expiry periods,
+# so the rollback executor can tell "no router exists" from "the routers just went quiet".
+RECENT_ROUTER_FACTOR = 3.0
 
 _log = get_logger("broker")
 
@@ -85,11 +98,17 @@ FAULT_KINDS: dict[str, type[FaultParams]] = {
 
 # -- request bodies -----------------------------------------------------------------------
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
+# For path segments: fullmatch, because re's '$' also matches before a trailing newline.
+_NAME_RE = re.compile(NAME_PATTERN[1:-1])
 Name = Annotated[str, Field(pattern=NAME_PATTERN)]
 Actor = Annotated[str, Field(min_length=1, max_length=200)]
 Reason = Annotated[str, Field(max_length=4000)]
-Number = Annotated[float, Field(strict=True)]
+# Every number the broker stores must be finite (strictjson already refuses NaN and
+# Infinity on the wire; the models refuse them again for any other path) and every integer
+# must fit SQLite's signed 64 bits.
+Number = Annotated[float, Field(strict=True, allow_inf_nan=False)]
 EpochSeconds = Annotated[float, Field(strict=True, ge=0, allow_inf_nan=False)]
+Count = Annotated[StrictInt, Field(ge=0, le=MAX_INT64)]
 
 
 class _Body(BaseModel):
@@ -98,7 +117,7 @@ class _Body(BaseModel):
 
 
 class Weights(_Body):
-    canary: Annotated[float, Field(strict=True, ge=0, le=100)]
+    canary: Annotated[float, Field(strict=True, ge=0, le=100, allow_inf_nan=False)]
 
 
 class TripEvidence(_Body):
@@ -106,7 +125,7 @@ class TripEvidence(_Body):
     bucket: Annotated[str, Field(min_length=1, max_length=64)]
     statistic: Number
     threshold: Number
-    samples: Annotated[StrictInt, Field(ge=0)]
+    samples: Count
     first_sample_time: Number
     last_sample_time: Number
     tripped_at: Number
@@ -143,7 +162,7 @@ class CreateRelease(_Body):
 
 
 class PatchRelease(_Body):
-    expected_revision: Annotated[StrictInt, Field(ge=0)]
+    expected_revision: Count
     weights: Weights | None = None
     phase: Phase | None = None
     canary: Name | None = None
@@ -171,7 +190,7 @@ class Annotation(_Body):
 class Heartbeat(_Body):
     router_id: Annotated[str, Field(min_length=1, max_length=200)]
     release: Name
-    applied_revision: Annotated[StrictInt, Field(ge=0)] | None
+    applied_revision: Count | None
     # Optional (older routers omit them): when the router applied that revision, and since
     # when its effective canary weight is 0 (null while the canary gets traffic).
     applied_at: EpochSeconds | None = None
@@ -215,6 +234,9 @@ class Broker:
         self.releases: dict[str, Json] = {}
         self._changed: dict[str, asyncio.Event] = {}
         self._routers: dict[str, RouterBeat] = {}
+        # Routers whose heartbeats stopped less than recent_s ago (memory only, as beats).
+        self._gone: dict[str, RouterBeat] = {}
+        self.recent_s = router_expiry_s * RECENT_ROUTER_FACTOR
         self.closing = False
         self.watchers = 0
 
@@ -378,6 +400,7 @@ class Broker:
 
     # -- routers ------------------------------------------------------------------------
     def heartbeat(self, beat: Heartbeat) -> None:
+        self._gone.pop(beat.router_id, None)
         self._routers[beat.router_id] = RouterBeat(
             router_id=beat.router_id,
             release=beat.release,
@@ -388,11 +411,19 @@ class Broker:
             canary_off_since=beat.canary_off_since,
         )
 
-    def live_routers(self, release: str | None = None) -> list[Json]:
+    def _expire(self) -> float:
         now = self._clock()
         for rid, beat in list(self._routers.items()):
             if now - beat.seen_mono > self.router_expiry_s:
                 del self._routers[rid]
+                self._gone[rid] = beat
+        for rid, beat in list(self._gone.items()):
+            if now - beat.seen_mono > self.recent_s:
+                del self._gone[rid]
+        return now
+
+    @staticmethod
+    def _beats_json(beats: dict[str, RouterBeat], now: float, release: str | None) -> list[Json]:
         return [
             {
                 "router_id": b.router_id,
@@ -403,9 +434,18 @@ class Broker:
                 "last_seen": b.last_seen,
                 "age_s": round(now - b.seen_mono, 3),
             }
-            for b in sorted(self._routers.values(), key=lambda b: b.router_id)
+            for b in sorted(beats.values(), key=lambda b: b.router_id)
             if release is None or b.release == release
         ]
+
+    def live_routers(self, release: str | None = None) -> list[Json]:
+        now = self._expire()
+        return self._beats_json(self._routers, now, release)
+
+    def recent_routers(self, release: str | None = None) -> list[Json]:
+        """Routers no longer live whose last heartbeat is less than ``recent_s`` old."""
+        now = self._expire()
+        return self._beats_json(self._gone, now, release)
 
 
 BROKER: web.AppKey[Broker] = web.AppKey("broker", Broker)
@@ -418,7 +458,7 @@ def _client_gone(request: web.Request) -> bool:
 
 # -- helpers ------------------------------------------------------------------------------
 def _actor(given: str | None, request: web.Request) -> str:
-    actor = given or request.headers.get("x-actor", "").strip()
+    actor = given or header_text(request, "x-actor")
     if not actor:
         raise BadRequest(
             "Who is making this change? Give 'actor' in the body (or an x-actor header); "
@@ -428,26 +468,9 @@ def _actor(given: str | None, request: web.Request) -> str:
     return actor
 
 
-def _query_int(request: web.Request, name: str, default: int | None, minimum: int = 0) -> int:
-    raw = request.query.get(name)
-    if raw is None:
-        if default is None:
-            raise BadRequest(f"Query parameter '{name}' is required.", param=name)
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise BadRequest(
-            f"Query parameter '{name}' must be a whole number, got {raw!r}.", param=name
-        ) from None
-    if value < minimum:
-        raise BadRequest(f"Query parameter '{name}' must be >= {minimum}, got {value}.", param=name)
-    return value
-
-
 def _name(request: web.Request, key: str) -> str:
     value = request.match_info[key]
-    if not re.match(NAME_PATTERN, value):
+    if not _NAME_RE.fullmatch(value):
         raise BadRequest(
             f"{key} {value!r} is not a valid name: use letters, digits, '.', '_' or '-', "
             "starting with a letter or digit, at most 128 characters.",
@@ -469,7 +492,7 @@ def _admin(request: web.Request) -> Broker:
 # -- handlers: versions ---------------------------------------------------------------------
 async def register_version(request: web.Request) -> web.Response:
     broker = _admin(request)
-    body = parse_model(RegisterVersion, await read_json_object(request))
+    body = parse_model(RegisterVersion, await read_json_object(request, BROKER_MAX_BODY_BYTES))
     computed = manifest_digest(body.manifest)
     if computed != body.digest:
         raise Unprocessable(
@@ -494,14 +517,14 @@ async def register_version(request: web.Request) -> web.Response:
             "version_registered",
             version=body.version,
             digest=body.digest,
-            actor=request.headers.get("x-actor", "admin"),
+            actor=header_text(request, "x-actor") or "admin",
         )
-    return web.json_response(version, status=201 if created else 200)
+    return json_response(version, status=201 if created else 200)
 
 
 async def list_versions(request: web.Request) -> web.Response:
     broker = _broker(request)
-    return web.json_response({"versions": await broker.read(broker.store.list_versions)})
+    return json_response({"versions": await broker.read(broker.store.list_versions)})
 
 
 async def get_version(request: web.Request) -> web.Response:
@@ -513,15 +536,14 @@ async def get_version(request: web.Request) -> web.Response:
             f"No version {name!r}: GET /v1/versions lists the registered ones.",
             param="version",
         )
-    return web.json_response(version)
+    return json_response(version)
 
 
 async def quarantine_version(request: web.Request) -> web.Response:
     broker = _admin(request)
     name = _name(request, "version")
-    raw = await request.read()
-    data = await read_json_object(request) if raw.strip() else {}
-    body = parse_model(QuarantineVersion, data)
+    data = await read_optional_object(request, BROKER_MAX_BODY_BYTES)
+    body = parse_model(QuarantineVersion, data or {})
     actor = _actor(body.actor, request)
     version, changed = await broker.write(
         "quarantine",
@@ -534,18 +556,18 @@ async def quarantine_version(request: web.Request) -> web.Response:
     )
     if changed:
         _log.info("version_quarantined", version=name, actor=actor, releases=len(changed))
-    return web.json_response(version)
+    return json_response(version)
 
 
 # -- handlers: releases ---------------------------------------------------------------------
 async def list_releases(request: web.Request) -> web.Response:
     broker = _broker(request)
-    return web.json_response({"releases": [broker.releases[n] for n in sorted(broker.releases)]})
+    return json_response({"releases": [broker.releases[n] for n in sorted(broker.releases)]})
 
 
 async def create_release(request: web.Request) -> web.Response:
     broker = _admin(request)
-    body = parse_model(CreateRelease, await read_json_object(request))
+    body = parse_model(CreateRelease, await read_json_object(request, BROKER_MAX_BODY_BYTES))
     actor = _actor(body.actor, request)
     release = await broker.write(
         "create_release",
@@ -560,7 +582,7 @@ async def create_release(request: web.Request) -> web.Response:
         changed=lambda release: [release],
     )
     _log.info("release_created", release=body.name, actor=actor, revision=release["revision"])
-    return web.json_response(release, status=201)
+    return json_response(release, status=201)
 
 
 async def get_release(request: web.Request) -> web.Response:
@@ -576,8 +598,8 @@ async def get_release(request: web.Request) -> web.Response:
         release = broker.releases.get(name)
         if release is None:
             raise NotFound(f"No release {name!r}: GET /v1/releases lists them.", param="name")
-        return web.json_response(release)
-    after = _query_int(request, "after", None)
+        return json_response(release)
+    after = query_int(request, "after", None)
     timeout_s = _watch_timeout(request, broker.max_watch_s)
     release, timed_out = await broker.watch(name, after, timeout_s, request)
     if release is None:
@@ -586,21 +608,18 @@ async def get_release(request: web.Request) -> web.Response:
             param="name",
         )
     headers = {"x-watch-timeout": "true"} if timed_out else {}
-    return web.json_response(release, headers=headers)
+    return json_response(release, headers=headers)
 
 
 def _watch_timeout(request: web.Request, max_watch_s: float) -> float:
     raw = request.query.get("timeout_s")
     if raw is None:
         return min(DEFAULT_WATCH_TIMEOUT_S, max_watch_s)
-    try:
-        value = float(raw)
-    except ValueError:
-        value = float("nan")
+    value = query_float(raw)  # NaN unless plain digits: refuses inf, 1e400, '1_0', ' 5'
     if not (0 < value <= max_watch_s):  # also refuses nan
         raise BadRequest(
-            f"Query parameter 'timeout_s' is {raw!r}: give seconds > 0 and <= {max_watch_s:g} "
-            "(this broker's --max-watch-s).",
+            f"Query parameter 'timeout_s' is {raw[:40]!r}: give seconds > 0 and <= "
+            f"{max_watch_s:g} (this broker's --max-watch-s) as a plain decimal number.",
             param="timeout_s",
         )
     return value
@@ -609,7 +628,7 @@ def _watch_timeout(request: web.Request, max_watch_s: float) -> float:
 async def patch_release(request: web.Request) -> web.Response:
     broker = _admin(request)
     name = _name(request, "name")
-    body = parse_model(PatchRelease, await read_json_object(request))
+    body = parse_model(PatchRelease, await read_json_object(request, BROKER_MAX_BODY_BYTES))
     actor = _actor(body.actor, request)
     patch = ReleasePatch(
         expected_revision=body.expected_revision,
@@ -638,48 +657,53 @@ async def patch_release(request: web.Request) -> web.Response:
             canary_weight=release["weights"]["canary"],
             actor=actor,
         )
-    return web.json_response(release)
+    return json_response(release)
 
 
 # -- handlers: events -----------------------------------------------------------------------
 async def list_events(request: web.Request) -> web.Response:
     broker = _broker(request)
     name = _name(request, "name")
-    after_seq = _query_int(request, "after_seq", 0)
-    limit = _query_int(request, "limit", MAX_EVENTS_PER_PAGE, minimum=1)
-    if limit > MAX_EVENTS_PER_PAGE:
-        raise BadRequest(
-            f"Query parameter 'limit' must be <= {MAX_EVENTS_PER_PAGE}; page with after_seq.",
-            param="limit",
-        )
+    after_seq = query_int(request, "after_seq", 0)
+    limit = query_int(request, "limit", MAX_EVENTS_PER_PAGE, minimum=1, maximum=MAX_EVENTS_PER_PAGE)
     events = await broker.read(broker.store.events, name, after_seq, limit)
-    return web.json_response({"events": events})
+    # Oldest first after after_seq; a page shorter than limit is the last one. Readers
+    # repeat with after_seq=next_after_seq until then.
+    next_after_seq = events[-1]["seq"] if events else after_seq
+    return json_response({"events": events, "next_after_seq": next_after_seq, "limit": limit})
 
 
 async def annotate(request: web.Request) -> web.Response:
     broker = _admin(request)
     name = _name(request, "name")
-    body = parse_model(Annotation, await read_json_object(request))
+    body = parse_model(Annotation, await read_json_object(request, BROKER_MAX_BODY_BYTES))
     actor = _actor(body.actor, request)
     event = await broker.write(
         "annotate", broker.store.annotate, name, body.change, actor, body.reason, time.time()
     )
-    return web.json_response(event, status=201)
+    return json_response(event, status=201)
 
 
 # -- handlers: routers ----------------------------------------------------------------------
 async def heartbeat(request: web.Request) -> web.Response:
     broker = _admin(request)
-    body = parse_model(Heartbeat, await read_json_object(request))
+    body = parse_model(Heartbeat, await read_json_object(request, BROKER_MAX_BODY_BYTES))
     broker.heartbeat(body)
-    return web.json_response({"ok": True})
+    return json_response({"ok": True})
 
 
 async def list_routers(request: web.Request) -> web.Response:
     broker = _broker(request)
     release = request.query.get("release") or None
-    return web.json_response(
-        {"routers": broker.live_routers(release), "expiry_s": broker.router_expiry_s}
+    return json_response(
+        {
+            "routers": broker.live_routers(release),
+            "expiry_s": broker.router_expiry_s,
+            # Not live any more, but heartbeating less than recent_s ago: a reader must not
+            # take an empty "routers" for "no router exists" while this is not empty.
+            "recent": broker.recent_routers(release),
+            "recent_s": broker.recent_s,
+        }
     )
 
 
@@ -727,8 +751,12 @@ def build_app(
     component.health_extra = lambda: {
         "releases": len(broker.releases),
         "watchers": broker.watchers,
+        # A router checks its --watch-timeout-s against this at start (a longer one would
+        # be refused with 400 on every watch and never apply a trip).
+        "max_watch_s": broker.max_watch_s,
+        "router_expiry_s": broker.router_expiry_s,
     }
-    app = create_app(component, client_max_size=8 * 1024**2)
+    app = create_app(component, client_max_size=BROKER_MAX_BODY_BYTES)
     app.middlewares.append(fault_middleware)
     app[BROKER] = broker
     app.cleanup_ctx.append(_broker_ctx)
@@ -746,4 +774,5 @@ def build_app(
     r.add_post("/v1/releases/{name}/events", annotate)
     r.add_post("/v1/routers/heartbeat", heartbeat)
     r.add_get("/v1/routers", list_routers)
+    install_api_spec(app)
     return app

@@ -38,6 +38,7 @@ from typing import Any
 
 from canarystack.broker import phases
 from canarystack.broker.phases import Phase
+from canarystack.common import strictjson
 from canarystack.common.errors import Conflict, NotFound, Unprocessable
 
 SCHEMA_VERSION = 1
@@ -139,6 +140,11 @@ def diff(old: Json | None, new: Json) -> dict[str, dict[str, Any]]:
         for key, value in after.items()
         if before.get(key) != value
     }
+
+
+def _dumps_change(change: Json) -> str:
+    """An event's change as strict JSON: a non-finite number is refused, never stored."""
+    return json.dumps(change, default=str, separators=(",", ":"), allow_nan=False)
 
 
 class Store:
@@ -250,7 +256,7 @@ class Store:
             db.execute(
                 "INSERT INTO versions (version, digest, manifest, registered_at) "
                 "VALUES (?, ?, ?, ?)",
-                (version, digest, json.dumps(manifest), now),
+                (version, digest, strictjson.dumps(manifest), now),
             )
             row = db.execute("SELECT * FROM versions WHERE version = ?", (version,)).fetchone()
             return self._version_json(row), True
@@ -517,7 +523,7 @@ class Store:
                     new["stable"]["version"],
                     new["canary"]["version"] if new["canary"] else None,
                     float(new["weights"]["canary"]),
-                    None if new["trip"] is None else json.dumps(new["trip"]),
+                    None if new["trip"] is None else strictjson.dumps(new["trip"]),
                     name,
                     expected,
                 ),
@@ -552,7 +558,7 @@ class Store:
         cur = db.execute(
             "INSERT INTO events (release, time, revision, actor, change, reason) "
             "VALUES (?, ?, ?, ?, ?, ?)",
-            (release, now, revision, actor, json.dumps(change, default=str), reason),
+            (release, now, revision, actor, _dumps_change(change), reason),
         )
         row = db.execute("SELECT * FROM events WHERE seq = ?", (cur.lastrowid,)).fetchone()
         return self._event_json(row)

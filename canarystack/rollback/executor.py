@@ -30,7 +30,23 @@ does not see every live router at ``R`` within ``apply_timeout_s`` is retried (c
 after ``apply_retries`` retries the annotation records the routers still lagging and the
 rollback goes on (waiting longer would not move a stuck router, and the canary weight is
 already 0 in the broker). An empty router list is accepted only after
-``empty_routers_grace_s`` (a restarted broker learns its routers from heartbeats).
+``empty_routers_grace_s`` (a restarted broker learns its routers from heartbeats), and
+only while no router of the release was seen recently: when routers heartbeated a moment
+ago (the broker's ``recent`` list, or the executor saw them live during this step) and
+then went quiet, "no router listed" does not mean "every router applied" — a router cut
+off from the broker may still be serving the canary. Step 2 then keeps waiting, says why
+in ``waiting.reason``, and after the same ``apply_timeout_s`` x (1 + ``apply_retries``)
+budget annotates ``timed_out`` with the quiet routers as ``lagging``.
+
+The event history is read incrementally (it is append-only): each read fetches every
+page after the last ``seq`` seen (``BrokerClient.iter_events``), so a long-lived broker's
+10,000-event pages never hide the newest events; only the events from the latest move to
+``rolling_back`` on are kept. A history that does not match the release (a wiped broker
+database) is read again from the start.
+
+Refusals of the executor's credential (401/403) are retried with backoff like an outage,
+never taken for a bad step; ``broker_auth`` says ``unauthorized``/``forbidden`` and the
+``on_error`` hook counts them.
 
 Every step leaves an event with a timestamp in the broker's history: the PATCH of step 1,
 the ``routers_applied`` annotation of step 2, the quarantine and the PATCH of step 3.
@@ -224,7 +240,15 @@ def _step_record(step: Step, name: str, ev: Json) -> Json:
     }
     change = ev.get("change") or {}
     if name == "routers_applied":
-        for k in ("routers", "waited_s", "retries", "lagging", "timed_out", "canary_off_at"):
+        for k in (
+            "routers",
+            "waited_s",
+            "retries",
+            "lagging",
+            "timed_out",
+            "canary_off_at",
+            "quiet",
+        ):
             if k in change:
                 rec[k] = change[k]
     return rec
@@ -236,6 +260,13 @@ class StepHooks:
 
     before_step: Callable[[Step], Awaitable[None]] | None = None
     after_step: Callable[[Step], Awaitable[None]] | None = None
+    # Called with an error kind ("unavailable", "unauthorized", "forbidden", "refused")
+    # each time the broker fails or refuses the runner.
+    on_error: Callable[[str], None] | None = None
+
+
+def auth_state(status: int) -> str:
+    return "forbidden" if status == 403 else "unauthorized"
 
 
 class RollbackRunner:
@@ -262,13 +293,50 @@ class RollbackRunner:
         self.last_situation: Situation | None = None
         self.apply_progress: Json | None = None
         self.lock = asyncio.Lock()
+        # "ok" until the broker refuses this process's credential; then why.
+        self.broker_auth = "ok"
+        # The event history read so far: events from the latest move to rolling_back on
+        # (all classify needs), the last seq read and the highest revision seen.
+        self._events: list[Json] = []
+        self._events_after = 0
+        self._events_revision = 0
+        self._events_lock = asyncio.Lock()
 
     async def situation(self) -> Situation:
         release = await self.client.get_release(self.name)
-        events = await self.client.events(self.name)
+        events = await self._history(release)
         sit = classify(release, events, manual=self.manual_reason is not None)
         self.last_situation = sit
         return sit
+
+    async def _history(self, release: Json) -> list[Json]:
+        """The events classify needs, reading only the pages after the last seq read."""
+        async with self._events_lock:
+            await self._read_new_events()
+            # Every revision has its event, written in the same transaction, so the history
+            # ends at the release's revision. When it does not, the broker's database was
+            # replaced (a wiped state folder) or a write landed between the two reads:
+            # read the history again from the start (once per call).
+            if self._events_revision != int(release["revision"]):
+                self._events, self._events_after, self._events_revision = [], 0, 0
+                await self._read_new_events()
+            return list(self._events)
+
+    async def _read_new_events(self) -> None:
+        async for page in self.client.iter_events(self.name, self._events_after):
+            for ev in page:
+                self._events_after = max(self._events_after, int(ev["seq"]))
+                self._events_revision = max(self._events_revision, int(ev["revision"]))
+                if _phase_moved_to(ev, "rolling_back"):
+                    self._events = []  # an older rollback: history classify does not need
+                self._events.append(ev)
+        # Before any rollback nothing is needed at all.
+        if self._events and not _phase_moved_to(self._events[0], "rolling_back"):
+            self._events = []
+
+    def _error(self, kind: str) -> None:
+        if self.hooks.on_error is not None:
+            self.hooks.on_error(kind)
 
     async def run(self) -> Situation:
         """Run steps until the table has none for the observed state (DONE or IDLE).
@@ -293,6 +361,7 @@ class RollbackRunner:
                         await self.hooks.before_step(step)
                     await self._run_step(step, sit)
                     self.last_error = None
+                    self.broker_auth = "ok"
                     backoff = self.config.backoff_s
                     if self.hooks.after_step is not None:
                         await self.hooks.after_step(step)
@@ -304,11 +373,28 @@ class RollbackRunner:
                     raise
                 except BrokerUnavailable as exc:
                     self.last_error = exc.message
+                    self._error("unavailable")
                     self.log.warning("broker_unavailable", release=self.name, error=exc.message)
                     await asyncio.sleep(backoff)
                     backoff = min(self.config.max_backoff_s, backoff * 2)
                 except BrokerRequestError as exc:
                     self.last_error = exc.message
+                    if exc.status in (401, 403):
+                        # Our credential, not the step, is wrong: retry (an operator can fix
+                        # the token) and say so loudly; never give the step up as bad.
+                        self.broker_auth = auth_state(exc.status)
+                        self._error(self.broker_auth)
+                        self.log.error(
+                            "broker_auth_refused",
+                            release=self.name,
+                            status=exc.status,
+                            broker_auth=self.broker_auth,
+                            error=exc.message,
+                        )
+                        await asyncio.sleep(backoff)
+                        backoff = min(self.config.max_backoff_s, backoff * 2)
+                        continue
+                    self._error("refused")
                     raise RollbackError(exc.message) from exc
 
     async def _run_step(self, step: Step, sit: Situation) -> None:
@@ -354,26 +440,48 @@ class RollbackRunner:
         attempt_start = started
         routers: list[Json] = []
         lagging: list[Json] = []
+        quiet: list[Json] = []
         timed_out = False
+        # Routers this step saw live, by id (their last entry): one that goes quiet later
+        # has not applied anything we know of.
+        seen: dict[str, Json] = {}
         while True:
-            routers = await self.client.routers(self.name)
+            listing = await self.client.router_listing(self.name)
+            routers = listing["routers"]
+            for r in routers:
+                seen[str(r["router_id"])] = r
+            live_ids = {str(r["router_id"]) for r in routers}
+            quiet_by_id = {str(r["router_id"]): r for r in listing["recent"]}
+            for rid, r in seen.items():
+                quiet_by_id.setdefault(rid, r)
+            quiet = [r for rid, r in sorted(quiet_by_id.items()) if rid not in live_ids]
             lagging = [
                 r
                 for r in routers
                 if r.get("applied_revision") is None or int(r["applied_revision"]) < target
             ]
             now = self.clock()
+            reason = None
+            if not routers and quiet:
+                reason = (
+                    "no live router, but router(s) "
+                    + ", ".join(str(r["router_id"]) for r in quiet)
+                    + " heartbeated recently and went quiet: they may still serve the "
+                    "canary, so this step waits for them (or its timeout)"
+                )
             self.apply_progress = {
                 "revision": target,
                 "routers": len(routers),
                 "lagging": [r["router_id"] for r in lagging],
+                "quiet": [r["router_id"] for r in quiet],
                 "retries": retries,
                 "waited_s": round(now - started, 3),
+                "reason": reason,
             }
             if routers and not lagging:
                 break
-            if not routers and now - started >= cfg.empty_routers_grace_s:
-                break  # no live router at all: nothing serves the canary
+            if not routers and not quiet and now - started >= cfg.empty_routers_grace_s:
+                break  # no router live or recently seen: nothing serves the canary
             if now - attempt_start >= cfg.apply_timeout_s:
                 if retries >= cfg.apply_retries:
                     timed_out = True
@@ -386,6 +494,7 @@ class RollbackRunner:
                     revision=target,
                     retry=retries,
                     lagging=[r["router_id"] for r in lagging],
+                    quiet=[r["router_id"] for r in quiet],
                 )
             await asyncio.sleep(cfg.poll_s)
         waited_s = round(self.clock() - started, 4)
@@ -403,12 +512,24 @@ class RollbackRunner:
             "canary_off_at": canary_off_at(routers),
             "router_states": [_router_state(r) for r in routers],
         }
+        if quiet:
+            # Seen recently, silent now: what they last reported.
+            change["quiet"] = [_router_state(r) for r in quiet]
         if timed_out:
             change["timed_out"] = True
             change["lagging"] = [
                 {"router_id": r["router_id"], "applied_revision": r.get("applied_revision")}
                 for r in lagging
             ]
+            if not routers:
+                change["lagging"] += [
+                    {
+                        "router_id": r["router_id"],
+                        "applied_revision": r.get("applied_revision"),
+                        "stopped_heartbeating": True,
+                    }
+                    for r in quiet
+                ]
         await self.client.annotate(
             self.name,
             change,

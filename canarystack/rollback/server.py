@@ -11,6 +11,15 @@
 - Faults: ``latency`` (``ms`` before each step), ``crash_after_step`` (``step`` 1|2|3:
   the process exits right after that step's write, as a SIGKILL would).
 
+Loops never die silently: the watch, drive and credential loops catch every exception,
+log it, count it (``canarystack_rollback_loop_errors_total{loop,kind}``) and retry with
+backoff. ``/health`` answers ``degraded`` (503) with ``degraded_reasons`` while the broker
+refuses this process's credential (``broker_auth``: ``unauthorized``/``forbidden``,
+checked at start and every ``CREDENTIAL_CHECK_S`` with ``GET /admin/faults``, and on
+every refused step), while a loop keeps failing with anything but a broker outage, or
+once a loop has ended. A broker outage alone is not degraded (it is waited out, and
+shown in ``loops``).
+
 This module must never keep rollback progress only in memory: the broker's history is
 the record, and a restart reads it back.
 """
@@ -27,10 +36,21 @@ from typing import Any, Literal
 
 import aiohttp
 from aiohttp import web
-from prometheus_client import Counter
+from prometheus_client import Counter, Gauge
 from pydantic import BaseModel, ConfigDict, Field
 
-from canarystack.broker.client import BrokerClient, BrokerError, BrokerNotFound, BrokerUnavailable
+from canarystack.broker.client import (
+    BrokerClient,
+    BrokerError,
+    BrokerNotFound,
+    BrokerRequestError,
+    BrokerUnavailable,
+)
+from canarystack.broker.wire import (
+    ROLLBACK_MAX_BODY_BYTES,
+    json_response,
+    read_optional_object,
+)
 from canarystack.common.app import COMPONENT, Component, create_app
 from canarystack.common.errors import (
     ApiError,
@@ -38,10 +58,10 @@ from canarystack.common.errors import (
     NotFound,
     Unavailable,
     parse_model,
-    read_json_object,
 )
 from canarystack.common.faults import FaultParams, FaultRegistry, LatencyMs
 from canarystack.common.logs import get_logger
+from canarystack.rollback.api_spec import install as install_api_spec
 from canarystack.rollback.executor import (
     STEP_NAMES,
     ExecutorConfig,
@@ -50,6 +70,7 @@ from canarystack.rollback.executor import (
     RollbackRunner,
     Step,
     StepHooks,
+    auth_state,
 )
 
 Json = dict[str, Any]
@@ -59,6 +80,10 @@ RECHECK_S = 2.0
 WATCH_TIMEOUT_S = 30.0
 MANUAL_WAIT_S = 10.0
 CRASH_EXIT_CODE = 70
+CREDENTIAL_CHECK_S = 30.0
+# A loop whose iteration failed waits this long before the next (doubling up to the max).
+LOOP_BACKOFF_S = 0.2
+LOOP_MAX_BACKOFF_S = 5.0
 
 _log = get_logger("rollback")
 
@@ -78,6 +103,46 @@ class ManualRollback(BaseModel):
     reason: str = Field(default="", max_length=4000)
 
 
+class BadBrokerAnswer(Exception):
+    """The broker answered, but not with what a broker answers."""
+
+
+class LoopState:
+    """How one background loop is doing, for /health."""
+
+    def __init__(self) -> None:
+        self.errors = 0
+        self.consecutive = 0
+        self.last_error: str | None = None
+        self.last_kind: str | None = None
+        self.ended: str | None = None  # why it ended, once it has
+
+    def ok(self) -> None:
+        self.consecutive = 0
+        self.last_kind = None
+
+    def failed(self, kind: str, error: str) -> None:
+        self.errors += 1
+        self.consecutive += 1
+        self.last_kind = kind
+        self.last_error = error
+
+    def to_json(self) -> Json:
+        return {
+            "running": self.ended is None,
+            "errors": self.errors,
+            "failing": self.consecutive > 0,
+            "last_error": self.last_error,
+            "last_error_kind": self.last_kind,
+            "ended": self.ended,
+        }
+
+
+# Kinds of loop errors that do not make the executor degraded: a broker outage is
+# waited out, and a release that does not exist yet may be created later.
+TRANSIENT_KINDS = frozenset({"unavailable", "not_found"})
+
+
 class RollbackService:
     def __init__(
         self,
@@ -92,7 +157,29 @@ class RollbackService:
         self.config = config
         self.runners: dict[str, RollbackRunner] = {}
         self._kicks: dict[str, asyncio.Event] = {}
+        self.loops: dict[str, LoopState] = {}
+        # The broker's verdict on our credential: "ok", "unauthorized" or "forbidden".
+        self.credential = "ok"
+        self.credential_error: str | None = None
+        self.stopping = False
         reg = component.registry
+        self.loop_errors = Counter(
+            "canarystack_rollback_loop_errors",
+            "Errors in the executor's background loops, by loop and kind",
+            ["loop", "kind"],
+            registry=reg,
+        )
+        self.broker_errors = Counter(
+            "canarystack_rollback_broker_errors",
+            "Broker failures and refusals met by rollback steps, by kind",
+            ["release", "kind"],
+            registry=reg,
+        )
+        Gauge(
+            "canarystack_rollback_degraded",
+            "1 while /health says degraded (see degraded_reasons)",
+            registry=reg,
+        ).set_function(lambda: 1.0 if self.degraded_reasons() else 0.0)
         self.steps_total = Counter(
             "canarystack_rollback_steps",
             "Rollback steps done by this process",
@@ -124,7 +211,78 @@ class RollbackService:
                 sys.stderr.flush()
                 os._exit(CRASH_EXIT_CODE)  # no cleanup, as a SIGKILL would leave it
 
-        return StepHooks(before_step=before, after_step=after)
+        def on_error(kind: str) -> None:
+            self.broker_errors.labels(release=release, kind=kind).inc()
+
+        return StepHooks(before_step=before, after_step=after, on_error=on_error)
+
+    # -- health -------------------------------------------------------------------------
+    def broker_auth(self) -> str:
+        """The worst of the credential check and what the runners' writes met."""
+        states = [self.credential, *(r.broker_auth for r in self.runners.values())]
+        for bad in ("forbidden", "unauthorized"):
+            if bad in states:
+                return bad
+        return "ok"
+
+    def degraded_reasons(self) -> list[str]:
+        reasons: list[str] = []
+        auth = self.broker_auth()
+        if auth != "ok":
+            detail = self.credential_error or next(
+                (r.last_error for r in self.runners.values() if r.broker_auth != "ok"), None
+            )
+            reasons.append(
+                f"broker_auth: the broker answers {auth} to this executor's admin token, "
+                f"so no rollback step can be written ({detail}); fix --admin-token-file / "
+                "CANARYSTACK_ADMIN_TOKEN and restart"
+            )
+        for name, state in sorted(self.loops.items()):
+            if state.ended is not None:
+                reasons.append(f"loop {name} ended: {state.ended}")
+            elif state.consecutive and state.last_kind not in TRANSIENT_KINDS:
+                reasons.append(f"loop {name} failing ({state.last_kind}): {state.last_error}")
+        return reasons
+
+    def health(self) -> Json:
+        reasons = self.degraded_reasons()
+        body: Json = {
+            "releases": self.releases,
+            "broker_auth": self.broker_auth(),
+            "loops": {name: state.to_json() for name, state in sorted(self.loops.items())},
+            "degraded_reasons": reasons,
+        }
+        if reasons:
+            body["status"] = "degraded"
+        return body
+
+    def _loop_failed(self, loop: str, kind: str, error: str, *, exc_info: bool = False) -> None:
+        self.loops[loop].failed(kind, error)
+        self.loop_errors.labels(loop=loop, kind=kind).inc()
+        log = _log.warning if kind in TRANSIENT_KINDS else _log.error
+        log("loop_error", loop=loop, kind=kind, error=error, exc_info=exc_info)
+
+    def supervise(self, loop: str, coro: Any) -> asyncio.Task[None]:
+        """Run a loop as a task; should it ever end, /health says so."""
+        self.loops.setdefault(loop, LoopState())
+        task: asyncio.Task[None] = asyncio.create_task(coro, name=loop)
+
+        def ended(done: asyncio.Task[None]) -> None:
+            if self.stopping:
+                return
+            if done.cancelled():
+                why = "cancelled"
+            elif done.exception() is not None:
+                exc = done.exception()
+                why = f"{type(exc).__name__}: {exc}"
+            else:
+                why = "returned"
+            self.loops[loop].ended = why
+            self.loop_errors.labels(loop=loop, kind="ended").inc()
+            _log.error("loop_ended", loop=loop, why=why)
+
+        task.add_done_callback(ended)
+        return task
 
     def runner(self, name: str) -> RollbackRunner:
         runner = self.runners.get(name)
@@ -143,44 +301,89 @@ class RollbackService:
         """Run the release's rollback whenever kicked (watch change, manual, re-check)."""
         runner = self.runners[name]
         kick = self._kicks[name]
+        loop = f"drive:{name}"
         while True:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(kick.wait(), RECHECK_S)
             kick.clear()
             try:
                 sit = await runner.run()
-            except BrokerNotFound:
+            except BrokerNotFound as exc:
+                self._loop_failed(loop, "not_found", exc.message)
                 continue
             except RollbackError as exc:
                 _log.error("rollback_failed", release=name, error=str(exc))
+                self._loop_failed(loop, "refused", str(exc))
                 continue
-            except Exception:  # keep the loop alive; the next kick decides again
-                _log.error("rollback_loop_error", release=name, exc_info=True)
+            except Exception as exc:  # keep the loop alive; the next kick decides again
+                self._loop_failed(loop, "error", f"{type(exc).__name__}: {exc}", exc_info=True)
                 await asyncio.sleep(self.config.max_backoff_s)
                 continue
+            self.loops[loop].ok()
             if sit.observed is Observed.DONE:
                 _log.debug("rollback_done", release=name, revision=sit.release["revision"])
 
     async def watch(self, name: str, client: BrokerClient) -> None:
         revision = -1
-        backoff = self.config.backoff_s
+        backoff = LOOP_BACKOFF_S
+        loop = f"watch:{name}"
         while True:
             try:
                 if revision < 0:
                     release = await client.get_release(name)
                 else:
                     release = await client.watch(name, after=revision, timeout_s=WATCH_TIMEOUT_S)
-                backoff = self.config.backoff_s
-                if int(release["revision"]) != revision:
-                    revision = int(release["revision"])
+                got = release.get("revision")
+                if isinstance(got, bool) or not isinstance(got, int):
+                    raise BadBrokerAnswer(
+                        f"the broker's answer for release {name!r} has no integer 'revision' "
+                        f"(got {got!r}); is --broker {self.broker_url} a broker?"
+                    )
+                backoff = LOOP_BACKOFF_S
+                self.loops[loop].ok()
+                if got != revision:
+                    revision = got
                     self.kick(name)
-            except BrokerNotFound:
-                revision = -1
-                await asyncio.sleep(1.0)
-            except BrokerUnavailable:
-                revision = -1
-                await asyncio.sleep(backoff)
-                backoff = min(self.config.max_backoff_s, backoff * 2)
+                continue
+            except BrokerNotFound as exc:
+                self._loop_failed(loop, "not_found", exc.message)
+                wait = 1.0
+            except BrokerUnavailable as exc:
+                self._loop_failed(loop, "unavailable", exc.message)
+                wait = backoff
+            except BrokerRequestError as exc:
+                kind = auth_state(exc.status) if exc.status in (401, 403) else "refused"
+                self._loop_failed(loop, kind, exc.message)
+                wait = backoff
+            except BadBrokerAnswer as exc:
+                self._loop_failed(loop, "bad_answer", str(exc))
+                wait = backoff
+            except Exception as exc:  # a bug: never let the watch die
+                self._loop_failed(loop, "error", f"{type(exc).__name__}: {exc}", exc_info=True)
+                wait = backoff
+            revision = -1
+            await asyncio.sleep(wait)
+            backoff = min(LOOP_MAX_BACKOFF_S, backoff * 2)
+
+    async def check_credential(self, client: BrokerClient) -> None:
+        """At start and every CREDENTIAL_CHECK_S: does the broker accept our token?"""
+        loop = "credential"
+        while True:
+            try:
+                await client.check_credential()
+                self.credential, self.credential_error = "ok", None
+                self.loops[loop].ok()
+            except BrokerRequestError as exc:
+                if exc.status in (401, 403):
+                    self.credential, self.credential_error = auth_state(exc.status), exc.message
+                    self._loop_failed(loop, self.credential, exc.message)
+                else:
+                    self._loop_failed(loop, "refused", exc.message)
+            except BrokerUnavailable as exc:
+                self._loop_failed(loop, "unavailable", exc.message)
+            except Exception as exc:
+                self._loop_failed(loop, "error", f"{type(exc).__name__}: {exc}", exc_info=True)
+            await asyncio.sleep(CREDENTIAL_CHECK_S)
 
     async def manual(self, name: str, reason: str) -> tuple[int, Json]:
         runner = self.runner(name)
@@ -230,10 +433,10 @@ async def _post_rollback(request: web.Request) -> web.Response:
     request.app[COMPONENT].require_admin(request)
     name = request.match_info["release"]
     service.runner(name)  # 404 before reading the body
-    raw = await request.read()
-    body = parse_model(ManualRollback, await read_json_object(request)) if raw.strip() else None
+    data = await read_optional_object(request, ROLLBACK_MAX_BODY_BYTES)
+    body = None if data is None else parse_model(ManualRollback, data)
     status, result = await service.manual(name, body.reason if body else "")
-    return web.json_response(result, status=status)
+    return json_response(result, status=status)
 
 
 async def _get_rollback(request: web.Request) -> web.Response:
@@ -247,10 +450,10 @@ async def _get_rollback(request: web.Request) -> web.Response:
     except BrokerUnavailable:
         body = runner.status()
         body["broker"] = "unavailable"
-        return web.json_response(body)
+        return json_response(body)
     except ApiError:
         raise
-    return web.json_response(runner.status(sit))
+    return json_response(runner.status(sit))
 
 
 async def _background(app: web.Application) -> AsyncIterator[None]:
@@ -263,11 +466,12 @@ async def _background(app: web.Application) -> AsyncIterator[None]:
                 client, name, service.config, hooks=service.hooks(name), log=_log
             )
             service._kicks[name] = asyncio.Event()
-        tasks = []
+        tasks = [service.supervise("credential", service.check_credential(client))]
         for name in service.releases:
-            tasks.append(asyncio.create_task(service.drive(name)))
-            tasks.append(asyncio.create_task(service.watch(name, client)))
+            tasks.append(service.supervise(f"drive:{name}", service.drive(name)))
+            tasks.append(service.supervise(f"watch:{name}", service.watch(name, client)))
         yield
+        service.stopping = True
         for task in tasks:
             task.cancel()
         for task in tasks:
@@ -286,10 +490,11 @@ def build_app(
     faults = FaultRegistry("rollback", FAULT_KINDS, max_ttl_s=max_fault_ttl_s)
     comp = Component(name="rollback", version="0.1.0", admin_token=admin_token, faults=faults)
     service = RollbackService(comp, broker_url, releases, config)
-    comp.health_extra = lambda: {"releases": service.releases}
-    app = create_app(comp)
+    comp.health_extra = service.health
+    app = create_app(comp, client_max_size=ROLLBACK_MAX_BODY_BYTES)
     app[SERVICE] = service
     app.router.add_post("/v1/rollbacks/{release}", _post_rollback)
     app.router.add_get("/v1/rollbacks/{release}", _get_rollback)
+    install_api_spec(app)
     app.cleanup_ctx.append(_background)
     return app
