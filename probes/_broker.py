@@ -12,6 +12,7 @@ import requests
 from chaoslib.exceptions import ActivityFailed
 
 from gameday.targets import Target
+from gameday.targets.history import HistoryError, read_events
 
 HTTP_TIMEOUT_S = 3.0
 
@@ -38,9 +39,17 @@ def get_release(target: Target) -> dict[str, Any]:
 
 
 def release_events(target: Target) -> list[dict[str, Any]]:
-    """The release's whole event history, oldest first."""
-    events = _get(target, f"/v1/releases/{target.release}/events").get("events") or []
-    return [e for e in events if isinstance(e, dict)]
+    """The release's whole event history, oldest first (every page: a long-lived broker
+    holds more than one page, and the first page is the *oldest* events)."""
+    try:
+        return read_events(target.service_url("broker"), target.release, timeout_s=HTTP_TIMEOUT_S)
+    except HistoryError as exc:
+        if exc.status == 404:
+            raise ActivityFailed(
+                f"release {target.release!r} does not exist on the broker; check "
+                "'release' in the target file"
+            ) from None
+        raise ActivityFailed(f"reading the release's history: {exc}") from None
 
 
 def new_value(change: Any, key: str) -> Any:

@@ -1,6 +1,7 @@
 """Gather and tidy what one experiment leaves in its folder (docs/ARCHITECTURE.md §7.1).
 
-- ``timeline.json``: the release's broker events and live routers, fetched at the end;
+- ``timeline.json``: the release's broker events (every page) and live routers, fetched
+  at the end;
 - ``records.parquet`` row count (the verdict needs users to have been there);
 - trips inside the experiment's window, from the broker's history;
 - safety nets after ``chaos run`` ends, whatever happened: a Locust still running (its PID
@@ -25,6 +26,7 @@ import requests
 
 from gameday.faults import FaultError, FaultLedger, clear_injected
 from gameday.targets import Target, TargetError
+from gameday.targets.history import HistoryError, read_events
 
 HTTP_TIMEOUT_S = 5.0
 WINDOW_SLACK_S = 2.0
@@ -50,15 +52,13 @@ def collect_timeline(target: Target, folder: Path) -> tuple[list[dict[str, Any]]
     try:
         broker = target.service_url("broker")
         release = target.release
-        ev = requests.get(f"{broker}/v1/releases/{release}/events", timeout=HTTP_TIMEOUT_S)
-        ev.raise_for_status()
+        events = read_events(broker, release, timeout_s=HTTP_TIMEOUT_S)  # every page
         routers = requests.get(
             f"{broker}/v1/routers", params={"release": release}, timeout=HTTP_TIMEOUT_S
         )
         routers.raise_for_status()
-    except (requests.RequestException, TargetError) as exc:
+    except (requests.RequestException, TargetError, HistoryError) as exc:
         return None, f"the broker's history could not be read: {exc}"
-    events = [e for e in ev.json().get("events") or [] if isinstance(e, dict)]
     _write_json(
         folder / "timeline.json",
         {
