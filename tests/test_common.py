@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import json
+import math
+
 import pytest
 
 from canarystack.common.auth import TokenFileError, load_admin_token
 from canarystack.common.buckets import bucket_labels, bucket_of, parse_edges
-from canarystack.common.errors import BadRequest, NotFound
+from canarystack.common.cli import base_parser
+from canarystack.common.errors import BadRequest, NotFound, json_response
 from canarystack.common.faults import FaultParams, FaultRegistry
 from canarystack.tokenizer import count_tokens, make_prompt, render_chat, vocab
 
@@ -113,3 +117,73 @@ def test_admin_token_sources(tmp_path) -> None:
     (tmp_path / "empty").write_text("")
     with pytest.raises(TokenFileError, match="empty"):
         load_admin_token(str(tmp_path / "empty"), environ={})
+
+
+# -- #12: a fault can never be made permanent or rewrite its own kind or TTL -----------
+
+
+@pytest.mark.parametrize("cap", [math.inf, math.nan, 0, -1.0, True, 10**400, "600"])
+def test_fault_ttl_cap_must_be_finite_and_positive(cap: object) -> None:
+    with pytest.raises(ValueError, match="max_ttl_s"):
+        FaultRegistry("test", {"latency": LatencyParams}, max_ttl_s=cap)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("ttl", [math.inf, math.nan, 10**400])
+def test_fault_ttl_must_be_finite(ttl: object) -> None:
+    reg = FaultRegistry("test", {"latency": LatencyParams}, max_ttl_s=1e300, clock=Clock())
+    with pytest.raises(BadRequest) as info:
+        reg.inject({"kind": "latency", "ttl_s": ttl})
+    assert info.value.param == "ttl_s"
+    assert "finite" in info.value.message or "must be > 0" in info.value.message
+    assert reg.active() == []
+
+
+class KindClash(FaultParams):
+    kind: str = "latency"
+
+
+def test_a_fault_kind_may_not_declare_kind_or_ttl_as_parameters() -> None:
+    with pytest.raises(ValueError, match="may not be named kind"):
+        FaultRegistry("test", {"evil": KindClash})
+
+
+@pytest.mark.parametrize(
+    ("argv", "text"),
+    [
+        (["--max-fault-ttl-s", "inf"], "argument --max-fault-ttl-s: 'inf': it must be a finite"),
+        (["--max-fault-ttl-s", "nan"], "argument --max-fault-ttl-s: 'nan': it must be a finite"),
+        (["--max-fault-ttl-s", "0"], "argument --max-fault-ttl-s: '0': it must be a finite"),
+        (["--max-fault-ttl-s", "soon"], "argument --max-fault-ttl-s: 'soon' is not a number"),
+        (["--port", "70000"], "argument --port: 70000 is not a port number"),
+    ],
+)
+def test_shared_flags_are_checked_when_parsed(
+    argv: list[str], text: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as info:
+        base_parser("test", "t").parse_args(argv)
+    assert info.value.code == 2
+    assert text in capsys.readouterr().err
+
+
+def test_shared_flags_accept_a_finite_cap() -> None:
+    args = base_parser("test", "t").parse_args(["--max-fault-ttl-s", "30", "--port", "0"])
+    assert args.max_fault_ttl_s == 30.0 and args.port == 0
+
+
+def test_an_admin_token_a_header_cannot_carry_is_refused_at_start(tmp_path) -> None:
+    f = tmp_path / "tok"
+    f.write_text("sécret\n")
+    with pytest.raises(TokenFileError, match="not printable ASCII"):
+        load_admin_token(str(f), environ={})
+    with pytest.raises(TokenFileError, match="CANARYSTACK_ADMIN_TOKEN"):
+        load_admin_token(None, environ={"CANARYSTACK_ADMIN_TOKEN": "a\x01b"})
+
+
+def test_json_response_never_writes_nan() -> None:
+    ok = json_response({"a": 1.5}, status=201)
+    assert ok.status == 201 and ok.text == '{"a":1.5}'
+    bad = json_response({"a": [1.0, math.inf]})
+    assert bad.status == 500
+    assert bad.text is not None and "Infinity" not in bad.text
+    assert json.loads(bad.text)["error"]["type"] == "server_error"
