@@ -142,6 +142,10 @@ def _r(x: float) -> float:
     return round(x, 6)
 
 
+# A running sum that shrinks by more than this factor at once is recomputed exactly.
+_CANCELLATION = 1024.0
+
+
 @dataclass
 class MeanWindow:
     """The last ``size`` values and an upper estimate of their mean (mean + z * SE).
@@ -175,13 +179,19 @@ class MeanWindow:
         self.values.append(x)
         self._sum += x
         self._sumsq += x * x
+        cancelled = False
         if len(self.values) > self.size:
             old = self.values.popleft()
+            before = self._sum
             self._sum -= old
             self._sumsq -= old * old
+            # A value that dominated the sum left: what remains lost its precision to it.
+            cancelled = before > _CANCELLATION * max(self._sum, 0.0)
         self._since_exact += 1
-        if self._since_exact >= self.size or not (
-            math.isfinite(self._sum) and math.isfinite(self._sumsq)
+        if (
+            cancelled
+            or self._since_exact >= self.size
+            or not (math.isfinite(self._sum) and math.isfinite(self._sumsq))
         ):
             self._recompute()
 

@@ -1,0 +1,183 @@
+"""The gate as a real process against hostile batches and a misconfigured broker (#12).
+
+Real broker and gate processes; the test plays the routers (POSTs to ``/v1/samples``).
+The pure statistics behind these are in test_gate_hostile_state.py.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import requests
+
+from tests.broker_support import Api, start_broker
+from tests.procs import Proc, Spawner, wait_for
+from tests.test_gate_service import batch, comparison, gate_state, post, setup_stack
+
+
+def noise(kl: float) -> dict[str, Any]:
+    return comparison("4k+", kl, pair="baseline-baseline", version_b="v1")
+
+
+def health(proc: Proc) -> tuple[int, dict[str, Any]]:
+    r = requests.get(proc.url + "/health", timeout=5)
+    return r.status_code, dict(r.json())
+
+
+def metric_value(proc: Proc, prefix: str) -> float:
+    """The sum of every sample line that starts with ``prefix`` (0 when none)."""
+    text = requests.get(proc.url + "/metrics", timeout=5).text
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith(prefix) and not line.startswith("#")
+    )
+
+
+def test_a_crafted_noise_batch_cannot_make_later_batches_fail(
+    spawn: Spawner, tmp_path: Path
+) -> None:
+    # Found against today's gate: 1e308 then 499 x 1.0 then 500 x 0.0 baseline-baseline
+    # made the running noise sum negative; every later batch with a baseline-canary
+    # comparison in 4k+ then answered 500, for good.
+    _, api, gate = setup_stack(spawn, tmp_path)
+    crafted = [noise(1e308)] + [noise(1.0) for _ in range(499)] + [noise(0.0) for _ in range(500)]
+    r = post(gate, batch(crafted))
+    assert r.status_code == 200, r.text
+    for _ in range(3):
+        r = post(gate, batch([comparison("4k+", 0.01)]))
+        assert r.status_code == 200, r.text
+        assert r.json()["accepted"]["comparisons"] == 1
+    state = gate_state(gate)
+    floor = state["noise_floor"]["4k+"]
+    assert floor["kl"] == 0.0 and floor["samples"] == 500
+    # A broken canary's astronomically large KL is accepted and counted at the clip.
+    r = post(gate, batch([comparison("4k+", 1e308)]))
+    assert r.status_code == 200, r.text
+    assert gate_state(gate)["buckets"]["4k+"]["drift"]["kl"]["mean"] <= 1.0
+    status, body = health(gate)
+    assert status == 200 and body["status"] == "ok", body
+    assert api.release("default")["phase"] == "progressing"
+
+
+def test_out_of_bounds_sample_values_get_a_400_naming_the_field(
+    spawn: Spawner, tmp_path: Path
+) -> None:
+    _, _, gate = setup_stack(spawn, tmp_path)
+    cases = [
+        (batch([comparison("4k+", 0.1, ttft_a_s=1e9)]), "comparisons[0].ttft_a_s", "3600"),
+        (batch([comparison("4k+", 0.1, time=1e300)]), "comparisons[0].time", "less than"),
+        ({**batch(), "batch_id": ""}, "batch_id", "at least 1"),
+        ({**batch(), "dropped": 10**20}, "dropped", "less than"),
+    ]
+    for body, param, text in cases:
+        r = post(gate, body)
+        assert r.status_code == 400, (param, r.text)
+        err = r.json()["error"]
+        assert err["param"] == param, err
+        assert text in err["message"], err
+    # A batch whose last sample is bad is refused whole: nothing of it was counted.
+    good = [comparison("4k+", 0.01) for _ in range(10)]
+    r = post(gate, batch([*good, {**comparison("4k+", 0.01), "bucket": "3k-5k"}]))
+    assert r.status_code == 400 and r.json()["error"]["param"] == "comparisons[10].bucket"
+    assert gate_state(gate)["samples"]["comparisons"] == 0
+
+
+def test_a_resent_batch_counts_once(spawn: Spawner, tmp_path: Path) -> None:
+    _, _, gate = setup_stack(spawn, tmp_path)
+    body = {**batch([comparison("4k+", 0.01) for _ in range(7)]), "batch_id": "r-1/42"}
+    first = post(gate, body)
+    assert first.status_code == 200, first.text
+    assert first.json()["duplicate"] is False
+    assert first.json()["accepted"]["comparisons"] == 7
+    again = post(gate, body)  # the router's retry after a lost answer
+    assert again.status_code == 200, again.text
+    assert again.json()["duplicate"] is True
+    assert again.json()["accepted"]["comparisons"] == 0
+    state = gate_state(gate)
+    assert state["samples"]["comparisons"] == 7
+    assert state["buckets"]["4k+"]["comparisons"] == 7
+    assert state["duplicate_batches"] == 1
+    assert metric_value(gate, 'canarystack_gate_batches_total{result="duplicate"}') == 1
+
+
+def test_a_refused_credential_never_loses_the_trip(spawn: Spawner, tmp_path: Path) -> None:
+    # The gate holds a token the broker does not accept: today the 401 abandoned the
+    # trip for good. Now it is retried and reported, and lands once the credential works.
+    gate_token = "gate-token-the-broker-does-not-know"
+    broker = start_broker(spawn, tmp_path / "broker")
+    api = Api(broker.url)
+    for v in ("v1", "v2"):
+        api.register(v)
+    api.create("default", stable="v1", canary="v2", weight=5)
+    gate = spawn("canarystack.gate", "--broker", broker.url, admin_token=gate_token)
+    wait_for(lambda: gate_state(gate)["revision"] is not None, what="the gate to read it")
+    headers = {"Authorization": f"Bearer {gate_token}"}
+    r = post(gate, batch([comparison("4k+", 0.8) for _ in range(20)]), headers=headers)
+    assert r.status_code == 200 and r.json()["state"] == "tripped", r.text
+
+    def degraded() -> dict[str, Any] | None:
+        status, body = health(gate)
+        return body if status == 503 else None
+
+    body = wait_for(degraded, what="the gate's health to say degraded")
+    assert isinstance(body, dict)
+    assert body["status"] == "degraded"
+    assert body["broker_auth"] == "unauthorized"
+    assert "broker_auth_unauthorized" in body["degraded_reasons"]
+    state = gate_state(gate)
+    assert state["state"] == "tripped"  # the gate's own decision shows meanwhile
+    assert state["trip_status"] == "writing"
+    assert "401" in state["trip_status_reason"]
+    assert metric_value(gate, "canarystack_gate_broker_auth_errors_total") >= 1
+    assert metric_value(gate, 'canarystack_gate_degraded{reason="broker_auth_unauthorized"}') == 1
+    assert any(e.get("event") == "trip_unauthorized" for e in gate.log_events())
+    assert api.release("default")["phase"] == "progressing"
+    # The operator fixes the credential (here: the broker now accepts the gate's token).
+    broker.stop()
+    spawn(
+        "canarystack.broker",
+        "--state-dir",
+        str(tmp_path / "broker"),
+        port=broker.port,
+        admin_token=gate_token,
+    )
+    release = wait_for(
+        lambda: (rel := api.release("default"))["phase"] == "tripped" and rel,
+        timeout=20,
+        what="the trip to land once the credential works",
+    )
+    assert isinstance(release, dict)
+    assert release["trip"]["bucket"] == "4k+"
+    wait_for(lambda: gate_state(gate)["trip_status"] == "written", what="written")
+    status, body = health(gate)
+    assert status == 200 and body["broker_auth"] == "ok", body
+
+
+def test_a_watch_timeout_above_the_broker_limit_does_not_blind_the_gate(
+    spawn: Spawner, tmp_path: Path
+) -> None:
+    # Today the broker's 400 for timeout_s killed the watch task silently: the gate kept
+    # its first view of the release and never saw a later change.
+    broker = start_broker(spawn, tmp_path / "broker", "--max-watch-s", "1")
+    api = Api(broker.url)
+    for v in ("v1", "v2", "v3"):
+        api.register(v)
+    api.create("default", stable="v1", canary="v2", weight=5)
+    gate = spawn("canarystack.gate", "--broker", broker.url, "--watch-timeout-s", "30")
+    wait_for(lambda: gate_state(gate)["revision"] is not None, what="the gate to read it")
+    time.sleep(1.5)  # long enough for today's watch task to have died
+    rel = api.patch_ok("default", weights={"canary": 20}, reason="next step")
+    state = wait_for(
+        lambda: (s := gate_state(gate))["revision"] == rel["revision"] and s,
+        timeout=10,
+        what="the gate to see the new revision",
+    )
+    assert isinstance(state, dict) and state["canary_weight"] == 20
+    wait_for(lambda: health(gate)[0] == 200, what="the gate healthy again")
+    _, body = health(gate)
+    assert body["watch_timeout_s"] <= 1
+    assert body["watch_timeout_lowered_from"] == 30
+    assert any(e.get("event") == "watch_timeout_lowered" for e in gate.log_events())
