@@ -1,9 +1,14 @@
 """Helpers for the router tests: start routers and model servers, a broker release, a
 small real gate receiver, and streaming reads.
 
-``GateReceiver`` stands in for the gate (which comes later): a real aiohttp server in a
-background thread that records every ``POST /v1/samples`` batch, checking the admin token
-— a true HTTP edge, not a mock of the router's code.
+``GateReceiver`` stands in for the gate: a real aiohttp server in a background thread
+that records every ``POST /v1/samples`` batch, checking the admin token — a true HTTP
+edge, not a mock of the router's code. ``refuse_auth`` makes it answer 401/403 (a gate
+that refuses the router's credential).
+
+``write_release_cache`` gives a router without a broker a release config (its on-disk
+cache, as the broker would have left it): a pin reaches the canary only while a release
+says the canary is on.
 """
 
 from __future__ import annotations
@@ -80,6 +85,28 @@ def start_router(
     proc.extra["instance_port"] = int(args[args.index("--instance-port") + 1])
     proc.extra["router_id"] = router_id
     return proc
+
+
+def write_release_cache(
+    state_dir: Path,
+    router_id: str = "router-0",
+    *,
+    weight: float = 0,
+    phase: str = "progressing",
+    quarantined: bool = False,
+) -> dict[str, Any]:
+    """The release a router with ``router_id`` finds in its cache at start (no broker)."""
+    release = {
+        "name": "default",
+        "revision": 7,
+        "phase": phase,
+        "stable": {"version": "v1"},
+        "canary": {"version": "v2", "quarantined": quarantined},
+        "weights": {"canary": weight},
+    }
+    state_dir.mkdir(parents=True, exist_ok=True)
+    (state_dir / f"router-{router_id}.json").write_text(json.dumps(release))
+    return release
 
 
 def instance_url(router: Proc) -> str:
@@ -194,6 +221,8 @@ class GateReceiver:
         self.unauthorized = 0
         self.reject_next = 0  # answer this many batches 422 (a batch the gate refuses)
         self.rejected: list[dict[str, Any]] = []
+        self.refuse_auth = 0  # while 401 or 403: answer every batch with it (wrong token)
+        self.refused: list[dict[str, Any]] = []
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self._loop = asyncio.new_event_loop()
@@ -202,6 +231,9 @@ class GateReceiver:
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     async def _samples(self, request: web.Request) -> web.Response:
+        if self.refuse_auth:
+            self.refused.append(await request.json())
+            return web.json_response({"error": {"message": "refused"}}, status=self.refuse_auth)
         if request.headers.get("Authorization") != ADMIN["Authorization"]:
             self.unauthorized += 1
             return web.json_response({"error": {"message": "no token"}}, status=401)

@@ -141,9 +141,11 @@ def test_tripped_phase_is_zero_canary_within_one_watch_round(
         lambda: any(r["applied_revision"] == tripped["revision"] for r in api.routers()),
         what="heartbeat of the tripped revision",
     )
-    # A pin still reaches the canary (tests and the oracle use pins on purpose).
+    # A pin no longer reaches the tripped canary: 409 canary_off naming the phase.
     pinned = completion(router.url, headers={"x-canary-variant": "canary"})
-    assert pinned.headers["x-served-by"] == "canary"
+    assert pinned.status_code == 409, pinned.text
+    err = pinned.json()["error"]
+    assert err["code"] == "canary_off" and "phase tripped" in err["message"]
     # The cache holds the tripped release.
     cache = json.loads((tmp_path / "router-router-0.json").read_text())
     assert cache["revision"] == tripped["revision"] and cache["phase"] == "tripped"
@@ -326,10 +328,15 @@ def test_a_slow_shadow_target_never_delays_the_user(
     fault = {"kind": "latency", "ttl_s": 30, "ttft_ms": 2500}
     r = requests.post(canary.url + "/admin/faults", json=fault, headers=ADMIN, timeout=5)
     assert r.status_code == 201
-    t0 = time.monotonic()
-    r = completion(
-        router.url, headers={"x-canary-variant": "baseline", "x-request-id": "slow-shadow"}
+    # An unpinned user the split sends to the baseline (a pinned request gets no shadow).
+    user = next(
+        u
+        for u in (f"user-{i}" for i in range(1000))
+        if choose_variant(release="default", user_key=u, weight_pct=50, prompt_tokens=3)
+        == "baseline"
     )
+    t0 = time.monotonic()
+    r = completion(router.url, headers={"x-user-id": user, "x-request-id": "slow-shadow"})
     user_s = time.monotonic() - t0
     assert r.status_code == 200 and r.headers["x-served-by"] == "baseline"
     assert user_s < 2.5  # answered before the shadow copy's first token even exists

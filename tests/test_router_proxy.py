@@ -1,4 +1,6 @@
-"""The router against real model servers (no broker: no config means 0% canary).
+"""The router against real model servers (no broker: no config means 0% canary; a test
+that pins the canary gives the router a cached release at weight 0, since a pin never
+reaches a canary the router has no config for).
 
 Pinning, routing headers and request identity, streaming chunk by chunk, passive health,
 whole-pool-down answers, two SO_REUSEPORT replicas with a SIGKILL, faults with TTLs,
@@ -31,6 +33,7 @@ from tests.router_support import (
     sse_events,
     start_model,
     start_router,
+    write_release_cache,
 )
 
 
@@ -47,6 +50,7 @@ def gate() -> Iterator[GateReceiver]:
 def test_pin_headers_and_request_identity(
     spawn: Spawner, tmp_path: Path, models: dict[str, Proc]
 ) -> None:
+    write_release_cache(tmp_path)  # canary at weight 0: pins may reach it
     router = start_router(spawn, tmp_path, [models["b0"].url], [models["c0"].url])
     tp = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
     r = completion(
@@ -63,7 +67,7 @@ def test_pin_headers_and_request_identity(
     assert r.headers["x-model-version"] == "v2"
     assert r.headers["x-request-id"] == "req-abc"
     assert r.headers["x-router-id"] == "router-0"
-    assert r.headers["x-config-revision"] == "0"  # no broker: no config
+    assert r.headers["x-config-revision"] == "7"  # the cached release
 
     pinned_base = completion(router.url, headers={"x-canary-variant": "baseline"})
     assert pinned_base.headers["x-served-by"] == "baseline"
@@ -71,7 +75,7 @@ def test_pin_headers_and_request_identity(
     made = pinned_base.headers["x-request-id"]
     assert len(made) >= 16  # the router made one
 
-    # No config: every unpinned request goes to the baseline.
+    # Weight 0: every unpinned request goes to the baseline.
     for i in range(20):
         r = completion(router.url, headers={"x-user-id": f"u{i}"})
         assert r.headers["x-served-by"] == "baseline"
@@ -166,6 +170,7 @@ def test_passive_health_skips_a_dead_replica(spawn: Spawner, tmp_path: Path) -> 
 
 def test_whole_pool_down(spawn: Spawner, tmp_path: Path, models: dict[str, Proc]) -> None:
     dead_url = f"http://127.0.0.1:{free_port()}"
+    write_release_cache(tmp_path)
     router = start_router(spawn, tmp_path, [models["b0"].url], [dead_url])
     r = completion(router.url, headers={"x-canary-variant": "canary"})
     assert r.status_code == 503
@@ -200,6 +205,7 @@ def test_two_reuse_port_replicas_and_sigkill(
 def test_faults_latency_abort_stale_with_ttl(
     spawn: Spawner, tmp_path: Path, models: dict[str, Proc]
 ) -> None:
+    write_release_cache(tmp_path)
     router = start_router(spawn, tmp_path, [models["b0"].url], [models["c0"].url])
     admin = instance_url(router) + "/admin/faults"
     r = requests.post(admin, json={"kind": "latency", "ttl_s": 4, "ms": 600}, headers=ADMIN)
@@ -321,6 +327,7 @@ def test_sample_queue_drops_when_gate_unreachable(
 def test_metrics_by_variant_and_status(
     spawn: Spawner, tmp_path: Path, models: dict[str, Proc]
 ) -> None:
+    write_release_cache(tmp_path)
     router = start_router(spawn, tmp_path, [models["b0"].url], [models["c0"].url])
     for variant in ("baseline", "canary", "canary"):
         completion(router.url, headers={"x-canary-variant": variant}, stream=True)
@@ -336,7 +343,7 @@ def test_metrics_by_variant_and_status(
         "router_samples_dropped_total",
     ):
         assert name in text
-    assert health(router)["config"]["source"] == "none"
+    assert health(router)["config"]["source"] == "cache"
 
 
 def test_upstream_failures_reach_the_client_and_the_gate_as_errors(

@@ -5,6 +5,12 @@ with ``--instance-port``, on a second port unique to this replica, so a harness 
 this replica's ``/admin/faults``, ``/health`` and ``/metrics``. The ready file holds
 ``{"port", "pid", "instance_port"}`` once both listen.
 
+Misconfiguration fails loud, before the router listens (exit code 2, a message naming the
+flags): ``--gate`` or ``--broker`` without an admin token (its samples and heartbeats
+would be refused and the gate blind), and a ``--watch-timeout-s`` above the broker's
+``--max-watch-s`` (read from the broker's ``/health``; every watch would be refused and
+no trip ever applied). A broker that does not answer at start skips that check (logged).
+
 This module must never do work at import time.
 """
 
@@ -13,12 +19,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import sys
+import urllib.error
+import urllib.request
 from collections.abc import Sequence
 
 from aiohttp import web
 
-from canarystack.common import logs
-from canarystack.common.auth import load_admin_token
+from canarystack.common import logs, strictjson
+from canarystack.common.auth import ENV_VAR, load_admin_token
 from canarystack.common.buckets import DEFAULT_EDGES, parse_edges
 from canarystack.common.cli import (
     base_parser,
@@ -28,10 +37,20 @@ from canarystack.common.cli import (
     until_stopped,
     write_ready_file,
 )
-from canarystack.router.server import RouterSettings, build_app
+from canarystack.router.config import WATCH_ERROR_FAILSAFE_S
+from canarystack.router.server import DEFAULT_MAX_BODY_BYTES, RouterSettings, build_app
 from canarystack.router.shadow import ShadowSettings, parse_shadow_rates
 
 _DEFAULT_RATES = "0-512=0.05,512-1k=0.1,1k-2k=0.25,2k-4k=1,4k+=1"
+MIN_BODY_BYTES = 1024
+BROKER_HEALTH_TIMEOUT_S = 2.0
+PROG = "python -m canarystack.router"
+
+
+def _usage_error(msg: str) -> SystemExit:
+    """Exit code 2 (a usage error, as argparse's) with the message on stderr."""
+    print(f"{PROG}: error: {msg}", file=sys.stderr)
+    return SystemExit(2)
 
 
 def _urls(flag: str, text: str) -> list[str]:
@@ -90,6 +109,21 @@ def build_parser() -> argparse.ArgumentParser:
         "--sample-queue-size", type=int, default=10_000, help="bound on records for the gate"
     )
     p.add_argument("--gate-flush-s", type=float, default=0.2, help="batch interval to the gate")
+    p.add_argument(
+        "--max-body-bytes",
+        type=int,
+        default=DEFAULT_MAX_BODY_BYTES,
+        help="largest request body read, in bytes; larger ones get 413 (default %(default)s "
+        "= 4 MiB, about 128k tokens of prompt: size it from the model's max_model_len, "
+        "since a bigger body can only stall the event loop that parses it)",
+    )
+    p.add_argument(
+        "--watch-error-failsafe-s",
+        type=float,
+        default=WATCH_ERROR_FAILSAFE_S,
+        help="broker watch errors lasting longer than this put the router at 0%% canary "
+        "until a watch succeeds (default %(default)s)",
+    )
     return p
 
 
@@ -132,6 +166,13 @@ def settings_from_args(args: argparse.Namespace) -> RouterSettings:
         raise fail("--heartbeat-s and --watch-timeout-s must be > 0")
     if args.sample_queue_size < 1:
         raise fail("--sample-queue-size must be at least 1")
+    if args.max_body_bytes < MIN_BODY_BYTES:
+        raise fail(f"--max-body-bytes must be at least {MIN_BODY_BYTES}, got {args.max_body_bytes}")
+    if not 0 < args.watch_error_failsafe_s < float("inf"):
+        raise fail(
+            "--watch-error-failsafe-s must be a finite number of seconds > 0, "
+            f"got {args.watch_error_failsafe_s}"
+        )
     return RouterSettings(
         router_id=args.router_id or f"router-{os.getpid()}",
         release=args.release,
@@ -148,7 +189,62 @@ def settings_from_args(args: argparse.Namespace) -> RouterSettings:
         sample_queue_size=args.sample_queue_size,
         gate_flush_s=args.gate_flush_s,
         instance_port=args.instance_port,
+        max_body_bytes=args.max_body_bytes,
+        watch_error_failsafe_s=args.watch_error_failsafe_s,
     )
+
+
+def check_token(settings: RouterSettings, token: str | None) -> None:
+    """A router that talks to the gate or the broker needs the admin token."""
+    if token is not None:
+        return
+    peers = [
+        f for f, url in (("--gate", settings.gate_url), ("--broker", settings.broker_url)) if url
+    ]
+    if peers:
+        raise _usage_error(
+            f"{' and '.join(peers)} given but no admin token: its sample batches and "
+            "heartbeats would be refused (401) and the gate would see nothing. Start it "
+            f"with --admin-token-file FILE or {ENV_VAR} set (the stack's token is in its "
+            "state folder, file admin-token)."
+        )
+
+
+def check_watch_timeout(settings: RouterSettings) -> None:
+    """Refuse a --watch-timeout-s the broker would refuse (its /health max_watch_s)."""
+    if not settings.broker_url:
+        return
+    log = logs.get_logger("router")
+    url = settings.broker_url + "/health"
+    try:
+        with urllib.request.urlopen(url, timeout=BROKER_HEALTH_TIMEOUT_S) as resp:
+            health = strictjson.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        try:
+            health = strictjson.loads(exc.read())  # a degraded broker answers 503 + body
+        except ValueError:
+            health = None
+    except (OSError, ValueError) as exc:
+        log.warning(
+            "watch_timeout_check_skipped",
+            broker=settings.broker_url,
+            reason=f"broker /health unreadable: {type(exc).__name__}: {exc}",
+        )
+        return
+    max_watch = health.get("max_watch_s") if isinstance(health, dict) else None
+    if isinstance(max_watch, bool) or not isinstance(max_watch, int | float):
+        log.warning(
+            "watch_timeout_check_skipped",
+            broker=settings.broker_url,
+            reason="the broker's /health has no max_watch_s",
+        )
+        return
+    if settings.watch_timeout_s > max_watch:
+        raise _usage_error(
+            f"--watch-timeout-s {settings.watch_timeout_s:g} is larger than the broker's "
+            f"--max-watch-s {max_watch:g} ({url}): every watch would be refused and no trip "
+            f"applied. Start the router with --watch-timeout-s {max_watch:g} or less."
+        )
 
 
 async def _serve(app: web.Application, args: argparse.Namespace, settings: RouterSettings) -> None:
@@ -184,6 +280,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parse(build_parser(), argv)
     settings = settings_from_args(args)
     token = load_admin_token(args.admin_token_file)
+    check_token(settings, token)
+    check_watch_timeout(settings)
     app = build_app(settings, token, max_fault_ttl_s=args.max_fault_ttl_s)
     install_uvloop()
     asyncio.run(_serve(app, args, settings))

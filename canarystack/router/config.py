@@ -12,7 +12,10 @@
   canary gets traffic). The router starts with no config, i.e. at 0%, so a router that
   never served the canary reports its own start: an upper bound, never too early.
 - Broker errors are counted by kind and retried with a short, capped backoff; the router
-  keeps serving with the config it has.
+  keeps serving with the config it has — for at most ``failsafe_s``: watch errors that
+  persist longer put the router on a fail-safe snapshot (source ``"failsafe"``, 0% canary)
+  until a watch succeeds again. 401/403 answers are reported (``broker_auth``), never
+  taken for anything but a refused credential.
 - Effective canary weight: 0 with no config, no canary version, a quarantined canary, or
   phase ``tripped``/``rolling_back``/``rolled_back`` — whatever ``weights.canary`` says;
   else ``weights.canary``. ``tripped`` takes effect in the same watch round it arrives.
@@ -40,6 +43,7 @@ from canarystack.common.logs import get_logger
 
 FAIL_SAFE_PHASES = frozenset({"tripped", "rolling_back", "rolled_back"})
 START_TIMEOUT_S = 2.0
+WATCH_ERROR_FAILSAFE_S = 10.0
 WATCH_TIMEOUT_S = 10.0  # long-poll length we ask the broker for
 STALE_POLL_S = 0.5
 BACKOFF_MIN_S = 0.1
@@ -82,6 +86,30 @@ def effective_weight(release: dict[str, Any] | None) -> float:
     return float(min(100.0, max(0.0, w)))
 
 
+def canary_off_reason(release: dict[str, Any] | None, source: str = "broker") -> str | None:
+    """Why the canary is off whatever a pin asks (phase, quarantine, no config, fail-safe),
+    or None while an operator's weight (0 included) decides. Names the release phase."""
+    if source == "failsafe":
+        phase = release.get("phase") if release else None
+        return f"fail-safe: the broker has not answered the watch (last phase {phase})"
+    if not release:
+        return "no release config (phase unknown): the router has not seen the release"
+    phase = release.get("phase")
+    if phase in FAIL_SAFE_PHASES:
+        return f"phase {phase}"
+    canary = release.get("canary")
+    if not isinstance(canary, dict) or not canary.get("version"):
+        return f"no canary version in the release (phase {phase})"
+    if canary.get("quarantined"):
+        return f"canary version {canary.get('version')} is quarantined (phase {phase})"
+    return None
+
+
+def auth_status(status: int | None) -> str:
+    """``ok`` | ``unauthorized`` (401) | ``forbidden`` (403)."""
+    return {401: "unauthorized", 403: "forbidden"}.get(status or 0, "ok")
+
+
 @dataclass(frozen=True)
 class Snapshot:
     """The config one request sees."""
@@ -97,12 +125,14 @@ class Snapshot:
     # Epoch seconds of the apply that made the effective weight 0 (None while above 0);
     # ``of`` sets it to ``applied_at``, ``ConfigWatcher.apply`` carries an earlier one over.
     canary_off_since: float | None = None
+    # Why a pin to the canary is refused (``canary_off_reason``), None while pins may pass.
+    canary_off: str | None = None
 
     @classmethod
     def of(cls, release: dict[str, Any] | None, source: str) -> Snapshot:
         now = time.time()
         if release is None:
-            return cls(None, 0, None, 0.0, "none", None, None, now, now)
+            return cls(None, 0, None, 0.0, "none", None, None, now, now, canary_off_reason(None))
         stable = release.get("stable") if isinstance(release.get("stable"), dict) else {}
         canary = release.get("canary") if isinstance(release.get("canary"), dict) else {}
         rev = release.get("revision")
@@ -117,6 +147,20 @@ class Snapshot:
             canary_version=(canary or {}).get("version"),
             applied_at=now,
             canary_off_since=now if weight_pct == 0 else None,
+            canary_off=canary_off_reason(release, source),
+        )
+
+    def fail_safe(self) -> Snapshot:
+        """This snapshot at 0% canary, source ``"failsafe"`` (revision kept: nothing newer
+        was applied)."""
+        now = time.time()
+        return replace(
+            self,
+            weight_pct=0.0,
+            source="failsafe",
+            applied_at=now,
+            canary_off_since=self.canary_off_since if self.weight_pct == 0 else now,
+            canary_off=canary_off_reason(self.release, "failsafe"),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -129,6 +173,7 @@ class Snapshot:
             "canary_version": self.canary_version,
             "applied_at": self.applied_at,
             "canary_off_since": self.canary_off_since,
+            "canary_off": self.canary_off,
         }
 
 
@@ -175,6 +220,9 @@ class ConfigWatcher:
         on_error: Callable[[str], None] = lambda kind: None,
         on_heartbeat_error: Callable[[], None] = lambda: None,
         on_apply: Callable[[Snapshot], None] = lambda snap: None,
+        on_auth_error: Callable[[int], None] = lambda status: None,
+        failsafe_s: float = WATCH_ERROR_FAILSAFE_S,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.broker = broker
         self.release = release
@@ -186,9 +234,16 @@ class ConfigWatcher:
         self.on_error = on_error
         self.on_heartbeat_error = on_heartbeat_error
         self.on_apply = on_apply
+        self.on_auth_error = on_auth_error
+        self.failsafe_s = failsafe_s
+        self.clock = clock
         self.current = Snapshot.of(None, "none")
         self.last_seen_revision = 0
         self.watch_errors = 0
+        self.failing_since: float | None = None  # monotonic, first watch error in a row
+        # Per call ("watch", "heartbeat"): "ok" | "unauthorized" | "forbidden", last error.
+        self.auth: dict[str, str] = {"watch": "ok", "heartbeat": "ok"}
+        self.auth_error: str | None = None
         self._beat_now = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -230,10 +285,63 @@ class ConfigWatcher:
             return
         self.apply(release, "broker")
 
+    @property
+    def broker_auth(self) -> str:
+        """The worst credential answer of the last watch and heartbeat."""
+        for status in ("forbidden", "unauthorized"):
+            if status in self.auth.values():
+                return status
+        return "ok"
+
+    def _auth_result(self, call: str, exc: BaseException | None) -> None:
+        status = getattr(exc, "status", None) if exc is not None else None
+        result = auth_status(status if isinstance(status, int) else None)
+        if result != "ok":
+            assert isinstance(status, int)
+            self.on_auth_error(status)
+            error = f"{type(exc).__name__}: {exc}"
+            if self.auth[call] != result:
+                _log.error(
+                    "broker_auth_refused",
+                    call=call,
+                    status=status,
+                    error=error,
+                    effect="retried with backoff; check the router's admin token",
+                )
+            self.auth_error = error
+        elif self.auth[call] != "ok":
+            _log.info("broker_auth_recovered", call=call)
+        self.auth[call] = result
+
     def _error(self, kind: str, exc: BaseException) -> None:
         self.watch_errors += 1
         self.on_error(kind)
+        self._auth_result("watch", exc)
         _log.warning("broker_watch_error", kind=kind, error=f"{type(exc).__name__}: {exc}")
+        now = self.clock()
+        if self.failing_since is None:
+            self.failing_since = now
+        elif now - self.failing_since >= self.failsafe_s and self.current.source != "failsafe":
+            self.fail_safe(now - self.failing_since)
+
+    def _watch_ok(self) -> None:
+        self.failing_since = None
+        self._auth_result("watch", None)
+
+    def fail_safe(self, failing_s: float) -> None:
+        """0% canary until a watch succeeds again (the snapshot keeps its revision)."""
+        previous = self.current
+        snap = previous.fail_safe()
+        self.current = snap
+        self.on_apply(snap)
+        _log.error(
+            "config_failsafe",
+            release=self.release,
+            revision=snap.revision,
+            failing_s=round(failing_s, 3),
+            effect="0% canary until a broker watch succeeds",
+        )
+        self._beat_now.set()
 
     # -- lifecycle ------------------------------------------------------------------
     async def start(self) -> None:
@@ -245,6 +353,7 @@ class ConfigWatcher:
                     self.broker.get_release(self.release), START_TIMEOUT_S
                 )
                 self._offer(release)
+                self._watch_ok()
                 got = True
             except Exception as exc:
                 self._error(_kind(exc), exc)
@@ -284,10 +393,17 @@ class ConfigWatcher:
                 timeout_s = (
                     min(self.watch_timeout_s, STALE_POLL_S) if stale else self.watch_timeout_s
                 )
-                release = await asyncio.wait_for(
-                    self.broker.watch(self.release, after, timeout_s), timeout_s + 5.0
-                )
+                if self.current.source == "failsafe":
+                    # Leave fail-safe on the first answer, not at the end of a long poll.
+                    release = await asyncio.wait_for(
+                        self.broker.get_release(self.release), START_TIMEOUT_S + 5.0
+                    )
+                else:
+                    release = await asyncio.wait_for(
+                        self.broker.watch(self.release, after, timeout_s), timeout_s + 5.0
+                    )
                 self._offer(release)
+                self._watch_ok()
                 backoff = BACKOFF_MIN_S
             except asyncio.CancelledError:
                 raise
@@ -320,10 +436,12 @@ class ConfigWatcher:
                 if failing:
                     _log.info("broker_heartbeat_recovered")
                 failing = False
+                self._auth_result("heartbeat", None)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
                 self.on_heartbeat_error()
+                self._auth_result("heartbeat", exc)
                 if not failing:
                     _log.warning("broker_heartbeat_failed", error=f"{type(exc).__name__}: {exc}")
                 failing = True

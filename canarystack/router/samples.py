@@ -2,15 +2,19 @@
 
 Comparisons (shadow.py) and per-request outcomes are put on a bounded in-memory queue;
 one background task sends them in batches to ``POST {gate}/v1/samples`` (admin token)
-as ``{"router_id", "release", "comparisons": [...], "outcomes": [...], "dropped": N}``
-(docs/ARCHITECTURE.md §3), where ``dropped`` counts records dropped since the last batch
-the gate accepted.
+as ``{"router_id", "release", "batch_id", "comparisons": [...], "outcomes": [...],
+"dropped": N}`` (docs/ARCHITECTURE.md §3), where ``dropped`` counts records dropped since
+the last batch the gate accepted and ``batch_id`` is fresh per batch and the *same* when
+that batch is resent, so the gate can count a retried batch once.
 
 A full queue drops the new record and counts it. A failed push (no connection, timeout,
 5xx) keeps its batch and tries again after a short backoff, while new records keep
 filling (and, if the gate stays away, overflowing) the bounded queue, so memory stays
-bounded. A 4xx answer means the batch itself is bad (docs/ARCHITECTURE.md §4): it is
-logged, counted and dropped, never resent.
+bounded. 401/403 mean the gate refused the router's credential, not the batch: the batch
+is kept and retried the same way, and the refusal is reported (``auth``, a metric, a log
+line) — a router whose samples cannot reach the gate must never look fine. Any other 4xx
+means the batch itself is bad (docs/ARCHITECTURE.md §4): it is logged, counted and
+dropped, never resent. Batches are written with ``strictjson`` (no ``NaN`` ever leaves).
 
 This module must never block or slow a user request: ``put`` is O(1) and never awaits.
 """
@@ -20,12 +24,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+import uuid
 from collections import deque
 from collections.abc import Callable
 from typing import Any
 
 import aiohttp
 
+from canarystack.common import strictjson
 from canarystack.common.logs import get_logger
 
 FLUSH_INTERVAL_S = 0.2
@@ -84,6 +90,8 @@ class GatePusher:
         release: str,
         admin_token: str | None,
         on_push: Callable[[str], None] | None = None,
+        on_auth_error: Callable[[int], None] | None = None,
+        on_drop: Callable[[str], None] | None = None,
         flush_interval_s: float = FLUSH_INTERVAL_S,
     ) -> None:
         self.session = session
@@ -95,10 +103,15 @@ class GatePusher:
         if admin_token:
             self.headers["Authorization"] = f"Bearer {admin_token}"
         self.on_push = on_push or (lambda result: None)
+        self.on_auth_error = on_auth_error or (lambda status: None)
+        self.on_drop = on_drop or (lambda kind: None)
         self.flush_interval_s = flush_interval_s
         self.pending: list[tuple[str, dict[str, Any]]] = []
+        self.pending_id = ""
         self.pending_dropped = 0
         self.last_error: str | None = None
+        self.auth = "ok"  # "ok" | "unauthorized" | "forbidden": the gate's last answer
+        self.auth_error: str | None = None
         self.pushed_batches = 0
         self._task: asyncio.Task[None] | None = None
 
@@ -130,7 +143,8 @@ class GatePusher:
     async def push_once(self) -> bool:
         """Send the pending batch (refilled from the queue); True on success or nothing to do."""
         if not self.pending:
-            self.pending = self.queue.take(MAX_BATCH)
+            self.pending = self._finite(self.queue.take(MAX_BATCH))
+            self.pending_id = uuid.uuid4().hex
             self.pending_dropped = self.queue.dropped_unreported
             self.queue.dropped_unreported = 0
         if not self.pending and not self.pending_dropped:
@@ -140,6 +154,7 @@ class GatePusher:
         body = {
             "router_id": self.router_id,
             "release": self.release,
+            "batch_id": self.pending_id,
             "comparisons": comparisons,
             "outcomes": outcomes,
             "dropped": self.pending_dropped,
@@ -147,11 +162,14 @@ class GatePusher:
         try:
             async with self.session.post(
                 self.url,
-                json=body,
+                data=strictjson.dumps_bytes(body),
                 headers=self.headers,
                 timeout=aiohttp.ClientTimeout(total=PUSH_TIMEOUT_S),
             ) as resp:
                 text = await resp.text()
+                if resp.status in (401, 403):
+                    self._refused(resp.status, text)
+                    return False
                 if 400 <= resp.status < 500:
                     _log.error(
                         "gate_rejected_batch",
@@ -177,11 +195,52 @@ class GatePusher:
         if self.last_error is not None:
             _log.info("gate_push_recovered", url=self.url)
         self.last_error = None
+        self.auth = "ok"
         self.pending = []
         self.pending_dropped = 0
         self.pushed_batches += 1
         self.on_push("ok")
         return True
+
+    def _finite(self, items: list[tuple[str, dict[str, Any]]]) -> list[tuple[str, dict[str, Any]]]:
+        """Drop (and count) any record strict JSON cannot write: it must never stall the
+        whole queue, and a non-finite value must never reach the gate."""
+        try:
+            strictjson.dumps([r for _, r in items])
+            return items
+        except ValueError:
+            pass
+        kept: list[tuple[str, dict[str, Any]]] = []
+        for kind, record in items:
+            try:
+                strictjson.dumps(record)
+            except ValueError:
+                _log.error("sample_not_finite", kind=kind, record=repr(record)[:300])
+                self.queue.dropped_total += 1
+                self.queue.dropped_unreported += 1
+                self.on_drop(kind)
+                continue
+            kept.append((kind, record))
+        return kept
+
+    def _refused(self, status: int, text: str) -> None:
+        """401/403: the gate refused the credential. Keep the batch; report; retry."""
+        auth = "unauthorized" if status == 401 else "forbidden"
+        error = f"gate answered {status}: {text[:200]}"
+        if auth != self.auth:
+            _log.error(
+                "gate_auth_refused",
+                url=self.url,
+                status=status,
+                answer=text[:300],
+                batch=len(self.pending),
+                effect="batch kept and retried; check the router's admin token",
+            )
+        self.auth = auth
+        self.auth_error = error
+        self.last_error = error
+        self.on_auth_error(status)
+        self.on_push("auth_error")
 
 
 def outcome_record(

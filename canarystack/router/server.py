@@ -27,8 +27,23 @@ A stream that breaks after the headers were sent cannot change its status: the r
 closes the client connection without the terminating chunk, so the client sees a broken
 stream, not a short but "complete" one.
 
-This module must never buffer a stream, parse an unsampled stream's events, or let shadow
-work, the gate or the broker delay or fail a user's request.
+Pins and evidence. Any client can send ``x-canary-variant``, so a pinned request is never
+gate evidence: it gets no outcome record and no shadow comparison. A pin to a canary
+that is off because of the release phase (tripped, rolling back, rolled back), a
+quarantined canary, no config or the fail-safe is answered 409 ``canary_off`` naming the
+phase and never reaches the canary (a pin to a canary an operator holds at weight 0 still
+passes: the oracle probes it before the ramp). A failure caused by the request is never
+canary evidence either: a 4xx is not an outcome, and when a baseline-canary shadow pair
+ran and both variants failed on the same input, the user's error outcome is not pushed.
+
+Hostile input. The body is read up to ``--max-body-bytes`` (413 naming the limit beyond)
+and parsed with ``canarystack.common.strictjson`` (400 naming what was wrong: ``NaN``, an
+integer of 5000 digits, nesting 100k deep, a lone surrogate, ``1e400``); header values the
+router forwards or echoes must be printable ASCII (400 naming the header).
+
+This module must never buffer a stream, parse an unsampled stream's events, let shadow
+work, the gate or the broker delay or fail a user's request, send a pinned request to a
+canary that is off, or answer a client's input with a 5xx.
 """
 
 from __future__ import annotations
@@ -36,7 +51,6 @@ from __future__ import annotations
 import asyncio
 import bisect
 import contextlib
-import json
 import random
 import secrets
 import time
@@ -52,12 +66,23 @@ from prometheus_client import Counter, Gauge, Histogram
 from pydantic import Field
 
 from canarystack.broker.client import BrokerClient
+from canarystack.common import strictjson
 from canarystack.common.app import COMPONENT, Component, create_app
 from canarystack.common.buckets import DEFAULT_EDGES, bucket_labels
-from canarystack.common.errors import ApiError, BadRequest, Unavailable, error_response
+from canarystack.common.errors import (
+    ApiError,
+    BadRequest,
+    Conflict,
+    PayloadTooLarge,
+    Unavailable,
+    error_response,
+    read_body,
+    read_json_object,
+)
 from canarystack.common.faults import FaultParams, FaultRegistry, NoParams
 from canarystack.common.logs import JsonLogger, get_logger
-from canarystack.router.config import ConfigWatcher, Snapshot
+from canarystack.router.api_spec import install as install_api_spec
+from canarystack.router.config import WATCH_ERROR_FAILSAFE_S, ConfigWatcher, Snapshot
 from canarystack.router.proxy import HOP_BY_HOP, Pool, Upstream
 from canarystack.router.routing import (
     PIN_HEADER,
@@ -76,7 +101,7 @@ from canarystack.router.shadow import (
     ShadowSettings,
     ShadowStats,
     SideResult,
-    build_comparison,
+    comparison_result,
     fetch_side,
     is_greedy,
     shadow_body,
@@ -109,6 +134,21 @@ TTFT_BUCKETS_S = (
     30.0,
 )
 PROXIED_PATHS = ("/v1/completions", "/v1/chat/completions")
+# 4 MiB: about 128k tokens of English prompt (~4 bytes per token, ~8 for chat JSON), more
+# than the simulator's and most engines' max_model_len; beyond it a body can only stall
+# the event loop that parses it.
+DEFAULT_MAX_BODY_BYTES = 4 * 1024**2
+# Client headers the router forwards upstream or echoes back: printable ASCII only.
+CHECKED_HEADERS = (
+    "x-request-id",
+    "traceparent",
+    "tracestate",
+    "x-traffic-tag",
+    "authorization",
+    "x-user-id",
+    PIN_HEADER,
+)
+MAX_HEADER_CHARS = 4096
 
 
 # ------------------------------------------------------------------------- faults
@@ -149,6 +189,8 @@ class RouterSettings:
     sample_queue_size: int = 10_000
     gate_flush_s: float = 0.2
     instance_port: int | None = None
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    watch_error_failsafe_s: float = WATCH_ERROR_FAILSAFE_S
 
 
 # ------------------------------------------------------------------------- metrics
@@ -230,6 +272,22 @@ class RouterMetrics:
         self.sample_queue_len = Gauge(
             "router_sample_queue_length", "Records waiting for the gate", registry=reg
         )
+        self.auth_errors = Counter(
+            "router_auth_errors_total",
+            "Calls the gate or the broker refused with 401/403, by peer and status",
+            ["peer", "status"],
+            registry=reg,
+        )
+        self.canary_off_pins = Counter(
+            "router_canary_off_pins_total",
+            "Requests pinned to a canary that is off, answered 409 canary_off",
+            registry=reg,
+        )
+        self.both_failed = Counter(
+            "router_both_failed_total",
+            "Error outcomes not pushed because both variants failed on the same input",
+            registry=reg,
+        )
         # Pre-bound children for the hot path (labels() is a dict lookup plus a lock).
         self._req: dict[tuple[str, int], Any] = {}
         self._ttft = {v: self.ttft.labels(variant=v) for v in ("baseline", "canary")}
@@ -281,6 +339,9 @@ class RequestContext:
     upstream_ttft_s: float | None = None  # from send, for the gate
     error: str | None = None
     shadow_pairs: list[str] = field(default_factory=list)
+    # Set when a baseline-canary comparison runs: resolves True when the other variant
+    # also failed on this input (the error outcome is then not pushed), else False.
+    both_failed: asyncio.Future[bool] | None = None
 
 
 class RouterState:
@@ -323,6 +384,10 @@ class RouterState:
             on_error=lambda kind: self.metrics.watch_errors.labels(kind=kind).inc(),
             on_heartbeat_error=self.metrics.heartbeat_errors.inc,
             on_apply=self.metrics.on_apply,
+            on_auth_error=lambda status: self.metrics.auth_errors.labels(
+                peer="broker", status=str(status)
+            ).inc(),
+            failsafe_s=settings.watch_error_failsafe_s,
         )
         self.rng = random.Random()
         # Same labels as canarystack.common.buckets.bucket_of, computed once.
@@ -344,6 +409,14 @@ class RouterState:
             "pools": {v: p.to_json() for v, p in self.pools.items()},
             "instance_port": self.settings.instance_port,
         }
+        if self.settings.broker_url:
+            out["broker_auth"] = self.config.broker_auth
+            out["broker_auth_error"] = (
+                self.config.auth_error if self.config.broker_auth != "ok" else None
+            )
+        if self.pusher is not None:
+            out["gate_auth"] = self.pusher.auth
+            out["gate_auth_error"] = self.pusher.auth_error if self.pusher.auth != "ok" else None
         if self.shadow is not None:
             out["shadow_inflight"] = self.shadow.inflight
         if self.queue is not None:
@@ -449,13 +522,17 @@ async def handle_proxy(request: web.Request) -> web.StreamResponse:
     st = request.app[STATE]
     t0 = time.perf_counter()
     h = request.headers
+    bad_header = _bad_header(h)
+    ok = bad_header is None
     ctx = RequestContext(
-        request_id=h.get("x-request-id") or uuid.uuid4().hex,
-        traceparent=h.get("traceparent") or make_traceparent(),
-        traffic_tag=h.get("x-traffic-tag"),
+        request_id=(h.get("x-request-id") if ok else None) or uuid.uuid4().hex,
+        traceparent=(h.get("traceparent") if ok else None) or make_traceparent(),
+        traffic_tag=h.get("x-traffic-tag") if ok else None,
         t0=t0,
     )
     try:
+        if bad_header is not None:
+            raise bad_header
         return await _proxy(request, st, ctx)
     except ApiError as err:
         ctx.status = err.status
@@ -467,6 +544,53 @@ async def handle_proxy(request: web.Request) -> web.StreamResponse:
         return resp
     finally:
         _finish(st, ctx)
+
+
+def _bad_header(headers: Any) -> BadRequest | None:
+    """A 400 for the first checked header that is not printable ASCII, else None."""
+    for name in CHECKED_HEADERS:
+        for value in headers.getall(name, ()):
+            if len(value) > MAX_HEADER_CHARS:
+                return BadRequest(
+                    f"Header {name}: {len(value)} characters is too long (at most "
+                    f"{MAX_HEADER_CHARS}); send a shorter value.",
+                    param=name,
+                )
+            if not (value.isascii() and value.isprintable()):
+                return BadRequest(
+                    f"Header {name}: the value is not printable ASCII (undecodable or "
+                    "control characters); send printable ASCII only.",
+                    param=name,
+                )
+    return None
+
+
+async def _read_body(request: web.Request, limit: int) -> tuple[bytes, dict[str, Any]]:
+    """The request body (bytes, strict JSON object) through the shared strict reader:
+    413 above ``limit`` bytes (``--max-body-bytes``), 400 naming what is wrong otherwise;
+    a big body is parsed off the event loop."""
+    try:
+        body = await read_json_object(request, max_bytes=limit)
+    except PayloadTooLarge as err:
+        raise PayloadTooLarge(
+            f"{err.message} (this router's --max-body-bytes)", code=err.code
+        ) from None
+    return await read_body(request, max_bytes=limit), body
+
+
+def _refuse_off_canary(st: RouterState, snap: Snapshot) -> None:
+    """409 ``canary_off`` for a pin to a canary that is off (module docstring)."""
+    if snap.canary_off is None:
+        return
+    st.metrics.canary_off_pins.inc()
+    raise Conflict(
+        f"The canary of release {st.settings.release!r} is off ({snap.canary_off}); a "
+        f"request pinned with {PIN_HEADER}: canary is not sent to it. Pin 'baseline' or "
+        "leave the header out.",
+        param=PIN_HEADER,
+        code="canary_off",
+        extra={"phase": snap.phase, "reason": snap.canary_off},
+    )
 
 
 async def _proxy(request: web.Request, st: RouterState, ctx: RequestContext) -> web.StreamResponse:
@@ -483,17 +607,12 @@ async def _proxy(request: web.Request, st: RouterState, ctx: RequestContext) -> 
         )
 
     h = request.headers
-    raw = await request.read()
-    if not raw:
-        raise BadRequest("Request body is empty: send a JSON object.")
-    try:
-        body = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise BadRequest(f"Request body is not valid JSON: {exc}") from None
-    if not isinstance(body, dict):
-        raise BadRequest(f"Request body must be a JSON object, got {type(body).__name__}.")
-
     pin = parse_pin(h.get(PIN_HEADER))
+    if pin is not None:
+        ctx.pinned = True
+    # What goes upstream is exactly the bytes strict JSON accepted.
+    raw, body = await _read_body(request, st.settings.max_body_bytes)
+
     settings = st.settings
     snap = st.config.current
     ctx.prompt_tokens = prompt_tokens_of(body)
@@ -502,7 +621,8 @@ async def _proxy(request: web.Request, st: RouterState, ctx: RequestContext) -> 
     canary_live = snap.weight_pct > 0 and len(st.pools["canary"]) > 0
     if pin is not None:
         variant: Variant = pin
-        ctx.pinned = True
+        if pin == "canary":
+            _refuse_off_canary(st, snap)
     else:
         variant = choose_variant(
             release=settings.release,
@@ -530,7 +650,7 @@ async def _proxy(request: web.Request, st: RouterState, ctx: RequestContext) -> 
     collector: Collector | None = None
     primary_done: asyncio.Future[SideResult] | None = None
     candidates: list[Upstream] | None = None
-    if st.shadow is not None and shadow_safe(body, chat):
+    if st.shadow is not None and not ctx.pinned and shadow_safe(body, chat):
         ctx.shadow_pairs = st.shadow.plan(
             ctx.bucket, variant, canary_live, len(st.pools["baseline"])
         )
@@ -540,13 +660,15 @@ async def _proxy(request: web.Request, st: RouterState, ctx: RequestContext) -> 
         user_k = user_logprobs_k(body, chat)
         k = max(user_k or 0, shadow_settings.topk)
         lp = LogprobRequest(chat=chat, k=k, user_k=user_k)
-        payload = json.dumps(with_logprobs(body, chat, k), separators=(",", ":")).encode()
+        payload = strictjson.dumps_bytes(with_logprobs(body, chat, k))
         up_headers["accept-encoding"] = "identity"
         collector = Collector(lp, shadow_settings.max_tokens, time.perf_counter)
         primary_done = asyncio.get_running_loop().create_future()
         candidates = st.pools[variant].candidates()
         greedy = is_greedy(body)
         sbody = shadow_body(body, chat, k, shadow_settings.max_tokens if greedy else 1)
+        if "baseline-canary" in ctx.shadow_pairs:
+            ctx.both_failed = asyncio.get_running_loop().create_future()
         for pair in ctx.shadow_pairs:
             target: Variant
             if pair == "baseline-canary":
@@ -600,11 +722,17 @@ async def _proxy(request: web.Request, st: RouterState, ctx: RequestContext) -> 
         except BaseException:
             attempt.resp.close()  # never leave a half-read upstream connection in the pool
             raise
+        primary.error = ctx.error
         if collector is not None and ctx.error is None:
             primary.positions = collector.positions
+            primary.invalid = collector.broken
             if collector.first_content_t is not None:
                 primary.ttft_s = collector.first_content_t - t_send
-        primary.error = ctx.error
+            if collector.invalid is not None:
+                # The engine answered 200 with a broken body: an error of that variant
+                # for the gate (the comparison still sees the side as answered, invalid).
+                ctx.error = "bad_output"
+                st.metrics.upstream_errors.labels(variant=ctx.variant, kind="bad_output").inc()
         return resp
     finally:
         if primary_done is not None and not primary_done.done():
@@ -727,6 +855,42 @@ async def _run_comparison(
     ctx: RequestContext,
 ) -> None:
     """One shadow copy and its comparison. Runs detached; every failure is counted."""
+    both_failed = ctx.both_failed if pair == "baseline-canary" else None
+    try:
+        await _compare(
+            st,
+            pair=pair,
+            target=target,
+            exclude=exclude,
+            url_path=url_path,
+            body=body,
+            headers=headers,
+            primary=primary,
+            primary_is_a=primary_is_a,
+            greedy=greedy,
+            ctx=ctx,
+            both_failed=both_failed,
+        )
+    finally:
+        if both_failed is not None and not both_failed.done():
+            both_failed.set_result(False)
+
+
+async def _compare(
+    st: RouterState,
+    *,
+    pair: str,
+    target: Variant,
+    exclude: str | None,
+    url_path: str,
+    body: dict[str, Any],
+    headers: dict[str, str],
+    primary: asyncio.Future[SideResult],
+    primary_is_a: bool,
+    greedy: bool,
+    ctx: RequestContext,
+    both_failed: asyncio.Future[bool] | None,
+) -> None:
     assert st.shadow is not None
     stats = st.shadow.stats
     pool = st.pools[target]
@@ -745,11 +909,18 @@ async def _run_comparison(
     except TimeoutError:
         stats.on_request(pair, "primary_timeout")
         return
+    if both_failed is not None and not both_failed.done():
+        # Both variants failed on the same input (a refused connection says nothing about
+        # the input): the input's fault, not the canary's.
+        both_failed.set_result(
+            main.error not in (None, "client_abort", "connect")
+            and side.error not in (None, "connect")
+        )
     if side.error is not None:
         stats.on_request(pair, "error")
         st.log.debug("shadow_failed", request_id=ctx.request_id, pair=pair, error=side.error)
         return
-    if main.error is not None:
+    if main.error is not None and main.error != "bad_output":
         stats.on_request(pair, "primary_failed")
         return
     if ctx.fallback:
@@ -758,7 +929,7 @@ async def _run_comparison(
         return
     a, b = (main, side) if primary_is_a else (side, main)
     assert ctx.bucket is not None
-    record = build_comparison(
+    result, record = comparison_result(
         pair=pair,
         a=a,
         b=b,
@@ -767,10 +938,22 @@ async def _run_comparison(
         prompt_tokens=ctx.prompt_tokens,
         request_id=ctx.request_id,
     )
+    stats.on_request(pair, result)
     if record is None:
-        stats.on_request(pair, "not_comparable")
+        if result != "not_comparable":
+            st.log.warning(
+                "shadow_side_invalid",
+                request_id=ctx.request_id,
+                pair=pair,
+                result=result,
+                a=a.invalid,
+                b=b.invalid,
+            )
         return
-    stats.on_request(pair, "ok")
+    if result != "ok":
+        st.log.warning(
+            "shadow_canary_invalid", request_id=ctx.request_id, reason=record.get("invalid")
+        )
     stats.on_comparison(pair, ctx.bucket)
     st.push("comparison", record)
 
@@ -803,25 +986,43 @@ def _finish(st: RouterState, ctx: RequestContext) -> None:
         config_revision=st.config.current.revision,
     )
     # Only the models' behaviour goes to the gate: a client's own mistake (4xx), a client
-    # that hung up, or the router's injected abort say nothing about baseline vs canary.
+    # that hung up, the router's injected abort, or a pinned request (any client can pin)
+    # say nothing about baseline vs canary.
     if (
-        st.queue is not None
-        and ctx.variant is not None
-        and ctx.bucket is not None
-        and ctx.error not in ("client_abort", "router_abort")
-        and not (400 <= ctx.status < 500)
+        st.queue is None
+        or ctx.pinned
+        or ctx.variant is None
+        or ctx.bucket is None
+        or ctx.error in ("client_abort", "router_abort")
+        or 400 <= ctx.status < 500
     ):
-        st.push(
-            "outcome",
-            outcome_record(
-                variant=ctx.variant,
-                bucket=ctx.bucket,
-                prompt_tokens=ctx.prompt_tokens,
-                ttft_s=ctx.upstream_ttft_s,
-                error=ctx.error,
-                request_id=ctx.request_id,
-            ),
-        )
+        return
+    record = outcome_record(
+        variant=ctx.variant,
+        bucket=ctx.bucket,
+        prompt_tokens=ctx.prompt_tokens,
+        ttft_s=ctx.upstream_ttft_s,
+        error=ctx.error,
+        request_id=ctx.request_id,
+    )
+    hold = ctx.both_failed
+    if ctx.error is None or hold is None:
+        st.push("outcome", record)
+        return
+
+    def decide(fut: asyncio.Future[bool]) -> None:
+        if not fut.cancelled() and fut.result():
+            st.metrics.both_failed.inc()
+            st.log.info("outcome_not_pushed", request_id=ctx.request_id, reason="both_failed")
+            return
+        st.push("outcome", record)
+
+    # The error outcome waits for the shadow copy to say whether the other variant failed
+    # on this input too (the comparison task always resolves it).
+    if hold.done():
+        decide(hold)
+    else:
+        hold.add_done_callback(decide)
 
 
 async def handle_models(request: web.Request) -> web.StreamResponse:
@@ -877,6 +1078,10 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
             release=settings.release,
             admin_token=token,
             on_push=lambda result: st.metrics.gate_pushes.labels(result=result).inc(),
+            on_auth_error=lambda status: st.metrics.auth_errors.labels(
+                peer="gate", status=str(status)
+            ).inc(),
+            on_drop=lambda kind: st.metrics.samples_dropped.labels(kind=kind).inc(),
             flush_interval_s=settings.gate_flush_s,
         )
         st.pusher.start()
@@ -905,11 +1110,12 @@ def build_app(
     )
     state = RouterState(settings, comp)
     comp.health_extra = state.health
-    app = create_app(comp)
+    app = create_app(comp, client_max_size=settings.max_body_bytes)
     app[STATE] = state
     for path in PROXIED_PATHS:
         app.router.add_post(path, handle_proxy)
     app.router.add_get("/v1/models", handle_models)
+    install_api_spec(app)
     app.cleanup_ctx.append(_lifecycle)
     assert app[COMPONENT] is comp
     return app

@@ -32,9 +32,20 @@ side ranks high but X does not list at all costs a lot. Per comparison we report
 KL over compared positions, the KL at position 0, the share of positions whose top-1
 tokens agree, both TTFTs (send to first content event), the bucket and the versions.
 
+A broken engine is evidence, never silence. Upstream JSON is read with
+``canarystack.common.strictjson`` (``NaN``/``Infinity`` tokens are seen, not accepted). A
+side whose answer is broken — a non-finite logprob, a missing or malformed ``logprobs``
+object, an empty top list, an event that is not JSON, a ``text``/``delta.content`` that is
+not a string — is *invalid* (``SideResult.invalid`` says why). In a baseline-canary pair
+an invalid canary side is a comparison of maximal divergence (``KL_MAX_NATS``, top-1
+disagreement, ``"invalid": <reason>`` in the record); an invalid baseline side says
+nothing about the canary and is dropped (counted). In a baseline-baseline pair an invalid
+side is dropped (counted), so the noise floor never sees an infinite value.
+
 Shadow work must never delay or break the user's response: copies run as fire-and-forget
 tasks, every error is counted and swallowed, and the comparison waits for the user's
-stream to finish rather than the other way round.
+stream to finish rather than the other way round. A record sent to the gate must never
+hold a non-finite number.
 """
 
 from __future__ import annotations
@@ -52,9 +63,23 @@ from typing import Any
 
 import aiohttp
 
+from canarystack.common import strictjson
 from canarystack.common.buckets import bucket_labels
 
 FLOOR_EPS = 1e-6
+# Maximal divergence: what a comparison against a broken canary side counts as. The gate
+# clips each comparison's KL at its --drift-kl-clip (default 1.0 nats), so this is the
+# largest value the gate's drift test can use.
+KL_MAX_NATS = 1.0
+# A logprob above this is not a log-probability (rounding may give a hair above 0).
+LOGPROB_MAX = 1e-3
+
+# Why a side is invalid (SideResult.invalid, the record's "invalid").
+NON_FINITE = "non_finite_logprobs"
+MALFORMED = "malformed_logprobs"
+MISSING = "missing_logprobs"
+BAD_JSON = "bad_json"
+BAD_TEXT = "bad_text"
 DEFAULT_TOPK = 5
 # Default sampling rates by bucket label (the default edges); other labels get
 # DEFAULT_OTHER_RATE unless given on the command line.
@@ -82,9 +107,14 @@ def kl_topk(
     """KL(P || Q) in nats over the union of two top-k lists (token -> logprob).
 
     See the module docstring for the formula (floor for missing tokens, renormalised).
+    A non-finite logprob on either side, or a result that is not finite, is maximal
+    divergence (``KL_MAX_NATS``): never 0, never an exception.
     """
     if not p_top or not q_top:
         raise ValueError("kl_topk needs two non-empty top-k lists")
+    values = (*p_top.values(), *q_top.values())
+    if not all(isinstance(v, int | float) and math.isfinite(v) for v in values):
+        return KL_MAX_NATS
     p_probs = {t: math.exp(lp) for t, lp in p_top.items()}
     q_probs = {t: math.exp(lp) for t, lp in q_top.items()}
     p_floor = max(eps, min(min(p_probs.values()), 1.0 - sum(p_probs.values())))
@@ -97,7 +127,14 @@ def kl_topk(
     kl = 0.0
     for pv, qv in zip(p_vals, q_vals, strict=True):
         pn = pv / p_sum
-        kl += pn * math.log(pn / (qv / q_sum))
+        if pn <= 0.0:
+            continue  # 0 * log(0 / q) is 0
+        qn = qv / q_sum
+        if qn <= 0.0:
+            return KL_MAX_NATS  # P lists a token Q gives probability 0: unbounded
+        kl += pn * math.log(pn / qn)
+    if not math.isfinite(kl):
+        return KL_MAX_NATS
     return max(0.0, kl)
 
 
@@ -106,10 +143,17 @@ def top1(top: Mapping[str, float]) -> str:
     return max(top.items(), key=lambda kv: (kv[1], kv[0]))[0]
 
 
+def _rank(v: Any) -> float:
+    """Sort key for a logprob that may be malformed (what is not a finite number sorts last)."""
+    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+        return math.inf
+    return -float(v)
+
+
 def truncate_top(top: Mapping[str, float], k: int) -> dict[str, float]:
     if len(top) <= k:
         return dict(top)
-    return dict(sorted(top.items(), key=lambda kv: (-kv[1], kv[0]))[:k])
+    return dict(sorted(top.items(), key=lambda kv: (_rank(kv[1]), str(kv[0])))[:k])
 
 
 @dataclass
@@ -146,35 +190,75 @@ def compare_positions(a: list[Position], b: list[Position], greedy: bool) -> lis
 # --------------------------------------------------------------- response shapes
 
 
-def positions_from_logprobs(lp: Any) -> list[Position]:
-    """Positions from one choice's ``logprobs`` object, OpenAI chat or completions shape."""
+def _logprob_ok(v: Any) -> str | None:
+    """None when ``v`` is a usable logprob, else why not."""
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        return MALFORMED
+    if not math.isfinite(v):
+        return NON_FINITE
+    if v > LOGPROB_MAX:
+        return MALFORMED
+    return None
+
+
+def parse_positions(lp: Any) -> tuple[list[Position], str | None]:
+    """Positions from one choice's ``logprobs`` object (OpenAI chat or completions shape)
+    and, when it is broken, why (``NON_FINITE`` or ``MALFORMED``). ``None`` (no logprobs)
+    gives no positions and no reason: the caller knows whether logprobs were due."""
+    if lp is None:
+        return [], None
     if not isinstance(lp, dict):
-        return []
+        return [], MALFORMED
     out: list[Position] = []
     content = lp.get("content")
     if isinstance(content, list):  # chat: [{"token", "logprob", "top_logprobs": [...]}]
         for item in content:
             if not isinstance(item, dict):
-                continue
+                return out, MALFORMED
+            alts = item.get("top_logprobs")
+            if not isinstance(alts, list) or not alts:
+                return out, MALFORMED
             top: dict[str, float] = {}
-            for alt in item.get("top_logprobs") or ():
-                if isinstance(alt, dict) and isinstance(alt.get("logprob"), int | float):
-                    top[str(alt.get("token"))] = float(alt["logprob"])
+            for alt in alts:
+                if not isinstance(alt, dict) or not isinstance(alt.get("token"), str):
+                    return out, MALFORMED
+                why = _logprob_ok(alt.get("logprob"))
+                if why is not None:
+                    return out, why
+                top[alt["token"]] = float(alt["logprob"])
+            if "logprob" in item and (why := _logprob_ok(item["logprob"])) is not None:
+                return out, why
             tok = item.get("token")
             out.append(Position(tok if isinstance(tok, str) else None, top))
-        return out
+        return out, None
     tops = lp.get("top_logprobs")
     if isinstance(tops, list):  # completions: tokens[], top_logprobs[{token: logprob}]
         tokens = lp.get("tokens") or []
+        if not isinstance(tokens, list):
+            return out, MALFORMED
+        for v in lp.get("token_logprobs") or ():
+            if v is not None and (why := _logprob_ok(v)) is not None:
+                return out, why
         for i, t in enumerate(tops):
-            top = (
-                {str(k): float(v) for k, v in t.items() if isinstance(v, int | float)}
-                if isinstance(t, dict)
-                else {}
-            )
+            if not isinstance(t, dict) or not t:
+                return out, MALFORMED
+            top = {}
+            for k, v in t.items():
+                why = _logprob_ok(v)
+                if why is not None:
+                    return out, why
+                top[str(k)] = float(v)
             tok = tokens[i] if i < len(tokens) and isinstance(tokens[i], str) else None
             out.append(Position(tok, top))
-    return out
+        return out, None
+    if content is None and tops is None:
+        return out, None  # an empty logprobs object (no token in this event)
+    return out, MALFORMED
+
+
+def positions_from_logprobs(lp: Any) -> list[Position]:
+    """The positions ``parse_positions`` could read (up to the first broken one)."""
+    return parse_positions(lp)[0]
 
 
 def _trim_logprobs(lp: Any, keep_k: int | None) -> Any:
@@ -189,7 +273,7 @@ def _trim_logprobs(lp: Any, keep_k: int | None) -> Any:
             if isinstance(item, dict) and isinstance(item.get("top_logprobs"), list):
                 item = dict(item)
                 alts = [a for a in item["top_logprobs"] if isinstance(a, dict)]
-                alts.sort(key=lambda a: -float(a.get("logprob", -math.inf)))
+                alts.sort(key=lambda a: _rank(a.get("logprob")))
                 item["top_logprobs"] = alts[:keep_k]
             new_content.append(item)
         lp["content"] = new_content
@@ -204,6 +288,43 @@ def _has_content(choice: Mapping[str, Any]) -> bool:
         return True
     delta = choice.get("delta")
     return isinstance(delta, dict) and bool(delta.get("content"))
+
+
+def _text_broken(choice: Mapping[str, Any]) -> bool:
+    """True when the generated text is not a string (garbage from the engine)."""
+    text = choice.get("text")
+    if text is not None and not isinstance(text, str):
+        return True
+    delta = choice.get("delta")
+    if delta is None:
+        return False
+    if not isinstance(delta, dict):
+        return True
+    content = delta.get("content")
+    return content is not None and not isinstance(content, str)
+
+
+def _lenient_non_finite(payload: bytes) -> tuple[Any, bool]:
+    """Parse what strict JSON refused, leniently: (object or None, whether it held a
+    non-finite number). Only used to say *why* an answer is broken and to strip it."""
+    seen = False
+
+    def const(_name: str) -> float:
+        nonlocal seen
+        seen = True
+        return math.nan
+
+    def flt(text: str) -> float:
+        nonlocal seen
+        v = float(text)
+        if not math.isfinite(v):
+            seen = True
+        return v
+
+    try:
+        return json.loads(payload, parse_constant=const, parse_float=flt), seen
+    except (ValueError, RecursionError):
+        return None, False
 
 
 @dataclass
@@ -262,6 +383,8 @@ class Collector:
     time of the first content event, and rewrites logprobs the user did not ask for.
 
     Used only for sampled requests: it parses every event, which the plain relay never does.
+    ``invalid`` is the first reason the answer is broken (module docstring), else None;
+    ``broken`` adds "logprobs were due but none came".
     """
 
     def __init__(self, lp: LogprobRequest, max_positions: int, clock: Callable[[], float]) -> None:
@@ -272,23 +395,60 @@ class Collector:
         self.first_content_t: float | None = None
         self._buf = b""
         self.keep_k: int | None = lp.user_k
+        self.invalid: str | None = None
+        self._content_events = 0
+        self._missing_events = 0
+
+    def _mark(self, reason: str) -> None:
+        if self.invalid is None:
+            self.invalid = reason
+
+    @property
+    def broken(self) -> str | None:
+        if self.invalid is not None:
+            return self.invalid
+        if self._missing_events or (self._content_events and not self.positions):
+            return MISSING
+        return None
+
+    def _parse(self, payload: bytes) -> tuple[Any, bool]:
+        """(object, strict): the strict parse, or on failure a lenient one (marked invalid)
+        whose logprobs may only be stripped, never read."""
+        try:
+            return strictjson.loads(payload), True
+        except ValueError:
+            obj, non_finite = _lenient_non_finite(payload)
+            self._mark(NON_FINITE if non_finite else BAD_JSON)
+            return obj, False
 
     def _take(self, obj: Any, now: float) -> bool:
         """Collect from one response object; True when it was changed by the rewrite."""
         if not isinstance(obj, dict):
+            self._mark(BAD_JSON)
             return False
         choices = obj.get("choices")
         if not isinstance(choices, list):
+            self._mark(BAD_JSON)
             return False
         changed = False
         for choice in choices:
             if not isinstance(choice, dict):
                 continue
             if choice.get("index", 0) == 0:
-                if self.first_content_t is None and _has_content(choice):
+                if _text_broken(choice):
+                    self._mark(BAD_TEXT)
+                has_content = _has_content(choice)
+                if self.first_content_t is None and has_content:
                     self.first_content_t = now
+                lp = choice.get("logprobs")
+                if has_content:
+                    self._content_events += 1
+                    if lp is None:
+                        self._missing_events += 1
+                got, why = parse_positions(lp)
+                if why is not None:
+                    self._mark(why)
                 if len(self.positions) < self.max_positions:
-                    got = positions_from_logprobs(choice.get("logprobs"))
                     self.positions.extend(got[: self.max_positions - len(self.positions)])
             if self.lp.rewrite and choice.get("logprobs") is not None:
                 choice["logprobs"] = _trim_logprobs(choice["logprobs"], self.keep_k)
@@ -305,14 +465,31 @@ class Collector:
             payload = line[5:].strip()
             if not payload or payload == b"[DONE]":
                 continue
-            try:
-                obj = json.loads(payload)
-            except ValueError:
-                continue
-            if self._take(obj, now):
-                lines[i] = b"data: " + json.dumps(obj, separators=(",", ":")).encode()
+            obj, strict = self._parse(payload)
+            if strict:
+                if self._take(obj, now):
+                    lines[i] = b"data: " + strictjson.dumps_bytes(obj)
+                    changed = True
+            elif (out := self._strip_broken(obj)) is not None:
+                lines[i] = b"data: " + out
                 changed = True
         return b"\n".join(lines) if changed else event
+
+    def _strip_broken(self, obj: Any) -> bytes | None:
+        """A leniently parsed object with the logprobs the user did not ask for removed,
+        when that leaves strict JSON; None to pass the upstream's bytes on unchanged."""
+        if not self.lp.rewrite or not isinstance(obj, dict):
+            return None
+        choices = obj.get("choices")
+        if not isinstance(choices, list):
+            return None
+        for choice in choices:
+            if isinstance(choice, dict) and choice.get("logprobs") is not None:
+                choice["logprobs"] = _trim_logprobs(choice["logprobs"], self.keep_k)
+        try:
+            return strictjson.dumps_bytes(obj)
+        except ValueError:
+            return None
 
     def feed_chunk(self, chunk: bytes) -> bytes:
         """Stream chunk in, bytes out. Without a rewrite the chunk goes out unchanged
@@ -340,14 +517,14 @@ class Collector:
     def feed_body(self, body: bytes) -> bytes:
         """A whole (non-streaming) JSON response."""
         now = self.clock()
-        try:
-            obj = json.loads(body)
-        except ValueError:
-            return body
+        obj, strict = self._parse(body)
         if self.first_content_t is None:
             self.first_content_t = now
+        if not strict:
+            out = self._strip_broken(obj)
+            return body if out is None else out
         if self._take(obj, now):
-            return json.dumps(obj, separators=(",", ":")).encode()
+            return strictjson.dumps_bytes(obj)
         return body
 
 
@@ -396,7 +573,8 @@ class SideResult:
     positions: list[Position] = field(default_factory=list)
     ttft_s: float | None = None
     version: str = ""
-    error: str | None = None
+    error: str | None = None  # the side failed (http_5xx, broken_stream, connect, ...)
+    invalid: str | None = None  # the side answered, but broken (module docstring)
 
 
 def is_greedy(body: Mapping[str, Any]) -> bool:
@@ -519,6 +697,83 @@ def build_comparison(
     }
 
 
+def broken_record(
+    *,
+    pair: str,
+    a: SideResult,
+    b: SideResult,
+    bucket: str,
+    prompt_tokens: int,
+    request_id: str,
+    reason: str,
+) -> dict[str, Any]:
+    """A comparison of maximal divergence against a broken side ``b`` (finite values)."""
+    return {
+        "time": time.time(),
+        "pair": pair,
+        "bucket": bucket,
+        "prompt_tokens": prompt_tokens,
+        "positions": max(1, len(a.positions)),
+        "kl_mean": KL_MAX_NATS,
+        "kl_first": KL_MAX_NATS,
+        "top1_agree": 0.0,
+        "ttft_a_s": a.ttft_s,
+        "ttft_b_s": b.ttft_s,
+        "version_a": a.version,
+        "version_b": b.version,
+        "request_id": request_id,
+        "invalid": reason,
+    }
+
+
+def comparison_result(
+    *,
+    pair: str,
+    a: SideResult,
+    b: SideResult,
+    greedy: bool,
+    bucket: str,
+    prompt_tokens: int,
+    request_id: str,
+) -> tuple[str, dict[str, Any] | None]:
+    """(result for the metric, record for the gate or None) for two sides that answered.
+
+    ``a`` is a baseline side; ``b`` the canary (baseline-canary) or a second baseline.
+    Results: ``ok``; ``canary_invalid`` (record of maximal divergence); ``baseline_invalid``
+    and ``invalid_dropped`` (dropped: a broken baseline says nothing about the canary, and
+    the noise floor must stay finite); ``not_comparable``.
+    """
+    a_bad = a.invalid or (MISSING if b.positions and not a.positions else None)
+    b_bad = b.invalid or (MISSING if a.positions and not b.positions else None)
+    if pair == "baseline-canary":
+        if a_bad is not None:
+            return "baseline_invalid", None
+        if b_bad is not None:
+            return "canary_invalid", broken_record(
+                pair=pair,
+                a=a,
+                b=b,
+                bucket=bucket,
+                prompt_tokens=prompt_tokens,
+                request_id=request_id,
+                reason=b_bad,
+            )
+    elif a_bad is not None or b_bad is not None:
+        return "invalid_dropped", None
+    record = build_comparison(
+        pair=pair,
+        a=a,
+        b=b,
+        greedy=greedy,
+        bucket=bucket,
+        prompt_tokens=prompt_tokens,
+        request_id=request_id,
+    )
+    if record is None:
+        return "not_comparable", None
+    return "ok", record
+
+
 async def fetch_side(
     session: aiohttp.ClientSession,
     url: str,
@@ -535,7 +790,7 @@ async def fetch_side(
     try:
         async with session.post(
             url,
-            data=json.dumps(body, separators=(",", ":")).encode(),
+            data=strictjson.dumps_bytes(body),
             headers=headers,
             timeout=aiohttp.ClientTimeout(total=timeout_s),
         ) as resp:
@@ -557,6 +812,7 @@ async def fetch_side(
         result.error = "broken_stream"
         return result
     result.positions = collector.positions
+    result.invalid = collector.broken
     if collector.first_content_t is not None:
         result.ttft_s = collector.first_content_t - t_send
     return result
