@@ -9,6 +9,7 @@ import random
 
 import pytest
 
+from canarystack.common import strictjson
 from canarystack.common.buckets import DEFAULT_EDGES
 from canarystack.common.errors import BadRequest
 from canarystack.router.config import effective_weight
@@ -21,10 +22,18 @@ from canarystack.router.routing import (
     user_slot,
 )
 from canarystack.router.shadow import (
+    BAD_JSON,
+    BAD_TEXT,
+    KL_MAX_NATS,
+    MALFORMED,
+    MISSING,
+    NON_FINITE,
     Collector,
     LogprobRequest,
     Position,
+    SideResult,
     compare_positions,
+    comparison_result,
     kl_topk,
     parse_shadow_rates,
     shadow_body,
@@ -301,3 +310,135 @@ def test_user_logprob_detection_and_shadow_body() -> None:
     assert sb["max_tokens"] == 8 and sb["stream"] is True and sb["logprobs"] == 5
     assert sb["seed"] == 3 and sb["temperature"] == 0 and sb["prompt"] == "x y"
     assert shadow_body({**body, "max_tokens": 2}, chat=False, k=5, max_tokens=8)["max_tokens"] == 2
+
+
+# ------------------------------------------------------------- a broken engine (#12)
+
+GOOD_TOP = {" a": -0.1, " b": -2.0, " c": -3.0}
+
+
+def _raw_completion_event(text: str, logprobs: str) -> bytes:
+    """An event written by hand, so it can hold what json.dumps would not (NaN tokens)."""
+    return (
+        b'data: {"choices":[{"index":0,"text":'
+        + text.encode()
+        + b',"logprobs":'
+        + logprobs.encode()
+        + b"}]}\n\n"
+    )
+
+
+def _collect(stream: bytes, user_k: int | None = None) -> tuple[Collector, bytes]:
+    col = Collector(LogprobRequest(chat=False, k=5, user_k=user_k), 8, clock=lambda: 1.0)
+    out = col.feed_chunk(stream) + col.flush()
+    return col, out
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
+def test_kl_of_a_non_finite_logprob_is_maximal_never_zero_or_an_error(bad: float) -> None:
+    # Before: NaN gave 0.0 (max(0.0, nan)) and +-inf raised ValueError.
+    p = {" a": -0.1, " b": -2.5}
+    assert kl_topk(p, {" a": bad, " b": -2.5}) == KL_MAX_NATS
+    assert kl_topk({" a": bad, " b": bad}, p) == KL_MAX_NATS
+
+
+def test_kl_of_a_zero_probability_token_is_finite() -> None:
+    # exp(-1e300) is 0.0: no log(0), no division by zero.
+    tiny = {" a": -1e300, " b": -0.1}
+    assert math.isfinite(kl_topk(tiny, {" a": -0.1, " b": -2.0}))
+    assert math.isfinite(kl_topk({" a": -0.1, " b": -2.0}, tiny))
+
+
+@pytest.mark.parametrize(
+    ("logprobs", "reason"),
+    [
+        ('{"tokens":[" a"],"token_logprobs":[NaN],"top_logprobs":[{" a":NaN}]}', NON_FINITE),
+        (
+            '{"tokens":[" a"],"token_logprobs":[-Infinity],"top_logprobs":[{" a":-Infinity}]}',
+            NON_FINITE,
+        ),
+        ('{"tokens":[" a"],"token_logprobs":[Infinity],"top_logprobs":[{" a":1e999}]}', NON_FINITE),
+        ('{"tokens":[" a"],"top_logprobs":[{}]}', MALFORMED),
+        ('{"tokens":[" a"],"top_logprobs":[{" a":"high"}]}', MALFORMED),
+        ('{"tokens":[" a"],"top_logprobs":[{" a":4.0}]}', MALFORMED),
+        ('"yes"', MALFORMED),
+        ("null", MISSING),
+    ],
+)
+def test_collector_marks_a_broken_logprobs_object(logprobs: str, reason: str) -> None:
+    col, _ = _collect(_raw_completion_event('" a"', logprobs) + b"data: [DONE]\n\n")
+    assert col.broken == reason
+    assert all(math.isfinite(v) for p in col.positions for v in p.top.values())
+
+
+@pytest.mark.parametrize(
+    ("event", "reason"),
+    [
+        (b"data: {not json at all\n\n", BAD_JSON),
+        (b"data: [1, 2]\n\n", BAD_JSON),
+        (_raw_completion_event("17", '{"tokens":[" a"],"top_logprobs":[{" a":-0.1}]}'), BAD_TEXT),
+        (b'data: {"choices":[{"index":0,"delta":{"content":["x"]}}]}\n\n', BAD_TEXT),
+    ],
+)
+def test_collector_marks_garbage_output(event: bytes, reason: str) -> None:
+    good = _completion_event(" a", GOOD_TOP)
+    col, _ = _collect(good + event + b"data: [DONE]\n\n")
+    assert col.invalid == reason
+
+
+def test_a_healthy_stream_is_not_broken() -> None:
+    col, _ = _collect(
+        _completion_event(" a", GOOD_TOP) + _completion_event(" b", GOOD_TOP) + b"data: [DONE]\n\n"
+    )
+    assert col.broken is None and len(col.positions) == 2
+
+
+def test_stripping_a_nan_event_leaves_strict_json_for_the_user() -> None:
+    nan = _raw_completion_event('" a"', '{"tokens":[" a"],"top_logprobs":[{" a":NaN}]}')
+    col, out = _collect(nan + b"data: [DONE]\n\n", user_k=None)
+    assert col.invalid == NON_FINITE
+    first = out.split(b"\n\n")[0][len(b"data: ") :]
+    assert strictjson.loads(first)["choices"][0]["logprobs"] is None
+
+
+def _side(top: dict[str, float] | None = None, invalid: str | None = None) -> SideResult:
+    positions = [Position(" a", top)] if top is not None else []
+    return SideResult(positions=positions, ttft_s=0.01, version="v", invalid=invalid)
+
+
+def _result(pair: str, a: SideResult, b: SideResult) -> tuple[str, dict[str, object] | None]:
+    return comparison_result(
+        pair=pair, a=a, b=b, greedy=True, bucket="0-512", prompt_tokens=3, request_id="r"
+    )
+
+
+@pytest.mark.parametrize("reason", [NON_FINITE, MALFORMED, BAD_JSON, BAD_TEXT])
+def test_a_broken_canary_side_is_a_comparison_of_maximal_divergence(reason: str) -> None:
+    result, record = _result("baseline-canary", _side(GOOD_TOP), _side(invalid=reason))
+    assert result == "canary_invalid" and record is not None
+    assert record["kl_mean"] == record["kl_first"] == KL_MAX_NATS
+    assert record["top1_agree"] == 0.0 and record["invalid"] == reason
+    assert record["positions"] == 1
+    strictjson.dumps(record)  # finite: the gate can take it
+
+
+def test_a_canary_side_without_logprobs_counts_as_missing() -> None:
+    result, record = _result("baseline-canary", _side(GOOD_TOP), _side(None))
+    assert result == "canary_invalid" and record is not None
+    assert record["invalid"] == MISSING
+
+
+def test_a_broken_baseline_side_is_dropped_not_canary_drift() -> None:
+    assert _result("baseline-canary", _side(invalid=NON_FINITE), _side(GOOD_TOP)) == (
+        "baseline_invalid",
+        None,
+    )
+    # Both broken: the baseline's brokenness says nothing about the canary.
+    assert _result("baseline-canary", _side(invalid=BAD_JSON), _side(invalid=BAD_JSON))[1] is None
+
+
+def test_a_broken_side_of_a_noise_pair_is_dropped() -> None:
+    for a, b in ((_side(GOOD_TOP), _side(invalid=NON_FINITE)), (_side(None), _side(GOOD_TOP))):
+        assert _result("baseline-baseline", a, b) == ("invalid_dropped", None)
+    result, record = _result("baseline-baseline", _side(GOOD_TOP), _side(GOOD_TOP))
+    assert result == "ok" and record is not None and record["kl_mean"] == 0.0
