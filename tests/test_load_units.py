@@ -12,7 +12,13 @@ import pytest
 from gameday.load.buckets import bucket_of, parse_edges
 from gameday.load.options import CHAT, LoadOptions, OptionsError, parse_headers, plain_parser
 from gameday.load.pacing import TraceSchedule, ramp_users
-from gameday.load.records import LOAD_COLUMNS, LOAD_SCHEMA, ORACLE_SCHEMA, ParquetSink
+from gameday.load.records import (
+    LOAD_COLUMNS,
+    LOAD_SCHEMA,
+    ORACLE_SCHEMA,
+    ParquetSink,
+    part_paths,
+)
 from gameday.load.sse import SSEDecoder, StreamMeasurement, percentile
 
 
@@ -129,15 +135,19 @@ def test_schedule_open_loop_due_times_worker_shares_and_late_counter() -> None:
 
 def test_parquet_sink_schema_row_groups_and_atomic_close(tmp_path: Path) -> None:
     path = tmp_path / "sub" / "records.parquet"
-    sink = ParquetSink(path, LOAD_SCHEMA, rows_per_group=3)
+    sink = ParquetSink(path, LOAD_SCHEMA, rows_per_group=3, flush_interval_s=3600)
     row = dict.fromkeys(LOAD_COLUMNS)
     row.update(run_id="r", request_id="x", ok=True, status=200, stream=True, served_by="")
     for i in range(7):
         sink.add({**row, "request_id": f"x{i}", "ttft_s": i / 10})
     sink.add_columns({"run_id": ["r"], "request_id": ["w0"], "ok": [False], "status": [503]})
-    assert not path.exists() and sink.partial_path.exists()  # readers never see half a file
+    assert not path.exists()  # readers never see half a file
+    assert [p.name for p in part_paths(path)] == [
+        "records.part-000001.parquet",
+        "records.part-000002.parquet",
+    ]  # two closed parts of 3 rows; 2 rows still buffered
     sink.close()
-    assert path.exists() and not sink.partial_path.exists()
+    assert path.exists() and part_paths(path) == []
     table = pq.read_table(path)
     assert table.schema.equals(LOAD_SCHEMA) and table.num_rows == 8
     assert table.column("request_id").to_pylist()[-1] == "w0"

@@ -16,8 +16,11 @@ Roles, decided by the Locust runner of the process:
   worker's final arrives after all its rows.
 
 Files are closed on Locust's ``quit`` event (the very end, after the runner stopped), so
-a row that arrives during the stop timeout is still written. A process that is killed
-with SIGKILL loses what it had not written, and leaves ``PATH.partial``.
+a row that arrives during the stop timeout is still written. Until then the sinks write
+closed, fsynced parts at least every ``FLUSH_INTERVAL_S`` (a timer here flushes rows that
+arrive in a quiet spell), so a process killed with SIGKILL loses only its last second of
+rows (and a worker the rows it had not shipped); ``gameday.load.records.recover`` merges
+the parts it left.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ import gevent
 from locust.runners import MasterRunner, WorkerRunner
 
 from gameday.load.records import (
+    FLUSH_INTERVAL_S,
     LOAD_COLUMNS,
     LOAD_SCHEMA,
     ORACLE_COLUMNS,
@@ -70,6 +74,7 @@ class Collector:
         self.sinks: dict[str, ParquetSink] = {}
         self._pending: dict[str, list[dict[str, Any]]] = {"load": [], "oracle": []}
         self._shipper: gevent.Greenlet | None = None
+        self._flusher: gevent.Greenlet | None = None
         self.finals: dict[str, dict[str, Any]] = {}
         self.summary: dict[str, Any] = {}
         self._register()
@@ -122,11 +127,21 @@ class Collector:
             gevent.sleep(SHIP_INTERVAL_S)
             self.ship()
 
+    def _flush_loop(self) -> None:
+        """Local/master: rows never wait in memory longer than ``FLUSH_INTERVAL_S``."""
+        while True:
+            gevent.sleep(FLUSH_INTERVAL_S / 2)
+            for sink in list(self.sinks.values()):
+                if not sink.closed and sink.flush_due():
+                    sink.flush()
+
     # --- test lifecycle -------------------------------------------------------------
     def on_test_start(self) -> None:
         self.finals = {}
         if self.role == "worker" and (self._shipper is None or self._shipper.dead):
             self._shipper = gevent.spawn(self._ship_loop)
+        if self.role != "worker" and (self._flusher is None or self._flusher.dead):
+            self._flusher = gevent.spawn(self._flush_loop)
 
     def on_test_stop(self) -> None:
         if self.role == "worker":
@@ -210,6 +225,9 @@ class Collector:
     def close(self) -> None:
         if self.role == "worker":
             return
+        if self._flusher is not None:
+            self._flusher.kill(block=False)
+            self._flusher = None
         for sink in self.sinks.values():
             sink.close()
         # a run that produced no rows still leaves files with the schema

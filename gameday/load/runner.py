@@ -48,6 +48,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from gameday.load.records import LOAD_SCHEMA, ORACLE_SCHEMA, recover, remove_parts
+
 DEFAULT_LOCUSTFILE = Path(__file__).resolve().parents[2] / "locustfiles" / "llm.py"
 START_TIMEOUT_S = 60.0
 STOP_MARGIN_S = 15.0
@@ -222,6 +224,8 @@ class LoadRun:
         self.output_dir.mkdir(parents=True, exist_ok=True)
         for stale in (self.ready_path, self.records_path, self.summary_path):
             stale.unlink(missing_ok=True)
+        for records, _ in self._record_files():
+            remove_parts(records)  # a killed earlier run's parts are not this run's rows
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.config.env}
         with self.log_path.open("wb") as log:
             self._popen = subprocess.Popen(
@@ -261,9 +265,12 @@ class LoadRun:
             return self.wait(self.config.stop_timeout_s + STOP_MARGIN_S)
         except TimeoutError:
             self._kill()
+            recovered = self.recover_records()
             raise LoadRunError(
                 f"Locust did not exit within {self.config.stop_timeout_s + STOP_MARGIN_S:g} s "
-                f"of SIGTERM and was killed; records may be incomplete.\n{self.log_tail()}"
+                f"of SIGTERM and was killed; records may be incomplete"
+                + (f" ({recovered})" if recovered else "")
+                + f".\n{self.log_tail()}"
             ) from None
 
     def wait(self, timeout_s: float | None = None) -> LoadResult:
@@ -278,14 +285,41 @@ class LoadRun:
             ) from None
         return self._finish(code)
 
+    def _record_files(self) -> list[tuple[Path, Any]]:
+        files: list[tuple[Path, Any]] = [(self.records_path, LOAD_SCHEMA)]
+        if self.oracle_path is not None:
+            files.append((self.oracle_path, ORACLE_SCHEMA))
+        return files
+
+    def recover_records(self) -> str:
+        """After a Locust that did not close its files (killed): merge the closed parts
+        it left into ``records.parquet``/``oracle.parquet``; says what was recovered."""
+        notes = []
+        for path, schema in self._record_files():
+            try:
+                found = recover(path, schema)
+            except OSError as exc:
+                notes.append(f"{path.name}: its parts could not be merged: {exc}")
+                continue
+            if found is None:
+                continue
+            rows, parts = found.table.num_rows, len(found.parts)
+            note = f"{rows} rows of {path.name} recovered from {parts} part(s)"
+            if found.skipped:
+                note += f"; unreadable part(s) skipped: {'; '.join(found.skipped)}"
+            notes.append(note)
+        return "; ".join(notes)
+
     def _finish(self, code: int) -> LoadResult:
         if self.result is not None:
             return self.result
         tail = self.log_tail()
+        recovered = self.recover_records()  # nothing to do after a clean exit
         if code not in (0, 1) or not self.records_path.exists():
             raise LoadRunError(
                 f"Locust exited with code {code}"
                 + ("" if self.records_path.exists() else f" without writing {self.records_path}")
+                + (f" ({recovered}: the last second of rows is lost)" if recovered else "")
                 + f".\nIts output ends with:\n{tail}"
             )
         try:

@@ -25,6 +25,7 @@ from typing import Any
 import requests
 
 from gameday.faults import FaultError, FaultLedger, clear_injected
+from gameday.load.records import LOAD_SCHEMA, ORACLE_SCHEMA, recover
 from gameday.targets import Target, TargetError
 from gameday.targets.history import HistoryError, read_events
 
@@ -123,6 +124,10 @@ def stop_orphan_locust(folder: Path) -> str | None:
     if _is_locust(pid):
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
+    # a Locust that had to be killed never merged its records: its closed parts are kept
+    for name, schema in (("records.parquet", LOAD_SCHEMA), ("oracle.parquet", ORACLE_SCHEMA)):
+        with contextlib.suppress(OSError):
+            recover(folder / name, schema)
     state.update({"state": "killed", "stopped_at": time.time(), "error": "stopped by gameday run"})
     _write_json(folder / "load.json", state)
     return f"Locust (pid {pid}) was still running after chaos ended and was stopped"
