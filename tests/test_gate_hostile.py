@@ -6,14 +6,25 @@ The pure statistics behind these are in test_gate_hostile_state.py.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import os
+import subprocess
+import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import requests
 
+from canarystack.broker.client import BrokerClient
+from canarystack.common.auth import ENV_VAR
+from canarystack.gate.server import SERVICE, GateService, build_app
+from canarystack.gate.state import GateConfig
 from tests.broker_support import Api, start_broker
-from tests.procs import Proc, Spawner, wait_for
+from tests.procs import ADMIN_TOKEN, Proc, Spawner, wait_for
 from tests.test_gate_service import batch, comparison, gate_state, post, setup_stack
 
 
@@ -181,3 +192,106 @@ def test_a_watch_timeout_above_the_broker_limit_does_not_blind_the_gate(
     assert body["watch_timeout_s"] <= 1
     assert body["watch_timeout_lowered_from"] == 30
     assert any(e.get("event") == "watch_timeout_lowered" for e in gate.log_events())
+
+
+def test_a_gate_without_an_admin_token_refuses_to_start(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k != ENV_VAR}
+    done = subprocess.run(
+        [sys.executable, "-m", "canarystack.gate", "--broker", "http://127.0.0.1:9", "--port", "0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "no admin token" in done.stderr
+    assert ENV_VAR in done.stderr and "--admin-token-file" in done.stderr
+
+
+# ------------------------------------------------------------------ the watch loops
+# In-process: the gate's own watch coroutine against a real broker, with one bug put
+# into the gate's handling of an answer (what no real input should do any more).
+
+
+def _service(broker_url: str) -> GateService:
+    app = build_app(
+        GateConfig(), broker_url, ["default"], admin_token=ADMIN_TOKEN, max_fault_ttl_s=60
+    )
+    return app[SERVICE]
+
+
+async def _until(predicate: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+def test_the_watch_loop_survives_an_error_and_says_so_until_it_recovers(
+    spawn: Spawner, tmp_path: Path
+) -> None:
+    broker = start_broker(spawn, tmp_path / "broker")
+    api = Api(broker.url)
+    for v in ("v1", "v2"):
+        api.register(v)
+    api.create("default", stable="v1", canary="v2", weight=5)
+
+    async def scenario() -> None:
+        service = _service(broker.url)
+        service.watch_timeout_s = 1.0
+        gate = service.gates["default"]
+        real = gate.on_release
+        calls = {"n": 0}
+
+        def flaky(release: dict[str, Any] | None, now_mono: float) -> None:
+            calls["n"] += 1
+            if calls["n"] == 2:
+                raise RuntimeError("a bug in the gate's handling of a broker answer")
+            real(release, now_mono)
+
+        gate.on_release = flaky  # type: ignore[method-assign]
+        async with aiohttp.ClientSession() as session:
+            service.client = BrokerClient(session, broker.url, ADMIN_TOKEN, actor="gate")
+            task = asyncio.create_task(service.watch("default"))
+            service._loops["watch:default"] = task
+            try:
+                await _until(
+                    lambda: "loop_failing:watch:default" in service.degraded_reasons(),
+                    10,
+                    "the error to be reported",
+                )
+                body = service.health()
+                assert body["status"] == "degraded"
+                assert "RuntimeError" in body["loop_errors"]["watch:default"]
+                await asyncio.to_thread(
+                    api.patch_ok, "default", weights={"canary": 20}, reason="next step"
+                )
+                await _until(lambda: gate.canary_weight == 20, 10, "the loop to go on")
+                await _until(lambda: service.degraded_reasons() == [], 10, "recovery")
+                assert not task.done()
+                assert "status" not in service.health()  # ok (the base app's default)
+            finally:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        errors = service.watch_errors_total.labels(loop="watch:default", error="RuntimeError")
+        assert errors._value.get() == 1
+
+    asyncio.run(scenario())
+
+
+def test_a_watch_loop_that_ends_anyway_makes_the_gate_degraded() -> None:
+    async def scenario() -> None:
+        service = _service("http://127.0.0.1:9")
+        # No client: the loop cannot even start (a bug of this kind ends the task).
+        task = asyncio.create_task(service.watch("default"))
+        service._loops["watch:default"] = task
+        with contextlib.suppress(AssertionError):
+            await task
+        body = service.health()
+        assert body["status"] == "degraded"
+        assert "loop_died:watch:default" in body["degraded_reasons"]
+        assert service.degraded_total.labels(reason="loop_died")._value.get() == 1
+
+    asyncio.run(scenario())

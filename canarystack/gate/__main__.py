@@ -4,7 +4,8 @@ Every threshold of the sequential tests is a flag with its default in ``--help``
 absurd tolerance (``--drift-kl-tolerance 50``) makes the drift test blind on purpose.
 
 This module must never start serving with a parameter the tests cannot honour: bad
-values end the process with a message naming the flag.
+values end the process with a message naming the flag. Nor without an admin token: the
+gate could not write a trip, so it refuses to start (exit 2) rather than look healthy.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
-from canarystack.common.auth import load_admin_token
+from canarystack.common.auth import ENV_VAR, load_admin_token
 from canarystack.common.buckets import parse_edges
 from canarystack.common.cli import base_parser, parse, serve
 from canarystack.gate.server import build_app
@@ -255,11 +256,19 @@ def main(argv: Sequence[str] | None = None) -> None:
     except ValueError as exc:
         parser.error(str(exc))
     releases = args.release or ["default"]
+    admin_token = load_admin_token(args.admin_token_file)
+    if admin_token is None:
+        # Without it every trip write is refused: a gate that can never trip anything
+        # must not start and look healthy.
+        parser.error(
+            "no admin token: the gate writes its trips to the broker with it. Set "
+            f"{ENV_VAR} or give --admin-token-file (the broker's admin token)."
+        )
     app = build_app(
         config,
         args.broker,
         releases,
-        admin_token=load_admin_token(args.admin_token_file),
+        admin_token=admin_token,
         max_fault_ttl_s=args.max_fault_ttl_s,
         watch_timeout_s=args.watch_timeout_s,
     )
