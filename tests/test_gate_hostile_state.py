@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from canarystack.common import strictjson
 from canarystack.gate.state import (
     BATCH_IDS_PER_ROUTER,
     MAX_BATCH_ITEMS,
@@ -133,6 +134,10 @@ def test_a_statistic_that_is_not_finite_is_reported() -> None:
     g = gate()
     g.drift["4k+"].kl.log_m = math.nan  # what no input can do any more
     assert "statistic_not_finite:4k+:drift_kl" in g.problems()
+    # The state stays readable as strict JSON (no NaN): the number is written as null.
+    body = strictjson.loads(strictjson.dumps(g.to_json(1.0)))
+    assert body["buckets"]["4k+"]["drift"]["kl"]["statistic"] is None
+    assert "statistic_not_finite:4k+:drift_kl" in body["problems"]
 
 
 # -------------------------------------------------------------------- whole batches

@@ -124,8 +124,10 @@ class ECusum:
         return self.alarmed
 
     def to_json(self) -> dict[str, Any]:
+        """The detector's numbers for the API; a number that is not finite is written as
+        None (JSON has no NaN; ``ReleaseGate.problems`` reports it)."""
         return {
-            "statistic": round(self.statistic, 6),
+            "statistic": _r(self.statistic),
             "threshold": self.threshold,
             "samples": self.samples,
             "mean": _r(self.total_sum / self.samples) if self.samples else None,
@@ -134,12 +136,12 @@ class ECusum:
             "run_mean": _r(self.run_sum / self.run_samples)
             if self.log_m > 0 and self.run_samples
             else None,
-            "max_statistic": round(math.exp(min(self.max_log_m, 700.0)), 6),
+            "max_statistic": _r(math.exp(min(self.max_log_m, 700.0))),
         }
 
 
-def _r(x: float) -> float:
-    return round(x, 6)
+def _r(x: float) -> float | None:
+    return round(x, 6) if math.isfinite(x) else None
 
 
 # A running sum that shrinks by more than this factor at once is recomputed exactly.
