@@ -1,0 +1,92 @@
+"""The gate's OpenAPI description (``GET /openapi.json``; docs/ARCHITECTURE.md §3).
+
+The sample batch is ``canarystack.gate.state.SampleBatch``, the pydantic model that
+validates it. The state answers are described by their top-level fields only: the
+statistics under them grow with the tests. This module must never change how a request
+is handled.
+"""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from canarystack.common.openapi import (
+    ANY_OBJECT,
+    INTEGER,
+    STRING,
+    ApiSpec,
+    Json,
+    add_describer,
+    error_response,
+    json_body,
+    nullable,
+    obj,
+    path_str,
+)
+
+TAG = "gate"
+
+
+def _gate_schema(states: list[str]) -> Json:
+    return obj(
+        ("release", "state"),
+        release=STRING,
+        state={"type": "string", "enum": states},
+        revision=nullable(INTEGER),
+        phase=nullable(STRING),
+        buckets=ANY_OBJECT,
+        trip=nullable(ANY_OBJECT),
+    )
+
+
+def describe(spec: ApiSpec, app: web.Application) -> None:
+    from canarystack.gate.state import STATES, SampleBatch
+
+    gate = spec.named("GateStatus", _gate_schema(list(STATES)))
+    count = {"type": "integer", "minimum": 0}
+    spec.add(
+        "post",
+        "/v1/samples",
+        summary="A router's batch of shadow comparisons and outcomes, validated whole.",
+        tag=TAG,
+        admin=True,
+        body=spec.model(SampleBatch),
+        responses={
+            200: json_body(
+                obj(
+                    ("release", "accepted", "state"),
+                    release=STRING,
+                    accepted=obj(
+                        ("comparisons", "outcomes"),
+                        comparisons=count,
+                        noise_comparisons=count,
+                        outcomes=count,
+                    ),
+                    ignored={"type": "object", "additionalProperties": INTEGER},
+                    state=STRING,
+                ),
+                "accepted",
+            ),
+            404: error_response("this gate does not watch the batch's release"),
+        },
+    )
+    spec.add(
+        "get",
+        "/v1/gate",
+        summary="Every watched release's state.",
+        tag=TAG,
+        responses={200: json_body(obj(("gates",), gates={"type": "array", "items": gate}))},
+    )
+    spec.add(
+        "get",
+        "/v1/gate/{release}",
+        summary="One release's state, statistics, noise floor and trip evidence.",
+        tag=TAG,
+        params=[path_str("release", "a release this gate watches")],
+        responses={200: json_body(gate), 404: error_response("not watched by this gate")},
+    )
+
+
+def install(app: web.Application) -> None:
+    """Describe the gate's routes in its ``/openapi.json``."""
+    add_describer(app, describe)

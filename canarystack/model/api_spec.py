@@ -1,0 +1,291 @@
+"""The model server's OpenAPI description (``GET /openapi.json``; docs/ARCHITECTURE.md §1).
+
+Request bodies are ``canarystack.model.schemas`` (the pydantic models that validate
+them), with the fields they check by hand (``prompt``, ``stop``, message ``content``)
+described as those validators accept them. Answers are the OpenAI/vLLM shapes of
+``canarystack.model.render``: JSON, or ``text/event-stream`` with ``stream: true``.
+
+The router proxies the same two operations, so it describes them with
+``describe_generation`` from here. This module must never change how a request is handled.
+"""
+
+from __future__ import annotations
+
+import copy
+
+from aiohttp import web
+
+from canarystack.common.openapi import (
+    INTEGER,
+    NUMBER,
+    STRING,
+    ApiSpec,
+    Json,
+    Param,
+    add_describer,
+    error_response,
+    json_body,
+    nullable,
+    obj,
+)
+
+TAG = "openai"
+
+_LOGPROB_ENTRY: Json = obj(("token", "logprob"), token=STRING, logprob=NUMBER)
+USAGE_SCHEMA: Json = obj(
+    ("prompt_tokens", "completion_tokens", "total_tokens"),
+    prompt_tokens=INTEGER,
+    completion_tokens=INTEGER,
+    total_tokens=INTEGER,
+)
+COMPLETION_SCHEMA: Json = obj(
+    ("id", "object", "created", "model", "choices"),
+    id=STRING,
+    object={"const": "text_completion"},
+    created=INTEGER,
+    model=STRING,
+    choices={
+        "type": "array",
+        "items": obj(
+            ("index", "text", "logprobs", "finish_reason"),
+            index=INTEGER,
+            text=STRING,
+            logprobs=nullable(
+                obj(
+                    ("tokens", "token_logprobs", "top_logprobs", "text_offset"),
+                    tokens={"type": "array", "items": STRING},
+                    token_logprobs={"type": "array", "items": nullable(NUMBER)},
+                    top_logprobs={
+                        "type": "array",
+                        "items": nullable({"type": "object", "additionalProperties": NUMBER}),
+                    },
+                    text_offset={"type": "array", "items": INTEGER},
+                )
+            ),
+            finish_reason=nullable(STRING),
+            stop_reason=nullable(STRING),
+        ),
+    },
+    usage=nullable(USAGE_SCHEMA),
+)
+CHAT_COMPLETION_SCHEMA: Json = obj(
+    ("id", "object", "created", "model", "choices"),
+    id=STRING,
+    object={"const": "chat.completion"},
+    created=INTEGER,
+    model=STRING,
+    choices={
+        "type": "array",
+        "items": obj(
+            ("index", "message", "finish_reason"),
+            index=INTEGER,
+            message=obj(("role", "content"), role=STRING, content=nullable(STRING)),
+            logprobs=nullable(
+                obj(
+                    ("content",),
+                    content={
+                        "type": "array",
+                        "items": {
+                            "allOf": [
+                                _LOGPROB_ENTRY,
+                                obj(
+                                    (),
+                                    top_logprobs={"type": "array", "items": _LOGPROB_ENTRY},
+                                ),
+                            ]
+                        },
+                    },
+                )
+            ),
+            finish_reason=nullable(STRING),
+        ),
+    },
+    usage=nullable(USAGE_SCHEMA),
+)
+MODELS_SCHEMA: Json = obj(
+    ("object", "data"),
+    object={"const": "list"},
+    data={
+        "type": "array",
+        "items": obj(
+            ("id", "object", "created", "owned_by", "max_model_len"),
+            id=STRING,
+            object={"const": "model"},
+            created=INTEGER,
+            owned_by=STRING,
+            root=nullable(STRING),
+            parent=nullable(STRING),
+            max_model_len=INTEGER,
+            version=STRING,
+        ),
+    },
+)
+
+
+def _sse(chunk_object: str) -> Json:
+    """One server-sent event of a stream (OpenAPI 3.1: the schema describes each event):
+    ``data`` is a chunk's JSON, or ``[DONE]`` at the end."""
+    chunk = obj(
+        ("id", "object", "created", "model", "choices"),
+        id=STRING,
+        object={"const": chunk_object},
+        created=INTEGER,
+        model=STRING,
+        choices={"type": "array", "items": obj(("index",), index=INTEGER)},
+        usage=nullable(USAGE_SCHEMA),
+    )
+    return {
+        "schema": {
+            "type": "object",
+            "required": ["data"],
+            "properties": {
+                "event": STRING,
+                "data": {
+                    "anyOf": [
+                        {"const": "[DONE]"},
+                        {
+                            "type": "string",
+                            "contentMediaType": "application/json",
+                            "contentSchema": chunk,
+                        },
+                    ]
+                },
+            },
+        }
+    }
+
+
+_TEXT_PART: Json = {
+    "type": "object",
+    "required": ["type", "text"],
+    "properties": {"type": {"const": "text"}, "text": STRING},
+}
+_STOP: Json = {
+    "anyOf": [
+        {"type": "null"},
+        {"type": "string", "minLength": 1},
+        {"type": "array", "items": {"type": "string", "minLength": 1}, "maxItems": 16},
+    ],
+    "description": "a stop string or a list of them (non-empty strings)",
+}
+
+
+def request_headers() -> list[Param]:
+    """The headers a model server reads (and a router passes on)."""
+    return [
+        Param("x-request-id", "header", STRING, "the client's request id (echoed back)"),
+        Param("traceparent", "header", STRING, "W3C trace context (logged)"),
+        Param("x-traffic-tag", "header", STRING, "a label for the request's traffic (logged)"),
+    ]
+
+
+def describe_generation(
+    spec: ApiSpec,
+    *,
+    max_model_len: int | None,
+    extra_params: list[Param] | None = None,
+    extra_responses: dict[int | str, Json] | None = None,
+) -> None:
+    """``POST /v1/completions`` and ``POST /v1/chat/completions``."""
+    from canarystack.model.schemas import (
+        MAX_STOP_SEQUENCES,
+        ChatCompletionRequest,
+        CompletionRequest,
+    )
+
+    stop = copy.deepcopy(_STOP)
+    stop["anyOf"][2]["maxItems"] = MAX_STOP_SEQUENCES
+    tokens: Json = {"type": "integer", "minimum": 1}
+    if max_model_len is not None:
+        tokens["maximum"] = max_model_len
+    completion = spec.model(CompletionRequest)
+    spec.refine(
+        "CompletionRequest",
+        "prompt",
+        {
+            "anyOf": [
+                {"type": "string"},
+                {"type": "array", "items": {"type": "string"}, "minItems": 1, "maxItems": 1},
+            ],
+            "description": "the prompt text, or a list holding exactly one string",
+        },
+    )
+    chat = spec.model(ChatCompletionRequest)
+    spec.refine(
+        "ChatMessage",
+        "content",
+        {
+            "anyOf": [{"type": "string"}, {"type": "null"}, {"type": "array", "items": _TEXT_PART}],
+            "description": "a string, null, or text content parts (joined)",
+        },
+    )
+    for name in ("CompletionRequest", "ChatCompletionRequest"):
+        spec.refine(name, "stop", stop)
+        spec.refine(name, "n", {"anyOf": [{"const": 1}, {"type": "null"}], "default": 1})
+        spec.refine(name, "best_of", {"anyOf": [{"const": 1}, {"type": "null"}]})
+        spec.refine(name, "max_tokens", nullable(tokens))
+    spec.refine("ChatCompletionRequest", "max_completion_tokens", nullable(tokens))
+    spec.refine("CompletionRequest", "echo", {"anyOf": [{"const": False}, {"type": "null"}]})
+    params = [*request_headers(), *(extra_params or [])]
+    errors: dict[int | str, Json] = {
+        404: error_response("'model' names a model this server does not serve"),
+        **(extra_responses or {}),
+    }
+    spec.add(
+        "post",
+        "/v1/completions",
+        summary="A text completion (OpenAI/vLLM-compatible); SSE with stream: true.",
+        tag=TAG,
+        params=params,
+        body=completion,
+        responses={
+            200: {
+                "description": "the completion",
+                "content": {
+                    "application/json": {"schema": spec.named("Completion", COMPLETION_SCHEMA)},
+                    "text/event-stream": _sse("text_completion"),
+                },
+            },
+            **errors,
+        },
+    )
+    spec.add(
+        "post",
+        "/v1/chat/completions",
+        summary="A chat completion (OpenAI/vLLM-compatible); SSE with stream: true.",
+        tag=TAG,
+        params=params,
+        body=chat,
+        responses={
+            200: {
+                "description": "the chat completion",
+                "content": {
+                    "application/json": {
+                        "schema": spec.named("ChatCompletion", CHAT_COMPLETION_SCHEMA)
+                    },
+                    "text/event-stream": _sse("chat.completion.chunk"),
+                },
+            },
+            **errors,
+        },
+    )
+
+
+def describe_models(spec: ApiSpec) -> None:
+    spec.add(
+        "get",
+        "/v1/models",
+        summary="The served model (vLLM's list shape, plus 'version').",
+        tag=TAG,
+        responses={200: json_body(spec.named("ModelList", MODELS_SCHEMA))},
+    )
+
+
+def install(app: web.Application, *, max_model_len: int) -> None:
+    """Describe a model server's routes in its ``/openapi.json``."""
+
+    def describe(spec: ApiSpec, _app: web.Application) -> None:
+        describe_generation(spec, max_model_len=max_model_len)
+        describe_models(spec)
+
+    add_describer(app, describe)

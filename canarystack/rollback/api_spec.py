@@ -1,0 +1,74 @@
+"""The rollback executor's OpenAPI description (``GET /openapi.json``;
+docs/ARCHITECTURE.md §4).
+
+The manual rollback body is ``canarystack.rollback.server.ManualRollback`` (optional: an
+empty body is a rollback without a reason). This module must never change how a request
+is handled.
+"""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from canarystack.common.openapi import (
+    BOOLEAN,
+    INTEGER,
+    STRING,
+    ApiSpec,
+    Json,
+    add_describer,
+    error_response,
+    json_body,
+    nullable,
+    obj,
+    path_str,
+)
+
+TAG = "rollback"
+
+STATUS_SCHEMA: Json = obj(
+    ("release", "state", "phase", "revision", "steps"),
+    release=STRING,
+    state=STRING,
+    phase=nullable(STRING),
+    revision=nullable(INTEGER),
+    steps={"type": "array", "items": {"type": "object"}},
+    manual_requested=BOOLEAN,
+    running=BOOLEAN,
+)
+
+
+def describe(spec: ApiSpec, app: web.Application) -> None:
+    from canarystack.rollback.server import ManualRollback
+
+    status = spec.named("RollbackStatus", STATUS_SCHEMA)
+    release = path_str("release", "a release this executor watches")
+    spec.add(
+        "post",
+        "/v1/rollbacks/{release}",
+        summary="Roll back a release by hand; 202 once step 1 is in the broker.",
+        tag=TAG,
+        admin=True,
+        params=[release],
+        body=spec.model(ManualRollback),
+        body_required=False,
+        responses={
+            200: json_body(status, "already rolled back"),
+            202: json_body(status, "started (step 1 written)"),
+            404: error_response("not watched by this executor, or unknown to the broker"),
+            409: error_response("nothing to roll back (phase, or no canary)"),
+        },
+    )
+    spec.add(
+        "get",
+        "/v1/rollbacks/{release}",
+        summary="The rollback steps done, read from the broker's history.",
+        tag=TAG,
+        params=[release],
+        responses={200: json_body(status), 404: error_response("not watched, or unknown")},
+    )
+
+
+def install(app: web.Application) -> None:
+    """Describe the rollback executor's routes in its ``/openapi.json``."""
+    add_describer(app, describe)
