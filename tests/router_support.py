@@ -58,6 +58,7 @@ def start_router(
     gate: str | None = None,
     port: int = 0,
     wait_health: bool = True,
+    admin_token: str | None = ADMIN_TOKEN,
 ) -> Proc:
     args = [
         "--router-id",
@@ -81,7 +82,14 @@ def start_router(
         args += ["--gate", gate, "--gate-flush-s", "0.05"]
     if port:
         args += ["--reuse-port"]
-    proc = spawn("canarystack.router", *args, *extra, port=port, wait_health=wait_health)
+    proc = spawn(
+        "canarystack.router",
+        *args,
+        *extra,
+        port=port,
+        wait_health=wait_health,
+        admin_token=admin_token,
+    )
     proc.extra["instance_port"] = int(args[args.index("--instance-port") + 1])
     proc.extra["router_id"] = router_id
     return proc
