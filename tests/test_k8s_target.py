@@ -6,7 +6,10 @@
   the ``probes.faults.kill_pod`` action) names it;
 - ``kube-system``, unlisted namespaces and components outside the blast radius are
   refused before any API request (the fake server sees none);
-- API errors (403 from RBAC) come back as TargetError naming the call.
+- API errors (403 from RBAC) come back as TargetError naming the call;
+- blast radius by identity (#12 item 8): a pod is killed only when its controller is the
+  role's workload (ReplicaSet → Deployment, or StatefulSet, UIDs compared); empty label
+  selectors are refused before any request.
 
 chaostoolkit-kubernetes falls back to ``$KUBERNETES_HOST`` when no kubeconfig exists, so
 the tests point ``$KUBECONFIG`` at a missing file and ``$KUBERNETES_HOST`` at the fake.
@@ -33,18 +36,56 @@ def labels(role: str) -> dict[str, str]:
     return {"app.kubernetes.io/part-of": "canarystack", "app.kubernetes.io/component": role}
 
 
+def ref(kind: str, name: str, uid: str) -> dict[str, Any]:
+    return {"apiVersion": "apps/v1", "kind": kind, "name": name, "uid": uid, "controller": True}
+
+
+def owned(body: dict[str, Any], kind: str, name: str, uid: str) -> dict[str, Any]:
+    """A pod (or ReplicaSet) body whose controller is ``kind/name`` with ``uid``."""
+    body["metadata"]["ownerReferences"] = [ref(kind, name, uid)]
+    return body
+
+
+def replicaset(api: FakeApi, name: str, deployment: str, dep_uid: str, uid: str) -> None:
+    """A ReplicaSet owned by ``deployment`` (the fake serves it as apps/v1 replicasets)."""
+    api.workloads[(NS, "replicasets", name)] = {
+        "apiVersion": "apps/v1",
+        "kind": "ReplicaSet",
+        "metadata": {
+            "name": name,
+            "namespace": NS,
+            "uid": uid,
+            "ownerReferences": [ref("Deployment", deployment, dep_uid)],
+        },
+        "spec": {"replicas": 1, "selector": {"matchLabels": {"app": deployment}}},
+    }
+
+
+def deployment(api: FakeApi, name: str, uid: str, desired: int = 1, ready: int = 1) -> None:
+    body = workload("Deployment", name, desired=desired, ready=ready)
+    body["metadata"]["uid"] = uid
+    api.add_workload(body)
+
+
 @pytest.fixture
 def fake(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[FakeApi]:
     api = FakeApi()
-    api.add_pod(pod("router-7d9-b", labels("router"), "10.0.0.12"))
-    api.add_pod(pod("router-7d9-a", labels("router"), "10.0.0.11"))
+    router_rs = ("ReplicaSet", "router-7d9", "uid-rs-router")
+    api.add_pod(owned(pod("router-7d9-b", labels("router"), "10.0.0.12"), *router_rs))
+    api.add_pod(owned(pod("router-7d9-a", labels("router"), "10.0.0.11"), *router_rs))
     api.add_pod(pod("router-7d9-c", labels("router"), "10.0.0.13", phase="Pending"))
     api.add_pod(pod("router-7d9-0", labels("router"), "10.0.0.10", terminating=True))
-    api.add_pod(pod("model-canary-1", labels("model-canary"), "10.0.1.1"))
+    canary_rs = ("ReplicaSet", "model-canary-5f", "uid-rs-canary")
+    api.add_pod(owned(pod("model-canary-1", labels("model-canary"), "10.0.1.1"), *canary_rs))
     api.add_pod(pod("other-app", {"app": "other"}, "10.0.9.9"))
     api.add_pod(pod("router-elsewhere", labels("router"), "10.1.0.1", namespace="prod"))
-    api.add_workload(workload("Deployment", "router", desired=2, ready=1))
-    api.add_workload(workload("StatefulSet", "broker", desired=1, ready=1))
+    deployment(api, "router", "uid-dep-router", desired=2, ready=1)
+    replicaset(api, "router-7d9", "router", "uid-dep-router", "uid-rs-router")
+    deployment(api, "model-canary", "uid-dep-canary")
+    replicaset(api, "model-canary-5f", "model-canary", "uid-dep-canary", "uid-rs-canary")
+    broker = workload("StatefulSet", "broker", desired=1, ready=1)
+    broker["metadata"]["uid"] = "uid-sts-broker"
+    api.add_workload(broker)
     api.start()
     point_client_at(api, tmp_path / "no-kubeconfig", monkeypatch)
     monkeypatch.setenv("CANARYSTACK_ADMIN_TOKEN", "t0k3n")
@@ -101,9 +142,18 @@ def test_kill_pod_deletes_exactly_the_first_serving_pod_with_grace_0(
         (f"/api/v1/namespaces/{NS}/pods/router-7d9-a", 0)
     ]
     # terminate_pods listed by the role's label selector, in the target's namespace only
-    lists = [s for s in fake.seen if s.method == "GET"]
+    lists = [s for s in fake.seen if s.method == "GET" and s.path.endswith("/pods")]
     assert {s.query.get("labelSelector") for s in lists} == {DEFAULT_SELECTORS["router"]}
-    assert all(s.path.startswith(f"/api/v1/namespaces/{NS}/") for s in fake.seen)
+    # before the delete, the pod's owner chain was read: its ReplicaSet and Deployment
+    reads = [s.path for s in fake.seen if s.method == "GET" and not s.path.endswith("/pods")]
+    assert reads == [
+        f"/apis/apps/v1/namespaces/{NS}/replicasets/router-7d9",
+        f"/apis/apps/v1/namespaces/{NS}/deployments/router",
+    ]
+    assert all(
+        s.path.startswith((f"/api/v1/namespaces/{NS}/", f"/apis/apps/v1/namespaces/{NS}/"))
+        for s in fake.seen
+    )
     # the pod is gone; its sibling and the other namespace's router are untouched
     assert [r.name for r in target.replicas("router")] == ["router-7d9-b"]
     assert "router-elsewhere" in fake.pods["prod"]
@@ -206,3 +256,70 @@ def test_rbac_denial_is_a_target_error_that_points_at_the_role(
     with pytest.raises(TargetError, match=r"deleting pod 'router-7d9-a'.*HTTP 403.*Role"):
         target.kill_pod("router")
     assert "router-7d9-a" in fake.pods[NS]
+
+
+def deletes(fake: FakeApi) -> list[str]:
+    return [s.path for s in fake.seen if s.method == "DELETE"]
+
+
+def test_a_bare_pod_with_the_roles_labels_is_not_killed(fake: FakeApi, tmp_path: Path) -> None:
+    fake.add_pod(pod("router-0-impostor", labels("router"), "10.0.0.9"))  # sorts first
+    target = k8s_target(tmp_path)
+    with pytest.raises(
+        TargetError,
+        match=r"refusing to kill pod 'router-0-impostor' as router: it has no controlling "
+        r"owner \(a bare pod\), so it is not a pod of deployment/router",
+    ):
+        target.kill_pod("router")
+    assert deletes(fake) == [] and "router-0-impostor" in fake.pods[NS]
+
+
+def test_a_pod_of_another_workload_is_not_killed(fake: FakeApi, tmp_path: Path) -> None:
+    # same labels, but its ReplicaSet belongs to the Deployment "payments"
+    deployment(fake, "payments", "uid-dep-payments")
+    replicaset(fake, "payments-66", "payments", "uid-dep-payments", "uid-rs-payments")
+    stray = owned(pod("router-0-payments", labels("router"), "10.0.0.8"),
+                  "ReplicaSet", "payments-66", "uid-rs-payments")  # fmt: skip
+    fake.add_pod(stray)
+    target = k8s_target(tmp_path)
+    with pytest.raises(
+        TargetError, match=r"its ReplicaSet payments-66 is owned by Deployment/payments"
+    ):
+        target.kill_pod("router", "router-0-payments")
+    # a ReplicaSet of the right name but another UID (recreated, or a name clash) is refused
+    fake.pods[NS]["router-7d9-a"]["metadata"]["ownerReferences"][0]["uid"] = "uid-old"
+    with pytest.raises(TargetError, match=r"its ReplicaSet router-7d9 has another UID"):
+        target.kill_pod("router", "router-7d9-a")
+    # a pod whose controller is a StatefulSet, for a Deployment role
+    fake.add_pod(owned(pod("router-9", labels("router"), "10.0.0.7"), "StatefulSet", "router", "u"))
+    with pytest.raises(
+        TargetError, match=r"its controller is StatefulSet/router, not a ReplicaSet"
+    ):
+        target.kill_pod("router", "router-9")
+    assert deletes(fake) == []
+
+
+def test_a_statefulset_pod_is_killed_only_when_its_statefulset_is_the_roles(
+    fake: FakeApi, tmp_path: Path
+) -> None:
+    fake.add_pod(owned(pod("broker-0", labels("broker"), "10.0.2.1"),
+                       "StatefulSet", "broker", "uid-sts-broker"))  # fmt: skip
+    fake.add_pod(owned(pod("broker-1", labels("broker"), "10.0.2.2"),
+                       "StatefulSet", "cache", "uid-sts-cache"))  # fmt: skip
+    target = k8s_target(tmp_path)
+    with pytest.raises(TargetError, match=r"its controller is StatefulSet/cache"):
+        target.kill_pod("broker", "broker-1")
+    killed = target.kill_pod("broker", "broker-0")
+    assert killed.detail["workload"] == "statefulset/broker"
+    assert deletes(fake) == [f"/api/v1/namespaces/{NS}/pods/broker-0"]
+
+
+@pytest.mark.parametrize("selector", ["", "  ", ",", "app.kubernetes.io/component!=gate"])
+def test_a_selector_that_does_not_narrow_is_refused_before_any_request(
+    fake: FakeApi, tmp_path: Path, selector: str
+) -> None:
+    target = k8s_target(tmp_path, selectors={"router": selector})
+    for call in (lambda: target.kill_pod("router"), lambda: target.replicas("router")):
+        with pytest.raises(TargetError, match=r"selectors.router is .*does not narrow the pods"):
+            call()
+    assert fake.seen == []

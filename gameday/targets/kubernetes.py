@@ -11,7 +11,11 @@ The namespace is checked before any Kubernetes API call: ``kube-system`` (and th
 ``kube-*`` system namespaces) always, and every namespace not listed in
 ``blast_radius.namespaces`` of the target file, are refused with ``BlastRadiusError``.
 This module never acts on a namespace other than the target's, and never deletes
-anything but one pod that the role's selector matches.
+anything but one pod that the role's selector matches *and* that belongs to the role's
+workload: a label is a name anyone can give a pod, so before a kill the pod's controller
+(``ownerReferences``) must be the ReplicaSet of the role's Deployment, or its StatefulSet,
+as named under ``workloads`` in the target file (UIDs compared). An empty label selector
+(it matches every pod in the namespace) is refused.
 """
 
 from __future__ import annotations
@@ -99,9 +103,19 @@ class KubernetesTarget(Target):
 
     # -- lookups -----------------------------------------------------------------
     def selector(self, role: str) -> str:
+        """The role's label selector; TargetError when it would not narrow anything."""
         if role not in ROLES:
             raise TargetError(f"unknown role {role!r}: use one of {', '.join(ROLES)}.")
-        return self.spec.selectors.get(role, DEFAULT_SELECTORS[role])
+        selector = self.spec.selectors.get(role, DEFAULT_SELECTORS[role])
+        terms = [t.strip() for t in selector.split(",") if t.strip()]
+        if not any(_narrows(t) for t in terms):
+            raise TargetError(
+                f"kubernetes target {self.name!r}: selectors.{role} is {selector!r}, which "
+                "does not narrow the pods (an empty label selector, or one with only != "
+                "terms, matches nearly every pod in the namespace). Give the role's labels, "
+                f"e.g. {DEFAULT_SELECTORS[role]!r}."
+            )
+        return selector
 
     def workload(self, role: str) -> tuple[str, str]:
         """(kind, name) of the workload that owns ``role``'s pods, e.g. (deployment, router)."""
@@ -216,6 +230,7 @@ class KubernetesTarget(Target):
                 )
         pod = chosen[0]
         name = pod.metadata.name
+        owner = self.check_owner(role, pod)
         from chaosk8s.pod.actions import terminate_pods
 
         killed_at = time.time()
@@ -246,9 +261,61 @@ class KubernetesTarget(Target):
                 "grace_period_s": 0,
                 "pod_ip": getattr(pod.status, "pod_ip", None),
                 "node": getattr(pod.spec, "node_name", None) if pod.spec else None,
+                "workload": owner,
                 "time": killed_at,
             },
         )
+
+    def _read(self, what: str, read: Any, name: str) -> Any:
+        try:
+            return read(name, self.namespace)
+        except Exception as exc:
+            raise TargetError(
+                f"reading {what}/{name} in namespace {self.namespace!r} (to check that the "
+                f"pod belongs to the role's workload) failed: {_api_error(exc)}"
+            ) from None
+
+    def check_owner(self, role: str, pod: Any) -> str:
+        """``KIND/NAME`` of the workload that owns ``pod``, when it is ``role``'s workload
+        (``workloads`` in the target file); TargetError, naming the owner, otherwise."""
+        kind, name = self.workload(role)
+        pod_name = pod.metadata.name
+        expected = f"{kind}/{name}"
+
+        def refuse(why: str) -> TargetError:
+            return TargetError(
+                f"refusing to kill pod {pod_name!r} as {role}: {why}, so it is not a pod of "
+                f"{expected} (workloads.{role} in the target file). A label selector "
+                "matched it, but labels are only names: check the selector and the workload, "
+                "or set workloads in the target file."
+            )
+
+        ref = _controller(pod.metadata)
+        if ref is None:
+            raise refuse("it has no controlling owner (a bare pod)")
+        from kubernetes import client
+
+        apps = client.AppsV1Api(self.api_client())
+        if kind == "statefulset":
+            if ref.kind != "StatefulSet" or ref.name != name:
+                raise refuse(f"its controller is {ref.kind}/{ref.name}")
+            sts = self._read("statefulset", apps.read_namespaced_stateful_set, name)
+            if _uid(sts) and ref.uid and _uid(sts) != ref.uid:
+                raise refuse(f"its owner StatefulSet/{name} has another UID ({ref.uid})")
+            return expected
+        if ref.kind != "ReplicaSet":
+            raise refuse(f"its controller is {ref.kind}/{ref.name}, not a ReplicaSet")
+        rs = self._read("replicaset", apps.read_namespaced_replica_set, ref.name)
+        if _uid(rs) and ref.uid and _uid(rs) != ref.uid:
+            raise refuse(f"its ReplicaSet {ref.name} has another UID ({ref.uid})")
+        rs_ref = _controller(rs.metadata)
+        if rs_ref is None or rs_ref.kind != "Deployment" or rs_ref.name != name:
+            owner = f"{rs_ref.kind}/{rs_ref.name}" if rs_ref is not None else "nothing"
+            raise refuse(f"its ReplicaSet {ref.name} is owned by {owner}")
+        dep = self._read("deployment", apps.read_namespaced_deployment, name)
+        if _uid(dep) and rs_ref.uid and _uid(dep) != rs_ref.uid:
+            raise refuse(f"its ReplicaSet {ref.name} belongs to another Deployment/{name}")
+        return expected
 
     def workload_status(self, role: str) -> dict[str, Any]:
         """Desired and ready replicas of the workload that owns ``role``'s pods."""
@@ -280,6 +347,26 @@ class KubernetesTarget(Target):
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "namespace": self.namespace}
+
+
+def _narrows(term: str) -> bool:
+    """A selector term that narrows: ``key=value``, ``key==value``, ``key in (...)``."""
+    if " in " in term or " in(" in term:
+        return True
+    key, eq, value = term.partition("=")
+    return bool(eq and not key.endswith("!") and key.strip() and value.strip("= "))
+
+
+def _controller(meta: Any) -> Any:
+    """The controlling owner reference of an object's metadata (None when there is none)."""
+    refs = list(getattr(meta, "owner_references", None) or [])
+    controllers = [r for r in refs if getattr(r, "controller", False)]
+    return controllers[0] if controllers else None
+
+
+def _uid(obj: Any) -> str | None:
+    meta = getattr(obj, "metadata", None)
+    return getattr(meta, "uid", None) if meta is not None else None
 
 
 def _api_error(exc: Exception) -> str:

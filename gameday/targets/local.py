@@ -2,21 +2,91 @@
 
 A pod kill is SIGKILL to the PID that supervisord reports for the program (by PID, never
 by name); supervisord then restarts it, like a ReplicaSet.
+
+Blast radius by identity, not by name: ``stack.json`` only *says* which program plays a
+role, so before a kill the program is checked against supervisord's own configuration
+(``supervisor.getAllConfigInfo``): its configured command must run the role's module
+(``python -m canarystack.<module>``, ``ROLE_MODULES``) listening on the replica's port
+(and, for a model, serving the variant's version from ``stack.json``); and the process
+behind the PID must be running exactly that command (``/proc/<pid>/cmdline``). The PID is
+pinned with a pidfd while it is checked, so the signal reaches the process that was
+checked. Anything else is refused with a TargetError that says what did not match.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shlex
 import signal
 import time
 import xmlrpc.client
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from supervisor.xmlrpc import SupervisorTransport
 
 from gameday.targets.base import KilledPod, LocalTargetSpec, Replica, Target, TargetError
+
+# The module each role's program runs (``python -m MODULE``): canarystack.cluster's programs.
+ROLE_MODULES: dict[str, tuple[str, ...]] = {
+    "router": ("canarystack.router",),
+    "broker": ("canarystack.broker",),
+    "gate": ("canarystack.gate",),
+    "rollback": ("canarystack.rollback",),
+    "model-baseline": ("canarystack.model", "canarystack.engine"),
+    "model-canary": ("canarystack.model", "canarystack.engine"),
+}
+MODEL_VERSION_KEY = {"model-baseline": "stable", "model-canary": "canary"}
+
+
+def _flag(argv: list[str], name: str) -> str | None:
+    """The value of ``--name VALUE`` or ``--name=VALUE`` in ``argv`` (the last one)."""
+    value = None
+    for i, part in enumerate(argv):
+        if part == name and i + 1 < len(argv):
+            value = argv[i + 1]
+        elif part.startswith(name + "="):
+            value = part.split("=", 1)[1]
+    return value
+
+
+def read_cmdline(pid: int) -> list[str] | None:
+    """The argv of process ``pid`` (``/proc/<pid>/cmdline``), None when it is gone."""
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return None
+    parts = raw.split(b"\0")
+    if parts and parts[-1] == b"":
+        parts.pop()
+    return [p.decode("utf-8", errors="surrogateescape") for p in parts]
+
+
+@contextlib.contextmanager
+def _pinned(pid: int) -> Iterator[int | None]:
+    """A pidfd for ``pid`` (None where the platform has none): the PID cannot be reused
+    by another process while it is open, so a check and the signal hit the same one."""
+    opener = getattr(os, "pidfd_open", None)
+    if opener is None:
+        yield None
+        return
+    try:
+        fd = opener(pid)
+    except ProcessLookupError:
+        raise TargetError(
+            f"local target: process {pid} is gone (it exited before the kill)."
+        ) from None
+    except OSError:
+        yield None
+        return
+    try:
+        yield fd
+    finally:
+        os.close(fd)
 
 
 class LocalTarget(Target):
@@ -95,6 +165,71 @@ class LocalTarget(Target):
             )
         return pid
 
+    def program_config(self, program: str) -> dict[str, Any]:
+        """supervisord's own configuration of ``program`` (``getAllConfigInfo``)."""
+        try:
+            infos = self._rpc().supervisor.getAllConfigInfo()
+        except (OSError, xmlrpc.client.Error) as exc:
+            raise TargetError(
+                f"local target: supervisord did not answer for its configuration ({exc}); "
+                "is the stack running (`gameday stack status`)?"
+            ) from None
+        for info in infos:
+            if isinstance(info, dict) and info.get("name") == program:
+                return dict(info)
+        names = ", ".join(sorted(str(i.get("name")) for i in infos if isinstance(i, dict)))
+        raise TargetError(
+            f"local target: refusing to kill {program!r}: supervisord has no program of that "
+            f"name (it runs: {names or 'nothing'}); stack.json does not describe this "
+            "supervisord. Is state_dir the stack's own folder?"
+        )
+
+    def verify_program(self, role: str, pod: Replica, info: dict[str, Any]) -> list[str]:
+        """The program's configured argv, when it is ``role``'s; TargetError otherwise."""
+        command = str(info.get("command") or "")
+        try:
+            argv = shlex.split(command)
+        except ValueError:
+            argv = []
+        modules = ROLE_MODULES.get(role, ())
+        where = f"local target: refusing to kill {pod.name!r} as {role}"
+        if len(argv) < 3 or argv[1] != "-m" or argv[2] not in modules:
+            raise TargetError(
+                f"{where}: supervisord runs it as `{command[:300]}`, which is not a {role} "
+                f"(expected `python -m {' or '.join(modules)} ...`). stack.json and "
+                "supervisord disagree about this program; do not trust either: check the stack."
+            )
+        port = str(urlsplit(pod.url).port or "")
+        ports = {_flag(argv, "--port"), _flag(argv, "--instance-port")}
+        if not port or port not in ports:
+            raise TargetError(
+                f"{where}: its configured command listens on port(s) "
+                f"{', '.join(sorted(p for p in ports if p)) or 'none'}, but stack.json gives "
+                f"this replica the URL {pod.url}."
+            )
+        key = MODEL_VERSION_KEY.get(role)
+        if key is not None:
+            want = (self.description().get("versions") or {}).get(key)
+            got = _flag(argv, "--version")
+            if want is not None and got != want:
+                raise TargetError(
+                    f"{where}: its configured command serves version {got!r}, but the "
+                    f"{key} version of the stack is {want!r}."
+                )
+        return argv
+
+    def verify_process(self, pod: Replica, pid: int, argv: list[str]) -> None:
+        """The process behind ``pid`` runs exactly the program's configured command."""
+        actual = read_cmdline(pid)
+        if actual is None:
+            raise TargetError(f"local target: process {pid} of {pod.name!r} is gone.")
+        if actual != argv:
+            raise TargetError(
+                f"local target: refusing to kill {pod.name!r}: supervisord reports PID {pid}, "
+                f"but that process runs `{shlex.join(actual)[:300]}`, not the program's "
+                f"configured command `{shlex.join(argv)[:300]}`."
+            )
+
     def kill_pod(self, role: str, replica: str | None = None) -> KilledPod:
         self.check_allowed(role)
         pods = self.replicas(role)
@@ -108,11 +243,30 @@ class LocalTarget(Target):
                 names = ", ".join(p.name for p in pods)
                 raise TargetError(f"no replica {replica!r} of {role}: use one of {names}.")
             pod = matches[0]
+        argv = self.verify_program(role, pod, self.program_config(pod.name))
         pid = self.pid_of(pod.name)
-        killed_at = time.time()
-        os.kill(pid, signal.SIGKILL)
+        with _pinned(pid) as fd:
+            self.verify_process(pod, pid, argv)
+            killed_at = time.time()
+            try:
+                if fd is not None:
+                    signal.pidfd_send_signal(fd, signal.SIGKILL)
+                else:
+                    os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                raise TargetError(
+                    f"local target: process {pid} of {pod.name!r} exited before the kill."
+                ) from None
         return KilledPod(
-            name=pod.name, role=role, detail={"pid": pid, "signal": "SIGKILL", "time": killed_at}
+            name=pod.name,
+            role=role,
+            detail={
+                "pid": pid,
+                "signal": "SIGKILL",
+                "time": killed_at,
+                "module": argv[2],
+                "verified": "supervisord config + /proc cmdline",
+            },
         )
 
     def describe(self) -> dict[str, Any]:
