@@ -79,7 +79,11 @@ def supervised(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, A
     )
     try:
         for name in ("broker", "impostor"):
-            wait_for(lambda n=name: running_pid(sock, n), timeout=30, what=f"{name} running")
+
+            def up(n: str = name) -> int | None:
+                return running_pid(sock, n)
+
+            wait_for(up, timeout=30, what=f"{name} running")
         yield {"sd": sd, "sock": sock, "port": port}
     finally:
         children = [running_pid(sock, n) for n in ("broker", "impostor")]
