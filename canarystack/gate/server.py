@@ -51,9 +51,16 @@ from canarystack.broker.client import (
     BrokerUnavailable,
 )
 from canarystack.common.app import COMPONENT, Component, create_app
-from canarystack.common.errors import BadRequest, NotFound, parse_model, read_json_object
+from canarystack.common.errors import (
+    BadRequest,
+    NotFound,
+    json_response,
+    parse_model,
+    read_json_object,
+)
 from canarystack.common.faults import FaultParams, FaultRegistry, LatencyMs
 from canarystack.common.logs import get_logger
+from canarystack.gate.api_spec import install as install_api_spec
 from canarystack.gate.state import (
     STATES,
     BatchRefused,
@@ -557,16 +564,16 @@ async def _post_samples(request: web.Request) -> web.Response:
     except (BadRequest, NotFound):
         service.batches_total.labels(result="rejected").inc()
         raise
-    return web.json_response(result)
+    return json_response(result)
 
 
 async def _get_gate(request: web.Request) -> web.Response:
-    return web.json_response(request.app[SERVICE].status(request.match_info["release"]))
+    return json_response(request.app[SERVICE].status(request.match_info["release"]))
 
 
 async def _list_gates(request: web.Request) -> web.Response:
     service = request.app[SERVICE]
-    return web.json_response({"gates": [service.status(name) for name in service.gates]})
+    return json_response({"gates": [service.status(name) for name in service.gates]})
 
 
 async def _background(app: web.Application) -> AsyncIterator[None]:
@@ -605,5 +612,6 @@ def build_app(
     app.router.add_post("/v1/samples", _post_samples)
     app.router.add_get("/v1/gate", _list_gates)
     app.router.add_get("/v1/gate/{release}", _get_gate)
+    install_api_spec(app)
     app.cleanup_ctx.append(_background)
     return app
