@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import logging
 import math
 
 import pytest
 
+from canarystack.common import logs, strictjson
 from canarystack.common.auth import TokenFileError, load_admin_token
 from canarystack.common.buckets import bucket_labels, bucket_of, parse_edges
 from canarystack.common.cli import base_parser
@@ -187,3 +189,16 @@ def test_json_response_never_writes_nan() -> None:
     assert bad.status == 500
     assert bad.text is not None and "Infinity" not in bad.text
     assert json.loads(bad.text)["error"]["type"] == "server_error"
+
+
+def test_every_log_line_is_strict_json(capsys: pytest.CaptureFixture[str]) -> None:
+    logs.configure("info")
+    handler = logging.getLogger().handlers[0]
+    record = logging.LogRecord("t", logging.INFO, __file__, 1, "fault_injected", None, None)
+    record.component = "t"
+    record.fields = {"kl": math.nan, "actor": "bench\udcff", "edges": [math.inf, 1.0]}
+    line = handler.format(record)
+    parsed = strictjson.loads(line)
+    assert parsed["kl"] == "nan"
+    assert parsed["edges"] == ["inf", 1.0]
+    assert parsed["actor"] == "bench\\udcff"

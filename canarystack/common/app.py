@@ -45,6 +45,7 @@ from canarystack.common.errors import (
 )
 from canarystack.common.faults import FAULT_BODY_LIMIT, FaultRegistry
 from canarystack.common.logs import JsonLogger, get_logger
+from canarystack.common.openapi import install as install_openapi
 
 # How often expired faults are pruned (and their expiry logged) without a request.
 FAULT_SWEEP_INTERVAL_S = 0.5
@@ -95,7 +96,7 @@ async def _health(request: web.Request) -> web.Response:
     reason: str | None = None
     if comp.health_extra is not None:
         try:
-            extra = comp.health_extra()
+            extra = dict(comp.health_extra())
             strictjson.dumps(extra)  # a NaN here is a statistic gone bad: say so
         except Exception as exc:  # the health answer must still come
             assert comp.log is not None
@@ -178,4 +179,5 @@ def create_app(
     app.router.add_delete("/admin/faults", _clear_all)
     app.router.add_delete("/admin/faults/{fault_id}", _clear_fault)
     app.cleanup_ctx.append(_sweep_faults)
+    install_openapi(app)
     return app

@@ -13,7 +13,8 @@ Bodies and answers that cross the wire go through one strict path:
   before reading it (``Content-Length``) or as soon as the bytes read pass it, parses with
   ``canarystack.common.strictjson.loads`` (no NaN/Infinity, bounded integers and nesting,
   valid UTF-8) and answers 400 naming the problem; a body above
-  ``PARSE_IN_THREAD_BYTES`` is parsed in a worker thread so it never stalls the loop.
+  ``PARSE_IN_THREAD_BYTES``, or with many items, is parsed in a worker thread so it
+  never stalls the loop (``bench/event_loop_stall.py`` measures what is left).
 - ``json_response(data)`` writes with ``strictjson.dumps``: no ``NaN`` ever leaves a
   component. A non-finite value in an answer is a bug: it is logged (with where it sits)
   and that one answer is a 500; the process keeps serving.
@@ -40,8 +41,12 @@ M = TypeVar("M", bound=BaseModel)
 # The default body limit of every component (create_app's client_max_size): admin, broker,
 # gate and rollback bodies are small; the model server and the router pass their own.
 DEFAULT_BODY_LIMIT = 1024 * 1024
-# Bodies larger than this are parsed in a worker thread, off the event loop.
+# Bodies larger than this are parsed in a worker thread, off the event loop; so are
+# smaller ones with more than PARSE_IN_THREAD_ITEMS separators (',' and ':'), since what
+# costs is per item (strictjson checks numbers and walks every value in Python: a 1 MiB
+# array of small integers takes ~300 ms; a 1 MiB prompt string ~2 ms).
 PARSE_IN_THREAD_BYTES = 1024 * 1024
+PARSE_IN_THREAD_ITEMS = 2048
 
 
 class ApiError(Exception):
@@ -232,6 +237,14 @@ async def read_body(
     return raw
 
 
+def _costly(raw: bytes) -> bool:
+    """Whether parsing ``raw`` could hold the loop for more than about a millisecond (a
+    C-speed count: separators inside strings only make it pick the thread more often)."""
+    if len(raw) > PARSE_IN_THREAD_BYTES:
+        return True
+    return raw.count(b",") + raw.count(b":") > PARSE_IN_THREAD_ITEMS
+
+
 def _refuse_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     seen: dict[str, Any] = {}
     for key, value in pairs:
@@ -261,7 +274,7 @@ async def read_json_object(
     if not raw.strip():
         raise BadRequest(f"{what} is empty: send a JSON object.")
     try:
-        if len(raw) > PARSE_IN_THREAD_BYTES:
+        if _costly(raw):
             loop = asyncio.get_running_loop()
             data = await loop.run_in_executor(None, strictjson.loads, raw)
         else:

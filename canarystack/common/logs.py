@@ -2,12 +2,18 @@
 ``component``, ``event`` and any extra fields.
 
 Use ``get_logger(component)`` and call ``log.info("event_name", key=value, ...)``.
+
+Every line is strict JSON, whatever the fields hold: a non-finite float is written as
+its name in a string (``"nan"``, ``"inf"``) and text that is not valid Unicode (an
+undecodable header arrives with lone surrogates) has those characters backslash-escaped,
+so a strict reader (``canarystack.common.strictjson``) can read every line.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 import sys
 import time
 from typing import Any
@@ -26,7 +32,28 @@ class _JsonFormatter(logging.Formatter):
             payload.update(fields)
         if record.exc_info:
             payload["exc"] = self.formatException(record.exc_info)
-        return json.dumps(payload, default=str, separators=(",", ":"))
+        try:
+            line = json.dumps(payload, default=str, separators=(",", ":"), allow_nan=False)
+        except ValueError:  # a non-finite float (or a circular value)
+            line = ""
+        if not line or "\\ud" in line:
+            line = json.dumps(_clean(payload), default=str, separators=(",", ":"))
+        return line
+
+
+def _clean(value: Any, depth: int = 0) -> Any:
+    """``value`` with non-finite floats as strings and lone surrogates escaped."""
+    if depth > 32:
+        return repr(value)[:200]
+    if isinstance(value, float) and not math.isfinite(value):
+        return repr(value)
+    if isinstance(value, str):
+        return value.encode("utf-8", "backslashreplace").decode("utf-8")
+    if isinstance(value, dict):
+        return {_clean(str(k), depth + 1): _clean(v, depth + 1) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_clean(v, depth + 1) for v in value]
+    return value
 
 
 class JsonLogger:
