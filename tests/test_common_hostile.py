@@ -209,13 +209,23 @@ def test_a_body_the_handler_read_first_is_parsed_once_more(comp: Proc) -> None:
     assert r.status_code == 200 and r.json() == {"keys": ["a", "b"]}
 
 
-def test_a_body_above_one_mib_is_read_under_a_larger_limit(spawn: Spawner) -> None:
-    # Just under the default limit: parsed in a worker thread, answered like any other.
-    body = json.dumps({"prompt": "y" * (DEFAULT_BODY_LIMIT - 100)}).encode()
-    assert len(body) <= DEFAULT_BODY_LIMIT
-    proc = spawn(MODULE)
-    r = requests.post(proc.url + "/echo", data=body, timeout=10)
-    assert r.status_code == 200 and r.json()["keys"] == ["prompt"]
+@pytest.mark.parametrize(
+    "body",
+    [
+        # Many items (parsed in a worker thread) and one long string (parsed on the loop).
+        {"prompt": list(range(20_000)), "n": 1},
+        {"prompt": "y" * (DEFAULT_BODY_LIMIT - 100), "n": 1},
+    ],
+    ids=["many-items", "one-long-string"],
+)
+def test_bodies_up_to_the_limit_are_read_whichever_way_they_are_parsed(
+    comp: Proc, body: dict[str, Any]
+) -> None:
+    data = json.dumps(body).encode()
+    assert len(data) <= DEFAULT_BODY_LIMIT
+    r = requests.post(comp.url + "/echo", data=data, timeout=10)
+    assert r.status_code == 200
+    assert r.json() == {"keys": ["n", "prompt"], "bytes": len(json.dumps(body))}
 
 
 # --------------------------------------------------------------- strict JSON in
