@@ -2,6 +2,8 @@
 
 The writer (``ParquetSink``, as Locust's collector drives it) runs in a real subprocess
 that is SIGKILLed mid-run; what it had flushed must be readable, in order, with no gap.
+Then a real Locust (through ``LoadRun``) against a real model server is SIGKILLed: the
+runner merges the closed parts into ``records.parquet``, every row a served request.
 Before, the sink wrote one ``.partial`` Parquet file whose footer only ``close()`` wrote:
 a SIGKILL lost every record.
 """
@@ -27,6 +29,8 @@ from gameday.load.records import (
     read_records_report,
     recover,
 )
+from gameday.load.runner import LoadConfig, LoadRun, LoadRunError
+from tests.procs import Spawner, wait_for
 
 ROWS_PER_GROUP = 50
 
@@ -132,3 +136,37 @@ def test_rows_are_flushed_by_time_too(tmp_path: Path) -> None:
     assert sink.rows_written == 1 and len(part_paths(path)) == 1
     with pytest.raises(FileNotFoundError, match="no records at"):
         read_records_report(tmp_path / "other.parquet")
+
+
+def test_a_sigkilled_locust_leaves_readable_records_of_real_requests(
+    spawn: Spawner, tmp_path: Path
+) -> None:
+    model = spawn("canarystack.model", "--version", "v1")
+    out = tmp_path / "run"
+    config = LoadConfig(host=model.url, output_dir=out, users=2, duration_s=120, max_tokens=4)
+    run = LoadRun(config).start()
+    records = run.records_path
+    try:
+        wait_for(lambda: len(part_paths(records)) >= 2, timeout=60, what="two closed parts")
+        seen_before = read_records_report(records).table.num_rows
+        assert run.pid is not None and not records.exists()  # not closed yet
+        os.kill(run.pid, signal.SIGKILL)  # as the OOM killer or a lost node would
+        with pytest.raises(LoadRunError, match=r"exited with code -9 \((\d+) rows of records"):
+            run.wait(timeout_s=10)
+    finally:
+        if run.running and run.pid is not None:
+            os.kill(run.pid, signal.SIGKILL)
+            run.wait(timeout_s=10)
+    # the runner merged the closed parts into records.parquet for every reader
+    assert part_paths(records) == []
+    table = pq.read_table(records)
+    ids = table.column("request_id").to_pylist()
+    assert table.num_rows >= seen_before > 0 and len(set(ids)) == len(ids)
+
+    # every recovered record is a request the model server really answered
+    def served() -> set[str]:
+        return {
+            str(e["request_id"]) for e in model.log_events() if e.get("event") == "request_done"
+        }
+
+    wait_for(lambda: set(ids) <= served(), timeout=10, what="the server's log of every record")
