@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import fcntl
+import math
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -72,10 +73,16 @@ def lock_state_dir(state_dir: Path) -> IO[str]:
 def main(argv: Sequence[str] | None = None) -> None:
     parser = build_parser()
     args = parse(parser, argv)
-    if not args.router_expiry_s > 0:
-        parser.error(f"--router-expiry-s must be > 0 seconds, got {args.router_expiry_s}")
-    if not args.max_watch_s > 0:
-        parser.error(f"--max-watch-s must be > 0 seconds, got {args.max_watch_s}")
+    # Finite too: an infinite expiry keeps dead routers listed for ever, an infinite
+    # --max-watch-s lets a client hold a long-poll for ever.
+    if not 0 < args.router_expiry_s < math.inf:
+        parser.error(
+            f"--router-expiry-s must be a finite number of seconds > 0, got {args.router_expiry_s}"
+        )
+    if not 0 < args.max_watch_s < math.inf:
+        parser.error(
+            f"--max-watch-s must be a finite number of seconds > 0, got {args.max_watch_s}"
+        )
     state_dir = Path(args.state_dir).resolve()
     try:
         state_dir.mkdir(parents=True, exist_ok=True)

@@ -7,6 +7,7 @@ values end the process with a message naming the flag.
 from __future__ import annotations
 
 import argparse
+import re
 from collections.abc import Sequence
 
 from canarystack.common.auth import load_admin_token
@@ -15,6 +16,8 @@ from canarystack.rollback.executor import ExecutorConfig
 from canarystack.rollback.server import build_app
 
 _D = ExecutorConfig()
+# The broker's release names (canarystack.broker.server.NAME_PATTERN).
+_RELEASE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -70,6 +73,20 @@ def main(argv: Sequence[str] | None = None) -> None:
         parser.error(f"--apply-retries must be >= 0, got {args.apply_retries}")
     if args.empty_routers_grace_s < 0:
         parser.error(f"--empty-routers-grace-s must be >= 0, got {args.empty_routers_grace_s}")
+    for value, name in (
+        (args.poll_ms, "--poll-ms"),
+        (args.apply_timeout_s, "--apply-timeout-s"),
+        (args.empty_routers_grace_s, "--empty-routers-grace-s"),
+    ):
+        if value != value or value in (float("inf"), float("-inf")):
+            parser.error(f"{name} must be a finite number, got {value}")
+    for release in args.release or []:
+        if not _RELEASE_RE.fullmatch(release):
+            parser.error(
+                f"--release {release!r} is not a release name the broker accepts: use "
+                "letters, digits, '.', '_' or '-', starting with a letter or digit, at most "
+                "128 characters (the broker would refuse every request for it)"
+            )
     config = ExecutorConfig(
         poll_s=args.poll_ms / 1000.0,
         apply_timeout_s=args.apply_timeout_s,

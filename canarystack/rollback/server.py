@@ -259,8 +259,10 @@ class RollbackService:
     def _loop_failed(self, loop: str, kind: str, error: str, *, exc_info: bool = False) -> None:
         self.loops[loop].failed(kind, error)
         self.loop_errors.labels(loop=loop, kind=kind).inc()
-        log = _log.warning if kind in TRANSIENT_KINDS else _log.error
-        log("loop_error", loop=loop, kind=kind, error=error, exc_info=exc_info)
+        if kind in TRANSIENT_KINDS:
+            _log.warning("loop_error", loop=loop, kind=kind, error=error)
+        else:
+            _log.error("loop_error", exc_info=exc_info, loop=loop, kind=kind, error=error)
 
     def supervise(self, loop: str, coro: Any) -> asyncio.Task[None]:
         """Run a loop as a task; should it ever end, /health says so."""
