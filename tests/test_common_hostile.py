@@ -209,6 +209,15 @@ def test_a_body_the_handler_read_first_is_parsed_once_more(comp: Proc) -> None:
     assert r.status_code == 200 and r.json() == {"keys": ["a", "b"]}
 
 
+def test_a_handler_reading_past_the_app_limit_gets_a_413_naming_the_limit(comp: Proc) -> None:
+    # request.read() (aiohttp's own limit, client_max_size) rather than the shared reader.
+    body = json.dumps({"pad": "x" * (DEFAULT_BODY_LIMIT + 10)}).encode()
+    r = requests.post(comp.url + "/read-then-parse", data=body, timeout=10)
+    assert r.status_code == 413
+    message = r.json()["error"]["message"]
+    assert str(DEFAULT_BODY_LIMIT) in message and "send a smaller body" in message
+
+
 @pytest.mark.parametrize(
     "body",
     [
