@@ -194,3 +194,14 @@ def test_canary_off_409_is_no_pair_and_no_failure(server: str) -> None:
 def test_a_canary_5xx_stays_a_canary_error(server: str) -> None:
     _, error, outcome = judge_pair(ask(server, "sound"), ask(server, "down"))
     assert outcome == "failed" and error == "canary: http_status: HTTP 500: boom"
+
+
+def test_stream_and_body_readers_refuse_hostile_json_without_crashing() -> None:
+    from gameday.load.sse import StreamMeasurement, parse_full_response
+
+    deep = "[" * 100_000 + "]" * 100_000
+    m = StreamMeasurement(t_sent=0.0)
+    m.on_payload(deep, 1.0)  # before: RecursionError out of the stream reader
+    assert m.malformed is not None and "nested deeper than 64" in m.malformed
+    with pytest.raises(ValueError, match=r"not JSON we read: .*digits"):
+        parse_full_response(b'{"choices": [], "usage": {"prompt_tokens": ' + b"7" * 5000 + b"}}")

@@ -128,7 +128,7 @@ class OpenAIClient:
         self, attempt: Attempt, body: dict[str, Any], headers: dict[str, str] | None = None
     ) -> None:
         """Send ``body`` and fill ``attempt``; never raises for network or server trouble."""
-        payload = json.dumps(body).encode()
+        payload = json.dumps(body, allow_nan=False).encode()
         all_headers = {
             **self.headers,
             **(headers or {}),

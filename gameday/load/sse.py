@@ -23,10 +23,11 @@ Pure code: no sockets, no clock of its own, no imports of Locust or gevent.
 from __future__ import annotations
 
 import itertools
-import json
 import math
 from dataclasses import dataclass, field
 from typing import Any
+
+from gameday.oracle.wire import loads as wire_loads
 
 ERROR_KINDS = ("connect", "http_status", "broken_stream", "empty_completion", "timeout")
 DONE = "[DONE]"
@@ -106,9 +107,9 @@ class StreamMeasurement:
             return
         self.events += 1
         try:
-            event = json.loads(payload)
-        except json.JSONDecodeError:
-            self.malformed = self.malformed or f"event {self.events} is not JSON"
+            event = wire_loads(payload, keep_non_finite=True)
+        except ValueError as exc:  # not JSON, nested too deep, a 5000-digit integer, ...
+            self.malformed = self.malformed or f"event {self.events} is not JSON we read: {exc}"
             return
         if not isinstance(event, dict):
             self.malformed = self.malformed or f"event {self.events} is not a JSON object"
@@ -160,9 +161,9 @@ def parse_full_response(body: bytes) -> tuple[str, int | None, int | None]:
     Raises ValueError when the body is not a completion object.
     """
     try:
-        obj = json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise ValueError("response body is not JSON") from None
+        obj = wire_loads(body, keep_non_finite=True)
+    except ValueError as exc:
+        raise ValueError(f"response body is not JSON we read: {exc}") from None
     if not isinstance(obj, dict) or not isinstance(obj.get("choices"), list):
         raise ValueError("response has no 'choices' list")
     parts: list[str] = []
