@@ -21,11 +21,11 @@ import requests
 
 from canarystack.broker.client import BrokerClient
 from canarystack.common.auth import ENV_VAR
-from canarystack.gate.server import SERVICE, GateService, build_app
+from canarystack.gate.server import SAMPLES_BODY_LIMIT, SERVICE, GateService, build_app
 from canarystack.gate.state import GateConfig
 from tests.broker_support import Api, start_broker
 from tests.procs import ADMIN_TOKEN, Proc, Spawner, wait_for
-from tests.test_gate_service import batch, comparison, gate_state, post, setup_stack
+from tests.test_gate_service import ADMIN, batch, comparison, gate_state, post, setup_stack
 
 
 def noise(kl: float) -> dict[str, Any]:
@@ -94,6 +94,12 @@ def test_out_of_bounds_sample_values_get_a_400_naming_the_field(
     r = post(gate, batch([*good, {**comparison("4k+", 0.01), "bucket": "3k-5k"}]))
     assert r.status_code == 400 and r.json()["error"]["param"] == "comparisons[10].bucket"
     assert gate_state(gate)["samples"]["comparisons"] == 0
+    # A body larger than any router batch is refused before it is parsed (it would
+    # hold the event loop): 413 naming the limit.
+    big = b'{"router_id": "r", "release": "default"' + b" " * SAMPLES_BODY_LIMIT + b"}"
+    r = requests.post(gate.url + "/v1/samples", data=big, headers=ADMIN, timeout=10)
+    assert r.status_code == 413, r.text[:300]
+    assert str(SAMPLES_BODY_LIMIT) in r.json()["error"]["message"]
 
 
 def test_a_resent_batch_counts_once(spawn: Spawner, tmp_path: Path) -> None:

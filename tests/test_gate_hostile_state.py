@@ -91,6 +91,18 @@ def test_kl_is_clipped_on_ingestion_so_one_sample_moves_a_detector_by_a_bounded_
     assert g.problems() == []
 
 
+def test_a_broken_baseline_comparison_never_raises_the_noise_floor() -> None:
+    g = gate()
+    broken = [{**noise(0.01 * i, 1.0), "invalid": "nan_logprobs"} for i in range(100)]
+    got = g.ingest(batch(broken), 1.0, 1.0)
+    assert got.ignored == {"noise_invalid": 100} and got.noise_comparisons == 0
+    assert g.noise_json()["4k+"]["samples"] == 0
+    # A broken canary answer, sent as maximal divergence, is canary evidence: it trips.
+    bad = [{**comparison(2 + 0.01 * i, "4k+", 1.0, agree=0.0), "invalid": "x"} for i in range(20)]
+    g.ingest(batch(bad), 2.0, 2.0)
+    assert g.trip is not None and g.trip["test"] == "drift"
+
+
 def test_mean_window_stays_exact_when_a_dominant_value_leaves() -> None:
     w = MeanWindow(500)
     w.add(1e300)

@@ -75,7 +75,10 @@ class _Sample(BaseModel):
 class Comparison(_Sample):
     """One shadow comparison. ``kl_mean`` / ``kl_first`` may be any finite value >= 0:
     the gate clips them at its ``kl_clip`` on ingestion (a broken canary's huge KL is
-    maximal divergence, never an overflow)."""
+    maximal divergence, never an overflow). ``invalid`` (the router's reason, when one
+    side's answer was broken) makes a baseline-canary comparison count as it is sent
+    (maximal divergence); a baseline-baseline one is never part of the noise floor (a
+    broken baseline must not raise the floor and hide a drifted canary)."""
 
     time: float = Field(ge=0, le=MAX_TIME)
     pair: Literal["baseline-canary", "baseline-baseline"]
@@ -90,6 +93,7 @@ class Comparison(_Sample):
     version_a: str | None = Field(default=None, max_length=MAX_ID)
     version_b: str | None = Field(default=None, max_length=MAX_ID)
     request_id: str | None = Field(default=None, max_length=MAX_ID)
+    invalid: str | None = Field(default=None, max_length=MAX_ID)
 
 
 class Outcome(_Sample):
@@ -506,6 +510,9 @@ class ReleaseGate:
         kl = min(c.kl_mean, cfg.kl_clip)
         disagree = min(1.0, max(0.0, 1.0 - c.top1_agree))
         if c.pair == "baseline-baseline":
+            if c.invalid is not None:
+                got.ignore("noise_invalid")
+                return
             got.noise_comparisons += 1
             bucket.noise_comparisons += 1
             for scope in self._scopes_of[c.bucket]:
