@@ -255,7 +255,7 @@ def test_x_actor_header_that_cannot_be_stored_gets_400(api: Api, actor: bytes, t
     r = api.session.patch(
         api.url + f"/v1/releases/{name}",
         data=json.dumps({"expected_revision": 1, "weights": {"canary": 9}}),
-        headers={**api.headers, "Content-Type": "application/json", "x-actor": actor},  # type: ignore[dict-item]
+        headers={**api.headers, "Content-Type": "application/json", "x-actor": actor},
         timeout=10,
     )
     assert r.status_code == 400, r.text
@@ -378,3 +378,37 @@ def test_infinite_durations_are_refused_at_start(tmp_path: Path) -> None:
         )
         assert done.returncode == 2, done.stderr
         assert f"{flag} must be a finite number of seconds > 0, got inf" in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param"),
+    [
+        (
+            "/v1/releases/{name}/events",
+            {"actor": "t", "change": {"annotation": "x", "pad": "a" * 20_000}},
+            "change",
+        ),
+        (
+            "/v1/releases/{name}",
+            {
+                "actor": "t",
+                "expected_revision": 1,
+                "phase": "tripped",
+                "trip": trip_evidence(detail={"pad": "a" * 20_000}),
+            },
+            "trip.detail",
+        ),
+    ],
+)
+def test_what_goes_into_every_page_of_history_stays_small(
+    api: Api, path: str, body: dict[str, Any], param: str
+) -> None:
+    name = api.create()["name"]
+    method = "PATCH" if path.endswith("}") and "events" not in path else "POST"
+    r = api.write(method, path.format(name=name), body)
+    assert r.status_code == 400, r.text
+    err = _error(r)
+    assert err["param"] == param
+    assert "over the limit of 16384" in err["message"]
+    assert len(api.events(name)) == 1
+    _still_serving(api, name)

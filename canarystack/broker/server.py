@@ -42,7 +42,7 @@ from typing import Annotated, Any, Literal, TypeVar
 
 from aiohttp import web
 from prometheus_client import Counter, Gauge, Histogram
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator, model_validator
 
 import canarystack
 from canarystack.broker.api_spec import install as install_api_spec
@@ -59,6 +59,7 @@ from canarystack.broker.wire import (
     read_json_object,
     read_optional_object,
 )
+from canarystack.common import strictjson
 from canarystack.common.app import COMPONENT, Component, create_app
 from canarystack.common.errors import (
     BadRequest,
@@ -111,6 +112,22 @@ EpochSeconds = Annotated[float, Field(strict=True, ge=0, allow_inf_nan=False)]
 Count = Annotated[StrictInt, Field(ge=0, le=MAX_INT64)]
 
 
+# An event's change is part of every page of history (up to MAX_EVENTS_PER_PAGE of them
+# per answer), so what a client adds to one (an annotation, trip detail) stays small.
+MAX_EVENT_FIELD_BYTES = 16 * 1024
+
+
+def _small_json(value: dict[str, Any], field: str) -> dict[str, Any]:
+    size = len(strictjson.dumps(value))
+    if size > MAX_EVENT_FIELD_BYTES:
+        raise ValueError(
+            f"{field} is {size} bytes as JSON, over the limit of {MAX_EVENT_FIELD_BYTES}: it "
+            "is stored in the release's event history and read back on every page; keep "
+            "it to a few fields"
+        )
+    return value
+
+
 class _Body(BaseModel):
     # Unknown fields are refused so that typos show instead of being ignored.
     model_config = ConfigDict(extra="forbid")
@@ -130,6 +147,11 @@ class TripEvidence(_Body):
     last_sample_time: Number
     tripped_at: Number
     detail: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("detail")
+    @classmethod
+    def _small_detail(cls, value: dict[str, Any]) -> dict[str, Any]:
+        return _small_json(value, "trip.detail")
 
     @model_validator(mode="after")
     def _ordered(self) -> TripEvidence:
@@ -175,6 +197,11 @@ class Annotation(_Body):
     actor: Actor | None = None
     change: dict[str, Any]
     reason: Reason = ""
+
+    @field_validator("change")
+    @classmethod
+    def _small_change(cls, value: dict[str, Any]) -> dict[str, Any]:
+        return _small_json(value, "change")
 
     @model_validator(mode="after")
     def _has_annotation(self) -> Annotation:
@@ -670,7 +697,10 @@ async def list_events(request: web.Request) -> web.Response:
     # Oldest first after after_seq; a page shorter than limit is the last one. Readers
     # repeat with after_seq=next_after_seq until then.
     next_after_seq = events[-1]["seq"] if events else after_seq
-    return json_response({"events": events, "next_after_seq": next_after_seq, "limit": limit})
+    payload = {"events": events, "next_after_seq": next_after_seq, "limit": limit}
+    # A full page is megabytes of JSON: write it off the event loop.
+    body = await asyncio.get_running_loop().run_in_executor(None, strictjson.dumps_bytes, payload)
+    return web.Response(body=body, content_type="application/json")
 
 
 async def annotate(request: web.Request) -> web.Response:
