@@ -81,7 +81,14 @@ HOSTILE: list[tuple[str, str, bytes, str, str | None]] = [
         "deep-nesting",
         COMP,
         completion(',"user":' + "[" * 50_000 + "]" * 50_000),
-        "nested too deeply",
+        "holds 50001 JSON arrays and objects; at most 20000",
+        None,
+    ),
+    (
+        "many-shallow-containers",
+        COMP,
+        completion(',"x":[' + ",".join(["[[]]"] * 10_000) + "]"),
+        "holds 20002 JSON arrays and objects",
         None,
     ),
     (
@@ -153,6 +160,12 @@ def test_hostile_body_is_a_400_naming_it_and_the_next_request_is_served(
     )
     assert_error(resp, 400, text, param)
     assert_served(server)
+
+
+def test_brackets_inside_strings_are_not_containers(server: Proc) -> None:
+    raw = completion("", '"' + "[{" * 15_000 + ' \\" [[ "')
+    resp = requests.post(server.url + COMP, data=raw, timeout=20)
+    assert resp.status_code == 200, resp.text
 
 
 def test_body_over_the_limit_is_a_413_from_content_length(server: Proc) -> None:
@@ -272,7 +285,7 @@ def test_a_big_body_is_parsed_while_another_request_keeps_streaming(spawn: Any) 
         "--prefill-ms-per-1k",
         "0",
         "--itl-ms",
-        "4",
+        "2",
         "--itl-jitter",
         "0",
     )
@@ -284,7 +297,7 @@ def test_a_big_body_is_parsed_while_another_request_keeps_streaming(spawn: Any) 
     def small_stream() -> None:
         resp = requests.post(
             proc.url + COMP,
-            json={"prompt": "a b c", "max_tokens": 300, "stream": True, "temperature": 0},
+            json={"prompt": "a b c", "max_tokens": 500, "stream": True, "temperature": 0},
             stream=True,
             timeout=60,
         )
@@ -300,12 +313,26 @@ def test_a_big_body_is_parsed_while_another_request_keeps_streaming(spawn: Any) 
     try:
         assert first_token.wait(20)
         answers = [requests.post(proc.url + COMP, data=big, timeout=60) for _ in range(2)]
+        # And a big legitimate answer: 1000 positions with 20 alternatives each.
+        wide = requests.post(
+            proc.url + CHAT,
+            json={
+                "messages": [{"role": "user", "content": "a b"}],
+                "max_tokens": 1000,
+                "logprobs": True,
+                "top_logprobs": 20,
+            },
+            timeout=60,
+        )
     finally:
         thread.join(60)
     assert not thread.is_alive()
     for resp in answers:
         assert_error(resp, 400, "bytes of text; this model server accepts at most", "prompt")
+    assert wide.status_code == 200, wide.text[:300]
+    content = strictjson.loads(wide.content)["choices"][0]["logprobs"]["content"]
+    assert len(content) == 1000 and all(len(c["top_logprobs"]) == 20 for c in content)
     assert stream_result["status"] == 200
     events = stream_result["events"]
-    assert len(events) == 300 and events[-1]["choices"][0]["finish_reason"] == "length"
+    assert len(events) == 500 and events[-1]["choices"][0]["finish_reason"] == "length"
     assert_served(proc)

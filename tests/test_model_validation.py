@@ -116,7 +116,8 @@ def test_bad_field_is_a_400_naming_it(
         (b"{not json", "not valid JSON"),
         (b"[1, 2]", "must be a JSON object"),
         (b"\xff\xfe", "not valid JSON"),
-        (b"[" * 50_000, "nested too deeply"),
+        (b"[" * 50_000, "50000 JSON arrays and objects; at most 20000"),
+        (b"[" * 70 + b"]" * 70, "nested deeper than 64 levels"),
         (b'{"prompt": "a", "max_tokens": ' + b"9" * 5000 + b"}", "not valid JSON"),
     ],
 )

@@ -6,8 +6,9 @@ What a client sends is bounded before it costs anything:
   ``BYTES_PER_TOKEN`` + ``ENVELOPE_BYTES``; ``--max-body-bytes`` overrides), refused
   with a 413 from ``Content-Length`` before a byte is read, or as soon as a chunked body
   passes the limit;
-- the JSON: ``canarystack.common.strictjson`` (no ``NaN``/``Infinity``, integers of at
-  most 32 digits, nesting of at most 64 levels, valid UTF-8 without lone surrogates);
+- the JSON: at most ``MAX_CONTAINERS`` arrays and objects (counted before parsing), then
+  ``canarystack.common.strictjson`` (no ``NaN``/``Infinity``, integers of at most 32
+  digits, nesting of at most 64 levels, valid UTF-8 without lone surrogates);
 - before pydantic sees the body: at most ``MAX_MESSAGES`` messages and
   ``MAX_STOP_SEQUENCES`` stop strings of at most ``MAX_STOP_CHARS`` characters each;
 - before the prompt is tokenised: at most ``Limits.prompt_bytes`` bytes of prompt text
@@ -21,6 +22,7 @@ the one request's body.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,10 +41,18 @@ from canarystack.model.schemas import (
 # the room for everything around the prompt.
 BYTES_PER_TOKEN = 16
 ENVELOPE_BYTES = 64 * 1024
-# Bodies above this are parsed in a worker thread, so other requests keep streaming.
-OFF_LOOP_BYTES = 1024 * 1024
+# Bodies above this are parsed in a worker thread, so other requests keep streaming: a
+# body at the default limit (320 KiB) of 64-deep arrays takes ~100 ms to parse and check,
+# and a worker thread gives the GIL back to the loop every switch interval (5 ms).
+OFF_LOOP_BYTES = 64 * 1024
 # Caps checked before validation (pydantic would otherwise build a model per message).
 MAX_MESSAGES = 2048
+# Arrays and objects in one body, counted outside strings before parsing: json.loads
+# builds each in C without letting another thread in (~1 us each), so 150,000 empty
+# lists in 320 KiB would hold the GIL for ~150 ms even in a worker thread. 2048 chat
+# messages with content parts need ~10,000.
+MAX_CONTAINERS = 20_000
+_JSON_STRING = re.compile(rb'"(?:[^"\\]++|\\.)*+"')
 # The admin API's bodies (fault injection) are tiny.
 ADMIN_BODY_BYTES = 64 * 1024
 READ_CHUNK_BYTES = 64 * 1024
@@ -102,9 +112,25 @@ class Parsed:
     max_tokens: int | None
 
 
+def _containers(raw: bytes) -> int:
+    """How many arrays and objects ``raw`` opens outside its strings (an upper bound)."""
+    n = raw.count(b"[") + raw.count(b"{")
+    if n <= MAX_CONTAINERS:
+        return n
+    outside = _JSON_STRING.sub(b"", raw)
+    return outside.count(b"[") + outside.count(b"{")
+
+
 def _json_object(raw: bytes) -> dict[str, Any]:
     if not raw:
         raise BadRequest("Request body is empty: send a JSON object.")
+    containers = _containers(raw)
+    if containers > MAX_CONTAINERS:
+        raise BadRequest(
+            f"Request body holds {containers} JSON arrays and objects; at most "
+            f"{MAX_CONTAINERS} are read (and at most {strictjson.MAX_DEPTH} levels deep). "
+            "Send a smaller document."
+        )
     try:
         data = strictjson.loads(raw)
     except strictjson.StrictJsonError as exc:

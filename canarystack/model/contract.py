@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
@@ -101,6 +102,10 @@ def run_model_server(
         else create_app(component, client_max_size=client_max_size)
     )
     server.add_routes(app)
+    # Everything built so far (modules, the engine's tables) lives as long as the
+    # process: out of the collector's sight, a full collection during a big answer
+    # scans only that answer's objects (~2 ms instead of ~60 ms of a frozen loop).
+    gc.freeze()
     serve(app, args, COMPONENT)
 
 

@@ -22,12 +22,13 @@ an engine that writes them with Python's ``json`` would (``allow_nan=True``):
   overflowed; the text is the healthy one);
 - ``garbage``: ``"logprobs": null`` even when the client asked for logprobs.
 
-Everything else is written strictly (``allow_nan=False``): a healthy answer can never
-carry a non-finite number by accident.
+Everything else is written strictly: a healthy answer can never carry a non-finite
+number by accident (``_num`` raises rather than write one).
 
-The per-chunk path is string concatenation over pre-encoded pieces (no pydantic, one
-small ``json.dumps`` only when logprobs were asked for). This module must never decide
-timing or read requests.
+The per-chunk path is string concatenation over pre-encoded pieces (no pydantic, no
+``json.dumps`` of logprobs: the fragments are built by hand); a non-streaming answer is
+built in steps (``full_response_steps``) so the server can yield between them. This
+module must never decide timing or read requests.
 """
 
 from __future__ import annotations
@@ -35,21 +36,31 @@ from __future__ import annotations
 import functools
 import json
 import math
-from typing import Any
+from collections.abc import Generator
 
 from canarystack.model.generation import Output, Piece, token_texts
 
 DONE = b"data: [DONE]\n\n"
 _dumps = functools.partial(json.dumps, separators=(",", ":"), allow_nan=False)
-# Only a broken kernel's logprobs are written with this one.
-_dumps_broken = functools.partial(json.dumps, separators=(",", ":"), allow_nan=True)
 # The logprob a broken kernel reports at every position it touches.
 BROKEN_LOGPROB = {"nan-logits": math.nan, "inf-logits": -math.inf}
+# Positions rendered between two yields of a non-streaming answer.
+FULL_RESPONSE_BATCH = 64
 
 
 @functools.cache
 def token_json() -> tuple[str, ...]:
     return tuple(_dumps(t) for t in token_texts())
+
+
+@functools.cache
+def chat_token_parts() -> tuple[tuple[str, str], ...]:
+    """Per token id, a chat logprob entry around its value: ``{"token":T,"logprob":`` and
+    ``,"bytes":[...]`` (the caller closes it)."""
+    return tuple(
+        ('{"token":' + tj + ',"logprob":', ',"bytes":' + _dumps(list(t.encode())))
+        for t, tj in zip(token_texts(), token_json(), strict=True)
+    )
 
 
 def usage_json(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
@@ -58,6 +69,16 @@ def usage_json(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
         "total_tokens": prompt_tokens + completion_tokens,
         "completion_tokens": completion_tokens,
     }
+
+
+def _joined(chunks: list[bytes]) -> list[bytes]:
+    """``chunks`` with b"," between them, to join once with the rest of the answer."""
+    out: list[bytes] = []
+    for i, chunk in enumerate(chunks):
+        if i:
+            out.append(b",")
+        out.append(chunk)
+    return out
 
 
 class Renderer:
@@ -83,7 +104,6 @@ class Renderer:
         # garbage: no logprobs at all, whatever was asked; NaN/-inf: every value replaced.
         self._no_logprobs = logprobs is None or broken == "garbage"
         self._bad_value = BROKEN_LOGPROB.get(broken or "")
-        self._lp_dumps = _dumps if self._bad_value is None else _dumps_broken
         self.include_usage = include_usage
         self._offset = 0
 
@@ -99,39 +119,48 @@ class Renderer:
         self._usage_tail = ',"usage":null}\n\n' if include_usage else "}\n\n"
 
     # -- logprobs -------------------------------------------------------------------
-    def _completion_logprobs(self, piece: Piece) -> dict[str, Any]:
-        texts = token_texts()
-        dist = piece.step.dist
-        bad = self._bad_value
-        lp = dist.logprob_of(piece.token_id) if bad is None else bad
-        n = self.logprobs or 0
-        top = {texts[t]: (v if bad is None else bad) for t, v in dist.top(n)}
-        top.setdefault(texts[piece.token_id], lp)
-        entry = {
-            "text_offset": [self._offset],
-            "token_logprobs": [lp],
-            "tokens": [texts[piece.token_id]],
-            "top_logprobs": [top],
-        }
-        return entry
+    # JSON fragments built by hand from pre-encoded token parts: a request with 20
+    # alternatives per position over thousands of tokens must not spend seconds in
+    # json.dumps (which never lets the event loop in).
+    def _num(self, value: float) -> str:
+        """A logprob as JSON: float.__repr__ (what json writes) or, for a broken kernel
+        only, the bare tokens Python's json would write; never NaN in a healthy answer."""
+        if math.isfinite(value):
+            return float.__repr__(value)
+        if self._bad_value is None:
+            raise ValueError(f"non-finite logprob {value!r} in a healthy answer")
+        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
 
-    def _chat_logprob(self, piece: Piece) -> dict[str, Any]:
-        texts = token_texts()
+    def _value(self, value: float) -> float:
+        return value if self._bad_value is None else self._bad_value
+
+    def _completion_parts(self, piece: Piece) -> tuple[str, str, str, str]:
+        """(text_offset, token_logprob, token, top_logprobs) of one position as JSON; the
+        sampled token is always in top_logprobs, as vLLM does."""
+        tj = token_json()
         dist = piece.step.dist
-        bad = self._bad_value
-        return {
-            "token": texts[piece.token_id],
-            "logprob": dist.logprob_of(piece.token_id) if bad is None else bad,
-            "bytes": list(texts[piece.token_id].encode()),
-            "top_logprobs": [
-                {
-                    "token": texts[t],
-                    "logprob": v if bad is None else bad,
-                    "bytes": list(texts[t].encode()),
-                }
-                for t, v in dist.top(self.logprobs or 0)
-            ],
-        }
+        chosen = dist.logprob_of(piece.token_id)
+        top = dict(dist.top(self.logprobs or 0))
+        top.setdefault(piece.token_id, chosen)
+        top_json = "{" + ",".join(tj[t] + ":" + self._num(self._value(v)) for t, v in top.items())
+        return (
+            str(self._offset),
+            self._num(self._value(chosen)),
+            tj[piece.token_id],
+            top_json + "}",
+        )
+
+    def _chat_logprob(self, piece: Piece) -> str:
+        """One ``logprobs.content`` entry of chat as JSON."""
+        parts = chat_token_parts()
+        dist = piece.step.dist
+        head, tail = parts[piece.token_id]
+        tops = ",".join(
+            parts[t][0] + self._num(self._value(v)) + parts[t][1] + "}"
+            for t, v in dist.top(self.logprobs or 0)
+        )
+        chosen = self._num(self._value(dist.logprob_of(piece.token_id)))
+        return head + chosen + tail + ',"top_logprobs":[' + tops + "]}"
 
     # -- streaming --------------------------------------------------------------------
     def first_chunk(self) -> bytes:
@@ -162,9 +191,13 @@ class Renderer:
             text_json = _dumps(piece.text)
         if piece is not None and not self._no_logprobs:
             if self.kind == "completion":
-                lp = self._lp_dumps(self._completion_logprobs(piece))
+                offset, chosen, token, top = self._completion_parts(piece)
+                lp = (
+                    f'{{"text_offset":[{offset}],"token_logprobs":[{chosen}],'
+                    f'"tokens":[{token}],"top_logprobs":[{top}]}}'
+                )
             else:
-                lp = '{"content":[' + self._lp_dumps(self._chat_logprob(piece)) + "]}"
+                lp = '{"content":[' + self._chat_logprob(piece) + "]}"
         else:
             lp = "null"
         if piece is not None:
@@ -188,44 +221,60 @@ class Renderer:
         return ("data: " + self._chunk_head + f'"choices":[],"usage":{usage}}}\n\n').encode()
 
     # -- non-streaming ----------------------------------------------------------------
-    def full_response(self, out: Output, prompt_tokens: int) -> bytes:
-        text = "".join(p.text for p in out.pieces)
-        logprobs: Any = None
-        if not self._no_logprobs:
-            if self.kind == "completion":
-                merged: dict[str, list[Any]] = {
-                    "text_offset": [],
-                    "token_logprobs": [],
-                    "tokens": [],
-                    "top_logprobs": [],
-                }
-                for piece in out.pieces:
-                    entry = self._completion_logprobs(piece)
-                    self._offset += len(piece.text)
-                    for key in merged:
-                        merged[key].extend(entry[key])
-                logprobs = merged
-            else:
-                logprobs = {"content": [self._chat_logprob(p) for p in out.pieces]}
-        choice: dict[str, Any]
+    def full_response_steps(
+        self, out: Output, prompt_tokens: int, batch: int = FULL_RESPONSE_BATCH
+    ) -> Generator[None, None, bytes]:
+        """The whole answer's bytes (the generator's return value), built ``batch``
+        positions at a time and encoded per batch (one copy of a big answer at the end,
+        not several): the caller yields to the event loop at each step."""
+        text = _dumps("".join(p.text for p in out.pieces))
+        fr = _dumps(out.finish_reason)
         if self.kind == "completion":
-            choice = {
-                "index": 0,
-                "text": text,
-                "logprobs": logprobs,
-                "finish_reason": out.finish_reason,
-                "stop_reason": out.stop_reason,
-            }
+            head = f'"choices":[{{"index":0,"text":{text},"logprobs":'
+            tail = f',"finish_reason":{fr},"stop_reason":{_dumps(out.stop_reason)}}}]'
         else:
-            choice = {
-                "index": 0,
-                "message": {"role": "assistant", "content": text},
-                "logprobs": logprobs,
-                "finish_reason": out.finish_reason,
-            }
-        tail = {
-            "choices": [choice],
-            "usage": usage_json(prompt_tokens, out.completion_tokens),
-        }
-        dumps = _dumps if logprobs is None else self._lp_dumps
-        return (self._final_head + dumps(tail)[1:]).encode()
+            head = (
+                f'"choices":[{{"index":0,"message":{{"role":"assistant","content":{text}}},'
+                '"logprobs":'
+            )
+            tail = f',"finish_reason":{fr}}}]'
+        usage = _dumps(usage_json(prompt_tokens, out.completion_tokens))
+        parts: list[bytes] = [(self._final_head + head).encode()]
+        if self._no_logprobs:
+            parts.append(b"null")
+        elif self.kind == "completion":
+            names = ("text_offset", "token_logprobs", "tokens", "top_logprobs")
+            columns: tuple[list[bytes], ...] = ([], [], [], [])
+            for i in range(0, len(out.pieces), batch):
+                rows: tuple[list[str], ...] = ([], [], [], [])
+                for piece in out.pieces[i : i + batch]:
+                    for row, part in zip(rows, self._completion_parts(piece), strict=True):
+                        row.append(part)
+                    self._offset += len(piece.text)
+                for column, row in zip(columns, rows, strict=True):
+                    column.append(",".join(row).encode())
+                yield
+            for n, (name, column) in enumerate(zip(names, columns, strict=True)):
+                parts.append(('{"' if n == 0 else ',"').encode() + name.encode() + b'":[')
+                parts += _joined(column)
+                parts.append(b"]")
+            parts.append(b"}")
+        else:
+            entries: list[bytes] = []
+            for i in range(0, len(out.pieces), batch):
+                entries.append(
+                    ",".join(self._chat_logprob(p) for p in out.pieces[i : i + batch]).encode()
+                )
+                yield
+            parts += [b'{"content":[', *_joined(entries), b"]}"]
+        parts.append((tail + f',"usage":{usage}}}').encode())
+        return b"".join(parts)
+
+    def full_response(self, out: Output, prompt_tokens: int) -> bytes:
+        """The whole answer's bytes in one go (for tests and small answers)."""
+        steps = self.full_response_steps(out, prompt_tokens)
+        while True:
+            try:
+                next(steps)
+            except StopIteration as done:
+                return bytes(done.value)

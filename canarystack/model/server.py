@@ -3,7 +3,7 @@
 metrics, one ``request_done`` log line).
 
 A request goes: read the body within its limit and parse it strictly (``model.body``:
-413/400 naming the input; a body above ``OFF_LOOP_BYTES`` is parsed in a worker
+413/400 naming the input; a body above ``OFF_LOOP_BYTES`` (64 KiB) is parsed in a worker
 thread) and validate (4xx naming the field) -> faults that act before the
 engine (crash, http errors) -> FIFO queue for a sequence slot -> first token at
 admission + prefill -> further tokens at absolute deadlines -> release the slot.
@@ -32,6 +32,7 @@ from canarystack.common.app import Component
 from canarystack.common.errors import ApiError, BadRequest, Unavailable
 from canarystack.common.faults import FaultParams
 from canarystack.common.logs import get_logger
+from canarystack.model.api_spec import install as install_api_spec
 from canarystack.model.body import OFF_LOOP_BYTES, Limits, Parsed, parse_request, read_body
 from canarystack.model.capacity import CapacityModel, SlotScheduler, sleep_until
 from canarystack.model.contract import (
@@ -55,7 +56,7 @@ from canarystack.model.metrics import ModelMetrics
 from canarystack.model.render import DONE, Renderer
 
 # Non-streaming answers make their tokens in batches of this size, yielding in between.
-GENERATE_BATCH = 256
+GENERATE_BATCH = 64
 
 P = TypeVar("P", bound=FaultParams)
 
@@ -110,6 +111,7 @@ class ModelServer:
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_post("/v1/chat/completions", self.chat_completions)
         app.router.add_get("/v1/models", self.models)
+        install_api_spec(app, max_model_len=self.config.max_model_len)
 
     def health_extra(self) -> dict[str, Any]:
         return {
@@ -349,15 +351,26 @@ class ModelServer:
                     await asyncio.sleep(0)  # let streams write between batches
             out = Output(pieces, gen.finish_reason, gen.stop_reason, gen.completion_tokens)
             t_last = t_first
-            for _ in range(max(0, len(pieces) - 1)):
+            for i in range(max(0, len(pieces) - 1)):
                 gap = cap.itl_s(self.scheduler.running, self._rng) * itl_mult
                 self.metrics.itl_s.observe(gap)
                 t_last += gap
+                if i % GENERATE_BATCH == GENERATE_BATCH - 1:
+                    await asyncio.sleep(0)
             await sleep_until(t_last)
             if pieces:
                 rec.ttft_s = t_first - rec.t_recv
                 self.metrics.ttft_s.observe(rec.ttft_s)
-            body = renderer.full_response(out, rec.prompt_tokens)
+            # Built in steps (a few dozen positions each), yielding in between: 20
+            # alternatives over thousands of tokens would otherwise hold the loop.
+            steps = renderer.full_response_steps(out, rec.prompt_tokens)
+            while True:
+                try:
+                    next(steps)
+                except StopIteration as done:
+                    body = bytes(done.value)
+                    break
+                await asyncio.sleep(0)
             rec.completion_tokens = out.completion_tokens
             if truncate:
                 resp = web.StreamResponse(headers={**headers, "Content-Type": "application/json"})
