@@ -19,7 +19,11 @@ Exceptions (every one carries ``method`` and ``url`` of the request)::
           └── BrokerNotFound  404 (no such release or version)
 
 Releases, versions, events and routers come back as the JSON objects of the API
-(docs/ARCHITECTURE.md §2), as plain dicts.
+(docs/ARCHITECTURE.md §2), as plain dicts. ``events()`` reads every page of the history
+(``iter_events`` yields them page by page; ``events_page`` is one request). Bodies are
+written and answers read with ``canarystack.common.strictjson``: a body holding NaN or
+Infinity is not sent (``BrokerRequestError``, status 400, code ``non_finite``), and an
+answer holding them is not a broker answer (``BrokerUnavailable``).
 
 This module must never create or close the session it is given, retry a write on its own
 (a retried write could apply twice; compare-and-set is the caller's decision), or import

@@ -21,7 +21,19 @@ disconnects or the fault ends; then they answer normally). /health, /metrics and
 are never faulted, so the harness can still observe and heal the broker.
 
 Router heartbeats live in memory only: after a restart, routers reappear within one
-heartbeat.
+heartbeat. A router whose heartbeats stop leaves ``routers`` after ``--router-expiry-s``
+and is listed under ``recent`` for ``RECENT_ROUTER_FACTOR`` times that, so the rollback
+executor can tell routers that just went quiet from no routers at all.
+
+Input (``canarystack.broker.wire``): bodies of at most 256 KiB (413 above, checked
+against ``Content-Length`` before reading), strict JSON (no NaN/Infinity, integers of at
+most 32 digits, at most 64 levels, valid UTF-8), integers within SQLite's 64 bits, numbers
+finite; query integers digits-only within a stated range; annotations and trip detail at
+most 16 KiB as JSON (they are part of every history page). Every answer is written with
+``allow_nan=False``. Event history is paged: ``GET .../events?after_seq=N&limit=L``
+(L <= 10,000) answers ``{"events", "next_after_seq", "limit"}``, oldest first; a page
+shorter than ``limit`` is the last. ``/health`` says ``max_watch_s`` (a router checks its
+watch timeout against it) and ``router_expiry_s``.
 
 This module must never answer a write before its commit returned, touch SQLite from the
 event loop thread, or hold a long-poll past ``--max-watch-s`` (except under drop_watch).
