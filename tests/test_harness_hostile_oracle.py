@@ -205,3 +205,11 @@ def test_stream_and_body_readers_refuse_hostile_json_without_crashing() -> None:
     assert m.malformed is not None and "nested deeper than 64" in m.malformed
     with pytest.raises(ValueError, match=r"not JSON we read: .*digits"):
         parse_full_response(b'{"choices": [], "usage": {"prompt_tokens": ' + b"7" * 5000 + b"}}")
+
+
+def test_the_same_input_failing_on_both_sides_is_the_requests_fault(server: str) -> None:
+    _, error, outcome = judge_pair(ask(server, "down"), ask(server, "down"))
+    assert outcome == "failed"
+    assert (
+        error == "both: baseline: http_status: HTTP 500: boom; canary: http_status: HTTP 500: boom"
+    )

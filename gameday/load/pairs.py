@@ -23,14 +23,20 @@ def judge_pair(base: Attempt, can: Attempt) -> tuple[dict[str, Any], str | None,
 
     Outcomes (module docstring): ``pair`` (both sound), ``canary_broken`` (maximal
     divergence, no error), ``canary_off`` (409 ``canary_off``: no pair), ``baseline_broken``
-    and ``failed`` (a side failed: the error says which).
+    and ``failed`` (a side failed: the error says which, ``both: ...`` when the same input
+    failed on both variants — the request's fault, never canary evidence).
     """
     if can.status == 409 and can.error_code == CANARY_OFF_CODE:
         # the canary is off (tripped, rolled back, quarantined, unconfigured): no pair
         return {}, f"{CANARY_OFF_PREFIX}{can.error_detail}", "canary_off"
-    for variant, a in (("baseline", base), ("canary", can)):
-        if not a.ok and not _answered(a):
-            return {}, f"{variant}: {a.error_kind}: {a.error_detail}", "failed"
+    sides = (("baseline", base), ("canary", can))
+    failed = [f"{v}: {a.error_kind}: {a.error_detail}" for v, a in sides if _failed(a)]
+    if len(failed) == 2:
+        # the same input failed on both variants: the request's fault, not canary evidence
+        return {}, "both: " + "; ".join(failed), "failed"
+    if failed:
+        return {}, failed[0], "failed"
+    for variant, a in sides:
         served = a.headers.get("x-served-by")
         if served and served != variant:
             return {}, f"{variant}: pin not honoured, served by {served}", "failed"
@@ -48,6 +54,10 @@ def judge_pair(base: Attempt, can: Attempt) -> tuple[dict[str, Any], str | None,
         log.warning("gameday.load: oracle: broken canary answer: %s", cmp.canary_broken)
         return fields, None, "canary_broken"
     return fields, None, "pair"
+
+
+def _failed(a: Attempt) -> bool:
+    return not a.ok and not _answered(a)
 
 
 def _answered(a: Attempt) -> bool:

@@ -31,7 +31,8 @@ records; they show in Locust's statistics as ``oracle``. What a pair records:
 - the canary answered 409 ``canary_off`` (the router refuses pins to a canary whose
   effective weight is 0): ``error`` ``canary_off: ...``, no pair, and not a failure in
   Locust's statistics (``oracle[canary_off]``; counted in ``oracle_canary_off``);
-- a side failed (connection, 4xx/5xx, timeout): ``error`` ``<side>: <kind>: <detail>``.
+- a side failed (connection, 4xx/5xx, timeout): ``error`` ``<side>: <kind>: <detail>``;
+  both sides failed on the same input: ``both: ...`` (the request's fault, not the canary's).
 """
 
 from __future__ import annotations
