@@ -50,7 +50,9 @@ class Generation:
     """The tokens of one request, made on demand.
 
     ``completion_tokens`` counts every generated token, the one that completed a stop
-    sequence included (as vLLM does); the stop sequence itself is not emitted."""
+    sequence included (as vLLM does); the stop sequence itself is not emitted.
+    ``broken`` is the broken kernel mode acting on this request, if any
+    (``NextTokenModel.choose`` picks its tokens)."""
 
     def __init__(
         self,
