@@ -213,3 +213,9 @@ def test_the_same_input_failing_on_both_sides_is_the_requests_fault(server: str)
     assert (
         error == "both: baseline: http_status: HTTP 500: boom; canary: http_status: HTTP 500: boom"
     )
+
+
+def test_a_huge_integer_logprob_is_broken_not_an_overflow() -> None:
+    legacy = {"choices": [{"logprobs": {"tokens": ["x"], "top_logprobs": [{"x": -(10**400)}]}}]}
+    with pytest.raises(ValueError, match="too large for a float"):
+        parse_logprobs(legacy)

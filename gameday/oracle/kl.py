@@ -62,7 +62,10 @@ def check_logprob(value: Any, where: str) -> float:
     """``value`` as a sound logprob (a finite number ≤ 0), else BrokenLogprobs."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise BrokenLogprobs(f"{where}: logprob is {value!r}, not a number")
-    lp = float(value)
+    try:
+        lp = float(value)
+    except OverflowError:
+        raise BrokenLogprobs(f"{where}: logprob is an integer too large for a float") from None
     if not math.isfinite(lp):
         raise BrokenLogprobs(f"{where}: logprob is {lp!r} (not finite)")
     if lp > LOGPROB_SLACK:
