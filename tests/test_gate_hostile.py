@@ -22,7 +22,7 @@ import requests
 from canarystack.broker.client import BrokerClient
 from canarystack.common.auth import ENV_VAR
 from canarystack.gate.server import SAMPLES_BODY_LIMIT, SERVICE, GateService, build_app
-from canarystack.gate.state import GateConfig
+from canarystack.gate.state import GateConfig, TripStatus
 from tests.broker_support import Api, start_broker
 from tests.procs import ADMIN_TOKEN, Proc, Spawner, wait_for
 from tests.test_gate_service import ADMIN, batch, comparison, gate_state, post, setup_stack
@@ -301,3 +301,42 @@ def test_a_watch_loop_that_ends_anyway_makes_the_gate_degraded() -> None:
         assert service.degraded_total.labels(reason="loop_died")._value.get() == 1
 
     asyncio.run(scenario())
+
+
+def test_an_error_while_writing_a_trip_is_retried_not_lost(spawn: Spawner, tmp_path: Path) -> None:
+    broker = start_broker(spawn, tmp_path / "broker")
+    api = Api(broker.url)
+    for v in ("v1", "v2"):
+        api.register(v)
+    api.create("default", stable="v1", canary="v2", weight=5)
+
+    async def scenario() -> None:
+        service = _service(broker.url)
+        gate = service.gates["default"]
+        gate.on_release(await asyncio.to_thread(api.release, "default"), time.monotonic())
+        real = gate.on_release
+        calls = {"n": 0}
+
+        def flaky(release: dict[str, Any] | None, now_mono: float) -> None:
+            calls["n"] += 1
+            if calls["n"] == 1:  # the writer's first look at the broker's answer
+                raise RuntimeError("a bug in the gate's handling of the written release")
+            real(release, now_mono)
+
+        gate.on_release = flaky  # type: ignore[method-assign]
+        async with aiohttp.ClientSession() as session:
+            service.client = BrokerClient(session, broker.url, ADMIN_TOKEN, actor="gate")
+            answer = await service.ingest(batch([comparison("4k+", 0.8) for _ in range(20)]))
+            assert answer["state"] == "tripped"
+            await _until(
+                lambda: gate.trip_status is TripStatus.WRITTEN, 10, "the trip to be written"
+            )
+            assert service.degraded_reasons() == []
+        errors = service.watch_errors_total.labels(loop="trip:default", error="RuntimeError")
+        assert errors._value.get() == 1
+
+    asyncio.run(scenario())
+    release = api.release("default")
+    assert release["phase"] == "tripped" and release["trip"]["bucket"] == "4k+"
+    trips = [e for e in api.events("default") if "trip" in e["change"]]
+    assert len(trips) == 1  # written once, not twice

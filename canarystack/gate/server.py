@@ -236,16 +236,35 @@ class GateService:
         assert self.client is not None
         evidence = gate.trip
         assert evidence is not None
-        result = await write_trip(
-            self.client,
-            gate.name,
-            evidence,
-            gate.canary_version,
-            gate.release,
-            on_release=lambda rel: gate.on_release(rel, time.monotonic()),
-            on_auth=lambda exc: self._on_auth(gate, evidence, exc),
-            log=_log,
-        )
+        canary_version = gate.canary_version
+        loop = f"trip:{gate.name}"
+        known = gate.release
+        backoff = WATCH_BACKOFF_S
+        while True:
+            try:
+                result = await write_trip(
+                    self.client,
+                    gate.name,
+                    evidence,
+                    canary_version,
+                    known,
+                    on_release=lambda rel: gate.on_release(rel, time.monotonic()),
+                    on_auth=lambda exc: self._on_auth(gate, evidence, exc),
+                    log=_log,
+                )
+                break
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # e.g. a broker answer we cannot read: never lose it
+                _log.error("trip_write_error", release=gate.name, error=repr(exc), exc_info=True)
+                self._loop_failed(loop, type(exc).__name__, repr(exc))
+                if gate.trip is not evidence:
+                    self._loop_ok(loop)
+                    return
+                known = None
+                await asyncio.sleep(backoff)
+                backoff = min(WATCH_MAX_BACKOFF_S, backoff * 2)
+        self._loop_ok(loop)
         if gate.trip is not evidence:  # reset meanwhile (new canary): nothing to record
             return
         if result.written:
