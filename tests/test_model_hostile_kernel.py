@@ -184,11 +184,13 @@ def test_garbage_writes_unrelated_tokens_and_no_logprobs_above_the_threshold(
     assert len(words) == MAX_TOKENS and set(words) <= set(vocab())
 
 
-def test_broken_modes_stop_with_the_fault(server: Proc) -> None:
+def test_broken_modes_act_from_the_default_threshold_on_and_stop_with_the_fault(
+    server: Proc,
+) -> None:
     path = "/v1/completions"
-    fault = inject(server, {"kind": "kernel", "ttl_s": 60, "mode": "nan-logits"})
-    assert fault["params"]["mode"] == "nan-logits"
-    assert b"NaN" in raw_answer(server, path, make_prompt(2100, seed=3), False)
-    assert b"NaN" not in raw_answer(server, path, make_prompt(2000, seed=3), False)
+    fault = inject(server, {"kind": "kernel", "ttl_s": 60, "mode": "inf-logits"})
+    assert fault["params"] == {"mode": "inf-logits", "min_prompt_tokens": 2048, "magnitude": 1.0}
+    assert b"-Infinity" in raw_answer(server, path, make_prompt(2048, seed=3), False)
+    strictjson.loads(raw_answer(server, path, make_prompt(2047, seed=3), False))
     clear_faults(server)
-    strictjson.loads(raw_answer(server, path, make_prompt(2100, seed=3), False))
+    strictjson.loads(raw_answer(server, path, make_prompt(2048, seed=3), False))
