@@ -33,8 +33,8 @@ __all__ = ["clear_faults", "inject_latency", "kill_pod", "make_canary_faulty"]
 
 MAX_TTL_S = 600.0
 MAX_LATENCY_MS = 60_000.0
-# fp8-kv-scale: drift; nan-logits / inf-logits: a broken kernel (NaN or ±Inf logprobs)
-KERNEL_MODES = ("fp8-kv-scale", "nan-logits", "inf-logits")
+# fp8-kv-scale: drift; nan-logits / inf-logits / garbage: a broken kernel (canarystack.model)
+KERNEL_MODES = ("fp8-kv-scale", "nan-logits", "inf-logits", "garbage")
 MODEL_ROLES = ("model", "model-baseline", "model-canary")
 
 Secrets = dict[str, Any]

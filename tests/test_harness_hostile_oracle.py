@@ -15,6 +15,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
+import requests
 
 from gameday.load.client import Attempt, OpenAIClient
 from gameday.load.pairs import judge_pair
@@ -27,6 +28,7 @@ from gameday.oracle import (
     parse_logprobs,
 )
 from gameday.oracle.wire import WireJsonError, loads
+from tests.procs import ADMIN_TOKEN, Spawner
 
 
 def lp(**probs: float) -> dict[str, float]:
@@ -219,3 +221,55 @@ def test_a_huge_integer_logprob_is_broken_not_an_overflow() -> None:
     legacy = {"choices": [{"logprobs": {"tokens": ["x"], "top_logprobs": [{"x": -(10**400)}]}}]}
     with pytest.raises(ValueError, match="too large for a float"):
         parse_logprobs(legacy)
+
+
+# --- end to end: the simulator's own broken-kernel modes --------------------------------
+
+FAST = ("--ttft-base-ms", "5", "--prefill-ms-per-1k", "10", "--itl-ms", "1")
+
+
+def completion_pair(baseline_url: str, canary_url: str) -> tuple[Attempt, Attempt]:
+    body = {
+        "model": "default",
+        "prompt": " ".join(["ka"] * 40),
+        "max_tokens": 4,
+        "temperature": 0,
+        "seed": 0,
+        "logprobs": 5,
+        "stream": False,
+    }
+    out = []
+    for url in (baseline_url, canary_url):
+        client = OpenAIClient(url, timeout_s=10)
+        try:
+            a = client.new_attempt("/v1/completions", stream=False)
+            client.send(a, body)
+            out.append(a)
+        finally:
+            client.close()
+    return out[0], out[1]
+
+
+def test_the_simulators_broken_kernels_are_maximal_drift_to_the_oracle(spawn: Spawner) -> None:
+    baseline = spawn("canarystack.model", "--version", "v1", *FAST)
+    canary = spawn("canarystack.model", "--version", "v1", *FAST)  # same version: no drift
+    fields, error, outcome = judge_pair(*completion_pair(baseline.url, canary.url))
+    assert (outcome, error, fields["kl_mean"]) == ("pair", None, 0.0)
+    for mode in ("nan-logits", "inf-logits"):
+        resp = requests.post(
+            canary.url + "/admin/faults",
+            json={"kind": "kernel", "ttl_s": 30, "mode": mode, "min_prompt_tokens": 0},
+            headers={"Authorization": f"Bearer {ADMIN_TOKEN}", "x-actor": "test"},
+            timeout=5,
+        )
+        assert resp.status_code == 201, resp.text
+        fields, error, outcome = judge_pair(*completion_pair(baseline.url, canary.url))
+        assert (outcome, error) == ("canary_broken", None), mode
+        assert fields["kl_mean"] == KL_CLIP and fields["top1_agree"] == 0.0, mode
+        fault_id = resp.json()["id"]
+        cleared = requests.delete(
+            f"{canary.url}/admin/faults/{fault_id}",
+            headers={"Authorization": f"Bearer {ADMIN_TOKEN}", "x-actor": "test"},
+            timeout=5,
+        )
+        assert cleared.status_code == 200, cleared.text
