@@ -16,12 +16,12 @@ from canarystack.common.openapi import (
     STRING,
     ApiSpec,
     Json,
+    Param,
     add_describer,
     error_response,
     json_body,
     nullable,
     obj,
-    path_str,
 )
 
 TAG = "gate"
@@ -40,9 +40,19 @@ def _gate_schema(states: list[str]) -> Json:
 
 
 def describe(spec: ApiSpec, app: web.Application) -> None:
+    from canarystack.gate.server import SERVICE
     from canarystack.gate.state import STATES, SampleBatch
 
+    service = app[SERVICE]
+    watched = sorted(service.gates)
     gate = spec.named("GateStatus", _gate_schema(list(STATES)))
+    batch = spec.model(SampleBatch)
+    # What the handler checks by hand: the release must be one this gate watches (else
+    # 404) and every bucket one of its --bucket-edges labels (else 400).
+    spec.refine("SampleBatch", "release", {"type": "string", "enum": watched})
+    buckets = {"type": "string", "enum": list(service.config.labels)}
+    spec.refine("Comparison", "bucket", buckets)
+    spec.refine("Outcome", "bucket", buckets)
     count = {"type": "integer", "minimum": 0}
     spec.add(
         "post",
@@ -50,7 +60,7 @@ def describe(spec: ApiSpec, app: web.Application) -> None:
         summary="A router's batch of shadow comparisons and outcomes, validated whole.",
         tag=TAG,
         admin=True,
-        body=spec.model(SampleBatch),
+        body=batch,
         responses={
             200: json_body(
                 obj(
@@ -82,7 +92,7 @@ def describe(spec: ApiSpec, app: web.Application) -> None:
         "/v1/gate/{release}",
         summary="One release's state, statistics, noise floor and trip evidence.",
         tag=TAG,
-        params=[path_str("release", "a release this gate watches")],
+        params=[Param("release", "path", {"type": "string", "enum": watched}, required=True)],
         responses={200: json_body(gate), 404: error_response("not watched by this gate")},
     )
 

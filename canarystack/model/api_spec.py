@@ -204,10 +204,16 @@ def describe_generation(
         "prompt",
         {
             "anyOf": [
-                {"type": "string"},
-                {"type": "array", "items": {"type": "string"}, "minItems": 1, "maxItems": 1},
+                {"type": "string", "pattern": r"\S"},
+                {
+                    "type": "array",
+                    "items": {"type": "string", "pattern": r"\S"},
+                    "minItems": 1,
+                    "maxItems": 1,
+                },
             ],
-            "description": "the prompt text, or a list holding exactly one string",
+            "description": "the prompt text (at least one token: an empty or blank prompt "
+            "is a 400), or a list holding exactly one string",
         },
     )
     chat = spec.model(ChatCompletionRequest)

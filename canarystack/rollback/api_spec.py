@@ -16,12 +16,12 @@ from canarystack.common.openapi import (
     STRING,
     ApiSpec,
     Json,
+    Param,
     add_describer,
     error_response,
     json_body,
     nullable,
     obj,
-    path_str,
 )
 
 TAG = "rollback"
@@ -39,10 +39,11 @@ STATUS_SCHEMA: Json = obj(
 
 
 def describe(spec: ApiSpec, app: web.Application) -> None:
-    from canarystack.rollback.server import ManualRollback
+    from canarystack.rollback.server import SERVICE, ManualRollback
 
     status = spec.named("RollbackStatus", STATUS_SCHEMA)
-    release = path_str("release", "a release this executor watches")
+    watched = {"type": "string", "enum": sorted(app[SERVICE].releases)}
+    release = Param("release", "path", watched, "a release this executor watches", True)
     spec.add(
         "post",
         "/v1/rollbacks/{release}",
