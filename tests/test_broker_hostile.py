@@ -228,9 +228,10 @@ def test_a_chunked_body_over_the_limit_gets_413(api: Api) -> None:
         ("/events", {"limit": "10001"}, "limit", "from 1 to 10000"),
         ("/events", {"limit": str(2**64)}, "limit", "from 1 to 10000"),
         ("", {"after": str(2**63)}, "after", "from 0 to 9223372036854775807"),
-        ("", {"after": "1", "timeout_s": "1e400"}, "timeout_s", "plain decimal"),
-        ("", {"after": "1", "timeout_s": "inf"}, "timeout_s", "plain decimal"),
-        ("", {"after": "1", "timeout_s": "1_0"}, "timeout_s", "plain decimal"),
+        ("", {"after": "1", "timeout_s": "1e400"}, "timeout_s", "as a finite decimal number"),
+        ("", {"after": "1", "timeout_s": "inf"}, "timeout_s", "as a finite decimal number"),
+        ("", {"after": "1", "timeout_s": "1_0"}, "timeout_s", "as a finite decimal number"),
+        ("", {"after": "1", "timeout_s": "1e3"}, "timeout_s", "<= 20"),
     ],
 )
 def test_bounded_query_integers(
@@ -311,6 +312,13 @@ def test_the_client_reads_every_page_of_a_long_history(spawn: Spawner, tmp_path:
 
 
 # -- what the broker says about itself -------------------------------------------------------
+def test_watch_timeouts_as_the_client_writes_them(api: Api) -> None:
+    release = api.create()
+    for written in ("1e-2", "0.01", "2"):
+        r = api.get(f"/v1/releases/{release['name']}", params={"after": 1, "timeout_s": written})
+        assert r.status_code == 200 and r.headers["x-watch-timeout"] == "true", written
+
+
 def test_health_says_max_watch_s(api: Api) -> None:
     health = api.get("/health").json()
     assert health["max_watch_s"] == 20

@@ -654,11 +654,11 @@ def _watch_timeout(request: web.Request, max_watch_s: float) -> float:
     raw = request.query.get("timeout_s")
     if raw is None:
         return min(DEFAULT_WATCH_TIMEOUT_S, max_watch_s)
-    value = query_float(raw)  # NaN unless plain digits: refuses inf, 1e400, '1_0', ' 5'
+    value = query_float(raw)  # NaN unless a finite decimal: refuses inf, 1e400, '1_0', ' 5'
     if not (0 < value <= max_watch_s):  # also refuses nan
         raise BadRequest(
             f"Query parameter 'timeout_s' is {raw[:40]!r}: give seconds > 0 and <= "
-            f"{max_watch_s:g} (this broker's --max-watch-s) as a plain decimal number.",
+            f"{max_watch_s:g} (this broker's --max-watch-s) as a finite decimal number.",
             param="timeout_s",
         )
     return value

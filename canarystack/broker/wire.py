@@ -45,7 +45,7 @@ INLINE_PARSE_BYTES = 16 * 1024
 MAX_INT64 = 2**63 - 1
 
 _INT_RE = re.compile(r"^-?[0-9]{1,20}$")
-_FLOAT_RE = re.compile(r"^[0-9]{1,10}(\.[0-9]{1,9})?$")
+_FLOAT_RE = re.compile(r"^[0-9]{1,12}(\.[0-9]{0,12})?([eE][-+]?[0-9]{1,3})?$")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
@@ -162,10 +162,12 @@ def query_int(
 
 
 def query_float(raw: str) -> float:
-    """A plain decimal number (``12``, ``0.5``); NaN when it is anything else."""
+    """A decimal number (``12``, ``0.5``, ``1e-3``, as ``f"{x:g}"`` writes it); NaN when it
+    is anything else (``inf``, ``nan``, ``1_0``, spaces, non-ASCII digits) or overflows."""
     if not _FLOAT_RE.match(raw):
         return math.nan
-    return float(raw)
+    value = float(raw)
+    return value if math.isfinite(value) else math.nan
 
 
 def header_text(request: web.Request, name: str, max_chars: int = 200) -> str:
