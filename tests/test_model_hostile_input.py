@@ -168,6 +168,15 @@ def test_brackets_inside_strings_are_not_containers(server: Proc) -> None:
     assert resp.status_code == 200, resp.text
 
 
+@pytest.mark.parametrize("temperature", [5e-324, 1e-310, 1e-300, 1e-6])
+def test_tiny_temperature_samples_greedily_not_a_500(server: Proc, temperature: float) -> None:
+    body = {"prompt": "a b c d", "max_tokens": 8, "logprobs": 1}
+    greedy = requests.post(server.url + COMP, json={**body, "temperature": 0}, timeout=10)
+    resp = requests.post(server.url + COMP, json={**body, "temperature": temperature}, timeout=10)
+    assert resp.status_code == 200, resp.text
+    assert resp.json()["choices"][0]["text"] == greedy.json()["choices"][0]["text"]
+
+
 def test_body_over_the_limit_is_a_413_from_content_length(server: Proc) -> None:
     raw = completion("", '"' + "a " * (BODY_LIMIT // 2) + '"')
     assert len(raw) > BODY_LIMIT

@@ -60,6 +60,9 @@ KERNEL_MODES = (DRIFT_MODE, *BROKEN_MODES)
 # The token every position gets when all logits are NaN (argmax of all-NaN is index 0).
 NAN_TOKEN_ID = 0
 
+# Temperatures below this sample greedily (vLLM's _SAMPLING_EPS).
+SAMPLING_EPS = 1e-5
+
 # Distinct hash salts, so a version's noise and the kernel's noise are independent.
 _FAMILY_SALT = 0x5EED_F00D_0000_0001
 _KERNEL_SALT = 0x6B65_726E_656C_0F8A
@@ -283,8 +286,10 @@ class NextTokenModel:
     def sample(
         self, dist: Distribution, temperature: float, top_p: float, rng: random.Random
     ) -> int:
-        """Greedy for temperature 0, else a draw with temperature and nucleus (top_p)."""
-        if temperature <= 0:
+        """Greedy for a temperature below ``SAMPLING_EPS`` (as vLLM: dividing by a
+        subnormal temperature would overflow every weight), else a draw with temperature
+        and nucleus (top_p)."""
+        if temperature < SAMPLING_EPS:
             return dist.argmax()
         # Items: the candidates and the tail as one group of equally likely tokens.
         per_tail = (dist.tail_logprob - self._log_tail_size) / temperature
