@@ -4,6 +4,8 @@ answers nonsense, hostile bodies, and a broker history longer than one page."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import re
 import subprocess
 import sys
@@ -270,3 +272,58 @@ def test_a_release_name_the_broker_refuses_is_refused_at_start() -> None:
     )
     assert done.returncode == 2
     assert "--release 'bad name' is not a release name" in done.stderr
+
+
+def test_a_loop_that_ends_makes_health_degraded() -> None:
+    # No broker needed: the service's own supervision, on a real event loop. A loop that
+    # ends (here: a bug raising out of it) must never look fine.
+    from canarystack.common.app import Component
+    from canarystack.common.faults import FaultRegistry
+    from canarystack.rollback.executor import ExecutorConfig
+    from canarystack.rollback.server import FAULT_KINDS, RollbackService
+
+    async def scenario() -> dict[str, Any]:
+        comp = Component(
+            name="rollback",
+            version="test",
+            admin_token=None,
+            faults=FaultRegistry("rollback", FAULT_KINDS, max_ttl_s=60),
+        )
+        service = RollbackService(comp, "http://127.0.0.1:9", ["default"], ExecutorConfig())
+        assert service.health()["degraded_reasons"] == []
+
+        async def broken_loop() -> None:
+            raise RuntimeError("a bug in the loop")
+
+        task = service.supervise("watch:default", broken_loop())
+        with contextlib.suppress(RuntimeError):
+            await task
+        await asyncio.sleep(0)
+        return service.health()
+
+    health = asyncio.run(scenario())
+    assert health["status"] == "degraded"
+    assert health["degraded_reasons"] == [
+        "loop watch:default ended: RuntimeError: a bug in the loop"
+    ]
+    assert health["loops"]["watch:default"]["running"] is False
+
+
+def test_infinite_durations_are_refused_at_start() -> None:
+    for flag in ("--apply-timeout-s", "--empty-routers-grace-s", "--poll-ms"):
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "canarystack.rollback",
+                "--broker",
+                "http://127.0.0.1:9",
+                flag,
+                "inf",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert done.returncode == 2, (flag, done.stderr)
+        assert f"{flag} must be a finite number, got inf" in done.stderr
