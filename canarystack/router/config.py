@@ -241,6 +241,8 @@ class ConfigWatcher:
         self.last_seen_revision = 0
         self.watch_errors = 0
         self.failing_since: float | None = None  # monotonic, first watch error in a row
+        # The watch call in flight: when it started and how long it may take (monotonic).
+        self._attempt: tuple[float, float] | None = None
         # Per call ("watch", "heartbeat"): "ok" | "unauthorized" | "forbidden", last error.
         self.auth: dict[str, str] = {"watch": "ok", "heartbeat": "ok"}
         self.auth_error: str | None = None
@@ -318,11 +320,24 @@ class ConfigWatcher:
         self.on_error(kind)
         self._auth_result("watch", exc)
         _log.warning("broker_watch_error", kind=kind, error=f"{type(exc).__name__}: {exc}")
-        now = self.clock()
         if self.failing_since is None:
-            self.failing_since = now
-        elif now - self.failing_since >= self.failsafe_s and self.current.source != "failsafe":
-            self.fail_safe(now - self.failing_since)
+            self.failing_since = self.clock()
+        self.check_failsafe()
+
+    def check_failsafe(self) -> None:
+        """Go fail-safe once watches have failed for ``failsafe_s`` — errors in a row, or a
+        watch overdue past its long-poll length (a broker that accepts and never answers)."""
+        if self.current.source == "failsafe" or self.current.release is None:
+            return  # already at 0% (with no config the canary is off anyway)
+        now = self.clock()
+        since = self.failing_since
+        if since is None and self._attempt is not None:
+            started, limit_s = self._attempt
+            overdue_from = started + limit_s + 1.0
+            if now > overdue_from:
+                since = overdue_from
+        if since is not None and now - since >= self.failsafe_s:
+            self.fail_safe(now - since)
 
     def _watch_ok(self) -> None:
         self.failing_since = None
@@ -395,19 +410,23 @@ class ConfigWatcher:
                 )
                 if self.current.source == "failsafe":
                     # Leave fail-safe on the first answer, not at the end of a long poll.
+                    self._attempt = (self.clock(), START_TIMEOUT_S)
                     release = await asyncio.wait_for(
                         self.broker.get_release(self.release), START_TIMEOUT_S + 5.0
                     )
                 else:
+                    self._attempt = (self.clock(), timeout_s)
                     release = await asyncio.wait_for(
                         self.broker.watch(self.release, after, timeout_s), timeout_s + 5.0
                     )
+                self._attempt = None
                 self._offer(release)
                 self._watch_ok()
                 backoff = BACKOFF_MIN_S
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
+                self._attempt = None
                 self._error(_kind(exc), exc)
                 await asyncio.sleep(backoff)
                 backoff = min(BACKOFF_MAX_S, backoff * 2)
@@ -419,6 +438,7 @@ class ConfigWatcher:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._beat_now.wait(), self.heartbeat_s)
             self._beat_now.clear()
+            self.check_failsafe()  # also while a watch hangs without an error
             snap = self.current
             if snap.release is None:
                 continue  # nothing applied yet: no revision to report
