@@ -12,6 +12,7 @@ import pytest
 from canarystack.common import strictjson
 from canarystack.common.buckets import DEFAULT_EDGES
 from canarystack.common.errors import BadRequest
+from canarystack.router.__main__ import build_parser, settings_from_args
 from canarystack.router.config import effective_weight
 from canarystack.router.proxy import DOWN_S, Pool
 from canarystack.router.routing import (
@@ -442,3 +443,24 @@ def test_a_broken_side_of_a_noise_pair_is_dropped() -> None:
         assert _result("baseline-baseline", a, b) == ("invalid_dropped", None)
     result, record = _result("baseline-baseline", _side(GOOD_TOP), _side(GOOD_TOP))
     assert result == "ok" and record is not None and record["kl_mean"] == 0.0
+
+
+@pytest.mark.parametrize(
+    ("flags", "says"),
+    [
+        (["--max-body-bytes", "10"], "--max-body-bytes must be at least"),
+        (["--watch-error-failsafe-s", "inf"], "--watch-error-failsafe-s must be a finite"),
+        (["--watch-error-failsafe-s", "0"], "--watch-error-failsafe-s must be a finite"),
+        (["--watch-error-failsafe-s", "nan"], "--watch-error-failsafe-s must be a finite"),
+    ],
+)
+def test_router_flags_refuse_unsafe_limits(flags: list[str], says: str) -> None:
+    args = build_parser().parse_args(["--baseline", "http://127.0.0.1:1", *flags])
+    with pytest.raises(SystemExit, match=says):
+        settings_from_args(args)
+
+
+def test_router_body_limit_defaults_to_4_mib() -> None:
+    args = build_parser().parse_args(["--baseline", "http://127.0.0.1:1"])
+    settings = settings_from_args(args)
+    assert settings.max_body_bytes == 4 * 1024**2 and settings.watch_error_failsafe_s == 10.0
