@@ -1,9 +1,9 @@
 """The router against hostile clients and broken engines (#12), with real processes.
 
-- Whatever a client sends (5000-digit integers, nesting 100k deep, ``1e400``, ``NaN``,
-  a lone surrogate, invalid UTF-8, an oversized body, undecodable headers) it gets a 4xx
-  naming the problem, the model servers never see it, and the router serves the next
-  request.
+- Whatever a client sends (5000-digit integers, nesting 100k deep, a million empty
+  lists, ``1e400``, ``NaN``, a lone surrogate, invalid UTF-8, an oversized body,
+  undecodable headers) it gets a 4xx naming the problem, the model servers never see it,
+  and the router serves the next request.
 - A pin to a canary that is off (tripped, rolled back, quarantined, no config) is 409
   ``canary_off`` and never reaches the canary; a pin to a canary at weight 0 passes.
 - A pinned request is never gate evidence; nor is a failure both variants share.
@@ -89,7 +89,14 @@ HOSTILE_BODIES: list[tuple[str, bytes, int, str]] = [
         400,
         "digits",
     ),
-    ("nesting", b'{"prompt":' + b"[" * 30_000 + b"]" * 30_000 + b"}", 400, "nest"),
+    ("nesting", b'{"prompt":' + b"[" * 1000 + b"]" * 1000 + b"}", 400, "nested"),
+    ("containers", b'{"prompt":' + b"[" * 30_000 + b"]" * 30_000 + b"}", 400, "arrays and objects"),
+    (
+        "empty-lists",
+        b'{"prompt":[' + b",".join([b"[]"] * 20_000) + b"]}",
+        400,
+        "arrays and objects",
+    ),
     ("huge-float", b'{"model":"default","prompt":"a","max_tokens":1e400}', 400, "overflows"),
     ("nan", b'{"model":"default","prompt":"a","temperature":NaN}', 400, "NaN"),
     ("surrogate", b'{"model":"default","prompt":"hello \\ud800","max_tokens":2}', 400, "surrogate"),
@@ -403,5 +410,5 @@ def test_nesting_100k_deep_at_the_default_body_limit_is_a_400(
     router = start_router(spawn, tmp_path, [models["b0"].url])
     body = b'{"model":"default","prompt":' + b"[" * 100_000 + b"]" * 100_000 + b"}"
     status, answer = raw_post(router.url, body)
-    assert status == 400 and "nest" in answer["error"]["message"], answer
+    assert status == 400 and "arrays and objects" in answer["error"]["message"], answer
     assert completion(router.url).status_code == 200

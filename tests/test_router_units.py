@@ -9,6 +9,7 @@ import random
 
 import pytest
 
+from canarystack import tokenizer
 from canarystack.common import strictjson
 from canarystack.common.buckets import DEFAULT_EDGES
 from canarystack.common.errors import BadRequest
@@ -16,8 +17,10 @@ from canarystack.router.__main__ import build_parser, settings_from_args
 from canarystack.router.config import effective_weight
 from canarystack.router.proxy import DOWN_S, Pool
 from canarystack.router.routing import (
+    COUNT_SLICE_CHARS,
     canary_threshold,
     choose_variant,
+    count_tokens,
     parse_pin,
     prompt_tokens_of,
     user_slot,
@@ -464,3 +467,12 @@ def test_router_body_limit_defaults_to_4_mib() -> None:
     args = build_parser().parse_args(["--baseline", "http://127.0.0.1:1"])
     settings = settings_from_args(args)
     assert settings.max_body_bytes == 4 * 1024**2 and settings.watch_error_failsafe_s == 10.0
+
+
+def test_long_prompts_are_counted_in_slices_with_the_same_count() -> None:
+    rng = random.Random(5)
+    for n in (10, COUNT_SLICE_CHARS - 1, COUNT_SLICE_CHARS + 1, 3 * COUNT_SLICE_CHARS + 17):
+        text = "".join(rng.choice("ab \n\t\u2003xyz") for _ in range(n))
+        assert count_tokens(text) == tokenizer.count_tokens(text)
+    long = make_prompt(100_000, seed=2)
+    assert prompt_tokens_of({"prompt": long}) == 100_000
