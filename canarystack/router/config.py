@@ -296,8 +296,12 @@ class ConfigWatcher:
         return "ok"
 
     def _auth_result(self, call: str, exc: BaseException | None) -> None:
+        """Record a call's credential answer: 401/403 set it, a success clears it; any
+        other failure (a timeout, a 5xx) says nothing about the credential."""
         status = getattr(exc, "status", None) if exc is not None else None
         result = auth_status(status if isinstance(status, int) else None)
+        if exc is not None and result == "ok":
+            return
         if result != "ok":
             assert isinstance(status, int)
             self.on_auth_error(status)
