@@ -65,26 +65,38 @@ def _check_tree(obj: Any, max_depth: int, check_strings: bool) -> None:
     """Refuse nesting deeper than ``max_depth``, integers longer than ``MAX_INT_DIGITS``,
     floats that overflowed and (when escapes were present) lone surrogates, in one
     iterative walk over the parsed value. Numbers are checked here rather than through
-    ``parse_int``/``parse_float`` hooks, which cost a Python call per number."""
-    stack: list[tuple[Any, int]] = [(obj, 0)]
-    while stack:
-        item, depth = stack.pop()
-        if isinstance(item, dict | list):
-            if depth >= max_depth:
-                raise StrictJsonError(
-                    f"nested deeper than {max_depth} levels; flatten the document"
-                )
-            if isinstance(item, dict):
-                for k, v in item.items():
-                    if check_strings:
-                        _check_text(k)
-                    stack.append((v, depth + 1))
-            else:
-                stack.extend((v, depth + 1) for v in item)
-        elif isinstance(item, int | float):
-            _check_number(item)
-        elif check_strings and isinstance(item, str):
-            _check_text(item)
+    ``parse_int``/``parse_float`` hooks, which cost a Python call per number; containers
+    and their depths go on two lists (no tuple per item, so no garbage-collector storms
+    holding the GIL on a body of many small items)."""
+    containers: list[Any] = [obj]
+    depths: list[int] = [0]
+    while containers:
+        item = containers.pop()
+        depth = depths.pop()
+        if isinstance(item, dict):
+            values: Any = item.values()
+            if check_strings:
+                for key in item:
+                    _check_text(key)
+        elif isinstance(item, list):
+            values = item
+        else:
+            values = (item,)
+            depth -= 1
+        for value in values:
+            if isinstance(value, dict | list):
+                if depth + 1 >= max_depth:
+                    raise StrictJsonError(
+                        f"nested deeper than {max_depth} levels; flatten the document"
+                    )
+                containers.append(value)
+                depths.append(depth + 1)
+            elif isinstance(value, bool) or value is None:
+                continue
+            elif isinstance(value, int | float):
+                _check_number(value)
+            elif check_strings and isinstance(value, str):
+                _check_text(value)
 
 
 def loads(data: bytes | str, *, max_depth: int = MAX_DEPTH) -> Any:
