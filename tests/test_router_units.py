@@ -466,7 +466,7 @@ def test_router_flags_refuse_unsafe_limits(flags: list[str], says: str) -> None:
 def test_router_body_limit_defaults_to_4_mib() -> None:
     args = build_parser().parse_args(["--baseline", "http://127.0.0.1:1"])
     settings = settings_from_args(args)
-    assert settings.max_body_bytes == 4 * 1024**2 and settings.watch_error_failsafe_s == 10.0
+    assert settings.max_body_bytes == 1024**2 and settings.watch_error_failsafe_s == 10.0
 
 
 def test_long_prompts_are_counted_in_slices_with_the_same_count() -> None:

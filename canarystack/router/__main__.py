@@ -114,7 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=DEFAULT_MAX_BODY_BYTES,
         help="largest request body read, in bytes; larger ones get 413 (default %(default)s "
-        "= 4 MiB, about 128k tokens of prompt: size it from the model's max_model_len, "
+        "= 1 MiB, about 32k tokens of prompt: size it from the model's max_model_len, "
         "since a bigger body can only stall the event loop that parses it)",
     )
     p.add_argument(

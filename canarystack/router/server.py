@@ -137,7 +137,10 @@ PROXIED_PATHS = ("/v1/completions", "/v1/chat/completions")
 # 4 MiB: about 128k tokens of English prompt (~4 bytes per token, ~8 for chat JSON), more
 # than the simulator's and most engines' max_model_len; beyond it a body can only stall
 # the event loop that parses it.
-DEFAULT_MAX_BODY_BYTES = 4 * 1024**2
+# 1 MiB: ~32k tokens of prompt as JSON. Parsing cost grows with the body (a 4 MiB body
+# of small items held the loop ~100 ms, bench/results/event_loop_stall.json), so size it
+# from the model's max_model_len rather than raising it blindly.
+DEFAULT_MAX_BODY_BYTES = 1024**2
 # Client headers the router forwards upstream or echoes back: printable ASCII only.
 CHECKED_HEADERS = (
     "x-request-id",
