@@ -1,4 +1,11 @@
-"""``python -m canarystack.broker --state-dir DIR [--router-expiry-s 3] [--max-watch-s 60]``.
+"""``python -m canarystack.broker --state-dir DIR [--credentials-dir DIR] [--router-expiry-s 3]
+[--max-watch-s 60]``.
+
+``--credentials-dir`` holds one token per capability (files ``operator``, ``trip``,
+``rollback``, ``heartbeat``; a Kubernetes Secret mounts exactly like that) and
+``--admin-token-file`` is then the broker's fault credential only. Without it the broker
+runs in single-credential mode (the admin token grants every write) and says so in a
+warning: least privilege is off.
 
 Checks the flags, takes an exclusive lock on the state folder (two brokers on one
 database would each cache their own view of it) and serves the API until SIGTERM.
@@ -16,9 +23,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import IO
 
+from canarystack.broker.capabilities import load_credentials_dir
 from canarystack.broker.server import build_app
-from canarystack.common.auth import load_admin_token
+from canarystack.common.auth import describe_admin_flag, load_admin_token
 from canarystack.common.cli import base_parser, parse, serve
+from canarystack.common.logs import get_logger
 
 LOCK_FILE = "broker.lock"
 
@@ -42,6 +51,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=60.0,
         help="longest long-poll a client may ask for with timeout_s (default 60)",
     )
+    p.add_argument(
+        "--credentials-dir",
+        default=None,
+        help="folder with one token file per capability: operator, trip, rollback, "
+        "heartbeat (docs/ARCHITECTURE.md §8). Without it: single-credential mode, the admin "
+        "token grants every write (least privilege off; for tests only)",
+    )
+    describe_admin_flag(p)
     return p
 
 
@@ -92,12 +109,22 @@ def main(argv: Sequence[str] | None = None) -> None:
         parser.error(f"--state-dir {state_dir}: not writable; give a folder this user can write")
     lock = lock_state_dir(state_dir)
     token = load_admin_token(args.admin_token_file)
+    credentials = None
+    if args.credentials_dir:
+        credentials = load_credentials_dir(args.credentials_dir, token)
+    else:
+        get_logger("broker").warning(
+            "least_privilege_off",
+            message="no --credentials-dir: single-credential mode, the admin token grants "
+            "every broker write; give --credentials-dir for one credential per capability",
+        )
     app = build_app(
         state_dir,
         token,
         router_expiry_s=args.router_expiry_s,
         max_watch_s=args.max_watch_s,
         max_fault_ttl_s=args.max_fault_ttl_s,
+        credentials=credentials,
     )
     try:
         serve(app, args, "broker")

@@ -260,6 +260,24 @@ def describe(spec: ApiSpec, app: web.Application) -> None:
             )
         },
     )
+    spec.add(
+        "get",
+        "/v1/whoami",
+        summary="Which credential the caller holds and what it may write (403 for a write "
+        "it does not grant; docs/ARCHITECTURE.md §8).",
+        tag=TAG,
+        admin=True,
+        responses={
+            200: json_body(
+                obj(
+                    ("credential", "capabilities", "single_credential_mode"),
+                    credential=STRING,
+                    capabilities={"type": "array", "items": STRING},
+                    single_credential_mode=BOOLEAN,
+                )
+            )
+        },
+    )
 
 
 def install(app: web.Application) -> None:

@@ -169,10 +169,15 @@ class BrokerClient:
         actor: str = "unknown",
         *,
         timeout_s: float = DEFAULT_TIMEOUT_S,
+        capability: str | None = None,
     ) -> None:
+        # admin_token: the credential sent on writes (the gate's trip, the executor's
+        # rollback, a router's heartbeat, the harness's operator credential); capability:
+        # what check_credential requires the broker to say it grants.
         self._session = session
         self.base_url = base_url.rstrip("/")
         self._admin_token = admin_token
+        self.capability = capability
         self.actor = actor
         self.timeout_s = timeout_s
 
@@ -446,7 +451,26 @@ class BrokerClient:
             out[key] = [dict(r) for r in items]
         return out
 
-    async def check_credential(self) -> None:
-        """Prove the admin token without changing anything (``GET /admin/faults`` needs
-        it); raises ``BrokerRequestError`` with status 401/403 when the broker refuses it."""
-        await self._call("GET", "/admin/faults", admin=True)
+    async def check_credential(self) -> list[str]:
+        """Prove the credential without changing anything (``GET /v1/whoami``); its
+        capabilities. Raises ``BrokerRequestError`` with status 401 when the broker does not
+        know it, 403 when it does not grant ``capability``."""
+        data, _, _ = await self._call("GET", "/v1/whoami", admin=True)
+        caps = data.get("capabilities") if isinstance(data, dict) else None
+        if not isinstance(caps, list) or not all(isinstance(c, str) for c in caps):
+            raise BrokerUnavailable(
+                f"GET {self.base_url}/v1/whoami: no list of capabilities in the answer",
+                method="GET",
+                url=self.base_url + "/v1/whoami",
+            )
+        if self.capability is not None and self.capability not in caps:
+            name = data.get("credential") if isinstance(data, dict) else None
+            raise BrokerRequestError(
+                f"the broker says this credential is {name!r} and grants {', '.join(caps)}, "
+                f"not {self.capability!r}: give this component the {self.capability} "
+                "credential",
+                403,
+                method="GET",
+                url=self.base_url + "/v1/whoami",
+            )
+        return list(caps)

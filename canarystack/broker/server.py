@@ -57,7 +57,9 @@ from prometheus_client import Counter, Gauge, Histogram
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator, model_validator
 
 import canarystack
+from canarystack.broker import capabilities
 from canarystack.broker.api_spec import install as install_api_spec
+from canarystack.broker.capabilities import Credentials
 from canarystack.broker.digest import manifest_digest
 from canarystack.broker.phases import Phase
 from canarystack.broker.store import ReleasePatch, Store
@@ -260,9 +262,11 @@ class Broker:
         max_watch_s: float = 60.0,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
+        credentials: Credentials | None = None,
     ) -> None:
         self.state_dir = Path(state_dir)
         self.component = component
+        self.credentials = credentials or capabilities.single_credential(component.admin_token)
         self.faults = component.faults
         self.router_expiry_s = router_expiry_s
         self.max_watch_s = max_watch_s
@@ -522,15 +526,21 @@ def _broker(request: web.Request) -> Broker:
     return request.app[BROKER]
 
 
-def _admin(request: web.Request) -> Broker:
+def _admin(request: web.Request, write: str) -> Broker:
+    """The broker, after checking that the caller's credential may make ``write``."""
+    return _authorized(request, write)[0]
+
+
+def _authorized(request: web.Request, write: str) -> tuple[Broker, str]:
     broker = _broker(request)
-    broker.component.require_admin(request)
-    return broker
+    credential = broker.credentials.identify(request)
+    capabilities.check_write(broker.credentials, credential, write)
+    return broker, credential
 
 
 # -- handlers: versions ---------------------------------------------------------------------
 async def register_version(request: web.Request) -> web.Response:
-    broker = _admin(request)
+    broker = _admin(request, "register_version")
     body = parse_model(RegisterVersion, await read_json_object(request, BROKER_MAX_BODY_BYTES))
     computed = manifest_digest(body.manifest)
     if computed != body.digest:
@@ -579,8 +589,18 @@ async def get_version(request: web.Request) -> web.Response:
 
 
 async def quarantine_version(request: web.Request) -> web.Response:
-    broker = _admin(request)
+    broker, credential = _authorized(request, "quarantine_version")
     name = _name(request, "version")
+    if credential == capabilities.ROLLBACK and not any(
+        (rel.get("canary") or {}).get("version") == name for rel in broker.releases.values()
+    ):
+        raise capabilities.Forbidden(
+            f"The rollback credential may only quarantine a release's canary version; "
+            f"{name!r} is the canary of no release, so it cannot quarantine it.",
+            param="version",
+            code="forbidden",
+            extra={"credential": credential, "may": capabilities.GRANTS[credential]},
+        )
     data = await read_optional_object(request, BROKER_MAX_BODY_BYTES)
     body = parse_model(QuarantineVersion, data or {})
     actor = _actor(body.actor, request)
@@ -605,7 +625,7 @@ async def list_releases(request: web.Request) -> web.Response:
 
 
 async def create_release(request: web.Request) -> web.Response:
-    broker = _admin(request)
+    broker = _admin(request, "create_release")
     body = parse_model(CreateRelease, await read_json_object(request, BROKER_MAX_BODY_BYTES))
     actor = _actor(body.actor, request)
     release = await broker.write(
@@ -665,7 +685,7 @@ def _watch_timeout(request: web.Request, max_watch_s: float) -> float:
 
 
 async def patch_release(request: web.Request) -> web.Response:
-    broker = _admin(request)
+    broker, credential = _authorized(request, "patch_release")
     name = _name(request, "name")
     body = parse_model(PatchRelease, await read_json_object(request, BROKER_MAX_BODY_BYTES))
     actor = _actor(body.actor, request)
@@ -677,6 +697,13 @@ async def patch_release(request: web.Request) -> web.Response:
         canary=body.canary,
         trip=None if body.trip is None else body.trip.model_dump(),
     )
+    fields = frozenset(body.model_fields_set & {"phase", "weights", "canary", "trip"})
+    authorize = functools.partial(
+        capabilities.check_patch,
+        credential,
+        fields=fields,
+        canary_weight=patch.canary_weight,
+    )
     release, changed = await broker.write(
         "patch_release",
         broker.store.patch_release,
@@ -685,6 +712,7 @@ async def patch_release(request: web.Request) -> web.Response:
         actor,
         body.reason,
         time.time(),
+        authorize,
         changed=lambda result: [result[0]] if result[1] else [],
     )
     if changed:
@@ -716,7 +744,7 @@ async def list_events(request: web.Request) -> web.Response:
 
 
 async def annotate(request: web.Request) -> web.Response:
-    broker = _admin(request)
+    broker = _admin(request, "annotate")
     name = _name(request, "name")
     body = parse_model(Annotation, await read_json_object(request, BROKER_MAX_BODY_BYTES))
     actor = _actor(body.actor, request)
@@ -726,9 +754,23 @@ async def annotate(request: web.Request) -> web.Response:
     return json_response(event, status=201)
 
 
+# -- handlers: credentials ---------------------------------------------------------------
+async def whoami(request: web.Request) -> web.Response:
+    """Which credential the caller holds and what it grants (401 for an unknown one)."""
+    broker = _broker(request)
+    credential = broker.credentials.identify(request)
+    return json_response(
+        {
+            "credential": credential,
+            "capabilities": broker.credentials.capabilities(credential),
+            "single_credential_mode": broker.credentials.single,
+        }
+    )
+
+
 # -- handlers: routers ----------------------------------------------------------------------
 async def heartbeat(request: web.Request) -> web.Response:
-    broker = _admin(request)
+    broker = _admin(request, "heartbeat")
     body = parse_model(Heartbeat, await read_json_object(request, BROKER_MAX_BODY_BYTES))
     broker.heartbeat(body)
     return json_response({"ok": True})
@@ -783,13 +825,25 @@ def build_app(
     router_expiry_s: float = 3.0,
     max_watch_s: float = 60.0,
     max_fault_ttl_s: float = 600.0,
+    credentials: Credentials | None = None,
 ) -> web.Application:
-    """The broker app; the store opens when the app starts, not here."""
+    """The broker app; the store opens when the app starts, not here.
+
+    ``credentials`` (``--credentials-dir``): one token per capability, and ``admin_token``
+    is then the broker's fault credential only. Without them, single-credential mode: the
+    admin token grants every write.
+    """
     faults = FaultRegistry("broker", FAULT_KINDS, max_ttl_s=max_fault_ttl_s)
     component = Component(
         name="broker", version=canarystack.__version__, admin_token=admin_token, faults=faults
     )
-    broker = Broker(state_dir, component, router_expiry_s=router_expiry_s, max_watch_s=max_watch_s)
+    broker = Broker(
+        state_dir,
+        component,
+        router_expiry_s=router_expiry_s,
+        max_watch_s=max_watch_s,
+        credentials=credentials,
+    )
     component.health_extra = lambda: {
         "releases": len(broker.releases),
         "watchers": broker.watchers,
@@ -816,5 +870,6 @@ def build_app(
     r.add_post("/v1/releases/{name}/events", annotate)
     r.add_post("/v1/routers/heartbeat", heartbeat)
     r.add_get("/v1/routers", list_routers)
+    r.add_get("/v1/whoami", whoami)
     install_api_spec(app)
     return app

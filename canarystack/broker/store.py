@@ -31,7 +31,7 @@ from __future__ import annotations
 import contextlib
 import json
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -396,12 +396,20 @@ class Store:
             return release
 
     def patch_release(
-        self, name: str, patch: ReleasePatch, actor: str, reason: str, now: float
+        self,
+        name: str,
+        patch: ReleasePatch,
+        actor: str,
+        reason: str,
+        now: float,
+        authorize: Callable[[Phase, Phase], None] | None = None,
     ) -> tuple[Json, bool]:
         """Apply a PATCH with compare-and-set; ``(release, changed)``.
 
         A PATCH whose values equal the current ones changes nothing: no new revision and
-        no event (so a retried step of the rollback executor is harmless).
+        no event (so a retried step of the rollback executor is harmless). ``authorize``
+        (the caller's capability check, ``(phase before, phase after)``) runs inside the
+        transaction, so the phase it judges is the one the change starts from.
         """
         with self._tx() as db:
             old = self._release_in_tx(db, name)
@@ -416,6 +424,9 @@ class Store:
                     code="revision_conflict",
                     extra={"current_revision": old["revision"]},
                 )
+            if authorize is not None:
+                current = Phase(old["phase"])
+                authorize(current, patch.phase or current)
             new = self._plan(db, old, patch)
             change = diff(old, new)
             if not change:

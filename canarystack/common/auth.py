@@ -1,4 +1,11 @@
-"""The admin token: where it comes from and how a request proves it has it.
+"""Credentials: where they come from and how a request proves it has one.
+
+Least privilege (docs/ARCHITECTURE.md §8): each capability has its own credential
+(operator, trip, rollback, heartbeat, samples, faults-<role>). A component's
+``--admin-token-file`` is its own *fault* credential (``/admin/faults`` only); the other
+credentials come from their own flags (``--broker-token-file``, ``--gate-token-file``,
+``--samples-token-file``, ``--operator-token-file``, the broker's ``--credentials-dir``)
+and fall back to the admin token when not given (single-credential mode, for tests).
 
 A component reads the token from ``--admin-token-file`` if given, else from the
 environment variable ``CANARYSTACK_ADMIN_TOKEN``. With neither, the admin API answers
@@ -11,13 +18,14 @@ start.
 
 from __future__ import annotations
 
+import argparse
 import hmac
 import os
 from pathlib import Path
 
 from aiohttp import web
 
-from canarystack.common.errors import Unauthorized
+from canarystack.common.errors import ApiError, Unauthorized
 
 ENV_VAR = "CANARYSTACK_ADMIN_TOKEN"
 
@@ -90,3 +98,82 @@ def check_admin(request: web.Request, token: str | None) -> None:
         )
     if not hmac.compare_digest(given.strip().encode(), token.encode()):
         raise Unauthorized("Wrong admin token in the Authorization header.")
+
+
+# -- least privilege: one credential per capability --------------------------------------------
+ADMIN_FLAG_HELP = (
+    "file holding this component's fault credential (faults-<role>): it grants "
+    "/admin/faults on this component only, and is the single-credential fallback for "
+    "every other token flag not given (default: env CANARYSTACK_ADMIN_TOKEN)"
+)
+
+
+class Forbidden(ApiError):
+    """A known credential asking for something it does not grant."""
+
+    status = 403
+    type = "permission_error"
+
+
+def describe_admin_flag(parser: argparse.ArgumentParser) -> None:
+    """Say in ``--help`` what ``--admin-token-file`` means now: the fault credential."""
+    for action in parser._actions:
+        if "--admin-token-file" in action.option_strings:
+            action.help = ADMIN_FLAG_HELP
+
+
+def load_token_file(flag: str, token_file: str) -> str:
+    """The token in ``token_file`` (given with ``flag``), or exit with a message naming it."""
+    try:
+        token = Path(token_file).read_text().strip()
+    except OSError as exc:
+        raise TokenFileError(
+            f"{flag} {token_file}: cannot read it ({exc.strerror}). Give a readable file "
+            "holding the credential (the local stack writes them to <state>/credentials/)."
+        ) from None
+    if not token:
+        raise TokenFileError(f"{flag} {token_file}: the file is empty; write the token into it.")
+    return _checked(token, f"{flag} {token_file}")
+
+
+def token_or_admin(flag: str, token_file: str | None, admin_token: str | None) -> str | None:
+    """The credential given with ``flag``, else the admin token (single-credential mode)."""
+    return load_token_file(flag, token_file) if token_file else admin_token
+
+
+def presented_token(request: web.Request, what: str = "token") -> str:
+    """The bearer token a request carries, or 401 naming what is wrong with the header."""
+    headers = request.headers.getall("Authorization", [])
+    if len(headers) > 1:
+        raise Unauthorized(
+            f"{len(headers)} Authorization headers sent: send exactly one, "
+            "'Authorization: Bearer <token>'."
+        )
+    header = headers[0] if headers else ""
+    if not _printable_ascii(header):
+        raise Unauthorized(
+            "The Authorization header holds bytes that are not printable ASCII: "
+            f"send 'Authorization: Bearer <{what}>' with the token exactly as written "
+            "in its credential file."
+        )
+    scheme, _, given = header.partition(" ")
+    given = given.strip()
+    if scheme.lower() != "bearer" or not given:
+        raise Unauthorized(f"Missing {what}: send 'Authorization: Bearer <{what}>'.")
+    return given
+
+
+def same_token(given: str, token: str) -> bool:
+    return hmac.compare_digest(given.encode(), token.encode())
+
+
+def check_token(request: web.Request, token: str | None, what: str, flag: str) -> None:
+    """Raise 401 unless the request carries ``token`` (``what`` names the credential)."""
+    if token is None:
+        raise Unauthorized(
+            f"This endpoint is disabled: the process was started without the {what}. "
+            f"Restart it with {flag} (or {ENV_VAR} in single-credential mode)."
+        )
+    given = presented_token(request, what)
+    if not same_token(given, token):
+        raise Unauthorized(f"Wrong {what} in the Authorization header.")

@@ -13,6 +13,7 @@ import importlib.util
 from collections.abc import Sequence
 from pathlib import Path
 
+from canarystack.common.auth import describe_admin_flag
 from canarystack.common.cli import base_parser, parse
 from canarystack.common.logs import get_logger
 from canarystack.model.contract import (
@@ -65,6 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="after a rollout, how long the old engine may finish its requests "
         "(default %(default)s)",
     )
+    describe_admin_flag(p)  # a model pod holds only its own faults-model-<variant>
     return p
 
 

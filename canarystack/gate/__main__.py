@@ -4,8 +4,11 @@ Every threshold of the sequential tests is a flag with its default in ``--help``
 absurd tolerance (``--drift-kl-tolerance 50``) makes the drift test blind on purpose.
 
 This module must never start serving with a parameter the tests cannot honour: bad
-values end the process with a message naming the flag. Nor without an admin token: the
-gate could not write a trip, so it refuses to start (exit 2) rather than look healthy.
+values end the process with a message naming the flag. Nor without its credentials: without
+the trip credential (``--broker-token-file``) the gate could not write a trip, without the
+samples credential (``--samples-token-file``) no router could send it a sample, so it
+refuses to start (exit 2) rather than look healthy. Both fall back to the admin token
+(single-credential mode); ``--admin-token-file`` itself is the gate's fault credential.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
-from canarystack.common.auth import ENV_VAR, load_admin_token
+from canarystack.common.auth import ENV_VAR, describe_admin_flag, load_admin_token, token_or_admin
 from canarystack.common.buckets import parse_edges
 from canarystack.common.cli import base_parser, parse, serve
 from canarystack.gate.server import build_app
@@ -53,6 +56,19 @@ def build_parser() -> argparse.ArgumentParser:
         "and outcomes, per prompt-length bucket; trips the release in the broker.",
     )
     p.add_argument("--broker", required=True, help="broker URL, e.g. http://127.0.0.1:18100")
+    p.add_argument(
+        "--broker-token-file",
+        default=None,
+        help="file holding the trip credential the gate writes trips with (default: the "
+        "admin token, single-credential mode)",
+    )
+    p.add_argument(
+        "--samples-token-file",
+        default=None,
+        help="file holding the samples credential routers must send on POST /v1/samples "
+        "(default: the admin token, single-credential mode)",
+    )
+    describe_admin_flag(p)
     p.add_argument(
         "--release",
         action="append",
@@ -257,18 +273,29 @@ def main(argv: Sequence[str] | None = None) -> None:
         parser.error(str(exc))
     releases = args.release or ["default"]
     admin_token = load_admin_token(args.admin_token_file)
-    if admin_token is None:
+    broker_token = token_or_admin("--broker-token-file", args.broker_token_file, admin_token)
+    samples_token = token_or_admin("--samples-token-file", args.samples_token_file, admin_token)
+    if broker_token is None:
         # Without it every trip write is refused: a gate that can never trip anything
         # must not start and look healthy.
         parser.error(
-            "no admin token: the gate writes its trips to the broker with it. Set "
-            f"{ENV_VAR} or give --admin-token-file (the broker's admin token)."
+            "no trip credential: the gate writes its trips to the broker with it. Give "
+            "--broker-token-file (the stack's credentials/trip), or in single-credential "
+            f"mode {ENV_VAR} / --admin-token-file."
+        )
+    if samples_token is None:
+        parser.error(
+            "no samples credential: routers send their samples with it and the gate would "
+            "refuse every batch. Give --samples-token-file (the stack's credentials/samples), "
+            f"or in single-credential mode {ENV_VAR} / --admin-token-file."
         )
     app = build_app(
         config,
         args.broker,
         releases,
         admin_token=admin_token,
+        broker_token=broker_token,
+        samples_token=samples_token,
         max_fault_ttl_s=args.max_fault_ttl_s,
         watch_timeout_s=args.watch_timeout_s,
     )

@@ -51,6 +51,7 @@ from canarystack.broker.client import (
     BrokerUnavailable,
 )
 from canarystack.common.app import COMPONENT, Component, create_app
+from canarystack.common.auth import check_token
 from canarystack.common.errors import (
     BadRequest,
     NotFound,
@@ -300,7 +301,7 @@ class GateService:
         if gate.trip is evidence:
             gate.trip_status_reason = (
                 f"the broker refuses the gate's credential ({exc.status}): retrying until it "
-                "works; give the gate the broker's admin token"
+                "works; give the gate the trip credential (--broker-token-file)"
             )
 
     # -- broker watch ----------------------------------------------------------------
@@ -572,12 +573,14 @@ class _GateCollector(Collector):
 
 
 SERVICE: web.AppKey[GateService] = web.AppKey("gate_service", GateService)
+BROKER_TOKEN: web.AppKey[str | None] = web.AppKey("gate_broker_token", str)
+SAMPLES_TOKEN: web.AppKey[str | None] = web.AppKey("gate_samples_token", str)
 
 
 async def _post_samples(request: web.Request) -> web.Response:
     service = request.app[SERVICE]
     comp = request.app[COMPONENT]
-    comp.require_admin(request)
+    check_token(request, request.app[SAMPLES_TOKEN], "samples credential", "--samples-token-file")
     fault = comp.faults.get("latency")
     if isinstance(fault, LatencyMs) and fault.ms > 0:
         await asyncio.sleep(fault.ms / 1000.0)
@@ -601,9 +604,10 @@ async def _list_gates(request: web.Request) -> web.Response:
 
 async def _background(app: web.Application) -> AsyncIterator[None]:
     service = app[SERVICE]
-    comp = app[COMPONENT]
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
-        service.client = BrokerClient(session, service.broker_url, comp.admin_token, actor="gate")
+        service.client = BrokerClient(
+            session, service.broker_url, app[BROKER_TOKEN], actor="gate", capability="trip"
+        )
         limit_check = asyncio.create_task(service.check_broker_watch_limit(session))
         for name in service.gates:
             service._loops[f"watch:{name}"] = asyncio.create_task(service.watch(name))
@@ -625,13 +629,20 @@ def build_app(
     admin_token: str | None,
     max_fault_ttl_s: float,
     watch_timeout_s: float = 30.0,
+    broker_token: str | None = None,
+    samples_token: str | None = None,
 ) -> web.Application:
+    """``admin_token``: the gate's fault credential; ``broker_token``: its trip credential;
+    ``samples_token``: what ``POST /v1/samples`` must carry. The last two fall back to
+    ``admin_token`` (single-credential mode)."""
     faults = FaultRegistry("gate", FAULT_KINDS, max_ttl_s=max_fault_ttl_s)
     comp = Component(name="gate", version="0.1.0", admin_token=admin_token, faults=faults)
     service = GateService(comp, config, broker_url, releases, watch_timeout_s=watch_timeout_s)
     comp.health_extra = service.health
     app = create_app(comp, client_max_size=SAMPLES_BODY_LIMIT)
     app[SERVICE] = service
+    app[BROKER_TOKEN] = admin_token if broker_token is None else broker_token
+    app[SAMPLES_TOKEN] = admin_token if samples_token is None else samples_token
     app.router.add_post("/v1/samples", _post_samples)
     app.router.add_get("/v1/gate", _list_gates)
     app.router.add_get("/v1/gate/{release}", _get_gate)

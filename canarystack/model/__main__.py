@@ -1,15 +1,21 @@
 """``python -m canarystack.model``: run one simulated model-server process.
 
 Options beyond the shared ones (``canarystack.common.cli``): the version and served model
-name, the model family and drift, and every capacity-model parameter. This module must
+name, the model family and drift, the batch noise (``--batch-noise``, ``--noise-seed``),
+and every capacity-model parameter. This module must
 never do work at import time; everything happens in ``main()``.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
+import os
+import socket
 from collections.abc import Sequence
+from typing import Any
 
+from canarystack.common.auth import describe_admin_flag
 from canarystack.common.cli import base_parser, parse
 from canarystack.model.body import ADMIN_BODY_BYTES, BYTES_PER_TOKEN, ENVELOPE_BYTES
 from canarystack.model.capacity import CapacityModel
@@ -20,6 +26,7 @@ from canarystack.model.contract import (
     check_shared_options,
     run_model_server,
 )
+from canarystack.model.engine import BATCH_NOISE_KL, MAX_BATCH_NOISE, NextTokenModel
 from canarystack.model.faults import FAULT_KINDS
 from canarystack.model.server import ModelServer, ServerConfig
 
@@ -46,6 +53,34 @@ def build_parser() -> argparse.ArgumentParser:
         default=0.01,
         help="mean KL (nats) of this version's next-token distributions against another "
         "version with the same drift; 0 = the family's base model (default %(default)s)",
+    )
+    n = p.add_argument_group(
+        "batch noise (non-batch-invariant numerics)",
+        "Real GPU engines are not batch-invariant: the same prompt gets slightly different "
+        "logits in batches of different sizes (reduction order in matmul, attention and "
+        "norm kernels; He et al., 'Defeating Nondeterminism in LLM Inference', Thinking "
+        "Machines 2025: 80 distinct greedy completions of one prompt in 1000 runs of "
+        "Qwen3-235B under varying load; vLLM's VLLM_BATCH_INVARIANT=1 removes it). Each "
+        "response here carries a logit perturbation keyed by this process's --noise-seed "
+        "and the running-request count at its admission, so two healthy replicas differ "
+        "slightly and the gate's noise floor is > 0. The default size is a chosen order "
+        "of magnitude (neither source states a KL): the router's top-5 KL between two "
+        "replicas reads ~0.9e-3 and ~2% of top-1 tokens flip.",
+    )
+    n.add_argument(
+        "--batch-noise",
+        type=float,
+        default=BATCH_NOISE_KL,
+        help="mean KL (nats, whole vocabulary) between the same prompt's next-token "
+        "distributions in two different batches; 0 = batch-invariant (bit-identical "
+        f"replicas); at most {MAX_BATCH_NOISE:g} (default %(default)g)",
+    )
+    n.add_argument(
+        "--noise-seed",
+        type=int,
+        default=None,
+        help="this process's batch-noise seed (default: from the host name and --port, and "
+        "the PID when --port is 0, so replicas differ)",
     )
     g.add_argument(
         "--max-model-len",
@@ -93,6 +128,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=0.05,
         help="relative jitter of each inter-token gap, in [0, 1) (default %(default)s)",
     )
+    describe_admin_flag(p)  # a model pod holds only its own faults-model-<variant>
     return p
 
 
@@ -122,6 +158,11 @@ def config_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) 
         parser.error(f"capacity model: {exc}")
     if not args.drift >= 0:
         parser.error(f"--drift {args.drift}: give a mean KL >= 0 (e.g. 0.01)")
+    if not 0 <= args.batch_noise <= MAX_BATCH_NOISE:  # also refuses nan
+        parser.error(
+            f"--batch-noise {args.batch_noise}: give a mean KL in [0, {MAX_BATCH_NOISE:g}] "
+            f"(e.g. {BATCH_NOISE_KL:g}; 0 turns the batch noise off)"
+        )
     if args.max_model_len < 2:
         parser.error(f"--max-model-len {args.max_model_len}: give at least 2 tokens")
     if args.max_body_bytes is not None and args.max_body_bytes < MIN_BODY_BYTES:
@@ -142,15 +183,45 @@ def config_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) 
     )
 
 
+def default_noise_seed(port: int) -> int:
+    """A seed that differs between replicas: host name and port (a pod's host name is its
+    own), and the PID when the port is picked by the system."""
+    where = f"{socket.gethostname()}:{port}:{os.getpid() if port == 0 else ''}"
+    return int.from_bytes(hashlib.blake2b(where.encode(), digest_size=8).digest(), "little")
+
+
+def with_batch_noise(server: ModelServer, batch_noise: float, noise_seed: int) -> ModelServer:
+    """Give ``server`` an engine with batch noise keyed by its own running count at
+    admission, and show the noise in ``/health``. (``ServerConfig`` has no noise fields:
+    the engine is swapped here, before the server answers anything.)"""
+    config = server.config
+    server.model = NextTokenModel(
+        config.version,
+        family_seed=config.family_seed,
+        drift=config.drift,
+        batch_noise=batch_noise,
+        noise_seed=noise_seed,
+        running=lambda: server.scheduler.running,
+    )
+    health = server.health_extra
+
+    def health_extra() -> dict[str, Any]:
+        return {**health(), "batch_noise": batch_noise, "noise_seed": noise_seed}
+
+    server.health_extra = health_extra  # type: ignore[method-assign]
+    return server
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = build_parser()
     args = parse(parser, argv)
     config = config_from_args(args, parser)
+    seed = args.noise_seed if args.noise_seed is not None else default_noise_seed(args.port)
     run_model_server(
         args,
         config.version,
         FAULT_KINDS,
-        lambda component: ModelServer(config, component),
+        lambda component: with_batch_noise(ModelServer(config, component), args.batch_noise, seed),
         client_max_size=ADMIN_BODY_BYTES,  # the model routes read with model.body
     )
 

@@ -10,7 +10,7 @@ import argparse
 import re
 from collections.abc import Sequence
 
-from canarystack.common.auth import load_admin_token
+from canarystack.common.auth import describe_admin_flag, load_admin_token, token_or_admin
 from canarystack.common.cli import base_parser, parse, serve
 from canarystack.rollback.executor import ExecutorConfig
 from canarystack.rollback.server import build_app
@@ -27,6 +27,19 @@ def build_parser() -> argparse.ArgumentParser:
         "rolled_back — each step idempotent and resumable after a kill.",
     )
     p.add_argument("--broker", required=True, help="broker URL, e.g. http://127.0.0.1:18100")
+    p.add_argument(
+        "--broker-token-file",
+        default=None,
+        help="file holding the rollback credential the executor writes its steps with "
+        "(default: the admin token, single-credential mode)",
+    )
+    p.add_argument(
+        "--operator-token-file",
+        default=None,
+        help="file holding the operator credential a manual POST /v1/rollbacks/{release} "
+        "must carry (default: the admin token, single-credential mode)",
+    )
+    describe_admin_flag(p)
     p.add_argument(
         "--release",
         action="append",
@@ -93,12 +106,17 @@ def main(argv: Sequence[str] | None = None) -> None:
         apply_retries=args.apply_retries,
         empty_routers_grace_s=args.empty_routers_grace_s,
     )
+    admin_token = load_admin_token(args.admin_token_file)
     app = build_app(
         args.broker,
         args.release or ["default"],
         config,
-        admin_token=load_admin_token(args.admin_token_file),
+        admin_token=admin_token,
         max_fault_ttl_s=args.max_fault_ttl_s,
+        broker_token=token_or_admin("--broker-token-file", args.broker_token_file, admin_token),
+        operator_token=token_or_admin(
+            "--operator-token-file", args.operator_token_file, admin_token
+        ),
     )
     serve(app, args, "rollback")
 

@@ -51,7 +51,8 @@ from canarystack.broker.wire import (
     json_response,
     read_optional_object,
 )
-from canarystack.common.app import COMPONENT, Component, create_app
+from canarystack.common.app import Component, create_app
+from canarystack.common.auth import check_token
 from canarystack.common.errors import (
     ApiError,
     Conflict,
@@ -233,9 +234,10 @@ class RollbackService:
                 (r.last_error for r in self.runners.values() if r.broker_auth != "ok"), None
             )
             reasons.append(
-                f"broker_auth: the broker answers {auth} to this executor's admin token, "
-                f"so no rollback step can be written ({detail}); fix --admin-token-file / "
-                "CANARYSTACK_ADMIN_TOKEN and restart"
+                f"broker_auth: the broker answers {auth} to this executor's rollback "
+                f"credential, so no rollback step can be written ({detail}); fix "
+                "--broker-token-file (or the admin token in single-credential mode) and "
+                "restart"
             )
         for name, state in sorted(self.loops.items()):
             if state.ended is not None:
@@ -428,11 +430,16 @@ class RollbackService:
 
 
 SERVICE: web.AppKey[RollbackService] = web.AppKey("rollback_service", RollbackService)
+BROKER_TOKEN: web.AppKey[str | None] = web.AppKey("broker_token", str)
+OPERATOR_TOKEN: web.AppKey[str | None] = web.AppKey("operator_token", str)
 
 
 async def _post_rollback(request: web.Request) -> web.Response:
     service = request.app[SERVICE]
-    request.app[COMPONENT].require_admin(request)
+    # Who may ask for a manual rollback: the operator credential (--operator-token-file).
+    check_token(
+        request, request.app[OPERATOR_TOKEN], "operator credential", "--operator-token-file"
+    )
     name = request.match_info["release"]
     service.runner(name)  # 404 before reading the body
     data = await read_optional_object(request, ROLLBACK_MAX_BODY_BYTES)
@@ -460,9 +467,14 @@ async def _get_rollback(request: web.Request) -> web.Response:
 
 async def _background(app: web.Application) -> AsyncIterator[None]:
     service = app[SERVICE]
-    comp = app[COMPONENT]
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
-        client = BrokerClient(session, service.broker_url, comp.admin_token, actor="rollback")
+        client = BrokerClient(
+            session,
+            service.broker_url,
+            app[BROKER_TOKEN],
+            actor="rollback",
+            capability="rollback",
+        )
         for name in service.releases:
             service.runners[name] = RollbackRunner(
                 client, name, service.config, hooks=service.hooks(name), log=_log
@@ -488,13 +500,20 @@ def build_app(
     *,
     admin_token: str | None,
     max_fault_ttl_s: float,
+    broker_token: str | None = None,
+    operator_token: str | None = None,
 ) -> web.Application:
+    """``admin_token``: this executor's fault credential; ``broker_token``: its rollback
+    credential at the broker; ``operator_token``: who may POST a manual rollback. The
+    last two fall back to ``admin_token`` (single-credential mode)."""
     faults = FaultRegistry("rollback", FAULT_KINDS, max_ttl_s=max_fault_ttl_s)
     comp = Component(name="rollback", version="0.1.0", admin_token=admin_token, faults=faults)
     service = RollbackService(comp, broker_url, releases, config)
     comp.health_extra = service.health
     app = create_app(comp, client_max_size=ROLLBACK_MAX_BODY_BYTES)
     app[SERVICE] = service
+    app[BROKER_TOKEN] = admin_token if broker_token is None else broker_token
+    app[OPERATOR_TOKEN] = admin_token if operator_token is None else operator_token
     app.router.add_post("/v1/rollbacks/{release}", _post_rollback)
     app.router.add_get("/v1/rollbacks/{release}", _get_rollback)
     install_api_spec(app)

@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from aiohttp import web
 
 from canarystack.common import logs, strictjson
-from canarystack.common.auth import ENV_VAR, load_admin_token
+from canarystack.common.auth import ENV_VAR, describe_admin_flag, load_admin_token, token_or_admin
 from canarystack.common.buckets import DEFAULT_EDGES, parse_edges
 from canarystack.common.cli import (
     base_parser,
@@ -72,6 +72,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--baseline", required=True, help="baseline replica URLs, comma-separated")
     p.add_argument("--canary", default="", help="canary replica URLs, comma-separated")
     p.add_argument("--gate", default=None, help="gate base URL for samples (optional)")
+    p.add_argument(
+        "--broker-token-file",
+        default=None,
+        help="file holding the heartbeat credential sent to the broker (default: the admin "
+        "token, single-credential mode)",
+    )
+    p.add_argument(
+        "--gate-token-file",
+        default=None,
+        help="file holding the samples credential sent to the gate (default: the admin "
+        "token, single-credential mode)",
+    )
+    describe_admin_flag(p)
     p.add_argument("--state-dir", default=".stack", help="where router-<id>.json is cached")
     p.add_argument("--instance-port", type=int, default=None, help="second, per-replica port")
     p.add_argument("--heartbeat-s", type=float, default=1.0, help="heartbeat interval (s)")
@@ -194,19 +207,28 @@ def settings_from_args(args: argparse.Namespace) -> RouterSettings:
     )
 
 
-def check_token(settings: RouterSettings, token: str | None) -> None:
-    """A router that talks to the gate or the broker needs the admin token."""
-    if token is not None:
-        return
-    peers = [
-        f for f, url in (("--gate", settings.gate_url), ("--broker", settings.broker_url)) if url
+def check_token(settings: RouterSettings, token: str | None, gate_token: str | None = None) -> None:
+    """A router that talks to the broker needs its heartbeat credential (``token``), one
+    that talks to the gate its samples credential (``gate_token``; the same as ``token``
+    when not given, single-credential mode)."""
+    gate_token = token if gate_token is None else gate_token
+    missing = [
+        (flag, cred, what)
+        for flag, url, tok, cred, what in (
+            ("--gate", settings.gate_url, gate_token, "--gate-token-file", "sample batches"),
+            ("--broker", settings.broker_url, token, "--broker-token-file", "heartbeats"),
+        )
+        if url and tok is None
     ]
-    if peers:
+    if missing:
+        flags = " and ".join(m[0] for m in missing)
+        creds = " and ".join(m[1] for m in missing)
+        what = " and ".join(m[2] for m in missing)
         raise _usage_error(
-            f"{' and '.join(peers)} given but no admin token: its sample batches and "
-            "heartbeats would be refused (401) and the gate would see nothing. Start it "
-            f"with --admin-token-file FILE or {ENV_VAR} set (the stack's token is in its "
-            "state folder, file admin-token)."
+            f"{flags} given but no credential for it: its {what} would be refused (401) and "
+            f"the gate would see nothing. Start it with {creds} FILE (the stack's "
+            f"credentials/ folder), or in single-credential mode --admin-token-file FILE "
+            f"or {ENV_VAR} set."
         )
 
 
@@ -280,9 +302,17 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parse(build_parser(), argv)
     settings = settings_from_args(args)
     token = load_admin_token(args.admin_token_file)
-    check_token(settings, token)
+    broker_token = token_or_admin("--broker-token-file", args.broker_token_file, token)
+    gate_token = token_or_admin("--gate-token-file", args.gate_token_file, token)
+    check_token(settings, broker_token, gate_token)
     check_watch_timeout(settings)
-    app = build_app(settings, token, max_fault_ttl_s=args.max_fault_ttl_s)
+    app = build_app(
+        settings,
+        token,
+        max_fault_ttl_s=args.max_fault_ttl_s,
+        broker_token=broker_token,
+        gate_token=gate_token,
+    )
     install_uvloop()
     asyncio.run(_serve(app, args, settings))
 

@@ -312,7 +312,8 @@ class ConfigWatcher:
                     call=call,
                     status=status,
                     error=error,
-                    effect="retried with backoff; check the router's admin token",
+                    effect="retried with backoff; check the router's heartbeat credential "
+                    "(--broker-token-file)",
                 )
             self.auth_error = error
         elif self.auth[call] != "ok":

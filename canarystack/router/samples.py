@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import secrets
 import time
 import uuid
 from collections import deque
@@ -93,7 +94,11 @@ class GatePusher:
         on_auth_error: Callable[[int], None] | None = None,
         on_drop: Callable[[str], None] | None = None,
         flush_interval_s: float = FLUSH_INTERVAL_S,
+        wrong_credential: Callable[[], bool] | None = None,
     ) -> None:
+        # admin_token: the samples credential (--gate-token-file, else the admin token).
+        # wrong_credential: while it says True (the router's wrong_gate_credential fault,
+        # a botched secret rotation), batches go out with a credential the gate refuses.
         self.session = session
         self.url = gate_url.rstrip("/") + "/v1/samples"
         self.queue = queue
@@ -102,6 +107,11 @@ class GatePusher:
         self.headers = {"content-type": "application/json"}
         if admin_token:
             self.headers["Authorization"] = f"Bearer {admin_token}"
+        self.wrong_credential = wrong_credential or (lambda: False)
+        self._wrong_headers = {
+            **self.headers,
+            "Authorization": f"Bearer wrong-gate-credential-{secrets.token_urlsafe(16)}",
+        }
         self.on_push = on_push or (lambda result: None)
         self.on_auth_error = on_auth_error or (lambda status: None)
         self.on_drop = on_drop or (lambda kind: None)
@@ -163,7 +173,7 @@ class GatePusher:
             async with self.session.post(
                 self.url,
                 data=strictjson.dumps_bytes(body),
-                headers=self.headers,
+                headers=self._wrong_headers if self.wrong_credential() else self.headers,
                 timeout=aiohttp.ClientTimeout(total=PUSH_TIMEOUT_S),
             ) as resp:
                 text = await resp.text()
@@ -234,7 +244,8 @@ class GatePusher:
                 status=status,
                 answer=text[:300],
                 batch=len(self.pending),
-                effect="batch kept and retried; check the router's admin token",
+                effect="batch kept and retried; check the router's samples credential "
+                "(--gate-token-file)",
             )
         self.auth = auth
         self.auth_error = error

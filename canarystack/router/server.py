@@ -178,6 +178,9 @@ FAULT_KINDS: dict[str, type[FaultParams]] = {
     "latency": LatencyFault,
     "abort": AbortFault,
     "stale_config": NoParams,
+    # While active, sample batches go to the gate with a wrong credential (what a botched
+    # secret rotation does): the gate refuses them, the router says gate_auth unauthorized.
+    "wrong_gate_credential": NoParams,
 }
 
 
@@ -1102,10 +1105,13 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
         ),
     )
     st.control = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=16))
-    token = st.comp.admin_token
     if settings.broker_url:
         st.config.broker = BrokerClient(
-            st.control, settings.broker_url, token, actor=settings.router_id
+            st.control,
+            settings.broker_url,
+            app[BROKER_TOKEN],
+            actor=settings.router_id,
+            capability="heartbeat",
         )
     if settings.gate_url:
         queue = SampleQueue(
@@ -1120,7 +1126,8 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
             queue,
             router_id=settings.router_id,
             release=settings.release,
-            admin_token=token,
+            admin_token=app[GATE_TOKEN],
+            wrong_credential=lambda: st.comp.faults.get("wrong_gate_credential") is not None,
             on_push=lambda result: st.metrics.gate_pushes.labels(result=result).inc(),
             on_auth_error=lambda status: st.metrics.auth_errors.labels(
                 peer="gate", status=str(status)
@@ -1140,9 +1147,21 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     await st.control.close()
 
 
+BROKER_TOKEN: web.AppKey[str | None] = web.AppKey("router_broker_token", str)
+GATE_TOKEN: web.AppKey[str | None] = web.AppKey("router_gate_token", str)
+
+
 def build_app(
-    settings: RouterSettings, admin_token: str | None, max_fault_ttl_s: float = 600.0
+    settings: RouterSettings,
+    admin_token: str | None,
+    max_fault_ttl_s: float = 600.0,
+    *,
+    broker_token: str | None = None,
+    gate_token: str | None = None,
 ) -> web.Application:
+    """``admin_token``: the router's fault credential; ``broker_token``: its heartbeat
+    credential; ``gate_token``: its samples credential. The last two fall back to
+    ``admin_token`` (single-credential mode)."""
     log = get_logger("router")
     faults = FaultRegistry("router", FAULT_KINDS, max_ttl_s=max_fault_ttl_s, log=log)
     comp = Component(
@@ -1156,6 +1175,8 @@ def build_app(
     comp.health_extra = state.health
     app = create_app(comp, client_max_size=settings.max_body_bytes)
     app[STATE] = state
+    app[BROKER_TOKEN] = admin_token if broker_token is None else broker_token
+    app[GATE_TOKEN] = admin_token if gate_token is None else gate_token
     for path in PROXIED_PATHS:
         app.router.add_post(path, handle_proxy)
     app.router.add_get("/v1/models", handle_models)

@@ -1,0 +1,219 @@
+"""Who may write what: THE capability table of the broker, written down once.
+
+Each credential (docs/ARCHITECTURE.md §8) grants a set of broker writes; reads stay open.
+
+- ``operator`` (people, the harness): every write.
+- ``trip`` (the gate): ``progressing -> tripped`` with the trip evidence, nothing else.
+- ``rollback`` (the rollback executor): canary weight -> 0, ``progressing | tripped ->
+  rolling_back -> rolled_back``, quarantine of a version that is a release's canary, and
+  step annotations. (``progressing -> rolling_back`` is the manual rollback that an
+  operator asks the executor for.)
+- ``heartbeat`` (routers): ``POST /v1/routers/heartbeat`` only.
+
+A PATCH is checked as a *transition*: the phase it moves from and to, and which fields it
+sets, against the table below, inside the store's transaction (so the phase it is
+checked against is the one it changes). Refusals are 403 with a message naming the
+credential, what it tried and what it may do.
+
+Single-credential mode (no ``--credentials-dir``): the one admin token holds every
+credential; the broker logs a warning that least privilege is off.
+
+This module must never do I/O or know about SQLite: it is the pure rule book.
+"""
+
+from __future__ import annotations
+
+import hmac
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from aiohttp import web
+
+from canarystack.broker.phases import Phase
+from canarystack.common.auth import (
+    Forbidden,
+    TokenFileError,
+    load_token_file,
+    presented_token,
+)
+from canarystack.common.errors import Unauthorized
+
+OPERATOR = "operator"
+TRIP = "trip"
+ROLLBACK = "rollback"
+HEARTBEAT = "heartbeat"
+# The broker's own fault credential (--admin-token-file): /admin/faults only.
+FAULTS = "faults"
+
+BROKER_CREDENTIALS: tuple[str, ...] = (OPERATOR, TRIP, ROLLBACK, HEARTBEAT)
+
+# What each credential may do, in words (for 403 messages and /v1/whoami).
+GRANTS: Mapping[str, str] = {
+    OPERATOR: "make every broker write",
+    TRIP: "move progressing -> tripped with trip evidence",
+    ROLLBACK: (
+        "set the canary weight to 0, move progressing|tripped -> rolling_back -> "
+        "rolled_back, quarantine a release's canary version and annotate rollback steps"
+    ),
+    HEARTBEAT: "send router heartbeats (POST /v1/routers/heartbeat)",
+    FAULTS: "use this broker's /admin/faults",
+}
+
+# THE table: each write and the credentials that may make it.
+WRITES: Mapping[str, frozenset[str]] = {
+    "register_version": frozenset({OPERATOR}),
+    "quarantine_version": frozenset({OPERATOR, ROLLBACK}),
+    "create_release": frozenset({OPERATOR}),
+    "patch_release": frozenset({OPERATOR, TRIP, ROLLBACK}),
+    "annotate": frozenset({OPERATOR, ROLLBACK}),
+    "heartbeat": frozenset({OPERATOR, HEARTBEAT}),
+}
+
+# What a write is, in words ("it cannot <this>").
+WRITE_WORDS: Mapping[str, str] = {
+    "register_version": "register versions",
+    "quarantine_version": "quarantine versions",
+    "create_release": "create releases",
+    "patch_release": "change releases",
+    "annotate": "annotate releases",
+    "heartbeat": "send router heartbeats",
+}
+
+# For the credentials that may PATCH but not freely: the phase edges and fields allowed.
+PATCH_EDGES: Mapping[str, frozenset[tuple[Phase, Phase]]] = {
+    TRIP: frozenset({(Phase.PROGRESSING, Phase.TRIPPED)}),
+    ROLLBACK: frozenset(
+        {
+            (Phase.PROGRESSING, Phase.ROLLING_BACK),
+            (Phase.TRIPPED, Phase.ROLLING_BACK),
+            (Phase.ROLLING_BACK, Phase.ROLLED_BACK),
+        }
+    ),
+}
+PATCH_FIELDS: Mapping[str, frozenset[str]] = {
+    TRIP: frozenset({"phase", "trip"}),
+    ROLLBACK: frozenset({"phase", "weights"}),
+}
+# The only canary weight a credential may set (absent: any).
+WEIGHT_ONLY: Mapping[str, float] = {ROLLBACK: 0.0}
+
+
+@dataclass(frozen=True)
+class Credentials:
+    """Token -> credential name. ``single`` is the single-credential mode."""
+
+    tokens: Mapping[str, str] = field(default_factory=dict)  # name -> token
+    fault_token: str | None = None
+    single: bool = False
+
+    def identify(self, request: web.Request) -> str:
+        """The name of the credential the request carries, or 401."""
+        given = presented_token(request, "credential")
+        if self.fault_token is not None and hmac.compare_digest(
+            given.encode(), self.fault_token.encode()
+        ):
+            return FAULTS
+        for name, token in self.tokens.items():
+            if hmac.compare_digest(given.encode(), token.encode()):
+                return name
+        if not self.tokens and self.fault_token is None:
+            raise Unauthorized(
+                "The broker's write API is disabled: it was started without credentials. "
+                "Restart it with --credentials-dir DIR (or an admin token in "
+                "single-credential mode)."
+            )
+        raise Unauthorized(
+            "Unknown credential in the Authorization header: this broker knows "
+            f"{', '.join(self.names())}; send one of those tokens."
+        )
+
+    def names(self) -> list[str]:
+        return list(self.tokens) + ([FAULTS] if self.fault_token is not None else [])
+
+    def capabilities(self, credential: str) -> list[str]:
+        if self.single:
+            return [*BROKER_CREDENTIALS, FAULTS]
+        return [credential]
+
+
+def single_credential(admin_token: str | None) -> Credentials:
+    """Single-credential mode: the admin token holds every credential."""
+    if admin_token is None:
+        return Credentials(single=True)
+    return Credentials(tokens={OPERATOR: admin_token}, fault_token=None, single=True)
+
+
+def load_credentials_dir(directory: str, fault_token: str | None) -> Credentials:
+    """Read ``operator``, ``trip``, ``rollback``, ``heartbeat`` from ``directory``."""
+    path = Path(directory)
+    if not path.is_dir():
+        raise TokenFileError(
+            f"--credentials-dir {directory}: not a folder. Give a folder holding the files "
+            f"{', '.join(BROKER_CREDENTIALS)} (one token each)."
+        )
+    tokens: dict[str, str] = {}
+    for name in BROKER_CREDENTIALS:
+        file = path / name
+        if not file.exists():
+            raise TokenFileError(
+                f"--credentials-dir {directory}: no file {name!r}. The folder must hold "
+                f"{', '.join(BROKER_CREDENTIALS)}, one token each."
+            )
+        tokens[name] = load_token_file("--credentials-dir", os.fspath(file))
+    seen: dict[str, str] = {}
+    for name, token in [*tokens.items(), *([(FAULTS, fault_token)] if fault_token else [])]:
+        if token in seen:
+            raise TokenFileError(
+                f"--credentials-dir {directory}: credentials {seen[token]!r} and {name!r} "
+                "hold the same token, so neither proves which one the caller has; give "
+                "each its own (e.g. python -c 'import secrets; print(secrets.token_urlsafe(32))')."
+            )
+        seen[token] = name
+    return Credentials(tokens=tokens, fault_token=fault_token)
+
+
+def _refuse(credential: str, tried: str) -> Forbidden:
+    return Forbidden(
+        f"The {credential} credential may only {GRANTS[credential]}; it cannot {tried}.",
+        code="forbidden",
+        extra={"credential": credential, "may": GRANTS[credential]},
+    )
+
+
+def check_write(credentials: Credentials, credential: str, write: str) -> None:
+    """403 unless ``credential`` may make ``write`` at all."""
+    if credentials.single and credential == OPERATOR:
+        return
+    if credential not in WRITES[write]:
+        raise _refuse(credential, WRITE_WORDS[write])
+
+
+def check_patch(
+    credential: str,
+    current: Phase,
+    target: Phase,
+    *,
+    fields: frozenset[str],
+    canary_weight: float | None,
+) -> None:
+    """403 unless ``credential`` may make this release change (checked in the transaction).
+
+    ``fields``: the body fields the PATCH sets (``phase``, ``weights``, ``canary``, ``trip``).
+    """
+    if credential == OPERATOR:
+        return
+    allowed_fields = PATCH_FIELDS.get(credential, frozenset())
+    extra = sorted(fields - allowed_fields)
+    if extra:
+        words = {"weights": "set weights", "canary": "change the canary version"}
+        raise _refuse(credential, " or ".join(words.get(f, f"set {f}") for f in extra))
+    only = WEIGHT_ONLY.get(credential)
+    if canary_weight is not None and only is not None and canary_weight != only:
+        raise _refuse(credential, f"set the canary weight to {canary_weight:g}")
+    if target == current:
+        return
+    if (current, target) not in PATCH_EDGES.get(credential, frozenset()):
+        tried = "promote" if target == Phase.PROMOTED else f"move {current} -> {target}"
+        raise _refuse(credential, tried)
