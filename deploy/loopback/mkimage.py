@@ -1,0 +1,437 @@
+"""Build the canarystack image as a docker-archive tarball, without a Docker engine.
+
+The image holds what ``deploy/Dockerfile`` puts into ``python:3.11-slim``: a CPython 3.11
+under ``/usr/local`` (here: the interpreter the project's virtual environment was made from,
+with its standard library and the shared libraries it links), the project's runtime
+dependencies (exactly the installed distributions that ``canary-gameday`` and
+``chaostoolkit-canary-gameday`` require, without extras, copied from the virtual
+environment, so the versions are the ones the tests ran with), the project under ``/app``
+(installed editable, as ``pip install -e`` does in the Dockerfile), ``/bin/sh`` and the small
+tools ``deploy/entrypoint.sh`` uses (Debian's busybox-static), the user 10001 and the
+writable folders. Entrypoint, command, user, working directory and environment are the
+Dockerfile's.
+
+Usage: python deploy/loopback/mkimage.py OUT.tar [--tag canarystack:0.1.0] [--pause OUT.tar]
+
+``--pause`` also writes the kubelet's pod-sandbox image (busybox sleeping), tagged
+``docker.io/local/pause:1``. Import with ``ctr -n k8s.io images import OUT.tar``.
+Files are written in sorted order with their own mtimes (the .pyc caches depend on them) and
+root ownership, so the same inputs give the same image id.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import io
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tarfile
+import tempfile
+from collections.abc import Iterable, Iterator
+from importlib import metadata
+from pathlib import Path
+from typing import NoReturn
+
+REPO = Path(__file__).resolve().parents[2]
+APP_UID = 10001
+# What the Dockerfile copies into /app.
+APP_TREES = ["canarystack", "gameday", "probes", "locustfiles", "experiments", "targets"]
+APP_FILES = [
+    "pyproject.toml",
+    "README.md",
+    "probes/pyproject.toml",
+    "deploy/entrypoint.sh",
+    "deploy/release_init.py",
+]
+PROJECT_DISTS = ["canary-gameday", "chaostoolkit-canary-gameday"]
+# Standard-library folders python:3.11-slim keeps but a server never imports; left out to
+# keep the image small (the test suite of CPython alone is 120 MB).
+STDLIB_SKIP = {"test", "idlelib", "tkinter", "turtledemo", "ensurepip", "site-packages"}
+BUSYBOX = "/bin/busybox"
+# The tools deploy/entrypoint.sh and a debugging `kubectl exec` use.
+APPLETS = [
+    *("sh", "ash", "cat", "chmod", "chown", "cp", "date", "echo", "env", "false", "grep"),
+    *("head", "id", "kill", "ln", "ls", "mkdir", "mv", "ps", "rm", "sleep", "sort", "tail"),
+    *("tee", "test", "top", "touch", "tr", "true", "uname", "wc", "wget"),
+]
+ENV = [
+    "PATH=/usr/local/bin:/usr/local/sbin:/usr/sbin:/usr/bin:/sbin:/bin",
+    "LANG=C.UTF-8",
+    "PYTHONDONTWRITEBYTECODE=1",
+    "PYTHONUNBUFFERED=1",
+    "PIP_NO_CACHE_DIR=1",
+    "PIP_DISABLE_PIP_VERSION_CHECK=1",
+    "HOME=/tmp",
+    "MPLCONFIGDIR=/tmp/matplotlib",
+    "APP_DIR=/app",
+]
+
+
+def fail(message: str) -> NoReturn:
+    print(f"mkimage: error: {message}", file=sys.stderr)
+    raise SystemExit(1)
+
+
+def _norm(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def dependency_closure(roots: list[str]) -> list[metadata.Distribution]:
+    """The installed distributions ``roots`` need at run time (markers evaluated, no extras)."""
+    from packaging.requirements import Requirement
+
+    by_name = {_norm(d.metadata["Name"]): d for d in metadata.distributions()}
+    seen: dict[str, metadata.Distribution] = {}
+    todo = [(_norm(r), frozenset[str]()) for r in roots]
+    while todo:
+        name, extras = todo.pop()
+        dist = by_name.get(name)
+        if dist is None:
+            fail(
+                f"the distribution {name!r} is not installed in {sys.prefix}: run this script "
+                "with the project's virtual environment (.venv/bin/python) after `make venv`"
+            )
+        key = name + ("[" + ",".join(sorted(extras)) + "]" if extras else "")
+        if key in seen:
+            continue
+        seen[key] = dist
+        for line in dist.requires or []:
+            req = Requirement(line)
+            if req.marker is not None:
+                envs = [{"extra": e} for e in extras] or [{"extra": ""}]
+                if not any(req.marker.evaluate(env) for env in envs):
+                    continue
+            todo.append((_norm(req.name), frozenset(req.extras)))
+    unique = {_norm(d.metadata["Name"]): d for d in seen.values()}
+    return [unique[k] for k in sorted(unique)]
+
+
+def dist_files(dist: metadata.Distribution) -> Iterator[Path]:
+    base = Path(str(dist.locate_file("")))
+    for f in dist.files or []:
+        path = Path(str(dist.locate_file(f))).resolve()
+        if path.is_file() and base.resolve() in path.parents:
+            yield path
+
+
+def is_elf(path: Path) -> bool:
+    try:
+        with path.open("rb") as f:
+            return f.read(4) == b"\x7fELF"
+    except OSError:
+        return False
+
+
+def shared_libraries(elves: Iterable[Path]) -> set[Path]:
+    """System libraries (outside the Python tree) that the ELF files load, via ldd."""
+    libs: set[Path] = set()
+    for elf in elves:
+        out = subprocess.run(["ldd", str(elf)], capture_output=True, text=True).stdout
+        for line in out.splitlines():
+            m = re.search(r"(/\S+) \(0x", line)
+            if m:
+                libs.add(Path(m.group(1)))
+    return libs
+
+
+class Layer:
+    """A tar layer with deterministic metadata (mtime 0, root-owned unless told)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.tar = tarfile.open(path, "w", format=tarfile.PAX_FORMAT)  # noqa: SIM115 (closed by close())
+        self.names: set[str] = set()
+
+    def _info(self, name: str, kind: bytes, mode: int, uid: int = 0) -> tarfile.TarInfo:
+        ti = tarfile.TarInfo(name)
+        ti.type, ti.mode, ti.mtime, ti.uid, ti.gid = kind, mode, 0, uid, uid
+        return ti
+
+    def dirs_for(self, name: str) -> None:
+        parts = name.split("/")[:-1]
+        for i in range(1, len(parts) + 1):
+            self.dir("/".join(parts[:i]))
+
+    def dir(self, name: str, mode: int = 0o755, uid: int = 0) -> None:
+        name = name.strip("/")
+        if name and name not in self.names:
+            self.dirs_for(name)
+            self.names.add(name)
+            self.tar.addfile(self._info(name, tarfile.DIRTYPE, mode, uid))
+
+    def file(self, name: str, src: Path, mode: int | None = None) -> None:
+        name = name.strip("/")
+        if name in self.names:
+            return
+        self.dirs_for(name)
+        self.names.add(name)
+        st = src.stat()
+        ti = self._info(name, tarfile.REGTYPE, mode if mode is not None else st.st_mode & 0o755)
+        # The source's own mtime: the bytecode caches (.pyc) record it, and a .pyc whose
+        # source mtime differs is recompiled at every start (PYTHONDONTWRITEBYTECODE=1).
+        ti.size, ti.mtime = st.st_size, int(st.st_mtime)
+        with src.open("rb") as f:
+            self.tar.addfile(ti, f)
+
+    def data(self, name: str, data: bytes, mode: int = 0o644) -> None:
+        name = name.strip("/")
+        self.dirs_for(name)
+        self.names.add(name)
+        ti = self._info(name, tarfile.REGTYPE, mode)
+        ti.size = len(data)
+        self.tar.addfile(ti, io.BytesIO(data))
+
+    def link(self, name: str, target: str) -> None:
+        name = name.strip("/")
+        if name in self.names:
+            return
+        self.dirs_for(name)
+        self.names.add(name)
+        ti = self._info(name, tarfile.SYMTYPE, 0o777)
+        ti.linkname = target
+        self.tar.addfile(ti)
+
+    def tree(self, dest: str, src: Path, skip: set[str] | None = None) -> None:
+        for root, dirs, files in os.walk(src):
+            dirs[:] = sorted(d for d in dirs if not (skip and Path(root) == src and d in skip))
+            rel = Path(root).relative_to(src)
+            self.dir(str(Path(dest) / rel))
+            for name in sorted(files):
+                p = Path(root) / name
+                target = str(Path(dest) / rel / name)
+                if p.is_symlink():
+                    self.link(target, os.readlink(p))
+                elif p.is_file():
+                    self.file(target, p)
+
+    def close(self) -> str:
+        self.tar.close()
+        h = hashlib.sha256()
+        with self.path.open("rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+        return "sha256:" + h.hexdigest()
+
+
+def base_layer(layer: Layer) -> None:
+    """/usr/local Python, system libraries, busybox, users and writable folders."""
+    prefix = Path(sys.base_prefix)
+    ver = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    for d in ["bin", "etc", "proc", "sys", "dev", "root", "usr/bin", "usr/lib", "var/tmp"]:
+        layer.dir(d)
+    layer.dir("tmp", 0o1777)
+    if not Path(BUSYBOX).is_file():
+        fail(
+            f"{BUSYBOX} not found: install Debian's busybox-static "
+            "(apt-get install -y busybox-static)"
+        )
+    layer.file("bin/busybox", Path(BUSYBOX), 0o755)
+    for a in APPLETS:
+        layer.link(f"bin/{a}", "busybox")
+    layer.link("usr/bin/env", "/bin/busybox")  # for #!/usr/bin/env scripts
+    layer.data(
+        "etc/passwd",
+        f"root:x:0:0:root:/root:/bin/sh\ncanarystack:x:{APP_UID}:{APP_UID}::/tmp:/usr/sbin/nologin\n".encode(),
+    )
+    layer.data("etc/group", f"root:x:0:\ncanarystack:x:{APP_UID}:\n".encode())
+    layer.data("etc/nsswitch.conf", b"passwd: files\ngroup: files\nhosts: files dns\n")
+    layer.data("etc/hosts", b"127.0.0.1 localhost\n")
+    # The interpreter: bin/, the standard library and libpython, at /usr/local.
+    elves: list[Path] = []
+    for name in [ver, "python3", "python"]:
+        src = prefix / "bin" / name
+        if name == ver:
+            layer.file(f"usr/local/bin/{name}", src.resolve(), 0o755)
+            elves.append(src.resolve())
+        else:
+            layer.link(f"usr/local/bin/{name}", ver)
+    for lib in sorted((prefix / "lib").glob("libpython*.so*")):
+        if lib.is_symlink():
+            layer.link(f"usr/local/lib/{lib.name}", os.readlink(lib))
+        else:
+            layer.file(f"usr/local/lib/{lib.name}", lib)
+            elves.append(lib)
+            # The interpreter's RUNPATH names the build's prefix; the loader's default
+            # search path finds libpython here.
+            layer.link(f"usr/lib/{lib.name}", f"/usr/local/lib/{lib.name}")
+    stdlib = prefix / "lib" / ver
+    layer.tree(f"usr/local/lib/{ver}", stdlib, STDLIB_SKIP)
+    elves += [p for p in (stdlib / "lib-dynload").glob("*.so")]
+    layer.dir(f"usr/local/lib/{ver}/site-packages")
+    # Third-party distributions (the locked runtime dependencies).
+    site = f"usr/local/lib/{ver}/site-packages"
+    dists = dependency_closure(PROJECT_DISTS)
+    for dist in dists:
+        if _norm(dist.metadata["Name"]) in PROJECT_DISTS:
+            continue
+        base = Path(str(dist.locate_file(""))).resolve()
+        for path in sorted(dist_files(dist)):
+            rel = path.relative_to(base)
+            layer.file(f"{site}/{rel}", path)
+            if path.suffix == ".so" or ".so." in path.name:
+                elves.append(path)
+    # System libraries that the interpreter and the extension modules load.
+    for lib in sorted(shared_libraries(elves)):
+        if str(lib).startswith((str(prefix), sys.prefix, "/root")):
+            continue
+        real = lib.resolve()
+        layer.file(str(real), real)
+        if real != lib:
+            layer.link(str(lib), str(real))
+    for d in ["var/lib/canarystack", "reports", "records"]:
+        layer.dir(d, 0o755, APP_UID)
+    print(f"mkimage: {len(dists)} distributions, {len(elves)} shared objects", file=sys.stderr)
+
+
+def app_files() -> list[str]:
+    out = subprocess.run(
+        [
+            "git",
+            "-C",
+            str(REPO),
+            "ls-files",
+            "-z",
+            "--cached",
+            "--others",
+            "--exclude-standard",
+            "--",
+            *APP_TREES,
+        ],
+        check=True,
+        capture_output=True,
+    ).stdout.decode()
+    files = [f for f in out.split("\0") if f and "__pycache__" not in f and (REPO / f).is_file()]
+    return sorted(set(files) | set(APP_FILES))
+
+
+def app_layer(layer: Layer) -> None:
+    """/app (the project, as the Dockerfile copies it) and its editable installation."""
+    ver = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    site = f"usr/local/lib/{ver}/site-packages"
+    layer.dir("app")
+    for rel in app_files():
+        mode = 0o755 if rel == "deploy/entrypoint.sh" else 0o644
+        layer.file(f"app/{rel}", REPO / rel, mode)
+    # `pip install -e . -e ./probes`: /app on sys.path and the two distributions' metadata
+    # (chaostoolkit discovers its extensions by distribution).
+    layer.data(f"{site}/canarystack-app.pth", b"/app\n")
+    for name in PROJECT_DISTS:
+        dist = metadata.distribution(name)
+        info = f"{site}/{_norm(name).replace('-', '_')}-{dist.version}.dist-info"
+        meta = dist.read_text("METADATA") or ""
+        layer.data(f"{info}/METADATA", meta.encode())
+        layer.data(f"{info}/INSTALLER", b"canarystack-mkimage\n")
+        eps = dist.read_text("entry_points.txt")
+        if eps:
+            layer.data(f"{info}/entry_points.txt", eps.encode())
+        top = "probes" if name == "chaostoolkit-canary-gameday" else "canarystack\ngameday"
+        layer.data(f"{info}/top_level.txt", (top + "\n").encode())
+        layer.data(f"{info}/RECORD", b"")
+    layer.data(
+        "usr/local/bin/gameday",
+        f"#!/usr/local/bin/{ver}\nimport sys\nfrom gameday.cli import main\n"
+        "sys.exit(main())\n".encode(),
+        0o755,
+    )
+
+
+def write_archive(
+    out: Path, tag: str, layers: list[tuple[Path, str]], config: dict[str, object]
+) -> str:
+    config["rootfs"] = {"type": "layers", "diff_ids": [d for _, d in layers]}
+    config["history"] = [
+        {"created": "1970-01-01T00:00:00Z", "created_by": "deploy/loopback/mkimage.py"}
+        for _ in layers
+    ]
+    blob = json.dumps(config, sort_keys=True).encode()
+    image_id = hashlib.sha256(blob).hexdigest()
+    names = [f"{d.split(':')[1]}/layer.tar" for _, d in layers]
+    manifest = json.dumps(
+        [{"Config": f"{image_id}.json", "RepoTags": [tag], "Layers": names}]
+    ).encode()
+    tmp = out.with_suffix(out.suffix + ".tmp")
+    with tarfile.open(tmp, "w", format=tarfile.PAX_FORMAT) as t:
+        for (path, _), name in zip(layers, names, strict=True):
+            ti = t.gettarinfo(str(path), name)
+            ti.mtime, ti.uid, ti.gid, ti.uname, ti.gname, ti.mode = 0, 0, 0, "", "", 0o644
+            with path.open("rb") as f:
+                t.addfile(ti, f)
+        for name, data in [(f"{image_id}.json", blob), ("manifest.json", manifest)]:
+            ti = tarfile.TarInfo(name)
+            ti.size, ti.mode = len(data), 0o644
+            t.addfile(ti, io.BytesIO(data))
+    os.replace(tmp, out)
+    return image_id
+
+
+def image_config(
+    cmd: list[str], entrypoint: list[str] | None, env: list[str], user: str, workdir: str
+) -> dict[str, object]:
+    cfg: dict[str, object] = {"Cmd": cmd, "Env": env, "WorkingDir": workdir, "User": user}
+    if entrypoint:
+        cfg["Entrypoint"] = entrypoint
+        cfg["ExposedPorts"] = {"8000/tcp": {}, "5557/tcp": {}, "8089/tcp": {}}
+    return {
+        "architecture": "amd64",
+        "os": "linux",
+        "created": "1970-01-01T00:00:00Z",
+        "config": cfg,
+    }
+
+
+def build_pause(out: Path, workdir: Path) -> str:
+    layer = Layer(workdir / "pause-layer.tar")
+    for d in ["bin", "proc", "sys", "dev", "etc"]:
+        layer.dir(d)
+    layer.file("bin/busybox", Path(BUSYBOX), 0o755)
+    layer.link("bin/sleep", "busybox")
+    digest = layer.close()
+    cfg = image_config(["/bin/sleep", "2147483647"], None, ["PATH=/bin"], "0:0", "/")
+    return write_archive(out, "docker.io/local/pause:1", [(layer.path, digest)], cfg)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("out", type=Path)
+    ap.add_argument("--tag", default="docker.io/library/canarystack:0.1.0")
+    ap.add_argument("--pause", type=Path, help="also write the pod-sandbox image here")
+    args = ap.parse_args()
+    if sysconfig.get_config_var("LDLIBRARY") is None or not shutil.which("ldd"):
+        fail(
+            "ldd not found: this script collects the interpreter's shared libraries "
+            "with ldd (Debian: libc-bin)"
+        )
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=args.out.parent) as tmp:
+        work = Path(tmp)
+        if args.pause:
+            pause_id = build_pause(args.pause, work)
+            print(f"mkimage: {args.pause} docker.io/local/pause:1 id {pause_id[:12]}")
+        base = Layer(work / "base.tar")
+        base_layer(base)
+        base_digest = base.close()
+        app = Layer(work / "app.tar")
+        app_layer(app)
+        app_digest = app.close()
+        cfg = image_config(
+            ["serve", "model", "--host", "0.0.0.0", "--port", "8000"],
+            ["/app/deploy/entrypoint.sh"],
+            ENV,
+            f"{APP_UID}:{APP_UID}",
+            "/app",
+        )
+        image_id = write_archive(
+            args.out, args.tag, [(base.path, base_digest), (app.path, app_digest)], cfg
+        )
+    size = args.out.stat().st_size
+    print(f"mkimage: {args.out} {args.tag} id {image_id[:12]} ({size / 2**20:.0f} MiB)")
+
+
+if __name__ == "__main__":
+    main()
