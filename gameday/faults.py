@@ -95,7 +95,7 @@ def annotate(target: Target, change: dict[str, Any], reason: str) -> bool:
         resp = requests.post(
             url,
             json={"actor": "gameday", "change": change, "reason": reason},
-            headers=target.admin_headers(),
+            headers=target.operator_headers(),
             timeout=ANNOTATION_TIMEOUT_S,
         )
         return resp.status_code == 201
@@ -174,7 +174,7 @@ def inject(
                 resp = requests.post(
                     f"{rep.url}/admin/faults",
                     json=body,
-                    headers=target.admin_headers(),
+                    headers=target.fault_headers(role),
                     timeout=HTTP_TIMEOUT_S,
                 )
             except requests.RequestException as exc:
@@ -233,11 +233,14 @@ def clear_injected(
         try:
             resp = requests.delete(
                 f"{e.url}/admin/faults/{e.fault_id}",
-                headers=target.admin_headers(),
+                headers=target.fault_headers(e.component),
                 timeout=HTTP_TIMEOUT_S,
             )
         except requests.RequestException as exc:
             errors.append(f"{e.replica}: {exc.__class__.__name__}")
+            continue
+        except TargetError as exc:  # its fault credential cannot be read
+            errors.append(f"{e.replica}: {exc}")
             continue
         if resp.status_code not in (200, 404):
             errors.append(f"{e.replica}: HTTP {resp.status_code}: {_error_text(resp)}")

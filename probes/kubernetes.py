@@ -156,7 +156,7 @@ def _broker_write(
     url = f"{target.service_url('broker')}{path}"
     try:
         return requests.request(
-            method, url, json=body, headers=target.admin_headers(), timeout=HTTP_TIMEOUT_S
+            method, url, json=body, headers=target.operator_headers(), timeout=HTTP_TIMEOUT_S
         )
     except requests.RequestException as exc:
         raise ActivityFailed(f"cannot reach the broker ({url}): {exc.__class__.__name__}") from None

@@ -199,7 +199,7 @@ def no_active_faults(
                 try:
                     resp = requests.get(
                         f"{rep.url}/admin/faults",
-                        headers=target.admin_headers(),
+                        headers=target.fault_headers(role),
                         timeout=HTTP_TIMEOUT_S,
                     )
                 except requests.RequestException as exc:

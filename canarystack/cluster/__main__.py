@@ -28,7 +28,7 @@ def _parser() -> argparse.ArgumentParser:
         sp.add_argument(
             "--state-dir",
             default=DEFAULT_STATE_DIR,
-            help="folder for config, logs, SQLite and the admin token (default %(default)s)",
+            help="folder for config, logs, SQLite and the credentials (default %(default)s)",
         )
 
     up = sub.add_parser("up", help="start the stack (no change if it is running)")

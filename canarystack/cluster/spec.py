@@ -142,8 +142,40 @@ def load_stack_config(path: str | Path | None, **overrides: Any) -> StackSpec:
         raise StackConfigError(f"{source}: field '{where}': {err['msg']}") from None
 
 
-def _command(spec: StackSpec, module: str, port: int, *args: str) -> list[str]:
-    token = ["--admin-token-file", str(spec.abs_state_dir / "admin-token")]
+# Least privilege (docs/ARCHITECTURE.md §8): one credential per capability, each in its own
+# file under <state>/credentials/, and each program is given only its own.
+CREDENTIALS_DIR = "credentials"
+BROKER_CREDENTIALS = ("operator", "trip", "rollback", "heartbeat")
+FAULT_ROLES = ("router", "broker", "gate", "rollback", "model-baseline", "model-canary")
+CREDENTIALS: tuple[str, ...] = (
+    *BROKER_CREDENTIALS,
+    "samples",
+    *(f"faults-{role}" for role in FAULT_ROLES),
+)
+# What each role is given besides its own faults-<role> (--admin-token-file): flag -> name.
+ROLE_CREDENTIALS: dict[str, tuple[tuple[str, str], ...]] = {
+    "router": (("--broker-token-file", "heartbeat"), ("--gate-token-file", "samples")),
+    "gate": (("--broker-token-file", "trip"), ("--samples-token-file", "samples")),
+    "rollback": (("--broker-token-file", "rollback"), ("--operator-token-file", "operator")),
+}
+
+
+def credential_path(spec: StackSpec, name: str) -> Path:
+    return spec.abs_state_dir / CREDENTIALS_DIR / name
+
+
+def _credential_flags(spec: StackSpec, role: str) -> list[str]:
+    flags = ["--admin-token-file", str(credential_path(spec, f"faults-{role}"))]
+    for flag, name in ROLE_CREDENTIALS.get(role, ()):
+        flags += [flag, str(credential_path(spec, name))]
+    if role == "broker":
+        # The broker reads operator, trip, rollback and heartbeat from the folder.
+        flags += ["--credentials-dir", str(spec.abs_state_dir / CREDENTIALS_DIR)]
+    return flags
+
+
+def _command(spec: StackSpec, module: str, port: int, role: str, *args: str) -> list[str]:
+    token = _credential_flags(spec, role)
     return [spec.python, "-m", f"canarystack.{module}", "--host", HOST, "--port", str(port),
             *token, *args]  # fmt: skip
 
@@ -161,12 +193,12 @@ def _model_programs(
             # An engine pod (canarystack.engine): llama.cpp serving the generated GGUF.
             gguf = spec.abs_state_dir / f"model-seed{spec.engine_seed}.gguf"
             engine_log = spec.abs_state_dir / "logs" / f"{name}-engine.log"
-            cmd = _command(spec, "engine", port, "--version", version,
+            cmd = _command(spec, "engine", port, role, "--version", version,
                            "--served-model-name", spec.model_name,
                            "--model", str(gguf), "--gguf-seed", str(spec.engine_seed),
                            "--engine-log", str(engine_log), *extra)  # fmt: skip
         else:
-            cmd = _command(spec, "model", port, "--version", version,
+            cmd = _command(spec, "model", port, role, "--version", version,
                            "--served-model-name", spec.model_name, *extra)  # fmt: skip
         progs.append(Program(name, role, cmd, f"http://{HOST}:{port}"))
     return progs
@@ -182,14 +214,15 @@ def programs(spec: StackSpec) -> list[Program]:
     canary = _model_programs(
         spec, "model-canary", spec.canary_version, spec.canary_replicas, CANARY_OFFSET
     )
-    broker_cmd = _command(spec, "broker", spec.base_port + BROKER_OFFSET, "--state-dir", sd,
+    broker_cmd = _command(spec, "broker", spec.base_port + BROKER_OFFSET, "broker",
+                          "--state-dir", sd,
                           *spec.args.get("broker", []))  # fmt: skip
     progs = [Program("broker", "broker", broker_cmd, broker_url), *baseline, *canary]
     gate = [] if "gate" in spec.without else ["--gate", spec.url(GATE_OFFSET)]
     for i in range(spec.router_replicas):
         instance_port = spec.base_port + ROUTER_INSTANCE_OFFSET + i
         cmd = _command(
-            spec, "router", spec.base_port + ROUTER_OFFSET,
+            spec, "router", spec.base_port + ROUTER_OFFSET, "router",
             "--reuse-port", "--instance-port", str(instance_port),
             "--router-id", f"router-{i}", "--broker", broker_url, "--release", spec.release,
             "--baseline", ",".join(p.url for p in baseline),
@@ -200,7 +233,7 @@ def programs(spec: StackSpec) -> list[Program]:
     for role, offset in (("gate", GATE_OFFSET), ("rollback", ROLLBACK_OFFSET)):
         if role in spec.without:
             continue
-        cmd = _command(spec, role, spec.base_port + offset, "--broker", broker_url,
+        cmd = _command(spec, role, spec.base_port + offset, role, "--broker", broker_url,
                        "--release", spec.release, *spec.args.get(role, []))  # fmt: skip
         progs.append(Program(role, role, cmd, spec.url(offset)))
     return progs
@@ -220,7 +253,10 @@ def stack_description(spec: StackSpec, progs: list[Program]) -> dict[str, Any]:
         "gate_url": spec.url(GATE_OFFSET),
         "rollback_url": spec.url(ROLLBACK_OFFSET),
         "supervisor_socket": str(sd / "supervisor.sock"),
-        "admin_token_file": str(sd / "admin-token"),
+        # One file per credential (docs/ARCHITECTURE.md §8); admin_token_file names the
+        # operator credential for readers from before least privilege.
+        "credentials": {name: str(credential_path(spec, name)) for name in CREDENTIALS},
+        "admin_token_file": str(credential_path(spec, "operator")),
         "versions": {"stable": spec.stable_version, "canary": spec.canary_version},
         "components": [
             {"name": p.name, "role": p.role, "program": p.name, "url": p.url} for p in progs

@@ -1,7 +1,8 @@
 """The local stack's lifecycle: up, status, down, logs, timeline.
 
 ``up`` writes the supervisord config and ``stack.json`` into the state folder, generates
-the admin token (mode 0600), starts supervisord, waits until every component answers
+one credential per capability (``credentials/<name>``, mode 0600, docs/ARCHITECTURE.md §8),
+starts supervisord, waits until every component answers
 ``/health``, then creates the release (stable and canary versions registered with their
 digests, canary weight as configured). ``up`` on a running stack reports it and changes
 nothing.
@@ -23,18 +24,27 @@ from typing import Any
 import requests
 
 from canarystack.cluster import supervisor
-from canarystack.cluster.spec import Program, StackSpec, programs, stack_description
+from canarystack.cluster.spec import (
+    CREDENTIALS,
+    CREDENTIALS_DIR,
+    Program,
+    StackSpec,
+    credential_path,
+    programs,
+    stack_description,
+)
 
 HEALTH_TIMEOUT_S = 60.0
 HTTP_TIMEOUT_S = 2.0
+EVENT_PAGE_LIMIT = 10_000  # the broker's largest page
+MAX_EVENT_PAGES = 10_000  # a bound on the loop: 10^8 events
 
 
 class StackError(RuntimeError):
     """Something a person must act on; the message says what."""
 
 
-def _write_token(state_dir: Path) -> str:
-    path = state_dir / "admin-token"
+def _write_token(path: Path) -> str:
     if path.exists():
         return path.read_text().strip()
     token = secrets.token_urlsafe(32)
@@ -42,6 +52,13 @@ def _write_token(state_dir: Path) -> str:
     with os.fdopen(fd, "w") as fh:
         fh.write(token + "\n")
     return token
+
+
+def write_credentials(spec: StackSpec) -> dict[str, str]:
+    """Every credential of the stack (kept if already there), name -> token."""
+    folder = spec.abs_state_dir / CREDENTIALS_DIR
+    folder.mkdir(mode=0o700, exist_ok=True)
+    return {name: _write_token(credential_path(spec, name)) for name in CREDENTIALS}
 
 
 def _port_in_use(port: int) -> bool:
@@ -140,7 +157,7 @@ def up(spec: StackSpec, health_timeout_s: float = HEALTH_TIMEOUT_S) -> tuple[boo
     (sd / "logs").mkdir(parents=True, exist_ok=True)
     progs = programs(spec)
     _check_ports(spec, progs)
-    token = _write_token(sd)
+    token = write_credentials(spec)["operator"]
     (sd / "supervisord.conf").write_text(supervisor.render_conf(sd, progs))
     (sd / "stack.json").write_text(json.dumps(stack_description(spec, progs), indent=2) + "\n")
     supervisor.start_daemon(sd)
@@ -214,18 +231,45 @@ def log_paths(state_dir: Path, component: str) -> list[Path]:
     return [sd / "logs" / f"{name}.log" for name in names]
 
 
+def read_events(
+    broker_url: str, release: str, *, page_limit: int = EVENT_PAGE_LIMIT
+) -> list[dict[str, Any]]:
+    """Every event of ``release``, oldest first, read page by page (``after_seq`` =
+    ``next_after_seq`` until a page is shorter than its limit), so a long history is never
+    cut at the broker's page size."""
+    events: list[dict[str, Any]] = []
+    after_seq = 0
+    for _ in range(MAX_EVENT_PAGES):
+        url = f"{broker_url}/v1/releases/{release}/events"
+        try:
+            resp = requests.get(
+                url, params={"after_seq": str(after_seq), "limit": str(page_limit)}, timeout=5
+            )
+        except requests.RequestException as exc:
+            raise StackError(f"cannot reach the broker at {broker_url}: {exc}") from None
+        if resp.status_code == 404:
+            raise StackError(f"release {release!r} does not exist on the broker.")
+        if resp.status_code != 200:
+            raise StackError(
+                f"GET {url}: the broker answered {resp.status_code}: {resp.text[:300]}"
+            )
+        data = resp.json()
+        page = data["events"]
+        events.extend(page)
+        if len(page) < page_limit:
+            return events
+        after_seq = int(data.get("next_after_seq", page[-1]["seq"]))
+    raise StackError(
+        f"release {release!r}: more than {MAX_EVENT_PAGES} pages of {page_limit} events; "
+        "refusing to read further."
+    )
+
+
 def timeline(state_dir: Path, release: str | None = None) -> dict[str, Any]:
     """The release's event history with times relative to the first injected fault."""
     desc = read_description(state_dir.resolve())
     name = release or desc["release"]
-    try:
-        resp = requests.get(f"{desc['broker_url']}/v1/releases/{name}/events", timeout=5)
-    except requests.RequestException as exc:
-        raise StackError(f"cannot reach the broker at {desc['broker_url']}: {exc}") from None
-    if resp.status_code == 404:
-        raise StackError(f"release {name!r} does not exist on the broker.")
-    resp.raise_for_status()
-    events = resp.json()["events"]
+    events = read_events(desc["broker_url"], name)
     faults = [e for e in events if (e.get("change") or {}).get("annotation") == "fault_injected"]
     t0 = faults[0]["time"] if faults else (events[0]["time"] if events else 0.0)
     for e in events:

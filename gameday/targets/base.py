@@ -73,6 +73,12 @@ class KubernetesTargetSpec(BaseModel):
     # The workload owning each role's pods, KIND/NAME (default: deployment/<role>,
     # statefulset/broker): read by the readiness probes.
     workloads: dict[str, str] = Field(default_factory=dict)
+    # Least privilege (docs/ARCHITECTURE.md §8): the harness's credentials, operator and
+    # faults-<role>, from files named so in credentials_dir (a mounted Secret folder), else
+    # from env vars <credentials_env_prefix><NAME> (FAULTS_MODEL_CANARY, OPERATOR ...); the
+    # single admin token (admin_token_file / admin_token_env) is the fallback for both.
+    credentials_dir: str | None = None
+    credentials_env_prefix: str = "CANARYSTACK_CREDENTIAL_"
     admin_token_env: str = "CANARYSTACK_ADMIN_TOKEN"
     admin_token_file: str | None = None
     blast_radius: BlastRadius = Field(default_factory=BlastRadius)
@@ -118,14 +124,31 @@ class Target(ABC):
         """Every replica of a role, each with the URL of its own admin API."""
 
     @abstractmethod
-    def admin_token(self) -> str: ...
+    def admin_token(self) -> str:
+        """The single-credential token (the fallback when a credential is not given)."""
+
+    @abstractmethod
+    def credential(self, name: str) -> str:
+        """The token of credential ``name``: ``operator`` or ``faults-<role>``."""
 
     @abstractmethod
     def kill_pod(self, role: str, replica: str | None = None) -> KilledPod:
         """Kill one pod of ``role`` (``replica`` names it; default: the first)."""
 
+    def operator_headers(self, actor: str = "gameday") -> dict[str, str]:
+        """Headers for broker writes (versions, releases, annotations): operator."""
+        return {"Authorization": f"Bearer {self.credential('operator')}", "x-actor": actor}
+
+    def fault_headers(self, role: str, actor: str = "gameday") -> dict[str, str]:
+        """Headers for ``role``'s ``/admin/faults``: that role's own fault credential."""
+        if role not in ROLES:
+            raise TargetError(f"unknown role {role!r}: use one of {', '.join(ROLES)}.")
+        return {"Authorization": f"Bearer {self.credential(f'faults-{role}')}", "x-actor": actor}
+
     def admin_headers(self, actor: str = "gameday") -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.admin_token()}", "x-actor": actor}
+        """Kept for older callers: the operator headers (broker writes only; a
+        component's /admin/faults needs ``fault_headers(role)``)."""
+        return self.operator_headers(actor)
 
     def describe(self) -> dict[str, Any]:
         return {"kind": self.kind, "name": self.name, "release": self.release}

@@ -203,6 +203,28 @@ class KubernetesTarget(Target):
             )
         return token
 
+    def credential(self, name: str) -> str:
+        """``credentials_dir``/NAME, else env ``<credentials_env_prefix>NAME``, else the
+        single admin token (single-credential mode)."""
+        if self.spec.credentials_dir:
+            path = Path(self.spec.credentials_dir) / name
+            try:
+                token = path.read_text().strip()
+            except OSError as exc:
+                raise TargetError(
+                    f"kubernetes target: cannot read credential {name!r} at {path} "
+                    f"(credentials_dir): {exc.strerror}. Mount the canarystack-{name} Secret "
+                    "there."
+                ) from None
+            if not token:
+                raise TargetError(f"kubernetes target: credential file {path} is empty.")
+            return token
+        env = self.spec.credentials_env_prefix + name.upper().replace("-", "_")
+        token = os.environ.get(env, "").strip()
+        if token:
+            return token
+        return self.admin_token()
+
     def kill_pod(self, role: str, replica: str | None = None) -> KilledPod:
         """Delete one pod of ``role`` with grace period 0 (the kubelet sends SIGKILL).
 

@@ -145,6 +145,29 @@ class LocalTarget(Target):
         except OSError as exc:
             raise TargetError(f"local target: cannot read the admin token {path}: {exc}") from None
 
+    def credential(self, name: str) -> str:
+        """From the stack's ``credentials`` (stack.json); a stack from before least
+        privilege has only ``admin_token_file``, which then stands for every credential."""
+        files = self.description().get("credentials")
+        if not isinstance(files, dict):
+            return self.admin_token()
+        if name not in files:
+            raise TargetError(
+                f"local target: the stack has no credential {name!r} (it has "
+                f"{', '.join(sorted(files))})."
+            )
+        path = Path(files[name])
+        try:
+            token = path.read_text().strip()
+        except OSError as exc:
+            raise TargetError(
+                f"local target: cannot read credential {name!r} at {path}: {exc.strerror}; "
+                "is the stack up (`gameday stack up`)?"
+            ) from None
+        if not token:
+            raise TargetError(f"local target: credential file {path} is empty.")
+        return token
+
     def _rpc(self) -> Any:
         sock = self.description()["supervisor_socket"]
         transport = SupervisorTransport(None, None, f"unix://{sock}")
