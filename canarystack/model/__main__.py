@@ -65,15 +65,17 @@ def build_parser() -> argparse.ArgumentParser:
         "and the running-request count at its admission, so two healthy replicas differ "
         "slightly and the gate's noise floor is > 0. The default size is a chosen order "
         "of magnitude (neither source states a KL): the router's top-5 KL between two "
-        "replicas reads ~0.9e-3 and ~2% of top-1 tokens flip.",
+        "replicas reads ~0.9e-3 and ~2% of top-1 tokens flip. Off unless asked for.",
     )
     n.add_argument(
         "--batch-noise",
         type=float,
-        default=BATCH_NOISE_KL,
+        default=0.0,
         help="mean KL (nats, whole vocabulary) between the same prompt's next-token "
-        "distributions in two different batches; 0 = batch-invariant (bit-identical "
-        f"replicas); at most {MAX_BATCH_NOISE:g} (default %(default)g)",
+        f"distributions in two different batches, at most {MAX_BATCH_NOISE:g}; "
+        f"{BATCH_NOISE_KL:g} is the calibrated size every stack runs with "
+        "(canarystack.cluster.spec); 0 = batch-invariant, bit-identical replicas and the "
+        "engine's pure reference (default %(default)g)",
     )
     n.add_argument(
         "--noise-seed",

@@ -1,10 +1,11 @@
 """The simulated engine's next-token model: deterministic, cheap, and honest about drift.
 
-A next-token distribution depends only on (family seed, version, context), where the
-context is a 64-bit key chained from the prompt's tokens and every token generated so
-far (so the position is part of it). Two processes of one version therefore return
-bit-identical logprobs for the same request, and greedy continuations diverge after a
-flipped token exactly as a real model's would.
+A next-token distribution depends only on (family seed, version, context) and, when the
+batch noise is on, the batch the request ran in; the context is a 64-bit key chained from
+the prompt's tokens and every token generated so far (so the position is part of it).
+With ``batch_noise=0`` two processes of one version return bit-identical logprobs for
+the same request; greedy continuations diverge after a flipped token exactly as a real
+model's would.
 
 The representation keeps a token to a few microseconds of pure Python: each distribution
 is ``CANDIDATES`` candidate tokens with explicit logits plus one *tail* item whose mass
@@ -15,6 +16,20 @@ a splitmix64 hash of the context picks the rows — no Generator per token.
 - The family (``seed``) fixes the base distributions every version shares.
 - A version adds its own Gaussian logit noise, scaled so that two versions with drift
   ``d`` differ by a mean KL of about ``d`` (``drift=0`` is the family base itself).
+- Batch noise (non-batch-invariant numerics). Real GPU engines give the same prompt
+  slightly different logits in batches of different sizes: matmul, attention and norm
+  kernels change their reduction order with the batch (He et al., "Defeating
+  Nondeterminism in LLM Inference", Thinking Machines, 2025: 1000 greedy runs of one
+  prompt on Qwen3-235B under a varying load gave 80 distinct completions, the first
+  divergence at token 103, and batch-invariant kernels made all 1000 identical; vLLM
+  ships that mode as ``VLLM_BATCH_INVARIANT=1``, in beta). Neither states a KL, so the
+  size is *chosen*, not reproduced: ``BATCH_NOISE_KL`` = 1e-3 nats of mean KL between two
+  batches, small enough that healthy replicas agree on ~98 % of top-1 tokens and large
+  enough that near-ties flip now and then. Each request adds Gaussian logit noise keyed
+  by ``batch_key`` (a per-process ``noise_seed`` and the running-request count at
+  admission) and the context, so it is deterministic given (seed, running count,
+  prompt, position). Measured (tests/test_model_noise.py, 20,000 contexts, two
+  replicas): the router's top-5 KL (``kl_topk``) has mean ~0.9e-3, p95 ~2.8e-3.
 - The ``kernel`` fault (``fp8-kv-scale``) adds a further perturbation, only for prompts
   of at least ``min_prompt_tokens`` tokens, whose size grows with the prompt length:
   mean KL about ``KERNEL_KL_AT_REF * magnitude**2 * prompt_tokens / KERNEL_REF_TOKENS``.
@@ -26,6 +41,11 @@ a splitmix64 hash of the context picks the rows — no Generator per token.
   but every logprob is ``-inf``) and ``garbage`` (tokens drawn uniformly from the whole
   vocabulary, unrelated to the context). How they look on the wire is
   ``canarystack.model.render``'s business.
+- The *benign* kernel modes (``BENIGN_MODES``) are healthy builds the gate must not trip
+  on, a fixed per-context perturbation like ``fp8-kv-scale`` but of a size independent of
+  the prompt length: ``numerics`` (another layout's reduction order, as a tensor-parallel
+  or batch-size change gives: mean KL ``magnitude**2 * batch_noise`` on top of the batch
+  noise) and ``quantized`` (q8_0-like weights: ``QUANTIZED_KL_AT_1 * magnitude**2``).
 
 Logprobs are the raw model's (before temperature and top_p), as vLLM reports them.
 
@@ -38,7 +58,7 @@ import functools
 import hashlib
 import math
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -48,6 +68,7 @@ from canarystack.tokenizer import VOCAB_SIZE
 CANDIDATES = 8
 TABLE_ROWS = 4096
 _ROW_MASK = TABLE_ROWS - 1
+_ROW_SHIFT = 64 - (TABLE_ROWS.bit_length() - 1)  # top bits of a 64-bit hash: a row
 _M64 = (1 << 64) - 1
 _GOLDEN = 0x9E3779B97F4A7C15
 
@@ -56,16 +77,30 @@ KERNEL_REF_TOKENS = 4096
 KERNEL_KL_AT_REF = 0.15
 DRIFT_MODE = "fp8-kv-scale"
 BROKEN_MODES = ("nan-logits", "inf-logits", "garbage")
-KERNEL_MODES = (DRIFT_MODE, *BROKEN_MODES)
 # The token every position gets when all logits are NaN (argmax of all-NaN is index 0).
 NAN_TOKEN_ID = 0
 
 # Temperatures below this sample greedily (vLLM's _SAMPLING_EPS).
 SAMPLING_EPS = 1e-5
 
+# Benign kernel modes: the numbers change a little, as a healthy new build's do.
+NUMERICS_MODE = "numerics"  # another batch-noise profile (tensor-parallel/batch layout)
+QUANTIZED_MODE = "quantized"  # a small acceptable drift (q8_0-like weights)
+BENIGN_MODES = (NUMERICS_MODE, QUANTIZED_MODE)
+KERNEL_MODES = (DRIFT_MODE, *BROKEN_MODES, *BENIGN_MODES)
+# The quantized mode's mean KL (nats) at magnitude 1 (grows with magnitude squared).
+QUANTIZED_KL_AT_1 = 1.5e-4
+
+# Non-batch-invariant numerics: the default mean KL (nats, whole vocabulary) between two
+# batches of one version (see ``NextTokenModel``); the router's top-5 KL reads about as
+# much (tests/test_model_noise.py measures it).
+BATCH_NOISE_KL = 1e-3
+MAX_BATCH_NOISE = 0.1
+
 # Distinct hash salts, so a version's noise and the kernel's noise are independent.
 _FAMILY_SALT = 0x5EED_F00D_0000_0001
 _KERNEL_SALT = 0x6B65_726E_656C_0F8A
+_BATCH_SALT = 0x6261_7463_685F_6E7A
 
 
 def mix64(x: int) -> int:
@@ -206,9 +241,17 @@ class NextTokenModel:
         family_seed: int = 0,
         drift: float = 0.01,
         vocab_size: int = VOCAB_SIZE,
+        batch_noise: float = 0.0,
+        noise_seed: int = 0,
+        running: Callable[[], int] | None = None,
     ) -> None:
-        if drift < 0:
+        if not drift >= 0:
             raise ValueError(f"drift must be >= 0 (mean KL in nats), got {drift}")
+        if not 0 <= batch_noise <= MAX_BATCH_NOISE:
+            raise ValueError(
+                f"batch_noise must be in [0, {MAX_BATCH_NOISE:g}] (mean KL in nats between "
+                f"two batches; 0 = batch-invariant), got {batch_noise}"
+            )
         if vocab_size <= CANDIDATES:
             raise ValueError(f"vocab_size must exceed {CANDIDATES}, got {vocab_size}")
         self.version = version
@@ -222,23 +265,58 @@ class NextTokenModel:
         # variance 2 s^2; for small noise KL ~ 1/2 Var_p(delta) = s^2 (1 - sum p^2).
         self.version_scale = math.sqrt(drift / self._t.spread) if drift > 0 else 0.0
         self._log_tail_size = math.log(vocab_size - CANDIDATES)
+        # Batch noise: iid N(0, b^2) per batch, so two batches differ by KL ~ b^2 spread,
+        # the same relation as the version noise above.
+        self.batch_noise = batch_noise
+        self.noise_seed = noise_seed
+        self.batch_scale = math.sqrt(batch_noise / self._t.spread) if batch_noise > 0 else 0.0
+        self._seed_key = mix64((noise_seed & _M64) ^ _BATCH_SALT)
+        self._running = running
+        # The noise rows pre-scaled (36k floats, once per process): a token pays one hash
+        # and one addition per logit for its batch noise.
+        bs = self.batch_scale
+        self._batch_rows = tuple(tuple(bs * x for x in row) for row in self._t.noise) if bs else ()
+
+    def batch_key(self, running: int | None = None) -> int:
+        """The key of the batch a request runs in: this process's seed and the number of
+        running requests at its admission (``running``; default: the server's count now,
+        from the ``running`` callable the model was given, else 1). 0 when the batch
+        noise is off."""
+        if not self.batch_scale:
+            return 0
+        if running is None:
+            running = self._running() if self._running is not None else 1
+        return mix64(self._seed_key ^ ((max(0, running) * _GOLDEN) & _M64)) | 1
 
     def kernel_scale(self, prompt_tokens: int, fault: KernelFault | None) -> float:
         """The kernel fault's logit-noise scale for a prompt length (0 when untouched, and
-        for the broken modes, which do not drift the distribution: see ``broken_mode``)."""
+        for the broken modes, which do not drift the distribution: see ``broken_mode``).
+
+        The target mean KL against the healthy kernel: ``fp8-kv-scale`` grows with the
+        prompt length (``KERNEL_KL_AT_REF`` at ``KERNEL_REF_TOKENS``); ``quantized`` is
+        ``QUANTIZED_KL_AT_1`` at any length; ``numerics`` is this process's own
+        ``batch_noise`` (a fixed reduction order of another layout adds about as much
+        again as one batch differs from another). All grow with ``magnitude`` squared."""
         if (
             fault is None
-            or fault.mode != DRIFT_MODE
+            or fault.mode not in (DRIFT_MODE, *BENIGN_MODES)
             or fault.magnitude <= 0
             or prompt_tokens < fault.min_prompt_tokens
         ):
             return 0.0
+        if fault.mode == DRIFT_MODE:
+            target_kl = KERNEL_KL_AT_REF * prompt_tokens / KERNEL_REF_TOKENS
+        elif fault.mode == QUANTIZED_MODE:
+            target_kl = QUANTIZED_KL_AT_1
+        else:
+            target_kl = self.batch_noise
         # One-sided noise of variance v gives KL ~ v/2 (1 - sum p^2): scale so KL grows
-        # linearly with prompt length and with magnitude squared.
-        target_kl = KERNEL_KL_AT_REF * fault.magnitude**2 * prompt_tokens / KERNEL_REF_TOKENS
-        return math.sqrt(2.0 * target_kl / self._t.spread)
+        # with magnitude squared.
+        return math.sqrt(2.0 * target_kl * fault.magnitude**2 / self._t.spread)
 
-    def distribution(self, ctx: int, kernel_scale: float = 0.0) -> Distribution:
+    def distribution(self, ctx: int, kernel_scale: float = 0.0, batch: int = 0) -> Distribution:
+        """The next-token distribution in context ``ctx``, with the kernel fault's noise
+        (``kernel_scale``) and the batch noise of batch key ``batch`` (0: none)."""
         # Plain list comprehensions and local names: this runs once per generated token.
         t = self._t
         vs = self.vocab_size
@@ -253,6 +331,10 @@ class NextTokenModel:
         if kernel_scale:
             nk = t.noise[mix64(ctx ^ _KERNEL_SALT) & _ROW_MASK]
             logits = [a + kernel_scale * b for a, b in zip(logits, nk, strict=True)]
+        if batch:
+            # The context is already well mixed: one multiplicative hash picks the row.
+            nb = self._batch_rows[(((ctx ^ batch) * _GOLDEN) & _M64) >> _ROW_SHIFT]
+            logits = [a + b for a, b in zip(logits, nb, strict=True)]
         top = max(logits)
         exp = math.exp
         lse = top + math.log(sum([exp(x - top) for x in logits]))
@@ -337,16 +419,19 @@ def generate(
     top_p: float = 1.0,
     seed: int | None = None,
     kernel: KernelFault | None = None,
+    running: int = 1,
 ) -> list[Step]:
     """The tokens a request gets (without stop handling): the pure reference the server
-    and the tests share. Sampling uses ``random.Random(seed)`` when a seed is given."""
+    and the tests share. Sampling uses ``random.Random(seed)`` when a seed is given;
+    ``running`` is the running-request count at admission (the batch noise's key)."""
     rng = random.Random(seed) if seed is not None else random.Random()
     scale = model.kernel_scale(len(prompt_words), kernel)
     broken = model.broken_mode(len(prompt_words), kernel)
+    batch = model.batch_key(running)
     ctx = prompt_context(prompt_words)
     steps: list[Step] = []
     for _ in range(max_tokens):
-        dist = model.distribution(ctx, scale)
+        dist = model.distribution(ctx, scale, batch)
         tok = model.choose(dist, temperature, top_p, rng, broken)
         steps.append(Step(tok, dist))
         ctx = next_context(ctx, tok)

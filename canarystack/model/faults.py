@@ -8,7 +8,12 @@ each does to a request.
   ``nan-logits`` (every logprob ``NaN`` on the wire, token id 0 at every position),
   ``inf-logits`` (every logprob ``-Infinity``, text unchanged) and ``garbage`` (unrelated
   tokens, ``"logprobs": null`` even when asked for); ``canarystack.model.render`` shows
-  the exact shapes.
+  the exact shapes. The benign modes, healthy builds a gate must *not* trip on
+  (``min_prompt_tokens: 0`` makes them act on every prompt): ``numerics`` (another
+  batch-noise profile, as a tensor-parallel or batch-size change gives: a fixed
+  perturbation of ``magnitude**2`` times the process's ``--batch-noise`` on top of its
+  own batch noise) and ``quantized`` (a small drift independent of the prompt length,
+  q8_0-like: mean KL ``1.5e-4 * magnitude**2``).
 - ``latency`` (``ttft_ms``, ``itl_multiplier``, ``min_prompt_tokens``): extra time to
   first token and slower decoding.
 - ``errors``  (``rate``, ``error_kind``, ``min_prompt_tokens``): a share of requests
@@ -34,7 +39,9 @@ CRASH_EXIT_CODE = 137
 
 
 class KernelParams(FaultParams):
-    mode: Literal["fp8-kv-scale", "nan-logits", "inf-logits", "garbage"] = "fp8-kv-scale"
+    mode: Literal[
+        "fp8-kv-scale", "nan-logits", "inf-logits", "garbage", "numerics", "quantized"
+    ] = "fp8-kv-scale"
     min_prompt_tokens: int = Field(default=2048, ge=0)
     magnitude: float = Field(default=1.0, ge=0, le=10, allow_inf_nan=False)
 

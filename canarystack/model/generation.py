@@ -52,7 +52,12 @@ class Generation:
     ``completion_tokens`` counts every generated token, the one that completed a stop
     sequence included (as vLLM does); the stop sequence itself is not emitted.
     ``broken`` is the broken kernel mode acting on this request, if any
-    (``NextTokenModel.choose`` picks its tokens)."""
+    (``NextTokenModel.choose`` picks its tokens).
+
+    ``batch`` is the key of the batch the request runs in (``NextTokenModel.batch_key``;
+    0: no batch noise). Left out, it is taken when the first token is made — after the
+    server admitted the request into a slot, so the running count it reads is the one at
+    admission — and kept for every later token of the request."""
 
     def __init__(
         self,
@@ -66,6 +71,7 @@ class Generation:
         kernel_scale: float = 0.0,
         broken: str | None = None,
         stop: Sequence[str] = (),
+        batch: int | None = None,
     ) -> None:
         self._model = model
         self._ctx = prompt_context(prompt_words)
@@ -75,6 +81,7 @@ class Generation:
         self._rng = rng or random.Random()
         self._kernel_scale = kernel_scale
         self._broken = broken
+        self._batch = batch
         self._stop = list(stop)
         self._longest_stop = max((len(s) for s in self._stop), default=0)
         self._text = ""
@@ -88,7 +95,9 @@ class Generation:
             if self._left <= 0:
                 self.finished = True
                 return None
-            dist = self._model.distribution(self._ctx, self._kernel_scale)
+            if self._batch is None:
+                self._batch = self._model.batch_key()
+            dist = self._model.distribution(self._ctx, self._kernel_scale, self._batch)
             tok = self._model.choose(dist, self._temperature, self._top_p, self._rng, self._broken)
             self._ctx = next_context(self._ctx, tok)
             self._left -= 1
