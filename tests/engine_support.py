@@ -44,7 +44,13 @@ class Stack:
 
     @property
     def headers(self) -> dict[str, str]:
+        """The operator credential (broker writes)."""
         return {"Authorization": f"Bearer {self.token}", "x-actor": "test"}
+
+    def fault_headers(self, role: str) -> dict[str, str]:
+        """``role``'s own fault credential (its /admin/faults)."""
+        token = (self.state_dir / "credentials" / f"faults-{role}").read_text().strip()
+        return {"Authorization": f"Bearer {token}", "x-actor": "test"}
 
     def url(self, name: str) -> str:
         for comp in self.desc["components"]:
@@ -92,7 +98,7 @@ def engine_stack(tmp_path: Path) -> Iterator[Stack]:
         raise AssertionError(f"no free port block for the stack:\n{last}")
     try:
         desc = json.loads((state_dir / "stack.json").read_text())
-        token = (state_dir / "admin-token").read_text().strip()
+        token = (state_dir / "credentials" / "operator").read_text().strip()
         yield Stack(state_dir, desc, token)
     finally:
         _cluster("down", "--state-dir", str(state_dir), timeout_s=60)

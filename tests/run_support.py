@@ -75,8 +75,10 @@ def stack_description(state_dir: Path) -> dict[str, Any]:
     return dict(json.loads((state_dir / "stack.json").read_text()))
 
 
-def admin_headers(state_dir: Path) -> dict[str, str]:
-    token = (state_dir / "admin-token").read_text().strip()
+def admin_headers(state_dir: Path, credential: str = "operator") -> dict[str, str]:
+    """Headers with one of the stack's credentials (operator; faults-<role> for a
+    component's /admin/faults)."""
+    token = (state_dir / "credentials" / credential).read_text().strip()
     return {"Authorization": f"Bearer {token}"}
 
 
@@ -86,7 +88,9 @@ def faults_on(state_dir: Path) -> dict[str, list[dict[str, Any]]]:
     out = {}
     for comp in desc["components"]:
         resp = requests.get(
-            f"{comp['url']}/admin/faults", headers=admin_headers(state_dir), timeout=3
+            f"{comp['url']}/admin/faults",
+            headers=admin_headers(state_dir, f"faults-{comp['role']}"),
+            timeout=3,
         )
         resp.raise_for_status()
         out[comp["name"]] = list(resp.json()["faults"])

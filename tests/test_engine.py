@@ -428,7 +428,7 @@ def test_a_q4_0_canary_trips_and_is_rolled_back(tmp_path: Path) -> None:
                 what="the gate to see the canary",
             )
             t_fault = time.time()
-            inject_kernel(canary, stack.headers, "q4_0", ttl_s=300)
+            inject_kernel(canary, stack.fault_headers("model-canary"), "q4_0", ttl_s=300)
             wait_for(
                 lambda: stack.release()["phase"] == "rolled_back",
                 timeout=90,

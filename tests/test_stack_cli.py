@@ -95,8 +95,15 @@ def test_up_starts_every_component_and_creates_the_release(stack: dict[str, Any]
     assert release["phase"] == "progressing"
     assert (release["stable"]["version"], release["canary"]["version"]) == ("v1", "v2")
     assert release["weights"]["canary"] == 5
-    token_file = state_dir / "admin-token"
-    assert stat.S_IMODE(token_file.stat().st_mode) == 0o600
+    # One credential per capability (docs/ARCHITECTURE.md §8), each 0600, all distinct.
+    creds = sorted((state_dir / "credentials").iterdir())
+    assert {p.name for p in creds} == {
+        "operator", "trip", "rollback", "heartbeat", "samples", "faults-router",
+        "faults-broker", "faults-gate", "faults-rollback", "faults-model-baseline",
+        "faults-model-canary",
+    }  # fmt: skip
+    assert all(stat.S_IMODE(p.stat().st_mode) == 0o600 for p in creds)
+    assert len({p.read_text().strip() for p in creds}) == len(creds)
     # The router serves, and says who served it.
     resp = requests.post(
         f"{st['router_url']}/v1/completions",
@@ -107,6 +114,41 @@ def test_up_starts_every_component_and_creates_the_release(stack: dict[str, Any]
     assert resp.status_code == 200
     assert resp.headers["x-served-by"] == "canary"
     assert resp.headers["x-model-version"] == "v2"
+
+
+def test_each_component_holds_only_its_own_credentials(stack: dict[str, Any]) -> None:
+    state_dir = stack["state_dir"]
+    folder = state_dir / "credentials"
+    desc = json.loads((state_dir / "stack.json").read_text())
+
+    def token(name: str) -> dict[str, str]:
+        return {"Authorization": f"Bearer {(folder / name).read_text().strip()}"}
+
+    canary = next(c for c in desc["components"] if c["role"] == "model-canary")
+    # The canary model's fault API refuses another role's fault credential and the operator's.
+    for other in ("faults-router", "faults-model-baseline", "operator"):
+        resp = requests.get(f"{canary['url']}/admin/faults", headers=token(other), timeout=5)
+        assert resp.status_code == 401, (other, resp.text)
+    resp = requests.get(
+        f"{canary['url']}/admin/faults", headers=token("faults-model-canary"), timeout=5
+    )
+    assert resp.status_code == 200, resp.text
+    # What each running process was given: only its own files.
+    expected = {
+        "model-canary": {"faults-model-canary"},
+        "model-baseline": {"faults-model-baseline"},
+        "router": {"faults-router", "heartbeat", "samples"},
+        "gate": {"faults-gate", "trip", "samples"},
+        "rollback": {"faults-rollback", "rollback", "operator"},
+        "broker": {"faults-broker"},  # and the folder, from which it reads its four
+    }
+    for comp in status(state_dir)["components"]:
+        argv = Path(f"/proc/{comp['pid']}/cmdline").read_bytes().split(b"\0")
+        given = {Path(a.decode()).name for a in argv if a.decode().startswith(str(folder) + "/")}
+        assert given == expected[comp["role"]], (comp["name"], given)
+    # The broker knows who is who.
+    who = requests.get(f"{desc['broker_url']}/v1/whoami", headers=token("trip"), timeout=5)
+    assert who.status_code == 200 and who.json()["capabilities"] == ["trip"], who.text
 
 
 def test_up_on_a_running_stack_changes_nothing(stack: dict[str, Any]) -> None:
