@@ -55,7 +55,12 @@ def describe(spec: ApiSpec, app: web.Application) -> None:
         body_required=False,
         responses={
             200: json_body(status, "already rolled back"),
-            202: json_body(status, "started (step 1 written)"),
+            # The contract: 202 only once step 1 is in the broker (a crash after the
+            # answer still resumes), so the steps it shows are never empty.
+            202: json_body(
+                {"allOf": [status, {"properties": {"steps": {"minItems": 1}}}]},
+                "started: step 1 is in the broker",
+            ),
             404: error_response("not watched by this executor, or unknown to the broker"),
             409: error_response("nothing to roll back (phase, or no canary)"),
         },
