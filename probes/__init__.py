@@ -45,6 +45,7 @@ MODULES = (
     "probes.progressive",
     "probes.prometheus",
     "probes.hostile",
+    "probes.evidence",
 )
 ACTIONS = frozenset(
     {

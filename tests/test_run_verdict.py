@@ -35,9 +35,16 @@ def run_tiny(folder: Path, experiment: Path) -> tuple[int | None, dict[str, Any]
     return result.exit_code, journal
 
 
+def assessed(*args: Any, **kwargs: Any) -> Evidence:
+    """Evidence whose gate evidence and load were assessed and found sufficient (the
+    inconclusive verdict has its own tests: tests/test_inconclusive.py)."""
+    kwargs.setdefault("inconclusive", [])
+    return Evidence(*args, **kwargs)
+
+
 def verdict(journal: dict[str, Any], exit_code: int | None) -> tuple[str, list[str]]:
     # Everything else in order, so only the journal can fail the verdict.
-    return decide(Evidence(exit_code, journal, records_rows=10, trips_in_window=0))
+    return decide(assessed(exit_code, journal, records_rows=10, trips_in_window=0))
 
 
 def test_a_passing_tiny_experiment_passes(tmp_path: Path) -> None:
@@ -116,7 +123,7 @@ def test_sigint_interrupts_chaos_and_rollbacks_run(tmp_path: Path) -> None:
     journal = json.loads((tmp_path / "out" / "journal.json").read_text())
     assert journal["status"] == "interrupted"
     assert (tmp_path / "rolled-back").exists(), "rollbacks must run on an interrupt"
-    ev = Evidence(result.exit_code, journal, 10, 0, interrupted="SIGINT")
+    ev = assessed(result.exit_code, journal, 10, 0, interrupted="SIGINT")
     result_, reasons = decide(ev)
     assert result_ == "fail" and any("interrupted (SIGINT)" in r for r in reasons)
 
@@ -124,11 +131,11 @@ def test_sigint_interrupts_chaos_and_rollbacks_run(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("evidence", "expected"),
     [
-        (Evidence(0, None, 10, 0), "no journal.json"),
-        (Evidence(None, {}, 10, 0), "did not exit by itself"),
-        (Evidence(0, None, 10, 0, setup_error="the stack did not start"), "did not start"),
-        (Evidence(0, {}, 10, 0, timed_out_s=600), "did not finish within 600 s"),
-        (Evidence(0, {}, 10, 0, faults_left=["kernel on model-canary-0"]), "still active"),
+        (assessed(0, None, 10, 0), "no journal.json"),
+        (assessed(None, {}, 10, 0), "did not exit by itself"),
+        (assessed(0, None, 10, 0, setup_error="the stack did not start"), "did not start"),
+        (assessed(0, {}, 10, 0, timed_out_s=600), "did not finish within 600 s"),
+        (assessed(0, {}, 10, 0, faults_left=["kernel on model-canary-0"]), "still active"),
     ],
 )
 def test_other_failures_are_named(evidence: Evidence, expected: str) -> None:
@@ -151,21 +158,21 @@ def _passing_journal(expect: str = "trip") -> dict[str, Any]:
 
 
 def test_the_brokers_history_must_agree_with_what_the_experiment_expects() -> None:
-    assert decide(Evidence(0, _passing_journal("trip"), 10, 1)) == ("pass", [])
-    result, reasons = decide(Evidence(0, _passing_journal("trip"), 10, 0))
+    assert decide(assessed(0, _passing_journal("trip"), 10, 1)) == ("pass", [])
+    result, reasons = decide(assessed(0, _passing_journal("trip"), 10, 0))
     assert result == "fail" and "expects a trip" in reasons[0]
-    result, reasons = decide(Evidence(0, _passing_journal("no_trip"), 10, 2))
+    result, reasons = decide(assessed(0, _passing_journal("no_trip"), 10, 2))
     assert result == "fail" and "shows 2 trip(s)" in reasons[0]
-    result, reasons = decide(Evidence(0, _passing_journal("no_trip"), 10, None))
+    result, reasons = decide(assessed(0, _passing_journal("no_trip"), 10, None))
     assert result == "fail" and "could not be read" in reasons[0]
 
 
 def test_records_and_the_extension_are_required() -> None:
-    result, reasons = decide(Evidence(0, _passing_journal("no_trip"), 0, 0))
+    result, reasons = decide(assessed(0, _passing_journal("no_trip"), 0, 0))
     assert result == "fail" and any("no load records" in r for r in reasons)
     journal = _passing_journal()
     journal["experiment"]["extensions"] = []
-    result, reasons = decide(Evidence(0, journal, 10, 1))
+    result, reasons = decide(assessed(0, journal, 10, 1))
     assert result == "fail" and any("no 'gameday' extension" in r for r in reasons)
 
 
@@ -184,9 +191,9 @@ def test_an_slo_not_measured_is_a_pass_only_before_the_method() -> None:
         "before": {"steady_state_met": True, "probes": [probe("not_measured")]},
         "after": {"steady_state_met": True, "probes": []},
     }
-    assert decide(Evidence(0, journal, 10, 1)) == ("pass", [])
+    assert decide(assessed(0, journal, 10, 1)) == ("pass", [])
     journal["steady_states"]["after"]["probes"] = [probe("not_measured")]
-    result, reasons = decide(Evidence(0, journal, 10, 1))
+    result, reasons = decide(assessed(0, journal, 10, 1))
     assert result == "fail"
     assert reasons == [
         "SLO 'weights_applied_s' (probe 'weights-applied-in-time', after the method) was not "
@@ -225,7 +232,7 @@ def _blind_journal(expect: str) -> dict[str, Any]:
 
 def test_a_blind_gate_fails_the_run_and_says_so() -> None:
     # No trip happened: without the gate_blind check a no_trip experiment would pass.
-    result, reasons = decide(Evidence(0, _blind_journal("no_trip"), 10, 0))
+    result, reasons = decide(assessed(0, _blind_journal("no_trip"), 10, 0))
     assert result == "fail"
     assert (
         "the gate was blind (probe 'gate-sees-every-router', after the method): router-1: "
@@ -234,8 +241,8 @@ def test_a_blind_gate_fails_the_run_and_says_so() -> None:
 
 
 def test_expect_blind_passes_only_when_the_harness_noticed() -> None:
-    assert decide(Evidence(0, _blind_journal("blind"), 10, 0)) == ("pass", [])
-    result, reasons = decide(Evidence(0, _passing_journal("blind"), 10, 0))
+    assert decide(assessed(0, _blind_journal("blind"), 10, 0)) == ("pass", [])
+    result, reasons = decide(assessed(0, _passing_journal("blind"), 10, 0))
     assert result == "fail" and "a blind gate would have gone unnoticed" in reasons[-1]
-    result, reasons = decide(Evidence(0, _blind_journal("blind"), 10, 1))
+    result, reasons = decide(assessed(0, _blind_journal("blind"), 10, 1))
     assert result == "fail" and any("shows 1 trip(s)" in r for r in reasons)

@@ -21,6 +21,14 @@ closed, fsynced parts at least every ``FLUSH_INTERVAL_S`` (a timer here flushes 
 arrive in a quiet spell), so a process killed with SIGKILL loses only its last second of
 rows (and a worker the rows it had not shipped); ``gameday.load.records.recover`` merges
 the parts it left.
+
+The summary also says how well the generator itself kept up (issue #14, item 6), so a
+starved generator is never taken for a slow or a quiet stack: per process the CPU it used
+over the test (``cpu_s``, and ``max_cpu_percent``, the highest of Locust's own CPU samples
+and of this process's CPU over each tick), whether Locust warned "CPU usage above 90%"
+(``cpu_warnings``), the most users it ran (``peak_users``), and for the whole test its wall
+time (``test_wall_s``) and the achieved request rate (``achieved_rps``).
+``gameday.load.runner.load_problems`` judges them.
 """
 
 from __future__ import annotations
@@ -28,6 +36,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import resource
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -51,6 +60,10 @@ log = logging.getLogger("gameday.load")
 SHIP_INTERVAL_S = 1.0
 SHIP_MAX_ROWS = 500
 FLUSH_MARGIN_S = 15.0
+
+# This process's CPU over a tick counts once the tick is at least this long (shorter ones
+# are noise: one greenlet switch can look like 100 %).
+CPU_TICK_MIN_S = 0.4
 
 MSG_RECORDS = "gameday_records"
 MSG_FINAL = "gameday_final"
@@ -77,6 +90,12 @@ class Collector:
         self._flusher: gevent.Greenlet | None = None
         self.finals: dict[str, dict[str, Any]] = {}
         self.summary: dict[str, Any] = {}
+        self._test_start_wall: float | None = None
+        self._test_stop_wall: float | None = None
+        self._cpu_start_s = 0.0
+        self._tick: tuple[float, float] | None = None  # (monotonic, cpu) of the last sample
+        self._max_cpu_percent = 0.0
+        self._peak_users = 0
         self._register()
 
     # --- set-up -------------------------------------------------------------------
@@ -125,25 +144,66 @@ class Collector:
     def _ship_loop(self) -> None:
         while True:
             gevent.sleep(SHIP_INTERVAL_S)
+            self.sample_usage()
             self.ship()
 
     def _flush_loop(self) -> None:
         """Local/master: rows never wait in memory longer than ``FLUSH_INTERVAL_S``."""
         while True:
             gevent.sleep(FLUSH_INTERVAL_S / 2)
+            self.sample_usage()
             for sink in list(self.sinks.values()):
                 if not sink.closed and sink.flush_due():
                     sink.flush()
 
+    # --- how the generator itself is doing ------------------------------------------
+    @staticmethod
+    def _cpu_now() -> float:
+        """CPU seconds (user + system) of this process, all its threads."""
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        return float(usage.ru_utime + usage.ru_stime)
+
+    def sample_usage(self) -> None:
+        """One tick: the process's CPU since the last tick, Locust's own CPU sample, users."""
+        now, cpu = time.monotonic(), self._cpu_now()
+        if self._tick is not None and now - self._tick[0] >= CPU_TICK_MIN_S:
+            percent = 100.0 * (cpu - self._tick[1]) / (now - self._tick[0])
+            self._max_cpu_percent = max(self._max_cpu_percent, percent)
+            self._tick = (now, cpu)
+        elif self._tick is None:
+            self._tick = (now, cpu)
+        locust_percent = getattr(self.runner, "current_cpu_usage", 0.0)
+        if isinstance(locust_percent, int | float):
+            self._max_cpu_percent = max(self._max_cpu_percent, float(locust_percent))
+        users = getattr(self.runner, "user_count", 0)
+        if isinstance(users, int):
+            self._peak_users = max(self._peak_users, users)
+
+    def usage(self) -> dict[str, Any]:
+        """This process's generator figures (summed or maxed over workers by ``totals``)."""
+        warned = bool(getattr(self.runner, "cpu_warning_emitted", False))
+        return {
+            "cpu_s": round(self._cpu_now() - self._cpu_start_s, 3),
+            "max_cpu_percent": round(self._max_cpu_percent, 1),
+            "cpu_warnings": int(warned),
+            "peak_users": self._peak_users,
+        }
+
     # --- test lifecycle -------------------------------------------------------------
     def on_test_start(self) -> None:
         self.finals = {}
+        self._test_start_wall, self._test_stop_wall = time.time(), None
+        self._cpu_start_s = self._cpu_now()
+        self._tick, self._max_cpu_percent, self._peak_users = None, 0.0, 0
+        self.sample_usage()
         if self.role == "worker" and (self._shipper is None or self._shipper.dead):
             self._shipper = gevent.spawn(self._ship_loop)
         if self.role != "worker" and (self._flusher is None or self._flusher.dead):
             self._flusher = gevent.spawn(self._flush_loop)
 
     def on_test_stop(self) -> None:
+        self._test_stop_wall = time.time()
+        self.sample_usage()
         if self.role == "worker":
             self._send_final()
             return
@@ -158,7 +218,7 @@ class Collector:
             self._shipper.kill(block=False)
             self._shipper = None
         self.ship()
-        self.runner.send_message(MSG_FINAL, {"pid": os.getpid(), **self.counters()})
+        self.runner.send_message(MSG_FINAL, {"pid": os.getpid(), **self.counters(), **self.usage()})
 
     def _on_flush(self, environment: Any, msg: Any) -> None:
         # stop() fires test_stop (and so _send_final) unless the test had stopped already
@@ -195,7 +255,11 @@ class Collector:
             )
 
     def totals(self) -> dict[str, Any]:
-        parts = list(self.finals.values()) if self.role == "master" else [self.counters()]
+        parts = (
+            list(self.finals.values())
+            if self.role == "master"
+            else [{**self.counters(), **self.usage()}]
+        )
         total: dict[str, Any] = {}
         for part in parts:
             for k, v in part.items():
@@ -207,9 +271,32 @@ class Collector:
                     total[k] = total.get(k, 0) + v
         return total
 
+    def generator(self, totals: dict[str, Any]) -> dict[str, Any]:
+        """The test's wall time and achieved rate; on a master, its own CPU beside the
+        workers' and whether it saw a worker warn about CPU."""
+        out: dict[str, Any] = {}
+        if self._test_start_wall is not None:
+            end = self._test_stop_wall or time.time()
+            wall = max(0.0, end - self._test_start_wall)
+            out["test_wall_s"] = round(wall, 3)
+            sent = totals.get("requests_sent")
+            if isinstance(sent, int | float) and wall > 0:
+                out["achieved_rps"] = round(sent / wall, 3)
+        if self.role == "master":
+            mine = self.usage()
+            out["master_cpu_s"] = mine["cpu_s"]
+            out["max_cpu_percent"] = max(
+                float(totals.get("max_cpu_percent", 0.0)), mine["max_cpu_percent"]
+            )
+            warned = bool(getattr(self.runner, "worker_cpu_warning_emitted", False))
+            out["cpu_warnings"] = int(totals.get("cpu_warnings", 0)) + mine["cpu_warnings"] + warned
+        return out
+
     def _write_summary(self) -> None:
+        totals = self.totals()
         self.summary = {
-            **self.totals(),
+            **totals,
+            **self.generator(totals),
             "workers_reported": len(self.finals) if self.role == "master" else 1,
             "records_written": {k: s.rows_written for k, s in self.sinks.items()},
             "records_out": self.records_out or None,

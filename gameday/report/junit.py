@@ -3,7 +3,13 @@
 One ``<testsuite>`` per experiment, holding one ``<testcase>`` for the experiment itself
 (``<failure>`` listing every reason it failed; ``<error>`` when data it needs is missing)
 and one per SLO check (``<failure>`` with measured vs allowed; ``<skipped>`` when it could
-not be measured). The layout follows the JUnit XML format of Ant's JUnit task as read by
+not be measured). An ``inconclusive`` experiment (the gate could not have seen the fault,
+or the load was not valid) gets ``<error type="Inconclusive">`` with every reason, and its
+SLO checks ``<skipped>`` ("not judged"): an error, not a skip, because CI tools count a
+skipped test as no problem (Jenkins, GitLab and GitHub test reporters leave the build
+green) while an inconclusive game day must never pass; and ``error`` is JUnit's word for
+"the test could not reach a verdict", apart from ``failure`` (it ran and the gate was
+wrong). The layout follows the JUnit XML format of Ant's JUnit task as read by
 Jenkins (xunit-plugin ``junit-10.xsd``); tests validate it against the schema in
 ``tests/data/junit.xsd``.
 
@@ -58,7 +64,10 @@ def _experiment_case(exp: ExperimentSummary) -> ET.Element:
         )
         err.text = _clean("\n".join(m.sentence() for m in incomplete))
     others = [r for r in exp.reasons if not r.startswith("incomplete:")]
-    if others:
+    if exp.verdict == "inconclusive" and others:
+        err = ET.SubElement(case, "error", type="Inconclusive", message=_clean(others[0]))
+        err.text = _clean("inconclusive:\n" + "\n".join(others))
+    elif others:
         fail = ET.SubElement(case, "failure", type="ExperimentFailed", message=_clean(others[0]))
         fail.text = _clean("\n".join(others))
     out = ET.SubElement(case, "system-out")
@@ -74,7 +83,11 @@ def _check_case(exp: ExperimentSummary, check: SloCheck) -> ET.Element:
     case = ET.Element(
         "testcase", name=check.name, classname=_classname(exp.name) + ".slo", time="0.000"
     )
-    if check.ok is None:
+    if exp.verdict == "inconclusive" and check.ok is not True:
+        ET.SubElement(
+            case, "skipped", message=_clean(f"not judged (inconclusive): {check.sentence()}")
+        )
+    elif check.ok is None:
         ET.SubElement(case, "skipped", message=_clean(check.sentence()))
     elif not check.ok:
         fail = ET.SubElement(case, "failure", type="SloViolated", message=_clean(check.sentence()))

@@ -4,9 +4,10 @@ Rows: ``router``, ``broker``, ``rollback``, ``control`` (then any other componen
 columns: ``latency``, ``pod-kill``, ``faulty-kernel``, and ``none`` for the control run,
 which injects no fault. A cell says what happened — "trip +2.3 s" (time from the fault to
 the trip), "no trip", "not run" — and is coloured by that experiment's verdict (pass:
-green, fail: red, not run: grey), which already includes whether the trip matched what
-the experiment expects. Several experiments in one cell (a re-run) fail the cell if any
-of them failed and show the slowest trip.
+green, fail: red, inconclusive: amber, not run: grey), which already includes whether
+the trip matched what the experiment expects. Several experiments in one cell (a re-run)
+fail the cell if any of them failed (else it is inconclusive if any was) and show the
+slowest trip.
 
 This module never reads files and never decides a verdict.
 """
@@ -22,7 +23,7 @@ from gameday.report.verdict import ExperimentSummary
 
 ROWS = ("router", "broker", "rollback", "control")
 COLUMNS = ("latency", "pod-kill", "faulty-kernel", "none")
-COLOURS = {"pass": "#2da44e", "fail": "#cf222e", "not run": "#d0d7de"}
+COLOURS = {"pass": "#2da44e", "fail": "#cf222e", "not run": "#d0d7de", "inconclusive": "#bf8700"}
 MATRIX_COLUMNS = (
     "component",
     "fault",
@@ -90,7 +91,11 @@ def _cell(component: str, fault: str, here: list[ExperimentSummary]) -> dict[str
         text = "unknown: no timeline"
     if len(here) > 1:
         text += f" ×{len(here)}"
-    verdict = "pass" if all(e.passed for e in here) else "fail"
+    verdicts = {e.verdict for e in here}
+    if verdicts - {"pass", "inconclusive"}:
+        verdict = "fail"  # fail wins
+    else:
+        verdict = "inconclusive" if "inconclusive" in verdicts else "pass"
     expects = sorted({e.expect for e in here if e.expect})
     return {
         "component": component,
@@ -110,7 +115,7 @@ def render_matrix(matrix: pd.DataFrame, path: Path) -> None:
 
     rows = list(dict.fromkeys(matrix["component"]))
     cols = list(dict.fromkeys(matrix["fault"]))
-    codes = {"pass": 0, "fail": 1, "not run": 2}
+    codes = {"pass": 0, "fail": 1, "not run": 2, "inconclusive": 3}
     grid = np.full((len(rows), len(cols)), 2)
     text = [["" for _ in cols] for _ in rows]
     for cell in matrix.itertuples():  # a few cells, not records
@@ -121,11 +126,13 @@ def render_matrix(matrix: pd.DataFrame, path: Path) -> None:
         text[i][j] = f"{cell.text}{verdict}{expect}"
     fig = Figure(figsize=(2.3 * len(cols) + 1.5, 1.0 * len(rows) + 1.2), layout="constrained")
     ax = fig.subplots()
-    cmap = ListedColormap([COLOURS["pass"], COLOURS["fail"], COLOURS["not run"]])
-    ax.imshow(grid, cmap=cmap, vmin=0, vmax=2, aspect="auto")
+    cmap = ListedColormap(
+        [COLOURS["pass"], COLOURS["fail"], COLOURS["not run"], COLOURS["inconclusive"]]
+    )
+    ax.imshow(grid, cmap=cmap, vmin=0, vmax=3, aspect="auto")
     for i in range(len(rows)):
         for j in range(len(cols)):
-            colour = "white" if grid[i, j] in (0, 1) else "#57606a"
+            colour = "white" if grid[i, j] in (0, 1, 3) else "#57606a"
             ax.text(j, i, text[i][j], ha="center", va="center", fontsize=9, color=colour)
     ax.set_xticks(range(len(cols)), [c if c != "none" else "none (control)" for c in cols])
     ax.set_yticks(range(len(rows)), rows)

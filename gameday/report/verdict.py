@@ -18,8 +18,15 @@ An experiment passes only when everything below holds (fail-closed, DESIGN.md §
 - the report's own timeline checks (``gameday.report.timeline``): the trip and the
   rollback within their SLOs when a trip is expected, no trip when none is.
 
-The run passes when it has experiments and all of them pass. This module decides and
-serialises; it never reads files or draws.
+An experiment whose ``result.json`` says ``inconclusive`` (the gate could not have seen
+the fault, or the load generator was not valid: ``gameday.run.evidence``) is
+``inconclusive`` here too, with gameday run's reasons, unless a piece the report needs is
+missing (that fails it); the report's own findings on the gate's merits (journal, SLO
+checks, timeline) are then listed as "not judged", never as the reason it failed.
+
+The run passes when it has experiments and all of them pass; it fails when one fails
+(fail wins); else it is inconclusive when one is. This module decides and serialises; it
+never reads files or draws.
 """
 
 from __future__ import annotations
@@ -200,6 +207,9 @@ class Summary:
             "counts": {
                 "experiments": len(self.experiments),
                 "experiments_passed": sum(e.passed for e in self.experiments),
+                "experiments_inconclusive": sum(
+                    e.verdict == "inconclusive" for e in self.experiments
+                ),
                 "checks": len(checks),
                 "checks_failed": sum(c.ok is False for c in checks),
                 "checks_not_measured": sum(c.ok is None for c in checks),
@@ -444,9 +454,14 @@ def summarise_experiment(
     exp: ExperimentData, findings: JournalFindings, timeline: Timeline, heatmap: HeatmapData | None
 ) -> ExperimentSummary:
     reasons: list[str] = []
+    inconclusive: list[str] = []
     if exp.result is not None:
         verdict = exp.result.get("verdict")
-        if verdict != "pass":
+        if verdict == "inconclusive":
+            inconclusive = [str(r) for r in exp.result.get("reasons") or []] or [
+                "gameday run's verdict is 'inconclusive' (no reason recorded)"
+            ]
+        elif verdict != "pass":
             listed = [str(r) for r in exp.result.get("reasons") or []]
             reasons.append(
                 f"gameday run's verdict is {verdict!r}"
@@ -469,7 +484,21 @@ def summarise_experiment(
         if check.ok is False:
             reasons.append(check.sentence())
     # What went wrong first, then what could not be checked.
-    reasons.extend(f"incomplete: {m.piece} {m.problem}" for m in exp.missing if m.required)
+    incomplete = [f"incomplete: {m.piece} {m.problem}" for m in exp.missing if m.required]
+    if inconclusive and not incomplete:
+        not_judged = "not judged (the evidence is insufficient): "
+        reasons = [
+            *inconclusive,
+            *(
+                r if r.startswith(not_judged) else not_judged + r
+                for r in reasons
+                if r not in inconclusive
+            ),
+        ]
+        verdict_now = "inconclusive"
+    else:
+        reasons.extend(incomplete)
+        verdict_now = "fail" if reasons else "pass"
     notes = list(spec.notes) if spec else []
     notes.extend(timeline.notes)
     if findings.not_measured_before:
@@ -485,7 +514,7 @@ def summarise_experiment(
         component=spec.component if spec else None,
         fault=spec.fault if spec else None,
         expect=spec.expect if spec else None,
-        verdict="fail" if reasons else "pass",
+        verdict=verdict_now,
         reasons=_dedupe(reasons),
         journal_status=findings.status,
         checks=checks,
@@ -502,21 +531,33 @@ def summarise_experiment(
 
 def summarise_run(run: RunData, experiments: list[ExperimentSummary]) -> Summary:
     reasons = [f"incomplete: {m.piece} {m.problem}" for m in run.missing if m.required]
-    failed = [e for e in experiments if not e.passed]
+    failed = [e for e in experiments if e.verdict not in ("pass", "inconclusive")]
+    unsure = [e for e in experiments if e.verdict == "inconclusive"]
     reasons.extend(
         f"{e.name}: {e.reasons[0]}"
         + (f" (+{len(e.reasons) - 1} more)" if len(e.reasons) > 1 else "")
-        for e in failed
+        for e in failed + unsure
     )
-    verdict = "pass" if experiments and not reasons else "fail"
     n = len(experiments)
-    if verdict == "pass":
-        headline = f"PASS — all {n} experiment{'s' if n != 1 else ''} passed"
-    elif not experiments:
-        headline = "FAIL — the run has no experiments"
-    else:
+    s = "s" if n != 1 else ""
+    incomplete = any(m.required for m in run.missing)
+    if not experiments:
+        verdict, headline = "fail", "FAIL — the run has no experiments"
+    elif failed or incomplete:
+        verdict = "fail"
         names = ", ".join(e.name for e in failed)
-        headline = f"FAIL — {len(failed)} of {n} experiment{'s' if n != 1 else ''} failed: {names}"
+        headline = f"FAIL — {len(failed)} of {n} experiment{s} failed: {names}"
+        if incomplete:
+            headline += ("; " if failed else "") + "the run's data is incomplete"
+    elif unsure:
+        verdict = "inconclusive"
+        names = ", ".join(e.name for e in unsure)
+        headline = (
+            f"INCONCLUSIVE — {len(unsure)} of {n} experiment{s} could not show the gate "
+            f"(too little evidence, or the load was not valid): {names}"
+        )
+    else:
+        verdict, headline = "pass", f"PASS — all {n} experiment{s} passed"
     return Summary(
         run_id=run.run_id,
         run_dir=run.run_dir,

@@ -3,8 +3,9 @@
 Shows progress on the terminal (rich): each experiment's stage, Chaos Toolkit's activity
 lines as they happen, the verdict and key figures of each experiment, and the run's
 verdict with the report's path. Exit code: 0 when every experiment passed (and the
-report agrees), 1 when any failed, 2 on a usage error, 128+N when interrupted by
-signal N (130 for Ctrl-C).
+report agrees), 1 when any failed, 2 on a usage error, 3 when none failed but one was
+inconclusive (the gate could not have seen the fault, or the load generator was not
+valid: never a pass), 128+N when interrupted by signal N (130 for Ctrl-C).
 
 This module parses arguments and prints; the work is ``gameday.run.runner``.
 """
@@ -20,9 +21,10 @@ from rich.console import Console
 from rich.table import Table
 
 from gameday.run.plan import PlanError, RunPlan, plan_run
-from gameday.run.runner import GameDay, RunOutcome
+from gameday.run.runner import EXIT_INCONCLUSIVE, EXIT_PASS, GameDay, RunOutcome
 
 EXIT_USAGE = 2
+VERDICT_COLOURS = {"pass": "green", "fail": "red", "inconclusive": "yellow"}
 SHOWN_LEVELS = ("INFO", "WARNING", "ERROR", "CRITICAL", "OUTPUT")
 QUIET_PREFIXES = ("Validating the experiment", "Experiment looks valid", "Steady-state strategy")
 
@@ -75,12 +77,13 @@ class TerminalProgress:
                            markup=True, highlight=False)  # fmt: skip
 
     def experiment_done(self, name: str, result: dict[str, Any]) -> None:
-        passed = result["verdict"] == "pass"
+        verdict = str(result["verdict"])
         took = result["ended_at"] - result["started_at"]
-        head = "[bold green]PASS[/bold green]" if passed else "[bold red]FAIL[/bold red]"
+        colour = VERDICT_COLOURS.get(verdict, "red")
+        head = f"[bold {colour}]{verdict.upper()}[/bold {colour}]"
         self.console.print(f"{self._stamp()} {head} {name} in {took:.0f} s — {_figures(result)}")
         for reason in result["reasons"]:
-            self.console.print(f"    [red]-[/red] {reason}", highlight=False)
+            self.console.print(f"    [{colour}]-[/{colour}] {reason}", highlight=False)
 
     def run_done(self, outcome: RunOutcome) -> None:
         self.console.rule()
@@ -88,7 +91,7 @@ class TerminalProgress:
         for col in ("experiment", "verdict", "figures"):
             table.add_column(col, overflow="fold")
         for r in outcome.results:
-            colour = "green" if r["verdict"] == "pass" else "red"
+            colour = VERDICT_COLOURS.get(str(r["verdict"]), "red")
             table.add_row(r["experiment"], f"[{colour}]{r['verdict']}[/{colour}]", _figures(r))
         for name in outcome.not_run:
             table.add_row(name, "[yellow]not run[/yellow]", "")
@@ -103,8 +106,12 @@ class TerminalProgress:
         elif outcome.report_headline:
             self.console.print(f"report: {outcome.report_headline}")
             self.console.print(f"        {outcome.report_html}")
-        verdict = "[bold green]PASS[/bold green]" if outcome.passed else "[bold red]FAIL[/bold red]"
-        self.console.print(f"verdict: {verdict} (exit code {outcome.exit_code})")
+        word = {EXIT_PASS: "pass", EXIT_INCONCLUSIVE: "inconclusive"}.get(outcome.exit_code, "fail")
+        colour = VERDICT_COLOURS[word]
+        self.console.print(
+            f"verdict: [bold {colour}]{word.upper()}[/bold {colour}] "
+            f"(exit code {outcome.exit_code})"
+        )
 
 
 def _figures(result: dict[str, Any]) -> str:
@@ -176,7 +183,9 @@ def run_cmd(
 
     When the target is local and no stack runs in its state_dir, each experiment gets a
     fresh local stack (started and stopped by this command). Exit code 0 when every
-    experiment passed, 1 when any failed, 2 on a usage error, 130 on Ctrl-C.
+    experiment passed, 1 when any failed, 2 on a usage error, 3 when none failed but one
+    was inconclusive (the gate could not have seen, or the load was not valid), 130 on
+    Ctrl-C.
     """
     console = Console(highlight=False)
     try:

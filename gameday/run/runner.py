@@ -9,7 +9,13 @@ Per experiment, in ``reports/<run-id>/<experiment>/``:
    ledger (``faults.jsonl``), the load records and ``load.json``;
 3. safety nets (a Locust left running, faults left in the ledger), ``timeline.json``
    from the broker, the stack's logs (``stack/``) when the run owned the stack;
-4. the verdict (``gameday.run.verdict``) in ``result.json``.
+4. the evidence (``gameday.run.evidence``): ``gate-evidence.json`` (the gate's counters;
+   read here, before the stack stops, when the experiment's own probe did not) and the
+   load generator's check in ``load.json``;
+5. the verdict (``gameday.run.verdict``) in ``result.json``: pass, fail or inconclusive.
+
+Exit codes: 0 every experiment passed, 1 one failed (fail wins), 3 none failed but one was
+inconclusive (the gate could not have seen, or the load was not valid), 128+N a signal.
 
 Then ``run.json`` and the report (``gameday.report.build_report``) at the run folder's top,
 and ``reports/latest`` -> the run. On SIGINT/SIGTERM: chaos gets SIGINT (its rollbacks
@@ -49,12 +55,20 @@ from gameday.run.collect import (
     stop_orphan_locust,
     trips_between,
 )
+from gameday.run.evidence import (
+    GATE_EVIDENCE_NAME,
+    gate_reasons,
+    kernel_min_prompt_tokens,
+    load_reasons,
+    thresholds,
+    write_gate_evidence,
+)
 from gameday.run.plan import PlannedExperiment, RunPlan, effective_target_data
-from gameday.run.verdict import Evidence, decide
+from gameday.run.verdict import FAIL, INCONCLUSIVE, PASS, Evidence, decide, gameday_extension
 from gameday.stack import StackCommandError, stack_down, stack_up
 from gameday.targets import Target, TargetError, load_target
 
-EXIT_PASS, EXIT_FAIL = 0, 1
+EXIT_PASS, EXIT_FAIL, EXIT_INCONCLUSIVE = 0, 1, 3
 CHAOS_GRACE_S = 60.0  # rollbacks + the load's stop timeout + margin
 POLL_S = 0.2
 
@@ -211,18 +225,20 @@ class GameDay:
                 interrupted=self.interrupts.name,
                 not_run=not_run,
             )
-            passed = bool(self.results) and all(r["verdict"] == "pass" for r in self.results)
-            self._write_run_json(final=True, passed=passed, not_run=not_run)
+            verdict = run_verdict(self.results)
+            self._write_run_json(final=True, verdict=verdict, not_run=not_run)
             if build_report and self.interrupts.count < 2:
                 self.progress.stage("", "building the report")
                 self._report(outcome)
         outcome.interrupted = self.interrupts.name
         if outcome.report_error or (outcome.report_headline or "").startswith("FAIL"):
-            passed = False
+            verdict = FAIL
+        elif verdict == PASS and (outcome.report_headline or "").startswith("INCONCLUSIVE"):
+            verdict = INCONCLUSIVE
         if self.interrupts.signum:
             outcome.exit_code = 128 + self.interrupts.signum
         else:
-            outcome.exit_code = EXIT_PASS if passed else EXIT_FAIL
+            outcome.exit_code = EXIT_CODES[verdict]
         _point_latest(plan)
         self.progress.run_done(outcome)
         return outcome
@@ -241,7 +257,7 @@ class GameDay:
         outcome.report_html = Path(summary.report_html)
 
     def _write_run_json(
-        self, final: bool, passed: bool | None = None, not_run: list[str] | None = None
+        self, final: bool, verdict: str | None = None, not_run: list[str] | None = None
     ) -> None:
         plan = self.plan
         doc: dict[str, Any] = {
@@ -255,7 +271,7 @@ class GameDay:
             "notes": plan.notes,
         }
         if final:
-            doc["verdict"] = "pass" if passed else "fail"
+            doc["verdict"] = verdict or FAIL
             doc["interrupted"] = self.interrupts.name
             doc["not_run"] = not_run or []
             doc["results"] = [
@@ -318,6 +334,7 @@ class GameDay:
         evidence.interrupted = self.interrupts.name if self.interrupts.signum else None
         evidence.journal = read_json(folder / "journal.json")
         evidence.records_rows = records_rows(folder)
+        evidence.inconclusive = inconclusive_reasons(folder, evidence)
         verdict, reasons = decide(evidence)
         result = {
             "experiment": exp.name,
@@ -328,6 +345,7 @@ class GameDay:
             "ended_at": time.time(),
             "file": str(exp.path),
             "figures": figures(evidence.journal, evidence.records_rows),
+            "evidence": evidence_figures(folder),
             "stack": {"owned": self.plan.owns_stack},
         }
         _write_json(folder / "result.json", result)
@@ -375,6 +393,15 @@ class GameDay:
                 ).strip()
             )
         ev.faults_left = clear_leftover_faults(target, folder)
+        if target is not None and not (folder / GATE_EVIDENCE_NAME).exists():
+            # the experiment has no probes.evidence probe: read the gate's counters now,
+            # while the stack still runs (they last until a new canary version)
+            try:
+                limits = thresholds()
+            except ValueError as exc:
+                ev.setup_error = ev.setup_error or f"bad evidence threshold: {exc}"
+            else:
+                write_gate_evidence(target, folder, limits, source="gameday run")
         if target is not None:
             events, problem = collect_timeline(target, folder)
             journal = read_json(folder / "journal.json") or {}
@@ -397,6 +424,49 @@ class GameDay:
         with contextlib.suppress(StackCommandError, OSError):
             stack_down(state_dir)
         shutil.rmtree(state_dir, ignore_errors=True)
+
+
+EXIT_CODES = {PASS: EXIT_PASS, FAIL: EXIT_FAIL, INCONCLUSIVE: EXIT_INCONCLUSIVE}
+
+
+def run_verdict(results: list[dict[str, Any]]) -> str:
+    """The run's verdict: fail wins, then inconclusive; pass only when every experiment
+    passed (and there was at least one)."""
+    verdicts = [r.get("verdict") for r in results]
+    if not verdicts or any(v not in (PASS, INCONCLUSIVE) for v in verdicts):
+        return FAIL
+    return INCONCLUSIVE if INCONCLUSIVE in verdicts else PASS
+
+
+def inconclusive_reasons(folder: Path, ev: Evidence) -> list[str]:
+    """Why the gate could not have seen, or the load is not valid (empty: the evidence
+    suffices). Reads gate-evidence.json, load.json and the fault ledger of ``folder``."""
+    ext = gameday_extension((ev.journal or {}).get("experiment")) or {}
+    expect = ext.get("expect")
+    tripped = bool(ev.trips_in_window)
+    try:
+        gate_doc = read_json(folder / GATE_EVIDENCE_NAME)
+        reasons = gate_reasons(gate_doc, expect, tripped, kernel_min_prompt_tokens(folder))
+    except ValueError as exc:
+        reasons = [f"the gate's evidence could not be judged: {exc}"]
+    return [*reasons, *load_reasons(read_json(folder / "load.json"))]
+
+
+def evidence_figures(folder: Path) -> dict[str, Any]:
+    """What the report shows beside the verdict: the gate's counters and the load's check."""
+    gate = read_json(folder / GATE_EVIDENCE_NAME) or {}
+    load = read_json(folder / "load.json") or {}
+    summary = load.get("summary") if isinstance(load.get("summary"), dict) else {}
+    generator = (summary or {}).get("generator")
+    return {
+        "gate": {
+            k: gate.get(k)
+            for k in ("ok", "comparisons", "canary_outcomes", "thresholds", "source", "error")
+        }
+        if gate
+        else None,
+        "load": generator if isinstance(generator, dict) else None,
+    }
 
 
 def _epoch(value: Any) -> float | None:

@@ -19,6 +19,17 @@ not met before the method (the method never ran) and when a method activity rais
 - no fault of the run is left active (those not cleared expire by their TTL, but the run
   says so and fails).
 
+An experiment is ``inconclusive`` (never a pass; ``gameday run`` exits 3) when the gate
+could not have seen the fault or the load generator's run is not valid
+(``Evidence.inconclusive``, from ``gameday.run.evidence``): too few baseline-canary
+comparisons or canary outcomes, a starved or late Locust. Then the gate's merits — a
+trip or none, the SLOs, a deviation, Chaos Toolkit's exit code after one — are not
+judged (they are listed as "not judged: ..."). Failures of the run itself still fail it
+(fail wins): the stack or target could not be prepared, an interruption, a timeout, a
+killed chaos, a missing journal or extension, a steady state unmet before the method, a
+failed rollback, a blind gate, an unreadable broker history, Locust left running or
+failed, no load records, a fault left active.
+
 Each reason is a sentence a person can act on. This module decides; it reads nothing from
 disk and talks to nothing (``gameday.run.runner`` gathers the inputs).
 """
@@ -36,6 +47,20 @@ DEVIATED = "the steady state deviated: the hypothesis was not met after the meth
 EXPECTS = ("trip", "no_trip", "blind")
 ACTIVITY_FAILED = "chaoslib.exceptions.ActivityFailed: "
 TRIPPED = "tripped"
+PASS, FAIL, INCONCLUSIVE = "pass", "fail", "inconclusive"
+NOT_JUDGED = "not judged (the evidence is insufficient): "
+# Reasons of journal_reasons that are failures of the run itself, whatever the evidence.
+_HARD_JOURNAL_PREFIXES = (
+    "no journal.json",
+    "Chaos Toolkit's status is",
+    "the steady state was not met before the method",
+    "the steady-state hypothesis did not run",
+    "the method did not run",
+    "only ",
+    "rollback ",
+    BLIND_PREFIX,
+    "the experiment expects the harness to find the gate blind",
+)
 
 
 @dataclass
@@ -51,6 +76,13 @@ class Evidence:
     setup_error: str | None = None  # the stack did not start, the target is wrong...
     faults_left: list[str] = field(default_factory=list)
     load_problem: str | None = None
+    # Why the gate could not have seen, or the load is not valid (gameday.run.evidence);
+    # None: not assessed, which is itself inconclusive (fail-closed).
+    inconclusive: list[str] | None = None
+
+
+def _hard_journal_reason(reason: str) -> bool:
+    return reason.startswith(_HARD_JOURNAL_PREFIXES) or "before the method" in reason
 
 
 def _list(value: Any) -> list[Any]:
@@ -208,55 +240,71 @@ def _blind_expected(reasons: list[str]) -> list[str]:
 
 
 def decide(evidence: Evidence) -> tuple[str, list[str]]:
-    """``("pass", [])`` or ``("fail", reasons)``."""
-    reasons: list[str] = []
+    """``("pass", [])``, ``("fail", reasons)`` or ``("inconclusive", reasons)``."""
+    hard: list[str] = []  # failures of the run itself: they fail it whatever the evidence
+    merit: list[str] = []  # the gate's merits: judged only when the gate could have seen
     ev = evidence
     if ev.setup_error:
-        reasons.append(ev.setup_error)
+        hard.append(ev.setup_error)
     if ev.interrupted:
-        reasons.append(f"the run was interrupted ({ev.interrupted}) during this experiment")
+        hard.append(f"the run was interrupted ({ev.interrupted}) during this experiment")
     if ev.timed_out_s is not None:
-        reasons.append(
+        hard.append(
             f"the experiment did not finish within {ev.timed_out_s:g} s and was stopped "
             "(raise --experiment-timeout-s if it needs longer)"
         )
+    completed = ev.journal is not None and ev.journal.get("status") == "completed"
     if ev.chaos_exit_code is None and not ev.setup_error:
-        reasons.append("chaos run did not exit by itself (it was killed)")
+        hard.append("chaos run did not exit by itself (it was killed)")
     elif ev.chaos_exit_code not in (None, 0):
-        reasons.append(f"chaos run exited with code {ev.chaos_exit_code}")
+        # chaos exits 1 after a deviation or a failed activity of a completed experiment
+        (merit if completed and ev.chaos_exit_code == 1 else hard).append(
+            f"chaos run exited with code {ev.chaos_exit_code}"
+        )
+    journal: list[str] = []
     if not ev.setup_error or ev.journal is not None:
-        reasons.extend(journal_reasons(ev.journal))
+        journal = journal_reasons(ev.journal)
     experiment = _dict(ev.journal.get("experiment")) if ev.journal else None
     ext = gameday_extension(experiment) if experiment is not None else None
     if ev.journal is not None and ext is None:
-        reasons.append(
+        hard.append(
             "the experiment has no 'gameday' extension saying what it expects "
             "(docs/ARCHITECTURE.md §7.1)"
         )
     expect = ext.get("expect") if ext else None
     if ext is not None and expect not in EXPECTS:
-        reasons.append(
+        hard.append(
             f"the gameday extension's expect is {expect!r}: use one of {', '.join(EXPECTS)}"
         )
     if expect == "blind":
-        reasons = _blind_expected(reasons)
+        journal = _blind_expected(journal)
+    for reason in journal:
+        (hard if _hard_journal_reason(reason) else merit).append(reason)
     if ev.journal is not None and ev.trips_in_window is None:
-        reasons.append("the broker's history could not be read: trip or no trip is unknown")
+        hard.append("the broker's history could not be read: trip or no trip is unknown")
     elif ev.trips_in_window is not None:
         if expect == "trip" and ev.trips_in_window == 0:
-            reasons.append("the experiment expects a trip; the broker's history shows none")
+            merit.append("the experiment expects a trip; the broker's history shows none")
         if expect in ("no_trip", "blind") and ev.trips_in_window > 0:
-            reasons.append(
+            merit.append(
                 f"the experiment expects no trip; the broker's history shows "
                 f"{ev.trips_in_window} trip(s)"
             )
     if ev.load_problem:
-        reasons.append(ev.load_problem)
+        hard.append(ev.load_problem)
     if ev.journal is not None and not ev.records_rows:
-        reasons.append(
+        hard.append(
             "no load records (records.parquet is missing or empty): what users saw is unknown"
         )
     for fault in ev.faults_left:
-        reasons.append(f"a fault is still active after the experiment: {fault}")
-    reasons = list(dict.fromkeys(reasons))
-    return ("fail" if reasons else "pass"), reasons
+        hard.append(f"a fault is still active after the experiment: {fault}")
+    if ev.inconclusive is None and ev.journal is not None:
+        unknown = ["the evidence (what the gate saw, whether the load was valid) was not assessed"]
+    else:
+        unknown = list(ev.inconclusive or [])
+    if hard:
+        return FAIL, list(dict.fromkeys([*hard, *merit]))
+    if unknown:
+        return INCONCLUSIVE, list(dict.fromkeys([*unknown, *(NOT_JUDGED + r for r in merit)]))
+    reasons = list(dict.fromkeys(merit))
+    return (FAIL if reasons else PASS), reasons

@@ -1,0 +1,299 @@
+"""Could the gate have seen? The evidence behind a verdict (issue #14, items 5 and 6).
+
+A gate that saw too little proves nothing either way: a "no trip" with three shadow
+comparisons is no proof that the canary is healthy, and a missed trip with no comparison
+in the buckets the fault touches is no proof that the gate is broken. Such an experiment
+is ``inconclusive`` (``gameday run`` exits 3), never a pass.
+
+Two sources, both written into the experiment's folder:
+
+- ``gate-evidence.json``: the gate's own counters (``GET /v1/gate/<release>``, over HTTP
+  only, as against any deployment) read at the end of the method by the probe
+  ``probes.evidence.gate_evidence``, or by ``gameday run`` right after ``chaos run`` when
+  the experiment has no such probe (the counters live until a new canary version);
+- ``load.json``: Locust's summary with ``generator`` (``gameday.load.runner.load_problems``):
+  a generator short of CPU, late or below its target rate makes the run say nothing about
+  the gate.
+
+The minimum evidence (per experiment, with environment overrides; defaults from what a
+normal 30 s control at 5 % canary on the 2-core dev machine produces, with a wide margin):
+
+==========================  ================================  =======
+threshold                    environment                       default
+==========================  ================================  =======
+``min_comparisons``         ``GAMEDAY_MIN_COMPARISONS``       20
+``min_canary_outcomes``     ``GAMEDAY_MIN_CANARY_OUTCOMES``   20
+==========================  ================================  =======
+
+``min_comparisons`` counts baseline-canary comparisons in the buckets that matter: for a
+faulty kernel the buckets holding prompts at or above its ``min_prompt_tokens``, else every
+bucket. ``min_canary_outcomes`` counts the canary's outcome records (traffic the router
+gave the canary; pinned requests are never gate evidence). An experiment that expects a
+trip and got one needs no minimum (the gate saw); one that expects a trip and got none is
+inconclusive, not failed, when the fault's buckets had fewer comparisons than the minimum.
+
+This module reads and writes only the experiment's folder and the gate's status page.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import requests
+
+from gameday.faults import FaultLedger
+from gameday.targets import Target, TargetError
+
+GATE_EVIDENCE_NAME = "gate-evidence.json"
+HTTP_TIMEOUT_S = 5.0
+ENV_MIN_COMPARISONS = "GAMEDAY_MIN_COMPARISONS"
+ENV_MIN_CANARY_OUTCOMES = "GAMEDAY_MIN_CANARY_OUTCOMES"
+DEFAULT_MIN_COMPARISONS = 20
+DEFAULT_MIN_CANARY_OUTCOMES = 20
+MAX_THRESHOLD = 10**9
+_BOUND = re.compile(r"^(\d+)(k?)$")
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    min_comparisons: int = DEFAULT_MIN_COMPARISONS
+    min_canary_outcomes: int = DEFAULT_MIN_CANARY_OUTCOMES
+
+    def to_json(self) -> dict[str, int]:
+        return {
+            "min_comparisons": self.min_comparisons,
+            "min_canary_outcomes": self.min_canary_outcomes,
+        }
+
+
+def _threshold(name: str, value: Any, source: str) -> int:
+    if isinstance(value, str):
+        value = value.strip()
+        try:
+            value = int(value)
+        except ValueError:
+            pass
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_THRESHOLD:
+        raise ValueError(
+            f"{source}: {name} must be a whole number from 0 to {MAX_THRESHOLD}, got {value!r}"
+        )
+    return value
+
+
+def thresholds(
+    min_comparisons: Any = None,
+    min_canary_outcomes: Any = None,
+    environ: Mapping[str, str] = os.environ,
+) -> Thresholds:
+    """Arguments (the experiment's configuration) win; then the environment; then the
+    defaults. ValueError naming the input when one is not a whole number in range."""
+    out: dict[str, int] = {}
+    for name, given, env, default in (
+        ("min_comparisons", min_comparisons, ENV_MIN_COMPARISONS, DEFAULT_MIN_COMPARISONS),
+        (
+            "min_canary_outcomes",
+            min_canary_outcomes,
+            ENV_MIN_CANARY_OUTCOMES,
+            DEFAULT_MIN_CANARY_OUTCOMES,
+        ),
+    ):
+        if given is not None:
+            out[name] = _threshold(name, given, "the experiment's argument")
+        elif environ.get(env, "").strip():
+            out[name] = _threshold(name, environ[env], f"${env}")
+        else:
+            out[name] = default
+    return Thresholds(**out)
+
+
+def _count(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return 0
+    return int(value) if math.isfinite(value) and value > 0 else 0
+
+
+def bucket_range(label: str) -> tuple[int, int | None] | None:
+    """``"2k-4k"`` -> (2048, 4096), ``"4k+"`` -> (4096, None), ``"0-512"`` -> (0, 512)."""
+
+    def bound(text: str) -> int | None:
+        m = _BOUND.match(text.strip())
+        if not m:
+            return None
+        return int(m.group(1)) * (1024 if m.group(2) else 1)
+
+    if label.endswith("+"):
+        lo = bound(label[:-1])
+        return None if lo is None else (lo, None)
+    parts = label.split("-")
+    if len(parts) != 2:
+        return None
+    lo, hi = bound(parts[0]), bound(parts[1])
+    return None if lo is None or hi is None else (lo, hi)
+
+
+def buckets_at_or_above(labels: list[str], min_prompt_tokens: int) -> list[str]:
+    """The buckets that hold prompts of at least ``min_prompt_tokens`` tokens (a label
+    that cannot be read counts: fail-closed, it may hold such prompts)."""
+    out = []
+    for label in labels:
+        r = bucket_range(label)
+        if r is None or r[1] is None or r[1] > min_prompt_tokens:
+            out.append(label)
+    return out
+
+
+def summarise_gate(state: dict[str, Any]) -> dict[str, Any]:
+    """The counters of the gate's status that the evidence needs, per bucket."""
+    buckets: dict[str, dict[str, int]] = {}
+    raw = state.get("buckets")
+    for label, b in (raw if isinstance(raw, dict) else {}).items():
+        b = b if isinstance(b, dict) else {}
+        found = b.get("outcomes")
+        outcomes: dict[str, Any] = found if isinstance(found, dict) else {}
+        buckets[str(label)] = {
+            "comparisons": _count(b.get("comparisons")),
+            "noise_comparisons": _count(b.get("noise_comparisons")),
+            "canary_outcomes": _count(outcomes.get("canary")),
+            "baseline_outcomes": _count(outcomes.get("baseline")),
+        }
+    return {
+        "state": state.get("state"),
+        "phase": state.get("phase"),
+        "canary_version": state.get("canary_version"),
+        "canary_weight": state.get("canary_weight"),
+        "resets": state.get("resets"),
+        "buckets": buckets,
+        "comparisons": sum(b["comparisons"] for b in buckets.values()),
+        "canary_outcomes": sum(b["canary_outcomes"] for b in buckets.values()),
+    }
+
+
+def read_gate(target: Target) -> dict[str, Any]:
+    """The gate's counters now: ``{"ok": True, ...summarise_gate}`` or ``{"ok": False,
+    "error": why}`` (never raises)."""
+    url = "?"
+    try:
+        url = f"{target.service_url('gate')}/v1/gate/{target.release}"
+        resp = requests.get(url, timeout=HTTP_TIMEOUT_S)
+        if resp.status_code != 200:
+            return {"ok": False, "url": url, "error": f"{url} answered {resp.status_code}"}
+        state = resp.json()
+    except (requests.RequestException, TargetError, ValueError) as exc:
+        return {"ok": False, "url": url, "error": f"cannot read the gate at {url}: {exc}"}
+    if not isinstance(state, dict):
+        return {"ok": False, "url": url, "error": f"{url} did not answer a JSON object"}
+    return {"ok": True, "url": url, **summarise_gate(state)}
+
+
+def write_gate_evidence(
+    target: Target, folder: Path, limits: Thresholds, source: str
+) -> dict[str, Any]:
+    """Read the gate and write ``gate-evidence.json`` into ``folder``; returns the document."""
+    doc = {
+        **read_gate(target),
+        "read_at": time.time(),
+        "source": source,
+        "thresholds": limits.to_json(),
+    }
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = folder / f".{GATE_EVIDENCE_NAME}.tmp"
+    tmp.write_text(json.dumps(doc, indent=2, default=str) + "\n")
+    os.replace(tmp, folder / GATE_EVIDENCE_NAME)
+    return doc
+
+
+def kernel_min_prompt_tokens(folder: Path) -> int | None:
+    """The faulty kernel's threshold from the run's ledger (None: no kernel fault)."""
+    try:
+        entries = FaultLedger(folder / "faults.jsonl").entries()
+    except (OSError, ValueError):
+        return None
+    for e in entries:
+        if e.action == "inject" and e.kind == "kernel":
+            value = (e.params or {}).get("min_prompt_tokens")
+            return _count(value) if isinstance(value, int | float) else 0
+    return None
+
+
+def gate_reasons(
+    doc: dict[str, Any] | None, expect: str | None, tripped: bool, min_prompt_tokens: int | None
+) -> list[str]:
+    """Why the gate could not have seen (empty: it could). ``doc`` is gate-evidence.json."""
+    if expect not in ("trip", "no_trip") or (expect == "trip" and tripped):
+        return []  # a blind-gate experiment judges blindness; a trip shows the gate saw
+    if doc is None:
+        return [
+            f"no {GATE_EVIDENCE_NAME}: what the gate saw is unknown, so its "
+            + ("missed trip" if expect == "trip" else "'no trip'")
+            + " proves nothing"
+        ]
+    if doc.get("ok") is not True:
+        return [
+            f"the gate's counters could not be read ({doc.get('error')}): what it saw is unknown"
+        ]
+    found = doc.get("thresholds")
+    given: dict[str, Any] = found if isinstance(found, dict) else {}
+    try:
+        limits = thresholds(
+            given.get("min_comparisons"), given.get("min_canary_outcomes"), environ={}
+        )
+    except ValueError as exc:
+        return [f"{GATE_EVIDENCE_NAME} holds a bad threshold ({exc}): the evidence is unjudged"]
+    raw = doc.get("buckets")
+    buckets: dict[str, dict[str, Any]] = raw if isinstance(raw, dict) else {}
+    if min_prompt_tokens is not None:
+        where = buckets_at_or_above(list(buckets), min_prompt_tokens)
+        scope = (
+            f"the buckets the faulty kernel touches (prompts >= {min_prompt_tokens} tokens: "
+            f"{', '.join(where) or 'none'})"
+        )
+    else:
+        where = list(buckets)
+        scope = "all buckets"
+    comparisons = sum(_count((buckets.get(b) or {}).get("comparisons")) for b in where)
+    canary = sum(_count(b.get("canary_outcomes")) for b in buckets.values() if isinstance(b, dict))
+    reasons = []
+    verb = "missed trip" if expect == "trip" else "'no trip'"
+    if comparisons < limits.min_comparisons:
+        reasons.append(
+            f"the gate saw {comparisons} baseline-canary comparisons in {scope}, fewer than "
+            f"the {limits.min_comparisons} needed ({ENV_MIN_COMPARISONS}): its {verb} "
+            "proves nothing (more load, a higher canary weight or a longer run)"
+        )
+    if canary < limits.min_canary_outcomes:
+        reasons.append(
+            f"the gate saw {canary} canary outcomes, fewer than the "
+            f"{limits.min_canary_outcomes} needed ({ENV_MIN_CANARY_OUTCOMES}): the canary "
+            f"got too little traffic for its {verb} to mean anything"
+        )
+    return reasons
+
+
+def load_reasons(load: dict[str, Any] | None) -> list[str]:
+    """Why the load generator's run says nothing about the gate (empty: it was valid)."""
+    if not load or load.get("state") != "stopped":
+        return []  # no load, or one that did not stop cleanly: the verdict fails on that
+    summary = load.get("summary")
+    gen = summary.get("generator") if isinstance(summary, dict) else None
+    if not isinstance(gen, dict):
+        return [
+            "the load has no generator check (load.json summary.generator): whether Locust "
+            "kept up is unknown"
+        ]
+    problems = gen.get("problems")
+    if gen.get("valid") is True and not problems:
+        return []
+    listed = [str(p) for p in problems] if isinstance(problems, list) and problems else []
+    return [f"the load generator is not valid: {p}" for p in listed] or [
+        "the load generator is not valid (no reason recorded)"
+    ]

@@ -1,0 +1,54 @@
+"""The evidence probe: what the gate saw, read at the end of the method (issue #14).
+
+    method:
+      - ...
+      - type: probe
+        name: gate-evidence
+        provider:
+          type: python
+          module: probes.evidence
+          func: gate_evidence
+          arguments:
+            min_comparisons: ${min_comparisons}          # e.g. {type: env,
+            min_canary_outcomes: ${min_canary_outcomes}  #  key: GAMEDAY_MIN_COMPARISONS, ...}
+
+It reads the gate's counters (``GET /v1/gate/<release>``, over HTTP only) — baseline-canary
+comparisons and canary outcomes per bucket — and writes them, with the minimum evidence
+the experiment asks for, to ``gate-evidence.json`` in the run folder. ``gameday run``
+judges them (``gameday.run.evidence``): too little seen makes the experiment
+``inconclusive``. Without the arguments the thresholds come from
+``GAMEDAY_MIN_COMPARISONS`` / ``GAMEDAY_MIN_CANARY_OUTCOMES``, else the defaults.
+
+The probe never fails the experiment itself (its output is no SLO result): an unreadable
+gate is written down as such, and the verdict makes it inconclusive. Bad thresholds
+raise ``ActivityFailed`` naming the argument. It only reads the target.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from chaoslib.exceptions import ActivityFailed
+
+from gameday.run.evidence import GATE_EVIDENCE_NAME, thresholds, write_gate_evidence
+from probes._context import Configuration, get_target, run_dir
+
+__all__ = ["gate_evidence"]
+
+Secrets = dict[str, Any]
+
+
+def gate_evidence(
+    min_comparisons: Any = None,
+    min_canary_outcomes: Any = None,
+    configuration: Configuration | None = None,
+    secrets: Secrets | None = None,
+) -> dict[str, Any]:
+    """Write the gate's counters to gate-evidence.json; returns what was written."""
+    try:
+        limits = thresholds(min_comparisons, min_canary_outcomes)
+    except ValueError as exc:
+        raise ActivityFailed(str(exc)) from None
+    folder = run_dir(configuration)
+    doc = write_gate_evidence(get_target(configuration), folder, limits, source="probe")
+    return {"file": str(folder / GATE_EVIDENCE_NAME), **doc}
