@@ -23,6 +23,7 @@ COMPONENTS = ("router", "broker", "rollback", "hostile")
 # of this matrix).
 EXPERIMENTS = sorted(
     [REPO / "experiments" / "control.yaml"]
+    + list((REPO / "experiments" / "control").glob("*.yaml"))  # benign controls (#14)
     + [p for c in COMPONENTS for p in (REPO / "experiments" / c).glob("*.yaml")]
 )
 BY_NAME = {str(p.relative_to(REPO / "experiments").with_suffix("")): p for p in EXPERIMENTS}
@@ -37,6 +38,9 @@ EXPECT = {
     "broken-kernel": "trip",
     "client-flood": "no_trip",
     "pins-after-trip": "trip",
+    # Benign negative controls (#14): a healthy build the gate must not trip on.
+    "benign-noise": "no_trip",
+    "small-drift": "no_trip",
 }
 FAULT_ACTIONS = {"inject_latency", "make_canary_faulty", "kill_pod"}
 REPORT_SLO_KEYS = {"detection_s", "weights_applied_s", "rollback_s", "rollback_complete_s"}
@@ -65,6 +69,7 @@ def activities(experiment: dict[str, Any]) -> list[dict[str, Any]]:
 def test_every_component_gets_every_fault_plus_the_control() -> None:
     expected = {f"{c}/{f}" for c in ("router", "broker", "rollback") for f in FAULTS}
     expected |= {"control", "router/broken-kernel"} | {f"hostile/{f}" for f in HOSTILE}
+    expected |= {"control/benign-noise", "control/small-drift"}
     assert set(BY_NAME) == expected
 
 
