@@ -48,7 +48,7 @@ def _journal(expect: str) -> dict[str, Any]:
     }
 
 
-def _gate_doc(per_bucket: dict[str, tuple[int, int]], **limits: int) -> dict[str, Any]:
+def _gate_doc(per_bucket: dict[str, tuple[int, int]], **limits: int | None) -> dict[str, Any]:
     """gate-evidence.json with (comparisons, canary outcomes) per bucket."""
     state = {
         "state": "watching",
@@ -57,7 +57,8 @@ def _gate_doc(per_bucket: dict[str, tuple[int, int]], **limits: int) -> dict[str
             for b, (c, o) in per_bucket.items()
         },
     }
-    return {"ok": True, **summarise_gate(state), "thresholds": thresholds(**limits).to_json()}
+    given = thresholds(limits.get("min_comparisons"), limits.get("min_canary_outcomes"), environ={})
+    return {"ok": True, **summarise_gate(state), "thresholds": given.to_json()}
 
 
 GENEROUS = {b: (40, 40) for b in BUCKETS}
@@ -70,8 +71,8 @@ def test_too_little_evidence_makes_a_no_trip_inconclusive_not_a_pass() -> None:
     why = gate_reasons(_gate_doc({"0-512": (3, 2)}), "no_trip", False, None)
     assert len(why) == 2
     assert why[0].startswith("the gate saw 3 baseline-canary comparisons in all buckets")
-    assert "fewer than the 20 needed (GAMEDAY_MIN_COMPARISONS)" in why[0]
-    assert why[1].startswith("the gate saw 2 canary outcomes, fewer than the 20 needed")
+    assert "fewer than the 30 needed (GAMEDAY_MIN_COMPARISONS)" in why[0]
+    assert why[1].startswith("the gate saw 2 canary outcomes, fewer than the 10 needed")
     verdict, reasons = decide(Evidence(0, _journal("no_trip"), 10, 0, inconclusive=why))
     assert (verdict, reasons) == ("inconclusive", why)
 
@@ -107,7 +108,7 @@ def test_a_missed_trip_with_no_comparison_where_the_fault_acts_is_not_the_gates_
     why = gate_reasons(doc, "trip", False, 2048)
     assert why == [
         "the gate saw 1 baseline-canary comparisons in the buckets the faulty kernel touches "
-        "(prompts >= 2048 tokens: 2k-4k, 4k+), fewer than the 20 needed "
+        "(prompts >= 2048 tokens: 2k-4k, 4k+), fewer than the 30 needed "
         "(GAMEDAY_MIN_COMPARISONS): its missed trip proves nothing (more load, a higher "
         "canary weight or a longer run)"
     ]
@@ -156,7 +157,7 @@ def test_the_runs_exit_code_fail_wins_then_inconclusive() -> None:
 
 def test_thresholds_come_from_the_experiment_then_the_environment() -> None:
     env = {"GAMEDAY_MIN_COMPARISONS": "7", "GAMEDAY_MIN_CANARY_OUTCOMES": "9"}
-    assert thresholds(environ={}).to_json() == {"min_comparisons": 20, "min_canary_outcomes": 20}
+    assert thresholds(environ={}).to_json() == {"min_comparisons": 30, "min_canary_outcomes": 10}
     assert thresholds(environ=env).to_json() == {"min_comparisons": 7, "min_canary_outcomes": 9}
     assert thresholds(3, "4", environ=env).to_json() == {
         "min_comparisons": 3,

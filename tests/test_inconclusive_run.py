@@ -1,0 +1,72 @@
+"""A real ``gameday run`` that ends inconclusive (issue #14, item 5): the control
+experiment on a fresh local stack, asking for more baseline-canary comparisons than a
+short run can give (``GAMEDAY_MIN_COMPARISONS``). Its "no trip" proves nothing, so the
+run exits 3 — not 0 — and every output says ``inconclusive`` with the reason; the gate's
+counters (read over HTTP by the run) and the load generator's check are in the folder."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from tests.run_support import REPO, free_base_port
+
+pytestmark = pytest.mark.slow
+
+SHORT = {
+    "GAMEDAY_WARMUP_S": "6",
+    "GAMEDAY_OBSERVE_S": "3",
+    "GAMEDAY_LOAD_USERS": "10",
+    "GAMEDAY_LOAD_STOP_TIMEOUT_S": "5",
+    "GAMEDAY_SLO_TTFT_P99_S": "10",
+    # no short run reaches a million comparisons: the evidence is insufficient by design
+    "GAMEDAY_MIN_COMPARISONS": "1000000",
+}
+
+
+def test_a_control_without_enough_evidence_is_inconclusive_and_exits_3(tmp_path: Path) -> None:
+    out = tmp_path / "reports"
+    proc = subprocess.run(
+        [
+            sys.executable, "-c", "from gameday.cli import main; main()", "run",
+            "experiments/control.yaml",
+            "--out", str(out), "--run-id", "unsure", "--base-port", str(free_base_port()),
+        ],
+        cwd=REPO,
+        env={**os.environ, **SHORT, "COLUMNS": "200"},
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )  # fmt: skip
+    tail = proc.stdout[-4000:] + proc.stderr[-2000:]
+    assert proc.returncode == 3, tail
+    run_dir = out / "unsure"
+    folder = run_dir / "control"
+    result = json.loads((folder / "result.json").read_text())
+    assert result["verdict"] == "inconclusive", result["reasons"]
+    first = result["reasons"][0]
+    assert first.startswith("the gate saw ") and "fewer than the 1000000 needed" in first
+    # the gate's counters, read over HTTP before the stack stopped
+    gate = json.loads((folder / "gate-evidence.json").read_text())
+    assert gate["ok"] is True and gate["source"] == "gameday run"
+    assert gate["thresholds"]["min_comparisons"] == 1000000
+    assert result["evidence"]["gate"]["comparisons"] == gate["comparisons"] < 1000000
+    # the load generator's figures are recorded beside it
+    generator = json.loads((folder / "load.json").read_text())["summary"]["generator"]
+    assert generator["achieved_rps"] > 0 and generator["test_wall_s"] > 0
+    assert generator["cpu_fraction"] is not None and generator["peak_users"] == 10
+    assert json.loads((run_dir / "run.json").read_text())["verdict"] == "inconclusive"
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["verdict"] == "inconclusive", summary["reasons"]
+    assert summary["headline"].startswith("INCONCLUSIVE")
+    errors = ET.parse(run_dir / "junit.xml").getroot().iter("error")
+    assert [e.get("message") for e in errors if e.get("type") == "Inconclusive"] == [first]
+    assert "INCONCLUSIVE" in (run_dir / "report.html").read_text()
+    assert "INCONCLUSIVE" in proc.stdout and "exit code 3" in proc.stdout
+    print(json.dumps({"gate": gate, "generator": generator}, indent=1))  # for the defaults
