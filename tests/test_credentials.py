@@ -10,6 +10,7 @@ operator; a router whose samples credential is wrong (or under the
 
 from __future__ import annotations
 
+import os
 import secrets
 import subprocess
 import sys
@@ -376,3 +377,32 @@ def test_an_executor_with_the_trip_credential_is_degraded(
     body = wait_for(degraded, what="the executor to say its credential is refused")
     assert isinstance(body, dict)
     assert any("broker_auth" in reason for reason in body["degraded_reasons"]), body
+
+
+def test_a_router_with_a_heartbeat_but_no_samples_credential_refuses_to_start(
+    tmp_path: Path, creds: dict[str, Path]
+) -> None:
+    dead = "http://127.0.0.1:9"
+    res = subprocess.run(
+        [sys.executable, "-m", "canarystack.router", "--port", "0",
+         "--state-dir", str(tmp_path), "--baseline", dead, "--broker", dead, "--gate", dead,
+         "--broker-token-file", str(creds["heartbeat"])],
+        capture_output=True, text=True, timeout=30,
+        env={k: v for k, v in os.environ.items() if k != "CANARYSTACK_ADMIN_TOKEN"},
+    )  # fmt: skip
+    assert res.returncode == 2, res.stderr
+    assert "--gate given but no credential" in res.stderr
+    assert "--gate-token-file" in res.stderr and "--broker given" not in res.stderr
+
+
+def test_a_gate_without_a_samples_credential_refuses_to_start(
+    tmp_path: Path, creds: dict[str, Path]
+) -> None:
+    res = subprocess.run(
+        [sys.executable, "-m", "canarystack.gate", "--port", "0", "--broker",
+         "http://127.0.0.1:9", "--broker-token-file", str(creds["trip"])],
+        capture_output=True, text=True, timeout=30,
+        env={k: v for k, v in os.environ.items() if k != "CANARYSTACK_ADMIN_TOKEN"},
+    )  # fmt: skip
+    assert res.returncode == 2, res.stderr
+    assert "no samples credential" in res.stderr and "--samples-token-file" in res.stderr

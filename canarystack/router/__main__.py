@@ -207,11 +207,10 @@ def settings_from_args(args: argparse.Namespace) -> RouterSettings:
     )
 
 
-def check_token(settings: RouterSettings, token: str | None, gate_token: str | None = None) -> None:
+def check_token(settings: RouterSettings, token: str | None, gate_token: str | None) -> None:
     """A router that talks to the broker needs its heartbeat credential (``token``), one
-    that talks to the gate its samples credential (``gate_token``; the same as ``token``
-    when not given, single-credential mode)."""
-    gate_token = token if gate_token is None else gate_token
+    that talks to the gate its samples credential (``gate_token``); each is the admin
+    token when its own flag is not given (single-credential mode)."""
     missing = [
         (flag, cred, what)
         for flag, url, tok, cred, what in (
