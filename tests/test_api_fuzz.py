@@ -29,7 +29,7 @@ import pytest
 import requests
 import schemathesis
 from aiohttp import web
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import HealthCheck, Phase, settings
 from hypothesis.errors import Unsatisfiable
 from schemathesis.checks import not_a_server_error
 from schemathesis.core.result import Err
@@ -358,49 +358,50 @@ def _schemathesis_test(operation: Any, run: FuzzRun) -> Callable[[], None]:
     return test
 
 
-def _seeded_test(operation: Any, run: FuzzRun) -> Callable[[], None] | None:
-    """For a path naming a release or version: schema-conforming input against the seeded
-    names, which random names never hit (they get 404 before the rest is read)."""
-    seeded = {
-        p["name"]: KNOWN_PATH_VALUES[p["name"]]
+def _operations(doc: dict[str, Any], failures: list[str], **config: Any) -> list[Any]:
+    schema = schemathesis.openapi.from_dict(doc, config=schemathesis.Config.from_dict(config))
+    operations = []
+    for result in schema.get_all_operations():
+        if isinstance(result, Err):
+            failures.append(f"schemathesis cannot read an operation: {result.err()}")
+        else:
+            operations.append(result.ok())
+    return operations
+
+
+def _names_a_seeded_thing(operation: Any) -> bool:
+    return any(
+        p["in"] == "path" and p["name"] in KNOWN_PATH_VALUES
         for p in operation.definition.raw.get("parameters", [])
-        if p["in"] == "path" and p["name"] in KNOWN_PATH_VALUES
-    }
-    if not seeded:
-        return None
-
-    @given(case=operation.as_strategy(path_parameters=seeded))
-    @FUZZ_SETTINGS
-    def one(case: Any) -> None:
-        fuzz_one(case, run)
-
-    return one
+    )
 
 
 def fuzz(run: FuzzRun) -> list[str]:
     """Fuzz every operation of the process's published API; the failures, one per
-    operation and pass (an empty list when it held)."""
-    schema = schemathesis.openapi.from_dict(fuzzable(published_spec(run.proc)))
+    operation and pass (an empty list when it held). An operation whose path names a
+    release or version runs twice: with generated names, and with the seeded ones
+    (``KNOWN_PATH_VALUES``), since a random name gets its 404 before the rest is read."""
+    doc = fuzzable(published_spec(run.proc))
     failures: list[str] = []
-    operations = 0
-    for result in schema.get_all_operations():
-        if isinstance(result, Err):
-            failures.append(f"schemathesis cannot read an operation: {result.err()}")
-            continue
-        operation = result.ok()
-        operations += 1
-        tests = [("all phases", _schemathesis_test(operation, run))]
-        seeded = _seeded_test(operation, run)
-        if seeded is not None:
-            tests.append(("positive, seeded names", seeded))
-        for name, test in tests:
+    plain = _operations(doc, failures)
+    seeded_names = {f"path.{name}": value for name, value in KNOWN_PATH_VALUES.items()}
+    seeded = {
+        op.label: op
+        for op in _operations(doc, failures, parameters=seeded_names)
+        if _names_a_seeded_thing(op)
+    }
+    for operation in plain:
+        passes = [("generated names", operation)]
+        if operation.label in seeded:
+            passes.append(("seeded names", seeded[operation.label]))
+        for name, op in passes:
             try:
-                test()
+                _schemathesis_test(op, run)()
             except Unsatisfiable:
                 pass  # nothing of this kind can be generated for the operation
             except (Exception, BaseExceptionGroup) as exc:  # schemathesis's FailureGroup
-                failures.append(f"{operation.label} ({name}): {exc}"[:4000] + _last_error(run.proc))
-    assert operations >= 6, f"only {operations} operations in the document"
+                failures.append(f"{op.label} ({name}): {exc}"[:4000] + _last_error(run.proc))
+    assert len(plain) >= 6, f"only {len(plain)} operations in the document"
     return failures
 
 
