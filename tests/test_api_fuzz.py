@@ -269,8 +269,10 @@ def test_a_route_without_a_description_is_listed() -> None:
 
 # -- the fuzz ---------------------------------------------------------------------------
 # schemathesis's pytest plugin (``schema.parametrize()``) does not run under pytest 9.2
-# (it sets ``request.node._nodeid``, which pytest's Function no longer has), so the cases
-# come from each operation's Hypothesis strategy, run here with the same checks.
+# (it sets ``request.node._nodeid``, which pytest's Function no longer has), so each
+# operation's test is made here with the builder that plugin uses
+# (``schemathesis.pytest._test_builder.build_operation_test``: the same phases as
+# ``schemathesis run``) and run in a loop, every failure collected.
 
 
 def _rollback_wedged_by_a_long_reason(case: Any, response: Any) -> bool:
