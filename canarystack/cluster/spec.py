@@ -17,6 +17,8 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from canarystack.model.engine import BATCH_NOISE_KL
+
 ROLES = ("broker", "router", "gate", "rollback", "model-baseline", "model-canary")
 
 # Offsets from the base port (docs/ARCHITECTURE.md §6).
@@ -198,8 +200,11 @@ def _model_programs(
                            "--model", str(gguf), "--gguf-seed", str(spec.engine_seed),
                            "--engine-log", str(engine_log), *extra)  # fmt: skip
         else:
+            # Real engines are not batch-invariant: every simulated pod runs with the
+            # calibrated batch noise and a seed of its own (a stack config's 'args' win).
+            noise = ["--batch-noise", f"{BATCH_NOISE_KL:g}", "--noise-seed", str(port)]
             cmd = _command(spec, "model", port, role, "--version", version,
-                           "--served-model-name", spec.model_name, *extra)  # fmt: skip
+                           "--served-model-name", spec.model_name, *noise, *extra)  # fmt: skip
         progs.append(Program(name, role, cmd, f"http://{HOST}:{port}"))
     return progs
 
