@@ -55,6 +55,7 @@ ACTIONS = frozenset(
         "clear_faults",
         "start_fresh_canary",
         "flood_pinned_canary",
+        "break_gate_credential",
         "pin_canary_after_trip",
     }
 )

@@ -29,7 +29,13 @@ from chaoslib.exceptions import ActivityFailed
 from gameday import faults as gd_faults
 from probes._context import Configuration, get_target, harness_errors, ledger, positive
 
-__all__ = ["clear_faults", "inject_latency", "kill_pod", "make_canary_faulty"]
+__all__ = [
+    "break_gate_credential",
+    "clear_faults",
+    "inject_latency",
+    "kill_pod",
+    "make_canary_faulty",
+]
 
 MAX_TTL_S = 600.0
 MAX_LATENCY_MS = 60_000.0
@@ -73,6 +79,24 @@ def inject_latency(
         target = get_target(configuration)
         entries = gd_faults.inject(
             target, component, "latency", ttl_s, params, ledger(configuration)
+        )
+    return _summary(entries)
+
+
+def break_gate_credential(
+    ttl_s: float = 60.0,
+    configuration: Configuration | None = None,
+    secrets: Secrets | None = None,
+) -> dict[str, Any]:
+    """Make every router push its samples to the gate with a wrong credential for
+    ``ttl_s`` seconds (the router's ``wrong_gate_credential`` fault): what a botched
+    secret rotation does. The gate then sees nothing from them; the harness must say so
+    (``probes.slo.gate_sees_every_router``), never pass quietly."""
+    ttl_s = positive("ttl_s", ttl_s, MAX_TTL_S)
+    with harness_errors("breaking the routers' gate credential"):
+        target = get_target(configuration)
+        entries = gd_faults.inject(
+            target, "router", "wrong_gate_credential", ttl_s, {}, ledger(configuration)
         )
     return _summary(entries)
 

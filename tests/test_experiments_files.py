@@ -29,7 +29,7 @@ EXPERIMENTS = sorted(
 BY_NAME = {str(p.relative_to(REPO / "experiments").with_suffix("")): p for p in EXPERIMENTS}
 FAULTS = ("latency", "pod-kill", "faulty-kernel")
 # The hostile game day (issue #12): a broken engine, hostile clients, pins after a trip.
-HOSTILE = ("broken-kernel", "client-flood", "pins-after-trip")
+HOSTILE = ("broken-kernel", "client-flood", "pins-after-trip", "wrong-credential")
 # What each fault must do to a healthy gate: trip, or not.
 EXPECT = {
     "latency": "no_trip",
@@ -38,6 +38,7 @@ EXPECT = {
     "broken-kernel": "trip",
     "client-flood": "no_trip",
     "pins-after-trip": "trip",
+    "wrong-credential": "blind",
     # Benign negative controls (#14): a healthy build the gate must not trip on.
     "benign-noise": "no_trip",
     "small-drift": "no_trip",
