@@ -49,7 +49,12 @@ from canarystack.engine.gguf_gen import (  # noqa: E402 - after the skip
     vocabulary,
     write_gguf,
 )
-from gameday.oracle import compare_positions, kl_topk, parse_logprobs  # noqa: E402
+from gameday.oracle import (  # noqa: E402
+    compare_positions,
+    compare_responses,
+    kl_topk,
+    parse_logprobs,
+)
 
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}", "x-actor": "test"}
 START_TIMEOUT_S = 90.0  # a pod answers /health once its engine is up (seconds on 2 cores)
@@ -216,8 +221,72 @@ def test_bad_requests_get_a_4xx_naming_the_field(
         assert resp.status_code == status, (path, body, resp.text)
         assert str(resp.json()["error"]["param"]).startswith(param), (body, resp.text)
     assert requests.post(pod.url + "/v1/completions", data=b"{", timeout=30).status_code == 400
+    # Bodies are read within limits sized from the context length (8192 tokens: 8192 x 16
+    # bytes of prompt, plus 64 KiB around it), as the simulator reads them: a body over the
+    # limit is a 413 before it is parsed, a prompt over its bytes a 400 before it is
+    # tokenised.
+    big = requests.post(
+        pod.url + "/v1/completions",
+        data=b'{"prompt": "' + b"kabo " * 60_000 + b'"}',
+        headers={"content-type": "application/json"},
+        timeout=30,
+    )
+    assert big.status_code == 413, big.text
+    assert big.json()["error"]["code"] == "body_too_large"
+    long_prompt = complete(pod.url, "kabo " * 27_000)  # 135,000 bytes > 8192 x 16
+    assert long_prompt.status_code == 400, long_prompt.text
+    assert long_prompt.json()["error"]["code"] == "prompt_too_large"
+    many = requests.post(
+        pod.url + "/v1/chat/completions",
+        json={"messages": [{"role": "user", "content": "a"}] * 3000},
+        timeout=30,
+    )
+    assert many.status_code == 400 and many.json()["error"]["param"] == "messages", many.text
+    assert "at most 2048" in many.json()["error"]["message"]
     # none of that reached the engine, which still answers
     assert complete(pod.url, "kabo lumo").status_code == 200
+
+
+def test_broken_kernel_modes_are_refused_naming_the_engines_modes(
+    spawn: Spawner, gguf_path: Path, tmp_path: Path
+) -> None:
+    """The simulator's broken-kernel modes cannot be produced by llama.cpp: a 400 that
+    names the mode and the modes the engine pod has, and no rollout starts."""
+    pod = start_pod(spawn, gguf_path, tmp_path)
+    for mode in ("nan-logits", "inf-logits", "garbage"):
+        resp = requests.post(
+            pod.url + "/admin/faults",
+            json={"kind": "kernel", "ttl_s": 30, "mode": mode},
+            headers=ADMIN,
+            timeout=5,
+        )
+        assert resp.status_code == 400, resp.text
+        message = resp.json()["error"]["message"]
+        assert mode in message and "simulator only" in message, message
+        assert "kv-quant" in message and "fp8-kv-scale" in message, message
+    assert requests.get(pod.url + "/admin/faults", headers=ADMIN, timeout=5).json() == {
+        "faults": []
+    }
+    assert kv_cache_type(pod.url) == "f16"
+
+
+def test_a_non_finite_engine_event_is_relayed_and_recorded_not_accepted() -> None:
+    """A stream event from the engine with a NaN logprob: relayed as the engine wrote it
+    (the router and the oracle count it as a broken canary), its token counted, and the
+    pod records why it was not strict JSON."""
+    from canarystack.engine.pod import EnginePod, _StreamState
+
+    state = _StreamState(chat=False, include_usage=False, prompt_tokens=3)
+    sound = b'data: {"id": "c1", "choices": [{"text": " kabo", "logprobs": {"tokens": [" kabo"]}}]}'
+    assert EnginePod._event(sound, state) == (sound, True)
+    assert state.invalid is None
+    broken = (
+        b'data: {"id": "c1", "choices": [{"text": " lumo", "logprobs": {"tokens": [" lumo"], '
+        b'"top_logprobs": [{" lumo": NaN}]}}]}'
+    )
+    assert EnginePod._event(broken, state) == (broken, True)
+    assert state.invalid is not None and "NaN" in state.invalid
+    assert state.completion_tokens == 2
 
 
 def test_kernel_fault_rolls_over_to_a_quantized_cache_and_back(
@@ -332,7 +401,12 @@ def test_router_and_oracle_read_llamacpp_logprobs(
         else:
             body.update(prompt=text, logprobs=5)
         complete(pod.url, RESET_PROMPT, max_tokens=1)
-        whole = parse_logprobs(requests.post(pod.url + path, json=body, timeout=60).json())
+        answer = requests.post(pod.url + path, json=body, timeout=60).json()
+        whole = parse_logprobs(answer)  # raises BrokenLogprobs on a broken shape
+        # llama.cpp's logprobs are sound to the oracle: compared with themselves, no side
+        # reads as broken and the divergence is 0.
+        same = compare_responses(answer, answer)
+        assert same.canary_broken is None and same.kl_mean == 0.0, (chat, same)
         complete(pod.url, RESET_PROMPT, max_tokens=1)
         collector = Collector(LogprobRequest(chat=chat, k=5, user_k=5), 16, time.perf_counter)
         with requests.post(
@@ -341,6 +415,7 @@ def test_router_and_oracle_read_llamacpp_logprobs(
             for chunk in resp.iter_content(None):
                 collector.feed_chunk(chunk)
         collector.flush()
+        assert collector.broken is None, (chat, collector.broken)
         streamed = collector.positions
         assert len(whole) == len(streamed) == 4, (chat, whole, streamed)
         for w, s in zip(whole, streamed, strict=True):

@@ -109,6 +109,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     from canarystack.engine.child import EngineSettings
     from canarystack.engine.faults import FAULT_KINDS
     from canarystack.engine.pod import EnginePod
+    from canarystack.model.body import ADMIN_BODY_BYTES
 
     settings = EngineSettings(
         model_path=model.resolve(),
@@ -129,6 +130,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             start_timeout_s=args.start_timeout_s,
             drain_timeout_s=args.drain_timeout_s,
         ),
+        client_max_size=ADMIN_BODY_BYTES,  # the model routes read with model.body
     )
 
 

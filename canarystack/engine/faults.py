@@ -10,6 +10,13 @@ fp8-kv-scale`` (a KV-cache precision fault) maps to the same quantized cache, wi
 ``min_prompt_tokens`` only 0 and ``magnitude`` only 1 — other values are refused, with a
 message saying why, rather than silently ignored.
 
+The simulator's other kernel modes are simulator-only: the broken-kernel modes
+``nan-logits``, ``inf-logits`` and ``garbage`` (an engine whose numbers or text are
+broken) and the benign ``numerics`` and ``quantized``. A real llama.cpp engine cannot be
+made to produce them on request, so the engine pod refuses them with a 400 that names
+the modes it has (``kv-quant``, ``fp8-kv-scale``) and says to run the broken-kernel
+experiments against the simulator (``canarystack.model``).
+
 This module only describes faults; it never starts or stops anything.
 """
 
@@ -17,7 +24,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from canarystack.common.faults import FaultParams
 
@@ -25,6 +32,9 @@ CacheType = Literal["f16", "q8_0", "q4_0"]
 # ggml_type ids that llama_cpp.server's --type_k/--type_v take (ggml.h).
 GGML_TYPE_ID: dict[str, int] = {"f16": 1, "q4_0": 2, "q8_0": 8}
 HEALTHY_CACHE: CacheType = "f16"
+ENGINE_MODES = ("kv-quant", "fp8-kv-scale")
+# The simulator's kernel modes (canarystack.model.faults) this pod cannot produce.
+SIMULATOR_ONLY_MODES = ("nan-logits", "inf-logits", "garbage", "numerics", "quantized")
 
 
 class EngineKernelParams(FaultParams):
@@ -32,6 +42,17 @@ class EngineKernelParams(FaultParams):
     cache_type: Literal["q8_0", "q4_0"] = "q4_0"
     min_prompt_tokens: int = Field(default=0, ge=0)
     magnitude: float = Field(default=1.0, allow_inf_nan=False)
+
+    @field_validator("mode", mode="before")
+    @classmethod
+    def _engine_mode(cls, value: object) -> object:
+        if isinstance(value, str) and value in SIMULATOR_ONLY_MODES:
+            raise ValueError(
+                f"mode {value!r} is a kernel mode of the simulator only (canarystack.model); "
+                f"the llama.cpp engine pod has the modes {', '.join(ENGINE_MODES)} (a "
+                "quantized KV cache). Run broken-kernel experiments against the simulator"
+            )
+        return value
 
     @model_validator(mode="after")
     def _whole_engine(self) -> EngineKernelParams:

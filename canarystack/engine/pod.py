@@ -51,16 +51,13 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from canarystack.common import strictjson
 from canarystack.common.app import Component
-from canarystack.common.errors import (
-    BadRequest,
-    Unavailable,
-    parse_model,
-    read_json_object,
-)
+from canarystack.common.errors import BadRequest, Unavailable, json_response
 from canarystack.common.logs import get_logger
 from canarystack.engine.child import EngineChild, EngineSettings, log_tail
 from canarystack.engine.faults import HEALTHY_CACHE, EngineKernelParams
+from canarystack.model.body import OFF_LOOP_BYTES, Limits, Parsed, parse_request, read_body
 from canarystack.model.contract import (
     RequestRecord,
     check_model_name,
@@ -70,7 +67,7 @@ from canarystack.model.contract import (
     serve_logged,
 )
 from canarystack.model.metrics import ModelMetrics
-from canarystack.model.schemas import ChatCompletionRequest, CompletionRequest
+from canarystack.model.schemas import CompletionRequest
 
 RECONCILE_S = 0.1
 DEFAULT_START_TIMEOUT_S = 60.0
@@ -78,6 +75,12 @@ DEFAULT_DRAIN_TIMEOUT_S = 60.0
 DEFAULT_RETRY_S = 2.0
 UPSTREAM_READ_TIMEOUT_S = 300.0
 _SEPARATORS = (b"\r\n\r\n", b"\n\n")
+# How much of an engine's error body a log line carries.
+LOG_BODY_CHARS = 500
+# What request_done says of an engine answer that is not strict JSON (a NaN or Infinity
+# logprob, broken bytes): relayed as the engine wrote it, so the router and the oracle
+# see it and count it as a broken canary; never re-written as if it were sound.
+ENGINE_INVALID_JSON = "engine_invalid_json"
 
 
 @contextlib.contextmanager
@@ -148,6 +151,7 @@ class _StreamState:
     first_id: str | None = None
     created: int | None = None
     model: str | None = None
+    invalid: str | None = None  # why an event was not strict JSON (the first one)
 
 
 class EnginePod:
@@ -360,39 +364,42 @@ class EnginePod:
         finally:
             self.inflight -= 1
 
+    @property
+    def limits(self) -> Limits:
+        """Body and prompt limits from the engine's context length (as the simulator's)."""
+        return Limits.for_model_len(self.settings.n_ctx)
+
     def _upstream_body(
-        self, body: dict[str, Any], chat: bool, rec: _Record
+        self, parsed: Parsed, chat: bool, rec: _Record
     ) -> tuple[dict[str, Any], bool, bool]:
-        """Validate, count, and build what the engine gets: (body, stream, include_usage)."""
-        req: CompletionRequest | ChatCompletionRequest
-        if chat:
-            req = parse_model(ChatCompletionRequest, body)
-            max_tokens = req.max_tokens or req.max_completion_tokens
-            messages = [{"role": m.role, "content": str(m.content)} for m in req.messages]
-            rec.prompt_tokens = self.counter.chat(messages)
-            field = "messages"
-        else:
-            req = parse_model(CompletionRequest, body)
-            max_tokens = req.max_tokens
+        """Count and build what the engine gets from a validated request: (body, stream,
+        include_usage). Only the fields the contract validates are forwarded; unknown
+        fields are dropped here, never passed to the engine unchecked."""
+        req = parsed.req
+        messages: list[dict[str, str]] = []
+        if isinstance(req, CompletionRequest):
             prompt = req.prompt_text()
             if not prompt.strip():
                 raise BadRequest(
                     "'prompt' is empty: send at least one token of text.", param="prompt"
                 )
             rec.prompt_tokens = self.counter.completion(prompt)
-            field = "prompt"
+        else:
+            messages = [{"role": m.role, "content": str(m.content)} for m in req.messages]
+            rec.prompt_tokens = self.counter.chat(messages)
+        field = parsed.prompt_field
         rec.stream = req.stream
         served = self.settings.served_model_name
         check_model_name(req.model, served)
         max_tokens = resolve_max_tokens(
-            max_tokens,
+            parsed.max_tokens,
             rec.prompt_tokens,
             max_len=self.settings.n_ctx,
             default_max_tokens=self.default_max_tokens,
             prompt_field=field,
         )
-        dropped = ("stream_options", "max_completion_tokens")
-        out = {k: v for k, v in body.items() if k not in dropped}
+        dropped = {"stream_options", "max_completion_tokens"}
+        out = req.model_dump(mode="json", exclude_unset=True, exclude=dropped)
         out["model"] = served
         out["max_tokens"] = max_tokens
         if chat:
@@ -404,8 +411,18 @@ class EnginePod:
     async def _serve(
         self, request: web.Request, chat: bool, rec: _Record, headers: dict[str, str]
     ) -> web.StreamResponse:
-        body = await read_json_object(request)
-        upstream, stream, include_usage = self._upstream_body(body, chat, rec)
+        kind = "chat" if chat else "completion"
+        raw = await read_body(request, self.limits)
+        parsed: Parsed
+        if len(raw) > OFF_LOOP_BYTES:
+            # A big body is parsed and checked in a worker thread, as the simulator does:
+            # other requests' streams keep flowing meanwhile.
+            loop = asyncio.get_running_loop()
+            parsed = await loop.run_in_executor(None, parse_request, raw, kind, self.limits)
+        else:
+            parsed = parse_request(raw, kind, self.limits)
+        del raw
+        upstream, stream, include_usage = self._upstream_body(parsed, chat, rec)
         child = self.active
         if child is None or self._session is None:
             rec.error = "engine_unavailable"
@@ -422,7 +439,7 @@ class EnginePod:
         try:
             async with self._session.post(
                 child.url + request.path,
-                data=json.dumps(upstream).encode(),
+                data=strictjson.dumps_bytes(upstream),
                 headers={"content-type": "application/json"},
                 timeout=aiohttp.ClientTimeout(total=None, sock_read=UPSTREAM_READ_TIMEOUT_S),
             ) as up:
@@ -452,22 +469,48 @@ class EnginePod:
         rec.status = up.status
         rec.error = f"engine_http_{up.status}"
         self.log.warning(
-            "engine_error", request_id=rec.request_id, status=up.status, body=raw[:500].decode()
+            "engine_error",
+            request_id=rec.request_id,
+            status=up.status,
+            body=raw[:LOG_BODY_CHARS].decode("utf-8", errors="replace"),
         )
-        return web.Response(
-            body=raw, status=up.status, content_type="application/json", headers=headers
-        )
+        try:
+            body: Any = strictjson.loads(raw)
+        except ValueError:
+            body = None
+        if not isinstance(body, dict):
+            body = {
+                "error": {
+                    "message": f"The llama.cpp engine answered HTTP {up.status} with a body "
+                    "that is not a JSON object; see this pod's engine_error log line.",
+                    "type": "engine_error",
+                    "param": None,
+                    "code": f"engine_http_{up.status}",
+                }
+            }
+        return json_response(body, status=up.status, headers=headers)
 
     async def _relay_body(
         self, up: aiohttp.ClientResponse, rec: _Record, headers: dict[str, str]
     ) -> web.Response:
         raw = await up.read()
-        with contextlib.suppress(ValueError, TypeError, KeyError, IndexError):
-            obj = json.loads(raw)
+        try:
+            obj = strictjson.loads(raw)
+        except ValueError as exc:  # StrictJsonError: NaN/Infinity, bad UTF-8, ...
+            # Relayed unchanged, so the readers downstream see the broken answer.
+            rec.error = ENGINE_INVALID_JSON
+            self.log.warning(
+                "engine_answer_invalid",
+                request_id=rec.request_id,
+                error=str(exc),
+                body=raw[:LOG_BODY_CHARS].decode("utf-8", errors="replace"),
+            )
+            return web.Response(body=raw, content_type="application/json", headers=headers)
+        with contextlib.suppress(ValueError, TypeError, KeyError, IndexError, AttributeError):
             usage = obj.get("usage") or {}
             rec.completion_tokens = int(usage.get("completion_tokens") or 0)
             rec.finish_reason = obj["choices"][0].get("finish_reason")
-        return web.Response(body=raw, content_type="application/json", headers=headers)
+        return json_response(obj, headers=headers)
 
     async def _relay_stream(
         self,
@@ -527,10 +570,16 @@ class EnginePod:
                 rec.finish_reason = "abort"
             else:
                 rec.finish_reason = state.finish_reason
+        if state.invalid is not None:
+            rec.error = rec.error or ENGINE_INVALID_JSON
+            self.log.warning(
+                "engine_answer_invalid", request_id=rec.request_id, error=state.invalid
+            )
         rec.completion_tokens = state.completion_tokens
         return resp
 
-    def _event(self, event: bytes, state: _StreamState) -> tuple[bytes, bool]:
+    @staticmethod
+    def _event(event: bytes, state: _StreamState) -> tuple[bytes, bool]:
         """One SSE event from the engine -> (bytes to send, whether it carries a token)."""
         payload = None
         for line in event.split(b"\n"):
@@ -555,11 +604,16 @@ class EnginePod:
                     "total_tokens": state.prompt_tokens + state.completion_tokens,
                 },
             }
-            return b"data: " + json.dumps(usage).encode() + b"\n\n" + event, False
+            return b"data: " + strictjson.dumps_bytes(usage) + b"\n\n" + event, False
         try:
-            obj = json.loads(payload)
-        except ValueError:
-            return event, False
+            obj = strictjson.loads(payload)
+        except ValueError as exc:  # StrictJsonError: relayed as is, and recorded
+            if state.invalid is None:
+                state.invalid = str(exc)
+            try:  # read leniently only to count the token it may carry
+                obj = json.loads(payload)
+            except ValueError:
+                return event, False
         if not isinstance(obj, dict):
             return event, False
         if state.first_id is None:
