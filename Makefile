@@ -39,7 +39,8 @@ help:
 	@echo "make chaos-broker    run the broker experiments"
 	@echo "make chaos-rollback  run the rollback-executor experiments"
 	@echo "make chaos-hostile   the hostile game day: broken kernel, client flood, pins"
-	@echo "make gameday         every experiment above plus the control run"
+	@echo "make gameday         every experiment above plus the control runs (A/A and the"
+	@echo "                     benign controls in experiments/control/)"
 	@echo "make lint            ruff and mypy"
 	@echo "make clean           remove the venv, caches and reports"
 
@@ -87,9 +88,9 @@ chaos-hostile: $(STAMP)
 	$(BIN)/gameday run experiments/hostile/*.yaml $(RUN_ARGS)
 
 gameday: $(STAMP)
-	$(BIN)/gameday run experiments/control.yaml experiments/router/*.yaml \
-		experiments/broker/*.yaml experiments/rollback/*.yaml experiments/hostile/*.yaml \
-		$(RUN_ARGS)
+	$(BIN)/gameday run experiments/control.yaml experiments/control/*.yaml \
+		experiments/router/*.yaml experiments/broker/*.yaml experiments/rollback/*.yaml \
+		experiments/hostile/*.yaml $(RUN_ARGS)
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -39,8 +39,9 @@ __all__ = [
 
 MAX_TTL_S = 600.0
 MAX_LATENCY_MS = 60_000.0
-# fp8-kv-scale: drift; nan-logits / inf-logits / garbage: a broken kernel (canarystack.model)
-KERNEL_MODES = ("fp8-kv-scale", "nan-logits", "inf-logits", "garbage")
+# fp8-kv-scale: drift; nan-logits / inf-logits / garbage: a broken kernel; numerics /
+# quantized: benign builds the gate must not trip on (canarystack.model.faults).
+KERNEL_MODES = ("fp8-kv-scale", "nan-logits", "inf-logits", "garbage", "numerics", "quantized")
 MODEL_ROLES = ("model", "model-baseline", "model-canary")
 
 Secrets = dict[str, Any]
