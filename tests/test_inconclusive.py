@@ -21,6 +21,7 @@ from gameday.run.evidence import (
     buckets_at_or_above,
     gate_reasons,
     load_reasons,
+    since_start,
     summarise_gate,
     thresholds,
 )
@@ -293,3 +294,18 @@ def test_the_report_says_inconclusive_with_the_reason(tmp_path: Path) -> None:
     failing.update(verdict="fail", reasons=["chaos run exited with code 2"])
     other.write_text(json.dumps(failing))
     assert build_report(run).verdict == "fail"
+
+
+def test_a_stack_that_outlives_an_experiment_is_counted_from_its_start() -> None:
+    # a target the run did not start keeps the gate's counters of earlier experiments
+    start = _gate_doc({"0-512": (100, 50), "2k-4k": (40, 40)})
+    end = _gate_doc({"0-512": (103, 52), "2k-4k": (41, 40), "4k+": (2, 1)})
+    mine = since_start(end, start)
+    assert (mine["comparisons"], mine["canary_outcomes"]) == (6, 3)
+    assert mine["buckets"]["2k-4k"]["comparisons"] == 1
+    assert gate_reasons(end, "no_trip", False, None) == []  # the whole history would pass
+    assert len(gate_reasons(mine, "no_trip", False, None)) == 2  # this experiment's does not
+    # a reset in between (a new canary version): the end's counters are all this one's
+    reset = {**end, "resets": 1}
+    assert since_start(reset, start)["comparisons"] == end["comparisons"]
+    assert since_start(end, None) == end

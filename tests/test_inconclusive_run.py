@@ -44,10 +44,10 @@ def test_a_control_without_enough_evidence_is_inconclusive_and_exits_3(tmp_path:
         text=True,
         timeout=240,
     )  # fmt: skip
-    tail = proc.stdout[-4000:] + proc.stderr[-2000:]
-    assert proc.returncode == 3, tail
     run_dir = out / "unsure"
     folder = run_dir / "control"
+    said = (folder / "result.json").read_text() if (folder / "result.json").exists() else ""
+    assert proc.returncode == 3, said + proc.stdout[-4000:] + proc.stderr[-2000:]
     result = json.loads((folder / "result.json").read_text())
     assert result["verdict"] == "inconclusive", result["reasons"]
     first = result["reasons"][0]

@@ -36,6 +36,12 @@ gave the canary; pinned requests are never gate evidence). An experiment that ex
 trip and got one needs no minimum (the gate saw); one that expects a trip and got none is
 inconclusive, not failed, when the fault's buckets had fewer comparisons than the minimum.
 
+The gate's counters run since its canary version was set, so on a stack that outlives one
+experiment (a target the run did not start) they hold earlier experiments' samples too:
+``gameday run`` reads them before ``chaos run`` starts (``gate-evidence-start.json``) and
+the evidence is the difference (``since_start``), unless the gate reset in between (a new
+canary version), when the end's counters are all this experiment's.
+
 This module reads and writes only the experiment's folder and the gate's status page.
 """
 
@@ -57,6 +63,7 @@ from gameday.faults import FaultLedger
 from gameday.targets import Target, TargetError
 
 GATE_EVIDENCE_NAME = "gate-evidence.json"
+GATE_START_NAME = "gate-evidence-start.json"  # the counters before chaos started
 HTTP_TIMEOUT_S = 5.0
 ENV_MIN_COMPARISONS = "GAMEDAY_MIN_COMPARISONS"
 ENV_MIN_CANARY_OUTCOMES = "GAMEDAY_MIN_CANARY_OUTCOMES"
@@ -197,6 +204,40 @@ def read_gate(target: Target) -> dict[str, Any]:
     if not isinstance(state, dict):
         return {"ok": False, "url": url, "error": f"{url} did not answer a JSON object"}
     return {"ok": True, "url": url, **summarise_gate(state)}
+
+
+def since_start(end: dict[str, Any], start: dict[str, Any] | None) -> dict[str, Any]:
+    """The counters this experiment added: ``end`` minus ``start`` per bucket, when both
+    were read and the gate did not reset in between; else ``end`` as it is."""
+    if not (end.get("ok") is True and start and start.get("ok") is True):
+        return end
+    same = all(start.get(k) == end.get(k) for k in ("canary_version", "resets"))
+    if not same:
+        return {**end, "counted_from": "the gate reset during the experiment: its counters are all"}
+    buckets: dict[str, dict[str, int]] = {}
+    before = start.get("buckets") if isinstance(start.get("buckets"), dict) else {}
+    raw = end.get("buckets")
+    for label, b in (raw if isinstance(raw, dict) else {}).items():
+        b0 = (before or {}).get(label)
+        b0 = b0 if isinstance(b0, dict) else {}
+        b = b if isinstance(b, dict) else {}
+        buckets[label] = {k: max(0, _count(v) - _count(b0.get(k))) for k, v in b.items()}
+    return {
+        **end,
+        "buckets": buckets,
+        "comparisons": sum(b.get("comparisons", 0) for b in buckets.values()),
+        "canary_outcomes": sum(b.get("canary_outcomes", 0) for b in buckets.values()),
+        "counted_from": "counters read before chaos started were subtracted",
+        "at_start": {k: start.get(k) for k in ("comparisons", "canary_outcomes")},
+    }
+
+
+def write_gate_start(target: Target, folder: Path) -> dict[str, Any]:
+    """Before chaos starts: the gate's counters now, into ``gate-evidence-start.json``."""
+    doc = {**read_gate(target), "read_at": time.time()}
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / GATE_START_NAME).write_text(json.dumps(doc, indent=2, default=str) + "\n")
+    return doc
 
 
 def write_gate_evidence(

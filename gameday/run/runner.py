@@ -57,11 +57,14 @@ from gameday.run.collect import (
 )
 from gameday.run.evidence import (
     GATE_EVIDENCE_NAME,
+    GATE_START_NAME,
     gate_reasons,
     kernel_min_prompt_tokens,
     load_reasons,
+    since_start,
     thresholds,
     write_gate_evidence,
+    write_gate_start,
 )
 from gameday.run.plan import PlannedExperiment, RunPlan, effective_target_data
 from gameday.run.verdict import FAIL, INCONCLUSIVE, PASS, Evidence, decide, gameday_extension
@@ -290,6 +293,7 @@ class GameDay:
         chaos_result = None
         try:
             target = self._prepare(exp, folder)
+            write_gate_start(target, folder)  # what the gate had counted before this one
             if self.interrupts.signum:
                 raise _NotStarted(f"interrupted ({self.interrupts.name}) before chaos started")
             chaos = ChaosRun(
@@ -446,6 +450,8 @@ def inconclusive_reasons(folder: Path, ev: Evidence) -> list[str]:
     tripped = bool(ev.trips_in_window)
     try:
         gate_doc = read_json(folder / GATE_EVIDENCE_NAME)
+        if gate_doc is not None:
+            gate_doc = since_start(gate_doc, read_json(folder / GATE_START_NAME))
         reasons = gate_reasons(gate_doc, expect, tripped, kernel_min_prompt_tokens(folder))
     except ValueError as exc:
         reasons = [f"the gate's evidence could not be judged: {exc}"]
@@ -455,13 +461,23 @@ def inconclusive_reasons(folder: Path, ev: Evidence) -> list[str]:
 def evidence_figures(folder: Path) -> dict[str, Any]:
     """What the report shows beside the verdict: the gate's counters and the load's check."""
     gate = read_json(folder / GATE_EVIDENCE_NAME) or {}
+    if gate:
+        gate = since_start(gate, read_json(folder / GATE_START_NAME))
     load = read_json(folder / "load.json") or {}
     summary = load.get("summary") if isinstance(load.get("summary"), dict) else {}
     generator = (summary or {}).get("generator")
     return {
         "gate": {
             k: gate.get(k)
-            for k in ("ok", "comparisons", "canary_outcomes", "thresholds", "source", "error")
+            for k in (
+                "ok",
+                "comparisons",
+                "canary_outcomes",
+                "thresholds",
+                "source",
+                "error",
+                "counted_from",
+            )
         }
         if gate
         else None,
