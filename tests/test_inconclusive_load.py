@@ -1,0 +1,56 @@
+"""The load generator is checked (issue #14, item 6), with real Locust against a real
+model server: the summary records the achieved rate, CPU and users of the generator
+(also summed over ``--processes`` workers), and a run that falls short of its target rate
+is marked invalid with the reason — which makes the verdict inconclusive
+(tests/test_inconclusive.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gameday.load.runner import LoadConfig, LoadRun
+from gameday.run.evidence import load_reasons
+from tests.procs import Spawner
+
+pytestmark = pytest.mark.slow
+
+SHORT_PROMPTS = ("--synthetic-median-tokens", "200", "--synthetic-max-tokens", "1000")
+
+
+@pytest.mark.parametrize("processes", [None, 2])
+def test_a_load_below_its_target_rate_is_invalid_and_says_why(
+    spawn: Spawner, tmp_path: Path, processes: int | None
+) -> None:
+    model = spawn("canarystack.model", "--version", "v1")
+    config = LoadConfig(
+        host=model.url,
+        output_dir=tmp_path / "run",
+        users=2,
+        spawn_rate=2,
+        duration_s=3,
+        stop_timeout_s=5,
+        max_tokens=8,
+        processes=processes,
+        extra_args=SHORT_PROMPTS,
+        env={"GAMEDAY_LOAD_TARGET_RPS": "100000"},  # no 2 users on 2 cores get there
+    )
+    result = LoadRun(config).start().wait(90)
+    summary = result.summary
+    gen = summary["generator"]
+    assert gen["valid"] is False
+    assert gen["target_rps"] == 100000.0 and 0 < gen["achieved_rps"] < 80000
+    assert gen["achieved_rps"] == pytest.approx(
+        summary["requests_sent"] / summary["test_wall_s"], rel=1e-3
+    )
+    assert 2.5 <= summary["test_wall_s"] <= 30
+    assert summary["cpu_s"] > 0 and gen["cpu_fraction"] is not None
+    assert summary["peak_users"] == 2  # over both workers when there are two
+    shortfall = (
+        f"the load reached {gen['achieved_rps']:g} requests/s, below 0.8 x the target "
+        "100000 requests/s (GAMEDAY_LOAD_TARGET_RPS)"
+    )
+    assert shortfall in gen["problems"]
+    reasons = load_reasons({"state": "stopped", "summary": summary})
+    assert f"the load generator is not valid: {shortfall}" in reasons
