@@ -48,6 +48,17 @@ Refusals of the executor's credential (401/403) are retried with backoff like an
 never taken for a bad step; ``broker_auth`` says ``unauthorized``/``forbidden`` and the
 ``on_error`` hook counts them.
 
+Every write fits the broker's limits (``BROKER_MAX_REASON_CHARS`` for a reason,
+``BROKER_MAX_CHANGE_BYTES`` for an annotation's change): a long manual reason is cut
+(``fit_reason``, saying how long it was) and a change with many routers keeps its first
+entries (``fit_change``, recording how many there were). A step the broker still refuses
+as a bad request (a 4xx that is not 401/403, 404 or a revision/phase conflict) is
+not retried for ever: the runner
+records it (``refused_step``: step, release revision, status, message), drops the manual
+request that asked for it, raises ``RollbackError`` once, and does not write that step
+again until the release's revision changes or a new manual rollback is asked for; the
+service's ``/health`` says ``degraded`` naming the step meanwhile.
+
 Every step leaves an event with a timestamp in the broker's history: the PATCH of step 1,
 the ``routers_applied`` annotation of step 2, the quarantine and the PATCH of step 3.
 
@@ -83,9 +94,52 @@ from canarystack.broker.client import (
     IllegalTransition,
     RevisionConflict,
 )
+from canarystack.common import strictjson
 from canarystack.common.logs import JsonLogger, get_logger
 
 Json = dict[str, Any]
+
+# The broker's limits on what a step writes (canarystack/broker/server.py: ``Reason`` and
+# ``MAX_EVENT_FIELD_BYTES``); a test checks they agree.
+BROKER_MAX_REASON_CHARS = 4000
+BROKER_MAX_CHANGE_BYTES = 16 * 1024
+# The lists of an annotation's change that may be cut to make it fit, in that order.
+_CUTTABLE = ("router_states", "quiet", "lagging", "routers")
+
+
+def fit_reason(reason: str, limit: int = BROKER_MAX_REASON_CHARS) -> str:
+    """``reason`` if the broker takes it, else its start and how long it was."""
+    if len(reason) <= limit:
+        return reason
+    mark = f" ... [cut: {len(reason)} characters]"
+    return reason[: max(0, limit - len(mark))] + mark
+
+
+def _change_size(change: Json) -> int:
+    return len(strictjson.dumps(change).encode())
+
+
+def fit_change(change: Json, limit: int = BROKER_MAX_CHANGE_BYTES) -> Json:
+    """``change`` if it fits the broker's limit, else a copy whose router lists keep
+    their first entries, with ``cut`` saying how many each had."""
+    if _change_size(change) <= limit:
+        return change
+    out = dict(change)
+    cut: dict[str, int] = {}
+    for key in _CUTTABLE:
+        items = out.get(key)
+        if not isinstance(items, list) or not items:
+            continue
+        cut[key] = len(items)
+        keep = len(items)
+        while keep > 0:
+            keep //= 2
+            out[key] = items[:keep]
+            out["cut"] = dict(cut)
+            if _change_size(out) <= limit:
+                return out
+    out["cut"] = dict(cut)
+    return out
 
 
 class Observed(enum.Enum):
@@ -293,6 +347,9 @@ class RollbackRunner:
         self.last_situation: Situation | None = None
         self.apply_progress: Json | None = None
         self.lock = asyncio.Lock()
+        # The last step the broker refused as a bad request (not retried until the release
+        # changes or a new manual rollback is asked for), else None.
+        self.refused_step: Json | None = None
         # "ok" until the broker refuses this process's credential; then why.
         self.broker_auth = "ok"
         # The event history read so far: events from the latest move to rolling_back on
@@ -347,8 +404,14 @@ class RollbackRunner:
         async with self.lock:
             backoff = self.config.backoff_s
             while True:
+                step: Step | None = None
+                revision: int | None = None
                 try:
                     sit = await self.situation()
+                    revision = int(sit.release["revision"])
+                    refused = self.refused_step
+                    if refused is not None and refused["revision"] != revision:
+                        self.refused_step = refused = None  # the release moved: decide again
                     entry = TRANSITIONS[sit.observed]
                     if entry is None:
                         # A manual request is moot unless the release is progressing (a
@@ -357,10 +420,13 @@ class RollbackRunner:
                             self.manual_reason = None
                         return sit
                     step, _ = entry
+                    if refused is not None and refused["step"] == int(step):
+                        return sit  # the same write would be refused again: reported
                     if self.hooks.before_step is not None:
                         await self.hooks.before_step(step)
                     await self._run_step(step, sit)
                     self.last_error = None
+                    self.refused_step = None
                     self.broker_auth = "ok"
                     backoff = self.config.backoff_s
                     if self.hooks.after_step is not None:
@@ -395,6 +461,30 @@ class RollbackRunner:
                         backoff = min(self.config.max_backoff_s, backoff * 2)
                         continue
                     self._error("refused")
+                    if step is not None and revision is not None:
+                        # A write the broker refuses as a bad request: writing it again
+                        # would be refused again. Record it, drop the manual request that
+                        # asked for it, and say so once.
+                        self.refused_step = {
+                            "step": int(step),
+                            "name": STEP_NAMES[step],
+                            "revision": revision,
+                            "status": exc.status,
+                            "error": exc.message,
+                        }
+                        self.manual_reason = None
+                        self.log.error(
+                            "rollback_step_refused_bad_request",
+                            release=self.name,
+                            step=int(step),
+                            name=STEP_NAMES[step],
+                            status=exc.status,
+                            error=exc.message,
+                        )
+                        raise RollbackError(
+                            f"the broker refused rollback step {int(step)} "
+                            f"({STEP_NAMES[step]}) with HTTP {exc.status}: {exc.message}"
+                        ) from exc
                     raise RollbackError(exc.message) from exc
 
     async def _run_step(self, step: Step, sit: Situation) -> None:
@@ -420,7 +510,7 @@ class RollbackRunner:
             int(rel["revision"]),
             canary_weight=0,
             phase="rolling_back",
-            reason=reason,
+            reason=fit_reason(reason),
         )
         self.manual_reason = None
         self.log.info(
@@ -530,11 +620,14 @@ class RollbackRunner:
                     }
                     for r in quiet
                 ]
+        change = fit_change(change)
         await self.client.annotate(
             self.name,
             change,
-            reason=f"rollback step 2: routers at revision >= {target}"
-            + (" (timed out; lagging routers listed)" if timed_out else ""),
+            reason=fit_reason(
+                f"rollback step 2: routers at revision >= {target}"
+                + (" (timed out; lagging routers listed)" if timed_out else "")
+            ),
         )
         self.apply_progress = None
         self.log.info("rollback_step", release=self.name, step=2, name="routers_applied", **change)
@@ -545,7 +638,7 @@ class RollbackRunner:
         version = canary.get("version")
         if version is not None and not canary.get("quarantined"):
             await self.client.quarantine_version(
-                version, reason=f"rollback step 3: release {self.name} rolled back"
+                version, reason=fit_reason(f"rollback step 3: release {self.name} rolled back")
             )
             self.log.info("rollback_step", release=self.name, step=3, name="quarantined")
             rel = await self.client.get_release(self.name)
@@ -555,7 +648,7 @@ class RollbackRunner:
             self.name,
             int(rel["revision"]),
             phase="rolled_back",
-            reason=f"rollback step 3: canary {version} quarantined, rolled back",
+            reason=fit_reason(f"rollback step 3: canary {version} quarantined, rolled back"),
         )
         self.log.info(
             "rollback_step", release=self.name, step=3, name="rolled_back", revision=new["revision"]
@@ -572,6 +665,7 @@ class RollbackRunner:
             "manual_requested": self.manual_reason is not None,
             "last_error": self.last_error,
             "waiting": self.apply_progress,
+            "refused_step": self.refused_step,
             "running": self.lock.locked(),
         }
         if sit is not None:

@@ -239,6 +239,16 @@ class RollbackService:
                 "--broker-token-file (or the admin token in single-credential mode) and "
                 "restart"
             )
+        for release, runner in sorted(self.runners.items()):
+            refused = runner.refused_step
+            if refused is not None:
+                reasons.append(
+                    f"refused_step: the broker refused rollback step {refused['step']} "
+                    f"({refused['name']}) of release {release!r} at revision "
+                    f"{refused['revision']} with HTTP {refused['status']} "
+                    f"({refused['error']}); it is not written again until the release "
+                    "changes or a new manual rollback is asked for"
+                )
         for name, state in sorted(self.loops.items()):
             if state.ended is not None:
                 reasons.append(f"loop {name} ended: {state.ended}")
@@ -413,6 +423,7 @@ class RollbackService:
                 raise Conflict(
                     f"Release {name!r} has no canary version to roll back.", param="release"
                 )
+            runner.refused_step = None  # a new request: its step may be written again
             runner.manual_reason = reason or "manual rollback"
         self.kick(name)
         # Answer once step 1 is in the broker, so the caller knows it will complete.
@@ -420,6 +431,16 @@ class RollbackService:
         while time.monotonic() < deadline:
             await asyncio.sleep(0.02)
             last = runner.last_situation
+            if runner.refused_step is not None and runner.manual_reason is None:
+                refused = runner.refused_step
+                raise Conflict(
+                    f"The broker refused rollback step {refused['step']} "
+                    f"({refused['name']}) of release {name!r} with HTTP "
+                    f"{refused['status']}: {refused['error']}. Nothing was rolled back; "
+                    "GET /health names the refusal.",
+                    param="release",
+                    code="step_refused",
+                )
             if runner.manual_reason is None and last is not None and last.steps:
                 break
         try:
