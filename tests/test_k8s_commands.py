@@ -27,10 +27,12 @@ import pytest
 import requests
 
 from tests.k8s_render import (
+    CREDENTIALS,
     NO_KUBECTL,
     REPO,
     container_env,
     copy_with_token,
+    credential_token,
     expand,
     kubectl,
     one,
@@ -88,7 +90,17 @@ def pods(tmp_path: Path) -> Iterator[Pods]:
         p.stop_all()
 
 
-def localize(args: list[str], port: int, tmp: Path, ready: Path) -> list[str]:
+CREDENTIALS_MOUNT = "/var/run/canarystack/credentials"
+
+
+def localize_credential(arg: str, creds: Path) -> str:
+    """A path in the pod's credentials volume, as the test's folder of credentials."""
+    if arg == CREDENTIALS_MOUNT or arg.startswith(CREDENTIALS_MOUNT + "/"):
+        return str(creds) + arg.removeprefix(CREDENTIALS_MOUNT)
+    return arg
+
+
+def localize(args: list[str], port: int, tmp: Path, ready: Path, creds: Path) -> list[str]:
     """The pod's args on loopback: listen address, port, volume paths, a ready file."""
     out = []
     for i, arg in enumerate(args):
@@ -98,6 +110,8 @@ def localize(args: list[str], port: int, tmp: Path, ready: Path) -> list[str]:
             arg = str(port)
         elif arg.startswith("/var/lib/canarystack/"):
             arg = str(tmp / arg.removeprefix("/var/lib/canarystack/"))
+        else:
+            arg = localize_credential(arg, creds)
         out.append(arg)
     return [*out, "--ready-file", str(ready)]
 
@@ -106,14 +120,16 @@ def test_the_rendered_commands_start_a_stack_that_serves_both_variants(
     pods: Pods, tmp_path: Path
 ) -> None:
     docs = render(copy_with_token(tmp_path, TOKEN) / "base")
-    token_file = tmp_path / "token"
-    token_file.write_text(TOKEN + "\n")
+    # The pods' credentials volume: one file per credential (docs/ARCHITECTURE.md §8).
+    creds = tmp_path / "credentials"
+    creds.mkdir()
+    for cred in CREDENTIALS:
+        (creds / cred).write_text(credential_token(TOKEN, cred) + "\n")
     ports = {name: free_port() for _, name in ORDER}
     url = {name: f"http://127.0.0.1:{port}" for name, port in ports.items()}
     loopback = {  # the Services, as loopback URLs
         "BROKER_URL": url["broker"], "GATE_URL": url["gate"], "ROUTER_URL": url["router"],
         "BASELINE_URLS": url["model-baseline"], "CANARY_URLS": url["model-canary"],
-        "CANARYSTACK_ADMIN_TOKEN_FILE": str(token_file),
     }  # fmt: skip
     base_env = {**os.environ, "PYTHON": sys.executable, "APP_DIR": str(REPO),
                 "PYTHONUNBUFFERED": "1"}  # fmt: skip
@@ -122,11 +138,14 @@ def test_the_rendered_commands_start_a_stack_that_serves_both_variants(
     for kind, name in ORDER:
         doc = one(docs, kind, name)
         env = {**container_env(doc, docs, {"metadata.name": f"{name}-7f9c-abcde"}), **loopback}
+        env["CANARYSTACK_ADMIN_TOKEN_FILE"] = localize_credential(
+            env["CANARYSTACK_ADMIN_TOKEN_FILE"], creds
+        )
         if name.startswith("model"):
             versions[name] = env["MODEL_VERSION"]
         (container,) = pod_spec(doc)["containers"]
         args = localize(expand(container["args"], env), ports[name], tmp_path / name,
-                        tmp_path / f"{name}.ready")  # fmt: skip
+                        tmp_path / f"{name}.ready", creds)  # fmt: skip
         assert not [a for a in args if "$(" in a], args  # every variable is defined
         pods.start(name, args, {**base_env, **env})
     for _, name in ORDER:
@@ -140,8 +159,11 @@ def test_the_rendered_commands_start_a_stack_that_serves_both_variants(
     # release-init, as the Job runs it: creates the release, then leaves it alone
     job = one(docs, "Job", "release-init")
     env = {**container_env(job, docs, {}), **loopback}
+    env["CANARYSTACK_ADMIN_TOKEN_FILE"] = localize_credential(
+        env["CANARYSTACK_ADMIN_TOKEN_FILE"], creds
+    )
     (container,) = pod_spec(job)["containers"]
-    args = expand(container["args"], env)
+    args = [localize_credential(a, creds) for a in expand(container["args"], env)]
     for expected in ("created", "already exists, left as it is"):
         done = subprocess.run(["sh", str(ENTRYPOINT), *args], env={**base_env, **env},
                               capture_output=True, text=True, timeout=60)  # fmt: skip

@@ -29,10 +29,12 @@ import yaml
 from gameday.targets.base import parse_target
 from gameday.targets.kubernetes import DEFAULT_SELECTORS, KubernetesTarget
 from tests.k8s_render import (
+    CREDENTIALS,
     K8S,
     NO_KUBECTL,
     by_kind,
     copy_with_token,
+    credential_token,
     kubectl,
     kustomize,
     one,
@@ -309,13 +311,77 @@ def test_versions_secrets_and_the_one_off_job_agree(
     assert token(secret) == PLACEHOLDER
     entrypoint = (K8S.parent / "entrypoint.sh").read_text()
     assert f'PLACEHOLDER="{PLACEHOLDER}"' in entrypoint
-    (staging,) = by_kind(rendered["staging"], "Secret")
-    assert token(staging) == TEST_TOKEN
+    staging = {s["metadata"]["name"]: token(s) for s in by_kind(rendered["staging"], "Secret")}
+    assert staging.pop("canarystack-admin-token") == TEST_TOKEN
+    # One Secret per credential, each from its own file (docs/ARCHITECTURE.md §8).
+    assert staging == {f"canarystack-{n}": credential_token(TEST_TOKEN, n) for n in CREDENTIALS}
     # deploy/k8s/jobs/gameday-now.yaml is the CronJob's job (same pod, same limits)
     job = yaml.safe_load((K8S / "jobs" / "gameday-now.yaml").read_text())
     cron = copy.deepcopy(one(docs, "CronJob", "gameday")["spec"]["jobTemplate"])
     assert job["metadata"]["labels"] == cron["metadata"]["labels"]
     assert job["spec"] == cron["spec"]
+
+
+# What each stack pod may hold (docs/ARCHITECTURE.md §8): its own fault credential and
+# the credentials of its role, nothing else.
+POD_CREDENTIALS = {
+    ("StatefulSet", "broker"): {"faults-broker", "operator", "trip", "rollback", "heartbeat"},
+    ("Deployment", "router"): {"faults-router", "heartbeat", "samples"},
+    ("Deployment", "gate"): {"faults-gate", "trip", "samples"},
+    ("Deployment", "rollback"): {"faults-rollback", "rollback", "operator"},
+    ("Deployment", "model-baseline"): {"faults-model-baseline"},
+    ("Deployment", "model-canary"): {"faults-model-canary"},
+    ("Job", "release-init"): {"operator"},
+}
+
+
+def _mounted_credentials(doc: dict[str, Any]) -> tuple[set[str], set[str]]:
+    """(credential names mounted, Secret names referenced) by a workload's pod."""
+    spec = pod_spec(doc)
+    names: set[str] = set()
+    secrets: set[str] = set()
+    for vol in spec.get("volumes", []):
+        if "secret" in vol:
+            secrets.add(vol["secret"]["secretName"])
+        for src in vol.get("projected", {}).get("sources", []):
+            if "secret" in src:
+                secrets.add(src["secret"]["name"])
+                names.update(item["path"] for item in src["secret"].get("items", []))
+    return names, secrets
+
+
+@pytest.mark.parametrize("env", ["base", "staging"])
+def test_each_stack_pod_mounts_only_its_own_credentials(
+    rendered: dict[str, list[dict[str, Any]]], env: str
+) -> None:
+    docs = rendered[env]
+    for (kind, name), expected in POD_CREDENTIALS.items():
+        doc = one(docs, kind, name)
+        names, secrets = _mounted_credentials(doc)
+        assert names == expected, (name, names)
+        assert secrets == {f"canarystack-{n}" for n in expected}, (name, secrets)
+        (container,) = pod_spec(doc)["containers"]
+        env_vars = {e["name"]: e.get("value") for e in container.get("env", [])}
+        own = "operator" if name == "release-init" else f"faults-{name}"
+        assert env_vars["CANARYSTACK_ADMIN_TOKEN_FILE"] == f"/var/run/canarystack/credentials/{own}"
+        # Every credential path in the args is one the pod mounts.
+        for arg in container["args"]:
+            if str(arg).startswith("/var/run/canarystack/credentials/"):
+                assert str(arg).rsplit("/", 1)[1] in expected, (name, arg)
+    if env == "staging":
+        generated = {s["metadata"]["name"] for s in by_kind(docs, "Secret")}
+        assert {f"canarystack-{n}" for n in CREDENTIALS} <= generated
+
+
+def test_the_canary_model_pod_holds_only_its_own_fault_credential(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
+    doc = one(rendered["staging"], "Deployment", "model-canary")
+    names, secrets = _mounted_credentials(doc)
+    assert names == {"faults-model-canary"} and secrets == {"canarystack-faults-model-canary"}
+    (container,) = pod_spec(doc)["containers"]
+    assert "canarystack-admin-token" not in str(pod_spec(doc)) and "envFrom" in container
+    assert all("secret" not in str(e).lower() for e in container.get("envFrom", []))
 
 
 def test_no_secret_value_is_committed() -> None:
