@@ -15,8 +15,10 @@ import pytest
 import xmlschema
 from click.testing import CliRunner
 
+from gameday.load.records import part_path, part_paths
 from gameday.report import ReportInputError, build_report
 from gameday.report.cli import report_cmd
+from gameday.report.loader import Missing
 from gameday.report.synthetic import LOAD_SCHEMA, Scenario, game_day, write_run
 from gameday.report.verdict import Summary
 from tests.report_data import hand_made_experiment
@@ -295,17 +297,88 @@ def test_missing_journal(tmp_path: Path, schema: xmlschema.XMLSchema) -> None:
     assert "no Chaos Toolkit status" in html
 
 
-def test_records_of_an_interrupted_load_run(tmp_path: Path, schema: xmlschema.XMLSchema) -> None:
+def _split_into_parts(folder: Path, name: str = "records.parquet") -> int:
+    """Leave ``name`` as two closed parts, as a load run SIGKILLed before merging does."""
+    table = pq.read_table(folder / name)
+    half = table.num_rows // 2
+    pq.write_table(table.slice(0, half), part_path(folder / name, 1))
+    pq.write_table(table.slice(half), part_path(folder / name, 2))
+    (folder / name).unlink()
+    return table.num_rows
+
+
+def test_records_of_an_interrupted_load_run_are_read_from_its_parts(
+    tmp_path: Path, schema: xmlschema.XMLSchema
+) -> None:
     folder = hand_made_experiment(tmp_path / "run")
-    (folder / "records.parquet").rename(folder / "records.parquet.partial")
-    summary, _ = _partial_case(tmp_path, schema)
-    problem = _missing(summary, "router-faulty-kernel")["records.parquet"]
-    assert "only records.parquet.partial exists" in problem and "interrupted" in problem
+    rows = _split_into_parts(folder)
+    summary = build_report(tmp_path / "run")
+    _valid_junit(tmp_path / "run", schema)
+    notes = [m for m in summary.all_missing() if m.experiment == "router-faulty-kernel"]
+    (note,) = [m for m in notes if m.piece == "records.parquet"]
+    assert f"{rows} rows read from 2 closed part(s)" in note.problem
+    assert "interrupted" in note.problem and note.required is False
+    assert not any("unreadable" in m.problem for m in notes)
     (exp,) = summary.experiments
-    assert exp.timeline.milestone("last_canary_request").source == "no load records"
-    check = next(c for c in exp.checks if c.check == "rollback_s")
-    assert check.ok is False and check.measured is None
-    assert exp.heatmap is not None  # the drift panel still has its oracle pairs
+    assert exp.figures["requests"] == rows
+    # The last canary request (+3.0 s) comes from the records, not "no load records".
+    assert exp.timeline.milestone("last_canary_request").source != "no load records"
+    assert "What is missing" in (tmp_path / "run" / "report.html").read_text()
+
+
+def test_an_unreadable_part_is_named_and_fails_the_verdict(
+    tmp_path: Path, schema: xmlschema.XMLSchema
+) -> None:
+    folder = hand_made_experiment(tmp_path / "run")
+    rows = _split_into_parts(folder)
+    part_path(folder / "records.parquet", 3).write_bytes(b"PAR1 cut short by a SIGKILL")
+    summary, _ = _partial_case(tmp_path, schema)
+    notes = {m.piece: m for m in summary.all_missing() if m.experiment == "router-faulty-kernel"}
+    bad = notes["records.part-*.parquet"]
+    assert bad.problem.startswith("1 part(s) unreadable: records.part-000003.parquet")
+    assert bad.required is True
+    assert f"{rows} rows read from 2 closed part(s)" in notes["records.parquet"].problem
+    assert summary.experiments[0].figures["requests"] == rows
+
+
+def test_a_folder_holding_only_parts_is_an_experiment_and_its_rows_are_read(
+    tmp_path: Path,
+) -> None:
+    from gameday.report.loader import (
+        LOAD_COLUMNS,
+        LOAD_KEY_COLUMNS,
+        _is_experiment_dir,
+        read_parquet,
+    )
+
+    source = hand_made_experiment(tmp_path / "made")
+    only = tmp_path / "only-parts"
+    only.mkdir()
+    table = pq.read_table(source / "records.parquet")
+    pq.write_table(table.slice(0, 4), part_path(only / "records.parquet", 1))
+    pq.write_table(table.slice(4), part_path(only / "records.parquet", 2))
+    assert _is_experiment_dir(only)
+    missing: list[Missing] = []
+    frame = read_parquet(
+        only / "records.parquet", LOAD_COLUMNS, LOAD_KEY_COLUMNS, "x", missing, True, "effect"
+    )
+    assert len(frame) == table.num_rows
+    assert sorted(frame["start_time"]) == sorted(table.column("start_time").to_pylist())
+    assert [m.piece for m in missing] == ["records.parquet"]
+    assert "6 rows read from 2 closed part(s)" in missing[0].problem
+    # Every part unreadable: absent, named, and the verdict fails.
+    for p in part_paths(only / "records.parquet"):
+        p.write_bytes(b"not parquet")
+    missing = []
+    frame = read_parquet(
+        only / "records.parquet", LOAD_COLUMNS, LOAD_KEY_COLUMNS, "x", missing, True, "effect"
+    )
+    assert frame.empty
+    assert {m.piece: m.required for m in missing} == {
+        "records.part-*.parquet": True,
+        "records.parquet": True,
+    }
+    assert "none could be read" in next(m.problem for m in missing if m.piece == "records.parquet")
 
 
 def test_empty_records(tmp_path: Path, schema: xmlschema.XMLSchema) -> None:
