@@ -52,7 +52,9 @@ TEST_TOKEN = "0123456789abcdef0123456789abcdef-test"
 PLACEHOLDER = "REPLACE-ME-create-the-secret-see-deploy-k8s-README"
 ROLE_RULES = [
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "delete"]},
-    {"apiGroups": ["apps"], "resources": ["deployments", "statefulsets"], "verbs": ["get", "list"]},
+    # replicasets: a pod kill checks pod -> ReplicaSet -> Deployment (ownerReferences)
+    {"apiGroups": ["apps"], "resources": ["deployments", "statefulsets", "replicasets"],
+     "verbs": ["get", "list"]},
     {"apiGroups": ["apps"], "resources": ["deployments"], "resourceNames": ["model-canary"],
      "verbs": ["patch"]},
 ]  # fmt: skip
