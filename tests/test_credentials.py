@@ -406,3 +406,51 @@ def test_a_gate_without_a_samples_credential_refuses_to_start(
     )  # fmt: skip
     assert res.returncode == 2, res.stderr
     assert "no samples credential" in res.stderr and "--samples-token-file" in res.stderr
+
+
+# -- the harness's side: which credential it sends ------------------------------------------
+def test_a_kubernetes_target_reads_each_credential_by_name(
+    tmp_path: Path, creds: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from gameday.targets.base import parse_target
+
+    base = {"kind": "kubernetes", "namespace": "ns", "urls": {"broker": "http://b:8000"}}
+    folder = parse_target({**base, "credentials_dir": str(creds["operator"].parent)})
+    assert folder.credential("operator") == token(creds, "operator")
+    assert folder.fault_headers("gate")["Authorization"] == f"Bearer {token(creds, 'faults-gate')}"
+    assert folder.operator_headers()["Authorization"] == f"Bearer {token(creds, 'operator')}"
+    with pytest.raises(Exception, match="faults-model-canary"):
+        folder.credential("faults-model-canary")  # not in this folder: said, not guessed
+    monkeypatch.setenv("CANARYSTACK_CREDENTIAL_FAULTS_MODEL_CANARY", "from-env-0123456789")
+    monkeypatch.setenv("CANARYSTACK_ADMIN_TOKEN", "single-0123456789")
+    by_env = parse_target(base)
+    assert by_env.credential("faults-model-canary") == "from-env-0123456789"
+    assert by_env.credential("operator") == "single-0123456789"  # the single fallback
+
+
+def test_a_local_target_sends_each_component_its_own_fault_credential(
+    tmp_path: Path, creds: dict[str, Path]
+) -> None:
+    import json
+
+    from gameday.targets.base import parse_target
+
+    state = tmp_path / "stack"
+    state.mkdir()
+    (state / "stack.json").write_text(
+        json.dumps(
+            {
+                "release": "default",
+                "components": [],
+                "admin_token_file": str(creds["operator"]),
+                "credentials": {n: str(p) for n, p in creds.items()},
+            }
+        )
+    )
+    target = parse_target({"kind": "local", "state_dir": str(state)})
+    for role in ("router", "broker", "gate", "rollback"):
+        expected = f"Bearer {token(creds, f'faults-{role}')}"
+        assert target.fault_headers(role)["Authorization"] == expected
+    assert target.operator_headers()["Authorization"] == f"Bearer {token(creds, 'operator')}"
+    with pytest.raises(Exception, match="no credential 'faults-model-canary'"):
+        target.fault_headers("model-canary")
