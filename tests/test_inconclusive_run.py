@@ -65,8 +65,12 @@ def test_a_control_without_enough_evidence_is_inconclusive_and_exits_3(tmp_path:
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["verdict"] == "inconclusive", summary["reasons"]
     assert summary["headline"].startswith("INCONCLUSIVE")
+    (exp,) = summary["experiments"]
+    assert exp["figures"]["gate_evidence"]["comparisons"] == gate["comparisons"]
+    assert exp["figures"]["load_generator"]["achieved_rps"] == generator["achieved_rps"]
     errors = ET.parse(run_dir / "junit.xml").getroot().iter("error")
     assert [e.get("message") for e in errors if e.get("type") == "Inconclusive"] == [first]
     assert "INCONCLUSIVE" in (run_dir / "report.html").read_text()
     assert "INCONCLUSIVE" in proc.stdout and "exit code 3" in proc.stdout
+    assert f"gate saw {gate['comparisons']} comparisons" in proc.stdout
     print(json.dumps({"gate": gate, "generator": generator}, indent=1))  # for the defaults

@@ -439,6 +439,30 @@ def key_figures(exp: ExperimentData, timeline: Timeline) -> dict[str, Any]:
     fig["oracle_pairs"] = len(ora)
     fig["oracle_kl_max"] = _num(np.nanmax(kl)) if len(kl) and np.isfinite(kl).any() else None
     fig["time_to_trip_s"] = _num(timeline.time_to_trip_s)
+    # What the gate saw and how the load generator did (gameday run's evidence, #14).
+    evidence = (exp.result or {}).get("evidence")
+    evidence = evidence if isinstance(evidence, dict) else {}
+    gate, load = evidence.get("gate"), evidence.get("load")
+    if isinstance(gate, dict):
+        fig["gate_evidence"] = {
+            k: gate.get(k) for k in ("comparisons", "canary_outcomes", "thresholds")
+        }
+    if isinstance(load, dict):
+        fig["load_generator"] = {
+            k: load.get(k)
+            for k in (
+                "valid",
+                "achieved_rps",
+                "target_rps",
+                "cpu_fraction",
+                "max_cpu_percent",
+                "cpu_warning",
+                "late_fraction",
+                "max_lag_s",
+                "peak_users",
+                "users",
+            )
+        }
     if timeline.trip:
         fig["trip"] = {
             k: timeline.trip.get(k) for k in ("test", "bucket", "statistic", "threshold", "samples")

@@ -35,6 +35,10 @@ FIGURES = (
     ("baseline_ttft_p99_s", "baseline TTFT p99 {:.3f} s"),
     ("failed_requests", "{} failed"),
     ("requests", "of {} requests"),
+    ("gate_comparisons", "gate saw {} comparisons"),
+    ("gate_canary_outcomes", "{} canary outcomes"),
+    ("load_rps", "load {:.1f} req/s"),
+    ("load_cpu", "Locust CPU {:.0%}"),
 )
 
 

@@ -340,6 +340,7 @@ class GameDay:
         evidence.records_rows = records_rows(folder)
         evidence.inconclusive = inconclusive_reasons(folder, evidence)
         verdict, reasons = decide(evidence)
+        seen = evidence_figures(folder)
         result = {
             "experiment": exp.name,
             "verdict": verdict,
@@ -348,8 +349,11 @@ class GameDay:
             "started_at": started,
             "ended_at": time.time(),
             "file": str(exp.path),
-            "figures": figures(evidence.journal, evidence.records_rows),
-            "evidence": evidence_figures(folder),
+            "figures": {
+                **figures(evidence.journal, evidence.records_rows),
+                **_evidence_brief(seen),
+            },
+            "evidence": seen,
             "stack": {"owned": self.plan.owns_stack},
         }
         _write_json(folder / "result.json", result)
@@ -482,6 +486,18 @@ def evidence_figures(folder: Path) -> dict[str, Any]:
         if gate
         else None,
         "load": generator if isinstance(generator, dict) else None,
+    }
+
+
+def _evidence_brief(evidence: dict[str, Any]) -> dict[str, Any]:
+    """The evidence's headline numbers for the terminal (gameday.run.cli FIGURES)."""
+    gate = evidence.get("gate") or {}
+    load = evidence.get("load") or {}
+    return {
+        "gate_comparisons": gate.get("comparisons"),
+        "gate_canary_outcomes": gate.get("canary_outcomes"),
+        "load_rps": load.get("achieved_rps"),
+        "load_cpu": load.get("cpu_fraction"),
     }
 
 
