@@ -188,6 +188,11 @@ class Tap:
 
 
 # --------------------------------------------------------------------------- broker
+# The broker's history pages (its MAX_EVENTS_PER_PAGE) and a bound on how many are read.
+EVENT_PAGE = 10_000
+EVENT_PAGES_MAX = 1_000
+
+
 class BrokerApi:
     def __init__(self, session: aiohttp.ClientSession, url: str) -> None:
         self.s = session
@@ -222,8 +227,24 @@ class BrokerApi:
         return list(data["routers"]) if status == 200 else None
 
     async def events(self) -> list[dict[str, Any]]:
-        status, data = await self.call("GET", "/v1/releases/default/events")
-        return list(data["events"]) if status == 200 else []
+        """The whole event history, oldest first, read page by page (the broker answers
+        at most ``limit`` events after ``after_seq``); [] when any page cannot be read,
+        so a caller never takes an old page for the newest events."""
+        out: list[dict[str, Any]] = []
+        after = 0
+        for _ in range(EVENT_PAGES_MAX):
+            status, data = await self.call(
+                "GET", f"/v1/releases/default/events?after_seq={after}&limit={EVENT_PAGE}"
+            )
+            if status != 200 or not isinstance(data, dict):
+                return []
+            page = list(data["events"])
+            out.extend(page)
+            nxt = int(data.get("next_after_seq", page[-1]["seq"] if page else after))
+            if len(page) < EVENT_PAGE or nxt <= after:
+                return out
+            after = nxt
+        return []  # more than EVENT_PAGES_MAX pages: not a history this benchmark makes
 
     async def new_canary(self, version: str, weight: float) -> dict[str, Any]:
         """Put ``version`` in as the progressing canary, from whatever phase we are in."""
