@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import xmlschema
 
 from gameday.load.runner import LoadTolerances, load_problems
 from gameday.report import build_report
@@ -280,6 +281,9 @@ def test_the_report_says_inconclusive_with_the_reason(tmp_path: Path) -> None:
     assert doc["verdict"] == "inconclusive" and doc["counts"]["experiments_inconclusive"] == 1
     (exp,) = [e for e in doc["experiments"] if e["verdict"] != "pass"]
     assert exp["verdict"] == "inconclusive" and exp["reasons"][0] == why
+    xmlschema.XMLSchema(str(Path(__file__).parent / "data" / "junit.xsd")).validate(
+        str(run / "junit.xml")
+    )
     errors = [
         e
         for e in ET.parse(run / "junit.xml").getroot().iter("error")
