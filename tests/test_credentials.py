@@ -454,3 +454,26 @@ def test_a_local_target_sends_each_component_its_own_fault_credential(
     assert target.operator_headers()["Authorization"] == f"Bearer {token(creds, 'operator')}"
     with pytest.raises(Exception, match="no credential 'faults-model-canary'"):
         target.fault_headers("model-canary")
+
+
+def test_a_gate_holding_the_wrong_credential_says_so_before_any_trip(
+    spawn: Spawner, broker: Proc, creds: dict[str, Path], operator: Api
+) -> None:
+    gate = spawn(
+        "canarystack.gate",
+        "--broker", broker.url,
+        "--admin-token-file", str(creds["faults-gate"]),
+        "--broker-token-file", str(creds["heartbeat"]),  # a botched mount: not the trip one
+        "--samples-token-file", str(creds["samples"]),
+        admin_token=None, wait_health=False,
+    )  # fmt: skip
+
+    def degraded() -> dict[str, Any] | None:
+        r = requests.get(f"{gate.url}/health", timeout=5)
+        return r.json() if r.status_code == 503 else None
+
+    body = wait_for(degraded, what="the gate to say the broker refuses its credential")
+    assert isinstance(body, dict)
+    assert "broker_auth_forbidden" in body["degraded_reasons"], body
+    assert "'heartbeat'" in body["broker_auth_error"] and "trip" in body["broker_auth_error"]
+    assert operator.release("default")["phase"] == "progressing"

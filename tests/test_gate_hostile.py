@@ -129,7 +129,10 @@ def test_a_refused_credential_never_loses_the_trip(spawn: Spawner, tmp_path: Pat
     for v in ("v1", "v2"):
         api.register(v)
     api.create("default", stable="v1", canary="v2", weight=5)
-    gate = spawn("canarystack.gate", "--broker", broker.url, admin_token=gate_token)
+    # Degraded from the start (its credential check at the broker's /v1/whoami fails).
+    gate = spawn(
+        "canarystack.gate", "--broker", broker.url, admin_token=gate_token, wait_health=False
+    )
     wait_for(lambda: gate_state(gate)["revision"] is not None, what="the gate to read it")
     headers = {"Authorization": f"Bearer {gate_token}"}
     r = post(gate, batch([comparison("4k+", 0.8) for _ in range(20)]), headers=headers)

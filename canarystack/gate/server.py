@@ -602,6 +602,32 @@ async def _list_gates(request: web.Request) -> web.Response:
     return json_response({"gates": [service.status(name) for name in service.gates]})
 
 
+CREDENTIAL_CHECK_S = 30.0
+
+
+async def _check_credential(service: GateService) -> None:
+    """At start and every CREDENTIAL_CHECK_S: does the broker grant our credential
+    ``trip`` (``GET /v1/whoami``)? A gate holding the wrong one must say so (degraded)
+    before the trip it could not write, not after."""
+    while True:
+        client = service.client
+        if client is not None:
+            try:
+                await client.check_credential()
+                if service.broker_auth != "ok":
+                    _log.info("broker_auth_ok", check="whoami")
+                service.broker_auth, service.broker_auth_error = "ok", None
+            except BrokerRequestError as exc:
+                if exc.status in (401, 403):
+                    if service.broker_auth == "ok":
+                        _log.error("broker_auth_refused", status=exc.status, error=exc.message)
+                    service.broker_auth = "unauthorized" if exc.status == 401 else "forbidden"
+                    service.broker_auth_error = exc.message
+            except Exception as exc:  # unreachable broker: the watch loop reports it
+                _log.info("credential_check_failed", error=repr(exc))
+        await asyncio.sleep(CREDENTIAL_CHECK_S)
+
+
 async def _background(app: web.Application) -> AsyncIterator[None]:
     service = app[SERVICE]
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
@@ -609,6 +635,7 @@ async def _background(app: web.Application) -> AsyncIterator[None]:
             session, service.broker_url, app[BROKER_TOKEN], actor="gate", capability="trip"
         )
         limit_check = asyncio.create_task(service.check_broker_watch_limit(session))
+        service._loops["credential"] = asyncio.create_task(_check_credential(service))
         for name in service.gates:
             service._loops[f"watch:{name}"] = asyncio.create_task(service.watch(name))
         service._loops["tick"] = asyncio.create_task(service.tick())
