@@ -18,6 +18,15 @@ rollout takes a few seconds (a Python server start); ``/health`` shows the servi
 type and any rollout in progress, and ``rollout_started``/``rollout_done`` log lines
 carry the times.
 
+Bodies are read as the simulator reads them (``canarystack.model.body``): within
+``Limits.for_model_len(n_ctx)`` (a 413 from ``Content-Length`` or as soon as a chunked
+body passes it), strict JSON with caps on containers, messages, stop strings and prompt
+bytes before validation, parsed in a worker thread when big. Only the fields the
+contract validates are forwarded to the engine. The engine's answers are read with
+``canarystack.common.strictjson``: one that is not strict JSON (a ``NaN`` or ``Infinity``
+logprob) is relayed unchanged, so the router and the oracle count it as a broken canary,
+and ``request_done`` says ``error: engine_invalid_json``; it is never taken as sound.
+
 Decided: requests are never held while no child serves (at start-up, or after the
 child died — it is restarted at once): they get a 503 ``engine_unavailable`` that says
 so, like a pod that is not ready. Client mistakes are checked here before anything
