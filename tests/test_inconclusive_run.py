@@ -1,8 +1,11 @@
 """A real ``gameday run`` that ends inconclusive (issue #14, item 5): the control
 experiment on a fresh local stack, asking for more baseline-canary comparisons than a
-short run can give (``GAMEDAY_MIN_COMPARISONS``). Its "no trip" proves nothing, so the
-run exits 3 — not 0 — and every output says ``inconclusive`` with the reason; the gate's
-counters (read over HTTP by the run) and the load generator's check are in the folder."""
+short run can give. Its "no trip" proves nothing, so the run exits 3 — not 0 — and every
+output says ``inconclusive`` with the reason; the gate's counters (read over HTTP) and
+the load generator's check are in the folder. Two ways to ask: the experiment's own
+``probes.evidence`` probe at the end of its method, with the threshold in its
+configuration; and the control as it is, read by ``gameday run`` after chaos, with the
+threshold from ``GAMEDAY_MIN_COMPARISONS``."""
 
 from __future__ import annotations
 
@@ -14,6 +17,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.run_support import REPO, free_base_port
 
@@ -25,21 +29,53 @@ SHORT = {
     "GAMEDAY_LOAD_USERS": "10",
     "GAMEDAY_LOAD_STOP_TIMEOUT_S": "5",
     "GAMEDAY_SLO_TTFT_P99_S": "10",
-    # no short run reaches a million comparisons: the evidence is insufficient by design
-    "GAMEDAY_MIN_COMPARISONS": "1000000",
 }
+MILLION = 1000000  # no short run reaches a million comparisons: insufficient by design
 
 
-def test_a_control_without_enough_evidence_is_inconclusive_and_exits_3(tmp_path: Path) -> None:
+def control_with_the_evidence_probe(folder: Path) -> Path:
+    """experiments/control.yaml whose method ends with probes.evidence, its threshold in
+    the configuration (an environment override, as every other setting)."""
+    doc = yaml.safe_load((REPO / "experiments" / "control.yaml").read_text())
+    doc["configuration"]["min_comparisons"] = {
+        "type": "env", "key": "GAMEDAY_TEST_MIN_COMPARISONS", "default": MILLION,
+        "env_var_type": "int",
+    }  # fmt: skip
+    doc["method"].append(
+        {
+            "type": "probe",
+            "name": "gate-evidence",
+            "provider": {
+                "type": "python",
+                "module": "probes.evidence",
+                "func": "gate_evidence",
+                "arguments": {"min_comparisons": "${min_comparisons}"},
+            },
+        }
+    )
+    path = folder / "control.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+@pytest.mark.parametrize("source", ["probe", "gameday run"])
+def test_a_control_without_enough_evidence_is_inconclusive_and_exits_3(
+    tmp_path: Path, source: str
+) -> None:
     out = tmp_path / "reports"
+    if source == "probe":
+        experiment, env = str(control_with_the_evidence_probe(tmp_path)), SHORT
+    else:
+        experiment = "experiments/control.yaml"
+        env = {**SHORT, "GAMEDAY_MIN_COMPARISONS": str(MILLION)}
     proc = subprocess.run(
         [
             sys.executable, "-c", "from gameday.cli import main; main()", "run",
-            "experiments/control.yaml",
+            experiment,
             "--out", str(out), "--run-id", "unsure", "--base-port", str(free_base_port()),
         ],
         cwd=REPO,
-        env={**os.environ, **SHORT, "COLUMNS": "200"},
+        env={**os.environ, **env, "COLUMNS": "200"},
         capture_output=True,
         text=True,
         timeout=240,
@@ -51,12 +87,12 @@ def test_a_control_without_enough_evidence_is_inconclusive_and_exits_3(tmp_path:
     result = json.loads((folder / "result.json").read_text())
     assert result["verdict"] == "inconclusive", result["reasons"]
     first = result["reasons"][0]
-    assert first.startswith("the gate saw ") and "fewer than the 1000000 needed" in first
+    assert first.startswith("the gate saw ") and f"fewer than the {MILLION} needed" in first
     # the gate's counters, read over HTTP before the stack stopped
     gate = json.loads((folder / "gate-evidence.json").read_text())
-    assert gate["ok"] is True and gate["source"] == "gameday run"
-    assert gate["thresholds"]["min_comparisons"] == 1000000
-    assert result["evidence"]["gate"]["comparisons"] == gate["comparisons"] < 1000000
+    assert gate["ok"] is True and gate["source"] == source
+    assert gate["thresholds"] == {"min_comparisons": MILLION, "min_canary_outcomes": 10}
+    assert result["evidence"]["gate"]["comparisons"] == gate["comparisons"] < MILLION
     # the load generator's figures are recorded beside it
     generator = json.loads((folder / "load.json").read_text())["summary"]["generator"]
     assert generator["achieved_rps"] > 0 and generator["test_wall_s"] > 0
