@@ -5,7 +5,9 @@
   shows a rollback to do. On start it resumes whatever the broker shows half done.
 - ``POST /v1/rollbacks/{release}`` (admin, ``{"reason"}``): a manual rollback. Answers
   202 once step 1 is in the broker (so a crash after the answer still resumes), 200 when
-  the release is already rolled back, 409 when there is nothing to roll back.
+  the release is already rolled back, 409 when there is nothing to roll back, or (code
+  ``step_refused``) when the broker refused step 1; that refusal also makes ``/health``
+  degraded (``refused_step: ...``) until the release changes or a new request comes.
 - ``GET /v1/rollbacks/{release}``: the steps done, with times, read from the broker's
   history (so they survive a restart of this process).
 - Faults: ``latency`` (``ms`` before each step), ``crash_after_step`` (``step`` 1|2|3:
