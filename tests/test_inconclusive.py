@@ -292,6 +292,10 @@ def test_the_report_says_inconclusive_with_the_reason(tmp_path: Path) -> None:
     assert len(errors) == 1 and errors[0].get("message") == why
     html = (run / "report.html").read_text()
     assert "INCONCLUSIVE" in html and why in html
+    # a piece the report needs is missing: that fails it, the inconclusive reason still said
+    (result_path.parent / "records.parquet").unlink()
+    exp = next(e for e in build_report(run).experiments if e.name == result["experiment"])
+    assert exp.verdict == "fail" and f"also inconclusive: {why}" in exp.reasons
     # fail wins in the run's verdict too
     other = next(p for p in sorted(run.rglob("result.json")) if p != result_path)
     failing = json.loads(other.read_text())

@@ -520,8 +520,9 @@ def summarise_experiment(
             ),
         ]
         verdict_now = "inconclusive"
-    else:
+    else:  # a missing piece fails it; what made it inconclusive is still said
         reasons.extend(incomplete)
+        reasons.extend(f"also inconclusive: {r}" for r in inconclusive)
         verdict_now = "fail" if reasons else "pass"
     notes = list(spec.notes) if spec else []
     notes.extend(timeline.notes)
