@@ -202,3 +202,27 @@ def test_every_log_line_is_strict_json(capsys: pytest.CaptureFixture[str]) -> No
     assert parsed["kl"] == "nan"
     assert parsed["edges"] == ["inf", 1.0]
     assert parsed["actor"] == "bench\\udcff"
+
+
+def test_a_fault_delay_ends_when_its_fault_is_cleared() -> None:
+    """A latency fault never outlives its TTL, even mid-request: clearing it (or its TTL)
+    ends the sleep it put a request in, long before the 300 s it asked for."""
+    import asyncio
+
+    from pydantic import Field
+
+    from canarystack.common.faults import FaultParams, FaultRegistry
+
+    class Slow(FaultParams):
+        ms: float = Field(ge=0)
+
+    reg = FaultRegistry("test", {"latency": Slow}, max_ttl_s=600.0)
+
+    async def scenario() -> None:
+        fault = reg.inject({"kind": "latency", "ttl_s": 300, "ms": 300_000}, actor="t")
+        asyncio.get_running_loop().call_later(0.2, reg.clear, fault.id)
+        await asyncio.wait_for(reg.delay("latency", 300.0), timeout=10.0)  # cleared
+        reg.inject({"kind": "latency", "ttl_s": 0.3, "ms": 300_000}, actor="t")
+        await asyncio.wait_for(reg.delay("latency", 300.0), timeout=10.0)  # expired
+
+    asyncio.run(scenario())  # a TimeoutError here: the delay outlived its fault

@@ -798,7 +798,7 @@ async def fault_middleware(request: web.Request, handler: Handler) -> web.Stream
         faults = request.app[COMPONENT].faults
         latency = faults.get("latency")
         if isinstance(latency, LatencyMs) and latency.ms > 0:
-            await asyncio.sleep(latency.ms / 1000.0)
+            await faults.delay("latency", latency.ms / 1000.0)
         if faults.get("unavailable") is not None:
             raise Unavailable(
                 "The broker is unavailable (injected fault 'unavailable'); retry with "

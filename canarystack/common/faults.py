@@ -23,6 +23,7 @@ This module must never sleep, do I/O, or hold a fault past its TTL.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import math
 import time
@@ -59,6 +60,10 @@ def check_max_ttl_s(value: object, what: str = "max_ttl_s") -> float:
             "every game day"
         )
     return seconds
+
+
+# How often a fault delay checks whether its fault is still active.
+DELAY_POLL_S = 0.05
 
 
 class FaultParams(BaseModel):
@@ -254,6 +259,16 @@ class FaultRegistry:
             return None
         found = self.active(kind)
         return found[-1].params if found else None
+
+    async def delay(self, kind: str, seconds: float) -> None:
+        """Sleep ``seconds`` while a fault of ``kind`` stays active: clearing it, or its
+        TTL running out, ends the sleep, so a latency fault never outlives its TTL even
+        in the middle of a request."""
+        end = time.monotonic() + seconds
+        while (left := end - time.monotonic()) > 0:
+            await asyncio.sleep(min(left, DELAY_POLL_S))
+            if self.get(kind) is None:
+                return
 
     def clear(self, fault_id: str, actor: str = "admin") -> Fault:
         self._prune()

@@ -583,7 +583,7 @@ async def _post_samples(request: web.Request) -> web.Response:
     check_token(request, request.app[SAMPLES_TOKEN], "samples credential", "--samples-token-file")
     fault = comp.faults.get("latency")
     if isinstance(fault, LatencyMs) and fault.ms > 0:
-        await asyncio.sleep(fault.ms / 1000.0)
+        await comp.faults.delay("latency", fault.ms / 1000.0)
     body = await read_json_object(request)
     try:
         result = await service.ingest(body)

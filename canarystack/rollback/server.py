@@ -202,7 +202,7 @@ class RollbackService:
         async def before(step: Step) -> None:
             fault = faults.get("latency")
             if isinstance(fault, LatencyMs) and fault.ms > 0:
-                await asyncio.sleep(fault.ms / 1000.0)
+                await faults.delay("latency", fault.ms / 1000.0)
 
         async def after(step: Step) -> None:
             self.steps_total.labels(release=release, step=STEP_NAMES[step]).inc()

@@ -645,7 +645,7 @@ async def _proxy(request: web.Request, st: RouterState, ctx: RequestContext) -> 
     faults = st.comp.faults
     latency = faults.get("latency")
     if isinstance(latency, LatencyFault):
-        await asyncio.sleep(latency.ms / 1000.0)
+        await faults.delay("latency", latency.ms / 1000.0)
     abort = faults.get("abort")
     if isinstance(abort, AbortFault) and st.rng.random() < abort.rate:
         ctx.error = "router_abort"
