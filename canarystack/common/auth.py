@@ -88,16 +88,19 @@ def check_admin(request: web.Request, token: str | None) -> None:
         raise Unauthorized(
             "The Authorization header holds bytes that are not printable ASCII: "
             "send 'Authorization: Bearer <token>' with the token exactly as written "
-            "in the stack's state folder, file admin-token."
+            "in its credential file (the local stack's: <state>/credentials/faults-<role>)."
         )
     scheme, _, given = header.partition(" ")
     if scheme.lower() != "bearer" or not given:
         raise Unauthorized(
-            "Missing admin token: send 'Authorization: Bearer <token>' "
-            "(the token is in the stack's state folder, file admin-token)."
+            "Missing fault credential: send 'Authorization: Bearer <token>' with this "
+            "component's own (the local stack's: <state>/credentials/faults-<role>)."
         )
     if not hmac.compare_digest(given.strip().encode(), token.encode()):
-        raise Unauthorized("Wrong admin token in the Authorization header.")
+        raise Unauthorized(
+            "Wrong credential in the Authorization header: /admin/faults takes only this "
+            "component's own fault credential (faults-<role>)."
+        )
 
 
 # -- least privilege: one credential per capability --------------------------------------------
