@@ -13,6 +13,7 @@ import pytest
 from gameday.load.runner import LoadConfig, LoadRun
 from gameday.run.evidence import load_reasons
 from tests.procs import Spawner
+from tests.test_load_locust import write_trace
 
 pytestmark = pytest.mark.slow
 
@@ -54,3 +55,28 @@ def test_a_load_below_its_target_rate_is_invalid_and_says_why(
     assert shortfall in gen["problems"]
     reasons = load_reasons({"state": "stopped", "summary": summary})
     assert f"the load generator is not valid: {shortfall}" in reasons
+
+
+def test_an_open_loop_that_started_late_is_invalid_and_says_why(
+    spawn: Spawner, tmp_path: Path
+) -> None:
+    # six requests due at once, one user: at least four start late (each waits for the
+    # previous stream of 32 tokens)
+    model = spawn("canarystack.model", "--version", "v1")
+    trace = write_trace(tmp_path / "burst.csv", [0.0] * 6, generated=32)
+    config = LoadConfig(
+        host=model.url,
+        output_dir=tmp_path / "run",
+        users=1,
+        spawn_rate=1,
+        stop_timeout_s=10,
+        prompt_mix=f"azure-trace:{trace}",
+        extra_args=("--trace-late-tolerance-s", "0.02"),
+    )
+    result = LoadRun(config).start().wait(90)
+    gen = result.summary["generator"]
+    assert gen["open_loop"] is True and gen["valid"] is False
+    late = result.summary["trace_late_starts"]
+    assert late >= 4 and gen["late_starts"] == late and gen["late_fraction"] == round(late / 6, 4)
+    (problem,) = [p for p in gen["problems"] if "trace requests started late" in p]
+    assert problem.startswith(f"{late} of 6 trace requests started late")
