@@ -275,31 +275,14 @@ def test_a_route_without_a_description_is_listed() -> None:
 # ``schemathesis run``) and run in a loop, every failure collected.
 
 
-def _rollback_wedged_by_a_long_reason(case: Any, response: Any) -> bool:
-    if response.status_code != 202:
-        return False
-    body = response.json()
-    return not body.get("steps") and "at most 4000 characters" in str(body.get("last_error"))
-
-
 # Failures that belong to another part of #12, found by this fuzz: a case that matches
 # one (its operation, a predicate on the case and the answer, the bug in words) and fails
 # is recorded as that bug instead of failing the run, later cases of that operation are
 # not sent (a known bug may be slow), and the test is marked xfail naming it. Delete an
-# entry once its fix lands. (The first find, a subnormal temperature answering 500 from
-# the model and the router, is fixed in canarystack/model/engine.py.)
-KNOWN_BUGS: list[tuple[str, Callable[[Any, Any], bool], str]] = [
-    (
-        "POST /v1/rollbacks/{release}",
-        _rollback_wedged_by_a_long_reason,
-        "rollback: a manual rollback whose reason has 3975-4000 characters (which "
-        "ManualRollback allows) never happens: the executor writes step 1 with the reason "
-        "'rollback step 1 (manual): ' + reason (canarystack/rollback/executor.py), the "
-        "broker refuses it (at most 4000 characters), the runner retries for ever, every "
-        "later POST waits MANUAL_WAIT_S and answers 202 without step 1, and a trip of that "
-        "release is never rolled back either",
-    ),
-]
+# entry once its fix lands. (Its finds so far are fixed: a subnormal temperature answering
+# 500 from the model and the router, canarystack/model/engine.py; a manual rollback whose
+# long reason wedged the executor, canarystack/rollback/executor.py.)
+KNOWN_BUGS: list[tuple[str, Callable[[Any, Any], bool], str]] = []
 
 
 @dataclass

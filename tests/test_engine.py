@@ -149,6 +149,10 @@ def test_engine_pod_keeps_the_model_server_contract(
     assert health["engine"] == "llama.cpp" and health["kv_cache_type"] == "f16"
     models = requests.get(pod.url + "/v1/models", timeout=5).json()
     assert models["data"][0]["id"] == "default" and models["data"][0]["max_model_len"] == 8192
+    # The pod publishes the same API as the simulator, every route described.
+    spec = requests.get(pod.url + "/openapi.json", timeout=5).json()
+    assert spec["openapi"].startswith("3.") and "/v1/completions" in spec["paths"]
+    assert not spec.get("x-undocumented-routes")
 
     text = prompt(11, 48)
     resp = requests.post(

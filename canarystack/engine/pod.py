@@ -66,6 +66,7 @@ from canarystack.common.errors import BadRequest, Unavailable, json_response
 from canarystack.common.logs import get_logger
 from canarystack.engine.child import EngineChild, EngineSettings, log_tail
 from canarystack.engine.faults import HEALTHY_CACHE, EngineKernelParams
+from canarystack.model.api_spec import install as install_api_spec
 from canarystack.model.body import OFF_LOOP_BYTES, Limits, Parsed, parse_request, read_body
 from canarystack.model.contract import (
     RequestRecord,
@@ -207,6 +208,7 @@ class EnginePod:
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_post("/v1/chat/completions", self.chat_completions)
         app.router.add_get("/v1/models", self.models)
+        install_api_spec(app, max_model_len=self.settings.n_ctx)
         app.cleanup_ctx.append(self._lifecycle)
 
     async def _lifecycle(self, app: web.Application) -> AsyncIterator[None]:

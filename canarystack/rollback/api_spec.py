@@ -62,7 +62,10 @@ def describe(spec: ApiSpec, app: web.Application) -> None:
                 "started: step 1 is in the broker",
             ),
             404: error_response("not watched by this executor, or unknown to the broker"),
-            409: error_response("nothing to roll back (phase, or no canary)"),
+            409: error_response(
+                "nothing to roll back (phase, or no canary), or the broker refused step 1 "
+                "(code step_refused)"
+            ),
         },
     )
     spec.add(

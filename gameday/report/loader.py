@@ -647,6 +647,8 @@ DEFAULT_EXPECT = {
     "client-flood": "no_trip",
     "pins-after-trip": "trip",
     "wrong-credential": "blind",
+    "benign-noise": "no_trip",
+    "small-drift": "no_trip",
 }
 _NAME_FAULTS = (
     "faulty-kernel",
@@ -656,6 +658,8 @@ _NAME_FAULTS = (
     "client-flood",
     "pins-after-trip",
     "wrong-credential",
+    "benign-noise",
+    "small-drift",
 )
 _NAME_COMPONENTS = ("router", "broker", "rollback", "hostile", "control")
 
