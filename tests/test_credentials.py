@@ -477,3 +477,16 @@ def test_a_gate_holding_the_wrong_credential_says_so_before_any_trip(
     assert "broker_auth_forbidden" in body["degraded_reasons"], body
     assert "'heartbeat'" in body["broker_auth_error"] and "trip" in body["broker_auth_error"]
     assert operator.release("default")["phase"] == "progressing"
+
+
+@pytest.mark.parametrize("module", ["broker", "gate", "router", "rollback", "model", "engine"])
+def test_every_components_help_says_the_admin_token_is_its_fault_credential(
+    module: str,
+) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", f"canarystack.{module}", "--help"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    text = " ".join(done.stdout.split())
+    assert "--admin-token-file ADMIN_TOKEN_FILE file holding this component's fault" in text
