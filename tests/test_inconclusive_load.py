@@ -80,3 +80,29 @@ def test_an_open_loop_that_started_late_is_invalid_and_says_why(
     assert late >= 4 and gen["late_starts"] == late and gen["late_fraction"] == round(late / 6, 4)
     (problem,) = [p for p in gen["problems"] if "trace requests started late" in p]
     assert problem.startswith(f"{late} of 6 trace requests started late")
+
+
+def test_the_generators_measured_cpu_is_judged_against_its_tolerance(
+    spawn: Spawner, tmp_path: Path
+) -> None:
+    # a tolerance of 1 % of a core: any real Locust serving users uses more
+    model = spawn("canarystack.model", "--version", "v1")
+    config = LoadConfig(
+        host=model.url,
+        output_dir=tmp_path / "run",
+        users=2,
+        spawn_rate=2,
+        duration_s=3,
+        stop_timeout_s=5,
+        max_tokens=8,
+        extra_args=SHORT_PROMPTS,
+        env={"GAMEDAY_LOAD_MAX_CPU_FRACTION": "0.01"},
+    )
+    result = LoadRun(config).start().wait(90)
+    gen = result.summary["generator"]
+    assert gen["valid"] is False and gen["cpu_fraction"] > 0.01
+    assert gen["tolerances"]["max_cpu_fraction"] == 0.01
+    assert (
+        f"Locust used {gen['cpu_fraction']:.0%} of a core on average over the test (more "
+        "than 1%, GAMEDAY_LOAD_MAX_CPU_FRACTION): the generator was short of CPU"
+    ) in gen["problems"]
