@@ -8,6 +8,9 @@ tests/test_inconclusive_run.py.)"""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
@@ -317,3 +320,25 @@ def test_a_stack_that_outlives_an_experiment_is_counted_from_its_start() -> None
     reset = {**end, "resets": 1}
     assert since_start(reset, start)["comparisons"] == end["comparisons"]
     assert since_start(end, None) == end
+
+
+@pytest.mark.parametrize(
+    ("var", "value", "said"),
+    [
+        ("GAMEDAY_MIN_COMPARISONS", "lots", "$GAMEDAY_MIN_COMPARISONS: min_comparisons must be"),
+        ("GAMEDAY_LOAD_MAX_CPU_FRACTION", "nan", "GAMEDAY_LOAD_MAX_CPU_FRACTION='nan': give a"),
+    ],
+)
+def test_a_bad_evidence_threshold_stops_the_run_before_anything_starts(
+    tmp_path: Path, var: str, value: str, said: str
+) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-c", "from gameday.cli import main; main()", "run",
+         "experiments/control.yaml", "--out", str(tmp_path / "reports")],
+        cwd=Path(__file__).resolve().parents[1],
+        env={**os.environ, var: value, "COLUMNS": "200"},
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert said in " ".join((proc.stdout + proc.stderr).split())
+    assert not (tmp_path / "reports").exists()

@@ -27,6 +27,8 @@ from typing import Any
 
 import yaml
 
+from gameday.load.runner import LoadTolerances
+from gameday.run.evidence import thresholds
 from gameday.stack import StackCommandError, stack_status
 from gameday.targets import Target, TargetError, load_target
 from gameday.targets.base import DEFAULT_TARGET_ENV
@@ -185,6 +187,13 @@ def plan_run(
         )
     if experiment_timeout_s <= 0:
         raise PlanError(f"--experiment-timeout-s must be above 0, got {experiment_timeout_s}")
+    # The evidence an inconclusive verdict rests on: a bad threshold stops the run here,
+    # before any stack starts, naming the variable (gameday.run.evidence, LoadTolerances).
+    try:
+        thresholds()
+        LoadTolerances.from_env()
+    except ValueError as exc:
+        raise PlanError(f"{exc}") from None
     rid = run_id or new_run_id()
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}", rid) or rid == "latest":
         raise PlanError(f"--run-id {rid!r}: use letters, digits, '.', '_' and '-' only")
