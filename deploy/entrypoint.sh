@@ -36,7 +36,7 @@ check_token() {
     token=""
     if [ -n "${CANARYSTACK_ADMIN_TOKEN_FILE:-}" ]; then
         [ -r "$CANARYSTACK_ADMIN_TOKEN_FILE" ] ||
-            die "the admin token file $CANARYSTACK_ADMIN_TOKEN_FILE cannot be read: mount the Secret canarystack-admin-token (key: token) there."
+            die "the credential file $CANARYSTACK_ADMIN_TOKEN_FILE cannot be read: mount this pod's own credential Secret (canarystack-<credential>, key: token) there (docs/ARCHITECTURE.md §8)."
         token=$(tr -d ' \t\r\n' <"$CANARYSTACK_ADMIN_TOKEN_FILE")
     else
         token=$(printf '%s' "${CANARYSTACK_ADMIN_TOKEN:-}" | tr -d ' \t\r\n')

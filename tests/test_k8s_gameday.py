@@ -83,7 +83,7 @@ def test_gameday_run_of_the_k8s_control_experiment_passes(
         ports={role: stack[role].port for role in ROLES},
         blast_radius={**target["blast_radius"], "namespaces": [NS]},
     )
-    target.pop("admin_token_file")  # the token comes from the environment here
+    target.pop("credentials_dir")  # one token for all, from the environment, here
     target_file = tmp_path / "target.yaml"
     target_file.write_text(yaml.safe_dump(target))
     env = {**os.environ, "CANARYSTACK_ADMIN_TOKEN": ADMIN_TOKEN, "GAMEDAY_K8S_NAMESPACE": NS,

@@ -290,7 +290,13 @@ def test_the_chaos_runners_target_file_agrees_with_the_render(
         assert target.spec.ports.get(role, 8000) == container["ports"][0]["containerPort"]
     runner = pod_spec(one(docs, "CronJob", "gameday"))
     mounts = {m["name"]: m["mountPath"] for m in runner["containers"][0]["volumeMounts"]}
-    assert target.spec.admin_token_file == mounts["admin-token"] + "/token"
+    assert target.spec.credentials_dir == mounts["credentials"]
+    # The chaos runner holds the operator's and the fault credentials, nothing a stack pod
+    # holds for its own work (docs/ARCHITECTURE.md §8).
+    (volume,) = [v for v in runner["volumes"] if v["name"] == "credentials"]
+    held = {src["secret"]["items"][0]["path"] for src in volume["projected"]["sources"]}
+    roles = ("router", "broker", "gate", "rollback", "model-baseline", "model-canary")
+    assert held == {"operator"} | {f"faults-{r}" for r in roles}
 
 
 def test_versions_secrets_and_the_one_off_job_agree(
