@@ -242,6 +242,8 @@ def test_a_blind_gate_fails_the_run_and_says_so() -> None:
 
 def test_expect_blind_passes_only_when_the_harness_noticed() -> None:
     assert decide(assessed(0, _blind_journal("blind"), 10, 0)) == ("pass", [])
+    # chaos exits 1 for the deviation the blindness causes: expected as well
+    assert decide(assessed(1, _blind_journal("blind"), 10, 0)) == ("pass", [])
     result, reasons = decide(assessed(0, _passing_journal("blind"), 10, 0))
     assert result == "fail" and "a blind gate would have gone unnoticed" in reasons[-1]
     result, reasons = decide(assessed(0, _blind_journal("blind"), 10, 1))

@@ -277,7 +277,11 @@ def decide(evidence: Evidence) -> tuple[str, list[str]]:
             f"the gameday extension's expect is {expect!r}: use one of {', '.join(EXPECTS)}"
         )
     if expect == "blind":
+        blind_found = any(r.startswith(BLIND_PREFIX) for r in journal)
         journal = _blind_expected(journal)
+        if blind_found and ev.journal is not None and ev.journal.get("deviated") is True:
+            # chaos exits 1 for the deviation the blindness caused: expected here too.
+            merit = [r for r in merit if r != "chaos run exited with code 1"]
     for reason in journal:
         (hard if _hard_journal_reason(reason) else merit).append(reason)
     if ev.journal is not None and ev.trips_in_window is None:
