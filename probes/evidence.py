@@ -39,8 +39,8 @@ Secrets = dict[str, Any]
 
 
 def gate_evidence(
-    min_comparisons: Any = None,
-    min_canary_outcomes: Any = None,
+    min_comparisons: int | None = None,
+    min_canary_outcomes: int | None = None,
     configuration: Configuration | None = None,
     secrets: Secrets | None = None,
 ) -> dict[str, Any]:

@@ -295,6 +295,13 @@ def test_the_report_says_inconclusive_with_the_reason(tmp_path: Path) -> None:
     assert len(errors) == 1 and errors[0].get("message") == why
     html = (run / "report.html").read_text()
     assert "INCONCLUSIVE" in html and why in html
+    assert '<header id="verdict" class="inconclusive"' in html  # styled, not white on white
+    # `gameday report` exits 3 as `gameday run` does: never 0, and not a plain failure.
+    done = subprocess.run(
+        [str(Path(sys.executable).parent / "gameday"), "report", str(run)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 3, done.stdout + done.stderr
     # a piece the report needs is missing: that fails it, the inconclusive reason still said
     (result_path.parent / "records.parquet").unlink()
     exp = next(e for e in build_report(run).experiments if e.name == result["experiment"])

@@ -88,7 +88,10 @@ def test_gameday_run_of_the_k8s_control_experiment_passes(
     target_file.write_text(yaml.safe_dump(target))
     env = {**os.environ, "CANARYSTACK_ADMIN_TOKEN": ADMIN_TOKEN, "GAMEDAY_K8S_NAMESPACE": NS,
            "GAMEDAY_WARMUP_S": "3", "GAMEDAY_OBSERVE_S": "3", "GAMEDAY_LOAD_USERS": "4",
-           "GAMEDAY_LOAD_SPAWN_RATE": "4", "GAMEDAY_HEAL_WAIT_S": "10"}  # fmt: skip
+           "GAMEDAY_LOAD_SPAWN_RATE": "4", "GAMEDAY_HEAL_WAIT_S": "10",
+           # A 3 s run on the k8s path: the gate must have seen something, not a game day's
+           # worth (the thresholds have their own tests: tests/test_inconclusive*.py).
+           "GAMEDAY_MIN_COMPARISONS": "1", "GAMEDAY_MIN_CANARY_OUTCOMES": "1"}  # fmt: skip
     for var, value in client_env(fake, tmp_path / "no-kubeconfig").items():
         if value is None:
             env.pop(var, None)

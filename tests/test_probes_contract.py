@@ -20,7 +20,14 @@ from chaoslib.provider.python import validate_python_activity
 
 import probes
 
-ACTIVITY_MODULES = ("probes.faults", "probes.stack", "probes.gate", "probes.slo")
+ACTIVITY_MODULES = (
+    "probes.faults",
+    "probes.stack",
+    "probes.gate",
+    "probes.slo",
+    "probes.hostile",
+    "probes.evidence",
+)
 
 # Arguments as an experiment gives them; every activity is validated with these.
 EXAMPLE_ARGUMENTS: dict[str, dict[str, Any]] = {
@@ -51,6 +58,13 @@ EXAMPLE_ARGUMENTS: dict[str, dict[str, Any]] = {
     "rollback_complete_within": {"max_s": 30},
     "no_trip": {},
     "slo_met": {},
+    "gate_sees_every_router": {},
+    "break_gate_credential": {"ttl_s": 60},
+    "flood_pinned_canary": {"duration_s": 10, "rate_per_s": 20},
+    "hostile_input_not_5xx": {},
+    "pin_canary_after_trip": {"count": 20},
+    "pins_reach_no_canary": {},
+    "gate_evidence": {"min_comparisons": 30, "min_canary_outcomes": 10},
 }
 JSON_FRIENDLY = {str, int, float, bool, type(None), list, dict}
 
@@ -134,7 +148,7 @@ def test_discover_lists_every_activity_and_the_control() -> None:
     found = probes.discover(discover_system=False)
     listed = {(a["mod"], a["name"], a["type"]) for a in found["activities"]}
     for module, name in _activities():
-        kind = "action" if module == "probes.faults" else "probe"
+        kind = "action" if name in probes.ACTIONS else "probe"
         assert (module, name, kind) in listed
     assert ("probes.load", "before_method_control", "control") in listed
     assert "discover" in probes.__all__

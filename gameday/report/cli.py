@@ -13,7 +13,7 @@ from pathlib import Path
 
 import click
 
-EXIT_PASS, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
+EXIT_PASS, EXIT_FAIL, EXIT_USAGE, EXIT_INCONCLUSIVE = 0, 1, 2, 3
 MAX_REASONS_SHOWN = 12
 
 
@@ -47,7 +47,8 @@ def report_cmd(ctx: click.Context, run_dir: Path, bin_s: float | None) -> None:
             err=True,
         )
         ctx.exit(EXIT_USAGE)
-    colour = "green" if summary.passed else "red"
+    inconclusive = summary.verdict == "inconclusive"
+    colour = "green" if summary.passed else ("yellow" if inconclusive else "red")
     click.secho(f"verdict: {summary.headline}", fg=colour, bold=True)
     for reason in summary.reasons[:MAX_REASONS_SHOWN]:
         click.echo(f"  - {reason}")
@@ -57,4 +58,5 @@ def report_cmd(ctx: click.Context, run_dir: Path, bin_s: float | None) -> None:
     if missing:
         click.echo(f"missing: {len(missing)} piece(s) of data (listed in the report)")
     click.echo(f"report: {summary.report_html.resolve()}")
-    ctx.exit(EXIT_PASS if summary.passed else EXIT_FAIL)
+    # As gameday run: fail 1, inconclusive 3 (the gate could not see; never a pass).
+    ctx.exit(EXIT_PASS if summary.passed else EXIT_INCONCLUSIVE if inconclusive else EXIT_FAIL)
