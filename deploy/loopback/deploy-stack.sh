@@ -2,7 +2,7 @@
 # Deploy the canarystack stack onto the loopback cluster with kustomize
 # (deploy/k8s/overlays/loopback) and wait until its servers are Ready.
 # Needs deploy/loopback/k8s-up.sh first. Writes the overlay's admin token (git-ignored) on
-# first use. Usage: deploy/loopback/deploy-stack.sh [--timeout-s 300]
+# first use, and the per-credential files under credentials/. Usage: deploy/loopback/deploy-stack.sh [--timeout-s 300]
 set -euo pipefail
 source "$(dirname "$0")/common.sh"
 timeout_s=300
@@ -20,7 +20,13 @@ OVERLAY=$REPO/deploy/k8s/overlays/loopback
 NS=canarystack-loopback
 pid_of kube-apiserver >/dev/null && pid_of kubelet >/dev/null ||
     die "the loopback cluster is not running: start it with deploy/loopback/k8s-up.sh (make k8s-up)"
+# The credentials the overlay's secretGenerator reads (git-ignored files): the harness's
+# admin token and one per capability (docs/ARCHITECTURE.md), created once, random.
 [ -s "$OVERLAY/admin-token" ] || (umask 077 && openssl rand -hex 32 >"$OVERLAY/admin-token")
+mkdir -p "$OVERLAY/credentials"
+for name in $(sed -n 's|^ *- token=credentials/\([a-z0-9-]*\)$|\1|p' "$OVERLAY/kustomization.yaml"); do
+    [ -s "$OVERLAY/credentials/$name" ] || (umask 077 && openssl rand -hex 32 >"$OVERLAY/credentials/$name")
+done
 start=$(date +%s)
 kubectl_ apply -k "$OVERLAY" >"$LOGS/deploy-stack.log" 2>&1 ||
     { tail -20 "$LOGS/deploy-stack.log" >&2; die "kubectl apply -k $OVERLAY failed; log: $LOGS/deploy-stack.log"; }
@@ -30,6 +36,8 @@ for w in statefulset/broker deployment/model-baseline deployment/model-canary de
     [ "$left" -gt 0 ] || left=1
     kubectl_ -n "$NS" rollout status "$w" --timeout="${left}s" >/dev/null 2>&1 || {
         kubectl_ -n "$NS" get pods -o wide >&2 || true
+        kubectl_ -n "$NS" logs "$w" --tail=15 >&2 || true
+        kubectl_ -n "$NS" logs "$w" --previous --tail=15 >&2 || true
         die "$w not Ready after ${timeout_s}s: see kubectl --kubeconfig $KUBECONFIG_FILE -n $NS describe $w, and $LOGS/kubelet.log"
     }
 done

@@ -189,7 +189,10 @@ ctr_ images import "$STATE/images/pause.tar" >/dev/null
 ctr_ images import "$IMAGE" >/dev/null
 ctr_ images ls -q | grep -qx docker.io/library/canarystack:0.1.0 || die "containerd lists no canarystack:0.1.0 after the import"
 
-# 6. One real kubelet, node "localhost", 127.0.0.1 only.
+# 6. One real kubelet, node "localhost", listening on 127.0.0.1 only. (It refuses a loopback
+# --node-ip, so the node's InternalIP is the host's own address, and so is a host-network
+# pod's IP; the API server reaches the kubelet by the Hostname address "localhost", and
+# clients reach the stack by the 127.0.0.1 URLs of the overlay, never by pod IP.)
 cat >"$KUBELET_DIR/config.yaml" <<YAML
 apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
@@ -212,7 +215,7 @@ YAML
 "$K8S_BIN/kubelet" --config="$KUBELET_DIR/config.yaml" --kubeconfig="$KUBELET_DIR/kubeconfig" \
     --container-runtime=remote --container-runtime-endpoint="unix://$CTD/containerd.sock" \
     --root-dir="$KUBELET_DIR/root" --cert-dir="$KUBELET_DIR/pki" --hostname-override=localhost \
-    --node-ip=127.0.0.1 >"$LOGS/kubelet.log" 2>&1 &
+    >"$LOGS/kubelet.log" 2>&1 &
 started kubelet $!
 ready kubelet 60 sh -c "'$KUBECTL' --kubeconfig '$KUBECONFIG_FILE' get node localhost -o jsonpath='{.status.conditions[?(@.type==\"Ready\")].status}' | grep -qx True"
 # The default ServiceAccount appears once the controller-manager runs; pods need it.

@@ -1,0 +1,277 @@
+"""The loopback Kubernetes cluster, live (issue #15): a real kube-apiserver, controller-manager,
+scheduler, containerd and kubelet on 127.0.0.1, the canarystack image built without a Docker
+engine, and the stack deployed with ``kubectl apply -k deploy/k8s/overlays/loopback``.
+
+Needs root and, the first time, about 10 minutes to build the Kubernetes binaries into the
+cache (deploy/loopback/build-k8s.sh). Skipped unless CANARY_GAMEDAY_K8S_LIVE=1, which
+``make test-k8s`` sets. The module owns the cluster: it starts it (deploy/loopback/k8s-up.sh)
+and its last test stops it (k8s-down.sh) and checks that nothing is left.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+import ssl
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+LOOPBACK = REPO / "deploy" / "loopback"
+STATE = Path(os.environ.get("K8S_STATE", REPO / ".k8s"))
+KUBECONFIG = STATE / "kubeconfig"
+KUBECTL = str(REPO / ".venv" / "bin" / "kubectl")
+NS = "canarystack-loopback"
+APISERVER = "https://127.0.0.1:" + os.environ.get("K8S_APISERVER_PORT", "16443")
+STACK_PORTS = {
+    "router": 18000,
+    "broker": 18001,
+    "gate": 18002,
+    "rollback": 18003,
+    "model-baseline": 18010,
+    "model-canary": 18011,
+}
+
+pytestmark = [
+    pytest.mark.k8s_live,
+    pytest.mark.skipif(
+        os.environ.get("CANARY_GAMEDAY_K8S_LIVE") != "1",
+        reason="live Kubernetes tests: run `make test-k8s` (sets CANARY_GAMEDAY_K8S_LIVE=1)",
+    ),
+    pytest.mark.timeout(1800),
+]
+
+
+def run(*cmd: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def kubectl(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return run(KUBECTL, "--kubeconfig", str(KUBECONFIG), *args, timeout=timeout)
+
+
+def kubectl_json(*args: str) -> dict:
+    res = kubectl(*args, "-o", "json")
+    assert res.returncode == 0, res.stderr
+    return json.loads(res.stdout)
+
+
+def api_get(path: str, token: str | None) -> int:
+    """The HTTP status of GET path on the API server, with a bearer token or none."""
+    ctx = ssl.create_default_context(cafile=str(STATE / "certs" / "apiserver.crt"))
+    req = urllib.request.Request(APISERVER + path)
+    if token is not None:
+        req.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(req, context=ctx, timeout=10) as resp:
+            return int(resp.status)
+    except urllib.error.HTTPError as e:
+        return int(e.code)
+
+
+def recorded_pids() -> dict[str, int]:
+    return {p.stem: int(p.read_text().strip()) for p in (STATE / "pids").glob("*.pid")}
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def mounts_under(path: Path) -> list[str]:
+    root = str(path.resolve())
+    out = []
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        point = line.split()[4]
+        if point == root or point.startswith(root + "/"):
+            out.append(point)
+    return out
+
+
+def listening_sockets(pid: int) -> list[str]:
+    """Local addresses of the TCP sockets in LISTEN state that process pid holds."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            m = re.fullmatch(r"socket:\[(\d+)\]", os.readlink(fd))
+        except OSError:
+            continue
+        if m:
+            inodes.add(m.group(1))
+    found = []
+    for table, width in (("tcp", 8), ("tcp6", 32)):
+        for line in Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]:
+            f = line.split()
+            if f[3] == "0A" and f[9] in inodes:  # 0A: LISTEN
+                addr, port = f[1].split(":")
+                assert len(addr) == width
+                found.append(f"{table}:{addr}:{int(port, 16)}")
+    return found
+
+
+LOOPBACK_ADDRS = {"0100007F", "00000000000000000000000001000000"}  # 127.0.0.1, ::1
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[None]:
+    res = run(str(LOOPBACK / "k8s-up.sh"), timeout=1500)
+    assert res.returncode == 0, res.stderr[-3000:]
+    yield
+    # Safety net if a test failed before test_down_leaves_nothing ran.
+    if any(alive(p) for p in recorded_pids().values()):
+        run(str(LOOPBACK / "k8s-down.sh"), timeout=300)
+
+
+@pytest.fixture(scope="module")
+def stack(cluster: None) -> None:
+    res = run(str(LOOPBACK / "deploy-stack.sh"), "--timeout-s", "400", timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+
+
+def test_api_server_authenticates_and_authorizes(cluster: None) -> None:
+    token = (STATE / "certs" / "admin-token").read_text().strip()
+    assert api_get("/api/v1/nodes", None) == 401
+    assert api_get("/api/v1/nodes", "not-a-token") == 401
+    assert api_get("/api/v1/nodes", token) == 200
+    # RBAC: a ServiceAccount with no role may not list pods.
+    assert kubectl("-n", "default", "create", "serviceaccount", "nobody").returncode == 0
+    deadline = time.monotonic() + 30
+    while True:
+        sa = kubectl_json("-n", "default", "get", "serviceaccount", "nobody")
+        if sa.get("secrets") or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert sa.get("secrets"), "the controller-manager gave the ServiceAccount no token"
+    secret = kubectl_json("-n", "default", "get", "secret", sa["secrets"][0]["name"])
+    sa_token = base64.b64decode(secret["data"]["token"]).decode()
+    assert api_get("/api/v1/namespaces/default/pods", sa_token) == 403
+
+
+def test_the_node_is_a_real_kubelet_on_loopback(cluster: None) -> None:
+    node = kubectl_json("get", "node", "localhost")
+    ready = {c["type"]: c["status"] for c in node["status"]["conditions"]}
+    assert ready["Ready"] == "True"
+    assert node["status"]["nodeInfo"]["kubeletVersion"] == "v1.20.2"
+    assert node["status"]["nodeInfo"]["containerRuntimeVersion"].startswith("containerd://")
+    # The API server reaches the kubelet by this address (--kubelet-preferred-address-types).
+    assert {"type": "Hostname", "address": "localhost"} in node["status"]["addresses"]
+
+
+def test_every_cluster_process_listens_on_loopback_only(cluster: None) -> None:
+    pids = recorded_pids()
+    assert set(pids) == {
+        "etcd",
+        "kube-apiserver",
+        "kube-controller-manager",
+        "kube-scheduler",
+        "containerd",
+        "kubelet",
+    }
+    seen = 0
+    for name, pid in pids.items():
+        for sock in listening_sockets(pid):
+            seen += 1
+            addr = sock.split(":")[1]
+            assert addr in LOOPBACK_ADDRS, f"{name} listens on {sock}"
+    assert seen >= 4  # etcd (2), apiserver, kubelet (2), containerd's stream server
+
+
+def test_stack_pods_run_the_local_image_and_are_ready(stack: None) -> None:
+    pods = kubectl_json("-n", NS, "get", "pods")["items"]
+    by_component: dict[str, list[dict]] = {}
+    for p in pods:
+        comp = p["metadata"]["labels"].get("app.kubernetes.io/component", "")
+        by_component.setdefault(comp, []).append(p)
+    for comp in STACK_PORTS:
+        running = [p for p in by_component.get(comp, []) if p["status"]["phase"] == "Running"]
+        assert len(running) == 1, (
+            f"{comp}: {[p['status']['phase'] for p in by_component.get(comp, [])]}"
+        )
+        pod = running[0]
+        cond = {c["type"]: c["status"] for c in pod["status"]["conditions"]}
+        assert cond["Ready"] == "True", comp
+        assert pod["spec"]["hostNetwork"] is True
+        assert (
+            pod["status"]["containerStatuses"][0]["image"] == "docker.io/library/canarystack:0.1.0"
+        )
+    # release-init created the release on the broker (the Job completed).
+    job = kubectl_json("-n", NS, "get", "job", "release-init")
+    assert job["status"].get("succeeded") == 1
+    # The broker's volume is the hostPath PersistentVolume k8s-up created.
+    pvc = kubectl_json("-n", NS, "get", "pvc", "data-broker-0")
+    assert pvc["status"]["phase"] == "Bound"
+    assert pvc["spec"]["volumeName"] == "loopback-broker-data"
+
+
+def test_stack_answers_on_its_loopback_ports(stack: None) -> None:
+    for comp, port in STACK_PORTS.items():
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=10) as resp:
+            assert resp.status == 200, comp
+            body = json.loads(resp.read())
+        assert body.get("status") == "ok", (comp, body)
+    with urllib.request.urlopen("http://127.0.0.1:18001/v1/releases/default", timeout=10) as resp:
+        release = json.loads(resp.read())
+    assert release["name"] == "default"
+
+
+def test_a_killed_pod_is_replaced_by_its_replicaset(
+    stack: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sel = "app.kubernetes.io/component=router"
+    before = kubectl_json("-n", NS, "get", "pods", "-l", sel)["items"]
+    assert len(before) == 1
+    old_uid = before[0]["metadata"]["uid"]
+    from chaosk8s.pod.actions import terminate_pods
+
+    # chaostoolkit-kubernetes, as an experiment runs it (the client reads $KUBECONFIG).
+    monkeypatch.setenv("KUBECONFIG", str(KUBECONFIG))
+    terminate_pods(label_selector=sel, ns=NS, qty=1, grace_period=0)
+    res = kubectl("-n", NS, "rollout", "status", "deployment/router", "--timeout=120s", timeout=150)
+    assert res.returncode == 0, res.stderr
+    deadline = time.monotonic() + 120
+    while True:
+        pods = kubectl_json("-n", NS, "get", "pods", "-l", sel)["items"]
+        ready = [
+            p
+            for p in pods
+            if p["metadata"]["uid"] != old_uid
+            and p["status"]["phase"] == "Running"
+            and any(
+                c["type"] == "Ready" and c["status"] == "True" for c in p["status"]["conditions"]
+            )
+        ]
+        if ready and all(p["metadata"]["uid"] != old_uid for p in pods):
+            break
+        assert time.monotonic() < deadline, [p["metadata"]["name"] for p in pods]
+        time.sleep(1)
+    with urllib.request.urlopen("http://127.0.0.1:18000/health", timeout=10) as resp:
+        assert resp.status == 200
+
+
+def test_down_leaves_nothing(cluster: None) -> None:
+    pids = recorded_pids()
+    assert pids
+    # Containerd's shims, by the PIDs containerd recorded in its state folder.
+    shims = [
+        int(p.read_text())
+        for p in (STATE / "containerd" / "state").glob("io.containerd.runtime.v2.task/*/*/shim.pid")
+    ]
+    res = run(str(LOOPBACK / "k8s-down.sh"), timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert [n for n, p in pids.items() if alive(p)] == []
+    assert [p for p in shims if alive(p)] == []
+    assert mounts_under(STATE) == []
+    assert list((STATE / "pids").glob("*.pid")) == []
+    # A second down is harmless.
+    assert run(str(LOOPBACK / "k8s-down.sh"), timeout=60).returncode == 0
