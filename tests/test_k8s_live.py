@@ -225,18 +225,51 @@ def test_stack_answers_on_its_loopback_ports(stack: None) -> None:
     assert release["name"] == "default"
 
 
-def test_a_killed_pod_is_replaced_by_its_replicaset(
-    stack: None, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_killed_pod_is_replaced_by_its_replicaset(stack: None, tmp_path: Path) -> None:
     sel = "app.kubernetes.io/component=router"
     before = kubectl_json("-n", NS, "get", "pods", "-l", sel)["items"]
     assert len(before) == 1
     old_uid = before[0]["metadata"]["uid"]
-    from chaosk8s.pod.actions import terminate_pods
-
-    # chaostoolkit-kubernetes, as an experiment runs it (the client reads $KUBECONFIG).
-    monkeypatch.setenv("KUBECONFIG", str(KUBECONFIG))
-    terminate_pods(label_selector=sel, ns=NS, qty=1, grace_period=0)
+    # chaostoolkit-kubernetes terminate_pods, run by the Chaos Toolkit as an experiment.
+    experiment = {
+        "version": "1.0.0",
+        "title": "A router pod killed on the loopback cluster is replaced",
+        "description": "tests/test_k8s_live.py",
+        "method": [
+            {
+                "type": "action",
+                "name": "terminate-the-router-pod",
+                "provider": {
+                    "type": "python",
+                    "module": "chaosk8s.pod.actions",
+                    "func": "terminate_pods",
+                    "arguments": {"label_selector": sel, "ns": NS, "qty": 1, "grace_period": 0},
+                },
+            }
+        ],
+    }
+    (tmp_path / "kill.json").write_text(json.dumps(experiment))
+    env = {**os.environ, "KUBECONFIG": str(KUBECONFIG)}
+    res = subprocess.run(
+        [
+            str(REPO / ".venv" / "bin" / "chaos"),
+            "--no-version-check",
+            "run",
+            "--no-validation",
+            "--journal-path",
+            str(tmp_path / "journal.json"),
+            str(tmp_path / "kill.json"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env=env,
+        cwd=tmp_path,
+        check=False,
+    )
+    journal = json.loads((tmp_path / "journal.json").read_text())
+    assert journal["status"] == "completed", res.stdout[-2000:] + res.stderr[-2000:]
+    assert journal["run"][0]["status"] == "succeeded", journal["run"][0]
     res = kubectl("-n", NS, "rollout", "status", "deployment/router", "--timeout=120s", timeout=150)
     assert res.returncode == 0, res.stderr
     deadline = time.monotonic() + 120
