@@ -96,3 +96,18 @@ clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +
 	find reports -mindepth 1 ! -name README.md -prune -exec rm -rf {} +
+
+# The loopback Kubernetes cluster (deploy/loopback/README.md): Kubernetes 1.20 built from
+# Debian's source, one real kubelet, everything on 127.0.0.1. Needs root. The first k8s-up
+# builds the binaries into $${CANARY_GAMEDAY_CACHE:-~/.cache/canary-gameday} (about 10
+# minutes on 2 cores); later ones take about a minute. test-k8s starts and stops its own.
+.PHONY: k8s-up k8s-down test-k8s
+k8s-up: $(STAMP)
+	deploy/loopback/k8s-up.sh
+	deploy/loopback/deploy-stack.sh
+
+k8s-down:
+	deploy/loopback/k8s-down.sh
+
+test-k8s: $(STAMP)
+	CANARY_GAMEDAY_K8S_LIVE=1 $(BIN)/python -m pytest -m k8s_live tests/test_k8s_live.py $(PYTEST_ARGS)
