@@ -55,7 +55,7 @@ venv: $(STAMP)
 
 # The engine tests need the extra: `make test` leaves them out, `make test-engine` runs them.
 test: $(STAMP)
-	$(BIN)/python -m pytest -m "not engine" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m "not engine and not k8s_live" $(PYTEST_ARGS)
 
 $(ENGINE_STAMP): $(STAMP)
 	@$(BIN)/python -c "import llama_cpp, gguf" 2>/dev/null || { \
