@@ -1,0 +1,141 @@
+"""The loopback overlay (deploy/k8s/overlays/loopback), rendered offline: what the live
+cluster of tests/test_k8s_live.py depends on, checked in ``make test`` without a cluster.
+
+The loopback cluster is Kubernetes 1.20 with no kube-proxy, no DNS and no pod network, and
+every byte must stay on 127.0.0.1; a base change that breaks one of these would only show
+on the live cluster otherwise.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.k8s_render import CREDENTIALS, K8S, NO_KUBECTL, by_kind, kubectl, pod_spec, render
+
+pytestmark = pytest.mark.skipif(kubectl() is None, reason=NO_KUBECTL)
+
+SERVERS = {
+    "router": ("Deployment", 18000),
+    "broker": ("StatefulSet", 18001),
+    "gate": ("Deployment", 18002),
+    "rollback": ("Deployment", 18003),
+    "model-baseline": ("Deployment", 18010),
+    "model-canary": ("Deployment", 18011),
+}
+# API versions a 1.20 API server serves for the kinds the overlay renders.
+V120 = {
+    "Namespace": "v1",
+    "ServiceAccount": "v1",
+    "Role": "rbac.authorization.k8s.io/v1",
+    "RoleBinding": "rbac.authorization.k8s.io/v1",
+    "ConfigMap": "v1",
+    "Secret": "v1",
+    "Service": "v1",
+    "PersistentVolumeClaim": "v1",
+    "Deployment": "apps/v1",
+    "StatefulSet": "apps/v1",
+    "Job": "batch/v1",
+    "CronJob": "batch/v1beta1",
+    "PodDisruptionBudget": "policy/v1beta1",
+    "NetworkPolicy": "networking.k8s.io/v1",
+}
+
+
+@pytest.fixture(scope="module")
+def docs(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    dest = tmp_path_factory.mktemp("loopback") / "k8s"
+    shutil.copytree(K8S, dest)
+    overlay = dest / "overlays" / "loopback"
+    (overlay / "admin-token").write_text("t" * 32 + "\n")
+    (overlay / "credentials").mkdir(exist_ok=True)
+    for name in CREDENTIALS:
+        (overlay / "credentials" / name).write_text(f"{'t' * 32}-{name}\n")
+    return render(overlay)
+
+
+def server(docs: list[dict[str, Any]], component: str) -> dict[str, Any]:
+    kind, _ = SERVERS[component]
+    found = [
+        d
+        for d in by_kind(docs, kind)
+        if d["metadata"]["labels"].get("app.kubernetes.io/component") == component
+    ]
+    assert len(found) == 1, component
+    return found[0]
+
+
+def test_every_object_uses_an_api_version_kubernetes_1_20_serves(
+    docs: list[dict[str, Any]],
+) -> None:
+    assert {(d["kind"], d["apiVersion"]) for d in docs} <= set(V120.items())
+    cron = by_kind(docs, "CronJob")
+    assert cron and all("timeZone" not in c["spec"] for c in cron)  # not in 1.20
+
+
+@pytest.mark.parametrize("component", sorted(SERVERS))
+def test_servers_listen_on_their_own_loopback_port_on_the_host_network(
+    docs: list[dict[str, Any]], component: str
+) -> None:
+    doc = server(docs, component)
+    _, port = SERVERS[component]
+    spec = pod_spec(doc)
+    assert spec["hostNetwork"] is True
+    c = spec["containers"][0]
+    args = c["args"]
+    assert args[args.index("--host") + 1] == "127.0.0.1"
+    assert "0.0.0.0" not in args
+    assert args[args.index("--port") + 1] == str(port)
+    assert [p["containerPort"] for p in c["ports"]] == [port]
+    # The kubelet probes a host-network pod at the node's address: it must probe loopback.
+    for probe in ("readinessProbe", "livenessProbe"):
+        assert c[probe]["httpGet"]["host"] == "127.0.0.1", probe
+    assert c["imagePullPolicy"] == "Never"
+    assert c["image"] == "docker.io/library/canarystack:0.1.0"
+    if doc["kind"] == "Deployment":
+        # One node, one host port: two pods of one Deployment cannot run at once.
+        assert doc["spec"]["replicas"] == 1
+        assert doc["spec"]["strategy"] == {"type": "Recreate"}
+
+
+def test_ports_are_distinct_and_the_urls_point_at_them(docs: list[dict[str, Any]]) -> None:
+    ports = [p for _, p in SERVERS.values()]
+    assert len(set(ports)) == len(ports)
+    config = next(d for d in docs if d["metadata"]["name"] == "canarystack-config")["data"]
+    assert config["BROKER_URL"] == "http://127.0.0.1:18001"
+    assert config["GATE_URL"] == "http://127.0.0.1:18002"
+    assert config["ROUTER_URL"] == "http://127.0.0.1:18000"
+    assert config["BASELINE_URLS"] == "http://127.0.0.1:18010"
+    assert config["CANARY_URLS"] == "http://127.0.0.1:18011"
+    # No component is configured with a Service name (no DNS on this cluster).
+    for key, value in config.items():
+        if key.endswith(("_URL", "_URLS")):
+            assert value.startswith("http://127.0.0.1:"), key
+
+
+def test_the_chaos_runner_target_agrees_with_the_overlay(docs: list[dict[str, Any]]) -> None:
+    cm = next(d for d in docs if d["metadata"]["name"] == "gameday-target")
+    target = yaml.safe_load(cm["data"]["target.yaml"])
+    ns = by_kind(docs, "Namespace")[0]["metadata"]["name"]
+    assert target["namespace"] == ns == "canarystack-loopback"
+    assert target["blast_radius"]["namespaces"] == [ns]
+    for component, (_, port) in SERVERS.items():
+        assert target["ports"][component] == port
+        if component in target["urls"]:
+            assert target["urls"][component] == f"http://127.0.0.1:{port}"
+
+
+def test_release_init_reaches_the_broker_on_loopback(docs: list[dict[str, Any]]) -> None:
+    job = next(d for d in by_kind(docs, "Job") if d["metadata"]["name"] == "release-init")
+    assert pod_spec(job)["hostNetwork"] is True
+    assert pod_spec(job)["containers"][0]["imagePullPolicy"] == "Never"
+
+
+def test_the_overlay_keeps_its_generated_credentials_out_of_git() -> None:
+    ignored = (Path(K8S) / "overlays" / "loopback" / ".gitignore").read_text().split()
+    assert "admin-token" in ignored
+    assert "credentials/" in ignored
