@@ -66,8 +66,15 @@ def kubectl_json(*args: str) -> dict:
 
 def api_get(path: str, token: str | None) -> int:
     """The HTTP status of GET path on the API server, with a bearer token or none."""
+    return api_call("GET", path, token)
+
+
+def api_call(method: str, path: str, token: str | None, body: bytes | None = None) -> int:
+    """The HTTP status of METHOD path on the API server (a merge patch when PATCH)."""
     ctx = ssl.create_default_context(cafile=str(STATE / "certs" / "apiserver.crt"))
-    req = urllib.request.Request(APISERVER + path)
+    req = urllib.request.Request(APISERVER + path, data=body, method=method)
+    if method == "PATCH":
+        req.add_header("Content-Type", "application/merge-patch+json")
     if token is not None:
         req.add_header("Authorization", f"Bearer {token}")
     try:
@@ -146,16 +153,7 @@ def test_api_server_authenticates_and_authorizes(cluster: None) -> None:
     assert api_get("/api/v1/nodes", token) == 200
     # RBAC: a ServiceAccount with no role may not list pods.
     assert kubectl("-n", "default", "create", "serviceaccount", "nobody").returncode == 0
-    deadline = time.monotonic() + 30
-    while True:
-        sa = kubectl_json("-n", "default", "get", "serviceaccount", "nobody")
-        if sa.get("secrets") or time.monotonic() > deadline:
-            break
-        time.sleep(0.5)
-    assert sa.get("secrets"), "the controller-manager gave the ServiceAccount no token"
-    secret = kubectl_json("-n", "default", "get", "secret", sa["secrets"][0]["name"])
-    sa_token = base64.b64decode(secret["data"]["token"]).decode()
-    assert api_get("/api/v1/namespaces/default/pods", sa_token) == 403
+    assert api_get("/api/v1/namespaces/default/pods", sa_token("default", "nobody")) == 403
 
 
 def test_the_node_is_a_real_kubelet_on_loopback(cluster: None) -> None:
@@ -290,6 +288,41 @@ def test_a_killed_pod_is_replaced_by_its_replicaset(stack: None, tmp_path: Path)
         time.sleep(1)
     with urllib.request.urlopen("http://127.0.0.1:18000/health", timeout=10) as resp:
         assert resp.status == 200
+
+
+def sa_token(ns: str, name: str) -> str:
+    """The token of ServiceAccount ns/name (1.20: a Secret the controller-manager makes)."""
+    deadline = time.monotonic() + 30
+    while True:
+        sa = kubectl_json("-n", ns, "get", "serviceaccount", name)
+        if sa.get("secrets") or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert sa.get("secrets"), f"the controller-manager gave {ns}/{name} no token"
+    secret = kubectl_json("-n", ns, "get", "secret", sa["secrets"][0]["name"])
+    return base64.b64decode(secret["data"]["token"]).decode()
+
+
+def test_the_api_server_confines_the_chaos_runner_to_its_role(stack: None) -> None:
+    """RBAC, enforced by the real API server (not only by the harness's blast radius): the
+    chaos runner's ServiceAccount may list and delete pods in its namespace and patch the
+    canary Deployment, and nothing else."""
+    token = sa_token(NS, "chaos-runner")
+    pods = f"/api/v1/namespaces/{NS}/pods"
+    deploys = f"/apis/apps/v1/namespaces/{NS}/deployments"
+    assert api_call("GET", pods, token) == 200
+    # A kill outside its namespace, in kube-system, and of the API's own objects: refused.
+    assert api_call("DELETE", "/api/v1/namespaces/default/pods/anything", token) == 403
+    assert api_call("DELETE", "/api/v1/namespaces/kube-system/pods/anything", token) == 403
+    assert api_call("GET", "/api/v1/namespaces/default/pods", token) == 403
+    # Workloads: it may patch model-canary (a canary rollout), no other Deployment.
+    dry = "?dryRun=All"
+    assert api_call("PATCH", f"{deploys}/model-canary{dry}", token, b"{}") == 200
+    assert api_call("PATCH", f"{deploys}/router{dry}", token, b"{}") == 403
+    assert api_call("PATCH", f"{deploys}/model-baseline{dry}", token, b"{}") == 403
+    assert api_call("DELETE", f"{deploys}/router{dry}", token) == 403
+    # Nor may it read the credentials.
+    assert api_call("GET", f"/api/v1/namespaces/{NS}/secrets", token) == 403
 
 
 def test_down_leaves_nothing(cluster: None) -> None:
