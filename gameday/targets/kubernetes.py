@@ -1,7 +1,9 @@
 """A Kubernetes namespace as a target.
 
 Services are reached through the URLs in the target file; a replica's own admin API
-through its pod IP and the role's container port (pods listed with the role's label
+through its pod IP and the role's container port (127.0.0.1 for a pod with
+``spec.hostNetwork``, whose pod IP is the node's address where the loopback overlay's
+servers do not listen) (pods listed with the role's label
 selector through the Kubernetes API). Pod kills use chaostoolkit-kubernetes
 ``terminate_pods`` on the role's label selector narrowed to one pod by name, so the same
 experiments run as a chaos runner Job in the cluster (``CHAOSTOOLKIT_IN_POD=true``) or
@@ -54,6 +56,8 @@ DEFAULT_WORKLOADS = {
     "model-canary": "deployment/model-canary",
 }
 WORKLOAD_KINDS = ("deployment", "statefulset")
+# A host-network pod's replica URL (see _address).
+HOST_NETWORK_ADDRESS = "127.0.0.1"
 
 
 def _is_serving(pod: Any) -> bool:
@@ -67,6 +71,18 @@ def _is_serving(pod: Any) -> bool:
         and meta is not None
         and meta.deletion_timestamp is None
     )
+
+
+def _address(pod: Any) -> str:
+    """Where a replica's own admin API is reached: its pod IP, or 127.0.0.1 for a
+    host-network pod. A host-network pod's IP is its node's address, and the servers of
+    a host-network stack (deploy/k8s/overlays/loopback) bind 127.0.0.1 only: the pod IP
+    would reach nothing, or whatever else listens on the node's address. Never any other
+    address than 127.0.0.1 for such a pod."""
+    spec = getattr(pod, "spec", None)
+    if spec is not None and getattr(spec, "host_network", None):
+        return HOST_NETWORK_ADDRESS
+    return str(pod.status.pod_ip)
 
 
 class KubernetesTarget(Target):
@@ -180,7 +196,7 @@ class KubernetesTarget(Target):
     def replicas(self, role: str) -> list[Replica]:
         port = self.spec.ports.get(role, DEFAULT_PORTS[role])
         return [
-            Replica(name=pod.metadata.name, role=role, url=f"http://{pod.status.pod_ip}:{port}")
+            Replica(name=pod.metadata.name, role=role, url=f"http://{_address(pod)}:{port}")
             for pod in self._pods(role)
             if _is_serving(pod)
         ]
