@@ -13,7 +13,7 @@ import hashlib
 import os
 import socket
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, get_args
 
 from canarystack.common.auth import describe_admin_flag
 from canarystack.common.cli import base_parser, parse
@@ -26,11 +26,13 @@ from canarystack.model.contract import (
     check_shared_options,
     run_model_server,
 )
-from canarystack.model.engine import BATCH_NOISE_KL, MAX_BATCH_NOISE, NextTokenModel
-from canarystack.model.faults import FAULT_KINDS
+from canarystack.model.engine import BATCH_NOISE_KL, MAX_BATCH_NOISE, KernelFault, NextTokenModel
+from canarystack.model.faults import FAULT_KINDS, KernelParams
 from canarystack.model.server import ModelServer, ServerConfig
 
 MIN_BODY_BYTES = 4096
+# The modes of the injectable ``kernel`` fault, which --kernel-fault builds in.
+KERNEL_MODES: tuple[str, ...] = get_args(KernelParams.model_fields["mode"].annotation)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -91,6 +93,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="context window in tokens (default %(default)s)",
     )
     add_default_max_tokens_option(g)
+    g.add_argument(
+        "--kernel-fault",
+        metavar="MODE[:MIN_PROMPT_TOKENS]",
+        default=None,
+        help="start as a known-bad BUILD: this kernel fault is on for the life of the "
+        "process, on every prompt of at least MIN_PROMPT_TOKENS tokens (default 2048). "
+        "It is a property of the build (what a bad rollout ships), not an injected "
+        "fault: it has no TTL, DELETE /admin/faults does not clear it, only a process "
+        "started without the flag (a rollback to the previous build) is healthy again. "
+        f"MODE is one of the 'kernel' fault's: {', '.join(KERNEL_MODES)}. /health "
+        "shows it as build_kernel_fault; the responses do not (a broken kernel does "
+        "not know it is broken). Default: none, a healthy build",
+    )
     g.add_argument(
         "--max-body-bytes",
         type=int,
@@ -173,6 +188,9 @@ def config_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) 
             "(or leave it out to size it from --max-model-len)"
         )
     check_shared_options(args, parser)
+    kernel_fault = (
+        parse_kernel_fault(args.kernel_fault, parser) if args.kernel_fault is not None else None
+    )
     return ServerConfig(
         version=args.version,
         served_model_name=args.served_model_name,
@@ -182,7 +200,28 @@ def config_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) 
         max_model_len=args.max_model_len,
         default_max_tokens=args.default_max_tokens,
         max_body_bytes=args.max_body_bytes,
+        build_kernel_fault=kernel_fault,
     )
+
+
+def parse_kernel_fault(value: str, parser: argparse.ArgumentParser) -> KernelFault:
+    """``MODE[:MIN_PROMPT_TOKENS]`` of --kernel-fault, or a usage error naming it."""
+    mode, sep, tokens = value.partition(":")
+    if mode not in KERNEL_MODES:
+        parser.error(
+            f"--kernel-fault {value!r}: unknown mode {mode!r}; give one of "
+            f"{', '.join(KERNEL_MODES)}, optionally with :MIN_PROMPT_TOKENS "
+            "(e.g. --kernel-fault fp8-kv-scale:2048)"
+        )
+    min_prompt_tokens = 2048
+    if sep:
+        if not (tokens.isascii() and tokens.isdigit()) or len(tokens) > 9:
+            parser.error(
+                f"--kernel-fault {value!r}: MIN_PROMPT_TOKENS {tokens!r} is not a whole "
+                "number of tokens >= 0 (e.g. --kernel-fault nan-logits:1024)"
+            )
+        min_prompt_tokens = int(tokens)
+    return KernelFault(mode=mode, min_prompt_tokens=min_prompt_tokens, magnitude=1.0)
 
 
 def default_noise_seed(port: int) -> int:

@@ -43,7 +43,7 @@ from canarystack.model.contract import (
     response_headers,
     serve_logged,
 )
-from canarystack.model.engine import NextTokenModel
+from canarystack.model.engine import KernelFault, NextTokenModel
 from canarystack.model.faults import (
     CRASH_EXIT_CODE,
     CrashParams,
@@ -71,6 +71,9 @@ class ServerConfig:
     max_model_len: int = 16384
     default_max_tokens: int = 16
     max_body_bytes: int | None = None  # None: sized from max_model_len (model.body)
+    # --kernel-fault: a known-bad build, this kernel fault on for the process's life (no
+    # TTL; an injected kernel fault, while active, takes its place).
+    build_kernel_fault: KernelFault | None = None
 
     @property
     def limits(self) -> Limits:
@@ -120,6 +123,7 @@ class ModelServer:
             "waiting": self.scheduler.waiting,
             "slots": self.capacity.slots,
             "max_body_bytes": self.limits.body_bytes,
+            "build_kernel_fault": _describe_build_fault(self.config.build_kernel_fault),
         }
 
     async def models(self, request: web.Request) -> web.Response:
@@ -148,6 +152,13 @@ class ModelServer:
             version=self.config.version,
             model=self.config.served_model_name,
         )
+
+    def _build_kernel_fault(self, prompt_tokens: int) -> KernelFault | None:
+        """The build's own kernel fault (--kernel-fault) when it acts on this prompt."""
+        built = self.config.build_kernel_fault
+        if built is None or prompt_tokens < built.min_prompt_tokens:
+            return None
+        return built
 
     def _fault(self, kind: str, cls: type[P], prompt_tokens: int) -> P | None:
         params = self.component.faults.get(kind)
@@ -214,7 +225,7 @@ class ModelServer:
         extra_ttft_s = latency.ttft_ms / 1000.0 if latency else 0.0
         itl_mult = latency.itl_multiplier if latency else 1.0
         kernel = self._fault("kernel", KernelParams, n_prompt)
-        kernel_fault = kernel.engine_fault() if kernel else None
+        kernel_fault = kernel.engine_fault() if kernel else self._build_kernel_fault(n_prompt)
         kernel_scale = self.model.kernel_scale(n_prompt, kernel_fault)
         # A broken kernel does not know it is broken: nothing in the record says so.
         broken = self.model.broken_mode(n_prompt, kernel_fault)
@@ -421,3 +432,8 @@ class ModelServer:
         )
         # Like a CUDA OOM killing the engine: no cleanup, no answers to anyone in flight.
         os._exit(CRASH_EXIT_CODE)
+
+
+def _describe_build_fault(fault: KernelFault | None) -> str | None:
+    """``MODE:MIN_PROMPT_TOKENS`` of a --kernel-fault build, None for a healthy one."""
+    return None if fault is None else f"{fault.mode}:{fault.min_prompt_tokens}"
