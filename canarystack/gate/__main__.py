@@ -20,7 +20,11 @@ from canarystack.common.auth import ENV_VAR, describe_admin_flag, load_admin_tok
 from canarystack.common.buckets import parse_edges
 from canarystack.common.cli import base_parser, parse, serve
 from canarystack.gate.server import build_app
-from canarystack.gate.state import GateConfig
+from canarystack.gate.state import (
+    DEFAULT_BUDGET_SAMPLE_RATE_HZ,
+    DEFAULT_FALSE_TRIPS_PER_RELEASE_HOUR,
+    GateConfig,
+)
 
 _D = GateConfig()
 
@@ -46,6 +50,8 @@ FLAG_OF = {
     "error_window_s": "--error-window-s",
     "error_ucb_delta": "--error-ucb-delta",
     "no_data_timeout_s": "--no-data-timeout-s",
+    "false_trips_per_release_hour": "--false-trips-per-release-hour",
+    "budget_sample_rate_hz": "--budget-sample-rate-hz",
 }
 
 
@@ -86,6 +92,25 @@ def build_parser() -> argparse.ArgumentParser:
         default=30.0,
         help="long-poll timeout of the broker watch (default %(default)s)",
     )
+    bud = p.add_argument_group(
+        "false-alarm budget (sets the alarm level A of every test; see canarystack.gate.state)"
+    )
+    bud.add_argument(
+        "--false-trips-per-release-hour",
+        type=float,
+        default=DEFAULT_FALSE_TRIPS_PER_RELEASE_HOUR,
+        help="at most this many false trips per release-hour, across all tests, buckets and "
+        "tails, for streams at their null mean (union bound: each of the K detectors gets "
+        "budget/K, so A = K x rate x 3600 / budget). The default is what A = 1000 with the "
+        "default 28 detectors at 15 samples/s implies (default %(default)s)",
+    )
+    bud.add_argument(
+        "--budget-sample-rate-hz",
+        type=float,
+        default=DEFAULT_BUDGET_SAMPLE_RATE_HZ,
+        help="samples per second the budget assumes each detector sees at most; /v1/gate "
+        "shows the observed rate (default %(default)s)",
+    )
     d = p.add_argument_group("drift test (KL and top-1 disagreement vs the noise floor)")
     d.add_argument(
         "--drift-kl-tolerance",
@@ -110,9 +135,9 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument(
         "--drift-threshold",
         type=float,
-        default=_D.drift_threshold,
+        default=None,
         help="alarm level A of the drift tests: average run length to a false alarm >= A "
-        "comparisons (default %(default)s)",
+        "comparisons (default: from --false-trips-per-release-hour)",
     )
     d.add_argument(
         "--drift-bet",
@@ -155,8 +180,8 @@ def build_parser() -> argparse.ArgumentParser:
     lat.add_argument(
         "--latency-threshold",
         type=float,
-        default=_D.latency_threshold,
-        help="alarm level A of the latency test (default %(default)s)",
+        default=None,
+        help="alarm level A of the latency test (default: from --false-trips-per-release-hour)",
     )
     lat.add_argument(
         "--latency-bet", type=float, default=_D.latency_bet, help="(default %(default)s)"
@@ -190,8 +215,8 @@ def build_parser() -> argparse.ArgumentParser:
     err.add_argument(
         "--errors-threshold",
         type=float,
-        default=_D.errors_threshold,
-        help="alarm level A of the errors test (default %(default)s)",
+        default=None,
+        help="alarm level A of the errors test (default: from --false-trips-per-release-hour)",
     )
     err.add_argument(
         "--errors-bet", type=float, default=_D.errors_bet, help="(default %(default)s)"
@@ -231,7 +256,9 @@ def config_from_args(args: argparse.Namespace) -> GateConfig:
     except ValueError as exc:
         raise ValueError(f"--bucket-edges: {exc}") from None
     try:
-        return GateConfig(
+        return GateConfig.from_budget(
+            args.false_trips_per_release_hour,
+            args.budget_sample_rate_hz,
             edges=edges,
             pool_tails=not args.no_tail_pooling,
             kl_tolerance=args.drift_kl_tolerance,

@@ -35,6 +35,8 @@ def _gate_schema(states: list[str]) -> Json:
         revision=nullable(INTEGER),
         phase=nullable(STRING),
         buckets=ANY_OBJECT,
+        noise_floor=ANY_OBJECT,
+        false_alarm_budget=ANY_OBJECT,
         trip=nullable(ANY_OBJECT),
     )
 
@@ -85,7 +87,15 @@ def describe(spec: ApiSpec, app: web.Application) -> None:
         "/v1/gate",
         summary="Every watched release's state.",
         tag=TAG,
-        responses={200: json_body(obj(("gates",), gates={"type": "array", "items": gate}))},
+        responses={
+            200: json_body(
+                obj(
+                    ("gates", "false_alarm_budget"),
+                    gates={"type": "array", "items": gate},
+                    false_alarm_budget=ANY_OBJECT,
+                )
+            )
+        },
     )
     spec.add(
         "get",

@@ -41,7 +41,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 from prometheus_client import Counter
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from canarystack.broker.client import (
@@ -550,6 +550,17 @@ class _GateCollector(Collector):
             "1 for each reason the gate's health is degraded now",
             labels=["reason"],
         )
+        fallbacks = CounterMetricFamily(
+            "canarystack_gate_noise_floor_fallbacks",
+            "Comparisons tested against a noise floor borrowed from another scope "
+            "(source: the scope it came from, or none), per release and scope",
+            labels=["release", "scope", "source"],
+        )
+        budget = GaugeMetricFamily(
+            "canarystack_gate_false_trips_per_release_hour",
+            "False-alarm budget the thresholds guarantee (union bound, at the assumed rate)",
+            labels=["release"],
+        )
         for reason in self.service.degraded_reasons():
             degraded.add_metric([reason], 1.0)
         now = time.monotonic()
@@ -566,10 +577,13 @@ class _GateCollector(Collector):
             for scope, floor in gate.noise_json().items():
                 noise.add_metric([name, scope, "kl"], floor["kl"])
                 noise.add_metric([name, scope, "top1_disagreement"], floor["top1_disagreement"])
+            for (scope, source), count in gate.noise_fallbacks.items():
+                fallbacks.add_metric([name, scope, source], count)
+            budget.add_metric([name], gate.config.budget_json()["false_trips_per_release_hour"])
             current = gate.state(now)
             for s in STATES:
                 state.add_metric([name, s], 1.0 if s == current else 0.0)
-        yield from (stat, thr, n, bucket_samples, noise, state, degraded)
+        yield from (stat, thr, n, bucket_samples, noise, fallbacks, budget, state, degraded)
 
 
 SERVICE: web.AppKey[GateService] = web.AppKey("gate_service", GateService)
@@ -599,7 +613,12 @@ async def _get_gate(request: web.Request) -> web.Response:
 
 async def _list_gates(request: web.Request) -> web.Response:
     service = request.app[SERVICE]
-    return json_response({"gates": [service.status(name) for name in service.gates]})
+    return json_response(
+        {
+            "gates": [service.status(name) for name in service.gates],
+            "false_alarm_budget": service.config.budget_json(),
+        }
+    )
 
 
 CREDENTIAL_CHECK_S = 30.0
@@ -666,6 +685,16 @@ def build_app(
     comp = Component(name="gate", version="0.1.0", admin_token=admin_token, faults=faults)
     service = GateService(comp, config, broker_url, releases, watch_timeout_s=watch_timeout_s)
     comp.health_extra = service.health
+    b = config.budget_json()
+    _log.info(
+        "false_alarm_budget",
+        false_trips_per_release_hour=b["false_trips_per_release_hour"],
+        requested=b["requested_false_trips_per_release_hour"],
+        merge=b["merge"],
+        detectors=b["detectors"],
+        per_detector_threshold=b["per_detector_threshold"],
+        sample_rate_hz_assumed=b["sample_rate_hz_assumed"],
+    )
     app = create_app(comp, client_max_size=SAMPLES_BODY_LIMIT)
     app[SERVICE] = service
     app[BROKER_TOKEN] = admin_token if broker_token is None else broker_token

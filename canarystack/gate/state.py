@@ -25,10 +25,32 @@ What each test observes (the method is ``canarystack.gate.stats``):
   upper bound (level ``1 - error_ucb_delta``) of the baseline's error rate in the same
   bucket over the last ``error_window_s`` seconds, + ``error_tolerance``.
 
+A noise floor is *borrowed* when its scope has fewer than ``noise_min_samples`` of its
+own: ``noise_json`` names the scope it came from (``borrowed_from``; ``"none"`` for no
+floor at all) and ``noise_fallbacks`` counts the comparisons tested against a borrowed
+floor (the ``canarystack_gate_noise_floor_fallbacks`` metric).
+
 State: ``idle`` (no progressing release with a canary), ``watching``, ``inconclusive``
 (canary weight > 0 but no canary sample for ``no_data_timeout_s``), ``tripped`` (this
 gate decided, or the broker's phase keeps the canary off). A new canary version resets
-everything. Samples that name another canary version than the broker's are ignored.
+every detector and counter, but *keeps the noise floor*: baseline-baseline noise is a
+property of the stable version and its replicas, not of the canary, so a new canary is
+tested against the floor measured so far. The floor is dropped only when the stable
+version changes. Samples that name another canary version than the broker's are ignored.
+
+False-alarm budget (``GateConfig.budget_json``). Each e-CUSUM ``M_t`` is bounded by the
+Shiryaev-Roberts statistic ``R_t = (R_{t-1} + 1) e_t``, a nonnegative submartingale with
+``E[R_n] <= n`` under the null, so Doob's maximal inequality gives
+``P(false alarm within n samples) <= n / A`` for each detector. A release runs ``K``
+detectors (drift KL and top-1 per bucket and tail, latency and errors per bucket); a union
+bound over them (no independence needed: the tails share samples) gives
+``P(any false trip within H release-hours) <= sum_d r_d * 3600 * H / A_d``, where ``r_d``
+is the rate of samples detector ``d`` sees. With one assumed rate ``r`` for every
+detector (``budget_sample_rate_hz``: an upper bound, so the sum is an upper bound too)
+and a budget of ``alpha`` false trips per release-hour split evenly (``alpha / K`` each),
+each detector's threshold is ``A = K * r * 3600 / alpha`` (``threshold_for_budget``).
+The bound is for streams *at* the null mean; healthy streams sit below it and trip far
+less often (``bench/gate_false_alarms.py`` measures how much).
 
 This module must never do I/O or read a clock: callers pass ``now`` in, so tests drive
 time. It never decides to trip a release the broker does not show as progressing.
@@ -53,6 +75,11 @@ STATES: tuple[GateState, ...] = ("idle", "watching", "tripped", "inconclusive")
 # Phases in which the routers keep the canary off: the gate shows them as tripped.
 CANARY_OFF_PHASES = frozenset({"tripped", "rolling_back", "rolled_back"})
 ALL_SCOPE = "all"
+SECONDS_PER_HOUR = 3600.0
+# The sample rate the budget assumes for every detector: a game day's open loop sends
+# 15 requests/s (bench/gate_detection.py), and no detector sees more than one sample per
+# request (one comparison per shadow copy, one outcome per request).
+DEFAULT_BUDGET_SAMPLE_RATE_HZ = 15.0
 
 
 # ----------------------------------------------------------------------------- input
@@ -167,6 +194,58 @@ class TripStatus(enum.Enum):
     ABANDONED = "abandoned"  # no longer makes sense; why is in ``trip_status_reason``
 
 
+# ---------------------------------------------------------------------------- budget
+def detector_counts(edges: Sequence[int], pool_tails: bool) -> dict[str, int]:
+    """How many detectors of each test a release runs (``ReleaseGate.detectors``)."""
+    n = len(bucket_labels(edges))
+    # Buckets, then the tails that pool more than one bucket, then "all" (tested only
+    # when tails are pooled).
+    drift_scopes = n + (max(0, n - 2) + 1 if pool_tails else 0)
+    return {"drift_kl": drift_scopes, "drift_top1": drift_scopes, "latency": n, "errors": n}
+
+
+def threshold_for_budget(
+    false_trips_per_release_hour: float, detectors: int, rate_hz: float
+) -> float:
+    """The per-detector threshold A for a budget split evenly over ``detectors``:
+    each detector may false-alarm ``budget / K`` times per release-hour, i.e. with
+    probability at most ``rate_hz * 3600 / A`` per hour (Doob), so ``A = K r 3600 / budget``.
+    Raises ValueError when that is not > 1 (the budget allows more false trips than samples)."""
+    if not (math.isfinite(false_trips_per_release_hour) and false_trips_per_release_hour > 0):
+        raise ValueError(
+            "false_trips_per_release_hour must be > 0 and finite, got "
+            f"{false_trips_per_release_hour!r}"
+        )
+    if not (math.isfinite(rate_hz) and rate_hz > 0):
+        raise ValueError(f"budget_sample_rate_hz must be > 0 and finite, got {rate_hz!r}")
+    if detectors < 1:
+        raise ValueError(f"detectors must be >= 1, got {detectors}")
+    a = detectors * rate_hz * SECONDS_PER_HOUR / false_trips_per_release_hour
+    if not a > 1:
+        raise ValueError(
+            f"false_trips_per_release_hour {false_trips_per_release_hour:g} gives a "
+            f"per-detector threshold of {a:g} (must be > 1): it allows more false trips than "
+            f"{detectors} detectors see samples at {rate_hz:g}/s; choose a smaller budget."
+        )
+    return a
+
+
+def implied_budget(thresholds: Iterable[tuple[int, float]], rate_hz: float) -> float:
+    """False trips per release-hour the thresholds guarantee at most (union bound):
+    ``sum over (count, A) of count * rate_hz * 3600 / A``."""
+    return math.fsum(n * rate_hz * SECONDS_PER_HOUR / a for n, a in thresholds)
+
+
+# Today's thresholds (A = 1000 for every test) with the default buckets and tails
+# (K = 28 detectors) at 15 samples/s each: 28 * 15 * 3600 / 1000 = 1512 false trips per
+# release-hour in the worst case (every stream exactly at its null mean). That bound says
+# nothing about one release (it is > 1); the margin of a healthy canary comes from its
+# streams sitting far below the null mean, which bench/gate_false_alarms.py measures. The
+# default keeps today's thresholds (the game days' 5 s detection SLO was set with them);
+# a budget of 1e-3 would need A ~ 1.5e9 and ~3x the samples to trip (log A grows 3.07x).
+DEFAULT_FALSE_TRIPS_PER_RELEASE_HOUR = 1512.0
+
+
 # ---------------------------------------------------------------------------- config
 @dataclass(frozen=True)
 class GateConfig:
@@ -199,6 +278,11 @@ class GateConfig:
     # no data
     no_data_timeout_s: float = 30.0
     trip_on_no_data: bool = False
+    # false-alarm budget: the rate the budget assumes, and the budget the thresholds were
+    # derived from (None when they were set one by one; ``budget_json`` then shows the
+    # budget they imply)
+    budget_sample_rate_hz: float = DEFAULT_BUDGET_SAMPLE_RATE_HZ
+    false_trips_per_release_hour: float | None = None
 
     def __post_init__(self) -> None:
         checks: list[tuple[str, bool, str]] = [
@@ -222,6 +306,20 @@ class GateConfig:
             ("noise_window", self.noise_window >= 1, ">= 1"),
             ("noise_min_samples", self.noise_min_samples >= 1, ">= 1"),
             ("no_data_timeout_s", self.no_data_timeout_s > 0, "> 0"),
+            (
+                "budget_sample_rate_hz",
+                math.isfinite(self.budget_sample_rate_hz) and self.budget_sample_rate_hz > 0,
+                "> 0 and finite",
+            ),
+            (
+                "false_trips_per_release_hour",
+                self.false_trips_per_release_hour is None
+                or (
+                    math.isfinite(self.false_trips_per_release_hour)
+                    and self.false_trips_per_release_hour > 0
+                ),
+                "> 0 and finite",
+            ),
         ]
         for name, ok, rule in checks:
             if not ok:
@@ -233,6 +331,66 @@ class GateConfig:
 
     def to_json(self) -> dict[str, Any]:
         return {k: (list(v) if isinstance(v, tuple) else v) for k, v in self.__dict__.items()}
+
+    @classmethod
+    def from_budget(
+        cls,
+        false_trips_per_release_hour: float = DEFAULT_FALSE_TRIPS_PER_RELEASE_HOUR,
+        budget_sample_rate_hz: float = DEFAULT_BUDGET_SAMPLE_RATE_HZ,
+        **fields: Any,
+    ) -> GateConfig:
+        """A configuration whose drift, latency and errors thresholds come from the budget
+        (each one given in ``fields`` overrides its share)."""
+        edges = fields.get("edges", DEFAULT_EDGES)
+        pool_tails = fields.get("pool_tails", True)
+        k = sum(detector_counts(edges, pool_tails).values())
+        a = threshold_for_budget(false_trips_per_release_hour, k, budget_sample_rate_hz)
+        for name in ("drift_threshold", "latency_threshold", "errors_threshold"):
+            if fields.get(name) is None:
+                fields[name] = a
+        return cls(
+            budget_sample_rate_hz=budget_sample_rate_hz,
+            false_trips_per_release_hour=false_trips_per_release_hour,
+            **fields,
+        )
+
+    def threshold_of(self, test: str) -> float:
+        return {
+            "drift_kl": self.drift_threshold,
+            "drift_top1": self.drift_threshold,
+            "latency": self.latency_threshold,
+            "errors": self.errors_threshold,
+        }[test]
+
+    def budget_json(self) -> dict[str, Any]:
+        """The false-alarm budget this configuration runs with (module docstring)."""
+        counts = detector_counts(self.edges, self.pool_tails)
+        r = self.budget_sample_rate_hz
+        per_test = {
+            test: {
+                "detectors": n,
+                "threshold": self.threshold_of(test),
+                "false_trips_per_release_hour": implied_budget([(n, self.threshold_of(test))], r),
+            }
+            for test, n in counts.items()
+        }
+        k = sum(counts.values())
+        total = implied_budget(((n, self.threshold_of(t)) for t, n in counts.items()), r)
+        thresholds = {self.threshold_of(t) for t in counts}
+        return {
+            "false_trips_per_release_hour": total,
+            "requested_false_trips_per_release_hour": self.false_trips_per_release_hour,
+            "merge": "union bound (budget / K per detector)",
+            "detectors": k,
+            "per_detector_threshold": thresholds.pop() if len(thresholds) == 1 else None,
+            "per_detector_false_trips_per_release_hour": total / k,
+            "sample_rate_hz_assumed": r,
+            "per_test": per_test,
+            "guarantee": "P(any false trip within H release-hours) <= "
+            "false_trips_per_release_hour * H for streams at their null mean, while no "
+            "detector sees more than sample_rate_hz_assumed samples/s (Doob's maximal "
+            "inequality per detector, union bound over the K detectors)",
+        }
 
 
 def tail_label(bucket: str) -> str:
@@ -252,6 +410,7 @@ class DriftScope:
     noise_kl: MeanWindow
     noise_top1: MeanWindow
     comparisons: int = 0
+    fallbacks: int = 0  # comparisons tested against a borrowed floor (this canary)
 
 
 @dataclass
@@ -327,11 +486,18 @@ class ReleaseGate:
         # router id -> its recent batch ids (LRU); kept across resets: a resend is a
         # resend whatever the canary is now.
         self._seen_batches: OrderedDict[str, OrderedDict[str, None]] = OrderedDict()
+        # (scope, where its floor came from) -> comparisons tested against a floor borrowed
+        # from another scope (or none); cumulative over resets, as a metric's counter.
+        self.noise_fallbacks: dict[tuple[str, str], int] = {}
+        # The stable version the noise windows were measured on (they survive a new
+        # canary, not a new stable).
+        self._noise_stable: str | None = None
         self._reset()
 
     # -- lifecycle -------------------------------------------------------------------
-    def _reset(self) -> None:
+    def _reset(self, keep_noise: bool = False) -> None:
         cfg = self.config
+        old_drift = getattr(self, "drift", {}) if keep_noise else {}
         labels = cfg.labels
         self.buckets: dict[str, BucketScope] = {
             b: BucketScope(
@@ -362,6 +528,10 @@ class ReleaseGate:
             )
             for name, members in scopes
         }
+        for name, scope in self.drift.items():
+            old = old_drift.get(name)
+            if old is not None:
+                scope.noise_kl, scope.noise_top1 = old.noise_kl, old.noise_top1
         self._scopes_of: dict[str, list[DriftScope]] = {
             b: [s for s in self.drift.values() if b in s.members] for b in labels
         }
@@ -370,8 +540,10 @@ class ReleaseGate:
             s.name for s in self.drift.values() if cfg.pool_tails or s.name != ALL_SCOPE
         }
 
-    def reset(self, reason: str, now_mono: float) -> None:
-        self._reset()
+    def reset(self, reason: str, now_mono: float, keep_noise: bool = True) -> None:
+        """A fresh start for a new canary version. The noise floor is kept unless
+        ``keep_noise`` is False: it measures the baseline's replicas, not the canary."""
+        self._reset(keep_noise=keep_noise)
         self.trip = None
         self.trip_status = None
         self.trip_status_reason = None
@@ -429,14 +601,33 @@ class ReleaseGate:
         was_live = self._canary_live()
         self.release = release
         version = self._release_canary()
+        stable = self.stable_version
+        new_stable = (
+            stable is not None and self._noise_stable is not None and stable != self._noise_stable
+        )
         if version != self.canary_version:
             if self.canary_version is not None or self.totals.comparisons:
-                self.reset(f"canary version {self.canary_version} -> {version}", now_mono)
+                self.reset(
+                    f"canary version {self.canary_version} -> {version}",
+                    now_mono,
+                    keep_noise=not new_stable,
+                )
             self.canary_version = version
+        elif new_stable:
+            self._drop_noise()
+        if new_stable or self._noise_stable is None:
+            self._noise_stable = stable
         if self._canary_live() and not was_live:
             self.watch_start_mono = now_mono
         if not self._canary_live():
             self.watch_start_mono = None
+
+    def _drop_noise(self) -> None:
+        """A new stable version: the replicas whose noise the floor measured are gone."""
+        cfg = self.config
+        for scope in self.drift.values():
+            scope.noise_kl = MeanWindow(cfg.noise_window, clip=cfg.kl_clip)
+            scope.noise_top1 = MeanWindow(cfg.noise_window, clip=1.0)
 
     # -- samples ---------------------------------------------------------------------
     def testing(self) -> bool:
@@ -533,7 +724,11 @@ class ReleaseGate:
             scope.comparisons += 1
             if scope.name not in self._tested:
                 continue
-            noise_kl, noise_top1, _ = self._noise(scope)
+            noise_kl, noise_top1, source = self._noise(scope)
+            if source != scope.name:
+                key = (scope.name, source)
+                self.noise_fallbacks[key] = self.noise_fallbacks.get(key, 0) + 1
+                scope.fallbacks += 1
             m0_kl = noise_kl + cfg.kl_tolerance
             m0_top1 = noise_top1 + cfg.top1_tolerance
             if scope.kl.update(kl, m0_kl, c.time):
@@ -774,9 +969,25 @@ class ReleaseGate:
                 "kl": round(kl, 6),
                 "top1_disagreement": round(top1, 6),
                 "source": source,
+                # Another scope's floor (or "none": no floor at all, 0) stands in for this
+                # one's: too few baseline-baseline comparisons of its own.
+                "borrowed_from": None if source == scope.name else source,
+                "fallback_comparisons": scope.fallbacks,
                 "samples": len(scope.noise_kl),
                 "kl_mean": round(scope.noise_kl.mean(), 6),
             }
+        return out
+
+    def budget_json(self) -> dict[str, Any]:
+        """The configured budget and whether the observed sample rate keeps within the
+        rate it assumes (if not, the guarantee does not hold at this traffic)."""
+        out = self.config.budget_json()
+        rates = [r for _, _, d in self.detectors() if (r := d.sample_rate_hz()) is not None]
+        observed = max(rates) if rates else None
+        out["observed_max_sample_rate_hz"] = round(observed, 3) if observed is not None else None
+        out["within_assumed_rate"] = (
+            None if observed is None else observed <= self.config.budget_sample_rate_hz
+        )
         return out
 
     def to_json(self, now_mono: float) -> dict[str, Any]:
@@ -815,6 +1026,7 @@ class ReleaseGate:
             "buckets": buckets,
             "tails": tails,
             "noise_floor": self.noise_json(),
+            "false_alarm_budget": self.budget_json(),
             "trip": self.trip if self.trip is not None else self.broker_trip(),
             "trip_source": "gate"
             if self.trip is not None

@@ -70,6 +70,7 @@ class ECusum:
     total_sum: float = 0.0
     max_log_m: float = 0.0
     last_m0: float | None = None
+    first_time: float | None = None  # of the first sample ever (for the observed rate)
 
     def __post_init__(self) -> None:
         if not self.threshold > 1:
@@ -116,12 +117,21 @@ class ECusum:
         self.log_m += math.log(e)
         self.run_samples += 1
         self.run_last_time = t
+        if self.first_time is None:
+            self.first_time = t
         self.run_sum += x
         self.samples += 1
         self.total_sum += x
         self.last_m0 = m0
         self.max_log_m = max(self.max_log_m, self.log_m)
         return self.alarmed
+
+    def sample_rate_hz(self) -> float | None:
+        """Samples per second of sample time since the first one (None under 1 s)."""
+        if self.first_time is None or self.run_last_time is None:
+            return None
+        span = self.run_last_time - self.first_time
+        return self.samples / span if span >= 1.0 else None
 
     def to_json(self) -> dict[str, Any]:
         """The detector's numbers for the API; a number that is not finite is written as
