@@ -22,9 +22,18 @@ experiment tripped and rolled back cannot take its quarantined canary version ag
 this action rolls out a new canary version — it sets the canary Deployment's pod-template
 annotation ``canarystack.io/model-version`` (the model servers' ``--version``), waits for
 the rollout, registers the version on the broker and sets the release back to
-``progressing`` with the canary weight. It is the only thing here that changes the
-cluster, and it changes one Deployment: the target's ``model-canary`` workload, inside the
-blast radius.
+``progressing`` with the canary weight.
+``roll_out_bad_canary`` is a faulty canary as a real rollout of a bad build: it patches
+the canary Deployment's container args with the model server's ``--kernel-fault
+MODE[:MIN_PROMPT_TOKENS]`` (a build property, on for the pods' lives: no TTL, not an
+injected fault) and the pod-template annotation ``canarystack.io/build``, waits until the
+Deployment has rolled out and every canary pod is the bad build, and writes the moment
+the bad build first served to the fault ledger (an ``inject`` of kind ``kernel``, so the
+SLO checks measure detection from it). ``undo_canary_rollout`` is ``kubectl rollout undo``
+through the API: the canary Deployment's pod template back to its previous ReplicaSet's
+(the revision before the newest one), waiting for that rollout too. These three actions
+are the only things here that change the cluster, and they change one Deployment: the
+target's ``model-canary`` workload, inside the blast radius.
 """
 
 from __future__ import annotations
@@ -39,6 +48,7 @@ import requests
 from chaoslib import substitute
 from chaoslib.exceptions import ActivityFailed, InterruptExecution
 
+from gameday import faults as gd_faults
 from gameday.targets import TargetError
 from gameday.targets.kubernetes import FORBIDDEN_NAMESPACES, KubernetesTarget
 from probes._broker import get_release
@@ -49,7 +59,9 @@ from probes._result import Slo, result
 __all__ = [
     "before_activity_control",
     "before_experiment_control",
+    "roll_out_bad_canary",
     "start_fresh_canary",
+    "undo_canary_rollout",
     "wait_for_ready",
 ]
 
@@ -59,6 +71,9 @@ VERSION_ANNOTATION = "canarystack.io/model-version"
 HTTP_TIMEOUT_S = 5.0
 POLL_S = 1.0
 FRESH_SUFFIX = re.compile(r"-g\d+$")
+BUILD_ANNOTATION = "canarystack.io/build"
+KERNEL_FAULT_FLAG = "--kernel-fault"
+REVISION_ANNOTATION = "deployment.kubernetes.io/revision"
 
 Secrets = dict[str, Any]
 
@@ -341,6 +356,316 @@ def start_fresh_canary(
         "weight": wanted,
         "took_s": round(time.monotonic() - t0, 3),
     }
+
+
+# --- a faulty canary as a rollout of a bad build ----------------------------------------
+def _canary_deployment(target: KubernetesTarget, what: str) -> tuple[Any, str]:
+    """(AppsV1Api, name) of the target's canary Deployment, inside the blast radius."""
+    from kubernetes import client
+
+    target.check_allowed("model-canary")  # it rolls the canary's pods
+    kind, name = target.workload("model-canary")
+    if kind != "deployment":
+        raise ActivityFailed(
+            f"{what} rolls out a Deployment, but workloads.model-canary is {kind}/{name}"
+        )
+    return client.AppsV1Api(target.api_client()), name
+
+
+def _model_container(dep: Any, name: str) -> tuple[int, Any]:
+    """(index, container) of the model server in the Deployment's pod template: the one
+    named ``model``, else the only one."""
+    containers = list(dep.spec.template.spec.containers or [])
+    for i, c in enumerate(containers):
+        if c.name == "model":
+            return i, c
+    if len(containers) == 1:
+        return 0, containers[0]
+    names = ", ".join(str(c.name) for c in containers) or "none"
+    raise ActivityFailed(
+        f"deployment/{name} has no container named 'model' and not exactly one container "
+        f"({names}): cannot tell which one is the model server"
+    )
+
+
+def _without_kernel_fault(args: list[str]) -> list[str]:
+    """``args`` without any ``--kernel-fault VALUE`` / ``--kernel-fault=VALUE``."""
+    out: list[str] = []
+    skip = False
+    for a in args:
+        if skip:
+            skip = False
+            continue
+        if a == KERNEL_FAULT_FLAG:
+            skip = True
+            continue
+        if a.startswith(KERNEL_FAULT_FLAG + "="):
+            continue
+        out.append(a)
+    return out
+
+
+def _api_failed(what: str, exc: Exception) -> ActivityFailed:
+    return ActivityFailed(
+        f"{what} failed: HTTP {getattr(exc, 'status', '?')} {getattr(exc, 'reason', exc)}"
+    )
+
+
+def _wait_rolled_out(
+    target: KubernetesTarget, apps: Any, name: str, build: str | None, deadline: float, wait: float
+) -> list[Any]:
+    """Wait until deployment/``name`` has rolled out and every live canary pod is Ready and
+    carries ``BUILD_ANNOTATION`` = ``build`` (None: carries none); its pods, or
+    ActivityFailed naming the progress when ``deadline`` (monotonic) passes."""
+    from kubernetes import client
+
+    while True:
+        try:
+            dep: Any = apps.read_namespaced_deployment(name, target.namespace)
+            pods = target.core_api().list_namespaced_pod(
+                target.namespace, label_selector=target.selector("model-canary")
+            )
+        except Exception as exc:
+            raise _api_failed(f"reading deployment/{name} and its pods", exc) from None
+        desired = dep.spec.replicas if dep.spec.replicas is not None else 1
+        st = dep.status or client.V1DeploymentStatus()
+        progress = (
+            f"generation {dep.metadata.generation} observed {st.observed_generation}, "
+            f"{st.updated_replicas or 0} updated / {st.available_replicas or 0} available / "
+            f"{st.replicas or 0} in all of {desired}"
+        )
+        live = [p for p in pods.items if p.metadata.deletion_timestamp is None]
+        stale = [
+            p.metadata.name
+            for p in live
+            if (p.metadata.annotations or {}).get(BUILD_ANNOTATION) != build
+        ]
+        ready = [
+            p
+            for p in live
+            if p.metadata.name not in stale
+            and p.status is not None
+            and p.status.phase == "Running"
+            and any(c.type == "Ready" and c.status == "True" for c in p.status.conditions or [])
+        ]
+        if (
+            (st.observed_generation or 0) >= (dep.metadata.generation or 0)
+            and (st.updated_replicas or 0) == desired
+            and (st.available_replicas or 0) == desired
+            and not stale
+            and len(ready) >= desired
+        ):
+            return ready
+        if time.monotonic() >= deadline:
+            left = f"; pods of another build: {', '.join(stale)}" if stale else ""
+            raise ActivityFailed(
+                f"the rollout of deployment/{name} did not finish within {wait:g} s: "
+                f"{progress}, {len(ready)} pods of the wanted build Ready{left}"
+            )
+        time.sleep(POLL_S / 2)
+
+
+def roll_out_bad_canary(
+    kernel_fault: str = "fp8-kv-scale:2048",
+    deadline_s: float = 120.0,
+    configuration: Configuration | None = None,
+    secrets: Secrets | None = None,
+) -> dict[str, Any]:
+    """Roll the canary Deployment out to a known-bad build: its model container's args
+    gain ``--kernel-fault KERNEL_FAULT`` (``MODE[:MIN_PROMPT_TOKENS]``, the model server
+    validates it) and its pod template the annotation ``canarystack.io/build``. Waits for
+    the rollout (``deadline_s``); the ledger's fault time is when the bad build's pods were
+    first seen Ready (when it could first serve users), the patch time is in the detail.
+    The canary version the broker knows is unchanged: the same version, a bad build of it,
+    as a rebuilt image under the same tag. Undo with ``undo_canary_rollout``."""
+    value = str(kernel_fault).strip()
+    mode, _, tokens = value.partition(":")
+    if not mode or any(ch.isspace() for ch in value):
+        raise ActivityFailed(
+            f"argument kernel_fault is {kernel_fault!r}: give MODE[:MIN_PROMPT_TOKENS], "
+            "e.g. fp8-kv-scale:2048 (the model server's --kernel-fault)"
+        )
+    wait = min(non_negative("deadline_s", deadline_s), MAX_WAIT_S)
+    target = kubernetes_target(configuration, "roll_out_bad_canary")
+    t0 = time.monotonic()
+    with harness_errors("rolling out a bad canary build"):
+        apps, name = _canary_deployment(target, "roll_out_bad_canary")
+        try:
+            dep: Any = apps.read_namespaced_deployment(name, target.namespace)
+        except Exception as exc:
+            raise _api_failed(f"reading deployment/{name}", exc) from None
+        index, container = _model_container(dep, name)
+        args = [*_without_kernel_fault(list(container.args or [])), KERNEL_FAULT_FLAG, value]
+        build = f"kernel-fault={value}"
+        annotations = dep.spec.template.metadata.annotations or {}
+        # The whole container list is replaced (a JSON patch cannot test an index): the
+        # same containers as read, the model server's with the bad build's args.
+        containers = apps.api_client.sanitize_for_serialization(dep.spec.template.spec.containers)
+        containers[index]["args"] = args
+        patch: list[dict[str, Any]] = [
+            {"op": "replace", "path": "/spec/template/spec/containers", "value": containers},
+            {
+                "op": "replace" if annotations else "add",
+                "path": "/spec/template/metadata/annotations",
+                "value": {**annotations, BUILD_ANNOTATION: build},
+            },
+        ]
+        patched_at = time.time()
+        try:
+            apps.patch_namespaced_deployment(name, target.namespace, patch)
+        except Exception as exc:
+            raise _api_failed(f"patching deployment/{name} in {target.namespace!r}", exc) from None
+        pods = _wait_rolled_out(target, apps, name, build, t0 + wait, wait)
+        served_at = time.time()
+        book = ledger(configuration)
+        port_urls = {r.name: r.url for r in target.replicas("model-canary")}
+        params: dict[str, Any] = {"mode": mode, "build": build}
+        if tokens:
+            params["min_prompt_tokens"] = int(tokens) if tokens.isdigit() else tokens
+        names = []
+        for p in pods:
+            pod_name = p.metadata.name
+            names.append(pod_name)
+            book.append(
+                gd_faults.FaultEntry(
+                    action="inject",
+                    time=served_at,
+                    component="model-canary",
+                    replica=pod_name,
+                    url=port_urls.get(pod_name, ""),
+                    kind="kernel",
+                    fault_id=f"build-{p.metadata.uid}",
+                    ttl_s=None,
+                    params=params,
+                    detail={
+                        "rollout": f"deployment/{name}",
+                        "patched_at": patched_at,
+                        "rollout_s": round(served_at - patched_at, 3),
+                    },
+                )
+            )
+        gd_faults.annotate(
+            target,
+            {
+                "annotation": "fault_injected",
+                "component": "model-canary",
+                "kind": "kernel",
+                "build": build,
+                "replicas": names,
+            },
+            reason=f"gameday rolled the canary out to a bad build ({build})",
+        )
+    return {
+        "deployment": name,
+        "build": build,
+        "pods": names,
+        "patched_at": patched_at,
+        "serving_at": served_at,
+        "rollout_s": round(served_at - patched_at, 3),
+    }
+
+
+def _revision(rs: Any) -> int:
+    raw = (rs.metadata.annotations or {}).get(REVISION_ANNOTATION, "")
+    return int(raw) if str(raw).isdigit() else -1
+
+
+def undo_canary_rollout(
+    deadline_s: float = 120.0,
+    configuration: Configuration | None = None,
+    secrets: Secrets | None = None,
+) -> dict[str, Any]:
+    """``kubectl rollout undo deployment/model-canary`` through the API: the Deployment's
+    pod template becomes its previous ReplicaSet's (the highest revision below the current
+    one, among the ReplicaSets the Deployment owns); waits for that rollout. Nothing to do
+    when the canary is not a bad build of ``roll_out_bad_canary`` (idempotent, so it can
+    be an experiment's rollback). Closes the ledger's bad-build entries."""
+    wait = min(non_negative("deadline_s", deadline_s), MAX_WAIT_S)
+    target = kubernetes_target(configuration, "undo_canary_rollout")
+    t0 = time.monotonic()
+    with harness_errors("undoing the canary rollout"):
+        apps, name = _canary_deployment(target, "undo_canary_rollout")
+        try:
+            dep: Any = apps.read_namespaced_deployment(name, target.namespace)
+        except Exception as exc:
+            raise _api_failed(f"reading deployment/{name}", exc) from None
+        current_build = (dep.spec.template.metadata.annotations or {}).get(BUILD_ANNOTATION)
+        if current_build is None:
+            _close_build_entries(configuration)
+            return {"changed": False, "deployment": name, "why": "the canary is no bad build"}
+        try:
+            sets = apps.list_namespaced_replica_set(
+                target.namespace, label_selector=target.selector("model-canary")
+            ).items
+        except Exception as exc:
+            raise _api_failed(f"listing the ReplicaSets of deployment/{name}", exc) from None
+        uid = dep.metadata.uid
+        owned = [
+            rs
+            for rs in sets
+            if any(o.uid == uid and o.controller for o in rs.metadata.owner_references or [])
+        ]
+        current = int((dep.metadata.annotations or {}).get(REVISION_ANNOTATION, "0") or 0)
+        older = sorted((rs for rs in owned if 0 <= _revision(rs) < current), key=_revision)
+        previous = next(
+            (
+                rs
+                for rs in reversed(older)
+                if (rs.spec.template.metadata.annotations or {}).get(BUILD_ANNOTATION) is None
+            ),
+            None,
+        )
+        if previous is None:
+            raise ActivityFailed(
+                f"deployment/{name} (revision {current}) has no earlier ReplicaSet without a "
+                f"bad build to roll back to ({len(owned)} owned): roll it back by hand"
+            )
+        template = apps.api_client.sanitize_for_serialization(previous.spec.template)
+        labels = dict(template.get("metadata", {}).get("labels") or {})
+        labels.pop("pod-template-hash", None)
+        template.setdefault("metadata", {})["labels"] = labels
+        try:
+            apps.patch_namespaced_deployment(
+                name,
+                target.namespace,
+                [{"op": "replace", "path": "/spec/template", "value": template}],
+            )
+        except Exception as exc:
+            raise _api_failed(f"rolling deployment/{name} back", exc) from None
+        _wait_rolled_out(target, apps, name, None, t0 + wait, wait)
+        closed = _close_build_entries(configuration)
+    return {
+        "changed": True,
+        "deployment": name,
+        "undone_build": current_build,
+        "to_replicaset": previous.metadata.name,
+        "to_revision": _revision(previous),
+        "closed_ledger_entries": closed,
+        "took_s": round(time.monotonic() - t0, 3),
+    }
+
+
+def _close_build_entries(configuration: Configuration | None) -> int:
+    """A ``clear`` in the ledger for each bad-build entry still open (so clear_faults does
+    not look for them on the model server's fault API, where they never were)."""
+    book = ledger(configuration)
+    n = 0
+    for e in book.outstanding():
+        if e.kind == "kernel" and (e.fault_id or "").startswith("build-"):
+            book.append(
+                gd_faults.FaultEntry(
+                    action="clear",
+                    time=time.time(),
+                    component=e.component,
+                    replica=e.replica,
+                    url=e.url,
+                    kind=e.kind,
+                    fault_id=e.fault_id,
+                    detail={"rolled_back": True},
+                )
+            )
+            n += 1
+    return n
 
 
 # --- the namespace guard (a Chaos Toolkit control) --------------------------------------

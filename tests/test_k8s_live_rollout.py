@@ -1,0 +1,106 @@
+"""``probes.kubernetes.roll_out_bad_canary`` (issue #15 item 4: a faulty canary as a real
+rollout of a bad build) against the FAKED Kubernetes API of tests/k8s_fake.py (real HTTP,
+offline, in ``make test``; a PATCHed Deployment "rolls out" at once). The live cluster
+(tests/test_k8s_live.py, experiments/k8s/faulty-canary-rollout.yaml) runs the rollout and
+its undo for real; the fake serves no ReplicaSet list, so the undo is checked there only.
+
+- the rollout is one JSON patch of the canary Deployment: the model container's args gain
+  ``--kernel-fault VALUE`` (an earlier one replaced, not stacked) and the pod template the
+  ``canarystack.io/build`` annotation; it returns once the pods are that build;
+- the ledger gets an ``inject`` of kind ``kernel`` per bad pod, timed when the bad build
+  was seen serving (after the patch), so the SLO checks measure detection from it;
+- a malformed value, and a target whose blast radius leaves out model-canary, are refused
+  before any request to the API.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from chaoslib.exceptions import ActivityFailed
+
+from gameday.faults import FaultLedger
+from probes.kubernetes import BUILD_ANNOTATION, VERSION_ANNOTATION, roll_out_bad_canary
+from tests.k8s_fake import FakeApi, pod, point_client_at, workload
+
+NS = "stack"
+LABELS = {"app.kubernetes.io/part-of": "canarystack", "app.kubernetes.io/component": "model-canary"}
+ARGS = ["serve", "model", "--port", "18011", "--kernel-fault", "garbage:1"]
+
+
+@pytest.fixture
+def fake(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[FakeApi]:
+    api = FakeApi()
+    dep = workload("Deployment", "model-canary", desired=1, ready=1, namespace=NS,
+                   labels=LABELS, annotations={VERSION_ANNOTATION: "v2"})  # fmt: skip
+    dep["spec"]["template"]["spec"]["containers"] = [
+        {"name": "model", "image": "canarystack", "args": list(ARGS)}
+    ]
+    api.add_workload(dep)
+    old = pod("model-canary-0", LABELS, "10.0.3.1", namespace=NS)
+    old["metadata"]["annotations"] = {VERSION_ANNOTATION: "v2"}
+    api.add_pod(old)
+    api.start()
+    point_client_at(api, tmp_path / "no-kubeconfig", monkeypatch)
+    try:
+        yield api
+    finally:
+        api.stop()
+
+
+def config(tmp_path: Path, components: list[str]) -> dict[str, Any]:
+    target = {
+        "kind": "kubernetes",
+        "namespace": NS,
+        "urls": {"broker": "http://127.0.0.1:9"},  # nothing listens: annotations are best effort
+        "ports": {"model-canary": 18011},
+        "blast_radius": {"namespaces": [NS], "components": components},
+    }
+    path = tmp_path / "target.yaml"
+    path.write_text(yaml.safe_dump(target))
+    return {"gameday_target": str(path), "gameday_run_dir": str(tmp_path / "run")}
+
+
+def test_the_bad_build_is_rolled_out_by_one_patch_and_ledgered_when_it_serves(
+    fake: FakeApi, tmp_path: Path
+) -> None:
+    cfg = config(tmp_path, ["model-canary"])
+    out = roll_out_bad_canary(kernel_fault="nan-logits:100", deadline_s=20, configuration=cfg)
+    build = "kernel-fault=nan-logits:100"
+    assert out["build"] == build and out["deployment"] == "model-canary"
+    (patch,) = [s for s in fake.seen if s.method == "PATCH"]
+    assert patch.path == f"/apis/apps/v1/namespaces/{NS}/deployments/model-canary"
+    bad_args = ["serve", "model", "--port", "18011", "--kernel-fault", "nan-logits:100"]
+    assert patch.body == [
+        {"op": "replace", "path": "/spec/template/spec/containers",
+         "value": [{"name": "model", "image": "canarystack", "args": bad_args}]},
+        {"op": "replace", "path": "/spec/template/metadata/annotations",
+         "value": {VERSION_ANNOTATION: "v2", BUILD_ANNOTATION: build}},
+    ]  # fmt: skip
+    pods = list(fake.pods[NS].values())
+    assert [p["metadata"]["annotations"][BUILD_ANNOTATION] for p in pods] == [build]
+    (entry,) = FaultLedger(tmp_path / "run" / "faults.jsonl").entries()
+    assert (entry.action, entry.kind, entry.component) == ("inject", "kernel", "model-canary")
+    assert entry.replica == pods[0]["metadata"]["name"]
+    assert entry.params == {"mode": "nan-logits", "build": build, "min_prompt_tokens": 100}
+    assert entry.time >= entry.detail["patched_at"] == out["patched_at"]
+    assert entry.url == "http://10.9.0.1:18011"
+
+
+@pytest.mark.parametrize("value", ["", "nan logits", ":100"])
+def test_a_malformed_kernel_fault_is_refused_before_any_request(
+    fake: FakeApi, tmp_path: Path, value: str
+) -> None:
+    with pytest.raises(ActivityFailed, match="argument kernel_fault"):
+        roll_out_bad_canary(kernel_fault=value, configuration=config(tmp_path, ["model-canary"]))
+    assert fake.seen == []
+
+
+def test_a_canary_outside_the_blast_radius_is_never_rolled(fake: FakeApi, tmp_path: Path) -> None:
+    with pytest.raises(ActivityFailed, match="model-canary"):
+        roll_out_bad_canary(configuration=config(tmp_path, ["router"]))
+    assert fake.seen == []
