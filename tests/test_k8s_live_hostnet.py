@@ -85,3 +85,17 @@ def test_a_pod_network_replica_is_still_reached_at_its_pod_ip(
     assert [(r.name, r.url) for r in target.replicas("gate")] == [
         ("gate-a", "http://10.0.3.1:8000")
     ]
+
+
+def test_the_host_side_loopback_target_is_the_runner_pods_but_for_kubeconfig_and_credentials() -> (
+    None
+):
+    repo = Path(__file__).resolve().parents[1]
+    host = yaml.safe_load((repo / "deploy/loopback/target.yaml").read_text())
+    pod_side = yaml.safe_load((repo / "deploy/k8s/overlays/loopback/target.yaml").read_text())
+    assert host.pop("kubeconfig") == ".k8s/kubeconfig"
+    assert host.pop("credentials_dir") == "deploy/k8s/overlays/loopback/credentials"
+    assert pod_side.pop("credentials_dir") == "/var/run/canarystack/credentials"
+    assert host == pod_side
+    target = load_target(repo / "deploy/loopback/target.yaml")
+    assert isinstance(target, KubernetesTarget) and target.namespace == "canarystack-loopback"
