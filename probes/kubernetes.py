@@ -72,6 +72,7 @@ HTTP_TIMEOUT_S = 5.0
 POLL_S = 1.0
 FRESH_SUFFIX = re.compile(r"-g\d+$")
 BUILD_ANNOTATION = "canarystack.io/build"
+DEFAULT_BUILD_MIN_PROMPT_TOKENS = 2048  # --kernel-fault MODE without :MIN_PROMPT_TOKENS
 KERNEL_FAULT_FLAG = "--kernel-fault"
 REVISION_ANNOTATION = "deployment.kubernetes.io/revision"
 
@@ -480,7 +481,7 @@ def roll_out_bad_canary(
     as a rebuilt image under the same tag. Undo with ``undo_canary_rollout``."""
     value = str(kernel_fault).strip()
     mode, _, tokens = value.partition(":")
-    if not mode or any(ch.isspace() for ch in value):
+    if not mode or any(ch.isspace() for ch in value) or (tokens and not tokens.isdigit()):
         raise ActivityFailed(
             f"argument kernel_fault is {kernel_fault!r}: give MODE[:MIN_PROMPT_TOKENS], "
             "e.g. fp8-kv-scale:2048 (the model server's --kernel-fault)"
@@ -519,9 +520,9 @@ def roll_out_bad_canary(
         served_at = time.time()
         book = ledger(configuration)
         port_urls = {r.name: r.url for r in target.replicas("model-canary")}
-        params: dict[str, Any] = {"mode": mode, "build": build}
-        if tokens:
-            params["min_prompt_tokens"] = int(tokens) if tokens.isdigit() else tokens
+        # the model server's default threshold when the value names none
+        threshold = int(tokens) if tokens else DEFAULT_BUILD_MIN_PROMPT_TOKENS
+        params: dict[str, Any] = {"mode": mode, "min_prompt_tokens": threshold, "build": build}
         names = []
         for p in pods:
             pod_name = p.metadata.name

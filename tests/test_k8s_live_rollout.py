@@ -86,12 +86,12 @@ def test_the_bad_build_is_rolled_out_by_one_patch_and_ledgered_when_it_serves(
     (entry,) = FaultLedger(tmp_path / "run" / "faults.jsonl").entries()
     assert (entry.action, entry.kind, entry.component) == ("inject", "kernel", "model-canary")
     assert entry.replica == pods[0]["metadata"]["name"]
-    assert entry.params == {"mode": "nan-logits", "build": build, "min_prompt_tokens": 100}
+    assert entry.params == {"mode": "nan-logits", "min_prompt_tokens": 100, "build": build}
     assert entry.time >= entry.detail["patched_at"] == out["patched_at"]
     assert entry.url == "http://10.9.0.1:18011"
 
 
-@pytest.mark.parametrize("value", ["", "nan logits", ":100"])
+@pytest.mark.parametrize("value", ["", "nan logits", ":100", "nan-logits:many"])
 def test_a_malformed_kernel_fault_is_refused_before_any_request(
     fake: FakeApi, tmp_path: Path, value: str
 ) -> None:
