@@ -23,6 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 LOOPBACK = REPO / "deploy" / "loopback"
@@ -323,6 +324,50 @@ def test_the_api_server_confines_the_chaos_runner_to_its_role(stack: None) -> No
     assert api_call("DELETE", f"{deploys}/router{dry}", token) == 403
     # Nor may it read the credentials.
     assert api_call("GET", f"/api/v1/namespaces/{NS}/secrets", token) == 403
+
+
+def canary_health() -> dict:
+    with urllib.request.urlopen("http://127.0.0.1:18011/health", timeout=10) as resp:
+        return dict(json.loads(resp.read()))
+
+
+def canary_template_hash() -> str:
+    pods = kubectl_json("-n", NS, "get", "pods", "-l", "app.kubernetes.io/component=model-canary")
+    live = [p for p in pods["items"] if not p["metadata"].get("deletionTimestamp")]
+    assert len(live) == 1, [p["metadata"]["name"] for p in live]
+    return str(live[0]["metadata"]["labels"]["pod-template-hash"])
+
+
+def test_a_bad_build_is_a_real_rollout_and_its_undo_the_previous_replicaset(
+    stack: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue #15 item 4: probes.kubernetes.roll_out_bad_canary patches the canary
+    Deployment's args with --kernel-fault (a new ReplicaSet, a new pod that IS the bad
+    build), undo_canary_rollout brings back the previous ReplicaSet's template; the target
+    reaches the host-network canary's own admin API at 127.0.0.1."""
+    from gameday.targets import load_target
+    from probes.kubernetes import roll_out_bad_canary, undo_canary_rollout
+
+    target_file = yaml.safe_load((LOOPBACK / "target.yaml").read_text())
+    target_file["kubeconfig"] = str(KUBECONFIG)
+    target_file["credentials_dir"] = str(REPO / target_file["credentials_dir"])
+    (tmp_path / "target.yaml").write_text(yaml.safe_dump(target_file))
+    cfg = {"gameday_target": str(tmp_path / "target.yaml"), "gameday_run_dir": str(tmp_path)}
+    monkeypatch.setenv("KUBECONFIG", str(KUBECONFIG))
+    (replica,) = load_target(tmp_path / "target.yaml").replicas("model-canary")
+    assert replica.url == "http://127.0.0.1:18011"
+    assert canary_health()["build_kernel_fault"] is None
+    healthy = canary_template_hash()
+    out = roll_out_bad_canary(kernel_fault="nan-logits:100", deadline_s=180, configuration=cfg)
+    assert out["build"] == "kernel-fault=nan-logits:100"
+    assert canary_template_hash() != healthy
+    assert canary_health()["build_kernel_fault"] == "nan-logits:100"
+    undone = undo_canary_rollout(deadline_s=180, configuration=cfg)
+    assert undone["changed"] is True and undone["closed_ledger_entries"] == 1
+    assert canary_template_hash() == healthy
+    assert canary_health()["build_kernel_fault"] is None
+    # idempotent: nothing left to undo
+    assert undo_canary_rollout(configuration=cfg)["changed"] is False
 
 
 def test_down_leaves_nothing(cluster: None) -> None:
