@@ -71,7 +71,10 @@ def test_entrypoint_runs_components_with_a_real_token_and_names_bad_roles(tmp_pa
     done = entry(token_file=path)
     assert done.returncode == 64 and "no role given" in done.stderr
     missing = entry("serve", "model", token_file=tmp_path / "nope")
-    assert missing.returncode == 64 and "cannot be read: mount this pod's own credential Secret" in missing.stderr
+    assert (
+        missing.returncode == 64
+        and "cannot be read: mount this pod's own credential Secret" in missing.stderr
+    )
 
 
 def test_every_path_the_dockerfile_copies_exists_and_is_not_ignored() -> None:
