@@ -30,7 +30,16 @@ import time
 from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
+from typing import Any
 
+from gameday.report.campaign import (
+    HTML_MARKER,
+    CampaignCell,
+    campaign_cells,
+    campaign_doc,
+    render_campaign_html,
+    render_ecdf,
+)
 from gameday.report.heatmaps import HeatmapData, heatmap_cells, render_heatmaps
 from gameday.report.html import render_html
 from gameday.report.junit import write_junit
@@ -112,6 +121,9 @@ def build_report(run_dir: str | Path, *, bin_s: float | None = None) -> Summary:
     experiments = [_experiment(exp, bin_s, timings) for exp in run.experiments]
     summary = summarise_run(run, experiments)
     images: dict[str, Path] = {}
+    campaign = _campaign(run.run_info, experiments)
+    if campaign is not None:
+        _campaign_verdict(summary, campaign)
 
     with _phase(timings, "figures"):
         for e in experiments:
@@ -126,8 +138,14 @@ def build_report(run_dir: str | Path, *, bin_s: float | None = None) -> Summary:
                 _atomic(hm_png, partial(render_heatmaps, e.heatmap, title=title))
                 images[f"heatmap:{e.name}"] = hm_png
                 e.files["heatmap_png"] = hm_png.name
+        if campaign is not None:
+            for cell in campaign:
+                ecdf_png = root / f"ecdf-{slug(cell.name)}.png"
+                _atomic(ecdf_png, partial(render_ecdf, cell))
+                images[f"ecdf:{cell.name}"] = ecdf_png
+                summary.files[f"ecdf_png:{cell.name}"] = ecdf_png.name
         if experiments:
-            matrix = build_matrix(experiments)
+            matrix = build_matrix(experiments, campaign)
             _atomic(root / "matrix.png", partial(render_matrix, matrix))
             _atomic(root / "matrix.csv", partial(matrix.to_csv, index=False))
             images["matrix"] = root / "matrix.png"
@@ -153,12 +171,80 @@ def build_report(run_dir: str | Path, *, bin_s: float | None = None) -> Summary:
             }
         )
 
+    doc = None if campaign is None else _campaign_json(run.run_info, campaign)
     with _phase(timings, "junit"):
-        _atomic(root / "junit.xml", partial(write_junit, summary))
+        _atomic(root / "junit.xml", partial(write_junit, summary, campaign=doc))
     timings["total"] = time.perf_counter() - started
     with _phase(timings, "html"):
-        _atomic(root / "report.html", partial(render_html, summary, images))
+        _atomic(root / "report.html", partial(_render_html, summary, images, doc))
     timings["total"] = time.perf_counter() - started
     summary.timings_s = timings
-    _atomic(root / "summary.json", summary.write_json)
+    if doc is None:
+        _atomic(root / "summary.json", summary.write_json)
+    else:
+        full = {**summary.to_json(), "campaign": doc}
+        _atomic(root / "summary.json", partial(_write_json, full))
     return summary
+
+
+def _render_html(
+    summary: Summary, images: dict[str, Path], campaign: dict[str, Any] | None, path: Path
+) -> None:
+    """report.html, with the campaign section (if any) where the template marks it."""
+    render_html(summary, images, path)
+    ecdfs = {k.split(":", 1)[1]: p for k, p in images.items() if k.startswith("ecdf:")}
+    section = render_campaign_html(campaign, ecdfs)
+    html = path.read_text(encoding="utf-8")
+    path.write_text(html.replace(HTML_MARKER + "\n", section, 1), encoding="utf-8")
+
+
+def _campaign_info(run_info: dict[str, Any] | None) -> dict[str, Any] | None:
+    info = (run_info or {}).get("campaign")
+    return info if isinstance(info, dict) else None
+
+
+def _campaign(
+    run_info: dict[str, Any] | None, experiments: list[ExperimentSummary]
+) -> list[CampaignCell] | None:
+    """The campaign's cells, when run.json says the run was one (``gameday run --repeat``
+    or ``--certify``); None for a plain run, whose report stays as it was."""
+    info = _campaign_info(run_info)
+    if info is None:
+        return None
+    seeds = info.get("load_seeds")
+    seeds = (
+        {str(k): v if isinstance(v, int) else None for k, v in seeds.items()}
+        if isinstance(seeds, dict)
+        else {}
+    )
+    return campaign_cells(experiments, seeds, certify_slo=info.get("certify") is True)
+
+
+def _campaign_json(run_info: dict[str, Any] | None, cells: list[CampaignCell]) -> dict[str, Any]:
+    info = _campaign_info(run_info) or {}
+    repeat = info.get("repeat")
+    return campaign_doc(
+        cells,
+        repeat if isinstance(repeat, int) else 0,
+        info.get("certify") is True,
+        seeds_note=str(info.get("order") or ""),
+    )
+
+
+def _campaign_verdict(summary: Summary, cells: list[CampaignCell]) -> None:
+    """A campaign cell's verdict joins the run's (fail wins, then inconclusive): with
+    --certify, an exceedance fails the run, too few runs make it inconclusive."""
+    sentences = [c.certification().sentence for c in cells if c.certify and c.expect == "trip"]
+    summary.reasons.extend(sentences)
+    verdicts = {c.verdict for c in cells}
+    if "fail" in verdicts and summary.verdict != "fail":
+        failed = [c.name for c in cells if c.verdict == "fail"]
+        summary.verdict = "fail"
+        summary.headline = f"FAIL — campaign cell(s) failed: {', '.join(failed)}"
+    elif "inconclusive" in verdicts and summary.verdict == "pass":
+        unsure = [c for c in cells if c.verdict == "inconclusive"]
+        summary.verdict = "inconclusive"
+        summary.headline = (
+            f"INCONCLUSIVE — {len(unsure)} campaign cell(s) not certified: "
+            + "; ".join(c.certification().sentence for c in unsure)
+        )

@@ -3,9 +3,12 @@
 One ``<testsuite>`` per experiment, holding one ``<testcase>`` for the experiment itself
 (``<failure>`` listing every reason it failed; ``<error>`` when data it needs is missing)
 and one per SLO check (``<failure>`` with measured vs allowed; ``<skipped>`` when it could
-not be measured). An ``inconclusive`` experiment (the gate could not have seen the fault,
-or the load was not valid) gets ``<error type="Inconclusive">`` with every reason, and its
-SLO checks ``<skipped>`` ("not judged"): an error, not a skip, because CI tools count a
+not be measured). A campaign (``gameday run --repeat``) adds a suite ``campaign``: one test
+case per experiment (passes/N, time to trip p50/p95 with 95 % intervals, the worst run, the
+certification), ``<failure>`` when its cell failed, ``<error>`` when it is inconclusive.
+An ``inconclusive`` experiment (the gate could not have seen the fault, or the load was
+not valid) gets ``<error type="Inconclusive">`` with every reason, and its SLO checks
+``<skipped>`` ("not judged"): an error, not a skip, because CI tools count a
 skipped test as no problem (Jenkins, GitLab and GitHub test reporters leave the build
 green) while an inconclusive game day must never pass; and ``error`` is JUnit's word for
 "the test could not reach a verdict", apart from ``failure`` (it ran and the gate was
@@ -24,6 +27,7 @@ import socket
 import xml.etree.ElementTree as ET
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from gameday.report.verdict import ExperimentSummary, SloCheck, Summary
 
@@ -115,7 +119,43 @@ def _suite(
     return suite
 
 
-def junit_tree(summary: Summary) -> ET.ElementTree:
+def _campaign_suite(campaign: dict[str, Any], timestamp: str, hostname: str) -> ET.Element:
+    """One test case per campaign cell: ``<failure>`` when a run failed or (--certify) a
+    run went over the SLO, ``<error type="Inconclusive">`` when the runs do not suffice."""
+    cases = []
+    for cell in campaign.get("cells") or []:
+        name = str(cell.get("experiment"))
+        case = ET.Element(
+            "testcase", name=f"campaign {name}", classname=_classname(name) + ".campaign"
+        )
+        case.set("time", "0.000")
+        cert = cell.get("certification") or {}
+        st = cell.get("time_to_trip") or {}
+        p50, p95 = st.get("p50") or {}, st.get("p95") or {}
+        line = (
+            f"{cell.get('passes_text')} passed; time to trip p50 {p50.get('value_s')} s "
+            f"95 % CI {p50.get('ci95_s')}, p95 {p95.get('value_s')} s 95 % CI "
+            f"{p95.get('ci95_s')}; worst run {(cell.get('worst_run') or {}).get('name')}"
+        )
+        message = cert.get("sentence") or line
+        if cell.get("verdict") == "fail":
+            fail = ET.SubElement(case, "failure", type="CampaignFailed", message=_clean(message))
+            fail.text = _clean(line)
+        elif cell.get("verdict") == "inconclusive":
+            err = ET.SubElement(case, "error", type="Inconclusive", message=_clean(message))
+            err.text = _clean(line)
+        out = ET.SubElement(case, "system-out")
+        out.text = _clean(line + ("\n" + cert["sentence"] if cert.get("sentence") else ""))
+        cases.append(case)
+    suite = _suite("campaign", cases, timestamp, hostname, 0.0)
+    props = ET.SubElement(suite, "properties")
+    for key in ("repeat", "certify", "percentile_method", "interval_method"):
+        ET.SubElement(props, "property", name=key, value=str(campaign.get(key)))
+    suite.extend(cases)
+    return suite
+
+
+def junit_tree(summary: Summary, campaign: dict[str, Any] | None = None) -> ET.ElementTree:
     timestamp = datetime.fromtimestamp(summary.generated_at, tz=UTC).strftime("%Y-%m-%dT%H:%M:%S")
     hostname = socket.gethostname() or "localhost"
     root = ET.Element("testsuites", name=f"gameday {summary.run_id}")
@@ -143,6 +183,8 @@ def junit_tree(summary: Summary) -> ET.ElementTree:
         suite = _suite("run", [case], timestamp, hostname, 0.0)
         suite.append(case)
         suites.append(suite)
+    if campaign is not None:  # gameday run --repeat / --certify
+        suites.append(_campaign_suite(campaign, timestamp, hostname))
     root.extend(suites)
     # <testsuites> has no "skipped" in Jenkins' schema: only the suites carry it.
     for attr in ("tests", "failures", "errors"):
@@ -152,5 +194,5 @@ def junit_tree(summary: Summary) -> ET.ElementTree:
     return ET.ElementTree(root)
 
 
-def write_junit(summary: Summary, path: Path) -> None:
-    junit_tree(summary).write(path, encoding="utf-8", xml_declaration=True)
+def write_junit(summary: Summary, path: Path, campaign: dict[str, Any] | None = None) -> None:
+    junit_tree(summary, campaign).write(path, encoding="utf-8", xml_declaration=True)

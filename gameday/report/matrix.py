@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from gameday.report.campaign import CampaignCell
 from gameday.report.verdict import ExperimentSummary
 
 ROWS = ("router", "broker", "rollback", "control")
@@ -36,8 +37,15 @@ MATRIX_COLUMNS = (
 )
 
 
-def build_matrix(experiments: list[ExperimentSummary]) -> pd.DataFrame:
-    """One row per (component, fault) cell, in display order, including cells not run."""
+def build_matrix(
+    experiments: list[ExperimentSummary], campaign: list[CampaignCell] | None = None
+) -> pd.DataFrame:
+    """One row per (component, fault) cell, in display order, including cells not run.
+
+    ``campaign`` (``gameday run --repeat``): each cell says passes/N and time to trip
+    p50/p95 with their 95 % intervals instead of one run's trip, its verdict joins the
+    campaign cell's (with --certify, not certified is inconclusive), and the frame gains
+    the columns ``CAMPAIGN_COLUMNS``."""
     rows = list(ROWS) + sorted({e.component or "?" for e in experiments} - set(ROWS))
     cols = list(COLUMNS[:3]) + sorted({e.fault or "?" for e in experiments} - set(COLUMNS[:3]))
     if "none" in cols:  # the control run's column goes last
@@ -53,12 +61,63 @@ def build_matrix(experiments: list[ExperimentSummary]) -> pd.DataFrame:
             ]
             cells.append(_cell(component, fault, here))
     frame = pd.DataFrame(cells, columns=list(MATRIX_COLUMNS))
+    if campaign is not None:
+        frame = _with_campaign(frame, campaign)
     # Keep rows/columns that hold an experiment, plus the standard ones.
     used_rows = set(frame.loc[frame["verdict"] != "not run", "component"]) | set(ROWS)
     used_cols = set(frame.loc[frame["verdict"] != "not run", "fault"]) | set(COLUMNS[:3])
     return frame[frame["component"].isin(used_rows) & frame["fault"].isin(used_cols)].reset_index(
         drop=True
     )
+
+
+CAMPAIGN_COLUMNS = ("runs", "passes", "p50_s", "p50_ci95_s", "p95_s", "p95_ci95_s", "worst_run")
+
+
+def _with_campaign(frame: pd.DataFrame, campaign: list[CampaignCell]) -> pd.DataFrame:
+    extra: dict[str, list[object]] = {c: [] for c in CAMPAIGN_COLUMNS}
+    texts, verdicts = [], []
+    for row in frame.itertuples():
+        here = [
+            c
+            for c in campaign
+            if (c.component or "?") == row.component and (c.fault or "?") == row.fault
+        ]
+        docs = [c.to_json() for c in here]
+        if not here:
+            texts.append(row.text)
+            verdicts.append(row.verdict)
+            for col in CAMPAIGN_COLUMNS:
+                extra[col].append(None)
+            continue
+        lines = [(f"{c.name.split('/')[-1]}: " if len(here) > 1 else "") + c.text() for c in here]
+        texts.append("\n".join(lines))
+        cell_verdicts = {str(row.verdict)} | {c.verdict for c in here}
+        if cell_verdicts - {"pass", "inconclusive"}:
+            verdicts.append("fail")
+        else:
+            verdicts.append("inconclusive" if "inconclusive" in cell_verdicts else "pass")
+        extra["runs"].append(sum(d["runs"] for d in docs))
+        extra["passes"].append(sum(d["passes"] for d in docs))
+        for label in ("p50", "p95"):
+            st = [d["time_to_trip"][label] for d in docs]
+            extra[f"{label}_s"].append("; ".join(_s(x["value_s"]) for x in st))
+            extra[f"{label}_ci95_s"].append(
+                "; ".join(f"[{_s(x['ci95_s'][0])}, {_s(x['ci95_s'][1])}]" for x in st)
+            )
+        extra["worst_run"].append(
+            "; ".join(str((d["worst_run"] or {}).get("name") or "") for d in docs)
+        )
+    out = frame.copy()
+    out["text"] = texts
+    out["verdict"] = verdicts
+    for col, values in extra.items():
+        out[col] = pd.array(values, dtype="Int64") if col in ("runs", "passes") else values
+    return out
+
+
+def _s(value: object) -> str:
+    return "unbounded" if value is None else f"{value}"
 
 
 def _cell(component: str, fault: str, here: list[ExperimentSummary]) -> dict[str, object]:

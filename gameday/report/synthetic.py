@@ -507,3 +507,59 @@ def write_run(
         )
     )
     return root
+
+
+def write_campaign(
+    root: Path,
+    trip_times: Mapping[str, Sequence[float | None]],
+    scenarios: Sequence[Scenario] | None = None,
+    certify: bool = False,
+    requests_per_experiment: int = 300,
+    seed: int = 7,
+    run_id: str = "synthetic-campaign",
+    start: float = 1_700_000_000.0,
+) -> Path:
+    """A campaign folder as ``gameday run --repeat N`` leaves it: run ``k`` of scenario
+    ``name`` in ``name@rKK``, tripping ``trip_times[name][k - 1]`` seconds after its fault
+    (None: no trip); a scenario not in ``trip_times`` repeats as itself. N is the longest
+    list. run.json carries the campaign (repeat, certify, the load seed of each run)."""
+    from dataclasses import replace
+
+    scenarios = list(scenarios) if scenarios is not None else game_day()
+    repeat = max((len(v) for v in trip_times.values()), default=1)
+    rng = np.random.default_rng(seed)
+    root.mkdir(parents=True, exist_ok=True)
+    names: list[str] = []
+    i = 0
+    for k in range(1, repeat + 1):
+        for sc in scenarios:
+            name = f"{sc.name}@r{k:02d}"
+            times = trip_times.get(sc.name)
+            run = sc
+            if times is not None:
+                t = times[k - 1] if k <= len(times) else None
+                run = replace(sc, trips=t is not None, detection_s=t if t is not None else 0.0)
+            run = replace(run, name=name)
+            write_experiment(
+                root / name, run, start + 120.0 * i, requests_per_experiment, 0.05, rng, run_id
+            )
+            names.append(name)
+            i += 1
+    (root / "run.json").write_text(
+        json.dumps(
+            {
+                "run_id": run_id,
+                "experiments": names,
+                "started_at": start,
+                "campaign": {
+                    "repeat": repeat,
+                    "certify": certify,
+                    "first_load_seed": 0,
+                    "load_seeds": {n: int(n.rsplit("@r", 1)[1]) - 1 for n in names},
+                    "order": "round-robin: round k runs every experiment once, with seed "
+                    "first_load_seed + k - 1",
+                },
+            }
+        )
+    )
+    return root
