@@ -31,7 +31,7 @@ from typing import Any
 
 from chaoslib.exceptions import InterruptExecution
 
-from gameday.load.runner import LoadConfig, LoadRun, LoadRunError
+from gameday.load.runner import LoadConfig, LoadRun, LoadRunError, env_load_seed
 from gameday.targets import TargetError
 from probes._context import LOAD_STATE_NAME, Configuration, get_target, run_dir
 
@@ -79,6 +79,16 @@ def _oracle_args(configuration: Configuration | None) -> list[str]:
     return ["--oracle-baseline-host", baseline[0].url, "--oracle-canary-host", canary[0].url]
 
 
+def _seed(seed: Any) -> int | None:
+    """The load's seed: the control's ``seed`` argument, else ``$GAMEDAY_LOAD_SEED`` (set by
+    ``gameday run --repeat``), else None (the load's default, 0)."""
+    if seed is None:
+        return env_load_seed()
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise ValueError(f"seed must be a whole number, got {seed!r}")
+    return seed
+
+
 def before_method_control(
     context: Any,
     users: int = 12,
@@ -89,6 +99,7 @@ def before_method_control(
     oracle: bool = True,
     max_duration_s: float = 600.0,
     extra_args: list[str] | None = None,
+    seed: int | None = None,
     configuration: Configuration | None = None,
     secrets: Secrets | None = None,
     **kwargs: Any,
@@ -112,6 +123,7 @@ def before_method_control(
             run_id=os.environ.get(ENV_RUN_ID) or folder.name,
             oracle=bool(oracle),
             extra_args=[*(_oracle_args(configuration) if oracle else []), *(extra_args or [])],
+            seed=_seed(seed),
         )
         run = LoadRun(config)
         state: dict[str, Any] = {
@@ -123,6 +135,7 @@ def before_method_control(
             "prompt_mix": config.prompt_mix,
             "oracle": config.oracle,
             "stop_timeout_s": config.stop_timeout_s,
+            **({"seed": config.seed} if config.seed is not None else {}),
             "command": run.command(),
         }
         _write_state(folder, state)

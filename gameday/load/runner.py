@@ -65,6 +65,10 @@ START_TIMEOUT_S = 60.0
 STOP_MARGIN_S = 15.0
 LOG_TAIL_CHARS = 3000
 ENV_EXTRA_ARGS = "GAMEDAY_LOAD_EXTRA_ARGS"
+# The load's seed (prompt lengths and texts, their order, user ids, sampling seeds): set by
+# ``gameday run`` per run of a campaign (``--repeat``); unset, the load's own default (0).
+ENV_LOAD_SEED = "GAMEDAY_LOAD_SEED"
+MAX_LOAD_SEED = 2**31 - 1
 CPU_WARNING_TEXT = "CPU usage above"  # Locust's own warning (locust.runners)
 ENV_TARGET_RPS = "GAMEDAY_LOAD_TARGET_RPS"
 ENV_MIN_RATE_RATIO = "GAMEDAY_LOAD_MIN_RATE_RATIO"
@@ -219,6 +223,23 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def env_load_seed(environ: dict[str, str] | os._Environ[str] = os.environ) -> int | None:
+    """``$GAMEDAY_LOAD_SEED`` as an int (None when unset); ValueError naming it if bad."""
+    raw = environ.get(ENV_LOAD_SEED, "").strip()
+    if not raw:
+        return None
+    try:
+        seed = int(raw)
+    except ValueError:
+        seed = -1
+    if not 0 <= seed <= MAX_LOAD_SEED:
+        raise ValueError(
+            f"{ENV_LOAD_SEED}={raw!r}: give a whole number from 0 to {MAX_LOAD_SEED} "
+            f"(the load's seed), or unset it for the default 0"
+        )
+    return seed
+
+
 def env_extra_args() -> list[str]:
     """The options in ``$GAMEDAY_LOAD_EXTRA_ARGS`` (shell words); ValueError if unparsable."""
     text = os.environ.get(ENV_EXTRA_ARGS, "")
@@ -256,6 +277,7 @@ class LoadConfig:
     csv: bool = True
     html: bool = False
     extra_args: Sequence[str] = ()  # any further Locust or gameday.load options
+    seed: int | None = None  # the load's seed (None: the load's default, 0); wins over args
     locustfile: Path = DEFAULT_LOCUSTFILE
     python: str = sys.executable
     env: dict[str, str] = field(default_factory=dict)
@@ -271,6 +293,8 @@ class LoadConfig:
             raise ValueError(f"LoadConfig.stop_timeout_s must be >= 0, got {self.stop_timeout_s}")
         if self.processes is not None and self.processes < 1:
             raise ValueError(f"LoadConfig.processes must be >= 1, got {self.processes}")
+        if self.seed is not None and not 0 <= self.seed <= MAX_LOAD_SEED:
+            raise ValueError(f"LoadConfig.seed must be from 0 to {MAX_LOAD_SEED}, got {self.seed}")
         if not Path(self.locustfile).is_file():
             raise ValueError(f"LoadConfig.locustfile {self.locustfile} does not exist")
 
@@ -354,6 +378,8 @@ class LoadRun:
             cmd += ["--html", str(self.output_dir / "locust.html")]
         cmd += env_extra_args()
         cmd += list(c.extra_args)
+        if c.seed is not None:  # last: a campaign's per-run seed is never overridden
+            cmd += ["--seed", str(c.seed)]
         return cmd
 
     # --- lifecycle -----------------------------------------------------------------

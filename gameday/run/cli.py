@@ -57,8 +57,14 @@ class TerminalProgress:
             if plan.owns_stack
             else "the target as it is"
         )
+        runs = f"{len(plan.experiments)} experiment(s)"
+        if plan.repeat > 1:
+            runs = (
+                f"a campaign of {len(plan.experiments)} runs "
+                f"({len(plan.experiments) // plan.repeat} experiment(s) x {plan.repeat})"
+            )
         self.console.print(
-            f"[bold]gameday run {plan.run_id}[/bold]: {len(plan.experiments)} experiment(s) "
+            f"[bold]gameday run {plan.run_id}[/bold]: {runs} "
             f"on target {plan.target.name!r} ({plan.target.kind}), {stack}"
         )
         for note in plan.notes:
@@ -108,6 +114,8 @@ class TerminalProgress:
         if outcome.report_error:
             self.console.print(f"[red]the report could not be built:[/red] {outcome.report_error}")
         elif outcome.report_headline:
+            for line in outcome.campaign_lines:
+                self.console.print(f"campaign: {line}")
             self.console.print(f"report: {outcome.report_headline}")
             self.console.print(f"        {outcome.report_html}")
         word = {EXIT_PASS: "pass", EXIT_INCONCLUSIVE: "inconclusive"}.get(outcome.exit_code, "fail")
@@ -170,6 +178,29 @@ def _figures(result: dict[str, Any]) -> str:
     help="Interrupt an experiment that runs longer than this.",
 )
 @click.option("--run-id", default=None, help="Name of the run folder (default: UTC time).")
+@click.option(
+    "--repeat",
+    type=click.IntRange(1, 1000),
+    default=1,
+    show_default=True,
+    help="A campaign: run each experiment N times (round-robin, a fresh stack and the load "
+    "seed --load-seed + k - 1 for run k, folder <experiment>@rKK); the report gives "
+    "passes/N and time-to-trip p50/p95 with 95 %% intervals per experiment.",
+)
+@click.option(
+    "--certify",
+    is_flag=True,
+    help="Turn the detection SLO into a claim: p95 <= SLO at 95 %% confidence, which "
+    "needs >= 59 runs with none over (fewer: the verdict says what they prove, and is "
+    "inconclusive).",
+)
+@click.option(
+    "--load-seed",
+    type=click.IntRange(0, 2**31 - 1),
+    default=None,
+    help="Seed of the load (prompt lengths, texts, order, user ids) of the first run "
+    "(default: 0, the load's own).",
+)
 @click.option("--no-report", is_flag=True, help="Skip building the report at the end.")
 @click.pass_context
 def run_cmd(
@@ -181,6 +212,9 @@ def run_cmd(
     base_port: int | None,
     experiment_timeout_s: float,
     run_id: str | None,
+    repeat: int,
+    certify: bool,
+    load_seed: int | None,
     no_report: bool,
 ) -> None:
     """Run Chaos Toolkit EXPERIMENTS against a target and decide a verdict.
@@ -190,8 +224,17 @@ def run_cmd(
     experiment passed, 1 when any failed, 2 on a usage error, 3 when none failed but one
     was inconclusive (the gate could not have seen, or the load was not valid), 130 on
     Ctrl-C.
+
+    With --repeat N (a campaign) each experiment runs N times with different load seeds;
+    with --certify the verdict also says what the runs prove about the detection SLO.
     """
     console = Console(highlight=False)
+    if certify and no_report:
+        console.print(
+            "[red]error:[/red] --certify is decided by the report: drop --no-report "
+            "(or drop --certify)"
+        )
+        ctx.exit(EXIT_USAGE)
     try:
         plan = plan_run(
             list(experiments),
@@ -201,6 +244,9 @@ def run_cmd(
             base_port=base_port,
             experiment_timeout_s=experiment_timeout_s,
             run_id=run_id,
+            repeat=repeat,
+            certify=certify,
+            load_seed=load_seed,
         )
     except PlanError as exc:
         console.print(f"[red]error:[/red] {exc}")

@@ -21,13 +21,14 @@ import os
 import re
 import secrets
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from gameday.load.runner import LoadTolerances
+from gameday.report.campaign import run_folder_name, runs_needed
 from gameday.run.evidence import thresholds
 from gameday.stack import StackCommandError, stack_status
 from gameday.targets import Target, TargetError, load_target
@@ -35,16 +36,23 @@ from gameday.targets.base import DEFAULT_TARGET_ENV
 from gameday.targets.local import LocalTarget
 
 DEFAULT_TARGET_FILE = Path("targets/local.yaml")
+CERTIFY_RUNS = runs_needed()  # 59: p95 <= SLO at 95 % confidence, no exceedance
 
 
 class PlanError(ValueError):
     """A wrong input; the message names it and says what to do."""
 
 
+MAX_REPEAT = 1000
+
+
 @dataclass(frozen=True)
 class PlannedExperiment:
-    name: str  # folder name in the run, e.g. router/latency
+    name: str  # folder name in the run, e.g. router/latency (router/latency@r03 in a campaign)
     path: Path  # absolute
+    base: str | None = None  # the experiment's own name, in a campaign
+    run_index: int | None = None  # 1-based run of this experiment, in a campaign
+    load_seed: int | None = None  # the load's seed (None: the load's own default, 0)
 
 
 @dataclass
@@ -61,8 +69,28 @@ class RunPlan:
     base_port: int | None
     experiment_timeout_s: float
     notes: list[str] = field(default_factory=list)
+    repeat: int = 1
+    certify: bool = False
+    load_seed: int | None = None
+
+    @property
+    def is_campaign(self) -> bool:
+        return self.repeat > 1 or self.certify
 
     def describe(self) -> dict[str, Any]:
+        doc = self._describe()
+        if self.is_campaign:  # (a plain run's run.json stays as it was)
+            doc["campaign"] = {
+                "repeat": self.repeat,
+                "certify": self.certify,
+                "first_load_seed": self.load_seed,
+                "load_seeds": {e.name: e.load_seed for e in self.experiments},
+                "order": "round-robin: round k runs every experiment once, with seed "
+                "first_load_seed + k - 1",
+            }
+        return doc
+
+    def _describe(self) -> dict[str, Any]:
         return {
             "target": self.target.describe(),
             "target_file": str(self.target_file) if self.target_file else None,
@@ -138,9 +166,22 @@ def plan_run(
     base_port: int | None = None,
     experiment_timeout_s: float = 600.0,
     run_id: str | None = None,
+    repeat: int = 1,
+    certify: bool = False,
+    load_seed: int | None = None,
 ) -> RunPlan:
     if not experiments:
         raise PlanError("no experiment given: e.g. gameday run experiments/router/*.yaml")
+    if isinstance(repeat, bool) or not isinstance(repeat, int) or not 1 <= repeat <= MAX_REPEAT:
+        raise PlanError(
+            f"--repeat {repeat!r}: give a whole number of runs per experiment from 1 to "
+            f"{MAX_REPEAT} (e.g. --repeat 59 for a --certify campaign)"
+        )
+    if load_seed is not None and not 0 <= load_seed <= 2**31 - repeat:
+        raise PlanError(
+            f"--load-seed {load_seed}: give a seed from 0 to {2**31 - repeat} (run k of each "
+            "experiment uses the seed plus k - 1)"
+        )
     planned: list[PlannedExperiment] = []
     seen: dict[str, int] = {}
     for path in experiments:
@@ -150,6 +191,7 @@ def plan_run(
         if seen[name] > 1:
             name = f"{name}-{seen[name]}"
         planned.append(PlannedExperiment(name, path.resolve()))
+    planned = campaign_runs(planned, repeat, certify, load_seed)
     chosen = _target_file(target_file)
     try:
         target = load_target(chosen) if chosen else load_target(None)
@@ -185,6 +227,12 @@ def plan_run(
             f"--stack-config and --base-port apply to a local target only; the target "
             f"is {target.kind!r}"
         )
+    if certify and repeat < CERTIFY_RUNS:
+        notes.append(
+            f"--certify with --repeat {repeat}: p95 <= SLO at 95 % confidence needs "
+            f">= {CERTIFY_RUNS} runs without an exceedance, so this campaign can only say "
+            "what fewer runs prove (the verdict is inconclusive unless a run fails)"
+        )
     if experiment_timeout_s <= 0:
         raise PlanError(f"--experiment-timeout-s must be above 0, got {experiment_timeout_s}")
     # The evidence an inconclusive verdict rests on: a bad threshold stops the run here,
@@ -213,7 +261,31 @@ def plan_run(
         base_port=base_port,
         experiment_timeout_s=experiment_timeout_s,
         notes=notes,
+        repeat=repeat,
+        certify=certify,
+        load_seed=planned[0].load_seed if planned else None,
     )
+
+
+def campaign_runs(
+    planned: list[PlannedExperiment], repeat: int, certify: bool, load_seed: int | None
+) -> list[PlannedExperiment]:
+    """Each experiment ``repeat`` times, round-robin (round k runs every experiment once,
+    so an interrupted campaign stays balanced), named ``<name>@rKK``, with the load seed
+    ``load_seed + k - 1`` (0 when not given). ``repeat == 1`` without ``certify``: the
+    plan as it was (no suffix; the seed only when given)."""
+    if repeat == 1 and not certify:
+        if load_seed is None:
+            return planned
+        return [replace(e, load_seed=load_seed) for e in planned]
+    first = load_seed or 0
+    return [
+        PlannedExperiment(
+            run_folder_name(e.name, k), e.path, base=e.name, run_index=k, load_seed=first + k - 1
+        )
+        for k in range(1, repeat + 1)
+        for e in planned
+    ]
 
 
 def effective_target_data(plan: RunPlan, state_dir: Path | None) -> dict[str, Any]:

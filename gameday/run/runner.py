@@ -46,6 +46,7 @@ from typing import Any, Protocol
 
 import yaml
 
+from gameday.load.runner import ENV_LOAD_SEED
 from gameday.run.chaos import ChaosRun
 from gameday.run.collect import (
     clear_leftover_faults,
@@ -121,6 +122,7 @@ class RunOutcome:
     report_html: Path | None = None
     report_error: str | None = None
     not_run: list[str] = field(default_factory=list)
+    campaign_lines: list[str] = field(default_factory=list)
 
     @property
     def passed(self) -> bool:
@@ -258,6 +260,14 @@ class GameDay:
             return
         outcome.report_headline = str(summary.headline)
         outcome.report_html = Path(summary.report_html)
+        if self.plan.is_campaign:  # what the campaign proves, for the terminal
+            doc = read_json(self.plan.run_dir / "summary.json") or {}
+            campaign = doc.get("campaign") if isinstance(doc.get("campaign"), dict) else {}
+            outcome.campaign_lines = [
+                f"{c.get('experiment')}: {c.get('passes_text')} passed, verdict {c.get('verdict')}"
+                for c in (campaign or {}).get("cells") or []
+                if isinstance(c, dict)
+            ] + [str(s) for s in (campaign or {}).get("certification") or []]
 
     def _write_run_json(
         self, final: bool, verdict: str | None = None, not_run: list[str] | None = None
@@ -299,7 +309,7 @@ class GameDay:
             chaos = ChaosRun(
                 exp.path,
                 folder.resolve(),
-                self._env(folder),
+                self._env(folder, exp),
                 on_line=lambda level, msg: self.progress.chaos_line(
                     exp.name, level, msg, chaos.elapsed_s()
                 ),
@@ -356,17 +366,30 @@ class GameDay:
             "evidence": seen,
             "stack": {"owned": self.plan.owns_stack},
         }
+        if exp.base is not None or exp.load_seed is not None:
+            # a campaign's run (or a seed given): which trial this was and its load seed
+            result["campaign"] = {
+                "experiment": exp.base or exp.name,
+                "run": exp.run_index,
+                "of": self.plan.repeat,
+                "load_seed": exp.load_seed,
+            }
         _write_json(folder / "result.json", result)
         return result
 
-    def _env(self, folder: Path) -> dict[str, str]:
-        return {
+    def _env(self, folder: Path, exp: PlannedExperiment | None = None) -> dict[str, str]:
+        env = {
             **os.environ,
             "GAMEDAY_TARGET": str((folder / "target.yaml").resolve()),
             "GAMEDAY_RUN_DIR": str(folder.resolve()),
             "GAMEDAY_RUN_ID": self.plan.run_id,
             "PYTHONUNBUFFERED": "1",
         }
+        if exp is not None and exp.load_seed is not None:
+            env[ENV_LOAD_SEED] = str(exp.load_seed)  # probes.load passes it to Locust
+        else:
+            env.pop(ENV_LOAD_SEED, None)  # the plan decides the seed, not the shell
+        return env
 
     def _prepare(self, exp: PlannedExperiment, folder: Path) -> Target:
         state_dir = None
