@@ -215,3 +215,38 @@ def test_a_bad_load_seed_in_the_environment_is_named() -> None:
         env_load_seed({ENV_LOAD_SEED: "x"})
     with pytest.raises(ValueError, match=ENV_LOAD_SEED):
         env_load_seed({ENV_LOAD_SEED: "-1"})
+
+
+# --------------------------------------------------------------------------- the run
+
+
+def test_each_run_gets_its_seed_in_chaos_env_and_a_plain_run_none(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from gameday.run.runner import GameDay, SilentProgress
+
+    monkeypatch.setenv(ENV_LOAD_SEED, "99")  # a shell's value never leaks into a run
+    target = write_target(tmp_path / "target.yaml", tmp_path / "no-stack")
+    plan = plan_run(
+        _experiments(tmp_path), target_file=target, out_dir=tmp_path / "reports", repeat=2
+    )
+    day = GameDay(plan, SilentProgress())
+    seeds = [day._env(tmp_path, e).get(ENV_LOAD_SEED) for e in plan.experiments]
+    assert seeds == ["0", "0", "1", "1"]
+    plain = plan_run(_experiments(tmp_path), target_file=target, out_dir=tmp_path / "r2")
+    assert ENV_LOAD_SEED not in GameDay(plain, SilentProgress())._env(
+        tmp_path, plain.experiments[0]
+    )
+
+
+def test_certify_without_the_report_is_a_usage_error(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from gameday.run.cli import run_cmd
+
+    exp = _experiments(tmp_path)[0]
+    result = CliRunner().invoke(run_cmd, [str(exp), "--certify", "--no-report"])
+    assert result.exit_code == 2
+    assert "--certify is decided by the report: drop --no-report" in result.output
+    bad = CliRunner().invoke(run_cmd, [str(exp), "--repeat", "0"])
+    assert bad.exit_code == 2 and "--repeat" in bad.output
