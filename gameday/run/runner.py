@@ -14,6 +14,12 @@ Per experiment, in ``reports/<run-id>/<experiment>/``:
    load generator's check in ``load.json``;
 5. the verdict (``gameday.run.verdict``) in ``result.json``: pass, fail or inconclusive.
 
+A campaign (``--repeat N``, ``gameday.run.plan.campaign_runs``) is the same loop over N
+rounds: run k of ``router/latency`` lives in ``router/latency@rKK``, its chaos gets
+``GAMEDAY_LOAD_SEED`` (the load's seed for that run, also in its ``result.json`` under
+``campaign`` and in ``run.json``), and the report adds the campaign's cells
+(``gameday.report.campaign``).
+
 Exit codes: 0 every experiment passed, 1 one failed (fail wins), 3 none failed but one was
 inconclusive (the gate could not have seen, or the load was not valid), 128+N a signal.
 
