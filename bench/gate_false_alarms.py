@@ -1,0 +1,350 @@
+"""False trips of the gate on healthy traffic, per release-hour, with a Clopper-Pearson bound.
+
+``.venv/bin/python bench/gate_false_alarms.py`` (defaults: >= 1,000,000 healthy
+baseline-canary comparisons, seed 0; ~3-4 min of one core) writes
+``bench/results/gate_false_alarms.json``.
+
+What is replayed. Healthy comparisons, produced by the real code: two replicas of one
+version (``canarystack.model.engine.NextTokenModel`` with the default batch noise,
+``BATCH_NOISE_KL``, each its own ``noise_seed``, each request in a batch of a random
+running count 1-8) answer the same context; the router's own ``kl_topk`` and ``top1``
+score their top-5 logprobs, one compared position per comparison as at temperature 1 (the
+game day's sampling). Baseline-baseline comparisons (the noise floor) come from a second
+baseline replica the same way. If ``llama_cpp`` imports, a smaller set comes from llama.cpp:
+the random-weight GGUF of ``canarystack.engine.gguf_gen``, one replica with 1 thread and
+batch 512, the other with 2 threads and batch 16 (a benign source of nondeterminism), on
+prompts of 16-64 words.
+
+At the rate a game day sees. ``bench/gate_detection.py``'s open loop: 15 requests/s,
+14 % of prompts 2048-6000 tokens, the rest 16-1500; a request is shadowed at the router's
+default per-bucket rate (``0-512=0.05,512-1k=0.1,1k-2k=0.25,2k-4k=1,4k+=1``) and
+compared baseline-baseline at 0.2 x that rate (``--shadow-noise-fraction``). Sample times
+follow that schedule (Poisson arrivals), so one release-hour is 3600 s of it.
+
+How it is counted. Each release-hour (a release of ``--llama-hour-s`` for the llama.cpp
+set) is a fresh ``canarystack.gate.state.ReleaseGate``
+(a new release: its noise floor starts empty, the worst case) with the default
+configuration (``GateConfig.from_budget()``), fed in router-sized batches (<= 500
+samples, about 2 s each). A release-hour is a trial; it fails when the gate decides a
+trip (the release would end there). The rate is failed hours / hours with a one-sided
+Clopper-Pearson 95 % upper bound. Only comparisons are replayed: the drift detectors (18
+of 28 at the defaults) are exercised; latency and errors need outcome streams, which the
+simulator's healthy TTFTs and errors do not come from here.
+
+This file must never start a server or open a socket: it drives pure code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import random
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from scipy.stats import beta
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from canarystack.common.buckets import bucket_labels, bucket_of
+from canarystack.gate.state import GateConfig, ReleaseGate, SampleBatch
+from canarystack.model.engine import BATCH_NOISE_KL, NextTokenModel
+from canarystack.router.shadow import kl_topk, top1
+
+RESULTS = Path(__file__).resolve().parent / "results" / "gate_false_alarms.json"
+SHADOW_RATES = {"0-512": 0.05, "512-1k": 0.1, "1k-2k": 0.25, "2k-4k": 1.0, "4k+": 1.0}
+NOISE_FRACTION = 0.2
+REQUEST_RATE = 15.0
+LONG_SHARE = 0.14
+TOPK = 5
+BATCH_S = 2.0
+MAX_BATCH = 500
+HOUR_S = 3600.0
+
+
+def release_json() -> dict[str, Any]:
+    return {
+        "name": "default",
+        "phase": "progressing",
+        "revision": 1,
+        "stable": {"version": "v1"},
+        "canary": {"version": "v2", "quarantined": False},
+        "weights": {"canary": 5},
+        "trip": None,
+    }
+
+
+def schedule(rng: np.random.Generator, hour_s: float) -> tuple[np.ndarray, list[str], np.ndarray]:
+    """(times, buckets, is_noise) of the comparisons of one release-hour, in time order."""
+    n = int(rng.poisson(REQUEST_RATE * hour_s))
+    t = np.sort(rng.uniform(0.0, hour_s, n))
+    long = rng.random(n) < LONG_SHARE
+    tokens = np.where(long, rng.integers(2048, 6001, n), rng.integers(16, 1501, n))
+    labels = [bucket_of(int(x)) for x in tokens]
+    rate = np.array([SHADOW_RATES[b] for b in labels])
+    u = rng.random(n)
+    shadow = u < rate
+    noise = (u >= rate) & (u < rate * (1.0 + NOISE_FRACTION))
+    keep = shadow | noise
+    idx = np.flatnonzero(keep)
+    return t[idx], [labels[i] for i in idx], noise[idx]
+
+
+class SimPairs:
+    """Healthy comparisons from the simulator's engine: baseline replica vs another replica."""
+
+    def __init__(self, seed: int) -> None:
+        self.base = NextTokenModel("v1", batch_noise=BATCH_NOISE_KL, noise_seed=1)
+        self.base2 = NextTokenModel("v1", batch_noise=BATCH_NOISE_KL, noise_seed=2)
+        self.canary = NextTokenModel("v1", batch_noise=BATCH_NOISE_KL, noise_seed=3)
+        self.rng = random.Random(seed)
+
+    def score(self, noise: bool) -> tuple[float, float]:
+        rng = self.rng
+        ctx = rng.getrandbits(64)
+        other = self.base2 if noise else self.canary
+        pa = self.base.distribution(ctx, 0.0, self.base.batch_key(rng.randint(1, 8)))
+        pb = other.distribution(ctx, 0.0, other.batch_key(rng.randint(1, 8)))
+        ta = {str(k): v for k, v in pa.top(TOPK)}
+        tb = {str(k): v for k, v in pb.top(TOPK)}
+        return kl_topk(ta, tb), 1.0 if top1(ta) == top1(tb) else 0.0
+
+
+class LlamaPairs:
+    """Healthy comparisons from llama.cpp: one GGUF, two thread/batch layouts."""
+
+    def __init__(self, seed: int, workdir: Path) -> None:
+        from llama_cpp import Llama
+
+        from canarystack.engine.gguf_gen import write_gguf
+        from canarystack.tokenizer import make_prompt
+
+        path = write_gguf(workdir / "model.gguf", seed=0)
+        common: dict[str, Any] = {"n_ctx": 512, "logits_all": True, "verbose": False}
+        self.a = Llama(str(path), n_threads=1, n_batch=512, **common)
+        self.b = Llama(str(path), n_threads=2, n_batch=16, **common)
+        self.rng = random.Random(seed)
+        self.make_prompt = make_prompt
+
+    def _top(self, llama: Any, toks: list[int]) -> dict[str, float]:
+        llama.reset()
+        llama.eval(toks)
+        logits = np.asarray(llama.scores[len(toks) - 1], dtype=np.float64)
+        lp = logits - logits.max()
+        lp = lp - np.log(np.exp(lp).sum())
+        return {str(int(i)): float(lp[i]) for i in np.argsort(-lp)[:TOPK]}
+
+    def score(self, noise: bool) -> tuple[float, float]:
+        del noise  # both sides are replicas of one version either way
+        words = self.rng.randint(16, 64)
+        text = self.make_prompt(words, seed=self.rng.getrandbits(32))
+        toks = self.a.tokenize(text.encode("utf-8"), add_bos=True, special=True)[:400]
+        ta, tb = self._top(self.a, toks), self._top(self.b, toks)
+        return kl_topk(ta, tb), 1.0 if top1(ta) == top1(tb) else 0.0
+
+
+def batches(
+    times: np.ndarray, labels: list[str], noise: np.ndarray, pairs: Any, kls: list[float]
+) -> Iterator[SampleBatch]:
+    start = 0
+    n = len(times)
+    while start < n:
+        end = start
+        limit = times[start] + BATCH_S
+        while end < n and end - start < MAX_BATCH and times[end] < limit:
+            end += 1
+        comps = []
+        for i in range(start, end):
+            is_noise = bool(noise[i])
+            kl, agree = pairs.score(is_noise)
+            if not is_noise:
+                kls.append(kl)
+            comps.append(
+                {
+                    "time": float(times[i]),
+                    "pair": "baseline-baseline" if is_noise else "baseline-canary",
+                    "bucket": labels[i],
+                    "prompt_tokens": 0,
+                    "positions": 1,
+                    "kl_mean": kl,
+                    "kl_first": kl,
+                    "top1_agree": agree,
+                    "version_a": "v1",
+                    "version_b": "v1" if is_noise else "v2",
+                }
+            )
+        yield SampleBatch.model_validate(
+            {"router_id": "replay", "release": "default", "comparisons": comps}
+        )
+        start = end
+
+
+def clopper_pearson_upper(k: int, n: int, level: float = 0.95) -> float:
+    """One-sided upper bound on a rate with k failures in n trials."""
+    if k >= n:
+        return 1.0
+    return float(beta.ppf(level, k + 1, n - k))
+
+
+def replay(
+    source: str, pairs: Any, min_comparisons: int, hour_s: float, seed: int
+) -> dict[str, Any]:
+    cfg = GateConfig.from_budget()
+    rng = np.random.default_rng(seed)
+    hours = 0
+    tripped: list[dict[str, Any]] = []
+    bc = bb = 0
+    kls: list[float] = []
+    agree_sum = 0.0
+    max_stat: dict[str, float] = {}
+    t0 = time.process_time()
+    while bc < min_comparisons:
+        times, labels, noise = schedule(rng, hour_s)
+        gate = ReleaseGate("default", cfg)
+        gate.on_release(release_json(), 0.0)
+        for b in batches(times, labels, noise, pairs, kls):
+            got = gate.ingest(b, 0.0, 0.0)
+            bc += got.comparisons
+            bb += got.noise_comparisons
+            agree_sum += sum(c.top1_agree for c in b.comparisons if c.pair == "baseline-canary")
+            if gate.trip is not None:
+                tripped.append(
+                    {
+                        "hour": hours,
+                        "test": gate.trip["test"],
+                        "bucket": gate.trip["bucket"],
+                        "metric": gate.trip["detail"].get("metric"),
+                        "at_s": gate.trip["last_sample_time"],
+                    }
+                )
+                break
+        for scope, test, det in gate.detectors():
+            if test.startswith("drift"):
+                key = f"{scope}:{test}"
+                max_stat[key] = max(max_stat.get(key, 0.0), det.max_log_m)
+        hours += 1
+    k = len(tripped)
+    arr = np.array(kls)
+    worst = max(max_stat.items(), key=lambda kv: kv[1]) if max_stat else ("", 0.0)
+    return {
+        "source": source,
+        "releases": hours,
+        "release_s": hour_s,
+        "release_hours": hours * hour_s / HOUR_S,
+        "baseline_canary_comparisons": bc,
+        "baseline_baseline_comparisons": bb,
+        "comparisons_per_s": round((bc + bb) / (hours * hour_s), 3),
+        "kl_mean": float(arr.mean()),
+        "kl_p50": float(np.percentile(arr, 50)),
+        "kl_p95": float(np.percentile(arr, 95)),
+        "kl_p99": float(np.percentile(arr, 99)),
+        "top1_disagreement": 1.0 - agree_sum / max(bc, 1),
+        "false_trips": k,
+        "false_trips_per_release_hour": k / (hours * hour_s / HOUR_S),
+        # Per release (a trial), then as a rate per release-hour (releases back to back).
+        "false_trip_probability_per_release_cp95_upper": clopper_pearson_upper(k, hours),
+        "false_trips_per_release_hour_cp95_upper": clopper_pearson_upper(k, hours)
+        * HOUR_S
+        / hour_s,
+        "trips": tripped,
+        "largest_statistic_seen": {
+            "detector": worst[0],
+            "statistic": math.exp(worst[1]),
+            "threshold": cfg.drift_threshold,
+        },
+        "cpu_s": round(time.process_time() - t0, 1),
+    }
+
+
+def machine() -> dict[str, Any]:
+    cpu = platform.processor()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+    }
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
+    p.add_argument("--min-comparisons", type=int, default=1_000_000)
+    p.add_argument("--llama-min-comparisons", type=int, default=1_000)
+    p.add_argument(
+        "--llama-hour-s",
+        type=float,
+        default=240.0,
+        help="release length (s) of the llama.cpp set: it is too slow for whole hours",
+    )
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", type=Path, default=RESULTS)
+    args = p.parse_args()
+    if args.min_comparisons < 1 or args.llama_min_comparisons < 0:
+        p.error("--min-comparisons must be >= 1 and --llama-min-comparisons >= 0")
+    assert len(SHADOW_RATES) == len(bucket_labels())
+    cfg = GateConfig.from_budget()
+    started = time.time()
+    results = [replay("simulator", SimPairs(args.seed), args.min_comparisons, HOUR_S, args.seed)]
+    print(json.dumps(results[0], indent=1), flush=True)
+    llama_note = None
+    if args.llama_min_comparisons:
+        try:
+            import llama_cpp  # noqa: F401
+        except ImportError as exc:
+            llama_note = f"llama_cpp does not import ({exc}): no llama.cpp set"
+        else:
+            with tempfile.TemporaryDirectory() as d:
+                pairs = LlamaPairs(args.seed, Path(d))
+                results.append(
+                    replay(
+                        "llama.cpp",
+                        pairs,
+                        args.llama_min_comparisons,
+                        args.llama_hour_s,
+                        args.seed + 1,
+                    )
+                )
+            print(json.dumps(results[-1], indent=1), flush=True)
+    out = {
+        "benchmark": "gate_false_alarms",
+        "command": " ".join([".venv/bin/python", "bench/gate_false_alarms.py", *sys.argv[1:]]),
+        "machine": machine(),
+        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
+        "wall_s": round(time.time() - started, 1),
+        "gate_budget": cfg.budget_json(),
+        "traffic": {
+            "request_rate_per_s": REQUEST_RATE,
+            "long_share": LONG_SHARE,
+            "shadow_rates": SHADOW_RATES,
+            "noise_fraction": NOISE_FRACTION,
+            "compared_positions": 1,
+            "topk": TOPK,
+            "batch_noise_kl": BATCH_NOISE_KL,
+        },
+        "results": results,
+        "llama_note": llama_note,
+        "percentile": "numpy linear interpolation (numpy.percentile default)",
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(out, indent=1) + "\n")
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
