@@ -1,0 +1,71 @@
+"""A real tiny campaign (issue #14, item 4): ``gameday run --repeat 2`` of a shortened
+control on fresh local stacks. Each run has its own folder, stack and load seed (the seed
+reaches Locust, so the two runs send different prompts), and the report's campaign cell
+counts both. About a minute on 2 cores."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from tests.run_support import REPO, free_base_port
+
+pytestmark = pytest.mark.slow
+
+TINY = {
+    "GAMEDAY_WARMUP_S": "4",
+    "GAMEDAY_OBSERVE_S": "8",
+    "GAMEDAY_LOAD_USERS": "4",
+    "GAMEDAY_LOAD_SPAWN_RATE": "4",
+    "GAMEDAY_LOAD_STOP_TIMEOUT_S": "5",
+    # The test checks the campaign's plumbing, not the gate's figures (2 busy cores):
+    # small evidence thresholds, stated here, and a generous latency SLO.
+    "GAMEDAY_MIN_COMPARISONS": "5",
+    "GAMEDAY_MIN_CANARY_OUTCOMES": "2",
+    "GAMEDAY_SLO_TTFT_P99_S": "10",
+}
+
+
+def test_repeat_2_runs_the_control_twice_with_different_load_seeds(tmp_path: Path) -> None:
+    args = ["run", "experiments/control.yaml", "--repeat", "2", "--out", str(tmp_path)]
+    args += ["--run-id", "tiny", "--base-port", str(free_base_port())]
+    env = {k: v for k, v in os.environ.items() if k != "GAMEDAY_LOAD_SEED"}
+    done = subprocess.run(
+        [sys.executable, "-c", "from gameday.cli import main; main()", *args],
+        cwd=REPO,
+        env={**env, **TINY, "COLUMNS": "200"},
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    run = tmp_path / "tiny"
+    prompts = []
+    for k in (1, 2):
+        folder = run / f"control@r0{k}"
+        load = json.loads((folder / "load.json").read_text())
+        assert load["seed"] == k - 1 and load["command"][-2:] == ["--seed", str(k - 1)]
+        result = json.loads((folder / "result.json").read_text())
+        assert result["campaign"] == {
+            "experiment": "control",
+            "run": k,
+            "of": 2,
+            "load_seed": k - 1,
+        }
+        rows = pq.read_table(folder / "records.parquet").to_pandas()
+        prompts.append(sorted(rows["prompt_tokens"].tolist())[:20])
+    assert prompts[0] != prompts[1]  # different seeds, different prompts
+    assert json.loads((run / "run.json").read_text())["campaign"]["load_seeds"] == {
+        "control@r01": 0,
+        "control@r02": 1,
+    }
+    summary = json.loads((run / "summary.json").read_text())
+    (cell,) = summary["campaign"]["cells"]
+    assert cell["experiment"] == "control" and cell["passes_text"] == "2/2"
+    assert "campaign: control: 2/2 passed, verdict pass" in done.stdout
