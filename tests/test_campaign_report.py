@@ -12,6 +12,7 @@ from typing import Any
 
 import pandas as pd
 import pytest
+import xmlschema
 
 from gameday.report import build_report
 from gameday.report.campaign import HTML_MARKER
@@ -79,6 +80,9 @@ def test_matrix_junit_and_html_show_the_cells(campaign: tuple[Path, dict[str, An
     assert row["passes"] == 5 and row["runs"] == 5
     assert row["text"].startswith("5/5 pass\np50 2.5 s")
     assert row["worst_run"] == "router-faulty-kernel@r05"
+    xmlschema.XMLSchema(str(Path(__file__).parent / "data" / "junit.xsd")).validate(
+        str(root / "junit.xml")
+    )  # Jenkins' schema, as for a plain run
     suites = {s.get("name"): s for s in ET.parse(root / "junit.xml").getroot()}
     cases = {c.get("name"): c for c in suites["campaign"].iter("testcase")}
     assert set(cases) == {"campaign control", "campaign router-faulty-kernel"}
