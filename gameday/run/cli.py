@@ -185,7 +185,7 @@ def _figures(result: dict[str, Any]) -> str:
     show_default=True,
     help="A campaign: run each experiment N times (round-robin, a fresh stack and the load "
     "seed --load-seed + k - 1 for run k, folder <experiment>@rKK); the report gives "
-    "passes/N and time-to-trip p50/p95 with 95 %% intervals per experiment.",
+    "passes/N and time-to-trip p50/p95 with 95 % intervals per experiment.",
 )
 @click.option(
     "--certify",
