@@ -190,7 +190,7 @@ def _figures(result: dict[str, Any]) -> str:
 @click.option(
     "--certify",
     is_flag=True,
-    help="Turn the detection SLO into a claim: p95 <= SLO at 95 %% confidence, which "
+    help="Turn the detection SLO into a claim: p95 <= SLO at 95 % confidence, which "
     "needs >= 59 runs with none over (fewer: the verdict says what they prove, and is "
     "inconclusive).",
 )
