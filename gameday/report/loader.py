@@ -276,14 +276,15 @@ def load_run(run_dir: str | Path) -> RunData:
 
 
 def discover_experiments(root: Path) -> list[tuple[str, Path]]:
-    """Sub-folders (one or two levels down) holding any experiment file, sorted by name."""
+    """Sub-folders (one or two levels down) holding any experiment file, sorted by name.
+    An experiment folder may hold others: ``control`` (experiments/control.yaml) holds
+    ``control/benign-noise`` (experiments/control/benign-noise.yaml)."""
     found: list[tuple[str, Path]] = []
     for child in sorted(root.iterdir()):
         if not child.is_dir() or child.is_symlink() or child.name.startswith("."):
             continue
         if _is_experiment_dir(child):
             found.append((child.name, child))
-            continue
         for grandchild in sorted(child.iterdir()):
             if grandchild.is_dir() and _is_experiment_dir(grandchild):
                 found.append((f"{child.name}/{grandchild.name}", grandchild))

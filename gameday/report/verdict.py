@@ -474,6 +474,36 @@ def key_figures(exp: ExperimentData, timeline: Timeline) -> dict[str, Any]:
 # Deciding
 
 
+# The check of probes.slo.gate_sees_every_router (as gameday.run.verdict reads it).
+BLIND_CHECK = "gate_blind"
+DEVIATED = "the steady state deviated: the hypothesis was not met after the method"
+
+
+def _expect_blind(reasons: list[str], checks: list[SloCheck]) -> tuple[list[str], list[SloCheck]]:
+    """``expect: blind`` (the experiment blinds the gate on purpose): a gate_blind check
+    that found the gate blind is what it expects, so it counts as met and the deviation it
+    caused is no reason; none finding it is the failure (a blind gate went unnoticed)."""
+    blind = [c for c in checks if c.check == BLIND_CHECK and c.measured]
+    if not blind:
+        return [
+            *reasons,
+            "the experiment expects the harness to find the gate blind, but no "
+            f"{BLIND_CHECK!r} check did: a blind gate would have gone unnoticed",
+        ], checks
+    sources = [c.source.split(",")[0] for c in blind]  # "probe 'name'"
+    for c in blind:
+        c.ok = True
+        c.note = "expected: this experiment blinds the gate on purpose (expect: blind)"
+    kept = [
+        r
+        for r in reasons
+        if r != DEVIATED
+        and r != "gameday run's verdict is 'pass'"
+        and not (r.startswith("steady-state probe ") and any(src[6:] in r for src in sources))
+    ]
+    return kept, checks
+
+
 def summarise_experiment(
     exp: ExperimentData, findings: JournalFindings, timeline: Timeline, heatmap: HeatmapData | None
 ) -> ExperimentSummary:
@@ -500,6 +530,8 @@ def summarise_experiment(
             )
         )
     spec = exp.spec
+    if spec and spec.expect == "blind":
+        reasons, checks = _expect_blind(reasons, checks)
     if spec and spec.expect == "trip" and not timeline.tripped and exp.timeline is not None:
         reasons.append(
             "the experiment expects the gate to trip; no event in timeline.json sets phase tripped"
