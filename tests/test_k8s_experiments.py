@@ -60,7 +60,8 @@ def chaos(*args: str, env: dict[str, str | None], cwd: Path) -> subprocess.Popen
 
 def test_there_are_router_broker_rollback_and_control_experiments() -> None:
     names = {p.stem for p in K8S_EXPERIMENTS}
-    assert names == {"control", "router-pod-kill", "broker-pod-kill", "rollback-pod-kill"}
+    assert names == {"control", "router-pod-kill", "broker-pod-kill", "rollback-pod-kill",
+                     "faulty-canary-rollout"}  # fmt: skip
 
 
 def test_chaos_validate_accepts_every_k8s_experiment_with_its_environment(tmp_path: Path) -> None:
@@ -70,7 +71,7 @@ def test_chaos_validate_accepts_every_k8s_experiment_with_its_environment(tmp_pa
         "GAMEDAY_K8S_NAMESPACE": "canarystack",
     }
     procs = {p.stem: chaos("validate", str(p), env=env, cwd=tmp_path) for p in ALL_K8S}
-    assert len(procs) == len(ALL_K8S) == 6
+    assert len(procs) == len(ALL_K8S) == 7
     failures = {}
     for name, proc in procs.items():
         out, _ = proc.communicate(timeout=180)
@@ -102,6 +103,16 @@ def test_k8s_experiments_harm_only_through_the_harness_and_guard_chaosk8s(path: 
             kills.append(provider["arguments"]["component"])
     if component == "control":
         assert kills == [] and ext["expect"] == "no_trip"
+    elif component == "faulty-canary-rollout":
+        # the bad build is a rollout of the canary Deployment, undone (also as a rollback)
+        assert kills == [] and ext == {**ext, "component": "control",
+                                       "fault": "faulty-kernel", "expect": "trip"}  # fmt: skip
+        changes = [a["provider"]["func"] for a in exp["method"]
+                   if a["provider"]["module"] == "probes.kubernetes"]  # fmt: skip
+        assert changes == ["roll_out_bad_canary", "undo_canary_rollout", "wait_for_ready"]
+        assert ("probes.kubernetes", "undo_canary_rollout") in {
+            (a["provider"]["module"], a["provider"]["func"]) for a in exp["rollbacks"]
+        }
     else:
         assert kills == [component] and ext == {**ext, "component": component,
                                                 "fault": "pod-kill", "expect": "trip"}  # fmt: skip
