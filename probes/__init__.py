@@ -57,6 +57,8 @@ ACTIONS = frozenset(
         "flood_pinned_canary",
         "break_gate_credential",
         "pin_canary_after_trip",
+        "roll_out_bad_canary",
+        "undo_canary_rollout",
     }
 )
 CONTROL_HOOK_SUFFIX = "_control"

@@ -17,6 +17,10 @@ from chaoslib.provider.python import validate_python_activity
 ACTIVITIES: dict[tuple[str, str], tuple[str, dict[str, Any]]] = {
     ("probes.kubernetes", "wait_for_ready"): ("probe", {"component": "router", "timeout_s": 60}),
     ("probes.kubernetes", "start_fresh_canary"): ("action", {"weight": 5, "deadline_s": 300}),
+    ("probes.kubernetes", "roll_out_bad_canary"): (
+        "action", {"kernel_fault": "fp8-kv-scale:2048", "deadline_s": 120},
+    ),
+    ("probes.kubernetes", "undo_canary_rollout"): ("action", {"deadline_s": 120}),
     ("probes.progressive", "argo_rollout_status"): ("probe", {"rollout": "llm"}),
     ("probes.progressive", "argo_rollout_aborted"): (
         "probe", {"rollout": "llm", "grace_s": 5, "timeout_s": 60,
