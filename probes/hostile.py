@@ -47,6 +47,9 @@ PINS_FILE = "pins_after_trip.json"
 HTTP_TIMEOUT_S = 10.0
 # Counted by every model server for every request its engine handled (vLLM's name).
 REQUEST_COUNT_METRIC = "vllm:e2e_request_latency_seconds_count"
+# Requests the canary is still working on (vLLM's names): drained before counting.
+IN_FLIGHT_METRICS = ("vllm:num_requests_running", "vllm:num_requests_waiting")
+DRAIN_WAIT_S = 15.0
 Secrets = dict[str, Any]
 
 
@@ -119,15 +122,25 @@ def hostile_input_not_5xx(
     )
 
 
-def _canary_request_count(target: Target) -> float:
-    """Sum of the canary replicas' engine request counters (from their /metrics)."""
+def _canary_metric(target: Target, names: tuple[str, ...]) -> float:
+    """Sum of the canary replicas' samples of these metrics (from their /metrics)."""
     total = 0.0
     for replica in target.replicas("model-canary"):
         text = requests.get(f"{replica.url}/metrics", timeout=HTTP_TIMEOUT_S).text
         for line in text.splitlines():
-            if line.startswith(REQUEST_COUNT_METRIC):
+            if line.startswith(names):
                 total += float(line.rsplit(" ", 1)[-1])
     return total
+
+
+def _canary_request_count(target: Target) -> float:
+    """The canary replicas' engine request counters, once nothing is in flight there: a
+    request that started before the trip and finishes later must not count as a pin
+    that reached the canary (waits at most DRAIN_WAIT_S)."""
+    deadline = time.monotonic() + DRAIN_WAIT_S
+    while _canary_metric(target, IN_FLIGHT_METRICS) > 0 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return _canary_metric(target, (REQUEST_COUNT_METRIC,))
 
 
 def pin_canary_after_trip(
