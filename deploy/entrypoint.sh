@@ -44,7 +44,7 @@ check_token() {
     [ -n "$token" ] ||
         die "no admin token: set CANARYSTACK_ADMIN_TOKEN_FILE (the mounted Secret) or CANARYSTACK_ADMIN_TOKEN."
     [ "$token" != "$PLACEHOLDER" ] ||
-        die "the admin token is still the placeholder from deploy/k8s/base: create the real Secret first (openssl rand -hex 32 > deploy/k8s/overlays/<env>/admin-token; see README 'Run on Kubernetes')."
+        die "the admin token is still the placeholder from deploy/k8s/base: create the real Secret first (openssl rand -hex 32 > deploy/k8s/overlays/<env>/admin-token; see docs/kubernetes.md)."
     [ "${#token}" -ge "$MIN_TOKEN_CHARS" ] ||
         die "the admin token has ${#token} characters; use at least $MIN_TOKEN_CHARS (openssl rand -hex 32)."
     unset token
