@@ -45,6 +45,7 @@ import pandas as pd
 from gameday.report.heatmaps import HeatmapData
 from gameday.report.loader import ExperimentData, Missing, RunData, as_dict
 from gameday.report.timeline import Timeline, records_after
+from gameday.run.verdict import BLIND_CHECK, DEVIATED
 
 SLO_KEYS = frozenset({"check", "measured", "allowed", "ok"})
 JOURNAL_PHASES = (
@@ -328,7 +329,7 @@ def journal_findings(experiment: str, journal: dict[str, Any] | None) -> Journal
     if status != "completed":
         reasons.append(f"Chaos Toolkit's status is {status!r}, not 'completed'")
     if journal.get("deviated") is True:
-        reasons.append("the steady state deviated: the hypothesis was not met after the method")
+        reasons.append(DEVIATED)
     states = as_dict(journal.get("steady_states"))
     before, after = as_dict(states.get("before")), as_dict(states.get("after"))
     if before.get("steady_state_met") is False:
@@ -472,11 +473,6 @@ def key_figures(exp: ExperimentData, timeline: Timeline) -> dict[str, Any]:
 
 # ---------------------------------------------------------------------------------------
 # Deciding
-
-
-# The check of probes.slo.gate_sees_every_router (as gameday.run.verdict reads it).
-BLIND_CHECK = "gate_blind"
-DEVIATED = "the steady state deviated: the hypothesis was not met after the method"
 
 
 def _expect_blind(reasons: list[str], checks: list[SloCheck]) -> tuple[list[str], list[SloCheck]]:
