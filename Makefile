@@ -45,6 +45,7 @@ help:
 	@echo "make clean           remove the venv, caches and reports"
 
 $(STAMP): pyproject.toml probes/pyproject.toml
+	@deploy/debian-packages.sh
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e '.[test]' -e ./probes
