@@ -20,49 +20,38 @@ lists the allowed ones. A "move" to the phase a release is already in is not a
 transition and is accepted (so a client can resend the phase it read), unless it carries
 trip evidence.
 
-This module must never do I/O or know about HTTP or SQLite: it is the pure rule book
-that the store applies inside its transaction.
+The phases and the table themselves live in ``canary_contract.phases`` (the harness reads
+them too); this module applies them. It must never do I/O or know about HTTP or SQLite:
+it is the pure rule book that the store applies inside its transaction.
 """
 
 from __future__ import annotations
 
-import enum
-from collections.abc import Mapping
-
-
-class Phase(enum.StrEnum):
-    PROGRESSING = "progressing"
-    TRIPPED = "tripped"
-    ROLLING_BACK = "rolling_back"
-    ROLLED_BACK = "rolled_back"
-    PROMOTED = "promoted"
-
-
-# THE transition table. Every phase change in the broker is checked against it.
-TRANSITIONS: Mapping[Phase, frozenset[Phase]] = {
-    Phase.PROGRESSING: frozenset({Phase.TRIPPED, Phase.ROLLING_BACK, Phase.PROMOTED}),
-    Phase.TRIPPED: frozenset({Phase.ROLLING_BACK}),
-    Phase.ROLLING_BACK: frozenset({Phase.ROLLED_BACK}),
-    Phase.ROLLED_BACK: frozenset({Phase.PROGRESSING}),
-    Phase.PROMOTED: frozenset({Phase.PROGRESSING}),
-}
-
-# Edges that are legal only when the same change brings a new canary version.
-NEEDS_NEW_CANARY: frozenset[tuple[Phase, Phase]] = frozenset(
-    {(Phase.ROLLED_BACK, Phase.PROGRESSING), (Phase.PROMOTED, Phase.PROGRESSING)}
+from canary_contract.phases import (
+    CANARY_CHANGE_ALLOWED_IN,
+    CANARY_OFF,
+    NEEDS_NEW_CANARY,
+    NEEDS_TRIP,
+    TRANSITIONS,
+    WEIGHTS_ALLOWED_IN,
+    Phase,
 )
 
-# Phases that can only be entered with trip evidence in the same change.
-NEEDS_TRIP: frozenset[Phase] = frozenset({Phase.TRIPPED})
-
-# Phases in which a canary weight above 0 may be set.
-WEIGHTS_ALLOWED_IN: frozenset[Phase] = frozenset({Phase.PROGRESSING})
-
-# Phases in which the canary version may be replaced without a phase change.
-CANARY_CHANGE_ALLOWED_IN: frozenset[Phase] = frozenset({Phase.PROGRESSING})
-
-# Phases whose routers must send no traffic to the canary, whatever the weights say.
-CANARY_OFF: frozenset[Phase] = frozenset({Phase.TRIPPED, Phase.ROLLING_BACK, Phase.ROLLED_BACK})
+__all__ = [
+    "CANARY_CHANGE_ALLOWED_IN",
+    "CANARY_OFF",
+    "NEEDS_NEW_CANARY",
+    "NEEDS_TRIP",
+    "TRANSITIONS",
+    "WEIGHTS_ALLOWED_IN",
+    "IllegalTransition",
+    "Phase",
+    "allowed_from",
+    "check_canary_change",
+    "check_transition",
+    "check_weight",
+    "parse_phase",
+]
 
 
 class IllegalTransition(Exception):
