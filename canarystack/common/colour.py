@@ -1,0 +1,88 @@
+"""Traffic colouring: the request id, the W3C trace context and the traffic tag of a request.
+
+Every hop (router, model server, shadow copy, Redis call, gate sample, broker trip
+evidence) must carry the three values it was given, so that a request can be followed end
+to end: ``x-request-id`` (made up at the first hop when absent), ``traceparent`` (W3C
+trace context; the trace id is kept, each hop is a new span) and ``x-traffic-tag`` (a
+client's label, e.g. ``gameday`` or ``shadow``; never invented, never changed).
+
+This module must never do I/O: it parses and renders headers. The aiohttp middleware that
+puts a ``Colour`` on each request and the OpenTelemetry spans live beside it
+(``canarystack/common/app.py``).
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+
+REQUEST_ID = "x-request-id"
+TRACEPARENT = "traceparent"
+TRAFFIC_TAG = "x-traffic-tag"
+HEADERS = (REQUEST_ID, TRACEPARENT, TRAFFIC_TAG)
+
+# The key under which the middleware stores a request's Colour (``request[COLOUR_KEY]``).
+COLOUR_KEY = "canarystack.colour"
+
+_TRACEPARENT = re.compile(r"^00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})$")
+# A request id or tag a client may send: printable, no spaces, bounded (it lands in logs,
+# samples and SQLite).
+_TOKEN = re.compile(r"^[A-Za-z0-9._:/=+-]{1,128}$")
+
+
+@dataclass(frozen=True)
+class Colour:
+    request_id: str
+    trace_id: str  # 32 lower-case hex digits
+    span_id: str  # this hop's span (16 hex digits)
+    parent_span_id: str | None  # the caller's span, when the caller sent a traceparent
+    tag: str | None  # the client's traffic tag; None when it sent none
+    flags: str = "01"
+
+    @property
+    def traceparent(self) -> str:
+        return f"00-{self.trace_id}-{self.span_id}-{self.flags}"
+
+    def child(self) -> Colour:
+        """The colour of a call this hop makes: same trace, request id and tag; new span."""
+        return replace(self, span_id=secrets.token_hex(8), parent_span_id=self.span_id)
+
+    def headers(self) -> dict[str, str]:
+        """Headers for an outgoing call made as this hop (call ``child()`` first for a new span)."""
+        out = {REQUEST_ID: self.request_id, TRACEPARENT: self.traceparent}
+        if self.tag is not None:
+            out[TRAFFIC_TAG] = self.tag
+        return out
+
+    def as_record(self) -> dict[str, str | None]:
+        """The fields a sample, a record or trip evidence keeps."""
+        return {"request_id": self.request_id, "trace_id": self.trace_id, "tag": self.tag}
+
+
+def _valid_token(value: str | None) -> str | None:
+    if value is None:
+        return None
+    value = value.strip()
+    return value if _TOKEN.match(value) else None
+
+
+def colour_of(headers: Mapping[str, str]) -> Colour:
+    """The colour of an incoming request. Missing or malformed values are replaced (request id,
+    trace context: a new one) or dropped (tag): a hostile header never reaches a log as is."""
+    request_id = _valid_token(headers.get(REQUEST_ID)) or secrets.token_hex(16)
+    parent = None
+    trace_id = None
+    flags = "01"
+    m = _TRACEPARENT.match((headers.get(TRACEPARENT) or "").strip())
+    if m and m.group(1) != "0" * 32 and m.group(2) != "0" * 16:
+        trace_id, parent, flags = m.group(1), m.group(2), m.group(3)
+    return Colour(
+        request_id=request_id,
+        trace_id=trace_id or secrets.token_hex(16),
+        span_id=secrets.token_hex(8),
+        parent_span_id=parent,
+        tag=_valid_token(headers.get(TRAFFIC_TAG)),
+        flags=flags,
+    )
