@@ -37,6 +37,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, gen
 
 from canarystack.common import strictjson
 from canarystack.common.auth import check_admin
+from canarystack.common.colour import HopLog
 from canarystack.common.errors import (
     DEFAULT_BODY_LIMIT,
     error_middleware,
@@ -61,6 +62,8 @@ class Component:
     log: JsonLogger | None = None
     health_extra: Callable[[], dict[str, Any]] | None = None
     started_mono: float = field(default_factory=time.monotonic)
+    # The coloured requests this component saw (canarystack.common.colour; the probe reads it).
+    hops: HopLog = field(default_factory=HopLog)
 
     def __post_init__(self) -> None:
         if self.log is None:

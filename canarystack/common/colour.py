@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import re
 import secrets
+from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
@@ -86,3 +87,41 @@ def colour_of(headers: Mapping[str, str]) -> Colour:
         tag=_valid_token(headers.get(TRAFFIC_TAG)),
         flags=flags,
     )
+
+
+@dataclass(frozen=True)
+class Hop:
+    """One hop's sighting of a coloured request: which hop, and the colour it saw."""
+
+    hop: str  # e.g. "router", "model", "shadow", "redis", "gate_sample", "trip_evidence"
+    request_id: str
+    trace_id: str
+    tag: str | None
+    at: float  # wall-clock seconds
+
+
+class HopLog:
+    """The last ``capacity`` hops a component saw, in order, for the colouring probe.
+
+    Bounded (a flood cannot grow it) and numbered (``seq``), so a reader pages with
+    ``since(seq)`` and can tell when it fell behind (``dropped_before``)."""
+
+    def __init__(self, capacity: int = 20000) -> None:
+        self.capacity = capacity
+        self._hops: deque[tuple[int, Hop]] = deque(maxlen=capacity)
+        self._seq = 0
+
+    def record(self, hop: str, colour: Colour, at: float) -> None:
+        self._seq += 1
+        self._hops.append((self._seq, Hop(hop, colour.request_id, colour.trace_id, colour.tag, at)))
+
+    @property
+    def last_seq(self) -> int:
+        return self._seq
+
+    def since(self, after_seq: int, limit: int = 10000) -> tuple[list[tuple[int, Hop]], int]:
+        """Hops with seq > after_seq (oldest first, at most ``limit``) and the first seq still
+        held (a reader whose ``after_seq`` is below it lost hops)."""
+        first = self._hops[0][0] if self._hops else self._seq + 1
+        out = [(s, h) for s, h in self._hops if s > after_seq][:limit]
+        return out, first
