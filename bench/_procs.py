@@ -1,6 +1,6 @@
 """What the benchmarks share: start a component process, learn its port from its ready
 file and wait until it is healthy, stop a process by its PID, a process's CPU seconds,
-and the percentile the throughput benchmarks report.
+and the percentile every benchmark reports (``_results.percentile``).
 
 The benchmarks run as scripts (``.venv/bin/python bench/<name>.py``); Python puts
 ``bench/`` first on ``sys.path`` then, so they import this module as ``_procs``. It must
@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import aiohttp
+from _results import percentile
 
 ROOT = Path(__file__).resolve().parents[1]
 TOKEN = "bench-admin-token"
@@ -36,11 +37,8 @@ def cpu_seconds(pid: int) -> float:
 
 
 def pct(values: list[float], q: float) -> float | None:
-    """The value at rank ``int(q * n)`` of the sorted values (None when there are none)."""
-    if not values:
-        return None
-    s = sorted(values)
-    return s[min(len(s) - 1, int(q * len(s)))]
+    """THE benchmark percentile (``_results.percentile``: numpy's 'linear'); None if empty."""
+    return percentile(values, q)
 
 
 def command(module: str, args: Sequence[str], *, ready: Path, port: int = 0) -> list[str]:

@@ -28,6 +28,7 @@ from typing import Any
 
 import requests
 from _procs import ADMIN, ROOT, command, launch, stop, wait_port
+from _results import Run, percentile
 
 sys.path.insert(0, str(ROOT))
 
@@ -36,8 +37,9 @@ from canarystack.broker.store import ReleasePatch, Store
 
 
 def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1e3, 3)
+    """THE benchmark percentile (``_results.percentile``) of seconds, in ms."""
+    v = percentile(values, q)
+    return round((v or 0.0) * 1e3, 3)
 
 
 def store_commits(folder: Path, synchronous: str, n: int) -> dict[str, float]:
@@ -61,6 +63,7 @@ def main() -> None:
     ap.add_argument("--patches", type=int, default=1000)
     ap.add_argument("--watches", type=int, default=100)
     args = ap.parse_args()
+    run = Run("broker_api")
     work = Path(tempfile.mkdtemp(prefix="broker-bench-"))
     ready, log = work / "ready.json", work / "broker.log"
     broker_args = ["--state-dir", str(work / "state"), "--log-level", "warning"]
@@ -123,6 +126,7 @@ def main() -> None:
     }
     shutil.rmtree(work, ignore_errors=True)
     print(json.dumps(result))
+    run.write(result)
 
 
 if __name__ == "__main__":

@@ -50,6 +50,7 @@ from typing import Any
 import numpy as np
 import requests
 from _procs import ADMIN, launch, wait_port
+from _results import Run
 
 from canarystack.engine.gguf_gen import write_gguf
 from canarystack.tokenizer import make_prompt
@@ -311,6 +312,7 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0, help="GGUF and prompt seed")
     p.add_argument("--base-port", type=int, default=18700)
     args = p.parse_args()
+    run = Run("engine_drift")
     result: dict[str, Any] = {"prompts": args.prompts, "seed": args.seed}
     with tempfile.TemporaryDirectory(prefix="engine-bench-") as tmp:
         result["pods"] = part_pods(args, Path(tmp))
@@ -324,6 +326,7 @@ def main() -> None:
             r["trip_s"] - r["rollout_s"] for r in runs if r["trip_s"] and r["rollout_s"]
         )
     print(json.dumps(result, indent=2))
+    run.write(result)
 
 
 if __name__ == "__main__":

@@ -34,6 +34,8 @@ import psutil
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from _results import Run  # noqa: E402
+
 from gameday.load.runner import LoadConfig, LoadRun  # noqa: E402
 from gameday.stack import stack_down, stack_status, stack_up  # noqa: E402
 
@@ -127,6 +129,7 @@ def main() -> int:
     p.add_argument("--users", default="8,12,16", help="user counts, comma-separated")
     p.add_argument("--duration-s", type=float, default=20.0)
     args = p.parse_args()
+    run = Run("gameday_load")
     levels = [int(x) for x in args.users.split(",") if x.strip()]
     work = Path(tempfile.mkdtemp(prefix="gameday-bench-"))
     state_dir = work / "stack"
@@ -139,7 +142,9 @@ def main() -> int:
     finally:
         stack_down(state_dir)
         shutil.rmtree(work, ignore_errors=True)
-    print(json.dumps({"duration_s": args.duration_s, "levels": results}, indent=2))
+    figures = {"duration_s": args.duration_s, "levels": results}
+    print(json.dumps(figures, indent=2))
+    run.write(figures)
     return 0
 
 

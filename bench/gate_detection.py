@@ -55,7 +55,6 @@ import asyncio
 import contextlib
 import hashlib
 import json
-import math
 import os
 import random
 import signal
@@ -69,6 +68,7 @@ from typing import Any
 
 import aiohttp
 from _procs import ADMIN, ROOT, launch, port_if_ready, stop, wait_healthy
+from _results import Run, percentile
 from aiohttp import web
 
 sys.path.insert(0, str(ROOT))
@@ -95,11 +95,9 @@ BLIND_GATE = (
 
 
 def pct(values: list[float], q: float) -> float | None:
-    """Nearest-rank percentile (p95 of 10 values is the largest)."""
-    if not values:
-        return None
-    s = sorted(values)
-    return round(s[max(0, math.ceil(q * len(s)) - 1)], 4)
+    """THE benchmark percentile (``_results.percentile``), rounded to 0.1 ms."""
+    v = percentile(values, q)
+    return None if v is None else round(v, 4)
 
 
 def summary(values: list[float]) -> dict[str, Any]:
@@ -896,11 +894,10 @@ def main() -> None:
         uvloop.install()
     except ImportError:  # pragma: no cover
         pass
+    run = Run("gate_detection")
     result = asyncio.run(main_async(args))
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.out:
-        Path(args.out).write_text(text)
+    print(json.dumps(result, indent=2))
+    run.write(result, Path(args.out) if args.out else None)
 
 
 if __name__ == "__main__":

@@ -39,8 +39,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
-import platform
 import random
 import sys
 import tempfile
@@ -53,6 +51,8 @@ import numpy as np
 from scipy.stats import beta
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from _results import machine
 
 from canarystack.common.buckets import bucket_labels, bucket_of
 from canarystack.gate.state import GateConfig, ReleaseGate, SampleBatch
@@ -261,23 +261,6 @@ def replay(
             "threshold": cfg.drift_threshold,
         },
         "cpu_s": round(time.process_time() - t0, 1),
-    }
-
-
-def machine() -> dict[str, Any]:
-    cpu = platform.processor()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {
-        "cpu": cpu,
-        "cores": os.cpu_count(),
-        "python": platform.python_version(),
-        "platform": platform.platform(),
     }
 
 

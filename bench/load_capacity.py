@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from _procs import ROOT, cpu_seconds, launch, pct, stop, wait_port
+from _results import Run
 
 sys.path.insert(0, str(ROOT))
 
@@ -199,6 +200,7 @@ def main() -> None:
     p.add_argument("--levels", default="16,32,64", help="concurrency levels (users)")
     p.add_argument("--duration-s", type=float, default=6.0, help="seconds per phase")
     args = p.parse_args()
+    run = Run("load_capacity")
     levels = [int(x) for x in args.levels.split(",")]
     with tempfile.TemporaryDirectory(prefix="load-capacity-") as tmp_name:
         tmp = Path(tmp_name)
@@ -216,24 +218,20 @@ def main() -> None:
                 results.append(level)
         finally:
             stop(server, grace_s=10)
-    print(
-        json.dumps(
-            {
-                "bench": "load_capacity",
-                "cpus": os.cpu_count(),
-                "server_args": list(SERVER_ARGS),
-                "max_tokens": MAX_TOKENS,
-                "prompt_mix": "synthetic (defaults)",
-                "duration_s_per_phase": args.duration_s,
-                "levels": results,
-                "best_requests_per_s": {
-                    c: max(lv[c].get("requests_per_s", 0) for lv in results)
-                    for c in ("locust", "aiohttp")
-                },
-            },
-            indent=2,
-        )
-    )
+    figures = {
+        "bench": "load_capacity",
+        "cpus": os.cpu_count(),
+        "server_args": list(SERVER_ARGS),
+        "max_tokens": MAX_TOKENS,
+        "prompt_mix": "synthetic (defaults)",
+        "duration_s_per_phase": args.duration_s,
+        "levels": results,
+        "best_requests_per_s": {
+            c: max(lv[c].get("requests_per_s", 0) for lv in results) for c in ("locust", "aiohttp")
+        },
+    }
+    print(json.dumps(figures, indent=2))
+    run.write(figures)
 
 
 if __name__ == "__main__":

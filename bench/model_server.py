@@ -31,6 +31,7 @@ from typing import Any
 
 import aiohttp
 from _procs import cpu_seconds, launch, pct, stop, wait_port
+from _results import Run
 
 
 def make_prompt(n_tokens: int) -> str:
@@ -132,6 +133,7 @@ def main() -> None:
     args = p.parse_args()
     if not (0 < args.duration_s <= 120) or not (1 <= args.concurrency <= 512):
         p.error("--duration-s must be in (0, 120] and --concurrency in [1, 512]")
+    run = Run("model_server")
 
     with tempfile.TemporaryDirectory(prefix="bench-model-") as tmpdir:
         proc, port = start_server(args.server_args, Path(tmpdir))
@@ -161,24 +163,19 @@ def main() -> None:
             )
         finally:
             stop(proc)
-    print(
-        json.dumps(
-            {
-                "benchmark": "model_server",
-                "command": shlex.join([sys.executable, *sys.argv]),
-                "server_command": shlex.join(
-                    ["python", "-m", "canarystack.model", *args.server_args]
-                ),
-                "concurrency": args.concurrency,
-                "duration_s": args.duration_s,
-                "max_tokens": args.max_tokens,
-                "prompt_tokens": args.prompt_tokens,
-                "cpus": os.cpu_count(),
-                **result,
-            },
-            indent=2,
-        )
-    )
+    figures = {
+        "benchmark": "model_server",
+        "command": shlex.join([sys.executable, *sys.argv]),
+        "server_command": shlex.join(["python", "-m", "canarystack.model", *args.server_args]),
+        "concurrency": args.concurrency,
+        "duration_s": args.duration_s,
+        "max_tokens": args.max_tokens,
+        "prompt_tokens": args.prompt_tokens,
+        "cpus": os.cpu_count(),
+        **result,
+    }
+    print(json.dumps(figures, indent=2))
+    run.write(figures)
 
 
 if __name__ == "__main__":

@@ -28,6 +28,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from _results import Run  # noqa: E402
+
 from gameday.report.synthetic import Scenario, game_day, write_run  # noqa: E402
 
 CHILD = """
@@ -58,6 +60,7 @@ def main() -> None:
     parser.add_argument("--keep", action="store_true", help="keep the run folder")
     parser.add_argument("--timeout-s", type=float, default=600)
     args = parser.parse_args()
+    bench_run = Run("report_speed")
 
     scenarios: list[Scenario] = game_day()[: args.experiments]
     work = Path(tempfile.mkdtemp(prefix="report-speed-"))
@@ -83,27 +86,22 @@ def main() -> None:
             sys.exit(f"build_report failed:\n{proc.stderr[-4000:]}")
         child = json.loads(proc.stdout.strip().splitlines()[-1])
         timings = child["timings_s"]
-        print(
-            json.dumps(
-                {
-                    "records": (args.records // len(scenarios)) * len(scenarios),
-                    "oracle_records": max(
-                        int(args.records // len(scenarios) * args.oracle_share), 1
-                    )
-                    * len(scenarios),
-                    "experiments": len(scenarios),
-                    "generate_s": round(generate_s, 2),
-                    "phases_s": {k: round(v, 3) for k, v in timings.items() if k != "total"},
-                    "build_report_s": round(timings["total"], 2),
-                    "imports_s": round(child["import_s"], 2),
-                    "command_wall_s": round(command_s, 2),
-                    "target_s": 20.0,
-                    "verdict": child["verdict"],
-                    "run_dir": str(run) if args.keep else None,
-                },
-                indent=2,
-            )
-        )
+        figures = {
+            "records": (args.records // len(scenarios)) * len(scenarios),
+            "oracle_records": max(int(args.records // len(scenarios) * args.oracle_share), 1)
+            * len(scenarios),
+            "experiments": len(scenarios),
+            "generate_s": round(generate_s, 2),
+            "phases_s": {k: round(v, 3) for k, v in timings.items() if k != "total"},
+            "build_report_s": round(timings["total"], 2),
+            "imports_s": round(child["import_s"], 2),
+            "command_wall_s": round(command_s, 2),
+            "target_s": 20.0,
+            "verdict": child["verdict"],
+            "run_dir": str(run) if args.keep else None,
+        }
+        print(json.dumps(figures, indent=2))
+        bench_run.write(figures)
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)

@@ -1,12 +1,16 @@
 """Benchmark: what the router adds to TTFT and end-to-end latency, and what it costs in CPU.
 
-Starts a model server, a broker (release ``default``: stable v1, canary v2 at weight 0, so
-every unpinned request is relayed to the one baseline replica) and one router, each as its
-own process, stopped by PID at the end. Then drives both paths *side by side in the same
+Starts a model server per variant, a broker and one router, each as its own process,
+stopped by PID at the end. ``--path real`` (the default) is the path users take in a
+release: canary v2 at 5 %, shadow copies on, a gate receiving the router's samples — so the
+figure includes shadow planning, logprob rewriting and outcome records. ``--path bare``
+sets the canary to weight 0 and starts no gate (every unpinned request is relayed to the
+one baseline replica): the router's hop alone. Then drives both paths *side by side in the same
 run*: every request of each of ``--concurrency`` client workers picks direct-to-model or
 through-router by a coin flip, so both see the same model load at the same moments.
 
-Prints one JSON object: TTFT and end-to-end p50/p99 direct vs routed and the differences
+Writes ``bench/results/router_overhead.json`` (``--out``; ``_results``): TTFT and
+end-to-end p50/p99 direct vs routed and the differences
 (routed - direct), streamed requests per path, errors, and router CPU seconds per 1,000
 streamed requests (``/proc/PID/stat``, over the measured window). DESIGN.md §4 target:
 <= 1 ms p50 and <= 5 ms p99 added TTFT.
@@ -36,6 +40,7 @@ from typing import Any
 
 import aiohttp
 from _procs import ADMIN, command, cpu_seconds, launch, pct, stop, wait_healthy, wait_port
+from _results import Run
 
 
 class Procs:
@@ -58,7 +63,7 @@ class Procs:
             stop(proc)
 
 
-async def setup_release(broker_url: str) -> None:
+async def setup_release(broker_url: str, canary_weight: float) -> None:
     async with aiohttp.ClientSession() as s:
         for version in ("v1", "v2"):
             manifest = {"image": f"model:{version}"}
@@ -71,12 +76,33 @@ async def setup_release(broker_url: str) -> None:
             "name": "default",
             "stable": "v1",
             "canary": "v2",
-            "weights": {"canary": 0},
+            "weights": {"canary": canary_weight},
             "actor": "bench",
             "reason": "router overhead bench",
         }
         async with s.post(broker_url + "/v1/releases", json=body2, headers=ADMIN) as r:
             assert r.status == 201, await r.text()
+
+
+# What the router did besides relaying (its own /metrics): the proof that --path real
+# exercised shadow copies, comparisons and gate pushes.
+WORK_METRICS = (
+    "router_shadow_requests_total",
+    "router_shadow_comparisons_total",
+    "router_gate_pushes_total",
+    "router_samples_dropped_total",
+)
+
+
+async def router_work(router_url: str) -> dict[str, float]:
+    totals = dict.fromkeys(WORK_METRICS, 0.0)
+    async with aiohttp.ClientSession() as s, s.get(router_url + "/metrics") as r:
+        text = await r.text()
+    for line in text.splitlines():
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name in totals:
+            totals[name] += float(line.rsplit(" ", 1)[1])
+    return totals
 
 
 async def drive(
@@ -226,7 +252,16 @@ def main() -> None:
     p.add_argument("--ttft-base-ms", type=float, default=20.0, help="model server TTFT floor")
     p.add_argument("--itl-ms", type=float, default=2.0, help="model server decode time/token")
     p.add_argument("--router-arg", action="append", default=[], help="extra router flag(s)")
+    p.add_argument(
+        "--path",
+        choices=("real", "bare"),
+        default="real",
+        help="real: 5%% canary, shadow on, gate on (default); bare: canary 0, no gate",
+    )
+    p.add_argument("--canary-weight", type=float, default=5.0, help="percent, --path real")
+    p.add_argument("--out", type=Path, default=None, help="results file")
     args = p.parse_args()
+    run = Run("router_overhead")
     if args.concurrency < 1 or args.duration_s <= 0 or args.max_requests < 1:
         raise SystemExit("--concurrency, --duration-s and --max-requests must be positive")
 
@@ -250,7 +285,15 @@ def main() -> None:
             )
             broker_url = f"http://127.0.0.1:{broker_port}"
             asyncio.run(wait_healthy(broker_url, "broker"))
-            asyncio.run(setup_release(broker_url))
+            real = args.path == "real"
+            asyncio.run(setup_release(broker_url, args.canary_weight if real else 0.0))
+            gate_args: list[str] = []
+            if real:
+                gate_port, _ = procs.start("gate", "canarystack.gate", "--broker", broker_url)
+                asyncio.run(wait_healthy(f"http://127.0.0.1:{gate_port}", "gate"))
+                gate_args = ["--gate", f"http://127.0.0.1:{gate_port}"]
+            else:
+                gate_args = ["--no-shadow"]
             router_port, router_pid = procs.start(
                 "router",
                 "canarystack.router",
@@ -259,6 +302,7 @@ def main() -> None:
                 "--baseline", f"http://127.0.0.1:{model_port}",
                 "--canary", f"http://127.0.0.1:{canary_port}",
                 "--state-dir", str(tmp),
+                *gate_args,
                 *args.router_arg,
             )  # fmt: skip
             model_url = f"http://127.0.0.1:{model_port}"
@@ -276,6 +320,7 @@ def main() -> None:
                 "routed": router_url + "/v1/completions",
             }
             figures = asyncio.run(drive(targets, args, router_pid))
+            figures["router_work"] = asyncio.run(router_work(router_url))
         finally:
             procs.stop_all()
         figures["router_pre_forward_ms"] = pre_forward_ms(tmp / "router.log")
@@ -288,6 +333,10 @@ def main() -> None:
             "max_tokens": args.max_tokens,
             "prompt_tokens": args.prompt_tokens,
             "mix": "each request direct or routed by coin flip, same model server",
+            "path": args.path,
+            "canary_weight_pct": args.canary_weight if args.path == "real" else 0.0,
+            "shadow": args.path == "real",
+            "gate": args.path == "real",
             "model_ttft_base_ms": args.ttft_base_ms,
             "model_itl_ms": args.itl_ms,
         },
@@ -298,6 +347,7 @@ def main() -> None:
         "pids": {"model": model_pid, "broker": broker_pid, "router": router_pid},
     }
     print(json.dumps(out, indent=2))
+    run.write(out, args.out)
 
 
 if __name__ == "__main__":
