@@ -1,0 +1,333 @@
+"""Quote benchmark figures into the documentation from the files the benchmarks write.
+
+A Markdown file marks where a benchmark's figures go::
+
+    <!-- bench:router_overhead -->
+    (rewritten by this script)
+    <!-- /bench:router_overhead -->
+
+and this script fills each block from ``bench/results/<name>.json``: the figures, the
+command that produced them, when, on what machine and under what load. No figure in a
+block is typed by hand; a benchmark without a results file says so and names the command
+that makes one.
+
+    .venv/bin/python bench/quote.py          # rewrite the blocks in README.md and docs/*.md
+    .venv/bin/python bench/quote.py --check  # exit 1 naming each stale block (the tests run it)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "bench" / "results"
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+BLOCK = re.compile(
+    r"(<!-- bench:(?P<name>[a-z_]+) -->\n)(?P<body>.*?)(<!-- /bench:(?P=name) -->)", re.S
+)
+
+# The command that writes each results file (for a block whose file is missing).
+COMMANDS = {
+    "model_server": ".venv/bin/python bench/model_server.py --concurrency 16 --duration-s 20",
+    "router_overhead": ".venv/bin/python bench/router_overhead.py",
+    "broker_api": ".venv/bin/python bench/broker_api.py --patches 1000 --watches 100",
+    "report_speed": ".venv/bin/python bench/report_speed.py",
+    "gameday_load": ".venv/bin/python bench/gameday_load.py --users 8,12,16 --duration-s 20",
+    "load_capacity": ".venv/bin/python bench/load_capacity.py",
+    "event_loop_stall": ".venv/bin/python bench/event_loop_stall.py",
+    "gate_false_alarms": ".venv/bin/python bench/gate_false_alarms.py",
+    "gate_detection": ".venv/bin/python bench/gate_detection.py --runs 59 --healthy-runs 59",
+    "engine_drift": ".venv/bin/python bench/engine_drift.py",
+}
+
+
+def _f(v: Any, nd: int = 2) -> str:
+    if v is None:
+        return "–"
+    if isinstance(v, float):
+        return f"{v:.{nd}f}"
+    return str(v)
+
+
+def provenance(doc: dict[str, Any]) -> str:
+    m = doc.get("machine", {})
+    cores = m.get("cores", m.get("cpu_count", "?"))
+    load = doc.get("load_1m")
+    load_s = f", 1-min load {load['start']}→{load['end']}" if load else ""
+    when = f", {doc['started']}" if doc.get("started") else ""
+    commit = f" at `{doc['commit']}`" if doc.get("commit") else ""
+    wall = f", {doc['wall_s']} s" if doc.get("wall_s") is not None else ""
+    return (
+        f"*From `bench/results/{doc['benchmark']}.json`: `{doc['command']}`{when}{commit}, "
+        f"{cores} cores{load_s}{wall}.*"
+    )
+
+
+def r_router_overhead(res: dict[str, Any]) -> list[str]:
+    add = res["added_by_router"]
+    load = res["load"]
+    work = res.get("router_work", {})
+    path = (
+        f"real path: canary {load.get('canary_weight_pct')} %, shadow on, gate on "
+        f"({_f(work.get('router_shadow_comparisons_total'), 0)} shadow comparisons, "
+        f"{_f(work.get('router_gate_pushes_total'), 0)} gate pushes)"
+        if load.get("path") == "real"
+        else "bare path: canary at weight 0, no shadow, no gate"
+    )
+    tgt = res["target"]
+    return [
+        f"Router overhead, {path}; concurrency {load['concurrency']}, "
+        f"{load['max_tokens']}-token streams, {load['duration_s']} s, direct and routed "
+        "requests interleaved by coin flip:",
+        "",
+        "| added by the router | p50 ms | p99 ms | target p50 / p99 ms |",
+        "| --- | --- | --- | --- |",
+        f"| TTFT | {_f(add.get('ttft_p50_ms'))} | {_f(add.get('ttft_p99_ms'))} | "
+        f"{tgt['added_ttft_p50_ms']} / {tgt['added_ttft_p99_ms']} |",
+        f"| end to end | {_f(add.get('e2e_p50_ms'))} | {_f(add.get('e2e_p99_ms'))} | |",
+        "",
+        f"Router CPU {_f(res.get('router_cpu_s_per_1000_streams'))} s per 1,000 streamed "
+        f"requests; its own work before forwarding "
+        f"{_f(res.get('router_pre_forward_ms', {}).get('p50'), 3)} ms p50.",
+    ]
+
+
+def r_model_server(res: dict[str, Any]) -> list[str]:
+    keys = [k for k in res if k.endswith(("_per_s", "_p50", "_p99")) or "cpu" in k]
+    rows = [f"| {k} | {_f(res[k])} |" for k in keys if not isinstance(res[k], dict | list)]
+    return [
+        f"Model server, concurrency {res.get('concurrency')}, {res.get('max_tokens')}-token "
+        f"streams, {res.get('duration_s')} s:",
+        "",
+        "| figure | value |",
+        "| --- | --- |",
+        *rows,
+    ]
+
+
+def r_broker_api(res: dict[str, Any]) -> list[str]:
+    c = res["commit_ms"]
+    return [
+        f"Broker, {res['patches']} PATCHes and {res['watches']} watches over HTTP:",
+        "",
+        "| operation | p50 ms | p99 ms |",
+        "| --- | --- | --- |",
+        f"| PATCH | {res['patch_ms']['p50']} | {res['patch_ms']['p99']} |",
+        f"| PATCH → waiting watch answered | {res['watch_wake_ms']['p50']} | "
+        f"{res['watch_wake_ms']['p99']} |",
+        f"| store transaction, synchronous=FULL | {c['full']['p50']} | {c['full']['p99']} |",
+        f"| store transaction, synchronous=NORMAL | {c['normal']['p50']} | {c['normal']['p99']} |",
+    ]
+
+
+def r_report_speed(res: dict[str, Any]) -> list[str]:
+    return [
+        f"A report from {res['records']:,} request records ({res['experiments']} experiments, "
+        f"{res['oracle_records']:,} oracle pairs): build_report {res['build_report_s']} s, "
+        f"whole command {res['command_wall_s']} s (target ≤ {res['target_s']} s).",
+    ]
+
+
+def r_gameday_load(res: dict[str, Any]) -> list[str]:
+    rows = []
+    for lv in res["levels"]:
+        rows.append(
+            "| "
+            + " | ".join(
+                _f(lv.get(k))
+                for k in (
+                    "users",
+                    "requests_per_s",
+                    "stack_cores",
+                    "locust_cores",
+                    "baseline_ttft_p99_s",
+                    "long_prompt_share",
+                )
+            )
+            + " |"
+        )
+    return [
+        f"The game-day load on the whole local stack, {res['duration_s']} s per level:",
+        "",
+        "| users | requests/s | stack cores | Locust cores | baseline TTFT p99 s "
+        "| ≥ 2048-token share |",
+        "| --- | --- | --- | --- | --- | --- |",
+        *rows,
+    ]
+
+
+def r_load_capacity(res: dict[str, Any]) -> list[str]:
+    rows = []
+    for lv in res["levels"]:
+        for client in ("locust", "aiohttp"):
+            c = lv[client]
+            bias = c.get("ttft_bias_ms", {})
+            rows.append(
+                f"| {lv['users']} | {client} | {_f(c.get('requests_per_s'), 1)} | "
+                f"{_f(bias.get('p50'))} | {_f(bias.get('p99'))} |"
+            )
+    return [
+        f"Locust beside a plain aiohttp+uvloop client against one model server, "
+        f"{res['duration_s_per_phase']} s per level:",
+        "",
+        "| users | client | requests/s | TTFT bias p50 ms | p99 ms |",
+        "| --- | --- | --- | --- | --- |",
+        *rows,
+    ]
+
+
+def r_event_loop_stall(doc: dict[str, Any]) -> list[str]:
+    rows = []
+    for name, comp in doc["components"].items():
+        inputs = comp["inputs"]
+        worst_name, worst = max(inputs.items(), key=lambda kv: kv[1]["stall_ms"])
+        worst_label = worst_name.replace("_", " ") if worst["stall_ms"] > 0 else "none (all 0.0)"
+        rows.append(
+            f"| {name} (`{comp['endpoint']}`) | {comp['body_limit_bytes'] // 1024} KiB | "
+            f"{worst_label} | {worst['stall_ms']} | {worst['stall_ms_median']} / "
+            f"{worst['stall_ms_max']} | {'yes' if worst['meets_goal'] else 'no'} |"
+        )
+    return [
+        f"Goal < {doc['goal_ms']} ms (least of the tries; every input got a 4xx):",
+        "",
+        "| component (request) | body limit | worst input | stall ms "
+        "| median / largest ms | meets goal |",
+        "| --- | --- | --- | --- | --- | --- |",
+        *rows,
+    ]
+
+
+def r_gate_false_alarms(doc: dict[str, Any]) -> list[str]:
+    b = doc["gate_budget"]
+    rows = [
+        f"| {r['source']} | {r['releases']} × {r['release_s'] / 60:g} min | "
+        f"{r['baseline_canary_comparisons']:,} | {r['kl_p50']:.2e} / {r['kl_p99']:.2e} | "
+        f"{r['false_trips']} | {r['false_trips_per_release_hour_cp95_upper']:.3f} |"
+        for r in doc["results"]
+    ]
+    return [
+        f"Healthy comparisons replayed through the gate's statistics (budget "
+        f"{b['false_trips_per_release_hour']:g} false trips per release-hour, {b['merge']}, "
+        f"{b['detectors']} detectors):",
+        "",
+        "| source | releases | comparisons | KL p50 / p99 | false trips "
+        "| per release-hour, 95 % upper bound |",
+        "| --- | --- | --- | --- | --- | --- |",
+        *rows,
+    ]
+
+
+def _summ(s: dict[str, Any] | None) -> str:
+    if not s or not s.get("n"):
+        return "–"
+    return (
+        f"p50 {_f(s.get('p50'))}, p95 {_f(s.get('p95'))}, max {_f(s.get('max'))} (n={s.get('n')})"
+    )
+
+
+def cp_upper(k: int, n: int, confidence: float = 0.95) -> float:
+    """Clopper-Pearson one-sided upper bound on a probability seen k times in n trials."""
+    from scipy.stats import beta
+
+    return 1.0 if k >= n else float(beta.ppf(confidence, k + 1, n - k))
+
+
+def r_gate_detection(res: dict[str, Any]) -> list[str]:
+    f = res["faulty_runs"]
+    h = res["healthy_runs"]
+    load = res["load"]
+    out = [
+        f"{load['rate_per_s']} requests/s open loop, {load['long_share']:.0%} of prompts "
+        f"{load['long_prompt_tokens'][0]}–{load['long_prompt_tokens'][1]} tokens, "
+        f"{load['canary_weight_pct']} % canary, max_tokens {load['max_tokens']}:",
+        "",
+        f"- faulty kernel → trip decision: {_summ(f['fault_to_trip_decision_s'])}",
+        f"- faulty kernel → canary weight 0 at every router: "
+        f"{_summ(f['fault_to_weight0_at_every_router_s'])}; tripped {f['tripped']}/{f['n']}",
+        f"- canary-served requests after the fault: {_summ(f['canary_served_after_fault'])}",
+    ]
+    for cond, c in h["by_scenario"].items():
+        out.append(
+            f"- healthy, {cond}: {c['false_trips']} false trips in {c['runs']} runs of "
+            f"{h['seconds_each']} s (95 % upper bound on the per-run probability "
+            f"{cp_upper(c['false_trips'], c['runs']):.3f})"
+        )
+    return out
+
+
+def r_engine_drift(res: dict[str, Any]) -> list[str]:
+    return [
+        f"llama.cpp: trip {_f(res.get('trip_s_median'))} s median, max "
+        f"{_f(res.get('trip_s_max'))} s over {len(res.get('trip_runs', []))} runs.",
+    ]
+
+
+RENDER: dict[str, tuple[Callable[[dict[str, Any]], list[str]], bool]] = {
+    # name: (renderer, whether it takes the whole document rather than its "results")
+    "router_overhead": (r_router_overhead, False),
+    "model_server": (r_model_server, False),
+    "broker_api": (r_broker_api, False),
+    "report_speed": (r_report_speed, False),
+    "gameday_load": (r_gameday_load, False),
+    "load_capacity": (r_load_capacity, False),
+    "event_loop_stall": (r_event_loop_stall, True),
+    "gate_false_alarms": (r_gate_false_alarms, True),
+    "gate_detection": (r_gate_detection, False),
+    "engine_drift": (r_engine_drift, False),
+}
+
+
+def render(name: str) -> str:
+    if name not in RENDER:
+        raise SystemExit(f"bench block {name!r}: no such benchmark; known: {', '.join(RENDER)}")
+    path = RESULTS / f"{name}.json"
+    if not path.exists():
+        return (
+            f"*Not measured in the current results format: `{COMMANDS[name]}` writes "
+            f"`bench/results/{name}.json`, then `bench/quote.py` quotes it here.*\n"
+        )
+    doc = json.loads(path.read_text())
+    doc.setdefault("benchmark", name)
+    fn, whole = RENDER[name]
+    lines = fn(doc if whole else doc["results"])
+    return "\n".join([*lines, "", provenance(doc)]) + "\n"
+
+
+def rewrite(text: str) -> str:
+    return BLOCK.sub(lambda m: m.group(1) + render(m.group("name")) + m.group(4), text)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--check", action="store_true", help="exit 1 if a block is stale")
+    args = p.parse_args()
+    stale = []
+    for path in DOCS:
+        text = path.read_text()
+        new = rewrite(text)
+        if new != text:
+            if args.check:
+                names = [m.group("name") for m in BLOCK.finditer(text)]
+                stale.append(f"{path.relative_to(ROOT)} ({', '.join(names)})")
+            else:
+                path.write_text(new)
+                print(f"rewrote {path.relative_to(ROOT)}", file=sys.stderr)
+    if stale:
+        print(
+            "benchmark figures in the docs differ from bench/results/: "
+            + "; ".join(stale)
+            + ". Run .venv/bin/python bench/quote.py and commit the result.",
+            file=sys.stderr,
+        )
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
