@@ -29,7 +29,8 @@ def test_docs_blocks_match_results_files() -> None:
 
 def _results_file(tmp_path: Path, name: str, figures: dict[str, object]) -> Path:
     run = _results.Run(name, argv=["--duration-s", "3"])
-    return run.write(figures, tmp_path / f"{name}.json")
+    path: Path = run.write(figures, tmp_path / f"{name}.json")
+    return path
 
 
 BROKER = {
