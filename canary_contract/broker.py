@@ -1,0 +1,178 @@
+"""What the broker sends and accepts: versions, releases, trip evidence, events, routers.
+
+Each record reads exactly what ``canarystack.broker`` answers today (``from_wire``) and
+writes it back unchanged (``to_wire``); ``tests/test_contract.py`` holds both to a live
+broker.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Annotated, ClassVar
+
+from pydantic import Field, model_validator
+
+from canary_contract._record import Flag, Int, IntOrNumber, Number, Record, Text
+from canary_contract.json import JsonObject, JsonValue
+from canary_contract.phases import CANARY_OFF, Phase
+
+Count = Annotated[Int, Field(ge=0, le=2**63 - 1)]
+
+
+class TripTest(enum.StrEnum):
+    """The test a broker-carried trip names (``TripEvidence.test``)."""
+
+    DRIFT = "drift"
+    LATENCY = "latency"
+    ERRORS = "errors"
+    NO_DATA = "no_data"
+
+
+class TripEvidence(Record):
+    """The gate's evidence for a trip, as the broker stores and serves it."""
+
+    test: TripTest
+    bucket: Annotated[Text, Field(min_length=1, max_length=64)]
+    statistic: Number
+    threshold: Number
+    samples: Count
+    first_sample_time: Number
+    last_sample_time: Number
+    tripped_at: Number
+    detail: JsonObject = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> TripEvidence:
+        if self.last_sample_time < self.first_sample_time:
+            raise ValueError(
+                "last_sample_time is before first_sample_time; the window's first and last "
+                "sample times come in order"
+            )
+        return self
+
+
+class Quarantine(Record):
+    time: Number
+    actor: Text | None
+    reason: Text | None
+
+
+class Version(Record):
+    """A registered version (``GET /v1/versions/{v}``); ``quarantine`` only once it is."""
+
+    omitted_when_none: ClassVar[frozenset[str]] = frozenset({"quarantine"})
+
+    version: Text
+    digest: Text
+    manifest: JsonValue
+    quarantined: Flag
+    registered_at: Number
+    quarantine: Quarantine | None = None
+
+
+class VersionList(Record):
+    versions: tuple[Version, ...]
+
+
+class StableRef(Record):
+    version: Text
+    digest: Text
+
+
+class CanaryRef(Record):
+    version: Text
+    digest: Text
+    quarantined: Flag
+
+
+class Weights(Record):
+    canary: Annotated[IntOrNumber, Field(ge=0, le=100)]
+
+
+class Release(Record):
+    """A release as the broker answers it (``GET /v1/releases/{name}``, a watch, a PATCH)."""
+
+    name: Text
+    phase: Phase
+    revision: Count
+    stable: StableRef
+    canary: CanaryRef | None
+    weights: Weights
+    trip: TripEvidence | None
+    created_at: Number
+    updated_at: Number
+
+    @property
+    def canary_off(self) -> bool:
+        """Whether routers must send the canary nothing in this release's phase."""
+        return self.phase in CANARY_OFF
+
+    @property
+    def canary_weight(self) -> float:
+        return float(self.weights.canary)
+
+
+class ReleaseList(Record):
+    releases: tuple[Release, ...]
+
+
+class Event(Record):
+    """One entry of a release's history: ``change`` is ``{field: {"old", "new"}}`` for a
+    write, or what an annotation added."""
+
+    seq: Count
+    release: Text
+    time: Number
+    revision: Count
+    actor: Text
+    change: JsonObject
+    reason: Text
+
+
+class EventPage(Record):
+    """``GET /v1/releases/{name}/events?after_seq=N&limit=L``: oldest first; a page shorter
+    than ``limit`` is the last; ask again with ``after_seq=next_after_seq``."""
+
+    events: tuple[Event, ...]
+    next_after_seq: Count
+    limit: Annotated[Int, Field(ge=1)]
+
+    @property
+    def last(self) -> bool:
+        return len(self.events) < self.limit
+
+
+class Heartbeat(Record):
+    """What a router reports to ``POST /v1/routers/heartbeat``."""
+
+    omitted_when_none: ClassVar[frozenset[str]] = frozenset({"applied_at", "canary_off_since"})
+
+    router_id: Annotated[Text, Field(min_length=1, max_length=200)]
+    release: Text
+    applied_revision: Count | None
+    applied_at: Annotated[Number, Field(ge=0)] | None = None
+    canary_off_since: Annotated[Number, Field(ge=0)] | None = None
+
+
+class RouterBeat(Record):
+    """One router as the broker last heard it (``GET /v1/routers``). ``applied_at`` and
+    ``canary_off_since`` are the router's clock; ``canary_off_since`` is null while the
+    canary gets traffic."""
+
+    router_id: Text
+    release: Text
+    applied_revision: Count | None
+    applied_at: Number | None
+    canary_off_since: Number | None
+    last_seen: Number
+    age_s: Number
+
+
+class RouterList(Record):
+    """``GET /v1/routers``: ``recent`` are routers no longer live that beat less than
+    ``recent_s`` ago; an empty ``routers`` is "no router exists" only while it is empty."""
+
+    routers: tuple[RouterBeat, ...]
+    expiry_s: Number
+    recent: tuple[RouterBeat, ...]
+    recent_s: Number

@@ -1,0 +1,13 @@
+"""Faults as the harness journals them."""
+
+from __future__ import annotations
+
+import enum
+
+
+class FaultAction(enum.StrEnum):
+    """What one journal line of the harness's fault log did."""
+
+    INJECT = "inject"  # POST /admin/faults on a component
+    CLEAR = "clear"  # DELETE /admin/faults/{id}
+    KILL = "kill"  # a process or pod killed on purpose
