@@ -14,7 +14,7 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -78,16 +78,35 @@ def _cluster(*args: str, timeout_s: float = 120) -> subprocess.CompletedProcess[
     )
 
 
+LLAMACPP_DEFAULTS = Path(__file__).resolve().parents[1] / "canarystack/cluster/llamacpp.yaml"
+
+
+def engine_config(tmp_path: Path, extra_args: Mapping[str, Sequence[str]]) -> Path:
+    """A stack config: the llama.cpp defaults with ``extra_args`` appended role by role (a
+    stack config's 'args' replace a role's defaults, so the defaults are copied first)."""
+    import yaml
+
+    defaults = yaml.safe_load(LLAMACPP_DEFAULTS.read_text())
+    args = {role: list(v) for role, v in defaults.get("args", {}).items()}
+    for role, more in extra_args.items():
+        args[role] = [*args.get(role, []), *more]
+    path = tmp_path / "stack-config.yaml"
+    path.write_text(yaml.safe_dump({"engine": "llamacpp", "args": args}))
+    return path
+
+
 @contextmanager
-def engine_stack(tmp_path: Path) -> Iterator[Stack]:
-    """``gameday stack up --engine llamacpp`` on free ports; stopped at the end."""
+def engine_stack(tmp_path: Path, config: Path | None = None) -> Iterator[Stack]:
+    """``gameday stack up --engine llamacpp`` on free ports (with ``config``, a stack
+    config); stopped at the end."""
     state_dir = tmp_path / "stack"
+    config_args = ["--config", str(config)] if config else []
     last = ""
     for _ in range(5):
         base = (free_port() // 100) * 100 % 40000 + 20000  # a block of 40 ports
         res = _cluster(
             "up", "--engine", "llamacpp", "--state-dir", str(state_dir),
-            "--base-port", str(base), "--json",
+            "--base-port", str(base), "--json", *config_args,
         )  # fmt: skip
         if res.returncode == 0:
             break

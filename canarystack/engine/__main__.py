@@ -47,6 +47,13 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument(
         "--n-threads", type=int, default=1, help="llama.cpp threads (default %(default)s)"
     )
+    g.add_argument(
+        "--n-batch",
+        type=int,
+        default=512,
+        help="prompt-processing batch size (n_batch = n_ubatch; default %(default)s). A "
+        "different value is a benign numerical variant, as a batch-size change is on a GPU",
+    )
     add_default_max_tokens_option(g)
     g.add_argument(
         "--engine-log",
@@ -98,6 +105,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         parser.error(f"--n-ctx {args.n_ctx}: give at least 64 tokens")
     if args.n_threads < 1:
         parser.error(f"--n-threads {args.n_threads}: give at least 1")
+    if not 1 <= args.n_batch <= args.n_ctx:
+        parser.error(f"--n-batch {args.n_batch}: give 1 to --n-ctx ({args.n_ctx}) tokens")
     for flag, value in (
         ("--start-timeout-s", args.start_timeout_s),
         ("--drain-timeout-s", args.drain_timeout_s),
@@ -116,6 +125,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         served_model_name=args.served_model_name,
         n_ctx=args.n_ctx,
         n_threads=args.n_threads,
+        n_batch=args.n_batch,
         log_path=Path(args.engine_log).resolve() if args.engine_log else None,
     )
     run_model_server(

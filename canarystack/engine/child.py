@@ -51,6 +51,11 @@ class EngineSettings:
     served_model_name: str
     n_ctx: int = 8192
     n_threads: int = 1
+    # Logical and physical batch size of prompt processing (llama.cpp's n_batch = n_ubatch).
+    # A different value changes the matmul shapes and so the float rounding: a real source
+    # of benign nondeterminism (full-vocabulary KL ~1e-5 for 8 against 512 on this model),
+    # where a different thread count is bit-identical on CPU (measured, docs/engine.md).
+    n_batch: int = 512
     python: str = sys.executable
     log_path: Path | None = None  # child stdout/stderr (None: discarded)
 
@@ -71,6 +76,7 @@ def command(settings: EngineSettings, cache_type: str, port: int) -> list[str]:
         "--n_ctx", str(settings.n_ctx),
         "--n_threads", str(settings.n_threads),
         "--n_threads_batch", str(settings.n_threads),
+        "--n_batch", str(settings.n_batch), "--n_ubatch", str(settings.n_batch),
         "--flash_attn", "true",
         "--type_k", type_id, "--type_v", type_id,
         "--interrupt_requests", "false",
