@@ -163,6 +163,9 @@ class RequestRecord:
     queue_s: float | None = None
     finish_reason: str | None = None
     error: str | None = None
+    # The shared dependency's result for this request (canarystack.dependency.client
+    # RESULTS), None when the server has no dependency.
+    dependency: str | None = None
 
     @classmethod
     def start(cls, request: web.Request) -> Self:
@@ -225,6 +228,7 @@ async def serve_logged(
             e2e_s=round(time.monotonic() - rec.t_recv, 6),
             finish_reason=rec.finish_reason,
             error=rec.error,
+            **({"dependency": rec.dependency} if rec.dependency is not None else {}),
             **rec.extra_fields(),
         )
 

@@ -28,10 +28,12 @@ from typing import Any, TypeVar
 
 from aiohttp import web
 
-from canarystack.common.app import Component
+from canarystack.common.app import COMPONENT, Component
+from canarystack.common.colour import COLOUR_KEY, Colour
 from canarystack.common.errors import ApiError, BadRequest, Unavailable
 from canarystack.common.faults import FaultParams
 from canarystack.common.logs import get_logger
+from canarystack.dependency.client import DependencyClient, DependencyConfig
 from canarystack.model.api_spec import install as install_api_spec
 from canarystack.model.body import OFF_LOOP_BYTES, Limits, Parsed, parse_request, read_body
 from canarystack.model.capacity import CapacityModel, SlotScheduler, sleep_until
@@ -54,6 +56,7 @@ from canarystack.model.faults import (
 from canarystack.model.generation import Generation, Output
 from canarystack.model.metrics import ModelMetrics
 from canarystack.model.render import DONE, Renderer
+from canarystack.model.schemas import ChatCompletionRequest, CompletionRequest
 
 # Non-streaming answers make their tokens in batches of this size, yielding in between.
 GENERATE_BATCH = 64
@@ -74,6 +77,9 @@ class ServerConfig:
     # --kernel-fault: a known-bad build, this kernel fault on for the process's life (no
     # TTL; an injected kernel fault, while active, takes its place).
     build_kernel_fault: KernelFault | None = None
+    # --redis-url and its options: the shared dependency (canarystack.dependency); None
+    # serves without one (no x-dependency header).
+    dependency: DependencyConfig | None = None
 
     @property
     def limits(self) -> Limits:
@@ -108,6 +114,11 @@ class ModelServer:
         self._rng = random.Random()
         self.created = int(time.time())
         self.limits = config.limits
+        self.dependency = (
+            DependencyClient(config.dependency, component.registry)
+            if config.dependency is not None
+            else None
+        )
 
     # -- wiring ---------------------------------------------------------------------
     def add_routes(self, app: web.Application) -> None:
@@ -115,9 +126,19 @@ class ModelServer:
         app.router.add_post("/v1/chat/completions", self.chat_completions)
         app.router.add_get("/v1/models", self.models)
         install_api_spec(app, max_model_len=self.config.max_model_len)
+        if self.dependency is not None:
+            app.on_cleanup.append(self._close_dependency)
+
+    async def _close_dependency(self, app: web.Application) -> None:
+        if self.dependency is not None:
+            await self.dependency.close()
 
     def health_extra(self) -> dict[str, Any]:
+        # The model serves without its dependency: /health stays "ok" and says how the
+        # dependency is (a degraded dependency is shared, not this server's failure).
+        extra = {} if self.dependency is None else {"dependency": self.dependency.health()}
         return {
+            **extra,
             "model": self.config.served_model_name,
             "running": self.scheduler.running,
             "waiting": self.scheduler.waiting,
@@ -199,6 +220,10 @@ class ModelServer:
             default_max_tokens=self.config.default_max_tokens,
             prompt_field=prompt_field,
         )
+        if self.dependency is not None:
+            words = await self._with_context(request, req, words, max_tokens, rec, headers)
+            n_prompt = len(words)
+            rec.prompt_tokens = n_prompt
 
         # Faults that act before the engine.
         crash = self._fault("crash", CrashParams, n_prompt)
@@ -262,6 +287,37 @@ class ModelServer:
         return await self._complete(
             request, rec, headers, gen, renderer, extra_ttft_s, itl_mult, truncate
         )
+
+    async def _with_context(
+        self,
+        request: web.Request,
+        req: CompletionRequest | ChatCompletionRequest,
+        words: list[str],
+        max_tokens: int,
+        rec: RequestRecord,
+        headers: dict[str, str],
+    ) -> list[str]:
+        """The prompt's words with the retrieved context (when Redis has one and it fits
+        the context window) in front, as a system context; ``x-dependency`` says whether
+        the dependency answered (``ok``) or the answer goes without it (``degraded``)."""
+        assert self.dependency is not None
+        colour = request.get(COLOUR_KEY)
+        hops = request.app[COMPONENT].hops
+
+        def on_call() -> None:
+            if isinstance(colour, Colour):
+                hops.record("redis", colour, time.time())
+
+        prompt = req.prompt_text()
+        lookup = await self.dependency.lookup(_first_user_message(req), prompt, on_call=on_call)
+        rec.dependency = lookup.result
+        headers["x-dependency"] = lookup.header
+        if lookup.context is None:
+            return words
+        context = lookup.context.split()
+        if len(context) + len(words) + max_tokens > self.config.max_model_len:
+            return words
+        return [*context, *words]
 
     async def _admit(self, rec: RequestRecord) -> float:
         await self.scheduler.acquire()
@@ -432,6 +488,17 @@ class ModelServer:
         )
         # Like a CUDA OOM killing the engine: no cleanup, no answers to anyone in flight.
         os._exit(CRASH_EXIT_CODE)
+
+
+def _first_user_message(req: CompletionRequest | ChatCompletionRequest) -> str:
+    """What the context is keyed by: a completion's prompt, a chat's first user message
+    (its first message when none is the user's)."""
+    if isinstance(req, CompletionRequest):
+        return req.prompt_text()
+    for message in req.messages:
+        if message.role == "user":
+            return str(message.content)
+    return str(req.messages[0].content) if req.messages else ""
 
 
 def _describe_build_fault(fault: KernelFault | None) -> str | None:

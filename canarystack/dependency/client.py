@@ -1,0 +1,217 @@
+"""The model server's Redis client: a bounded connection pool, timeouts, a per-request
+deadline and a circuit breaker, so a slow, full or dead Redis degrades an answer (no
+retrieved context) instead of failing or hanging it.
+
+Per request (``DependencyClient.lookup``): ``GET ctx:<hash of the first user message>``
+(the retrieved context; a miss is normal) and ``SETEX prefix:<hash of the prompt>`` (the
+prompt-prefix cache write, ``cache_ttl_s``), both within ``deadline_s``. The result is
+one of ``RESULTS``:
+
+- ``ok`` / ``miss``: Redis answered (with or without a context);
+- ``timeout``: the deadline, a socket timeout or no free pooled connection in time;
+- ``error``: refused, reset, ``max number of clients reached``, any other Redis error;
+- ``circuit_open``: the breaker keeps calls away (after ``breaker_failures`` failures
+  within ``breaker_window_s``; one probe after ``breaker_cooldown_s``).
+
+The last three are *degraded* answers (``x-dependency: degraded``). Metrics:
+``canarystack_dependency_requests_total{dependency,result}`` and
+``canarystack_dependency_circuit_state{dependency,state}`` (1 for the current state).
+No retries: one attempt, bounded, then the answer goes without the dependency.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+from urllib.parse import urlsplit
+
+import redis.asyncio as aioredis
+from prometheus_client import CollectorRegistry, Counter, Gauge
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from canarystack.dependency.breaker import STATES, CircuitBreaker
+from canarystack.dependency.keys import cache_key, context_key
+
+Result = Literal["ok", "miss", "timeout", "error", "circuit_open"]
+RESULTS: tuple[Result, ...] = ("ok", "miss", "timeout", "error", "circuit_open")
+DEGRADED: frozenset[str] = frozenset({"timeout", "error", "circuit_open"})
+MAX_CONTEXT_CHARS = 4096  # a context value longer than this is cut (it lands in prompts)
+MAX_ERROR_CHARS = 300
+
+
+class DependencyConfigError(ValueError):
+    """A dependency option is wrong; the message names it."""
+
+
+@dataclass(frozen=True)
+class DependencyConfig:
+    url: str  # redis://127.0.0.1:PORT[/DB]
+    max_connections: int = 16
+    socket_timeout_s: float = 0.05
+    connect_timeout_s: float = 0.05
+    pool_timeout_s: float = 0.02  # waiting for a free pooled connection
+    deadline_s: float = 0.1  # both calls of one request together
+    cache_ttl_s: int = 30
+    breaker_failures: int = 5
+    breaker_window_s: float = 10.0
+    breaker_cooldown_s: float = 2.0
+
+    def __post_init__(self) -> None:
+        parts = urlsplit(self.url)
+        if parts.scheme != "redis" or not parts.hostname or parts.port is None:
+            raise DependencyConfigError(
+                f"--redis-url {self.url!r}: give redis://HOST:PORT (e.g. redis://127.0.0.1:6379)"
+            )
+        if not 1 <= self.max_connections <= 1024:
+            raise DependencyConfigError(
+                f"--redis-max-connections {self.max_connections}: give 1 to 1024"
+            )
+        for flag, value in (
+            ("--redis-socket-timeout-ms", self.socket_timeout_s),
+            ("--redis-connect-timeout-ms", self.connect_timeout_s),
+            ("--redis-pool-timeout-ms", self.pool_timeout_s),
+            ("--redis-deadline-ms", self.deadline_s),
+            ("--redis-breaker-window-s", self.breaker_window_s),
+            ("--redis-breaker-cooldown-s", self.breaker_cooldown_s),
+        ):
+            if not 0 < value <= 60:  # also refuses nan
+                raise DependencyConfigError(f"{flag}: give a time > 0 and at most 60 s")
+        if not 1 <= self.cache_ttl_s <= 86400:
+            raise DependencyConfigError(
+                f"--redis-cache-ttl-s {self.cache_ttl_s}: give 1 to 86400 seconds"
+            )
+        if self.breaker_failures < 1:
+            raise DependencyConfigError(
+                f"--redis-breaker-failures {self.breaker_failures}: give at least 1"
+            )
+
+
+@dataclass(frozen=True)
+class Lookup:
+    context: str | None
+    result: Result
+
+    @property
+    def degraded(self) -> bool:
+        return self.result in DEGRADED
+
+    @property
+    def header(self) -> str:
+        """The ``x-dependency`` value of the answer."""
+        return "degraded" if self.degraded else "ok"
+
+
+class DependencyClient:
+    def __init__(
+        self,
+        config: DependencyConfig,
+        registry: CollectorRegistry,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config = config
+        self.breaker = CircuitBreaker(
+            failures=config.breaker_failures,
+            window_s=config.breaker_window_s,
+            cooldown_s=config.breaker_cooldown_s,
+            clock=clock,
+        )
+        parts = urlsplit(config.url)
+        no_retry = Retry(NoBackoff(), 0)
+        self.pool = aioredis.BlockingConnectionPool(
+            max_connections=config.max_connections,
+            timeout=config.pool_timeout_s,
+            host=parts.hostname,
+            port=parts.port,
+            db=int((parts.path or "/0").lstrip("/") or 0),
+            socket_timeout=config.socket_timeout_s,
+            socket_connect_timeout=config.connect_timeout_s,
+            retry=no_retry,
+            decode_responses=True,
+            client_name="canarystack-model",
+        )
+        self.redis = aioredis.Redis(connection_pool=self.pool, retry=no_retry)
+        self.last_error: str | None = None
+        self.last_error_at: float | None = None
+        requests_total = Counter(
+            "canarystack_dependency_requests",
+            "Dependency lookups per request, by result (timeout, error and circuit_open "
+            "answers were made without the dependency: x-dependency degraded)",
+            ["dependency", "result"],
+            registry=registry,
+        )
+        self.counts = {r: requests_total.labels(dependency="redis", result=r) for r in RESULTS}
+        gauge = Gauge(
+            "canarystack_dependency_circuit_state",
+            "The dependency's circuit breaker: 1 for its current state",
+            ["dependency", "state"],
+            registry=registry,
+        )
+        for state in STATES:
+            gauge.labels(dependency="redis", state=state).set_function(self._is_state(state))
+
+    def _is_state(self, state: str) -> Callable[[], float]:
+        return lambda: 1.0 if self.breaker.state == state else 0.0
+
+    def health(self) -> dict[str, Any]:
+        """What ``/health`` says about the dependency (the model still serves)."""
+        return {
+            "name": "redis",
+            "state": self.breaker.state,
+            "last_error": self.last_error,
+            "last_error_at": self.last_error_at,
+        }
+
+    async def lookup(
+        self, first_user_message: str, prompt: str, *, on_call: Callable[[], None] | None = None
+    ) -> Lookup:
+        """The retrieved context of this request (None on a miss or a degraded answer)
+        and the result; never raises for what Redis does, never takes more than
+        ``deadline_s``. ``on_call`` runs before each Redis call (a colouring hop)."""
+        if not self.breaker.allow():
+            return self._done(Lookup(None, "circuit_open"))
+        try:
+            async with asyncio.timeout(self.config.deadline_s):
+                if on_call is not None:
+                    on_call()
+                value = await self.redis.get(context_key(first_user_message))
+                if on_call is not None:
+                    on_call()
+                await self.redis.setex(cache_key(prompt), self.config.cache_ttl_s, "1")
+        except (TimeoutError, RedisTimeoutError) as exc:
+            return self._failed("timeout", exc)
+        except RedisConnectionError as exc:
+            # A pool with no free connection in time is a timeout; the rest are errors.
+            kind: Result = "timeout" if "No connection available" in str(exc) else "error"
+            return self._failed(kind, exc)
+        except (RedisError, OSError) as exc:
+            return self._failed("error", exc)
+        except asyncio.CancelledError:
+            self.breaker.release()
+            raise
+        self.breaker.success()
+        if value is None:
+            return self._done(Lookup(None, "miss"))
+        return self._done(Lookup(str(value)[:MAX_CONTEXT_CHARS], "ok"))
+
+    def _failed(self, result: Result, exc: BaseException) -> Lookup:
+        self.breaker.failure()
+        text = str(exc) or type(exc).__name__
+        self.last_error = f"{result}: {type(exc).__name__}: {text}"[:MAX_ERROR_CHARS]
+        self.last_error_at = time.time()
+        return self._done(Lookup(None, result))
+
+    def _done(self, lookup: Lookup) -> Lookup:
+        self.counts[lookup.result].inc()
+        return lookup
+
+    async def close(self) -> None:
+        await self.redis.aclose()
+        await self.pool.disconnect()

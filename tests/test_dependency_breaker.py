@@ -1,0 +1,98 @@
+"""The dependency's circuit breaker (issue #16 item 3): closed -> open after N failures
+within the window -> half-open after the cool-down (exactly one probe) -> closed on its
+success, open again on its failure. Time is moved, never slept."""
+
+from __future__ import annotations
+
+import pytest
+
+from canarystack.dependency.breaker import CircuitBreaker
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def breaker(clock: Clock) -> CircuitBreaker:
+    return CircuitBreaker(failures=3, window_s=10.0, cooldown_s=2.0, clock=clock)
+
+
+def test_opens_after_n_failures_within_the_window() -> None:
+    clock = Clock()
+    b = breaker(clock)
+    for _ in range(2):
+        assert b.allow()
+        b.failure()
+    assert b.state == "closed"
+    b.failure()
+    assert b.state == "open"
+    assert not b.allow()
+
+
+def test_failures_outside_the_window_do_not_count() -> None:
+    clock = Clock()
+    b = breaker(clock)
+    b.failure()
+    b.failure()
+    clock.now += 10.5
+    b.failure()
+    assert b.state == "closed"
+
+
+def test_a_success_does_not_reset_the_window_while_closed_but_closes_a_half_open() -> None:
+    clock = Clock()
+    b = breaker(clock)
+    for _ in range(3):
+        b.failure()
+    clock.now += 1.9
+    assert b.state == "open" and not b.allow()
+    clock.now += 0.2
+    assert b.state == "half_open"
+    assert b.allow()  # the one probe
+    assert not b.allow()  # nobody else while it is out
+    b.success()
+    assert b.state == "closed" and b.allow()
+
+
+def test_a_failed_probe_opens_again_for_a_full_cool_down() -> None:
+    clock = Clock()
+    b = breaker(clock)
+    for _ in range(3):
+        b.failure()
+    clock.now += 2.0
+    assert b.allow()
+    b.failure()
+    assert b.state == "open"
+    clock.now += 1.9
+    assert not b.allow()
+    clock.now += 0.1
+    assert b.allow()
+
+
+def test_a_cancelled_probe_frees_the_probe_slot() -> None:
+    clock = Clock()
+    b = breaker(clock)
+    for _ in range(3):
+        b.failure()
+    clock.now += 2.0
+    assert b.allow()
+    b.release()
+    assert b.allow()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "says"),
+    [
+        ({"failures": 0}, "failures is 0"),
+        ({"window_s": 0.0}, "window_s"),
+        ({"cooldown_s": float("inf")}, "cooldown_s"),
+        ({"cooldown_s": float("nan")}, "cooldown_s"),
+    ],
+)
+def test_bad_settings_are_refused_by_name(kwargs: dict[str, float], says: str) -> None:
+    with pytest.raises(ValueError, match=says):
+        CircuitBreaker(**kwargs)  # type: ignore[arg-type]
