@@ -14,7 +14,13 @@ gates that export their weights, traffic and trips as metrics.
 The Prometheus URL comes from the ``prometheus_url`` argument, else the configuration
 entry ``prometheus_url``, else ``$PROMETHEUS_URL``. In every expression ``{namespace}`` is
 replaced by the target's namespace (when the target is a Kubernetes one) and ``{window}``
-by the window of the check (e.g. ``30s``).
+by the window of the check (e.g. ``30s``). On a local target (one Prometheus per stack,
+``gameday.prom``) ``canary_drained``'s default queries select every router, without a
+namespace.
+
+An answer that is not a finite number (``NaN``: a ratio or a quantile over no traffic;
+``±Inf``: a division by zero, or a quantile above a histogram's largest finite bucket) is
+no figure: the check fails and says so; ``query_value`` returns None for it.
 
 ``canary_drained`` pairs a status with traffic: the routers *say* the canary weight is 0
 (``router_canary_weight_percent``) AND they *served* no canary request in the window
@@ -25,6 +31,7 @@ Results have the SLO shape of docs/ARCHITECTURE.md §7.1. These probes only read
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from chaoslib.exceptions import ActivityFailed
@@ -43,6 +50,12 @@ CANARY_QUERY = (
     'sum(increase(router_requests_total{namespace="{namespace}",variant="canary"}[{window}]))'
 )
 TOTAL_QUERY = 'sum(increase(router_requests_total{namespace="{namespace}"}[{window}]))'
+# The same on a local target: its Prometheus scrapes one stack (gameday.prom).
+LOCAL_QUERIES = {
+    WEIGHT_QUERY: "max(router_canary_weight_percent)",
+    CANARY_QUERY: 'sum(increase(router_requests_total{variant="canary"}[{window}]))',
+    TOTAL_QUERY: "sum(increase(router_requests_total[{window}]))",
+}
 
 
 def _expand(expr: str, configuration: Configuration | None, window_s: float | None) -> str:
@@ -71,9 +84,29 @@ def query_value(
     configuration: Configuration | None = None,
     secrets: Secrets | None = None,
 ) -> float | None:
-    """The value of an instant query (a vector is summed); None when no series matched."""
+    """The value of an instant query (a vector is summed); None when no series matched
+    or the answer is not a finite number (NaN, +Inf, -Inf)."""
     url = _url(configuration, prometheus_url)
-    return promql_value(url, _expand(promql, configuration, window_s))
+    value = promql_value(url, _expand(promql, configuration, window_s))
+    return None if value is None or not math.isfinite(value) else value
+
+
+def _not_finite(value: float) -> str:
+    """Why a non-finite answer is no figure."""
+    if math.isnan(value):
+        return (
+            "the query answered NaN, not a number: a ratio or a quantile over no samples "
+            "(no traffic in the window?)"
+        )
+    return (
+        f"the query answered {'+' if value > 0 else '-'}Inf: a division by zero, or a "
+        "quantile above the histogram's largest finite bucket"
+    )
+
+
+def _namespace(configuration: Configuration | None) -> str | None:
+    namespace = getattr(get_target(configuration), "namespace", None)
+    return str(namespace) if namespace else None
 
 
 def _url(configuration: Configuration | None, given: str | None) -> str:
@@ -100,6 +133,9 @@ def _bounded(
             f"the query matched no series (expected a value {'<=' if at_most else '>='} "
             f"{allowed:g}): is the metric scraped, and are its labels right?"
         )
+        return result(check, None, allowed, unit, False, **detail)
+    if not math.isfinite(value):
+        detail["why"] = _not_finite(value)
         return result(check, None, allowed, unit, False, **detail)
     ok = value <= allowed if at_most else value >= allowed
     if not ok:
@@ -153,15 +189,19 @@ def canary_drained(
         raise ActivityFailed(f"argument window_s must be at least 1, got {window_s!r}")
     allowed = non_negative("max_canary_requests", max_canary_requests)
     url = _url(configuration, prometheus_url)
-    queries = {
-        "weight": _expand(weight_promql, configuration, window),
-        "canary": _expand(canary_promql, configuration, window),
-        "total": _expand(total_promql, configuration, window),
-    }
-    values = {k: promql_value(url, q) for k, q in queries.items()}
-    detail: dict[str, Any] = {"queries": queries, "values": values, "prometheus_url": url}
-    weight, canary, total = values["weight"], values["canary"], values["total"]
+    given = {"weight": weight_promql, "canary": canary_promql, "total": total_promql}
+    if any(q in LOCAL_QUERIES for q in given.values()) and not _namespace(configuration):
+        given = {k: LOCAL_QUERIES.get(q, q) for k, q in given.items()}
+    queries = {k: _expand(q, configuration, window) for k, q in given.items()}
+    raw = {k: promql_value(url, q) for k, q in queries.items()}
     check = "canary_drained"
+    odd = {k: v for k, v in raw.items() if v is not None and not math.isfinite(v)}
+    values = {k: (None if k in odd else v) for k, v in raw.items()}
+    detail: dict[str, Any] = {"queries": queries, "values": values, "prometheus_url": url}
+    if odd:
+        detail["why"] = "; ".join(f"{k} query: {_not_finite(v)}" for k, v in odd.items())
+        return result(check, None, allowed, "count", False, **detail)
+    weight, canary, total = values["weight"], values["canary"], values["total"]
     if weight is None or total is None:
         missing = [k for k in ("weight", "total") if values[k] is None]
         detail["why"] = (
