@@ -45,6 +45,7 @@ import asyncio
 import contextlib
 import functools
 import re
+import secrets
 import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -75,6 +76,8 @@ from canarystack.broker.wire import (
 )
 from canarystack.common import strictjson
 from canarystack.common.app import COMPONENT, Component, create_app
+from canarystack.common.auth import Forbidden
+from canarystack.common.colour import Colour
 from canarystack.common.errors import (
     BadRequest,
     Handler,
@@ -151,6 +154,18 @@ class Weights(_Body):
     canary: Annotated[float, Field(strict=True, ge=0, le=100, allow_inf_nan=False)]
 
 
+# A trip's example colours (``canarystack.common.colour``): at most this many, each a
+# request id and trace id the gate saw in the samples behind the trip, and their tag.
+MAX_TRIP_COLOURS = 8
+Token = Annotated[str, Field(pattern=r"^[A-Za-z0-9._:/=+-]{1,128}$")]
+
+
+class TripColour(_Body):
+    request_id: Token
+    trace_id: Annotated[str, Field(pattern=r"^[0-9a-f]{32}$")]
+    tag: Token | None = None
+
+
 class TripEvidence(_Body):
     test: Literal["drift", "latency", "errors", "no_data"]
     bucket: Annotated[str, Field(min_length=1, max_length=64)]
@@ -161,6 +176,8 @@ class TripEvidence(_Body):
     last_sample_time: Number
     tripped_at: Number
     detail: dict[str, Any] = Field(default_factory=dict)
+    # Optional (older gates send none): stored only when sent.
+    colours: Annotated[list[TripColour], Field(max_length=MAX_TRIP_COLOURS)] | None = None
 
     @field_validator("detail")
     @classmethod
@@ -594,7 +611,7 @@ async def quarantine_version(request: web.Request) -> web.Response:
     if credential == capabilities.ROLLBACK and not any(
         (rel.get("canary") or {}).get("version") == name for rel in broker.releases.values()
     ):
-        raise capabilities.Forbidden(
+        raise Forbidden(
             f"The rollback credential may only quarantine a release's canary version; "
             f"{name!r} is the canary of no release, so it cannot quarantine it.",
             param="version",
@@ -670,6 +687,13 @@ async def get_release(request: web.Request) -> web.Response:
     return json_response(release, headers=headers)
 
 
+def _trip_json(trip: TripEvidence) -> Json:
+    out = trip.model_dump()
+    if out["colours"] is None:  # not sent: the stored trip stays as the gate wrote it
+        del out["colours"]
+    return out
+
+
 def _watch_timeout(request: web.Request, max_watch_s: float) -> float:
     raw = request.query.get("timeout_s")
     if raw is None:
@@ -695,7 +719,7 @@ async def patch_release(request: web.Request) -> web.Response:
         phase=body.phase,
         canary_set="canary" in body.model_fields_set,
         canary=body.canary,
-        trip=None if body.trip is None else body.trip.model_dump(),
+        trip=None if body.trip is None else _trip_json(body.trip),
     )
     fields = frozenset(body.model_fields_set & {"phase", "weights", "canary", "trip"})
     authorize = functools.partial(
@@ -715,6 +739,11 @@ async def patch_release(request: web.Request) -> web.Response:
         authorize,
         changed=lambda result: [result[0]] if result[1] else [],
     )
+    if changed and body.trip is not None and body.trip.colours:
+        hops, now = request.app[COMPONENT].hops, time.time()
+        for c in body.trip.colours:
+            colour = Colour(c.request_id, c.trace_id, secrets.token_hex(8), None, c.tag)
+            hops.record("trip_evidence", colour, now)
     if changed:
         _log.info(
             "release_changed",

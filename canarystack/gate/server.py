@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import secrets
 import time
 from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
@@ -52,6 +53,7 @@ from canarystack.broker.client import (
 )
 from canarystack.common.app import COMPONENT, Component, create_app
 from canarystack.common.auth import check_token
+from canarystack.common.colour import Colour
 from canarystack.common.errors import (
     BadRequest,
     NotFound,
@@ -193,6 +195,7 @@ class GateService:
                 "state": gate.state(time.monotonic()),
             }
         self._count(batch, got.to_json())
+        self._record_hops(batch)
         if gate.trip is not None and gate.trip_status is TripStatus.PENDING:
             self._start_trip(gate)
         return {
@@ -207,6 +210,23 @@ class GateService:
             "batch_id": batch.batch_id,
             "state": gate.state(time.monotonic()),
         }
+
+    def _record_hops(self, batch: SampleBatch) -> None:
+        """A ``gate_sample`` hop for each coloured sample of an accepted batch (the gate saw
+        that request's sample), for the colouring probe (``GET /v1/hops``)."""
+        now = time.time()
+        hops = self.component.hops
+        for sample in (*batch.comparisons, *batch.outcomes):
+            if sample.request_id is None or sample.trace_id is None:
+                continue
+            colour = Colour(
+                request_id=sample.request_id,
+                trace_id=sample.trace_id,
+                span_id=secrets.token_hex(8),
+                parent_span_id=None,
+                tag=sample.tag,
+            )
+            hops.record("gate_sample", colour, now)
 
     def _count(self, batch: SampleBatch, got: Json) -> None:
         name = batch.release

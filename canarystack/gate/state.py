@@ -60,7 +60,7 @@ from __future__ import annotations
 
 import enum
 import math
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -92,6 +92,14 @@ MAX_POSITIONS = 1_000_000
 MAX_LABEL = 64
 MAX_ID = 200
 MAX_ERROR = 1000
+# A sample's colour (``canarystack.common.colour``): the request id and traffic tag are
+# printable tokens of at most 128 characters, the trace id 32 lower-case hex digits.
+TOKEN_PATTERN = r"^[A-Za-z0-9._:/=+-]{1,128}$"
+TRACE_ID_PATTERN = r"^[0-9a-f]{32}$"
+# Colours kept per bucket and kind of sample (the most recent ones), and how many of them
+# a trip's evidence carries.
+COLOURS_PER_BUCKET = 16
+MAX_TRIP_COLOURS = 8
 
 
 class _Sample(BaseModel):
@@ -99,7 +107,22 @@ class _Sample(BaseModel):
     model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
 
 
-class Comparison(_Sample):
+class _Coloured(_Sample):
+    # The request's colour (optional; a sample with a request id and a trace id is
+    # "coloured": the gate records a ``gate_sample`` hop for it and keeps it as an example
+    # of the samples behind a trip).
+    request_id: str | None = Field(default=None, pattern=TOKEN_PATTERN)
+    trace_id: str | None = Field(default=None, pattern=TRACE_ID_PATTERN)
+    tag: str | None = Field(default=None, pattern=TOKEN_PATTERN)
+
+    def colour_record(self) -> dict[str, str | None] | None:
+        """``{request_id, trace_id, tag}`` when the sample is coloured, else None."""
+        if self.request_id is None or self.trace_id is None:
+            return None
+        return {"request_id": self.request_id, "trace_id": self.trace_id, "tag": self.tag}
+
+
+class Comparison(_Coloured):
     """One shadow comparison. ``kl_mean`` / ``kl_first`` may be any finite value >= 0:
     the gate clips them at its ``kl_clip`` on ingestion (a broken canary's huge KL is
     maximal divergence, never an overflow). ``invalid`` (the router's reason, when one
@@ -119,18 +142,16 @@ class Comparison(_Sample):
     ttft_b_s: float | None = Field(default=None, ge=0, le=MAX_TTFT_S)
     version_a: str | None = Field(default=None, max_length=MAX_ID)
     version_b: str | None = Field(default=None, max_length=MAX_ID)
-    request_id: str | None = Field(default=None, max_length=MAX_ID)
     invalid: str | None = Field(default=None, max_length=MAX_ID)
 
 
-class Outcome(_Sample):
+class Outcome(_Coloured):
     time: float = Field(ge=0, le=MAX_TIME)
     variant: Literal["baseline", "canary"]
     bucket: str = Field(max_length=MAX_LABEL)
     prompt_tokens: int = Field(default=0, ge=0, le=MAX_PROMPT_TOKENS)
     ttft_s: float | None = Field(default=None, ge=0, le=MAX_TTFT_S)
     error: str | None = Field(default=None, max_length=MAX_ERROR)
-    request_id: str | None = Field(default=None, max_length=MAX_ID)
 
 
 # Samples in one batch, comparisons and outcomes together (a router sends at most 500).
@@ -426,6 +447,19 @@ class BucketScope:
     noise_comparisons: int = 0
     outcomes: dict[str, int] = field(default_factory=lambda: {"baseline": 0, "canary": 0})
     errors_seen: dict[str, int] = field(default_factory=lambda: {"baseline": 0, "canary": 0})
+    # The colours of the most recent coloured canary samples, by kind ("comparison": a
+    # baseline-canary comparison tested, "outcome": a canary outcome, "error": a canary
+    # outcome with an error), as (sample time, colour record); bounded.
+    colours: dict[str, deque[tuple[float, dict[str, str | None]]]] = field(
+        default_factory=lambda: {
+            kind: deque(maxlen=COLOURS_PER_BUCKET) for kind in ("comparison", "outcome", "error")
+        }
+    )
+
+    def keep_colour(self, kind: str, sample: Comparison | Outcome) -> None:
+        record = sample.colour_record()
+        if record is not None:
+            self.colours[kind].append((sample.time, record))
 
 
 @dataclass
@@ -437,6 +471,7 @@ class Alarm:
     bucket: str
     detector: ECusum
     detail: dict[str, Any]
+    colours: list[dict[str, str | None]] = field(default_factory=list)
 
 
 @dataclass
@@ -718,6 +753,7 @@ class ReleaseGate:
                 return
         got.comparisons += 1
         bucket.comparisons += 1
+        bucket.keep_colour("comparison", c)
         self.last_canary_sample_mono = now_mono
         alarms: list[tuple[int, float, DriftScope, ECusum, str, float, float]] = []
         for scope in self._scopes_of[c.bucket]:
@@ -779,6 +815,7 @@ class ReleaseGate:
                 bucket.baseline_ttft.add(o.time, o.ttft_s)
             return
         self.last_canary_sample_mono = now_mono
+        bucket.keep_colour("error" if failed else "outcome", o)
         ref_errors = bucket.baseline_errors.values(o.time)
         n_ref = len(ref_errors)
         k_ref = int(sum(ref_errors))
@@ -846,7 +883,8 @@ class ReleaseGate:
             "noise_source": self._noise(scope)[2],
             "tolerance": tolerance,
         }
-        self._decide(Alarm(test, scope.name, bucket, det, detail))
+        colours = self.trip_colours(scope.members, "comparison")
+        self._decide(Alarm(test, scope.name, bucket, det, detail, colours))
 
     def _alarm_bucket(
         self,
@@ -865,7 +903,18 @@ class ReleaseGate:
         else:
             detail.update(metric="canary_error_rate")
         detail.update(extra)
-        self._decide(Alarm(test, bucket.name, bucket.name, det, detail))
+        kind = "error" if test == "errors" else "outcome"
+        if extra.get("source") == "paired_shadow":
+            kind = "comparison"
+        colours = self.trip_colours((bucket.name,), kind)
+        self._decide(Alarm(test, bucket.name, bucket.name, det, detail, colours))
+
+    def trip_colours(self, buckets: Sequence[str], kind: str) -> list[dict[str, str | None]]:
+        """The colours of the (at most ``MAX_TRIP_COLOURS``) most recent samples of ``kind``
+        in ``buckets`` behind a trip, oldest first: examples a person can follow end to end."""
+        kept = [entry for b in buckets for entry in self.buckets[b].colours[kind]]
+        kept.sort(key=lambda entry: entry[0])
+        return [dict(record) for _, record in kept[-MAX_TRIP_COLOURS:]]
 
     def _strongest_member(self, scope: DriftScope, metric: str) -> str:
         if len(scope.members) == 1:
@@ -905,6 +954,7 @@ class ReleaseGate:
             "last_sample_time": max(first, last),
             "tripped_at": 0.0,  # set by the caller with its wall clock
             "detail": detail,
+            "colours": alarm.colours,
         }
         self.trip_status = TripStatus.PENDING
         self.trip_status_reason = None
@@ -937,6 +987,7 @@ class ReleaseGate:
                 f"{waited:.1f} s (--trip-on-no-data)",
                 "canary_version": self.canary_version,
             },
+            "colours": [],  # no sample is behind a trip for lack of samples
         }
         self.trip_status = TripStatus.PENDING
         self.trip_status_reason = None
