@@ -1,45 +1,7 @@
-"""The SLO result every checking probe returns (docs/ARCHITECTURE.md §7.1):
-``{"check", "measured", "allowed", "unit", "ok", "detail"}``, with ``detail.status``
-``measured`` (a figure), ``failed`` (no figure: ``detail.why`` says why) or
-``not_measured`` (before the method, where there is nothing to measure yet).
-
-One builder for ``probes.slo`` and the cluster probes, so the shape the report parses is
-written in one place. This module only builds dictionaries.
-"""
+"""The SLO result the probes return: built in ``gameday.evidence.slo`` (one shape)."""
 
 from __future__ import annotations
 
-from typing import Any
+from gameday.evidence.slo import Slo, failed_result, not_measured, result
 
-Slo = dict[str, Any]
-
-
-def result(
-    check: str, measured: float | None, allowed: float, unit: str, ok: bool, **detail: Any
-) -> Slo:
-    """A measured result; without a figure (``measured`` None) it is a failed one."""
-    return {
-        "check": check,
-        "measured": None if measured is None else round(float(measured), 6),
-        "allowed": float(allowed),
-        "unit": unit,
-        "ok": bool(ok),
-        "detail": {"status": "measured" if measured is not None else "failed", **detail},
-    }
-
-
-def failed_result(check: str, allowed: float, unit: str, why: str, **detail: Any) -> Slo:
-    """No figure, and ``why`` not."""
-    return result(check, None, allowed, unit, False, why=why, **detail)
-
-
-def not_measured(check: str, allowed: float, unit: str, why: str) -> Slo:
-    """Nothing to measure yet: not a check (the report leaves it out), so ``ok``."""
-    return {
-        "check": check,
-        "measured": None,
-        "allowed": float(allowed),
-        "unit": unit,
-        "ok": True,
-        "detail": {"status": "not_measured", "why": why},
-    }
+__all__ = ["Slo", "failed_result", "not_measured", "result"]

@@ -184,8 +184,8 @@ def test_action_that_raised_fails_although_chaos_says_completed(
     assert journal["status"] == "completed"  # what Chaos Toolkit itself reports
     found = journal_findings("broker-latency", journal)
     assert (
-        "method action 'inject-latency' failed: chaoslib.exceptions.ActivityFailed: "
-        "expected broker-0 to accept the fault, got HTTP 401"
+        "method action 'inject-latency' failed: expected broker-0 to accept the fault, got "
+        "HTTP 401 (Chaos Toolkit exits 0 here)"
     ) in found.reasons
     ttft = next(c for c in found.checks if c.check == "ttft_p99_s")
     assert (ttft.measured, ttft.allowed, ttft.ok) == (9.0, 5.0, False)
@@ -193,14 +193,13 @@ def test_action_that_raised_fails_although_chaos_says_completed(
 
 def test_steady_state_not_met_before_the_method(journals: dict[str, dict[str, Any]]) -> None:
     found = journal_findings("control", journals["control"])
-    assert (
-        "the steady state was not met before the method (the method did not run)" in found.reasons
-    )
-    assert (
-        "steady-state probe 'error-rate' (hypothesis before) was not within its tolerance"
-        in found.reasons
-    )
-    assert [c.check for c in found.checks] == ["error_rate"]  # the method never ran
+    assert found.reasons == [
+        "the steady state was not met before the method, so the method never ran "
+        "(Chaos Toolkit exits 0 here)",
+        "only 0 of the method's 1 activities ran",
+    ]
+    # The probe outside its tolerance is a failed check of its own, not a second reason.
+    assert [(c.check, c.ok) for c in found.checks] == [("error_rate", False)]
 
 
 def test_report_from_real_journals(tmp_path: Path, journals: dict[str, dict[str, Any]]) -> None:
@@ -229,3 +228,30 @@ def test_report_from_real_journals(tmp_path: Path, journals: dict[str, dict[str,
     html = (run / "report.html").read_text()
     assert "Faulty kernel while the router is slowed: written for the report test." in html
     assert "expected broker-0 to accept the fault, got HTTP 401" in html
+
+
+def test_the_run_verdict_and_the_report_give_the_same_reasons_for_one_journal(
+    journals: dict[str, dict[str, Any]],
+) -> None:
+    """One journal, two readers: gameday run's verdict and the report name the same
+    failures in the same words (the report lists SLO results as checks instead)."""
+    from gameday.evidence.journal import journal_findings as core_findings
+    from gameday.run.verdict import Evidence, decide, journal_reasons
+
+    for name, journal in journals.items():
+        run_reasons = journal_reasons(journal)
+        report = journal_findings(name, journal)
+        about_slo = {f.sentence for f in core_findings(journal) if f.slo is not None}
+        assert report.reasons == [r for r in run_reasons if r not in about_slo], name
+        failed_checks = {c.check for c in report.checks if c.ok is not True}
+        assert {f.slo["check"] for f in core_findings(journal) if f.slo} <= failed_checks, name
+        # Everything but the journal as the experiment expects it.
+        trips = 1 if journal["experiment"]["extensions"][0]["expect"] == "trip" else 0
+        run_verdict, _ = decide(
+            Evidence(0, journal, records_rows=10, trips_in_window=trips, inconclusive=[])
+        )
+        report_fails = bool(report.reasons or failed_checks)
+        assert (run_verdict == "fail") == report_fails, name
+    # The journals above hold each kind: one passes, two fail for the journal's reasons.
+    assert journal_reasons(journals["router-faulty-kernel"]) == []
+    assert journal_reasons(journals["broker-latency"]) and journal_reasons(journals["control"])

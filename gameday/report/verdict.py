@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,12 +41,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from gameday.evidence import journal as journal_core
+from gameday.evidence.journal import BLIND_CHECK, DEVIATED
+from gameday.evidence.slo import is_not_measured, is_slo
 from gameday.report.heatmaps import HeatmapData
 from gameday.report.loader import ExperimentData, Missing, RunData, as_dict
 from gameday.report.timeline import Timeline, records_after
-from gameday.run.verdict import BLIND_CHECK, DEVIATED
 
-SLO_KEYS = frozenset({"check", "measured", "allowed", "ok"})
 JOURNAL_PHASES = (
     ("before", "hypothesis before"),
     ("method", "method"),
@@ -295,45 +295,20 @@ def _fmt(x: float | None) -> str:
 # The journal
 
 
-# chaoslib re-raises an activity's ActivityFailed wrapped in another, so the last line
-# reads "chaoslib.exceptions.ActivityFailed: chaoslib.exceptions.ActivityFailed: ...".
-_REPEATED_PREFIX = re.compile(r"^([\w.]+: )(?:\1)+")
-
-
-def _last_error_line(activity: dict[str, Any]) -> str | None:
-    exc = activity.get("exception")
-    text = "".join(str(x) for x in exc) if isinstance(exc, list) else exc
-    if not isinstance(text, str):
-        return None
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    return _REPEATED_PREFIX.sub(r"\1", lines[-1])[:400] if lines else None
-
-
 def _list(value: Any) -> list[Any]:
     return value if isinstance(value, list) else []
 
 
-def _is_slo(output: Any) -> bool:
-    return isinstance(output, dict) and set(output) >= SLO_KEYS
-
-
-def _not_measured(output: dict[str, Any]) -> bool:
-    return as_dict(output.get("detail")).get("status") == "not_measured"
-
-
 def journal_findings(experiment: str, journal: dict[str, Any] | None) -> JournalFindings:
+    """The journal's activities and SLO checks; its reasons are ``gameday.evidence.journal``'s
+    (the run verdict's, word for word) less those about an SLO result, which become the
+    checks instead (each with its own sentence)."""
     if journal is None:
         return JournalFindings(None, [], [], [], {})
-    reasons: list[str] = []
+    reasons = [f.sentence for f in journal_core.journal_findings(journal) if f.slo is None]
     status = journal.get("status") if isinstance(journal.get("status"), str) else None
-    if status != "completed":
-        reasons.append(f"Chaos Toolkit's status is {status!r}, not 'completed'")
-    if journal.get("deviated") is True:
-        reasons.append(DEVIATED)
     states = as_dict(journal.get("steady_states"))
     before, after = as_dict(states.get("before")), as_dict(states.get("after"))
-    if before.get("steady_state_met") is False:
-        reasons.append("the steady state was not met before the method (the method did not run)")
     entries: dict[str, list[Any]] = {
         "before": _list(before.get("probes")),
         "method": _list(journal.get("run")),
@@ -350,38 +325,25 @@ def journal_findings(experiment: str, journal: dict[str, Any] | None) -> Journal
                 continue
             act = as_dict(run.get("activity"))
             name = str(act.get("name") or "?")
-            kind = str(act.get("type") or "?")
-            a_status = str(run.get("status") or "?")
-            error = _last_error_line(run)
             tol = run.get("tolerance_met") if isinstance(run.get("tolerance_met"), bool) else None
             duration = run.get("duration")
             activities.append(
                 Activity(
                     label,
                     name,
-                    kind,
-                    a_status,
+                    str(act.get("type") or "?"),
+                    str(run.get("status") or "?"),
                     float(duration) if isinstance(duration, int | float) else None,
-                    error,
+                    journal_core.last_error(run),
                     tol,
                 )
             )
-            if a_status == "failed" and phase in ("method", "rollbacks"):
-                what = "rollback" if phase == "rollbacks" else f"method {kind}"
-                reasons.append(
-                    f"{what} {name!r} failed: {error or 'no exception recorded'}"
-                    + (" (faults may not have been cleared)" if phase == "rollbacks" else "")
-                )
-            if tol is False:
-                reasons.append(
-                    f"steady-state probe {name!r} ({label}) was not within its tolerance"
-                )
             output = as_dict(run.get("output"))
-            if _is_slo(output):
+            if is_slo(output):
                 check = _slo_check(experiment, output, f"probe {name!r}, {label}")
                 if check.allowed is not None:
                     probe_allowed.setdefault(check.check, check.allowed)
-                if _not_measured(output):
+                if is_not_measured(output):
                     if phase == "before":
                         not_measured_before.append(f"{check.check} (probe {name!r})")
                         continue

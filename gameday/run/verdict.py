@@ -30,7 +30,8 @@ killed chaos, a missing journal or extension, a steady state unmet before the me
 failed rollback, a blind gate, an unreadable broker history, Locust left running or
 failed, no load records, a fault left active.
 
-Each reason is a sentence a person can act on. This module decides; it reads nothing from
+Each reason is a sentence a person can act on (the journal's come from
+``gameday.evidence.journal``, which the report uses too). This module decides; it reads nothing from
 disk and talks to nothing (``gameday.run.runner`` gathers the inputs).
 """
 
@@ -39,13 +40,28 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-SLO_KEYS = frozenset({"check", "measured", "allowed", "ok"})
-# The check of probes.slo.gate_sees_every_router: a gate that cannot see never trips.
-BLIND_CHECK = "gate_blind"
-BLIND_PREFIX = "the gate was blind"
-DEVIATED = "the steady state deviated: the hypothesis was not met after the method"
+from gameday.evidence.journal import (
+    BLIND_CHECK,
+    BLIND_PREFIX,
+    DEVIATED,
+    gameday_extension,
+    journal_reasons,
+)
+
+__all__ = [
+    "BLIND_CHECK",
+    "BLIND_PREFIX",
+    "DEVIATED",
+    "FAIL",
+    "INCONCLUSIVE",
+    "PASS",
+    "Evidence",
+    "decide",
+    "gameday_extension",
+    "journal_reasons",
+]
+
 EXPECTS = ("trip", "no_trip", "blind")
-ACTIVITY_FAILED = "chaoslib.exceptions.ActivityFailed: "
 TRIPPED = "tripped"
 PASS, FAIL, INCONCLUSIVE = "pass", "fail", "inconclusive"
 NOT_JUDGED = "not judged (the evidence is insufficient): "
@@ -85,144 +101,8 @@ def _hard_journal_reason(reason: str) -> bool:
     return reason.startswith(_HARD_JOURNAL_PREFIXES) or "before the method" in reason
 
 
-def _list(value: Any) -> list[Any]:
-    return value if isinstance(value, list) else []
-
-
 def _dict(value: Any) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
-
-
-def _last_error(run: dict[str, Any]) -> str:
-    exc = run.get("exception")
-    if isinstance(exc, list):
-        exc = "".join(str(x) for x in exc)
-    if isinstance(exc, str) and exc.strip():
-        line = exc.strip().splitlines()[-1]
-        # chaoslib wraps an activity's exception in ActivityFailed, sometimes twice.
-        while line.startswith(ACTIVITY_FAILED):
-            line = line.removeprefix(ACTIVITY_FAILED)
-        return line[:500]
-    return "no exception recorded"
-
-
-def _name(run: dict[str, Any]) -> str:
-    return str(_dict(run.get("activity")).get("name") or "?")
-
-
-def gameday_extension(experiment: dict[str, Any] | None) -> dict[str, Any] | None:
-    for ext in _list(_dict(experiment).get("extensions")):
-        if isinstance(ext, dict) and ext.get("name") == "gameday":
-            return ext
-    return None
-
-
-def _slo_sentence(where: str, output: dict[str, Any]) -> str:
-    detail = _dict(output.get("detail"))
-    measured = output.get("measured")
-    unit = output.get("unit") or ""
-    why = f" ({detail['why']})" if detail.get("why") else ""
-    if output.get("check") == BLIND_CHECK and measured:
-        return f"{BLIND_PREFIX} ({where}): {detail.get('why') or 'see the probe output'}"
-    if measured is None:
-        return f"SLO {output.get('check')!r} ({where}) could not be measured{why}"
-    return (
-        f"SLO {output.get('check')!r} ({where}) not met: measured {measured:g} {unit}, "
-        f"allowed {output.get('allowed')} {unit}{why}".replace("  ", " ")
-    )
-
-
-def _hypothesis_reasons(state: Any, when: str) -> list[str]:
-    reasons: list[str] = []
-    for run in _list(_dict(state).get("probes")):
-        if not isinstance(run, dict):
-            continue
-        name = _name(run)
-        if run.get("status") != "succeeded":
-            reasons.append(f"steady-state probe {name!r} ({when}) raised: {_last_error(run)}")
-        elif run.get("tolerance_met") is False:
-            out = run.get("output")
-            if isinstance(out, dict) and set(out) >= SLO_KEYS:
-                reasons.append(_slo_sentence(f"probe {name!r}, {when}", out))
-            else:
-                reasons.append(
-                    f"steady-state probe {name!r} ({when}) returned {str(out)[:200]!r}, "
-                    "outside its tolerance"
-                )
-    return reasons
-
-
-def journal_reasons(journal: dict[str, Any] | None) -> list[str]:
-    """Why Chaos Toolkit's own record says the experiment did not pass (empty: it did)."""
-    if journal is None:
-        return ["no journal.json: Chaos Toolkit did not finish the experiment"]
-    reasons: list[str] = []
-    experiment = _dict(journal.get("experiment"))
-    status = journal.get("status")
-    states = _dict(journal.get("steady_states"))
-    before, after = states.get("before"), states.get("after")
-    has_hypothesis = bool(_list(_dict(experiment.get("steady-state-hypothesis")).get("probes")))
-    # Said where Chaos Toolkit's own exit code would have let the failure pass.
-    exits_0 = (
-        " (Chaos Toolkit exits 0 here)"
-        if status == "completed" and journal.get("deviated") is not True
-        else ""
-    )
-    if status != "completed":
-        reasons.append(f"Chaos Toolkit's status is {status!r}, not 'completed'")
-    if has_hypothesis and isinstance(before, dict) and before.get("steady_state_met") is False:
-        reasons.append(
-            "the steady state was not met before the method, so the method never ran" + exits_0
-        )
-        reasons.extend(_hypothesis_reasons(before, "before the method"))
-    elif has_hypothesis and not isinstance(before, dict):
-        reasons.append("the steady-state hypothesis did not run before the method")
-    if journal.get("deviated") is True:
-        reasons.append(DEVIATED)
-    if has_hypothesis and isinstance(after, dict):
-        if after.get("steady_state_met") is False:
-            reasons.extend(_hypothesis_reasons(after, "after the method"))
-    elif has_hypothesis and status == "completed" and _dict(before).get("steady_state_met"):
-        reasons.append("the steady-state hypothesis did not run after the method")
-    method = _list(experiment.get("method"))
-    runs = _list(journal.get("run"))
-    if method and not runs and _dict(before).get("steady_state_met", True):
-        reasons.append("the method did not run")
-    elif method and len(runs) < len(method) and status == "completed":
-        reasons.append(f"only {len(runs)} of the method's {len(method)} activities ran")
-    for run in runs:
-        if not isinstance(run, dict):
-            continue
-        if run.get("status") != "succeeded":
-            kind = _dict(run.get("activity")).get("type") or "activity"
-            reasons.append(
-                f"method {kind} {_name(run)!r} {run.get('status') or 'did not finish'}: "
-                f"{_last_error(run)}{exits_0}"
-            )
-    for run in _list(journal.get("rollbacks")):
-        if isinstance(run, dict) and run.get("status") != "succeeded":
-            reasons.append(
-                f"rollback {_name(run)!r} {run.get('status')}: {_last_error(run)} "
-                "(faults may stay until their TTL)"
-            )
-    # SLO results anywhere (a method probe has no tolerance; its result still counts).
-    for label, items in (("method", runs), ("after the method", _list(_dict(after).get("probes")))):
-        for run in items:
-            out = run.get("output") if isinstance(run, dict) else None
-            if not (isinstance(out, dict) and set(out) >= SLO_KEYS):
-                continue
-            where = f"probe {_name(run)!r}, {label}"
-            if _dict(out.get("detail")).get("status") == "not_measured":
-                # ok true, but only the hypothesis before the method may measure nothing.
-                reasons.append(
-                    f"SLO {out.get('check')!r} ({where}) was not measured: the probe saw no "
-                    "load and no fault"
-                )
-            elif out.get("ok") is not True and not (
-                label != "method" and run.get("tolerance_met") is False
-            ):
-                reasons.append(_slo_sentence(where, out))
-    return reasons
 
 
 def _blind_expected(reasons: list[str]) -> list[str]:

@@ -1,0 +1,194 @@
+"""``StackApi``: the one HTTP client the harness uses for the stack's own APIs.
+
+The caller passes its ``requests.Session`` in (as ``canarystack/broker/client.py`` takes
+its ``aiohttp`` session), so it owns pooling and lifetime and tests aim it at real
+components::
+
+    with requests.Session() as session:
+        api = StackApi(session, target)
+        release = api.release()
+        events = api.events()          # every page of the history
+
+Timeouts are one policy, a constant per kind of call (each request gets its own):
+
+- ``STATE_TIMEOUT_S``: a read of current state (release, routers, health, gate, faults,
+  metrics) — small answers from a component that is up;
+- ``HISTORY_TIMEOUT_S``: one page of a release's event history (up to 10,000 events);
+- ``REQUEST_TIMEOUT_S``: a request a user could send (a completion through the router).
+
+Every failure is an ``ApiError`` naming the URL, what went wrong and, where a person can
+act, what to do; ``status`` is the HTTP status (0: no answer). Answers are read with the
+harness's strict JSON (``gameday.oracle.wire``). This module must never create or close
+the session it is given, write to the broker, or import ``canarystack``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import requests
+
+from gameday.oracle.wire import loads
+from gameday.targets import Target
+from gameday.targets.history import HistoryError, read_events
+
+__all__ = [
+    "HISTORY_TIMEOUT_S",
+    "REQUEST_TIMEOUT_S",
+    "STATE_TIMEOUT_S",
+    "ApiError",
+    "StackApi",
+]
+
+STATE_TIMEOUT_S = 3.0
+HISTORY_TIMEOUT_S = 5.0
+REQUEST_TIMEOUT_S = 10.0
+
+
+class ApiError(RuntimeError):
+    """A stack API could not answer; ``url`` is what was asked, ``status`` its HTTP
+    status (0: no answer at all)."""
+
+    def __init__(self, message: str, url: str, status: int = 0) -> None:
+        super().__init__(message)
+        self.url = url
+        self.status = status
+
+
+class StackApi:
+    """The broker, router, gate and replica APIs of one target, over ``session``."""
+
+    def __init__(self, session: requests.Session, target: Target) -> None:
+        self.session = session
+        self.target = target
+
+    # --- the transport ----------------------------------------------------------------
+    def _get(
+        self,
+        url: str,
+        *,
+        params: dict[str, str] | None = None,
+        headers: dict[str, str] | None = None,
+        timeout_s: float = STATE_TIMEOUT_S,
+    ) -> requests.Response:
+        try:
+            return self.session.get(url, params=params, headers=headers, timeout=timeout_s)
+        except requests.RequestException as exc:
+            raise ApiError(
+                f"cannot reach {url}: {exc.__class__.__name__} (is the component up, and "
+                "does the target file point at it?)",
+                url,
+            ) from None
+
+    def _json(self, url: str, resp: requests.Response) -> Any:
+        try:
+            return loads(resp.content)
+        except ValueError as exc:
+            raise ApiError(
+                f"{url} answered HTTP {resp.status_code} with no valid JSON: {exc}", url
+            ) from None
+
+    def get_json(
+        self,
+        url: str,
+        *,
+        params: dict[str, str] | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> dict[str, Any]:
+        """A JSON object from ``url`` (HTTP 200 only)."""
+        resp = self._get(url, params=params, headers=headers)
+        if resp.status_code != 200:
+            raise ApiError(f"{url} answered HTTP {resp.status_code}", url, resp.status_code)
+        body = self._json(url, resp)
+        if not isinstance(body, dict):
+            raise ApiError(f"{url} did not answer a JSON object", url, resp.status_code)
+        return body
+
+    # --- the broker ---------------------------------------------------------------------
+    def broker_url(self) -> str:
+        return self.target.service_url("broker")
+
+    def release(self) -> dict[str, Any]:
+        """The release as the broker has it."""
+        url = f"{self.broker_url()}/v1/releases/{self.target.release}"
+        try:
+            return self.get_json(url)
+        except ApiError as exc:
+            if exc.status == 404:
+                raise ApiError(
+                    f"release {self.target.release!r} does not exist on the broker ({url}); "
+                    "check 'release' in the target file",
+                    url,
+                    404,
+                ) from None
+            raise
+
+    def events(self, after_seq: int = 0) -> list[dict[str, Any]]:
+        """The release's whole event history after ``after_seq``, oldest first: every
+        page (a long-lived broker holds more than one, and the first is the oldest)."""
+        broker = self.broker_url()
+        url = f"{broker}/v1/releases/{self.target.release}/events"
+        try:
+            return read_events(
+                broker,
+                self.target.release,
+                after_seq=after_seq,
+                timeout_s=HISTORY_TIMEOUT_S,
+                session=self.session,
+            )
+        except HistoryError as exc:
+            if exc.status == 404:
+                raise ApiError(
+                    f"release {self.target.release!r} does not exist on the broker ({url}); "
+                    "check 'release' in the target file",
+                    url,
+                    404,
+                ) from None
+            raise ApiError(f"reading the release's history: {exc}", url, exc.status) from None
+
+    def routers(self) -> list[dict[str, Any]]:
+        """The live routers the broker knows for the release (their heartbeats)."""
+        url = f"{self.broker_url()}/v1/routers"
+        body = self.get_json(url, params={"release": self.target.release})
+        routers = body.get("routers")
+        return [r for r in routers if isinstance(r, dict)] if isinstance(routers, list) else []
+
+    # --- the gate -----------------------------------------------------------------------
+    def gate_url(self) -> str:
+        return f"{self.target.service_url('gate')}/v1/gate/{self.target.release}"
+
+    def gate_state(self) -> dict[str, Any]:
+        """The gate's state and counters for the release."""
+        return self.get_json(self.gate_url())
+
+    # --- any replica ------------------------------------------------------------------
+    def health_status(self, replica_url: str) -> int:
+        """The HTTP status of a replica's ``/health``."""
+        return self._get(f"{replica_url}/health").status_code
+
+    def health(self, replica_url: str) -> dict[str, Any]:
+        """A replica's ``/health`` body (a router's says whether the gate hears it)."""
+        return self.get_json(f"{replica_url}/health")
+
+    def faults(self, replica_url: str, headers: dict[str, str]) -> list[dict[str, Any]]:
+        """The faults a replica holds now (``GET /admin/faults``)."""
+        body = self.get_json(f"{replica_url}/admin/faults", headers=headers)
+        found = body.get("faults", [])
+        return [f for f in found if isinstance(f, dict)] if isinstance(found, list) else []
+
+    def metrics_text(self, replica_url: str) -> str:
+        """A replica's Prometheus exposition (``/metrics``)."""
+        url = f"{replica_url}/metrics"
+        resp = self._get(url)
+        if resp.status_code != 200:
+            raise ApiError(f"{url} answered HTTP {resp.status_code}", url, resp.status_code)
+        return resp.text
+
+    # --- the router, as a user ----------------------------------------------------------
+    def completion(self, body: dict[str, Any], headers: dict[str, str]) -> requests.Response:
+        """``POST /v1/completions`` through the router; any answer comes back as it is."""
+        url = f"{self.target.service_url('router')}/v1/completions"
+        try:
+            return self.session.post(url, json=body, headers=headers, timeout=REQUEST_TIMEOUT_S)
+        except requests.RequestException as exc:
+            raise ApiError(f"cannot reach {url}: {exc.__class__.__name__}", url) from None

@@ -1,0 +1,69 @@
+"""The broker's release history: which events change the phase, which annotate.
+
+Broker events carry changes as ``{"phase": {"old": ..., "new": ...}}`` (docs/ARCHITECTURE.md
+§2), flattened keys such as ``weights.canary``, or plain ``{"phase": "tripped"}``; all
+three are read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from canary_contract.json import JsonObject
+
+
+def new_value(change: Any, key: str) -> Any:
+    """The value an event's change sets ``key`` to (None when it does not)."""
+    if not isinstance(change, dict):
+        return None
+    if key in change:
+        value = change[key]
+        if isinstance(value, dict) and "new" in value and set(value) <= {"old", "new"}:
+            return value["new"]
+        return value
+    head, _, tail = key.partition(".")
+    if tail and isinstance(change.get(head), dict):
+        return new_value(change[head], tail)
+    return None
+
+
+def event_time(event: JsonObject) -> float:
+    """An event's epoch seconds (0 when it has none: it sorts first, never in a window)."""
+    t = event.get("time")
+    return float(t) if isinstance(t, int | float) and not isinstance(t, bool) else 0.0
+
+
+def _since(events: Iterable[JsonObject], since: float | None) -> list[JsonObject]:
+    return [e for e in events if since is None or event_time(e) >= since]
+
+
+def phase_events(
+    events: Iterable[JsonObject], phase: str, since: float | None = None
+) -> list[JsonObject]:
+    """Events that set the release's phase to ``phase`` (at or after ``since``)."""
+    return [e for e in _since(events, since) if new_value(e.get("change"), "phase") == phase]
+
+
+def first_phase(
+    events: Iterable[JsonObject], phase: str, since: float | None = None
+) -> JsonObject | None:
+    """The first event that sets the phase to ``phase`` (at or after ``since``)."""
+    found = phase_events(events, phase, since)
+    return found[0] if found else None
+
+
+def annotation_events(
+    events: Iterable[JsonObject], name: str, since: float | None = None
+) -> list[JsonObject]:
+    """The harness's or an executor's annotations called ``name`` (at or after ``since``)."""
+    return [
+        e
+        for e in _since(events, since)
+        if isinstance(e.get("change"), dict) and e["change"].get("annotation") == name
+    ]
+
+
+def trips_between(events: Iterable[JsonObject], start: float, end: float) -> int:
+    """How many events inside [start, end] set the phase to ``tripped``."""
+    return sum(1 for e in phase_events(events, "tripped", start) if event_time(e) <= end)

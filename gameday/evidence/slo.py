@@ -1,0 +1,56 @@
+"""The SLO result every checking probe returns (docs/ARCHITECTURE.md §7.1):
+``{"check", "measured", "allowed", "unit", "ok", "detail"}``, with ``detail.status``
+``measured`` (a figure), ``failed`` (no figure: ``detail.why`` says why) or
+``not_measured`` (before the method, where there is nothing to measure yet).
+
+Built here for every probe and read here by both verdicts, so the shape is written once.
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypeGuard
+
+Slo = dict[str, Any]
+SLO_KEYS = frozenset({"check", "measured", "allowed", "ok"})
+NOT_MEASURED = "not_measured"
+
+
+def result(
+    check: str, measured: float | None, allowed: float, unit: str, ok: bool, **detail: Any
+) -> Slo:
+    """A measured result; without a figure (``measured`` None) it is a failed one."""
+    return {
+        "check": check,
+        "measured": None if measured is None else round(float(measured), 6),
+        "allowed": float(allowed),
+        "unit": unit,
+        "ok": bool(ok),
+        "detail": {"status": "measured" if measured is not None else "failed", **detail},
+    }
+
+
+def failed_result(check: str, allowed: float, unit: str, why: str, **detail: Any) -> Slo:
+    """No figure, and ``why`` not."""
+    return result(check, None, allowed, unit, False, why=why, **detail)
+
+
+def not_measured(check: str, allowed: float, unit: str, why: str) -> Slo:
+    """Nothing to measure yet: not a check (the report leaves it out), so ``ok``."""
+    return {
+        "check": check,
+        "measured": None,
+        "allowed": float(allowed),
+        "unit": unit,
+        "ok": True,
+        "detail": {"status": NOT_MEASURED, "why": why},
+    }
+
+
+def is_slo(output: Any) -> TypeGuard[Slo]:
+    """Whether a probe's output is an SLO result."""
+    return isinstance(output, dict) and set(output) >= SLO_KEYS
+
+
+def is_not_measured(output: Slo) -> bool:
+    detail = output.get("detail")
+    return isinstance(detail, dict) and detail.get("status") == NOT_MEASURED
