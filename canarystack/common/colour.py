@@ -13,19 +13,19 @@ puts a ``Colour`` on each request and the OpenTelemetry spans live beside it
 
 from __future__ import annotations
 
+import itertools
 import re
 import secrets
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
+from aiohttp import web
+
 REQUEST_ID = "x-request-id"
 TRACEPARENT = "traceparent"
 TRAFFIC_TAG = "x-traffic-tag"
 HEADERS = (REQUEST_ID, TRACEPARENT, TRAFFIC_TAG)
-
-# The key under which the middleware stores a request's Colour (``request[COLOUR_KEY]``).
-COLOUR_KEY = "canarystack.colour"
 
 _TRACEPARENT = re.compile(r"^00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})$")
 # A request id or tag a client may send: printable, no spaces, bounded (it lands in logs,
@@ -60,6 +60,12 @@ class Colour:
     def as_record(self) -> dict[str, str | None]:
         """The fields a sample, a record or trip evidence keeps."""
         return {"request_id": self.request_id, "trace_id": self.trace_id, "tag": self.tag}
+
+
+# The key under which the middleware stores a request's Colour (``request[COLOUR_KEY]``;
+# ``request.get(COLOUR_KEY)`` outside the middleware's reach). A typed aiohttp request key:
+# a name, not I/O.
+COLOUR_KEY: web.RequestKey[Colour] = web.RequestKey("canarystack.colour", Colour)
 
 
 def _valid_token(value: str | None) -> str | None:
@@ -98,6 +104,22 @@ class Hop:
     trace_id: str
     tag: str | None
     at: float  # wall-clock seconds
+    # The HTTP status the hop answered with, and its route (the middleware's hops); None for
+    # hops a component records itself (a shadow copy, a Redis call, a gate sample).
+    status: int | None = None
+    path: str | None = None
+
+    def as_json(self, seq: int) -> dict[str, str | int | float | None]:
+        return {
+            "seq": seq,
+            "hop": self.hop,
+            "request_id": self.request_id,
+            "trace_id": self.trace_id,
+            "tag": self.tag,
+            "at": self.at,
+            "status": self.status,
+            "path": self.path,
+        }
 
 
 class HopLog:
@@ -111,9 +133,22 @@ class HopLog:
         self._hops: deque[tuple[int, Hop]] = deque(maxlen=capacity)
         self._seq = 0
 
-    def record(self, hop: str, colour: Colour, at: float) -> None:
+    def record(
+        self,
+        hop: str,
+        colour: Colour,
+        at: float,
+        *,
+        status: int | None = None,
+        path: str | None = None,
+    ) -> None:
         self._seq += 1
-        self._hops.append((self._seq, Hop(hop, colour.request_id, colour.trace_id, colour.tag, at)))
+        self._hops.append(
+            (
+                self._seq,
+                Hop(hop, colour.request_id, colour.trace_id, colour.tag, at, status, path),
+            )
+        )
 
     @property
     def last_seq(self) -> int:
@@ -123,5 +158,9 @@ class HopLog:
         """Hops with seq > after_seq (oldest first, at most ``limit``) and the first seq still
         held (a reader whose ``after_seq`` is below it lost hops)."""
         first = self._hops[0][0] if self._hops else self._seq + 1
-        out = [(s, h) for s, h in self._hops if s > after_seq][:limit]
+        if not self._hops or after_seq >= self._seq:
+            return [], first
+        # seqs are consecutive: jump to the first wanted one instead of scanning the deque.
+        start = max(0, after_seq + 1 - first)
+        out = list(itertools.islice(self._hops, start, start + max(0, limit)))
         return out, first

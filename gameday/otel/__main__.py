@@ -1,0 +1,4 @@
+from gameday.otel.receiver import main
+
+if __name__ == "__main__":
+    raise SystemExit(main())
