@@ -26,12 +26,21 @@ from canary_contract.broker import (
     VersionList,
 )
 from canary_contract.errors import ContractError, ErrorCode, ErrorKind
+from canary_contract.experiment import Expect, gameday_extension
 from canary_contract.gate import GateState
+from canary_contract.load import (
+    LOAD_COLUMNS,
+    ORACLE_COLUMNS,
+    LoadErrorKind,
+    LoadRecord,
+    OracleRecord,
+)
 from canary_contract.phases import Phase
 from canary_contract.router import ConfigSource, RouterState
 from canary_contract.samples import Comparison, Outcome, SampleBatch
+from canary_contract.slo import SloResult, SloStatus
 from tests.broker_support import Api, drive_to, start_broker, trip_evidence
-from tests.procs import Spawner, wait_for
+from tests.procs import Spawner, free_port, wait_for
 from tests.router_support import Broker as RouterBroker
 from tests.router_support import (
     GateReceiver,
@@ -174,11 +183,21 @@ def test_a_live_routers_sample_batches_read_back(
     wait_for(lambda: len(gate.records("comparisons")) >= 3, timeout=15, what="3 comparisons")
     wait_for(lambda: len(gate.records("outcomes")) >= 3, timeout=15, what="3 outcomes")
     for answer in list(gate.batches):
-        batch = _same(SampleBatch, answer)
+        batch = SampleBatch.from_wire(answer)
+        wire = batch.to_wire()
+        # Every field the records name comes back as the router sent it (a router may
+        # add sample fields before the contract and the gate read them).
+        assert {k: v for k, v in wire.items() if k not in ("comparisons", "outcomes")} == {
+            k: answer[k] for k in wire if k not in ("comparisons", "outcomes")
+        }
+        for kind in ("comparisons", "outcomes"):
+            assert len(wire[kind]) == len(answer[kind])
+            for ours, sent in zip(wire[kind], answer[kind], strict=True):
+                assert ours == {k: sent[k] for k in ours}
         assert batch.router_id == "router-0" and batch.batch_id
         # The gate's own model reads what the contract writes, field for field.
-        theirs = gate_state.SampleBatch.model_validate(batch.to_wire())
-        assert SampleBatch.from_wire(theirs.model_dump()).to_wire() == answer
+        theirs = gate_state.SampleBatch.model_validate(wire)
+        assert SampleBatch.from_wire(theirs.model_dump()).to_wire() == wire
     comps = gate.records("comparisons")
     assert {Comparison.from_wire(c).pair for c in comps} == {"baseline-baseline"}
     assert {Outcome.from_wire(o).variant for o in gate.records("outcomes")} == {"baseline"}
@@ -318,3 +337,112 @@ def test_gate_states_are_the_gates() -> None:
     from canarystack.gate import state as gate_state
 
     assert set(gate_state.STATES) == {s.value for s in GateState}
+
+
+# ---------------------------------------------------------------------- harness records
+def test_load_rows_of_real_requests_read_back_and_fill_the_parquet_schema(
+    spawn: Spawner, tmp_path: Path
+) -> None:
+    import pyarrow.parquet as pq
+
+    from gameday.load.client import OpenAIClient
+    from gameday.load.options import LoadOptions
+    from gameday.load.prompts import PromptRequest
+    from gameday.load.records import LOAD_SCHEMA, ParquetSink
+    from gameday.load.rows import build_body, record_row
+
+    model = start_model(spawn, "v1")
+    rows = []
+    for url in (model.url, f"http://127.0.0.1:{free_port()}"):  # served, then refused
+        opts = LoadOptions(host=url)
+        client = OpenAIClient(url, timeout_s=10)
+        attempt = client.new_attempt(opts.api_path, stream=True)
+        req = PromptRequest(index=0, planned_prompt_tokens=20, max_tokens=4, user_id="u1")
+        client.send(attempt, build_body(opts, req, stream=True))
+        client.close()
+        rows.append(record_row(opts, req, attempt))
+    served, refused = (_same(LoadRecord, row) for row in rows)
+    assert served.ok and served.status == 200 and served.error_kind is None
+    assert served.model_version == "v1" and served.ttft_s is not None
+    assert not refused.ok and refused.status == 0
+    assert refused.error_kind is LoadErrorKind.CONNECT
+    # The Parquet schema is the contract's, column for column, in the record's order.
+    assert LOAD_SCHEMA.names == [name for name, _ in LOAD_COLUMNS] == list(LoadRecord.model_fields)
+    sink = ParquetSink(tmp_path / "records.parquet", LOAD_SCHEMA)
+    for row in rows:
+        sink.add(LoadRecord.from_wire(row).to_wire())
+    back = pq.read_table(sink.close()).to_pylist()
+    assert [LoadRecord.from_wire(r) for r in back] == [served, refused]
+    assert [name for name, _ in ORACLE_COLUMNS] == list(OracleRecord.model_fields)
+
+
+def test_a_load_row_with_an_unknown_error_kind_is_refused() -> None:
+    row: dict[str, Any] = {name: None for name, _ in LOAD_COLUMNS}
+    row.update(run_id="r", request_id="q", start_time=1.0, planned_prompt_tokens=3, status=0,
+               ok=False, served_by="", bucket="0-512", endpoint="/v1/completions",
+               stream=True, error_kind="gremlins")  # fmt: skip
+    with pytest.raises(ContractError) as err:
+        LoadRecord.from_wire(row)
+    assert err.value.field == "error_kind" and "'connect'" in str(err.value)
+
+
+def test_slo_results_are_the_shape_the_probes_build() -> None:
+    from gameday.evidence import slo
+
+    built = slo.result("ttft_p99_s", 0.1234567891, 2, "s", True, samples=40)
+    assert SloResult.of("ttft_p99_s", 0.1234567891, 2, "s", True, samples=40).to_wire() == built
+    assert _same(SloResult, built).status is SloStatus.MEASURED
+    failed = _same(SloResult, slo.failed_result("error_rate", 0.01, "ratio", "no rows"))
+    assert (failed.status, failed.why, failed.ok) == (SloStatus.FAILED, "no rows", False)
+    assert failed == SloResult.failed("error_rate", 0.01, "ratio", "no rows")
+    before = _same(SloResult, slo.not_measured("detection_s", 20, "s", "before the method"))
+    assert before.ok and before == SloResult.not_measured(
+        "detection_s", 20, "s", "before the method"
+    )
+    with pytest.raises(ContractError, match=r"detail.status is 'measured' but measured is None"):
+        SloResult.from_wire({**built, "measured": None})
+    with pytest.raises(ContractError, match=r"detail.status is 'guessed'"):
+        SloResult.from_wire({**built, "detail": {"status": "guessed"}})
+
+
+def test_every_experiment_has_a_gameday_extension_the_contract_reads() -> None:
+    import yaml
+
+    files = sorted((ROOT / "experiments").rglob("*.yaml"))
+    read, expects = 0, set()
+    for path in files:
+        experiment = yaml.safe_load(path.read_text())
+        if not isinstance(experiment, dict) or "method" not in experiment:
+            continue  # a target or helper file, not an experiment
+        ext = gameday_extension(experiment)
+        if ext is None:  # the Kubernetes progressive-delivery experiments carry none
+            assert "progressive" in path.parts, f"{path}: no gameday extension"
+            continue
+        expects.add(ext.expect)
+        assert ext.to_wire() == next(
+            e for e in experiment["extensions"] if e.get("name") == "gameday"
+        ), path
+        for key, value in ext.slo.items():  # every ${ref} names a configuration entry
+            if isinstance(value, str):
+                assert value[2:-1] in experiment.get("configuration", {}), (path, key)
+        read += 1
+    assert read >= 20 and expects == set(Expect)
+
+
+@pytest.mark.parametrize(
+    ("over", "field", "says"),
+    [
+        ({"expect": "maybe"}, "expect", "'trip'"),
+        ({"slo": {"ttft_p99_s": "fast"}}, "slo", "slo.ttft_p99_s is 'fast'"),
+        ({"component": ""}, "component", "at least 1 character"),
+        ({"target": "mainframe"}, "target", "'kubernetes'"),
+    ],
+)
+def test_a_wrong_gameday_extension_is_refused_naming_the_field(
+    over: dict[str, Any], field: str, says: str
+) -> None:
+    ext = {"name": "gameday", "component": "router", "fault": "latency", "expect": "trip"}
+    with pytest.raises(ContractError) as err:
+        gameday_extension({"extensions": [{**ext, **over}]})
+    assert err.value.field == field and says in str(err.value)
+    assert gameday_extension({"extensions": [{"name": "other"}]}) is None

@@ -1,6 +1,7 @@
 """Raw per-request records: their schema and a Parquet writer that loses nothing it got.
 
-Schemas follow docs/ARCHITECTURE.md §7 exactly (column order included):
+Schemas are the contract's (``canary_contract.load``, docs/ARCHITECTURE.md §7, column
+order included):
 
 - load records, one row per request sent: ``LOAD_SCHEMA``;
 - oracle records, one row per pinned pair: ``ORACLE_SCHEMA``.
@@ -36,53 +37,29 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from canary_contract.load import LOAD_COLUMNS as CONTRACT_LOAD_COLUMNS
+from canary_contract.load import ORACLE_COLUMNS as CONTRACT_ORACLE_COLUMNS
+from canary_contract.load import ColumnType
+
 log = logging.getLogger("gameday.load")
 
 FLUSH_INTERVAL_S = 1.0
 
-LOAD_SCHEMA = pa.schema(
-    [
-        ("run_id", pa.string()),
-        ("request_id", pa.string()),
-        ("user_id", pa.string()),
-        ("start_time", pa.float64()),  # epoch seconds, just before the request was sent
-        ("ttft_s", pa.float64()),
-        ("e2e_s", pa.float64()),
-        ("itl_mean_s", pa.float64()),
-        ("itl_p99_s", pa.float64()),
-        ("itl_max_s", pa.float64()),
-        ("prompt_tokens", pa.int64()),  # the server's count, from the usage chunk
-        ("completion_tokens", pa.int64()),
-        ("planned_prompt_tokens", pa.int64()),  # the length the mix asked for
-        ("status", pa.int64()),  # HTTP status; 0 when no response arrived
-        ("ok", pa.bool_()),
-        ("error_kind", pa.string()),  # null or connect|http_status|broken_stream|...
-        ("served_by", pa.string()),  # baseline | canary | "" (unknown)
-        ("model_version", pa.string()),
-        ("config_revision", pa.string()),
-        ("router_id", pa.string()),
-        ("bucket", pa.string()),
-        ("endpoint", pa.string()),
-        ("stream", pa.bool_()),
-    ]
-)
+_ARROW_TYPES = {
+    "string": pa.string(),
+    "float64": pa.float64(),
+    "int64": pa.int64(),
+    "bool": pa.bool_(),
+}
 
-ORACLE_SCHEMA = pa.schema(
-    [
-        ("run_id", pa.string()),
-        ("time", pa.float64()),
-        ("request_id", pa.string()),
-        ("bucket", pa.string()),
-        ("prompt_tokens", pa.int64()),
-        ("positions", pa.int64()),
-        ("kl_mean", pa.float64()),
-        ("kl_first", pa.float64()),
-        ("top1_agree", pa.float64()),
-        ("baseline_version", pa.string()),
-        ("canary_version", pa.string()),
-        ("error", pa.string()),
-    ]
-)
+
+def arrow_schema(columns: Iterable[tuple[str, ColumnType]]) -> pa.Schema:
+    """The Parquet schema of a column spec of the contract (``canary_contract.load``)."""
+    return pa.schema([(name, _ARROW_TYPES[kind]) for name, kind in columns])
+
+
+LOAD_SCHEMA = arrow_schema(CONTRACT_LOAD_COLUMNS)
+ORACLE_SCHEMA = arrow_schema(CONTRACT_ORACLE_COLUMNS)
 
 LOAD_COLUMNS = tuple(LOAD_SCHEMA.names)
 ORACLE_COLUMNS = tuple(ORACLE_SCHEMA.names)

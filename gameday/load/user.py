@@ -51,6 +51,7 @@ from gameday.load.context import context_for
 from gameday.load.options import LoadOptions
 from gameday.load.pairs import CANARY_OFF_PREFIX, judge_pair
 from gameday.load.prompts import PromptRequest
+from gameday.load.rows import build_body, record_row
 
 log = logging.getLogger("gameday.load")
 
@@ -61,58 +62,11 @@ class LoadError(Exception):
     """A failed request as Locust shows it: ``<error kind>: <detail>``."""
 
 
-def build_body(opts: LoadOptions, req: PromptRequest, stream: bool) -> dict[str, Any]:
-    body: dict[str, Any] = {"model": opts.model, "max_tokens": req.max_tokens, "stream": stream}
-    if opts.chat:
-        body["messages"] = req.chat_messages()
-    else:
-        body["prompt"] = req.completion_prompt()
-    if stream:
-        body["stream_options"] = {"include_usage": True}
-    if opts.temperature is not None:
-        body["temperature"] = opts.temperature
-    if req.user_id is not None:
-        body["user"] = req.user_id
-    return body
-
-
 def auth_headers(opts: LoadOptions) -> dict[str, str]:
     headers = dict(opts.headers)
     if opts.api_key:
         headers["Authorization"] = f"Bearer {opts.api_key}"
     return headers
-
-
-def record_row(opts: LoadOptions, req: PromptRequest, a: Attempt) -> dict[str, Any]:
-    m = a.measurement
-    itl_mean, itl_p99, itl_max = m.itl() if m is not None else (None, None, None)
-    prompt_tokens = m.prompt_tokens if m is not None else None
-    # bucket by the server's own count when it gave one (as the router buckets), else planned
-    tokens_for_bucket = prompt_tokens if prompt_tokens is not None else req.planned_prompt_tokens
-    return {
-        "run_id": opts.run_id,
-        "request_id": a.request_id,
-        "user_id": req.user_id,
-        "start_time": a.start_time,
-        "ttft_s": a.ttft_s,
-        "e2e_s": a.e2e_s,
-        "itl_mean_s": itl_mean,
-        "itl_p99_s": itl_p99,
-        "itl_max_s": itl_max,
-        "prompt_tokens": prompt_tokens,
-        "completion_tokens": m.completion_tokens if m is not None else None,
-        "planned_prompt_tokens": req.planned_prompt_tokens,
-        "status": a.status,
-        "ok": a.ok,
-        "error_kind": a.error_kind,
-        "served_by": a.headers.get("x-served-by", ""),
-        "model_version": a.headers.get("x-model-version"),
-        "config_revision": a.headers.get("x-config-revision"),
-        "router_id": a.headers.get("x-router-id"),
-        "bucket": bucket_of(tokens_for_bucket, opts.bucket_edges),
-        "endpoint": opts.api_path,
-        "stream": a.stream,
-    }
 
 
 class LLMUser(User):
