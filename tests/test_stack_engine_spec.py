@@ -74,3 +74,42 @@ def test_load_runs_take_extra_options_from_the_environment(
     monkeypatch.setenv("GAMEDAY_LOAD_EXTRA_ARGS", "--prompt-mix 'jsonl:a b")
     with pytest.raises(ValueError, match="GAMEDAY_LOAD_EXTRA_ARGS"):
         LoadRun(config).command()
+
+
+def test_redis_is_a_program_of_every_stack_and_every_sim_pod_uses_it(tmp_path: Path) -> None:
+    """#16 item 1: Debian redis-server on the port plan, loopback, no persistence; every
+    simulated model pod (baseline and canary alike) is pointed at it."""
+    from canarystack.cluster.spec import REDIS_OFFSET, stack_description
+
+    spec = load_stack_config(None, state_dir=tmp_path, base_port=23000)
+    progs = programs(spec)
+    assert progs[0].name == "redis"  # first: the model pods use it
+    cmd = progs[0].command
+    assert cmd[0] == "redis-server"
+    port = str(23000 + REDIS_OFFSET)
+    for flag, value in (("--port", port), ("--bind", "127.0.0.1"), ("--save", ""),
+                        ("--appendonly", "no")):  # fmt: skip
+        assert cmd[cmd.index(flag) + 1] == value
+    models = [p for p in progs if p.role.startswith("model-")]
+    assert len(models) == 3
+    for p in models:
+        assert p.command[p.command.index("--redis-url") + 1] == f"redis://127.0.0.1:{port}"
+    desc = stack_description(spec, progs)
+    assert "redis" not in {c["role"] for c in desc["components"]}  # not an HTTP component
+    assert desc["dependencies"][0]["port"] == int(port)
+    assert desc["redis_url"] == f"redis://127.0.0.1:{port}"
+    # The llama.cpp stack gets its Redis too.
+    assert "redis" in _by_name(tmp_path, engine="llamacpp")
+
+
+def test_a_stack_without_redis_server_on_path_refuses_to_start(tmp_path: Path) -> None:
+    from canarystack.cluster.stack import StackError, up
+
+    spec = load_stack_config(None, state_dir=tmp_path / "s")
+    spec = spec.model_copy(update={"redis_server": "no-such-redis-server-w3"})
+    with pytest.raises(StackError) as err:
+        up(spec)
+    message = str(err.value)
+    assert "'no-such-redis-server-w3' is not on PATH" in message
+    assert "deploy/debian-packages.sh" in message and "apt-get install redis-server" in message
+    assert not (tmp_path / "s" / "supervisord.conf").exists()  # nothing was started

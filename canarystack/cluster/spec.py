@@ -20,12 +20,20 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from canarystack.model.engine import BATCH_NOISE_KL
 
 ROLES = ("broker", "router", "gate", "rollback", "model-baseline", "model-canary")
+# The shared dependency (issue #16): a Debian redis-server, a program like any other but
+# not an HTTP component, so stack.json lists it under "dependencies", not "components".
+REDIS_ROLE = "redis"
+REDIS_PROGRAM = "redis"
+# Set explicitly (Redis's own default follows the file-descriptor limit), so the harness
+# can check it at every experiment's start and restore it after a pool-exhaustion fault.
+REDIS_MAXCLIENTS = 1000
 
 # Offsets from the base port (docs/ARCHITECTURE.md §6).
 BROKER_OFFSET = 0
 ROUTER_OFFSET = 1
 GATE_OFFSET = 2
 ROLLBACK_OFFSET = 3
+REDIS_OFFSET = 4
 ROUTER_INSTANCE_OFFSET = 11
 BASELINE_OFFSET = 20
 CANARY_OFFSET = 30
@@ -60,6 +68,8 @@ class StackSpec(BaseModel):
     # Roles left out of the stack (e.g. ["gate"] to watch an unguarded canary).
     without: list[str] = Field(default_factory=list)
     python: str = sys.executable
+    # The redis-server binary (``stack up`` resolves it on PATH and refuses without it).
+    redis_server: str = "redis-server"
 
     @field_validator("without")
     @classmethod
@@ -88,6 +98,14 @@ class StackSpec(BaseModel):
     @property
     def abs_state_dir(self) -> Path:
         return self.state_dir.resolve()
+
+    @property
+    def redis_port(self) -> int:
+        return self.base_port + REDIS_OFFSET
+
+    @property
+    def redis_url(self) -> str:
+        return f"redis://{HOST}:{self.redis_port}"
 
 
 @dataclass
@@ -203,14 +221,27 @@ def _model_programs(
             # Real engines are not batch-invariant: every simulated pod runs with the
             # calibrated batch noise and a seed of its own (a stack config's 'args' win).
             noise = ["--batch-noise", f"{BATCH_NOISE_KL:g}", "--noise-seed", str(port)]
+            # Every simulated pod, baseline and canary alike, uses the one Redis.
+            dependency = ["--redis-url", spec.redis_url]
             cmd = _command(spec, "model", port, role, "--version", version,
-                           "--served-model-name", spec.model_name, *noise, *extra)  # fmt: skip
+                           "--served-model-name", spec.model_name, *noise, *dependency,
+                           *extra)  # fmt: skip
         progs.append(Program(name, role, cmd, f"http://{HOST}:{port}"))
     return progs
 
 
+def redis_program(spec: StackSpec) -> Program:
+    """Redis on loopback, on the stack's port plan, without persistence (a restarted Redis
+    comes back empty, as a cache does), its working folder in the state folder."""
+    cmd = [spec.redis_server, "--port", str(spec.redis_port), "--bind", HOST,
+           "--save", "", "--appendonly", "no", "--maxclients", str(REDIS_MAXCLIENTS),
+           "--dir", str(spec.abs_state_dir)]  # fmt: skip
+    return Program(REDIS_PROGRAM, REDIS_ROLE, cmd, spec.redis_url)
+
+
 def programs(spec: StackSpec) -> list[Program]:
-    """Every program of the stack, in start order."""
+    """Every program of the stack, in start order (Redis first: the model pods use it,
+    and serve without it when it is not up yet)."""
     sd = str(spec.abs_state_dir)
     broker_url = spec.url(BROKER_OFFSET)
     baseline = _model_programs(
@@ -222,7 +253,12 @@ def programs(spec: StackSpec) -> list[Program]:
     broker_cmd = _command(spec, "broker", spec.base_port + BROKER_OFFSET, "broker",
                           "--state-dir", sd,
                           *spec.args.get("broker", []))  # fmt: skip
-    progs = [Program("broker", "broker", broker_cmd, broker_url), *baseline, *canary]
+    progs = [
+        redis_program(spec),
+        Program("broker", "broker", broker_cmd, broker_url),
+        *baseline,
+        *canary,
+    ]
     gate = [] if "gate" in spec.without else ["--gate", spec.url(GATE_OFFSET)]
     for i in range(spec.router_replicas):
         instance_port = spec.base_port + ROUTER_INSTANCE_OFFSET + i
@@ -264,6 +300,24 @@ def stack_description(spec: StackSpec, progs: list[Program]) -> dict[str, Any]:
         "admin_token_file": str(credential_path(spec, "operator")),
         "versions": {"stable": spec.stable_version, "canary": spec.canary_version},
         "components": [
-            {"name": p.name, "role": p.role, "program": p.name, "url": p.url} for p in progs
+            {"name": p.name, "role": p.role, "program": p.name, "url": p.url}
+            for p in progs
+            if p.role != REDIS_ROLE
+        ],
+        # Programs that are not HTTP components (no /health, no /admin/faults): the shared
+        # dependency. The harness reaches Redis over its own protocol.
+        "redis_url": spec.redis_url,
+        "dependencies": [
+            {
+                "name": p.name,
+                "role": p.role,
+                "program": p.name,
+                "url": p.url,
+                "port": spec.redis_port,
+                "maxclients": REDIS_MAXCLIENTS,
+                "command": p.command[0],
+            }
+            for p in progs
+            if p.role == REDIS_ROLE
         ],
     }

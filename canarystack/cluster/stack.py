@@ -16,23 +16,28 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import shutil
 import socket
 import time
 from pathlib import Path
 from typing import Any
 
+import redis
 import requests
 
 from canarystack.cluster import supervisor
 from canarystack.cluster.spec import (
     CREDENTIALS,
     CREDENTIALS_DIR,
+    HOST,
+    REDIS_ROLE,
     Program,
     StackSpec,
     credential_path,
     programs,
     stack_description,
 )
+from canarystack.dependency.keys import seed_items
 
 HEALTH_TIMEOUT_S = 60.0
 HTTP_TIMEOUT_S = 2.0
@@ -84,6 +89,23 @@ def _check_ports(spec: StackSpec, progs: list[Program]) -> None:
         )
 
 
+def redis_ping(port: int, timeout_s: float = HTTP_TIMEOUT_S) -> bool:
+    """Whether a Redis answers PING on loopback ``port`` (its readiness check)."""
+    try:
+        with socket.create_connection((HOST, port), timeout=timeout_s) as sock:
+            sock.settimeout(timeout_s)
+            sock.sendall(b"*1\r\n$4\r\nPING\r\n")
+            return sock.recv(64).startswith(b"+PONG")
+    except OSError:
+        return False
+
+
+def _ready(prog: Program) -> bool:
+    if prog.role == REDIS_ROLE:
+        return redis_ping(int(prog.url.rsplit(":", 1)[1]))
+    return _healthy(prog.url)
+
+
 def _healthy(url: str) -> bool:
     try:
         return requests.get(url + "/health", timeout=HTTP_TIMEOUT_S).status_code == 200
@@ -104,7 +126,7 @@ def _wait_healthy(spec: StackSpec, progs: list[Program], timeout_s: float) -> No
     deadline = time.monotonic() + timeout_s
     while pending and time.monotonic() < deadline:
         for name, prog in list(pending.items()):
-            if _healthy(prog.url):
+            if _ready(prog):
                 del pending[name]
         if pending:
             time.sleep(0.1)
@@ -149,11 +171,40 @@ def _bootstrap_release(spec: StackSpec, token: str) -> dict[str, Any]:
     return release
 
 
+def resolve_redis_server(spec: StackSpec) -> StackSpec:
+    """The spec with ``redis_server`` resolved on PATH, or a StackError saying how to
+    install it: the stack does not start without its dependency."""
+    found = shutil.which(spec.redis_server)
+    if found is None:
+        raise StackError(
+            f"{spec.redis_server!r} is not on PATH: the stack runs a Redis server as the model "
+            "servers' shared dependency. Install it with `deploy/debian-packages.sh` or "
+            "`sudo apt-get install redis-server`, then run `stack up` again."
+        )
+    # Not resolved further: Debian links redis-server to redis-check-rdb, which picks
+    # what it is from the name it was started as.
+    return spec.model_copy(update={"redis_server": found})
+
+
+def seed_redis(spec: StackSpec) -> int:
+    """Write the seeded contexts (``canarystack.dependency.keys``) into the stack's Redis."""
+    client = redis.Redis(host=HOST, port=spec.redis_port, socket_timeout=HTTP_TIMEOUT_S)
+    try:
+        items = seed_items()
+        client.mset(items)
+        return len(items)
+    except redis.RedisError as exc:
+        raise StackError(f"seeding the stack's Redis at {spec.redis_url}: {exc}") from None
+    finally:
+        client.close()
+
+
 def up(spec: StackSpec, health_timeout_s: float = HEALTH_TIMEOUT_S) -> tuple[bool, dict[str, Any]]:
     """Start the stack. Returns (started, status); started is False if it was running."""
     sd = spec.abs_state_dir
     if supervisor.is_running(sd):
         return False, status(sd)
+    spec = resolve_redis_server(spec)
     (sd / "logs").mkdir(parents=True, exist_ok=True)
     progs = programs(spec)
     _check_ports(spec, progs)
@@ -163,6 +214,7 @@ def up(spec: StackSpec, health_timeout_s: float = HEALTH_TIMEOUT_S) -> tuple[boo
     supervisor.start_daemon(sd)
     try:
         _wait_healthy(spec, progs, health_timeout_s)
+        seed_redis(spec)
         _bootstrap_release(spec, token)
     except Exception:
         supervisor.stop_daemon(sd)
@@ -204,9 +256,25 @@ def status(state_dir: Path) -> dict[str, Any]:
                 "healthy": state == "RUNNING" and _healthy(comp["url"]),
             }
         )
+    dependencies = []
+    for dep in desc.get("dependencies", []):
+        info = infos.get(dep["program"], {})
+        state = info.get("statename", "STOPPED")
+        dependencies.append(
+            {
+                "name": dep["name"],
+                "role": dep["role"],
+                "pid": info.get("pid") or None,
+                "url": dep["url"],
+                "state": state,
+                "restarts": restarts.get(dep["program"], 0),
+                "healthy": state == "RUNNING" and redis_ping(int(dep["port"])),
+            }
+        )
     return {
         "running": running,
         "supervisord_pid": supervisor.daemon_pid(sd),
+        "dependencies": dependencies,
         **{k: desc[k] for k in ("router_url", "broker_url", "gate_url", "rollback_url")},
         "state_dir": str(sd),
         "release": desc["release"],

@@ -1,0 +1,414 @@
+"""Chaos Toolkit activities for the shared-dependency game days (issue #16): Redis
+stalled, full or killed, and what users saw meanwhile.
+
+    method:
+      - type: action
+        name: stall-redis
+        provider: {type: python, module: probes.dependency, func: pause_redis,
+                   arguments: {ms: 4000}}
+      - type: probe
+        name: watch-the-services
+        provider: {type: python, module: probes.dependency, func: watch,
+                   arguments: {duration_s: 14}}
+
+Actions: ``pause_redis`` (``CLIENT PAUSE``; Redis ends it), ``exhaust_redis`` (held
+connections + ``maxclients`` lowered, by a holder child with a deadline), ``kill_redis``
+(SIGKILL by PID; supervisord restarts it), ``clear_redis_faults`` (a rollback). Probes:
+``redis_is_clean`` (the starting state: maxclients as the stack set it, no holder),
+``watch`` (router, broker and Redis health every ``interval_s``, into
+``dependency_watch.jsonl``), and the SLO checks that return the result of
+docs/ARCHITECTURE.md §7.1 for ``probes.slo.slo_met``: ``dependency_errors_below``,
+``no_request_past_deadline``, ``recovered_within``, ``services_stayed_healthy``. Each
+writes the experiment's dependency summary, ``dependency.json`` (the report's section):
+errors and TTFT per variant before, during and after the fault, and the time to recover.
+
+Fault window: from the fault's injection to its end (a pause: its length; the holder: its
+deadline or its clearing; a kill: the first watch tick that found Redis answering again).
+Recovered: the first moment after the end from which a ``RECOVERY_WINDOW_S`` window of
+requests has an error rate at most the pre-fault one + ``RECOVERY_ERROR_SLACK`` and a
+median TTFT at most 1.5 x the pre-fault one + 50 ms.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from typing import Any
+
+import pandas as pd
+import requests
+from chaoslib.exceptions import ActivityFailed
+
+from gameday import dependency as dep
+from gameday.faults import FaultEntry, FaultError
+from gameday.targets import TargetError
+from probes._context import Configuration, get_target, harness_errors, ledger, positive, run_dir
+from probes._evidence import load_state, read_records
+from probes._result import Slo, failed_result, not_measured, result
+
+__all__ = [
+    "clear_redis_faults",
+    "dependency_errors_below",
+    "exhaust_redis",
+    "kill_redis",
+    "no_request_past_deadline",
+    "pause_redis",
+    "recovered_within",
+    "redis_is_clean",
+    "services_stayed_healthy",
+    "watch",
+]
+
+WATCH_NAME = "dependency_watch.jsonl"
+SUMMARY_NAME = "dependency.json"
+HTTP_TIMEOUT_S = 1.0
+MAX_WATCH_S = 600.0
+RECOVERY_WINDOW_S = 2.0
+RECOVERY_STEP_S = 0.25
+RECOVERY_ERROR_SLACK = 0.02
+RECOVERY_TTFT_FACTOR = 1.5
+RECOVERY_TTFT_SLACK_S = 0.05
+VARIANTS = ("baseline", "canary")
+
+Secrets = dict[str, Any]
+
+
+def _entry_json(e: FaultEntry) -> dict[str, Any]:
+    return {"component": e.component, "kind": e.kind, "time": e.time, "ttl_s": e.ttl_s,
+            "params": e.params, "fault_id": e.fault_id}  # fmt: skip
+
+
+# -- actions ------------------------------------------------------------------------------
+def pause_redis(
+    ms: float, configuration: Configuration | None = None, secrets: Secrets | None = None
+) -> dict[str, Any]:
+    """Stall every Redis client for ``ms`` milliseconds (``CLIENT PAUSE ms ALL``)."""
+    ms = positive("ms", ms, float(dep.MAX_PAUSE_MS))
+    with harness_errors(f"pausing redis for {ms:g} ms"):
+        return _entry_json(dep.pause(get_target(configuration), ms, ledger(configuration)))
+
+
+def exhaust_redis(
+    ttl_s: float,
+    connections: int = 4,
+    configuration: Configuration | None = None,
+    secrets: Secrets | None = None,
+) -> dict[str, Any]:
+    """Fill Redis for ``ttl_s`` seconds: ``connections`` held, ``maxclients`` lowered to
+    them, everyone else disconnected and refused."""
+    ttl_s = positive("ttl_s", ttl_s, dep.MAX_TTL_S)
+    with harness_errors("exhausting redis's connections"):
+        return _entry_json(
+            dep.exhaust(get_target(configuration), ttl_s, int(connections), ledger(configuration))
+        )
+
+
+def kill_redis(
+    configuration: Configuration | None = None, secrets: Secrets | None = None
+) -> dict[str, Any]:
+    """SIGKILL the stack's redis-server (supervisord restarts it, empty)."""
+    with harness_errors("killing redis"):
+        entry = dep.kill(get_target(configuration), ledger(configuration))
+    return {"component": "redis", "killed_at": entry.time, "detail": entry.detail}
+
+
+def clear_redis_faults(
+    configuration: Configuration | None = None, secrets: Secrets | None = None
+) -> dict[str, Any]:
+    """End every Redis fault of this run (pause, holder) and restore ``maxclients``.
+    Idempotent: safe as a rollback after any failure."""
+    with harness_errors("clearing redis faults"):
+        cleared = dep.clear(get_target(configuration), ledger(configuration))
+    return {"cleared": len(cleared), "faults": [c.fault_id for c in cleared]}
+
+
+# -- probes -------------------------------------------------------------------------------
+def redis_is_clean(
+    configuration: Configuration | None = None, secrets: Secrets | None = None
+) -> bool:
+    """True when Redis is in the starting state (answers, ``maxclients`` as the stack set
+    it, no holder connected); else raises naming what is off."""
+    with harness_errors("checking redis's starting state"):
+        found = dep.problems(get_target(configuration))
+    if found:
+        raise ActivityFailed(
+            "redis is not in the starting state: " + "; ".join(found) + ". Run the "
+            "rollback (probes.dependency.clear_redis_faults) or start a fresh stack."
+        )
+    return True
+
+
+def _healthy(url: str) -> bool:
+    try:
+        return requests.get(url + "/health", timeout=HTTP_TIMEOUT_S).status_code == 200
+    except requests.RequestException:
+        return False
+
+
+def watch(
+    duration_s: float,
+    interval_s: float = 0.25,
+    configuration: Configuration | None = None,
+    secrets: Secrets | None = None,
+) -> dict[str, Any]:
+    """For ``duration_s`` seconds, every ``interval_s``: each router replica's and the
+    broker's ``/health`` and whether Redis answers PING, one line each in
+    ``dependency_watch.jsonl``. Returns the counts of unhealthy ticks."""
+    duration_s = positive("duration_s", duration_s, MAX_WATCH_S)
+    interval_s = positive("interval_s", interval_s, 10.0)
+    with harness_errors("watching the services"):
+        target = get_target(configuration)
+        ep = dep.endpoint(target)
+        urls = {r.name: r.url for r in target.replicas("router")}
+        urls["broker"] = target.service_url("broker")
+    path = run_dir(configuration) / WATCH_NAME
+    path.parent.mkdir(parents=True, exist_ok=True)
+    bad: dict[str, int] = {name: 0 for name in urls}
+    ticks = 0
+    end = time.monotonic() + duration_s
+    with path.open("a") as fh:
+        while time.monotonic() < end:
+            t = time.time()
+            health = {name: _healthy(url) for name, url in urls.items()}
+            try:
+                with dep.Resp(ep.host, ep.port, timeout_s=HTTP_TIMEOUT_S) as r:
+                    redis_up = r.command("PING") == "PONG"
+            except FaultError:
+                redis_up = False
+            fh.write(json.dumps({"time": t, "health": health, "redis": redis_up}) + "\n")
+            fh.flush()
+            ticks += 1
+            for name, ok in health.items():
+                bad[name] += 0 if ok else 1
+            time.sleep(max(0.0, min(interval_s, end - time.monotonic())))
+    return {"ticks": ticks, "unhealthy_ticks": bad}
+
+
+# -- the summary --------------------------------------------------------------------------
+def _watch_lines(configuration: Configuration | None) -> list[dict[str, Any]]:
+    try:
+        text = (run_dir(configuration) / WATCH_NAME).read_text()
+    except OSError:
+        return []
+    out = []
+    for line in text.splitlines():
+        try:
+            value = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(value, dict):
+            out.append(value)
+    return out
+
+
+def fault_window(
+    entries: list[FaultEntry], watch_lines: list[dict[str, Any]]
+) -> dict[str, Any] | None:
+    """The dependency fault of the ledger and when it began and ended (None: no fault)."""
+    faults = [e for e in entries if e.component == dep.ROLE and e.action in ("dependency", "kill")]
+    if not faults:
+        return None
+    f = faults[0]
+    start = f.time
+    end: float | None
+    if f.action == "kill":
+        ups = [w["time"] for w in watch_lines if w.get("redis") and w["time"] > start]
+        end = min(ups) if ups else None
+    else:
+        end = start + float(f.ttl_s or 0.0)
+        clears = [e.time for e in entries if e.action == "dependency-clear"
+                  and e.fault_id == f.fault_id]  # fmt: skip
+        if clears:
+            end = min(end, min(clears))
+    kind = "kill" if f.action == "kill" else f.kind
+    return {"kind": kind, "start": start, "end": end, "params": f.params}
+
+
+def _stats(frame: pd.DataFrame) -> dict[str, Any]:
+    n = len(frame)
+    failed = int((~frame["ok"]).sum()) if n else 0
+    ttft = frame.loc[frame["ok"] & frame["ttft_s"].notna(), "ttft_s"]
+    return {
+        "requests": n,
+        "errors": failed,
+        "error_rate": round(failed / n, 6) if n else None,
+        "ttft_p50_s": round(float(ttft.quantile(0.5)), 6) if len(ttft) else None,
+        "ttft_p99_s": round(float(ttft.quantile(0.99)), 6) if len(ttft) else None,
+    }
+
+
+def _per_variant(frame: pd.DataFrame) -> dict[str, Any]:
+    out = {"all": _stats(frame)}
+    for v in VARIANTS:
+        out[v] = _stats(frame[frame["served_by"] == v])
+    return out
+
+
+def recovery_s(frame: pd.DataFrame, start: float, end: float) -> tuple[float | None, str]:
+    """Seconds from the fault's end until users are served as before it (None: never in
+    the records), and the rule that decided."""
+    before = frame[frame["start_time"] < start]
+    base = _stats(before)
+    if not base["requests"] or base["ttft_p50_s"] is None:
+        return None, "no requests before the fault to compare with"
+    max_rate = float(base["error_rate"] or 0.0) + RECOVERY_ERROR_SLACK
+    max_p50 = float(base["ttft_p50_s"]) * RECOVERY_TTFT_FACTOR + RECOVERY_TTFT_SLACK_S
+    rule = (f"error rate <= {max_rate:.3f} and TTFT p50 <= {max_p50:.3f} s over "
+            f"{RECOVERY_WINDOW_S:g} s of requests")  # fmt: skip
+    last = float(frame["start_time"].max())
+    t = end
+    while t + RECOVERY_WINDOW_S <= last + 1e-9:
+        win = frame[(frame["start_time"] >= t) & (frame["start_time"] < t + RECOVERY_WINDOW_S)]
+        s = _stats(win)
+        if (
+            s["requests"]
+            and s["ttft_p50_s"] is not None
+            and float(s["error_rate"] or 0.0) <= max_rate
+            and float(s["ttft_p50_s"]) <= max_p50
+        ):
+            return round(t - end, 3), rule
+        t += RECOVERY_STEP_S
+    return None, rule
+
+
+def _model_results(configuration: Configuration | None) -> dict[str, dict[str, float]]:
+    """``canarystack_dependency_requests_total`` per model variant, from their /metrics."""
+    out: dict[str, dict[str, float]] = {}
+    try:
+        target = get_target(configuration)
+        for role in ("model-baseline", "model-canary"):
+            counts: dict[str, float] = {}
+            for rep in target.replicas(role):
+                text = requests.get(rep.url + "/metrics", timeout=HTTP_TIMEOUT_S).text
+                for line in text.splitlines():
+                    if line.startswith("canarystack_dependency_requests_total{"):
+                        labels, value = line.rsplit(" ", 1)
+                        res = labels.split('result="', 1)[1].split('"', 1)[0]
+                        counts[res] = counts.get(res, 0.0) + float(value)
+            out[role.removeprefix("model-")] = counts
+    except (requests.RequestException, TargetError, IndexError, ValueError):
+        return out
+    return out
+
+
+def summarise(configuration: Configuration | None) -> dict[str, Any]:
+    """The experiment's dependency summary (also written to ``dependency.json``)."""
+    entries = ledger(configuration).entries()
+    lines = _watch_lines(configuration)
+    window = fault_window(entries, lines)
+    doc: dict[str, Any] = {"fault": window, "watch_ticks": len(lines)}
+    unhealthy: dict[str, int] = {}
+    for w in lines:
+        for name, ok in (w.get("health") or {}).items():
+            unhealthy[name] = unhealthy.get(name, 0) + (0 if ok else 1)
+    doc["unhealthy_ticks"] = unhealthy
+    doc["model_dependency_results"] = _model_results(configuration)
+    state = load_state(configuration) or {}
+    frame: pd.DataFrame | None = None
+    if state.get("state") == "stopped":
+        try:
+            frame = read_records(str(state.get("records")))
+        except Exception as exc:  # an unreadable file is a finding, not a crash
+            doc["records_error"] = str(exc)
+    if frame is not None and len(frame) and window is not None:
+        start = float(window["start"])
+        end = float(window["end"]) if window["end"] is not None else math.inf
+        doc["before"] = _per_variant(frame[frame["start_time"] < start])
+        doc["during"] = _per_variant(frame[(frame["start_time"] >= start)
+                                           & (frame["start_time"] < end)])  # fmt: skip
+        doc["after"] = _per_variant(frame[frame["start_time"] >= end])
+        rec, rule = (
+            (None, "the fault never ended") if end == math.inf else recovery_s(frame, start, end)
+        )
+        doc["recovery_s"], doc["recovery_rule"] = rec, rule
+        e2e = frame["e2e_s"].dropna()
+        doc["max_e2e_s"] = round(float(e2e.max()), 6) if len(e2e) else None
+        kinds = frame.loc[~frame["ok"], "error_kind"].fillna("unknown").astype(str)
+        doc["error_kinds"] = {str(k): int(v) for k, v in kinds.value_counts().items()}
+    path = run_dir(configuration) / SUMMARY_NAME
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc, indent=2, default=str) + "\n")
+    return doc
+
+
+def _summary_or_slo(
+    configuration: Configuration | None, check: str, allowed: float, unit: str
+) -> dict[str, Any] | Slo:
+    if load_state(configuration) is None and not ledger(configuration).entries():
+        return not_measured(check, allowed, unit, "before the method: nothing to measure yet")
+    doc = summarise(configuration)
+    if doc["fault"] is None:
+        return failed_result(check, allowed, unit, "no redis fault in this run's ledger")
+    if "during" not in doc:
+        why = doc.get("records_error") or "no load records (the load did not stop cleanly)"
+        return failed_result(check, allowed, unit, why)
+    return doc
+
+
+def dependency_errors_below(
+    max_ratio: float, configuration: Configuration | None = None, secrets: Secrets | None = None
+) -> Slo:
+    """Failed requests among those that started during the fault or after it: at most
+    ``max_ratio`` (the dependency degrades answers; it must not fail them)."""
+    check, allowed = "dependency_error_rate", float(max_ratio)
+    doc = _summary_or_slo(configuration, check, allowed, "ratio")
+    if "check" in doc:
+        return doc
+    n = doc["during"]["all"]["requests"] + doc["after"]["all"]["requests"]
+    bad = doc["during"]["all"]["errors"] + doc["after"]["all"]["errors"]
+    if not n:
+        return failed_result(
+            check, allowed, "ratio", "no request started during or after the fault"
+        )
+    ratio = bad / n
+    return result(check, ratio, allowed, "ratio", ratio <= allowed, requests=n, failed=bad,
+                  during=doc["during"]["all"], after=doc["after"]["all"])  # fmt: skip
+
+
+def no_request_past_deadline(
+    max_s: float, configuration: Configuration | None = None, secrets: Secrets | None = None
+) -> Slo:
+    """No request took longer than ``max_s`` end to end, and none timed out."""
+    check, allowed = "max_e2e_s", float(max_s)
+    doc = _summary_or_slo(configuration, check, allowed, "s")
+    if "check" in doc:
+        return doc
+    worst = doc.get("max_e2e_s")
+    timeouts = sum(v for k, v in doc.get("error_kinds", {}).items() if "timeout" in k)
+    if worst is None:
+        return failed_result(check, allowed, "s", "no request has an end-to-end time")
+    ok = worst <= allowed and timeouts == 0
+    return result(check, worst, allowed, "s", ok, timed_out=timeouts)
+
+
+def recovered_within(
+    max_s: float, configuration: Configuration | None = None, secrets: Secrets | None = None
+) -> Slo:
+    """Users are served as before the fault (error rate and TTFT) within ``max_s``
+    seconds of its end."""
+    check, allowed = "dependency_recovery_s", float(max_s)
+    doc = _summary_or_slo(configuration, check, allowed, "s")
+    if "check" in doc:
+        return doc
+    rec = doc.get("recovery_s")
+    if rec is None:
+        return failed_result(check, allowed, "s", f"not recovered: {doc.get('recovery_rule')}")
+    return result(check, rec, allowed, "s", rec <= allowed, rule=doc.get("recovery_rule"),
+                  fault=doc["fault"])  # fmt: skip
+
+
+def services_stayed_healthy(
+    configuration: Configuration | None = None, secrets: Secrets | None = None
+) -> Slo:
+    """Every watch tick found every router replica and the broker healthy: nothing
+    cascaded from the dependency into them."""
+    check = "services_unhealthy_ticks"
+    doc = _summary_or_slo(configuration, check, 0.0, "count")
+    if "check" in doc:
+        return doc
+    if not doc["watch_ticks"]:
+        return failed_result(check, 0.0, "count", "no watch ticks: add probes.dependency.watch")
+    bad = sum(doc["unhealthy_ticks"].values())
+    return result(check, float(bad), 0.0, "count", bad == 0, ticks=doc["watch_ticks"],
+                  by_service=doc["unhealthy_ticks"])  # fmt: skip
