@@ -446,3 +446,17 @@ def test_a_wrong_gameday_extension_is_refused_naming_the_field(
         gameday_extension({"extensions": [{**ext, **over}]})
     assert err.value.field == field and says in str(err.value)
     assert gameday_extension({"extensions": [{"name": "other"}]}) is None
+
+
+def test_one_bucket_vocabulary_for_both_halves() -> None:
+    import canary_contract.buckets as contract
+    from canarystack.common import buckets as stack
+    from gameday.load import buckets as harness
+
+    for name in ("bucket_labels", "bucket_of", "DEFAULT_EDGES"):
+        assert getattr(harness, name) is getattr(contract, name) is getattr(stack, name), name
+    # Each half's parser names its own option, as it did.
+    with pytest.raises(ValueError, match=r"^--bucket-edges '5,4': need one or more positive"):
+        harness.parse_edges("5,4")
+    with pytest.raises(ValueError, match=r"^bucket edges '5,4': need one or more positive"):
+        stack.parse_edges("5,4")

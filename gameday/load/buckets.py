@@ -1,53 +1,14 @@
-"""Prompt-length buckets, as the harness labels its records.
-
-The same labels as the stack's (``0-512``, ``512-1k``, ``1k-2k``, ``2k-4k``, ``4k+`` for the
-default edges 512, 1024, 2048, 4096), written again here because the harness must never
-import ``canarystack``: it talks to a target only the way it could talk to a real
-deployment. A prompt of exactly 2048 tokens is in ``2k-4k``.
-"""
+"""Prompt-length buckets as the harness labels its records: the contract's
+(``canary_contract.buckets``), with ``parse_edges`` naming the option ``--bucket-edges``."""
 
 from __future__ import annotations
 
-import bisect
-import functools
-import itertools
-from collections.abc import Sequence
+from canary_contract.buckets import DEFAULT_EDGES, bucket_labels, bucket_of
+from canary_contract.buckets import parse_edges as _parse_edges
 
-DEFAULT_EDGES: tuple[int, ...] = (512, 1024, 2048, 4096)
-
-
-def _fmt(n: int) -> str:
-    return f"{n // 1024}k" if n >= 1024 and n % 1024 == 0 else str(n)
-
-
-def bucket_labels(edges: Sequence[int] = DEFAULT_EDGES) -> list[str]:
-    bounds = [0, *edges]
-    labels = [f"{_fmt(lo)}-{_fmt(hi)}" for lo, hi in itertools.pairwise(bounds)]
-    labels.append(f"{_fmt(edges[-1])}+")
-    return labels
-
-
-@functools.lru_cache(maxsize=16)
-def _labels(edges: tuple[int, ...]) -> tuple[str, ...]:
-    return tuple(bucket_labels(edges))
-
-
-def bucket_of(prompt_tokens: int, edges: Sequence[int] = DEFAULT_EDGES) -> str:
-    # Once per request in the Locust user: the labels are made once per set of edges.
-    return _labels(tuple(edges))[bisect.bisect_right(edges, prompt_tokens)]
+__all__ = ["DEFAULT_EDGES", "bucket_labels", "bucket_of", "parse_edges"]
 
 
 def parse_edges(text: str) -> tuple[int, ...]:
-    """Parse ``"512,1024,2048,4096"``; raises ValueError with a message that says why."""
-    try:
-        edges = tuple(int(x) for x in text.split(",") if x.strip())
-    except ValueError:
-        raise ValueError(
-            f"--bucket-edges {text!r}: give increasing token counts separated by commas, "
-            "e.g. 512,1024,2048,4096"
-        ) from None
-    if not edges or edges[0] <= 0 or any(b <= a for a, b in itertools.pairwise(edges)):
-        raise ValueError(
-            f"--bucket-edges {text!r}: need one or more positive, strictly increasing numbers"
-        )
-    return edges
+    """Parse ``"512,1024,2048,4096"``; a ValueError names ``--bucket-edges`` and says why."""
+    return _parse_edges(text, option="--bucket-edges")

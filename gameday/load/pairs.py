@@ -9,13 +9,15 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from canary_contract.errors import ErrorCode
 from gameday.load.client import Attempt
 from gameday.oracle import BrokenBaseline, compare_responses
 
 log = logging.getLogger("gameday.load")
 
-CANARY_OFF_CODE = "canary_off"  # a router's 409 for a pin to a canary at effective weight 0
-CANARY_OFF_PREFIX = "canary_off: "
+# A router's 409 for a pin to a canary at effective weight 0.
+CANARY_OFF_CODE = ErrorCode.CANARY_OFF
+CANARY_OFF_PREFIX = f"{ErrorCode.CANARY_OFF.value}: "
 
 
 def judge_pair(base: Attempt, can: Attempt) -> tuple[dict[str, Any], str | None, str]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gameday.load.buckets import bucket_of
+from canary_contract.buckets import bucket_of
 from gameday.load.client import Attempt
 from gameday.load.options import LoadOptions
 from gameday.load.prompts import PromptRequest

@@ -45,7 +45,7 @@ from typing import Any
 import gevent
 from locust import User, task
 
-from gameday.load.buckets import bucket_of
+from canary_contract.buckets import bucket_of
 from gameday.load.client import Attempt, OpenAIClient
 from gameday.load.context import context_for
 from gameday.load.options import LoadOptions
