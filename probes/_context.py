@@ -10,7 +10,8 @@ Two configuration entries (each with an environment default, so ``chaos run`` al
 
 Errors a person can cause (a bad target file, a component outside the blast radius) come
 back as ``ActivityFailed`` with the message of the harness, which names the input and
-what to do. This module never talks to a target itself.
+what to do. This module opens the session an activity talks to the target over
+(``gameday.api``); it never talks to a target itself.
 """
 
 from __future__ import annotations
@@ -21,8 +22,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import requests
 from chaoslib.exceptions import ActivityFailed
 
+from gameday.api import ApiError, StackApi
 from gameday.faults import FaultError, FaultLedger
 from gameday.targets import Target, TargetError, load_target
 
@@ -71,8 +74,16 @@ def harness_errors(what: str) -> Iterator[None]:
         yield
     except ActivityFailed:
         raise
-    except (TargetError, FaultError) as exc:
+    except (TargetError, FaultError, ApiError) as exc:
         raise ActivityFailed(f"{what}: {exc}") from None
+
+
+@contextmanager
+def stack_api(configuration: Configuration | None, what: str) -> Iterator[StackApi]:
+    """The target's APIs over a session of this activity's own (closed after it); the
+    harness's errors become ``ActivityFailed`` naming ``what`` was attempted."""
+    with harness_errors(what), requests.Session() as session:
+        yield StackApi(session, get_target(configuration))
 
 
 def positive(name: str, value: float, upper: float | None = None) -> float:

@@ -2,34 +2,27 @@
 
 ``load.json`` (written by the ``probes.load`` control in the run folder) says whether the
 load has run: absent before the method, ``running`` during it, ``stopped`` with the
-records' path after it. The reference fault of an experiment is the one the gate must
-catch — the ``kernel`` fault on the canary — else the experiment's first injection or
-pod kill (the same rule as the report's timeline).
-
-This module only reads files of the run folder.
+records' path after it. The reference fault is ``gameday.evidence.faults``'s (the same
+rule as the report's timeline). This module only reads files of the run folder.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
-from gameday.faults import FaultEntry, FaultLedger
+from gameday.evidence.checks import RECORD_COLUMNS
+from gameday.evidence.faults import ReferenceFault, reference_fault
+from gameday.evidence.slo import Slo, failed_result, not_measured
 from probes._context import LOAD_STATE_NAME, Configuration, ledger, run_dir
 
-RECORD_COLUMNS = (
-    "start_time",
-    "ttft_s",
-    "e2e_s",
-    "ok",
-    "error_kind",
-    "served_by",
-    "prompt_tokens",
-    "planned_prompt_tokens",
-    "status",
+NOT_YET = (
+    "nothing to measure yet: no load has run and no fault was injected in this experiment "
+    "(the hypothesis before the method); measured after the method"
 )
 
 
@@ -42,23 +35,25 @@ def load_state(configuration: Configuration | None) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
-def reference_fault(book: FaultLedger) -> FaultEntry | None:
-    entries = book.entries()
-    for e in entries:
-        if e.action == "inject" and e.kind == "kernel":
-            return e
-    for e in entries:
-        if e.action in ("inject", "kill"):
-            return e
-    return None
+def fault_rows(configuration: Configuration | None) -> list[dict[str, Any]]:
+    """The run's fault ledger, one dict per line, oldest first."""
+    return [asdict(e) for e in ledger(configuration).entries()]
 
 
-def first_kill(book: FaultLedger) -> FaultEntry | None:
-    return book.first(action="kill")
+def reference(configuration: Configuration | None) -> ReferenceFault | None:
+    return reference_fault(fault_rows(configuration))
 
 
-def run_ledger(configuration: Configuration | None) -> FaultLedger:
-    return ledger(configuration)
+def first_fault(
+    configuration: Configuration | None, action: str, kind: str | None = None
+) -> dict[str, Any] | None:
+    rows = fault_rows(configuration)
+    return next((r for r in rows if r["action"] == action and kind in (None, r["kind"])), None)
+
+
+def before_anything(configuration: Configuration | None) -> bool:
+    """The hypothesis before the method: no load has run and no fault is in the ledger."""
+    return load_state(configuration) is None and reference(configuration) is None
 
 
 def read_records(path: str | Path) -> pd.DataFrame:
@@ -78,4 +73,35 @@ def read_records(path: str | Path) -> pd.DataFrame:
     frame["served_by"] = frame["served_by"].fillna("").astype(str)
     for col in ("start_time", "ttft_s", "e2e_s"):
         frame[col] = pd.to_numeric(frame[col], errors="coerce")
+    return frame
+
+
+def records(
+    configuration: Configuration | None, check: str, allowed: float, unit: str
+) -> pd.DataFrame | Slo:
+    """The run's load records, or the SLO result that says why there are none (not
+    measured before anything happened; failed once a fault was injected: fail-closed)."""
+    state = load_state(configuration)
+    if state is None:
+        if reference(configuration) is None:
+            return not_measured(check, allowed, unit, NOT_YET)
+        why = (
+            "no load ran in this experiment although it injected a fault: add the "
+            "probes.load control to the experiment"
+        )
+        return failed_result(check, allowed, unit, why)
+    if state.get("state") != "stopped":
+        why = (
+            f"the load is {state.get('state')!r}, not stopped: its records are not complete "
+            f"({state.get('error') or 'no error recorded'})"
+        )
+        return failed_result(check, allowed, unit, why)
+    path = state.get("records")
+    try:
+        frame = read_records(str(path))
+    except Exception as exc:  # any unreadable file is a failed check, never a crash
+        why = f"cannot read the load records {path}: {exc}"
+        return failed_result(check, allowed, unit, why, records=path)
+    if frame.empty:
+        return failed_result(check, allowed, unit, "the load records have no rows", records=path)
     return frame

@@ -8,12 +8,11 @@
         func: wait_for_trip
         arguments: {deadline_s: 20}
 
-``wait_for_trip`` returns the seconds from the experiment's reference fault (the faulty
-kernel, else the first fault or pod kill in the run's ledger) to the broker event that
-set the phase to ``tripped``; it gives up at its deadline, because Chaos Toolkit does not
-time out Python activities. ``gate_did_not_trip`` watches for a while and raises at the
-first trip, with the gate's evidence. Both read the broker (and the gate's own state for
-the messages); neither changes anything.
+``wait_for_trip`` returns the seconds from the experiment's reference fault
+(``gameday.evidence.faults``) to the broker event that set the phase to ``tripped``; it
+gives up at its deadline, because Chaos Toolkit does not time out Python activities.
+``gate_did_not_trip`` watches for a while and raises at the first trip, with the gate's
+evidence. Both only read the broker (and the gate's state for the messages).
 """
 
 from __future__ import annotations
@@ -21,32 +20,28 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import requests
 from chaoslib.exceptions import ActivityFailed
 
-from gameday.targets import Target, TargetError
-from probes._broker import get_release, phase_events, release_events
-from probes._context import Configuration, get_target, harness_errors
-from probes._evidence import load_state, reference_fault, run_ledger
+from gameday.api import ApiError, StackApi
+from gameday.evidence.checks import CLOCK_SLACK_S
+from gameday.evidence.events import first_phase, new_value
+from probes._context import Configuration, stack_api
+from probes._evidence import load_state, reference
 
 __all__ = ["gate_did_not_trip", "wait_for_trip"]
 
-HTTP_TIMEOUT_S = 3.0
 MAX_WAIT_S = 600.0
 TRIPPED_PHASES = ("tripped", "rolling_back", "rolled_back")
-# Broker and harness clocks are the same machine's here; allow a little skew elsewhere.
-CLOCK_SLACK_S = 1.0
 
 Secrets = dict[str, Any]
 
 
-def gate_summary(target: Target) -> str:
+def gate_summary(api: StackApi) -> str:
     """One line on what the gate has seen (best effort, for failure messages)."""
     try:
-        url = f"{target.service_url('gate')}/v1/gate/{target.release}"
-        body = requests.get(url, timeout=HTTP_TIMEOUT_S).json()
-    except (requests.RequestException, ValueError, TargetError) as exc:
-        return f"the gate's state is unknown ({exc.__class__.__name__})"
+        body = api.gate_state()
+    except ApiError as exc:
+        return f"the gate's state is unknown ({exc})"
     buckets = body.get("buckets") or {}
     comparisons = {name: b.get("comparisons") for name, b in buckets.items() if isinstance(b, dict)}
     return (
@@ -56,10 +51,7 @@ def gate_summary(target: Target) -> str:
 
 
 def _evidence_text(event: dict[str, Any]) -> str:
-    change = event.get("change") or {}
-    trip = change.get("trip")
-    if isinstance(trip, dict) and "new" in trip:
-        trip = trip["new"]
+    trip = new_value(event.get("change"), "trip")
     if not isinstance(trip, dict):
         return "no evidence recorded"
     return (
@@ -67,6 +59,13 @@ def _evidence_text(event: dict[str, Any]) -> str:
         f"{trip.get('statistic')} vs threshold {trip.get('threshold')}, "
         f"{trip.get('samples')} samples"
     )
+
+
+def _phase(api: StackApi) -> str:
+    try:
+        return str(api.release().get("phase"))
+    except ApiError as exc:  # a broker being restarted: keep waiting
+        return f"unreadable ({exc})"
 
 
 def wait_for_trip(
@@ -77,36 +76,26 @@ def wait_for_trip(
 ) -> float:
     """Wait until the gate has tripped the release; returns the seconds from the
     reference fault to the trip. Raises after ``deadline_s`` seconds of waiting."""
-    t0 = time.monotonic()
-    deadline = t0 + min(max(float(deadline_s), 0.0), MAX_WAIT_S)
-    with harness_errors("waiting for the gate to trip"):
-        target = get_target(configuration)
-        fault = reference_fault(run_ledger(configuration))
-        if fault is None:
-            raise ActivityFailed(
-                "expected a fault in this run's ledger to time the trip from, found none: "
-                "inject one (probes.faults) before waiting for the trip"
-            )
-        phase = "unknown"
-        while True:
-            try:
-                phase = str(get_release(target).get("phase"))
-            except ActivityFailed as exc:  # a broker being restarted: keep waiting
-                phase = f"unreadable ({exc})"
-            if phase in TRIPPED_PHASES:
-                trips = phase_events(
-                    release_events(target), "tripped", since=fault.time - CLOCK_SLACK_S
-                )
-                trip_time = float(trips[0]["time"]) if trips else time.time()
-                return round(trip_time - fault.time, 3)
+    deadline = time.monotonic() + min(max(float(deadline_s), 0.0), MAX_WAIT_S)
+    fault = reference(configuration)
+    if fault is None:
+        raise ActivityFailed(
+            "expected a fault in this run's ledger to time the trip from, found none: "
+            "inject one (probes.faults) before waiting for the trip"
+        )
+    with stack_api(configuration, "waiting for the gate to trip") as api:
+        while (phase := _phase(api)) not in TRIPPED_PHASES:
             if time.monotonic() >= deadline:
                 raise ActivityFailed(
                     f"expected the gate to trip within {float(deadline_s):g} s, but release "
-                    f"{target.release!r} is still {phase!r} "
-                    f"{time.time() - fault.time:.1f} s after the {fault.kind} fault on "
-                    f"{fault.component}; {gate_summary(target)}"
+                    f"{api.target.release!r} is still {phase!r} {time.time() - fault.time:.1f} s "
+                    f"after the {fault.entry['kind']} fault on {fault.entry['component']}; "
+                    f"{gate_summary(api)}"
                 )
             time.sleep(max(0.02, float(poll_s)))
+        trip = first_phase(api.events(), "tripped", since=fault.time - CLOCK_SLACK_S)
+    trip_time = float(trip["time"]) if trip else time.time()
+    return round(trip_time - fault.time, 3)
 
 
 def gate_did_not_trip(
@@ -118,28 +107,22 @@ def gate_did_not_trip(
     """True when the release stayed untripped for ``observe_s`` seconds (and no trip
     happened since the experiment's load started); raises at the first trip."""
     end = time.monotonic() + min(max(float(observe_s), 0.0), MAX_WAIT_S)
-    with harness_errors("watching the gate"):
-        target = get_target(configuration)
-        state = load_state(configuration) or {}
-        fault = reference_fault(run_ledger(configuration))
-        since_values = [
-            t
-            for t in (state.get("started_at"), fault.time if fault else None)
-            if isinstance(t, int | float)
-        ]
-        since = min(since_values) - CLOCK_SLACK_S if since_values else None
+    fault = reference(configuration)
+    started = (load_state(configuration) or {}).get("started_at")
+    starts = [t for t in (started, fault.time if fault else None) if isinstance(t, int | float)]
+    since = min(starts) - CLOCK_SLACK_S if starts else None
+    with stack_api(configuration, "watching the gate") as api:
         while True:
-            release = get_release(target)
-            trips = phase_events(release_events(target), "tripped", since=since)
-            phase = str(release.get("phase"))
-            if trips or phase in TRIPPED_PHASES:
+            phase = str(api.release().get("phase"))
+            trip = first_phase(api.events(), "tripped", since=since)
+            if trip or phase in TRIPPED_PHASES:
                 when = ""
-                if trips and fault is not None:
-                    when = f" {float(trips[0]['time']) - fault.time:+.2f} s from the fault,"
-                evidence = _evidence_text(trips[0]) if trips else f"phase is {phase!r}"
+                if trip and fault is not None:
+                    when = f" {float(trip['time']) - fault.time:+.2f} s from the fault,"
+                evidence = _evidence_text(trip) if trip else f"phase is {phase!r}"
                 raise ActivityFailed(
                     "expected no trip (a fault shared by both variants must not look like a "
-                    f"bad canary), but the gate tripped release {target.release!r}{when} "
+                    f"bad canary), but the gate tripped release {api.target.release!r}{when} "
                     f"on {evidence}"
                 )
             if time.monotonic() >= end:

@@ -20,13 +20,12 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import requests
 from chaoslib.exceptions import ActivityFailed
 
-from gameday.targets import ROLES, Target, TargetError
-from probes._broker import get_release
-from probes._context import Configuration, get_target, harness_errors
-from probes._evidence import load_state, run_ledger
+from gameday.api import ApiError, StackApi
+from gameday.targets import ROLES, TargetError
+from probes._context import Configuration, ledger, stack_api
+from probes._evidence import load_state
 
 __all__ = [
     "canary_weight",
@@ -37,26 +36,25 @@ __all__ = [
     "wait_for_release_phase",
 ]
 
-HTTP_TIMEOUT_S = 3.0
 PHASES = ("progressing", "tripped", "rolling_back", "rolled_back", "promoted")
 MAX_WAIT_S = 600.0
 
 Secrets = dict[str, Any]
 
 
-def _unhealthy(target: Target) -> list[str]:
+def _unhealthy(api: StackApi) -> list[str]:
     problems: list[str] = []
     for role in ROLES:
         try:
-            replicas = target.replicas(role)
+            replicas = api.target.replicas(role)
         except TargetError as exc:
             problems.append(f"{role}: {exc}")
             continue
         for rep in replicas:
             try:
-                status = requests.get(f"{rep.url}/health", timeout=HTTP_TIMEOUT_S).status_code
-            except requests.RequestException as exc:
-                problems.append(f"{rep.name} ({rep.url}): {exc.__class__.__name__}")
+                status = api.health_status(rep.url)
+            except ApiError as exc:
+                problems.append(f"{rep.name}: {exc}")
                 continue
             if status != 200:
                 problems.append(f"{rep.name} ({rep.url}): /health answered HTTP {status}")
@@ -71,11 +69,10 @@ def stack_healthy(
     """True when every replica of every component answers ``/health``; waits up to
     ``wait_s`` seconds for that (a killed pod being restarted), else raises naming the
     replicas that did not answer."""
-    with harness_errors("checking the stack's health"):
-        target = get_target(configuration)
-        deadline = time.monotonic() + min(max(float(wait_s), 0.0), MAX_WAIT_S)
+    deadline = time.monotonic() + min(max(float(wait_s), 0.0), MAX_WAIT_S)
+    with stack_api(configuration, "checking the stack's health") as api:
         while True:
-            problems = _unhealthy(target)
+            problems = _unhealthy(api)
             if not problems:
                 return True
             if time.monotonic() >= deadline:
@@ -95,10 +92,8 @@ def release_phase(
     ``rolled_back``, ``promoted``); with ``expected``, raises unless it is that."""
     if expected is not None and expected not in PHASES:
         raise ActivityFailed(f"argument expected is {expected!r}: use one of {', '.join(PHASES)}")
-    with harness_errors("reading the release phase"):
-        target = get_target(configuration)
-        release = get_release(target)
-    phase = str(release.get("phase"))
+    with stack_api(configuration, "reading the release phase") as api:
+        phase, target = str(api.release().get("phase")), api.target
     if expected is not None and phase != expected:
         hint = ""
         if expected == "progressing":
@@ -123,10 +118,8 @@ def canary_weight(
 
 
 def _weight(expected: int | None, configuration: Configuration | None) -> int:
-    with harness_errors("reading the canary weight"):
-        target = get_target(configuration)
-        release = get_release(target)
-    weight = int((release.get("weights") or {}).get("canary") or 0)
+    with stack_api(configuration, "reading the canary weight") as api:
+        weight, target = int((api.release().get("weights") or {}).get("canary") or 0), api.target
     if expected is not None and weight != int(expected):
         raise ActivityFailed(
             f"release {target.release!r} gives the canary {weight}% of traffic but the "
@@ -149,13 +142,12 @@ def wait_for_release_phase(
         raise ActivityFailed(f"argument phase is {phase!r}: use one of {', '.join(PHASES)}")
     t0 = time.monotonic()
     deadline = t0 + min(max(float(deadline_s), 0.0), MAX_WAIT_S)
-    with harness_errors(f"waiting for phase {phase}"):
-        target = get_target(configuration)
-        last = "unknown"
+    with stack_api(configuration, f"waiting for phase {phase}") as api:
+        target = api.target
         while True:
             try:
-                last = str(get_release(target).get("phase"))
-            except ActivityFailed as exc:
+                last = str(api.release().get("phase"))
+            except ApiError as exc:
                 last = f"unreadable ({exc})"  # a broker being restarted: keep waiting
             if last == phase:
                 return round(time.monotonic() - t0, 3)
@@ -177,7 +169,7 @@ def starting_state(
     no replica holds a fault — else raises saying what differs, so the steady state is
     not met and the method never runs. Once the experiment has begun (the hypothesis
     after the method) it returns True: the start is history by then."""
-    if run_ledger(configuration).entries() or load_state(configuration) is not None:
+    if ledger(configuration).entries() or load_state(configuration) is not None:
         return True
     release_phase(expected="progressing", configuration=configuration)
     if canary_weight is not None:
@@ -191,27 +183,11 @@ def no_active_faults(
 ) -> bool:
     """True when no replica of any component holds a fault (the state an experiment must
     start from); raises listing the leftovers otherwise."""
-    with harness_errors("listing active faults"):
-        target = get_target(configuration)
-        found: list[str] = []
+    found: list[str] = []
+    with stack_api(configuration, "listing active faults") as api:
         for role in ROLES:
-            for rep in target.replicas(role):
-                try:
-                    resp = requests.get(
-                        f"{rep.url}/admin/faults",
-                        headers=target.fault_headers(role),
-                        timeout=HTTP_TIMEOUT_S,
-                    )
-                except requests.RequestException as exc:
-                    raise ActivityFailed(
-                        f"cannot list the faults of {rep.name} ({rep.url}): "
-                        f"{exc.__class__.__name__}"
-                    ) from None
-                if resp.status_code != 200:
-                    raise ActivityFailed(
-                        f"listing the faults of {rep.name} answered HTTP {resp.status_code}"
-                    )
-                for fault in _fault_list(resp.json()):
+            for rep in api.target.replicas(role):
+                for fault in api.faults(rep.url, api.target.fault_headers(role)):
                     found.append(
                         f"{rep.name}: {fault.get('kind')} (id {fault.get('id')}, "
                         f"{fault.get('remaining_s')} s left)"
@@ -223,9 +199,3 @@ def no_active_faults(
             + " — wait for their TTL or clear them (DELETE /admin/faults)"
         )
     return True
-
-
-def _fault_list(body: Any) -> list[dict[str, Any]]:
-    if isinstance(body, dict):
-        body = body.get("faults", [])
-    return [f for f in body if isinstance(f, dict)] if isinstance(body, list) else []
