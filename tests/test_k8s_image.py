@@ -123,3 +123,26 @@ def test_release_init_names_a_missing_token_and_an_unreachable_broker(tmp_path: 
     done = subprocess.run([*base, "--canary-weight", "101"], capture_output=True, text=True,
                           env=env, timeout=60, check=False)  # fmt: skip
     assert done.returncode == 2 and "--canary-weight must be 0..100" in done.stderr
+
+
+def test_the_image_holds_every_package_the_project_ships_and_redis() -> None:
+    """Every top-level package of pyproject's packages.find (canary_contract too) is copied
+    by the Dockerfile and by mkimage.py (the image built without Docker); both ship
+    Debian's redis-server, the model servers' shared dependency (#16)."""
+    import tomllib
+
+    sys.path.insert(0, str(REPO / "deploy" / "loopback"))
+    try:
+        import mkimage
+    finally:
+        sys.path.pop(0)
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())
+    packages = [p.rstrip("*") for p in project["tool"]["setuptools"]["packages"]["find"]["include"]]
+    dockerfile = (REPO / "deploy" / "Dockerfile").read_text()
+    ignore = (REPO / "deploy" / "Dockerfile.dockerignore").read_text().split()
+    for pkg in packages:
+        assert pkg in mkimage.APP_TREES, pkg
+        assert f"COPY {pkg} {pkg}" in dockerfile, pkg
+        assert f"!{pkg}/**" in ignore, pkg
+    assert re.search(r"apt-get install [^\n]*redis-server", dockerfile)
+    assert mkimage.REDIS == "/usr/bin/redis-server"

@@ -176,7 +176,7 @@ ready containerd 15 ctr -a "$CTD/containerd.sock" version
 IMAGE=$STATE/images/canarystack.tar
 stale=""
 if [ -f "$IMAGE" ]; then
-    stale=$(cd "$REPO" && find canarystack gameday probes locustfiles experiments targets deploy/entrypoint.sh \
+    stale=$(cd "$REPO" && find canary_contract canarystack gameday probes locustfiles experiments targets deploy/entrypoint.sh \
         deploy/release_init.py deploy/loopback/mkimage.py pyproject.toml .venv/lib \
         -name __pycache__ -prune -o -newer "$IMAGE" -print -quit 2>/dev/null)
 fi
@@ -187,7 +187,9 @@ if [ ! -f "$IMAGE" ] || [ ! -f "$STATE/images/pause.tar" ] || [ -n "$stale" ]; t
 fi
 ctr_ images import "$STATE/images/pause.tar" >/dev/null
 ctr_ images import "$IMAGE" >/dev/null
-ctr_ images ls -q | grep -qx docker.io/library/canarystack:0.1.0 || die "containerd lists no canarystack:0.1.0 after the import"
+# grep reads the whole list (not -q): under pipefail, a grep that exits at the first match
+# makes ctr die of SIGPIPE, and the pipeline fail, whenever ctr writes the list in pieces.
+ctr_ images ls -q | grep -x docker.io/library/canarystack:0.1.0 >/dev/null || die "containerd lists no canarystack:0.1.0 after the import"
 
 # 6. One real kubelet, node "localhost", listening on 127.0.0.1 only. (It refuses a loopback
 # --node-ip, so the node's InternalIP is the host's own address, and so is a host-network
@@ -243,5 +245,13 @@ spec:
 "
 done
 printf '%s' "$pvs" | kubectl_ apply -f - >/dev/null || die "creating the PersistentVolumes failed"
+
+# 8. Argo Rollouts' and Flagger's CRDs (their controllers cannot be obtained here): minimal
+# stand-ins with the real group, version, kind and status fields (deploy/loopback/crds/), so
+# probes/progressive.py reads real objects from the real API server; a test plays the
+# controller and writes their status.
+kubectl_ apply -f "$HERE/crds/" >/dev/null || die "applying the CRDs in $HERE/crds failed"
+kubectl_ wait --for=condition=Established --timeout=60s crd/rollouts.argoproj.io crd/canaries.flagger.app >/dev/null ||
+    die "the Argo Rollouts / Flagger CRDs were not Established within 60 s"
 
 log "up in $(($(date +%s) - start))s: node localhost Ready; export KUBECONFIG=$KUBECONFIG_FILE"

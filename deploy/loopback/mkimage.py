@@ -41,7 +41,10 @@ from typing import NoReturn
 REPO = Path(__file__).resolve().parents[2]
 APP_UID = 10001
 # What the Dockerfile copies into /app.
-APP_TREES = ["canarystack", "gameday", "probes", "locustfiles", "experiments", "targets"]
+APP_TREES = [
+    *("canary_contract", "canarystack", "gameday", "probes", "locustfiles", "experiments"),
+    "targets",
+]
 APP_FILES = [
     "pyproject.toml",
     "README.md",
@@ -54,6 +57,10 @@ PROJECT_DISTS = ["canary-gameday", "chaostoolkit-canary-gameday"]
 # keep the image small (the test suite of CPython alone is 120 MB).
 STDLIB_SKIP = {"test", "idlelib", "tkinter", "turtledemo", "ensurepip", "site-packages"}
 BUSYBOX = "/bin/busybox"
+# Debian's redis-server, the Redis the stack's model servers use (the Dockerfile installs
+# the same package): the host's binary and the libraries it loads. Debian ships it as
+# redis-check-rdb with redis-server a link to it (the binary acts on its argv[0]).
+REDIS = "/usr/bin/redis-server"
 # The tools deploy/entrypoint.sh and a debugging `kubectl exec` use.
 APPLETS = [
     *("sh", "ash", "cat", "chmod", "chown", "cp", "date", "echo", "env", "false", "grep"),
@@ -235,6 +242,16 @@ def base_layer(layer: Layer) -> None:
     for a in APPLETS:
         layer.link(f"bin/{a}", "busybox")
     layer.link("usr/bin/env", "/bin/busybox")  # for #!/usr/bin/env scripts
+    redis = Path(REDIS)
+    if not redis.is_file():
+        fail(
+            f"{REDIS} not found: install Debian's redis-server "
+            "(apt-get install -y redis-server; deploy/debian-packages.sh does)"
+        )
+    real_redis = redis.resolve()
+    layer.file(str(real_redis), real_redis, 0o755)
+    if real_redis != redis:
+        layer.link(REDIS, real_redis.name)
     layer.data(
         "etc/passwd",
         f"root:x:0:0:root:/root:/bin/sh\ncanarystack:x:{APP_UID}:{APP_UID}::/tmp:/usr/sbin/nologin\n".encode(),
@@ -243,7 +260,7 @@ def base_layer(layer: Layer) -> None:
     layer.data("etc/nsswitch.conf", b"passwd: files\ngroup: files\nhosts: files dns\n")
     layer.data("etc/hosts", b"127.0.0.1 localhost\n")
     # The interpreter: bin/, the standard library and libpython, at /usr/local.
-    elves: list[Path] = []
+    elves: list[Path] = [real_redis]
     for name in [ver, "python3", "python"]:
         src = prefix / "bin" / name
         if name == ver:
@@ -330,7 +347,11 @@ def app_layer(layer: Layer) -> None:
         eps = dist.read_text("entry_points.txt")
         if eps:
             layer.data(f"{info}/entry_points.txt", eps.encode())
-        top = "probes" if name == "chaostoolkit-canary-gameday" else "canarystack\ngameday"
+        top = (
+            "probes"
+            if name == "chaostoolkit-canary-gameday"
+            else "canary_contract\ncanarystack\ngameday"
+        )
         layer.data(f"{info}/top_level.txt", (top + "\n").encode())
         layer.data(f"{info}/RECORD", b"")
     layer.data(
