@@ -139,3 +139,42 @@ def test_the_overlay_keeps_its_generated_credentials_out_of_git() -> None:
     ignored = (Path(K8S) / "overlays" / "loopback" / ".gitignore").read_text().split()
     assert "admin-token" in ignored
     assert "credentials/" in ignored
+
+
+def test_redis_is_on_its_own_loopback_port_and_the_model_servers_use_it(
+    docs: list[dict[str, Any]],
+) -> None:
+    """Issue #16 item 1 on the loopback cluster: the Redis Deployment listens on
+    127.0.0.1:18020 on the host network, probed there, and both model Deployments are
+    started with --redis-url pointing at it (no DNS for the Service name here)."""
+    (redis,) = [d for d in by_kind(docs, "Deployment") if d["metadata"]["name"] == "redis"]
+    spec = pod_spec(redis)
+    assert spec["hostNetwork"] is True
+    (c,) = spec["containers"]
+    assert c["command"] == ["redis-server"]
+    args = c["args"]
+    assert args[args.index("--port") + 1] == "18020"
+    assert args[args.index("--bind") + 1] == "127.0.0.1"
+    assert "0.0.0.0" not in args
+    assert [p["containerPort"] for p in c["ports"]] == [18020]
+    for probe in ("readinessProbe", "livenessProbe"):
+        assert c[probe]["tcpSocket"]["host"] == "127.0.0.1", probe
+    assert c["imagePullPolicy"] == "Never"
+    assert redis["spec"]["strategy"] == {"type": "Recreate"}
+    assert 18020 not in [p for _, p in SERVERS.values()]
+    for model in ("model-baseline", "model-canary"):
+        margs = pod_spec(server(docs, model))["containers"][0]["args"]
+        assert margs[margs.index("--redis-url") + 1] == "redis://127.0.0.1:18020", model
+
+
+def test_the_chaos_runner_may_read_argo_rollouts_and_flagger_canaries_here(
+    docs: list[dict[str, Any]],
+) -> None:
+    """The live tests read Rollouts and Canaries with the runner's own token: the loopback
+    overlay adds the progressive-delivery component (get only) to its Role."""
+    (role,) = by_kind(docs, "Role")
+    extra = [r for r in role["rules"] if r["apiGroups"] != [""] and r["apiGroups"] != ["apps"]]
+    assert extra == [
+        {"apiGroups": ["argoproj.io"], "resources": ["rollouts"], "verbs": ["get"]},
+        {"apiGroups": ["flagger.app"], "resources": ["canaries"], "verbs": ["get"]},
+    ]

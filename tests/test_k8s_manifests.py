@@ -398,3 +398,42 @@ def test_no_secret_value_is_committed() -> None:
     for path in K8S.rglob("*.yaml"):
         text = path.read_text()
         assert "BEGIN PRIVATE KEY" not in text and "kind: Secret" not in text, path
+
+
+# --- the shared dependency (issue #16) -------------------------------------------------
+def test_redis_is_a_deployment_only_the_model_servers_may_reach(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
+    """Redis from the canarystack image (Debian's redis-server), probed, limited, non-root,
+    without persistence; its Service is what both model Deployments' --redis-url name;
+    the NetworkPolicies let only the model servers connect to it."""
+    docs = rendered["base"]
+    redis = one(docs, "Deployment", "redis")
+    wanted = {"app.kubernetes.io/part-of": "canarystack", "app.kubernetes.io/component": "redis"}
+    assert redis["spec"]["selector"]["matchLabels"] == wanted
+    (c,) = pod_spec(redis)["containers"]
+    assert c["image"] == "canarystack:0.1.0" and c["command"] == ["redis-server"]
+    args = c["args"]
+    assert args[args.index("--port") + 1] == "6379"
+    assert args[args.index("--save") + 1] == "" and args[args.index("--appendonly") + 1] == "no"
+    for probe in ("readinessProbe", "livenessProbe"):
+        assert c[probe]["tcpSocket"] == {"port": "redis"}
+    assert {"cpu", "memory"} <= set(c["resources"]["limits"])
+    assert c["securityContext"]["readOnlyRootFilesystem"] is True
+    assert pod_spec(redis)["securityContext"]["runAsNonRoot"] is True
+    service = one(docs, "Service", "redis")
+    assert service["spec"]["selector"] == wanted
+    assert service["spec"]["ports"][0]["port"] == 6379
+    for model in ("model-baseline", "model-canary"):
+        margs = pod_spec(one(docs, "Deployment", model))["containers"][0]["args"]
+        assert margs[margs.index("--redis-url") + 1] == "redis://redis:6379", model
+    policies = by_kind(docs, "NetworkPolicy")
+    pods = {
+        pod_labels(d)["app.kubernetes.io/component"]: pod_labels(d)
+        for d in docs
+        if d["kind"] in ("Deployment", "StatefulSet", "Job", "CronJob")
+    }
+    reach = {src for src, labels in pods.items() if src != "redis"
+             and allowed(policies, labels, pods["redis"], 6379)}  # fmt: skip
+    assert reach == {"model-baseline", "model-canary"}
+    assert not allowed(policies, pods["model-canary"], pods["redis"], 8000)
