@@ -20,7 +20,9 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -326,6 +328,86 @@ def test_the_api_server_confines_the_chaos_runner_to_its_role(stack: None) -> No
     assert api_call("GET", f"/api/v1/namespaces/{NS}/secrets", token) == 403
 
 
+OTHER_NS = "canarystack-outside"
+
+
+def test_rbac_refuses_a_real_kill_outside_the_namespace_and_of_unlisted_workloads(
+    stack: None, tmp_path: Path
+) -> None:
+    """Issue #15 item 4, with real objects: the 403s come from the API server (its Status
+    names the ServiceAccount), and the pods are still there afterwards.
+
+    What the Role allows, exactly: list and delete ANY pod of its own namespace (RBAC
+    cannot name a Deployment's pods: their names are generated, and a Role has no label
+    selectors), get/list Deployments, StatefulSets and ReplicaSets, patch the Deployment
+    model-canary only, get Rollouts and Canaries. So a kill of an unlisted workload's
+    pod in the namespace (the gate's, model-baseline's) is refused by the harness's blast
+    radius, before any API call; RBAC refuses everything that would remove or change an
+    unlisted workload itself, and every pod outside the namespace."""
+    from gameday.targets import load_target
+    from gameday.targets.base import BlastRadiusError
+
+    token = sa_token(NS, "chaos-runner")
+    who = f"system:serviceaccount:{NS}:chaos-runner"
+    # A real pod in another namespace (a node selector no node has: it stays Pending and
+    # never runs, and no controller removes it): not killable.
+    admin_call("POST", "/api/v1/namespaces", {"metadata": {"name": OTHER_NS}})
+    victim = {"metadata": {"name": "victim", "namespace": OTHER_NS},
+              "spec": {"nodeSelector": {"canarystack.io/nowhere": "true"}, "containers": [
+                  {"name": "c", "image": "docker.io/library/canarystack:0.1.0"}]}}  # fmt: skip
+    other_pods = f"/api/v1/namespaces/{OTHER_NS}/pods"
+    admin_call("DELETE", f"{other_pods}/victim?gracePeriodSeconds=0")
+    deadline = time.monotonic() + 30
+    while admin_call("GET", f"{other_pods}/victim")[0] != 404:
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    code, body = admin_call("POST", other_pods, victim)
+    assert code == 201, body
+    uid = body["metadata"]["uid"]
+    code, status = api_call_json("DELETE", f"{other_pods}/victim?gracePeriodSeconds=0", token)
+    assert code == 403 and status["reason"] == "Forbidden" and who in status["message"], status
+    code, body = admin_call("GET", f"{other_pods}/victim")
+    assert code == 200 and body["metadata"]["uid"] == uid and "deletionTimestamp" not in body[
+        "metadata"]  # fmt: skip
+    # Unlisted workloads in its own namespace: it may not remove, scale or change them.
+    gate_pod = kubectl_json("-n", NS, "get", "pods", "-l", "app.kubernetes.io/component=gate")
+    (gate,) = [p for p in gate_pod["items"] if not p["metadata"].get("deletionTimestamp")]
+    apps = f"/apis/apps/v1/namespaces/{NS}"
+    refused: list[tuple[str, str, Any]] = [
+        ("DELETE", f"{apps}/deployments/gate", None),
+        ("DELETE", f"{apps}/deployments/model-baseline", None),
+        ("DELETE", f"{apps}/statefulsets/broker", None),
+        ("DELETE", f"{apps}/replicasets/{gate['metadata']['ownerReferences'][0]['name']}", None),
+        ("PATCH", f"{apps}/deployments/gate", {"spec": {"replicas": 0}}),
+        ("PATCH", f"{apps}/deployments/gate/scale", {"spec": {"replicas": 0}}),
+        ("PATCH", f"{apps}/statefulsets/broker", {"spec": {"replicas": 0}}),
+        ("POST", f"/api/v1/namespaces/{NS}/pods", victim | {"metadata": {"name": "x"}}),
+        ("POST", f"/api/v1/namespaces/{NS}/pods/{gate['metadata']['name']}/eviction",
+         {"apiVersion": "policy/v1beta1", "kind": "Eviction",
+          "metadata": {"name": gate["metadata"]["name"]}}),
+        ("DELETE", f"/api/v1/namespaces/{NS}/pods", None),  # deletecollection
+    ]  # fmt: skip
+    for method, path, body in refused:
+        code, status = api_call_json(method, path + "?dryRun=All", token, body)
+        assert code == 403 and who in status.get("message", ""), (method, path, code, status)
+    # The edge: RBAC lets it delete the gate's pod (dry run here: nothing is deleted) ...
+    gate_path = f"/api/v1/namespaces/{NS}/pods/{gate['metadata']['name']}"
+    assert api_call_json("DELETE", gate_path + "?dryRun=All", token)[0] == 200
+    # ... and the harness refuses it, before any API call: gate is not in the blast radius.
+    target_file = yaml.safe_load((LOOPBACK / "target.yaml").read_text())
+    assert "gate" not in target_file["blast_radius"]["components"]
+    target_file["kubeconfig"] = str(KUBECONFIG)
+    target_file["credentials_dir"] = str(REPO / target_file["credentials_dir"])
+    target_path = tmp_path / "target.yaml"
+    target_path.write_text(yaml.safe_dump(target_file))
+    with pytest.raises(BlastRadiusError, match="gate"):
+        load_target(target_path).kill_pod("gate")
+    after = kubectl_json("-n", NS, "get", "pod", gate["metadata"]["name"])
+    assert after["metadata"]["uid"] == gate["metadata"]["uid"]
+    assert "deletionTimestamp" not in after["metadata"]
+    admin_call("DELETE", f"/api/v1/namespaces/{OTHER_NS}")
+
+
 def canary_health() -> dict:
     with urllib.request.urlopen("http://127.0.0.1:18011/health", timeout=10) as resp:
         return dict(json.loads(resp.read()))
@@ -368,6 +450,256 @@ def test_a_bad_build_is_a_real_rollout_and_its_undo_the_previous_replicaset(
     assert canary_health()["build_kernel_fault"] is None
     # idempotent: nothing left to undo
     assert undo_canary_rollout(configuration=cfg)["changed"] is False
+
+
+# --- Argo Rollouts and Flagger: real objects of their CRDs on the live API server ------
+# Their controllers cannot be obtained here. k8s-up.sh applies minimal CRDs with the real
+# group, version, kind and status fields (deploy/loopback/crds/); these tests create real
+# Rollout / Canary objects, write their status through the status subresource as the
+# controller would (the test plays the controller, with the admin token), and read them with
+# probes.progressive through the chaos runner's own token (the loopback overlay gives its
+# Role get on them, deploy/k8s/components/progressive-delivery). The traffic the probes pair
+# the status with is a load-records file written by the test.
+ARGO_PATH = f"/apis/argoproj.io/v1alpha1/namespaces/{NS}/rollouts"
+FLAGGER_PATH = f"/apis/flagger.app/v1beta1/namespaces/{NS}/canaries"
+
+
+def rfc3339(t: float) -> str:
+    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def admin_call(method: str, path: str, body: Any = None) -> tuple[int, dict[str, Any]]:
+    """(status, JSON body) of METHOD path with the admin token; PATCH is a merge patch."""
+    token = (STATE / "certs" / "admin-token").read_text().strip()
+    return api_call_json(method, path, token, body)
+
+
+def api_call_json(
+    method: str, path: str, token: str, body: Any = None
+) -> tuple[int, dict[str, Any]]:
+    ctx = ssl.create_default_context(cafile=str(STATE / "certs" / "apiserver.crt"))
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(APISERVER + path, data=data, method=method)
+    kind = "application/merge-patch+json" if method == "PATCH" else "application/json"
+    req.add_header("Content-Type", kind)
+    req.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(req, context=ctx, timeout=10) as resp:
+            return int(resp.status), dict(json.loads(resp.read() or b"{}"))
+    except urllib.error.HTTPError as e:
+        return int(e.code), dict(json.loads(e.read() or b"{}"))
+
+
+def recreate(path: str, obj: dict[str, Any]) -> None:
+    """Create obj at path (collection), deleting a leftover of an earlier run first."""
+    name = obj["metadata"]["name"]
+    admin_call("DELETE", f"{path}/{name}")
+    deadline = time.monotonic() + 30
+    while admin_call("GET", f"{path}/{name}")[0] != 404:
+        assert time.monotonic() < deadline, f"{path}/{name} was not deleted"
+        time.sleep(0.2)
+    code, body = admin_call("POST", path, obj)
+    assert code == 201, body
+
+
+def write_status(path: str, status: dict[str, Any]) -> dict[str, Any]:
+    """As the controller does: the status subresource, replaced as a whole."""
+    code, body = admin_call("PATCH", f"{path}/status", {"status": None})
+    assert code == 200, body
+    code, body = admin_call("PATCH", f"{path}/status", {"status": status})
+    assert code == 200, body
+    return body
+
+
+def write_records(run: Path, rows: list[tuple[float, str]]) -> None:
+    """Load records (start_time, served_by) and a stopped load state in the run folder."""
+    from gameday.load.records import LOAD_SCHEMA, ParquetSink
+
+    for old in run.glob("records*.parquet"):
+        old.unlink()
+    path = run / f"records-{len(list(run.iterdir()))}.parquet"
+    sink = ParquetSink(path, LOAD_SCHEMA)
+    for i, (start, served_by) in enumerate(rows):
+        sink.add({"request_id": f"r{i}", "start_time": start, "served_by": served_by,
+                  "model_version": "v2" if served_by == "canary" else "v1", "ok": True,
+                  "status": 200})  # fmt: skip
+    sink.close()
+    (run / "load.json").write_text(json.dumps({"state": "stopped", "records": str(path)}))
+
+
+@pytest.fixture
+def runner_config(stack: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    """The loopback target, but reaching the API server with the chaos runner's token."""
+    token = sa_token(NS, "chaos-runner")
+    kubeconfig = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "loopback", "cluster": {
+            "server": APISERVER, "certificate-authority": str(STATE / "certs" / "apiserver.crt")}}],
+        "users": [{"name": "chaos-runner", "user": {"token": token}}],
+        "contexts": [{"name": "runner", "context": {"cluster": "loopback", "user": "chaos-runner",
+                                                     "namespace": NS}}],
+        "current-context": "runner",
+    }  # fmt: skip
+    (tmp_path / "runner.kubeconfig").write_text(yaml.safe_dump(kubeconfig))
+    target = yaml.safe_load((LOOPBACK / "target.yaml").read_text())
+    target["kubeconfig"] = str(tmp_path / "runner.kubeconfig")
+    target["credentials_dir"] = str(REPO / target["credentials_dir"])
+    (tmp_path / "target.yaml").write_text(yaml.safe_dump(target))
+    (tmp_path / "run").mkdir()
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "runner.kubeconfig"))  # restored after
+    return {
+        "gameday_target": str(tmp_path / "target.yaml"),
+        "gameday_run_dir": str(tmp_path / "run"),
+        "token": token,
+    }
+
+
+def test_the_argo_rollouts_and_flagger_crds_are_live(stack: None) -> None:
+    for name, group, version, kind in (
+        ("rollouts.argoproj.io", "argoproj.io", "v1alpha1", "Rollout"),
+        ("canaries.flagger.app", "flagger.app", "v1beta1", "Canary"),
+    ):
+        crd = kubectl_json("get", "crd", name)
+        cond = {c["type"]: c["status"] for c in crd["status"]["conditions"]}
+        assert cond["Established"] == "True", (name, cond)
+        assert crd["spec"]["group"] == group
+        assert crd["spec"]["names"]["kind"] == kind
+        (served,) = crd["spec"]["versions"]
+        assert served["name"] == version and served["subresources"]["status"] == {}
+        res = kubectl("api-resources", f"--api-group={group}", "-o", "name")
+        assert res.returncode == 0 and name in res.stdout.split(), res.stdout + res.stderr
+
+
+def test_argo_rollout_probe_reads_live_rollouts_and_pairs_them_with_traffic(
+    runner_config: dict[str, str], tmp_path: Path
+) -> None:
+    from probes import progressive
+
+    cfg = {k: v for k, v in runner_config.items() if k != "token"}
+    run = Path(cfg["gameday_run_dir"])
+    path = f"{ARGO_PATH}/llm-server"
+    recreate(ARGO_PATH, {
+        "apiVersion": "argoproj.io/v1alpha1", "kind": "Rollout",
+        "metadata": {"name": "llm-server", "namespace": NS},
+        "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "llm-server"}},
+                 "strategy": {"canary": {"steps": [{"setWeight": 20}, {"pause": {}}]}}},
+    })  # fmt: skip
+    # A Rollout no controller has touched: no status at all.
+    assert progressive.argo_rollout_status("llm-server", cfg)["phase"] is None
+    # The controller progresses the canary to 20 %: not aborted, and the check says so.
+    now = time.time()
+    write_status(path, {
+        "phase": "Progressing", "abort": False, "currentPodHash": "5d8f",
+        "conditions": [{"type": "Progressing", "status": "True", "reason": "ReplicaSetUpdated",
+                        "lastTransitionTime": rfc3339(now - 60)}],
+        "canary": {"weights": {"canary": {"weight": 20}, "stable": {"weight": 80}}},
+    })  # fmt: skip
+    out = progressive.argo_rollout_aborted("llm-server", timeout_s=0, configuration=cfg)
+    assert out["ok"] is False and "'Progressing'" in out["detail"]["why"], out
+    # The real API server validates the status against the CRD's schema.
+    code, body = admin_call(
+        "PATCH",
+        f"{path}/status",
+        {"status": {"canary": {"weights": {"canary": {"weight": "all"}}}}},
+    )
+    assert code == 422 and body["reason"] == "Invalid", body
+    # Aborted, but the canary keeps 20 % of the traffic: the controller failed open.
+    aborted_at = float(int(time.time()))
+    aborted: dict[str, Any] = {
+        "phase": "Degraded", "abort": True, "abortedAt": rfc3339(aborted_at),
+        "message": "RolloutAborted: Rollout aborted update to revision 2",
+        "conditions": [{"type": "Progressing", "status": "False", "reason": "RolloutAborted",
+                        "lastTransitionTime": rfc3339(aborted_at)}],
+        "canary": {"weights": {"canary": {"weight": 20}, "stable": {"weight": 80}}},
+    }  # fmt: skip
+    write_status(path, aborted)
+    out = progressive.argo_rollout_aborted("llm-server", configuration=cfg)
+    assert (
+        out["ok"] is False
+        and "weight 20" in out["detail"]["why"]
+        and "failed open" in out["detail"]["why"]
+    ), out
+    # Aborted with weight 0; the canary served only before the abort plus grace: a pass.
+    aborted["canary"]["weights"] = {"canary": {"weight": 0}, "stable": {"weight": 100}}
+    write_status(path, aborted)
+    write_records(run, [(aborted_at - 3, "canary"), (aborted_at + 2, "canary"),
+                        (aborted_at + 6, "baseline"), (aborted_at + 8, "baseline")])  # fmt: skip
+    out = progressive.argo_rollout_aborted("llm-server", grace_s=5, configuration=cfg)
+    assert out["ok"] is True and out["measured"] == 0, out
+    assert out["detail"]["controller"]["aborted_at"] == aborted_at
+    # The same status, but a canary-served request 10 s after the abort: failed open.
+    write_records(run, [(aborted_at + 6, "baseline"), (aborted_at + 10, "canary")])
+    out = progressive.argo_rollout_aborted("llm-server", grace_s=5, configuration=cfg)
+    assert out["ok"] is False and out["measured"] == 1 and "failed open" in out["detail"]["why"], (
+        out
+    )
+    # The probes only read: the chaos runner may not write a Rollout's status or spec.
+    token = runner_config["token"]
+    assert api_call_json("PATCH", f"{path}/status", token, {"status": {"abort": False}})[0] == 403
+    assert api_call_json("PATCH", path, token, {"spec": {"replicas": 2}})[0] == 403
+    assert api_call_json("GET", ARGO_PATH, token)[0] == 403  # get one by name, never list
+
+
+def test_flagger_canary_probe_reads_live_canaries_and_pairs_them_with_traffic(
+    runner_config: dict[str, str],
+) -> None:
+    from probes import progressive
+
+    cfg = {k: v for k, v in runner_config.items() if k != "token"}
+    run = Path(cfg["gameday_run_dir"])
+    path = f"{FLAGGER_PATH}/llm"
+    recreate(FLAGGER_PATH, {
+        "apiVersion": "flagger.app/v1beta1", "kind": "Canary",
+        "metadata": {"name": "llm", "namespace": NS},
+        "spec": {"targetRef": {"apiVersion": "apps/v1", "kind": "Deployment",
+                               "name": "model-canary"},
+                 "analysis": {"interval": "10s", "threshold": 5, "maxWeight": 50,
+                              "stepWeight": 10}},
+    })  # fmt: skip
+    now = time.time()
+    write_status(path, {
+        "phase": "Progressing", "canaryWeight": 10, "failedChecks": 1, "iterations": 0,
+        "lastTransitionTime": rfc3339(now - 30),
+        "conditions": [{"type": "Promoted", "status": "Unknown", "reason": "Progressing",
+                        "message": "New revision detected, progressing canary analysis.",
+                        "lastTransitionTime": rfc3339(now - 30)}],
+    })  # fmt: skip
+    view = progressive.flagger_canary_status("llm", cfg)
+    assert (view["phase"], view["canary_weight"], view["failed_checks"]) == ("Progressing", 10, 1)
+    out = progressive.flagger_canary_failed("llm", timeout_s=0, configuration=cfg)
+    assert out["ok"] is False and "'Progressing'" in out["detail"]["why"], out
+    # Flagger's phases are an enum in its CRD: the real API server refuses another.
+    code, body = admin_call("PATCH", f"{path}/status", {"status": {"phase": "Exploded"}})
+    assert code == 422 and body["reason"] == "Invalid", body
+    # Failed, but the canary keeps its weight: failed open.
+    failed_at = float(int(time.time()))
+    failed = {
+        "phase": "Failed", "canaryWeight": 10, "failedChecks": 5, "iterations": 0,
+        "lastTransitionTime": rfc3339(failed_at),
+        "conditions": [{"type": "Promoted", "status": "False", "reason": "Failed",
+                        "message": "Canary analysis failed, Deployment scaled to zero.",
+                        "lastTransitionTime": rfc3339(failed_at)}],
+    }  # fmt: skip
+    write_status(path, failed)
+    out = progressive.flagger_canary_failed("llm", configuration=cfg)
+    assert out["ok"] is False and "weight 10" in out["detail"]["why"], out
+    failed["canaryWeight"] = 0
+    write_status(path, failed)
+    write_records(run, [(failed_at + 1, "canary"), (failed_at + 7, "baseline")])
+    out = progressive.flagger_canary_failed("llm", grace_s=5, configuration=cfg)
+    assert out["ok"] is True and out["measured"] == 0, out
+    # No request at all after the failure is no evidence: fail closed.
+    write_records(run, [(failed_at - 1, "baseline")])
+    out = progressive.flagger_canary_failed("llm", grace_s=5, configuration=cfg)
+    assert (
+        out["ok"] is False and out["measured"] is None and "no request" in out["detail"]["why"]
+    ), out
+    token = runner_config["token"]
+    assert (
+        api_call_json("PATCH", f"{path}/status", token, {"status": {"phase": "Succeeded"}})[0]
+        == 403
+    )
 
 
 def test_down_leaves_nothing(cluster: None) -> None:

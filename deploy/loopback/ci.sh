@@ -1,0 +1,67 @@
+#!/bin/bash
+# CI's live Kubernetes game day (issue #15, "Done when"): on a disposable root machine,
+# build the Kubernetes binaries into the cache if they are missing (build-k8s.sh, ~9-10 min
+# cold on 2 cores, then seconds), start the loopback cluster (k8s-up.sh), deploy the stack
+# (deploy-stack.sh), run the control, one pod kill and the faulty-canary rollout
+# (gameday-k8s.sh: the same run folder and report as the local game days), and ALWAYS tear
+# the cluster down (k8s-down.sh, from a trap: on success, failure, Ctrl-C or SIGTERM).
+#
+#   deploy/loopback/ci.sh [gameday run options...]
+#
+# Exit status: gameday run's when the cluster came up and went down cleanly (0 all passed,
+# non-zero otherwise); 1 when a step before it failed; non-zero when k8s-down.sh leaves a
+# process or a mount behind, even if the game days passed. GAMEDAY_K8S_EXPERIMENTS picks
+# other experiments (default here: those three). It refuses to run beside a cluster that is already
+# up in the same state folder: it starts and stops its own.
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+cd "$REPO"
+
+for c in "${COMPONENTS[@]}"; do
+    if pid_of "$c" >/dev/null; then
+        die "a loopback cluster is already running in $STATE ($c is up): ci.sh starts and stops its own; stop that one with deploy/loopback/k8s-down.sh, or set K8S_STATE and the K8S_*_PORT variables for another"
+    fi
+done
+
+t0=$(date +%s)
+phase_start=$t0
+phases=()
+phase() { # phase NAME: records how long the previous phase took
+    local now
+    now=$(date +%s)
+    phases+=("$1 $((now - phase_start))s")
+    phase_start=$now
+}
+
+teardown() {
+    local rc=$? down=0
+    trap - EXIT INT TERM
+    log "tearing the cluster down (k8s-down.sh)"
+    "$HERE/k8s-down.sh" || down=$?
+    phase k8s-down
+    log "times: ${phases[*]}; total $(($(date +%s) - t0))s"
+    if [ "$down" -ne 0 ]; then
+        log "k8s-down.sh failed ($down): something may be left running or mounted under $STATE"
+        [ "$rc" -ne 0 ] || rc=$down
+    fi
+    exit "$rc"
+}
+trap teardown EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+# CI's three: the control, one pod kill (the rollback executor's, mid-rollback) and the
+# faulty-canary rollout; gameday-k8s.sh alone runs all five.
+export GAMEDAY_K8S_EXPERIMENTS=${GAMEDAY_K8S_EXPERIMENTS:-experiments/k8s/control.yaml experiments/k8s/rollback-pod-kill.yaml experiments/k8s/faulty-canary-rollout.yaml}
+
+"$HERE/build-k8s.sh"
+phase build-k8s
+"$HERE/k8s-up.sh"
+phase k8s-up
+"$HERE/deploy-stack.sh"
+phase deploy-stack
+rc=0
+"$HERE/gameday-k8s.sh" "$@" || rc=$?
+phase gameday-k8s
+[ "$rc" -eq 0 ] || log "the game days failed (gameday run exited $rc); the report is under reports/latest"
+exit "$rc"
