@@ -19,8 +19,8 @@ from gameday.targets.base import (
     Replica,
     Target,
     TargetError,
-    load_target,
 )
+from gameday.targets.loader import load_target, parse_target
 
 __all__ = [
     "ROLES",
@@ -30,4 +30,5 @@ __all__ = [
     "Target",
     "TargetError",
     "load_target",
+    "parse_target",
 ]

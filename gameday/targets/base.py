@@ -1,15 +1,16 @@
-"""The target abstraction and the target file loader (see the package docstring)."""
+"""The target abstraction: what every target offers and the specs of the target files.
+
+This module must never import a concrete target: ``gameday.targets.loader`` picks one.
+"""
 
 from __future__ import annotations
 
-import os
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 # The roles a component can have; "model" in an action means both model roles.
 ROLES = ("router", "broker", "gate", "rollback", "model-baseline", "model-canary")
@@ -154,55 +155,13 @@ class Target(ABC):
         return {"kind": self.kind, "name": self.name, "release": self.release}
 
 
-def _read_yaml(path: Path) -> dict[str, Any]:
-    try:
-        data = yaml.safe_load(path.read_text())
-    except OSError as exc:
-        raise TargetError(
-            f"target file {path}: cannot read it ({exc.strerror}). Pass an existing file with "
-            f"--target or set {DEFAULT_TARGET_ENV}."
-        ) from None
-    except yaml.YAMLError as exc:
-        raise TargetError(f"target file {path}: not valid YAML: {exc}") from None
-    if data is None:
-        data = {}
-    if not isinstance(data, dict):
-        raise TargetError(f"target file {path}: the top level must be a mapping.")
-    return data
+def __getattr__(name: str) -> Any:
+    # Transitional (#13): ``parse_target`` and ``load_target`` live in
+    # ``gameday.targets.loader``; three tests the lead owns still import them from here
+    # (test_experiments_files, test_k8s_manifests, test_credentials). Remove this once they
+    # import ``gameday.targets.loader``.
+    if name in ("parse_target", "load_target"):
+        import importlib
 
-
-def parse_target(data: dict[str, Any], source: str = "target") -> Target:
-    kind = data.get("kind", "local")
-    model: type[BaseModel]
-    if kind == "local":
-        model = LocalTargetSpec
-    elif kind == "kubernetes":
-        model = KubernetesTargetSpec
-    else:
-        raise TargetError(f"{source}: field 'kind' is {kind!r}: use 'local' or 'kubernetes'.")
-    try:
-        spec = model.model_validate(data)
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        where = ".".join(str(x) for x in err["loc"])
-        raise TargetError(f"{source}: field '{where}': {err['msg']}") from None
-    if isinstance(spec, LocalTargetSpec):
-        from gameday.targets.local import LocalTarget
-
-        return LocalTarget(spec)
-    from gameday.targets.kubernetes import KubernetesTarget
-
-    assert isinstance(spec, KubernetesTargetSpec)
-    return KubernetesTarget(spec)
-
-
-def load_target(path: str | Path | None = None) -> Target:
-    """The target from ``path``, else ``$GAMEDAY_TARGET``, else the local stack in .stack."""
-    chosen = path or os.environ.get(DEFAULT_TARGET_ENV)
-    if not chosen:
-        return parse_target({"kind": "local"}, source="default local target")
-    p = Path(chosen)
-    data = _read_yaml(p)
-    target = parse_target(data, source=f"target file {p}")
-    # Relative state_dir is relative to the working directory, as on the command line.
-    return target
+        return getattr(importlib.import_module("gameday.targets.loader"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
