@@ -18,6 +18,13 @@ Exceptions (every one carries ``method`` and ``url`` of the request)::
      └── BrokerRequestError   any other 4xx; .status, .message, .param, .code
           └── BrokerNotFound  404 (no such release or version)
 
+``follow(name)`` is the one loop that keeps a release in view (the gate, the rollback
+executor and the router use it): an async iterator of ``FollowEvent`` — each release the
+broker answers (a plain read first and after every error, then long polls), or an error
+classified once (``not_found``, ``unavailable``, ``refused``, ``bad_answer``) with how long
+it waits before the next read (doubling backoff) — so the caller can go degraded or fail
+safe at once. It never ends on its own; cancel the task that iterates it.
+
 Releases, versions, events and routers come back as the JSON objects of the API
 (docs/ARCHITECTURE.md §2), as plain dicts. ``events()`` reads every page of the history
 (``iter_events`` yields them page by page; ``events_page`` is one request). Bodies are
@@ -32,8 +39,10 @@ the broker server.
 
 from __future__ import annotations
 
+import asyncio
 import enum
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
@@ -43,12 +52,16 @@ from canarystack.common import strictjson
 
 __all__ = [
     "UNSET",
+    "BadBrokerAnswer",
     "BrokerClient",
     "BrokerError",
     "BrokerNotFound",
     "BrokerRequestError",
     "BrokerUnavailable",
+    "FollowEvent",
+    "FollowKind",
     "IllegalTransition",
+    "ReleaseFollower",
     "RevisionConflict",
     "manifest_digest",
 ]
@@ -63,6 +76,11 @@ WATCH_GRACE_S = 5.0
 EVENTS_PAGE_SIZE = 10_000
 # Give up paging after this many pages in one call (a broker that never ends a page).
 MAX_EVENT_PAGES = 10_000
+# follow(): the first wait after an error, its cap (it doubles per error in a row), and
+# the wait after a 404 (the release does not exist yet: an answer, not a failure).
+FOLLOW_BACKOFF_S = 0.1
+FOLLOW_MAX_BACKOFF_S = 2.0
+FOLLOW_MISSING_RETRY_S = 1.0
 
 
 class _Unset(enum.Enum):
@@ -125,6 +143,116 @@ class BrokerRequestError(BrokerError):
 
 class BrokerNotFound(BrokerRequestError):
     """404: no such release or version."""
+
+
+class BadBrokerAnswer(BrokerUnavailable):
+    """The broker answered, but not with what a broker answers (e.g. a release without an
+    integer ``revision``: ``--broker`` names something else)."""
+
+
+class FollowKind(enum.StrEnum):
+    """What one step of ``BrokerClient.follow`` brought."""
+
+    RELEASE = "release"  # the broker answered with the release
+    NOT_FOUND = "not_found"  # 404: no such release (yet)
+    UNAVAILABLE = "unavailable"  # down, slow, 5xx
+    REFUSED = "refused"  # another 4xx (``error.status``, ``error.param``: e.g. 401, 403)
+    BAD_ANSWER = "bad_answer"  # an answer that is not a release
+    ERROR = "error"  # anything else (a bug): reported like the others, never the end
+
+
+@dataclass(frozen=True)
+class FollowEvent:
+    kind: FollowKind
+    release: Json | None = None  # the release (kind RELEASE), else None
+    # The answer came from a long poll (a watch), not a plain read: only then does it say
+    # that the watch itself works.
+    long_poll: bool = False
+    # The first answer since the start or since an error, or a revision other than the
+    # previous answer's: something to act on.
+    changed: bool = False
+    error: Exception | None = None  # what went wrong (every kind but RELEASE)
+    retry_in_s: float = 0.0  # how long the follower waits before its next read
+
+
+class ReleaseFollower:
+    """``BrokerClient.follow``'s iterator; see there."""
+
+    def __init__(
+        self,
+        client: BrokerClient,
+        name: str,
+        timeout_s: float | Callable[[], float],
+        *,
+        backoff_s: float | None = None,
+        max_backoff_s: float | None = None,
+        missing_retry_s: float | None = None,
+    ) -> None:
+        self.client = client
+        self.name = name
+        self._timeout_s = timeout_s
+        self.backoff_s = FOLLOW_BACKOFF_S if backoff_s is None else backoff_s
+        self.max_backoff_s = FOLLOW_MAX_BACKOFF_S if max_backoff_s is None else max_backoff_s
+        self.missing_retry_s = (
+            FOLLOW_MISSING_RETRY_S if missing_retry_s is None else missing_retry_s
+        )
+        self.after: int | None = None  # the revision the next long poll waits past; None: read
+        self._backoff = self.backoff_s
+        self._wait = 0.0  # before the next read
+
+    @property
+    def timeout_s(self) -> float:
+        """The long poll's timeout, read before each watch (the caller may lower it)."""
+        return self._timeout_s() if callable(self._timeout_s) else self._timeout_s
+
+    def retry(self) -> None:
+        """The caller could not handle the last release: read it again plainly, after the
+        backoff (which doubles, as after any error)."""
+        self.after = None
+        self._wait = self._backoff
+        self._backoff = min(self.max_backoff_s, self._backoff * 2)
+
+    def __aiter__(self) -> ReleaseFollower:
+        return self
+
+    async def __anext__(self) -> FollowEvent:
+        if self._wait > 0:
+            wait, self._wait = self._wait, 0.0
+            await asyncio.sleep(wait)
+        previous, long_poll = self.after, self.after is not None
+        try:
+            if previous is None:
+                release = await self.client.get_release(self.name)
+            else:
+                release = await self.client.watch(self.name, previous, self.timeout_s)
+            revision = release.get("revision")
+            if isinstance(revision, bool) or not isinstance(revision, int):
+                raise BadBrokerAnswer(
+                    f"the broker's answer for release {self.name!r} has no integer 'revision' "
+                    f"(got {revision!r}); is --broker {self.client.base_url} a broker?"
+                )
+        except BrokerNotFound as exc:
+            self.after = None
+            self._wait = self.missing_retry_s
+            return FollowEvent(FollowKind.NOT_FOUND, error=exc, retry_in_s=self._wait)
+        except BrokerError as exc:
+            if isinstance(exc, BadBrokerAnswer):
+                kind = FollowKind.BAD_ANSWER
+            elif isinstance(exc, BrokerRequestError):
+                kind = FollowKind.REFUSED
+            elif isinstance(exc, BrokerUnavailable):
+                kind = FollowKind.UNAVAILABLE
+            else:  # RevisionConflict / IllegalTransition: not what a read answers
+                kind = FollowKind.BAD_ANSWER
+            self.retry()
+            return FollowEvent(kind, error=exc, retry_in_s=self._wait)
+        except Exception as exc:  # a bug: a follower must outlive it
+            self.retry()
+            return FollowEvent(FollowKind.ERROR, error=exc, retry_in_s=self._wait)
+        self._backoff = self.backoff_s
+        self.after = revision
+        changed = previous is None or revision != previous
+        return FollowEvent(FollowKind.RELEASE, release, long_poll=long_poll, changed=changed)
 
 
 def _error_from(status: int, body: Any, text: str, method: str, url: str) -> BrokerError:
@@ -273,6 +401,34 @@ class BrokerClient:
             timeout_s=timeout_s + WATCH_GRACE_S,
         )
         return dict(data)
+
+    def follow(
+        self,
+        name: str,
+        timeout_s: float | Callable[[], float] = 30.0,
+        *,
+        backoff_s: float | None = None,
+        max_backoff_s: float | None = None,
+        missing_retry_s: float | None = None,
+    ) -> ReleaseFollower:
+        """Follow release ``name``: ``async for event in client.follow(name): ...``.
+
+        Reads the release plainly, then long-polls (``watch``, ``timeout_s``: seconds or a
+        function read before each poll) past the revision it last yielded. Every answer is
+        a ``FollowEvent`` of kind ``release``; a failure is one of kind ``not_found`` (then
+        waits ``missing_retry_s``), ``unavailable``, ``refused`` or ``bad_answer`` (then
+        waits the backoff: ``backoff_s`` doubling per error in a row up to
+        ``max_backoff_s``), and the next read after it is a plain one. The caller decides
+        what an error means to it (degraded, fail-safe); ``follower.retry()`` says that it
+        could not handle the last release. Never ends; cancellation ends it at once."""
+        return ReleaseFollower(
+            self,
+            name,
+            timeout_s,
+            backoff_s=backoff_s,
+            max_backoff_s=max_backoff_s,
+            missing_retry_s=missing_retry_s,
+        )
 
     async def list_releases(self) -> list[Json]:
         return list((await self._get("/v1/releases"))["releases"])

@@ -47,9 +47,9 @@ from prometheus_client.registry import Collector
 
 from canarystack.broker.client import (
     BrokerClient,
-    BrokerNotFound,
     BrokerRequestError,
-    BrokerUnavailable,
+    FollowEvent,
+    FollowKind,
 )
 from canarystack.common.app import COMPONENT, Component, create_app
 from canarystack.common.auth import check_token
@@ -343,59 +343,53 @@ class GateService:
         gate = self.gates[name]
         assert self.client is not None
         loop = f"watch:{name}"
-        backoff = WATCH_BACKOFF_S
-        fresh = True
-        while True:
+        follower = self.client.follow(
+            name,
+            lambda: self.watch_timeout_s,
+            backoff_s=WATCH_BACKOFF_S,
+            max_backoff_s=WATCH_MAX_BACKOFF_S,
+            missing_retry_s=MISSING_RELEASE_RETRY_S,
+        )
+        async for event in follower:
             try:
-                long_poll = not (fresh or gate.release is None)
-                if long_poll:
-                    release = await self.client.watch(
-                        name, after=int(gate.revision or 0), timeout_s=self.watch_timeout_s
-                    )
-                else:
-                    release = await self.client.get_release(name)
-                fresh = False
-                backoff = WATCH_BACKOFF_S
-                self._on_release(gate, release)
-                if long_poll:  # a plain read working says nothing about the watch
-                    self._loop_ok(loop)
-            except asyncio.CancelledError:
-                raise
-            except BrokerNotFound:
-                self._on_release(gate, None)
-                self._loop_ok(loop)
-                fresh = True
-                await asyncio.sleep(MISSING_RELEASE_RETRY_S)
-            except BrokerUnavailable as exc:
-                # Down or slow: a broker restart is routine; retried, logged, counted.
-                _log.warning("broker_unavailable", release=name, error=str(exc))
-                self.watch_errors_total.labels(loop=loop, error="unavailable").inc()
-                fresh = True
-                await asyncio.sleep(backoff)
-                backoff = min(WATCH_MAX_BACKOFF_S, backoff * 2)
-            except BrokerRequestError as exc:
-                # The broker refuses the watch itself: read plainly meanwhile (fresh), and
-                # adapt when what it refuses is our long-poll timeout.
-                _log.error(
-                    "watch_refused",
-                    release=name,
-                    status=exc.status,
-                    param=exc.param,
-                    error=exc.message,
-                    watch_timeout_s=self.watch_timeout_s,
-                )
-                self._loop_failed(loop, f"refused_{exc.status}", exc.message)
-                if exc.status == 400 and exc.param == "timeout_s":
-                    self._lower_watch_timeout(name)
-                fresh = True
-                await asyncio.sleep(backoff)
-                backoff = min(WATCH_MAX_BACKOFF_S, backoff * 2)
+                self._on_follow(gate, loop, event)
             except Exception as exc:  # a bug or a broker answer we cannot read: never die
                 _log.error("watch_error", release=name, error=repr(exc), exc_info=True)
                 self._loop_failed(loop, type(exc).__name__, repr(exc))
-                fresh = True
-                await asyncio.sleep(backoff)
-                backoff = min(WATCH_MAX_BACKOFF_S, backoff * 2)
+                follower.retry()
+
+    def _on_follow(self, gate: ReleaseGate, loop: str, event: FollowEvent) -> None:
+        name = gate.name
+        if event.kind is FollowKind.RELEASE:
+            self._on_release(gate, event.release)
+            if event.long_poll:  # a plain read working says nothing about the watch
+                self._loop_ok(loop)
+        elif event.kind is FollowKind.NOT_FOUND:
+            self._on_release(gate, None)
+            self._loop_ok(loop)
+        elif event.kind is FollowKind.UNAVAILABLE:
+            # Down or slow: a broker restart is routine; retried, logged, counted.
+            _log.warning("broker_unavailable", release=name, error=str(event.error))
+            self.watch_errors_total.labels(loop=loop, error="unavailable").inc()
+        elif event.kind is FollowKind.REFUSED and isinstance(event.error, BrokerRequestError):
+            # The broker refuses the watch itself: read plainly meanwhile (the follower
+            # does), and adapt when what it refuses is our long-poll timeout.
+            exc = event.error
+            _log.error(
+                "watch_refused",
+                release=name,
+                status=exc.status,
+                param=exc.param,
+                error=exc.message,
+                watch_timeout_s=self.watch_timeout_s,
+            )
+            self._loop_failed(loop, f"refused_{exc.status}", exc.message)
+            if exc.status == 400 and exc.param == "timeout_s":
+                self._lower_watch_timeout(name)
+        else:  # an answer that is not a release, or a bug
+            kind = type(event.error).__name__ if event.kind is FollowKind.ERROR else "bad_answer"
+            _log.error("watch_error", release=name, error=repr(event.error))
+            self._loop_failed(loop, kind, repr(event.error))
 
     async def check_broker_watch_limit(self, session: aiohttp.ClientSession) -> None:
         """At start: a ``--watch-timeout-s`` above the broker's ``max_watch_s`` (in its

@@ -47,6 +47,7 @@ from canarystack.broker.client import (
     BrokerNotFound,
     BrokerRequestError,
     BrokerUnavailable,
+    FollowKind,
 )
 from canarystack.broker.wire import (
     ROLLBACK_MAX_BODY_BYTES,
@@ -104,10 +105,6 @@ FAULT_KINDS: dict[str, type[FaultParams]] = {
 class ManualRollback(BaseModel):
     model_config = ConfigDict(extra="forbid")
     reason: str = Field(default="", max_length=4000)
-
-
-class BadBrokerAnswer(Exception):
-    """The broker answered, but not with what a broker answers."""
 
 
 class LoopState:
@@ -340,46 +337,34 @@ class RollbackService:
                 _log.debug("rollback_done", release=name, revision=sit.release["revision"])
 
     async def watch(self, name: str, client: BrokerClient) -> None:
-        revision = -1
-        backoff = LOOP_BACKOFF_S
         loop = f"watch:{name}"
-        while True:
+        follower = client.follow(
+            name,
+            WATCH_TIMEOUT_S,
+            backoff_s=LOOP_BACKOFF_S,
+            max_backoff_s=LOOP_MAX_BACKOFF_S,
+            missing_retry_s=1.0,
+        )
+        async for event in follower:
             try:
-                if revision < 0:
-                    release = await client.get_release(name)
-                else:
-                    release = await client.watch(name, after=revision, timeout_s=WATCH_TIMEOUT_S)
-                got = release.get("revision")
-                if isinstance(got, bool) or not isinstance(got, int):
-                    raise BadBrokerAnswer(
-                        f"the broker's answer for release {name!r} has no integer 'revision' "
-                        f"(got {got!r}); is --broker {self.broker_url} a broker?"
-                    )
-                backoff = LOOP_BACKOFF_S
-                self.loops[loop].ok()
-                if got != revision:
-                    revision = got
-                    self.kick(name)
-                continue
-            except BrokerNotFound as exc:
-                self._loop_failed(loop, "not_found", exc.message)
-                wait = 1.0
-            except BrokerUnavailable as exc:
-                self._loop_failed(loop, "unavailable", exc.message)
-                wait = backoff
-            except BrokerRequestError as exc:
-                kind = auth_state(exc.status) if exc.status in (401, 403) else "refused"
-                self._loop_failed(loop, kind, exc.message)
-                wait = backoff
-            except BadBrokerAnswer as exc:
-                self._loop_failed(loop, "bad_answer", str(exc))
-                wait = backoff
+                if event.kind is FollowKind.RELEASE:
+                    self.loops[loop].ok()
+                    if event.changed:
+                        self.kick(name)
+                    continue
+                error = event.error
+                message = error.message if isinstance(error, BrokerError) else str(error)
+                if event.kind is FollowKind.REFUSED and isinstance(error, BrokerRequestError):
+                    status = error.status
+                    kind = auth_state(status) if status in (401, 403) else "refused"
+                else:  # not_found, unavailable, bad_answer, error
+                    kind = event.kind.value
+                if event.kind is FollowKind.ERROR:
+                    message = f"{type(error).__name__}: {error}"
+                self._loop_failed(loop, kind, message)
             except Exception as exc:  # a bug: never let the watch die
                 self._loop_failed(loop, "error", f"{type(exc).__name__}: {exc}", exc_info=True)
-                wait = backoff
-            revision = -1
-            await asyncio.sleep(wait)
-            backoff = min(LOOP_MAX_BACKOFF_S, backoff * 2)
+                follower.retry()
 
     async def check_credential(self, client: BrokerClient) -> None:
         """At start and every CREDENTIAL_CHECK_S: does the broker accept our token?"""
