@@ -26,9 +26,9 @@ from collections.abc import Sequence
 
 from aiohttp import web
 
+from canary_contract.buckets import DEFAULT_EDGES, parse_edges
 from canarystack.common import logs, strictjson
 from canarystack.common.auth import ENV_VAR, describe_admin_flag, load_admin_token, token_or_admin
-from canarystack.common.buckets import DEFAULT_EDGES, parse_edges
 from canarystack.common.cli import (
     base_parser,
     bound_port,
@@ -38,7 +38,13 @@ from canarystack.common.cli import (
     write_ready_file,
 )
 from canarystack.router.config import WATCH_ERROR_FAILSAFE_S
-from canarystack.router.server import DEFAULT_MAX_BODY_BYTES, RouterSettings, build_app
+from canarystack.router.server import (
+    DEFAULT_MAX_BODY_BYTES,
+    RouterSettings,
+    build_app,
+    default_control_session,
+    default_upstream_session,
+)
 from canarystack.router.shadow import ShadowSettings, parse_shadow_rates
 
 _DEFAULT_RATES = "0-512=0.05,512-1k=0.1,1k-2k=0.25,2k-4k=1,4k+=1"
@@ -268,8 +274,30 @@ def check_watch_timeout(settings: RouterSettings) -> None:
         )
 
 
-async def _serve(app: web.Application, args: argparse.Namespace, settings: RouterSettings) -> None:
+async def _serve(
+    args: argparse.Namespace,
+    settings: RouterSettings,
+    token: str | None,
+    broker_token: str | None,
+    gate_token: str | None,
+) -> None:
     log = logs.get_logger("router")
+    async with default_upstream_session() as upstream, default_control_session() as control:
+        app = build_app(
+            settings,
+            token,
+            max_fault_ttl_s=args.max_fault_ttl_s,
+            broker_token=broker_token,
+            gate_token=gate_token,
+            upstream=upstream,
+            control=control,
+        )
+        await _run(app, args, settings, log)
+
+
+async def _run(
+    app: web.Application, args: argparse.Namespace, settings: RouterSettings, log: logs.JsonLogger
+) -> None:
     runner = web.AppRunner(app, access_log=None, handle_signals=False)
     await runner.setup()
     public = web.TCPSite(
@@ -305,15 +333,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     gate_token = token_or_admin("--gate-token-file", args.gate_token_file, token)
     check_token(settings, broker_token, gate_token)
     check_watch_timeout(settings)
-    app = build_app(
-        settings,
-        token,
-        max_fault_ttl_s=args.max_fault_ttl_s,
-        broker_token=broker_token,
-        gate_token=gate_token,
-    )
     install_uvloop()
-    asyncio.run(_serve(app, args, settings))
+    asyncio.run(_serve(args, settings, token, broker_token, gate_token))
 
 
 if __name__ == "__main__":

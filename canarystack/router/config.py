@@ -39,9 +39,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
 
+from canary_contract.phases import is_canary_off
 from canarystack.common.logs import get_logger
 
-FAIL_SAFE_PHASES = frozenset({"tripped", "rolling_back", "rolled_back"})
 START_TIMEOUT_S = 2.0
 WATCH_ERROR_FAILSAFE_S = 10.0
 WATCH_TIMEOUT_S = 10.0  # long-poll length we ask the broker for
@@ -74,7 +74,7 @@ def effective_weight(release: dict[str, Any] | None) -> float:
     """The canary share (percent) the router applies for a release (see module doc)."""
     if not release:
         return 0.0
-    if release.get("phase") in FAIL_SAFE_PHASES:
+    if is_canary_off(release.get("phase")):
         return 0.0
     canary = release.get("canary")
     if not isinstance(canary, dict) or not canary.get("version") or canary.get("quarantined"):
@@ -95,7 +95,7 @@ def canary_off_reason(release: dict[str, Any] | None, source: str = "broker") ->
     if not release:
         return "no release config (phase unknown): the router has not seen the release"
     phase = release.get("phase")
-    if phase in FAIL_SAFE_PHASES:
+    if is_canary_off(phase):
         return f"phase {phase}"
     canary = release.get("canary")
     if not isinstance(canary, dict) or not canary.get("version"):

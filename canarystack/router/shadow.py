@@ -63,8 +63,8 @@ from typing import Any
 
 import aiohttp
 
+from canary_contract.buckets import bucket_labels
 from canarystack.common import strictjson
-from canarystack.common.buckets import bucket_labels
 
 FLOOR_EPS = 1e-6
 # Maximal divergence: what a comparison against a broken canary side counts as. The gate
@@ -94,6 +94,9 @@ DEFAULT_OTHER_RATE = 0.1
 # How long a shadow comparison waits for the user's stream to finish before giving up.
 PRIMARY_WAIT_S = 120.0
 SHADOW_TIMEOUT_S = 60.0
+
+# The header a model server names its shared dependency's part in the answer with.
+DEPENDENCY_HEADER = "x-dependency"
 
 _EVENT_SPLIT = re.compile(rb"\r?\n\r?\n")
 
@@ -575,6 +578,8 @@ class SideResult:
     version: str = ""
     error: str | None = None  # the side failed (http_5xx, broken_stream, connect, ...)
     invalid: str | None = None  # the side answered, but broken (module docstring)
+    # The model server's x-dependency answer ("ok" | "degraded"), None when it sent none.
+    dependency: str | None = None
 
 
 def is_greedy(body: Mapping[str, Any]) -> bool:
@@ -795,6 +800,7 @@ async def fetch_side(
             timeout=aiohttp.ClientTimeout(total=timeout_s),
         ) as resp:
             result.version = resp.headers.get("x-model-version", "")
+            result.dependency = resp.headers.get(DEPENDENCY_HEADER)
             if resp.status >= 400:
                 result.error = f"http_{resp.status}"
                 await resp.read()

@@ -1,0 +1,195 @@
+"""Forwarding: send a request to a replica of the chosen pool, and relay its answer.
+
+``open_upstream`` tries the pool's replicas in order; a replica that refuses the
+connection is marked down and the next one is tried (nothing was sent yet). When the
+whole pool refused, an unpinned canary request falls back to the baseline, a pinned one
+gets 503 naming the pool, and an unpinned baseline request gets 503 (the router never
+moves all traffic to an unvetted canary on its own).
+
+``relay`` streams SSE chunk by chunk as it comes (``iter_any()``) and sends a
+non-streaming body on whole; only a request sampled for shadow comparison has its events
+parsed (``shadow.Collector``). A stream that breaks after the headers were sent cannot
+change its status: the client connection is closed without the terminating chunk, so the
+client sees a broken stream, not a short but "complete" one.
+
+This module must never buffer a stream, resend a request that was sent, or parse an
+unsampled stream's events.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+
+import aiohttp
+from aiohttp import web
+from multidict import CIMultiDict
+
+from canarystack.common.errors import Unavailable
+from canarystack.router.proxy import HOP_BY_HOP, Upstream
+from canarystack.router.routing import PIN_HEADER, Variant
+from canarystack.router.shadow import Collector
+from canarystack.router.state import Attempt, RequestContext, RouterState
+
+
+def ident_headers(st: RouterState, ctx: RequestContext) -> dict[str, str]:
+    return {
+        "x-router-id": st.settings.router_id,
+        "x-request-id": ctx.request_id,
+        "x-config-revision": str(st.config.current.revision),
+    }
+
+
+async def open_upstream(
+    st: RouterState,
+    variant: Variant,
+    pinned: bool,
+    path: str,
+    payload: bytes,
+    headers: dict[str, str],
+    candidates: list[Upstream] | None = None,
+    *,
+    may_fall_back: bool = True,
+) -> Attempt:
+    """Send the request to a replica of ``variant``'s pool (see the module docstring for
+    what happens when the whole pool refuses)."""
+    session = st.upstream_session
+    pool = st.pools[variant]
+    for ups in candidates if candidates is not None else pool.candidates():
+        try:
+            resp = await session.post(ups.url + path, data=payload, headers=headers)
+        except aiohttp.ClientConnectorError:
+            # Nothing was sent: safe to try the next replica.
+            pool.mark_down(ups)
+            st.metrics.upstream_errors.labels(variant=variant, kind="connect").inc()
+            continue
+        pool.mark_up(ups)
+        return Attempt(resp, ups, variant, fallback=False)
+    if may_fall_back and not pinned and variant == "canary" and len(st.pools["baseline"]):
+        st.metrics.fallbacks.inc()
+        attempt = await open_upstream(
+            st, "baseline", False, path, payload, headers, may_fall_back=False
+        )
+        attempt.fallback = True
+        return attempt
+    n = len(pool)
+    if n == 0:
+        raise Unavailable(
+            f"No {variant} pool is configured on this router (start it with --{variant} URL).",
+            param=PIN_HEADER if pinned else None,
+            code="no_pool",
+        )
+    what = f"All {n} {variant} replica(s) refused the connection"
+    hint = (
+        f"; the request was pinned with {PIN_HEADER}: {variant}, so it was not sent to the "
+        "other variant. Retry shortly or pin the other variant."
+        if pinned
+        else "; retry shortly."
+    )
+    raise Unavailable(what + hint, code="pool_down")
+
+
+def response_headers(
+    st: RouterState, ctx: RequestContext, up: aiohttp.ClientResponse, variant: str
+) -> CIMultiDict[str]:
+    headers = CIMultiDict((k, v) for k, v in up.headers.items() if k.lower() not in HOP_BY_HOP)
+    headers.update(ident_headers(st, ctx))
+    headers["x-served-by"] = variant
+    return headers
+
+
+async def relay(
+    request: web.Request,
+    st: RouterState,
+    ctx: RequestContext,
+    attempt: Attempt,
+    collector: Collector | None,
+    t_send: float,
+) -> web.StreamResponse:
+    up = attempt.resp
+    variant = attempt.variant
+    headers = response_headers(st, ctx, up, variant)
+    status = up.status
+    ctx.status = status
+    if status >= 500:
+        ctx.error = "http_5xx"
+        st.metrics.upstream_errors.labels(variant=variant, kind="http_5xx").inc()
+    if status != 200:
+        collector = None  # nothing to compare in an error body
+    is_sse = up.headers.get("content-type", "").startswith("text/event-stream")
+    if not is_sse:
+        try:
+            data = await up.read()
+        except (TimeoutError, aiohttp.ClientError, OSError):
+            up.close()
+            ctx.error = "broken_stream"
+            st.metrics.upstream_errors.labels(variant=variant, kind="broken_stream").inc()
+            raise Unavailable(
+                f"The {variant} upstream broke off its answer; retry.",
+                status=502,
+                code="broken_stream",
+            ) from None
+        now = time.perf_counter()
+        ctx.ttft_s = now - ctx.t0
+        ctx.upstream_ttft_s = now - t_send
+        if collector is not None:
+            data = collector.feed_body(data)
+        up.release()
+        return web.Response(body=data, status=status, headers=headers)
+
+    resp = web.StreamResponse(status=status, headers=headers)
+    try:
+        await resp.prepare(request)
+    except (ConnectionError, RuntimeError):
+        ctx.error = "client_abort"
+        up.close()
+        return resp
+    prev = last = b""
+    try:
+        async for chunk in up.content.iter_any():
+            if ctx.ttft_s is None:
+                now = time.perf_counter()
+                ctx.ttft_s = now - ctx.t0
+                ctx.upstream_ttft_s = now - t_send
+            prev, last = last, chunk
+            if collector is not None:
+                chunk = collector.feed_chunk(chunk)
+                if not chunk:
+                    continue
+            try:
+                await resp.write(chunk)
+            except (ConnectionError, RuntimeError):
+                ctx.error = "client_abort"
+                up.close()
+                return resp
+        rest = collector.flush() if collector is not None else b""
+        if rest:
+            try:
+                await resp.write(rest)
+            except (ConnectionError, RuntimeError):
+                ctx.error = "client_abort"
+                up.close()
+                return resp
+    except (TimeoutError, aiohttp.ClientError, OSError):
+        up.close()
+        ctx.error = "broken_stream"
+        st.metrics.upstream_errors.labels(variant=variant, kind="broken_stream").inc()
+        _break_client(request)
+        return resp
+    up.release()
+    if status == 200 and not (prev[-16:] + last)[-16:].rstrip().endswith(b"[DONE]"):
+        # The upstream ended the stream cleanly but without its terminator: truncated.
+        ctx.error = "broken_stream"
+        st.metrics.upstream_errors.labels(variant=variant, kind="truncated").inc()
+        _break_client(request)
+        return resp
+    with contextlib.suppress(ConnectionError, RuntimeError):
+        await resp.write_eof()
+    return resp
+
+
+def _break_client(request: web.Request) -> None:
+    """Close the client's connection without the final chunk: the stream reads as broken."""
+    transport = request.transport
+    if transport is not None:
+        transport.close()

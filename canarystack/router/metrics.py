@@ -1,0 +1,152 @@
+"""The router's Prometheus metrics, on the component's own registry.
+
+Names and labels are part of the router's interface (dashboards, the harness and the
+game-day probes read them): never rename one.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prometheus_client import Counter, Gauge, Histogram
+
+from canarystack.common.app import Component
+from canarystack.router.config import Snapshot
+
+TTFT_BUCKETS_S = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+)
+
+
+class RouterMetrics:
+    def __init__(self, comp: Component) -> None:
+        reg = comp.registry
+        self.requests = Counter(
+            "router_requests_total",
+            "Requests answered, by variant and HTTP status",
+            ["variant", "status"],
+            registry=reg,
+        )
+        self.ttft = Histogram(
+            "router_ttft_seconds",
+            "Time from request arrival to the first response byte sent, by variant",
+            ["variant"],
+            buckets=TTFT_BUCKETS_S,
+            registry=reg,
+        )
+        self.upstream_errors = Counter(
+            "router_upstream_errors_total",
+            "Upstream failures by variant and kind (connect, http_5xx, broken_stream, ...)",
+            ["variant", "kind"],
+            registry=reg,
+        )
+        self.fallbacks = Counter(
+            "router_canary_fallbacks_total",
+            "Unpinned canary requests served by the baseline because the canary pool was down",
+            registry=reg,
+        )
+        self.config_revision = Gauge(
+            "router_config_revision", "Revision of the applied release config", registry=reg
+        )
+        self.canary_weight = Gauge(
+            "router_canary_weight_percent",
+            "Effective canary weight applied (0 when fail-safe)",
+            registry=reg,
+        )
+        self.config_from_cache = Gauge(
+            "router_config_from_cache",
+            "1 while the applied config came from the on-disk cache",
+            registry=reg,
+        )
+        self.watch_errors = Counter(
+            "router_broker_watch_errors_total",
+            "Failed broker watch/get calls, by kind",
+            ["kind"],
+            registry=reg,
+        )
+        self.heartbeat_errors = Counter(
+            "router_broker_heartbeat_errors_total", "Failed heartbeats", registry=reg
+        )
+        self.shadow_requests = Counter(
+            "router_shadow_requests_total",
+            "Shadow copies by pair and result (ok, error, dropped_cap, ...)",
+            ["pair", "result"],
+            registry=reg,
+        )
+        self.shadow_comparisons = Counter(
+            "router_shadow_comparisons_total",
+            "Comparisons computed, by pair and bucket",
+            ["pair", "bucket"],
+            registry=reg,
+        )
+        self.samples_dropped = Counter(
+            "router_samples_dropped_total",
+            "Records dropped because the sample queue was full, by kind",
+            ["kind"],
+            registry=reg,
+        )
+        self.gate_pushes = Counter(
+            "router_gate_pushes_total",
+            "Batch pushes to the gate, by result",
+            ["result"],
+            registry=reg,
+        )
+        self.sample_queue_len = Gauge(
+            "router_sample_queue_length", "Records waiting for the gate", registry=reg
+        )
+        self.auth_errors = Counter(
+            "router_auth_errors_total",
+            "Calls the gate or the broker refused with 401/403, by peer and status",
+            ["peer", "status"],
+            registry=reg,
+        )
+        self.canary_off_pins = Counter(
+            "router_canary_off_pins_total",
+            "Requests pinned to a canary that is off, answered 409 canary_off",
+            registry=reg,
+        )
+        self.both_failed = Counter(
+            "router_both_failed_total",
+            "Error outcomes not pushed because both variants failed on the same input",
+            registry=reg,
+        )
+        self.outcomes_skipped = Counter(
+            "router_outcomes_skipped_total",
+            "Outcomes not pushed to the gate because they are no canary evidence, by reason "
+            "(dependency_degraded: the answer was made without the shared dependency)",
+            ["reason"],
+            registry=reg,
+        )
+        # Pre-bound children for the hot path (labels() is a dict lookup plus a lock).
+        self._req: dict[tuple[str, int], Any] = {}
+        self._ttft = {v: self.ttft.labels(variant=v) for v in ("baseline", "canary")}
+
+    def count_request(self, variant: str, status: int) -> None:
+        key = (variant, status)
+        child = self._req.get(key)
+        if child is None:
+            child = self._req[key] = self.requests.labels(variant=variant, status=str(status))
+        child.inc()
+
+    def observe_ttft(self, variant: str, seconds: float) -> None:
+        self._ttft[variant].observe(seconds)
+
+    def on_apply(self, snap: Snapshot) -> None:
+        self.config_revision.set(snap.revision)
+        self.canary_weight.set(snap.weight_pct)
+        self.config_from_cache.set(1 if snap.source == "cache" else 0)

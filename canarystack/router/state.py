@@ -1,0 +1,168 @@
+"""The router's long-lived state (pools, config watcher, sample queue, shadow manager,
+metrics) and what one request carries through the path (``RequestContext``).
+
+This module must never do I/O itself: the app's lifecycle (``server.py``) starts and
+stops what it holds.
+"""
+
+from __future__ import annotations
+
+import bisect
+import random
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import aiohttp
+from aiohttp import web
+
+from canary_contract.buckets import bucket_labels
+from canarystack.common.app import Component
+from canarystack.common.colour import Colour
+from canarystack.common.logs import JsonLogger
+from canarystack.router.config import ConfigWatcher
+from canarystack.router.metrics import RouterMetrics
+from canarystack.router.proxy import Pool, Upstream
+from canarystack.router.routing import Variant
+from canarystack.router.samples import GatePusher, SampleQueue
+from canarystack.router.settings import RouterSettings
+from canarystack.router.shadow import ShadowManager, ShadowStats
+
+if TYPE_CHECKING:
+    from canarystack.router.shadow_session import ShadowSession
+
+
+@dataclass
+class Attempt:
+    """What the upstream answered for one request (after replica retries)."""
+
+    resp: aiohttp.ClientResponse
+    upstream: Upstream
+    variant: Variant
+    fallback: bool
+
+
+@dataclass
+class RequestContext:
+    """One request on its way through the router; ``_finish`` logs and reports it."""
+
+    colour: Colour  # the request's colour (its id, trace and tag): every hop carries it
+    traceparent: str  # as the client sent it (when valid), else this hop's; for the log
+    t0: float
+    variant: Variant | None = None
+    pinned: bool = False
+    fallback: bool = False
+    upstream: str | None = None
+    bucket: str | None = None
+    prompt_tokens: int = 0
+    stream: bool = False
+    status: int = 0
+    ttft_s: float | None = None  # from arrival, for users and metrics
+    upstream_ttft_s: float | None = None  # from send, for the gate
+    error: str | None = None
+    # The upstream's x-model-version and x-dependency ("ok" | "degraded", None: not sent).
+    model_version: str = ""
+    dependency: str | None = None
+    # This request's shadow comparisons, when it was sampled (``shadow_session.py``).
+    shadow: ShadowSession | None = None
+
+    @property
+    def request_id(self) -> str:
+        return self.colour.request_id
+
+    @property
+    def shadow_pairs(self) -> list[str]:
+        return self.shadow.pairs if self.shadow is not None else []
+
+
+class RouterState:
+    def __init__(self, settings: RouterSettings, comp: Component) -> None:
+        self.settings = settings
+        self.comp = comp
+        assert comp.log is not None
+        self.log: JsonLogger = comp.log
+        self.metrics = RouterMetrics(comp)
+        self.pools: dict[str, Pool] = {
+            "baseline": Pool.from_urls("baseline", settings.baseline_urls),
+            "canary": Pool.from_urls("canary", settings.canary_urls),
+        }
+        self.session: aiohttp.ClientSession | None = None
+        self.control: aiohttp.ClientSession | None = None
+        self.queue: SampleQueue | None = None
+        self.pusher: GatePusher | None = None
+        self.shadow: ShadowManager | None = None
+        if settings.shadow is not None:
+            m = self.metrics
+            self.shadow = ShadowManager(
+                settings.shadow,
+                ShadowStats(
+                    on_request=lambda pair, result: m.shadow_requests.labels(
+                        pair=pair, result=result
+                    ).inc(),
+                    on_comparison=lambda pair, bucket: m.shadow_comparisons.labels(
+                        pair=pair, bucket=bucket
+                    ).inc(),
+                ),
+            )
+        self.config = ConfigWatcher(
+            None,
+            release=settings.release,
+            router_id=settings.router_id,
+            state_dir=settings.state_dir,
+            heartbeat_s=settings.heartbeat_s,
+            watch_timeout_s=settings.watch_timeout_s,
+            is_stale=lambda: comp.faults.get("stale_config") is not None,
+            on_error=lambda kind: self.metrics.watch_errors.labels(kind=kind).inc(),
+            on_heartbeat_error=self.metrics.heartbeat_errors.inc,
+            on_apply=self.metrics.on_apply,
+            on_auth_error=lambda status: self.metrics.auth_errors.labels(
+                peer="broker", status=str(status)
+            ).inc(),
+            failsafe_s=settings.watch_error_failsafe_s,
+        )
+        self.rng = random.Random()
+        # Same labels as canary_contract.buckets.bucket_of, computed once.
+        self.bucket_labels = bucket_labels(settings.edges)
+
+    def bucket_of(self, prompt_tokens: int) -> str:
+        return self.bucket_labels[bisect.bisect_right(self.settings.edges, prompt_tokens)]
+
+    @property
+    def upstream_session(self) -> aiohttp.ClientSession:
+        assert self.session is not None, "router not started"
+        return self.session
+
+    def health(self) -> dict[str, Any]:
+        snap = self.config.current
+        out: dict[str, Any] = {
+            "router_id": self.settings.router_id,
+            "release": self.settings.release,
+            "config": snap.to_json(),
+            "last_seen_revision": self.config.last_seen_revision,
+            "broker_watch_errors": self.config.watch_errors,
+            "pools": {v: p.to_json() for v, p in self.pools.items()},
+            "instance_port": self.settings.instance_port,
+        }
+        if self.settings.broker_url:
+            out["broker_auth"] = self.config.broker_auth
+            out["broker_auth_error"] = (
+                self.config.auth_error if self.config.broker_auth != "ok" else None
+            )
+        if self.pusher is not None:
+            out["gate_auth"] = self.pusher.auth
+            out["gate_auth_error"] = self.pusher.auth_error if self.pusher.auth != "ok" else None
+        if self.shadow is not None:
+            out["shadow_inflight"] = self.shadow.inflight
+        if self.queue is not None:
+            out["sample_queue"] = {
+                "length": len(self.queue),
+                "dropped_total": self.queue.dropped_total,
+                "gate_error": self.pusher.last_error if self.pusher else None,
+            }
+        return out
+
+    def push(self, kind: str, record: dict[str, Any]) -> None:
+        if self.queue is not None:
+            self.queue.put(kind, record)
+
+
+STATE: web.AppKey[RouterState] = web.AppKey("router_state", RouterState)
