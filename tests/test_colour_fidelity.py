@@ -1,0 +1,236 @@
+"""The colouring probe (issue #16 item 4): ``probes.colouring.fidelity`` on hop logs built
+by hand (each rule of ``HOP_RULES``: a hop that lost the tag or the trace is named, a
+shadow copy that reached no model, a log that restarted or overwrote hops makes requests
+not checkable, never faithful), and the probe and its actions against a real local stack:
+every hop of ``HOP_RULES`` is what the stack records, fidelity is 1 for tagged traffic,
+and ``drop_colour`` at the model servers makes the probe fail naming hop 'model'."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from chaoslib.exceptions import ActivityFailed
+
+from probes import colouring, faults
+from probes.colouring import HOP_RULES, LogRead, fidelity
+from tests.procs import wait_for
+from tests.run_support import local_stack, write_load_state, write_target
+
+T0 = 1000.0
+TRACE = "a" * 32
+OTHER_TRACE = "b" * 32
+
+
+def hop(
+    name: str,
+    rid: str,
+    *,
+    tag: str | None = "gameday",
+    trace: str = TRACE,
+    at: float = T0,
+    **kw: Any,
+) -> dict[str, Any]:
+    return {"hop": name, "request_id": rid, "trace_id": trace, "tag": tag, "at": at, **kw}
+
+
+def routed(
+    rid: str, *, status: int = 200, path: str = "/v1/completions", **kw: Any
+) -> dict[str, Any]:
+    return hop("router", rid, status=status, path=path, **kw)
+
+
+def logs(
+    router: list[dict[str, Any]],
+    baseline: list[dict[str, Any]],
+    canary: list[dict[str, Any]] | None = None,
+    **other: list[dict[str, Any]],
+) -> list[LogRead]:
+    out = [
+        LogRead("router", "router-0", router, started_at=0.0),
+        LogRead("model-baseline", "model-baseline-0", baseline, started_at=0.0),
+        LogRead("model-canary", "model-canary-0", canary or [], started_at=0.0),
+    ]
+    out += [LogRead(role, role, hops, started_at=0.0) for role, hops in other.items()]
+    return out
+
+
+def test_every_hop_faithful_is_ratio_one() -> None:
+    fid = fidelity(
+        logs(
+            [routed("r1"), routed("r2")],
+            [hop("model", "r1"), hop("redis", "r1"), hop("model", "r2")],
+            gate=[hop("gate_sample", "r1"), hop("gate_sample", "r2")],
+        ),
+        read_at=T0 + 10,
+    )
+    assert (fid.judged, fid.faithful, fid.tagged, fid.ratio) == (2, 2, 2, 1.0)
+    assert fid.worst() is None
+    assert fid.hops["model"].ratio == 1.0 and fid.hops["gate_sample"].judged == 2
+
+
+def test_a_model_that_loses_the_tag_is_named_with_an_example() -> None:
+    fid = fidelity(
+        logs([routed("r1"), routed("r2")], [hop("model", "r1", tag=None), hop("model", "r2")]),
+        read_at=T0 + 10,
+    )
+    worst = fid.worst()
+    assert worst is not None and worst.hop == "model"
+    assert (worst.judged, worst.faithful) == (2, 1)
+    assert worst.examples == ["r1 (tag 'gameday' -> None)"]
+    assert fid.ratio == 0.5
+
+
+def test_a_request_no_model_saw_and_a_changed_trace_are_losses() -> None:
+    fid = fidelity(
+        logs([routed("r1"), routed("r2")], [hop("model", "r2", trace=OTHER_TRACE)]),
+        read_at=T0 + 10,
+    )
+    fig = fid.hops["model"]
+    assert fig.faithful == 0 and fig.judged == 2
+    assert fig.examples == ["r1 (never seen there)", f"r2 (trace {TRACE} -> {OTHER_TRACE})"]
+
+
+def test_a_shadow_copy_must_reach_a_second_model_side() -> None:
+    router = [routed("r1"), hop("shadow", "r1"), routed("r2"), hop("shadow", "r2")]
+    fid = fidelity(
+        logs(router, [hop("model", "r1"), hop("model", "r2")], [hop("model", "r1")]),
+        read_at=T0 + 10,
+    )
+    fig = fid.hops["shadow"]
+    assert (fig.judged, fig.faithful) == (2, 1)
+    assert fig.examples == ["r2 (too few sightings)"]
+    # The model hop of r2 is fine: the first hop that lost something is the shadow.
+    assert fid.worst() is fig
+
+
+def test_redis_gate_and_trip_hops_must_carry_the_routers_colour() -> None:
+    fid = fidelity(
+        logs(
+            [routed("r1"), routed("r2")],
+            [hop("model", "r1"), hop("model", "r2"), hop("redis", "r2", tag="other")],
+            gate=[hop("gate_sample", "r1", trace=OTHER_TRACE)],
+            broker=[hop("trip_evidence", "r1", tag=None)],
+        ),
+        read_at=T0 + 10,
+    )
+    assert fid.hops["redis"].judged == 1 and fid.hops["redis"].faithful == 0
+    assert fid.hops["gate_sample"].faithful == 0
+    assert fid.hops["trip_evidence"].faithful == 0
+    assert fid.faithful == 0
+    worst = fid.worst()
+    assert worst is not None and worst.hop == "redis"  # path order: model, shadow, redis
+
+
+def test_only_completed_inference_requests_are_judged() -> None:
+    router = [
+        routed("ok"),
+        routed("failed", status=502),
+        routed("models", path="/v1/models"),
+        routed("faults", path="/admin/faults"),
+    ]
+    fid = fidelity(logs(router, [hop("model", "ok")]), read_at=T0 + 10)
+    assert (fid.completed, fid.judged, fid.faithful) == (1, 1, 1)
+
+
+def test_requests_a_log_cannot_vouch_for_are_not_checkable() -> None:
+    router = [routed("early", at=T0), routed("late", at=T0 + 9), routed("mid", at=T0 + 5)]
+    reads = logs(router, [hop("model", "mid", at=T0 + 5)])
+    reads[1].started_at = T0 + 1  # the baseline restarted after "early" came in
+    fid = fidelity(reads, read_at=T0 + 10, settle_s=3)  # "late": its copies may still run
+    assert (fid.completed, fid.judged, fid.not_checkable, fid.faithful) == (3, 1, 2, 1)
+    reads[1].started_at, reads[1].lost_before = 0.0, T0 + 6  # overwrote hops before T0 + 6
+    fid = fidelity(reads, read_at=T0 + 10, settle_s=3)
+    assert fid.judged == 0 and fid.not_checkable == 3
+
+
+def test_the_rules_table_names_the_hops_components_record() -> None:
+    assert [r.hop for r in HOP_RULES] == [
+        "model",
+        "shadow",
+        "redis",
+        "gate_sample",
+        "trip_evidence",
+    ]
+
+
+def test_the_probe_is_not_measured_before_anything(tmp_path: Path) -> None:
+    cfg = {
+        "gameday_target": str(tmp_path / "missing.yaml"),
+        "gameday_run_dir": str(tmp_path / "run"),
+    }
+    out = colouring.colouring_fidelity_at_least(configuration=cfg)
+    assert out["ok"] is True and out["detail"]["status"] == "not_measured"
+
+
+@pytest.mark.parametrize("ratio", [0, 1.5, -1])
+def test_a_bad_ratio_is_refused(tmp_path: Path, ratio: float) -> None:
+    with pytest.raises(ActivityFailed, match="ratio"):
+        colouring.colouring_fidelity_at_least(
+            ratio=ratio, configuration={"gameday_run_dir": str(tmp_path)}
+        )
+
+
+# ----------------------------------------------------------------------------- live stack
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    root = tmp_path_factory.mktemp("colour-live")
+    with local_stack(root / "stack"):
+        target = write_target(root / "target.yaml", root / "stack")
+        run = root / "run"
+        write_load_state(run)  # after the method: measure for real
+        cfg = {"gameday_target": str(target), "gameday_run_dir": str(run)}
+        try:
+            yield cfg
+        finally:
+            faults.clear_faults(configuration=cfg)
+
+
+def _settled(cfg: dict[str, Any], want_ok: bool) -> dict[str, Any]:
+    def probe() -> dict[str, Any] | None:
+        out = colouring.colouring_fidelity_at_least(
+            min_requests=20, settle_s=0.5, configuration=cfg
+        )
+        return out if out["ok"] is want_ok and out["detail"]["not_checkable"] == 0 else None
+
+    got = wait_for(probe, timeout=30, interval=0.5, what=f"the colouring probe to say ok={want_ok}")
+    assert isinstance(got, dict)
+    return got
+
+
+@pytest.mark.slow
+def test_a_live_stack_keeps_the_colour_at_every_hop_the_table_names(live: dict[str, Any]) -> None:
+    sent = colouring.send_coloured_requests(count=30, configuration=live)
+    assert sent["completed"] == 30
+    out = _settled(live, want_ok=True)
+    detail = out["detail"]
+    assert out["measured"] == 1.0 and detail["judged"] >= 30 and detail["tagged"] >= 30
+    # What the stack records is what the table expects: each request at a model server,
+    # its Redis calls, and its samples at the gate.
+    for name in ("model", "redis", "gate_sample"):
+        assert detail["hops"][name]["judged"] >= 30, (name, detail["hops"][name])
+    logs_read = colouring.read_logs(colouring.get_target(live))
+    recorded = {h["hop"] for lg in logs_read for h in lg.hops}
+    component_hops = {"router", "model", "gate", "broker"}
+    assert recorded - component_hops <= {r.hop for r in HOP_RULES}, recorded
+
+
+@pytest.mark.slow
+def test_drop_colour_at_the_model_servers_fails_the_probe_naming_the_hop(
+    live: dict[str, Any],
+) -> None:
+    dropped = colouring.drop_colour("model", ttl_s=60, configuration=live)
+    assert len(dropped["fault_ids"]) == len(dropped["replicas"]) >= 2
+    try:
+        colouring.send_coloured_requests(count=25, configuration=live)
+        out = _settled(live, want_ok=False)
+    finally:
+        faults.clear_faults(configuration=live)
+    assert out["detail"]["lost_at"] == "model"
+    why = out["detail"]["why"]
+    assert why.startswith("hop 'model'") and "tag 'gameday' -> None" in why and "colour-" in why
+    assert out["measured"] < 1.0
