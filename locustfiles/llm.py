@@ -5,8 +5,9 @@
         --records-out reports/manual/records.parquet
 
 Everything lives in ``gameday.load``; this file only imports it and wires it into
-Locust's events. Locust itself monkey-patches the standard library for gevent when it is
-imported; nothing else here patches anything.
+Locust's events, handing in the user and shape classes (``gameday.load.context`` does
+not import them: they import it). Locust itself monkey-patches the standard library for
+gevent when it is imported; nothing else here patches anything.
 """
 
 from locust import events
@@ -15,6 +16,6 @@ import gameday.load
 from gameday.load.shapes import GamedayShape
 from gameday.load.user import LLMUser, OracleUser
 
-gameday.load.install(events)
+gameday.load.install(events, oracle_user=OracleUser, shape=GamedayShape)
 
 __all__ = ["GamedayShape", "LLMUser", "OracleUser"]

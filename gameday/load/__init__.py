@@ -25,11 +25,12 @@ from __future__ import annotations
 from typing import Any
 
 
-def install(events: Any) -> None:
-    """Wire the harness into Locust's ``events`` (call from a locustfile only)."""
+def install(events: Any, *, oracle_user: type, shape: type) -> None:
+    """Wire the harness into Locust's ``events`` (call from a locustfile only), with the
+    oracle's user class and the load shape class the locustfile hands in."""
     from gameday.load.context import install as _install
 
-    _install(events)
+    _install(events, oracle_user=oracle_user, shape=shape)
 
 
 __all__ = ["install"]

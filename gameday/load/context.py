@@ -1,6 +1,8 @@
 """The load harness's state in one Locust process, and its event wiring.
 
-``install(events)`` (called by ``locustfiles/llm.py``, never at import) hooks:
+``install(events, oracle_user=..., shape=...)`` (called by ``locustfiles/llm.py``, never
+at import, with the user and shape classes: this module does not import them, they import
+it) hooks:
 
 - ``init_command_line_parser``: the gameday options (``gameday.load.options``);
 - ``init``: validate the options and load the prompt mix on the master / single process,
@@ -61,7 +63,8 @@ def context_for(environment: Any) -> LoadContext:
     if ctx is None:
         raise RuntimeError(
             "gameday.load is not installed in this Locust process: the locustfile must call "
-            "gameday.load.install(locust.events), like locustfiles/llm.py does"
+            "gameday.load.install(locust.events, oracle_user=..., shape=...), like "
+            "locustfiles/llm.py does"
         )
     return ctx
 
@@ -313,26 +316,24 @@ def _await_csv_rewrite(path: Path) -> None:
             return
 
 
-def _enable_oracle(environment: Any, role: str) -> None:
+def _enable_oracle(environment: Any, role: str, oracle_user: type) -> None:
     """Oracle users run only with --oracle: drop the class otherwise, else fix its count.
 
     Only the master (or single process) drops it: it alone decides which users run, and a
     worker must still know the class if its master dispatches it.
     """
-    from gameday.load.user import OracleUser
-
     ns = environment.parsed_options
     classes = environment.user_classes
     wanted = bool(ns is not None and getattr(ns, "oracle", False))
     if wanted:
         for cls in classes:
-            if issubclass(cls, OracleUser):
+            if issubclass(cls, oracle_user):
                 cls.fixed_count = int(getattr(ns, "oracle_users", 1))
     elif role != "worker":
-        classes[:] = [c for c in classes if not issubclass(c, OracleUser)]
+        classes[:] = [c for c in classes if not issubclass(c, oracle_user)]
 
 
-def _handle_sigterm(ctx: LoadContext) -> None:
+def _handle_sigterm(ctx: LoadContext, shape: type) -> None:
     """Stop cleanly on SIGTERM while a headless shape test runs.
 
     Locust installs its own SIGTERM handler only after a headless shape test has ended
@@ -342,15 +343,16 @@ def _handle_sigterm(ctx: LoadContext) -> None:
     timeout, fires test_stop and quits as after ``-t``. Locust's own handler replaces this
     one once it is installed.
     """
-    from gameday.load.shapes import GamedayShape
-
-    if ctx.collector.role == "worker" or not isinstance(ctx.environment.shape_class, GamedayShape):
+    if ctx.collector.role == "worker" or not isinstance(ctx.environment.shape_class, shape):
         return
     gevent.signal_handler(signal.SIGTERM, ctx.on_sigterm)
 
 
-def install(events: Any) -> None:
-    """Wire the load harness into Locust's events (call once, from the locustfile)."""
+def install(events: Any, *, oracle_user: type, shape: type) -> None:
+    """Wire the load harness into Locust's events (call once, from the locustfile).
+
+    ``oracle_user`` is the oracle's user class (dropped unless ``--oracle``), ``shape``
+    the load shape class whose runs stop cleanly on SIGTERM."""
 
     @events.init_command_line_parser.add_listener
     def _parser(parser: Any, **_kw: Any) -> None:
@@ -359,9 +361,9 @@ def install(events: Any) -> None:
     @events.init.add_listener
     def _init(environment: Any, **_kw: Any) -> None:
         ctx = _contexts[environment] = LoadContext(environment)
-        _enable_oracle(environment, ctx.collector.role)
+        _enable_oracle(environment, ctx.collector.role, oracle_user)
         ctx.on_init()
-        _handle_sigterm(ctx)
+        _handle_sigterm(ctx, shape)
 
         @events.quit.add_listener
         def _quit(**_kw: Any) -> None:
