@@ -24,6 +24,8 @@ run folder cannot be written).
 from __future__ import annotations
 
 import contextlib
+import json
+import math
 import os
 import re
 import time
@@ -43,7 +45,7 @@ from gameday.report.campaign import (
 from gameday.report.heatmaps import HeatmapData, heatmap_cells, render_heatmaps
 from gameday.report.html import render_html
 from gameday.report.junit import write_junit
-from gameday.report.loader import ExperimentData, load_run
+from gameday.report.loader import ExperimentData, RunData, load_run
 from gameday.report.matrix import build_matrix, render_matrix
 from gameday.report.timeline import build_timeline
 from gameday.report.timeline_figure import render_timeline
@@ -107,6 +109,84 @@ def _experiment(
         return summarise_experiment(exp, findings, timeline, heatmap)
 
 
+# What a dependency experiment (experiments/dependency/, issue #16) leaves in its folder
+# (probes.dependency): the fault window and what users saw before, during and after it.
+DEPENDENCY_FILE = "dependency.json"
+DEPENDENCY_COMPONENT = "dependency"
+PHASES = ("before", "during", "after")
+VARIANTS = ("baseline", "canary")
+
+
+def _finite(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+def _phase_stats(doc: dict[str, Any], phase: str, variant: str) -> dict[str, Any]:
+    stats = (doc.get(phase) or {}).get(variant) or {}
+    if not isinstance(stats, dict):
+        stats = {}
+    return {
+        "requests": stats.get("requests") if isinstance(stats.get("requests"), int) else None,
+        "errors": stats.get("errors") if isinstance(stats.get("errors"), int) else None,
+        "error_rate": _finite(stats.get("error_rate")),
+        "ttft_p50_s": _finite(stats.get("ttft_p50_s")),
+        "ttft_p99_s": _finite(stats.get("ttft_p99_s")),
+    }
+
+
+def dependency_section(run: RunData, experiments: list[ExperimentSummary]) -> list[dict[str, Any]]:
+    """Per dependency experiment: errors and TTFT per variant before, during and after the
+    fault, the time to recover, and whether the gate stayed quiet or tripped as the
+    experiment expects. An experiment whose dependency.json is missing or unreadable is
+    listed with ``problem`` saying so (never left out)."""
+    folders = {e.name: e.path for e in run.experiments}
+    out = []
+    for e in experiments:
+        if e.component != DEPENDENCY_COMPONENT:
+            continue
+        entry: dict[str, Any] = {
+            "name": e.name,
+            "fault": e.fault,
+            "expect": e.expect,
+            "tripped": e.timeline.tripped,
+            "time_to_trip_s": _finite(e.timeline.time_to_trip_s),
+            "gate_as_expected": (e.expect == "trip") == bool(e.timeline.tripped)
+            if e.expect in ("trip", "no_trip")
+            else None,
+            "verdict": e.verdict,
+        }
+        path = folders[e.name] / DEPENDENCY_FILE if e.name in folders else None
+        try:
+            doc = json.loads(path.read_text()) if path is not None else None
+        except (OSError, ValueError) as exc:
+            doc = None
+            entry["problem"] = f"{DEPENDENCY_FILE}: {exc}"
+        if not isinstance(doc, dict):
+            entry.setdefault("problem", f"{DEPENDENCY_FILE} is missing or not an object")
+            out.append(entry)
+            continue
+        raw_fault = doc.get("fault")
+        fault: dict[str, Any] = raw_fault if isinstance(raw_fault, dict) else {}
+        start, end = _finite(fault.get("start")), _finite(fault.get("end"))
+        entry.update(
+            {
+                "dependency_fault": fault.get("kind"),
+                "fault_s": round(end - start, 3) if start is not None and end is not None else None,
+                "recovery_s": _finite(doc.get("recovery_s")),
+                "recovery_rule": doc.get("recovery_rule"),
+                "max_e2e_s": _finite(doc.get("max_e2e_s")),
+                "unhealthy_ticks": doc.get("unhealthy_ticks") or {},
+                "watch_ticks": doc.get("watch_ticks"),
+                "model_dependency_results": doc.get("model_dependency_results") or {},
+                "phases": {ph: {v: _phase_stats(doc, ph, v) for v in VARIANTS} for ph in PHASES},
+            }
+        )
+        out.append(entry)
+    return out
+
+
 def build_report(run_dir: str | Path, *, bin_s: float | None = None) -> Summary:
     """Build every report file into ``run_dir``; returns the verdict and what it rests on.
 
@@ -120,6 +200,7 @@ def build_report(run_dir: str | Path, *, bin_s: float | None = None) -> Summary:
     root = run.run_dir
     experiments = [_experiment(exp, bin_s, timings) for exp in run.experiments]
     summary = summarise_run(run, experiments)
+    dependency = dependency_section(run, experiments)
     images: dict[str, Path] = {}
     campaign = _campaign(run.run_info, experiments)
     if campaign is not None:
@@ -176,22 +257,30 @@ def build_report(run_dir: str | Path, *, bin_s: float | None = None) -> Summary:
         _atomic(root / "junit.xml", partial(write_junit, summary, campaign=doc))
     timings["total"] = time.perf_counter() - started
     with _phase(timings, "html"):
-        _atomic(root / "report.html", partial(_render_html, summary, images, doc))
+        _atomic(root / "report.html", partial(_render_html, summary, images, doc, dependency))
     timings["total"] = time.perf_counter() - started
     summary.timings_s = timings
-    if doc is None:
+    if doc is None and not dependency:
         _atomic(root / "summary.json", summary.write_json)
     else:
-        full = {**summary.to_json(), "campaign": doc}
+        full = summary.to_json()
+        if doc is not None:
+            full["campaign"] = doc
+        if dependency:
+            full["dependency"] = dependency
         _atomic(root / "summary.json", partial(_write_json, full))
     return summary
 
 
 def _render_html(
-    summary: Summary, images: dict[str, Path], campaign: dict[str, Any] | None, path: Path
+    summary: Summary,
+    images: dict[str, Path],
+    campaign: dict[str, Any] | None,
+    dependency: list[dict[str, Any]],
+    path: Path,
 ) -> None:
     """report.html, with the campaign section (if any) where the template marks it."""
-    render_html(summary, images, path)
+    render_html(summary, images, path, dependency=dependency)
     ecdfs = {k.split(":", 1)[1]: p for k, p in images.items() if k.startswith("ecdf:")}
     section = render_campaign_html(campaign, ecdfs)
     html = path.read_text(encoding="utf-8")

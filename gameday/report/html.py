@@ -42,8 +42,15 @@ def _fmt(value: Any, digits: int = 3) -> str:
     return str(value)
 
 
-def render_html(summary: Summary, images: dict[str, Path], path: Path) -> None:
-    """``images``: names (``matrix``, ``timeline:<exp>``, ``heatmap:<exp>``) -> PNG paths."""
+def render_html(
+    summary: Summary,
+    images: dict[str, Path],
+    path: Path,
+    *,
+    dependency: list[dict[str, Any]] | None = None,
+) -> None:
+    """``images``: names (``matrix``, ``timeline:<exp>``, ``heatmap:<exp>``) -> PNG paths;
+    ``dependency``: the dependency experiments' section (``build.dependency_section``)."""
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(Path(__file__).parent / "templates"),
         autoescape=True,
@@ -57,6 +64,7 @@ def render_html(summary: Summary, images: dict[str, Path], path: Path) -> None:
         summary=summary,
         data=summary.to_json(),
         images=uris,
+        dependency=dependency or [],
         pass_rgb="rgb({}, {}, {})".format(*PASS_RGB),
         fail_rgb="rgb({}, {}, {})".format(*FAIL_RGB),
     )

@@ -1,13 +1,14 @@
 """The game day matrix: component (rows) x fault (columns), one cell per experiment.
 
-Rows: ``router``, ``broker``, ``rollback``, ``control`` (then any other component seen);
-columns: ``latency``, ``pod-kill``, ``faulty-kernel``, and ``none`` for the control run,
-which injects no fault. A cell says what happened — "trip +2.3 s" (time from the fault to
-the trip), "no trip", "not run" — and is coloured by that experiment's verdict (pass:
-green, fail: red, inconclusive: amber, not run: grey), which already includes whether
-the trip matched what the experiment expects. Several experiments in one cell (a re-run)
-fail the cell if any of them failed (else it is inconclusive if any was) and show the
-slowest trip.
+Rows: ``router``, ``broker``, ``rollback``, ``dependency`` (the shared Redis, issue
+#16), ``control`` (then any other component seen); columns: ``latency``, ``pod-kill``,
+``faulty-kernel`` (then any other fault seen, e.g. ``pool-exhaustion``), and ``none``
+for the control run, which injects no fault. A cell says what happened — "trip +2.3 s"
+(time from the fault to the trip), "no trip", "not run" — and is coloured by that
+experiment's verdict (pass: green, fail: red, inconclusive: amber, not run: grey), which
+already includes whether the trip matched what the experiment expects. Several
+experiments in one cell (a re-run) fail the cell if any of them failed (else it is
+inconclusive if any was) and show the slowest trip.
 
 This module never reads files and never decides a verdict.
 """
@@ -22,7 +23,7 @@ import pandas as pd
 from gameday.report.campaign import CampaignCell
 from gameday.report.verdict import ExperimentSummary
 
-ROWS = ("router", "broker", "rollback", "control")
+ROWS = ("router", "broker", "rollback", "dependency", "control")
 COLUMNS = ("latency", "pod-kill", "faulty-kernel", "none")
 COLOURS = {"pass": "#2da44e", "fail": "#cf222e", "not run": "#d0d7de", "inconclusive": "#bf8700"}
 MATRIX_COLUMNS = (
