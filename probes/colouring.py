@@ -9,7 +9,8 @@ and tag that hop saw unchanged; ``colouring_fidelity_at_least(ratio=1.0)`` is th
 result (``check: colouring_fidelity``) whose failure names the hop that lost the colour
 and an example request id. ``fidelity`` is the pure computation the report can reuse.
 
-A request is only judged where it can be: one that reached the router after a log it
+Only this experiment's requests are judged (those that reached the router since its load
+started, ``load.json``), and only where they can be: one that reached the router after a log it
 should reach had restarted or overwritten its oldest hops, or less than ``settle_s``
 before the read (its shadow copies may still run), is counted as not checkable, never as
 faithful. No request to judge is a failure after the method (fail-closed), and
@@ -40,7 +41,7 @@ from gameday.evidence.slo import Slo, failed_result, not_measured, result
 from gameday.oracle.wire import loads
 from gameday.targets import Target
 from probes._context import Configuration, get_target, harness_errors, ledger, positive
-from probes._evidence import NOT_YET, before_anything
+from probes._evidence import NOT_YET, before_anything, load_state
 
 __all__ = [
     "colouring_fidelity",
@@ -184,10 +185,15 @@ def _describe(router_hop: Mapping[str, Any], seen: Sequence[Mapping[str, Any]]) 
 
 
 def fidelity(
-    logs: Sequence[LogRead], *, read_at: float, settle_s: float = DEFAULT_SETTLE_S
+    logs: Sequence[LogRead],
+    *,
+    read_at: float,
+    settle_s: float = DEFAULT_SETTLE_S,
+    since: float | None = None,
 ) -> Fidelity:
     """Per hop of ``HOP_RULES``, the share of requests completed at the router whose
-    colour that hop saw unchanged (pure: ``logs`` as read at ``read_at``)."""
+    colour that hop saw unchanged (pure: ``logs`` as read at ``read_at``; requests that
+    reached the router before ``since``, e.g. an earlier experiment's, are left out)."""
     by_role: dict[str, list[LogRead]] = defaultdict(list)
     for log in logs:
         by_role[log.role].append(log)
@@ -207,6 +213,7 @@ def fidelity(
                 and hop.get("path") in INFERENCE_PATHS
                 and isinstance(status, int)
                 and 200 <= status < 300
+                and (since is None or float(hop.get("at") or 0.0) >= since)
             ):
                 completed.append((log, hop))
     figures = {rule.hop: HopFigure(rule.hop) for rule in HOP_RULES}
@@ -338,7 +345,9 @@ def colouring_fidelity_at_least(
             logs = read_logs(target)
     except ActivityFailed as exc:
         return failed_result(CHECK, ratio, UNIT, f"the hop logs could not be read: {exc}")
-    fid = fidelity(logs, read_at=read_at, settle_s=settle_s)
+    started = (load_state(configuration) or {}).get("started_at")
+    since = float(started) if isinstance(started, int | float) and started > 0 else None
+    fid = fidelity(logs, read_at=read_at, settle_s=settle_s, since=since)
     detail = fid.as_json()
     if fid.judged < int(min_requests):
         return failed_result(

@@ -146,6 +146,12 @@ def test_requests_a_log_cannot_vouch_for_are_not_checkable() -> None:
     assert fid.judged == 0 and fid.not_checkable == 3
 
 
+def test_requests_before_the_experiment_are_left_out() -> None:
+    router = [routed("old", at=T0 - 100), routed("new", at=T0)]
+    fid = fidelity(logs(router, [hop("model", "new")]), read_at=T0 + 10, since=T0 - 1)
+    assert (fid.completed, fid.judged, fid.faithful) == (1, 1, 1)
+
+
 def test_the_rules_table_names_the_hops_components_record() -> None:
     assert [r.hop for r in HOP_RULES] == [
         "model",

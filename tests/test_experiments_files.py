@@ -29,7 +29,7 @@ EXPERIMENTS = sorted(
 BY_NAME = {str(p.relative_to(REPO / "experiments").with_suffix("")): p for p in EXPERIMENTS}
 FAULTS = ("latency", "pod-kill", "faulty-kernel")
 # The hostile game day (issue #12): a broken engine, hostile clients, pins after a trip.
-HOSTILE = ("broken-kernel", "client-flood", "pins-after-trip", "wrong-credential")
+HOSTILE = ("broken-kernel", "client-flood", "pins-after-trip", "wrong-credential", "colour-dropped")
 # What each fault must do to a healthy gate: trip, or not.
 EXPECT = {
     "latency": "no_trip",
@@ -39,6 +39,8 @@ EXPECT = {
     "client-flood": "no_trip",
     "pins-after-trip": "trip",
     "wrong-credential": "blind",
+    # Traffic colouring (#16): the tag dropped at the model servers must be found there.
+    "colour-dropped": "colour_lost",
     # Benign negative controls (#14): a healthy build the gate must not trip on.
     "benign-noise": "no_trip",
     "small-drift": "no_trip",
@@ -134,7 +136,7 @@ def test_faults_have_ttls_and_every_experiment_starts_from_the_same_state(name: 
     for act in activities(exp):
         func = act["provider"]["func"]
         args = act["provider"].get("arguments", {})
-        if func in ("inject_latency", "make_canary_faulty"):
+        if func in ("inject_latency", "make_canary_faulty", "drop_colour"):
             ttl = resolve(exp, args["ttl_s"])
             assert 0 < ttl <= 600
     start = exp["steady-state-hypothesis"]["probes"][1]
@@ -154,7 +156,7 @@ def test_the_load_runs_and_slos_are_checked_after_it(name: str) -> None:
     probes = exp["steady-state-hypothesis"]["probes"]
     assert probes[0]["provider"]["func"] == "stack_healthy"
     for probe in probes[2:]:
-        assert probe["provider"]["module"] in ("probes.slo", "probes.hostile")
+        assert probe["provider"]["module"] in ("probes.slo", "probes.hostile", "probes.colouring")
         assert probe["tolerance"]["provider"]["func"] == "slo_met"
     funcs = {p["provider"]["func"] for p in probes}
     assert {"baseline_ttft_p99_below", "error_rate_below"} <= funcs
@@ -165,6 +167,37 @@ def test_the_load_runs_and_slos_are_checked_after_it(name: str) -> None:
     else:
         assert "no_trip" in funcs
         assert "gate_did_not_trip" in [a["provider"]["func"] for a in exp["method"]]
+
+
+@pytest.mark.parametrize("name", sorted(BY_NAME))
+def test_every_game_day_measures_colouring_fidelity(name: str) -> None:
+    """#16 item 4: the hypothesis (before and after the method) holds the colouring probe,
+    judged by slo_met, with its goal in configuration (100 % by default)."""
+    exp = load(BY_NAME[name])
+    found = [
+        p
+        for p in exp["steady-state-hypothesis"]["probes"]
+        if p["provider"]["module"] == "probes.colouring"
+    ]
+    assert len(found) == 1, name
+    (probe,) = found
+    assert probe["provider"]["func"] == "colouring_fidelity_at_least"
+    assert probe["tolerance"]["provider"]["func"] == "slo_met"
+    assert probe["provider"]["arguments"] == {"ratio": "${colour_fidelity}"}
+    assert default(exp, "colour_fidelity") == 1.0
+    assert exp["configuration"]["colour_fidelity"]["key"] == "GAMEDAY_SLO_COLOUR_FIDELITY"
+
+
+def test_the_colour_dropped_experiment_drops_the_tag_where_it_expects_it_lost() -> None:
+    from probes.colouring import HOP_RULES
+
+    exp = load(BY_NAME["hostile/colour-dropped"])
+    ext = next(e for e in exp["extensions"] if e["name"] == "gameday")
+    assert ext["lost_at"] in {r.hop for r in HOP_RULES}
+    method = {a["provider"]["func"]: a["provider"].get("arguments", {}) for a in exp["method"]}
+    assert method["drop_colour"]["component"] == ext["lost_at"]
+    assert "send_coloured_requests" in method
+    assert method["colouring_fidelity_at_least"] == {"ratio": "${colour_fidelity}"}
 
 
 @pytest.mark.parametrize("name", sorted(BY_NAME))
