@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from gameday.faults import FaultError, fault_body, inject
-from gameday.targets.loader import parse_target
+from gameday.targets.base import parse_target
 
 
 def test_params_are_the_faults_own_settings_beside_kind_and_ttl() -> None:

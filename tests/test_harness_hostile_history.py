@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 from gameday.run.collect import collect_timeline
+from gameday.targets.base import parse_target
 from gameday.targets.history import HistoryError, read_events
-from gameday.targets.loader import parse_target
 from probes._broker import phase_events, release_events
 from tests.broker_support import Api, start_broker
 from tests.procs import Spawner

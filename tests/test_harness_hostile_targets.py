@@ -24,8 +24,7 @@ import pytest
 from supervisor.xmlrpc import SupervisorTransport
 
 from gameday.targets import TargetError
-from gameday.targets.base import Replica
-from gameday.targets.loader import parse_target
+from gameday.targets.base import Replica, parse_target
 from gameday.targets.local import LocalTarget, read_cmdline
 from tests.procs import ADMIN_TOKEN, free_port, wait_for
 

@@ -19,8 +19,9 @@ from gameday.targets.base import (
     Replica,
     Target,
     TargetError,
+    load_target,
+    parse_target,
 )
-from gameday.targets.loader import load_target, parse_target
 
 __all__ = [
     "ROLES",
@@ -32,3 +33,10 @@ __all__ = [
     "load_target",
     "parse_target",
 ]
+
+# The concrete targets join base.KINDS when imported: local first (the default kind, and
+# the order a wrong kind's message lists them in).
+# isort: off
+from gameday.targets import local as _local  # noqa: F401
+from gameday.targets import kubernetes as _kubernetes  # noqa: F401
+# isort: on

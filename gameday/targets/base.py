@@ -1,16 +1,19 @@
-"""The target abstraction: what every target offers and the specs of the target files.
+"""The target abstraction, the target file specs and the file loader.
 
-This module must never import a concrete target: ``gameday.targets.loader`` picks one.
+This module must never import a concrete target: each joins ``KINDS`` by subclassing
+``Target`` with a ``spec_model`` (the package imports them all).
 """
 
 from __future__ import annotations
 
+import os
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 # The roles a component can have; "model" in an action means both model roles.
 ROLES = ("router", "broker", "gate", "rollback", "model-baseline", "model-canary")
@@ -86,12 +89,27 @@ class KubernetesTargetSpec(BaseModel):
 
 
 class Target(ABC):
-    """Where experiments act. Subclasses: LocalTarget, KubernetesTarget."""
+    """Where experiments act. Subclasses: LocalTarget, KubernetesTarget.
+
+    A subclass that sets ``spec_model`` (its target file's schema) joins ``KINDS`` under
+    its ``kind``: ``parse_target`` builds it with ``from_spec``.
+    """
 
     kind: str
+    spec_model: ClassVar[type[BaseModel]]
     name: str
     release: str
     blast_radius: BlastRadius
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "spec_model" in cls.__dict__:
+            KINDS[cls.kind] = cls
+
+    @classmethod
+    @abstractmethod
+    def from_spec(cls, spec: BaseModel) -> Target:
+        """The target a validated ``spec_model`` describes."""
 
     def expand_role(self, component: str) -> list[str]:
         """``model`` means both model roles; anything else must be a role."""
@@ -155,13 +173,49 @@ class Target(ABC):
         return {"kind": self.kind, "name": self.name, "release": self.release}
 
 
-def __getattr__(name: str) -> Any:
-    # Transitional (#13): ``parse_target`` and ``load_target`` live in
-    # ``gameday.targets.loader``; three tests the lead owns still import them from here
-    # (test_experiments_files, test_k8s_manifests, test_credentials). Remove this once they
-    # import ``gameday.targets.loader``.
-    if name in ("parse_target", "load_target"):
-        import importlib
+# kind -> target class; the subclasses join it (``Target.__init_subclass__``).
+KINDS: dict[str, type[Target]] = {}
 
-        return getattr(importlib.import_module("gameday.targets.loader"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise TargetError(
+            f"target file {path}: cannot read it ({exc.strerror}). Pass an existing file with "
+            f"--target or set {DEFAULT_TARGET_ENV}."
+        ) from None
+    except yaml.YAMLError as exc:
+        raise TargetError(f"target file {path}: not valid YAML: {exc}") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise TargetError(f"target file {path}: the top level must be a mapping.")
+    return data
+
+
+def parse_target(data: dict[str, Any], source: str = "target") -> Target:
+    kind = data.get("kind", "local")
+    cls = KINDS.get(kind) if isinstance(kind, str) else None
+    if cls is None:
+        kinds = " or ".join(repr(k) for k in KINDS)
+        raise TargetError(f"{source}: field 'kind' is {kind!r}: use {kinds}.")
+    try:
+        spec = cls.spec_model.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(str(x) for x in err["loc"])
+        raise TargetError(f"{source}: field '{where}': {err['msg']}") from None
+    return cls.from_spec(spec)
+
+
+def load_target(path: str | Path | None = None) -> Target:
+    """The target from ``path``, else ``$GAMEDAY_TARGET``, else the local stack in .stack."""
+    chosen = path or os.environ.get(DEFAULT_TARGET_ENV)
+    if not chosen:
+        return parse_target({"kind": "local"}, source="default local target")
+    p = Path(chosen)
+    data = _read_yaml(p)
+    target = parse_target(data, source=f"target file {p}")
+    # Relative state_dir is relative to the working directory, as on the command line.
+    return target

@@ -28,6 +28,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel
+
 from gameday.targets.base import (
     ROLES,
     BlastRadiusError,
@@ -87,6 +89,12 @@ def _address(pod: Any) -> str:
 
 class KubernetesTarget(Target):
     kind = "kubernetes"
+    spec_model = KubernetesTargetSpec
+
+    @classmethod
+    def from_spec(cls, spec: BaseModel) -> KubernetesTarget:
+        assert isinstance(spec, KubernetesTargetSpec)
+        return cls(spec)
 
     def __init__(self, spec: KubernetesTargetSpec) -> None:
         self.spec = spec

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from pydantic import BaseModel
 from supervisor.xmlrpc import SupervisorTransport
 
 from gameday.targets.base import KilledPod, LocalTargetSpec, Replica, Target, TargetError
@@ -91,6 +92,12 @@ def _pinned(pid: int) -> Iterator[int | None]:
 
 class LocalTarget(Target):
     kind = "local"
+    spec_model = LocalTargetSpec
+
+    @classmethod
+    def from_spec(cls, spec: BaseModel) -> LocalTarget:
+        assert isinstance(spec, LocalTargetSpec)
+        return cls(spec)
 
     def __init__(self, spec: LocalTargetSpec) -> None:
         self.spec = spec
