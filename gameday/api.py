@@ -49,10 +49,11 @@ class ApiError(RuntimeError):
     """A stack API could not answer; ``url`` is what was asked, ``status`` its HTTP
     status (0: no answer at all)."""
 
-    def __init__(self, message: str, url: str, status: int = 0) -> None:
+    def __init__(self, message: str, url: str, status: int = 0, cause: str = "") -> None:
         super().__init__(message)
         self.url = url
         self.status = status
+        self.cause = cause  # the transport's exception class, when there was no answer
 
 
 class StackApi:
@@ -78,6 +79,7 @@ class StackApi:
                 f"cannot reach {url}: {exc.__class__.__name__} (is the component up, and "
                 "does the target file point at it?)",
                 url,
+                cause=exc.__class__.__name__,
             ) from None
 
     def _json(self, url: str, resp: requests.Response) -> Any:
@@ -191,4 +193,5 @@ class StackApi:
         try:
             return self.session.post(url, json=body, headers=headers, timeout=REQUEST_TIMEOUT_S)
         except requests.RequestException as exc:
-            raise ApiError(f"cannot reach {url}: {exc.__class__.__name__}", url) from None
+            name = exc.__class__.__name__
+            raise ApiError(f"cannot reach {url}: {name}", url, cause=name) from None

@@ -27,13 +27,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-import requests
 from chaoslib.exceptions import ActivityFailed
 
 from gameday import hostile
-from gameday.targets import Target
-from probes._context import Configuration, get_target, harness_errors, positive, run_dir
-from probes._result import Slo, failed_result, not_measured, result
+from gameday.api import ApiError, StackApi
+from gameday.evidence import checks
+from gameday.evidence.slo import Slo
+from probes._context import Configuration, get_target, harness_errors, positive, run_dir, stack_api
 
 __all__ = [
     "flood_pinned_canary",
@@ -44,7 +44,6 @@ __all__ = [
 
 FLOOD_FILE = "hostile.json"
 PINS_FILE = "pins_after_trip.json"
-HTTP_TIMEOUT_S = 10.0
 # Counted by every model server for every request its engine handled (vLLM's name).
 REQUEST_COUNT_METRIC = "vllm:e2e_request_latency_seconds_count"
 # Requests the canary is still working on (vLLM's names): drained before counting.
@@ -96,51 +95,32 @@ def hostile_input_not_5xx(
     configuration: Configuration | None = None, secrets: Secrets | None = None
 ) -> Slo:
     """SLO: no hostile request got a 5xx or a broken connection (allowed 0)."""
-    check, unit = "hostile_server_errors", "requests"
-    data = _read(configuration, FLOOD_FILE)
-    if data is None:
-        return not_measured(check, 0, unit, "no hostile flood has run yet in this experiment")
-    sent = int(data.get("sent") or 0)
-    if sent == 0:
-        return failed_result(check, 0, unit, "the hostile flood sent nothing")
-    bad = data.get("server_errors") or []
-    counted = sum(
-        n
-        for counts in (data.get("by_input") or {}).values()
-        for status, n in counts.items()
-        if status == "connection_failed" or status.startswith("5")
-    )
-    return result(
-        check,
-        counted,
-        0,
-        unit,
-        counted == 0,
-        sent=sent,
-        by_input=data.get("by_input"),
-        first_server_errors=bad[:5],
-    )
+    return checks.hostile_server_errors(_read(configuration, FLOOD_FILE))
 
 
-def _canary_metric(target: Target, names: tuple[str, ...]) -> float:
+def _canary_metric(api: StackApi, names: tuple[str, ...]) -> float:
     """Sum of the canary replicas' samples of these metrics (from their /metrics)."""
     total = 0.0
-    for replica in target.replicas("model-canary"):
-        text = requests.get(f"{replica.url}/metrics", timeout=HTTP_TIMEOUT_S).text
-        for line in text.splitlines():
+    for replica in api.target.replicas("model-canary"):
+        for line in api.metrics_text(replica.url).splitlines():
             if line.startswith(names):
-                total += float(line.rsplit(" ", 1)[-1])
+                try:
+                    total += float(line.rsplit(" ", 1)[-1])
+                except ValueError:
+                    raise ActivityFailed(
+                        f"the canary's /metrics line {line!r} has no number"
+                    ) from None
     return total
 
 
-def _canary_request_count(target: Target) -> float:
+def _canary_request_count(api: StackApi) -> float:
     """The canary replicas' engine request counters, once nothing is in flight there: a
     request that started before the trip and finishes later must not count as a pin
     that reached the canary (waits at most DRAIN_WAIT_S)."""
     deadline = time.monotonic() + DRAIN_WAIT_S
-    while _canary_metric(target, IN_FLIGHT_METRICS) > 0 and time.monotonic() < deadline:
+    while _canary_metric(api, IN_FLIGHT_METRICS) > 0 and time.monotonic() < deadline:
         time.sleep(0.2)
-    return _canary_metric(target, (REQUEST_COUNT_METRIC,))
+    return _canary_metric(api, (REQUEST_COUNT_METRIC,))
 
 
 def pin_canary_after_trip(
@@ -150,45 +130,25 @@ def pin_canary_after_trip(
 ) -> dict[str, Any]:
     """Send ``count`` well-formed requests pinned to the canary; record who answered."""
     n = int(positive("count", count, 1_000))
-    with harness_errors("pinning requests to the canary"):
-        target = get_target(configuration)
-        url = target.service_url("router") + "/v1/completions"
-        try:
-            before = _canary_request_count(target)
-        except (requests.RequestException, ValueError) as exc:
-            raise ActivityFailed(f"reading the canary's /metrics failed: {exc}") from None
+    with stack_api(configuration, "pinning requests to the canary") as api:
+        before = _canary_request_count(api)
         answers: list[dict[str, Any]] = []
-        with requests.Session() as session:
-            for i in range(n):
-                body = {"model": hostile.MODEL, "prompt": f"pinned {i}", "max_tokens": 4}
-                try:
-                    resp = session.post(
-                        url,
-                        json=body,
-                        headers={hostile.PIN_HEADER: "canary"},
-                        timeout=HTTP_TIMEOUT_S,
-                    )
-                except requests.RequestException as exc:
-                    answers.append({"status": None, "error": type(exc).__name__})
-                    continue
+        for i in range(n):
+            body = {"model": hostile.MODEL, "prompt": f"pinned {i}", "max_tokens": 4}
+            try:
+                resp = api.completion(body, {hostile.PIN_HEADER: "canary"})
+            except ApiError as exc:
+                answers.append({"status": None, "error": exc.cause})
+                continue
+            try:
+                code = (resp.json().get("error") or {}).get("code")
+            except (ValueError, AttributeError):
                 code = None
-                try:
-                    code = (resp.json().get("error") or {}).get("code")
-                except (ValueError, AttributeError):
-                    pass
-                answers.append(
-                    {
-                        "status": resp.status_code,
-                        "served_by": resp.headers.get("x-served-by"),
-                        "code": code,
-                    }
-                )
+            served = resp.headers.get("x-served-by")
+            answers.append({"status": resp.status_code, "served_by": served, "code": code})
         # The canary's counter moves when a request finishes; let one in flight land.
         time.sleep(0.5)
-        try:
-            after = _canary_request_count(target)
-        except (requests.RequestException, ValueError) as exc:
-            raise ActivityFailed(f"reading the canary's /metrics failed: {exc}") from None
+        after = _canary_request_count(api)
     out = {
         "sent": n,
         "answers": answers,
@@ -204,25 +164,4 @@ def pins_reach_no_canary(
 ) -> Slo:
     """SLO: after a trip, no pinned request reached the canary (allowed 0): none was
     answered by it (``x-served-by``) and its own request counter did not move."""
-    check, unit = "pinned_requests_on_tripped_canary", "requests"
-    data = _read(configuration, PINS_FILE)
-    if data is None:
-        return not_measured(check, 0, unit, "no pinned requests were sent after a trip yet")
-    answers = data.get("answers") or []
-    served = sum(1 for a in answers if a.get("served_by") == "canary")
-    moved = float(data.get("canary_requests_after", 0)) - float(
-        data.get("canary_requests_before", 0)
-    )
-    refused = sum(1 for a in answers if a.get("status") == 409 and a.get("code") == "canary_off")
-    reached = max(served, int(moved))
-    return result(
-        check,
-        reached,
-        0,
-        unit,
-        reached == 0 and refused == len(answers),
-        sent=len(answers),
-        refused_canary_off=refused,
-        served_by_canary=served,
-        canary_request_counter_delta=moved,
-    )
+    return checks.pinned_requests_on_tripped_canary(_read(configuration, PINS_FILE))

@@ -24,12 +24,12 @@ from typing import Any
 
 import requests
 
+from gameday.api import ApiError, StackApi
+from gameday.evidence import events as evidence_events
 from gameday.faults import FaultError, FaultLedger, clear_injected
 from gameday.load.records import LOAD_SCHEMA, ORACLE_SCHEMA, recover
 from gameday.targets import Target, TargetError
-from gameday.targets.history import HistoryError, read_events
 
-HTTP_TIMEOUT_S = 5.0
 WINDOW_SLACK_S = 2.0
 LOCUST_STOP_S = 20.0
 
@@ -48,24 +48,24 @@ def read_json(path: Path) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
-def collect_timeline(target: Target, folder: Path) -> tuple[list[dict[str, Any]] | None, str]:
-    """Write ``timeline.json``; returns the events (None when the broker did not answer)."""
+def collect_timeline(
+    target: Target, folder: Path, session: requests.Session | None = None
+) -> tuple[list[dict[str, Any]] | None, str]:
+    """Write ``timeline.json``; returns the events (None when the broker did not answer).
+    Over ``session`` when given, else one of its own."""
     try:
-        broker = target.service_url("broker")
-        release = target.release
-        events = read_events(broker, release, timeout_s=HTTP_TIMEOUT_S)  # every page
-        routers = requests.get(
-            f"{broker}/v1/routers", params={"release": release}, timeout=HTTP_TIMEOUT_S
-        )
-        routers.raise_for_status()
-    except (requests.RequestException, TargetError, HistoryError) as exc:
+        with contextlib.ExitStack() as stack:
+            api = StackApi(session or stack.enter_context(requests.Session()), target)
+            events = api.events()  # every page
+            routers = api.routers()
+    except (ApiError, TargetError) as exc:
         return None, f"the broker's history could not be read: {exc}"
     _write_json(
         folder / "timeline.json",
         {
-            "release": release,
+            "release": target.release,
             "events": events,
-            "routers": routers.json().get("routers") or [],
+            "routers": routers,
             "collected_at": time.time(),
         },
     )
@@ -74,20 +74,7 @@ def collect_timeline(target: Target, folder: Path) -> tuple[list[dict[str, Any]]
 
 def trips_between(events: list[dict[str, Any]], start: float, end: float) -> int:
     """Events inside [start - slack, end + slack] that set the phase to ``tripped``."""
-    count = 0
-    for e in events:
-        change = e.get("change")
-        phase = change.get("phase") if isinstance(change, dict) else None
-        if isinstance(phase, dict):
-            phase = phase.get("new")
-        t = e.get("time")
-        if (
-            phase == "tripped"
-            and isinstance(t, int | float)
-            and start - WINDOW_SLACK_S <= t <= end + WINDOW_SLACK_S
-        ):
-            count += 1
-    return count
+    return evidence_events.trips_between(events, start - WINDOW_SLACK_S, end + WINDOW_SLACK_S)
 
 
 def records_rows(folder: Path) -> int | None:

@@ -47,6 +47,7 @@ This module reads and writes only the experiment's folder and the gate's status 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -59,12 +60,12 @@ from typing import Any
 
 import requests
 
+from gameday.api import ApiError, StackApi
 from gameday.faults import FaultLedger
 from gameday.targets import Target, TargetError
 
 GATE_EVIDENCE_NAME = "gate-evidence.json"
 GATE_START_NAME = "gate-evidence-start.json"  # the counters before chaos started
-HTTP_TIMEOUT_S = 5.0
 ENV_MIN_COMPARISONS = "GAMEDAY_MIN_COMPARISONS"
 ENV_MIN_CANARY_OUTCOMES = "GAMEDAY_MIN_CANARY_OUTCOMES"
 DEFAULT_MIN_COMPARISONS = 30
@@ -189,20 +190,21 @@ def summarise_gate(state: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def read_gate(target: Target) -> dict[str, Any]:
+def read_gate(target: Target, session: requests.Session | None = None) -> dict[str, Any]:
     """The gate's counters now: ``{"ok": True, ...summarise_gate}`` or ``{"ok": False,
-    "error": why}`` (never raises)."""
+    "error": why}`` (never raises). Over ``session`` when given, else one of its own."""
     url = "?"
     try:
-        url = f"{target.service_url('gate')}/v1/gate/{target.release}"
-        resp = requests.get(url, timeout=HTTP_TIMEOUT_S)
-        if resp.status_code != 200:
-            return {"ok": False, "url": url, "error": f"{url} answered {resp.status_code}"}
-        state = resp.json()
-    except (requests.RequestException, TargetError, ValueError) as exc:
+        with contextlib.ExitStack() as stack:
+            http = session or stack.enter_context(requests.Session())
+            api = StackApi(http, target)
+            url = api.gate_url()
+            state = api.gate_state()
+    except ApiError as exc:
+        error = str(exc) if exc.status else f"cannot read the gate at {url}: {exc}"
+        return {"ok": False, "url": url, "error": error}
+    except TargetError as exc:
         return {"ok": False, "url": url, "error": f"cannot read the gate at {url}: {exc}"}
-    if not isinstance(state, dict):
-        return {"ok": False, "url": url, "error": f"{url} did not answer a JSON object"}
     return {"ok": True, "url": url, **summarise_gate(state)}
 
 
