@@ -3,20 +3,14 @@
 Milestones, each with the time it happened, where that time came from, and its distance
 from the fault:
 
-1. ``fault_injected`` — the first ``inject`` in ``faults.jsonl`` of the fault the gate
-   must catch: the ``kernel`` fault (on ``model-canary``) when the experiment has one
-   (faulty-kernel and pod-kill experiments), else the first injection (or kill) of the
-   experiment's own fault on its component; the broker's ``fault_injected`` /
-   ``pod_killed`` annotations stand in when the ledger is missing.
+1. ``fault_injected`` — the reference fault of ``gameday.evidence.faults`` in
+   ``faults.jsonl``; the broker's ``fault_injected`` / ``pod_killed`` annotations stand in
+   when the ledger is missing.
 2. ``first_drifted_sample`` — the first oracle record after the fault whose ``kl_mean``
    exceeds the drift threshold, else the gate's trip evidence ``first_sample_time``.
 3. ``gate_tripped`` — the broker event whose change sets the phase to ``tripped``.
-4. ``weights_applied`` — canary weight 0 in force at every live router, from the
-   rollback executor's ``routers_applied`` annotation: its ``canary_off_at`` (the latest
-   time a live router's effective canary weight became 0, from the routers' heartbeats —
-   a router stops sending canary traffic as soon as it applies the trip) when present,
-   else the annotation's own time (when the executor saw every router at its rollback
-   revision: later, by its own and the broker's latency). The source says which.
+4. ``weights_applied`` — canary weight 0 in force at every live router
+   (``gameday.evidence.milestones.WeightsApplied``, the same reading as the probe's).
 5. ``last_canary_request`` — the latest ``start_time`` of a canary-served request at or
    after the fault (load records).
 6. ``rollback_complete`` — the event whose change sets the phase to ``rolled_back``.
@@ -43,6 +37,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from gameday.evidence.events import annotation_events, first_phase, new_value, phase_events
+from gameday.evidence.faults import reference_fault
+from gameday.evidence.milestones import last_canary_request, weights_applied
 from gameday.report.loader import ExperimentData, parse_time
 
 DEFAULT_DRIFT_KL = 0.05  # nats; a healthy canary of the reference stack shows ~0.01
@@ -186,24 +183,6 @@ def _since(t: float | None, ref: float | None) -> float | None:
 # Broker events
 
 
-def _new_value(change: Any, key: str) -> Any:
-    """The value an event's change sets ``key`` to (``_ABSENT`` when it does not)."""
-    if not isinstance(change, dict):
-        return _ABSENT
-    if key in change:
-        value = change[key]
-        if isinstance(value, dict) and "new" in value and set(value) <= {"old", "new"}:
-            return value["new"]
-        return value
-    head, _, tail = key.partition(".")
-    if tail and isinstance(change.get(head), dict):
-        return _new_value(change[head], tail)
-    return _ABSENT
-
-
-_ABSENT = object()
-
-
 def window_events(exp: ExperimentData) -> list[dict[str, Any]]:
     """The broker events of this experiment, in order (those before its start dropped)."""
     if exp.timeline is None:
@@ -219,25 +198,6 @@ def window_events(exp: ExperimentData) -> list[dict[str, Any]]:
     return events
 
 
-def _first_phase(
-    events: list[dict[str, Any]], phase: str, after: float | None = None
-) -> dict[str, Any] | None:
-    for e in events:
-        if after is not None and e["time"] < after:
-            continue
-        if _new_value(e.get("change"), "phase") == phase:
-            return e
-    return None
-
-
-def _annotation(events: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
-    return [
-        e
-        for e in events
-        if isinstance(e.get("change"), dict) and e["change"].get("annotation") == name
-    ]
-
-
 # ---------------------------------------------------------------------------------------
 # The fault
 
@@ -245,45 +205,20 @@ def _annotation(events: list[dict[str, Any]], name: str) -> list[dict[str, Any]]
 def find_fault(exp: ExperimentData, events: list[dict[str, Any]]) -> tuple[float | None, str]:
     """The reference fault's time and a sentence saying where it came from."""
     spec = exp.spec
-    fault = spec.fault if spec else None
-    component = spec.component if spec else None
-    if fault in ("none",):
+    if spec and spec.fault == "none":
         return None, "this experiment injects no fault"
-    injects = [f for f in exp.faults if f.get("action") == "inject"]
-    kills = [f for f in exp.faults if f.get("action") == "kill"]
-
-    def on(
-        entries: list[dict[str, Any]], kind: str | None = None, comp: str | None = None
-    ) -> dict[str, Any] | None:
-        for f in entries:
-            if kind is not None and f.get("kind") != kind:
-                continue
-            if comp is not None and not str(f.get("component") or "").startswith(comp):
-                continue
-            return f
-        return None
-
-    candidates: list[tuple[dict[str, Any] | None, str]] = [
-        (on(injects, "kernel", "model-canary"), "kernel fault injected on model-canary"),
-        (on(injects, "kernel"), "kernel fault injected"),
-    ]
-    if fault == "latency":
-        candidates.append((on(injects, "latency", component), f"latency injected on {component}"))
-    if fault == "pod-kill":
-        candidates.append((on(kills, None, component), f"pod of {component} killed"))
-    candidates.append((on(injects), "first injection in the ledger"))
-    candidates.append((on(kills), "first kill in the ledger"))
-    for entry, why in candidates:
-        if entry is not None:
-            detail = f"{entry.get('kind')} on {entry.get('replica') or entry.get('component')}"
-            return float(entry["time"]), f"faults.jsonl: {why} ({detail})"
+    ref = reference_fault(
+        exp.faults, spec.fault if spec else None, spec.component if spec else None
+    )
+    if ref is not None:
+        return ref.time, f"faults.jsonl: {ref.describe()}"
     # No ledger: the broker's annotations.
-    annotated = _annotation(events, "fault_injected")
+    annotated = annotation_events(events, "fault_injected")
     kernel = [e for e in annotated if e["change"].get("kind") == "kernel"]
     for group, why in (
         (kernel, "kernel fault_injected annotation"),
         (annotated, "fault_injected annotation"),
-        (_annotation(events, "pod_killed"), "pod_killed annotation"),
+        (annotation_events(events, "pod_killed"), "pod_killed annotation"),
     ):
         if group:
             return float(group[0]["time"]), f"timeline.json: {why}"
@@ -312,11 +247,11 @@ def build_timeline(exp: ExperimentData, probe_allowed: dict[str, float] | None =
     fault_time, fault_source = find_fault(exp, events)
     drift_kl = exp.spec.drift_kl if exp.spec and exp.spec.drift_kl is not None else DEFAULT_DRIFT_KL
 
-    trip_event = _first_phase(events, "tripped")
-    trips = sum(1 for e in events if _new_value(e.get("change"), "phase") == "tripped")
+    trip_event = first_phase(events, "tripped")
+    trips = len(phase_events(events, "tripped"))
     trip = None
     if trip_event is not None:
-        evidence = _new_value(trip_event.get("change"), "trip")
+        evidence = new_value(trip_event.get("change"), "trip")
         trip = evidence if isinstance(evidence, dict) else None
     trip_time = trip_event["time"] if trip_event else None
 
@@ -333,17 +268,17 @@ def build_timeline(exp: ExperimentData, probe_allowed: dict[str, float] | None =
         if trip_event
         else (None, "no event sets phase tripped", {})
     )
-    applied = [
-        e
-        for e in _annotation(events, "routers_applied")
-        if trip_time is None or e["time"] >= trip_time
-    ]
-    if applied:
-        times["weights_applied"] = _weights_applied(applied[0])
+    applied = weights_applied(events, trip_time)
+    if applied is not None:
+        times["weights_applied"] = (
+            applied.time,
+            f"timeline.json: {applied.sentence()}",
+            applied.detail(),
+        )
     else:
         times["weights_applied"] = (None, _routers_without_annotation(exp, events), {})
     times["last_canary_request"] = _last_canary(exp, fault_time)
-    done = _first_phase(events, "rolled_back", after=trip_time)
+    done = first_phase(events, "rolled_back", since=trip_time)
     times["rollback_complete"] = (
         (done["time"], f"timeline.json: event seq {done.get('seq')} sets phase rolled_back", {})
         if done
@@ -395,31 +330,9 @@ def build_timeline(exp: ExperimentData, probe_allowed: dict[str, float] | None =
     )
 
 
-def _weights_applied(annotation: dict[str, Any]) -> tuple[float, str, dict[str, Any]]:
-    change = annotation["change"]
-    detail = {k: change.get(k) for k in ("revision", "routers", "waited_s", "retries")}
-    detail["annotation_time"] = annotation["time"]
-    off = parse_time(change.get("canary_off_at"))
-    if off is not None:
-        detail["canary_off_at"] = off
-        detail["time_source"] = "canary_off_at"
-        return (
-            off,
-            "timeline.json: routers_applied annotation, canary_off_at (the last live router's "
-            f"canary weight became 0; annotated {annotation['time'] - off:.2f} s later)",
-            detail,
-        )
-    detail["time_source"] = "annotation_time"
-    return (
-        annotation["time"],
-        "timeline.json: routers_applied annotation's time (no canary_off_at in it)",
-        detail,
-    )
-
-
 def _routers_without_annotation(exp: ExperimentData, events: list[dict[str, Any]]) -> str:
     """What the router list says when the rollback executor wrote no routers_applied."""
-    zero = [e for e in events if _new_value(e.get("change"), "weights.canary") == 0]
+    zero = [e for e in events if new_value(e.get("change"), "weights.canary") == 0]
     routers = [r for r in (exp.timeline or {}).get("routers") or [] if isinstance(r, dict)]
     if not zero or not routers:
         return "no routers_applied annotation"
@@ -467,13 +380,11 @@ def _last_canary(
         return None, "unknown without a fault time", {}
     if not len(rec):
         return None, "no load records", {}
-    canary = (rec["served_by"] == "canary").to_numpy() & (
-        rec["start_time"].to_numpy() >= fault_time
+    last, count = last_canary_request(
+        rec["served_by"].to_numpy(), rec["start_time"].to_numpy(), fault_time
     )
-    count = int(canary.sum())
-    if not count:
+    if last is None:
         return None, "records: no canary-served request at or after the fault", {"requests": 0}
-    last = float(rec["start_time"].to_numpy()[canary].max())
     return last, "records: latest start_time served by the canary", {"requests": count}
 
 
@@ -558,7 +469,9 @@ def _markers(
             label = f"{action} {f.get('kind')} on {f.get('replica') or f.get('component')}"
             markers.append(Marker(label, float(f["time"]), {"inject": "fault"}.get(action, action)))
     if not exp.faults:
-        for e in _annotation(events, "fault_injected") + _annotation(events, "pod_killed"):
+        for e in annotation_events(events, "fault_injected") + annotation_events(
+            events, "pod_killed"
+        ):
             ch = e["change"]
             markers.append(
                 Marker(
