@@ -26,6 +26,7 @@ Nothing here imports ``canarystack``.
 
 from __future__ import annotations
 
+import json
 import secrets as _secrets
 import time
 from collections import defaultdict
@@ -40,7 +41,14 @@ from gameday import faults as gd_faults
 from gameday.evidence.slo import Slo, failed_result, not_measured, result
 from gameday.oracle.wire import loads
 from gameday.targets import Target
-from probes._context import Configuration, get_target, harness_errors, ledger, positive
+from probes._context import (
+    Configuration,
+    get_target,
+    harness_errors,
+    ledger,
+    positive,
+    run_dir,
+)
 from probes._evidence import NOT_YET, before_anything, load_state
 
 __all__ = [
@@ -64,6 +72,8 @@ MODEL_ROLES = ("model-baseline", "model-canary")
 LOG_ROLES = ("router", *MODEL_ROLES, "gate", "broker")
 MAX_EXAMPLES = 3
 MAX_TTL_S = 600.0
+# What send_coloured_requests sent and saw completed, in the run folder (JSON lines).
+SENT_NAME = "coloured_requests.jsonl"
 
 
 @dataclass(frozen=True)
@@ -73,7 +83,8 @@ class HopRule:
     ``hop``: the hop name components record; ``roles``: whose logs hold it; ``reach``:
     True when every request the rule applies to must be seen there (else only the ones
     seen there are judged: their colour must be the router's); ``applies``: which
-    requests (``all``, ``shadowed``: the router made shadow copies of it)."""
+    requests (``all``; ``shadowed``: the router made shadow copies of it; ``sent``: the
+    harness sent it with a known colour and it completed)."""
 
     hop: str
     roles: tuple[str, ...]
@@ -85,6 +96,13 @@ class HopRule:
 # THE table (checked against a live stack by tests/test_colour_fidelity.py). Order is the
 # path a request takes: a failure names the first hop that lost the colour.
 HOP_RULES: tuple[HopRule, ...] = (
+    HopRule(
+        "router",
+        ("router",),
+        True,
+        "sent",
+        "the router, for a request the harness sent coloured (send_coloured_requests)",
+    ),
     HopRule("model", MODEL_ROLES, True, "all", "the model server that answered it"),
     HopRule(
         "shadow",
@@ -184,16 +202,46 @@ def _describe(router_hop: Mapping[str, Any], seen: Sequence[Mapping[str, Any]]) 
     return f"{rid} ({', '.join(parts) or 'too few sightings'})"
 
 
+def _router_figure(
+    logs: Sequence[LogRead], sent: Sequence[Mapping[str, Any]], fig: HopFigure
+) -> int:
+    """The ``router`` rule: each request the harness sent (and saw completed) is a router
+    hop with the request id, trace id and tag it was sent with. Returns how many could
+    not be checked (a router that restarted or overwrote hops since)."""
+    routers = [lg for lg in logs if lg.role == "router"]
+    at_router: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for log in routers:
+        for hop in log.hops:
+            if hop.get("hop") == "router" and isinstance(hop.get("request_id"), str):
+                at_router[hop["request_id"]].append(hop)
+    unchecked = 0
+    for want in sent:
+        at = float(want.get("at") or 0.0)
+        if not routers or not all(_covers(lg, at) for lg in routers):
+            unchecked += 1
+            continue
+        got = [h for h in at_router.get(str(want.get("request_id")), [])]
+        traced = [h for h in got if h.get("trace_id") == want.get("trace_id")]
+        fig.judged += 1
+        if traced and all(h.get("tag") == want.get("tag") for h in traced):
+            fig.faithful += 1
+        elif len(fig.examples) < MAX_EXAMPLES:
+            fig.examples.append(_describe(want, traced or got))
+    return unchecked
+
+
 def fidelity(
     logs: Sequence[LogRead],
     *,
     read_at: float,
     settle_s: float = DEFAULT_SETTLE_S,
     since: float | None = None,
+    sent: Sequence[Mapping[str, Any]] = (),
 ) -> Fidelity:
     """Per hop of ``HOP_RULES``, the share of requests completed at the router whose
     colour that hop saw unchanged (pure: ``logs`` as read at ``read_at``; requests that
-    reached the router before ``since``, e.g. an earlier experiment's, are left out)."""
+    reached the router before ``since``, e.g. an earlier experiment's, are left out;
+    ``sent``: the requests the harness sent coloured, ``{request_id, trace_id, tag, at}``)."""
     by_role: dict[str, list[LogRead]] = defaultdict(list)
     for log in logs:
         by_role[log.role].append(log)
@@ -216,8 +264,12 @@ def fidelity(
                 and (since is None or float(hop.get("at") or 0.0) >= since)
             ):
                 completed.append((log, hop))
+    per_id: dict[str, int] = defaultdict(int)
+    for _, rhop in completed:
+        per_id[rhop["request_id"]] += 1
     figures = {rule.hop: HopFigure(rule.hop) for rule in HOP_RULES}
-    judged = faithful = tagged = not_checkable = 0
+    judged = faithful = tagged = 0
+    not_checkable = _router_figure(logs, sent, figures["router"])
     for router_log, rhop in completed:
         at = float(rhop.get("at") or 0.0)
         rid = rhop["request_id"]
@@ -233,12 +285,18 @@ def fidelity(
         judged += 1
         tagged += rhop.get("tag") is not None
         sightings = seen.get(rid, {})
+        if per_id[rid] > 1:
+            # A client sent this id with more than one request: tell them apart by trace.
+            sightings = {
+                name: [h for h in got if h.get("trace_id") == rhop["trace_id"]]
+                for name, got in sightings.items()
+            }
         ok_all = True
         models = sightings.get("model", [])
         shadows = [h for h in sightings.get("shadow", []) if h is not rhop]
         for rule in HOP_RULES:
             fig = figures[rule.hop]
-            if rule.applies == "shadowed" and not shadows:
+            if rule.applies == "sent" or (rule.applies == "shadowed" and not shadows):
                 continue
             if rule.hop == "shadow":
                 # Each copy is seen at the router and by one more model server.
@@ -309,6 +367,24 @@ def read_logs(target: Target) -> list[LogRead]:
     return logs
 
 
+def read_sent(configuration: Configuration | None) -> list[dict[str, Any]]:
+    """The coloured requests this run's ``send_coloured_requests`` saw completed."""
+    path = run_dir(configuration) / SENT_NAME
+    try:
+        text = path.read_text()
+    except OSError:
+        return []
+    out = []
+    for line in text.splitlines():
+        try:
+            row = loads(line)
+        except ValueError:
+            continue
+        if isinstance(row, dict) and isinstance(row.get("request_id"), str):
+            out.append(row)
+    return out
+
+
 def colouring_fidelity(
     settle_s: float = DEFAULT_SETTLE_S,
     configuration: Configuration | None = None,
@@ -320,7 +396,10 @@ def colouring_fidelity(
         target = get_target(configuration)
         read_at = time.time()
         logs = read_logs(target)
-    return fidelity(logs, read_at=read_at, settle_s=settle_s).as_json()
+    started = (load_state(configuration) or {}).get("started_at")
+    since = float(started) if isinstance(started, int | float) and started > 0 else None
+    sent = read_sent(configuration)
+    return fidelity(logs, read_at=read_at, settle_s=settle_s, since=since, sent=sent).as_json()
 
 
 def colouring_fidelity_at_least(
@@ -347,7 +426,9 @@ def colouring_fidelity_at_least(
         return failed_result(CHECK, ratio, UNIT, f"the hop logs could not be read: {exc}")
     started = (load_state(configuration) or {}).get("started_at")
     since = float(started) if isinstance(started, int | float) and started > 0 else None
-    fid = fidelity(logs, read_at=read_at, settle_s=settle_s, since=since)
+    fid = fidelity(
+        logs, read_at=read_at, settle_s=settle_s, since=since, sent=read_sent(configuration)
+    )
     detail = fid.as_json()
     if fid.judged < int(min_requests):
         return failed_result(
@@ -378,6 +459,15 @@ def colouring_fidelity_at_least(
 
 
 # -- actions ---------------------------------------------------------------------------------
+def _sent_colour(headers: Mapping[str, str]) -> dict[str, Any]:
+    """What a request sent with ``headers`` must be seen as at the router."""
+    return {
+        "request_id": headers["x-request-id"],
+        "trace_id": headers["traceparent"].split("-")[1],
+        "tag": headers.get("x-traffic-tag"),
+    }
+
+
 def send_coloured_requests(
     count: int = 30,
     tag: str = DEFAULT_TAG,
@@ -397,6 +487,7 @@ def send_coloured_requests(
         url = target.service_url("router") + "/v1/completions"
     ids: list[str] = []
     failures: list[str] = []
+    completed: list[dict[str, Any]] = []
     with requests.Session() as session:
         for i in range(n):
             rid = f"colour-{_secrets.token_hex(6)}-{i}"
@@ -406,6 +497,7 @@ def send_coloured_requests(
                 "x-traffic-tag": tag,
             }
             body = {"prompt": f"colouring check {i}", "max_tokens": tokens}
+            started = time.time()
             try:
                 resp = session.post(url, json=body, headers=headers, timeout=HTTP_TIMEOUT_S * 2)
             except requests.RequestException as exc:
@@ -413,8 +505,14 @@ def send_coloured_requests(
                 continue
             if resp.status_code == 200:
                 ids.append(rid)
+                completed.append({**_sent_colour(headers), "at": started})
             else:
                 failures.append(f"{rid}: HTTP {resp.status_code}")
+    folder = run_dir(configuration)
+    folder.mkdir(parents=True, exist_ok=True)
+    with (folder / SENT_NAME).open("a", encoding="utf-8") as out:
+        for row in completed:
+            out.write(json.dumps(row, sort_keys=True) + "\n")
     if not ids:
         raise ActivityFailed(
             f"none of {n} coloured requests to {url} completed: " + "; ".join(failures[:3])

@@ -7,6 +7,7 @@ and ``drop_colour`` at the model servers makes the probe fail naming hop 'model'
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -146,14 +147,49 @@ def test_requests_a_log_cannot_vouch_for_are_not_checkable() -> None:
     assert fid.judged == 0 and fid.not_checkable == 3
 
 
+def test_a_router_that_loses_the_tag_of_what_the_harness_sent_is_named() -> None:
+    sent = [
+        {"request_id": "s1", "trace_id": TRACE, "tag": "gameday", "at": T0},
+        {"request_id": "s2", "trace_id": TRACE, "tag": "gameday", "at": T0},
+        {"request_id": "s3", "trace_id": TRACE, "tag": "gameday", "at": T0},
+    ]
+    # The router saw s1 untagged (and forwarded it so: the model agrees with the router),
+    # s2 as sent, and never saw s3.
+    router = [routed("s1", tag=None), routed("s2")]
+    fid = fidelity(
+        logs(router, [hop("model", "s1", tag=None), hop("model", "s2")]),
+        read_at=T0 + 10,
+        sent=sent,
+    )
+    worst = fid.worst()
+    assert worst is not None and worst.hop == "router"
+    assert (worst.judged, worst.faithful) == (3, 1)
+    assert worst.examples == ["s1 (tag 'gameday' -> None)", "s3 (never seen there)"]
+    assert fid.hops["model"].ratio == 1.0
+    # A router that restarted after the request was sent cannot vouch for it.
+    reads = logs(router, [])
+    reads[0].started_at = T0 + 1
+    assert fidelity(reads, read_at=T0 + 10, sent=sent).hops["router"].judged == 0
+
+
 def test_requests_before_the_experiment_are_left_out() -> None:
     router = [routed("old", at=T0 - 100), routed("new", at=T0)]
     fid = fidelity(logs(router, [hop("model", "new")]), read_at=T0 + 10, since=T0 - 1)
     assert (fid.completed, fid.judged, fid.faithful) == (1, 1, 1)
 
 
+def test_two_requests_sent_with_one_id_are_told_apart_by_trace() -> None:
+    router = [routed("dup", trace=TRACE), routed("dup", trace=OTHER_TRACE)]
+    models = [hop("model", "dup", trace=TRACE), hop("model", "dup", trace=OTHER_TRACE)]
+    fid = fidelity(logs(router, models), read_at=T0 + 10)
+    assert (fid.judged, fid.faithful) == (2, 2)
+    lost = fidelity(logs(router, models[:1]), read_at=T0 + 10)
+    assert lost.hops["model"].examples == ["dup (never seen there)"]
+
+
 def test_the_rules_table_names_the_hops_components_record() -> None:
     assert [r.hop for r in HOP_RULES] == [
+        "router",
         "model",
         "shadow",
         "redis",
@@ -183,17 +219,21 @@ def test_a_bad_ratio_is_refused(tmp_path: Path, ratio: float) -> None:
 
 
 @pytest.fixture(scope="module")
-def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+def live_target(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     root = tmp_path_factory.mktemp("colour-live")
     with local_stack(root / "stack"):
-        target = write_target(root / "target.yaml", root / "stack")
-        run = root / "run"
-        write_load_state(run)  # after the method: measure for real
-        cfg = {"gameday_target": str(target), "gameday_run_dir": str(run)}
-        try:
-            yield cfg
-        finally:
-            faults.clear_faults(configuration=cfg)
+        yield write_target(root / "target.yaml", root / "stack")
+
+
+@pytest.fixture
+def live(live_target: Path, tmp_path: Path) -> Iterator[dict[str, Any]]:
+    """A run folder of its own: its load started now, so only this test's requests count."""
+    write_load_state(tmp_path / "run", started_at=time.time())
+    cfg = {"gameday_target": str(live_target), "gameday_run_dir": str(tmp_path / "run")}
+    try:
+        yield cfg
+    finally:
+        faults.clear_faults(configuration=cfg)
 
 
 def _settled(cfg: dict[str, Any], want_ok: bool) -> dict[str, Any]:
@@ -223,6 +263,23 @@ def test_a_live_stack_keeps_the_colour_at_every_hop_the_table_names(live: dict[s
     recorded = {h["hop"] for lg in logs_read for h in lg.hops}
     component_hops = {"router", "model", "gate", "broker"}
     assert recorded - component_hops <= {r.hop for r in HOP_RULES}, recorded
+
+
+@pytest.mark.slow
+def test_drop_colour_at_the_routers_fails_the_probe_naming_the_router(
+    live: dict[str, Any],
+) -> None:
+    dropped = colouring.drop_colour("router", ttl_s=60, configuration=live)
+    assert sorted(dropped["replicas"]) == ["router-0", "router-1"]
+    try:
+        colouring.send_coloured_requests(count=25, configuration=live)
+        out = _settled(live, want_ok=False)
+    finally:
+        faults.clear_faults(configuration=live)
+    assert out["detail"]["lost_at"] == "router"
+    assert out["detail"]["hops"]["router"]["judged"] >= 25
+    why = out["detail"]["why"]
+    assert why.startswith("hop 'router'") and "tag 'gameday' -> None" in why
 
 
 @pytest.mark.slow

@@ -233,7 +233,7 @@ def test_faults_stay_inside_the_default_blast_radius(name: str) -> None:
     for act in activities(exp):
         func = act["provider"]["func"]
         args = act["provider"].get("arguments", {})
-        if func in ("inject_latency", "kill_pod"):
+        if func in ("inject_latency", "kill_pod", "drop_colour"):
             assert args["component"] in allowed
         if func == "make_canary_faulty":
             assert "model-canary" in allowed
