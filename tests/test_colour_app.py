@@ -314,3 +314,34 @@ def test_hops_carry_the_wall_clock_time_of_arrival(model: Proc) -> None:
     t0 = time.time()
     completion(model, {"x-request-id": "clock-1"})
     assert t0 - 1 <= hop_of(model, "clock-1")["at"] <= time.time()
+
+
+def test_a_request_through_the_router_is_one_trace_across_components(
+    spawn: Spawner, tmp_path: Path, receiver: Proc, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tests.router_support import start_router
+
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.url)
+    model = spawn("canarystack.model", "--version", "v1", *FAST)
+    router = start_router(spawn, tmp_path / "router", [model.url])
+    trace, client_span = "5bf92f3577b34da6a3ce929d0e0e4736", "10f067aa0ba902b7"
+    headers = {
+        "x-request-id": "through-1",
+        "traceparent": f"00-{trace}-{client_span}-01",
+        "x-traffic-tag": "gameday",
+    }
+    completion(router, headers)
+
+    def both() -> list[dict[str, Any]] | None:
+        spans = _spans(receiver, trace)
+        return spans if {s["service"] for s in spans} >= {"router", "model"} else None
+
+    spans = wait_for(both, timeout=15, what="router and model spans in one trace")
+    assert isinstance(spans, list)
+    by_service = {s["service"]: s for s in spans if s["kind"] == 2}
+    assert by_service["router"]["parent_span_id"] == client_span
+    # The model's parent is a span the router made (never the client's own).
+    assert by_service["model"]["parent_span_id"] not in (None, client_span)
+    for span in by_service.values():
+        assert span["attributes"]["request.id"] == "through-1"
+        assert span["attributes"]["traffic.tag"] == "gameday"

@@ -7,6 +7,7 @@ and ``drop_colour`` at the model servers makes the probe fail naming hop 'model'
 
 from __future__ import annotations
 
+import inspect
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,6 +15,7 @@ from typing import Any
 
 import pytest
 from chaoslib.exceptions import ActivityFailed
+from chaoslib.provider.python import validate_python_activity
 
 from probes import colouring, faults
 from probes.colouring import HOP_RULES, LogRead, fidelity
@@ -213,6 +215,33 @@ def test_a_bad_ratio_is_refused(tmp_path: Path, ratio: float) -> None:
         colouring.colouring_fidelity_at_least(
             ratio=ratio, configuration={"gameday_run_dir": str(tmp_path)}
         )
+
+
+EXAMPLES: dict[str, dict[str, Any]] = {
+    "colouring_fidelity": {"settle_s": 3},
+    "colouring_fidelity_at_least": {"ratio": 1.0, "min_requests": 20},
+    "drop_colour": {"component": "router", "ttl_s": 60},
+    "send_coloured_requests": {"count": 30, "tag": "gameday"},
+}
+
+
+@pytest.mark.parametrize("func", sorted(colouring.__all__))
+def test_each_activity_is_what_chaos_toolkit_validates(func: str) -> None:
+    fn = getattr(colouring, func)
+    params = list(inspect.signature(fn).parameters)
+    assert params[-2:] == ["configuration", "secrets"] and inspect.getdoc(fn)
+    validate_python_activity(
+        {
+            "type": "action" if func in ("drop_colour", "send_coloured_requests") else "probe",
+            "name": func.replace("_", "-"),
+            "provider": {
+                "type": "python",
+                "module": "probes.colouring",
+                "func": func,
+                "arguments": EXAMPLES[func],
+            },
+        }
+    )
 
 
 # ----------------------------------------------------------------------------- live stack

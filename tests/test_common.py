@@ -5,6 +5,9 @@ from __future__ import annotations
 import json
 import logging
 import math
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -226,3 +229,70 @@ def test_a_fault_delay_ends_when_its_fault_is_cleared() -> None:
         await asyncio.wait_for(reg.delay("latency", 300.0), timeout=10.0)  # expired
 
     asyncio.run(scenario())  # a TimeoutError here: the delay outlived its fault
+
+
+# -- #13: one error root; a token error still reads as its message alone, exit 1 ----------
+def test_startup_and_api_errors_share_the_stack_root() -> None:
+    from canarystack.common.errors import CanaryStackError, StartupError
+
+    assert issubclass(TokenFileError, StartupError)
+    assert issubclass(StartupError, CanaryStackError)
+    assert issubclass(BadRequest, CanaryStackError) and issubclass(NotFound, CanaryStackError)
+    with pytest.raises(CanaryStackError, match="cannot read it"):
+        load_admin_token("/nonexistent/token", environ={})
+
+
+def test_entry_prints_a_startup_error_alone_and_exits_1(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from canarystack.common.cli import entry
+    from canarystack.common.errors import StartupError
+
+    def bad() -> None:
+        raise StartupError("--thing /x: cannot read it; give a readable file")
+
+    with pytest.raises(SystemExit) as info:
+        entry(bad)
+    assert info.value.code == 1
+    assert capsys.readouterr().err == "--thing /x: cannot read it; give a readable file\n"
+    with pytest.raises(SystemExit) as info:
+        entry(lambda: 3)
+    assert info.value.code == 3
+    with pytest.raises(SystemExit) as info:
+        entry(lambda: load_admin_token("/nonexistent/token", environ={}))
+    assert info.value.code == 1
+    assert capsys.readouterr().err.startswith("--admin-token-file /nonexistent/token: cannot")
+
+
+@pytest.mark.parametrize(
+    ("module", "args"),
+    [("canarystack.broker", ()), ("canarystack.router", ("--baseline", "http://127.0.0.1:9"))],
+)
+def test_a_component_with_an_unreadable_token_file_says_so_and_exits_1(
+    module: str, args: tuple[str, ...], tmp_path: Path
+) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", module, "--port", "0", "--state-dir", str(tmp_path), *args,
+         "--admin-token-file", str(tmp_path / "none")],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert done.stderr == (
+        f"--admin-token-file {tmp_path / 'none'}: cannot read it (No such file or directory). "
+        "Give a readable file holding the token, or set CANARYSTACK_ADMIN_TOKEN instead.\n"
+    )
+
+
+def test_the_hop_log_is_bounded_and_pages_from_any_seq() -> None:
+    from canarystack.common.colour import HopLog, colour_of
+
+    log = HopLog(capacity=5)
+    for i in range(1, 9):
+        log.record("model", colour_of({"x-request-id": f"r{i}"}), float(i), status=200)
+    assert log.last_seq == 8
+    hops, first = log.since(0)
+    assert first == 4  # seqs 1-3 were overwritten: a reader after 0 lost them
+    assert [s for s, _ in hops] == [4, 5, 6, 7, 8]
+    assert [h.request_id for _, h in log.since(5, limit=2)[0]] == ["r6", "r7"]
+    assert log.since(8) == ([], 4) and log.since(100) == ([], 4)
+    assert log.since(7)[0][0][1].as_json(8)["status"] == 200
