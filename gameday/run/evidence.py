@@ -234,20 +234,26 @@ def since_start(end: dict[str, Any], start: dict[str, Any] | None) -> dict[str, 
     }
 
 
-def write_gate_start(target: Target, folder: Path) -> dict[str, Any]:
+def write_gate_start(
+    target: Target, folder: Path, session: requests.Session | None = None
+) -> dict[str, Any]:
     """Before chaos starts: the gate's counters now, into ``gate-evidence-start.json``."""
-    doc = {**read_gate(target), "read_at": time.time()}
+    doc = {**read_gate(target, session), "read_at": time.time()}
     folder.mkdir(parents=True, exist_ok=True)
     (folder / GATE_START_NAME).write_text(json.dumps(doc, indent=2, default=str) + "\n")
     return doc
 
 
 def write_gate_evidence(
-    target: Target, folder: Path, limits: Thresholds, source: str
+    target: Target,
+    folder: Path,
+    limits: Thresholds,
+    source: str,
+    session: requests.Session | None = None,
 ) -> dict[str, Any]:
     """Read the gate and write ``gate-evidence.json`` into ``folder``; returns the document."""
     doc = {
-        **read_gate(target),
+        **read_gate(target, session),
         "read_at": time.time(),
         "source": source,
         "thresholds": limits.to_json(),

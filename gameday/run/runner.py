@@ -50,6 +50,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, Protocol
 
+import requests
 import yaml
 
 from gameday.load.runner import ENV_LOAD_SEED
@@ -208,6 +209,8 @@ class GameDay:
         self.results: list[dict[str, Any]] = []
         self.started_at = time.time()
         self._stack_dir: Path | None = None  # the stack this run started and has not stopped
+        # The harness's HTTP to the stack (gameday.api) goes over this one session.
+        self.http = requests.Session()
 
     # -- the run -------------------------------------------------------------------
     def run(self, build_report: bool = True) -> RunOutcome:
@@ -229,6 +232,7 @@ class GameDay:
                     self.progress.experiment_done(exp.name, result)
             finally:
                 self._stop_stack()  # whatever happened, the stack this run started stops
+                self.http.close()
             outcome = RunOutcome(
                 run_dir=plan.run_dir,
                 exit_code=EXIT_FAIL,
@@ -309,7 +313,7 @@ class GameDay:
         chaos_result = None
         try:
             target = self._prepare(exp, folder)
-            write_gate_start(target, folder)  # what the gate had counted before this one
+            write_gate_start(target, folder, self.http)  # what the gate had counted before this one
             if self.interrupts.signum:
                 raise _NotStarted(f"interrupted ({self.interrupts.name}) before chaos started")
             chaos = ChaosRun(
@@ -434,11 +438,13 @@ class GameDay:
             # the experiment has no probes.evidence probe: read the gate's counters now,
             # while the stack still runs (they last until a new canary version)
             try:
-                write_gate_evidence(target, folder, thresholds(), source="gameday run")
+                write_gate_evidence(
+                    target, folder, thresholds(), source="gameday run", session=self.http
+                )
             except (ValueError, OSError) as exc:  # (thresholds were checked by the plan)
                 ev.setup_error = ev.setup_error or f"the gate's evidence was not written: {exc}"
         if target is not None:
-            events, problem = collect_timeline(target, folder)
+            events, problem = collect_timeline(target, folder, self.http)
             journal = read_json(folder / "journal.json") or {}
             start, end = _window(journal, folder)
             ev.trips_in_window = None if events is None else trips_between(events, start, end)

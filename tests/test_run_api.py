@@ -1,0 +1,89 @@
+"""``gameday.api`` against real components: a broker whose history is longer than one
+page and a gate that follows it. The client reads every page, refuses what is not the
+stack's answer, and names the URL and what to do when it cannot read."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+
+from gameday.api import ApiError, StackApi
+from gameday.targets import parse_target
+from tests.broker_support import preload_history, start_broker
+from tests.procs import Spawner, free_port, wait_for
+
+PRELOADED = 10_020  # more than one page of the broker (10,000 events)
+
+
+def _target(tmp_path: Path, **urls: str) -> Any:
+    stack = tmp_path / "stack"
+    stack.mkdir(exist_ok=True)
+    (stack / "stack.json").write_text(json.dumps({"release": "default", "components": [], **urls}))
+    return parse_target({"kind": "local", "state_dir": str(stack)})
+
+
+@pytest.fixture
+def broker_url(spawn: Spawner, tmp_path: Path) -> str:
+    preload_history(tmp_path / "broker", PRELOADED)
+    return start_broker(spawn, tmp_path / "broker").url
+
+
+def test_the_history_is_read_past_the_first_page(broker_url: str, tmp_path: Path) -> None:
+    with requests.Session() as session:
+        api = StackApi(session, _target(tmp_path, broker_url=broker_url))
+        events = api.events()
+        release = api.release()
+        assert api.routers() == []  # no router has sent a heartbeat
+    # Every event once, oldest first, the newest included (one request holds 10,000).
+    seqs = [e["seq"] for e in events]
+    assert len(events) > PRELOADED and seqs == sorted(set(seqs))
+    assert sum(1 for e in events if e["change"].get("annotation") == "filler") == PRELOADED
+    assert release["name"] == "default" and release["phase"] == "progressing"
+    # after_seq reads only what came later.
+    with requests.Session() as session:
+        tail = StackApi(session, _target(tmp_path, broker_url=broker_url)).events(seqs[-5])
+    assert [e["seq"] for e in tail] == seqs[-4:]
+
+
+def test_a_missing_release_and_an_unreachable_broker_are_named(
+    broker_url: str, tmp_path: Path
+) -> None:
+    stack = tmp_path / "other"
+    stack.mkdir()
+    (stack / "stack.json").write_text(
+        json.dumps({"release": "nope", "broker_url": broker_url, "components": []})
+    )
+    with requests.Session() as session:
+        api = StackApi(session, parse_target({"kind": "local", "state_dir": str(stack)}))
+        for read in (api.release, api.events):
+            with pytest.raises(ApiError, match="release 'nope' does not exist on the broker") as e:
+                read()
+            assert e.value.status == 404 and "check 'release' in the target file" in str(e.value)
+    dead = f"http://127.0.0.1:{free_port()}"
+    with requests.Session() as session:
+        api = StackApi(session, _target(tmp_path, broker_url=dead))
+        with pytest.raises(ApiError, match="cannot reach") as e:
+            api.release()
+    assert e.value.status == 0 and e.value.url == f"{dead}/v1/releases/default"
+    assert "is the component up" in str(e.value) and e.value.cause == "ConnectionError"
+
+
+def test_the_gate_state_and_replica_health(spawn: Spawner, broker_url: str, tmp_path: Path) -> None:
+    gate = spawn("canarystack.gate", "--broker", broker_url)
+    target = _target(tmp_path, broker_url=broker_url, gate_url=gate.url)
+    with requests.Session() as session:
+        api = StackApi(session, target)
+        revision = wait_for(lambda: api.gate_state().get("revision"), what="the gate's release")
+        assert revision == api.release()["revision"]  # the gate follows this broker
+        assert api.gate_state()["state"] == "watching"  # no sample yet
+        assert api.health_status(gate.url) == 200
+        assert api.health(gate.url)
+        assert "# TYPE" in api.metrics_text(gate.url)
+        # A path the gate does not serve is an error naming the URL and the status.
+        with pytest.raises(ApiError, match=r"answered HTTP 404") as e:
+            api.get_json(f"{gate.url}/no/such/page")
+        assert e.value.status == 404 and e.value.url == f"{gate.url}/no/such/page"
