@@ -214,3 +214,37 @@ def test_weights_applied_without_the_annotation_says_what_the_routers_report(
         "no routers_applied annotation; at collection all 2 live routers "
         "reported revision >= 7 (canary weight 0), time unknown"
     )
+
+
+def test_the_probes_and_the_report_time_one_history_alike(tmp_path: Path) -> None:
+    """One history, two readers: the probes' SLO checks (live) and the report's timeline
+    (from the files) time every milestone from the same fault with the same core. A
+    ``routers_applied`` annotation between the fault and the trip (an earlier rollback's)
+    is not weight 0 for this trip, for either of them."""
+    from gameday.evidence import checks
+    from gameday.evidence.faults import reference_fault
+    from probes._evidence import read_records
+    from tests.report_data import hand_made_faults
+
+    events = hand_made_events()
+    stale = {
+        "seq": 35,
+        "time": FAULT + 1.0,
+        "revision": 5,
+        "actor": "rollback",
+        "reason": "an earlier rollback",
+        "change": {"annotation": "routers_applied", "revision": 5, "canary_off_at": FAULT + 0.8},
+    }
+    events.insert(3, stale)
+    folder = hand_made_experiment(tmp_path, events=events)
+    _, tl = _timeline(folder)
+    report = {c.check: c.measured for c in tl.checks}
+    ref = reference_fault(hand_made_faults())
+    assert ref is not None and ref.time == FAULT
+    for check in ("detection_s", "weights_applied_s", "rollback_complete_s"):
+        probe = checks.broker_milestone(check, events, ref.entry, 10.0)
+        assert probe["measured"] == pytest.approx(report[check]), check
+    assert report["weights_applied_s"] == pytest.approx(3.4)  # the annotation after the trip
+    frame = read_records(folder / "records.parquet")
+    probe = checks.canary_served_after(frame, ref.entry, 10.0)
+    assert probe["measured"] == pytest.approx(report["rollback_s"]) == pytest.approx(3.0)
