@@ -26,9 +26,9 @@ from aiohttp import web
 from multidict import CIMultiDict
 
 from canarystack.common.errors import Unavailable
+from canarystack.router.collector import Collector
 from canarystack.router.proxy import HOP_BY_HOP, Upstream
 from canarystack.router.routing import PIN_HEADER, Variant
-from canarystack.router.shadow import Collector
 from canarystack.router.state import Attempt, RequestContext, RouterState
 
 

@@ -30,22 +30,18 @@ from collections.abc import Mapping
 from typing import Any
 
 from canarystack.common import strictjson
-from canarystack.router.proxy import Upstream
-from canarystack.router.routing import Variant
-from canarystack.router.settings import DEPENDENCY_DEGRADED
-from canarystack.router.shadow import (
-    PRIMARY_WAIT_S,
+from canarystack.router.collector import (
     Collector,
     LogprobRequest,
-    SideResult,
-    comparison_result,
-    fetch_side,
-    is_greedy,
-    shadow_body,
     shadow_safe,
     user_logprobs_k,
     with_logprobs,
 )
+from canarystack.router.divergence import SideResult, comparison_result
+from canarystack.router.proxy import Upstream
+from canarystack.router.routing import Variant
+from canarystack.router.settings import DEPENDENCY_DEGRADED
+from canarystack.router.shadow import PRIMARY_WAIT_S, fetch_side, is_greedy, shadow_body
 from canarystack.router.state import RequestContext, RouterState
 
 BASELINE_CANARY = "baseline-canary"
