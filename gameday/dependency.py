@@ -2,7 +2,8 @@
 Redis-side stalls, connection-pool exhaustion and the Redis process killed.
 
 - ``pause``: ``CLIENT PAUSE <ms> ALL``; Redis itself ends the pause when ``ms`` is up
-  (its TTL), ``clear`` ends it early (``CLIENT UNPAUSE``).
+  (its TTL). ``clear`` sends ``CLIENT UNPAUSE`` but Redis 7.0 holds that command too
+  while paused ALL, so the rollback waits (bounded) for the pause to end.
 - ``exhaust``: a holder child process (``python -m gameday.dependency hold``) opens
   ``connections`` connections, lowers ``maxclients`` to exactly those and closes every
   other client's connection, so the model pools' reconnects are refused ("max number of
@@ -313,8 +314,8 @@ def restore(ep: Endpoint, wait_s: float = 10.0) -> None:
     while True:
         try:
             with Resp(ep.host, ep.port) as r:
+                r.command("CLIENT", "UNPAUSE")  # first: a paused Redis holds CONFIG SET
                 r.command("CONFIG", "SET", "maxclients", ep.maxclients)
-                r.command("CLIENT", "UNPAUSE")
                 return
         except RespError as exc:
             last = str(exc)
@@ -338,7 +339,9 @@ def clear(target: Target, ledger: FaultLedger) -> list[FaultEntry]:
         stopped = _stop_holder(int(pid)) if isinstance(pid, int) else False
         cleared.append(_entry("dependency-clear", ep, e.kind, fault_id=e.fault_id,
                               detail={"holder_stopped": stopped}))  # fmt: skip
-    restore(ep)
+    now = time.time()
+    pauses = [e.time + float(e.ttl_s or 0) - now for e in open_ if e.kind == "pause"]
+    restore(ep, wait_s=max([10.0, *(r + 5.0 for r in pauses)]))
     for c in cleared:
         ledger.append(c)
     change = {"annotation": "fault_cleared", "fault_ids": [c.fault_id for c in cleared],

@@ -96,3 +96,34 @@ def test_a_cancelled_probe_frees_the_probe_slot() -> None:
 def test_bad_settings_are_refused_by_name(kwargs: dict[str, float], says: str) -> None:
     with pytest.raises(ValueError, match=says):
         CircuitBreaker(**kwargs)  # type: ignore[arg-type]
+
+
+def test_occasional_failures_among_successes_do_not_open_it() -> None:
+    """A loaded machine's odd timeout on a healthy Redis (the first pod-kill game day had
+    breakers opening before any fault) is not an outage: fewer than half of the window's
+    calls failed."""
+    clock = Clock()
+    b = breaker(clock)
+    for _ in range(10):
+        for _ in range(3):
+            b.success()
+        b.failure()
+        clock.now += 0.5
+    assert b.state == "closed"
+
+
+def test_an_outage_after_successes_opens_it_once_failures_are_the_majority() -> None:
+    clock = Clock()
+    b = breaker(clock)
+    for _ in range(4):
+        b.success()
+    for _ in range(3):
+        b.failure()
+    assert b.state == "closed"  # 3 of 7
+    b.failure()
+    assert b.state == "open"  # 4 of 8
+
+
+def test_a_bad_ratio_is_refused() -> None:
+    with pytest.raises(ValueError, match="min_failure_ratio"):
+        CircuitBreaker(min_failure_ratio=0.0)

@@ -60,8 +60,9 @@ def ask(proc: Proc, prompt: str = PROMPT, **body: object) -> requests.Response:
 def metric(proc: Proc, result: str) -> float:
     text = requests.get(proc.url + "/metrics", timeout=5).text
     m = re.search(
-        r'^canarystack_dependency_requests_total\{dependency="redis",result="%s"\} (\S+)$'
-        % result,
+        r'^canarystack_dependency_requests_total\{dependency="redis",result="'
+        + re.escape(result)
+        + r'"\} (\S+)$',
         text,
         re.M,
     )
@@ -219,3 +220,27 @@ def test_bad_dependency_options_are_refused_by_name(flag, value, says) -> None:
     )
     assert res.returncode == 2
     assert says in res.stderr
+
+
+def test_every_redis_call_is_a_coloured_hop(spawn, rds) -> None:
+    """#16 item 4: the colour the request came with (id, trace, tag) is recorded at the
+    hop 'redis' for each Redis call (the context GET and the prefix-cache SETEX)."""
+    from tests.model_helpers import ADMIN
+
+    proc = model(spawn, rds)
+    trace = "ab" * 16
+    resp = requests.post(
+        proc.url + "/v1/completions",
+        json={"prompt": PROMPT, "max_tokens": 2},
+        headers={
+            "x-request-id": "colour-req-1",
+            "x-traffic-tag": "gameday",
+            "traceparent": f"00-{trace}-{'cd' * 8}-01",
+        },
+        timeout=30,
+    )
+    assert resp.status_code == 200 and resp.headers["x-dependency"] == "ok"
+    hops = requests.get(proc.url + "/v1/colour/hops", headers=ADMIN, timeout=5).json()["hops"]
+    redis_hops = [h for h in hops if h["hop"] == "redis" and h["request_id"] == "colour-req-1"]
+    assert len(redis_hops) == 2
+    assert all(h["trace_id"] == trace and h["tag"] == "gameday" for h in redis_hops)

@@ -129,9 +129,10 @@ def test_failures_are_named_in_every_output(tmp_path: Path, schema: xmlschema.XM
         r.startswith("detection_s (report timeline): measured 7 s, over the allowed 5 s")
         for r in by["router-faulty-kernel"].reasons
     )
+    # The wording of gameday/evidence (8983bca): one sentence for gameday run and report.
     assert (
-        "method action 'inject-latency' failed: chaoslib.exceptions.ActivityFailed: "
-        "router-0 refused the fault: 401"
+        "method action 'inject-latency' failed: router-0 refused the fault: 401 "
+        "(Chaos Toolkit exits 0 here)"
     ) in by["broker-latency"].reasons
     assert (
         "gameday run's verdict is 'fail': interrupted by SIGTERM" in by["rollback-pod-kill"].reasons
@@ -174,7 +175,7 @@ def test_a_real_journal_status_and_steady_state(tmp_path: Path) -> None:
     j_path.write_text(json.dumps(journal))
     (exp,) = build_report(run).experiments
     assert "Chaos Toolkit's status is 'failed', not 'completed'" in exp.reasons
-    assert "the steady state was not met before the method (the method did not run)" in exp.reasons
+    assert "the steady state was not met before the method, so the method never ran" in exp.reasons
 
 
 def _slo_probe_run(name: str, output: dict[str, object]) -> dict[str, object]:
@@ -630,3 +631,81 @@ def test_game_day_scenarios_cover_the_matrix() -> None:
     cells = {(s.component, s.fault) for s in game_day()}
     assert len(cells) == 10
     assert ("control", "none") in cells
+
+
+def _dependency_doc() -> dict[str, object]:
+    def stats(n: int, errors: int, p50: float, p99: float) -> dict[str, object]:
+        return {"requests": n, "errors": errors, "error_rate": errors / n,
+                "ttft_p50_s": p50, "ttft_p99_s": p99}  # fmt: skip
+
+    phase = {"all": stats(100, 1, 0.2, 0.5), "baseline": stats(95, 1, 0.2, 0.5),
+             "canary": stats(5, 0, 0.19, 0.3)}  # fmt: skip
+    return {
+        "fault": {"kind": "pause", "start": 1_700_000_010.0, "end": 1_700_000_014.0},
+        "watch_ticks": 40,
+        "unhealthy_ticks": {"router-0": 0, "router-1": 0, "broker": 0},
+        "model_dependency_results": {"baseline": {"timeout": 12.0}, "canary": {"timeout": 2.0}},
+        "before": phase,
+        "during": {**phase, "canary": stats(4, 0, 0.31, 0.42)},
+        "after": phase,
+        "recovery_s": 1.25,
+        "recovery_rule": "error rate <= 0.030 and TTFT p50 <= 0.350 s over 2 s of requests",
+        "max_e2e_s": 1.5,
+    }
+
+
+def test_the_dependency_experiments_have_a_row_and_a_section(tmp_path: Path) -> None:
+    """#16 item 6: the matrix's dependency row; per dependency experiment, errors and TTFT
+    per variant during and after the fault, time to recover and whether the gate stayed
+    quiet or tripped as expected, in summary.json and report.html. One whose summary
+    file is missing is listed as such, not left out."""
+    scenarios = [
+        Scenario("dependency-latency", "dependency", "latency", "no_trip", False),
+        Scenario("dependency-faulty-kernel", "dependency", "faulty-kernel", "trip", True),
+    ]
+    run = write_run(tmp_path / "run", scenarios, requests_per_experiment=200)
+    (run / "dependency-latency" / "dependency.json").write_text(json.dumps(_dependency_doc()))
+    build_report(run)
+    doc = json.loads((run / "summary.json").read_text())
+    by = {d["name"]: d for d in doc["dependency"]}
+    lat = by["dependency-latency"]
+    assert lat["expect"] == "no_trip" and lat["tripped"] is False
+    assert lat["gate_as_expected"] is True
+    assert lat["fault_s"] == 4.0 and lat["recovery_s"] == 1.25
+    assert lat["phases"]["during"]["canary"] == {
+        "requests": 4, "errors": 0, "error_rate": 0.0, "ttft_p50_s": 0.31, "ttft_p99_s": 0.42,
+    }  # fmt: skip
+    assert lat["phases"]["after"]["baseline"]["errors"] == 1
+    fk = by["dependency-faulty-kernel"]
+    assert fk["tripped"] is True and fk["gate_as_expected"] is True
+    assert "dependency.json" in fk["problem"]
+    html = (run / "report.html").read_text()
+    section = html[html.index('<section id="dependency">') :]
+    section = section[: section.index("</section>")]
+    assert "dependency-latency" in section and "dependency-faulty-kernel" in section
+    assert "stayed quiet" in section and "tripped" in section
+    assert "recovered 1.25 s after its end" in section
+    assert section.count("NOT as expected") == 0
+    matrix = pd.read_csv(run / "matrix.csv").set_index(["component", "fault"])
+    assert matrix.loc[("dependency", "latency"), "text"] == "no trip"
+    assert matrix.loc[("dependency", "faulty-kernel"), "text"].startswith("trip +")
+
+
+def test_a_gate_that_trips_on_a_shared_outage_is_shown_as_not_expected(tmp_path: Path) -> None:
+    scenarios = [Scenario("dependency-pod-kill", "dependency", "pod-kill", "no_trip", True)]
+    run = write_run(tmp_path / "run", scenarios, requests_per_experiment=200)
+    (run / "dependency-pod-kill" / "dependency.json").write_text(json.dumps(_dependency_doc()))
+    build_report(run)
+    entry = json.loads((run / "summary.json").read_text())["dependency"][0]
+    assert entry["gate_as_expected"] is False and entry["verdict"] == "fail"
+    assert "NOT as expected" in (run / "report.html").read_text()
+
+
+def test_a_run_without_dependency_experiments_has_no_dependency_section(tmp_path: Path) -> None:
+    run = write_run(tmp_path / "run", [Scenario("control", "control", "none", "no_trip", False)],
+                    requests_per_experiment=200)  # fmt: skip
+    build_report(run)
+    assert "dependency" not in json.loads((run / "summary.json").read_text())
+    assert '<section id="dependency">' not in (run / "report.html").read_text()
+    matrix = pd.read_csv(run / "matrix.csv")
+    assert set(matrix.loc[matrix.component == "dependency", "verdict"]) == {"not run"}

@@ -1,6 +1,8 @@
 """A circuit breaker: closed -> open after ``failures`` failures within ``window_s``
-seconds -> half-open after ``cooldown_s`` (one probe call) -> closed on the probe's
-success, open again on its failure.
+seconds that are also at least ``min_failure_ratio`` of the calls in that window ->
+half-open after ``cooldown_s`` (one probe call) -> closed on the probe's success, open
+again on its failure. The ratio keeps a busy, healthy dependency's occasional timeout
+(a loaded machine) from opening the circuit: an outage fails (nearly) every call.
 
 Pure: time comes from ``clock`` (monotonic), so tests move it instead of sleeping. This
 module never sleeps and never does I/O.
@@ -23,9 +25,10 @@ class CircuitBreaker:
     failures: int = 5
     window_s: float = 10.0
     cooldown_s: float = 2.0
+    min_failure_ratio: float = 0.5
     clock: Callable[[], float] = time.monotonic
     _state: State = "closed"
-    _recent: deque[float] = field(default_factory=deque)
+    _recent: deque[tuple[float, bool]] = field(default_factory=deque)  # (time, failed)
     _opened_at: float = 0.0
     _probing: bool = False
 
@@ -36,6 +39,10 @@ class CircuitBreaker:
             value = getattr(self, name)
             if not 0 < value < float("inf"):
                 raise ValueError(f"{name} is {value!r}: give a finite number of seconds > 0")
+        if not 0 < self.min_failure_ratio <= 1:
+            raise ValueError(
+                f"min_failure_ratio is {self.min_failure_ratio!r}: give a share in (0, 1]"
+            )
 
     @property
     def state(self) -> State:
@@ -59,7 +66,14 @@ class CircuitBreaker:
         if self._state in ("half_open", "open"):
             self._state = "closed"
             self._recent.clear()
+        else:
+            self._note(self.clock(), failed=False)
         self._probing = False
+
+    def _note(self, now: float, *, failed: bool) -> None:
+        self._recent.append((now, failed))
+        while self._recent and now - self._recent[0][0] > self.window_s:
+            self._recent.popleft()
 
     def failure(self) -> None:
         now = self.clock()
@@ -68,10 +82,9 @@ class CircuitBreaker:
             return
         if self._state == "open":
             return
-        self._recent.append(now)
-        while self._recent and now - self._recent[0] > self.window_s:
-            self._recent.popleft()
-        if len(self._recent) >= self.failures:
+        self._note(now, failed=True)
+        failed = sum(1 for _, f in self._recent if f)
+        if failed >= self.failures and failed >= self.min_failure_ratio * len(self._recent):
             self._open(now)
 
     def release(self) -> None:

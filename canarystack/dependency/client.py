@@ -11,7 +11,8 @@ one of ``RESULTS``:
 - ``timeout``: the deadline, a socket timeout or no free pooled connection in time;
 - ``error``: refused, reset, ``max number of clients reached``, any other Redis error;
 - ``circuit_open``: the breaker keeps calls away (after ``breaker_failures`` failures
-  within ``breaker_window_s``; one probe after ``breaker_cooldown_s``).
+  within ``breaker_window_s`` that are at least ``breaker_min_failure_ratio`` of its
+  calls; one probe after ``breaker_cooldown_s``).
 
 The last three are *degraded* answers (``x-dependency: degraded``). Metrics:
 ``canarystack_dependency_requests_total{dependency,result}`` and
@@ -54,14 +55,17 @@ class DependencyConfigError(ValueError):
 class DependencyConfig:
     url: str  # redis://127.0.0.1:PORT[/DB]
     max_connections: int = 16
-    socket_timeout_s: float = 0.05
-    connect_timeout_s: float = 0.05
-    pool_timeout_s: float = 0.02  # waiting for a free pooled connection
-    deadline_s: float = 0.1  # both calls of one request together
+    # Generous enough for a loaded 2-core machine (50/100 ms timed out healthy calls in
+    # the game days), short against a 2 s TTFT SLO.
+    socket_timeout_s: float = 0.25
+    connect_timeout_s: float = 0.25
+    pool_timeout_s: float = 0.1  # waiting for a free pooled connection
+    deadline_s: float = 0.3  # both calls of one request together
     cache_ttl_s: int = 30
     breaker_failures: int = 5
     breaker_window_s: float = 10.0
     breaker_cooldown_s: float = 2.0
+    breaker_min_failure_ratio: float = 0.5
 
     def __post_init__(self) -> None:
         parts = urlsplit(self.url)
@@ -86,6 +90,11 @@ class DependencyConfig:
         if not 1 <= self.cache_ttl_s <= 86400:
             raise DependencyConfigError(
                 f"--redis-cache-ttl-s {self.cache_ttl_s}: give 1 to 86400 seconds"
+            )
+        if not 0 < self.breaker_min_failure_ratio <= 1:
+            raise DependencyConfigError(
+                f"--redis-breaker-min-failure-ratio {self.breaker_min_failure_ratio}: give a "
+                "share in (0, 1], e.g. 0.5"
             )
         if self.breaker_failures < 1:
             raise DependencyConfigError(
@@ -121,6 +130,7 @@ class DependencyClient:
             failures=config.breaker_failures,
             window_s=config.breaker_window_s,
             cooldown_s=config.breaker_cooldown_s,
+            min_failure_ratio=config.breaker_min_failure_ratio,
             clock=clock,
         )
         parts = urlsplit(config.url)

@@ -169,10 +169,10 @@ def add_dependency_options(p: argparse.ArgumentParser) -> None:
         "--redis-max-connections", type=int, default=16, help="pool size (default %(default)s)"
     )
     for flag, default, what in (
-        ("--redis-socket-timeout-ms", 50.0, "one Redis read or write"),
-        ("--redis-connect-timeout-ms", 50.0, "connecting"),
-        ("--redis-pool-timeout-ms", 20.0, "waiting for a free pooled connection"),
-        ("--redis-deadline-ms", 100.0, "all Redis calls of one request together"),
+        ("--redis-socket-timeout-ms", 250.0, "one Redis read or write"),
+        ("--redis-connect-timeout-ms", 250.0, "connecting"),
+        ("--redis-pool-timeout-ms", 100.0, "waiting for a free pooled connection"),
+        ("--redis-deadline-ms", 300.0, "all Redis calls of one request together"),
     ):
         d.add_argument(
             flag, type=float, default=default, help=f"timeout for {what} (ms, default %(default)s)"
@@ -201,6 +201,12 @@ def add_dependency_options(p: argparse.ArgumentParser) -> None:
         default=2.0,
         help="open -> half-open, one probe call (s, default %(default)s)",
     )
+    d.add_argument(
+        "--redis-breaker-min-failure-ratio",
+        type=float,
+        default=0.5,
+        help="share of the window's calls that must have failed too (default %(default)s)",
+    )
 
 
 def dependency_from_args(
@@ -220,6 +226,7 @@ def dependency_from_args(
             breaker_failures=args.redis_breaker_failures,
             breaker_window_s=args.redis_breaker_window_s,
             breaker_cooldown_s=args.redis_breaker_cooldown_s,
+            breaker_min_failure_ratio=args.redis_breaker_min_failure_ratio,
         )
     except DependencyConfigError as exc:
         parser.error(str(exc))
