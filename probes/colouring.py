@@ -101,7 +101,7 @@ HOP_RULES: tuple[HopRule, ...] = (
         ("router",),
         True,
         "sent",
-        "the router, for a request the harness sent coloured (send_coloured_requests)",
+        "the first hop, for the tagged requests the harness sent",
     ),
     HopRule("model", MODEL_ROLES, True, "all", "the model server that answered it"),
     HopRule(
