@@ -150,9 +150,10 @@ def _broker_milestone(configuration: Configuration | None, check: str, max_s: fl
     try:
         with stack_api(configuration, "reading the broker's history") as api:
             events = api.events()
+            routers = api.routers() if check == "weights_applied_s" else []
     except Exception as exc:  # the check fails; it never crashes
         return failed_result(check, allowed, "s", f"cannot read the broker's history: {exc}")
-    return checks.broker_milestone(check, events, ref.entry, allowed)
+    return checks.broker_milestone(check, events, ref.entry, allowed, routers)
 
 
 def trip_within(

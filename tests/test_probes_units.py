@@ -203,6 +203,19 @@ def test_weights_applied_is_when_the_last_router_stopped_the_canary(
     assert result["detail"]["source"] == "annotation_time"
     assert result["measured"] == pytest.approx(note["time"] - fault.time, abs=1e-5)
     assert result["ok"] is False  # the annotation came 5 s or more after the fault
+    # No annotation at all: the routers themselves, when every live one says since when
+    # its canary weight is 0 (its heartbeats); the last of them is the milestone.
+    api.create("c")
+    for router, off in (("router-0", 2.0), ("router-1", 2.5)):
+        beat = {"router_id": router, "release": "c", "applied_revision": 2}
+        r = api.write(
+            "POST", "/v1/routers/heartbeat", {**beat, "canary_off_since": fault.time + off}
+        )
+        assert r.status_code == 200, r.text
+    target_c = write_target(tmp_path / "c.yaml", stack, release="c")
+    result = slo.weights_applied_within(5, configuration=config(run_dir, target_c))
+    assert result["detail"]["source"] == "routers" and result["detail"]["routers"] == 2
+    assert (result["measured"], result["ok"]) == (pytest.approx(2.5), True)
 
 
 def test_slo_met_accepts_only_an_ok_slo() -> None:

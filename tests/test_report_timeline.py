@@ -248,3 +248,28 @@ def test_the_probes_and_the_report_time_one_history_alike(tmp_path: Path) -> Non
     frame = read_records(folder / "records.parquet")
     probe = checks.canary_served_after(frame, ref.entry, 10.0)
     assert probe["measured"] == pytest.approx(report["rollback_s"]) == pytest.approx(3.0)
+
+
+def test_without_the_annotation_weight_0_is_read_from_the_routers_themselves(
+    tmp_path: Path,
+) -> None:
+    """No routers_applied annotation, but every live router says since when its canary
+    weight is 0 (its heartbeat's canary_off_since): the latest of them is the milestone."""
+    events = [e for e in hand_made_events() if e["seq"] != 6]  # no routers_applied
+    folder = hand_made_experiment(tmp_path, events=events)
+    doc = json.loads((folder / "timeline.json").read_text())
+    doc["routers"] = [
+        {"router_id": "router-0", "applied_revision": 8, "canary_off_since": FAULT + 2.6},
+        {"router_id": "router-1", "applied_revision": 8, "canary_off_since": FAULT + 2.9},
+    ]
+    (folder / "timeline.json").write_text(json.dumps(doc))
+    _, tl = _timeline(folder)
+    m = tl.milestone("weights_applied")
+    assert m.since_fault_s == pytest.approx(2.9) and m.ok is True
+    assert m.detail["time_source"] == "routers" and m.detail["routers"] == 2
+    assert "2 live routers' own canary_off_since" in m.source
+    # One router that still sends the canary traffic: weight 0 is not everywhere.
+    doc["routers"][1]["canary_off_since"] = None
+    (folder / "timeline.json").write_text(json.dumps(doc))
+    _, tl = _timeline(folder)
+    assert tl.milestone("weights_applied").time is None

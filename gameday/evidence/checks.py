@@ -17,7 +17,7 @@ import pandas as pd
 from canary_contract.json import JsonObject
 from gameday.evidence.events import event_time, first_phase, phase_events
 from gameday.evidence.faults import FaultRow
-from gameday.evidence.milestones import last_canary_request, weights_applied
+from gameday.evidence.milestones import CLOCK_SLACK_S, last_canary_request, weights_applied
 from gameday.evidence.slo import Slo, failed_result, not_measured, result
 
 RECORD_COLUMNS = (
@@ -31,8 +31,6 @@ RECORD_COLUMNS = (
     "planned_prompt_tokens",
     "status",
 )
-# Broker and harness clocks are the same machine's here; allow a little skew elsewhere.
-CLOCK_SLACK_S = 1.0
 # Router /health: "gate_auth" is ok | unauthorized | forbidden.
 GATE_AUTH_OK = "ok"
 
@@ -148,11 +146,16 @@ def errors_not_in_flight_at_kill(frame: pd.DataFrame, kill: FaultRow, grace_s: f
 
 
 def broker_milestone(
-    check: str, events: Sequence[JsonObject], fault: FaultRow, max_s: float
+    check: str,
+    events: Sequence[JsonObject],
+    fault: FaultRow,
+    max_s: float,
+    routers: Sequence[JsonObject] = (),
 ) -> Slo:
     """A milestone of the broker's history, timed from the fault: ``detection_s`` (the
-    trip), ``weights_applied_s`` (weight 0 at every router, ``WeightsApplied``) or
-    ``rollback_complete_s`` (the ``rolled_back`` phase)."""
+    trip), ``weights_applied_s`` (weight 0 at every router, ``WeightsApplied``: the
+    executor's annotation, else ``routers``' own heartbeats) or ``rollback_complete_s``
+    (the ``rolled_back`` phase)."""
     allowed, t0 = float(max_s), float(fault["time"])
     since = t0 - CLOCK_SLACK_S
     trip = first_phase(events, "tripped", since)
@@ -163,10 +166,11 @@ def broker_milestone(
     elif check == "rollback_complete_s":
         hit, what = first_phase(events, "rolled_back", since), "rolled_back phase"
     else:
-        applied = weights_applied(events, event_time(trip) if trip else since)
-        hit, what = (applied.annotation if applied else None), "routers_applied annotation"
-        about = applied.detail() if applied else {}
-        when = applied.time if applied else None
+        applied = weights_applied(events, event_time(trip) if trip else since, routers)
+        what = "routers_applied annotation (nor every live router's canary_off_since)"
+        hit = (applied.annotation or {}) if applied else None
+        if applied is not None:
+            about, when = applied.detail(), applied.time
     if hit is None:
         why = f"no {what} in the release's history since the fault"
         return failed_result(check, allowed, "s", why, **fault_detail(fault))

@@ -268,7 +268,8 @@ def build_timeline(exp: ExperimentData, probe_allowed: dict[str, float] | None =
         if trip_event
         else (None, "no event sets phase tripped", {})
     )
-    applied = weights_applied(events, trip_time)
+    routers = [r for r in (exp.timeline or {}).get("routers") or [] if isinstance(r, dict)]
+    applied = weights_applied(events, trip_time, routers)
     if applied is not None:
         times["weights_applied"] = (
             applied.time,
