@@ -23,13 +23,14 @@ from typing import Any
 
 import requests
 
+from gameday.errors import GamedayError
 from gameday.targets import Target, TargetError
 
 HTTP_TIMEOUT_S = 3.0
 ANNOTATION_TIMEOUT_S = 2.0
 
 
-class FaultError(RuntimeError, ValueError):
+class FaultError(GamedayError, RuntimeError, ValueError):
     """A fault could not be injected or cleared, or its arguments are wrong; the message
     names the replica or the argument."""
 

@@ -16,10 +16,12 @@ from typing import Any
 
 import click
 
+from gameday.errors import GamedayError
+
 CLUSTER = [sys.executable, "-m", "canarystack.cluster"]
 
 
-class StackCommandError(RuntimeError):
+class StackCommandError(GamedayError, RuntimeError):
     pass
 
 

@@ -460,3 +460,27 @@ def test_one_bucket_vocabulary_for_both_halves() -> None:
         harness.parse_edges("5,4")
     with pytest.raises(ValueError, match=r"^bucket edges '5,4': need one or more positive"):
         stack.parse_edges("5,4")
+
+
+def test_the_harness_errors_share_one_root() -> None:
+    from gameday.errors import GamedayError
+    from gameday.faults import FaultError
+    from gameday.load.options import OptionsError
+    from gameday.load.prompts import MixSpecError, PromptFileError
+    from gameday.load.runner import LoadRunError, LoadStartError
+    from gameday.oracle.kl import BrokenLogprobs
+    from gameday.oracle.wire import WireJsonError
+    from gameday.stack import StackCommandError
+    from gameday.targets import BlastRadiusError, TargetError
+    from gameday.targets.history import HistoryError
+
+    wrong_input = [OptionsError, MixSpecError, PromptFileError, TargetError, BlastRadiusError]
+    wrong_input += [BrokenLogprobs, WireJsonError, FaultError]
+    for cls in wrong_input:  # still a ValueError for callers that catch that
+        assert issubclass(cls, GamedayError) and issubclass(cls, ValueError), cls
+    for cls in (LoadRunError, LoadStartError, HistoryError, StackCommandError):
+        assert issubclass(cls, GamedayError) and issubclass(cls, RuntimeError), cls
+    with pytest.raises(GamedayError, match="field 'kind' is 'x': use 'local' or 'kubernetes'"):
+        from gameday.targets import parse_target
+
+        parse_target({"kind": "x"})

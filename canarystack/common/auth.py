@@ -25,13 +25,23 @@ from pathlib import Path
 
 from aiohttp import web
 
-from canarystack.common.errors import ApiError, Unauthorized
+from canarystack.common.errors import ApiError, StartupError, Unauthorized
 
 ENV_VAR = "CANARYSTACK_ADMIN_TOKEN"
 
 
-class TokenFileError(SystemExit):
-    pass
+class TokenFileError(StartupError, SystemExit):
+    """A token file or variable that cannot be used; the message names it.
+
+    Transitional (#13): also a ``SystemExit`` (whose ``code`` is the message), so an entry
+    point that does not run under ``canarystack.common.cli.entry`` yet still prints only
+    the message and exits 1, as before. The ``SystemExit`` base goes once every
+    ``__main__`` does.
+    """
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.code = message
 
 
 def _printable_ascii(text: str) -> bool:
@@ -126,7 +136,7 @@ def describe_admin_flag(parser: argparse.ArgumentParser) -> None:
 
 
 def load_token_file(flag: str, token_file: str) -> str:
-    """The token in ``token_file`` (given with ``flag``), or exit with a message naming it."""
+    """The token in ``token_file`` (given with ``flag``), or ``TokenFileError`` naming it."""
     try:
         token = Path(token_file).read_text().strip()
     except OSError as exc:

@@ -18,14 +18,28 @@ import contextlib
 import json
 import os
 import signal
-from collections.abc import Sequence
+import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from aiohttp import web
 
 from canarystack.common import logs
+from canarystack.common.errors import StartupError
 from canarystack.common.faults import DEFAULT_MAX_TTL_S, check_max_ttl_s
+
+
+def entry(main: Callable[[], object]) -> NoReturn:
+    """Run a component's ``main`` as ``python -m`` does: a ``StartupError`` (a flag, file
+    or folder it cannot use) is printed as its message alone on stderr and exits 1; what
+    ``main`` returns is the exit status (None: 0)."""
+    try:
+        status = main()
+    except StartupError as exc:
+        print(str(exc), file=sys.stderr)
+        sys.exit(1)
+    sys.exit(status if isinstance(status, int) else 0)
 
 
 def max_ttl_seconds(text: str) -> float:

@@ -49,7 +49,16 @@ PARSE_IN_THREAD_BYTES = 1024 * 1024
 PARSE_IN_THREAD_ITEMS = 2048
 
 
-class ApiError(Exception):
+class CanaryStackError(Exception):
+    """The stack's one error root: every error a component raises on purpose."""
+
+
+class StartupError(CanaryStackError):
+    """A component cannot start (a flag, a file, a folder): the message names the input
+    and says what to do. Entry points print it and exit 1 (``cli.entry``)."""
+
+
+class ApiError(CanaryStackError):
     """An error a client can cause or must see, with its HTTP status."""
 
     status = 400

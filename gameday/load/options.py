@@ -24,6 +24,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from gameday.errors import GamedayError
 from gameday.load.buckets import DEFAULT_EDGES, parse_edges
 from gameday.load.prompts import MixSettings, SyntheticParams
 
@@ -33,7 +34,7 @@ SHAPES = ("auto", "steady", "ramp", "trace")
 _HEADER_NAME = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")
 
 
-class OptionsError(ValueError):
+class OptionsError(GamedayError, ValueError):
     """A load option is wrong; the message names it and what to give instead."""
 
 

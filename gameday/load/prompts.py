@@ -39,6 +39,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol
 
+from gameday.errors import GamedayError
+
 _ONSETS = ("", "b", "d", "f", "g", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z", "sh")
 _VOWELS = ("a", "e", "i", "o", "u", "ai", "ou", "ea")
 VOCAB_SIZE = 512
@@ -49,7 +51,7 @@ JSONL_FIELDS = ("prompt", "messages", "max_tokens", "user")
 DEFAULT_MAX_TOKENS = 128  # a JSONL line without max_tokens, when no --max-tokens cap is set
 
 
-class PromptFileError(ValueError):
+class PromptFileError(GamedayError, ValueError):
     """A prompt or trace file is wrong; the message names the file, line and field."""
 
     def __init__(self, path: str | Path, line: int | None, field_name: str | None, problem: str):
@@ -64,7 +66,7 @@ class PromptFileError(ValueError):
         super().__init__(f"{where}: {problem}")
 
 
-class MixSpecError(ValueError):
+class MixSpecError(GamedayError, ValueError):
     """``--prompt-mix`` (or a mix option) is not understood."""
 
 

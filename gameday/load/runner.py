@@ -58,6 +58,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from gameday.errors import GamedayError
 from gameday.load.records import LOAD_SCHEMA, ORACLE_SCHEMA, recover, remove_parts
 
 DEFAULT_LOCUSTFILE = Path(__file__).resolve().parents[2] / "locustfiles" / "llm.py"
@@ -252,7 +253,7 @@ def env_extra_args() -> list[str]:
         ) from None
 
 
-class LoadRunError(RuntimeError):
+class LoadRunError(GamedayError, RuntimeError):
     """Locust failed; the message ends with the tail of its output."""
 
 

@@ -46,6 +46,7 @@ import gevent
 from locust import User, task
 
 from canary_contract.buckets import bucket_of
+from gameday.errors import GamedayError
 from gameday.load.client import Attempt, OpenAIClient
 from gameday.load.context import context_for
 from gameday.load.options import LoadOptions
@@ -58,7 +59,7 @@ log = logging.getLogger("gameday.load")
 IDLE_SLEEP_S = 1.0  # a trace user with nothing left to send
 
 
-class LoadError(Exception):
+class LoadError(GamedayError):
     """A failed request as Locust shows it: ``<error kind>: <detail>``."""
 
 

@@ -41,6 +41,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gameday.errors import GamedayError
+
 EPS = 1e-6
 # The most divergence one position can show, in nats: a broken canary's value, and the clip
 # of every KL (ln(1/EPS) ≈ 13.8 is the most two sound top-k lists can differ by; 10 nats
@@ -50,7 +52,7 @@ KL_CLIP = 10.0
 LOGPROB_SLACK = 1e-4
 
 
-class BrokenLogprobs(ValueError):
+class BrokenLogprobs(GamedayError, ValueError):
     """A side's logprobs are missing, malformed or not finite; the message says which."""
 
 

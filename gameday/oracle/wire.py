@@ -17,11 +17,13 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from gameday.errors import GamedayError
+
 MAX_INT_DIGITS = 32
 MAX_DEPTH = 64
 
 
-class WireJsonError(ValueError):
+class WireJsonError(GamedayError, ValueError):
     """A JSON document the harness refuses; the message says why."""
 
 

@@ -15,13 +15,15 @@ from typing import Any, ClassVar, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from gameday.errors import GamedayError
+
 # The roles a component can have; "model" in an action means both model roles.
 ROLES = ("router", "broker", "gate", "rollback", "model-baseline", "model-canary")
 SERVICE_ROLES = ("router", "broker", "gate", "rollback")
 DEFAULT_TARGET_ENV = "GAMEDAY_TARGET"
 
 
-class TargetError(ValueError):
+class TargetError(GamedayError, ValueError):
     """The target file or the target is wrong; the message says what to do."""
 
 

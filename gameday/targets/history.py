@@ -17,6 +17,7 @@ from typing import Any
 
 import requests
 
+from gameday.errors import GamedayError
 from gameday.oracle.wire import loads
 
 MAX_PAGE = 10_000  # the broker's largest page
@@ -24,7 +25,7 @@ MAX_PAGES = 1_000  # 10 million events: far beyond any release's history
 HTTP_TIMEOUT_S = 5.0
 
 
-class HistoryError(RuntimeError):
+class HistoryError(GamedayError, RuntimeError):
     """The history could not be read whole; ``status`` is the HTTP status (0: none)."""
 
     def __init__(self, message: str, status: int = 0) -> None:
