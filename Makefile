@@ -29,7 +29,7 @@ $(error ENGINE=$(ENGINE): use sim (the simulator, default) or llamacpp)
 endif
 
 .PHONY: help venv test test-fast test-engine lint fmt clean chaos-router chaos-broker \
-	chaos-rollback chaos-hostile gameday bench
+	chaos-rollback chaos-hostile chaos-dependency gameday bench
 
 help:
 	@echo "make test            run the test suite (sets up .venv on first use)"
@@ -39,6 +39,8 @@ help:
 	@echo "make chaos-broker    run the broker experiments"
 	@echo "make chaos-rollback  run the rollback-executor experiments"
 	@echo "make chaos-hostile   the hostile game day: broken kernel, client flood, pins"
+	@echo "make chaos-dependency the shared Redis stalled, full and killed (healthy and"
+	@echo "                     faulty canary)"
 	@echo "make gameday         every experiment above plus the control runs (A/A and the"
 	@echo "                     benign controls in experiments/control/)"
 	@echo "make lint            ruff and mypy"
@@ -88,10 +90,16 @@ chaos-rollback: $(STAMP)
 chaos-hostile: $(STAMP)
 	$(BIN)/gameday run experiments/hostile/*.yaml $(RUN_ARGS)
 
+# The shared dependency (Redis) stalled, full and killed, with a healthy canary (the gate
+# must stay quiet) and with a faulty kernel during the outage (it must still trip).
+chaos-dependency: $(STAMP)
+	$(BIN)/gameday run experiments/dependency/*.yaml $(RUN_ARGS)
+
 gameday: $(STAMP)
 	$(BIN)/gameday run experiments/control.yaml experiments/control/*.yaml \
 		experiments/router/*.yaml experiments/broker/*.yaml experiments/rollback/*.yaml \
-		experiments/hostile/*.yaml --repeat $(or $(REPEAT),1) $(RUN_ARGS)
+		experiments/hostile/*.yaml experiments/dependency/*.yaml \
+		--repeat $(or $(REPEAT),1) $(RUN_ARGS)
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache
