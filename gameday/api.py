@@ -14,7 +14,9 @@ Timeouts are one policy, a constant per kind of call (each request gets its own)
 - ``STATE_TIMEOUT_S``: a read of current state (release, routers, health, gate, faults,
   metrics) — small answers from a component that is up;
 - ``HISTORY_TIMEOUT_S``: one page of a release's event history (up to 10,000 events);
-- ``REQUEST_TIMEOUT_S``: a request a user could send (a completion through the router).
+- ``REQUEST_TIMEOUT_S``: a request a user could send (a completion through the router);
+- ``PROMETHEUS_TIMEOUT_S``: one PromQL query (``PrometheusApi``, the metrics the stack's
+  Prometheus scraped).
 
 Every failure is an ``ApiError`` naming the URL, what went wrong and, where a person can
 act, what to do; ``status`` is the HTTP status (0: no answer). Answers are read with the
@@ -34,15 +36,18 @@ from gameday.targets.history import HistoryError, read_events
 
 __all__ = [
     "HISTORY_TIMEOUT_S",
+    "PROMETHEUS_TIMEOUT_S",
     "REQUEST_TIMEOUT_S",
     "STATE_TIMEOUT_S",
     "ApiError",
+    "PrometheusApi",
     "StackApi",
 ]
 
 STATE_TIMEOUT_S = 3.0
 HISTORY_TIMEOUT_S = 5.0
 REQUEST_TIMEOUT_S = 10.0
+PROMETHEUS_TIMEOUT_S = 5.0
 
 
 class ApiError(RuntimeError):
@@ -195,3 +200,50 @@ class StackApi:
         except requests.RequestException as exc:
             name = exc.__class__.__name__
             raise ApiError(f"cannot reach {url}: {name}", url, cause=name) from None
+
+
+class PrometheusApi:
+    """The HTTP API of a Prometheus (``url`` without ``/api/v1``), over ``session``."""
+
+    def __init__(self, session: requests.Session, url: str) -> None:
+        self.session = session
+        self.url = url.rstrip("/")
+
+    def _data(self, path: str, expr: str, params: dict[str, str]) -> dict[str, Any]:
+        endpoint = f"{self.url}{path}"
+        try:
+            resp = self.session.post(
+                endpoint, data={"query": expr, **params}, timeout=PROMETHEUS_TIMEOUT_S
+            )
+        except requests.RequestException as exc:
+            name = exc.__class__.__name__
+            raise ApiError(
+                f"cannot reach Prometheus at {endpoint}: {name}", endpoint, 0, name
+            ) from None
+        try:
+            body = loads(resp.content)
+        except ValueError:
+            raise ApiError(
+                f"Prometheus at {endpoint} answered HTTP {resp.status_code} with no JSON",
+                endpoint,
+                resp.status_code,
+            ) from None
+        body = body if isinstance(body, dict) else {}
+        if resp.status_code != 200 or body.get("status") != "success":
+            raise ApiError(
+                f"Prometheus refused the query {expr!r}: HTTP {resp.status_code} "
+                f"{body.get('errorType', '')}: {body.get('error', '')}".rstrip(),
+                endpoint,
+                resp.status_code,
+            )
+        data = body.get("data")
+        return data if isinstance(data, dict) else {}
+
+    def query(self, expr: str, at: float | None = None) -> dict[str, Any]:
+        """``/api/v1/query``'s ``data`` (``resultType`` and ``result``) at ``at``."""
+        return self._data("/api/v1/query", expr, {} if at is None else {"time": f"{at:.3f}"})
+
+    def query_range(self, expr: str, start: float, end: float, step_s: float) -> dict[str, Any]:
+        """``/api/v1/query_range``'s ``data`` over ``start``..``end`` every ``step_s``."""
+        params = {"start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step_s:g}"}
+        return self._data("/api/v1/query_range", expr, params)

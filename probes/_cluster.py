@@ -26,14 +26,26 @@ from typing import Any
 import requests
 from chaoslib.exceptions import ActivityFailed
 
+from gameday.api import ApiError, PrometheusApi
+from gameday.evidence.traffic import judge_traffic
 from gameday.targets import TargetError
 from gameday.targets.kubernetes import KubernetesTarget
 from probes._context import Configuration, get_target
 from probes._evidence import load_state, read_records
 
+__all__ = [
+    "canary_traffic_after",
+    "epoch_s",
+    "judge_traffic",
+    "kubernetes_target",
+    "non_negative",
+    "prometheus_url",
+    "promql_value",
+    "window",
+]
+
 CONFIG_PROMETHEUS_URL = "prometheus_url"
 ENV_PROMETHEUS_URL = "PROMETHEUS_URL"
-HTTP_TIMEOUT_S = 5.0
 
 
 def kubernetes_target(configuration: Configuration | None, what: str) -> KubernetesTarget:
@@ -92,28 +104,11 @@ def prometheus_url(configuration: Configuration | None, given: str | None) -> st
 def promql_value(url: str, expr: str, at: float | None = None) -> float | None:
     """An instant query's value: the sum of a vector's samples, or a scalar; None when the
     vector is empty (no series matched). ActivityFailed when Prometheus says no."""
-    params: dict[str, str] = {"query": expr}
-    if at is not None:
-        params["time"] = f"{at:.3f}"
-    endpoint = f"{url}/api/v1/query"
     try:
-        resp = requests.post(endpoint, data=params, timeout=HTTP_TIMEOUT_S)
-    except requests.RequestException as exc:
-        raise ActivityFailed(
-            f"cannot reach Prometheus at {endpoint}: {exc.__class__.__name__}"
-        ) from None
-    try:
-        body = resp.json()
-    except ValueError:
-        raise ActivityFailed(
-            f"Prometheus at {endpoint} answered HTTP {resp.status_code} with no JSON"
-        ) from None
-    if resp.status_code != 200 or body.get("status") != "success":
-        raise ActivityFailed(
-            f"Prometheus refused the query {expr!r}: HTTP {resp.status_code} "
-            f"{body.get('errorType', '')}: {body.get('error', '')}".rstrip()
-        )
-    data = body.get("data") or {}
+        with requests.Session() as session:
+            data = PrometheusApi(session, url).query(expr, at)
+    except ApiError as exc:
+        raise ActivityFailed(str(exc)) from None
     kind, values = data.get("resultType"), data.get("result") or []
     try:
         if kind == "scalar":
@@ -198,32 +193,3 @@ def canary_traffic_after(
         "total": len(after),
         "failed": int((~after["ok"]).sum()),
     }
-
-
-def judge_traffic(
-    evidence: dict[str, Any], allowed: float
-) -> tuple[float | None, bool, str | None]:
-    """(measured canary requests, ok, why-not) for traffic evidence; fail-closed."""
-    canary, total = evidence.get("canary"), evidence.get("total")
-    if total is not None and total <= 0:
-        why = (
-            "no request at all after the status change: nothing shows whether the canary "
-            "stopped serving (is the load running and reaching the router?)"
-        )
-        return None, False, why
-    if canary is None:
-        if total is None:
-            why = (
-                "the canary query matched no series and no total_promql says traffic flowed: "
-                "cannot tell an idle canary from a metric that is not scraped"
-            )
-            return None, False, why
-        canary = 0.0
-    measured = float(canary)
-    if measured > allowed:
-        why = (
-            f"expected at most {allowed:g} canary-served requests after the status change, "
-            f"got {measured:g}"
-        )
-        return measured, False, why
-    return measured, True, None
