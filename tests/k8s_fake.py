@@ -1,8 +1,21 @@
 """A fake Kubernetes API server and a fake Prometheus, for tests: real HTTP on loopback.
 
-No cluster is reachable from the machines these tests run on, so the few endpoints the
-harness uses are served from memory by a ``ThreadingHTTPServer`` on a free port, in the
-JSON the real APIs speak:
+Where it is used, and why a live server cannot be there (issue #15): a real Kubernetes API
+server now runs in ``make test-k8s`` (tests/test_k8s_live.py: the loopback cluster of
+deploy/loopback, with the pod kills, the bad-build rollout and its undo, RBAC, and Argo
+Rollouts / Flagger objects of real CRDs read by probes.progressive). That cluster needs
+root and, once, a ~10 minute build, so it cannot run in ``make test``, which runs this fake
+instead, offline, on every change (test_k8s_probes, test_k8s_target, test_k8s_experiments,
+test_k8s_fresh_canary, test_k8s_gameday, test_k8s_live_hostnet, test_k8s_live_rollout).
+The fake is also the only way to get answers a healthy API server will not give on demand:
+a 403 on a chosen path, a pod IP that no server listens on, a Deployment that "rolls out"
+at once, an object whose status says aborted while load records say otherwise at a fixed
+time. The paths a real server does show (pod kills through terminate_pods and their
+replacement, readiness, the bad-build rollout and its undo, RBAC, Rollout and Canary objects
+with their status) are checked live in tests/test_k8s_live.py and the game days.
+
+The few endpoints the harness uses are served from memory by a ``ThreadingHTTPServer`` on
+a free port, in the JSON the real APIs speak:
 
 - ``GET /api/v1/namespaces/{ns}/pods?labelSelector=`` (equality selectors), ``DELETE
   /api/v1/namespaces/{ns}/pods/{name}`` (the pod is gone afterwards);

@@ -146,3 +146,28 @@ def test_the_image_holds_every_package_the_project_ships_and_redis() -> None:
         assert f"!{pkg}/**" in ignore, pkg
     assert re.search(r"apt-get install [^\n]*redis-server", dockerfile)
     assert mkimage.REDIS == "/usr/bin/redis-server"
+
+
+def test_the_image_ships_bytecode_the_pods_can_use(tmp_path: Path) -> None:
+    """The pods run with PYTHONDONTWRITEBYTECODE and a read-only root: mkimage writes a
+    checked-hash .pyc beside each of the project's modules (valid whatever the mtime), at
+    the path CPython looks for it, and it loads as the module's code."""
+    import importlib.util
+    import marshal
+
+    sys.path.insert(0, str(REPO / "deploy" / "loopback"))
+    try:
+        import mkimage
+    finally:
+        sys.path.pop(0)
+    rel = "canary_contract/phases.py"
+    assert mkimage.bytecode_path(rel) == (
+        f"canary_contract/__pycache__/phases.{sys.implementation.cache_tag}.pyc"
+    )
+    data = mkimage.bytecode(REPO / rel, f"/app/{rel}")
+    flags = int.from_bytes(data[4:8], "little")
+    assert data[:4] == importlib.util.MAGIC_NUMBER and flags == 0b11  # hash-based, checked
+    code = marshal.loads(data[16:])
+    assert code.co_filename == f"/app/{rel}"
+    source_hash = importlib.util.source_hash((REPO / rel).read_bytes())
+    assert data[8:16] == source_hash

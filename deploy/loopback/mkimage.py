@@ -23,9 +23,11 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import importlib.util
 import io
 import json
 import os
+import py_compile
 import re
 import shutil
 import subprocess
@@ -327,6 +329,28 @@ def app_files() -> list[str]:
     return sorted(set(files) | set(APP_FILES))
 
 
+def bytecode_path(rel: str) -> str:
+    """Where CPython looks for the bytecode of ``rel`` (``__pycache__/X.cpython-311.pyc``)."""
+    return importlib.util.cache_from_source(rel)
+
+
+def bytecode(src: Path, shown_as: str) -> bytes:
+    """``src`` compiled to a checked-hash .pyc: valid whatever the file's mtime, recompiled
+    only if the source's hash differs. The pods run with PYTHONDONTWRITEBYTECODE and a
+    read-only root, so without it every pod start compiles the whole project again (about
+    half a second of a broker's restart on 2 busy cores)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "x.pyc"
+        py_compile.compile(
+            str(src),
+            cfile=str(out),
+            dfile=shown_as,
+            doraise=True,
+            invalidation_mode=py_compile.PycInvalidationMode.CHECKED_HASH,
+        )
+        return out.read_bytes()
+
+
 def app_layer(layer: Layer) -> None:
     """/app (the project, as the Dockerfile copies it) and its editable installation."""
     ver = f"python{sys.version_info.major}.{sys.version_info.minor}"
@@ -335,6 +359,8 @@ def app_layer(layer: Layer) -> None:
     for rel in app_files():
         mode = 0o755 if rel == "deploy/entrypoint.sh" else 0o644
         layer.file(f"app/{rel}", REPO / rel, mode)
+        if rel.endswith(".py"):
+            layer.data(f"app/{bytecode_path(rel)}", bytecode(REPO / rel, f"/app/{rel}"))
     # `pip install -e . -e ./probes`: /app on sys.path and the two distributions' metadata
     # (chaostoolkit discovers its extensions by distribution).
     layer.data(f"{site}/canarystack-app.pth", b"/app\n")
