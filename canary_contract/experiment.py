@@ -5,7 +5,7 @@ what the gate must do about it and the SLOs its probes check::
       - name: gameday
         component: router
         fault: latency
-        expect: no_trip        # trip | no_trip | blind
+        expect: no_trip        # trip | no_trip | blind | colour_lost (with lost_at: HOP)
         slo:
           ttft_p99_s: ${ttft_p99_s}   # a number, or ${key} of the configuration
         target: kubernetes     # optional: the experiment needs this target kind
@@ -17,7 +17,7 @@ import enum
 import re
 from typing import Annotated, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from canary_contract._record import Number, Record, Text
 from canary_contract.json import JsonObject
@@ -30,6 +30,7 @@ class Expect(enum.StrEnum):
     TRIP = "trip"  # the gate must trip the canary
     NO_TRIP = "no_trip"  # the gate must leave the canary alone
     BLIND = "blind"  # a fault the gate cannot see, by design: the blind finding is expected
+    COLOUR_LOST = "colour_lost"  # a hop drops the traffic colour: the probe names it (lost_at)
 
 
 class TargetKind(enum.StrEnum):
@@ -45,8 +46,9 @@ class GamedayExtension(Record):
     slo: dict[str, Number | Text] = Field(default_factory=dict)
     drift_kl: Number | Text | None = None
     target: TargetKind | None = None
+    lost_at: Text | None = None  # expect colour_lost: the hop that drops the colour
 
-    omitted_when_none = frozenset({"drift_kl", "target"})
+    omitted_when_none = frozenset({"drift_kl", "target", "lost_at"})
 
     @field_validator("slo")
     @classmethod
@@ -58,6 +60,15 @@ class GamedayExtension(Record):
                     "the experiment's configuration"
                 )
         return slo
+
+    @model_validator(mode="after")
+    def _lost_at_with_colour_lost(self) -> GamedayExtension:
+        if (self.expect is Expect.COLOUR_LOST) != (self.lost_at is not None):
+            raise ValueError(
+                "expect colour_lost goes with lost_at (the hop that drops the colour, e.g. "
+                "lost_at: router), and lost_at only with expect colour_lost"
+            )
+        return self
 
 
 def gameday_extension(experiment: JsonObject) -> GamedayExtension | None:

@@ -23,6 +23,7 @@ from typing import Any
 
 import requests
 
+from canary_contract.faults import FaultAction
 from gameday.errors import GamedayError
 from gameday.targets import Target, TargetError
 
@@ -37,7 +38,9 @@ class FaultError(GamedayError, RuntimeError, ValueError):
 
 @dataclass
 class FaultEntry:
-    action: str  # inject | clear | kill
+    # Always a FaultAction once built; a str is taken (and checked) for callers that have
+    # not switched to the enum yet.
+    action: FaultAction | str
     time: float
     component: str
     replica: str
@@ -47,6 +50,15 @@ class FaultEntry:
     ttl_s: float | None = None
     params: dict[str, Any] = field(default_factory=dict)
     detail: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        try:
+            self.action = FaultAction(self.action)
+        except ValueError:
+            raise FaultError(
+                f"fault ledger entry: action {self.action!r} is not one of "
+                f"{', '.join(a.value for a in FaultAction)}"
+            ) from None
 
 
 class FaultLedger:
@@ -77,12 +89,16 @@ class FaultLedger:
 
     def outstanding(self) -> list[FaultEntry]:
         """Injected, not yet cleared (expiry is the component's business)."""
-        cleared = {(e.url, e.fault_id) for e in self.entries() if e.action == "clear"}
+        cleared = {(e.url, e.fault_id) for e in self.entries() if e.action is FaultAction.CLEAR}
         return [
-            e for e in self.entries() if e.action == "inject" and (e.url, e.fault_id) not in cleared
+            e
+            for e in self.entries()
+            if e.action is FaultAction.INJECT and (e.url, e.fault_id) not in cleared
         ]
 
-    def first(self, action: str = "inject", kind: str | None = None) -> FaultEntry | None:
+    def first(
+        self, action: FaultAction = FaultAction.INJECT, kind: str | None = None
+    ) -> FaultEntry | None:
         for e in self.entries():
             if e.action == action and (kind is None or e.kind == kind):
                 return e
@@ -185,7 +201,7 @@ def inject(
                 failures.append(f"{rep.name}: HTTP {resp.status_code}: {_error_text(resp)}")
                 continue
             entry = FaultEntry(
-                action="inject",
+                action=FaultAction.INJECT,
                 time=time.time(),
                 component=role,
                 replica=rep.name,
@@ -247,7 +263,7 @@ def clear_injected(
             errors.append(f"{e.replica}: HTTP {resp.status_code}: {_error_text(resp)}")
             continue
         entry = FaultEntry(
-            action="clear",
+            action=FaultAction.CLEAR,
             time=time.time(),
             component=e.component,
             replica=e.replica,
@@ -287,7 +303,7 @@ def kill_pod(
         )
     killed = target.kill_pod(roles[0], replica)
     entry = FaultEntry(
-        action="kill",
+        action=FaultAction.KILL,
         time=time.time(),
         component=roles[0],
         replica=killed.name,

@@ -436,6 +436,8 @@ def test_every_experiment_has_a_gameday_extension_the_contract_reads() -> None:
         ({"slo": {"ttft_p99_s": "fast"}}, "slo", "slo.ttft_p99_s is 'fast'"),
         ({"component": ""}, "component", "at least 1 character"),
         ({"target": "mainframe"}, "target", "'kubernetes'"),
+        ({"expect": "colour_lost"}, "", "expect colour_lost goes with lost_at"),
+        ({"lost_at": "router"}, "", "lost_at only with expect colour_lost"),
     ],
 )
 def test_a_wrong_gameday_extension_is_refused_naming_the_field(

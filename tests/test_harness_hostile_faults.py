@@ -39,3 +39,25 @@ def test_inject_refuses_bad_params_before_touching_the_target(tmp_path: Path) ->
         inject(target, "model-canary", "kernel", 30, {"ttl_s": math.inf})
     with pytest.raises(FaultError, match="ttl_s is inf"):
         inject(target, "router", "latency", math.inf, {"ms": 5})
+
+
+def test_the_ledger_reads_its_actions_as_the_contracts_and_refuses_others(tmp_path: Path) -> None:
+    from canary_contract.faults import FaultAction
+    from gameday.faults import FaultEntry, FaultLedger
+
+    ledger = FaultLedger(tmp_path / "faults.jsonl")
+    for action in ("inject", "dependency", "clear"):  # as older callers still write them
+        ledger.append(FaultEntry(action, 1.0, "router", "r0", "http://r0", "latency", "f1"))
+    read = ledger.entries()
+    assert [e.action for e in read] == [
+        FaultAction.INJECT,
+        FaultAction.DEPENDENCY,
+        FaultAction.CLEAR,
+    ]
+    assert all(isinstance(e.action, FaultAction) for e in read)
+    assert ledger.outstanding() == []  # the clear matches the inject by url and id
+    with (tmp_path / "faults.jsonl").open("a") as fh:
+        fh.write('{"action": "nudge", "time": 2.0, "component": "router", "replica": "r0", '
+                 '"url": "http://r0", "kind": "latency"}\n')  # fmt: skip
+    with pytest.raises(FaultError, match=r"action 'nudge' is not one of inject, clear, kill"):
+        ledger.entries()
