@@ -17,7 +17,8 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from canarystack.broker.server import MAX_TRIP_COLOURS, build_app
+from canarystack.broker.schemas import MAX_TRIP_COLOURS
+from canarystack.broker.server import build_app
 from canarystack.common.app import COMPONENT
 from canarystack.common.colour import HopLog
 from tests.broker_support import Api, trip_evidence

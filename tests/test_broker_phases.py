@@ -11,7 +11,8 @@ import pytest
 from canarystack.broker import manifest_digest, phases
 from canarystack.broker.phases import Phase
 from canarystack.broker.store import ReleasePatch, Store
-from canarystack.common.errors import Conflict, NotFound, Unprocessable
+from canarystack.broker.errors import BrokerDomainError, Conflicting, Missing, Refused
+from canarystack.common.errors import ApiError
 from tests.broker_support import digest_of, trip_evidence
 
 # The table as docs/ARCHITECTURE.md §2 writes it; phases.py must say exactly this.
@@ -110,15 +111,19 @@ def test_store_settings_and_append_only_events(store: Store) -> None:
 def test_store_cas_and_no_op(store: Store) -> None:
     release, changed = store.patch_release("r", ReleasePatch(1, canary_weight=10), "a", "", 3.0)
     assert changed and release["revision"] == 2
-    with pytest.raises(Conflict) as info:
+    with pytest.raises(Conflicting) as info:
         store.patch_release("r", ReleasePatch(1, canary_weight=20), "a", "", 4.0)
     assert info.value.extra == {"current_revision": 2}
+    assert info.value.param == "expected_revision" and info.value.code == "revision_conflict"
     # The same values again: no new revision, no event.
     same, changed = store.patch_release("r", ReleasePatch(2, canary_weight=10), "a", "", 5.0)
     assert not changed and same["revision"] == 2
     assert [e["revision"] for e in store.events("r")] == [1, 2]
-    with pytest.raises(NotFound):
+    with pytest.raises(Missing) as missing:
         store.patch_release("nope", ReleasePatch(1), "a", "", 5.0)
+    # The store speaks its own domain, not HTTP (#13 item 3): the HTTP layer maps it.
+    assert not isinstance(missing.value, ApiError)
+    assert isinstance(missing.value, BrokerDomainError)
 
 
 def test_store_promotion_and_restart(store: Store, tmp_path: Path) -> None:
@@ -132,10 +137,10 @@ def test_store_promotion_and_restart(store: Store, tmp_path: Path) -> None:
     assert change["stable.version"] == {"old": "v1", "new": "v2"}
     assert change["canary.version"] == {"old": "v2", "new": None}
     assert change["phase"] == {"old": "progressing", "new": "promoted"}
-    with pytest.raises(Conflict, match="weight above 0"):
+    with pytest.raises(Conflicting, match="weight above 0"):
         store.patch_release("r", ReleasePatch(2, canary_weight=5), "a", "", 4.0)
     store.create_release("solo", "v1", None, 0, "test", "", 4.0)
-    with pytest.raises(Unprocessable, match="no canary"):
+    with pytest.raises(Refused, match="no canary"):
         store.patch_release("solo", ReleasePatch(1, canary_weight=5), "a", "", 4.0)
     store.close()
     reopened = Store.open(tmp_path)

@@ -62,7 +62,7 @@ def test_a_manual_rollback_with_the_longest_reason_allowed_completes(
 def test_the_executors_limits_are_the_brokers() -> None:
     from pydantic import ValidationError
 
-    from canarystack.broker.server import MAX_EVENT_FIELD_BYTES, Annotation, PatchRelease
+    from canarystack.broker.schemas import MAX_EVENT_FIELD_BYTES, Annotation, PatchRelease
 
     assert BROKER_MAX_CHANGE_BYTES == MAX_EVENT_FIELD_BYTES
     PatchRelease(expected_revision=1, reason="x" * BROKER_MAX_REASON_CHARS)

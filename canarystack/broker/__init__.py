@@ -6,8 +6,11 @@ every change, trip evidence and an append-only event history. State lives in SQL
 (WAL) under ``--state-dir``; clients watch by long-poll. The API is fixed in
 docs/ARCHITECTURE.md §2.
 
-- ``canarystack.broker.server``  aiohttp handlers (``build_app``)
+- ``canarystack.broker.server``  HTTP: aiohttp handlers (``build_app``), domain errors -> statuses
+- ``canarystack.broker.schemas``  the request bodies (pydantic) and their limits
+- ``canarystack.broker.service``  ``Broker``: in-memory releases, the database thread, watches
 - ``canarystack.broker.store``   SQLite: transactions, compare-and-set, events
+- ``canarystack.broker.errors``  the domain errors the store raises (``Missing``, ...)
 - ``canarystack.broker.phases``  the phase transition table
 - ``canarystack.broker.client``  ``BrokerClient``, the async client other components use
 - ``canarystack.broker.digest``  ``manifest_digest``

@@ -25,6 +25,7 @@ from typing import IO
 
 from canarystack.broker.capabilities import load_credentials_dir
 from canarystack.broker.server import build_app
+from canarystack.broker.store import StateDirError
 from canarystack.common.auth import describe_admin_flag, load_admin_token
 from canarystack.common.cli import base_parser, parse, serve
 from canarystack.common.logs import get_logger
@@ -128,6 +129,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     try:
         serve(app, args, "broker")
+    except StateDirError as exc:
+        # The store opens as the app starts, before it listens: say why and exit 1.
+        raise SystemExit(str(exc)) from None
     finally:
         lock.close()
 

@@ -1,6 +1,6 @@
 """The broker's OpenAPI description (``GET /openapi.json``; docs/ARCHITECTURE.md §2).
 
-Request bodies are the pydantic models of ``canarystack.broker.server``; answers are the
+Request bodies are the pydantic models of ``canarystack.broker.schemas``; answers are the
 store's JSON (``canarystack.broker.store``). The watch timeout's bound is this broker's
 ``--max-watch-s``. This module must never change how a request is handled.
 """
@@ -88,7 +88,7 @@ ROUTER_SCHEMA: Json = obj(
 
 
 def describe(spec: ApiSpec, app: web.Application) -> None:
-    from canarystack.broker import server
+    from canarystack.broker import schemas, server
     from canarystack.broker.phases import Phase
 
     broker = app[server.BROKER]
@@ -97,8 +97,8 @@ def describe(spec: ApiSpec, app: web.Application) -> None:
     event = spec.named("Event", EVENT_SCHEMA)
     router = spec.named("Router", ROUTER_SCHEMA)
     actor = Param("x-actor", "header", STRING, "who makes the change, when the body has no actor")
-    version_name = path_str("version", "a registered version", server.NAME_PATTERN)
-    release_name = path_str("name", "a release", server.NAME_PATTERN)
+    version_name = path_str("version", "a registered version", schemas.NAME_PATTERN)
+    release_name = path_str("name", "a release", schemas.NAME_PATTERN)
 
     spec.add(
         "post",
@@ -107,7 +107,7 @@ def describe(spec: ApiSpec, app: web.Application) -> None:
         tag=TAG,
         admin=True,
         params=[actor],
-        body=spec.model(server.RegisterVersion),
+        body=spec.model(schemas.RegisterVersion),
         responses={
             200: json_body(version, "already registered with this digest"),
             201: json_body(version, "registered"),
@@ -139,7 +139,7 @@ def describe(spec: ApiSpec, app: web.Application) -> None:
         tag=TAG,
         admin=True,
         params=[version_name, actor],
-        body=spec.model(server.QuarantineVersion),
+        body=spec.model(schemas.QuarantineVersion),
         body_required=False,
         responses={200: json_body(version), 404: error_response("no such version")},
     )
@@ -159,7 +159,7 @@ def describe(spec: ApiSpec, app: web.Application) -> None:
         tag=TAG,
         admin=True,
         params=[actor],
-        body=spec.model(server.CreateRelease),
+        body=spec.model(schemas.CreateRelease),
         responses={
             201: json_body(release, "created"),
             404: error_response("a named version is not registered"),
@@ -197,7 +197,7 @@ def describe(spec: ApiSpec, app: web.Application) -> None:
         tag=TAG,
         admin=True,
         params=[release_name, actor],
-        body=spec.model(server.PatchRelease),
+        body=spec.model(schemas.PatchRelease),
         responses={
             200: json_body(release),
             404: error_response("no such release or version"),
@@ -232,7 +232,7 @@ def describe(spec: ApiSpec, app: web.Application) -> None:
         tag=TAG,
         admin=True,
         params=[release_name, actor],
-        body=spec.model(server.Annotation),
+        body=spec.model(schemas.Annotation),
         responses={201: json_body(event, "recorded"), 404: error_response("no such release")},
     )
     spec.add(
@@ -241,7 +241,7 @@ def describe(spec: ApiSpec, app: web.Application) -> None:
         summary="A router says which revision it applied.",
         tag=TAG,
         admin=True,
-        body=spec.model(server.Heartbeat),
+        body=spec.model(schemas.Heartbeat),
         responses={200: json_body(obj(("ok",), ok={"const": True}))},
     )
     spec.add(

@@ -1,29 +1,19 @@
-"""The broker's HTTP API (aiohttp), per docs/ARCHITECTURE.md §2.
+"""The broker's HTTP API (aiohttp), per docs/ARCHITECTURE.md §2: the handlers and the app.
 
-Threading: SQLite calls block, and with ``synchronous=FULL`` every commit waits for an
-fsync. Run on the event loop, that wait would stall every long-poll wake-up and router
-heartbeat behind it, so all SQLite work runs on one dedicated thread
-(a ``ThreadPoolExecutor(max_workers=1)``) holding the only connection. One thread also
-serialises writes, which SQLite would do anyway. Reads of a release — the hot path: every
-router watch and GET — are answered from an in-memory copy that is replaced after each
-commit, so they never wait for the database.
+The broker is three rooms: ``schemas`` (the request bodies and their limits), ``service``
+(``Broker``: the in-memory releases, the database thread, watches, heartbeats) and this
+module (HTTP: paths, credentials, faults, and the one place where the store's domain
+errors, ``canarystack.broker.errors``, become statuses: ``Missing`` 404,
+``Conflicting`` 409, ``Refused`` 422). The SQLite store is ``canarystack.broker.store``.
 
-Watch: ``GET /v1/releases/{name}?after=REV&timeout_s=S`` waits on an ``asyncio.Event``
-per release that a commit sets (and replaces); there is no polling of SQLite. It also
-answers at once when ``after`` is above the current revision (the client's revision came
-from another database, e.g. a wiped state folder). A watch on
-a release that does not exist yet waits for it to be created (a router may start before
-the release does); if the timeout passes first it gets 404.
+Watch: ``GET /v1/releases/{name}?after=REV&timeout_s=S`` answers once the revision
+differs from ``after`` or after ``timeout_s`` (``x-watch-timeout: true``); a watch on a
+release that does not exist yet waits for it, and is a 404 if the timeout passes first.
 
 Faults: ``latency`` (``ms`` added to every /v1 request), ``unavailable`` (503 on every
 /v1 request) and ``drop_watch`` (long-polls hang, answering nothing, until the client
 disconnects or the fault ends; then they answer normally). /health, /metrics and /admin
 are never faulted, so the harness can still observe and heal the broker.
-
-Router heartbeats live in memory only: after a restart, routers reappear within one
-heartbeat. A router whose heartbeats stop leaves ``routers`` after ``--router-expiry-s``
-and is listed under ``recent`` for ``RECENT_ROUTER_FACTOR`` times that, so the rollback
-executor can tell routers that just went quiet from no routers at all.
 
 Input (``canarystack.broker.wire``): bodies of at most 256 KiB (413 above, checked
 against ``Content-Length`` before reading), strict JSON (no NaN/Infinity, integers of at
@@ -33,7 +23,8 @@ most 16 KiB as JSON (they are part of every history page). Every answer is writt
 ``allow_nan=False``. Event history is paged: ``GET .../events?after_seq=N&limit=L``
 (L <= 10,000) answers ``{"events", "next_after_seq", "limit"}``, oldest first; a page
 shorter than ``limit`` is the last. ``/health`` says ``max_watch_s`` (a router checks its
-watch timeout against it) and ``router_expiry_s``.
+watch timeout against it) and ``router_expiry_s``. A trip's ``colours`` (the request ids
+and trace ids behind it) are each recorded as a ``trip_evidence`` hop.
 
 This module must never answer a write before its commit returned, touch SQLite from the
 event loop thread, or hold a long-poll past ``--max-watch-s`` (except under drop_watch).
@@ -42,31 +33,38 @@ event loop thread, or hold a long-poll past ``--max-watch-s`` (except under drop
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
-import re
 import secrets
 import time
-from collections.abc import AsyncIterator, Callable
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Any
 
 from aiohttp import web
-from prometheus_client import Counter, Gauge, Histogram
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator, model_validator
 
 import canarystack
 from canarystack.broker import capabilities
 from canarystack.broker.api_spec import install as install_api_spec
 from canarystack.broker.capabilities import Credentials
 from canarystack.broker.digest import manifest_digest
-from canarystack.broker.phases import Phase
-from canarystack.broker.store import ReleasePatch, Store
+from canarystack.broker.errors import BrokerDomainError, Conflicting, Missing, Refused
+from canarystack.broker.schemas import (
+    _NAME_RE,
+    MAX_EVENT_FIELD_BYTES,
+    MAX_TRIP_COLOURS,
+    NAME_PATTERN,
+    Annotation,
+    CreateRelease,
+    Heartbeat,
+    PatchRelease,
+    QuarantineVersion,
+    RegisterVersion,
+    TripEvidence,
+)
+from canarystack.broker.service import Broker
+from canarystack.broker.store import ReleasePatch
 from canarystack.broker.wire import (
     BROKER_MAX_BODY_BYTES,
-    MAX_INT64,
     header_text,
     json_response,
     query_float,
@@ -79,7 +77,9 @@ from canarystack.common.app import COMPONENT, Component, create_app
 from canarystack.common.auth import Forbidden
 from canarystack.common.colour import Colour
 from canarystack.common.errors import (
+    ApiError,
     BadRequest,
+    Conflict,
     Handler,
     NotFound,
     Unavailable,
@@ -89,21 +89,27 @@ from canarystack.common.errors import (
 from canarystack.common.faults import FaultParams, FaultRegistry, LatencyMs, NoParams
 from canarystack.common.logs import get_logger
 
-T = TypeVar("T")
+# Names other modules read here (the request bodies live in ``schemas``).
+__all__ = [
+    "BROKER",
+    "MAX_EVENT_FIELD_BYTES",
+    "MAX_TRIP_COLOURS",
+    "NAME_PATTERN",
+    "Annotation",
+    "Broker",
+    "PatchRelease",
+    "build_app",
+]
+
 Json = dict[str, Any]
 
 # Module-level so tests can shorten them instead of sleeping.
 DEFAULT_WATCH_TIMEOUT_S = 30.0
-# A waiting long-poll wakes at least this often to notice a client that went away.
-WATCH_SLICE_S = 1.0
-# How often a long-poll hung by drop_watch checks whether the fault ended or the client left.
-DROP_WATCH_POLL_S = 0.05
 MAX_EVENTS_PER_PAGE = 10_000
-# A router whose heartbeats stopped stays listed under "recent" this many expiry periods,
-# so the rollback executor can tell "no router exists" from "the routers just went quiet".
-RECENT_ROUTER_FACTOR = 3.0
 
 _log = get_logger("broker")
+
+BROKER: web.AppKey[Broker] = web.AppKey("broker", Broker)
 
 
 # -- faults -------------------------------------------------------------------------------
@@ -112,403 +118,6 @@ FAULT_KINDS: dict[str, type[FaultParams]] = {
     "unavailable": NoParams,
     "drop_watch": NoParams,
 }
-
-
-# -- request bodies -----------------------------------------------------------------------
-NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
-# For path segments: fullmatch, because re's '$' also matches before a trailing newline.
-_NAME_RE = re.compile(NAME_PATTERN[1:-1])
-Name = Annotated[str, Field(pattern=NAME_PATTERN)]
-Actor = Annotated[str, Field(min_length=1, max_length=200)]
-Reason = Annotated[str, Field(max_length=4000)]
-# Every number the broker stores must be finite (strictjson already refuses NaN and
-# Infinity on the wire; the models refuse them again for any other path) and every integer
-# must fit SQLite's signed 64 bits.
-Number = Annotated[float, Field(strict=True, allow_inf_nan=False)]
-EpochSeconds = Annotated[float, Field(strict=True, ge=0, allow_inf_nan=False)]
-Count = Annotated[StrictInt, Field(ge=0, le=MAX_INT64)]
-
-
-# An event's change is part of every page of history (up to MAX_EVENTS_PER_PAGE of them
-# per answer), so what a client adds to one (an annotation, trip detail) stays small.
-MAX_EVENT_FIELD_BYTES = 16 * 1024
-
-
-def _small_json(value: dict[str, Any], field: str) -> dict[str, Any]:
-    size = len(strictjson.dumps(value))
-    if size > MAX_EVENT_FIELD_BYTES:
-        raise ValueError(
-            f"{field} is {size} bytes as JSON, over the limit of {MAX_EVENT_FIELD_BYTES}: it "
-            "is stored in the release's event history and read back on every page; keep "
-            "it to a few fields"
-        )
-    return value
-
-
-class _Body(BaseModel):
-    # Unknown fields are refused so that typos show instead of being ignored.
-    model_config = ConfigDict(extra="forbid")
-
-
-class Weights(_Body):
-    canary: Annotated[float, Field(strict=True, ge=0, le=100, allow_inf_nan=False)]
-
-
-# A trip's example colours (``canarystack.common.colour``): at most this many, each a
-# request id and trace id the gate saw in the samples behind the trip, and their tag.
-MAX_TRIP_COLOURS = 8
-Token = Annotated[str, Field(pattern=r"^[A-Za-z0-9._:/=+-]{1,128}$")]
-
-
-class TripColour(_Body):
-    request_id: Token
-    trace_id: Annotated[str, Field(pattern=r"^[0-9a-f]{32}$")]
-    tag: Token | None = None
-
-
-class TripEvidence(_Body):
-    test: Literal["drift", "latency", "errors", "no_data"]
-    bucket: Annotated[str, Field(min_length=1, max_length=64)]
-    statistic: Number
-    threshold: Number
-    samples: Count
-    first_sample_time: Number
-    last_sample_time: Number
-    tripped_at: Number
-    detail: dict[str, Any] = Field(default_factory=dict)
-    # Optional (older gates send none): stored only when sent.
-    colours: Annotated[list[TripColour], Field(max_length=MAX_TRIP_COLOURS)] | None = None
-
-    @field_validator("detail")
-    @classmethod
-    def _small_detail(cls, value: dict[str, Any]) -> dict[str, Any]:
-        return _small_json(value, "trip.detail")
-
-    @model_validator(mode="after")
-    def _ordered(self) -> TripEvidence:
-        if self.last_sample_time < self.first_sample_time:
-            raise ValueError(
-                "trip.last_sample_time is before trip.first_sample_time; send the window's "
-                "first and last sample times in order"
-            )
-        return self
-
-
-class RegisterVersion(_Body):
-    version: Name
-    manifest: Any
-    digest: Annotated[str, Field(pattern=r"^sha256:[0-9a-f]{64}$")]
-
-
-class QuarantineVersion(_Body):
-    actor: Actor | None = None
-    reason: Reason = ""
-
-
-class CreateRelease(_Body):
-    name: Name
-    stable: Name
-    canary: Name | None = None
-    weights: Weights = Field(default_factory=lambda: Weights(canary=0))
-    actor: Actor | None = None
-    reason: Reason = ""
-
-
-class PatchRelease(_Body):
-    expected_revision: Count
-    weights: Weights | None = None
-    phase: Phase | None = None
-    canary: Name | None = None
-    trip: TripEvidence | None = None
-    actor: Actor | None = None
-    reason: Reason = ""
-
-
-class Annotation(_Body):
-    actor: Actor | None = None
-    change: dict[str, Any]
-    reason: Reason = ""
-
-    @field_validator("change")
-    @classmethod
-    def _small_change(cls, value: dict[str, Any]) -> dict[str, Any]:
-        return _small_json(value, "change")
-
-    @model_validator(mode="after")
-    def _has_annotation(self) -> Annotation:
-        note = self.change.get("annotation")
-        if not isinstance(note, str) or not note:
-            raise ValueError(
-                "change.annotation must be a non-empty string naming the annotation "
-                "(e.g. 'fault_injected')"
-            )
-        return self
-
-
-class Heartbeat(_Body):
-    router_id: Annotated[str, Field(min_length=1, max_length=200)]
-    release: Name
-    applied_revision: Count | None
-    # Optional (older routers omit them): when the router applied that revision, and since
-    # when its effective canary weight is 0 (null while the canary gets traffic).
-    applied_at: EpochSeconds | None = None
-    canary_off_since: EpochSeconds | None = None
-
-
-# -- the broker -----------------------------------------------------------------------------
-@dataclass
-class RouterBeat:
-    router_id: str
-    release: str
-    applied_revision: int | None
-    last_seen: float  # epoch seconds, for people
-    seen_mono: float  # for expiry
-    applied_at: float | None = None  # the router's clock, epoch seconds
-    canary_off_since: float | None = None  # the router's clock; None: canary gets traffic
-
-
-class Broker:
-    """The in-process state around the store: cached releases, watches, heartbeats."""
-
-    def __init__(
-        self,
-        state_dir: Path,
-        component: Component,
-        *,
-        router_expiry_s: float = 3.0,
-        max_watch_s: float = 60.0,
-        clock: Callable[[], float] = time.monotonic,
-        wall: Callable[[], float] = time.time,
-        credentials: Credentials | None = None,
-    ) -> None:
-        self.state_dir = Path(state_dir)
-        self.component = component
-        self.credentials = credentials or capabilities.single_credential(component.admin_token)
-        self.faults = component.faults
-        self.router_expiry_s = router_expiry_s
-        self.max_watch_s = max_watch_s
-        self._clock = clock
-        self._wall = wall
-        self._executor: ThreadPoolExecutor | None = None
-        self._store: Store | None = None
-        self.releases: dict[str, Json] = {}
-        self._changed: dict[str, asyncio.Event] = {}
-        self._routers: dict[str, RouterBeat] = {}
-        # Routers whose heartbeats stopped less than recent_s ago (memory only, as beats).
-        self._gone: dict[str, RouterBeat] = {}
-        self.recent_s = router_expiry_s * RECENT_ROUTER_FACTOR
-        self.closing = False
-        self.watchers = 0
-
-        reg = component.registry
-        Gauge("canarystack_broker_watchers", "Long-polls waiting now", registry=reg).set_function(
-            lambda: float(self.watchers)
-        )
-        Gauge(
-            "canarystack_broker_live_routers", "Routers with a live heartbeat", registry=reg
-        ).set_function(lambda: float(len(self.live_routers())))
-        self._revision = Gauge(
-            "canarystack_broker_release_revision", "Current revision", ["release"], registry=reg
-        )
-        self._writes = Counter(
-            "canarystack_broker_writes_total",
-            "Write requests by kind and outcome",
-            ["kind", "outcome"],
-            registry=reg,
-        )
-        self._commit_s = Histogram(
-            "canarystack_broker_write_seconds",
-            "Time a write spends on the database thread (transaction and fsync)",
-            buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0),
-            registry=reg,
-        )
-
-    # -- lifecycle ----------------------------------------------------------------------
-    async def start(self) -> None:
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="broker-sqlite")
-        self._store = await self._db(Store.open, self.state_dir)
-        for release in await self._db(self.store.list_releases):
-            self._publish(release)
-        _log.info(
-            "store_opened",
-            path=str(self.store.path),
-            releases=len(self.releases),
-            journal_mode="wal",
-            synchronous="full",
-        )
-
-    def wake_all(self) -> None:
-        """On shutdown: let every waiting long-poll answer now."""
-        self.closing = True
-        for event in self._changed.values():
-            event.set()
-        self._changed.clear()
-
-    async def stop(self) -> None:
-        if self._store is not None:
-            await self._db(self._store.close)
-            self._store = None
-        if self._executor is not None:
-            self._executor.shutdown(wait=True)
-            self._executor = None
-
-    @property
-    def store(self) -> Store:
-        if self._store is None:
-            raise RuntimeError("the broker store is not open (start() has not run)")
-        return self._store
-
-    async def _db(self, fn: Callable[..., T], *args: Any) -> T:
-        if self._executor is None:
-            raise RuntimeError("the broker's database thread is not running")
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, functools.partial(fn, *args))
-
-    async def write(
-        self,
-        kind: str,
-        fn: Callable[..., T],
-        *args: Any,
-        changed: Callable[[T], list[Json]] | None = None,
-    ) -> T:
-        """Run a write on the database thread; it has committed when this returns.
-
-        ``changed`` picks the releases the write changed out of its result. They are
-        published (cache, watchers) from the commit's own completion, not from the
-        awaiting handler, and the handler's wait is shielded: a handler cancelled after
-        the commit cannot leave the in-memory copy behind the database.
-        """
-        started = time.perf_counter()
-        loop = asyncio.get_running_loop()
-        if self._executor is None:
-            raise RuntimeError("the broker's database thread is not running")
-        future = loop.run_in_executor(self._executor, functools.partial(fn, *args))
-
-        def on_commit(done: asyncio.Future[T]) -> None:
-            if done.cancelled() or done.exception() is not None:
-                return
-            self._commit_s.observe(time.perf_counter() - started)
-            if changed is not None:
-                self.publish_all(changed(done.result()))
-
-        future.add_done_callback(on_commit)
-        try:
-            result = await asyncio.shield(future)
-        except Exception as exc:
-            self._writes.labels(kind=kind, outcome=type(exc).__name__).inc()
-            raise
-        self._writes.labels(kind=kind, outcome="ok").inc()
-        return result
-
-    async def read(self, fn: Callable[..., T], *args: Any) -> T:
-        return await self._db(fn, *args)
-
-    # -- releases and watches -------------------------------------------------------------
-    def _publish(self, release: Json) -> None:
-        name = release["name"]
-        cached = self.releases.get(name)
-        # Commits can resume on the loop out of order; never go back to an older revision.
-        if cached is not None and cached["revision"] >= release["revision"]:
-            return
-        self.releases[name] = release
-        self._revision.labels(release=name).set(release["revision"])
-        event = self._changed.pop(name, None)
-        if event is not None:
-            event.set()
-
-    def publish_all(self, releases: list[Json]) -> None:
-        for release in releases:
-            self._publish(release)
-
-    async def _hang_while_dropped(self, request: web.Request) -> bool:
-        """Under drop_watch, answer nothing until the fault ends; False if the client left."""
-        while self.faults.get("drop_watch") is not None and not self.closing:
-            if _client_gone(request):
-                return False
-            await asyncio.sleep(DROP_WATCH_POLL_S)
-        return True
-
-    async def watch(
-        self, name: str, after: int, timeout_s: float, request: web.Request
-    ) -> tuple[Json | None, bool]:
-        """The release once its revision differs from ``after``: ``(release, timed_out)``."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout_s
-        self.watchers += 1
-        try:
-            while True:
-                if not await self._hang_while_dropped(request):
-                    return None, True
-                release = self.releases.get(name)
-                # Answer at once when the client is *ahead* too: its revision came from
-                # another database (a wiped state folder), and waiting for the broker to
-                # count up to it would freeze the client's config for minutes.
-                if release is not None and release["revision"] != after:
-                    return release, False
-                remaining = deadline - loop.time()
-                if remaining <= 0 or self.closing:
-                    return release, True
-                event = self._changed.get(name)
-                if event is None:
-                    event = self._changed[name] = asyncio.Event()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(event.wait(), min(remaining, WATCH_SLICE_S))
-                if _client_gone(request):
-                    return None, True
-        finally:
-            self.watchers -= 1
-
-    # -- routers ------------------------------------------------------------------------
-    def heartbeat(self, beat: Heartbeat) -> None:
-        self._gone.pop(beat.router_id, None)
-        self._routers[beat.router_id] = RouterBeat(
-            router_id=beat.router_id,
-            release=beat.release,
-            applied_revision=beat.applied_revision,
-            last_seen=self._wall(),
-            seen_mono=self._clock(),
-            applied_at=beat.applied_at,
-            canary_off_since=beat.canary_off_since,
-        )
-
-    def _expire(self) -> float:
-        now = self._clock()
-        for rid, beat in list(self._routers.items()):
-            if now - beat.seen_mono > self.router_expiry_s:
-                del self._routers[rid]
-                self._gone[rid] = beat
-        for rid, beat in list(self._gone.items()):
-            if now - beat.seen_mono > self.recent_s:
-                del self._gone[rid]
-        return now
-
-    @staticmethod
-    def _beats_json(beats: dict[str, RouterBeat], now: float, release: str | None) -> list[Json]:
-        return [
-            {
-                "router_id": b.router_id,
-                "release": b.release,
-                "applied_revision": b.applied_revision,
-                "applied_at": b.applied_at,
-                "canary_off_since": b.canary_off_since,
-                "last_seen": b.last_seen,
-                "age_s": round(now - b.seen_mono, 3),
-            }
-            for b in sorted(beats.values(), key=lambda b: b.router_id)
-            if release is None or b.release == release
-        ]
-
-    def live_routers(self, release: str | None = None) -> list[Json]:
-        now = self._expire()
-        return self._beats_json(self._routers, now, release)
-
-    def recent_routers(self, release: str | None = None) -> list[Json]:
-        """Routers no longer live whose last heartbeat is less than ``recent_s`` old."""
-        now = self._expire()
-        return self._beats_json(self._gone, now, release)
-
-
-BROKER: web.AppKey[Broker] = web.AppKey("broker", Broker)
 
 
 def _client_gone(request: web.Request) -> bool:
@@ -677,7 +286,7 @@ async def get_release(request: web.Request) -> web.Response:
         return json_response(release)
     after = query_int(request, "after", None)
     timeout_s = _watch_timeout(request, broker.max_watch_s)
-    release, timed_out = await broker.watch(name, after, timeout_s, request)
+    release, timed_out = await broker.watch(name, after, timeout_s, lambda: _client_gone(request))
     if release is None:
         raise NotFound(
             f"No release {name!r} (the watch waited {timeout_s:g} s for it to be created).",
@@ -821,6 +430,27 @@ async def list_routers(request: web.Request) -> web.Response:
 
 
 # -- app ------------------------------------------------------------------------------------
+_STATUS_OF: dict[type[BrokerDomainError], type[ApiError]] = {
+    Missing: NotFound,
+    Conflicting: Conflict,
+    Refused: Unprocessable,
+}
+
+
+def to_api_error(exc: BrokerDomainError) -> ApiError:
+    """The HTTP error of a domain error (the one place statuses are chosen)."""
+    cls = next((api for dom, api in _STATUS_OF.items() if isinstance(exc, dom)), Unprocessable)
+    return cls(exc.message, param=exc.param, code=exc.code, extra=exc.extra or None)
+
+
+@web.middleware
+async def domain_error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except BrokerDomainError as exc:
+        raise to_api_error(exc) from None
+
+
 @web.middleware
 async def fault_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     if request.path.startswith("/v1/"):
@@ -883,6 +513,7 @@ def build_app(
     }
     app = create_app(component, client_max_size=BROKER_MAX_BODY_BYTES)
     app.middlewares.append(fault_middleware)
+    app.middlewares.append(domain_error_middleware)
     app[BROKER] = broker
     app.cleanup_ctx.append(_broker_ctx)
     app.on_shutdown.append(_on_shutdown)

@@ -19,8 +19,10 @@ compares it with what the caller expected (compare-and-set), checks the phase ru
 ``WHERE revision = <read>`` and appends an event describing the change (old -> new).
 
 ``Store`` is synchronous and not thread-safe: the server calls it from one dedicated
-thread. It raises ``canarystack.common.errors.ApiError`` subclasses for anything a
-client caused, so the HTTP layer only has to serialise them.
+thread. It raises the domain errors of ``canarystack.broker.errors`` (``Missing``,
+``Conflicting``, ``Refused``) for anything a client caused, and ``StateDirError`` when the
+state folder cannot be used; the HTTP layer maps the first to statuses, ``__main__`` turns
+the second into its message and exit status 1. It knows nothing of HTTP.
 
 This module must never acknowledge a write before COMMIT, update or delete an event, or
 change a phase except through ``phases.check_transition``.
@@ -37,9 +39,9 @@ from pathlib import Path
 from typing import Any
 
 from canarystack.broker import phases
+from canarystack.broker.errors import Conflicting, Missing, Refused
 from canarystack.broker.phases import Phase
 from canarystack.common import strictjson
-from canarystack.common.errors import Conflict, NotFound, Unprocessable
 
 SCHEMA_VERSION = 1
 DB_FILE = "broker.sqlite"
@@ -94,7 +96,7 @@ LEFT JOIN versions cv ON cv.version = r.canary_version
 Json = dict[str, Any]
 
 
-class StateDirError(SystemExit):
+class StateDirError(Exception):
     """The state folder or its database cannot be used (the message says why and what to do)."""
 
 
@@ -245,7 +247,7 @@ class Store:
             row = db.execute("SELECT * FROM versions WHERE version = ?", (version,)).fetchone()
             if row is not None:
                 if row["digest"] != digest:
-                    raise Conflict(
+                    raise Conflicting(
                         f"Version {version!r} is already registered with digest "
                         f"{row['digest']}, not {digest}: versions are immutable; register "
                         "the new artifact under a new version name.",
@@ -272,7 +274,7 @@ class Store:
         with self._tx() as db:
             row = db.execute("SELECT * FROM versions WHERE version = ?", (version,)).fetchone()
             if row is None:
-                raise NotFound(
+                raise Missing(
                     f"No version {version!r}: GET /v1/versions lists the registered ones.",
                     param="version",
                 )
@@ -342,14 +344,14 @@ class Store:
             "SELECT quarantined FROM versions WHERE version = ?", (version,)
         ).fetchone()
         if row is None:
-            raise Unprocessable(
+            raise Refused(
                 f"Unknown version {version!r} in '{param}': register it first with "
                 "POST /v1/versions (GET /v1/versions lists the registered ones).",
                 param=param,
                 code="unknown_version",
             )
         if as_canary and row["quarantined"]:
-            raise Unprocessable(
+            raise Refused(
                 f"Version {version!r} in '{param}' is quarantined and cannot be a canary; "
                 "register a fixed artifact under a new version name.",
                 param=param,
@@ -368,7 +370,7 @@ class Store:
     ) -> Json:
         with self._tx() as db:
             if self._release_in_tx(db, name) is not None:
-                raise Conflict(
+                raise Conflicting(
                     f"Release {name!r} already exists: change it with PATCH "
                     f"/v1/releases/{name} (GET it for the current revision).",
                     param="name",
@@ -378,7 +380,7 @@ class Store:
             if canary is not None:
                 self._usable_version(db, canary, "canary", as_canary=True)
             elif canary_weight > 0:
-                raise Unprocessable(
+                raise Refused(
                     f"weights.canary is {canary_weight:g} but the release has no canary: "
                     "give 'canary' or a weight of 0.",
                     param="weights.canary",
@@ -414,9 +416,9 @@ class Store:
         with self._tx() as db:
             old = self._release_in_tx(db, name)
             if old is None:
-                raise NotFound(f"No release {name!r}: GET /v1/releases lists them.", param="name")
+                raise Missing(f"No release {name!r}: GET /v1/releases lists them.", param="name")
             if old["revision"] != patch.expected_revision:
-                raise Conflict(
+                raise Conflicting(
                     f"Revision conflict on release {name!r}: expected_revision is "
                     f"{patch.expected_revision} but the release is at revision "
                     f"{old['revision']}; GET it again and reapply your change.",
@@ -438,7 +440,7 @@ class Store:
             return release, True
 
     def _plan(self, db: sqlite3.Connection, old: Json, patch: ReleasePatch) -> Json:
-        """The release after ``patch``, or an ApiError saying why it is refused."""
+        """The release after ``patch``, or a domain error saying why it is refused."""
         current = Phase(old["phase"])
         target = patch.phase or current
         old_canary = old["canary"]["version"] if old["canary"] else None
@@ -459,7 +461,7 @@ class Store:
             if patch.canary_weight is not None:
                 phases.check_weight(target, patch.canary_weight, current)
         except phases.IllegalTransition as exc:
-            raise Conflict(
+            raise Conflicting(
                 exc.message,
                 param="phase",
                 code="illegal_transition",
@@ -483,7 +485,7 @@ class Store:
             canary_after = None
             weight = 0
         if canary_after is None and weight > 0:
-            raise Unprocessable(
+            raise Refused(
                 f"weights.canary would be {weight:g} but the release would have no canary: "
                 "give a canary version or set the weight to 0.",
                 param="weights.canary",
@@ -579,12 +581,12 @@ class Store:
         with self._tx() as db:
             release = self._release_in_tx(db, name)
             if release is None:
-                raise NotFound(f"No release {name!r}: GET /v1/releases lists them.", param="name")
+                raise Missing(f"No release {name!r}: GET /v1/releases lists them.", param="name")
             return self._append(db, name, now, release["revision"], actor, change, reason)
 
     def events(self, name: str, after_seq: int = 0, limit: int = 10_000) -> list[Json]:
         if self.get_release(name) is None:
-            raise NotFound(f"No release {name!r}: GET /v1/releases lists them.", param="name")
+            raise Missing(f"No release {name!r}: GET /v1/releases lists them.", param="name")
         rows = self._conn.execute(
             "SELECT * FROM events WHERE release = ? AND seq > ? ORDER BY seq LIMIT ?",
             (name, after_seq, limit),

@@ -1,0 +1,160 @@
+"""The broker's request bodies: the pydantic models that validate them, field by field.
+
+Every number the broker stores must be finite and every integer must fit SQLite's signed
+64 bits; unknown fields are refused (a typo shows instead of being ignored); what a client
+adds to an event (an annotation, trip detail) is at most ``MAX_EVENT_FIELD_BYTES`` as JSON.
+The HTTP layer (``canarystack.broker.server``) parses bodies with these; the OpenAPI
+description (``canarystack.broker.api_spec``) is generated from them.
+
+This module must never do I/O.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator, model_validator
+
+from canarystack.broker.phases import Phase
+from canarystack.broker.wire import MAX_INT64
+from canarystack.common import strictjson
+
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
+# For path segments: fullmatch, because re's '$' also matches before a trailing newline.
+_NAME_RE = re.compile(NAME_PATTERN[1:-1])
+Name = Annotated[str, Field(pattern=NAME_PATTERN)]
+Actor = Annotated[str, Field(min_length=1, max_length=200)]
+Reason = Annotated[str, Field(max_length=4000)]
+# Every number the broker stores must be finite (strictjson already refuses NaN and
+# Infinity on the wire; the models refuse them again for any other path) and every integer
+# must fit SQLite's signed 64 bits.
+Number = Annotated[float, Field(strict=True, allow_inf_nan=False)]
+EpochSeconds = Annotated[float, Field(strict=True, ge=0, allow_inf_nan=False)]
+Count = Annotated[StrictInt, Field(ge=0, le=MAX_INT64)]
+
+
+# An event's change is part of every page of history (up to MAX_EVENTS_PER_PAGE of them
+# per answer), so what a client adds to one (an annotation, trip detail) stays small.
+MAX_EVENT_FIELD_BYTES = 16 * 1024
+
+
+def _small_json(value: dict[str, Any], field: str) -> dict[str, Any]:
+    size = len(strictjson.dumps(value))
+    if size > MAX_EVENT_FIELD_BYTES:
+        raise ValueError(
+            f"{field} is {size} bytes as JSON, over the limit of {MAX_EVENT_FIELD_BYTES}: it "
+            "is stored in the release's event history and read back on every page; keep "
+            "it to a few fields"
+        )
+    return value
+
+
+class _Body(BaseModel):
+    # Unknown fields are refused so that typos show instead of being ignored.
+    model_config = ConfigDict(extra="forbid")
+
+
+class Weights(_Body):
+    canary: Annotated[float, Field(strict=True, ge=0, le=100, allow_inf_nan=False)]
+
+
+# A trip's example colours (``canarystack.common.colour``): at most this many, each a
+# request id and trace id the gate saw in the samples behind the trip, and their tag.
+MAX_TRIP_COLOURS = 8
+Token = Annotated[str, Field(pattern=r"^[A-Za-z0-9._:/=+-]{1,128}$")]
+
+
+class TripColour(_Body):
+    request_id: Token
+    trace_id: Annotated[str, Field(pattern=r"^[0-9a-f]{32}$")]
+    tag: Token | None = None
+
+
+class TripEvidence(_Body):
+    test: Literal["drift", "latency", "errors", "no_data"]
+    bucket: Annotated[str, Field(min_length=1, max_length=64)]
+    statistic: Number
+    threshold: Number
+    samples: Count
+    first_sample_time: Number
+    last_sample_time: Number
+    tripped_at: Number
+    detail: dict[str, Any] = Field(default_factory=dict)
+    # Optional (older gates send none): stored only when sent.
+    colours: Annotated[list[TripColour], Field(max_length=MAX_TRIP_COLOURS)] | None = None
+
+    @field_validator("detail")
+    @classmethod
+    def _small_detail(cls, value: dict[str, Any]) -> dict[str, Any]:
+        return _small_json(value, "trip.detail")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> TripEvidence:
+        if self.last_sample_time < self.first_sample_time:
+            raise ValueError(
+                "trip.last_sample_time is before trip.first_sample_time; send the window's "
+                "first and last sample times in order"
+            )
+        return self
+
+
+class RegisterVersion(_Body):
+    version: Name
+    manifest: Any
+    digest: Annotated[str, Field(pattern=r"^sha256:[0-9a-f]{64}$")]
+
+
+class QuarantineVersion(_Body):
+    actor: Actor | None = None
+    reason: Reason = ""
+
+
+class CreateRelease(_Body):
+    name: Name
+    stable: Name
+    canary: Name | None = None
+    weights: Weights = Field(default_factory=lambda: Weights(canary=0))
+    actor: Actor | None = None
+    reason: Reason = ""
+
+
+class PatchRelease(_Body):
+    expected_revision: Count
+    weights: Weights | None = None
+    phase: Phase | None = None
+    canary: Name | None = None
+    trip: TripEvidence | None = None
+    actor: Actor | None = None
+    reason: Reason = ""
+
+
+class Annotation(_Body):
+    actor: Actor | None = None
+    change: dict[str, Any]
+    reason: Reason = ""
+
+    @field_validator("change")
+    @classmethod
+    def _small_change(cls, value: dict[str, Any]) -> dict[str, Any]:
+        return _small_json(value, "change")
+
+    @model_validator(mode="after")
+    def _has_annotation(self) -> Annotation:
+        note = self.change.get("annotation")
+        if not isinstance(note, str) or not note:
+            raise ValueError(
+                "change.annotation must be a non-empty string naming the annotation "
+                "(e.g. 'fault_injected')"
+            )
+        return self
+
+
+class Heartbeat(_Body):
+    router_id: Annotated[str, Field(min_length=1, max_length=200)]
+    release: Name
+    applied_revision: Count | None
+    # Optional (older routers omit them): when the router applied that revision, and since
+    # when its effective canary weight is 0 (null while the canary gets traffic).
+    applied_at: EpochSeconds | None = None
+    canary_off_since: EpochSeconds | None = None
