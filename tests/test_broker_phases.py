@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from canarystack.broker import manifest_digest, phases
+from canarystack.broker.errors import BrokerDomainError, Conflicting, Missing, Refused
 from canarystack.broker.phases import Phase
 from canarystack.broker.store import ReleasePatch, Store
-from canarystack.broker.errors import BrokerDomainError, Conflicting, Missing, Refused
 from canarystack.common.errors import ApiError
 from tests.broker_support import digest_of, trip_evidence
 
