@@ -23,6 +23,8 @@ BLIND_PREFIX = "the gate was blind"
 DEVIATED = "the steady state deviated: the hypothesis was not met after the method"
 ACTIVITY_FAILED = "chaoslib.exceptions.ActivityFailed: "
 NO_EXCEPTION = "no exception recorded"
+# What the broker's history shows against what the experiment expects (both verdicts).
+MISSED_TRIP = "the experiment expects a trip; the broker's history shows none"
 
 
 @dataclass(frozen=True)
@@ -185,6 +187,11 @@ def journal_findings(journal: JsonObject | None) -> list[Finding]:
             ):
                 found.append(Finding(slo_sentence(where, out), out))
     return found
+
+
+def unexpected_trips(trips: int) -> str:
+    """The reason an experiment that expects no trip fails when the history shows some."""
+    return f"the experiment expects no trip; the broker's history shows {trips} trip(s)"
 
 
 def journal_reasons(journal: JsonObject | None) -> list[str]:

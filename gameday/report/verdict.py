@@ -491,9 +491,7 @@ def summarise_experiment(
     if spec and spec.expect == "blind":
         reasons, checks = _expect_blind(reasons, checks)
     if spec and spec.expect == "trip" and not timeline.tripped and exp.timeline is not None:
-        reasons.append(
-            "the experiment expects the gate to trip; no event in timeline.json sets phase tripped"
-        )
+        reasons.append(journal_core.MISSED_TRIP)
     for check in checks:
         if check.ok is False:
             reasons.append(check.sentence())

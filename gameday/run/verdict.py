@@ -44,8 +44,10 @@ from gameday.evidence.journal import (
     BLIND_CHECK,
     BLIND_PREFIX,
     DEVIATED,
+    MISSED_TRIP,
     gameday_extension,
     journal_reasons,
+    unexpected_trips,
 )
 
 __all__ = [
@@ -168,12 +170,9 @@ def decide(evidence: Evidence) -> tuple[str, list[str]]:
         hard.append("the broker's history could not be read: trip or no trip is unknown")
     elif ev.trips_in_window is not None:
         if expect == "trip" and ev.trips_in_window == 0:
-            merit.append("the experiment expects a trip; the broker's history shows none")
+            merit.append(MISSED_TRIP)
         if expect in ("no_trip", "blind") and ev.trips_in_window > 0:
-            merit.append(
-                f"the experiment expects no trip; the broker's history shows "
-                f"{ev.trips_in_window} trip(s)"
-            )
+            merit.append(unexpected_trips(ev.trips_in_window))
     if ev.load_problem:
         hard.append(ev.load_problem)
     if ev.journal is not None and not ev.records_rows:
