@@ -26,8 +26,12 @@ it waits before the next read (doubling backoff) — so the caller can go degrad
 safe at once. It never ends on its own; cancel the task that iterates it.
 
 Releases, versions, events and routers come back as the JSON objects of the API
-(docs/ARCHITECTURE.md §2), as plain dicts. ``events()`` reads every page of the history
-(``iter_events`` yields them page by page; ``events_page`` is one request). Bodies are
+(docs/ARCHITECTURE.md §2), as plain dicts; the ``*_record`` methods (``release_record``,
+``release_records``, ``version_record``, ``events_page_record``, ``router_records``) read
+the same answers as the contract's typed, frozen records (``canary_contract.broker``), and
+an answer that is not one is ``BadBrokerAnswer`` naming the field. ``events()`` reads every
+page of the history (``iter_events`` yields them page by page; ``events_page`` is one
+request). Bodies are
 written and answers read with ``canarystack.common.strictjson``: a body holding NaN or
 Infinity is not sent (``BrokerRequestError``, status 400, code ``non_finite``), and an
 answer holding them is not a broker answer (``BrokerUnavailable``).
@@ -43,10 +47,12 @@ import asyncio
 import enum
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import aiohttp
 
+from canary_contract.broker import EventPage, Release, ReleaseList, RouterList, Version
+from canary_contract.errors import ContractError
 from canarystack.broker.digest import manifest_digest
 from canarystack.common import strictjson
 
@@ -67,6 +73,7 @@ __all__ = [
 ]
 
 Json = dict[str, Any]
+R = TypeVar("R", Release, ReleaseList, Version, EventPage, RouterList)
 
 # Module-level so callers and tests can change them.
 DEFAULT_TIMEOUT_S = 10.0
@@ -148,6 +155,14 @@ class BrokerNotFound(BrokerRequestError):
 class BadBrokerAnswer(BrokerUnavailable):
     """The broker answered, but not with what a broker answers (e.g. a release without an
     integer ``revision``: ``--broker`` names something else)."""
+
+
+def _typed(record: type[R], data: Json, method: str, url: str) -> R:
+    """``data`` as the contract's ``record``, or ``BadBrokerAnswer`` naming the field."""
+    try:
+        return record.from_wire(data)
+    except ContractError as exc:
+        raise BadBrokerAnswer(f"{method} {url}: {exc}", method=method, url=url) from None
 
 
 class FollowKind(enum.StrEnum):
@@ -401,6 +416,33 @@ class BrokerClient:
             timeout_s=timeout_s + WATCH_GRACE_S,
         )
         return dict(data)
+
+    # -- typed reads (the contract's records) ----------------------------------------------
+    async def release_record(self, name: str) -> Release:
+        path = f"/v1/releases/{name}"
+        return _typed(Release, await self._get(path), "GET", self.base_url + path)
+
+    async def release_records(self) -> tuple[Release, ...]:
+        path = "/v1/releases"
+        return _typed(ReleaseList, await self._get(path), "GET", self.base_url + path).releases
+
+    async def version_record(self, version: str) -> Version:
+        path = f"/v1/versions/{version}"
+        return _typed(Version, await self._get(path), "GET", self.base_url + path)
+
+    async def events_page_record(
+        self, name: str, after_seq: int = 0, limit: int | None = None
+    ) -> EventPage:
+        """One page of events (``EventPage.last``: no more after it)."""
+        limit = EVENTS_PAGE_SIZE if limit is None else limit
+        path = f"/v1/releases/{name}/events"
+        data = await self._get(path, {"after_seq": str(int(after_seq)), "limit": str(limit)})
+        return _typed(EventPage, data, "GET", self.base_url + path)
+
+    async def router_records(self, release: str | None = None) -> RouterList:
+        params = {"release": release} if release else None
+        data = await self._get("/v1/routers", params)
+        return _typed(RouterList, data, "GET", self.base_url + "/v1/routers")
 
     def follow(
         self,

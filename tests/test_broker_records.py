@@ -1,0 +1,86 @@
+"""``BrokerClient``'s typed reads (issue #13 item 3): the same answers as the dict methods,
+as the contract's frozen records (``canary_contract.broker``), against a real broker; an
+answer that is not a record is ``BadBrokerAnswer`` naming the field."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+from pathlib import Path
+
+import aiohttp
+import pytest
+import requests
+
+from canary_contract.broker import Release, TripTest
+from canary_contract.phases import Phase
+from canarystack.broker.client import BadBrokerAnswer, BrokerClient, BrokerNotFound
+from tests.broker_support import Api, start_broker, trip_evidence
+from tests.procs import ADMIN_TOKEN, Spawner, free_port, wait_for
+
+
+def test_typed_reads_match_the_dict_answers(spawn: Spawner, tmp_path: Path) -> None:
+    proc = start_broker(spawn, tmp_path / "state")
+    api = Api(proc.url)
+    for v in ("v1", "v2"):
+        api.register(v)
+    api.create("default", weight=5)
+    api.patch_ok("default", phase="tripped", trip=trip_evidence(bucket="4k+"))
+
+    async def scenario() -> None:
+        async with aiohttp.ClientSession() as session:
+            client = BrokerClient(session, proc.url, ADMIN_TOKEN, actor="records-test")
+            release = await client.release_record("default")
+            assert isinstance(release, Release)
+            assert release.to_wire() == await client.get_release("default")
+            assert release.phase is Phase.TRIPPED and release.canary_off
+            assert release.trip is not None and release.trip.test is TripTest.DRIFT
+            assert release.trip.bucket == "4k+" and release.canary_weight == 5.0
+            assert [r.name for r in await client.release_records()] == ["default"]
+            version = await client.version_record("v2")
+            assert version.version == "v2" and not version.quarantined
+            page = await client.events_page_record("default", 0, 1)
+            assert [e.revision for e in page.events] == [1] and not page.last
+            rest = await client.events_page_record("default", page.next_after_seq)
+            assert [e.revision for e in rest.events] == [2] and rest.last
+            await client.heartbeat("r1", "default", 2)
+            routers = await client.router_records("default")
+            assert [(r.router_id, r.applied_revision) for r in routers.routers] == [("r1", 2)]
+            with pytest.raises(BrokerNotFound):
+                await client.release_record("nope")
+
+    asyncio.run(scenario())
+
+
+def test_an_answer_that_is_not_a_release_is_a_bad_answer_naming_the_field(
+    tmp_path: Path,
+) -> None:
+    root = tmp_path / "not-a-broker"
+    (root / "v1" / "releases").mkdir(parents=True)
+    (root / "v1" / "releases" / "default").write_text('{"name": "default", "revision": 3}')
+    port = free_port()
+    static = subprocess.Popen(
+        [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"],
+        cwd=root,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_for(
+            lambda: requests.get(url + "/v1/releases/default", timeout=1).status_code == 200,
+            what="the file server",
+        )
+
+        async def scenario() -> None:
+            async with aiohttp.ClientSession() as session:
+                with pytest.raises(BadBrokerAnswer) as err:
+                    await BrokerClient(session, url, actor="t").release_record("default")
+                assert "Not a valid Release: field 'phase'" in err.value.message
+                assert err.value.url == url + "/v1/releases/default"
+
+        asyncio.run(scenario())
+    finally:
+        static.terminate()
+        static.wait(10)
