@@ -9,6 +9,7 @@ rule as the report's timeline). This module only reads files of the run folder.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ import pandas as pd
 
 from gameday.evidence.checks import RECORD_COLUMNS
 from gameday.evidence.faults import ReferenceFault, reference_fault
+from gameday.evidence.milestones import CLOCK_SLACK_S
 from gameday.evidence.slo import Slo, failed_result, not_measured
 from probes._context import LOAD_STATE_NAME, Configuration, ledger, run_dir
 
@@ -49,6 +51,19 @@ def first_fault(
 ) -> dict[str, Any] | None:
     rows = fault_rows(configuration)
     return next((r for r in rows if r["action"] == action and kind in (None, r["kind"])), None)
+
+
+def experiment_began(configuration: Configuration | None) -> float | None:
+    """When this experiment began, less the clock slack: the earlier of its load's start
+    and its reference fault (None: nothing has happened in it yet)."""
+    started = (load_state(configuration) or {}).get("started_at")
+    ref = reference(configuration)
+    starts = [
+        float(t)
+        for t in (started, ref.time if ref else None)
+        if isinstance(t, int | float) and not isinstance(t, bool) and math.isfinite(t)
+    ]
+    return min(starts) - CLOCK_SLACK_S if starts else None
 
 
 def before_anything(configuration: Configuration | None) -> bool:

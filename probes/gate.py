@@ -23,10 +23,10 @@ from typing import Any
 from chaoslib.exceptions import ActivityFailed
 
 from gameday.api import ApiError, StackApi
-from gameday.evidence.checks import CLOCK_SLACK_S
 from gameday.evidence.events import first_phase, new_value
+from gameday.evidence.milestones import CLOCK_SLACK_S
 from probes._context import Configuration, stack_api
-from probes._evidence import load_state, reference
+from probes._evidence import experiment_began, reference
 
 __all__ = ["gate_did_not_trip", "wait_for_trip"]
 
@@ -107,10 +107,7 @@ def gate_did_not_trip(
     """True when the release stayed untripped for ``observe_s`` seconds (and no trip
     happened since the experiment's load started); raises at the first trip."""
     end = time.monotonic() + min(max(float(observe_s), 0.0), MAX_WAIT_S)
-    fault = reference(configuration)
-    started = (load_state(configuration) or {}).get("started_at")
-    starts = [t for t in (started, fault.time if fault else None) if isinstance(t, int | float)]
-    since = min(starts) - CLOCK_SLACK_S if starts else None
+    fault, since = reference(configuration), experiment_began(configuration)
     with stack_api(configuration, "watching the gate") as api:
         while True:
             phase = str(api.release().get("phase"))

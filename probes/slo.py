@@ -24,15 +24,20 @@ missing or empty records fail the check (fail-closed). These probes only read.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from gameday.api import ApiError
 from gameday.evidence import checks
-from gameday.evidence.checks import CLOCK_SLACK_S
 from gameday.evidence.slo import Slo, failed_result, not_measured
 from probes._context import Configuration, stack_api
-from probes._evidence import NOT_YET, before_anything, first_fault, load_state, records, reference
+from probes._evidence import (
+    NOT_YET,
+    before_anything,
+    experiment_began,
+    first_fault,
+    records,
+    reference,
+)
 
 __all__ = [
     "baseline_ttft_p99_below",
@@ -185,24 +190,13 @@ def rollback_complete_within(
     return _broker_milestone(configuration, "rollback_complete_s", max_s)
 
 
-def _num(value: Any) -> float | None:
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        return None
-    return number if math.isfinite(number) else None
-
-
 def no_trip(
     configuration: Configuration | None = None,
     secrets: Secrets | None = None,
 ) -> Slo:
     """The release was not tripped since this experiment began (its load started, or
     its first fault): measured is the number of trips, allowed 0."""
-    ref = reference(configuration)
-    started = _num((load_state(configuration) or {}).get("started_at"))
-    starts = [t for t in (started, ref.time if ref else None) if t is not None]
-    since = min(starts) - CLOCK_SLACK_S if starts else None
+    since = experiment_began(configuration)
     try:
         with stack_api(configuration, "reading the broker's history") as api:
             if since is not None:
