@@ -16,9 +16,11 @@
   persist longer put the router on a fail-safe snapshot (source ``"failsafe"``, 0% canary)
   until a watch succeeds again. 401/403 answers are reported (``broker_auth``), never
   taken for anything but a refused credential.
-- Effective canary weight: 0 with no config, no canary version, a quarantined canary, or
-  phase ``tripped``/``rolling_back``/``rolled_back`` — whatever ``weights.canary`` says;
-  else ``weights.canary``. ``tripped`` takes effect in the same watch round it arrives.
+- Effective canary weight (``snapshot.py``): 0 with no config, no canary version, a
+  quarantined canary, or a canary-off phase, whatever ``weights.canary`` says; else
+  ``weights.canary``. ``tripped`` takes effect in the same watch round it arrives.
+- The watch is ``BrokerClient.follow`` (its reads, error classification and backoff);
+  this module chooses before each step what it waits past (stale, fail-safe).
 - The ``stale_config`` fault stops applying updates (the watch keeps running, so the
   router catches up as soon as the fault ends); heartbeats keep reporting the revision
   really applied.
@@ -31,16 +33,23 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
-import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
-from canary_contract.phases import is_canary_off
+from canarystack.broker.client import BrokerClient, FollowKind
 from canarystack.common.logs import get_logger
+from canarystack.router.snapshot import (
+    Snapshot,
+    auth_status,
+    cache_path,
+    canary_off_reason,
+    effective_weight,
+    read_cache,
+    write_cache,
+)
 
 START_TIMEOUT_S = 2.0
 WATCH_ERROR_FAILSAFE_S = 10.0
@@ -51,165 +60,22 @@ BACKOFF_MAX_S = 2.0
 
 _log = get_logger("router")
 
-
-class BrokerApi(Protocol):
-    """The broker calls the router needs (``canarystack.broker.client`` provides them)."""
-
-    async def get_release(self, name: str) -> dict[str, Any]: ...
-
-    async def watch(self, name: str, after: int, timeout_s: float) -> dict[str, Any]: ...
-
-    async def heartbeat(
-        self,
-        router_id: str,
-        release: str,
-        applied_revision: int,
-        *,
-        applied_at: float | None = None,
-        canary_off_since: float | None = None,
-    ) -> Any: ...
-
-
-def effective_weight(release: dict[str, Any] | None) -> float:
-    """The canary share (percent) the router applies for a release (see module doc)."""
-    if not release:
-        return 0.0
-    if is_canary_off(release.get("phase")):
-        return 0.0
-    canary = release.get("canary")
-    if not isinstance(canary, dict) or not canary.get("version") or canary.get("quarantined"):
-        return 0.0
-    weights = release.get("weights")
-    w = weights.get("canary") if isinstance(weights, dict) else None
-    if isinstance(w, bool) or not isinstance(w, int | float):
-        return 0.0
-    return float(min(100.0, max(0.0, w)))
-
-
-def canary_off_reason(release: dict[str, Any] | None, source: str = "broker") -> str | None:
-    """Why the canary is off whatever a pin asks (phase, quarantine, no config, fail-safe),
-    or None while an operator's weight (0 included) decides. Names the release phase."""
-    if source == "failsafe":
-        phase = release.get("phase") if release else None
-        return f"fail-safe: the broker has not answered the watch (last phase {phase})"
-    if not release:
-        return "no release config (phase unknown): the router has not seen the release"
-    phase = release.get("phase")
-    if is_canary_off(phase):
-        return f"phase {phase}"
-    canary = release.get("canary")
-    if not isinstance(canary, dict) or not canary.get("version"):
-        return f"no canary version in the release (phase {phase})"
-    if canary.get("quarantined"):
-        return f"canary version {canary.get('version')} is quarantined (phase {phase})"
-    return None
-
-
-def auth_status(status: int | None) -> str:
-    """``ok`` | ``unauthorized`` (401) | ``forbidden`` (403)."""
-    return {401: "unauthorized", 403: "forbidden"}.get(status or 0, "ok")
-
-
-@dataclass(frozen=True)
-class Snapshot:
-    """The config one request sees."""
-
-    release: dict[str, Any] | None
-    revision: int
-    phase: str | None
-    weight_pct: float
-    source: str  # "broker" | "cache" | "none"
-    stable_version: str | None
-    canary_version: str | None
-    applied_at: float  # epoch seconds
-    # Epoch seconds of the apply that made the effective weight 0 (None while above 0);
-    # ``of`` sets it to ``applied_at``, ``ConfigWatcher.apply`` carries an earlier one over.
-    canary_off_since: float | None = None
-    # Why a pin to the canary is refused (``canary_off_reason``), None while pins may pass.
-    canary_off: str | None = None
-
-    @classmethod
-    def of(cls, release: dict[str, Any] | None, source: str) -> Snapshot:
-        now = time.time()
-        if release is None:
-            return cls(None, 0, None, 0.0, "none", None, None, now, now, canary_off_reason(None))
-        stable = release.get("stable") if isinstance(release.get("stable"), dict) else {}
-        canary = release.get("canary") if isinstance(release.get("canary"), dict) else {}
-        rev = release.get("revision")
-        weight_pct = effective_weight(release)
-        return cls(
-            release=release,
-            revision=rev if isinstance(rev, int) else 0,
-            phase=release.get("phase"),
-            weight_pct=weight_pct,
-            source=source,
-            stable_version=(stable or {}).get("version"),
-            canary_version=(canary or {}).get("version"),
-            applied_at=now,
-            canary_off_since=now if weight_pct == 0 else None,
-            canary_off=canary_off_reason(release, source),
-        )
-
-    def fail_safe(self) -> Snapshot:
-        """This snapshot at 0% canary, source ``"failsafe"`` (revision kept: nothing newer
-        was applied)."""
-        now = time.time()
-        return replace(
-            self,
-            weight_pct=0.0,
-            source="failsafe",
-            applied_at=now,
-            canary_off_since=self.canary_off_since if self.weight_pct == 0 else now,
-            canary_off=canary_off_reason(self.release, "failsafe"),
-        )
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "revision": self.revision,
-            "phase": self.phase,
-            "effective_canary_weight": self.weight_pct,
-            "source": self.source,
-            "stable_version": self.stable_version,
-            "canary_version": self.canary_version,
-            "applied_at": self.applied_at,
-            "canary_off_since": self.canary_off_since,
-            "canary_off": self.canary_off,
-        }
-
-
-def cache_path(state_dir: str | Path, router_id: str) -> Path:
-    return Path(state_dir) / f"router-{router_id}.json"
-
-
-def write_cache(path: Path, release: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
-    with open(tmp, "w") as f:
-        json.dump(release, f, sort_keys=True)
-        f.flush()
-        os.fsync(f.fileno())
-    tmp.replace(path)
-
-
-def read_cache(path: Path, release_name: str) -> dict[str, Any] | None:
-    """The cached release, or None when missing, unreadable or for another release."""
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError) as exc:
-        _log.warning("config_cache_unreadable", path=str(path), error=str(exc))
-        return None
-    if not isinstance(data, dict) or data.get("name") != release_name:
-        _log.warning("config_cache_ignored", path=str(path), reason="not this release")
-        return None
-    return data
+__all__ = [
+    "ConfigWatcher",
+    "Snapshot",
+    "auth_status",
+    "cache_path",
+    "canary_off_reason",
+    "effective_weight",
+    "read_cache",
+    "write_cache",
+]
 
 
 class ConfigWatcher:
     def __init__(
         self,
-        broker: BrokerApi | None,
+        broker: BrokerClient | None,
         *,
         release: str,
         router_id: str,
@@ -246,6 +112,7 @@ class ConfigWatcher:
         # Per call ("watch", "heartbeat"): "ok" | "unauthorized" | "forbidden", last error.
         self.auth: dict[str, str] = {"watch": "ok", "heartbeat": "ok"}
         self.auth_error: str | None = None
+        self._poll_s = watch_timeout_s  # the next long poll's length (the follower reads it)
         self._beat_now = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -400,41 +267,46 @@ class ConfigWatcher:
                 await t
 
     async def _watch_loop(self) -> None:
+        """Follow the release (``BrokerClient.follow``: the reads, their errors and the
+        backoff), choosing before each step what it waits past."""
         assert self.broker is not None
-        backoff = BACKOFF_MIN_S
+        follower = self.broker.follow(
+            self.release,
+            lambda: self._poll_s,
+            backoff_s=BACKOFF_MIN_S,
+            max_backoff_s=BACKOFF_MAX_S,
+        )
         while True:
-            try:
-                # While stale, watch from the revision seen, not the one applied: no spinning.
-                # With no config yet, after=0 long-polls until the release exists.
-                stale = self.is_stale()
-                after = self.last_seen_revision if stale else self.current.revision
+            stale = self.is_stale()
+            if self.current.source == "failsafe":
+                # Leave fail-safe on the first answer (a plain read), not at the end of a
+                # long poll.
+                follower.after = None
+                limit_s = START_TIMEOUT_S
+            else:
+                # While stale, watch from the revision seen, not the one applied: no
+                # spinning. With no config yet, after=0 long-polls until the release exists.
+                follower.after = self.last_seen_revision if stale else self.current.revision
                 # Short polls while stale, so the pending revision applies soon after the
                 # fault expires rather than at the end of a long poll.
-                timeout_s = (
+                limit_s = self._poll_s = (
                     min(self.watch_timeout_s, STALE_POLL_S) if stale else self.watch_timeout_s
                 )
-                if self.current.source == "failsafe":
-                    # Leave fail-safe on the first answer, not at the end of a long poll.
-                    self._attempt = (self.clock(), START_TIMEOUT_S)
-                    release = await asyncio.wait_for(
-                        self.broker.get_release(self.release), START_TIMEOUT_S + 5.0
-                    )
-                else:
-                    self._attempt = (self.clock(), timeout_s)
-                    release = await asyncio.wait_for(
-                        self.broker.watch(self.release, after, timeout_s), timeout_s + 5.0
-                    )
+            self._attempt = (self.clock(), limit_s)
+            try:
+                event = await asyncio.wait_for(anext(follower), limit_s + 5.0)
+            except TimeoutError as exc:
                 self._attempt = None
-                self._offer(release)
-                self._watch_ok()
-                backoff = BACKOFF_MIN_S
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                self._attempt = None
+                follower.retry()  # backs off as after any error
                 self._error(_kind(exc), exc)
-                await asyncio.sleep(backoff)
-                backoff = min(BACKOFF_MAX_S, backoff * 2)
+                continue
+            self._attempt = None
+            if event.kind is FollowKind.RELEASE and event.release is not None:
+                self._offer(event.release)
+                self._watch_ok()
+            else:
+                error = event.error or RuntimeError(f"broker follow: {event.kind}")
+                self._error(_kind(error), error)
 
     async def _heartbeat_loop(self) -> None:
         assert self.broker is not None

@@ -35,7 +35,6 @@ from aiohttp import web
 from canarystack.common.app import Component
 from canarystack.common.colour import COLOUR_KEY, Colour, colour_of
 from canarystack.common.errors import ApiError, Unavailable, error_response
-from canarystack.router.config import Snapshot
 from canarystack.router.forward import ident_headers, open_upstream, relay
 from canarystack.router.intake import bad_header, read_json_body, refuse_off_canary
 from canarystack.router.proxy import Upstream
@@ -50,6 +49,7 @@ from canarystack.router.samples import outcome_record
 from canarystack.router.settings import DEPENDENCY_DEGRADED, AbortFault, LatencyFault
 from canarystack.router.shadow import DEPENDENCY_HEADER
 from canarystack.router.shadow_session import ShadowSession
+from canarystack.router.snapshot import Snapshot
 from canarystack.router.state import STATE, RequestContext, RouterState
 
 # Client headers forwarded upstream as they came (the colour's three are the router's own).

@@ -15,7 +15,6 @@ from aiohttp import web
 
 from canarystack.common import strictjson
 from canarystack.common.errors import BadRequest, Conflict, PayloadTooLarge, read_body
-from canarystack.router.config import Snapshot
 from canarystack.router.routing import PIN_HEADER, prompt_tokens_of
 from canarystack.router.settings import (
     CHECKED_HEADERS,
@@ -23,6 +22,7 @@ from canarystack.router.settings import (
     MAX_HEADER_CHARS,
     OFF_LOOP_BYTES,
 )
+from canarystack.router.snapshot import Snapshot
 from canarystack.router.state import RouterState
 
 _JSON_STRING = re.compile(rb'"(?:[^"\\]++|\\.)*+"')

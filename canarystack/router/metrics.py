@@ -11,7 +11,7 @@ from typing import Any
 from prometheus_client import Counter, Gauge, Histogram
 
 from canarystack.common.app import Component
-from canarystack.router.config import Snapshot
+from canarystack.router.snapshot import Snapshot
 
 TTFT_BUCKETS_S = (
     0.001,

@@ -1,0 +1,160 @@
+"""The release config one request sees (``Snapshot``), what it makes of a release (the
+effective canary weight, why a pin to the canary is refused) and its on-disk cache.
+
+Effective canary weight: 0 with no config, no canary version, a quarantined canary, or a
+phase in which the canary is off (``canary_contract.phases.CANARY_OFF``: tripped,
+rolling back, rolled back), whatever ``weights.canary`` says; else ``weights.canary``.
+
+This module must never block: a snapshot is immutable, the cache is written atomically
+(temp file + fsync + rename) and read once at start.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from canary_contract.phases import is_canary_off
+from canarystack.common.logs import get_logger
+
+_log = get_logger("router")
+
+
+def effective_weight(release: dict[str, Any] | None) -> float:
+    """The canary share (percent) the router applies for a release (see module doc)."""
+    if not release:
+        return 0.0
+    if is_canary_off(release.get("phase")):
+        return 0.0
+    canary = release.get("canary")
+    if not isinstance(canary, dict) or not canary.get("version") or canary.get("quarantined"):
+        return 0.0
+    weights = release.get("weights")
+    w = weights.get("canary") if isinstance(weights, dict) else None
+    if isinstance(w, bool) or not isinstance(w, int | float):
+        return 0.0
+    return float(min(100.0, max(0.0, w)))
+
+
+def canary_off_reason(release: dict[str, Any] | None, source: str = "broker") -> str | None:
+    """Why the canary is off whatever a pin asks (phase, quarantine, no config, fail-safe),
+    or None while an operator's weight (0 included) decides. Names the release phase."""
+    if source == "failsafe":
+        phase = release.get("phase") if release else None
+        return f"fail-safe: the broker has not answered the watch (last phase {phase})"
+    if not release:
+        return "no release config (phase unknown): the router has not seen the release"
+    phase = release.get("phase")
+    if is_canary_off(phase):
+        return f"phase {phase}"
+    canary = release.get("canary")
+    if not isinstance(canary, dict) or not canary.get("version"):
+        return f"no canary version in the release (phase {phase})"
+    if canary.get("quarantined"):
+        return f"canary version {canary.get('version')} is quarantined (phase {phase})"
+    return None
+
+
+def auth_status(status: int | None) -> str:
+    """``ok`` | ``unauthorized`` (401) | ``forbidden`` (403)."""
+    return {401: "unauthorized", 403: "forbidden"}.get(status or 0, "ok")
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """The config one request sees."""
+
+    release: dict[str, Any] | None
+    revision: int
+    phase: str | None
+    weight_pct: float
+    source: str  # "broker" | "cache" | "none"
+    stable_version: str | None
+    canary_version: str | None
+    applied_at: float  # epoch seconds
+    # Epoch seconds of the apply that made the effective weight 0 (None while above 0);
+    # ``of`` sets it to ``applied_at``, ``ConfigWatcher.apply`` carries an earlier one over.
+    canary_off_since: float | None = None
+    # Why a pin to the canary is refused (``canary_off_reason``), None while pins may pass.
+    canary_off: str | None = None
+
+    @classmethod
+    def of(cls, release: dict[str, Any] | None, source: str) -> Snapshot:
+        now = time.time()
+        if release is None:
+            return cls(None, 0, None, 0.0, "none", None, None, now, now, canary_off_reason(None))
+        stable = release.get("stable") if isinstance(release.get("stable"), dict) else {}
+        canary = release.get("canary") if isinstance(release.get("canary"), dict) else {}
+        rev = release.get("revision")
+        weight_pct = effective_weight(release)
+        return cls(
+            release=release,
+            revision=rev if isinstance(rev, int) else 0,
+            phase=release.get("phase"),
+            weight_pct=weight_pct,
+            source=source,
+            stable_version=(stable or {}).get("version"),
+            canary_version=(canary or {}).get("version"),
+            applied_at=now,
+            canary_off_since=now if weight_pct == 0 else None,
+            canary_off=canary_off_reason(release, source),
+        )
+
+    def fail_safe(self) -> Snapshot:
+        """This snapshot at 0% canary, source ``"failsafe"`` (revision kept: nothing newer
+        was applied)."""
+        now = time.time()
+        return replace(
+            self,
+            weight_pct=0.0,
+            source="failsafe",
+            applied_at=now,
+            canary_off_since=self.canary_off_since if self.weight_pct == 0 else now,
+            canary_off=canary_off_reason(self.release, "failsafe"),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "revision": self.revision,
+            "phase": self.phase,
+            "effective_canary_weight": self.weight_pct,
+            "source": self.source,
+            "stable_version": self.stable_version,
+            "canary_version": self.canary_version,
+            "applied_at": self.applied_at,
+            "canary_off_since": self.canary_off_since,
+            "canary_off": self.canary_off,
+        }
+
+
+def cache_path(state_dir: str | Path, router_id: str) -> Path:
+    return Path(state_dir) / f"router-{router_id}.json"
+
+
+def write_cache(path: Path, release: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
+    with open(tmp, "w") as f:
+        json.dump(release, f, sort_keys=True)
+        f.flush()
+        os.fsync(f.fileno())
+    tmp.replace(path)
+
+
+def read_cache(path: Path, release_name: str) -> dict[str, Any] | None:
+    """The cached release, or None when missing, unreadable or for another release."""
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        _log.warning("config_cache_unreadable", path=str(path), error=str(exc))
+        return None
+    if not isinstance(data, dict) or data.get("name") != release_name:
+        _log.warning("config_cache_ignored", path=str(path), reason="not this release")
+        return None
+    return data
