@@ -19,11 +19,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import requests
 
 from canarystack.router.divergence import SideResult
 from canarystack.router.shadow_session import dependency_shared
 from tests.procs import Proc, Spawner, free_port, wait_for
 from tests.router_support import (
+    ADMIN,
     GateReceiver,
     completion,
     gate_receiver,
@@ -158,3 +160,11 @@ def test_the_colour_reaches_the_variant_the_shadow_copy_and_the_gate(
     for kind in ("comparisons", "outcomes"):
         (record,) = gate.records(kind)
         assert {k: record.get(k) for k in colour} == colour, record
+
+    # The router's hop log: the request as it arrived, and the shadow copy it sent.
+    r = requests.get(router.url + "/v1/colour/hops", headers=ADMIN, timeout=5)
+    assert r.status_code == 200, r.text
+    hops = [h for h in r.json()["hops"] if h["request_id"] == "coloured-1"]
+    assert sorted(h["hop"] for h in hops) == ["router", "shadow"], hops
+    for hop in hops:
+        assert {k: hop[k] for k in colour} == colour, hop
