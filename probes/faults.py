@@ -47,7 +47,19 @@ MODEL_ROLES = ("model", "model-baseline", "model-canary")
 Secrets = dict[str, Any]
 
 
-def _summary(entries: list[gd_faults.FaultEntry]) -> dict[str, Any]:
+def _inject(
+    configuration: Configuration | None,
+    what: str,
+    component: str,
+    kind: str,
+    ttl_s: float,
+    params: dict[str, Any],
+) -> dict[str, Any]:
+    """Inject on every replica of ``component`` (ledger and broker annotation included)
+    and say what was done: the replicas, fault ids and the injection time."""
+    with harness_errors(what):
+        target = get_target(configuration)
+        entries = gd_faults.inject(target, component, kind, ttl_s, params, ledger(configuration))
     first = entries[0]
     return {
         "component": first.component if len({e.component for e in entries}) == 1 else "model",
@@ -76,12 +88,8 @@ def inject_latency(
     ms = positive("ms", ms, MAX_LATENCY_MS)
     ttl_s = positive("ttl_s", ttl_s, MAX_TTL_S)
     params = {"ttft_ms": ms} if component in MODEL_ROLES else {"ms": ms}
-    with harness_errors(f"injecting {ms:g} ms of latency into {component}"):
-        target = get_target(configuration)
-        entries = gd_faults.inject(
-            target, component, "latency", ttl_s, params, ledger(configuration)
-        )
-    return _summary(entries)
+    what = f"injecting {ms:g} ms of latency into {component}"
+    return _inject(configuration, what, component, "latency", ttl_s, params)
 
 
 def break_gate_credential(
@@ -94,12 +102,8 @@ def break_gate_credential(
     secret rotation does. The gate then sees nothing from them; the harness must say so
     (``probes.slo.gate_sees_every_router``), never pass quietly."""
     ttl_s = positive("ttl_s", ttl_s, MAX_TTL_S)
-    with harness_errors("breaking the routers' gate credential"):
-        target = get_target(configuration)
-        entries = gd_faults.inject(
-            target, "router", "wrong_gate_credential", ttl_s, {}, ledger(configuration)
-        )
-    return _summary(entries)
+    what = "breaking the routers' gate credential"
+    return _inject(configuration, what, "router", "wrong_gate_credential", ttl_s, {})
 
 
 def make_canary_faulty(
@@ -126,12 +130,9 @@ def make_canary_faulty(
     magnitude = positive("magnitude", magnitude, 10.0)
     ttl_s = positive("ttl_s", ttl_s, MAX_TTL_S)
     params = {"mode": mode, "min_prompt_tokens": min_tokens, "magnitude": magnitude}
-    with harness_errors("making the canary faulty"):
-        target = get_target(configuration)
-        entries = gd_faults.inject(
-            target, "model-canary", "kernel", ttl_s, params, ledger(configuration)
-        )
-    return _summary(entries)
+    return _inject(
+        configuration, "making the canary faulty", "model-canary", "kernel", ttl_s, params
+    )
 
 
 def kill_pod(
