@@ -8,7 +8,6 @@ rule as the report's timeline). This module only reads files of the run folder.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import asdict
 from pathlib import Path
@@ -20,7 +19,8 @@ from gameday.evidence.checks import RECORD_COLUMNS
 from gameday.evidence.faults import ReferenceFault, reference_fault
 from gameday.evidence.milestones import CLOCK_SLACK_S
 from gameday.evidence.slo import Slo, failed_result, not_measured
-from probes._context import LOAD_STATE_NAME, Configuration, ledger, run_dir
+from gameday.run.load_state import read_state
+from probes._context import Configuration, ledger, run_dir
 
 NOT_YET = (
     "nothing to measure yet: no load has run and no fault was injected in this experiment "
@@ -29,12 +29,8 @@ NOT_YET = (
 
 
 def load_state(configuration: Configuration | None) -> dict[str, Any] | None:
-    path = run_dir(configuration) / LOAD_STATE_NAME
-    try:
-        value = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return value if isinstance(value, dict) else None
+    """``load.json`` of the run folder (None: no load has run in this experiment)."""
+    return read_state(run_dir(configuration)) or None
 
 
 def fault_rows(configuration: Configuration | None) -> list[dict[str, Any]]:

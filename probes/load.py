@@ -23,17 +23,15 @@ and killed at control cleanup as the last resort. Nothing here imports Locust.
 
 from __future__ import annotations
 
-import json
 import os
-import time
-from pathlib import Path
 from typing import Any
 
 from chaoslib.exceptions import InterruptExecution
 
-from gameday.load.runner import LoadConfig, LoadRun, LoadRunError, env_load_seed
+from gameday.load.runner import LoadConfig, LoadRunError, env_load_seed
+from gameday.run import load_state
 from gameday.targets import TargetError
-from probes._context import LOAD_STATE_NAME, Configuration, get_target, run_dir
+from probes._context import Configuration, get_target, run_dir
 
 __all__ = [
     "after_experiment_control",
@@ -47,24 +45,6 @@ JOURNAL_EXTENSION = "gameday-load"
 MAX_USERS = 1000
 
 Secrets = dict[str, Any]
-
-# The LoadRun of each run folder, alive between the method's before and after hooks.
-_RUNS: dict[Path, LoadRun] = {}
-
-
-def _write_state(folder: Path, state: dict[str, Any]) -> None:
-    folder.mkdir(parents=True, exist_ok=True)
-    tmp = folder / f".{LOAD_STATE_NAME}.tmp"
-    tmp.write_text(json.dumps(state, indent=2, default=str) + "\n")
-    os.replace(tmp, folder / LOAD_STATE_NAME)
-
-
-def _read_state(folder: Path) -> dict[str, Any]:
-    try:
-        value = json.loads((folder / LOAD_STATE_NAME).read_text())
-    except (OSError, ValueError):
-        return {}
-    return value if isinstance(value, dict) else {}
 
 
 def _oracle_args(configuration: Configuration | None) -> list[str]:
@@ -110,9 +90,8 @@ def before_method_control(
         n_users = int(users)
         if not 1 <= n_users <= MAX_USERS:
             raise ValueError(f"users must be from 1 to {MAX_USERS}, got {users!r}")
-        target = get_target(configuration)
         config = LoadConfig(
-            host=target.service_url("router"),
+            host=get_target(configuration).service_url("router"),
             output_dir=folder,
             users=n_users,
             spawn_rate=float(spawn_rate),
@@ -125,65 +104,17 @@ def before_method_control(
             extra_args=[*(_oracle_args(configuration) if oracle else []), *(extra_args or [])],
             seed=_seed(seed),
         )
-        run = LoadRun(config)
-        state: dict[str, Any] = {
-            "state": "starting",
-            "host": config.host,
-            "users": n_users,
-            "spawn_rate": config.spawn_rate,
-            "max_tokens": config.max_tokens,
-            "prompt_mix": config.prompt_mix,
-            "oracle": config.oracle,
-            "stop_timeout_s": config.stop_timeout_s,
-            **({"seed": config.seed} if config.seed is not None else {}),
-            "command": run.command(),
-        }
-        _write_state(folder, state)
-        # Registered before it starts: a Ctrl-C during the start still stops it after.
-        _RUNS[folder] = run
-        run.start()
-    except (LoadRunError, ValueError, TypeError, TargetError, OSError) as exc:
-        _RUNS.pop(folder, None)
-        _write_state(folder, {**_read_state(folder), "state": "failed", "error": str(exc)})
+    except (ValueError, TypeError, TargetError) as exc:
+        load_state.mark_failed(folder, str(exc))
         raise InterruptExecution(
             f"the user load could not start, so the experiment stops: {exc}"
         ) from None
-    _write_state(
-        folder,
-        {
-            **state,
-            "state": "running",
-            "pid": run.pid,
-            "started_at": time.time(),
-            "records": str(run.records_path.resolve()),
-            "oracle_records": str(run.oracle_path.resolve()) if run.oracle_path else None,
-        },
-    )
-
-
-def _stop(folder: Path) -> None:
-    run = _RUNS.pop(folder, None)
-    if run is None:
-        return
-    state = _read_state(folder)
     try:
-        result = run.stop()
-    except LoadRunError as exc:
-        _write_state(
-            folder, {**state, "state": "failed", "stopped_at": time.time(), "error": str(exc)}
-        )
-        return
-    _write_state(
-        folder,
-        {
-            **state,
-            "state": "stopped",
-            "stopped_at": time.time(),
-            "exit_code": result.exit_code,
-            "failed_requests": result.failed_requests,
-            "summary": result.summary,
-        },
-    )
+        load_state.start(folder, config)
+    except (LoadRunError, ValueError, TypeError, OSError) as exc:
+        raise InterruptExecution(
+            f"the user load could not start, so the experiment stops: {exc}"
+        ) from None
 
 
 def after_method_control(
@@ -194,7 +125,7 @@ def after_method_control(
     **kwargs: Any,
 ) -> None:
     """Stop Locust (SIGTERM by PID; streams in flight get the stop timeout)."""
-    _stop(run_dir(configuration))
+    load_state.stop(run_dir(configuration))
 
 
 def after_experiment_control(
@@ -207,8 +138,8 @@ def after_experiment_control(
     """Stop Locust if an interruption skipped the method's end, and put where the load
     stands (records path included) into the journal."""
     folder = run_dir(configuration)
-    _stop(folder)
-    load = _read_state(folder)
+    load_state.stop(folder)
+    load = load_state.read_state(folder)
     if isinstance(state, dict) and isinstance(state.get("experiment"), dict) and load:
         experiment = state["experiment"]
         extensions = [
@@ -222,5 +153,4 @@ def after_experiment_control(
 
 def cleanup_control(**kwargs: Any) -> None:
     """Last resort: no Locust outlives the experiment."""
-    for folder in list(_RUNS):
-        _stop(folder)
+    load_state.stop_all()

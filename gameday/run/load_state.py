@@ -1,0 +1,117 @@
+"""Where the user load of one experiment stands: ``load.json`` in its folder, and the
+Locust runs alive between the method's start and end (``probes.load`` drives them).
+
+``load.json`` goes ``starting`` → ``running`` (Locust's PID, ``started_at``, the records'
+paths) → ``stopped`` (exit code, failed requests, Locust's summary), or ``failed`` with
+the error. The SLO probes and ``gameday run`` read it. Written atomically (a reader never
+sees half a file). This module must never leave a Locust it started running: ``stop``
+is idempotent and ``stop_all`` stops every one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from gameday.load.runner import LoadConfig, LoadRun, LoadRunError
+
+LOAD_STATE_NAME = "load.json"
+
+# The LoadRun of each run folder, alive between the method's before and after hooks.
+_RUNS: dict[Path, LoadRun] = {}
+
+
+def read_state(folder: Path) -> dict[str, Any]:
+    """``load.json`` of ``folder`` ({} when there is none, or it is unreadable)."""
+    try:
+        value = json.loads((folder / LOAD_STATE_NAME).read_text())
+    except (OSError, ValueError):
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def write_state(folder: Path, state: dict[str, Any]) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = folder / f".{LOAD_STATE_NAME}.tmp"
+    tmp.write_text(json.dumps(state, indent=2, default=str) + "\n")
+    os.replace(tmp, folder / LOAD_STATE_NAME)
+
+
+def start(folder: Path, config: LoadConfig) -> None:
+    """Start Locust for ``folder``'s experiment; raises what stopped it from starting
+    (``load.json`` then says ``failed`` with the error)."""
+    state: dict[str, Any] = {"state": "starting"}
+    try:
+        run = LoadRun(config)
+        state = {
+            "state": "starting",
+            "host": config.host,
+            "users": config.users,
+            "spawn_rate": config.spawn_rate,
+            "max_tokens": config.max_tokens,
+            "prompt_mix": config.prompt_mix,
+            "oracle": config.oracle,
+            "stop_timeout_s": config.stop_timeout_s,
+            **({"seed": config.seed} if config.seed is not None else {}),
+            "command": run.command(),
+        }
+        write_state(folder, state)
+        # Registered before it starts: a Ctrl-C during the start still stops it after.
+        _RUNS[folder] = run
+        run.start()
+    except (LoadRunError, ValueError, TypeError, OSError) as exc:
+        _RUNS.pop(folder, None)
+        write_state(folder, {**read_state(folder), "state": "failed", "error": str(exc)})
+        raise
+    write_state(
+        folder,
+        {
+            **state,
+            "state": "running",
+            "pid": run.pid,
+            "started_at": time.time(),
+            "records": str(run.records_path.resolve()),
+            "oracle_records": str(run.oracle_path.resolve()) if run.oracle_path else None,
+        },
+    )
+
+
+def mark_failed(folder: Path, error: str) -> None:
+    """The load could not even be configured: ``load.json`` says so."""
+    write_state(folder, {**read_state(folder), "state": "failed", "error": error})
+
+
+def stop(folder: Path) -> None:
+    """Stop ``folder``'s Locust (SIGTERM by PID) and record how it ended; nothing when it
+    is not running."""
+    run = _RUNS.pop(folder, None)
+    if run is None:
+        return
+    state = read_state(folder)
+    try:
+        result = run.stop()
+    except LoadRunError as exc:
+        write_state(
+            folder, {**state, "state": "failed", "stopped_at": time.time(), "error": str(exc)}
+        )
+        return
+    write_state(
+        folder,
+        {
+            **state,
+            "state": "stopped",
+            "stopped_at": time.time(),
+            "exit_code": result.exit_code,
+            "failed_requests": result.failed_requests,
+            "summary": result.summary,
+        },
+    )
+
+
+def stop_all() -> None:
+    """Every Locust still running (the last resort at the end of an experiment)."""
+    for folder in list(_RUNS):
+        stop(folder)
