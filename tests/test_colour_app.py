@@ -345,3 +345,53 @@ def test_a_request_through_the_router_is_one_trace_across_components(
     for span in by_service.values():
         assert span["attributes"]["request.id"] == "through-1"
         assert span["attributes"]["traffic.tag"] == "gameday"
+
+
+def test_drop_colour_ends_by_itself_when_its_ttl_runs_out(model: Proc) -> None:
+    fault = requests.post(
+        model.url + "/admin/faults",
+        json={"kind": "drop_colour", "ttl_s": 0.5},
+        headers=ADMIN,
+        timeout=10,
+    )
+    assert fault.status_code == 201, fault.text
+    n = iter(range(10_000))
+
+    def tag_kept() -> bool:
+        rid = f"ttl-{next(n)}"
+        completion(model, {"x-request-id": rid, "x-traffic-tag": "gameday"})
+        return bool(hop_of(model, rid)["tag"] == "gameday")
+
+    wait_for(tag_kept, timeout=15, interval=0.1, what="the drop_colour fault to expire")
+    assert requests.get(model.url + "/admin/faults", headers=ADMIN, timeout=10).json() == {
+        "faults": []
+    }
+
+
+def test_the_receiver_keeps_a_gzip_export_as_sent(receiver: Proc) -> None:
+    import gzip
+
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+        ExportTraceServiceRequest,
+    )
+
+    req = ExportTraceServiceRequest()
+    rs = req.resource_spans.add()
+    attr = rs.resource.attributes.add()
+    attr.key, attr.value.string_value = "service.name", "hand-made"
+    span = rs.scope_spans.add().spans.add()
+    span.trace_id, span.span_id = bytes.fromhex("c" * 32), bytes.fromhex("d" * 16)
+    span.name, span.kind = "by hand", 3
+    a = span.attributes.add()
+    a.key, a.value.int_value = "n", 7
+    resp = requests.post(
+        receiver.url + "/v1/traces",
+        data=gzip.compress(req.SerializeToString()),
+        headers={"Content-Type": "application/x-protobuf", "Content-Encoding": "gzip"},
+        timeout=10,
+    )
+    assert resp.status_code == 200, resp.text
+    (got,) = _spans(receiver, "c" * 32)
+    assert got["service"] == "hand-made" and got["name"] == "by hand" and got["kind"] == 3
+    assert got["span_id"] == "d" * 16 and got["parent_span_id"] is None
+    assert got["attributes"] == {"n": 7}
