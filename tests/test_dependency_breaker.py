@@ -112,16 +112,30 @@ def test_occasional_failures_among_successes_do_not_open_it() -> None:
     assert b.state == "closed"
 
 
-def test_an_outage_after_successes_opens_it_once_failures_are_the_majority() -> None:
+def test_consecutive_failures_open_it_however_many_successes_came_before() -> None:
+    """An outage fails every call: it opens within ``failures`` calls (the 4 s stall of
+    the second latency game day never opened a ratio-only breaker: its 10 s window held
+    more earlier successes than stalled calls, so every stalled request paid the deadline)."""
     clock = Clock()
     b = breaker(clock)
-    for _ in range(4):
+    for _ in range(20):
         b.success()
-    for _ in range(3):
-        b.failure()
-    assert b.state == "closed"  # 3 of 7
     b.failure()
-    assert b.state == "open"  # 4 of 8
+    b.failure()
+    assert b.state == "closed"
+    b.failure()
+    assert b.state == "open"
+
+
+def test_a_flapping_dependency_opens_it_once_failures_are_the_majority() -> None:
+    clock = Clock()
+    b = breaker(clock)
+    for _ in range(2):
+        b.failure()
+        b.success()
+    assert b.state == "closed"  # 2 of 4, never 3 in a row
+    b.failure()
+    assert b.state == "open"  # 3 of 5
 
 
 def test_a_bad_ratio_is_refused() -> None:

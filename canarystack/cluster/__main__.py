@@ -64,7 +64,8 @@ def _print_status(console: Console, st: dict[str, Any]) -> None:
     table = Table(title=f"stack in {st['state_dir']}")
     for col in ("component", "pid", "url", "state", "restarts", "health"):
         table.add_column(col)
-    for c in st["components"]:
+    # The shared dependency (Redis) is a program like the others, shown after them.
+    for c in [*st["components"], *st.get("dependencies", [])]:
         table.add_row(
             c["name"],
             str(c["pid"] or "-"),

@@ -1,8 +1,11 @@
-"""A circuit breaker: closed -> open after ``failures`` failures within ``window_s``
-seconds that are also at least ``min_failure_ratio`` of the calls in that window ->
-half-open after ``cooldown_s`` (one probe call) -> closed on the probe's success, open
-again on its failure. The ratio keeps a busy, healthy dependency's occasional timeout
-(a loaded machine) from opening the circuit: an outage fails (nearly) every call.
+"""A circuit breaker: closed -> open after ``failures`` consecutive failures, or after
+``failures`` failures within ``window_s`` seconds that are also at least
+``min_failure_ratio`` of the calls in that window (a flapping dependency) -> half-open
+after ``cooldown_s`` (one probe call) -> closed on the probe's success, open again on its
+failure. An outage fails every call, so the consecutive rule (failures at most ``window_s``
+apart) opens within a few calls; the
+ratio keeps a busy, healthy dependency's occasional timeout (a loaded machine) from
+opening it.
 
 Pure: time comes from ``clock`` (monotonic), so tests move it instead of sleeping. This
 module never sleeps and never does I/O.
@@ -31,6 +34,8 @@ class CircuitBreaker:
     _recent: deque[tuple[float, bool]] = field(default_factory=deque)  # (time, failed)
     _opened_at: float = 0.0
     _probing: bool = False
+    _consecutive: int = 0
+    _last_failure: float = float("-inf")
 
     def __post_init__(self) -> None:
         if self.failures < 1:
@@ -68,6 +73,7 @@ class CircuitBreaker:
             self._recent.clear()
         else:
             self._note(self.clock(), failed=False)
+        self._consecutive = 0
         self._probing = False
 
     def _note(self, now: float, *, failed: bool) -> None:
@@ -83,8 +89,15 @@ class CircuitBreaker:
         if self._state == "open":
             return
         self._note(now, failed=True)
+        # Consecutive within the window: failures far apart are not one outage.
+        if now - self._last_failure > self.window_s:
+            self._consecutive = 0
+        self._last_failure = now
+        self._consecutive += 1
         failed = sum(1 for _, f in self._recent if f)
-        if failed >= self.failures and failed >= self.min_failure_ratio * len(self._recent):
+        if self._consecutive >= self.failures or (
+            failed >= self.failures and failed >= self.min_failure_ratio * len(self._recent)
+        ):
             self._open(now)
 
     def release(self) -> None:
@@ -96,4 +109,5 @@ class CircuitBreaker:
         self._state = "open"
         self._opened_at = now
         self._probing = False
+        self._consecutive = 0
         self._recent.clear()

@@ -10,9 +10,9 @@ one of ``RESULTS``:
 - ``ok`` / ``miss``: Redis answered (with or without a context);
 - ``timeout``: the deadline, a socket timeout or no free pooled connection in time;
 - ``error``: refused, reset, ``max number of clients reached``, any other Redis error;
-- ``circuit_open``: the breaker keeps calls away (after ``breaker_failures`` failures
-  within ``breaker_window_s`` that are at least ``breaker_min_failure_ratio`` of its
-  calls; one probe after ``breaker_cooldown_s``).
+- ``circuit_open``: the breaker keeps calls away (after ``breaker_failures``
+  consecutive failures, or that many within ``breaker_window_s`` that are at least
+  ``breaker_min_failure_ratio`` of its calls; one probe after ``breaker_cooldown_s``).
 
 The last three are *degraded* answers (``x-dependency: degraded``). Metrics:
 ``canarystack_dependency_requests_total{dependency,result}`` and
