@@ -20,8 +20,10 @@ env ``GAMEDAY_TARGET``) and ``gameday_run_dir`` (where the ledger and records go
 ``GAMEDAY_RUN_DIR``). ``chaos discover --no-install chaostoolkit-canary-gameday``
 lists them all (``probes`` is packaged as that distribution: probes/pyproject.toml).
 
-Activities are thin: the work is in ``gameday`` (targets, faults, load). Nothing here runs
-at import time, and nothing imports ``canarystack``.
+Activities are thin adapters: what they measure is ``gameday.evidence`` (the same core the
+report uses), how they reach the stack is ``gameday.api``, faults and load are
+``gameday.faults`` and ``gameday.load``. Nothing here runs at import time, and nothing
+imports ``canarystack``.
 """
 
 from __future__ import annotations
