@@ -194,18 +194,18 @@ def test_stack_pods_run_the_local_image_and_are_ready(stack: None) -> None:
     for p in pods:
         comp = p["metadata"]["labels"].get("app.kubernetes.io/component", "")
         by_component.setdefault(comp, []).append(p)
-    for comp in STACK_PORTS:
+    for comp in [*STACK_PORTS, "redis"]:
         running = [p for p in by_component.get(comp, []) if p["status"]["phase"] == "Running"]
-        assert len(running) == 1, (
+        # Two routers: the Deployments router and router-b (one node, host ports).
+        assert len(running) == (2 if comp == "router" else 1), (
             f"{comp}: {[p['status']['phase'] for p in by_component.get(comp, [])]}"
         )
-        pod = running[0]
-        cond = {c["type"]: c["status"] for c in pod["status"]["conditions"]}
-        assert cond["Ready"] == "True", comp
-        assert pod["spec"]["hostNetwork"] is True
-        assert (
-            pod["status"]["containerStatuses"][0]["image"] == "docker.io/library/canarystack:0.1.0"
-        )
+        for pod in running:
+            cond = {c["type"]: c["status"] for c in pod["status"]["conditions"]}
+            assert cond["Ready"] == "True", comp
+            assert pod["spec"]["hostNetwork"] is True
+            image = pod["status"]["containerStatuses"][0]["image"]
+            assert image == "docker.io/library/canarystack:0.1.0"
     # release-init created the release on the broker (the Job completed).
     job = kubectl_json("-n", NS, "get", "job", "release-init")
     assert job["status"].get("succeeded") == 1
@@ -224,10 +224,23 @@ def test_stack_answers_on_its_loopback_ports(stack: None) -> None:
     with urllib.request.urlopen("http://127.0.0.1:18001/v1/releases/default", timeout=10) as resp:
         release = json.loads(resp.read())
     assert release["name"] == "default"
+    # Each router's own admin port; the model servers' Redis (Debian's redis-server in the
+    # image) answers PING on 127.0.0.1:18020, and both model servers report it.
+    for port in (18004, 18005):
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=10) as resp:
+            assert json.loads(resp.read())["status"] == "ok", port
+    import socket
+
+    with socket.create_connection(("127.0.0.1", 18020), timeout=5) as sock:
+        sock.sendall(b"PING\r\n")
+        assert sock.recv(64) == b"+PONG\r\n"
+    for port in (18010, 18011):
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=10) as resp:
+            assert json.loads(resp.read())["dependency"]["name"] == "redis", port
 
 
 def test_a_killed_pod_is_replaced_by_its_replicaset(stack: None, tmp_path: Path) -> None:
-    sel = "app.kubernetes.io/component=router"
+    sel = "app.kubernetes.io/component=router,!canarystack.io/router-instance"  # not router-b
     before = kubectl_json("-n", NS, "get", "pods", "-l", sel)["items"]
     assert len(before) == 1
     old_uid = before[0]["metadata"]["uid"]

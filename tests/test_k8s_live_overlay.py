@@ -27,6 +27,8 @@ SERVERS = {
     "model-baseline": ("Deployment", 18010),
     "model-canary": ("Deployment", 18011),
 }
+# The two router Deployments' own admin (instance) ports; both serve users on 18000.
+ROUTER_ADMIN_PORTS = {"router": 18004, "router-b": 18005}
 # API versions a 1.20 API server serves for the kinds the overlay renders.
 V120 = {
     "Namespace": "v1",
@@ -64,6 +66,7 @@ def server(docs: list[dict[str, Any]], component: str) -> dict[str, Any]:
         d
         for d in by_kind(docs, kind)
         if d["metadata"]["labels"].get("app.kubernetes.io/component") == component
+        and d["metadata"]["name"] == component  # router-b: test_two_routers_share_the_front_port
     ]
     assert len(found) == 1, component
     return found[0]
@@ -90,7 +93,9 @@ def test_servers_listen_on_their_own_loopback_port_on_the_host_network(
     assert args[args.index("--host") + 1] == "127.0.0.1"
     assert "0.0.0.0" not in args
     assert args[args.index("--port") + 1] == str(port)
-    assert [p["containerPort"] for p in c["ports"]] == [port]
+    # The router's pod declares (and is probed on) its instance port, 18004.
+    own = ROUTER_ADMIN_PORTS["router"] if component == "router" else port
+    assert [p["containerPort"] for p in c["ports"]] == [own]
     # The kubelet probes a host-network pod at the node's address: it must probe loopback.
     for probe in ("readinessProbe", "livenessProbe"):
         assert c[probe]["httpGet"]["host"] == "127.0.0.1", probe
@@ -178,3 +183,50 @@ def test_the_chaos_runner_may_read_argo_rollouts_and_flagger_canaries_here(
         {"apiGroups": ["argoproj.io"], "resources": ["rollouts"], "verbs": ["get"]},
         {"apiGroups": ["flagger.app"], "resources": ["canaries"], "verbs": ["get"]},
     ]
+
+
+def test_two_routers_share_the_front_port_and_each_has_its_own_admin_port(
+    docs: list[dict[str, Any]],
+) -> None:
+    """One node and host ports: the second router is a second Deployment (router-b.yaml),
+    the base's router Deployment copied; both serve 127.0.0.1:18000 with --reuse-port, so
+    a killed router loses only its own streams, and each pod's admin API is on its own
+    instance port, which the canarystack.io/admin-port annotation tells the harness."""
+    routers = {
+        d["metadata"]["name"]: d
+        for d in by_kind(docs, "Deployment")
+        if d["metadata"]["labels"].get("app.kubernetes.io/component") == "router"
+    }
+    assert set(routers) == set(ROUTER_ADMIN_PORTS)
+    for name, admin in ROUTER_ADMIN_PORTS.items():
+        dep = routers[name]
+        assert dep["spec"]["replicas"] == 1 and dep["spec"]["strategy"] == {"type": "Recreate"}
+        c = pod_spec(dep)["containers"][0]
+        args = c["args"]
+        assert args[args.index("--port") + 1] == "18000" and "--reuse-port" in args
+        assert args[args.index("--instance-port") + 1] == str(admin)
+        assert [p["containerPort"] for p in c["ports"]] == [admin]  # never 18000: host ports
+        annotations = dep["spec"]["template"]["metadata"]["annotations"]
+        assert annotations["canarystack.io/admin-port"] == str(admin)
+        assert annotations["prometheus.io/port"] == str(admin)
+    # router-b never claims router's pods: its selector has one more label.
+    a, b = (routers[n]["spec"]["selector"]["matchLabels"] for n in ("router", "router-b"))
+    assert a.items() < b.items()
+    # router-b.yaml is the base's router Deployment but for its name, replicas and label.
+    base = next(
+        d
+        for d in yaml.safe_load_all((Path(K8S) / "base" / "stack" / "router.yaml").read_text())
+        if d and d["kind"] == "Deployment"
+    )
+    copy = yaml.safe_load((Path(K8S) / "overlays" / "loopback" / "router-b.yaml").read_text())
+    copy["metadata"]["name"] = base["metadata"]["name"]
+    copy["spec"]["replicas"] = base["spec"]["replicas"]
+    del copy["spec"]["selector"]["matchLabels"]["canarystack.io/router-instance"]
+    del copy["spec"]["template"]["metadata"]["labels"]["canarystack.io/router-instance"]
+    assert copy == base
+    # The harness's target lists both Deployments as the router's workloads.
+    cm = next(d for d in docs if d["metadata"]["name"] == "gameday-target")
+    target = yaml.safe_load(cm["data"]["target.yaml"])
+    assert target["workloads"]["router"] == "deployment/router,deployment/router-b"
+    local = yaml.safe_load((Path(K8S).parent / "loopback" / "target.yaml").read_text())
+    assert local["workloads"] == target["workloads"]

@@ -323,3 +323,58 @@ def test_a_selector_that_does_not_narrow_is_refused_before_any_request(
         with pytest.raises(TargetError, match=r"selectors.router is .*does not narrow the pods"):
             call()
     assert fake.seen == []
+
+
+# --- several workloads per role, each pod's own admin port (the loopback overlay's two
+# router Deployments share the front port by SO_REUSEPORT) --------------------------------
+def router_b(fake: FakeApi) -> None:
+    """A second router Deployment, router-b, whose pod serves its admin API on 18005."""
+    deployment(fake, "router-b", "uid-dep-router-b", desired=1, ready=1)
+    replicaset(fake, "router-b-5c", "router-b", "uid-dep-router-b", "uid-rs-router-b")
+    body = owned(pod("router-b-5c-x", labels("router"), "10.0.0.21"),
+                 "ReplicaSet", "router-b-5c", "uid-rs-router-b")  # fmt: skip
+    body["metadata"]["annotations"] = {"canarystack.io/admin-port": "18005"}
+    fake.add_pod(body)
+
+
+def test_a_role_with_two_workloads_kills_and_counts_the_pods_of_both(
+    fake: FakeApi, tmp_path: Path
+) -> None:
+    router_b(fake)
+    # Listed: router-b's pod is the role's, and the status sums both Deployments.
+    both = k8s_target(tmp_path, workloads={"router": "deployment/router, deployment/router-b"})
+    assert both.workloads("router") == [("deployment", "router"), ("deployment", "router-b")]
+    status = both.workload_status("router")
+    assert (status["desired"], status["ready"], status["ok"]) == (3, 2, False)
+    assert [w["name"] for w in status["workloads"]] == ["router", "router-b"]
+    killed = both.kill_pod("router", "router-b-5c-x")
+    assert killed.name == "router-b-5c-x"
+    assert deletes(fake) == [f"/api/v1/namespaces/{NS}/pods/router-b-5c-x"]
+
+
+def test_a_pod_of_an_unlisted_second_workload_is_not_killed(fake: FakeApi, tmp_path: Path) -> None:
+    router_b(fake)
+    only = k8s_target(tmp_path)  # workloads.router: deployment/router (the default)
+    with pytest.raises(
+        TargetError, match=r"its ReplicaSet router-b-5c is owned by Deployment/router-b"
+    ):
+        only.kill_pod("router", "router-b-5c-x")
+    assert deletes(fake) == []
+    bad = k8s_target(tmp_path, workloads={"router": "deployment/router,"})
+    with pytest.raises(TargetError, match=r"or several separated by commas"):
+        bad.workloads("router")
+
+
+def test_a_pods_admin_port_annotation_wins_over_the_roles_port(
+    fake: FakeApi, tmp_path: Path
+) -> None:
+    router_b(fake)
+    target = k8s_target(tmp_path, ports={"router": 18004})
+    urls = {r.name: r.url for r in target.replicas("router")}
+    assert urls["router-b-5c-x"] == "http://10.0.0.21:18005"
+    assert urls["router-7d9-a"] == "http://10.0.0.11:18004"
+    fake.pods[NS]["router-b-5c-x"]["metadata"]["annotations"] = {
+        "canarystack.io/admin-port": "80000"
+    }
+    with pytest.raises(TargetError, match=r"canarystack.io/admin-port='80000' is not a TCP port"):
+        target.replicas("router")

@@ -31,7 +31,7 @@ start=$(date +%s)
 kubectl_ apply -k "$OVERLAY" >"$LOGS/deploy-stack.log" 2>&1 ||
     { tail -20 "$LOGS/deploy-stack.log" >&2; die "kubectl apply -k $OVERLAY failed; log: $LOGS/deploy-stack.log"; }
 for w in statefulset/broker deployment/model-baseline deployment/model-canary deployment/gate \
-    deployment/rollback deployment/router; do
+    deployment/rollback deployment/router deployment/router-b deployment/redis; do
     left=$((timeout_s - ($(date +%s) - start)))
     [ "$left" -gt 0 ] || left=1
     kubectl_ -n "$NS" rollout status "$w" --timeout="${left}s" >/dev/null 2>&1 || {

@@ -30,6 +30,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from canary_contract.json import JsonObject
 from gameday.targets.base import (
     ROLES,
     BlastRadiusError,
@@ -58,6 +59,11 @@ DEFAULT_WORKLOADS = {
     "model-canary": "deployment/model-canary",
 }
 WORKLOAD_KINDS = ("deployment", "statefulset")
+# A pod template annotation that overrides ``ports[role]`` for that workload's pods: where
+# each pod's own admin API listens when several workloads share a role (the loopback
+# overlay's two router Deployments share the front port 18000 by SO_REUSEPORT and each
+# serves its admin API on its own instance port).
+ADMIN_PORT_ANNOTATION = "canarystack.io/admin-port"
 # A host-network pod's replica URL (see _address).
 HOST_NETWORK_ADDRESS = "127.0.0.1"
 
@@ -142,17 +148,27 @@ class KubernetesTarget(Target):
         return selector
 
     def workload(self, role: str) -> tuple[str, str]:
-        """(kind, name) of the workload that owns ``role``'s pods, e.g. (deployment, router)."""
+        """(kind, name) of the (first) workload that owns ``role``'s pods, e.g.
+        (deployment, router)."""
+        return self.workloads(role)[0]
+
+    def workloads(self, role: str) -> list[tuple[str, str]]:
+        """Every (kind, name) that owns ``role``'s pods: ``workloads.ROLE`` is KIND/NAME or
+        a comma-separated list of them (e.g. two router Deployments)."""
         if role not in ROLES:
             raise TargetError(f"unknown role {role!r}: use one of {', '.join(ROLES)}.")
         ref = self.spec.workloads.get(role, DEFAULT_WORKLOADS[role])
-        kind, _, name = ref.partition("/")
-        if kind not in WORKLOAD_KINDS or not name:
-            raise TargetError(
-                f"kubernetes target {self.name!r}: workloads.{role} is {ref!r}: write "
-                f"KIND/NAME with KIND one of {', '.join(WORKLOAD_KINDS)} (e.g. deployment/{role})."
-            )
-        return kind, name
+        out: list[tuple[str, str]] = []
+        for item in ref.split(","):
+            kind, _, name = item.strip().partition("/")
+            if kind not in WORKLOAD_KINDS or not name or "/" in name:
+                raise TargetError(
+                    f"kubernetes target {self.name!r}: workloads.{role} is {ref!r}: write "
+                    f"KIND/NAME with KIND one of {', '.join(WORKLOAD_KINDS)} (e.g. "
+                    f"deployment/{role}), or several separated by commas."
+                )
+            out.append((kind, name))
+        return out
 
     def service_url(self, role: str) -> str:
         try:
@@ -163,9 +179,9 @@ class KubernetesTarget(Target):
                 "in the target file (e.g. http://router.NAMESPACE.svc:8000)."
             ) from None
 
-    def secrets(self) -> dict[str, Any]:
+    def secrets(self) -> JsonObject:
         """What chaostoolkit-kubernetes reads besides the environment."""
-        out: dict[str, Any] = {}
+        out: JsonObject = {}
         if self.spec.context:
             out["KUBERNETES_CONTEXT"] = self.spec.context
         return out
@@ -204,7 +220,11 @@ class KubernetesTarget(Target):
     def replicas(self, role: str) -> list[Replica]:
         port = self.spec.ports.get(role, DEFAULT_PORTS[role])
         return [
-            Replica(name=pod.metadata.name, role=role, url=f"http://{_address(pod)}:{port}")
+            Replica(
+                name=pod.metadata.name,
+                role=role,
+                url=f"http://{_address(pod)}:{_admin_port(pod, port)}",
+            )
             for pod in self._pods(role)
             if _is_serving(pod)
         ]
@@ -322,11 +342,12 @@ class KubernetesTarget(Target):
             ) from None
 
     def check_owner(self, role: str, pod: Any) -> str:
-        """``KIND/NAME`` of the workload that owns ``pod``, when it is ``role``'s workload
-        (``workloads`` in the target file); TargetError, naming the owner, otherwise."""
-        kind, name = self.workload(role)
+        """``KIND/NAME`` of the workload that owns ``pod``, when it is one of ``role``'s
+        workloads (``workloads`` in the target file); TargetError, naming the owner,
+        otherwise."""
+        listed = self.workloads(role)
         pod_name = pod.metadata.name
-        expected = f"{kind}/{name}"
+        expected = " or ".join(f"{k}/{n}" for k, n in listed)
 
         def refuse(why: str) -> TargetError:
             return TargetError(
@@ -342,30 +363,48 @@ class KubernetesTarget(Target):
         from kubernetes import client
 
         apps = client.AppsV1Api(self.api_client())
-        if kind == "statefulset":
-            if ref.kind != "StatefulSet" or ref.name != name:
-                raise refuse(f"its controller is {ref.kind}/{ref.name}")
-            sts = self._read("statefulset", apps.read_namespaced_stateful_set, name)
+        if ref.kind == "StatefulSet" and ("statefulset", ref.name) in listed:
+            sts = self._read("statefulset", apps.read_namespaced_stateful_set, ref.name)
             if _uid(sts) and ref.uid and _uid(sts) != ref.uid:
-                raise refuse(f"its owner StatefulSet/{name} has another UID ({ref.uid})")
-            return expected
+                raise refuse(f"its owner StatefulSet/{ref.name} has another UID ({ref.uid})")
+            return f"statefulset/{ref.name}"
+        if not any(k == "deployment" for k, _ in listed):
+            raise refuse(f"its controller is {ref.kind}/{ref.name}")
         if ref.kind != "ReplicaSet":
             raise refuse(f"its controller is {ref.kind}/{ref.name}, not a ReplicaSet")
         rs = self._read("replicaset", apps.read_namespaced_replica_set, ref.name)
         if _uid(rs) and ref.uid and _uid(rs) != ref.uid:
             raise refuse(f"its ReplicaSet {ref.name} has another UID ({ref.uid})")
         rs_ref = _controller(rs.metadata)
-        if rs_ref is None or rs_ref.kind != "Deployment" or rs_ref.name != name:
+        if (
+            rs_ref is None
+            or rs_ref.kind != "Deployment"
+            or ("deployment", rs_ref.name) not in listed
+        ):
             owner = f"{rs_ref.kind}/{rs_ref.name}" if rs_ref is not None else "nothing"
             raise refuse(f"its ReplicaSet {ref.name} is owned by {owner}")
-        dep = self._read("deployment", apps.read_namespaced_deployment, name)
+        dep = self._read("deployment", apps.read_namespaced_deployment, rs_ref.name)
         if _uid(dep) and rs_ref.uid and _uid(dep) != rs_ref.uid:
-            raise refuse(f"its ReplicaSet {ref.name} belongs to another Deployment/{name}")
-        return expected
+            raise refuse(f"its ReplicaSet {ref.name} belongs to another Deployment/{rs_ref.name}")
+        return f"deployment/{rs_ref.name}"
 
-    def workload_status(self, role: str) -> dict[str, Any]:
-        """Desired and ready replicas of the workload that owns ``role``'s pods."""
-        kind, name = self.workload(role)
+    def workload_status(self, role: str) -> JsonObject:
+        """Desired and ready replicas of the workloads that own ``role``'s pods (summed
+        when there are several; ``ok`` only when every one of them is ready)."""
+        parts = [self._one_workload_status(kind, name) for kind, name in self.workloads(role)]
+        if len(parts) == 1:
+            return parts[0]
+        return {
+            "kind": ",".join(str(p["kind"]) for p in parts),
+            "name": ",".join(str(p["name"]) for p in parts),
+            "namespace": self.namespace,
+            "desired": sum(int(p["desired"]) for p in parts),
+            "ready": sum(int(p["ready"]) for p in parts),
+            "ok": all(bool(p["ok"]) for p in parts),
+            "workloads": list(parts),
+        }
+
+    def _one_workload_status(self, kind: str, name: str) -> JsonObject:
         from kubernetes import client
 
         apps = client.AppsV1Api(self.api_client())
@@ -391,7 +430,7 @@ class KubernetesTarget(Target):
             "ok": int(ready) >= int(desired),
         }
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> JsonObject:
         return {**super().describe(), "namespace": self.namespace}
 
 
@@ -401,6 +440,23 @@ def _narrows(term: str) -> bool:
         return True
     key, eq, value = term.partition("=")
     return bool(eq and not key.endswith("!") and key.strip() and value.strip("= "))
+
+
+def _admin_port(pod: Any, default: int) -> int:
+    """The pod's own admin port: its ``canarystack.io/admin-port`` annotation, else
+    ``default`` (``ports[role]``); TargetError for an annotation that is not a port."""
+    meta = getattr(pod, "metadata", None)
+    annotations = (getattr(meta, "annotations", None) or {}) if meta is not None else {}
+    raw = annotations.get(ADMIN_PORT_ANNOTATION)
+    if raw is None:
+        return default
+    text = str(raw).strip()
+    if not text.isdigit() or not 1 <= int(text) <= 65535:
+        raise TargetError(
+            f"pod {getattr(meta, 'name', '?')!r}: annotation {ADMIN_PORT_ANNOTATION}={raw!r} "
+            "is not a TCP port (1-65535): fix the workload's pod template."
+        )
+    return int(text)
 
 
 def _controller(meta: Any) -> Any:
