@@ -19,11 +19,11 @@ import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
 
 import requests
 
 from canary_contract.faults import FaultAction
+from canary_contract.json import JsonObject
 from gameday.errors import GamedayError
 from gameday.targets import Target, TargetError
 
@@ -48,8 +48,8 @@ class FaultEntry:
     kind: str
     fault_id: str | None = None
     ttl_s: float | None = None
-    params: dict[str, Any] = field(default_factory=dict)
-    detail: dict[str, Any] = field(default_factory=dict)
+    params: JsonObject = field(default_factory=dict)
+    detail: JsonObject = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         try:
@@ -105,7 +105,7 @@ class FaultLedger:
         return None
 
 
-def annotate(target: Target, change: dict[str, Any], reason: str) -> bool:
+def annotate(target: Target, change: JsonObject, reason: str) -> bool:
     """Best effort: add an event to the release's history on the broker."""
     try:
         url = f"{target.service_url('broker')}/v1/releases/{target.release}/events"
@@ -130,7 +130,7 @@ def _error_text(resp: requests.Response) -> str:
 RESERVED_PARAMS = ("kind", "ttl_s")
 
 
-def fault_body(kind: str, ttl_s: float, params: dict[str, Any] | None = None) -> dict[str, Any]:
+def fault_body(kind: str, ttl_s: float, params: JsonObject | None = None) -> JsonObject:
     """The ``/admin/faults`` body; ValueError (FaultError) for a bad ``ttl_s`` or ``params``.
 
     ``params`` are the fault's own settings: they can never override the fault's ``kind``
@@ -167,7 +167,7 @@ def inject(
     component: str,
     kind: str,
     ttl_s: float,
-    params: dict[str, Any] | None = None,
+    params: JsonObject | None = None,
     ledger: FaultLedger | None = None,
 ) -> list[FaultEntry]:
     """Inject a fault into every replica of ``component``; returns one entry per replica.

@@ -16,9 +16,10 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
 
 import requests
+
+from canary_contract.json import JsonObject
 
 PIN_HEADER = "x-canary-variant"
 HTTP_TIMEOUT_S = 10.0
@@ -33,7 +34,7 @@ class HostileInput:
     name: str
     path: str
     body: bytes
-    headers: dict[str, Any] = field(default_factory=dict)
+    headers: dict[str, str | bytes] = field(default_factory=dict)
     max_sends: int | None = None
 
 
@@ -108,7 +109,7 @@ def send(
     session: requests.Session, router_url: str, item: HostileInput, pin: str | None
 ) -> tuple[int | None, str]:
     """One hostile request -> (status or None when the connection failed, detail)."""
-    headers: dict[str, Any] = {"content-type": "application/json"}
+    headers: dict[str, str | bytes] = {"content-type": "application/json"}
     if pin is not None:
         headers[PIN_HEADER] = pin
     headers.update(item.headers)
@@ -125,7 +126,7 @@ def send(
 class FloodResult:
     sent: int = 0
     by_input: dict[str, Counter[str]] = field(default_factory=dict)
-    server_errors: list[dict[str, Any]] = field(default_factory=list)
+    server_errors: list[JsonObject] = field(default_factory=list)
     elapsed_s: float = 0.0
 
     def note(self, name: str, status: int | None, detail: str) -> None:
@@ -135,7 +136,7 @@ class FloodResult:
         if (status is None or status >= 500) and len(self.server_errors) < 50:
             self.server_errors.append({"input": name, "status": status, "detail": detail})
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {
             "sent": self.sent,
             "elapsed_s": round(self.elapsed_s, 3),

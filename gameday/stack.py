@@ -12,10 +12,10 @@ import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import click
 
+from canary_contract.json import JsonObject
 from gameday.errors import GamedayError
 
 CLUSTER = [sys.executable, "-m", "canarystack.cluster"]
@@ -36,7 +36,7 @@ def _run(args: Sequence[str], timeout_s: float) -> subprocess.CompletedProcess[s
     )
 
 
-def stack_status(state_dir: Path) -> dict[str, Any] | None:
+def stack_status(state_dir: Path) -> JsonObject | None:
     """The stack's status JSON, or None when no stack was ever started there."""
     if not (state_dir / "stack.json").exists():
         return None
@@ -46,7 +46,7 @@ def stack_status(state_dir: Path) -> dict[str, Any] | None:
     return dict(json.loads(res.stdout))
 
 
-def stack_up(state_dir: Path, extra: Sequence[str] = (), timeout_s: float = 180) -> dict[str, Any]:
+def stack_up(state_dir: Path, extra: Sequence[str] = (), timeout_s: float = 180) -> JsonObject:
     res = _run(["up", "--state-dir", str(state_dir), "--json", *extra], timeout_s=timeout_s)
     if res.returncode != 0:
         raise StackCommandError(

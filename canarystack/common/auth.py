@@ -25,6 +25,7 @@ from pathlib import Path
 
 from aiohttp import web
 
+from canary_contract.errors import ErrorKind
 from canarystack.common.errors import ApiError, StartupError, Unauthorized
 
 ENV_VAR = "CANARYSTACK_ADMIN_TOKEN"
@@ -125,7 +126,7 @@ class Forbidden(ApiError):
     """A known credential asking for something it does not grant."""
 
     status = 403
-    type = "permission_error"
+    type = ErrorKind.PERMISSION
 
 
 def describe_admin_flag(parser: argparse.ArgumentParser) -> None:

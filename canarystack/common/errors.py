@@ -31,6 +31,8 @@ from typing import Any, TypeVar
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
+from canary_contract.errors import ErrorKind
+from canary_contract.json import JsonObject
 from canarystack.common import strictjson
 from canarystack.common.logs import get_logger
 
@@ -62,7 +64,7 @@ class ApiError(CanaryStackError):
     """An error a client can cause or must see, with its HTTP status."""
 
     status = 400
-    type = "invalid_request_error"
+    type: str = ErrorKind.INVALID_REQUEST
 
     def __init__(
         self,
@@ -71,7 +73,7 @@ class ApiError(CanaryStackError):
         param: str | None = None,
         status: int | None = None,
         code: str | None = None,
-        extra: dict[str, Any] | None = None,
+        extra: JsonObject | None = None,
     ) -> None:
         super().__init__(message)
         self.message = message
@@ -81,8 +83,8 @@ class ApiError(CanaryStackError):
         if status is not None:
             self.status = status
 
-    def body(self) -> dict[str, Any]:
-        err: dict[str, Any] = {
+    def body(self) -> JsonObject:
+        err: JsonObject = {
             "message": self.message,
             "type": self.type,
             "param": self.param,
@@ -97,32 +99,32 @@ class BadRequest(ApiError):
 
 class Unauthorized(ApiError):
     status = 401
-    type = "authentication_error"
+    type = ErrorKind.AUTHENTICATION
 
 
 class NotFound(ApiError):
     status = 404
-    type = "not_found_error"
+    type = ErrorKind.NOT_FOUND
 
 
 class Conflict(ApiError):
     status = 409
-    type = "conflict_error"
+    type = ErrorKind.CONFLICT
 
 
 class PayloadTooLarge(ApiError):
     status = 413
-    type = "invalid_request_error"
+    type = ErrorKind.INVALID_REQUEST
 
 
 class Unprocessable(ApiError):
     status = 422
-    type = "invalid_request_error"
+    type = ErrorKind.INVALID_REQUEST
 
 
 class Unavailable(ApiError):
     status = 503
-    type = "service_unavailable"
+    type = ErrorKind.UNAVAILABLE
 
 
 def _nonfinite_path(obj: Any, path: str = "$") -> str | None:
@@ -142,7 +144,7 @@ def _nonfinite_path(obj: Any, path: str = "$") -> str | None:
 _SERVER_ERROR = {
     "error": {
         "message": "Internal server error (logged).",
-        "type": "server_error",
+        "type": ErrorKind.SERVER.value,
         "param": None,
         "code": None,
     }
@@ -254,8 +256,8 @@ def _costly(raw: bytes) -> bool:
     return raw.count(b",") + raw.count(b":") > PARSE_IN_THREAD_ITEMS
 
 
-def _refuse_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    seen: dict[str, Any] = {}
+def _refuse_duplicates(pairs: list[tuple[str, Any]]) -> JsonObject:
+    seen: JsonObject = {}
     for key, value in pairs:
         if key in seen:
             raise BadRequest(
@@ -271,7 +273,7 @@ async def read_json_object(
     max_bytes: int | None = None,
     unique_keys: bool = False,
     what: str = "Request body",
-) -> dict[str, Any]:
+) -> JsonObject:
     """The request body as a JSON object, or a 4xx saying why it is not one.
 
     413 above ``max_bytes`` (default: the app's ``client_max_size``), 400 for an empty
@@ -312,7 +314,7 @@ def _json_type(value: Any) -> str:
     return "a number"
 
 
-def parse_model(model: type[M], data: dict[str, Any], what: str = "request body") -> M:
+def parse_model(model: type[M], data: JsonObject, what: str = "request body") -> M:
     try:
         return model.model_validate(data)
     except ValidationError as exc:
@@ -343,7 +345,7 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
             {
                 "error": {
                     "message": message,
-                    "type": "invalid_request_error",
+                    "type": ErrorKind.INVALID_REQUEST.value,
                     "param": None,
                     "code": None,
                 }

@@ -34,6 +34,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from canary_contract.json import JsonObject
 from canarystack.common.errors import BadRequest, NotFound, from_validation_error
 from canarystack.common.logs import JsonLogger, get_logger
 
@@ -96,7 +97,7 @@ class Fault:
     def remaining_s(self, now_mono: float) -> float:
         return max(0.0, self.expires_mono - now_mono)
 
-    def to_json(self, now_mono: float) -> dict[str, Any]:
+    def to_json(self, now_mono: float) -> JsonObject:
         remaining = self.remaining_s(now_mono)
         return {
             "id": self.id,
@@ -293,6 +294,6 @@ class FaultRegistry:
     def count(self, kind: str) -> int:
         return len(self.active(kind))
 
-    def to_json(self) -> list[dict[str, Any]]:
+    def to_json(self) -> list[JsonObject]:
         now = self._clock()
         return [f.to_json(now) for f in self.active()]

@@ -27,23 +27,25 @@ import copy
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 from aiohttp import web
 from pydantic import BaseModel
 
+from canary_contract.json import JsonObject
 from canarystack.common import strictjson
 
 if TYPE_CHECKING:
     from canarystack.common.app import Component
 
-Json = dict[str, Any]
+# The name the api_spec modules import; the contract's JsonObject.
+Json = JsonObject
 OPENAPI_VERSION = "3.1.0"
 REF_PREFIX = "#/components/schemas/"
 REF_TEMPLATE = REF_PREFIX + "{model}"
 ADMIN_SECURITY = "adminToken"
 ERROR_SCHEMA_NAME = "Error"
-ERROR_SCHEMA: Json = {
+ERROR_SCHEMA: JsonObject = {
     "type": "object",
     "description": "Every 4xx/5xx answer: the OpenAI error shape (extra top-level fields may "
     "follow, e.g. the digests of a digest mismatch).",
@@ -70,12 +72,12 @@ class Param:
 
     name: str
     where: Literal["path", "query", "header"]
-    schema: Json
+    schema: JsonObject
     description: str = ""
     required: bool = False
 
-    def to_json(self) -> Json:
-        out: Json = {
+    def to_json(self) -> JsonObject:
+        out: JsonObject = {
             "name": self.name,
             "in": self.where,
             "required": True if self.where == "path" else self.required,
@@ -89,20 +91,20 @@ class Param:
 def query_int(
     name: str, description: str, *, minimum: int = 0, maximum: int | None = None
 ) -> Param:
-    schema: Json = {"type": "integer", "minimum": minimum}
+    schema: JsonObject = {"type": "integer", "minimum": minimum}
     if maximum is not None:
         schema["maximum"] = maximum
     return Param(name, "query", schema, description)
 
 
 def path_str(name: str, description: str, pattern: str | None = None) -> Param:
-    schema: Json = {"type": "string"}
+    schema: JsonObject = {"type": "string"}
     if pattern is not None:
         schema["pattern"] = pattern
     return Param(name, "path", schema, description, required=True)
 
 
-def json_body(schema: Json, description: str = "") -> Json:
+def json_body(schema: JsonObject, description: str = "") -> JsonObject:
     """A response whose body is JSON of ``schema``."""
     return {
         "description": description or "JSON",
@@ -110,45 +112,45 @@ def json_body(schema: Json, description: str = "") -> Json:
     }
 
 
-def error_response(description: str) -> Json:
+def error_response(description: str) -> JsonObject:
     return json_body({"$ref": REF_PREFIX + ERROR_SCHEMA_NAME}, description)
 
 
-def text_response(description: str, media_type: str = "text/plain") -> Json:
+def text_response(description: str, media_type: str = "text/plain") -> JsonObject:
     return {"description": description, "content": {media_type: {"schema": {"type": "string"}}}}
 
 
-def obj(required: Sequence[str] = (), **properties: Json) -> Json:
+def obj(required: Sequence[str] = (), **properties: JsonObject) -> JsonObject:
     """A JSON object schema (extra properties allowed: answers may grow)."""
-    out: Json = {"type": "object", "properties": properties}
+    out: JsonObject = {"type": "object", "properties": properties}
     if required:
         out["required"] = list(required)
     return out
 
 
-def nullable(schema: Json) -> Json:
+def nullable(schema: JsonObject) -> JsonObject:
     return {"anyOf": [schema, {"type": "null"}]}
 
 
-NUMBER: Json = {"type": "number"}
-INTEGER: Json = {"type": "integer"}
-STRING: Json = {"type": "string"}
-BOOLEAN: Json = {"type": "boolean"}
-ANY_OBJECT: Json = {"type": "object"}
+NUMBER: JsonObject = {"type": "number"}
+INTEGER: JsonObject = {"type": "integer"}
+STRING: JsonObject = {"type": "string"}
+BOOLEAN: JsonObject = {"type": "boolean"}
+ANY_OBJECT: JsonObject = {"type": "object"}
 
 
 class ApiSpec:
     """An OpenAPI document under construction."""
 
     def __init__(self, title: str, version: str, description: str = "") -> None:
-        self.info: Json = {"title": title, "version": version}
+        self.info: JsonObject = {"title": title, "version": version}
         if description:
             self.info["description"] = description
-        self.paths: dict[str, dict[str, Json]] = {}
-        self.schemas: dict[str, Json] = {ERROR_SCHEMA_NAME: copy.deepcopy(ERROR_SCHEMA)}
+        self.paths: dict[str, dict[str, JsonObject]] = {}
+        self.schemas: dict[str, JsonObject] = {ERROR_SCHEMA_NAME: copy.deepcopy(ERROR_SCHEMA)}
 
     # -- schemas ------------------------------------------------------------------------
-    def _register(self, name: str, schema: Json) -> None:
+    def _register(self, name: str, schema: JsonObject) -> None:
         known = self.schemas.get(name)
         if known is not None and known != schema:
             raise ValueError(
@@ -158,12 +160,12 @@ class ApiSpec:
 
     def model(
         self, model: type[BaseModel], mode: Literal["validation", "serialization"] = "validation"
-    ) -> Json:
+    ) -> JsonObject:
         """A ``$ref`` to ``model``'s JSON schema (its nested models registered too)."""
         schema = model.model_json_schema(ref_template=REF_TEMPLATE, mode=mode)
         return {"$ref": REF_PREFIX + self.inline_model_defs(schema, model.__name__)}
 
-    def inline_model_defs(self, schema: Json, name: str) -> str:
+    def inline_model_defs(self, schema: JsonObject, name: str) -> str:
         """Register ``schema`` (a pydantic schema with ``$defs``) as ``name``; its name."""
         schema = dict(schema)
         for def_name, sub in schema.pop("$defs", {}).items():
@@ -171,19 +173,19 @@ class ApiSpec:
         self._register(name, schema)
         return name
 
-    def model_schema(self, model: type[BaseModel]) -> Json:
+    def model_schema(self, model: type[BaseModel]) -> JsonObject:
         """``model``'s schema itself (for editing), its nested models registered."""
         schema = dict(model.model_json_schema(ref_template=REF_TEMPLATE))
         for def_name, sub in schema.pop("$defs", {}).items():
             self._register(def_name, sub)
         return schema
 
-    def named(self, name: str, schema: Json) -> Json:
+    def named(self, name: str, schema: JsonObject) -> JsonObject:
         """Register a hand-written schema; a ``$ref`` to it."""
         self._register(name, schema)
         return {"$ref": REF_PREFIX + name}
 
-    def refine(self, name: str, prop: str, schema: Json) -> None:
+    def refine(self, name: str, prop: str, schema: JsonObject) -> None:
         """Say more exactly what a registered schema's property takes, where its model
         validates by hand (a field typed ``Any`` with a validator). A property the model no
         longer has is left alone: the model stays the source of truth."""
@@ -199,12 +201,12 @@ class ApiSpec:
         path: str,
         *,
         summary: str,
-        responses: Mapping[int | str, Json],
+        responses: Mapping[int | str, JsonObject],
         operation_id: str | None = None,
         description: str = "",
         tag: str | None = None,
         params: Iterable[Param] = (),
-        body: Json | None = None,
+        body: JsonObject | None = None,
         body_required: bool = True,
         body_media_type: str = "application/json",
         admin: bool = False,
@@ -215,7 +217,7 @@ class ApiSpec:
         ops = self.paths.setdefault(path, {})
         if method in ops:
             raise ValueError(f"OpenAPI: {method.upper()} {path} is described twice")
-        op: Json = {
+        op: JsonObject = {
             "operationId": operation_id or _operation_id(method, path),
             "summary": summary,
         }
@@ -231,7 +233,7 @@ class ApiSpec:
                 "required": body_required,
                 "content": {body_media_type: {"schema": body}},
             }
-        resp: dict[str, Json] = {str(k): v for k, v in responses.items()}
+        resp: dict[str, JsonObject] = {str(k): v for k, v in responses.items()}
         if admin:
             op["security"] = [{ADMIN_SECURITY: []}]
             resp.setdefault(
@@ -243,7 +245,7 @@ class ApiSpec:
         op["responses"] = resp
         ops[method] = op
 
-    def document(self) -> Json:
+    def document(self) -> JsonObject:
         return {
             "openapi": OPENAPI_VERSION,
             "info": self.info,
@@ -268,7 +270,7 @@ def _operation_id(method: str, path: str) -> str:
 
 
 # -- the shared routes (canarystack.common.app) ------------------------------------------
-HEALTH_SCHEMA: Json = obj(
+HEALTH_SCHEMA: JsonObject = obj(
     ("status", "component", "version", "pid", "uptime_s"),
     status={"type": "string", "enum": ["ok", "degraded"]},
     component=STRING,
@@ -277,7 +279,7 @@ HEALTH_SCHEMA: Json = obj(
     uptime_s=NUMBER,
     degraded_reasons={"type": "array", "items": STRING},
 )
-FAULT_SCHEMA: Json = obj(
+FAULT_SCHEMA: JsonObject = obj(
     ("id", "kind", "params", "ttl_s", "injected_at", "expires_at", "remaining_s"),
     id=STRING,
     kind=STRING,
@@ -289,15 +291,15 @@ FAULT_SCHEMA: Json = obj(
 )
 
 
-def fault_body_schema(spec: ApiSpec, component: Component) -> Json:
+def fault_body_schema(spec: ApiSpec, component: Component) -> JsonObject:
     """The body of ``POST /admin/faults``: one variant per kind, with its parameters flat
     (``{"kind", "ttl_s", ...params}``) or under ``params`` (``canarystack.common.faults``)."""
     faults = component.faults
-    ttl: Json = {"type": "number", "exclusiveMinimum": 0}
+    ttl: JsonObject = {"type": "number", "exclusiveMinimum": 0}
     if math.isfinite(faults.max_ttl_s):
         ttl["maximum"] = faults.max_ttl_s
     ttl["description"] = "seconds until the fault ends by itself (required, capped)"
-    variants: list[Json] = []
+    variants: list[JsonObject] = []
     for kind in sorted(faults.kinds):
         params = spec.model_schema(faults.kinds[kind])
         props = dict(params.get("properties", {}))
@@ -312,7 +314,7 @@ def fault_body_schema(spec: ApiSpec, component: Component) -> Json:
                 "additionalProperties": False,
             }
         )
-        nested: Json = {"type": "object", "properties": props, "additionalProperties": False}
+        nested: JsonObject = {"type": "object", "properties": props, "additionalProperties": False}
         if required:
             nested["required"] = required
         variants.append(
@@ -434,7 +436,7 @@ def live_routes(app: web.Application) -> set[tuple[str, str]]:
     return routes
 
 
-def build_document(app: web.Application) -> Json:
+def build_document(app: web.Application) -> JsonObject:
     component = app[OPENAPI].component
     if component is None:
         # Transitional (#13): until create_app hands its component to install(), it is

@@ -25,6 +25,7 @@ from urllib.parse import urlsplit
 import gevent
 from geventhttpclient import HTTPClient
 
+from canary_contract.json import JsonObject
 from gameday.load.sse import SSEDecoder, StreamMeasurement, parse_full_response
 from gameday.oracle.wire import loads as wire_loads
 
@@ -125,7 +126,7 @@ class OpenAIClient:
         return Attempt(request_id=request_id or uuid.uuid4().hex, path=path, stream=stream)
 
     def send(
-        self, attempt: Attempt, body: dict[str, Any], headers: dict[str, str] | None = None
+        self, attempt: Attempt, body: JsonObject, headers: dict[str, str] | None = None
     ) -> None:
         """Send ``body`` and fill ``attempt``; never raises for network or server trouble."""
         payload = json.dumps(body, allow_nan=False).encode()

@@ -45,6 +45,7 @@ from typing import Any
 import gevent
 from locust.runners import MasterRunner, WorkerRunner
 
+from canary_contract.json import JsonObject
 from gameday.load.records import (
     FLUSH_INTERVAL_S,
     LOAD_COLUMNS,
@@ -71,7 +72,7 @@ MSG_FLUSH = "gameday_flush"
 
 
 class Collector:
-    def __init__(self, environment: Any, counters: Callable[[], dict[str, Any]]) -> None:
+    def __init__(self, environment: Any, counters: Callable[[], JsonObject]) -> None:
         self.environment = environment
         self.runner = environment.runner
         self.counters = counters  # this process's counters, shipped with the final message
@@ -85,11 +86,11 @@ class Collector:
         self.oracle_out = ""
         self.summary_out = ""
         self.sinks: dict[str, ParquetSink] = {}
-        self._pending: dict[str, list[dict[str, Any]]] = {"load": [], "oracle": []}
+        self._pending: dict[str, list[JsonObject]] = {"load": [], "oracle": []}
         self._shipper: gevent.Greenlet | None = None
         self._flusher: gevent.Greenlet | None = None
-        self.finals: dict[str, dict[str, Any]] = {}
-        self.summary: dict[str, Any] = {}
+        self.finals: dict[str, JsonObject] = {}
+        self.summary: JsonObject = {}
         self._test_start_wall: float | None = None
         self._test_stop_wall: float | None = None
         self._cpu_start_s = 0.0
@@ -120,7 +121,7 @@ class Collector:
         return sink
 
     # --- rows ---------------------------------------------------------------------
-    def add(self, kind: str, row: dict[str, Any]) -> None:
+    def add(self, kind: str, row: JsonObject) -> None:
         if self.role == "worker":
             self._pending[kind].append(row)
             if len(self._pending[kind]) >= SHIP_MAX_ROWS:
@@ -179,7 +180,7 @@ class Collector:
         if isinstance(users, int):
             self._peak_users = max(self._peak_users, users)
 
-    def usage(self) -> dict[str, Any]:
+    def usage(self) -> JsonObject:
         """This process's generator figures (summed or maxed over workers by ``totals``)."""
         warned = bool(getattr(self.runner, "cpu_warning_emitted", False))
         return {
@@ -254,13 +255,13 @@ class Collector:
                 ", ".join(sorted(missing)),
             )
 
-    def totals(self) -> dict[str, Any]:
+    def totals(self) -> JsonObject:
         parts = (
             list(self.finals.values())
             if self.role == "master"
             else [{**self.counters(), **self.usage()}]
         )
-        total: dict[str, Any] = {}
+        total: JsonObject = {}
         for part in parts:
             for k, v in part.items():
                 if k == "pid":
@@ -271,10 +272,10 @@ class Collector:
                     total[k] = total.get(k, 0) + v
         return total
 
-    def generator(self, totals: dict[str, Any]) -> dict[str, Any]:
+    def generator(self, totals: JsonObject) -> JsonObject:
         """The test's wall time and achieved rate; on a master, its own CPU beside the
         workers' and whether it saw a worker warn about CPU."""
-        out: dict[str, Any] = {}
+        out: JsonObject = {}
         if self._test_start_wall is not None:
             end = self._test_stop_wall or time.time()
             wall = max(0.0, end - self._test_start_wall)

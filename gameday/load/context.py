@@ -35,6 +35,7 @@ import gevent
 import gevent.event
 from locust.stats import CSV_STATS_INTERVAL_SEC
 
+from canary_contract.json import JsonObject
 from gameday.load.collector import Collector
 from gameday.load.options import LoadOptions, OptionsError, add_arguments, new_run_id
 from gameday.load.pacing import Slot, TraceSchedule
@@ -106,7 +107,7 @@ class LoadContext:
         )
         return opts
 
-    def counters(self) -> dict[str, Any]:
+    def counters(self) -> JsonObject:
         s = self.schedule
         return {
             "requests_sent": self.requests_sent,

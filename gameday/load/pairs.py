@@ -7,9 +7,9 @@ The outcomes are described in ``gameday.load.user``'s docstring.
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 from canary_contract.errors import ErrorCode
+from canary_contract.json import JsonObject
 from gameday.load.client import Attempt
 from gameday.oracle import BrokenBaseline, compare_responses
 
@@ -20,7 +20,7 @@ CANARY_OFF_CODE = ErrorCode.CANARY_OFF
 CANARY_OFF_PREFIX = f"{ErrorCode.CANARY_OFF.value}: "
 
 
-def judge_pair(base: Attempt, can: Attempt) -> tuple[dict[str, Any], str | None, str]:
+def judge_pair(base: Attempt, can: Attempt) -> tuple[JsonObject, str | None, str]:
     """What one pinned pair says: (row fields, error, outcome).
 
     Outcomes (module docstring): ``pair`` (both sound), ``canary_broken`` (maximal

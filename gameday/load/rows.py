@@ -3,16 +3,15 @@ came from: plain code, no Locust or gevent, so the harness and the tests can bui
 
 from __future__ import annotations
 
-from typing import Any
-
 from canary_contract.buckets import bucket_of
+from canary_contract.json import JsonObject
 from gameday.load.client import Attempt
 from gameday.load.options import LoadOptions
 from gameday.load.prompts import PromptRequest
 
 
-def build_body(opts: LoadOptions, req: PromptRequest, stream: bool) -> dict[str, Any]:
-    body: dict[str, Any] = {"model": opts.model, "max_tokens": req.max_tokens, "stream": stream}
+def build_body(opts: LoadOptions, req: PromptRequest, stream: bool) -> JsonObject:
+    body: JsonObject = {"model": opts.model, "max_tokens": req.max_tokens, "stream": stream}
     if opts.chat:
         body["messages"] = req.chat_messages()
     else:
@@ -26,7 +25,7 @@ def build_body(opts: LoadOptions, req: PromptRequest, stream: bool) -> dict[str,
     return body
 
 
-def record_row(opts: LoadOptions, req: PromptRequest, a: Attempt) -> dict[str, Any]:
+def record_row(opts: LoadOptions, req: PromptRequest, a: Attempt) -> JsonObject:
     m = a.measurement
     itl_mean, itl_p99, itl_max = m.itl() if m is not None else (None, None, None)
     prompt_tokens = m.prompt_tokens if m is not None else None

@@ -58,6 +58,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from canary_contract.json import JsonObject
 from gameday.errors import GamedayError
 from gameday.load.records import LOAD_SCHEMA, ORACLE_SCHEMA, recover, remove_parts
 
@@ -128,12 +129,12 @@ def _number(value: Any) -> float | None:
 
 
 def load_problems(
-    summary: dict[str, Any],
+    summary: JsonObject,
     users: int,
     tolerances: LoadTolerances,
     log_text: str = "",
     processes: int = 1,
-) -> dict[str, Any]:
+) -> JsonObject:
     """Whether the generator kept up: its figures and one sentence per shortfall.
 
     ``summary`` is Locust's ``load-summary.json`` (``gameday.load.collector``); ``log_text``
@@ -156,7 +157,7 @@ def load_problems(
     abandoned = int(_number(summary.get("trace_abandoned")) or 0)
     late_fraction = round(late / trace_n, 4) if trace_n else None
     peak_users = _number(summary.get("peak_users"))
-    figures: dict[str, Any] = {
+    figures: JsonObject = {
         "achieved_rps": rps,
         "target_rps": t.target_rps,
         "requests_sent": sent,
@@ -305,7 +306,7 @@ class LoadResult:
     exit_code: int
     records_path: Path
     oracle_path: Path | None
-    summary: dict[str, Any]
+    summary: JsonObject
     log_tail: str
 
     @property
@@ -515,7 +516,7 @@ class LoadRun:
         self.result = LoadResult(code, self.records_path, self.oracle_path, summary, tail)
         return self.result
 
-    def check_generator(self, summary: dict[str, Any]) -> dict[str, Any]:
+    def check_generator(self, summary: JsonObject) -> JsonObject:
         """``load_problems`` for this run, with the tolerances of the environment (a bad
         tolerance is itself a problem: the run cannot say whether the load was valid)."""
         try:

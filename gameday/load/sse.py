@@ -25,8 +25,8 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass, field
-from typing import Any
 
+from canary_contract.json import JsonObject
 from gameday.oracle.wire import loads as wire_loads
 
 ERROR_KINDS = ("connect", "http_status", "broken_stream", "empty_completion", "timeout")
@@ -65,7 +65,7 @@ class SSEDecoder:
         return payload
 
 
-def _content_of(event: dict[str, Any]) -> str:
+def _content_of(event: JsonObject) -> str:
     parts: list[str] = []
     for choice in event.get("choices") or ():
         if not isinstance(choice, dict):
@@ -176,7 +176,7 @@ def parse_full_response(body: bytes) -> tuple[str, int | None, int | None]:
         if isinstance(msg, dict) and isinstance(msg.get("content"), str):
             parts.append(msg["content"])
     raw_usage = obj.get("usage")
-    usage: dict[str, Any] = raw_usage if isinstance(raw_usage, dict) else {}
+    usage: JsonObject = raw_usage if isinstance(raw_usage, dict) else {}
     pt, ct = usage.get("prompt_tokens"), usage.get("completion_tokens")
     return (
         "".join(parts),

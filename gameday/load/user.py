@@ -46,6 +46,7 @@ import gevent
 from locust import User, task
 
 from canary_contract.buckets import bucket_of
+from canary_contract.json import JsonObject
 from gameday.errors import GamedayError
 from gameday.load.client import Attempt, OpenAIClient
 from gameday.load.context import context_for
@@ -187,8 +188,8 @@ class OracleUser(User):
         for c in self.sides.values():
             c.close()
 
-    def _body(self, opts: LoadOptions, req: PromptRequest) -> dict[str, Any]:
-        body: dict[str, Any] = {
+    def _body(self, opts: LoadOptions, req: PromptRequest) -> JsonObject:
+        body: JsonObject = {
             "model": opts.model,
             "max_tokens": opts.oracle_positions,
             "temperature": 0,
@@ -242,11 +243,11 @@ class OracleUser(User):
 
     def _compare(
         self, opts: LoadOptions, req: PromptRequest, attempts: dict[str, Attempt]
-    ) -> tuple[dict[str, Any], str | None]:
+    ) -> tuple[JsonObject, str | None]:
         base, can = attempts["baseline"], attempts["canary"]
         pt = base.measurement.prompt_tokens if base.measurement is not None else None
         tokens = pt if pt is not None else req.planned_prompt_tokens
-        row: dict[str, Any] = {
+        row: JsonObject = {
             "bucket": bucket_of(tokens, opts.bucket_edges),
             "prompt_tokens": tokens,
             "positions": 0,

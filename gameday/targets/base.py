@@ -15,6 +15,7 @@ from typing import Any, ClassVar, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from canary_contract.json import JsonObject
 from gameday.errors import GamedayError
 
 # The roles a component can have; "model" in an action means both model roles.
@@ -44,7 +45,7 @@ class Replica:
 class KilledPod:
     name: str
     role: str
-    detail: dict[str, Any]
+    detail: JsonObject
 
 
 class BlastRadius(BaseModel):
@@ -171,7 +172,7 @@ class Target(ABC):
         component's /admin/faults needs ``fault_headers(role)``)."""
         return self.operator_headers(actor)
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> JsonObject:
         return {"kind": self.kind, "name": self.name, "release": self.release}
 
 
@@ -179,7 +180,7 @@ class Target(ABC):
 KINDS: dict[str, type[Target]] = {}
 
 
-def _read_yaml(path: Path) -> dict[str, Any]:
+def _read_yaml(path: Path) -> JsonObject:
     try:
         data = yaml.safe_load(path.read_text())
     except OSError as exc:
@@ -196,7 +197,7 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     return data
 
 
-def parse_target(data: dict[str, Any], source: str = "target") -> Target:
+def parse_target(data: JsonObject, source: str = "target") -> Target:
     kind = data.get("kind", "local")
     cls = KINDS.get(kind) if isinstance(kind, str) else None
     if cls is None:

@@ -17,6 +17,7 @@ from typing import Any
 
 import requests
 
+from canary_contract.json import JsonObject
 from gameday.errors import GamedayError
 from gameday.oracle.wire import loads
 
@@ -35,7 +36,7 @@ class HistoryError(GamedayError, RuntimeError):
 
 def _page(
     session: Any, url: str, after_seq: int, limit: int, timeout_s: float
-) -> tuple[list[dict[str, Any]], int | None]:
+) -> tuple[list[JsonObject], int | None]:
     params = {"after_seq": str(after_seq), "limit": str(limit)}
     try:
         resp = session.get(url, params=params, timeout=timeout_s)
@@ -65,7 +66,7 @@ def read_events(
     timeout_s: float = HTTP_TIMEOUT_S,
     max_pages: int = MAX_PAGES,
     session: Any = None,
-) -> list[dict[str, Any]]:
+) -> list[JsonObject]:
     """Every event of ``release`` after ``after_seq``, oldest first (all pages).
 
     Raises HistoryError when a page cannot be read, or when the history does not end
@@ -75,7 +76,7 @@ def read_events(
         raise ValueError(f"limit is {limit}: give 1 to {MAX_PAGE} events per page")
     url = f"{broker_url.rstrip('/')}/v1/releases/{release}/events"
     http = session if session is not None else requests
-    out: list[dict[str, Any]] = []
+    out: list[JsonObject] = []
     cursor = after_seq
     for _ in range(max_pages):
         page, nxt = _page(http, url, cursor, limit, timeout_s)

@@ -30,6 +30,7 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel
 from supervisor.xmlrpc import SupervisorTransport
 
+from canary_contract.json import JsonObject
 from gameday.targets.base import KilledPod, LocalTargetSpec, Replica, Target, TargetError
 
 # The module each role's program runs (``python -m MODULE``): canarystack.cluster's programs.
@@ -103,13 +104,13 @@ class LocalTarget(Target):
         self.spec = spec
         self.name = spec.name
         self.blast_radius = spec.blast_radius
-        self._desc: dict[str, Any] | None = None
+        self._desc: JsonObject | None = None
 
     @property
     def state_dir(self) -> Path:
         return self.spec.state_dir.resolve()
 
-    def description(self, refresh: bool = False) -> dict[str, Any]:
+    def description(self, refresh: bool = False) -> JsonObject:
         if self._desc is None or refresh:
             path = self.state_dir / "stack.json"
             try:
@@ -195,7 +196,7 @@ class LocalTarget(Target):
             )
         return pid
 
-    def program_config(self, program: str) -> dict[str, Any]:
+    def program_config(self, program: str) -> JsonObject:
         """supervisord's own configuration of ``program`` (``getAllConfigInfo``)."""
         try:
             infos = self._rpc().supervisor.getAllConfigInfo()
@@ -214,7 +215,7 @@ class LocalTarget(Target):
             "supervisord. Is state_dir the stack's own folder?"
         )
 
-    def verify_program(self, role: str, pod: Replica, info: dict[str, Any]) -> list[str]:
+    def verify_program(self, role: str, pod: Replica, info: JsonObject) -> list[str]:
         """The program's configured argv, when it is ``role``'s; TargetError otherwise."""
         command = str(info.get("command") or "")
         try:
@@ -299,5 +300,5 @@ class LocalTarget(Target):
             },
         )
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> JsonObject:
         return {**super().describe(), "state_dir": str(self.state_dir)}
