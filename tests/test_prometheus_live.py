@@ -19,6 +19,8 @@ import csv
 import json
 import math
 import re
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -33,7 +35,6 @@ import yaml
 from canarystack.common import strictjson
 from gameday.prom import (
     RULES_FILE,
-    PrometheusProcess,
     active_targets,
     start_for_target,
     stop_in,
@@ -281,17 +282,33 @@ def test_canary_drained_on_a_live_local_target(
     assert out["detail"]["values"]["total"] > 0
 
 
-def test_prometheus_is_stopped_by_its_pid(tmp_path: Path, live: dict[str, Any]) -> None:
-    """A second Prometheus for the same target: recorded, stopped by stop_in (its PID),
-    and gone afterwards; a second stop finds nothing to stop."""
-    prom = start_for_target(load_target(live["cfg"]["gameday_target"]), tmp_path / "p2")
-    assert isinstance(prom, PrometheusProcess) and prom.alive()
-    assert requests.get(f"{prom.url}/-/ready", timeout=5).status_code == 200
-    assert prom.url.startswith("http://127.0.0.1:")
-    assert stop_in(tmp_path / "p2") is True
-    assert not prom.alive()
+def test_prometheus_is_started_and_stopped_by_its_pid_from_the_cli(
+    tmp_path: Path, live: dict[str, Any]
+) -> None:
+    """``python -m gameday.prom up`` for the same target: every target up, its PID
+    recorded; ``down`` stops that PID and nothing answers afterwards; a second ``down``
+    finds nothing to stop."""
+    cli = [sys.executable, "-m", "gameday.prom"]
+    up = subprocess.run([*cli, "up", "--target", live["cfg"]["gameday_target"], "--dir",
+                         str(tmp_path / "p2")], capture_output=True, text=True, timeout=90,
+                        check=False)  # fmt: skip
+    assert up.returncode == 0, up.stderr
+    started = json.loads(up.stdout)
+    pid, url = int(started["pid"]), str(started["url"])
+    assert url.startswith("http://127.0.0.1:")
+    assert json.loads((tmp_path / "p2" / "prometheus.json").read_text())["pid"] == pid
+    assert len(active_targets(url)) == 8
+    argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    assert argv[0].endswith(b"prometheus") and f"--web.listen-address={url[7:]}".encode() in argv
+    down = subprocess.run([*cli, "down", "--dir", str(tmp_path / "p2")], capture_output=True,
+                          text=True, timeout=60, check=False)  # fmt: skip
+    assert (down.returncode, down.stdout.strip()) == (0, "stopped")
+    assert (
+        not Path(f"/proc/{pid}").exists()
+        or b"prometheus" not in Path(f"/proc/{pid}/cmdline").read_bytes()
+    )
     with pytest.raises(requests.ConnectionError):
-        requests.get(f"{prom.url}/-/ready", timeout=2)
+        requests.get(f"{url}/-/ready", timeout=2)
     assert stop_in(tmp_path / "p2") is False
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -19,9 +20,11 @@ from gameday.prom import (
     ScrapeTarget,
     check_config,
     render_config,
+    scrape_jobs,
 )
 
 RULES_DIR = RULES_FILE.parent
+REPO = RULES_DIR.parents[1]
 RULES_TEST = RULES_DIR / "rules.test.yml"
 
 
@@ -120,3 +123,68 @@ def test_a_config_promtool_refuses_is_reported_with_its_output(tmp_path: Path) -
 def test_a_bad_interval_is_refused_with_its_name(interval: float) -> None:
     with pytest.raises(PrometheusError, match=r"scrape_interval_s must be in \(0, 3600\]"):
         render_config([ScrapeTarget("gate", "127.0.0.1:1")], scrape_interval_s=interval)
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "gameday.prom", *args], capture_output=True,
+                          text=True, timeout=60, cwd=REPO, check=False)  # fmt: skip
+
+
+def test_the_cli_names_a_missing_target_file(tmp_path: Path) -> None:
+    res = run_cli("up", "--target", str(tmp_path / "nope.yaml"), "--dir", str(tmp_path / "p"))
+    assert res.returncode == 2
+    assert res.stderr.startswith("error: ") and "nope.yaml" in res.stderr
+    assert not (tmp_path / "p" / "prometheus.json").exists()
+
+
+def test_the_cli_down_without_a_prometheus_says_so(tmp_path: Path) -> None:
+    res = run_cli("down", "--dir", str(tmp_path))
+    assert (res.returncode, res.stdout.strip()) == (0, f"no Prometheus was running for {tmp_path}")
+
+
+def test_a_kubernetes_target_is_scraped_pod_by_pod_with_its_namespace(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The pods come from a FAKED Kubernetes API here (tests/k8s_fake.py: the live
+    loopback cluster takes minutes to start, see tests/test_k8s_live*.py): every serving
+    pod of every role is a target at its own IP and port, labelled with the namespace
+    probes.prometheus's default queries select on; the config passes promtool."""
+    from gameday.targets import load_target
+    from tests.k8s_fake import FakeApi, pod, point_client_at
+
+    def role(r: str) -> dict[str, str]:
+        return {"app.kubernetes.io/part-of": "canarystack", "app.kubernetes.io/component": r}
+
+    api = FakeApi()
+    pods = [("router-a", "router", "10.0.0.11"), ("router-b", "router", "10.0.0.12"),
+            ("mb-0", "model-baseline", "10.0.1.1"), ("mc-0", "model-canary", "10.0.1.2"),
+            ("gate-0", "gate", "10.0.2.1"), ("broker-0", "broker", "10.0.3.1"),
+            ("rollback-0", "rollback", "10.0.4.1")]  # fmt: skip
+    for name, r, ip in pods:
+        api.add_pod(pod(name, role(r), ip))
+    api.add_pod(pod("router-pending", role("router"), "10.0.0.13", phase="Pending"))
+    api.start()
+    try:
+        point_client_at(api, tmp_path / "no-kubeconfig", monkeypatch)
+        path = tmp_path / "target.yaml"
+        path.write_text(yaml.safe_dump({"kind": "kubernetes", "name": "staging",
+                                        "namespace": "stack", "ports": {"router": 8080},
+                                        "urls": {"broker": "http://127.0.0.1:9"},
+                                        "blast_radius": {"namespaces": ["stack"]}}))  # fmt: skip
+        jobs = scrape_jobs(load_target(path))
+    finally:
+        api.stop()
+    got = {(t.job, t.address, t.labels.get("variant"), t.labels["replica"]) for t in jobs}
+    assert got == {
+        ("router", "10.0.0.11:8080", None, "router-a"),
+        ("router", "10.0.0.12:8080", None, "router-b"),
+        ("model", "10.0.1.1:8000", "baseline", "mb-0"),
+        ("model", "10.0.1.2:8000", "canary", "mc-0"),
+        ("gate", "10.0.2.1:8000", None, "gate-0"),
+        ("broker", "10.0.3.1:8000", None, "broker-0"),
+        ("rollback", "10.0.4.1:8000", None, "rollback-0"),
+    }
+    assert all(t.labels["namespace"] == "stack" for t in jobs)
+    config = tmp_path / "prometheus.yml"
+    config.write_text(render_config(jobs, scrape_interval_s=15))
+    check_config(config)
