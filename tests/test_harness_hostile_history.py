@@ -17,7 +17,7 @@ import pytest
 
 from gameday.run.collect import collect_timeline
 from gameday.targets.base import parse_target
-from gameday.targets.history import HistoryError, read_events
+from gameday.targets.history import HistoryError, read_event_records, read_events
 from probes._broker import phase_events, release_events
 from tests.broker_support import Api, start_broker
 from tests.procs import Spawner
@@ -75,6 +75,10 @@ def test_every_harness_reader_sees_past_the_first_page(
     # small pages give the same history, page by page
     tail = read_events(url, release, after_seq=events[-40]["seq"], limit=7)
     assert tail == events[-39:]
+    # the same history as the contract's records, the trip last
+    records = read_event_records(url, release, after_seq=events[-40]["seq"], limit=7)
+    assert [r.to_wire() for r in records] == tail
+    assert records[-1].change == {"phase": {"old": "canary", "new": "tripped"}}
 
     target = parse_target({"kind": "local", "state_dir": str(stack)})
     # the probes (gate and SLO probes look for trips here): before, only the oldest 10,000
@@ -97,3 +101,24 @@ def test_a_missing_release_or_a_bad_limit_is_a_clear_error(spawn: Spawner, tmp_p
     assert info.value.status == 404
     with pytest.raises(ValueError, match="limit is 0: give 1 to 10000"):
         read_events(url, "long", limit=0)
+
+
+def test_an_event_that_is_not_one_fails_the_typed_read_naming_it(
+    spawn: Spawner, tmp_path: Path
+) -> None:
+    state = tmp_path / "broker"
+    broker = start_broker(spawn, state)
+    api = Api(broker.url)
+    api.register("v1")
+    api.register("v2")
+    api.create("odd")
+    broker.stop()
+    with sqlite3.connect(state / "broker.sqlite") as db:  # a store another version wrote
+        db.execute(
+            "INSERT INTO events (release, time, revision, actor, change, reason) "
+            "VALUES ('odd', 1.0, 1, 'x', '[1, 2]', 'a change that is a list')"
+        )
+    url = start_broker(spawn, state).url
+    assert len(read_events(url, "odd")) == 2  # the raw read takes it as it comes
+    with pytest.raises(HistoryError, match=r"event 1 \(seq 2\) of 'odd'.*field 'change'"):
+        read_event_records(url, "odd")

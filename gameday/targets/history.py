@@ -4,7 +4,8 @@
 most ``MAX_PAGE``), oldest first after ``N``. One request is not the history: on a
 long-lived broker it is the *oldest* page only. ``read_events`` repeats with ``after_seq``
 = the last ``seq`` returned (the answer's ``next_after_seq`` when it has one) until a page
-has fewer than ``limit`` events. Every harness reader of the history uses it.
+has fewer than ``limit`` events. Every harness reader of the history uses it;
+``read_event_records`` gives the same events as the contract's ``Event`` records.
 
 Bounded: at most ``max_pages`` pages, each with its own timeout; a broker whose pages do
 not move forward is an error, never an endless loop. HTTP only (the harness never imports
@@ -17,6 +18,8 @@ from typing import Any
 
 import requests
 
+from canary_contract.broker import Event
+from canary_contract.errors import ContractError
 from canary_contract.json import JsonObject
 from gameday.errors import GamedayError
 from gameday.oracle.wire import loads
@@ -94,3 +97,27 @@ def read_events(
     raise HistoryError(
         f"the history of {release!r} did not end within {max_pages} pages of {limit} events"
     )
+
+
+def read_event_records(
+    broker_url: str,
+    release: str,
+    after_seq: int = 0,
+    limit: int = MAX_PAGE,
+    timeout_s: float = HTTP_TIMEOUT_S,
+    max_pages: int = MAX_PAGES,
+    session: Any = None,
+) -> list[Event]:
+    """``read_events`` as the contract's ``Event`` records. An event that is not one (a
+    broker of another version, a corrupted store) is a ``HistoryError`` naming its seq and
+    field: a reader never judges a history it could only partly read."""
+    raw = read_events(broker_url, release, after_seq, limit, timeout_s, max_pages, session)
+    out: list[Event] = []
+    for i, item in enumerate(raw):
+        try:
+            out.append(Event.from_wire(item))
+        except ContractError as exc:
+            raise HistoryError(
+                f"event {i} (seq {item.get('seq')!r}) of {release!r} from {broker_url}: {exc}"
+            ) from None
+    return out
