@@ -1,0 +1,63 @@
+"""What the dependency SLO probes measure (probes.dependency, issue #16 item 5): the
+fault window from the ledger and the watch, and the time to recover from the records."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from gameday.faults import FaultEntry
+from probes.dependency import fault_window, recovery_s
+
+
+def entry(
+    action: str, kind: str, t: float, ttl: float | None = None, fid: str = "f1"
+) -> FaultEntry:
+    return FaultEntry(action=action, time=t, component="redis", replica="redis",
+                      url="redis://127.0.0.1:1", kind=kind, fault_id=fid, ttl_s=ttl)  # fmt: skip
+
+
+def frame(rows: list[tuple[float, bool, float]]) -> pd.DataFrame:
+    return pd.DataFrame(
+        {
+            "start_time": [r[0] for r in rows],
+            "ok": [r[1] for r in rows],
+            "ttft_s": [r[2] for r in rows],
+            "served_by": "baseline",
+        }
+    )
+
+
+def test_a_pause_ends_at_its_length_or_its_clearing() -> None:
+    assert fault_window([entry("dependency", "pause", 100.0, 4.0)], [])["end"] == 104.0
+    cleared = [entry("dependency", "pool-exhaustion", 100.0, 5.0),
+               entry("dependency-clear", "pool-exhaustion", 102.5)]  # fmt: skip
+    assert fault_window(cleared, [])["end"] == 102.5
+
+
+def test_a_kill_ends_when_the_watch_first_finds_redis_answering() -> None:
+    kill = [entry("kill", "pod-kill", 100.0)]
+    watch = [{"time": 99.0, "redis": True}, {"time": 100.2, "redis": False},
+             {"time": 101.4, "redis": True}]  # fmt: skip
+    window = fault_window(kill, watch)
+    assert window is not None and window["kind"] == "kill" and window["end"] == 101.4
+    # Never seen answering again: no end (the recovery check then fails).
+    assert fault_window(kill, watch[:2])["end"] is None  # type: ignore[index]
+    assert fault_window([], watch) is None
+
+
+def test_recovery_is_the_first_window_served_as_before_the_fault() -> None:
+    before = [(90.0 + i * 0.1, True, 0.10) for i in range(100)]  # t 90..100, p50 100 ms
+    during = [(100.0 + i * 0.1, True, 0.40) for i in range(40)]  # slow, t 100..104
+    slow_after = [(104.0 + i * 0.1, i % 2 == 0, 0.10) for i in range(20)]  # half fail, 104..106
+    good = [(106.0 + i * 0.1, True, 0.11) for i in range(40)]  # 106..110
+    rec, rule = recovery_s(frame(before + during + slow_after + good), 100.0, 104.0)
+    assert rec == pytest.approx(2.0)
+    assert "TTFT p50" in rule
+
+
+def test_never_recovered_in_the_records_is_none() -> None:
+    before = [(90.0 + i * 0.1, True, 0.10) for i in range(100)]
+    after = [(104.0 + i * 0.1, False, 0.10) for i in range(40)]
+    rec, _ = recovery_s(frame(before + after), 100.0, 104.0)
+    assert rec is None
