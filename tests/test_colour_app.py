@@ -395,3 +395,38 @@ def test_the_receiver_keeps_a_gzip_export_as_sent(receiver: Proc) -> None:
     assert got["service"] == "hand-made" and got["name"] == "by hand" and got["kind"] == 3
     assert got["span_id"] == "d" * 16 and got["parent_span_id"] is None
     assert got["attributes"] == {"n": 7}
+
+
+def test_a_request_in_flight_is_a_hop_without_a_status_until_it_is_answered(
+    model: Proc,
+) -> None:
+    import threading
+
+    slow = requests.post(
+        model.url + "/admin/faults",
+        json={"kind": "latency", "ttl_s": 30, "ttft_ms": 3000},
+        headers=ADMIN,
+        timeout=10,
+    )
+    assert slow.status_code == 201, slow.text
+    answered: list[int] = []
+    thread = threading.Thread(
+        target=lambda: answered.append(
+            completion(model, {"x-request-id": "in-flight-1"}).status_code
+        )
+    )
+    thread.start()
+    try:
+
+        def seen() -> dict[str, Any] | None:
+            found = [
+                h for h in hops(model, limit=10000)["hops"] if h["request_id"] == "in-flight-1"
+            ]
+            return found[0] if found else None
+
+        hop = wait_for(seen, timeout=10, what="the in-flight hop")
+        assert isinstance(hop, dict) and hop["status"] is None and not answered
+    finally:
+        requests.delete(f"{model.url}/admin/faults/{slow.json()['id']}", headers=ADMIN, timeout=10)
+        thread.join(30)
+    assert answered == [200] and hop_of(model, "in-flight-1")["status"] == 200

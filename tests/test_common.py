@@ -296,3 +296,15 @@ def test_the_hop_log_is_bounded_and_pages_from_any_seq() -> None:
     assert [h.request_id for _, h in log.since(5, limit=2)[0]] == ["r6", "r7"]
     assert log.since(8) == ([], 4) and log.since(100) == ([], 4)
     assert log.since(7)[0][0][1].as_json(8)["status"] == 200
+
+
+def test_a_hop_is_completed_in_place_and_an_overwritten_one_is_left_alone() -> None:
+    from canarystack.common.colour import HopLog, colour_of
+
+    log = HopLog(capacity=2)
+    first = log.record("router", colour_of({"x-request-id": "a"}), 1.0)
+    second = log.record("router", colour_of({"x-request-id": "b"}), 2.0)
+    log.complete(second, 200)
+    log.record("router", colour_of({"x-request-id": "c"}), 3.0)  # "a" is overwritten
+    log.complete(first, 500)
+    assert [(h.request_id, h.status) for _, h in log.since(0)[0]] == [("b", 200), ("c", None)]

@@ -16,9 +16,9 @@
 - traffic colouring (``canarystack.common.colour``, issue #16): on every request but
   ``COLOUR_EXEMPT`` the colour middleware sets ``request[COLOUR_KEY]``, opens an
   OpenTelemetry server span (``canarystack.common.otel``; parent: the ``traceparent``;
-  attributes ``request.id``, ``traffic.tag``), echoes ``x-request-id`` on the answer and,
-  once the handler is done, records a hop named after the component's role (with the
-  status and the route) in ``Component.hops``
+  attributes ``request.id``, ``traffic.tag``), echoes ``x-request-id`` on the answer and
+  records a hop named after the component's role in ``Component.hops`` (on arrival, with
+  the route; its status once the handler is done: null while the request is in flight)
 - ``GET /v1/colour/hops?after_seq=N&limit=L`` -> that hop log, paged (the component's
   admin credential: it names clients' request ids and tags)
 - the ``drop_colour`` fault on every component: while it is active the middleware treats
@@ -245,6 +245,8 @@ async def colour_middleware(request: web.Request, handler: Handler) -> web.Strea
         colour = otel.with_span(colour, span)
         request[COLOUR_KEY] = colour
         request = _normalised(request, colour)
+        # Recorded on arrival (a reader sees a request in flight), completed with its status.
+        seq = comp.hops.record(comp.name, colour, started, path=route)
         try:
             response = await handler(request)
             status = response.status
@@ -260,7 +262,7 @@ async def colour_middleware(request: web.Request, handler: Handler) -> web.Strea
             raise
         finally:
             span.set_attribute("http.response.status_code", status)
-            comp.hops.record(comp.name, colour, started, status=status, path=route)
+            comp.hops.complete(seq, status)
 
 
 def _normalised(request: web.Request, colour: Colour) -> web.Request:

@@ -141,7 +141,8 @@ class HopLog:
         *,
         status: int | None = None,
         path: str | None = None,
-    ) -> None:
+    ) -> int:
+        """Record a hop; its seq (for ``complete``)."""
         self._seq += 1
         self._hops.append(
             (
@@ -149,6 +150,19 @@ class HopLog:
                 Hop(hop, colour.request_id, colour.trace_id, colour.tag, at, status, path),
             )
         )
+        return self._seq
+
+    def complete(self, seq: int, status: int) -> None:
+        """Set the status of hop ``seq`` once its request is answered (a hop is recorded
+        when the request arrives, so a reader sees a request still in flight; one already
+        overwritten is left alone)."""
+        if not self._hops:
+            return
+        index = seq - self._hops[0][0]
+        if 0 <= index < len(self._hops):
+            held_seq, hop = self._hops[index]
+            if held_seq == seq:
+                self._hops[index] = (seq, replace(hop, status=status))
 
     @property
     def last_seq(self) -> int:
