@@ -16,7 +16,7 @@ import redis
 
 from gameday import dependency as dep
 from gameday.faults import FaultError, FaultLedger
-from gameday.targets.base import BlastRadiusError, parse_target
+from gameday.targets.base import BlastRadiusError, Target, parse_target
 from tests.procs import free_port, wait_for
 from tests.test_dependency_support import RedisServer, needs_redis, redis_server
 
@@ -29,8 +29,8 @@ def rds(tmp_path: Path) -> Iterator[RedisServer]:
         yield server
 
 
-def target_for(tmp_path: Path, rds: RedisServer, components: list[str]):  # type: ignore[no-untyped-def]
-    maxclients = int(rds.client().config_get("maxclients")["maxclients"])
+def target_for(tmp_path: Path, rds: RedisServer, components: list[str]) -> Target:
+    maxclients = int(str(rds.client().config_get("maxclients")["maxclients"]))
     state = tmp_path / "stack"
     state.mkdir(exist_ok=True)
     closed = free_port()  # nothing listens: the broker annotation is best effort

@@ -29,10 +29,12 @@ def frame(rows: list[tuple[float, bool, float]]) -> pd.DataFrame:
 
 
 def test_a_pause_ends_at_its_length_or_its_clearing() -> None:
-    assert fault_window([entry("dependency", "pause", 100.0, 4.0)], [])["end"] == 104.0
+    paused = fault_window([entry("dependency", "pause", 100.0, 4.0)], [])
+    assert paused is not None and paused["end"] == 104.0
     cleared = [entry("dependency", "pool-exhaustion", 100.0, 5.0),
                entry("dependency-clear", "pool-exhaustion", 102.5)]  # fmt: skip
-    assert fault_window(cleared, [])["end"] == 102.5
+    window = fault_window(cleared, [])
+    assert window is not None and window["end"] == 102.5
 
 
 def test_a_kill_ends_when_the_watch_first_finds_redis_answering() -> None:
