@@ -53,6 +53,7 @@ import aiohttp
 
 from canary_contract.broker import EventPage, Release, ReleaseList, RouterList, Version
 from canary_contract.errors import ContractError
+from canary_contract.json import JsonObject
 from canarystack.broker.digest import manifest_digest
 from canarystack.common import strictjson
 
@@ -72,7 +73,6 @@ __all__ = [
     "manifest_digest",
 ]
 
-Json = dict[str, Any]
 R = TypeVar("R", Release, ReleaseList, Version, EventPage, RouterList)
 
 # Module-level so callers and tests can change them.
@@ -138,7 +138,7 @@ class BrokerRequestError(BrokerError):
         *,
         param: str | None = None,
         code: str | None = None,
-        body: Json | None = None,
+        body: JsonObject | None = None,
         **kw: str,
     ) -> None:
         super().__init__(message, **kw)
@@ -157,7 +157,7 @@ class BadBrokerAnswer(BrokerUnavailable):
     integer ``revision``: ``--broker`` names something else)."""
 
 
-def _typed(record: type[R], data: Json, method: str, url: str) -> R:
+def _typed(record: type[R], data: JsonObject, method: str, url: str) -> R:
     """``data`` as the contract's ``record``, or ``BadBrokerAnswer`` naming the field."""
     try:
         return record.from_wire(data)
@@ -179,7 +179,7 @@ class FollowKind(enum.StrEnum):
 @dataclass(frozen=True)
 class FollowEvent:
     kind: FollowKind
-    release: Json | None = None  # the release (kind RELEASE), else None
+    release: JsonObject | None = None  # the release (kind RELEASE), else None
     # The answer came from a long poll (a watch), not a plain read: only then does it say
     # that the watch itself works.
     long_poll: bool = False
@@ -330,7 +330,7 @@ class BrokerClient:
         method: str,
         path: str,
         *,
-        body: Json | None = None,
+        body: JsonObject | None = None,
         params: Mapping[str, str] | None = None,
         admin: bool = False,
         timeout_s: float | None = None,
@@ -390,21 +390,23 @@ class BrokerClient:
             )
         return data, status, resp_headers
 
-    async def _get(self, path: str, params: Mapping[str, str] | None = None) -> Json:
+    async def _get(self, path: str, params: Mapping[str, str] | None = None) -> JsonObject:
         data, _, _ = await self._call("GET", path, params=params)
         return dict(data)
 
-    async def _write(self, method: str, path: str, body: Json, *, with_actor: bool = True) -> Json:
+    async def _write(
+        self, method: str, path: str, body: JsonObject, *, with_actor: bool = True
+    ) -> JsonObject:
         if with_actor:
             body = {"actor": self.actor, **body}
         data, _, _ = await self._call(method, path, body=body, admin=True)
         return dict(data)
 
     # -- releases ---------------------------------------------------------------------------
-    async def get_release(self, name: str) -> Json:
+    async def get_release(self, name: str) -> JsonObject:
         return await self._get(f"/v1/releases/{name}")
 
-    async def watch(self, name: str, after: int, timeout_s: float = 30.0) -> Json:
+    async def watch(self, name: str, after: int, timeout_s: float = 30.0) -> JsonObject:
         """The release once its revision differs from ``after`` (newer; or older, when
         ``after`` came from another broker database), or, after ``timeout_s``, the current
         one unchanged (compare ``revision`` to tell). A release that does not exist yet is
@@ -472,7 +474,7 @@ class BrokerClient:
             missing_retry_s=missing_retry_s,
         )
 
-    async def list_releases(self) -> list[Json]:
+    async def list_releases(self) -> list[JsonObject]:
         return list((await self._get("/v1/releases"))["releases"])
 
     async def create_release(
@@ -482,7 +484,7 @@ class BrokerClient:
         canary: str | None = None,
         canary_weight: float = 0,
         reason: str = "",
-    ) -> Json:
+    ) -> JsonObject:
         return await self._write(
             "POST",
             "/v1/releases",
@@ -505,12 +507,12 @@ class BrokerClient:
         canary: str | _Unset | None = UNSET,
         trip: Mapping[str, Any] | None = None,
         reason: str = "",
-    ) -> Json:
+    ) -> JsonObject:
         """Compare-and-set change; raises ``RevisionConflict`` or ``IllegalTransition``.
 
         ``canary=None`` removes the canary; leave it unset to keep it.
         """
-        body: Json = {"expected_revision": expected_revision, "reason": reason}
+        body: JsonObject = {"expected_revision": expected_revision, "reason": reason}
         if canary_weight is not None:
             body["weights"] = {"canary": canary_weight}
         if phase is not None:
@@ -524,7 +526,7 @@ class BrokerClient:
     # -- versions ---------------------------------------------------------------------------
     async def register_version(
         self, version: str, manifest: Any, digest: str | None = None
-    ) -> Json:
+    ) -> JsonObject:
         """Register a version; ``digest`` defaults to ``manifest_digest(manifest)``."""
         return await self._write(
             "POST",
@@ -537,19 +539,19 @@ class BrokerClient:
             with_actor=False,  # the contract's body has no actor; the x-actor header names it
         )
 
-    async def get_version(self, version: str) -> Json:
+    async def get_version(self, version: str) -> JsonObject:
         return await self._get(f"/v1/versions/{version}")
 
-    async def list_versions(self) -> list[Json]:
+    async def list_versions(self) -> list[JsonObject]:
         return list((await self._get("/v1/versions"))["versions"])
 
-    async def quarantine_version(self, version: str, reason: str = "") -> Json:
+    async def quarantine_version(self, version: str, reason: str = "") -> JsonObject:
         return await self._write("POST", f"/v1/versions/{version}/quarantine", {"reason": reason})
 
     # -- events -----------------------------------------------------------------------------
     async def events_page(
         self, name: str, after_seq: int = 0, limit: int | None = None
-    ) -> tuple[list[Json], int]:
+    ) -> tuple[list[JsonObject], int]:
         """One page of events after ``after_seq`` (oldest first) and the ``after_seq`` of
         the next page. A page shorter than ``limit`` is the last one."""
         limit = EVENTS_PAGE_SIZE if limit is None else limit
@@ -574,7 +576,7 @@ class BrokerClient:
             )
         return [dict(e) for e in events], nxt
 
-    async def iter_events(self, name: str, after_seq: int = 0) -> AsyncIterator[list[Json]]:
+    async def iter_events(self, name: str, after_seq: int = 0) -> AsyncIterator[list[JsonObject]]:
         """Every event after ``after_seq``, page by page, to the end of the history."""
         limit = EVENTS_PAGE_SIZE
         for _ in range(MAX_EVENT_PAGES):
@@ -590,14 +592,14 @@ class BrokerClient:
             url=f"{self.base_url}/v1/releases/{name}/events",
         )
 
-    async def events(self, name: str, after_seq: int = 0) -> list[Json]:
+    async def events(self, name: str, after_seq: int = 0) -> list[JsonObject]:
         """Every event after ``after_seq`` (oldest first): all pages, not just the first."""
-        out: list[Json] = []
+        out: list[JsonObject] = []
         async for page in self.iter_events(name, after_seq):
             out.extend(page)
         return out
 
-    async def annotate(self, name: str, change: Mapping[str, Any], reason: str = "") -> Json:
+    async def annotate(self, name: str, change: Mapping[str, Any], reason: str = "") -> JsonObject:
         """Append an annotation event (``change`` needs an ``annotation`` key)."""
         return await self._write(
             "POST", f"/v1/releases/{name}/events", {"change": dict(change), "reason": reason}
@@ -615,7 +617,7 @@ class BrokerClient:
     ) -> None:
         """Report the revision applied; ``applied_at`` (when) and ``canary_off_since`` (since
         when the effective canary weight is 0) are sent only when given."""
-        body: Json = {
+        body: JsonObject = {
             "router_id": router_id,
             "release": release,
             "applied_revision": applied_revision,
@@ -626,16 +628,16 @@ class BrokerClient:
             body["canary_off_since"] = canary_off_since
         await self._call("POST", "/v1/routers/heartbeat", body=body, admin=True)
 
-    async def routers(self, release: str | None = None) -> list[Json]:
+    async def routers(self, release: str | None = None) -> list[JsonObject]:
         """Live routers (optionally of one release)."""
         return (await self.router_listing(release))["routers"]
 
-    async def router_listing(self, release: str | None = None) -> dict[str, list[Json]]:
+    async def router_listing(self, release: str | None = None) -> dict[str, list[JsonObject]]:
         """``{"routers": live routers, "recent": routers whose heartbeats stopped a moment
         ago}`` (optionally of one release); ``recent`` is empty from an older broker."""
         params = {"release": release} if release else None
         data = await self._get("/v1/routers", params)
-        out: dict[str, list[Json]] = {}
+        out: dict[str, list[JsonObject]] = {}
         for key in ("routers", "recent"):
             items = data.get(key, [] if key == "recent" else None)
             if not isinstance(items, list) or not all(

@@ -38,11 +38,11 @@ import secrets
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 from aiohttp import web
 
 import canarystack
+from canary_contract.json import JsonObject
 from canarystack.broker import capabilities
 from canarystack.broker.api_spec import install as install_api_spec
 from canarystack.broker.capabilities import Credentials
@@ -101,7 +101,6 @@ __all__ = [
     "build_app",
 ]
 
-Json = dict[str, Any]
 
 # Module-level so tests can shorten them instead of sleeping.
 DEFAULT_WATCH_TIMEOUT_S = 30.0
@@ -296,7 +295,7 @@ async def get_release(request: web.Request) -> web.Response:
     return json_response(release, headers=headers)
 
 
-def _trip_json(trip: TripEvidence) -> Json:
+def _trip_json(trip: TripEvidence) -> JsonObject:
     out = trip.model_dump()
     if out["colours"] is None:  # not sent: the stored trip stays as the gate wrote it
         del out["colours"]

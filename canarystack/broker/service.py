@@ -39,6 +39,7 @@ from typing import Any, TypeVar
 
 from prometheus_client import Counter, Gauge, Histogram
 
+from canary_contract.json import JsonObject
 from canarystack.broker import capabilities
 from canarystack.broker.capabilities import Credentials
 from canarystack.broker.schemas import Heartbeat
@@ -47,7 +48,6 @@ from canarystack.common.app import Component
 from canarystack.common.logs import get_logger
 
 T = TypeVar("T")
-Json = dict[str, Any]
 
 # Module-level so tests can shorten them instead of sleeping.
 # A waiting long-poll wakes at least this often to notice a client that went away.
@@ -96,7 +96,7 @@ class Broker:
         self._wall = wall
         self._executor: ThreadPoolExecutor | None = None
         self._store: Store | None = None
-        self.releases: dict[str, Json] = {}
+        self.releases: dict[str, JsonObject] = {}
         self._changed: dict[str, asyncio.Event] = {}
         self._routers: dict[str, RouterBeat] = {}
         # Routers whose heartbeats stopped less than recent_s ago (memory only, as beats).
@@ -174,7 +174,7 @@ class Broker:
         kind: str,
         fn: Callable[..., T],
         *args: Any,
-        changed: Callable[[T], list[Json]] | None = None,
+        changed: Callable[[T], list[JsonObject]] | None = None,
     ) -> T:
         """Run a write on the database thread; it has committed when this returns.
 
@@ -209,7 +209,7 @@ class Broker:
         return await self._db(fn, *args)
 
     # -- releases and watches -------------------------------------------------------------
-    def _publish(self, release: Json) -> None:
+    def _publish(self, release: JsonObject) -> None:
         name = release["name"]
         cached = self.releases.get(name)
         # Commits can resume on the loop out of order; never go back to an older revision.
@@ -221,7 +221,7 @@ class Broker:
         if event is not None:
             event.set()
 
-    def publish_all(self, releases: list[Json]) -> None:
+    def publish_all(self, releases: list[JsonObject]) -> None:
         for release in releases:
             self._publish(release)
 
@@ -235,7 +235,7 @@ class Broker:
 
     async def watch(
         self, name: str, after: int, timeout_s: float, gone: Callable[[], bool]
-    ) -> tuple[Json | None, bool]:
+    ) -> tuple[JsonObject | None, bool]:
         """The release once its revision differs from ``after``: ``(release, timed_out)``.
         ``gone()`` says whether the client went away (then ``(None, True)``)."""
         loop = asyncio.get_running_loop()
@@ -289,7 +289,9 @@ class Broker:
         return now
 
     @staticmethod
-    def _beats_json(beats: dict[str, RouterBeat], now: float, release: str | None) -> list[Json]:
+    def _beats_json(
+        beats: dict[str, RouterBeat], now: float, release: str | None
+    ) -> list[JsonObject]:
         return [
             {
                 "router_id": b.router_id,
@@ -304,11 +306,11 @@ class Broker:
             if release is None or b.release == release
         ]
 
-    def live_routers(self, release: str | None = None) -> list[Json]:
+    def live_routers(self, release: str | None = None) -> list[JsonObject]:
         now = self._expire()
         return self._beats_json(self._routers, now, release)
 
-    def recent_routers(self, release: str | None = None) -> list[Json]:
+    def recent_routers(self, release: str | None = None) -> list[JsonObject]:
         """Routers no longer live whose last heartbeat is less than ``recent_s`` old."""
         now = self._expire()
         return self._beats_json(self._gone, now, release)

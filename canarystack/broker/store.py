@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from canary_contract.json import JsonObject
 from canarystack.broker import phases
 from canarystack.broker.errors import Conflicting, Missing, Refused
 from canarystack.broker.phases import Phase
@@ -93,8 +94,6 @@ JOIN versions sv ON sv.version = r.stable_version
 LEFT JOIN versions cv ON cv.version = r.canary_version
 """
 
-Json = dict[str, Any]
-
 
 class StateDirError(Exception):
     """The state folder or its database cannot be used (the message says why and what to do)."""
@@ -109,7 +108,7 @@ class ReleasePatch:
     phase: Phase | None = None
     canary_set: bool = False
     canary: str | None = None
-    trip: Json | None = None
+    trip: JsonObject | None = None
 
 
 def _number(x: float) -> float | int:
@@ -117,7 +116,7 @@ def _number(x: float) -> float | int:
     return int(x) if float(x).is_integer() else x
 
 
-def _flat(release: Json | None) -> dict[str, Any]:
+def _flat(release: JsonObject | None) -> dict[str, Any]:
     """The fields an event's ``change`` compares, flattened (``weights.canary``)."""
     if release is None:
         return {}
@@ -134,7 +133,7 @@ def _flat(release: Json | None) -> dict[str, Any]:
     }
 
 
-def diff(old: Json | None, new: Json) -> dict[str, dict[str, Any]]:
+def diff(old: JsonObject | None, new: JsonObject) -> dict[str, dict[str, Any]]:
     """``{field: {"old": a, "new": b}}`` for every field that differs."""
     before, after = _flat(old), _flat(new)
     return {
@@ -144,7 +143,7 @@ def diff(old: Json | None, new: Json) -> dict[str, dict[str, Any]]:
     }
 
 
-def _dumps_change(change: Json) -> str:
+def _dumps_change(change: JsonObject) -> str:
     """An event's change as strict JSON: a non-finite number is refused, never stored."""
     return json.dumps(change, default=str, separators=(",", ":"), allow_nan=False)
 
@@ -212,8 +211,8 @@ class Store:
 
     # -- versions ---------------------------------------------------------------------
     @staticmethod
-    def _version_json(row: sqlite3.Row) -> Json:
-        out: Json = {
+    def _version_json(row: sqlite3.Row) -> JsonObject:
+        out: JsonObject = {
             "version": row["version"],
             "digest": row["digest"],
             "manifest": json.loads(row["manifest"]),
@@ -228,17 +227,17 @@ class Store:
             }
         return out
 
-    def get_version(self, version: str) -> Json | None:
+    def get_version(self, version: str) -> JsonObject | None:
         row = self._conn.execute("SELECT * FROM versions WHERE version = ?", (version,)).fetchone()
         return None if row is None else self._version_json(row)
 
-    def list_versions(self) -> list[Json]:
+    def list_versions(self) -> list[JsonObject]:
         rows = self._conn.execute("SELECT * FROM versions ORDER BY registered_at, version")
         return [self._version_json(r) for r in rows]
 
     def register_version(
         self, version: str, digest: str, manifest: Any, now: float
-    ) -> tuple[Json, bool]:
+    ) -> tuple[JsonObject, bool]:
         """Insert a version; ``(version, False)`` for an identical re-registration.
 
         The caller has already checked that ``digest`` matches ``manifest``.
@@ -265,7 +264,7 @@ class Store:
 
     def quarantine_version(
         self, version: str, actor: str, reason: str, now: float
-    ) -> tuple[Json, list[Json]]:
+    ) -> tuple[JsonObject, list[JsonObject]]:
         """Mark a version quarantined (idempotent).
 
         Returns the version and the releases whose canary it is: their JSON shows
@@ -306,7 +305,7 @@ class Store:
 
     # -- releases ---------------------------------------------------------------------
     @staticmethod
-    def _release_json(row: sqlite3.Row) -> Json:
+    def _release_json(row: sqlite3.Row) -> JsonObject:
         canary = None
         if row["canary_version"] is not None:
             canary = {
@@ -326,14 +325,14 @@ class Store:
             "updated_at": row["updated_at"],
         }
 
-    def _release_in_tx(self, db: sqlite3.Connection, name: str) -> Json | None:
+    def _release_in_tx(self, db: sqlite3.Connection, name: str) -> JsonObject | None:
         row = db.execute(_RELEASE_SELECT + " WHERE r.name = ?", (name,)).fetchone()
         return None if row is None else self._release_json(row)
 
-    def get_release(self, name: str) -> Json | None:
+    def get_release(self, name: str) -> JsonObject | None:
         return self._release_in_tx(self._conn, name)
 
-    def list_releases(self) -> list[Json]:
+    def list_releases(self) -> list[JsonObject]:
         rows = self._conn.execute(_RELEASE_SELECT + " ORDER BY r.name")
         return [self._release_json(r) for r in rows]
 
@@ -367,7 +366,7 @@ class Store:
         actor: str,
         reason: str,
         now: float,
-    ) -> Json:
+    ) -> JsonObject:
         with self._tx() as db:
             if self._release_in_tx(db, name) is not None:
                 raise Conflicting(
@@ -405,7 +404,7 @@ class Store:
         reason: str,
         now: float,
         authorize: Callable[[Phase, Phase], None] | None = None,
-    ) -> tuple[Json, bool]:
+    ) -> tuple[JsonObject, bool]:
         """Apply a PATCH with compare-and-set; ``(release, changed)``.
 
         A PATCH whose values equal the current ones changes nothing: no new revision and
@@ -439,7 +438,7 @@ class Store:
             self._append(db, name, now, revision, actor, change, reason)
             return release, True
 
-    def _plan(self, db: sqlite3.Connection, old: Json, patch: ReleasePatch) -> Json:
+    def _plan(self, db: sqlite3.Connection, old: JsonObject, patch: ReleasePatch) -> JsonObject:
         """The release after ``patch``, or a domain error saying why it is refused."""
         current = Phase(old["phase"])
         target = patch.phase or current
@@ -491,7 +490,7 @@ class Store:
                 param="weights.canary",
                 code="no_canary",
             )
-        canary: Json | None = None
+        canary: JsonObject | None = None
         if canary_after is not None:
             row = db.execute(
                 "SELECT digest, quarantined FROM versions WHERE version = ?", (canary_after,)
@@ -516,7 +515,7 @@ class Store:
         name: str,
         expected: int,
         now: float,
-        new: Json | None = None,
+        new: JsonObject | None = None,
     ) -> int:
         """Write revision+1 (and ``new``'s fields) guarded by the revision read."""
         if new is None:
@@ -547,7 +546,7 @@ class Store:
 
     # -- events -----------------------------------------------------------------------
     @staticmethod
-    def _event_json(row: sqlite3.Row) -> Json:
+    def _event_json(row: sqlite3.Row) -> JsonObject:
         return {
             "seq": row["seq"],
             "release": row["release"],
@@ -565,9 +564,9 @@ class Store:
         now: float,
         revision: int,
         actor: str,
-        change: Json,
+        change: JsonObject,
         reason: str,
-    ) -> Json:
+    ) -> JsonObject:
         cur = db.execute(
             "INSERT INTO events (release, time, revision, actor, change, reason) "
             "VALUES (?, ?, ?, ?, ?, ?)",
@@ -576,7 +575,9 @@ class Store:
         row = db.execute("SELECT * FROM events WHERE seq = ?", (cur.lastrowid,)).fetchone()
         return self._event_json(row)
 
-    def annotate(self, name: str, change: Json, actor: str, reason: str, now: float) -> Json:
+    def annotate(
+        self, name: str, change: JsonObject, actor: str, reason: str, now: float
+    ) -> JsonObject:
         """Append an annotation event; the release's revision does not change."""
         with self._tx() as db:
             release = self._release_in_tx(db, name)
@@ -584,7 +585,7 @@ class Store:
                 raise Missing(f"No release {name!r}: GET /v1/releases lists them.", param="name")
             return self._append(db, name, now, release["revision"], actor, change, reason)
 
-    def events(self, name: str, after_seq: int = 0, limit: int = 10_000) -> list[Json]:
+    def events(self, name: str, after_seq: int = 0, limit: int = 10_000) -> list[JsonObject]:
         if self.get_release(name) is None:
             raise Missing(f"No release {name!r}: GET /v1/releases lists them.", param="name")
         rows = self._conn.execute(

@@ -93,7 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="long-poll timeout of the broker watch (default %(default)s)",
     )
     bud = p.add_argument_group(
-        "false-alarm budget (sets the alarm level A of every test; see canarystack.gate.state)"
+        "false-alarm budget (sets the alarm level A of every test; see canarystack.gate.config)"
     )
     bud.add_argument(
         "--false-trips-per-release-hour",

@@ -37,7 +37,6 @@ import contextlib
 import secrets
 import time
 from collections.abc import AsyncIterator, Iterator, Sequence
-from typing import Any
 
 import aiohttp
 from aiohttp import web
@@ -45,6 +44,7 @@ from prometheus_client import Counter
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from canary_contract.json import JsonObject
 from canarystack.broker.client import (
     BrokerClient,
     BrokerRequestError,
@@ -73,8 +73,6 @@ from canarystack.gate.state import (
     TripStatus,
 )
 from canarystack.gate.tripper import write_trip
-
-Json = dict[str, Any]
 
 # Module-level so tests can shorten them.
 TICK_S = 0.25
@@ -169,7 +167,7 @@ class GateService:
         reg.register(_GateCollector(self))
 
     # -- intake ----------------------------------------------------------------------
-    async def ingest(self, body: Json) -> Json:
+    async def ingest(self, body: JsonObject) -> JsonObject:
         batch = parse_model(SampleBatch, body, what="sample batch")
         gate = self.gates.get(batch.release)
         if gate is None:
@@ -228,7 +226,7 @@ class GateService:
             )
             hops.record("gate_sample", colour, now)
 
-    def _count(self, batch: SampleBatch, got: Json) -> None:
+    def _count(self, batch: SampleBatch, got: JsonObject) -> None:
         name = batch.release
         self.batches_total.labels(result="accepted").inc()
         for kind in ("comparisons", "noise_comparisons", "outcomes"):
@@ -307,7 +305,9 @@ class GateService:
             gate.abandon_trip(result.reason)
             _log.warning("trip_abandoned", release=gate.name, reason=result.reason)
 
-    def _on_auth(self, gate: ReleaseGate, evidence: Json, exc: BrokerRequestError | None) -> None:
+    def _on_auth(
+        self, gate: ReleaseGate, evidence: JsonObject, exc: BrokerRequestError | None
+    ) -> None:
         """The broker accepted (None) or refused (401/403) the gate's credential."""
         if exc is None:
             if self.broker_auth != "ok":
@@ -325,7 +325,7 @@ class GateService:
             )
 
     # -- broker watch ----------------------------------------------------------------
-    def _on_release(self, gate: ReleaseGate, release: Json | None) -> None:
+    def _on_release(self, gate: ReleaseGate, release: JsonObject | None) -> None:
         gate.on_release(release, time.monotonic())
         if gate.trip is not None and gate.trip_status is TripStatus.PENDING:
             self._start_trip(gate)
@@ -494,10 +494,10 @@ class GateService:
         self._last_reasons = current
         return reasons
 
-    def health(self) -> Json:
+    def health(self) -> JsonObject:
         reasons = self.degraded_reasons()
         now = time.monotonic()
-        body: Json = {
+        body: JsonObject = {
             "releases": {name: gate.state(now) for name, gate in self.gates.items()},
             "broker_auth": self.broker_auth,
             "broker_auth_error": self.broker_auth_error,
@@ -511,7 +511,7 @@ class GateService:
             body["degraded_reasons"] = reasons
         return body
 
-    def status(self, name: str) -> Json:
+    def status(self, name: str) -> JsonObject:
         gate = self.gates.get(name)
         if gate is None:
             raise NotFound(

@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from canary_contract.json import JsonObject
 from canarystack.broker.client import (
     BrokerClient,
     BrokerNotFound,
@@ -34,8 +35,6 @@ from canarystack.broker.client import (
 )
 from canarystack.common.logs import JsonLogger, get_logger
 
-Json = dict[str, Any]
-
 BACKOFF_S = 0.05
 MAX_BACKOFF_S = 1.0
 AUTH_MAX_BACKOFF_S = 2.0
@@ -45,12 +44,12 @@ AUTH_STATUSES = (401, 403)
 @dataclass
 class TripResult:
     written: bool
-    release: Json | None
+    release: JsonObject | None
     reason: str
     attempts: int
 
 
-def progressing_with(release: Json | None, canary_version: str | None) -> str | None:
+def progressing_with(release: JsonObject | None, canary_version: str | None) -> str | None:
     """None when the release may be tripped for ``canary_version``; else why not."""
     if release is None:
         return "release not found"
@@ -64,7 +63,7 @@ def progressing_with(release: Json | None, canary_version: str | None) -> str | 
     return None
 
 
-def is_our_trip(release: Json | None, evidence: Json) -> bool:
+def is_our_trip(release: JsonObject | None, evidence: JsonObject) -> bool:
     """The release already carries this very evidence (an earlier attempt landed)."""
     if release is None or release.get("phase") not in ("tripped", "rolling_back", "rolled_back"):
         return False
@@ -79,11 +78,11 @@ def is_our_trip(release: Json | None, evidence: Json) -> bool:
 async def write_trip(
     client: BrokerClient,
     name: str,
-    evidence: Json,
+    evidence: JsonObject,
     canary_version: str | None,
-    known: Json | None,
+    known: JsonObject | None,
     *,
-    on_release: Callable[[Json | None], None] | None = None,
+    on_release: Callable[[JsonObject | None], None] | None = None,
     on_auth: Callable[[BrokerRequestError | None], None] | None = None,
     log: JsonLogger | None = None,
     sleep: Callable[[float], Any] = asyncio.sleep,

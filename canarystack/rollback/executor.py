@@ -84,8 +84,8 @@ import enum
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
 
+from canary_contract.json import JsonObject
 from canarystack.broker.client import (
     BrokerClient,
     BrokerNotFound,
@@ -96,8 +96,6 @@ from canarystack.broker.client import (
 )
 from canarystack.common import strictjson
 from canarystack.common.logs import JsonLogger, get_logger
-
-Json = dict[str, Any]
 
 # The broker's limits on what a step writes (canarystack/broker/server.py: ``Reason`` and
 # ``MAX_EVENT_FIELD_BYTES``); a test checks they agree.
@@ -115,11 +113,11 @@ def fit_reason(reason: str, limit: int = BROKER_MAX_REASON_CHARS) -> str:
     return reason[: max(0, limit - len(mark))] + mark
 
 
-def _change_size(change: Json) -> int:
+def _change_size(change: JsonObject) -> int:
     return len(strictjson.dumps(change).encode())
 
 
-def fit_change(change: Json, limit: int = BROKER_MAX_CHANGE_BYTES) -> Json:
+def fit_change(change: JsonObject, limit: int = BROKER_MAX_CHANGE_BYTES) -> JsonObject:
     """``change`` if it fits the broker's limit, else a copy whose router lists keep
     their first entries, with ``cut`` saying how many each had."""
     if _change_size(change) <= limit:
@@ -198,11 +196,11 @@ class ExecutorConfig:
 class Situation:
     """What the broker shows: the release, the rollback's events, the observed state."""
 
-    release: Json
+    release: JsonObject
     observed: Observed
-    rolling_back_event: Json | None = None
-    applied_event: Json | None = None
-    steps: list[Json] = field(default_factory=list)
+    rolling_back_event: JsonObject | None = None
+    applied_event: JsonObject | None = None
+    steps: list[JsonObject] = field(default_factory=list)
 
     @property
     def rollback_revision(self) -> int | None:
@@ -210,19 +208,19 @@ class Situation:
         return None if ev is None else int(ev["revision"])
 
 
-def _phase_moved_to(event: Json, phase: str) -> bool:
+def _phase_moved_to(event: JsonObject, phase: str) -> bool:
     change = event.get("change") or {}
     moved = change.get("phase")
     return isinstance(moved, dict) and moved.get("new") == phase
 
 
-def _quarantined(event: Json) -> bool:
+def _quarantined(event: JsonObject) -> bool:
     change = event.get("change") or {}
     q = change.get("canary.quarantined")
     return isinstance(q, dict) and q.get("new") is True
 
 
-def classify(release: Json, events: list[Json], manual: bool = False) -> Situation:
+def classify(release: JsonObject, events: list[JsonObject], manual: bool = False) -> Situation:
     """The observed state of the latest rollback (pure: tests call it directly)."""
     phase = release.get("phase")
     start = None
@@ -230,7 +228,7 @@ def classify(release: Json, events: list[Json], manual: bool = False) -> Situati
         if _phase_moved_to(ev, "rolling_back"):
             start = ev
     applied = None
-    steps: list[Json] = []
+    steps: list[JsonObject] = []
     if start is not None:
         steps.append(_step_record(Step.WEIGHTS_ZERO, "weights_zero", start))
         for ev in events:
@@ -261,7 +259,7 @@ def classify(release: Json, events: list[Json], manual: bool = False) -> Situati
     return Situation(release, observed, start, applied, steps)
 
 
-def canary_off_at(routers: list[Json]) -> float | None:
+def canary_off_at(routers: list[JsonObject]) -> float | None:
     """The latest ``canary_off_since`` over ``routers`` (GET /v1/routers entries): when the
     last of them stopped sending canary traffic. None when any of them reports none, or
     there are none."""
@@ -274,7 +272,7 @@ def canary_off_at(routers: list[Json]) -> float | None:
     return max(off) if off else None
 
 
-def _router_state(r: Json) -> Json:
+def _router_state(r: JsonObject) -> JsonObject:
     return {
         "router_id": r.get("router_id"),
         "applied_revision": r.get("applied_revision"),
@@ -283,8 +281,8 @@ def _router_state(r: Json) -> Json:
     }
 
 
-def _step_record(step: Step, name: str, ev: Json) -> Json:
-    rec: Json = {
+def _step_record(step: Step, name: str, ev: JsonObject) -> JsonObject:
+    rec: JsonObject = {
         "step": int(step),
         "name": name,
         "time": ev["time"],
@@ -345,16 +343,16 @@ class RollbackRunner:
         self.manual_reason: str | None = None
         self.last_error: str | None = None
         self.last_situation: Situation | None = None
-        self.apply_progress: Json | None = None
+        self.apply_progress: JsonObject | None = None
         self.lock = asyncio.Lock()
         # The last step the broker refused as a bad request (not retried until the release
         # changes or a new manual rollback is asked for), else None.
-        self.refused_step: Json | None = None
+        self.refused_step: JsonObject | None = None
         # "ok" until the broker refuses this process's credential; then why.
         self.broker_auth = "ok"
         # The event history read so far: events from the latest move to rolling_back on
         # (all classify needs), the last seq read and the highest revision seen.
-        self._events: list[Json] = []
+        self._events: list[JsonObject] = []
         self._events_after = 0
         self._events_revision = 0
         self._events_lock = asyncio.Lock()
@@ -366,7 +364,7 @@ class RollbackRunner:
         self.last_situation = sit
         return sit
 
-    async def _history(self, release: Json) -> list[Json]:
+    async def _history(self, release: JsonObject) -> list[JsonObject]:
         """The events classify needs, reading only the pages after the last seq read."""
         async with self._events_lock:
             await self._read_new_events()
@@ -528,13 +526,13 @@ class RollbackRunner:
         started = self.clock()
         retries = 0
         attempt_start = started
-        routers: list[Json] = []
-        lagging: list[Json] = []
-        quiet: list[Json] = []
+        routers: list[JsonObject] = []
+        lagging: list[JsonObject] = []
+        quiet: list[JsonObject] = []
         timed_out = False
         # Routers this step saw live, by id (their last entry): one that goes quiet later
         # has not applied anything we know of.
-        seen: dict[str, Json] = {}
+        seen: dict[str, JsonObject] = {}
         while True:
             listing = await self.client.router_listing(self.name)
             routers = listing["routers"]
@@ -593,7 +591,7 @@ class RollbackRunner:
         again = await self.situation()
         if again.observed is not Observed.WAITING_ROUTERS or again.rollback_revision != target:
             return
-        change: Json = {
+        change: JsonObject = {
             "annotation": "routers_applied",
             "revision": target,
             "routers": [r["router_id"] for r in routers],
@@ -654,9 +652,9 @@ class RollbackRunner:
             "rollback_step", release=self.name, step=3, name="rolled_back", revision=new["revision"]
         )
 
-    def status(self, sit: Situation | None = None) -> Json:
+    def status(self, sit: Situation | None = None) -> JsonObject:
         sit = sit or self.last_situation
-        body: Json = {
+        body: JsonObject = {
             "release": self.name,
             "state": "unknown",
             "phase": None,

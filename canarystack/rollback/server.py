@@ -41,6 +41,7 @@ from aiohttp import web
 from prometheus_client import Counter, Gauge
 from pydantic import BaseModel, ConfigDict, Field
 
+from canary_contract.json import JsonObject
 from canarystack.broker.client import (
     BrokerClient,
     BrokerError,
@@ -76,8 +77,6 @@ from canarystack.rollback.executor import (
     StepHooks,
     auth_state,
 )
-
-Json = dict[str, Any]
 
 # Module-level so tests can shorten them.
 RECHECK_S = 2.0
@@ -127,7 +126,7 @@ class LoopState:
         self.last_kind = kind
         self.last_error = error
 
-    def to_json(self) -> Json:
+    def to_json(self) -> JsonObject:
         return {
             "running": self.ended is None,
             "errors": self.errors,
@@ -255,9 +254,9 @@ class RollbackService:
                 reasons.append(f"loop {name} failing ({state.last_kind}): {state.last_error}")
         return reasons
 
-    def health(self) -> Json:
+    def health(self) -> JsonObject:
         reasons = self.degraded_reasons()
-        body: Json = {
+        body: JsonObject = {
             "releases": self.releases,
             "broker_auth": self.broker_auth(),
             "loops": {name: state.to_json() for name, state in sorted(self.loops.items())},
@@ -386,7 +385,7 @@ class RollbackService:
                 self._loop_failed(loop, "error", f"{type(exc).__name__}: {exc}", exc_info=True)
             await asyncio.sleep(CREDENTIAL_CHECK_S)
 
-    async def manual(self, name: str, reason: str) -> tuple[int, Json]:
+    async def manual(self, name: str, reason: str) -> tuple[int, JsonObject]:
         runner = self.runner(name)
         try:
             sit = await runner.situation()

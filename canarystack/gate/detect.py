@@ -1,0 +1,163 @@
+"""The tests one sample feeds, for a ``ReleaseGate`` (its detectors, windows and noise
+floors live in its scopes, ``canarystack.gate.scopes``).
+
+What each test observes (the method is ``canarystack.gate.stats``):
+
+- drift/kl: a baseline-canary comparison's ``kl_mean`` (clipped at ``kl_clip``) against
+  ``m0 = noise_kl + kl_tolerance``, where ``noise_kl`` is the mean + 2 SE of the last
+  ``noise_window`` baseline-baseline ``kl_mean`` values in the scope (falling back to
+  all buckets, then to 0 when fewer than ``noise_min_samples`` exist);
+- drift/top1: ``1 - top1_agree`` against ``noise_top1 + top1_tolerance``;
+- latency: 1 when the canary's TTFT exceeds ``latency_ratio`` x baseline + slack, else 0,
+  against ``m0 = 1/2``; paired from a comparison (both TTFTs of one prompt) or, for a
+  canary outcome, against the median of the last ``latency_reference_n`` baseline TTFTs
+  of the same bucket within ``latency_window_s`` seconds (a slow router or broker slows
+  both sides, and reaches that reference within a few baseline requests);
+- errors: 1 for a canary outcome with an error, else 0, against ``m0`` = Clopper-Pearson
+  upper bound (level ``1 - error_ucb_delta``) of the baseline's error rate in the same
+  bucket over the last ``error_window_s`` seconds, + ``error_tolerance``.
+
+Samples that name another canary version than the broker's are ignored (counted as
+``other_canary_version``); a baseline-baseline comparison marked ``invalid`` never enters
+the noise floor. Several scopes may alarm on one comparison: the narrowest one says most.
+
+This module must never do I/O or read a clock: callers pass ``now`` in.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from canarystack.gate.samples import Comparison, Outcome
+from canarystack.gate.scopes import DriftScope, Ingested
+from canarystack.gate.stats import ECusum, binomial_upper, median
+
+if TYPE_CHECKING:
+    from canarystack.gate.state import ReleaseGate
+
+
+def comparison(gate: ReleaseGate, c: Comparison, got: Ingested, now_mono: float) -> None:
+    """Count and test one comparison (a baseline-baseline one feeds the noise floor)."""
+    cfg = gate.config
+    bucket = gate.buckets[c.bucket]
+    # Clipped on ingestion: a huge KL is maximal divergence, and can move neither a
+    # detector nor the noise floor further than the clip.
+    kl = min(c.kl_mean, cfg.kl_clip)
+    disagree = min(1.0, max(0.0, 1.0 - c.top1_agree))
+    if c.pair == "baseline-baseline":
+        if c.invalid is not None:
+            got.ignore("noise_invalid")
+            return
+        got.noise_comparisons += 1
+        bucket.noise_comparisons += 1
+        for scope in gate.scopes_of[c.bucket]:
+            scope.noise_kl.add(kl)
+            scope.noise_top1.add(disagree)
+        return
+    if c.version_b is not None:
+        if gate.canary_version is None and gate.release is None:
+            gate.canary_version = c.version_b  # broker not heard yet: follow samples
+        elif c.version_b != gate.canary_version:
+            got.ignore("other_canary_version")
+            return
+    got.comparisons += 1
+    bucket.comparisons += 1
+    bucket.keep_colour("comparison", c)
+    gate.last_canary_sample_mono = now_mono
+    alarms: list[tuple[int, float, DriftScope, ECusum, str, float, float]] = []
+    for scope in gate.scopes_of[c.bucket]:
+        scope.comparisons += 1
+        if scope.name not in gate.tested:
+            continue
+        noise_kl, noise_top1, source = gate.noise_of(scope)
+        if source != scope.name:
+            key = (scope.name, source)
+            gate.noise_fallbacks[key] = gate.noise_fallbacks.get(key, 0) + 1
+            scope.fallbacks += 1
+        m0_kl = noise_kl + cfg.kl_tolerance
+        m0_top1 = noise_top1 + cfg.top1_tolerance
+        if scope.kl.update(kl, m0_kl, c.time):
+            alarms.append(
+                (
+                    len(scope.members),
+                    -scope.kl.log_m,
+                    scope,
+                    scope.kl,
+                    "kl_mean",
+                    noise_kl,
+                    cfg.kl_tolerance,
+                )
+            )
+        if m0_top1 < 1.0 and scope.top1.update(disagree, m0_top1, c.time):
+            alarms.append(
+                (
+                    len(scope.members),
+                    -scope.top1.log_m,
+                    scope,
+                    scope.top1,
+                    "top1_disagreement",
+                    noise_top1,
+                    cfg.top1_tolerance,
+                )
+            )
+    if alarms:
+        # Several scopes may alarm on one sample: the narrowest one says most.
+        _, _, scope, det, metric, noise, tolerance = min(alarms, key=lambda a: a[:2])
+        gate.alarm("drift", scope, det, metric=metric, noise=noise, tolerance=tolerance)
+        return
+    if c.ttft_a_s is not None and c.ttft_b_s is not None:
+        slow = c.ttft_b_s > cfg.latency_ratio * c.ttft_a_s + cfg.latency_slack_s
+        if bucket.latency.update(1.0 if slow else 0.0, 0.5, c.time):
+            gate.alarm_bucket("latency", bucket, bucket.latency, source="paired_shadow")
+
+
+def outcome(gate: ReleaseGate, o: Outcome, got: Ingested, now_mono: float) -> None:
+    """Count and test one outcome (a baseline one feeds the reference windows)."""
+    cfg = gate.config
+    bucket = gate.buckets[o.bucket]
+    got.outcomes += 1
+    bucket.outcomes[o.variant] += 1
+    failed = o.error is not None
+    if failed:
+        bucket.errors_seen[o.variant] += 1
+    if o.variant == "baseline":
+        bucket.baseline_errors.add(o.time, 1.0 if failed else 0.0)
+        if not failed and o.ttft_s is not None:
+            bucket.baseline_ttft.add(o.time, o.ttft_s)
+        return
+    gate.last_canary_sample_mono = now_mono
+    bucket.keep_colour("error" if failed else "outcome", o)
+    ref_errors = bucket.baseline_errors.values(o.time)
+    n_ref = len(ref_errors)
+    k_ref = int(sum(ref_errors))
+    m0 = binomial_upper(k_ref, n_ref, cfg.error_ucb_delta) + cfg.error_tolerance
+    if m0 < 1.0 and bucket.errors.update(1.0 if failed else 0.0, m0, o.time):
+        gate.alarm_bucket(
+            "errors",
+            bucket,
+            bucket.errors,
+            baseline_errors=k_ref,
+            baseline_outcomes=n_ref,
+            baseline_error_rate=round(k_ref / n_ref, 6) if n_ref else None,
+            tolerance=cfg.error_tolerance,
+            error=o.error,
+        )
+        return
+    if failed or o.ttft_s is None:
+        return
+    # The most recent baseline TTFTs only: a slowdown of both variants (slow router,
+    # loaded machine) reaches the reference within a few baseline requests.
+    ref = bucket.baseline_ttft.values(o.time)[-cfg.latency_reference_n :]
+    if len(ref) < cfg.latency_min_reference:
+        return
+    ref_median = median(ref)
+    slow = o.ttft_s > cfg.latency_ratio * ref_median + cfg.latency_slack_s
+    if bucket.latency.update(1.0 if slow else 0.0, 0.5, o.time):
+        gate.alarm_bucket(
+            "latency",
+            bucket,
+            bucket.latency,
+            source="outcomes",
+            baseline_median_ttft_s=round(ref_median, 6),
+            canary_ttft_s=o.ttft_s,
+        )
