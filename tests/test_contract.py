@@ -486,3 +486,23 @@ def test_the_harness_errors_share_one_root() -> None:
         from gameday.targets import parse_target
 
         parse_target({"kind": "x"})
+
+
+def test_a_brokers_error_answers_read_as_the_contracts(spawn: Spawner, tmp_path: Path) -> None:
+    from canary_contract.error_answer import ErrorAnswer
+
+    api = Api(start_broker(spawn, tmp_path / "state").url)
+    missing = api.get("/v1/releases/nope")
+    assert missing.status_code == 404
+    answer = _same(ErrorAnswer, missing.json())
+    assert answer.kind is ErrorKind.NOT_FOUND and answer.error.param == "name"
+    api.register("v1")
+    api.register("v2")
+    release = api.create("r1")
+    stale = api.patch("r1", release["revision"] - 1, weights={"canary": 9})
+    assert stale.status_code == 409
+    conflict = ErrorAnswer.from_wire(stale.json())
+    assert (conflict.kind, conflict.code) == (ErrorKind.CONFLICT, ErrorCode.REVISION_CONFLICT)
+    with pytest.raises(ContractError) as err:
+        ErrorAnswer.from_wire({"error": {**missing.json()["error"], "type": "oops_error"}})
+    assert err.value.field == "error.type"
