@@ -10,14 +10,15 @@ Parts, one idea per module:
 - ``client``    a gevent HTTP client that times each SSE line when it arrives;
 - ``user``      the Locust users (``LLMUser``, ``OracleUser``);
 - ``shapes``    steady, ramp and trace load shapes;
-- ``records``   the Parquet record schemas and writer (no Locust import);
+- ``rows``      one load row per request, and its body (no Locust import);
+- ``records``   the Parquet writer of the contract's record schemas (no Locust import);
 - ``collector`` getting every record into one file, workers included;
 - ``context``   per-process state and the Locust event wiring (``install``);
 - ``runner``    start / stop / wait for a Locust run from ordinary (asyncio) Python.
 
 Importing ``gameday.load`` imports nothing heavy: ``runner`` and ``records`` must stay
 usable from processes that never import Locust (gevent and asyncio must not mix). This
-package never imports ``canarystack``.
+package never imports ``canarystack`` (``canary_contract`` is the shared wire contract).
 """
 
 from __future__ import annotations
