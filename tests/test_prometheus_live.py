@@ -178,6 +178,25 @@ def test_every_metric_the_rules_name_is_exported_by_a_component(
     assert "router_requests_total" in in_tsdb and "canarystack_gate_state" in in_tsdb
 
 
+def test_the_shipped_rules_evaluate_cleanly_on_the_live_series(
+    live: dict[str, Any], traffic: dict[str, Any]
+) -> None:
+    """The Prometheus loaded deploy/prometheus/rules.yml, and on the stack's real label
+    sets every rule evaluates without an error (no many-to-many match, no bad label);
+    the recording rules give both variants' request rates."""
+    wait_for(lambda: q(live, "count(variant:router_requests:rate1m)") == 2, timeout=20,
+             what="the recording rule for both variants")  # fmt: skip
+    groups = requests.get(f"{live['prom'].url}/api/v1/rules", timeout=5).json()["data"]["groups"]
+    assert {g["name"] for g in groups} == {"canarystack-recording", "canarystack-gate-slo"}
+    rules = [r for g in groups for r in g["rules"]]
+    assert len(rules) == 18
+    never = [r["name"] for r in rules if r["lastEvaluation"].startswith("0001")]
+    assert not never, f"rules never evaluated: {never}"
+    bad = [(r["name"], r.get("lastError")) for r in rules if r["health"] != "ok"]
+    assert not bad, bad
+    assert q(live, 'variant:router_request_errors:ratio_rate1m{variant="canary"}') == 0
+
+
 def test_query_value_reads_the_requests_the_routers_served(
     live: dict[str, Any], traffic: dict[str, Any]
 ) -> None:
