@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from canary_contract.json import JsonObject
+from canary_contract.phases import is_canary_off
 from canarystack.broker.client import (
     BrokerClient,
     BrokerNotFound,
@@ -65,7 +66,7 @@ def progressing_with(release: JsonObject | None, canary_version: str | None) -> 
 
 def is_our_trip(release: JsonObject | None, evidence: JsonObject) -> bool:
     """The release already carries this very evidence (an earlier attempt landed)."""
-    if release is None or release.get("phase") not in ("tripped", "rolling_back", "rolled_back"):
+    if release is None or not is_canary_off(release.get("phase")):
         return False
     trip = release.get("trip") or {}
     return bool(

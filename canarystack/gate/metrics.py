@@ -1,0 +1,98 @@
+"""The gate's scrape-time metrics: per scope and test the e-CUSUM statistic and threshold,
+samples per bucket, noise floors, the false-alarm budget, the state and the reasons the
+gate is degraded, read from the gates when ``/metrics`` is scraped.
+
+This module must never change a gate.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from canarystack.gate.state import STATES
+
+if TYPE_CHECKING:
+    from canarystack.gate.service import GateService
+
+
+class GateCollector(Collector):
+    """Reads the gates' current statistics at scrape time."""
+
+    def __init__(self, service: GateService) -> None:
+        self.service = service
+
+    def collect(self) -> Iterator[Metric]:
+        stat = GaugeMetricFamily(
+            "canarystack_gate_statistic",
+            "e-CUSUM statistic per release, scope (bucket or tail) and test",
+            labels=["release", "scope", "test"],
+        )
+        thr = GaugeMetricFamily(
+            "canarystack_gate_threshold",
+            "Alarm threshold of each test (average run length bound, samples)",
+            labels=["release", "scope", "test"],
+        )
+        n = GaugeMetricFamily(
+            "canarystack_gate_test_samples",
+            "Samples each test has seen since the canary version was set",
+            labels=["release", "scope", "test"],
+        )
+        bucket_samples = GaugeMetricFamily(
+            "canarystack_gate_bucket_samples",
+            "Samples per bucket since the canary version was set, by kind",
+            labels=["release", "bucket", "kind"],
+        )
+        noise = GaugeMetricFamily(
+            "canarystack_gate_noise_floor",
+            "Live noise floor (baseline-baseline) per scope and metric",
+            labels=["release", "scope", "metric"],
+        )
+        state = GaugeMetricFamily(
+            "canarystack_gate_state",
+            "1 for the release's current state",
+            labels=["release", "state"],
+        )
+        degraded = GaugeMetricFamily(
+            "canarystack_gate_degraded",
+            "1 for each reason the gate's health is degraded now",
+            labels=["reason"],
+        )
+        fallbacks = CounterMetricFamily(
+            "canarystack_gate_noise_floor_fallbacks",
+            "Comparisons tested against a noise floor borrowed from another scope "
+            "(source: the scope it came from, or none), per release and scope",
+            labels=["release", "scope", "source"],
+        )
+        budget = GaugeMetricFamily(
+            "canarystack_gate_false_trips_per_release_hour",
+            "False-alarm budget the thresholds guarantee (union bound, at the assumed rate)",
+            labels=["release"],
+        )
+        for reason in self.service.degraded_reasons():
+            degraded.add_metric([reason], 1.0)
+        now = time.monotonic()
+        for name, gate in self.service.gates.items():
+            for scope, test, det in gate.detectors():
+                stat.add_metric([name, scope, test], det.statistic)
+                thr.add_metric([name, scope, test], det.threshold)
+                n.add_metric([name, scope, test], det.samples)
+            for label, b in gate.buckets.items():
+                bucket_samples.add_metric([name, label, "comparisons"], b.comparisons)
+                bucket_samples.add_metric([name, label, "noise_comparisons"], b.noise_comparisons)
+                for variant, count in b.outcomes.items():
+                    bucket_samples.add_metric([name, label, f"outcomes_{variant}"], count)
+            for scope, floor in gate.noise_json().items():
+                noise.add_metric([name, scope, "kl"], floor["kl"])
+                noise.add_metric([name, scope, "top1_disagreement"], floor["top1_disagreement"])
+            for (scope, source), count in gate.noise_fallbacks.items():
+                fallbacks.add_metric([name, scope, source], count)
+            budget.add_metric([name], gate.config.budget_json()["false_trips_per_release_hour"])
+            current = gate.state(now)
+            for s in STATES:
+                state.add_metric([name, s], 1.0 if s == current else 0.0)
+        yield from (stat, thr, n, bucket_samples, noise, fallbacks, budget, state, degraded)
