@@ -175,3 +175,17 @@ def test_ttft_is_first_content_not_headers_and_a_cut_stream_is_broken(cut: bool)
         assert a.error_kind == "broken_stream" and not a.ok
     else:
         assert a.ok and a.measurement is not None and a.measurement.done
+
+
+def test_every_request_is_coloured_with_its_own_trace_and_the_tag(model: Proc) -> None:
+    client = OpenAIClient(model.url, timeout_s=10)
+    attempts = [client.new_attempt("/v1/completions", stream=True) for _ in range(2)]
+    for a in attempts:
+        client.send(a, body(max_tokens=2))
+    client.close()
+    assert all(a.ok for a in attempts)
+    hops = requests.get(model.url + "/v1/colour/hops", headers=ADMIN, timeout=5).json()["hops"]
+    seen = {h["request_id"]: h for h in hops if h["hop"] == "model"}
+    got = [seen[a.request_id] for a in attempts]
+    assert [h["tag"] for h in got] == ["gameday", "gameday"]
+    assert got[0]["trace_id"] != got[1]["trace_id"]  # a trace per request

@@ -16,6 +16,7 @@ Never used outside a gevent-patched process (Locust's); it does not fire Locust 
 from __future__ import annotations
 
 import json
+import secrets
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -30,6 +31,9 @@ from gameday.load.sse import SSEDecoder, StreamMeasurement, parse_full_response
 from gameday.oracle.wire import loads as wire_loads
 
 CONNECT_TIMEOUT_S = 10.0
+# The tag every load request carries (x-traffic-tag), so colouring fidelity is judged on the
+# whole load, not only on the probe's own requests.
+TRAFFIC_TAG = "gameday"
 MAX_ERROR_BODY_BYTES = 64 * 1024
 
 # headers a router adds (docs/ARCHITECTURE.md §3); the model server adds the version
@@ -106,11 +110,13 @@ class OpenAIClient:
         headers: dict[str, str] | None = None,
         timeout_s: float = 120.0,
         connect_timeout_s: float = CONNECT_TIMEOUT_S,
+        traffic_tag: str | None = TRAFFIC_TAG,
     ) -> None:
         parts = urlsplit(base_url)
         self.prefix = parts.path.rstrip("/")
         self.timeout_s = timeout_s
         self.headers = dict(headers or {})
+        self.traffic_tag = traffic_tag
         self._http = HTTPClient.from_url(
             base_url,
             concurrency=1,
@@ -130,7 +136,13 @@ class OpenAIClient:
     ) -> None:
         """Send ``body`` and fill ``attempt``; never raises for network or server trouble."""
         payload = json.dumps(body, allow_nan=False).encode()
+        # Coloured as a traced client would: a trace of its own per request and the game
+        # day's traffic tag, which every hop of the stack must carry (#16; probes.colouring).
+        colour = {"traceparent": f"00-{secrets.token_hex(16)}-{secrets.token_hex(8)}-01"}
+        if self.traffic_tag:
+            colour["x-traffic-tag"] = self.traffic_tag
         all_headers = {
+            **colour,
             **self.headers,
             **(headers or {}),
             "Content-Type": "application/json",
