@@ -22,6 +22,7 @@ from typing import Any
 
 from chaoslib.exceptions import ActivityFailed
 
+from canary_contract.phases import is_canary_off
 from gameday.api import ApiError, StackApi
 from gameday.evidence.events import first_phase, new_value
 from gameday.evidence.milestones import CLOCK_SLACK_S
@@ -31,7 +32,6 @@ from probes._evidence import experiment_began, reference
 __all__ = ["gate_did_not_trip", "wait_for_trip"]
 
 MAX_WAIT_S = 600.0
-TRIPPED_PHASES = ("tripped", "rolling_back", "rolled_back")
 
 Secrets = dict[str, Any]
 
@@ -84,7 +84,7 @@ def wait_for_trip(
             "inject one (probes.faults) before waiting for the trip"
         )
     with stack_api(configuration, "waiting for the gate to trip") as api:
-        while (phase := _phase(api)) not in TRIPPED_PHASES:
+        while not is_canary_off(phase := _phase(api)):
             if time.monotonic() >= deadline:
                 raise ActivityFailed(
                     f"expected the gate to trip within {float(deadline_s):g} s, but release "
@@ -112,7 +112,7 @@ def gate_did_not_trip(
         while True:
             phase = str(api.release().get("phase"))
             trip = first_phase(api.events(), "tripped", since=since)
-            if trip or phase in TRIPPED_PHASES:
+            if trip or is_canary_off(phase):
                 when = ""
                 if trip and fault is not None:
                     when = f" {float(trip['time']) - fault.time:+.2f} s from the fault,"

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from canary_contract.phases import is_canary_off
 from gameday.api import ApiError
 from gameday.evidence import checks
 from gameday.evidence.slo import Slo, failed_result, not_measured
@@ -52,8 +53,6 @@ __all__ = [
     "trip_within",
     "weights_applied_within",
 ]
-
-TRIPPED = ("tripped", "rolling_back", "rolled_back")
 
 Secrets = dict[str, Any]
 
@@ -206,7 +205,7 @@ def no_trip(
             phase = str(api.release().get("phase"))
     except Exception as exc:  # the check fails; it never crashes
         return failed_result("no_trip", 0.0, "count", f"cannot read the broker's history: {exc}")
-    now = [{"change": {"phase": "tripped"}}] if phase in TRIPPED else []
+    now = [{"change": {"phase": "tripped"}}] if is_canary_off(phase) else []
     return checks.trips_since(now, None)
 
 

@@ -22,6 +22,7 @@ from typing import Any
 
 from chaoslib.exceptions import ActivityFailed
 
+from canary_contract.phases import Phase
 from gameday.api import ApiError, StackApi
 from gameday.targets import ROLES, TargetError
 from probes._context import Configuration, ledger, stack_api
@@ -36,7 +37,7 @@ __all__ = [
     "wait_for_release_phase",
 ]
 
-PHASES = ("progressing", "tripped", "rolling_back", "rolled_back", "promoted")
+PHASES = tuple(p.value for p in Phase)
 MAX_WAIT_S = 600.0
 
 Secrets = dict[str, Any]

@@ -64,7 +64,6 @@ __all__ = [
 ]
 
 EXPECTS = ("trip", "no_trip", "blind")
-TRIPPED = "tripped"
 PASS, FAIL, INCONCLUSIVE = "pass", "fail", "inconclusive"
 NOT_JUDGED = "not judged (the evidence is insufficient): "
 # Reasons of journal_reasons that are failures of the run itself, whatever the evidence.
