@@ -339,7 +339,10 @@ def test_the_report_series_come_from_the_live_tsdb(
     figure is a PNG; nothing is invented for a window without traffic (empty values)."""
     exp = tmp_path / "run" / "control"
     exp.mkdir(parents=True)
-    start, end = traffic["started"] - 2, time.time()
+    rates = "count(sum by (variant) (rate(router_requests_total[10s])))"
+    wait_for(lambda: q(live, rates) == 2, timeout=20, what="a request rate for both variants")
+    end = time.time()
+    start = end - math.ceil(end - traffic["started"] + 2)  # whole steps: `end` is a point
     (exp / "journal.json").write_text(json.dumps({"start": start, "end": end}))
     results = report_prom.add_run_series(tmp_path / "run", live["prom"].url, step_s=1.0)
     res = results["control"]

@@ -10,8 +10,9 @@ the run's window and writes, into ``folder`` (an experiment's folder, next to it
 
 The series (``SERIES``) are what the gate is judged on, from the components' own
 metrics: TTFT p50/p99 at the router and at the model servers, requests/s and the 5xx
-ratio per variant, and the routers' canary weight. ``add_run_series(run_dir, url)`` does
-this for every experiment of a run folder over its own window (journal start..end).
+ratio per variant, and the routers' canary weight. ``add_series(experiments, url)`` (the
+report builder's loaded experiments) and ``add_run_series(run_dir, url)`` do this for
+every experiment over its own window (journal start..end).
 
 It never raises on what Prometheus answers: an unreachable Prometheus, a refused query or
 an empty window is a problem string in the result (and ``prometheus.missing.txt`` in the
@@ -24,12 +25,15 @@ import csv
 import json
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import requests
+
+if TYPE_CHECKING:
+    from gameday.report.loader import ExperimentData
 
 CSV_NAME = "prometheus.csv"
 PNG_NAME = "prometheus.png"
@@ -221,22 +225,34 @@ def write_series(
     return res
 
 
-def add_run_series(
-    run_dir: Path, url: str, step_s: float = 1.0, rate_window_s: float = 10.0
+def add_series(
+    experiments: Iterable[ExperimentData],
+    url: str,
+    step_s: float = 1.0,
+    rate_window_s: float = 10.0,
 ) -> dict[str, SeriesResult]:
-    """``write_series`` for every experiment of the run folder, over its own window."""
-    from gameday.report.loader import load_run
-
+    """``write_series`` for each experiment, over its own window (journal start..end)."""
     out: dict[str, SeriesResult] = {}
-    for exp in load_run(run_dir).experiments:
+    for exp in experiments:
         start, end = exp.window_start(), exp.window_end()
         if start is None or end is None:
             res = SeriesResult(problems=[f"{exp.name}: no start/end time in the journal"])
+        elif not exp.path.is_dir():
+            res = SeriesResult(problems=[f"{exp.name}: no experiment folder {exp.path}"])
         else:
             res = write_series(exp.path, url, start, end, step_s, rate_window_s,
                                title=f"{exp.name}: Prometheus series")  # fmt: skip
         out[exp.name] = res
     return out
+
+
+def add_run_series(
+    run_dir: Path, url: str, step_s: float = 1.0, rate_window_s: float = 10.0
+) -> dict[str, SeriesResult]:
+    """``add_series`` for every experiment of the run folder."""
+    from gameday.report.loader import load_run
+
+    return add_series(load_run(run_dir).experiments, url, step_s, rate_window_s)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
