@@ -169,6 +169,32 @@ def test_the_node_is_a_real_kubelet_on_loopback(cluster: None) -> None:
     assert {"type": "Hostname", "address": "localhost"} in node["status"]["addresses"]
 
 
+def test_the_pods_cgroup_weighs_like_busy_host_tasks(stack: None) -> None:
+    """k8s-up.sh gives containerd's cgroup k8s.io the CPU weight of 8 busy host tasks
+    (cgroup v1: 8192 shares): at equal weight, every pod together competed with each busy
+    host task, and a killed broker pod took 6 s to serve again on a loaded machine."""
+    shares = Path("/sys/fs/cgroup/cpu/k8s.io/cpu.shares")
+    if not shares.exists():
+        pytest.skip("cgroup v1 only (cgroup v2: k8s.io/cpu.weight)")
+    assert int(shares.read_text()) == int(os.environ.get("K8S_POD_CPU_SHARES", "8192"))
+    pid = int(Path(STATE / "pids" / "containerd.pid").read_text())
+    broker = [
+        p for p in Path("/proc").iterdir()
+        if p.name.isdigit() and b"canarystack.broker" in _cmdline(p)
+    ]  # fmt: skip
+    assert broker, "no broker process"
+    cgroups = (broker[0] / "cgroup").read_text().splitlines()
+    cpu = next(line for line in cgroups if ":cpu:" in line or ":cpu," in line)
+    assert cpu.split(":", 2)[2].startswith("/k8s.io/"), (cpu, pid)
+
+
+def _cmdline(proc: Path) -> bytes:
+    try:
+        return (proc / "cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
 def test_every_cluster_process_listens_on_loopback_only(cluster: None) -> None:
     pids = recorded_pids()
     assert set(pids) == {

@@ -167,6 +167,23 @@ TOML
 cat >"$CTD/cni/10-loopback-only.conflist" <<JSON
 {"cniVersion": "0.4.0", "name": "loopback-only", "plugins": [{"type": "loopback"}]}
 JSON
+# CPU for the pods. containerd puts every container under the cgroup "k8s.io"; with cgroup
+# v1 that group as a whole competes with EACH runnable task of the host's root cgroup at
+# equal weight, so on a busy machine all pods together got a sliver of the CPU (a killed
+# broker pod took 6 s to serve again at load 12 on 2 cores, missing the detection SLO).
+# The group gets the weight of K8S_POD_CPU_SHARES/1024 busy host tasks (default 8), as if
+# the node's CPU were its pods'; within it, the pods share by their CPU requests. It is
+# the host's cgroup, not the state folder's: it stays after k8s-down (empty).
+pod_shares=${K8S_POD_CPU_SHARES:-8192}
+if [ -d /sys/fs/cgroup/cpu ] && mkdir -p /sys/fs/cgroup/cpu/k8s.io 2>/dev/null &&
+    echo "$pod_shares" >/sys/fs/cgroup/cpu/k8s.io/cpu.shares 2>/dev/null; then
+    :
+elif [ -f /sys/fs/cgroup/cgroup.controllers ] && mkdir -p /sys/fs/cgroup/k8s.io 2>/dev/null &&
+    echo "$(((pod_shares * 100 + 1023) / 1024))" >/sys/fs/cgroup/k8s.io/cpu.weight 2>/dev/null; then
+    :
+else
+    log "could not set the pods' CPU weight (cgroup k8s.io): pods compete with every host task"
+fi
 containerd --config "$CTD/config.toml" >"$LOGS/containerd.log" 2>&1 &
 started containerd $!
 ctr_() { ctr -a "$CTD/containerd.sock" -n k8s.io "$@"; }
