@@ -29,6 +29,7 @@ from typing import Any
 import pytest
 import requests
 
+from canarystack.dependency.keys import SEED_CONTEXTS, cache_key, context_key
 from tests.engine_support import (
     DirectEngine,
     Stack,
@@ -41,6 +42,7 @@ from tests.engine_support import (
     prompt,
 )
 from tests.procs import ADMIN_TOKEN, Proc, Spawner, wait_for
+from tests.test_dependency_support import needs_redis, redis_server
 
 pytestmark = pytest.mark.engine
 
@@ -73,11 +75,11 @@ def gguf_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_gguf(tmp_path_factory.mktemp("gguf") / "model.gguf", seed=0)
 
 
-def start_pod(spawn: Spawner, gguf: Path, tmp_path: Path, version: str = "v1") -> Proc:
+def start_pod(spawn: Spawner, gguf: Path, tmp_path: Path, version: str = "v1", *extra: str) -> Proc:
     return spawn(
         "canarystack.engine",
         "--model", str(gguf), "--version", version,
-        "--engine-log", str(tmp_path / f"engine-{version}.log"),
+        "--engine-log", str(tmp_path / f"engine-{version}.log"), *extra,
         timeout=START_TIMEOUT_S,
     )  # fmt: skip
 
@@ -206,6 +208,89 @@ def test_engine_pod_keeps_the_model_server_contract(
     assert isinstance(line["ttft_s"], float) and 0 < line["ttft_s"] <= line["e2e_s"]
     metrics = requests.get(pod.url + "/metrics", timeout=5).text
     assert "vllm:time_to_first_token_seconds_count" in metrics
+
+
+@needs_redis
+def test_engine_pod_uses_the_shared_redis_and_degrades_without_it(
+    spawn: Spawner, gguf_path: Path, tmp_path: Path
+) -> None:
+    """#16 item 1: an engine pod does the simulator's per-request context lookup and
+    prefix-cache write (coloured ``redis`` hops), puts the retrieved context in front of
+    what llama.cpp gets, and says ``x-dependency: ok``; with Redis killed the same
+    request is answered without the context, ``x-dependency: degraded``, never failed."""
+    text = "hello world"
+    with redis_server(tmp_path) as rds:
+        rds.client().set(context_key(text), SEED_CONTEXTS[text])
+        pod = start_pod(spawn, gguf_path, tmp_path, "v1", "--redis-url", rds.url)
+        wait_cache(pod.url, "f16")
+        health = requests.get(pod.url + "/health", timeout=5).json()
+        assert health["dependency"]["name"] == "redis"
+        assert health["dependency"]["state"] == "closed"
+        trace = "ab" * 16
+        ok = requests.post(
+            pod.url + "/v1/completions",
+            json={"prompt": text, "max_tokens": 2, "temperature": 0},
+            headers={
+                "x-request-id": "dep-ok",
+                "x-traffic-tag": "gameday",
+                "traceparent": f"00-{trace}-{'cd' * 8}-01",
+            },
+            timeout=60,
+        )
+        assert ok.status_code == 200, ok.text
+        assert ok.headers["x-dependency"] == "ok"
+        with_context = ok.json()["usage"]["prompt_tokens"]  # as llama.cpp counted it
+        assert rds.client().exists(cache_key(text)) == 1  # the prefix-cache write
+        hops = requests.get(pod.url + "/v1/colour/hops", headers=ADMIN, timeout=5).json()
+        redis_hops = [h for h in hops["hops"] if h["hop"] == "redis"]
+        assert [h["request_id"] for h in redis_hops] == ["dep-ok", "dep-ok"]  # GET, SETEX
+        assert all(h["trace_id"] == trace and h["tag"] == "gameday" for h in redis_hops)
+        chat = requests.post(
+            pod.url + "/v1/chat/completions",
+            json={"messages": [{"role": "user", "content": text}], "max_tokens": 2,
+                  "stream": True},
+            timeout=60,
+        )  # fmt: skip
+        assert chat.status_code == 200 and chat.headers["x-dependency"] == "ok"
+        assert chat.text.rstrip().endswith("[DONE]")
+
+        rds.kill()
+        down = requests.post(
+            pod.url + "/v1/completions",
+            json={"prompt": text, "max_tokens": 2, "temperature": 0},
+            headers={"x-request-id": "dep-down"},
+            timeout=60,
+        )
+        assert down.status_code == 200, down.text
+        assert down.headers["x-dependency"] == "degraded"
+        # The engine got the prompt alone: fewer prompt tokens than with the context.
+        assert down.json()["usage"]["prompt_tokens"] < with_context
+
+    def done(rid: str) -> dict[str, object] | None:
+        return next(
+            (e for e in pod.log_events()
+             if e.get("event") == "request_done" and e.get("request_id") == rid),
+            None,
+        )  # fmt: skip
+
+    line = wait_for(lambda: done("dep-ok"), timeout=10, what="request_done")
+    assert isinstance(line, dict) and line["dependency"] == "ok"
+    line = wait_for(lambda: done("dep-down"), timeout=10, what="request_done")
+    assert isinstance(line, dict)
+    assert line["dependency"] == "error" and line["error"] is None  # refused: degraded
+    assert line["prompt_tokens"] == down.json()["usage"]["prompt_tokens"]
+    dependency = requests.get(pod.url + "/health", timeout=5).json()["dependency"]
+    assert str(dependency["last_error"]).startswith("error: ")
+
+
+def test_bad_dependency_options_are_refused_by_name(gguf_path: Path) -> None:
+    res = subprocess.run(
+        [sys.executable, "-m", "canarystack.engine", "--model", str(gguf_path),
+         "--redis-url", "http://127.0.0.1:6379", "--port", "0"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert res.returncode == 2
+    assert "--redis-url 'http://127.0.0.1:6379': give redis://HOST:PORT" in res.stderr
 
 
 BAD_REQUESTS: list[tuple[str, dict[str, object], int, str]] = [

@@ -98,8 +98,14 @@ def test_redis_is_a_program_of_every_stack_and_every_sim_pod_uses_it(tmp_path: P
     assert "redis" not in {c["role"] for c in desc["components"]}  # not an HTTP component
     assert desc["dependencies"][0]["port"] == int(port)
     assert desc["redis_url"] == f"redis://127.0.0.1:{port}"
-    # The llama.cpp stack gets its Redis too.
-    assert "redis" in _by_name(tmp_path, engine="llamacpp")
+    # The llama.cpp stack gets its Redis too, and its engine pods use it (#16 item 1).
+    engine_cmds = _by_name(tmp_path, engine="llamacpp", base_port=23000)
+    assert "redis" in engine_cmds
+    engine_pods = [c for n, c in engine_cmds.items() if n.startswith("model-")]
+    assert len(engine_pods) == 3
+    for cmd in engine_pods:
+        assert cmd[cmd.index("-m") + 1] == "canarystack.engine"
+        assert cmd[cmd.index("--redis-url") + 1] == f"redis://127.0.0.1:{port}"
 
 
 def test_a_stack_without_redis_server_on_path_refuses_to_start(tmp_path: Path) -> None:

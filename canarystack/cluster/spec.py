@@ -205,6 +205,8 @@ def _model_programs(
 ) -> list[Program]:
     variant = role.removeprefix("model-")
     extra = [*spec.args.get("model", []), *spec.args.get(role, [])]
+    # Every model pod, simulated or llama.cpp, baseline and canary alike, uses the one Redis.
+    dependency = ["--redis-url", spec.redis_url]
     progs = []
     for i in range(count):
         port = spec.base_port + offset + i
@@ -216,13 +218,12 @@ def _model_programs(
             cmd = _command(spec, "engine", port, role, "--version", version,
                            "--served-model-name", spec.model_name,
                            "--model", str(gguf), "--gguf-seed", str(spec.engine_seed),
-                           "--engine-log", str(engine_log), *extra)  # fmt: skip
+                           "--engine-log", str(engine_log), *dependency,
+                           *extra)  # fmt: skip
         else:
             # Real engines are not batch-invariant: every simulated pod runs with the
             # calibrated batch noise and a seed of its own (a stack config's 'args' win).
             noise = ["--batch-noise", f"{BATCH_NOISE_KL:g}", "--noise-seed", str(port)]
-            # Every simulated pod, baseline and canary alike, uses the one Redis.
-            dependency = ["--redis-url", spec.redis_url]
             cmd = _command(spec, "model", port, role, "--version", version,
                            "--served-model-name", spec.model_name, *noise, *dependency,
                            *extra)  # fmt: skip

@@ -1,7 +1,8 @@
 """``python -m canarystack.engine --model M.gguf --version v2``: run one engine pod.
 
 The shared component flags (``canarystack.common.cli``), plus the model file, the served
-name and version, and the llama.cpp settings the child gets. Needs the ``engine`` extra;
+name and version, the llama.cpp settings the child gets, and the shared dependency's
+flags (``canarystack.dependency.cli``, as the simulator's). Needs the ``engine`` extra;
 without it the process exits at once with a message saying how to install it. This module
 must never do work at import time.
 """
@@ -16,6 +17,7 @@ from pathlib import Path
 from canarystack.common.auth import describe_admin_flag
 from canarystack.common.cli import base_parser, parse
 from canarystack.common.logs import get_logger
+from canarystack.dependency.cli import add_dependency_options, dependency_from_args
 from canarystack.model.contract import (
     COMPONENT,  # the engine pod is a model server to everyone else
     add_default_max_tokens_option,
@@ -73,6 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="after a rollout, how long the old engine may finish its requests "
         "(default %(default)s)",
     )
+    add_dependency_options(p)  # the same Redis, flags and degradation as the simulator's
     describe_admin_flag(p)  # a model pod holds only its own faults-model-<variant>
     return p
 
@@ -114,6 +117,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         if not value > 0:
             parser.error(f"{flag} {value}: give a number of seconds > 0")
     check_shared_options(args, parser)
+    dependency = dependency_from_args(args, parser)
 
     from canarystack.engine.child import EngineSettings
     from canarystack.engine.faults import FAULT_KINDS
@@ -139,6 +143,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             default_max_tokens=args.default_max_tokens,
             start_timeout_s=args.start_timeout_s,
             drain_timeout_s=args.drain_timeout_s,
+            dependency=dependency,
         ),
         client_max_size=ADMIN_BODY_BYTES,  # the model routes read with model.body
     )

@@ -27,6 +27,13 @@ contract validates are forwarded to the engine. The engine's answers are read wi
 logprob) is relayed unchanged, so the router and the oracle count it as a broken canary,
 and ``request_done`` says ``error: engine_invalid_json``; it is never taken as sound.
 
+With ``--redis-url`` the pod uses the shared dependency as the simulator does
+(``canarystack.dependency``): per request a context lookup and a prompt-prefix cache
+write through ``DependencyClient`` (``redis`` hops of the request's colour), the context
+put in front of the prompt when it fits, ``x-dependency: ok|degraded`` on the answer and
+a ``dependency`` field in ``/health``; a slow, full or dead Redis degrades the answer,
+never fails it.
+
 Decided: requests are never held while no child serves (at start-up, or after the
 child died — it is restarted at once): they get a 503 ``engine_unavailable`` that says
 so, like a pod that is not ready. Client mistakes are checked here before anything
@@ -61,9 +68,11 @@ import aiohttp
 from aiohttp import web
 
 from canarystack.common import strictjson
-from canarystack.common.app import Component
+from canarystack.common.app import COMPONENT, Component
+from canarystack.common.colour import COLOUR_KEY, Colour
 from canarystack.common.errors import BadRequest, Unavailable, json_response
 from canarystack.common.logs import get_logger
+from canarystack.dependency.client import DependencyClient, DependencyConfig
 from canarystack.engine.child import EngineChild, EngineSettings, log_tail
 from canarystack.engine.faults import HEALTHY_CACHE, EngineKernelParams
 from canarystack.model.api_spec import install as install_api_spec
@@ -77,7 +86,7 @@ from canarystack.model.contract import (
     serve_logged,
 )
 from canarystack.model.metrics import ModelMetrics
-from canarystack.model.schemas import CompletionRequest
+from canarystack.model.schemas import ChatCompletionRequest, CompletionRequest
 
 RECONCILE_S = 0.1
 DEFAULT_START_TIMEOUT_S = 60.0
@@ -175,6 +184,7 @@ class EnginePod:
         start_timeout_s: float = DEFAULT_START_TIMEOUT_S,
         drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S,
         retry_s: float = DEFAULT_RETRY_S,
+        dependency: DependencyConfig | None = None,
     ) -> None:
         self.settings = settings
         self.version = version
@@ -202,6 +212,11 @@ class EnginePod:
             # llama_cpp.server generates one request at a time; the rest wait for it.
             waiting=lambda: float(max(self.inflight - 1, 0)),
         )
+        # --redis-url and its options: the shared dependency, as the simulator uses it;
+        # None serves without one (no lookups, no x-dependency header).
+        self.dependency = (
+            DependencyClient(dependency, component.registry) if dependency is not None else None
+        )
 
     # -- wiring ---------------------------------------------------------------------
     def add_routes(self, app: web.Application) -> None:
@@ -227,6 +242,8 @@ class EnginePod:
         for c in children:
             self.log.info("engine_stopped", engine_pid=c.pid, kv_cache_type=c.cache_type)
         await self._session.close()
+        if self.dependency is not None:
+            await self.dependency.close()
 
     def health_extra(self) -> dict[str, Any]:
         active = self.active
@@ -241,6 +258,10 @@ class EnginePod:
             "inflight": self.inflight,
             "last_error": self.last_error,
         }
+        # The pod serves without its dependency: /health says how it is (a degraded
+        # dependency is shared, not this pod's failure), as the simulator's does.
+        if self.dependency is not None:
+            extra["dependency"] = self.dependency.health()
         if active is None:
             extra["status"] = "starting"
         return extra
@@ -434,14 +455,12 @@ class EnginePod:
             parsed = parse_request(raw, kind, self.limits)
         del raw
         upstream, stream, include_usage = self._upstream_body(parsed, chat, rec)
-        child = self.active
-        if child is None or self._session is None:
-            rec.error = "engine_unavailable"
-            raise Unavailable(
-                "The llama.cpp engine of this model server is not serving right now (it is "
-                "starting, or restarting after it exited); retry in a few seconds.",
-                code="engine_unavailable",
-            )
+        child = self._serving_child(rec)
+        if self.dependency is not None:
+            # Bounded by the dependency's deadline; a rollout may switch children meanwhile.
+            await self._with_context(request, parsed, upstream, rec, headers)
+            child = self._serving_child(rec)
+        assert self._session is not None
         rec.kv_cache_type = child.cache_type
         rec.engine_pid = child.pid
         headers["x-engine-kv-cache"] = child.cache_type
@@ -472,6 +491,68 @@ class EnginePod:
         finally:
             child.inflight -= 1
             self._finish(rec)
+
+    def _serving_child(self, rec: _Record) -> EngineChild:
+        """The child that serves now, or the 503 of a pod that is not ready."""
+        child = self.active
+        if child is None or self._session is None:
+            rec.error = "engine_unavailable"
+            raise Unavailable(
+                "The llama.cpp engine of this model server is not serving right now (it is "
+                "starting, or restarting after it exited); retry in a few seconds.",
+                code="engine_unavailable",
+            )
+        return child
+
+    async def _with_context(
+        self,
+        request: web.Request,
+        parsed: Parsed,
+        upstream: dict[str, Any],
+        rec: _Record,
+        headers: dict[str, str],
+    ) -> None:
+        """Look the request up in the shared dependency (``DependencyClient.lookup``: the
+        context GET and the prompt-prefix SETEX, each a ``redis`` hop of the request's
+        colour) and put the retrieved context in front of what the engine gets: the
+        system message of a chat (before its own system text, if any), a line before a
+        completion's prompt. A context that would not fit ``n_ctx`` with the answer is
+        left out. ``x-dependency`` says whether the dependency answered (``ok``) or the
+        answer goes without it (``degraded``)."""
+        assert self.dependency is not None
+        colour = request.get(COLOUR_KEY)
+        hops = request.app[COMPONENT].hops
+
+        def on_call() -> None:
+            if isinstance(colour, Colour):
+                hops.record("redis", colour, time.time())
+
+        req = parsed.req
+        lookup = await self.dependency.lookup(
+            _first_user_message(req), req.prompt_text(), on_call=on_call
+        )
+        rec.dependency = lookup.result
+        headers["x-dependency"] = lookup.header
+        if lookup.context is None:
+            return
+        if isinstance(req, CompletionRequest):
+            prompt = f"{lookup.context}\n{upstream['prompt']}"
+            tokens = self.counter.completion(prompt)
+            changed: dict[str, Any] = {"prompt": prompt}
+        else:
+            messages: list[dict[str, str]] = list(upstream["messages"])
+            if messages and messages[0]["role"] == "system":
+                # llama-2's template keeps one system text: the context joins it.
+                first = messages[0]
+                messages[0] = {**first, "content": f"{lookup.context}\n{first['content']}"}
+            else:
+                messages.insert(0, {"role": "system", "content": lookup.context})
+            tokens = self.counter.chat(messages)
+            changed = {"messages": messages}
+        if tokens + int(upstream["max_tokens"]) > self.settings.n_ctx:
+            return
+        upstream.update(changed)
+        rec.prompt_tokens = tokens
 
     async def _engine_error(
         self, up: aiohttp.ClientResponse, rec: _Record, headers: dict[str, str]
@@ -653,3 +734,15 @@ class EnginePod:
         self.metrics.generation_tokens.inc(rec.completion_tokens)
         reason = rec.finish_reason if rec.finish_reason in ("stop", "length") else "abort"
         self.metrics.success[reason].inc()
+
+
+def _first_user_message(req: CompletionRequest | ChatCompletionRequest) -> str:
+    """What the context is keyed by, as the simulator keys it (``canarystack.model.server``),
+    so a context seeded once is found by both variants: a completion's prompt, a chat's
+    first user message (its first message when none is the user's)."""
+    if isinstance(req, CompletionRequest):
+        return req.prompt_text()
+    for message in req.messages:
+        if message.role == "user":
+            return str(message.content)
+    return str(req.messages[0].content) if req.messages else ""
