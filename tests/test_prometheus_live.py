@@ -31,6 +31,7 @@ from typing import Any
 import pytest
 import requests
 import yaml
+from chaoslib.exceptions import ActivityFailed
 
 from canarystack.common import strictjson
 from gameday.prom import (
@@ -210,6 +211,17 @@ def test_query_value_reads_the_requests_the_routers_served(
     served = q(live, 'sum(vllm:request_success_total{variant="canary"})')
     assert served is not None and served >= N_CANARY
     assert q(live, "no_such_metric_anywhere") is None
+
+
+def test_a_query_the_real_prometheus_refuses_is_named(live: dict[str, Any]) -> None:
+    with pytest.raises(
+        ActivityFailed, match=r"Prometheus refused the query 'up\{': HTTP 400 bad_data"
+    ):
+        q(live, "up{")
+    with pytest.raises(ActivityFailed, match=r"with a 'matrix' result.*wrap the expression"):
+        q(live, "up[5s]")
+    out = prometheus.metric_at_most('sum(up{job="no-such-job"})', 0, configuration=live["cfg"])
+    assert out["ok"] is False and "matched no series" in out["detail"]["why"]
 
 
 def test_metric_bounds_on_live_ttft(live: dict[str, Any], traffic: dict[str, Any]) -> None:
