@@ -1,5 +1,5 @@
 """The gate's service: the gates of the watched releases and the tasks that keep them in
-step with the broker (docs/ARCHITECTURE.md §3).
+step with the broker (docs/ARCHITECTURE.md §4).
 
 One watch task per release follows the broker (``BrokerClient.follow``) and keeps the
 gate's view of phase, weights, revision and canary version; a new canary version resets
