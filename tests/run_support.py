@@ -26,8 +26,13 @@ from gameday.load.records import LOAD_SCHEMA
 from gameday.stack import stack_down, stack_up
 
 REPO = Path(__file__).resolve().parents[1]
-# Offsets of every port a default stack listens on (canarystack/cluster/spec.py).
-STACK_PORT_OFFSETS = (0, 1, 2, 3, 11, 12, 20, 21, 30)
+# Offsets of every port a default stack listens on (canarystack/cluster/spec.py): broker,
+# router, gate, rollback, redis, two router instances, two baselines, the canary.
+STACK_PORT_OFFSETS = (0, 1, 2, 3, 4, 11, 12, 20, 21, 30)
+# Below the kernel's ephemeral range (32768-60999 on Linux), where free_port() and every
+# client socket land: a stack there can lose a port to another test between the check
+# and its start.
+BASE_PORTS = range(20000, 32700, 50)
 
 
 def _port_free(port: int) -> bool:
@@ -43,7 +48,7 @@ def free_base_port(tries: int = 200) -> int:
     """A base port B such that every port of a default stack (B + offsets) is free."""
     rng = random.Random()
     for _ in range(tries):
-        base = rng.randrange(20000, 60000, 50)
+        base = rng.choice(BASE_PORTS)
         if all(_port_free(base + off) for off in STACK_PORT_OFFSETS):
             return base
     raise RuntimeError("no free base port found for a local stack")
