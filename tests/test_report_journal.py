@@ -255,3 +255,24 @@ def test_the_run_verdict_and_the_report_give_the_same_reasons_for_one_journal(
     # The journals above hold each kind: one passes, two fail for the journal's reasons.
     assert journal_reasons(journals["router-faulty-kernel"]) == []
     assert journal_reasons(journals["broker-latency"]) and journal_reasons(journals["control"])
+
+
+def test_expect_colour_lost_in_the_report_needs_the_probe_to_name_that_hop() -> None:
+    from gameday.report.verdict import SloCheck, _expect_colour_lost
+
+    def check(lost_at: str) -> SloCheck:
+        return SloCheck(
+            "colour-dropped", "colouring_fidelity", "probe 'colouring', after the method",
+            0.0, 1.0, "share", False, detail={"lost_at": lost_at},
+        )  # fmt: skip
+
+    reason = (
+        "SLO 'colouring_fidelity' (probe 'colouring', after the method) not met: measured 0 "
+        "share, allowed 1.0 share (hop 'router' (…) lost the colour of 3 of 3 request(s))"
+    )
+    found = check("router")
+    kept, checks = _expect_colour_lost([reason], [found], "router")
+    assert kept == [] and checks[0].ok is True and "on purpose" not in checks[0].note
+    assert "expect: colour_lost" in checks[0].note
+    kept, checks = _expect_colour_lost([reason], [check("model")], "router")
+    assert checks[0].ok is False and "a lost tag would have gone unnoticed" in kept[-1]

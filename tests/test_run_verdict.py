@@ -248,3 +248,53 @@ def test_expect_blind_passes_only_when_the_harness_noticed() -> None:
     assert result == "fail" and "a blind gate would have gone unnoticed" in reasons[-1]
     result, reasons = decide(assessed(0, _blind_journal("blind"), 10, 1))
     assert result == "fail" and any("shows 1 trip(s)" in r for r in reasons)
+
+
+def _colour_journal(expect: str, hop: str | None) -> dict[str, Any]:
+    """A run whose colouring probe after the method found the tag lost at ``hop``."""
+    journal = _passing_journal(expect)
+    if expect == "colour_lost":
+        journal["experiment"]["extensions"][0]["lost_at"] = "router"
+    if hop is None:
+        return journal
+    output = {
+        "check": "colouring_fidelity",
+        "measured": 0.0,
+        "allowed": 1.0,
+        "unit": "share",
+        "ok": False,
+        "detail": {
+            "status": "measured",
+            "why": f"hop {hop!r} (the router saw the request) lost the colour of 30 of 30 "
+            "request(s), e.g. colour-1 (tag 'gameday' -> None)",
+        },
+    }
+    run = {
+        "activity": {"name": "colouring-fidelity"},
+        "status": "succeeded",
+        "tolerance_met": False,
+        "output": output,
+    }
+    journal["deviated"] = True
+    journal["experiment"]["steady-state-hypothesis"] = {"probes": [{"name": "colouring"}]}
+    journal["steady_states"] = {
+        "before": {"steady_state_met": True, "probes": []},
+        "after": {"steady_state_met": False, "probes": [run]},
+    }
+    return journal
+
+
+def test_expect_colour_lost_passes_only_when_the_probe_names_that_hop() -> None:
+    assert decide(assessed(1, _colour_journal("colour_lost", "router"), 10, 0)) == ("pass", [])
+    result, reasons = decide(assessed(0, _colour_journal("colour_lost", None), 10, 0))
+    assert result == "fail" and "a lost tag would have gone unnoticed" in reasons[-1]
+    result, reasons = decide(assessed(1, _colour_journal("colour_lost", "model"), 10, 0))
+    assert result == "fail" and any("hop 'model'" in r for r in reasons)
+    result, reasons = decide(assessed(1, _colour_journal("colour_lost", "router"), 10, 1))
+    assert result == "fail" and any("shows 1 trip(s)" in r for r in reasons)
+
+
+def test_a_lost_colour_fails_an_ordinary_game_day_naming_the_hop() -> None:
+    result, reasons = decide(assessed(1, _colour_journal("no_trip", "router"), 10, 0))
+    assert result == "fail"
+    assert any("colouring_fidelity" in r and "hop 'router'" in r for r in reasons)

@@ -109,11 +109,12 @@ class GamedaySpec:
 
     component: str | None
     fault: str | None
-    expect: str | None  # "trip" | "no_trip" | "blind"
+    expect: str | None  # "trip" | "no_trip" | "blind" | "colour_lost"
     slo: dict[str, float]
     drift_kl: float | None
     notes: list[str] = field(default_factory=list)
     from_extension: bool = True
+    lost_at: str | None = None  # expect colour_lost: the hop that drops the colour
 
 
 @dataclass
@@ -716,12 +717,12 @@ def spec_from_definition(
             slo[str(key)] = number
     drift = _resolve_number(ext.get("drift_kl", raw_slo.get("drift_kl")), config)
     expect = ext.get("expect")
-    if expect not in ("trip", "no_trip", "blind"):
+    if expect not in ("trip", "no_trip", "blind", "colour_lost"):
         missing.append(
             Missing(
                 name,
                 "gameday extension",
-                f"expect is {expect!r}, not trip|no_trip|blind",
+                f"expect is {expect!r}, not trip|no_trip|blind|colour_lost",
                 "the report cannot tell whether a trip was expected",
                 True,
             )
@@ -731,6 +732,7 @@ def spec_from_definition(
         component=ext.get("component") if isinstance(ext.get("component"), str) else None,
         fault=ext.get("fault") if isinstance(ext.get("fault"), str) else None,
         expect=expect,
+        lost_at=ext.get("lost_at") if isinstance(ext.get("lost_at"), str) else None,
         slo=slo,
         drift_kl=drift,
         notes=notes,

@@ -399,7 +399,7 @@ def _checks(
     probe_allowed: dict[str, float],
     notes: list[str],
 ) -> list[TimelineCheck]:
-    if expect in ("no_trip", "blind"):  # a blind gate must not trip either
+    if expect in ("no_trip", "blind", "colour_lost"):  # nor may a blind gate or a lost tag
         note = "no trip" if trips == 0 else f"tripped {trips} time(s)"
         if trip_time is not None and reference_time is not None:
             note += f", first at +{trip_time - reference_time:.2f} s"

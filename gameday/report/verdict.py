@@ -462,6 +462,41 @@ def _expect_blind(reasons: list[str], checks: list[SloCheck]) -> tuple[list[str]
     return kept, checks
 
 
+COLOUR_CHECK = "colouring_fidelity"
+
+
+def _expect_colour_lost(
+    reasons: list[str], checks: list[SloCheck], hop: str | None
+) -> tuple[list[str], list[SloCheck]]:
+    """``expect: colour_lost`` with ``lost_at: HOP`` (the experiment drops the traffic colour
+    at HOP on purpose): a colouring check that found the colour lost at HOP is what it
+    expects; none finding it is the failure (a lost tag would have gone unnoticed)."""
+    found = [
+        c
+        for c in checks
+        if c.check == COLOUR_CHECK and c.ok is False and hop and c.detail.get("lost_at") == hop
+    ]
+    if not found:
+        return [
+            *reasons,
+            f"the experiment expects the colouring probe to find the colour lost at hop "
+            f"{hop!r} (lost_at), but no {COLOUR_CHECK!r} check named it: a lost tag would "
+            "have gone unnoticed",
+        ], checks
+    sources = [c.source.split(",")[0] for c in found]
+    for c in found:
+        c.ok = True
+        c.note = f"expected: this experiment drops the colour at {hop!r} (expect: colour_lost)"
+    kept = [
+        r
+        for r in reasons
+        if r != DEVIATED
+        and not (r.startswith("steady-state probe ") and any(src[6:] in r for src in sources))
+        and not (r.startswith(f"SLO {COLOUR_CHECK!r}") and f"(hop {hop!r} " in r)
+    ]
+    return kept, checks
+
+
 def summarise_experiment(
     exp: ExperimentData, findings: JournalFindings, timeline: Timeline, heatmap: HeatmapData | None
 ) -> ExperimentSummary:
@@ -490,6 +525,8 @@ def summarise_experiment(
     spec = exp.spec
     if spec and spec.expect == "blind":
         reasons, checks = _expect_blind(reasons, checks)
+    if spec and spec.expect == "colour_lost":
+        reasons, checks = _expect_colour_lost(reasons, checks, spec.lost_at)
     if spec and spec.expect == "trip" and not timeline.tripped and exp.timeline is not None:
         reasons.append(journal_core.MISSED_TRIP)
     for check in checks:

@@ -63,7 +63,12 @@ __all__ = [
     "journal_reasons",
 ]
 
-EXPECTS = ("trip", "no_trip", "blind")
+EXPECTS = ("trip", "no_trip", "blind", "colour_lost")
+# probes.colouring's check: for expect: colour_lost (lost_at: HOP), its findings naming HOP
+# are what the experiment expects.
+COLOUR_CHECK = "colouring_fidelity"
+COLOUR_SLO = f"SLO {COLOUR_CHECK!r} ("
+COLOUR_UNSEEN = "the experiment expects the colouring probe to find the colour lost at hop"
 PASS, FAIL, INCONCLUSIVE = "pass", "fail", "inconclusive"
 NOT_JUDGED = "not judged (the evidence is insufficient): "
 # Reasons of journal_reasons that are failures of the run itself, whatever the evidence.
@@ -77,6 +82,7 @@ _HARD_JOURNAL_PREFIXES = (
     "rollback ",
     BLIND_PREFIX,
     "the experiment expects the harness to find the gate blind",
+    COLOUR_UNSEEN,
 )
 
 
@@ -116,6 +122,21 @@ def _blind_expected(reasons: list[str]) -> list[str]:
             *reasons,
             "the experiment expects the harness to find the gate blind, but every "
             f"{BLIND_CHECK!r} check passed: a blind gate would have gone unnoticed",
+        ]
+    return [r for r in reasons if r not in found and r != DEVIATED]
+
+
+def _colour_lost_expected(reasons: list[str], hop: str) -> list[str]:
+    """For ``expect: colour_lost`` with ``lost_at: HOP`` (an experiment that drops the
+    traffic tag at HOP on purpose): the colouring findings that name HOP, and the deviation
+    they cause, are what it expects; their absence is the failure. A finding naming another
+    hop stays a reason."""
+    found = [r for r in reasons if r.startswith(COLOUR_SLO) and f"(hop {hop!r} " in r]
+    if not hop or not found:
+        return [
+            *reasons,
+            f"{COLOUR_UNSEEN} {hop!r} (lost_at), but no {COLOUR_CHECK!r} check named it: "
+            "a lost tag would have gone unnoticed",
         ]
     return [r for r in reasons if r not in found and r != DEVIATED]
 
@@ -163,6 +184,11 @@ def decide(evidence: Evidence) -> tuple[str, list[str]]:
         if blind_found and ev.journal is not None and ev.journal.get("deviated") is True:
             # chaos exits 1 for the deviation the blindness caused: expected here too.
             merit = [r for r in merit if r != "chaos run exited with code 1"]
+    if expect == "colour_lost":
+        lost_found = any(r.startswith(COLOUR_SLO) for r in journal)
+        journal = _colour_lost_expected(journal, str(_dict(ext).get("lost_at") or ""))
+        if lost_found and ev.journal is not None and ev.journal.get("deviated") is True:
+            merit = [r for r in merit if r != "chaos run exited with code 1"]
     for reason in journal:
         (hard if _hard_journal_reason(reason) else merit).append(reason)
     if ev.journal is not None and ev.trips_in_window is None:
@@ -170,7 +196,7 @@ def decide(evidence: Evidence) -> tuple[str, list[str]]:
     elif ev.trips_in_window is not None:
         if expect == "trip" and ev.trips_in_window == 0:
             merit.append(MISSED_TRIP)
-        if expect in ("no_trip", "blind") and ev.trips_in_window > 0:
+        if expect in ("no_trip", "blind", "colour_lost") and ev.trips_in_window > 0:
             merit.append(unexpected_trips(ev.trips_in_window))
     if ev.load_problem:
         hard.append(ev.load_problem)
