@@ -13,7 +13,11 @@ Modules, named by what an experiment author reads in ``module:``:
   ``slo_met`` tolerance;
 - ``probes.load``    the control that runs Locust around the method;
 - ``probes.hostile`` the hostile game day: a flood of hostile input pinned to the canary,
-  pins sent after a trip, and the SLO probes that judge them.
+  pins sent after a trip, and the SLO probes that judge them;
+- ``probes.dependency`` the shared Redis stalled, filled and killed (``pause_redis``,
+  ``exhaust_redis``, ``kill_redis``, ``clear_redis_faults``) and what users saw of it;
+- ``probes.colouring`` colouring fidelity (``colouring_fidelity_at_least``) and the
+  actions ``send_coloured_requests`` and ``drop_colour``.
 
 Every activity reads two configuration entries: ``gameday_target`` (the target file;
 env ``GAMEDAY_TARGET``) and ``gameday_run_dir`` (where the ledger and records go; env
@@ -48,6 +52,8 @@ MODULES = (
     "probes.prometheus",
     "probes.hostile",
     "probes.evidence",
+    "probes.dependency",
+    "probes.colouring",
 )
 ACTIONS = frozenset(
     {
@@ -61,6 +67,12 @@ ACTIONS = frozenset(
         "pin_canary_after_trip",
         "roll_out_bad_canary",
         "undo_canary_rollout",
+        "pause_redis",
+        "exhaust_redis",
+        "kill_redis",
+        "clear_redis_faults",
+        "send_coloured_requests",
+        "drop_colour",
     }
 )
 CONTROL_HOOK_SUFFIX = "_control"

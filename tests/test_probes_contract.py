@@ -176,3 +176,14 @@ def test_chaos_discover_lists_the_extension(tmp_path) -> None:
     assert ("probes.gate", "wait_for_trip", "probe") in names
     assert ("probes.progressive", "argo_rollout_aborted", "probe") in names
     assert ("probes.load", "before_method_control", "control") in names
+
+
+def test_discover_lists_the_dependency_and_colouring_activities() -> None:
+    found = probes.discover(discover_system=False)
+    listed = {(a["mod"], a["name"]): a["type"] for a in found["activities"]}
+    for name in ("pause_redis", "exhaust_redis", "kill_redis", "clear_redis_faults"):
+        assert listed[("probes.dependency", name)] == "action"
+    assert listed[("probes.dependency", "recovered_within")] == "probe"
+    assert listed[("probes.colouring", "drop_colour")] == "action"
+    assert listed[("probes.colouring", "send_coloured_requests")] == "action"
+    assert listed[("probes.colouring", "colouring_fidelity_at_least")] == "probe"
