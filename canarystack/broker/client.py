@@ -9,21 +9,19 @@ pooling and lifetime, and tests can aim the client at a real broker::
         release = await broker.watch("default", after=release["revision"], timeout_s=30)
         await broker.patch_release("default", release["revision"], canary_weight=0)
 
-Exceptions (every one carries ``method`` and ``url`` of the request)::
-
-    BrokerError
-     ├── BrokerUnavailable    cannot connect, no answer in time, or a 5xx: retry with backoff
-     ├── RevisionConflict     409: expected_revision is stale; .current_revision
-     ├── IllegalTransition    409: the phase rules refuse; .current_phase, .allowed
-     └── BrokerRequestError   any other 4xx; .status, .message, .param, .code
-          └── BrokerNotFound  404 (no such release or version)
+Exceptions (every one carries ``method`` and ``url`` of the request; the hierarchy is in
+``canarystack.broker.client_errors``, re-exported here): ``BrokerUnavailable`` (cannot
+connect, no answer in time, a 5xx, or ``BadBrokerAnswer``: retry with backoff),
+``RevisionConflict`` and ``IllegalTransition`` (409), ``BrokerRequestError`` (any other
+4xx; ``BrokerNotFound`` for 404).
 
 ``follow(name)`` is the one loop that keeps a release in view (the gate, the rollback
-executor and the router use it): an async iterator of ``FollowEvent`` — each release the
-broker answers (a plain read first and after every error, then long polls), or an error
-classified once (``not_found``, ``unavailable``, ``refused``, ``bad_answer``) with how long
-it waits before the next read (doubling backoff) — so the caller can go degraded or fail
-safe at once. It never ends on its own; cancel the task that iterates it.
+executor and the router use it): an async iterator of ``FollowEvent``
+(``canarystack.broker.follow``) — each release the broker answers (a plain read first and
+after every error, then long polls), or an error classified once (``not_found``,
+``unavailable``, ``refused``, ``bad_answer``, ``error``) with how long it waits before the
+next read (doubling backoff) — so the caller can go degraded or fail safe at once. It
+never ends on its own; cancel the task that iterates it.
 
 Releases, versions, events and routers come back as the JSON objects of the API
 (docs/ARCHITECTURE.md §2), as plain dicts; the ``*_record`` methods (``release_record``,
@@ -31,10 +29,9 @@ Releases, versions, events and routers come back as the JSON objects of the API
 the same answers as the contract's typed, frozen records (``canary_contract.broker``), and
 an answer that is not one is ``BadBrokerAnswer`` naming the field. ``events()`` reads every
 page of the history (``iter_events`` yields them page by page; ``events_page`` is one
-request). Bodies are
-written and answers read with ``canarystack.common.strictjson``: a body holding NaN or
-Infinity is not sent (``BrokerRequestError``, status 400, code ``non_finite``), and an
-answer holding them is not a broker answer (``BrokerUnavailable``).
+request). Bodies are written and answers read with ``canarystack.common.strictjson``: a
+body holding NaN or Infinity is not sent (``BrokerRequestError``, status 400, code
+``non_finite``), and an answer holding them is not a broker answer (``BrokerUnavailable``).
 
 This module must never create or close the session it is given, retry a write on its own
 (a retried write could apply twice; compare-and-set is the caller's decision), or import
@@ -43,10 +40,8 @@ the broker server.
 
 from __future__ import annotations
 
-import asyncio
 import enum
 from collections.abc import AsyncIterator, Callable, Mapping
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import aiohttp
@@ -54,7 +49,18 @@ import aiohttp
 from canary_contract.broker import EventPage, Release, ReleaseList, RouterList, Version
 from canary_contract.errors import ContractError
 from canary_contract.json import JsonObject
+from canarystack.broker.client_errors import (
+    BadBrokerAnswer,
+    BrokerError,
+    BrokerNotFound,
+    BrokerRequestError,
+    BrokerUnavailable,
+    IllegalTransition,
+    RevisionConflict,
+    error_from,
+)
 from canarystack.broker.digest import manifest_digest
+from canarystack.broker.follow import FollowEvent, FollowKind, ReleaseFollower
 from canarystack.common import strictjson
 
 __all__ = [
@@ -83,11 +89,6 @@ WATCH_GRACE_S = 5.0
 EVENTS_PAGE_SIZE = 10_000
 # Give up paging after this many pages in one call (a broker that never ends a page).
 MAX_EVENT_PAGES = 10_000
-# follow(): the first wait after an error, its cap (it doubles per error in a row), and
-# the wait after a 404 (the release does not exist yet: an answer, not a failure).
-FOLLOW_BACKOFF_S = 0.1
-FOLLOW_MAX_BACKOFF_S = 2.0
-FOLLOW_MISSING_RETRY_S = 1.0
 
 
 class _Unset(enum.Enum):
@@ -97,208 +98,12 @@ class _Unset(enum.Enum):
 UNSET = _Unset.UNSET
 
 
-class BrokerError(Exception):
-    """Base of every error this client raises."""
-
-    def __init__(self, message: str, *, method: str = "", url: str = "") -> None:
-        super().__init__(message)
-        self.message = message
-        self.method = method
-        self.url = url
-
-
-class BrokerUnavailable(BrokerError):
-    """The broker could not be reached, did not answer in time, or answered 5xx."""
-
-
-class RevisionConflict(BrokerError):
-    """Compare-and-set failed: someone changed the release since you read it."""
-
-    def __init__(self, message: str, current_revision: int, **kw: str) -> None:
-        super().__init__(message, **kw)
-        self.current_revision = current_revision
-
-
-class IllegalTransition(BrokerError):
-    """The phase rules refuse the change; ``allowed`` lists the phases reachable now."""
-
-    def __init__(self, message: str, current_phase: str, allowed: list[str], **kw: str) -> None:
-        super().__init__(message, **kw)
-        self.current_phase = current_phase
-        self.allowed = allowed
-
-
-class BrokerRequestError(BrokerError):
-    """The broker refused the request (4xx other than the two 409s above)."""
-
-    def __init__(
-        self,
-        message: str,
-        status: int,
-        *,
-        param: str | None = None,
-        code: str | None = None,
-        body: JsonObject | None = None,
-        **kw: str,
-    ) -> None:
-        super().__init__(message, **kw)
-        self.status = status
-        self.param = param
-        self.code = code
-        self.body = body or {}
-
-
-class BrokerNotFound(BrokerRequestError):
-    """404: no such release or version."""
-
-
-class BadBrokerAnswer(BrokerUnavailable):
-    """The broker answered, but not with what a broker answers (e.g. a release without an
-    integer ``revision``: ``--broker`` names something else)."""
-
-
 def _typed(record: type[R], data: JsonObject, method: str, url: str) -> R:
     """``data`` as the contract's ``record``, or ``BadBrokerAnswer`` naming the field."""
     try:
         return record.from_wire(data)
     except ContractError as exc:
         raise BadBrokerAnswer(f"{method} {url}: {exc}", method=method, url=url) from None
-
-
-class FollowKind(enum.StrEnum):
-    """What one step of ``BrokerClient.follow`` brought."""
-
-    RELEASE = "release"  # the broker answered with the release
-    NOT_FOUND = "not_found"  # 404: no such release (yet)
-    UNAVAILABLE = "unavailable"  # down, slow, 5xx
-    REFUSED = "refused"  # another 4xx (``error.status``, ``error.param``: e.g. 401, 403)
-    BAD_ANSWER = "bad_answer"  # an answer that is not a release
-    ERROR = "error"  # anything else (a bug): reported like the others, never the end
-
-
-@dataclass(frozen=True)
-class FollowEvent:
-    kind: FollowKind
-    release: JsonObject | None = None  # the release (kind RELEASE), else None
-    # The answer came from a long poll (a watch), not a plain read: only then does it say
-    # that the watch itself works.
-    long_poll: bool = False
-    # The first answer since the start or since an error, or a revision other than the
-    # previous answer's: something to act on.
-    changed: bool = False
-    error: Exception | None = None  # what went wrong (every kind but RELEASE)
-    retry_in_s: float = 0.0  # how long the follower waits before its next read
-
-
-class ReleaseFollower:
-    """``BrokerClient.follow``'s iterator; see there."""
-
-    def __init__(
-        self,
-        client: BrokerClient,
-        name: str,
-        timeout_s: float | Callable[[], float],
-        *,
-        backoff_s: float | None = None,
-        max_backoff_s: float | None = None,
-        missing_retry_s: float | None = None,
-    ) -> None:
-        self.client = client
-        self.name = name
-        self._timeout_s = timeout_s
-        self.backoff_s = FOLLOW_BACKOFF_S if backoff_s is None else backoff_s
-        self.max_backoff_s = FOLLOW_MAX_BACKOFF_S if max_backoff_s is None else max_backoff_s
-        self.missing_retry_s = (
-            FOLLOW_MISSING_RETRY_S if missing_retry_s is None else missing_retry_s
-        )
-        self.after: int | None = None  # the revision the next long poll waits past; None: read
-        self._backoff = self.backoff_s
-        self._wait = 0.0  # before the next read
-
-    @property
-    def timeout_s(self) -> float:
-        """The long poll's timeout, read before each watch (the caller may lower it)."""
-        return self._timeout_s() if callable(self._timeout_s) else self._timeout_s
-
-    def retry(self) -> None:
-        """The caller could not handle the last release: read it again plainly, after the
-        backoff (which doubles, as after any error)."""
-        self.after = None
-        self._wait = self._backoff
-        self._backoff = min(self.max_backoff_s, self._backoff * 2)
-
-    def __aiter__(self) -> ReleaseFollower:
-        return self
-
-    async def __anext__(self) -> FollowEvent:
-        if self._wait > 0:
-            wait, self._wait = self._wait, 0.0
-            await asyncio.sleep(wait)
-        previous, long_poll = self.after, self.after is not None
-        try:
-            if previous is None:
-                release = await self.client.get_release(self.name)
-            else:
-                release = await self.client.watch(self.name, previous, self.timeout_s)
-            revision = release.get("revision")
-            if isinstance(revision, bool) or not isinstance(revision, int):
-                raise BadBrokerAnswer(
-                    f"the broker's answer for release {self.name!r} has no integer 'revision' "
-                    f"(got {revision!r}); is --broker {self.client.base_url} a broker?"
-                )
-        except BrokerNotFound as exc:
-            self.after = None
-            self._wait = self.missing_retry_s
-            return FollowEvent(FollowKind.NOT_FOUND, error=exc, retry_in_s=self._wait)
-        except BrokerError as exc:
-            if isinstance(exc, BadBrokerAnswer):
-                kind = FollowKind.BAD_ANSWER
-            elif isinstance(exc, BrokerRequestError):
-                kind = FollowKind.REFUSED
-            elif isinstance(exc, BrokerUnavailable):
-                kind = FollowKind.UNAVAILABLE
-            else:  # RevisionConflict / IllegalTransition: not what a read answers
-                kind = FollowKind.BAD_ANSWER
-            self.retry()
-            return FollowEvent(kind, error=exc, retry_in_s=self._wait)
-        except Exception as exc:  # a bug: a follower must outlive it
-            self.retry()
-            return FollowEvent(FollowKind.ERROR, error=exc, retry_in_s=self._wait)
-        self._backoff = self.backoff_s
-        self.after = revision
-        changed = previous is None or revision != previous
-        return FollowEvent(FollowKind.RELEASE, release, long_poll=long_poll, changed=changed)
-
-
-def _error_from(status: int, body: Any, text: str, method: str, url: str) -> BrokerError:
-    err = body.get("error") if isinstance(body, dict) else None
-    message = (
-        str(err.get("message"))
-        if isinstance(err, dict) and err.get("message")
-        else (text[:300] or f"HTTP {status}")
-    )
-    where = {"method": method, "url": url}
-    full = f"{method} {url} -> {status}: {message}"
-    if status >= 500:
-        return BrokerUnavailable(full, **where)
-    code = err.get("code") if isinstance(err, dict) else None
-    param = err.get("param") if isinstance(err, dict) else None
-    if status == 409 and isinstance(body, dict):
-        if "current_revision" in body:
-            return RevisionConflict(full, int(body["current_revision"]), **where)
-        if "current_phase" in body:
-            return IllegalTransition(
-                full, str(body["current_phase"]), list(body.get("allowed") or []), **where
-            )
-    cls = BrokerNotFound if status == 404 else BrokerRequestError
-    return cls(
-        full,
-        status,
-        param=param,
-        code=code,
-        body=body if isinstance(body, dict) else None,
-        **where,
-    )
 
 
 class BrokerClient:
@@ -381,7 +186,7 @@ class BrokerClient:
         except ValueError:
             data = None
         if status >= 400:
-            raise _error_from(status, data, text, method, url)
+            raise error_from(status, data, text, method, url)
         if not isinstance(data, dict):
             raise BrokerUnavailable(
                 f"{method} {url}: answered {status} without a JSON object: {text[:200]!r}",
