@@ -33,6 +33,9 @@ request). Bodies are written and answers read with ``canarystack.common.strictjs
 body holding NaN or Infinity is not sent (``BrokerRequestError``, status 400, code
 ``non_finite``), and an answer holding them is not a broker answer (``BrokerUnavailable``).
 
+Why this module is above ~400 lines: one short method per broker API call, over one
+transport; the exceptions and ``follow()`` stand alone.
+
 This module must never create or close the session it is given, retry a write on its own
 (a retried write could apply twice; compare-and-set is the caller's decision), or import
 the broker server.

@@ -26,6 +26,10 @@ shorter than ``limit`` is the last. ``/health`` says ``max_watch_s`` (a router c
 watch timeout against it) and ``router_expiry_s``. A trip's ``colours`` (the request ids
 and trace ids behind it) are each recorded as a ``trip_evidence`` hop.
 
+Why this module is above ~400 lines: it is the broker's routes, one short handler each
+(credentials, parsing, the write, the answer); split by resource, each part would repeat
+the same helpers. The bodies, the state and the store stand alone.
+
 This module must never answer a write before its commit returned, touch SQLite from the
 event loop thread, or hold a long-poll past ``--max-watch-s`` (except under drop_watch).
 """

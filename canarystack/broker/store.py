@@ -24,6 +24,10 @@ thread. It raises the domain errors of ``canarystack.broker.errors`` (``Missing`
 state folder cannot be used; the HTTP layer maps the first to statuses, ``__main__`` turns
 the second into its message and exit status 1. It knows nothing of HTTP.
 
+Why this module is above ~400 lines: every write (version, release, patch, quarantine,
+annotation) is one transaction with the same compare-and-set and event append; they stay
+together so that discipline is read in one place.
+
 This module must never acknowledge a write before COMMIT, update or delete an event, or
 change a phase except through ``phases.check_transition``.
 """
