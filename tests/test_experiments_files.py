@@ -27,6 +27,15 @@ EXPERIMENTS = sorted(
     + [p for c in COMPONENTS for p in (REPO / "experiments" / c).glob("*.yaml")]
 )
 BY_NAME = {str(p.relative_to(REPO / "experiments").with_suffix("")): p for p in EXPERIMENTS}
+# The dependency row (#16) has its own file rules (tests/test_dependency_experiments.py);
+# what every game day must measure is checked here for it too.
+WITH_DEPENDENCY = {
+    **BY_NAME,
+    **{
+        f"dependency/{p.stem}": p
+        for p in sorted((REPO / "experiments" / "dependency").glob("*.yaml"))
+    },
+}
 FAULTS = ("latency", "pod-kill", "faulty-kernel")
 # The hostile game day (issue #12): a broken engine, hostile clients, pins after a trip.
 HOSTILE = ("broken-kernel", "client-flood", "pins-after-trip", "wrong-credential", "colour-dropped")
@@ -169,11 +178,11 @@ def test_the_load_runs_and_slos_are_checked_after_it(name: str) -> None:
         assert "gate_did_not_trip" in [a["provider"]["func"] for a in exp["method"]]
 
 
-@pytest.mark.parametrize("name", sorted(BY_NAME))
+@pytest.mark.parametrize("name", sorted(WITH_DEPENDENCY))
 def test_every_game_day_measures_colouring_fidelity(name: str) -> None:
     """#16 item 4: the hypothesis (before and after the method) holds the colouring probe,
     judged by slo_met, with its goal in configuration (100 % by default)."""
-    exp = load(BY_NAME[name])
+    exp = load(WITH_DEPENDENCY[name])
     found = [
         p
         for p in exp["steady-state-hypothesis"]["probes"]
