@@ -4,6 +4,7 @@ compare-and-set, watch, every phase transition, digests, auth, events and bad in
 from __future__ import annotations
 
 import itertools
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -538,3 +539,25 @@ def test_unknown_release_and_bad_names(api: Api) -> None:
     assert api.patch("absent", 1, weights={"canary": 0}).status_code == 404
     r = api.get("/v1/releases/bad%20name")
     assert r.status_code == 400 and _error(r)["error"]["param"] == "name"
+
+
+def _writes(api: Api, kind: str, outcome: str) -> float:
+    pattern = re.compile(
+        rf'^canarystack_broker_writes_total\{{kind="{kind}",outcome="{outcome}"\}} (\S+)$', re.M
+    )
+    m = pattern.search(api.get("/metrics").text)
+    return float(m.group(1)) if m else 0.0
+
+
+def test_refused_writes_are_counted_under_their_status_name(api: Api) -> None:
+    # The store raises domain errors now (#13 item 3); the metric keeps the labels it had.
+    name = api.create()["name"]
+    before = {o: _writes(api, "patch_release", o) for o in ("Conflict", "NotFound")}
+    r = api.patch(name, 99, weights={"canary": 7})
+    assert r.status_code == 409, r.text
+    assert r.json()["error"]["code"] == "revision_conflict"
+    r = api.patch("no-such-release", 1, weights={"canary": 7})
+    assert r.status_code == 404, r.text
+    assert _writes(api, "patch_release", "Conflict") == before["Conflict"] + 1
+    assert _writes(api, "patch_release", "NotFound") == before["NotFound"] + 1
+    assert _writes(api, "patch_release", "Conflicting") == 0

@@ -59,6 +59,9 @@ DROP_WATCH_POLL_S = 0.05
 RECENT_ROUTER_FACTOR = 3.0
 
 _log = get_logger("broker")
+# canarystack_broker_writes_total{outcome}: a refused write keeps the label it had when the
+# store raised HTTP errors (the status's name), so dashboards and alerts read it unchanged.
+_OUTCOME_LABEL = {"Missing": "NotFound", "Conflicting": "Conflict", "Refused": "Unprocessable"}
 
 
 @dataclass
@@ -200,7 +203,8 @@ class Broker:
         try:
             result = await asyncio.shield(future)
         except Exception as exc:
-            self._writes.labels(kind=kind, outcome=type(exc).__name__).inc()
+            name = type(exc).__name__
+            self._writes.labels(kind=kind, outcome=_OUTCOME_LABEL.get(name, name)).inc()
             raise
         self._writes.labels(kind=kind, outcome="ok").inc()
         return result
