@@ -29,6 +29,9 @@ Ttft = Annotated[Number, Field(ge=0, le=MAX_TTFT_S)]
 Id = Annotated[Text, Field(max_length=MAX_ID)]
 Bucket = Annotated[Text, Field(max_length=MAX_LABEL)]
 PromptTokens = Annotated[Int, Field(ge=0, le=MAX_PROMPT_TOKENS)]
+# A sample's colour (#16): the W3C trace id and the client's traffic tag of the request.
+TraceId = Annotated[Text, Field(pattern=r"^[0-9a-f]{32}$")]
+Tag = Annotated[Text, Field(pattern=r"^[A-Za-z0-9._:/=+-]{1,128}$")]
 
 
 class Comparison(Record):
@@ -51,6 +54,8 @@ class Comparison(Record):
     version_a: Id | None = None
     version_b: Id | None = None
     request_id: Id | None = None
+    trace_id: TraceId | None = None
+    tag: Tag | None = None
     invalid: Id | None = None
 
 
@@ -64,6 +69,8 @@ class Outcome(Record):
     ttft_s: Ttft | None = None
     error: Annotated[Text, Field(max_length=MAX_ERROR)] | None = None
     request_id: Id | None = None
+    trace_id: TraceId | None = None
+    tag: Tag | None = None
 
 
 class SampleBatch(Record):

@@ -201,6 +201,11 @@ def test_a_live_routers_sample_batches_read_back(
     comps = gate.records("comparisons")
     assert {Comparison.from_wire(c).pair for c in comps} == {"baseline-baseline"}
     assert {Outcome.from_wire(o).variant for o in gate.records("outcomes")} == {"baseline"}
+    # The colour the router puts on each sample (#16) is part of the wire the contract reads.
+    coloured = [Comparison.from_wire(c) for c in comps] + [
+        Outcome.from_wire(o) for o in gate.records("outcomes")
+    ]
+    assert all(x.request_id and x.trace_id and len(x.trace_id) == 32 for x in coloured)
     assert health(router)["sample_queue"]["dropped_total"] == 0
 
 
