@@ -86,7 +86,10 @@ from canarystack.model.contract import (
     serve_logged,
 )
 from canarystack.model.metrics import ModelMetrics
-from canarystack.model.schemas import ChatCompletionRequest, CompletionRequest
+from canarystack.model.schemas import (
+    CompletionRequest,
+    first_user_message,
+)
 
 RECONCILE_S = 0.1
 DEFAULT_START_TIMEOUT_S = 60.0
@@ -529,7 +532,7 @@ class EnginePod:
 
         req = parsed.req
         lookup = await self.dependency.lookup(
-            _first_user_message(req), req.prompt_text(), on_call=on_call
+            first_user_message(req), req.prompt_text(), on_call=on_call
         )
         rec.dependency = lookup.result
         headers["x-dependency"] = lookup.header
@@ -734,15 +737,3 @@ class EnginePod:
         self.metrics.generation_tokens.inc(rec.completion_tokens)
         reason = rec.finish_reason if rec.finish_reason in ("stop", "length") else "abort"
         self.metrics.success[reason].inc()
-
-
-def _first_user_message(req: CompletionRequest | ChatCompletionRequest) -> str:
-    """What the context is keyed by, as the simulator keys it (``canarystack.model.server``),
-    so a context seeded once is found by both variants: a completion's prompt, a chat's
-    first user message (its first message when none is the user's)."""
-    if isinstance(req, CompletionRequest):
-        return req.prompt_text()
-    for message in req.messages:
-        if message.role == "user":
-            return str(message.content)
-    return str(req.messages[0].content) if req.messages else ""

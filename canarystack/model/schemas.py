@@ -183,3 +183,16 @@ class ChatCompletionRequest(_Request):
 
     def prompt_text(self) -> str:
         return render_chat({"role": m.role, "content": m.content} for m in self.messages)
+
+
+def first_user_message(req: CompletionRequest | ChatCompletionRequest) -> str:
+    """What a conversation's retrieved context is keyed by (``canarystack.dependency.keys``),
+    the same for the simulator and the engine pod, so a context seeded once is found by both
+    variants: a completion's prompt, a chat's first user message (its first message when
+    none is the user's)."""
+    if isinstance(req, CompletionRequest):
+        return req.prompt_text()
+    for message in req.messages:
+        if message.role == "user":
+            return str(message.content)
+    return str(req.messages[0].content) if req.messages else ""

@@ -56,7 +56,11 @@ from canarystack.model.faults import (
 from canarystack.model.generation import Generation, Output
 from canarystack.model.metrics import ModelMetrics
 from canarystack.model.render import DONE, Renderer
-from canarystack.model.schemas import ChatCompletionRequest, CompletionRequest
+from canarystack.model.schemas import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    first_user_message,
+)
 
 # Non-streaming answers make their tokens in batches of this size, yielding in between.
 GENERATE_BATCH = 64
@@ -309,7 +313,7 @@ class ModelServer:
                 hops.record("redis", colour, time.time())
 
         prompt = req.prompt_text()
-        lookup = await self.dependency.lookup(_first_user_message(req), prompt, on_call=on_call)
+        lookup = await self.dependency.lookup(first_user_message(req), prompt, on_call=on_call)
         rec.dependency = lookup.result
         headers["x-dependency"] = lookup.header
         if lookup.context is None:
@@ -488,17 +492,6 @@ class ModelServer:
         )
         # Like a CUDA OOM killing the engine: no cleanup, no answers to anyone in flight.
         os._exit(CRASH_EXIT_CODE)
-
-
-def _first_user_message(req: CompletionRequest | ChatCompletionRequest) -> str:
-    """What the context is keyed by: a completion's prompt, a chat's first user message
-    (its first message when none is the user's)."""
-    if isinstance(req, CompletionRequest):
-        return req.prompt_text()
-    for message in req.messages:
-        if message.role == "user":
-            return str(message.content)
-    return str(req.messages[0].content) if req.messages else ""
 
 
 def _describe_build_fault(fault: KernelFault | None) -> str | None:
