@@ -28,8 +28,23 @@ class TripTest(enum.StrEnum):
     NO_DATA = "no_data"
 
 
+# A trip's example colours (#16): at most this many, each a request id and trace id the
+# gate saw in the samples behind the trip, and their tag.
+MAX_TRIP_COLOURS = 8
+Token = Annotated[Text, Field(pattern=r"^[A-Za-z0-9._:/=+-]{1,128}$")]
+
+
+class TripColour(Record):
+    request_id: Token
+    trace_id: Annotated[Text, Field(pattern=r"^[0-9a-f]{32}$")]
+    tag: Token | None = None
+
+
 class TripEvidence(Record):
-    """The gate's evidence for a trip, as the broker stores and serves it."""
+    """The gate's evidence for a trip, as the broker stores and serves it (``colours`` only
+    when the gate sent them: older gates send none)."""
+
+    omitted_when_none: ClassVar[frozenset[str]] = frozenset({"colours"})
 
     test: TripTest
     bucket: Annotated[Text, Field(min_length=1, max_length=64)]
@@ -40,6 +55,7 @@ class TripEvidence(Record):
     last_sample_time: Number
     tripped_at: Number
     detail: JsonObject = Field(default_factory=dict)
+    colours: Annotated[tuple[TripColour, ...], Field(max_length=MAX_TRIP_COLOURS)] | None = None
 
     @model_validator(mode="after")
     def _ordered(self) -> TripEvidence:

@@ -511,3 +511,27 @@ def test_a_brokers_error_answers_read_as_the_contracts(spawn: Spawner, tmp_path:
     with pytest.raises(ContractError) as err:
         ErrorAnswer.from_wire({"error": {**missing.json()["error"], "type": "oops_error"}})
     assert err.value.field == "error.type"
+
+
+def test_a_trips_colours_are_read_back_and_bounded() -> None:
+    from canary_contract.broker import TripEvidence
+
+    trip = {
+        "test": "drift",
+        "bucket": "2k-4k",
+        "statistic": 1200.0,
+        "threshold": 1000.0,
+        "samples": 40,
+        "first_sample_time": 1.0,
+        "last_sample_time": 2.0,
+        "tripped_at": 2.5,
+        "detail": {},
+    }
+    assert "colours" not in TripEvidence.from_wire(trip).to_wire()  # older gates send none
+    colour = {"request_id": "req-1", "trace_id": "a" * 32, "tag": "gameday"}
+    read = TripEvidence.from_wire({**trip, "colours": [colour]})
+    assert read.to_wire()["colours"] == [colour]
+    with pytest.raises(ContractError, match="colours"):
+        TripEvidence.from_wire({**trip, "colours": [colour] * 9})
+    with pytest.raises(ContractError, match="trace_id"):
+        TripEvidence.from_wire({**trip, "colours": [{**colour, "trace_id": "xyz"}]})
