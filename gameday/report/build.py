@@ -4,6 +4,8 @@ Reads the run folder, computes each experiment's timeline, heatmap cells, checks
 verdict, draws the figures and writes, at the run folder's top:
 
     summary.json            the verdict, every check (measured vs allowed), key figures
+                            (each experiment's ``figures.noise_floor``: what its gate
+                            measured), and ``noise_floor``: "noise floor > 0 in N/M"
     junit.xml               one test case per experiment and per SLO check
     report.html             self-contained (figures embedded)
     timeline.json           every experiment's milestones, checks and markers
@@ -47,6 +49,7 @@ from gameday.report.html import render_html
 from gameday.report.junit import write_junit
 from gameday.report.loader import ExperimentData, RunData, load_run
 from gameday.report.matrix import build_matrix, render_matrix
+from gameday.report.noise import ExperimentNoise, experiment_noise, noise_section
 from gameday.report.timeline import build_timeline
 from gameday.report.timeline_figure import render_timeline
 from gameday.report.verdict import (
@@ -201,6 +204,11 @@ def build_report(run_dir: str | Path, *, bin_s: float | None = None) -> Summary:
     experiments = [_experiment(exp, bin_s, timings) for exp in run.experiments]
     summary = summarise_run(run, experiments)
     dependency = dependency_section(run, experiments)
+    with _phase(timings, "noise_floor"):
+        noise = [experiment_noise(exp.name, exp.path) for exp in run.experiments]
+    noise_doc = noise_section(noise)
+    for e, n in zip(experiments, noise, strict=True):
+        e.figures["noise_floor"] = n.to_json()
     images: dict[str, Path] = {}
     campaign = _campaign(run.run_info, experiments)
     if campaign is not None:
@@ -226,7 +234,7 @@ def build_report(run_dir: str | Path, *, bin_s: float | None = None) -> Summary:
                 images[f"ecdf:{cell.name}"] = ecdf_png
                 summary.files[f"ecdf_png:{cell.name}"] = ecdf_png.name
         if experiments:
-            matrix = build_matrix(experiments, campaign)
+            matrix = build_matrix(experiments, campaign, noise={n.name: n for n in noise})
             _atomic(root / "matrix.png", partial(render_matrix, matrix))
             _atomic(root / "matrix.csv", partial(matrix.to_csv, index=False))
             images["matrix"] = root / "matrix.png"
@@ -257,18 +265,19 @@ def build_report(run_dir: str | Path, *, bin_s: float | None = None) -> Summary:
         _atomic(root / "junit.xml", partial(write_junit, summary, campaign=doc))
     timings["total"] = time.perf_counter() - started
     with _phase(timings, "html"):
-        _atomic(root / "report.html", partial(_render_html, summary, images, doc, dependency))
+        _atomic(
+            root / "report.html",
+            partial(_render_html, summary, images, doc, dependency, noise, noise_doc),
+        )
     timings["total"] = time.perf_counter() - started
     summary.timings_s = timings
-    if doc is None and not dependency:
-        _atomic(root / "summary.json", summary.write_json)
-    else:
-        full = summary.to_json()
-        if doc is not None:
-            full["campaign"] = doc
-        if dependency:
-            full["dependency"] = dependency
-        _atomic(root / "summary.json", partial(_write_json, full))
+    full = summary.to_json()
+    full["noise_floor"] = {k: v for k, v in noise_doc.items() if k != "experiments"}
+    if doc is not None:
+        full["campaign"] = doc
+    if dependency:
+        full["dependency"] = dependency
+    _atomic(root / "summary.json", partial(_write_json, full))
     return summary
 
 
@@ -277,10 +286,12 @@ def _render_html(
     images: dict[str, Path],
     campaign: dict[str, Any] | None,
     dependency: list[dict[str, Any]],
+    noise: list[ExperimentNoise],
+    noise_doc: dict[str, Any],
     path: Path,
 ) -> None:
     """report.html, with the campaign section (if any) where the template marks it."""
-    render_html(summary, images, path, dependency=dependency)
+    render_html(summary, images, path, dependency=dependency, noise=noise, noise_doc=noise_doc)
     ecdfs = {k.split(":", 1)[1]: p for k, p in images.items() if k.startswith("ecdf:")}
     section = render_campaign_html(campaign, ecdfs)
     html = path.read_text(encoding="utf-8")

@@ -1,10 +1,11 @@
 """report.html: one self-contained page, verdict first.
 
 Order: the verdict (a green or red banner with the headline and every reason), what is
-missing, the game day matrix, each experiment's timeline (table + figure), the heatmaps,
-every SLO check in one table, and each experiment's own description (title and
-description from its journal, its Chaos Toolkit activities). Images are embedded as
-base64 ``data:`` URIs, so the file can be mailed or attached to a CI run on its own.
+missing, the game day matrix, the noise floor the gate measured per experiment, each
+experiment's timeline (table + figure), the heatmaps, every SLO check in one table, and
+each experiment's own description (title and description from its journal, its Chaos
+Toolkit activities). Images are embedded as base64 ``data:`` URIs, so the file can be
+mailed or attached to a CI run on its own.
 
 Rendering only (jinja2 with autoescape: experiment text is never trusted as HTML); it
 never decides anything.
@@ -18,6 +19,7 @@ from typing import Any
 
 import jinja2
 
+from gameday.report.noise import ExperimentNoise, noise_section, show
 from gameday.report.verdict import Summary
 
 TEMPLATE = "report.html.j2"
@@ -48,9 +50,14 @@ def render_html(
     path: Path,
     *,
     dependency: list[dict[str, Any]] | None = None,
+    noise: list[ExperimentNoise] | None = None,
+    noise_doc: dict[str, Any] | None = None,
 ) -> None:
     """``images``: names (``matrix``, ``timeline:<exp>``, ``heatmap:<exp>``) -> PNG paths;
-    ``dependency``: the dependency experiments' section (``build.dependency_section``)."""
+    ``dependency``: the dependency experiments' section (``build.dependency_section``);
+    ``noise``: each experiment's noise floor (``noise.experiment_noise``) and
+    ``noise_doc`` its summary (``noise.noise_section``)."""
+    noise = noise or []
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(Path(__file__).parent / "templates"),
         autoescape=True,
@@ -65,6 +72,9 @@ def render_html(
         data=summary.to_json(),
         images=uris,
         dependency=dependency or [],
+        noise=noise,
+        noise_doc=noise_doc or noise_section(noise),
+        show=show,
         pass_rgb="rgb({}, {}, {})".format(*PASS_RGB),
         fail_rgb="rgb({}, {}, {})".format(*FAIL_RGB),
     )

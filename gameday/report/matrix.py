@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 
 from gameday.report.campaign import CampaignCell
+from gameday.report.noise import NOT_MEASURED, ExperimentNoise
 from gameday.report.verdict import ExperimentSummary
 
 ROWS = ("router", "broker", "rollback", "dependency", "control")
@@ -35,13 +36,22 @@ MATRIX_COLUMNS = (
     "time_to_trip_s",
     "verdict",
     "text",
+    "noise_floor",
 )
 
 
 def build_matrix(
-    experiments: list[ExperimentSummary], campaign: list[CampaignCell] | None = None
+    experiments: list[ExperimentSummary],
+    campaign: list[CampaignCell] | None = None,
+    *,
+    noise: dict[str, ExperimentNoise] | None = None,
 ) -> pd.DataFrame:
     """One row per (component, fault) cell, in display order, including cells not run.
+
+    ``noise`` (experiment name -> the noise floor its gate measured): the column
+    ``noise_floor`` says, per experiment of the cell, "noise KL 0.00102 (n=340)" or
+    "noise floor not measured" (empty in a cell not run, and everywhere without
+    ``noise``), and the figure shows it under the cell's text.
 
     ``campaign`` (``gameday run --repeat``): each cell says passes/N and time to trip
     p50/p95 with their 95 % intervals instead of one run's trip, its verdict joins the
@@ -60,7 +70,9 @@ def build_matrix(
                 for e in experiments
                 if (e.component or "?") == component and (e.fault or "?") == fault
             ]
-            cells.append(_cell(component, fault, here))
+            cell = _cell(component, fault, here)
+            cell["noise_floor"] = None if noise is None else _noise_text(here, noise)
+            cells.append(cell)
     frame = pd.DataFrame(cells, columns=list(MATRIX_COLUMNS))
     if campaign is not None:
         frame = _with_campaign(frame, campaign)
@@ -115,6 +127,18 @@ def _with_campaign(frame: pd.DataFrame, campaign: list[CampaignCell]) -> pd.Data
     for col, values in extra.items():
         out[col] = pd.array(values, dtype="Int64") if col in ("runs", "passes") else values
     return out
+
+
+def _noise_text(here: list[ExperimentSummary], noise: dict[str, ExperimentNoise]) -> str | None:
+    """The cell's experiments' noise floors, one line each (None: no experiment)."""
+    if not here:
+        return None
+    lines = []
+    for e in here:
+        found = noise.get(e.name)
+        text = found.cell_text() if found is not None else NOT_MEASURED
+        lines.append((f"{e.name.split('/')[-1]}: " if len(here) > 1 else "") + text)
+    return "\n".join(lines)
 
 
 def _s(value: object) -> str:
@@ -183,8 +207,12 @@ def render_matrix(matrix: pd.DataFrame, path: Path) -> None:
         grid[i, j] = codes[str(cell.verdict)]
         expect = f"\nexpects {cell.expect}" if isinstance(cell.expect, str) and cell.expect else ""
         verdict = "" if cell.verdict == "not run" else f"\n{str(cell.verdict).upper()}"
-        text[i][j] = f"{cell.text}{verdict}{expect}"
-    fig = Figure(figsize=(2.3 * len(cols) + 1.5, 1.0 * len(rows) + 1.2), layout="constrained")
+        floor = getattr(cell, "noise_floor", None)
+        shown = f"\n{floor}" if isinstance(floor, str) and floor else ""
+        text[i][j] = f"{cell.text}{verdict}{expect}{shown}"
+    floors = matrix["noise_floor"] if "noise_floor" in matrix.columns else pd.Series()
+    row_h = 1.3 if floors.notna().any() else 1.0  # one more line per cell
+    fig = Figure(figsize=(2.3 * len(cols) + 1.5, row_h * len(rows) + 1.2), layout="constrained")
     ax = fig.subplots()
     cmap = ListedColormap(
         [COLOURS["pass"], COLOURS["fail"], COLOURS["not run"], COLOURS["inconclusive"]]
