@@ -15,8 +15,6 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("canary_contract", "canarystack", "gameday", "probes", "locustfiles", "bench")
 HARNESS = ("gameday", "probes", "locustfiles")
@@ -232,30 +230,6 @@ def cycles() -> dict[tuple[str, ...], str]:
     return {tuple(c): describe(c) for c in strongly_connected()}
 
 
-# Cycles in modules this part does not own, left for their owners (#13 item 3). Each is
-# expected to be present; once it is gone its xfail(strict) test passes and fails the
-# run, so the entry is removed here.
-KNOWN_CYCLES: dict[tuple[str, ...], str] = {
-    ("canarystack.broker.api_spec", "canarystack.broker.server"): (
-        "canarystack.broker.api_spec -> canarystack.broker.server -> canarystack.broker.api_spec:"
-        " api_spec.describe() imports server (function-local) for its app keys"
-    ),
-    ("canarystack.gate.api_spec", "canarystack.gate.server"): (
-        "canarystack.gate.api_spec -> canarystack.gate.server -> canarystack.gate.api_spec:"
-        " api_spec imports server (function-local) for its app keys"
-    ),
-    ("canarystack.rollback.api_spec", "canarystack.rollback.server"): (
-        "canarystack.rollback.api_spec -> canarystack.rollback.server -> "
-        "canarystack.rollback.api_spec: api_spec imports server (function-local)"
-    ),
-    ("canarystack.common.app", "canarystack.common.openapi"): (
-        "canarystack.common.app -> canarystack.common.openapi -> canarystack.common.app: "
-        "openapi.build_document falls back to app.COMPONENT (function-local) until "
-        "create_app calls install_openapi(app, comp)"
-    ),
-}
-
-
 # ---------------------------------------------------------------------- the tests
 def test_the_scan_sees_the_imports_it_judges() -> None:
     edges = graph()
@@ -297,19 +271,8 @@ def test_the_contract_imports_only_the_standard_library_and_pydantic() -> None:
     )
 
 
-def test_no_new_import_cycle() -> None:
-    new = {key: text for key, text in cycles().items() if key not in KNOWN_CYCLES}
-    assert not new, "import cycles (break them; never hide one behind a local import):\n" + (
-        "\n".join(new.values())
+def test_no_import_cycle() -> None:
+    found = cycles()
+    assert not found, "import cycles (break them; never hide one behind a local import):\n" + (
+        "\n".join(found.values())
     )
-
-
-@pytest.mark.parametrize(
-    "component",
-    [
-        pytest.param(key, marks=pytest.mark.xfail(strict=True, reason=reason), id=key[0])
-        for key, reason in KNOWN_CYCLES.items()
-    ],
-)
-def test_a_known_cycle_is_gone(component: tuple[str, ...]) -> None:
-    assert component not in cycles(), cycles().get(component)

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from canarystack.broker import schemas
+from canarystack.broker.keys import BROKER, MAX_EVENTS_PER_PAGE
+from canarystack.broker.phases import Phase
 from canarystack.common.openapi import (
     ANY_OBJECT,
     BOOLEAN,
@@ -88,10 +91,7 @@ ROUTER_SCHEMA: Json = obj(
 
 
 def describe(spec: ApiSpec, app: web.Application) -> None:
-    from canarystack.broker import schemas, server
-    from canarystack.broker.phases import Phase
-
-    broker = app[server.BROKER]
+    broker = app[BROKER]
     version = spec.named("Version", VERSION_SCHEMA)
     release = spec.named("Release", _release_schema([p.value for p in Phase]))
     event = spec.named("Event", EVENT_SCHEMA)
@@ -213,7 +213,7 @@ def describe(spec: ApiSpec, app: web.Application) -> None:
         params=[
             release_name,
             query_int("after_seq", "events after this sequence number", maximum=MAX_INT64),
-            query_int("limit", "events per page", minimum=1, maximum=server.MAX_EVENTS_PER_PAGE),
+            query_int("limit", "events per page", minimum=1, maximum=MAX_EVENTS_PER_PAGE),
         ],
         responses={
             200: json_body(

@@ -52,6 +52,7 @@ from canarystack.broker.api_spec import install as install_api_spec
 from canarystack.broker.capabilities import Credentials
 from canarystack.broker.digest import manifest_digest
 from canarystack.broker.errors import BrokerDomainError, Conflicting, Missing, Refused
+from canarystack.broker.keys import BROKER, MAX_EVENTS_PER_PAGE
 from canarystack.broker.schemas import (
     _NAME_RE,
     MAX_EVENT_FIELD_BYTES,
@@ -108,11 +109,8 @@ __all__ = [
 
 # Module-level so tests can shorten them instead of sleeping.
 DEFAULT_WATCH_TIMEOUT_S = 30.0
-MAX_EVENTS_PER_PAGE = 10_000
 
 _log = get_logger("broker")
-
-BROKER: web.AppKey[Broker] = web.AppKey("broker", Broker)
 
 
 # -- faults -------------------------------------------------------------------------------

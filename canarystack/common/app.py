@@ -419,6 +419,6 @@ def create_app(
     app.router.add_delete("/admin/faults", _clear_all)
     app.router.add_delete("/admin/faults/{fault_id}", _clear_fault)
     app.cleanup_ctx.append(_sweep_faults)
-    install_openapi(app)
+    install_openapi(app, component)
     add_describer(app, _describe_colour)
     return app

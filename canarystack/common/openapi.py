@@ -404,15 +404,15 @@ Describer = Callable[[ApiSpec, web.Application], None]
 
 @dataclass
 class _OpenApiState:
+    component: Component
     describers: list[Describer] = field(default_factory=list)
     body: bytes | None = None
-    component: Component | None = None
 
 
 OPENAPI: web.AppKey[_OpenApiState] = web.AppKey("openapi", _OpenApiState)
 
 
-def install(app: web.Application, component: Component | None = None) -> None:
+def install(app: web.Application, component: Component) -> None:
     """Serve ``GET /openapi.json`` for ``component`` (called by ``create_app``)."""
     app[OPENAPI] = _OpenApiState(component=component)
     app.router.add_get("/openapi.json", _serve)
@@ -438,12 +438,6 @@ def live_routes(app: web.Application) -> set[tuple[str, str]]:
 
 def build_document(app: web.Application) -> JsonObject:
     component = app[OPENAPI].component
-    if component is None:
-        # Transitional (#13): until create_app hands its component to install(), it is
-        # found under app.py's key; this local import is the app <-> openapi cycle.
-        from canarystack.common.app import COMPONENT
-
-        component = app[COMPONENT]
     spec = ApiSpec(
         f"canarystack {component.name}",
         component.version,

@@ -23,6 +23,8 @@ from canarystack.common.openapi import (
     nullable,
     obj,
 )
+from canarystack.gate.keys import SERVICE
+from canarystack.gate.state import STATES, SampleBatch
 
 TAG = "gate"
 
@@ -42,9 +44,6 @@ def _gate_schema(states: list[str]) -> Json:
 
 
 def describe(spec: ApiSpec, app: web.Application) -> None:
-    from canarystack.gate.server import SERVICE
-    from canarystack.gate.state import STATES, SampleBatch
-
     service = app[SERVICE]
     watched = sorted(service.gates)
     gate = spec.named("GateStatus", _gate_schema(list(STATES)))

@@ -33,6 +33,7 @@ from canarystack.common.errors import BadRequest, NotFound, json_response, read_
 from canarystack.common.faults import FaultParams, FaultRegistry, LatencyMs
 from canarystack.common.logs import get_logger
 from canarystack.gate.api_spec import install as install_api_spec
+from canarystack.gate.keys import BROKER_TOKEN, SAMPLES_TOKEN, SERVICE
 from canarystack.gate.service import GateService, check_credential
 from canarystack.gate.state import GateConfig
 
@@ -46,10 +47,6 @@ SAMPLES_BODY_LIMIT = 384 * 1024
 _log = get_logger("gate")
 
 FAULT_KINDS: dict[str, type[FaultParams]] = {"latency": LatencyMs}
-
-SERVICE: web.AppKey[GateService] = web.AppKey("gate_service", GateService)
-BROKER_TOKEN: web.AppKey[str | None] = web.AppKey("gate_broker_token", str)
-SAMPLES_TOKEN: web.AppKey[str | None] = web.AppKey("gate_samples_token", str)
 
 
 async def _post_samples(request: web.Request) -> web.Response:

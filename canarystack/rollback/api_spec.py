@@ -23,6 +23,8 @@ from canarystack.common.openapi import (
     nullable,
     obj,
 )
+from canarystack.rollback.keys import SERVICE
+from canarystack.rollback.service import ManualRollback
 
 TAG = "rollback"
 
@@ -39,8 +41,6 @@ STATUS_SCHEMA: Json = obj(
 
 
 def describe(spec: ApiSpec, app: web.Application) -> None:
-    from canarystack.rollback.server import SERVICE, ManualRollback
-
     status = spec.named("RollbackStatus", STATUS_SCHEMA)
     watched = {"type": "string", "enum": sorted(app[SERVICE].releases)}
     release = Param("release", "path", watched, "a release this executor watches", True)

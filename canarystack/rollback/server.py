@@ -49,16 +49,13 @@ from canarystack.common.faults import FaultRegistry
 from canarystack.common.logs import get_logger
 from canarystack.rollback.api_spec import install as install_api_spec
 from canarystack.rollback.executor import ExecutorConfig, RollbackRunner
+from canarystack.rollback.keys import BROKER_TOKEN, OPERATOR_TOKEN, SERVICE
 from canarystack.rollback.service import FAULT_KINDS, ManualRollback, RollbackService
 
 # Names other modules read here (the service lives in ``service``).
 __all__ = ["FAULT_KINDS", "SERVICE", "ManualRollback", "RollbackService", "build_app"]
 
 _log = get_logger("rollback")
-
-SERVICE: web.AppKey[RollbackService] = web.AppKey("rollback_service", RollbackService)
-BROKER_TOKEN: web.AppKey[str | None] = web.AppKey("broker_token", str)
-OPERATOR_TOKEN: web.AppKey[str | None] = web.AppKey("operator_token", str)
 
 
 async def _post_rollback(request: web.Request) -> web.Response:
