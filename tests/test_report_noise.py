@@ -11,6 +11,7 @@ day's line "noise floor > 0 in N/N experiments", and say "noise floor not measur
 from __future__ import annotations
 
 import json
+import xml.etree.ElementTree as ET
 from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
@@ -160,6 +161,11 @@ def test_the_report_shows_the_gates_own_noise_floor_per_bucket(tmp_path: Path) -
         assert cells[1] == bucket and cells[2] == str(n)
         assert cells[4] == str(floors[bucket]["kl_mean"])
     assert page.rows[("router-faulty-kernel", "0-512")][5] == str(floors["all"]["kl"])
+
+    # junit.xml: the experiment's test case says it.
+    out = ET.parse(run / "junit.xml").getroot().iter("testcase")
+    case = next(c for c in out if c.get("name") == "experiment router-faulty-kernel")
+    assert exp["text"] in (case.findtext("system-out") or "")
 
     # matrix.csv: a column with each cell's floor.
     matrix = pd.read_csv(run / "matrix.csv").set_index(["component", "fault"])

@@ -75,10 +75,13 @@ def _experiment_case(exp: ExperimentSummary) -> ET.Element:
         fail = ET.SubElement(case, "failure", type="ExperimentFailed", message=_clean(others[0]))
         fail.text = _clean("\n".join(others))
     out = ET.SubElement(case, "system-out")
+    floor = exp.figures.get("noise_floor")  # what the gate measured (gameday.report.noise)
+    noise = floor.get("text") if isinstance(floor, dict) else None
     out.text = _clean(
         f"{exp.title}\ncomponent={exp.component} fault={exp.fault} expect={exp.expect} "
         f"verdict={exp.verdict} journal_status={exp.journal_status}\n"
         f"tripped={exp.timeline.tripped} time_to_trip_s={exp.timeline.time_to_trip_s}\n"
+        + (f"{noise}\n" if isinstance(noise, str) else "")
     )
     return case
 
