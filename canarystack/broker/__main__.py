@@ -27,7 +27,7 @@ from canarystack.broker.capabilities import load_credentials_dir
 from canarystack.broker.server import build_app
 from canarystack.broker.store import StateDirError
 from canarystack.common.auth import describe_admin_flag, load_admin_token
-from canarystack.common.cli import base_parser, parse, serve
+from canarystack.common.cli import base_parser, entry, parse, serve
 from canarystack.common.logs import get_logger
 
 LOCK_FILE = "broker.lock"
@@ -137,4 +137,4 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    entry(main)

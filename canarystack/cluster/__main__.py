@@ -14,6 +14,7 @@ from rich.table import Table
 
 from canarystack.cluster import stack
 from canarystack.cluster.spec import StackConfigError, load_stack_config
+from canarystack.common.cli import entry
 
 DEFAULT_STATE_DIR = ".stack"
 
@@ -154,4 +155,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    entry(main)

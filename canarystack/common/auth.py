@@ -31,18 +31,9 @@ from canarystack.common.errors import ApiError, StartupError, Unauthorized
 ENV_VAR = "CANARYSTACK_ADMIN_TOKEN"
 
 
-class TokenFileError(StartupError, SystemExit):
-    """A token file or variable that cannot be used; the message names it.
-
-    Transitional (#13): also a ``SystemExit`` (whose ``code`` is the message), so an entry
-    point that does not run under ``canarystack.common.cli.entry`` yet still prints only
-    the message and exits 1, as before. The ``SystemExit`` base goes once every
-    ``__main__`` does.
-    """
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message)
-        self.code = message
+class TokenFileError(StartupError):
+    """A token file or variable that cannot be used; the message names it (every
+    ``__main__`` runs under ``canarystack.common.cli.entry``, which prints it and exits 1)."""
 
 
 def _printable_ascii(text: str) -> bool:

@@ -33,6 +33,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, TraceFlags
 
 from canarystack.common.colour import Colour
+from canarystack.common.errors import StartupError
 
 ENV_ENDPOINT = "OTEL_EXPORTER_OTLP_ENDPOINT"
 ENV_TRACES_ENDPOINT = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
@@ -47,7 +48,7 @@ _provider: TracerProvider | None = None
 _endpoint: str | None = None
 
 
-class OtelConfigError(SystemExit):
+class OtelConfigError(StartupError):
     """The OTLP endpoint is not usable; the message names the variable and the fix."""
 
 

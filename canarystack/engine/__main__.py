@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from canarystack.common.auth import describe_admin_flag
-from canarystack.common.cli import base_parser, parse
+from canarystack.common.cli import base_parser, entry, parse
 from canarystack.common.logs import get_logger
 from canarystack.dependency.cli import add_dependency_options, dependency_from_args
 from canarystack.model.contract import (
@@ -150,4 +150,4 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    entry(main)

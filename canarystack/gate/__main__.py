@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 from canarystack.common.auth import ENV_VAR, describe_admin_flag, load_admin_token, token_or_admin
 from canarystack.common.buckets import parse_edges
-from canarystack.common.cli import base_parser, parse, serve
+from canarystack.common.cli import base_parser, entry, parse, serve
 from canarystack.gate.server import build_app
 from canarystack.gate.state import (
     DEFAULT_BUDGET_SAMPLE_RATE_HZ,
@@ -330,4 +330,4 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    entry(main)

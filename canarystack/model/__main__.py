@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from typing import Any, get_args
 
 from canarystack.common.auth import describe_admin_flag
-from canarystack.common.cli import base_parser, parse
+from canarystack.common.cli import base_parser, entry, parse
 from canarystack.dependency.cli import add_dependency_options, dependency_from_args
 from canarystack.model.body import ADMIN_BODY_BYTES, BYTES_PER_TOKEN, ENVELOPE_BYTES
 from canarystack.model.capacity import CapacityModel
@@ -271,4 +271,4 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    entry(main)

@@ -11,7 +11,7 @@ import re
 from collections.abc import Sequence
 
 from canarystack.common.auth import describe_admin_flag, load_admin_token, token_or_admin
-from canarystack.common.cli import base_parser, parse, serve
+from canarystack.common.cli import base_parser, entry, parse, serve
 from canarystack.rollback.executor import ExecutorConfig
 from canarystack.rollback.server import build_app
 
@@ -122,4 +122,4 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    entry(main)

@@ -32,6 +32,7 @@ from canarystack.common.auth import ENV_VAR, describe_admin_flag, load_admin_tok
 from canarystack.common.cli import (
     base_parser,
     bound_port,
+    entry,
     install_uvloop,
     parse,
     until_stopped,
@@ -338,4 +339,4 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    entry(main)
