@@ -127,7 +127,8 @@ def test_a_plain_run_report_has_no_campaign(tmp_path: Path) -> None:
     doc = json.loads((root / "summary.json").read_text())
     assert "campaign" not in doc
     assert doc == json.loads(json.dumps(summary.to_json(), default=str)) | {
-        "report_build_s": doc["report_build_s"]
+        "report_build_s": doc["report_build_s"],
+        "noise_floor": doc["noise_floor"],
     }
     assert list(pd.read_csv(root / "matrix.csv").columns) == list(MATRIX_COLUMNS)
     html = (root / "report.html").read_text()

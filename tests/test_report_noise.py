@@ -49,11 +49,10 @@ def gate_answer(per_bucket: dict[str, int], kl: float | None = 1e-3, seed: int =
 
 
 def save_answer(folder: Path, answer: Any) -> dict[str, Any]:
-    """gate-evidence.json as ``gameday.run.evidence.write_gate_evidence`` writes it, with
-    the gate's noise floor kept (``summarise_gate`` keeps it once the evidence engineer's
-    change lands; until then it is added here, as that change adds it)."""
+    """gate-evidence.json as ``gameday.run.evidence.write_gate_evidence`` writes it (the
+    gate's noise floor kept by ``summarise_gate``)."""
     doc = {"ok": True, "url": "http://127.0.0.1:1/v1/gate/default", **summarise_gate(answer)}
-    doc.setdefault("noise_floor", answer["noise_floor"])
+    assert doc["noise_floor"] == answer["noise_floor"]
     doc.update(
         {
             "read_at": 1.0,
@@ -230,8 +229,9 @@ def test_a_floor_of_zero_or_none_is_flagged(tmp_path: Path, case: str, reason: s
     elif case == "no comparisons":
         save_answer(folder, gate_answer({}))
     elif case == "saved without the floor":
-        # What gameday.run.evidence saves today: the counters, not the floor.
+        # An older gameday run saved the counters, not the floor.
         doc = {"ok": True, **summarise_gate(gate_answer(NOISY))}
+        del doc["noise_floor"]
         (folder / "gate-evidence.json").write_text(json.dumps(doc))
     elif case == "gate unreadable":
         error = "cannot read the gate at http://127.0.0.1:1/v1/gate/default: refused"

@@ -187,6 +187,10 @@ def summarise_gate(state: dict[str, Any]) -> dict[str, Any]:
         "buckets": buckets,
         "comparisons": sum(b["comparisons"] for b in buckets.values()),
         "canary_outcomes": sum(b["canary_outcomes"] for b in buckets.values()),
+        # The noise floor the gate measured per scope (the report shows it, #14).
+        "noise_floor": state.get("noise_floor")
+        if isinstance(state.get("noise_floor"), dict)
+        else None,
     }
 
 
