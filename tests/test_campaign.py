@@ -250,3 +250,14 @@ def test_certify_without_the_report_is_a_usage_error(tmp_path: Path) -> None:
     assert "--certify is decided by the report: drop --no-report" in result.output
     bad = CliRunner().invoke(run_cmd, [str(exp), "--repeat", "0"])
     assert bad.exit_code == 2 and "--repeat" in bad.output
+
+
+@pytest.mark.parametrize("url", ["http://10.0.0.5:9090", "ftp://127.0.0.1:9090", "prom:9090"])
+def test_a_prometheus_off_loopback_is_refused_naming_it(tmp_path: Path, url: str) -> None:
+    target = write_target(tmp_path / "target.yaml", tmp_path / "no-stack")
+    with pytest.raises(PlanError, match=r"--prometheus .*: give an http URL on loopback"):
+        plan_run(_experiments(tmp_path), target_file=target, prometheus_url=url)
+    plan = plan_run(
+        _experiments(tmp_path), target_file=target, prometheus_url="http://127.0.0.1:9090/"
+    )
+    assert plan.prometheus_url == "http://127.0.0.1:9090"

@@ -136,3 +136,14 @@ def test_a_plain_run_report_has_no_campaign(tmp_path: Path) -> None:
     suites = [s.get("name") for s in ET.parse(root / "junit.xml").getroot()]
     assert "campaign" not in suites
     assert not list(root.glob("ecdf-*.png"))
+
+
+def test_a_prometheus_that_cannot_be_reached_is_said_in_each_experiment(tmp_path: Path) -> None:
+    from tests.procs import free_port
+
+    root = write_run(tmp_path / "run", SCENARIOS, requests_per_experiment=200)
+    build_report(root, prometheus_url=f"http://127.0.0.1:{free_port()}")
+    for scenario in SCENARIOS:
+        missing = root / scenario.name / "prometheus.missing.txt"
+        assert missing.is_file(), scenario.name
+        assert "127.0.0.1" in missing.read_text()

@@ -190,11 +190,16 @@ def dependency_section(run: RunData, experiments: list[ExperimentSummary]) -> li
     return out
 
 
-def build_report(run_dir: str | Path, *, bin_s: float | None = None) -> Summary:
+def build_report(
+    run_dir: str | Path, *, bin_s: float | None = None, prometheus_url: str | None = None
+) -> Summary:
     """Build every report file into ``run_dir``; returns the verdict and what it rests on.
 
     ``bin_s``: heatmap bin width in seconds (default: chosen from the run's length, a
-    few seconds for a normal experiment).
+    few seconds for a normal experiment). ``prometheus_url``: a Prometheus that scraped
+    the stack (``gameday run --prometheus``); each experiment folder then also gets its
+    series (``prometheus.csv``/``.png``, or ``prometheus.missing.txt`` saying what could
+    not be had) beside the Locust records.
     """
     started = time.perf_counter()
     timings: dict[str, float] = {}
@@ -202,6 +207,11 @@ def build_report(run_dir: str | Path, *, bin_s: float | None = None) -> Summary:
         run = load_run(run_dir)
     root = run.run_dir
     experiments = [_experiment(exp, bin_s, timings) for exp in run.experiments]
+    if prometheus_url:
+        from gameday.report.prometheus import add_series
+
+        with _phase(timings, "prometheus"):
+            add_series(run.experiments, prometheus_url)
     summary = summarise_run(run, experiments)
     dependency = dependency_section(run, experiments)
     with _phase(timings, "noise_floor"):

@@ -201,6 +201,15 @@ def _figures(result: dict[str, Any]) -> str:
     help="Seed of the load (prompt lengths, texts, order, user ids) of the first run "
     "(default: 0, the load's own).",
 )
+@click.option(
+    "--prometheus",
+    "prometheus_url",
+    default=None,
+    envvar="GAMEDAY_PROMETHEUS_URL",
+    help="A Prometheus on loopback that scrapes the stack (python -m gameday.prom up): the "
+    "report adds its series (TTFT p99 and request rate per variant) beside the Locust "
+    "records.",
+)
 @click.option("--no-report", is_flag=True, help="Skip building the report at the end.")
 @click.pass_context
 def run_cmd(
@@ -215,6 +224,7 @@ def run_cmd(
     repeat: int,
     certify: bool,
     load_seed: int | None,
+    prometheus_url: str | None,
     no_report: bool,
 ) -> None:
     """Run Chaos Toolkit EXPERIMENTS against a target and decide a verdict.
@@ -247,6 +257,7 @@ def run_cmd(
             repeat=repeat,
             certify=certify,
             load_seed=load_seed,
+            prometheus_url=prometheus_url,
         )
     except PlanError as exc:
         console.print(f"[red]error:[/red] {exc}")

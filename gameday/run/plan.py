@@ -72,6 +72,7 @@ class RunPlan:
     repeat: int = 1
     certify: bool = False
     load_seed: int | None = None
+    prometheus_url: str | None = None  # the report adds its series (gameday run --prometheus)
 
     @property
     def is_campaign(self) -> bool:
@@ -169,7 +170,10 @@ def plan_run(
     repeat: int = 1,
     certify: bool = False,
     load_seed: int | None = None,
+    prometheus_url: str | None = None,
 ) -> RunPlan:
+    if prometheus_url is not None:
+        prometheus_url = _loopback_url(prometheus_url, "--prometheus")
     if not experiments:
         raise PlanError("no experiment given: e.g. gameday run experiments/router/*.yaml")
     if isinstance(repeat, bool) or not isinstance(repeat, int) or not 1 <= repeat <= MAX_REPEAT:
@@ -264,7 +268,26 @@ def plan_run(
         repeat=repeat,
         certify=certify,
         load_seed=planned[0].load_seed if planned else None,
+        prometheus_url=prometheus_url,
     )
+
+
+def _loopback_url(url: str, option: str) -> str:
+    """``url`` if it is http(s) to 127.0.0.1, [::1] or localhost (the harness sends traffic
+    to nothing else), without a trailing slash; else a PlanError naming ``option``."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or parts.hostname not in (
+        "127.0.0.1",
+        "::1",
+        "localhost",
+    ):
+        raise PlanError(
+            f"{option} {url!r}: give an http URL on loopback, e.g. http://127.0.0.1:9090 "
+            "(the harness sends traffic to 127.0.0.1 or [::1] only)"
+        )
+    return url.rstrip("/")
 
 
 def campaign_runs(

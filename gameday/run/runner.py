@@ -264,7 +264,7 @@ class GameDay:
         try:
             from gameday.report import build_report
 
-            summary = build_report(self.plan.run_dir)
+            summary = build_report(self.plan.run_dir, prometheus_url=self.plan.prometheus_url)
         except Exception as exc:  # any failure of the report is reported, not raised
             outcome.report_error = f"{exc.__class__.__name__}: {exc}"
             return
