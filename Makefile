@@ -110,7 +110,7 @@ clean:
 # Debian's source, one real kubelet, everything on 127.0.0.1. Needs root. The first k8s-up
 # builds the binaries into $${CANARY_GAMEDAY_CACHE:-~/.cache/canary-gameday} (about 10
 # minutes on 2 cores); later ones take about a minute. test-k8s starts and stops its own.
-.PHONY: k8s-up k8s-down test-k8s gameday-k8s
+.PHONY: k8s-up k8s-down test-k8s gameday-k8s ci-k8s
 k8s-up: $(STAMP)
 	deploy/loopback/k8s-up.sh
 	deploy/loopback/deploy-stack.sh
@@ -121,7 +121,13 @@ k8s-down:
 test-k8s: $(STAMP)
 	CANARY_GAMEDAY_K8S_LIVE=1 $(BIN)/python -m pytest -m k8s_live tests/test_k8s_live.py $(PYTEST_ARGS)
 
-# The Kubernetes game days (control, the rollback executor's pod kill, the faulty canary
-# as a rollout of a bad build) against the running cluster: make k8s-up first.
+# The Kubernetes game days (all five of experiments/k8s/: the control, the router, broker
+# and rollback pod kills, the faulty canary as a rollout of a bad build) against the
+# running cluster: make k8s-up first.
 gameday-k8s: $(STAMP)
 	deploy/loopback/gameday-k8s.sh $(RUN_ARGS)
+
+# CI's live Kubernetes game day: builds the binaries if missing, starts its own cluster, runs
+# the control, one pod kill and the faulty-canary rollout, and always tears it down.
+ci-k8s: $(STAMP)
+	deploy/loopback/ci.sh $(RUN_ARGS)
