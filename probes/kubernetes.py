@@ -412,6 +412,21 @@ def _api_failed(what: str, exc: Exception) -> ActivityFailed:
     )
 
 
+def _first_started(pods: list[Any], not_before: float) -> float | None:
+    """The earliest ``startedAt`` of the pods' running containers (seconds; the API gives
+    whole seconds, so this errs early: a detection time measured from it errs long), not
+    before ``not_before`` (the patch: nothing of the new build ran before it); None when
+    no pod reports one."""
+    times: list[float] = []
+    for p in pods:
+        for c in (p.status.container_statuses if p.status is not None else None) or []:
+            running = c.state.running if c.state is not None else None
+            started = running.started_at if running is not None else None
+            if started is not None:
+                times.append(started.timestamp())
+    return max(min(times), not_before) if times else None
+
+
 def _wait_rolled_out(
     target: KubernetesTarget, apps: Any, name: str, build: str | None, deadline: float, wait: float
 ) -> list[Any]:
@@ -475,8 +490,10 @@ def roll_out_bad_canary(
     """Roll the canary Deployment out to a known-bad build: its model container's args
     gain ``--kernel-fault KERNEL_FAULT`` (``MODE[:MIN_PROMPT_TOKENS]``, the model server
     validates it) and its pod template the annotation ``canarystack.io/build``. Waits for
-    the rollout (``deadline_s``); the ledger's fault time is when the bad build's pods were
-    first seen Ready (when it could first serve users), the patch time is in the detail.
+    the rollout (``deadline_s``); the ledger's fault time is when the bad build's first
+    container started (the earliest moment it could serve users: with host networking and
+    a shared port a pod takes connections before its readiness is seen), else when the
+    rollout was seen done; the patch time and both others are in the detail.
     The canary version the broker knows is unchanged: the same version, a bad build of it,
     as a rebuilt image under the same tag. Undo with ``undo_canary_rollout``."""
     value = str(kernel_fault).strip()
@@ -517,7 +534,9 @@ def roll_out_bad_canary(
         except Exception as exc:
             raise _api_failed(f"patching deployment/{name} in {target.namespace!r}", exc) from None
         pods = _wait_rolled_out(target, apps, name, build, t0 + wait, wait)
-        served_at = time.time()
+        rolled_out_at = time.time()
+        started_at = _first_started(pods, patched_at)
+        served_at = started_at if started_at is not None else rolled_out_at
         book = ledger(configuration)
         port_urls = {r.name: r.url for r in target.replicas("model-canary")}
         # the model server's default threshold when the value names none
@@ -541,7 +560,9 @@ def roll_out_bad_canary(
                     detail={
                         "rollout": f"deployment/{name}",
                         "patched_at": patched_at,
-                        "rollout_s": round(served_at - patched_at, 3),
+                        "container_started_at": started_at,
+                        "rolled_out_at": rolled_out_at,
+                        "rollout_s": round(rolled_out_at - patched_at, 3),
                     },
                 )
             )

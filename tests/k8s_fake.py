@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -346,6 +347,12 @@ class FakeApi:
                 new = pod(f"{name}-g{meta['generation']}-{i}", dict(labels), f"10.9.0.{i + 1}",
                           namespace=ns)  # fmt: skip
                 new["metadata"]["annotations"] = dict(template.get("annotations", {}))
+                # the new pod's container started now (whole seconds, as the API says)
+                started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+                new["status"]["containerStatuses"] = [
+                    {"name": "main", "image": "img", "imageID": "img", "ready": True,
+                     "restartCount": 0, "state": {"running": {"startedAt": started}}}
+                ]  # fmt: skip
                 pods[new["metadata"]["name"]] = new
         return 200, obj
 

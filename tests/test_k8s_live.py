@@ -741,6 +741,40 @@ def test_flagger_canary_probe_reads_live_canaries_and_pairs_them_with_traffic(
     )
 
 
+def test_a_real_prometheus_scrapes_every_pod_of_the_live_stack(
+    runner_config: dict[str, str], tmp_path: Path
+) -> None:
+    """#15 item 5 on the cluster: Debian's Prometheus scrapes every pod the target lists
+    (through the API server, with the chaos runner's token), each with its job, namespace
+    and (model servers) variant label, and every one is up."""
+    import requests
+
+    from gameday.prom import start_for_target, stop_in, wait_for_targets
+    from gameday.targets import load_target
+
+    target = load_target(runner_config["gameday_target"])
+    workdir = tmp_path / "prom"
+    prom = start_for_target(target, workdir)
+    try:
+        targets = wait_for_targets(prom.url, timeout_s=90)
+        labels = [t["labels"] for t in targets]
+        assert {"router", "model", "gate", "broker", "rollback"} <= {x["job"] for x in labels}
+        assert all(x.get("namespace") == NS for x in labels)
+        assert {x.get("variant") for x in labels if x["job"] == "model"} == {
+            "baseline",
+            "canary",
+        }
+        assert sum(1 for x in labels if x["job"] == "router") == 2  # router and router-b
+        answer = requests.get(
+            prom.url + "/api/v1/query",
+            params={"query": 'count(up{job="model"} == 1) by (variant)'},
+            timeout=10,
+        ).json()
+        assert {r["metric"]["variant"] for r in answer["data"]["result"]} == {"baseline", "canary"}
+    finally:
+        assert stop_in(workdir)
+
+
 def test_down_leaves_nothing(cluster: None) -> None:
     pids = recorded_pids()
     assert pids

@@ -88,6 +88,9 @@ def test_the_bad_build_is_rolled_out_by_one_patch_and_ledgered_when_it_serves(
     assert entry.replica == pods[0]["metadata"]["name"]
     assert entry.params == {"mode": "nan-logits", "min_prompt_tokens": 100, "build": build}
     assert entry.time >= entry.detail["patched_at"] == out["patched_at"]
+    # the fault time is when the bad build's container started (it may serve before its
+    # readiness is seen), not when the whole rollout was seen done
+    assert entry.time == entry.detail["container_started_at"] <= entry.detail["rolled_out_at"]
     assert entry.url == "http://10.9.0.1:18011"
 
 
