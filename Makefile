@@ -28,11 +28,12 @@ else ifneq ($(ENGINE),sim)
 $(error ENGINE=$(ENGINE): use sim (the simulator, default) or llamacpp)
 endif
 
-.PHONY: help venv test test-fast test-engine lint fmt clean chaos-router chaos-broker \
+.PHONY: help venv test test-slow test-fast test-engine lint fmt clean chaos-router chaos-broker \
 	chaos-rollback chaos-hostile chaos-dependency gameday bench
 
 help:
 	@echo "make test            run the test suite (sets up .venv on first use)"
+	@echo "make test-slow       the tests that run a real load or a whole chaos run"
 	@echo "make test-engine     build the llama.cpp extra (once) and run the engine tests"
 	@echo "make chaos-router    run the router experiments against the local stack"
 	@echo "                     (ENGINE=llamacpp: against llama.cpp model pods)"
@@ -57,8 +58,13 @@ $(STAMP): pyproject.toml probes/pyproject.toml
 venv: $(STAMP)
 
 # The engine tests need the extra: `make test` leaves them out, `make test-engine` runs them.
+# The tests that run a real load or a whole `chaos run` (marker slow) are `make test-slow`;
+# CI runs both (.ci/run).
 test: $(STAMP)
-	$(BIN)/python -m pytest -m "not engine and not k8s_live" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m "not engine and not k8s_live and not slow" $(PYTEST_ARGS)
+
+test-slow: $(STAMP)
+	$(BIN)/python -m pytest -m "slow and not engine and not k8s_live" $(PYTEST_ARGS)
 
 $(ENGINE_STAMP): $(STAMP)
 	@$(BIN)/python -c "import llama_cpp, gguf" 2>/dev/null || { \
