@@ -6,13 +6,17 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import subprocess
+import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import requests
 
-from tests.procs import ADMIN_TOKEN, Proc, Spawner
+from tests.procs import ADMIN_TOKEN, Proc, Spawner, free_port, wait_for
 
 _names = itertools.count(1)
 
@@ -177,3 +181,30 @@ def drive_to(api: Api, name: str, phase: str) -> dict[str, Any]:
         release = api.patch_ok(name, **step)
     assert release["phase"] == phase
     return release
+
+
+@contextmanager
+def not_a_broker(tmp_path: Path, release_body: str) -> Iterator[str]:
+    """A misconfigured --broker: a plain file server on loopback that answers
+    ``GET /v1/releases/default`` 200 with ``release_body`` (not a release). Yields its URL;
+    stopped by its PID at the end."""
+    root = tmp_path / "not-a-broker"
+    (root / "v1" / "releases").mkdir(parents=True)
+    (root / "v1" / "releases" / "default").write_text(release_body)
+    port = free_port()
+    static = subprocess.Popen(
+        [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"],
+        cwd=root,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_for(
+            lambda: requests.get(url + "/v1/releases/default", timeout=1).status_code == 200,
+            what="the file server",
+        )
+        yield url
+    finally:
+        static.terminate()
+        static.wait(timeout=10)

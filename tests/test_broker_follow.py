@@ -10,13 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import subprocess
-import sys
 from pathlib import Path
 
 import aiohttp
 import pytest
-import requests
 
 from canarystack.broker import client as client_mod
 from canarystack.broker.client import (
@@ -29,8 +26,8 @@ from canarystack.broker.client import (
     FollowKind,
     ReleaseFollower,
 )
-from tests.broker_support import Api, start_broker
-from tests.procs import ADMIN_TOKEN, Spawner, free_port, wait_for
+from tests.broker_support import Api, not_a_broker, start_broker
+from tests.procs import ADMIN_TOKEN, Spawner, free_port
 
 
 async def step(follower: ReleaseFollower) -> FollowEvent:
@@ -135,22 +132,7 @@ def test_follow_classifies_errors_backs_off_and_reads_plainly_after_one(
 
 
 def test_follow_says_bad_answer_when_broker_is_not_a_broker(tmp_path: Path) -> None:
-    root = tmp_path / "not-a-broker"
-    (root / "v1" / "releases").mkdir(parents=True)
-    (root / "v1" / "releases" / "default").write_text('{"name": "default"}')
-    port = free_port()
-    static = subprocess.Popen(
-        [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"],
-        cwd=root,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_for(
-            lambda: requests.get(url + "/v1/releases/default", timeout=1).status_code == 200,
-            what="the file server",
-        )
+    with not_a_broker(tmp_path, '{"name": "default"}') as url:
 
         async def scenario() -> None:
             async with aiohttp.ClientSession() as session:
@@ -163,9 +145,6 @@ def test_follow_says_bad_answer_when_broker_is_not_a_broker(tmp_path: Path) -> N
                     assert url in event.error.message
 
         asyncio.run(scenario())
-    finally:
-        static.terminate()
-        static.wait(10)
 
 
 def test_a_follower_waiting_in_a_long_poll_is_cancelled_at_once(

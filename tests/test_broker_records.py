@@ -5,19 +5,16 @@ answer that is not a record is ``BadBrokerAnswer`` naming the field."""
 from __future__ import annotations
 
 import asyncio
-import subprocess
-import sys
 from pathlib import Path
 
 import aiohttp
 import pytest
-import requests
 
 from canary_contract.broker import Release, TripTest
 from canary_contract.phases import Phase
 from canarystack.broker.client import BadBrokerAnswer, BrokerClient, BrokerNotFound
-from tests.broker_support import Api, start_broker, trip_evidence
-from tests.procs import ADMIN_TOKEN, Spawner, free_port, wait_for
+from tests.broker_support import Api, not_a_broker, start_broker, trip_evidence
+from tests.procs import ADMIN_TOKEN, Spawner
 
 
 def test_typed_reads_match_the_dict_answers(spawn: Spawner, tmp_path: Path) -> None:
@@ -56,22 +53,7 @@ def test_typed_reads_match_the_dict_answers(spawn: Spawner, tmp_path: Path) -> N
 def test_an_answer_that_is_not_a_release_is_a_bad_answer_naming_the_field(
     tmp_path: Path,
 ) -> None:
-    root = tmp_path / "not-a-broker"
-    (root / "v1" / "releases").mkdir(parents=True)
-    (root / "v1" / "releases" / "default").write_text('{"name": "default", "revision": 3}')
-    port = free_port()
-    static = subprocess.Popen(
-        [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"],
-        cwd=root,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_for(
-            lambda: requests.get(url + "/v1/releases/default", timeout=1).status_code == 200,
-            what="the file server",
-        )
+    with not_a_broker(tmp_path, '{"name": "default", "revision": 3}') as url:
 
         async def scenario() -> None:
             async with aiohttp.ClientSession() as session:
@@ -81,6 +63,3 @@ def test_an_answer_that_is_not_a_release_is_a_bad_answer_naming_the_field(
                 assert err.value.url == url + "/v1/releases/default"
 
         asyncio.run(scenario())
-    finally:
-        static.terminate()
-        static.wait(10)

@@ -14,8 +14,8 @@ from typing import Any
 
 import requests
 
-from tests.broker_support import Api, preload_history, start_broker
-from tests.procs import ADMIN_TOKEN, Proc, Spawner, free_port, wait_for
+from tests.broker_support import Api, not_a_broker, preload_history, start_broker
+from tests.procs import ADMIN_TOKEN, Proc, Spawner, wait_for
 from tests.test_rollback import (
     ADMIN,
     Routers,
@@ -155,22 +155,7 @@ def test_a_watch_that_meets_a_bad_answer_is_reported_not_dead(
 ) -> None:
     # A misconfigured --broker: a plain file server that answers 200 with a JSON object
     # that is not a release. The watch must neither die nor look fine.
-    root = tmp_path / "not-a-broker"
-    (root / "v1" / "releases").mkdir(parents=True)
-    (root / "v1" / "releases" / "default").write_text('{"name": "default"}')
-    port = free_port()
-    static = subprocess.Popen(
-        [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"],
-        cwd=root,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        url = f"http://127.0.0.1:{port}"
-        wait_for(
-            lambda: requests.get(url + "/v1/releases/default", timeout=1).status_code == 200,
-            what="the file server",
-        )
+    with not_a_broker(tmp_path, '{"name": "default"}') as url:
         executor = spawn("canarystack.rollback", "--broker", url, wait_health=False)
 
         def watch_failing() -> dict[str, Any] | None:
@@ -197,9 +182,6 @@ def test_a_watch_that_meets_a_bad_answer_is_reported_not_dead(
             what="the watch retried",
         )
         assert executor.alive()
-    finally:
-        static.terminate()
-        static.wait(timeout=10)
 
 
 def test_a_healthy_executor_says_ok(spawn: Spawner, tmp_path: Path) -> None:
