@@ -10,7 +10,7 @@ import os
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, Self
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -109,10 +109,16 @@ class Target(ABC):
         if "spec_model" in cls.__dict__:
             KINDS[cls.kind] = cls
 
-    @classmethod
     @abstractmethod
-    def from_spec(cls, spec: BaseModel) -> Target:
+    def __init__(self, spec: BaseModel) -> None:
+        """Each kind builds itself from its own ``spec_model``."""
+
+    @classmethod
+    def from_spec(cls, spec: BaseModel) -> Self:
         """The target a validated ``spec_model`` describes."""
+        if not isinstance(spec, cls.spec_model):
+            raise TypeError(f"{cls.__name__} is built from a {cls.spec_model.__name__}")
+        return cls(spec)
 
     def expand_role(self, component: str) -> list[str]:
         """``model`` means both model roles; anything else must be a role."""

@@ -28,8 +28,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel
-
 from canary_contract.json import JsonObject
 from gameday.targets.base import (
     ROLES,
@@ -96,11 +94,6 @@ def _address(pod: Any) -> str:
 class KubernetesTarget(Target):
     kind = "kubernetes"
     spec_model = KubernetesTargetSpec
-
-    @classmethod
-    def from_spec(cls, spec: BaseModel) -> KubernetesTarget:
-        assert isinstance(spec, KubernetesTargetSpec)
-        return cls(spec)
 
     def __init__(self, spec: KubernetesTargetSpec) -> None:
         self.spec = spec

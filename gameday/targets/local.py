@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel
 from supervisor.xmlrpc import SupervisorTransport
 
 from canary_contract.json import JsonObject
@@ -94,11 +93,6 @@ def _pinned(pid: int) -> Iterator[int | None]:
 class LocalTarget(Target):
     kind = "local"
     spec_model = LocalTargetSpec
-
-    @classmethod
-    def from_spec(cls, spec: BaseModel) -> LocalTarget:
-        assert isinstance(spec, LocalTargetSpec)
-        return cls(spec)
 
     def __init__(self, spec: LocalTargetSpec) -> None:
         self.spec = spec
