@@ -14,8 +14,9 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictInt, model_validator
 
+from canary_contract.json import JsonObject
 from canarystack.broker.phases import Phase
 from canarystack.broker.wire import MAX_INT64
 from canarystack.common import strictjson
@@ -39,15 +40,20 @@ Count = Annotated[StrictInt, Field(ge=0, le=MAX_INT64)]
 MAX_EVENT_FIELD_BYTES = 16 * 1024
 
 
-def _small_json(value: dict[str, Any], field: str) -> dict[str, Any]:
-    size = len(strictjson.dumps(value))
-    if size > MAX_EVENT_FIELD_BYTES:
-        raise ValueError(
-            f"{field} is {size} bytes as JSON, over the limit of {MAX_EVENT_FIELD_BYTES}: it "
-            "is stored in the release's event history and read back on every page; keep "
-            "it to a few fields"
-        )
-    return value
+def _small_json(field: str) -> AfterValidator:
+    """A validator refusing a JSON object over ``MAX_EVENT_FIELD_BYTES``, naming ``field``."""
+
+    def check(value: JsonObject) -> JsonObject:
+        size = len(strictjson.dumps(value))
+        if size > MAX_EVENT_FIELD_BYTES:
+            raise ValueError(
+                f"{field} is {size} bytes as JSON, over the limit of {MAX_EVENT_FIELD_BYTES}: "
+                "it is stored in the release's event history and read back on every page; "
+                "keep it to a few fields"
+            )
+        return value
+
+    return AfterValidator(check)
 
 
 class _Body(BaseModel):
@@ -80,14 +86,9 @@ class TripEvidence(_Body):
     first_sample_time: Number
     last_sample_time: Number
     tripped_at: Number
-    detail: dict[str, Any] = Field(default_factory=dict)
+    detail: Annotated[JsonObject, _small_json("trip.detail")] = Field(default_factory=dict)
     # Optional (older gates send none): stored only when sent.
     colours: Annotated[list[TripColour], Field(max_length=MAX_TRIP_COLOURS)] | None = None
-
-    @field_validator("detail")
-    @classmethod
-    def _small_detail(cls, value: dict[str, Any]) -> dict[str, Any]:
-        return _small_json(value, "trip.detail")
 
     @model_validator(mode="after")
     def _ordered(self) -> TripEvidence:
@@ -131,13 +132,8 @@ class PatchRelease(_Body):
 
 class Annotation(_Body):
     actor: Actor | None = None
-    change: dict[str, Any]
+    change: Annotated[JsonObject, _small_json("change")]
     reason: Reason = ""
-
-    @field_validator("change")
-    @classmethod
-    def _small_change(cls, value: dict[str, Any]) -> dict[str, Any]:
-        return _small_json(value, "change")
 
     @model_validator(mode="after")
     def _has_annotation(self) -> Annotation:
