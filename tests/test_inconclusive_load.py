@@ -12,12 +12,11 @@ import pytest
 
 from gameday.load.runner import LoadConfig, LoadRun
 from gameday.run.evidence import load_reasons
+from tests.load_support import short_load
 from tests.procs import Spawner
 from tests.test_load_locust import write_trace
 
 pytestmark = pytest.mark.slow
-
-SHORT_PROMPTS = ("--synthetic-median-tokens", "200", "--synthetic-max-tokens", "1000")
 
 
 @pytest.mark.parametrize("processes", [None, 2])
@@ -25,16 +24,10 @@ def test_a_load_below_its_target_rate_is_invalid_and_says_why(
     spawn: Spawner, tmp_path: Path, processes: int | None
 ) -> None:
     model = spawn("canarystack.model", "--version", "v1")
-    config = LoadConfig(
-        host=model.url,
-        output_dir=tmp_path / "run",
-        users=2,
-        spawn_rate=2,
-        duration_s=3,
-        stop_timeout_s=5,
-        max_tokens=8,
+    config = short_load(
+        model.url,
+        tmp_path,
         processes=processes,
-        extra_args=SHORT_PROMPTS,
         env={"GAMEDAY_LOAD_TARGET_RPS": "100000"},  # no 2 users on 2 cores get there
     )
     result = LoadRun(config).start().wait(90)
@@ -87,17 +80,7 @@ def test_the_generators_measured_cpu_is_judged_against_its_tolerance(
 ) -> None:
     # a tolerance of 1 % of a core: any real Locust serving users uses more
     model = spawn("canarystack.model", "--version", "v1")
-    config = LoadConfig(
-        host=model.url,
-        output_dir=tmp_path / "run",
-        users=2,
-        spawn_rate=2,
-        duration_s=3,
-        stop_timeout_s=5,
-        max_tokens=8,
-        extra_args=SHORT_PROMPTS,
-        env={"GAMEDAY_LOAD_MAX_CPU_FRACTION": "0.01"},
-    )
+    config = short_load(model.url, tmp_path, env={"GAMEDAY_LOAD_MAX_CPU_FRACTION": "0.01"})
     result = LoadRun(config).start().wait(90)
     gen = result.summary["generator"]
     assert gen["valid"] is False and gen["cpu_fraction"] > 0.01

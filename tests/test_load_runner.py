@@ -13,11 +13,10 @@ import pytest
 import requests
 
 from gameday.load.runner import LoadConfig, LoadRun, LoadStartError
+from tests.load_support import SHORT_PROMPTS, short_load
 from tests.procs import Proc, Spawner, wait_for
 
 pytestmark = pytest.mark.slow
-
-SHORT_PROMPTS = ("--synthetic-median-tokens", "200", "--synthetic-max-tokens", "1000")
 
 
 def running(proc: Proc) -> float:
@@ -82,15 +81,15 @@ def test_stop_timeout_cuts_streams_but_keeps_their_rows(
     spawn: Spawner, tmp_path: Path, processes: int | None
 ) -> None:
     model = spawn("canarystack.model", "--version", "v1", "--itl-ms", "20")  # ~4 s streams
-    config = LoadConfig(
-        host=model.url,
-        output_dir=tmp_path / "run",
+    config = short_load(
+        model.url,
+        tmp_path,
         users=4,
         spawn_rate=4,
+        duration_s=None,
         stop_timeout_s=0,
         max_tokens=200,
         processes=processes,
-        extra_args=SHORT_PROMPTS,
     )
     run = LoadRun(config).start()
     wait_for(lambda: running(model) >= 4, timeout=15, what="4 streams in flight")
@@ -107,16 +106,7 @@ def test_stop_timeout_cuts_streams_but_keeps_their_rows(
 
 def test_a_run_with_a_duration_ends_by_itself(spawn: Spawner, tmp_path: Path) -> None:
     model = spawn("canarystack.model", "--version", "v1")
-    config = LoadConfig(
-        host=model.url,
-        output_dir=tmp_path / "run",
-        users=2,
-        spawn_rate=2,
-        duration_s=2,
-        stop_timeout_s=10,
-        max_tokens=8,
-        extra_args=SHORT_PROMPTS,
-    )
+    config = short_load(model.url, tmp_path, duration_s=2, stop_timeout_s=10)
     run = LoadRun(config).start()
     result = run.wait(60)
     assert result.exit_code == 0 and result.summary["records"] == len(
