@@ -518,19 +518,22 @@ def build_app(
     app[BROKER] = broker
     app.cleanup_ctx.append(_broker_ctx)
     app.on_shutdown.append(_on_shutdown)
-    r = app.router
-    r.add_post("/v1/versions", register_version)
-    r.add_get("/v1/versions", list_versions)
-    r.add_get("/v1/versions/{version}", get_version)
-    r.add_post("/v1/versions/{version}/quarantine", quarantine_version)
-    r.add_get("/v1/releases", list_releases)
-    r.add_post("/v1/releases", create_release)
-    r.add_get("/v1/releases/{name}", get_release)
-    r.add_patch("/v1/releases/{name}", patch_release)
-    r.add_get("/v1/releases/{name}/events", list_events)
-    r.add_post("/v1/releases/{name}/events", annotate)
-    r.add_post("/v1/routers/heartbeat", heartbeat)
-    r.add_get("/v1/routers", list_routers)
-    r.add_get("/v1/whoami", whoami)
+    app.router.add_routes(
+        [
+            web.post("/v1/versions", register_version),
+            web.get("/v1/versions", list_versions),
+            web.get("/v1/versions/{version}", get_version),
+            web.post("/v1/versions/{version}/quarantine", quarantine_version),
+            web.get("/v1/releases", list_releases),
+            web.post("/v1/releases", create_release),
+            web.get("/v1/releases/{name}", get_release),
+            web.patch("/v1/releases/{name}", patch_release),
+            web.get("/v1/releases/{name}/events", list_events),
+            web.post("/v1/releases/{name}/events", annotate),
+            web.post("/v1/routers/heartbeat", heartbeat),
+            web.get("/v1/routers", list_routers),
+            web.get("/v1/whoami", whoami),
+        ]
+    )
     install_api_spec(app)
     return app
