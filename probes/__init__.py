@@ -32,7 +32,7 @@ imports ``canarystack``.
 
 from __future__ import annotations
 
-from typing import Any
+from canary_contract.json import JsonObject
 
 __version__ = "0.1.0"
 __all__ = ["__version__", "discover"]
@@ -84,7 +84,7 @@ def _kind(name: str) -> str:
     return "action" if name in ACTIONS else "probe"
 
 
-def discover(discover_system: bool = True) -> dict[str, Any]:
+def discover(discover_system: bool = True) -> JsonObject:
     """What this extension offers, in Chaos Toolkit's discovery format.
 
     ``chaos discover --no-install chaostoolkit-canary-gameday`` calls this (the

@@ -3,11 +3,10 @@ target (``probes.kubernetes``): ``gameday.api`` over a session of their own."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import requests
 from chaoslib.exceptions import ActivityFailed
 
+from canary_contract.json import JsonObject
 from gameday.api import ApiError, StackApi
 from gameday.evidence.events import annotation_events, new_value, phase_events
 from gameday.targets import Target
@@ -15,7 +14,7 @@ from gameday.targets import Target
 __all__ = ["annotation_events", "get_release", "new_value", "phase_events", "release_events"]
 
 
-def get_release(target: Target) -> dict[str, Any]:
+def get_release(target: Target) -> JsonObject:
     """The release as the broker has it; ActivityFailed when the broker cannot say."""
     try:
         with requests.Session() as session:
@@ -24,7 +23,7 @@ def get_release(target: Target) -> dict[str, Any]:
         raise ActivityFailed(str(exc)) from None
 
 
-def release_events(target: Target) -> list[dict[str, Any]]:
+def release_events(target: Target) -> list[JsonObject]:
     """The release's whole event history, oldest first (every page)."""
     try:
         with requests.Session() as session:

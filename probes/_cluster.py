@@ -26,6 +26,7 @@ from typing import Any
 import requests
 from chaoslib.exceptions import ActivityFailed
 
+from canary_contract.json import JsonObject
 from gameday.api import ApiError, PrometheusApi
 from gameday.evidence.traffic import judge_traffic
 from gameday.targets import TargetError
@@ -139,7 +140,7 @@ def canary_traffic_after(
     canary_promql: str | None = None,
     total_promql: str | None = None,
     prometheus: str | None = None,
-) -> dict[str, Any]:
+) -> JsonObject:
     """Requests started after ``since``: ``{"source", "canary", "total", ...}``; ``total``
     None when the source cannot tell. ActivityFailed when there is no evidence to read."""
     if canary_promql:

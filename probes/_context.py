@@ -20,11 +20,11 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 import requests
 from chaoslib.exceptions import ActivityFailed
 
+from canary_contract.json import JsonObject
 from gameday.api import ApiError, StackApi
 from gameday.faults import FaultError, FaultLedger
 from gameday.targets import Target, TargetError, load_target
@@ -38,7 +38,9 @@ DEFAULT_RUN_DIR = Path("reports/adhoc")
 LEDGER_NAME = "faults.jsonl"
 LOAD_STATE_NAME = "load.json"
 
-Configuration = dict[str, Any]
+# Chaos Toolkit's configuration and secrets: JSON objects from the experiment file.
+Configuration = JsonObject
+Secrets = JsonObject
 
 
 def target_path(configuration: Configuration | None) -> str | None:

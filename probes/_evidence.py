@@ -11,10 +11,10 @@ from __future__ import annotations
 import math
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
 
 import pandas as pd
 
+from canary_contract.json import JsonObject
 from gameday.evidence.checks import RECORD_COLUMNS
 from gameday.evidence.faults import ReferenceFault, reference_fault
 from gameday.evidence.milestones import CLOCK_SLACK_S
@@ -28,12 +28,12 @@ NOT_YET = (
 )
 
 
-def load_state(configuration: Configuration | None) -> dict[str, Any] | None:
+def load_state(configuration: Configuration | None) -> JsonObject | None:
     """``load.json`` of the run folder (None: no load has run in this experiment)."""
     return read_state(run_dir(configuration)) or None
 
 
-def fault_rows(configuration: Configuration | None) -> list[dict[str, Any]]:
+def fault_rows(configuration: Configuration | None) -> list[JsonObject]:
     """The run's fault ledger, one dict per line, oldest first."""
     return [asdict(e) for e in ledger(configuration).entries()]
 
@@ -44,7 +44,7 @@ def reference(configuration: Configuration | None) -> ReferenceFault | None:
 
 def first_fault(
     configuration: Configuration | None, action: str, kind: str | None = None
-) -> dict[str, Any] | None:
+) -> JsonObject | None:
     rows = fault_rows(configuration)
     return next((r for r in rows if r["action"] == action and kind in (None, r["kind"])), None)
 

@@ -37,6 +37,7 @@ from typing import Any
 import requests
 from chaoslib.exceptions import ActivityFailed
 
+from canary_contract.json import JsonObject
 from gameday import faults as gd_faults
 from gameday.evidence.slo import Slo, failed_result, not_measured, result
 from gameday.oracle.wire import loads
@@ -124,7 +125,7 @@ class LogRead:
 
     role: str
     replica: str
-    hops: list[dict[str, Any]]
+    hops: list[JsonObject]
     started_at: float
     lost_before: float | None = None
 
@@ -140,7 +141,7 @@ class HopFigure:
     def ratio(self) -> float | None:
         return self.faithful / self.judged if self.judged else None
 
-    def as_json(self) -> dict[str, Any]:
+    def as_json(self) -> JsonObject:
         return {
             "judged": self.judged,
             "faithful": self.faithful,
@@ -170,7 +171,7 @@ class Fidelity:
                 return fig
         return None
 
-    def as_json(self) -> dict[str, Any]:
+    def as_json(self) -> JsonObject:
         return {
             "completed": self.completed,
             "judged": self.judged,
@@ -209,7 +210,7 @@ def _router_figure(
     hop with the request id, trace id and tag it was sent with. Returns how many could
     not be checked (a router that restarted or overwrote hops since)."""
     routers = [lg for lg in logs if lg.role == "router"]
-    at_router: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    at_router: dict[str, list[JsonObject]] = defaultdict(list)
     for log in routers:
         for hop in log.hops:
             if hop.get("hop") == "router" and isinstance(hop.get("request_id"), str):
@@ -246,13 +247,13 @@ def fidelity(
     for log in logs:
         by_role[log.role].append(log)
     # request id -> hop name -> sightings (with the role that saw each)
-    seen: dict[str, dict[str, list[dict[str, Any]]]] = defaultdict(lambda: defaultdict(list))
+    seen: dict[str, dict[str, list[JsonObject]]] = defaultdict(lambda: defaultdict(list))
     for log in logs:
         for hop in log.hops:
             rid = hop.get("request_id")
             if isinstance(rid, str):
                 seen[rid][str(hop.get("hop"))].append(hop)
-    completed: list[tuple[LogRead, dict[str, Any]]] = []
+    completed: list[tuple[LogRead, JsonObject]] = []
     for log in by_role.get("router", []):
         for hop in log.hops:
             status = hop.get("status")
@@ -338,7 +339,7 @@ def _get(url: str, headers: Mapping[str, str], params: Mapping[str, Any] | None 
 def read_log(target: Target, role: str, replica_name: str, url: str) -> LogRead:
     """Every hop one replica holds (paged), with its start time and what it lost."""
     headers = target.fault_headers(role)
-    hops: list[dict[str, Any]] = []
+    hops: list[JsonObject] = []
     after = 0
     started_at = 0.0
     lost_before: float | None = None
@@ -367,7 +368,7 @@ def read_logs(target: Target) -> list[LogRead]:
     return logs
 
 
-def read_sent(configuration: Configuration | None) -> list[dict[str, Any]]:
+def read_sent(configuration: Configuration | None) -> list[JsonObject]:
     """The coloured requests this run's ``send_coloured_requests`` saw completed."""
     path = run_dir(configuration) / SENT_NAME
     try:
@@ -389,7 +390,7 @@ def colouring_fidelity(
     settle_s: float = DEFAULT_SETTLE_S,
     configuration: Configuration | None = None,
     secrets: Mapping[str, Any] | None = None,
-) -> dict[str, Any]:
+) -> JsonObject:
     """Per hop, how many requests completed at the router kept their colour there (the
     figures ``colouring_fidelity_at_least`` judges)."""
     with harness_errors("reading the hop logs"):
@@ -459,7 +460,7 @@ def colouring_fidelity_at_least(
 
 
 # -- actions ---------------------------------------------------------------------------------
-def _sent_colour(headers: Mapping[str, str]) -> dict[str, Any]:
+def _sent_colour(headers: Mapping[str, str]) -> JsonObject:
     """What a request sent with ``headers`` must be seen as at the router."""
     return {
         "request_id": headers["x-request-id"],
@@ -474,7 +475,7 @@ def send_coloured_requests(
     max_tokens: int = 4,
     configuration: Configuration | None = None,
     secrets: Mapping[str, Any] | None = None,
-) -> dict[str, Any]:
+) -> JsonObject:
     """Send ``count`` small completions through the router, each with its own
     ``x-request-id``, a new W3C ``traceparent`` and ``x-traffic-tag: tag``, one at a time.
     Returns how many completed; none completing is a failure."""
@@ -487,7 +488,7 @@ def send_coloured_requests(
         url = target.service_url("router") + "/v1/completions"
     ids: list[str] = []
     failures: list[str] = []
-    completed: list[dict[str, Any]] = []
+    completed: list[JsonObject] = []
     with requests.Session() as session:
         for i in range(n):
             rid = f"colour-{_secrets.token_hex(6)}-{i}"
@@ -525,7 +526,7 @@ def drop_colour(
     ttl_s: float = 60.0,
     configuration: Configuration | None = None,
     secrets: Mapping[str, Any] | None = None,
-) -> dict[str, Any]:
+) -> JsonObject:
     """Make every replica of ``component`` treat incoming requests as untagged for
     ``ttl_s`` seconds (the ``drop_colour`` fault): the colouring probe must then name
     that hop."""

@@ -34,16 +34,24 @@ from __future__ import annotations
 import json
 import math
 import time
-from typing import Any
 
 import pandas as pd
 import requests
 from chaoslib.exceptions import ActivityFailed
 
+from canary_contract.json import JsonObject
 from gameday import dependency as dep
 from gameday.faults import FaultEntry, FaultError
 from gameday.targets import TargetError
-from probes._context import Configuration, get_target, harness_errors, ledger, positive, run_dir
+from probes._context import (
+    Configuration,
+    Secrets,
+    get_target,
+    harness_errors,
+    ledger,
+    positive,
+    run_dir,
+)
 from probes._evidence import load_state, read_records
 from probes._result import Slo, failed_result, not_measured, result
 
@@ -71,10 +79,8 @@ RECOVERY_TTFT_FACTOR = 1.5
 RECOVERY_TTFT_SLACK_S = 0.05
 VARIANTS = ("baseline", "canary")
 
-Secrets = dict[str, Any]
 
-
-def _entry_json(e: FaultEntry) -> dict[str, Any]:
+def _entry_json(e: FaultEntry) -> JsonObject:
     return {"component": e.component, "kind": e.kind, "time": e.time, "ttl_s": e.ttl_s,
             "params": e.params, "fault_id": e.fault_id}  # fmt: skip
 
@@ -82,7 +88,7 @@ def _entry_json(e: FaultEntry) -> dict[str, Any]:
 # -- actions ------------------------------------------------------------------------------
 def pause_redis(
     ms: float, configuration: Configuration | None = None, secrets: Secrets | None = None
-) -> dict[str, Any]:
+) -> JsonObject:
     """Stall every Redis client for ``ms`` milliseconds (``CLIENT PAUSE ms ALL``)."""
     ms = positive("ms", ms, float(dep.MAX_PAUSE_MS))
     with harness_errors(f"pausing redis for {ms:g} ms"):
@@ -94,7 +100,7 @@ def exhaust_redis(
     connections: int = 4,
     configuration: Configuration | None = None,
     secrets: Secrets | None = None,
-) -> dict[str, Any]:
+) -> JsonObject:
     """Fill Redis for ``ttl_s`` seconds: ``connections`` held, ``maxclients`` lowered to
     them, everyone else disconnected and refused."""
     ttl_s = positive("ttl_s", ttl_s, dep.MAX_TTL_S)
@@ -106,7 +112,7 @@ def exhaust_redis(
 
 def kill_redis(
     configuration: Configuration | None = None, secrets: Secrets | None = None
-) -> dict[str, Any]:
+) -> JsonObject:
     """SIGKILL the stack's redis-server (supervisord restarts it, empty)."""
     with harness_errors("killing redis"):
         entry = dep.kill(get_target(configuration), ledger(configuration))
@@ -115,7 +121,7 @@ def kill_redis(
 
 def clear_redis_faults(
     configuration: Configuration | None = None, secrets: Secrets | None = None
-) -> dict[str, Any]:
+) -> JsonObject:
     """End every Redis fault of this run (pause, holder) and restore ``maxclients``.
     Idempotent: safe as a rollback after any failure."""
     with harness_errors("clearing redis faults"):
@@ -151,7 +157,7 @@ def watch(
     interval_s: float = 0.25,
     configuration: Configuration | None = None,
     secrets: Secrets | None = None,
-) -> dict[str, Any]:
+) -> JsonObject:
     """For ``duration_s`` seconds, every ``interval_s``: each router replica's and the
     broker's ``/health`` and whether Redis answers PING, one line each in
     ``dependency_watch.jsonl``. Returns the counts of unhealthy ticks."""
@@ -186,7 +192,7 @@ def watch(
 
 
 # -- the summary --------------------------------------------------------------------------
-def _watch_lines(configuration: Configuration | None) -> list[dict[str, Any]]:
+def _watch_lines(configuration: Configuration | None) -> list[JsonObject]:
     try:
         text = (run_dir(configuration) / WATCH_NAME).read_text()
     except OSError:
@@ -202,9 +208,7 @@ def _watch_lines(configuration: Configuration | None) -> list[dict[str, Any]]:
     return out
 
 
-def fault_window(
-    entries: list[FaultEntry], watch_lines: list[dict[str, Any]]
-) -> dict[str, Any] | None:
+def fault_window(entries: list[FaultEntry], watch_lines: list[JsonObject]) -> JsonObject | None:
     """The dependency fault of the ledger and when it began and ended (None: no fault)."""
     faults = [e for e in entries if e.component == dep.ROLE and e.action in ("dependency", "kill")]
     if not faults:
@@ -225,7 +229,7 @@ def fault_window(
     return {"kind": kind, "start": start, "end": end, "params": f.params}
 
 
-def _stats(frame: pd.DataFrame) -> dict[str, Any]:
+def _stats(frame: pd.DataFrame) -> JsonObject:
     n = len(frame)
     failed = int((~frame["ok"]).sum()) if n else 0
     ttft = frame.loc[frame["ok"] & frame["ttft_s"].notna(), "ttft_s"]
@@ -238,7 +242,7 @@ def _stats(frame: pd.DataFrame) -> dict[str, Any]:
     }
 
 
-def _per_variant(frame: pd.DataFrame) -> dict[str, Any]:
+def _per_variant(frame: pd.DataFrame) -> JsonObject:
     out = {"all": _stats(frame)}
     for v in VARIANTS:
         out[v] = _stats(frame[frame["served_by"] == v])
@@ -292,12 +296,12 @@ def _model_results(configuration: Configuration | None) -> dict[str, dict[str, f
     return out
 
 
-def summarise(configuration: Configuration | None) -> dict[str, Any]:
+def summarise(configuration: Configuration | None) -> JsonObject:
     """The experiment's dependency summary (also written to ``dependency.json``)."""
     entries = ledger(configuration).entries()
     lines = _watch_lines(configuration)
     window = fault_window(entries, lines)
-    doc: dict[str, Any] = {"fault": window, "watch_ticks": len(lines)}
+    doc: JsonObject = {"fault": window, "watch_ticks": len(lines)}
     unhealthy: dict[str, int] = {}
     for w in lines:
         for name, ok in (w.get("health") or {}).items():
@@ -334,7 +338,7 @@ def summarise(configuration: Configuration | None) -> dict[str, Any]:
 
 def _summary_or_slo(
     configuration: Configuration | None, check: str, allowed: float, unit: str
-) -> dict[str, Any] | Slo:
+) -> JsonObject | Slo:
     if load_state(configuration) is None and not ledger(configuration).entries():
         return not_measured(check, allowed, unit, "before the method: nothing to measure yet")
     doc = summarise(configuration)

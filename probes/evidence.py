@@ -26,16 +26,13 @@ raise ``ActivityFailed`` naming the argument. It only reads the target.
 
 from __future__ import annotations
 
-from typing import Any
-
 from chaoslib.exceptions import ActivityFailed
 
+from canary_contract.json import JsonObject
 from gameday.run.evidence import GATE_EVIDENCE_NAME, thresholds, write_gate_evidence
-from probes._context import Configuration, get_target, run_dir
+from probes._context import Configuration, Secrets, get_target, run_dir
 
 __all__ = ["gate_evidence"]
-
-Secrets = dict[str, Any]
 
 
 def gate_evidence(
@@ -43,7 +40,7 @@ def gate_evidence(
     min_canary_outcomes: int | None = None,
     configuration: Configuration | None = None,
     secrets: Secrets | None = None,
-) -> dict[str, Any]:
+) -> JsonObject:
     """Write the gate's counters to gate-evidence.json; returns what was written."""
     try:
         limits = thresholds(min_comparisons, min_canary_outcomes)

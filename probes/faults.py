@@ -22,12 +22,11 @@ These actions never kill by name and never act outside the target's blast radius
 
 from __future__ import annotations
 
-from typing import Any
-
 from chaoslib.exceptions import ActivityFailed
 
+from canary_contract.json import JsonObject
 from gameday import faults as gd_faults
-from probes._context import Configuration, get_target, harness_errors, ledger, positive
+from probes._context import Configuration, Secrets, get_target, harness_errors, ledger, positive
 
 __all__ = [
     "break_gate_credential",
@@ -44,8 +43,6 @@ MAX_LATENCY_MS = 60_000.0
 KERNEL_MODES = ("fp8-kv-scale", "nan-logits", "inf-logits", "garbage", "numerics", "quantized")
 MODEL_ROLES = ("model", "model-baseline", "model-canary")
 
-Secrets = dict[str, Any]
-
 
 def _inject(
     configuration: Configuration | None,
@@ -53,8 +50,8 @@ def _inject(
     component: str,
     kind: str,
     ttl_s: float,
-    params: dict[str, Any],
-) -> dict[str, Any]:
+    params: JsonObject,
+) -> JsonObject:
     """Inject on every replica of ``component`` (ledger and broker annotation included)
     and say what was done: the replicas, fault ids and the injection time."""
     with harness_errors(what):
@@ -78,7 +75,7 @@ def inject_latency(
     ttl_s: float = 60.0,
     configuration: Configuration | None = None,
     secrets: Secrets | None = None,
-) -> dict[str, Any]:
+) -> JsonObject:
     """Slow every replica of ``component`` by ``ms`` milliseconds for ``ttl_s`` seconds.
 
     Router, broker, gate: ``ms`` before each request is handled; rollback executor:
@@ -96,7 +93,7 @@ def break_gate_credential(
     ttl_s: float = 60.0,
     configuration: Configuration | None = None,
     secrets: Secrets | None = None,
-) -> dict[str, Any]:
+) -> JsonObject:
     """Make every router push its samples to the gate with a wrong credential for
     ``ttl_s`` seconds (the router's ``wrong_gate_credential`` fault): what a botched
     secret rotation does. The gate then sees nothing from them; the harness must say so
@@ -113,7 +110,7 @@ def make_canary_faulty(
     ttl_s: float = 60.0,
     configuration: Configuration | None = None,
     secrets: Secrets | None = None,
-) -> dict[str, Any]:
+) -> JsonObject:
     """Give the canary a faulty kernel: its next-token distributions drift (and top tokens
     can flip) for prompts of at least ``min_prompt_tokens`` tokens, growing with
     ``magnitude`` and with the prompt's length. This is what the gate must catch."""
@@ -140,7 +137,7 @@ def kill_pod(
     replica: str | None = None,
     configuration: Configuration | None = None,
     secrets: Secrets | None = None,
-) -> dict[str, Any]:
+) -> JsonObject:
     """Kill one pod of ``component`` (``replica`` names it; default: the first).
 
     Local target: SIGKILL to the process supervisord runs (by PID; supervisord restarts
@@ -162,7 +159,7 @@ def clear_faults(
     component: str | None = None,
     configuration: Configuration | None = None,
     secrets: Secrets | None = None,
-) -> dict[str, Any]:
+) -> JsonObject:
     """Clear every fault of this run's ledger that is still outstanding (of ``component``
     only, when given). A fault the component already dropped (expired, or a restarted
     pod) counts as cleared. Idempotent: safe as a rollback after any failure."""

@@ -25,14 +25,13 @@ from typing import Any
 
 from chaoslib.exceptions import ActivityFailed, InterruptExecution
 
-from probes._context import Configuration, run_dir
+from canary_contract.json import JsonObject
+from probes._context import Configuration, Secrets, run_dir
 from probes.kubernetes import start_fresh_canary
 
 __all__ = ["before_experiment_control"]
 
 STATE_NAME = "fresh-canary.json"
-
-Secrets = dict[str, Any]
 
 
 def before_experiment_control(
@@ -47,7 +46,7 @@ def before_experiment_control(
     folder = run_dir(configuration)
     started = time.time()
     try:
-        outcome: dict[str, Any] = start_fresh_canary(weight, deadline_s, configuration, secrets)
+        outcome: JsonObject = start_fresh_canary(weight, deadline_s, configuration, secrets)
     except ActivityFailed as exc:
         _write(folder, {"ok": False, "error": str(exc), "started_at": started})
         raise InterruptExecution(
@@ -57,6 +56,6 @@ def before_experiment_control(
     _write(folder, {"ok": True, "started_at": started, **outcome})
 
 
-def _write(folder: Any, state: dict[str, Any]) -> None:
+def _write(folder: Any, state: JsonObject) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     (folder / STATE_NAME).write_text(json.dumps(state, indent=2, default=str) + "\n")

@@ -18,22 +18,20 @@ evidence. Both only read the broker (and the gate's state for the messages).
 from __future__ import annotations
 
 import time
-from typing import Any
 
 from chaoslib.exceptions import ActivityFailed
 
+from canary_contract.json import JsonObject
 from canary_contract.phases import is_canary_off
 from gameday.api import ApiError, StackApi
 from gameday.evidence.events import first_phase, new_value
 from gameday.evidence.milestones import CLOCK_SLACK_S
-from probes._context import Configuration, stack_api
+from probes._context import Configuration, Secrets, stack_api
 from probes._evidence import experiment_began, reference
 
 __all__ = ["gate_did_not_trip", "wait_for_trip"]
 
 MAX_WAIT_S = 600.0
-
-Secrets = dict[str, Any]
 
 
 def gate_summary(api: StackApi) -> str:
@@ -50,7 +48,7 @@ def gate_summary(api: StackApi) -> str:
     )
 
 
-def _evidence_text(event: dict[str, Any]) -> str:
+def _evidence_text(event: JsonObject) -> str:
     trip = new_value(event.get("change"), "trip")
     if not isinstance(trip, dict):
         return "no evidence recorded"

@@ -25,15 +25,23 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Any
 
 from chaoslib.exceptions import ActivityFailed
 
+from canary_contract.json import JsonObject
 from gameday import hostile
 from gameday.api import ApiError, StackApi
 from gameday.evidence import checks
 from gameday.evidence.slo import Slo
-from probes._context import Configuration, get_target, harness_errors, positive, run_dir, stack_api
+from probes._context import (
+    Configuration,
+    Secrets,
+    get_target,
+    harness_errors,
+    positive,
+    run_dir,
+    stack_api,
+)
 
 __all__ = [
     "flood_pinned_canary",
@@ -49,17 +57,16 @@ REQUEST_COUNT_METRIC = "vllm:e2e_request_latency_seconds_count"
 # Requests the canary is still working on (vLLM's names): drained before counting.
 IN_FLIGHT_METRICS = ("vllm:num_requests_running", "vllm:num_requests_waiting")
 DRAIN_WAIT_S = 15.0
-Secrets = dict[str, Any]
 
 
-def _write(configuration: Configuration | None, name: str, data: dict[str, Any]) -> Path:
+def _write(configuration: Configuration | None, name: str, data: JsonObject) -> Path:
     path = run_dir(configuration) / name
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=2, sort_keys=True))
     return path
 
 
-def _read(configuration: Configuration | None, name: str) -> dict[str, Any] | None:
+def _read(configuration: Configuration | None, name: str) -> JsonObject | None:
     path = run_dir(configuration) / name
     try:
         data = json.loads(path.read_text())
@@ -74,7 +81,7 @@ def flood_pinned_canary(
     max_requests: int = 2_000,
     configuration: Configuration | None = None,
     secrets: Secrets | None = None,
-) -> dict[str, Any]:
+) -> JsonObject:
     """Flood the router with hostile client input pinned to the canary; returns the
     statuses per input (also in ``hostile.json``). Never raises for what came back: the
     SLO probe ``hostile_input_not_5xx`` judges it."""
@@ -127,12 +134,12 @@ def pin_canary_after_trip(
     count: int = 20,
     configuration: Configuration | None = None,
     secrets: Secrets | None = None,
-) -> dict[str, Any]:
+) -> JsonObject:
     """Send ``count`` well-formed requests pinned to the canary; record who answered."""
     n = int(positive("count", count, 1_000))
     with stack_api(configuration, "pinning requests to the canary") as api:
         before = _canary_request_count(api)
-        answers: list[dict[str, Any]] = []
+        answers: list[JsonObject] = []
         for i in range(n):
             body = {"model": hostile.MODEL, "prompt": f"pinned {i}", "max_tokens": 4}
             try:

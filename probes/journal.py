@@ -21,15 +21,15 @@ from typing import Any
 
 from chaoslib import substitute
 
-__all__ = ["after_experiment_control"]
+from probes._context import Configuration, Secrets
 
-Secrets = dict[str, Any]
+__all__ = ["after_experiment_control"]
 
 
 def after_experiment_control(
     context: Any,
     state: Any = None,
-    configuration: dict[str, Any] | None = None,
+    configuration: Configuration | None = None,
     secrets: Secrets | None = None,
     **kwargs: Any,
 ) -> None:

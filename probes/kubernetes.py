@@ -48,12 +48,13 @@ import requests
 from chaoslib import substitute
 from chaoslib.exceptions import ActivityFailed, InterruptExecution
 
+from canary_contract.json import JsonObject
 from gameday import faults as gd_faults
 from gameday.targets import TargetError
 from gameday.targets.kubernetes import FORBIDDEN_NAMESPACES, KubernetesTarget
 from probes._broker import get_release
 from probes._cluster import kubernetes_target, non_negative
-from probes._context import Configuration, get_target, harness_errors, ledger
+from probes._context import Configuration, Secrets, get_target, harness_errors, ledger
 from probes._result import Slo, result
 
 __all__ = [
@@ -75,8 +76,6 @@ BUILD_ANNOTATION = "canarystack.io/build"
 DEFAULT_BUILD_MIN_PROMPT_TOKENS = 2048  # --kernel-fault MODE without :MIN_PROMPT_TOKENS
 KERNEL_FAULT_FLAG = "--kernel-fault"
 REVISION_ANNOTATION = "deployment.kubernetes.io/revision"
-
-Secrets = dict[str, Any]
 
 
 # --- readiness -------------------------------------------------------------------------
@@ -167,7 +166,7 @@ def _digest(manifest: Any) -> str:
 
 
 def _broker_write(
-    target: KubernetesTarget, method: str, path: str, body: dict[str, Any]
+    target: KubernetesTarget, method: str, path: str, body: JsonObject
 ) -> requests.Response:
     url = f"{target.service_url('broker')}{path}"
     try:
@@ -185,7 +184,7 @@ def _error(resp: requests.Response) -> str:
         return resp.text[:300]
 
 
-def _patch_release(target: KubernetesTarget, change: dict[str, Any], reason: str) -> dict[str, Any]:
+def _patch_release(target: KubernetesTarget, change: JsonObject, reason: str) -> JsonObject:
     """A compare-and-set PATCH of the release, retried on a revision conflict."""
     for _ in range(5):
         revision = get_release(target)["revision"]
@@ -259,7 +258,7 @@ def start_fresh_canary(
     deadline_s: float = 300.0,
     configuration: Configuration | None = None,
     secrets: Secrets | None = None,
-) -> dict[str, Any]:
+) -> JsonObject:
     """Make the release ``progressing`` with a canary that is not quarantined and the
     canary weight ``weight``: nothing to do when it already is; after a trip, wait for
     the rollback to finish, then roll out a new canary version (``<version>-g<epoch ms>``)
@@ -486,7 +485,7 @@ def roll_out_bad_canary(
     deadline_s: float = 120.0,
     configuration: Configuration | None = None,
     secrets: Secrets | None = None,
-) -> dict[str, Any]:
+) -> JsonObject:
     """Roll the canary Deployment out to a known-bad build: its model container's args
     gain ``--kernel-fault KERNEL_FAULT`` (``MODE[:MIN_PROMPT_TOKENS]``, the model server
     validates it) and its pod template the annotation ``canarystack.io/build``. Waits for
@@ -520,7 +519,7 @@ def roll_out_bad_canary(
         # same containers as read, the model server's with the bad build's args.
         containers = apps.api_client.sanitize_for_serialization(dep.spec.template.spec.containers)
         containers[index]["args"] = args
-        patch: list[dict[str, Any]] = [
+        patch: list[JsonObject] = [
             {"op": "replace", "path": "/spec/template/spec/containers", "value": containers},
             {
                 "op": "replace" if annotations else "add",
@@ -541,7 +540,7 @@ def roll_out_bad_canary(
         port_urls = {r.name: r.url for r in target.replicas("model-canary")}
         # the model server's default threshold when the value names none
         threshold = int(tokens) if tokens else DEFAULT_BUILD_MIN_PROMPT_TOKENS
-        params: dict[str, Any] = {"mode": mode, "min_prompt_tokens": threshold, "build": build}
+        params: JsonObject = {"mode": mode, "min_prompt_tokens": threshold, "build": build}
         names = []
         for p in pods:
             pod_name = p.metadata.name
@@ -596,7 +595,7 @@ def undo_canary_rollout(
     deadline_s: float = 120.0,
     configuration: Configuration | None = None,
     secrets: Secrets | None = None,
-) -> dict[str, Any]:
+) -> JsonObject:
     """``kubectl rollout undo deployment/model-canary`` through the API: the Deployment's
     pod template becomes its previous ReplicaSet's (the highest revision below the current
     one, among the ReplicaSets the Deployment owns); waits for that rollout. Nothing to do
@@ -691,7 +690,7 @@ def _close_build_entries(configuration: Configuration | None) -> int:
 
 
 # --- the namespace guard (a Chaos Toolkit control) --------------------------------------
-def _activities(experiment: dict[str, Any]) -> list[dict[str, Any]]:
+def _activities(experiment: JsonObject) -> list[JsonObject]:
     found = list((experiment.get("steady-state-hypothesis") or {}).get("probes") or [])
     found += list(experiment.get("method") or [])
     found += list(experiment.get("rollbacks") or [])
@@ -699,7 +698,7 @@ def _activities(experiment: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def _namespace_of(
-    activity: dict[str, Any], configuration: Configuration | None, secrets: Secrets | None
+    activity: JsonObject, configuration: Configuration | None, secrets: Secrets | None
 ) -> str | None:
     """The namespace a chaosk8s activity acts on, or None for other activities."""
     provider = activity.get("provider") or {}
@@ -713,7 +712,7 @@ def _namespace_of(
 
 
 def refused_namespaces(
-    activities: list[dict[str, Any]],
+    activities: list[JsonObject],
     configuration: Configuration | None,
     secrets: Secrets | None = None,
 ) -> list[str]:
@@ -752,7 +751,7 @@ def refused_namespaces(
 
 
 def before_experiment_control(
-    context: dict[str, Any],
+    context: JsonObject,
     configuration: Configuration | None = None,
     secrets: Secrets | None = None,
     **kwargs: Any,
@@ -767,7 +766,7 @@ def before_experiment_control(
 
 
 def before_activity_control(
-    context: dict[str, Any],
+    context: JsonObject,
     configuration: Configuration | None = None,
     secrets: Secrets | None = None,
     **kwargs: Any,

@@ -31,7 +31,7 @@ from chaoslib.exceptions import InterruptExecution
 from gameday.load.runner import LoadConfig, LoadRunError, env_load_seed
 from gameday.run import load_state
 from gameday.targets import TargetError
-from probes._context import Configuration, get_target, run_dir
+from probes._context import Configuration, Secrets, get_target, run_dir
 
 __all__ = [
     "after_experiment_control",
@@ -43,8 +43,6 @@ __all__ = [
 ENV_RUN_ID = "GAMEDAY_RUN_ID"
 JOURNAL_EXTENSION = "gameday-load"
 MAX_USERS = 1000
-
-Secrets = dict[str, Any]
 
 
 def _oracle_args(configuration: Configuration | None) -> list[str]:

@@ -29,10 +29,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
 
 from chaoslib.exceptions import ActivityFailed
 
+from canary_contract.json import JsonObject
 from probes._cluster import (
     canary_traffic_after,
     epoch_s,
@@ -40,7 +40,7 @@ from probes._cluster import (
     kubernetes_target,
     non_negative,
 )
-from probes._context import Configuration
+from probes._context import Configuration, Secrets
 from probes._result import Slo, result
 
 __all__ = ["argo_rollout_aborted", "argo_rollout_status", "flagger_canary_failed",
@@ -52,12 +52,10 @@ ARGO_ABORTED_REASON = "RolloutAborted"
 MAX_WAIT_S = 600.0
 POLL_S = 1.0
 
-Secrets = dict[str, Any]
-
 
 def _read(
     configuration: Configuration | None, crd: tuple[str, str, str], name: str, what: str
-) -> dict[str, Any]:
+) -> JsonObject:
     target = kubernetes_target(configuration, what)
     from kubernetes import client
 
@@ -87,7 +85,7 @@ def _read(
 
 
 # --- Argo Rollouts -------------------------------------------------------------------
-def _argo_view(obj: dict[str, Any]) -> dict[str, Any]:
+def _argo_view(obj: JsonObject) -> JsonObject:
     status = obj.get("status") or {}
     conditions = status.get("conditions") or []
     aborted_cond = next(
@@ -112,7 +110,7 @@ def _argo_view(obj: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _argo_aborted(view: dict[str, Any]) -> bool:
+def _argo_aborted(view: JsonObject) -> bool:
     return bool(view["abort"] and view["phase"] == "Degraded" and view["aborted_condition"])
 
 
@@ -120,7 +118,7 @@ def argo_rollout_status(
     rollout: str,
     configuration: Configuration | None = None,
     secrets: Secrets | None = None,
-) -> dict[str, Any]:
+) -> JsonObject:
     """What the Argo Rollout says: phase, abort, the RolloutAborted condition, its time
     (epoch seconds) and the canary weight when traffic routing reports one."""
     return _argo_view(_read(configuration, ARGO, rollout, "argo_rollout_status"))
@@ -158,7 +156,7 @@ def argo_rollout_aborted(
 
 
 # --- Flagger -------------------------------------------------------------------------
-def _flagger_view(obj: dict[str, Any]) -> dict[str, Any]:
+def _flagger_view(obj: JsonObject) -> JsonObject:
     status = obj.get("status") or {}
     promoted = next(
         (c for c in status.get("conditions") or [] if c.get("type") == "Promoted"), None
@@ -177,7 +175,7 @@ def flagger_canary_status(
     canary: str,
     configuration: Configuration | None = None,
     secrets: Secrets | None = None,
-) -> dict[str, Any]:
+) -> JsonObject:
     """What the Flagger Canary says: phase, canaryWeight, failedChecks, when it changed."""
     return _flagger_view(_read(configuration, FLAGGER, canary, "flagger_canary_status"))
 
@@ -218,7 +216,7 @@ def _traffic(
     canary_promql: str | None,
     total_promql: str | None,
     prometheus_url: str | None,
-) -> dict[str, Any]:
+) -> JsonObject:
     """The probes' traffic arguments as ``canary_traffic_after`` takes them."""
     return {
         "canary_version": canary_version,
@@ -232,14 +230,14 @@ def _paired(
     *,
     check: str,
     name: str,
-    read: Callable[[], dict[str, Any]],
-    is_done: Callable[[dict[str, Any]], bool],
+    read: Callable[[], JsonObject],
+    is_done: Callable[[JsonObject], bool],
     expected: str,
     since_key: str,
     grace_s: float,
     max_canary_requests: int,
     timeout_s: float,
-    traffic: dict[str, Any],
+    traffic: JsonObject,
     configuration: Configuration | None,
 ) -> Slo:
     grace = non_negative("grace_s", grace_s)
@@ -278,7 +276,7 @@ def _paired(
     measured, ok, why = judge_traffic(evidence, allowed)
     if why is not None and measured is not None:
         why = f"{name!r} says {expected}, but {why}: the controller failed open"
-    detail: dict[str, Any] = {
+    detail: JsonObject = {
         "controller": view,
         "since": since,
         "grace_s": grace,
@@ -289,5 +287,5 @@ def _paired(
     return result(check, measured, allowed, "count", ok, **detail)
 
 
-def _short(view: dict[str, Any]) -> str:
+def _short(view: JsonObject) -> str:
     return ", ".join(f"{k}={v!r}" for k, v in view.items() if k != "promoted_condition")

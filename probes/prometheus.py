@@ -32,17 +32,15 @@ Results have the SLO shape of docs/ARCHITECTURE.md §7.1. These probes only read
 from __future__ import annotations
 
 import math
-from typing import Any
 
 from chaoslib.exceptions import ActivityFailed
 
+from canary_contract.json import JsonObject
 from probes._cluster import non_negative, prometheus_url, promql_value
-from probes._context import Configuration, get_target
+from probes._context import Configuration, Secrets, get_target
 from probes._result import Slo, result
 
 __all__ = ["canary_drained", "metric_at_least", "metric_at_most", "query_value"]
-
-Secrets = dict[str, Any]
 
 # Metric names exported by canarystack's router (canarystack/router/server.py).
 WEIGHT_QUERY = 'max(router_canary_weight_percent{namespace="{namespace}"})'
@@ -127,7 +125,7 @@ def _bounded(
     url = _url(configuration, url_arg)
     expr = _expand(promql, configuration, window_s)
     value = promql_value(url, expr)
-    detail: dict[str, Any] = {"query": expr, "prometheus_url": url}
+    detail: JsonObject = {"query": expr, "prometheus_url": url}
     if value is None:
         detail["why"] = (
             f"the query matched no series (expected a value {'<=' if at_most else '>='} "
@@ -197,7 +195,7 @@ def canary_drained(
     check = "canary_drained"
     odd = {k: v for k, v in raw.items() if v is not None and not math.isfinite(v)}
     values = {k: (None if k in odd else v) for k, v in raw.items()}
-    detail: dict[str, Any] = {"queries": queries, "values": values, "prometheus_url": url}
+    detail: JsonObject = {"queries": queries, "values": values, "prometheus_url": url}
     if odd:
         detail["why"] = "; ".join(f"{k} query: {_not_finite(v)}" for k, v in odd.items())
         return result(check, None, allowed, "count", False, **detail)

@@ -24,13 +24,12 @@ missing or empty records fail the check (fail-closed). These probes only read.
 
 from __future__ import annotations
 
-from typing import Any
-
+from canary_contract.json import JsonObject
 from canary_contract.phases import is_canary_off
 from gameday.api import ApiError
 from gameday.evidence import checks
 from gameday.evidence.slo import Slo, failed_result, not_measured
-from probes._context import Configuration, stack_api
+from probes._context import Configuration, Secrets, stack_api
 from probes._evidence import (
     NOT_YET,
     before_anything,
@@ -53,8 +52,6 @@ __all__ = [
     "trip_within",
     "weights_applied_within",
 ]
-
-Secrets = dict[str, Any]
 
 
 def slo_met(
@@ -219,7 +216,7 @@ def gate_sees_every_router(
     A blind gate never trips, so a run without this check could pass quietly."""
     try:
         with stack_api(configuration, "finding the routers and the gate") as api:
-            health: dict[str, dict[str, Any] | None] = {}
+            health: dict[str, JsonObject | None] = {}
             routers = api.target.replicas("router")
             for router in routers:
                 try:

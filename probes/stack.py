@@ -18,14 +18,13 @@ or internals. These probes never change anything.
 from __future__ import annotations
 
 import time
-from typing import Any
 
 from chaoslib.exceptions import ActivityFailed
 
 from canary_contract.phases import Phase
 from gameday.api import ApiError, StackApi
 from gameday.targets import ROLES, TargetError
-from probes._context import Configuration, ledger, stack_api
+from probes._context import Configuration, Secrets, ledger, stack_api
 from probes._evidence import load_state
 
 __all__ = [
@@ -39,8 +38,6 @@ __all__ = [
 
 PHASES = tuple(p.value for p in Phase)
 MAX_WAIT_S = 600.0
-
-Secrets = dict[str, Any]
 
 
 def _unhealthy(api: StackApi) -> list[str]:

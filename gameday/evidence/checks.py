@@ -35,7 +35,7 @@ RECORD_COLUMNS = (
 GATE_AUTH_OK = "ok"
 
 
-def fault_detail(fault: FaultRow) -> dict[str, Any]:
+def fault_detail(fault: FaultRow) -> JsonObject:
     keys = ("kind", "component", "time", "params")
     return {"fault": {k: fault.get(k) for k in keys}}
 
@@ -159,7 +159,7 @@ def broker_milestone(
     allowed, t0 = float(max_s), float(fault["time"])
     since = t0 - CLOCK_SLACK_S
     trip = first_phase(events, "tripped", since)
-    about: dict[str, Any] = {}
+    about: JsonObject = {}
     when: float | None = None
     if check == "detection_s":
         hit, what = trip, "trip"

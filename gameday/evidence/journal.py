@@ -39,7 +39,7 @@ def _list(value: Any) -> list[Any]:
     return value if isinstance(value, list) else []
 
 
-def _dict(value: Any) -> dict[str, Any]:
+def _dict(value: Any) -> JsonObject:
     return value if isinstance(value, dict) else {}
 
 

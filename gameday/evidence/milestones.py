@@ -74,11 +74,11 @@ class WeightsApplied:
             "report when its canary weight became 0)"
         )
 
-    def detail(self) -> dict[str, Any]:
+    def detail(self) -> JsonObject:
         change = (self.annotation or {}).get("change")
         change = change if isinstance(change, dict) else {}
         keys = ("revision", "routers", "waited_s", "retries")
-        out: dict[str, Any] = {k: change.get(k) for k in keys}
+        out: JsonObject = {k: change.get(k) for k in keys}
         out.update(
             source=self.source,
             time_source=self.source,

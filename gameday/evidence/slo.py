@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from typing import Any, TypeGuard
 
-Slo = dict[str, Any]
+from canary_contract.json import JsonObject
+
+Slo = JsonObject
 SLO_KEYS = frozenset({"check", "measured", "allowed", "ok"})
 NOT_MEASURED = "not_measured"
 

@@ -7,12 +7,10 @@ No traffic at all is *not* evidence that the canary stopped serving: fail-closed
 
 from __future__ import annotations
 
-from typing import Any
+from canary_contract.json import JsonObject
 
 
-def judge_traffic(
-    evidence: dict[str, Any], allowed: float
-) -> tuple[float | None, bool, str | None]:
+def judge_traffic(evidence: JsonObject, allowed: float) -> tuple[float | None, bool, str | None]:
     """(measured canary requests, ok, why-not) for traffic evidence; fail-closed."""
     canary, total = evidence.get("canary"), evidence.get("total")
     if total is not None and total <= 0:
