@@ -16,6 +16,7 @@ from typing import Any
 
 import requests
 
+from canary_contract.json import JsonObject
 from canarystack.broker.digest import manifest_digest
 
 
@@ -35,7 +36,7 @@ def ensure_release(
     actor: str,
     reason: str,
     timeout_s: float,
-) -> tuple[bool, dict[str, Any]]:
+) -> tuple[bool, JsonObject]:
     """(created, release). ``manifests`` maps each version to register (stable and canary)
     to its manifest. Raises ``ReleaseSetupError`` on a refusal and lets
     ``requests.RequestException`` through when the broker does not answer."""

@@ -12,7 +12,7 @@ This module must never import aiohttp or the HTTP layer.
 
 from __future__ import annotations
 
-from typing import Any
+from canary_contract.json import JsonObject
 
 
 class BrokerDomainError(Exception):
@@ -24,7 +24,7 @@ class BrokerDomainError(Exception):
         *,
         param: str | None = None,
         code: str | None = None,
-        extra: dict[str, Any] | None = None,
+        extra: JsonObject | None = None,
     ) -> None:
         super().__init__(message)
         self.message = message

@@ -40,9 +40,9 @@ import sqlite3
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
-from canary_contract.json import JsonObject
+from canary_contract.json import JsonObject, JsonValue
 from canarystack.broker import phases
 from canarystack.broker.errors import Conflicting, Missing, Refused
 from canarystack.broker.phases import Phase
@@ -120,7 +120,14 @@ def _number(x: float) -> float | int:
     return int(x) if float(x).is_integer() else x
 
 
-def _flat(release: JsonObject | None) -> dict[str, Any]:
+class FieldChange(TypedDict):
+    """One field of an event's ``change``: its value before and after."""
+
+    old: JsonValue
+    new: JsonValue
+
+
+def _flat(release: JsonObject | None) -> JsonObject:
     """The fields an event's ``change`` compares, flattened (``weights.canary``)."""
     if release is None:
         return {}
@@ -137,11 +144,11 @@ def _flat(release: JsonObject | None) -> dict[str, Any]:
     }
 
 
-def diff(old: JsonObject | None, new: JsonObject) -> dict[str, dict[str, Any]]:
+def diff(old: JsonObject | None, new: JsonObject) -> dict[str, FieldChange]:
     """``{field: {"old": a, "new": b}}`` for every field that differs."""
     before, after = _flat(old), _flat(new)
     return {
-        key: {"old": before.get(key), "new": value}
+        key: FieldChange(old=before.get(key), new=value)
         for key, value in after.items()
         if before.get(key) != value
     }

@@ -31,6 +31,7 @@ from typing import Any
 
 from aiohttp import web
 
+from canary_contract.json import JsonObject
 from canarystack.common import strictjson
 from canarystack.common.errors import ApiError, BadRequest
 
@@ -80,7 +81,7 @@ async def read_bytes(request: web.Request, max_bytes: int) -> bytes:
     return bytes(chunks)
 
 
-def parse_object(raw: bytes) -> dict[str, Any]:
+def parse_object(raw: bytes) -> JsonObject:
     """Strict JSON that must be an object, or a 400 naming what was wrong."""
     try:
         data = strictjson.loads(raw)
@@ -99,20 +100,20 @@ def parse_object(raw: bytes) -> dict[str, Any]:
     return data
 
 
-async def _parse(raw: bytes) -> dict[str, Any]:
+async def _parse(raw: bytes) -> JsonObject:
     if len(raw) <= INLINE_PARSE_BYTES:
         return parse_object(raw)
     return await asyncio.get_running_loop().run_in_executor(None, parse_object, raw)
 
 
-async def read_json_object(request: web.Request, max_bytes: int) -> dict[str, Any]:
+async def read_json_object(request: web.Request, max_bytes: int) -> JsonObject:
     raw = await read_bytes(request, max_bytes)
     if not raw.strip():
         raise BadRequest("Request body is empty: send a JSON object.")
     return await _parse(raw)
 
 
-async def read_optional_object(request: web.Request, max_bytes: int) -> dict[str, Any] | None:
+async def read_optional_object(request: web.Request, max_bytes: int) -> JsonObject | None:
     """Like ``read_json_object`` but an empty body is ``None`` (the body is optional)."""
     raw = await read_bytes(request, max_bytes)
     if not raw.strip():

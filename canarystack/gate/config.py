@@ -23,6 +23,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from canary_contract.json import JsonObject
 from canarystack.common.buckets import DEFAULT_EDGES, bucket_labels
 
 SECONDS_PER_HOUR = 3600.0
@@ -165,7 +166,7 @@ class GateConfig:
     def labels(self) -> list[str]:
         return bucket_labels(self.edges)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {k: (list(v) if isinstance(v, tuple) else v) for k, v in self.__dict__.items()}
 
     @classmethod
@@ -198,7 +199,7 @@ class GateConfig:
             "errors": self.errors_threshold,
         }[test]
 
-    def budget_json(self) -> dict[str, Any]:
+    def budget_json(self) -> JsonObject:
         """The false-alarm budget this configuration runs with (module docstring)."""
         counts = detector_counts(self.edges, self.pool_tails)
         r = self.budget_sample_rate_hz

@@ -15,6 +15,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from canary_contract.json import JsonObject
 from canarystack.gate.samples import Comparison, Outcome
 from canarystack.gate.stats import ECusum, MeanWindow, TimeWindow
 
@@ -80,7 +81,7 @@ class Alarm:
     scope: str
     bucket: str
     detector: ECusum
-    detail: dict[str, Any]
+    detail: JsonObject
     colours: list[dict[str, str | None]] = field(default_factory=list)
 
 

@@ -43,9 +43,10 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
 
 from scipy.special import betaincinv
+
+from canary_contract.json import JsonObject
 
 
 @dataclass
@@ -133,7 +134,7 @@ class ECusum:
         span = self.run_last_time - self.first_time
         return self.samples / span if span >= 1.0 else None
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         """The detector's numbers for the API; a number that is not finite is written as
         None (JSON has no NaN; ``ReleaseGate.problems`` reports it)."""
         return {
