@@ -24,10 +24,10 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any
 
 from aiohttp import web
 
+from canary_contract.json import JsonObject
 from canarystack.common import strictjson
 from canarystack.common.errors import ApiError, BadRequest, parse_model
 from canarystack.model.schemas import (
@@ -121,8 +121,10 @@ def _containers(raw: bytes) -> int:
     return outside.count(b"[") + outside.count(b"{")
 
 
-def _json_object(raw: bytes) -> dict[str, Any]:
-    if not raw:
+def json_object(raw: bytes) -> JsonObject:
+    """The strict JSON object in a client's ``raw`` body, or a 400 naming what is wrong
+    (the router's intake reads its bodies with it too)."""
+    if not raw.strip():
         raise BadRequest("Request body is empty: send a JSON object.")
     containers = _containers(raw)
     if containers > MAX_CONTAINERS:
@@ -133,29 +135,29 @@ def _json_object(raw: bytes) -> dict[str, Any]:
         )
     try:
         data = strictjson.loads(raw)
-    except strictjson.StrictJsonError as exc:
+    except ValueError as exc:
         raise BadRequest(f"Request body is not valid JSON: {exc}.") from None
     if not isinstance(data, dict):
         raise BadRequest(f"Request body must be a JSON object, got {type(data).__name__}.")
     return data
 
 
-def _precheck(data: dict[str, Any]) -> None:
+def _cap_list(data: JsonObject, field: str, unit: str, cap: int, advice: str = "") -> None:
+    """A 400 when ``data[field]`` is a list of more than ``cap`` items."""
+    value = data.get(field)
+    if isinstance(value, list) and len(value) > cap:
+        raise BadRequest(
+            f"Invalid request body: field '{field}' has {len(value)} {unit}; at most "
+            f"{cap} are accepted.{advice}",
+            param=field,
+        )
+
+
+def _precheck(data: JsonObject) -> None:
     """Caps that must hold before pydantic walks the body."""
-    messages = data.get("messages")
-    if isinstance(messages, list) and len(messages) > MAX_MESSAGES:
-        raise BadRequest(
-            f"Invalid request body: field 'messages' has {len(messages)} messages; at most "
-            f"{MAX_MESSAGES} are accepted. Merge or drop messages.",
-            param="messages",
-        )
+    _cap_list(data, "messages", "messages", MAX_MESSAGES, " Merge or drop messages.")
+    _cap_list(data, "stop", "sequences", MAX_STOP_SEQUENCES)
     stop = data.get("stop")
-    if isinstance(stop, list) and len(stop) > MAX_STOP_SEQUENCES:
-        raise BadRequest(
-            f"Invalid request body: field 'stop' has {len(stop)} sequences; at most "
-            f"{MAX_STOP_SEQUENCES} are accepted.",
-            param="stop",
-        )
     items = stop if isinstance(stop, list) else [stop]
     for s in items:
         if isinstance(s, str) and len(s) > MAX_STOP_CHARS:
@@ -175,7 +177,7 @@ def _prompt_bytes(req: CompletionRequest | ChatCompletionRequest) -> int:
 def parse_request(raw: bytes, kind: str, limits: Limits) -> Parsed:
     """The request of ``kind`` ("completion" or "chat") in ``raw``, validated and its
     prompt tokenised, or a 400 naming what was wrong (synchronous: may run in a thread)."""
-    data = _json_object(raw)
+    data = json_object(raw)
     _precheck(data)
     req: CompletionRequest | ChatCompletionRequest
     if kind == "completion":

@@ -8,24 +8,21 @@ input must never give a 5xx, and a body must never stall the event loop that par
 from __future__ import annotations
 
 import asyncio
-import re
 from typing import Any
 
 from aiohttp import web
 
-from canarystack.common import strictjson
+from canary_contract.json import JsonObject
 from canarystack.common.errors import BadRequest, Conflict, PayloadTooLarge, read_body
+from canarystack.model.body import json_object
 from canarystack.router.routing import PIN_HEADER, prompt_tokens_of
 from canarystack.router.settings import (
     CHECKED_HEADERS,
-    MAX_CONTAINERS,
     MAX_HEADER_CHARS,
     OFF_LOOP_BYTES,
 )
 from canarystack.router.snapshot import Snapshot
 from canarystack.router.state import RouterState
-
-_JSON_STRING = re.compile(rb'"(?:[^"\\]++|\\.)*+"')
 
 
 def bad_header(headers: Any) -> BadRequest | None:
@@ -47,36 +44,14 @@ def bad_header(headers: Any) -> BadRequest | None:
     return None
 
 
-def _containers(raw: bytes) -> int:
-    """How many JSON arrays and objects ``raw`` opens outside its strings (upper bound)."""
-    n = raw.count(b"[") + raw.count(b"{")
-    if n <= MAX_CONTAINERS:
-        return n
-    outside = _JSON_STRING.sub(b"", raw)
-    return outside.count(b"[") + outside.count(b"{")
-
-
-def _parse_body(raw: bytes) -> tuple[dict[str, Any], int]:
+def _parse_body(raw: bytes) -> tuple[JsonObject, int]:
     """(strict JSON object, prompt tokens) or a 400 naming what is wrong. Plain
     synchronous work, so a big body can be parsed and counted off the event loop."""
-    if not raw.strip():
-        raise BadRequest("Request body is empty: send a JSON object.")
-    containers = _containers(raw)
-    if containers > MAX_CONTAINERS:
-        raise BadRequest(
-            f"Request body holds {containers} JSON arrays and objects; at most "
-            f"{MAX_CONTAINERS} are read. Send a smaller document."
-        )
-    try:
-        body = strictjson.loads(raw)
-    except ValueError as exc:
-        raise BadRequest(f"Request body is not valid JSON: {exc}.") from None
-    if not isinstance(body, dict):
-        raise BadRequest(f"Request body must be a JSON object, got {type(body).__name__}.")
+    body = json_object(raw)
     return body, prompt_tokens_of(body)
 
 
-async def read_json_body(request: web.Request, limit: int) -> tuple[bytes, dict[str, Any], int]:
+async def read_json_body(request: web.Request, limit: int) -> tuple[bytes, JsonObject, int]:
     """The request body (bytes, strict JSON object, prompt tokens): 413 above ``limit``
     bytes (``--max-body-bytes``), 400 naming what is wrong otherwise; a body above
     ``OFF_LOOP_BYTES`` is parsed and counted in a worker thread."""

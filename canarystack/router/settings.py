@@ -38,11 +38,8 @@ MAX_HEADER_CHARS = 4096
 # Bodies above this are parsed and counted in a worker thread (a 3 MB prompt takes ~50 ms
 # to count; in slices, the thread lets the loop in every switch interval).
 OFF_LOOP_BYTES = 64 * 1024
-# Arrays and objects in one body, counted outside strings before parsing: json.loads
-# builds each in C without letting another thread in (~1 us each), so a million empty
-# lists would hold the GIL for a second even in a worker thread. The model server reads
-# at most as many (canarystack.model.body).
-MAX_CONTAINERS = 20_000
+# Bodies are read as the model server reads them (canarystack.model.body.json_object: at
+# most MAX_CONTAINERS arrays and objects, then strict JSON).
 # What a model server's x-dependency header (shadow.DEPENDENCY_HEADER) says when its shared
 # dependency (the Redis context lookup) failed and it answered without it ("ok" otherwise).
 DEPENDENCY_DEGRADED = "degraded"
