@@ -30,6 +30,7 @@ from typing import Any
 
 import requests
 
+from canary_contract.json import JsonObject
 from gameday.oracle.wire import loads
 from gameday.targets import Target
 from gameday.targets.history import HistoryError, read_events
@@ -101,7 +102,7 @@ class StackApi:
         *,
         params: dict[str, str] | None = None,
         headers: dict[str, str] | None = None,
-    ) -> dict[str, Any]:
+    ) -> JsonObject:
         """A JSON object from ``url`` (HTTP 200 only)."""
         resp = self._get(url, params=params, headers=headers)
         if resp.status_code != 200:
@@ -115,22 +116,25 @@ class StackApi:
     def broker_url(self) -> str:
         return self.target.service_url("broker")
 
-    def release(self) -> dict[str, Any]:
+    def _no_release(self, url: str) -> ApiError:
+        return ApiError(
+            f"release {self.target.release!r} does not exist on the broker ({url}); "
+            "check 'release' in the target file",
+            url,
+            404,
+        )
+
+    def release(self) -> JsonObject:
         """The release as the broker has it."""
         url = f"{self.broker_url()}/v1/releases/{self.target.release}"
         try:
             return self.get_json(url)
         except ApiError as exc:
             if exc.status == 404:
-                raise ApiError(
-                    f"release {self.target.release!r} does not exist on the broker ({url}); "
-                    "check 'release' in the target file",
-                    url,
-                    404,
-                ) from None
+                raise self._no_release(url) from None
             raise
 
-    def events(self, after_seq: int = 0) -> list[dict[str, Any]]:
+    def events(self, after_seq: int = 0) -> list[JsonObject]:
         """The release's whole event history after ``after_seq``, oldest first: every
         page (a long-lived broker holds more than one, and the first is the oldest)."""
         broker = self.broker_url()
@@ -145,15 +149,10 @@ class StackApi:
             )
         except HistoryError as exc:
             if exc.status == 404:
-                raise ApiError(
-                    f"release {self.target.release!r} does not exist on the broker ({url}); "
-                    "check 'release' in the target file",
-                    url,
-                    404,
-                ) from None
+                raise self._no_release(url) from None
             raise ApiError(f"reading the release's history: {exc}", url, exc.status) from None
 
-    def routers(self) -> list[dict[str, Any]]:
+    def routers(self) -> list[JsonObject]:
         """The live routers the broker knows for the release (their heartbeats)."""
         url = f"{self.broker_url()}/v1/routers"
         body = self.get_json(url, params={"release": self.target.release})
@@ -164,7 +163,7 @@ class StackApi:
     def gate_url(self) -> str:
         return f"{self.target.service_url('gate')}/v1/gate/{self.target.release}"
 
-    def gate_state(self) -> dict[str, Any]:
+    def gate_state(self) -> JsonObject:
         """The gate's state and counters for the release."""
         return self.get_json(self.gate_url())
 
@@ -173,11 +172,11 @@ class StackApi:
         """The HTTP status of a replica's ``/health``."""
         return self._get(f"{replica_url}/health").status_code
 
-    def health(self, replica_url: str) -> dict[str, Any]:
+    def health(self, replica_url: str) -> JsonObject:
         """A replica's ``/health`` body (a router's says whether the gate hears it)."""
         return self.get_json(f"{replica_url}/health")
 
-    def faults(self, replica_url: str, headers: dict[str, str]) -> list[dict[str, Any]]:
+    def faults(self, replica_url: str, headers: dict[str, str]) -> list[JsonObject]:
         """The faults a replica holds now (``GET /admin/faults``)."""
         body = self.get_json(f"{replica_url}/admin/faults", headers=headers)
         found = body.get("faults", [])
@@ -192,7 +191,7 @@ class StackApi:
         return resp.text
 
     # --- the router, as a user ----------------------------------------------------------
-    def completion(self, body: dict[str, Any], headers: dict[str, str]) -> requests.Response:
+    def completion(self, body: JsonObject, headers: dict[str, str]) -> requests.Response:
         """``POST /v1/completions`` through the router; any answer comes back as it is."""
         url = f"{self.target.service_url('router')}/v1/completions"
         try:
@@ -209,7 +208,7 @@ class PrometheusApi:
         self.session = session
         self.url = url.rstrip("/")
 
-    def _data(self, path: str, expr: str, params: dict[str, str]) -> dict[str, Any]:
+    def _data(self, path: str, expr: str, params: dict[str, str]) -> JsonObject:
         endpoint = f"{self.url}{path}"
         try:
             resp = self.session.post(
@@ -239,11 +238,11 @@ class PrometheusApi:
         data = body.get("data")
         return data if isinstance(data, dict) else {}
 
-    def query(self, expr: str, at: float | None = None) -> dict[str, Any]:
+    def query(self, expr: str, at: float | None = None) -> JsonObject:
         """``/api/v1/query``'s ``data`` (``resultType`` and ``result``) at ``at``."""
         return self._data("/api/v1/query", expr, {} if at is None else {"time": f"{at:.3f}"})
 
-    def query_range(self, expr: str, start: float, end: float, step_s: float) -> dict[str, Any]:
+    def query_range(self, expr: str, start: float, end: float, step_s: float) -> JsonObject:
         """``/api/v1/query_range``'s ``data`` over ``start``..``end`` every ``step_s``."""
         params = {"start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step_s:g}"}
         return self._data("/api/v1/query_range", expr, params)

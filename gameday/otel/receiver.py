@@ -33,6 +33,8 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 )
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
+from canary_contract.json import JsonObject
+
 MAX_BODY_BYTES = 8 * 1024 * 1024
 DEFAULT_MAX_SPANS = 100_000
 PROTOBUF = "application/x-protobuf"
@@ -49,9 +51,9 @@ class Span:
     parent_span_id: str | None
     start_ns: int
     end_ns: int
-    attributes: dict[str, Any]
+    attributes: JsonObject
 
-    def as_json(self) -> dict[str, Any]:
+    def as_json(self) -> JsonObject:
         return asdict(self)
 
 

@@ -27,11 +27,11 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import requests
 import yaml
 
+from canary_contract.json import JsonObject
 from gameday.targets import Target, TargetError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -103,7 +103,7 @@ def render_config(
                         ("evaluation_interval_s", evaluation_interval_s)):  # fmt: skip
         if not 0 < value <= 3600:
             raise PrometheusError(f"{name} must be in (0, 3600] seconds, got {value!r}")
-    jobs: dict[str, list[dict[str, Any]]] = {}
+    jobs: dict[str, list[JsonObject]] = {}
     for t in targets:
         jobs.setdefault(t.job, []).append({"targets": [t.address], "labels": dict(t.labels)})
     interval = f"{round(scrape_interval_s * 1000)}ms"
@@ -293,16 +293,16 @@ def _wait_ready(proc: PrometheusProcess, timeout_s: float) -> None:
     )
 
 
-def active_targets(url: str) -> list[dict[str, Any]]:
+def active_targets(url: str) -> list[JsonObject]:
     resp = requests.get(f"{url}/api/v1/targets", params={"state": "active"}, timeout=5)
     resp.raise_for_status()
     return list(resp.json()["data"]["activeTargets"])
 
 
-def wait_for_targets(url: str, timeout_s: float = 30.0) -> list[dict[str, Any]]:
+def wait_for_targets(url: str, timeout_s: float = 30.0) -> list[JsonObject]:
     """Wait (bounded) until every active target has been scraped and is up."""
     deadline = time.monotonic() + timeout_s
-    targets: list[dict[str, Any]] = []
+    targets: list[JsonObject] = []
     while time.monotonic() < deadline:
         with contextlib.suppress(requests.RequestException, KeyError, ValueError):
             targets = active_targets(url)

@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
 
 import click
 from rich.console import Console
 from rich.table import Table
 
+from canary_contract.json import JsonObject
 from gameday.run.plan import PlanError, RunPlan, plan_run
 from gameday.run.runner import EXIT_INCONCLUSIVE, EXIT_PASS, GameDay, RunOutcome
 
@@ -86,7 +86,7 @@ class TerminalProgress:
         self.console.print(f"{self._stamp()} [dim]chaos +{elapsed_s:5.1f}s[/dim] {text}",
                            markup=True, highlight=False)  # fmt: skip
 
-    def experiment_done(self, name: str, result: dict[str, Any]) -> None:
+    def experiment_done(self, name: str, result: JsonObject) -> None:
         verdict = str(result["verdict"])
         took = result["ended_at"] - result["started_at"]
         colour = VERDICT_COLOURS.get(verdict, "red")
@@ -126,7 +126,7 @@ class TerminalProgress:
         )
 
 
-def _figures(result: dict[str, Any]) -> str:
+def _figures(result: JsonObject) -> str:
     figs = result.get("figures") or {}
     parts = []
     for key, fmt in FIGURES:

@@ -24,6 +24,7 @@ from typing import Any
 
 import requests
 
+from canary_contract.json import JsonObject
 from gameday.api import ApiError, StackApi
 from gameday.evidence import events as evidence_events
 from gameday.faults import FaultError, FaultLedger, clear_injected
@@ -40,7 +41,7 @@ def _write_json(path: Path, doc: Any) -> None:
     os.replace(tmp, path)
 
 
-def read_json(path: Path) -> dict[str, Any] | None:
+def read_json(path: Path) -> JsonObject | None:
     try:
         value = json.loads(path.read_text())
     except (OSError, ValueError):
@@ -50,7 +51,7 @@ def read_json(path: Path) -> dict[str, Any] | None:
 
 def collect_timeline(
     target: Target, folder: Path, session: requests.Session | None = None
-) -> tuple[list[dict[str, Any]] | None, str]:
+) -> tuple[list[JsonObject] | None, str]:
     """Write ``timeline.json``; returns the events (None when the broker did not answer).
     Over ``session`` when given, else one of its own."""
     try:
@@ -72,7 +73,7 @@ def collect_timeline(
     return events, ""
 
 
-def trips_between(events: list[dict[str, Any]], start: float, end: float) -> int:
+def trips_between(events: list[JsonObject], start: float, end: float) -> int:
     """Events inside [start - slack, end + slack] that set the phase to ``tripped``."""
     return evidence_events.trips_between(events, start - WINDOW_SLACK_S, end + WINDOW_SLACK_S)
 

@@ -60,6 +60,7 @@ from typing import Any
 
 import requests
 
+from canary_contract.json import JsonObject
 from gameday.api import ApiError, StackApi
 from gameday.faults import FaultLedger
 from gameday.targets import Target, TargetError
@@ -164,14 +165,14 @@ def buckets_at_or_above(labels: list[str], min_prompt_tokens: int) -> list[str]:
     return out
 
 
-def summarise_gate(state: dict[str, Any]) -> dict[str, Any]:
+def summarise_gate(state: JsonObject) -> JsonObject:
     """The counters of the gate's status that the evidence needs, per bucket."""
     buckets: dict[str, dict[str, int]] = {}
     raw = state.get("buckets")
     for label, b in (raw if isinstance(raw, dict) else {}).items():
         b = b if isinstance(b, dict) else {}
         found = b.get("outcomes")
-        outcomes: dict[str, Any] = found if isinstance(found, dict) else {}
+        outcomes: JsonObject = found if isinstance(found, dict) else {}
         buckets[str(label)] = {
             "comparisons": _count(b.get("comparisons")),
             "noise_comparisons": _count(b.get("noise_comparisons")),
@@ -194,7 +195,7 @@ def summarise_gate(state: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def read_gate(target: Target, session: requests.Session | None = None) -> dict[str, Any]:
+def read_gate(target: Target, session: requests.Session | None = None) -> JsonObject:
     """The gate's counters now: ``{"ok": True, ...summarise_gate}`` or ``{"ok": False,
     "error": why}`` (never raises). Over ``session`` when given, else one of its own."""
     url = "?"
@@ -212,7 +213,7 @@ def read_gate(target: Target, session: requests.Session | None = None) -> dict[s
     return {"ok": True, "url": url, **summarise_gate(state)}
 
 
-def since_start(end: dict[str, Any], start: dict[str, Any] | None) -> dict[str, Any]:
+def since_start(end: JsonObject, start: JsonObject | None) -> JsonObject:
     """The counters this experiment added: ``end`` minus ``start`` per bucket, when both
     were read and the gate did not reset in between; else ``end`` as it is."""
     if not (end.get("ok") is True and start and start.get("ok") is True):
@@ -240,7 +241,7 @@ def since_start(end: dict[str, Any], start: dict[str, Any] | None) -> dict[str, 
 
 def write_gate_start(
     target: Target, folder: Path, session: requests.Session | None = None
-) -> dict[str, Any]:
+) -> JsonObject:
     """Before chaos starts: the gate's counters now, into ``gate-evidence-start.json``."""
     doc = {**read_gate(target, session), "read_at": time.time()}
     folder.mkdir(parents=True, exist_ok=True)
@@ -254,7 +255,7 @@ def write_gate_evidence(
     limits: Thresholds,
     source: str,
     session: requests.Session | None = None,
-) -> dict[str, Any]:
+) -> JsonObject:
     """Read the gate and write ``gate-evidence.json`` into ``folder``; returns the document."""
     doc = {
         **read_gate(target, session),
@@ -283,7 +284,7 @@ def kernel_min_prompt_tokens(folder: Path) -> int | None:
 
 
 def gate_reasons(
-    doc: dict[str, Any] | None, expect: str | None, tripped: bool, min_prompt_tokens: int | None
+    doc: JsonObject | None, expect: str | None, tripped: bool, min_prompt_tokens: int | None
 ) -> list[str]:
     """Why the gate could not have seen (empty: it could). ``doc`` is gate-evidence.json."""
     if expect not in ("trip", "no_trip") or (expect == "trip" and tripped):
@@ -299,7 +300,7 @@ def gate_reasons(
             f"the gate's counters could not be read ({doc.get('error')}): what it saw is unknown"
         ]
     found = doc.get("thresholds")
-    given: dict[str, Any] = found if isinstance(found, dict) else {}
+    given: JsonObject = found if isinstance(found, dict) else {}
     try:
         limits = thresholds(
             given.get("min_comparisons"), given.get("min_canary_outcomes"), environ={}
@@ -307,7 +308,7 @@ def gate_reasons(
     except ValueError as exc:
         return [f"{GATE_EVIDENCE_NAME} holds a bad threshold ({exc}): the evidence is unjudged"]
     raw = doc.get("buckets")
-    buckets: dict[str, dict[str, Any]] = raw if isinstance(raw, dict) else {}
+    buckets: dict[str, JsonObject] = raw if isinstance(raw, dict) else {}
     if min_prompt_tokens is not None:
         where = buckets_at_or_above(list(buckets), min_prompt_tokens)
         scope = (
@@ -336,7 +337,7 @@ def gate_reasons(
     return reasons
 
 
-def load_reasons(load: dict[str, Any] | None) -> list[str]:
+def load_reasons(load: JsonObject | None) -> list[str]:
     """Why the load generator's run says nothing about the gate (empty: it was valid)."""
     if not load or load.get("state") != "stopped":
         return []  # no load, or one that did not stop cleanly: the verdict fails on that

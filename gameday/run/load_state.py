@@ -14,8 +14,8 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Any
 
+from canary_contract.json import JsonObject
 from gameday.load.runner import LoadConfig, LoadRun, LoadRunError
 
 LOAD_STATE_NAME = "load.json"
@@ -24,7 +24,7 @@ LOAD_STATE_NAME = "load.json"
 _RUNS: dict[Path, LoadRun] = {}
 
 
-def read_state(folder: Path) -> dict[str, Any]:
+def read_state(folder: Path) -> JsonObject:
     """``load.json`` of ``folder`` ({} when there is none, or it is unreadable)."""
     try:
         value = json.loads((folder / LOAD_STATE_NAME).read_text())
@@ -33,7 +33,7 @@ def read_state(folder: Path) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
-def write_state(folder: Path, state: dict[str, Any]) -> None:
+def write_state(folder: Path, state: JsonObject) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     tmp = folder / f".{LOAD_STATE_NAME}.tmp"
     tmp.write_text(json.dumps(state, indent=2, default=str) + "\n")
@@ -43,7 +43,7 @@ def write_state(folder: Path, state: dict[str, Any]) -> None:
 def start(folder: Path, config: LoadConfig) -> None:
     """Start Locust for ``folder``'s experiment; raises what stopped it from starting
     (``load.json`` then says ``failed`` with the error)."""
-    state: dict[str, Any] = {"state": "starting"}
+    state: JsonObject = {"state": "starting"}
     try:
         run = LoadRun(config)
         state = {

@@ -23,10 +23,10 @@ import secrets
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
 
 import yaml
 
+from canary_contract.json import JsonObject
 from gameday.load.runner import LoadTolerances
 from gameday.report.campaign import run_folder_name, runs_needed
 from gameday.run.evidence import thresholds
@@ -63,7 +63,7 @@ class RunPlan:
     experiments: list[PlannedExperiment]
     target: Target
     target_file: Path | None
-    target_data: dict[str, Any]
+    target_data: JsonObject
     owns_stack: bool
     stack_config: Path | None
     base_port: int | None
@@ -78,7 +78,7 @@ class RunPlan:
     def is_campaign(self) -> bool:
         return self.repeat > 1 or self.certify
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> JsonObject:
         doc = self._describe()
         if self.is_campaign:  # (a plain run's run.json stays as it was)
             doc["campaign"] = {
@@ -91,7 +91,7 @@ class RunPlan:
             }
         return doc
 
-    def _describe(self) -> dict[str, Any]:
+    def _describe(self) -> JsonObject:
         return {
             "target": self.target.describe(),
             "target_file": str(self.target_file) if self.target_file else None,
@@ -149,7 +149,7 @@ def _target_file(given: Path | None) -> Path | None:
     return DEFAULT_TARGET_FILE if DEFAULT_TARGET_FILE.is_file() else None
 
 
-def _target_data(path: Path | None) -> dict[str, Any]:
+def _target_data(path: Path | None) -> JsonObject:
     if path is None:
         return {"kind": "local"}
     try:
@@ -311,7 +311,7 @@ def campaign_runs(
     ]
 
 
-def effective_target_data(plan: RunPlan, state_dir: Path | None) -> dict[str, Any]:
+def effective_target_data(plan: RunPlan, state_dir: Path | None) -> JsonObject:
     """The target file an experiment's activities read: the user's, with the local state
     folder made absolute (or replaced by the fresh stack's)."""
     data = dict(plan.target_data)

@@ -53,6 +53,7 @@ from typing import Any, Protocol
 import requests
 import yaml
 
+from canary_contract.json import JsonObject
 from gameday.load.runner import ENV_LOAD_SEED
 from gameday.run.chaos import ChaosRun
 from gameday.run.collect import (
@@ -95,7 +96,7 @@ class Progress(Protocol):
     def experiment_started(self, index: int, total: int, name: str) -> None: ...
     def stage(self, name: str, text: str) -> None: ...
     def chaos_line(self, name: str, level: str, message: str, elapsed_s: float) -> None: ...
-    def experiment_done(self, name: str, result: dict[str, Any]) -> None: ...
+    def experiment_done(self, name: str, result: JsonObject) -> None: ...
     def run_done(self, outcome: RunOutcome) -> None: ...
 
 
@@ -112,7 +113,7 @@ class SilentProgress:
     def chaos_line(self, name: str, level: str, message: str, elapsed_s: float) -> None:
         pass
 
-    def experiment_done(self, name: str, result: dict[str, Any]) -> None:
+    def experiment_done(self, name: str, result: JsonObject) -> None:
         pass
 
     def run_done(self, outcome: RunOutcome) -> None:
@@ -123,7 +124,7 @@ class SilentProgress:
 class RunOutcome:
     run_dir: Path
     exit_code: int
-    results: list[dict[str, Any]]
+    results: list[JsonObject]
     interrupted: str | None = None
     report_headline: str | None = None
     report_html: Path | None = None
@@ -206,7 +207,7 @@ class GameDay:
         self.plan = plan
         self.progress = progress or SilentProgress()
         self.interrupts = Interrupts()
-        self.results: list[dict[str, Any]] = []
+        self.results: list[JsonObject] = []
         self.started_at = time.time()
         self._stack_dir: Path | None = None  # the stack this run started and has not stopped
         # The harness's HTTP to the stack (gameday.api) goes over this one session.
@@ -283,7 +284,7 @@ class GameDay:
         self, final: bool, verdict: str | None = None, not_run: list[str] | None = None
     ) -> None:
         plan = self.plan
-        doc: dict[str, Any] = {
+        doc: JsonObject = {
             "run_id": plan.run_id,
             "started_at": self.started_at,
             "ended_at": time.time() if final else None,
@@ -303,7 +304,7 @@ class GameDay:
         _write_json(plan.run_dir / "run.json", doc)
 
     # -- one experiment ------------------------------------------------------------
-    def _experiment(self, exp: PlannedExperiment) -> dict[str, Any]:
+    def _experiment(self, exp: PlannedExperiment) -> JsonObject:
         folder = self.plan.run_dir / exp.name
         folder.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(exp.path, folder / "experiment.yaml")
@@ -470,7 +471,7 @@ class GameDay:
 EXIT_CODES = {PASS: EXIT_PASS, FAIL: EXIT_FAIL, INCONCLUSIVE: EXIT_INCONCLUSIVE}
 
 
-def run_verdict(results: list[dict[str, Any]]) -> str:
+def run_verdict(results: list[JsonObject]) -> str:
     """The run's verdict: fail wins, then inconclusive; pass only when every experiment
     passed (and there was at least one)."""
     verdicts = [r.get("verdict") for r in results]
@@ -495,7 +496,7 @@ def inconclusive_reasons(folder: Path, ev: Evidence) -> list[str]:
     return [*reasons, *load_reasons(read_json(folder / "load.json"))]
 
 
-def evidence_figures(folder: Path) -> dict[str, Any]:
+def evidence_figures(folder: Path) -> JsonObject:
     """What the report shows beside the verdict: the gate's counters and the load's check."""
     gate = read_json(folder / GATE_EVIDENCE_NAME) or {}
     if gate:
@@ -522,7 +523,7 @@ def evidence_figures(folder: Path) -> dict[str, Any]:
     }
 
 
-def _evidence_brief(evidence: dict[str, Any]) -> dict[str, Any]:
+def _evidence_brief(evidence: JsonObject) -> JsonObject:
     """The evidence's headline numbers for the terminal (gameday.run.cli FIGURES)."""
     gate = evidence.get("gate") or {}
     load = evidence.get("load") or {}
@@ -543,7 +544,7 @@ def _epoch(value: Any) -> float | None:
         return None
 
 
-def _window(journal: dict[str, Any], folder: Path) -> tuple[float, float]:
+def _window(journal: JsonObject, folder: Path) -> tuple[float, float]:
     """The experiment's time window, from its journal (else the folder's creation)."""
     start = _epoch(journal.get("start"))
     end = _epoch(journal.get("end"))
@@ -552,9 +553,9 @@ def _window(journal: dict[str, Any], folder: Path) -> tuple[float, float]:
     return float(start), float(end if end is not None else time.time())
 
 
-def figures(journal: dict[str, Any] | None, rows: int | None) -> dict[str, Any]:
+def figures(journal: JsonObject | None, rows: int | None) -> JsonObject:
     """Key figures for the terminal: every SLO result after the method, and trip time."""
-    out: dict[str, Any] = {"requests": rows}
+    out: JsonObject = {"requests": rows}
     if not journal:
         return out
     after = (journal.get("steady_states") or {}).get("after") or {}

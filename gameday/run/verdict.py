@@ -40,6 +40,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from canary_contract.json import JsonObject
 from gameday.evidence.journal import (
     BLIND_CHECK,
     BLIND_PREFIX,
@@ -91,7 +92,7 @@ class Evidence:
     """Everything the verdict of one experiment looks at."""
 
     chaos_exit_code: int | None  # None: chaos never started or was killed
-    journal: dict[str, Any] | None
+    journal: JsonObject | None
     records_rows: int | None  # None: no records file, or unreadable
     trips_in_window: int | None  # None: the broker's history could not be read
     interrupted: str | None = None  # "SIGINT" etc. when the run was interrupted
@@ -108,7 +109,7 @@ def _hard_journal_reason(reason: str) -> bool:
     return reason.startswith(_HARD_JOURNAL_PREFIXES) or "before the method" in reason
 
 
-def _dict(value: Any) -> dict[str, Any]:
+def _dict(value: Any) -> JsonObject:
     return value if isinstance(value, dict) else {}
 
 
