@@ -1,40 +1,6 @@
 """``BrokerClient``: the async client the router, gate, rollback executor and stack use.
-
-The caller passes its own ``aiohttp.ClientSession`` in (as with httpx), so it controls
-pooling and lifetime, and tests can aim the client at a real broker::
-
-    async with aiohttp.ClientSession() as session:
-        broker = BrokerClient(session, "http://127.0.0.1:18100", token, actor="rollback")
-        release = await broker.get_release("default")
-        release = await broker.watch("default", after=release["revision"], timeout_s=30)
-        await broker.patch_release("default", release["revision"], canary_weight=0)
-
-Exceptions (every one carries ``method`` and ``url`` of the request; the hierarchy is in
-``canarystack.broker.client_errors``, re-exported here): ``BrokerUnavailable`` (cannot
-connect, no answer in time, a 5xx, or ``BadBrokerAnswer``: retry with backoff),
-``RevisionConflict`` and ``IllegalTransition`` (409), ``BrokerRequestError`` (any other
-4xx; ``BrokerNotFound`` for 404).
-
-``follow(name)`` is the one loop that keeps a release in view (the gate, the rollback
-executor and the router use it): an async iterator of ``FollowEvent``
-(``canarystack.broker.follow``) — each release the broker answers (a plain read first and
-after every error, then long polls), or an error classified once (``not_found``,
-``unavailable``, ``refused``, ``bad_answer``, ``error``) with how long it waits before the
-next read (doubling backoff) — so the caller can go degraded or fail safe at once. It
-never ends on its own; cancel the task that iterates it.
-
-Releases, versions, events and routers come back as the JSON objects of the API
-(docs/ARCHITECTURE.md §2), as plain dicts; the ``*_record`` methods (``release_record``,
-``release_records``, ``version_record``, ``events_page_record``, ``router_records``) read
-the same answers as the contract's typed, frozen records (``canary_contract.broker``), and
-an answer that is not one is ``BadBrokerAnswer`` naming the field. ``events()`` reads every
-page of the history (``iter_events`` yields them page by page; ``events_page`` is one
-request). Bodies are written and answers read with ``canarystack.common.strictjson``: a
-body holding NaN or Infinity is not sent (``BrokerRequestError``, status 400, code
-``non_finite``), and an answer holding them is not a broker answer (``BrokerUnavailable``).
-
-Why this module is above ~400 lines: one short method per broker API call, over one
-transport; the exceptions and ``follow()`` stand alone.
+Over 400 lines because it is one short method per broker API call, over one transport;
+the exceptions (``client_errors``) and ``follow()`` (``follow``) stand alone.
 
 This module must never create or close the session it is given, retry a write on its own
 (a retried write could apply twice; compare-and-set is the caller's decision), or import
@@ -110,7 +76,25 @@ def _typed(record: type[R], data: JsonObject, method: str, url: str) -> R:
 
 
 class BrokerClient:
-    """Async client for one broker. Cheap to build; holds no connection of its own."""
+    """Async client for one broker. Cheap to build; holds no connection of its own.
+
+    The caller passes its own ``aiohttp.ClientSession`` in (as with httpx), so it controls
+    pooling and lifetime, and tests can aim the client at a real broker::
+
+        async with aiohttp.ClientSession() as session:
+            broker = BrokerClient(session, "http://127.0.0.1:18100", token, actor="rollback")
+            release = await broker.get_release("default")
+            release = await broker.watch("default", after=release["revision"], timeout_s=30)
+            await broker.patch_release("default", release["revision"], canary_weight=0)
+
+    Releases, versions, events and routers come back as the JSON objects of the API
+    (docs/ARCHITECTURE.md §2), as plain dicts; the ``*_record`` methods (``release_record``,
+    ``release_records``, ``version_record``, ``events_page_record``, ``router_records``)
+    read the same answers as the contract's typed, frozen records
+    (``canary_contract.broker``), and an answer that is not one is ``BadBrokerAnswer``
+    naming the field. ``events()`` reads every page of the history (``iter_events``
+    yields them page by page; ``events_page`` is one request).
+    """
 
     def __init__(
         self,
@@ -143,6 +127,17 @@ class BrokerClient:
         admin: bool = False,
         timeout_s: float | None = None,
     ) -> tuple[Any, int, Mapping[str, str]]:
+        """One request: ``(answer, status, headers)``, or the exception saying what failed.
+
+        Every exception carries ``method`` and ``url`` (the hierarchy is in
+        ``client_errors``, re-exported here): ``BrokerUnavailable`` (cannot connect, no
+        answer in time, a 5xx, or ``BadBrokerAnswer``: retry with backoff),
+        ``RevisionConflict`` and ``IllegalTransition`` (409), ``BrokerRequestError`` (any
+        other 4xx; ``BrokerNotFound`` for 404). Bodies are written and answers read with
+        ``strictjson``: a body holding NaN or Infinity is not sent (``BrokerRequestError``,
+        status 400, code ``non_finite``), and an answer holding them is not a broker answer
+        (``BrokerUnavailable``).
+        """
         url = self.base_url + path
         headers = {"x-actor": self.actor}
         if admin and self._admin_token is not None:

@@ -1,58 +1,7 @@
-"""The rollback of one release, as an explicit state machine decided from the broker:
-``RollbackRunner`` reads where the rollback stands (``canarystack.rollback.situation``:
-the table, ``classify``) before every step and runs the step the table gives.
-
-``R`` is the revision of the event that moved the release to ``rolling_back``. Step 2
-polls ``GET /v1/routers?release=`` every ``poll_s`` (default 50 ms); an attempt that
-does not see every live router at ``R`` within ``apply_timeout_s`` is retried (counted);
-after ``apply_retries`` retries the annotation records the routers still lagging and the
-rollback goes on (waiting longer would not move a stuck router, and the canary weight is
-already 0 in the broker). An empty router list is accepted only after
-``empty_routers_grace_s`` (a restarted broker learns its routers from heartbeats), and
-only while no router of the release was seen recently: when routers heartbeated a moment
-ago (the broker's ``recent`` list, or the executor saw them live during this step) and
-then went quiet, "no router listed" does not mean "every router applied" — a router cut
-off from the broker may still be serving the canary. Step 2 then keeps waiting, says why
-in ``waiting.reason``, and after the same ``apply_timeout_s`` x (1 + ``apply_retries``)
-budget annotates ``timed_out`` with the quiet routers as ``lagging``.
-
-The event history is read incrementally (it is append-only): each read fetches every
-page after the last ``seq`` seen (``BrokerClient.iter_events``), so a long-lived broker's
-10,000-event pages never hide the newest events; only the events from the latest move to
-``rolling_back`` on are kept. A history that does not match the release (a wiped broker
-database) is read again from the start.
-
-Refusals of the executor's credential (401/403) are retried with backoff like an outage,
-never taken for a bad step; ``broker_auth`` says ``unauthorized``/``forbidden`` and the
-``on_error`` hook counts them.
-
-Every write fits the broker's limits (``BROKER_MAX_REASON_CHARS`` for a reason,
-``BROKER_MAX_CHANGE_BYTES`` for an annotation's change): a long manual reason is cut
-(``fit_reason``, saying how long it was) and a change with many routers keeps its first
-entries (``fit_change``, recording how many there were). A step the broker still refuses
-as a bad request (a 4xx that is not 401/403, 404 or a revision/phase conflict) is
-not retried for ever: the runner
-records it (``refused_step``: step, release revision, status, message), drops the manual
-request that asked for it, raises ``RollbackError`` once, and does not write that step
-again until the release's revision changes or a new manual rollback is asked for; the
-service's ``/health`` says ``degraded`` naming the step meanwhile.
-
-Every step leaves an event with a timestamp in the broker's history: the PATCH of step 1,
-the ``routers_applied`` annotation of step 2, the quarantine and the PATCH of step 3.
-
-The annotation's own time is when the executor saw every router at ``R`` — its own and
-the broker's latency included. What users feel is earlier: a router sends no canary
-traffic from the moment it applies a fail-safe phase (the trip itself). So the
-annotation also carries ``canary_off_at``, the latest ``canary_off_since`` the live routers
-reported in their heartbeats (each router's own clock), and per router its
-``applied_at``/``canary_off_since`` (``router_states``). ``canary_off_at`` is null when a
-router reports no ``canary_off_since`` (it still sends canary traffic, or it is an older
-router that does not say), or when there is no live router: readers then fall back to
-the annotation's time.
-
-Why this module is above ~400 lines: ``RollbackRunner`` is one machine whose three steps
-share its reads of the broker, its backoff and its refused-step record; the table and
-the classification stand alone in ``situation``.
+"""The rollback of one release: ``RollbackRunner`` reads where the rollback stands
+(``canarystack.rollback.situation``: the table, ``classify``) before every step and runs
+the step the table gives. Over 400 lines because the runner is one machine whose three
+steps share its reads of the broker, its backoff and its refused-step record.
 
 This module must never write to the broker without first reading the state that makes
 the write necessary, never retry a write blindly (compare-and-set decides), and never
@@ -149,7 +98,15 @@ def auth_state(status: int) -> str:
 
 
 class RollbackRunner:
-    """Drives one release's rollback to DONE, one table step at a time."""
+    """Drives one release's rollback to DONE, one table step at a time.
+
+    Every step leaves an event with a timestamp in the broker's history: the PATCH of
+    step 1, the ``routers_applied`` annotation of step 2, the quarantine and the PATCH of
+    step 3. Every write fits the broker's limits (``BROKER_MAX_REASON_CHARS`` for a
+    reason, ``BROKER_MAX_CHANGE_BYTES`` for an annotation's change): a long manual reason
+    is cut (``fit_reason``, saying how long it was) and a change with many routers keeps
+    its first entries (``fit_change``, recording how many there were).
+    """
 
     def __init__(
         self,
@@ -192,7 +149,14 @@ class RollbackRunner:
         return sit
 
     async def _history(self, release: JsonObject) -> list[JsonObject]:
-        """The events classify needs, reading only the pages after the last seq read."""
+        """The events classify needs, reading only the pages after the last seq read.
+
+        The history is append-only, so each read fetches every page after the last
+        ``seq`` seen (``BrokerClient.iter_events``): a long-lived broker's 10,000-event
+        pages never hide the newest events. Only the events from the latest move to
+        ``rolling_back`` on are kept. A history that does not match the release (a wiped
+        broker database) is read again from the start.
+        """
         async with self._events_lock:
             await self._read_new_events()
             # Every revision has its event, written in the same transaction, so the history
@@ -224,7 +188,17 @@ class RollbackRunner:
         """Run steps until the table has none for the observed state (DONE or IDLE).
 
         Broker outages are waited out with backoff; a refused step re-reads the broker and
-        decides again (someone else may have moved the release).
+        decides again (someone else may have moved the release). Refusals of the
+        executor's credential (401/403) are retried with backoff like an outage, never
+        taken for a bad step; ``broker_auth`` says ``unauthorized``/``forbidden`` and the
+        ``on_error`` hook counts them.
+
+        A step the broker still refuses as a bad request (a 4xx that is not 401/403, 404
+        or a revision/phase conflict) is not retried for ever: the runner records it
+        (``refused_step``: step, release revision, status, message), drops the manual
+        request that asked for it, raises ``RollbackError`` once, and does not write that
+        step again until the release's revision changes or a new manual rollback is asked
+        for; the service's ``/health`` says ``degraded`` naming the step meanwhile.
         """
         async with self.lock:
             backoff = self.config.backoff_s
@@ -347,6 +321,33 @@ class RollbackRunner:
         )
 
     async def _routers_applied(self, sit: Situation) -> None:
+        """Step 2: wait until every live router applied ``R``, then annotate it.
+
+        ``R`` is the revision of the event that moved the release to ``rolling_back``. This
+        polls ``GET /v1/routers?release=`` every ``poll_s``; an attempt that does not see
+        every live router at ``R`` within ``apply_timeout_s`` is retried (counted); after
+        ``apply_retries`` retries the annotation records the routers still lagging and the
+        rollback goes on (waiting longer would not move a stuck router, and the canary
+        weight is already 0 in the broker).
+
+        An empty router list is accepted only after ``empty_routers_grace_s`` (a restarted
+        broker learns its routers from heartbeats), and only while no router of the release
+        was seen recently: when routers heartbeated a moment ago (the broker's ``recent``
+        list, or this step saw them live) and then went quiet, "no router listed" does not
+        mean "every router applied" (a router cut off from the broker may still serve the
+        canary). The step then keeps waiting, says why in ``waiting.reason``, and after the
+        same ``apply_timeout_s`` x (1 + ``apply_retries``) budget annotates ``timed_out``
+        with the quiet routers as ``lagging``.
+
+        The annotation's own time is when the executor saw every router at ``R``, its own
+        and the broker's latency included. What users feel is earlier: a router sends no
+        canary traffic from the moment it applies a fail-safe phase. So the annotation also
+        carries ``canary_off_at``, the latest ``canary_off_since`` the live routers reported
+        (each router's own clock), and per router its ``applied_at``/``canary_off_since``
+        (``router_states``). ``canary_off_at`` is null when a router reports no
+        ``canary_off_since`` (it still sends canary traffic, or is an older router), or when
+        there is no live router: readers then fall back to the annotation's time.
+        """
         target = sit.rollback_revision
         assert target is not None
         cfg = self.config
