@@ -18,33 +18,26 @@ from canarystack.common.cli import base_parser
 from canarystack.common.errors import BadRequest, NotFound, json_response
 from canarystack.common.faults import FaultParams, FaultRegistry
 from canarystack.tokenizer import count_tokens, make_prompt, render_chat, vocab
+from tests.clock_support import ManualClock
 
 
 class LatencyParams(FaultParams):
     ms: float = 100.0
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.t = 1000.0
-
-    def __call__(self) -> float:
-        return self.t
-
-
-def registry(clock: Clock) -> FaultRegistry:
+def registry(clock: ManualClock) -> FaultRegistry:
     return FaultRegistry("test", {"latency": LatencyParams}, max_ttl_s=60, clock=clock)
 
 
 def test_fault_expires_by_its_own_clock() -> None:
-    clock = Clock()
+    clock = ManualClock(1000.0)
     reg = registry(clock)
     fault = reg.inject({"kind": "latency", "ttl_s": 5, "ms": 250})
     assert reg.get("latency") == LatencyParams(ms=250)
     assert reg.to_json()[0]["remaining_s"] == 5
-    clock.t += 4.9
+    clock.now += 4.9
     assert reg.to_json()[0]["remaining_s"] == pytest.approx(0.1)
-    clock.t += 0.2
+    clock.now += 0.2
     assert reg.get("latency") is None
     assert reg.active() == []
     with pytest.raises(NotFound, match=fault.id):
@@ -52,7 +45,7 @@ def test_fault_expires_by_its_own_clock() -> None:
 
 
 def test_newest_fault_of_a_kind_wins_and_clear_all() -> None:
-    clock = Clock()
+    clock = ManualClock(1000.0)
     reg = registry(clock)
     reg.inject({"kind": "latency", "ttl_s": 10, "ms": 1})
     second = reg.inject({"kind": "latency", "ttl_s": 10, "params": {"ms": 2}})
@@ -77,7 +70,7 @@ def test_newest_fault_of_a_kind_wins_and_clear_all() -> None:
     ],
 )
 def test_bad_fault_bodies_name_the_field(body: dict[str, object], param: str, text: str) -> None:
-    reg = registry(Clock())
+    reg = registry(ManualClock(1000.0))
     with pytest.raises(BadRequest) as info:
         reg.inject(body)
     assert info.value.param == param
@@ -135,7 +128,9 @@ def test_fault_ttl_cap_must_be_finite_and_positive(cap: object) -> None:
 
 @pytest.mark.parametrize("ttl", [math.inf, math.nan, 10**400])
 def test_fault_ttl_must_be_finite(ttl: object) -> None:
-    reg = FaultRegistry("test", {"latency": LatencyParams}, max_ttl_s=1e300, clock=Clock())
+    reg = FaultRegistry(
+        "test", {"latency": LatencyParams}, max_ttl_s=1e300, clock=ManualClock(1000.0)
+    )
     with pytest.raises(BadRequest) as info:
         reg.inject({"kind": "latency", "ttl_s": ttl})
     assert info.value.param == "ttl_s"

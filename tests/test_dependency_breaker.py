@@ -7,22 +7,24 @@ from __future__ import annotations
 import pytest
 
 from canarystack.dependency.breaker import CircuitBreaker
+from tests.clock_support import ManualClock
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def breaker(clock: Clock) -> CircuitBreaker:
+def breaker(clock: ManualClock) -> CircuitBreaker:
     return CircuitBreaker(failures=3, window_s=10.0, cooldown_s=2.0, clock=clock)
 
 
+def opened() -> tuple[ManualClock, CircuitBreaker]:
+    """A breaker just opened by three failures, and its clock."""
+    clock = ManualClock()
+    b = breaker(clock)
+    for _ in range(3):
+        b.failure()
+    return clock, b
+
+
 def test_opens_after_n_failures_within_the_window() -> None:
-    clock = Clock()
+    clock = ManualClock()
     b = breaker(clock)
     for _ in range(2):
         assert b.allow()
@@ -34,7 +36,7 @@ def test_opens_after_n_failures_within_the_window() -> None:
 
 
 def test_failures_outside_the_window_do_not_count() -> None:
-    clock = Clock()
+    clock = ManualClock()
     b = breaker(clock)
     b.failure()
     b.failure()
@@ -44,10 +46,7 @@ def test_failures_outside_the_window_do_not_count() -> None:
 
 
 def test_a_success_does_not_reset_the_window_while_closed_but_closes_a_half_open() -> None:
-    clock = Clock()
-    b = breaker(clock)
-    for _ in range(3):
-        b.failure()
+    clock, b = opened()
     clock.now += 1.9
     assert b.state == "open" and not b.allow()
     clock.now += 0.2
@@ -59,10 +58,7 @@ def test_a_success_does_not_reset_the_window_while_closed_but_closes_a_half_open
 
 
 def test_a_failed_probe_opens_again_for_a_full_cool_down() -> None:
-    clock = Clock()
-    b = breaker(clock)
-    for _ in range(3):
-        b.failure()
+    clock, b = opened()
     clock.now += 2.0
     assert b.allow()
     b.failure()
@@ -74,10 +70,7 @@ def test_a_failed_probe_opens_again_for_a_full_cool_down() -> None:
 
 
 def test_a_cancelled_probe_frees_the_probe_slot() -> None:
-    clock = Clock()
-    b = breaker(clock)
-    for _ in range(3):
-        b.failure()
+    clock, b = opened()
     clock.now += 2.0
     assert b.allow()
     b.release()
@@ -102,7 +95,7 @@ def test_occasional_failures_among_successes_do_not_open_it() -> None:
     """A loaded machine's odd timeout on a healthy Redis (the first pod-kill game day had
     breakers opening before any fault) is not an outage: fewer than half of the window's
     calls failed."""
-    clock = Clock()
+    clock = ManualClock()
     b = breaker(clock)
     for _ in range(10):
         for _ in range(3):
@@ -116,7 +109,7 @@ def test_consecutive_failures_open_it_however_many_successes_came_before() -> No
     """An outage fails every call: it opens within ``failures`` calls (the 4 s stall of
     the second latency game day never opened a ratio-only breaker: its 10 s window held
     more earlier successes than stalled calls, so every stalled request paid the deadline)."""
-    clock = Clock()
+    clock = ManualClock()
     b = breaker(clock)
     for _ in range(20):
         b.success()
@@ -128,7 +121,7 @@ def test_consecutive_failures_open_it_however_many_successes_came_before() -> No
 
 
 def test_a_flapping_dependency_opens_it_once_failures_are_the_majority() -> None:
-    clock = Clock()
+    clock = ManualClock()
     b = breaker(clock)
     for _ in range(2):
         b.failure()
