@@ -1,7 +1,14 @@
 """The release and its history from the target's broker, for activities that hold only a
-target (``probes.kubernetes``): ``gameday.api`` over a session of their own."""
+target (``probes.kubernetes``): ``gameday.api`` over a session of their own; and the few
+operator writes (a release PATCH, a version) that a cluster's fresh canary needs."""
 
 from __future__ import annotations
+
+import hashlib
+import json
+import re
+import time
+from typing import Any
 
 import requests
 from chaoslib.exceptions import ActivityFailed
@@ -30,3 +37,84 @@ def release_events(target: Target) -> list[JsonObject]:
             return StackApi(session, target).events()
     except ApiError as exc:
         raise ActivityFailed(str(exc)) from None
+
+
+# --- writes, for the actions that give a cluster a fresh canary (probes.kubernetes) -----
+HTTP_TIMEOUT_S = 5.0
+FRESH_SUFFIX = re.compile(r"-g\d+$")
+
+
+def digest(manifest: Any) -> str:
+    """The broker's digest of a manifest (docs/ARCHITECTURE.md §2)."""
+    if isinstance(manifest, str):
+        raw = manifest.encode("utf-8")
+    else:
+        raw = json.dumps(manifest, sort_keys=True, separators=(",", ":")).encode("utf-8")
+    return "sha256:" + hashlib.sha256(raw).hexdigest()
+
+
+def _reach(url: str, exc: requests.RequestException) -> ActivityFailed:
+    return ActivityFailed(f"cannot reach the broker ({url}): {exc.__class__.__name__}")
+
+
+def broker_write(target: Target, method: str, path: str, body: JsonObject) -> requests.Response:
+    """One operator write to the broker (``target``'s operator headers); ActivityFailed
+    naming the URL when the broker cannot be reached."""
+    url = f"{target.service_url('broker')}{path}"
+    try:
+        return requests.request(
+            method, url, json=body, headers=target.operator_headers(), timeout=HTTP_TIMEOUT_S
+        )
+    except requests.RequestException as exc:
+        raise _reach(url, exc) from None
+
+
+def error_text(resp: requests.Response) -> str:
+    """The broker's error message in ``resp``, else the start of its body."""
+    try:
+        return str(resp.json()["error"]["message"])
+    except (ValueError, KeyError, TypeError):
+        return resp.text[:300]
+
+
+def patch_release(target: Target, change: JsonObject, reason: str) -> JsonObject:
+    """A compare-and-set PATCH of the release, retried on a revision conflict."""
+    for _ in range(5):
+        revision = get_release(target)["revision"]
+        body = {"expected_revision": revision, "actor": "gameday", "reason": reason, **change}
+        resp = broker_write(target, "PATCH", f"/v1/releases/{target.release}", body)
+        if resp.status_code == 200:
+            return dict(resp.json())
+        if resp.status_code == 409 and "current_revision" in (resp.json() or {}):
+            continue  # someone wrote in between (a heartbeat does not, a quarantine does)
+        raise ActivityFailed(
+            f"the broker refused {change} for release {target.release!r}: "
+            f"HTTP {resp.status_code}: {error_text(resp)}"
+        )
+    raise ActivityFailed(f"release {target.release!r} kept changing under the harness; retry")
+
+
+def unused_version(target: Target, stem: str) -> str:
+    """``<stem>-g<epoch ms>``, a name the broker does not know yet (versions are immutable)."""
+    stamp = int(time.time() * 1000)
+    for _ in range(100):
+        candidate = f"{stem}-g{stamp}"
+        url = f"{target.service_url('broker')}/v1/versions/{candidate}"
+        try:
+            known = requests.get(url, timeout=HTTP_TIMEOUT_S).status_code != 404
+        except requests.RequestException as exc:
+            raise _reach(url, exc) from None
+        if not known:
+            return candidate
+        stamp += 1
+    raise ActivityFailed(f"no free version name after {stem}-g{stamp}: clean up the broker")
+
+
+def register_version(target: Target, version: str, manifest: JsonObject) -> None:
+    """Register ``version`` with ``manifest`` (and its digest) on the broker."""
+    body = {"version": version, "manifest": manifest, "digest": digest(manifest)}
+    resp = broker_write(target, "POST", "/v1/versions", body)
+    if resp.status_code not in (200, 201):
+        raise ActivityFailed(
+            f"registering version {version}: HTTP {resp.status_code}: {error_text(resp)}"
+        )

@@ -38,24 +38,43 @@ target's ``model-canary`` workload, inside the blast radius.
 
 from __future__ import annotations
 
-import hashlib
-import json
-import re
 import time
 from typing import Any
 
-import requests
 from chaoslib import substitute
 from chaoslib.exceptions import ActivityFailed, InterruptExecution
 
 from canary_contract.json import JsonObject
 from gameday import faults as gd_faults
-from gameday.targets import TargetError
 from gameday.targets.kubernetes import FORBIDDEN_NAMESPACES, KubernetesTarget
-from probes._broker import get_release
+from probes._broker import (
+    FRESH_SUFFIX,
+    get_release,
+    patch_release,
+    register_version,
+    unused_version,
+)
 from probes._cluster import kubernetes_target, non_negative
 from probes._context import Configuration, Secrets, get_target, harness_errors, ledger
 from probes._result import Slo, result
+from probes._rollout import (
+    BUILD_ANNOTATION,
+    KERNEL_FAULT_FLAG,
+    POLL_S,
+    VERSION_ANNOTATION,
+    api_failed,
+    canary_deployment,
+    first_started,
+    model_container,
+    patch_deployment,
+    previous_good,
+    read_deployment,
+    ready_pods,
+    revision,
+    wait_for_version,
+    wait_rolled_out,
+    without_kernel_fault,
+)
 
 __all__ = [
     "before_activity_control",
@@ -68,14 +87,7 @@ __all__ = [
 
 CHAOSK8S_DEFAULT_NS = "default"
 MAX_WAIT_S = 600.0
-VERSION_ANNOTATION = "canarystack.io/model-version"
-HTTP_TIMEOUT_S = 5.0
-POLL_S = 1.0
-FRESH_SUFFIX = re.compile(r"-g\d+$")
-BUILD_ANNOTATION = "canarystack.io/build"
 DEFAULT_BUILD_MIN_PROMPT_TOKENS = 2048  # --kernel-fault MODE without :MIN_PROMPT_TOKENS
-KERNEL_FAULT_FLAG = "--kernel-fault"
-REVISION_ANNOTATION = "deployment.kubernetes.io/revision"
 
 
 # --- readiness -------------------------------------------------------------------------
@@ -108,7 +120,7 @@ def wait_for_ready(
         deadline = time.monotonic() + allowed
         while True:
             states = [
-                {**target.workload_status(role), "ready_pods": _ready_pods(target, role)}
+                {**target.workload_status(role), "ready_pods": ready_pods(target, role)}
                 for role in roles
             ]
             whole = [s["ok"] and len(s["ready_pods"]) >= s["desired"] for s in states]
@@ -135,124 +147,7 @@ def wait_for_ready(
             time.sleep(poll)
 
 
-def _ready_pods(target: KubernetesTarget, role: str) -> list[str]:
-    """Pods of ``role`` that are Running, Ready and not being deleted."""
-    api = target.core_api()
-    try:
-        pods = api.list_namespaced_pod(target.namespace, label_selector=target.selector(role))
-    except Exception as exc:
-        raise TargetError(f"listing pods of {role} failed: {exc}") from None
-    ready = []
-    for p in pods.items:
-        conditions = (p.status.conditions if p.status else None) or []
-        if (
-            p.metadata.deletion_timestamp is None
-            and p.status is not None
-            and p.status.phase == "Running"
-            and any(c.type == "Ready" and c.status == "True" for c in conditions)
-        ):
-            ready.append(p.metadata.name)
-    return sorted(ready)
-
-
 # --- a fresh canary before an experiment -------------------------------------------------
-def _digest(manifest: Any) -> str:
-    """The broker's digest of a manifest (docs/ARCHITECTURE.md §2)."""
-    if isinstance(manifest, str):
-        raw = manifest.encode("utf-8")
-    else:
-        raw = json.dumps(manifest, sort_keys=True, separators=(",", ":")).encode("utf-8")
-    return "sha256:" + hashlib.sha256(raw).hexdigest()
-
-
-def _broker_write(
-    target: KubernetesTarget, method: str, path: str, body: JsonObject
-) -> requests.Response:
-    url = f"{target.service_url('broker')}{path}"
-    try:
-        return requests.request(
-            method, url, json=body, headers=target.operator_headers(), timeout=HTTP_TIMEOUT_S
-        )
-    except requests.RequestException as exc:
-        raise ActivityFailed(f"cannot reach the broker ({url}): {exc.__class__.__name__}") from None
-
-
-def _error(resp: requests.Response) -> str:
-    try:
-        return str(resp.json()["error"]["message"])
-    except (ValueError, KeyError, TypeError):
-        return resp.text[:300]
-
-
-def _patch_release(target: KubernetesTarget, change: JsonObject, reason: str) -> JsonObject:
-    """A compare-and-set PATCH of the release, retried on a revision conflict."""
-    for _ in range(5):
-        revision = get_release(target)["revision"]
-        body = {"expected_revision": revision, "actor": "gameday", "reason": reason, **change}
-        resp = _broker_write(target, "PATCH", f"/v1/releases/{target.release}", body)
-        if resp.status_code == 200:
-            return dict(resp.json())
-        if resp.status_code == 409 and "current_revision" in (resp.json() or {}):
-            continue  # someone wrote in between (a heartbeat does not, a quarantine does)
-        raise ActivityFailed(
-            f"the broker refused {change} for release {target.release!r}: "
-            f"HTTP {resp.status_code}: {_error(resp)}"
-        )
-    raise ActivityFailed(f"release {target.release!r} kept changing under the harness; retry")
-
-
-def _rolled_out(target: KubernetesTarget, name: str, version: str) -> tuple[bool, str]:
-    from kubernetes import client
-
-    apps = client.AppsV1Api(target.api_client())
-    dep: Any = apps.read_namespaced_deployment(name, target.namespace)
-    desired = dep.spec.replicas if dep.spec.replicas is not None else 1
-    st = dep.status or client.V1DeploymentStatus()
-    progress = (
-        f"generation {dep.metadata.generation} observed {st.observed_generation}, "
-        f"{st.updated_replicas or 0} updated / {st.available_replicas or 0} available / "
-        f"{st.replicas or 0} in all of {desired}"
-    )
-    if not (
-        (st.observed_generation or 0) >= (dep.metadata.generation or 0)
-        and (st.updated_replicas or 0) == desired
-        and (st.available_replicas or 0) == desired
-        and (st.replicas or 0) == desired
-    ):
-        return False, progress
-    # the pods themselves: every live one carries the new version, none is terminating
-    pods = target.core_api().list_namespaced_pod(
-        target.namespace, label_selector=target.selector("model-canary")
-    )
-    stale = [
-        p.metadata.name
-        for p in pods.items
-        if p.metadata.deletion_timestamp
-        or (p.metadata.annotations or {}).get(VERSION_ANNOTATION) != version
-    ]
-    if stale:
-        return False, f"{progress}; pods not on {version} yet: {', '.join(stale)}"
-    return True, progress
-
-
-def _unused_version(target: KubernetesTarget, stem: str) -> str:
-    """``<stem>-g<epoch ms>``, a name the broker does not know yet (versions are immutable)."""
-    stamp = int(time.time() * 1000)
-    for _ in range(100):
-        candidate = f"{stem}-g{stamp}"
-        url = f"{target.service_url('broker')}/v1/versions/{candidate}"
-        try:
-            known = requests.get(url, timeout=HTTP_TIMEOUT_S).status_code != 404
-        except requests.RequestException as exc:
-            raise ActivityFailed(
-                f"cannot reach the broker ({url}): {exc.__class__.__name__}"
-            ) from None
-        if not known:
-            return candidate
-        stamp += 1
-    raise ActivityFailed(f"no free version name after {stem}-g{stamp}: clean up the broker")
-
-
 def start_fresh_canary(
     weight: int = 5,
     deadline_s: float = 300.0,
@@ -275,13 +170,7 @@ def start_fresh_canary(
     t0 = time.monotonic()
     deadline = t0 + wait
     with harness_errors("starting a fresh canary"):
-        target.check_allowed("model-canary")  # it rolls the canary's pods
-        kind, name = target.workload("model-canary")
-        if kind != "deployment":
-            raise ActivityFailed(
-                f"start_fresh_canary rolls out a Deployment, but workloads.model-canary is "
-                f"{kind}/{name}"
-            )
+        apps, name = canary_deployment(target, "start_fresh_canary")
         release = get_release(target)
         while release.get("phase") in ("tripped", "rolling_back"):
             if time.monotonic() >= deadline:
@@ -297,7 +186,7 @@ def start_fresh_canary(
         if phase == "progressing" and canary and not canary.get("quarantined"):
             if weights.get("canary") == wanted:
                 return {"changed": False, "phase": phase, "canary_version": canary["version"]}
-            patched = _patch_release(
+            patched = patch_release(
                 target, {"weights": {"canary": wanted}}, "gameday: canary weight for the run"
             )
             return {
@@ -307,42 +196,16 @@ def start_fresh_canary(
                 "weight": wanted,
             }
         previous = str(canary.get("version") or (release.get("stable") or {}).get("version"))
-        version = _unused_version(target, FRESH_SUFFIX.sub("", previous))
-        from kubernetes import client
-
-        apps = client.AppsV1Api(target.api_client())
+        version = unused_version(target, FRESH_SUFFIX.sub("", previous))
         path = "/spec/template/metadata/annotations/" + VERSION_ANNOTATION.replace("/", "~1")
-        try:
-            apps.patch_namespaced_deployment(
-                name, target.namespace, [{"op": "add", "path": path, "value": version}]
-            )
-        except Exception as exc:
-            raise ActivityFailed(
-                f"patching deployment/{name} in {target.namespace!r} failed: "
-                f"HTTP {getattr(exc, 'status', '?')} {getattr(exc, 'reason', exc)}"
-            ) from None
-        while True:
-            done, progress = _rolled_out(target, name, version)
-            if done:
-                break
-            if time.monotonic() >= deadline:
-                raise ActivityFailed(
-                    f"the canary rollout to {version} did not finish within {wait:g} s: {progress}"
-                )
-            time.sleep(POLL_S)
+        patch = [{"op": "add", "path": path, "value": version}]
+        what = f"patching deployment/{name} in {target.namespace!r}"
+        patch_deployment(target, apps, name, patch, what)
+        wait_for_version(target, name, version, deadline, wait)
         manifest = {"name": release.get("name"), "version": version, "engine": "sim",
                     "previous": previous}  # fmt: skip
-        resp = _broker_write(
-            target,
-            "POST",
-            "/v1/versions",
-            {"version": version, "manifest": manifest, "digest": _digest(manifest)},
-        )
-        if resp.status_code not in (200, 201):
-            raise ActivityFailed(
-                f"registering version {version}: HTTP {resp.status_code}: {_error(resp)}"
-            )
-        patched = _patch_release(
+        register_version(target, version, manifest)
+        patched = patch_release(
             target,
             {"phase": "progressing", "canary": version, "weights": {"canary": wanted}},
             f"gameday: fresh canary {version} after {phase}",
@@ -359,127 +222,6 @@ def start_fresh_canary(
 
 
 # --- a faulty canary as a rollout of a bad build ----------------------------------------
-def _canary_deployment(target: KubernetesTarget, what: str) -> tuple[Any, str]:
-    """(AppsV1Api, name) of the target's canary Deployment, inside the blast radius."""
-    from kubernetes import client
-
-    target.check_allowed("model-canary")  # it rolls the canary's pods
-    kind, name = target.workload("model-canary")
-    if kind != "deployment":
-        raise ActivityFailed(
-            f"{what} rolls out a Deployment, but workloads.model-canary is {kind}/{name}"
-        )
-    return client.AppsV1Api(target.api_client()), name
-
-
-def _model_container(dep: Any, name: str) -> tuple[int, Any]:
-    """(index, container) of the model server in the Deployment's pod template: the one
-    named ``model``, else the only one."""
-    containers = list(dep.spec.template.spec.containers or [])
-    for i, c in enumerate(containers):
-        if c.name == "model":
-            return i, c
-    if len(containers) == 1:
-        return 0, containers[0]
-    names = ", ".join(str(c.name) for c in containers) or "none"
-    raise ActivityFailed(
-        f"deployment/{name} has no container named 'model' and not exactly one container "
-        f"({names}): cannot tell which one is the model server"
-    )
-
-
-def _without_kernel_fault(args: list[str]) -> list[str]:
-    """``args`` without any ``--kernel-fault VALUE`` / ``--kernel-fault=VALUE``."""
-    out: list[str] = []
-    skip = False
-    for a in args:
-        if skip:
-            skip = False
-            continue
-        if a == KERNEL_FAULT_FLAG:
-            skip = True
-            continue
-        if a.startswith(KERNEL_FAULT_FLAG + "="):
-            continue
-        out.append(a)
-    return out
-
-
-def _api_failed(what: str, exc: Exception) -> ActivityFailed:
-    return ActivityFailed(
-        f"{what} failed: HTTP {getattr(exc, 'status', '?')} {getattr(exc, 'reason', exc)}"
-    )
-
-
-def _first_started(pods: list[Any], not_before: float) -> float | None:
-    """The earliest ``startedAt`` of the pods' running containers (seconds; the API gives
-    whole seconds, so this errs early: a detection time measured from it errs long), not
-    before ``not_before`` (the patch: nothing of the new build ran before it); None when
-    no pod reports one."""
-    times: list[float] = []
-    for p in pods:
-        for c in (p.status.container_statuses if p.status is not None else None) or []:
-            running = c.state.running if c.state is not None else None
-            started = running.started_at if running is not None else None
-            if started is not None:
-                times.append(started.timestamp())
-    return max(min(times), not_before) if times else None
-
-
-def _wait_rolled_out(
-    target: KubernetesTarget, apps: Any, name: str, build: str | None, deadline: float, wait: float
-) -> list[Any]:
-    """Wait until deployment/``name`` has rolled out and every live canary pod is Ready and
-    carries ``BUILD_ANNOTATION`` = ``build`` (None: carries none); its pods, or
-    ActivityFailed naming the progress when ``deadline`` (monotonic) passes."""
-    from kubernetes import client
-
-    while True:
-        try:
-            dep: Any = apps.read_namespaced_deployment(name, target.namespace)
-            pods = target.core_api().list_namespaced_pod(
-                target.namespace, label_selector=target.selector("model-canary")
-            )
-        except Exception as exc:
-            raise _api_failed(f"reading deployment/{name} and its pods", exc) from None
-        desired = dep.spec.replicas if dep.spec.replicas is not None else 1
-        st = dep.status or client.V1DeploymentStatus()
-        progress = (
-            f"generation {dep.metadata.generation} observed {st.observed_generation}, "
-            f"{st.updated_replicas or 0} updated / {st.available_replicas or 0} available / "
-            f"{st.replicas or 0} in all of {desired}"
-        )
-        live = [p for p in pods.items if p.metadata.deletion_timestamp is None]
-        stale = [
-            p.metadata.name
-            for p in live
-            if (p.metadata.annotations or {}).get(BUILD_ANNOTATION) != build
-        ]
-        ready = [
-            p
-            for p in live
-            if p.metadata.name not in stale
-            and p.status is not None
-            and p.status.phase == "Running"
-            and any(c.type == "Ready" and c.status == "True" for c in p.status.conditions or [])
-        ]
-        if (
-            (st.observed_generation or 0) >= (dep.metadata.generation or 0)
-            and (st.updated_replicas or 0) == desired
-            and (st.available_replicas or 0) == desired
-            and not stale
-            and len(ready) >= desired
-        ):
-            return ready
-        if time.monotonic() >= deadline:
-            left = f"; pods of another build: {', '.join(stale)}" if stale else ""
-            raise ActivityFailed(
-                f"the rollout of deployment/{name} did not finish within {wait:g} s: "
-                f"{progress}, {len(ready)} pods of the wanted build Ready{left}"
-            )
-        time.sleep(POLL_S / 2)
-
-
 def roll_out_bad_canary(
     kernel_fault: str = "fp8-kv-scale:2048",
     deadline_s: float = 120.0,
@@ -506,13 +248,10 @@ def roll_out_bad_canary(
     target = kubernetes_target(configuration, "roll_out_bad_canary")
     t0 = time.monotonic()
     with harness_errors("rolling out a bad canary build"):
-        apps, name = _canary_deployment(target, "roll_out_bad_canary")
-        try:
-            dep: Any = apps.read_namespaced_deployment(name, target.namespace)
-        except Exception as exc:
-            raise _api_failed(f"reading deployment/{name}", exc) from None
-        index, container = _model_container(dep, name)
-        args = [*_without_kernel_fault(list(container.args or [])), KERNEL_FAULT_FLAG, value]
+        apps, name = canary_deployment(target, "roll_out_bad_canary")
+        dep = read_deployment(target, apps, name)
+        index, container = model_container(dep, name)
+        args = [*without_kernel_fault(list(container.args or [])), KERNEL_FAULT_FLAG, value]
         build = f"kernel-fault={value}"
         annotations = dep.spec.template.metadata.annotations or {}
         # The whole container list is replaced (a JSON patch cannot test an index): the
@@ -528,13 +267,11 @@ def roll_out_bad_canary(
             },
         ]
         patched_at = time.time()
-        try:
-            apps.patch_namespaced_deployment(name, target.namespace, patch)
-        except Exception as exc:
-            raise _api_failed(f"patching deployment/{name} in {target.namespace!r}", exc) from None
-        pods = _wait_rolled_out(target, apps, name, build, t0 + wait, wait)
+        what = f"patching deployment/{name} in {target.namespace!r}"
+        patch_deployment(target, apps, name, patch, what)
+        pods = wait_rolled_out(target, apps, name, build, t0 + wait, wait)
         rolled_out_at = time.time()
-        started_at = _first_started(pods, patched_at)
+        started_at = first_started(pods, patched_at)
         served_at = started_at if started_at is not None else rolled_out_at
         book = ledger(configuration)
         port_urls = {r.name: r.url for r in target.replicas("model-canary")}
@@ -586,11 +323,6 @@ def roll_out_bad_canary(
     }
 
 
-def _revision(rs: Any) -> int:
-    raw = (rs.metadata.annotations or {}).get(REVISION_ANNOTATION, "")
-    return int(raw) if str(raw).isdigit() else -1
-
-
 def undo_canary_rollout(
     deadline_s: float = 120.0,
     configuration: Configuration | None = None,
@@ -605,11 +337,8 @@ def undo_canary_rollout(
     target = kubernetes_target(configuration, "undo_canary_rollout")
     t0 = time.monotonic()
     with harness_errors("undoing the canary rollout"):
-        apps, name = _canary_deployment(target, "undo_canary_rollout")
-        try:
-            dep: Any = apps.read_namespaced_deployment(name, target.namespace)
-        except Exception as exc:
-            raise _api_failed(f"reading deployment/{name}", exc) from None
+        apps, name = canary_deployment(target, "undo_canary_rollout")
+        dep = read_deployment(target, apps, name)
         current_build = (dep.spec.template.metadata.annotations or {}).get(BUILD_ANNOTATION)
         if current_build is None:
             _close_build_entries(configuration)
@@ -619,48 +348,27 @@ def undo_canary_rollout(
                 target.namespace, label_selector=target.selector("model-canary")
             ).items
         except Exception as exc:
-            raise _api_failed(f"listing the ReplicaSets of deployment/{name}", exc) from None
-        uid = dep.metadata.uid
-        owned = [
-            rs
-            for rs in sets
-            if any(o.uid == uid and o.controller for o in rs.metadata.owner_references or [])
-        ]
-        current = int((dep.metadata.annotations or {}).get(REVISION_ANNOTATION, "0") or 0)
-        older = sorted((rs for rs in owned if 0 <= _revision(rs) < current), key=_revision)
-        previous = next(
-            (
-                rs
-                for rs in reversed(older)
-                if (rs.spec.template.metadata.annotations or {}).get(BUILD_ANNOTATION) is None
-            ),
-            None,
-        )
+            raise api_failed(f"listing the ReplicaSets of deployment/{name}", exc) from None
+        previous, current, owned = previous_good(dep, sets)
         if previous is None:
             raise ActivityFailed(
                 f"deployment/{name} (revision {current}) has no earlier ReplicaSet without a "
-                f"bad build to roll back to ({len(owned)} owned): roll it back by hand"
+                f"bad build to roll back to ({owned} owned): roll it back by hand"
             )
         template = apps.api_client.sanitize_for_serialization(previous.spec.template)
         labels = dict(template.get("metadata", {}).get("labels") or {})
         labels.pop("pod-template-hash", None)
         template.setdefault("metadata", {})["labels"] = labels
-        try:
-            apps.patch_namespaced_deployment(
-                name,
-                target.namespace,
-                [{"op": "replace", "path": "/spec/template", "value": template}],
-            )
-        except Exception as exc:
-            raise _api_failed(f"rolling deployment/{name} back", exc) from None
-        _wait_rolled_out(target, apps, name, None, t0 + wait, wait)
+        patch = [{"op": "replace", "path": "/spec/template", "value": template}]
+        patch_deployment(target, apps, name, patch, f"rolling deployment/{name} back")
+        wait_rolled_out(target, apps, name, None, t0 + wait, wait)
         closed = _close_build_entries(configuration)
     return {
         "changed": True,
         "deployment": name,
         "undone_build": current_build,
         "to_replicaset": previous.metadata.name,
-        "to_revision": _revision(previous),
+        "to_revision": revision(previous),
         "closed_ledger_entries": closed,
         "took_s": round(time.monotonic() - t0, 3),
     }
