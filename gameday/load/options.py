@@ -34,6 +34,16 @@ SHAPES = ("auto", "steady", "ramp", "trace")
 _HEADER_NAME = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")
 
 
+# The SyntheticParams fields a user may set: (field, type, what the flag means).
+_SYNTHETIC_FLAGS: tuple[tuple[str, type, str], ...] = (
+    ("median_tokens", float, "median prompt length"),
+    ("sigma", float, "lognormal sigma (the tail)"),
+    ("min_tokens", int, "shortest prompt"),
+    ("max_tokens", int, "longest prompt"),
+    ("output_median_tokens", float, "median max_tokens"),
+)
+
+
 class OptionsError(GamedayError, ValueError):
     """A load option is wrong; the message names it and what to give instead."""
 
@@ -121,43 +131,11 @@ def add_arguments(parser: Any) -> None:
         help="prompt-length bucket edges",
         **hidden,
     )
-    # synthetic mix
+    # synthetic mix: one --synthetic-<field> per SyntheticParams field
     sp = SyntheticParams()
-    a(
-        "--synthetic-median-tokens",
-        type=float,
-        default=sp.median_tokens,
-        help="synthetic: median prompt length",
-        **hidden,
-    )
-    a(
-        "--synthetic-sigma",
-        type=float,
-        default=sp.sigma,
-        help="synthetic: lognormal sigma (the tail)",
-        **hidden,
-    )
-    a(
-        "--synthetic-min-tokens",
-        type=int,
-        default=sp.min_tokens,
-        help="synthetic: shortest prompt",
-        **hidden,
-    )
-    a(
-        "--synthetic-max-tokens",
-        type=int,
-        default=sp.max_tokens,
-        help="synthetic: longest prompt",
-        **hidden,
-    )
-    a(
-        "--synthetic-output-median-tokens",
-        type=float,
-        default=sp.output_median_tokens,
-        help="synthetic: median max_tokens",
-        **hidden,
-    )
+    for name, kind, what in _SYNTHETIC_FLAGS:
+        flag = "--synthetic-" + name.replace("_", "-")
+        a(flag, type=kind, default=getattr(sp, name), help=f"synthetic: {what}", **hidden)
     # trace replay
     a(
         "--trace-time-scale",
@@ -399,11 +377,7 @@ class LoadOptions:
                 max_tokens_cap=ns.max_tokens,
                 max_prompt_tokens=ns.max_prompt_tokens,
                 synthetic=SyntheticParams(
-                    median_tokens=ns.synthetic_median_tokens,
-                    sigma=ns.synthetic_sigma,
-                    min_tokens=ns.synthetic_min_tokens,
-                    max_tokens=ns.synthetic_max_tokens,
-                    output_median_tokens=ns.synthetic_output_median_tokens,
+                    **{name: getattr(ns, f"synthetic_{name}") for name, _, _ in _SYNTHETIC_FLAGS}
                 ),
                 trace_start_s=ns.trace_start_s,
                 trace_duration_s=ns.trace_duration_s,
