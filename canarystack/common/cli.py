@@ -20,12 +20,14 @@ import os
 import signal
 import sys
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
 from aiohttp import web
 
 from canarystack.common import logs
+from canarystack.common.auth import describe_admin_flag
 from canarystack.common.errors import StartupError
 from canarystack.common.faults import DEFAULT_MAX_TTL_S, check_max_ttl_s
 
@@ -98,6 +100,68 @@ def base_parser(component: str, description: str) -> argparse.ArgumentParser:
     )
     p.add_argument("--ready-file", default=None, help="write {port, pid} here once listening")
     return p
+
+
+def add_broker_client_flags(p: argparse.ArgumentParser, token_help: str) -> None:
+    """``--broker`` (required) and ``--broker-token-file`` (``token_help`` says which
+    credential it holds) of a component that writes to the broker; ``--admin-token-file``'s
+    help then says it is the fault credential."""
+    p.add_argument("--broker", required=True, help="broker URL, e.g. http://127.0.0.1:18100")
+    p.add_argument("--broker-token-file", default=None, help=token_help)
+    describe_admin_flag(p)
+
+
+def add_release_flag(p: argparse.ArgumentParser, verb: str) -> None:
+    """``--release NAME``, repeatable, for a component that serves several releases."""
+    p.add_argument(
+        "--release",
+        action="append",
+        default=None,
+        help=f"release to {verb} (repeat for several; default: default)",
+    )
+
+
+@dataclass(frozen=True)
+class Flag:
+    """One option that sets one field of a component's configuration: ``flag`` (its value
+    in the flag's unit) gives ``field`` = value / ``scale`` (a ``--...-ms`` flag of a field
+    in seconds has scale 1000). ``type`` None makes a switch (store_true); ``invert`` gives
+    the field ``not`` the switch (``--no-tail-pooling`` sets ``pool_tails``)."""
+
+    flag: str
+    field: str
+    help: str
+    type: Callable[[str], Any] | None = float
+    default: Any = None
+    scale: float = 1.0
+    invert: bool = False
+
+    @property
+    def dest(self) -> str:
+        return self.flag.removeprefix("--").replace("-", "_")
+
+    def add_to(self, group: argparse._ActionsContainer) -> None:
+        if self.type is None:
+            group.add_argument(self.flag, action="store_true", help=self.help)
+        else:
+            group.add_argument(self.flag, type=self.type, default=self.default, help=self.help)
+
+    def value(self, args: argparse.Namespace) -> Any:
+        given = getattr(args, self.dest)
+        if self.invert:
+            return not given
+        return given / self.scale if self.scale != 1.0 and given is not None else given
+
+
+def add_flags(group: argparse._ActionsContainer, flags: Sequence[Flag]) -> None:
+    """Declare ``flags`` on ``group`` (a parser or an argument group), in order."""
+    for flag in flags:
+        flag.add_to(group)
+
+
+def fields_from_args(args: argparse.Namespace, flags: Sequence[Flag]) -> dict[str, Any]:
+    """``{field: value}`` of ``flags`` as parsed into ``args``."""
+    return {flag.field: flag.value(args) for flag in flags}
 
 
 def write_ready_file(path: str | None, port: int, **extra: Any) -> None:

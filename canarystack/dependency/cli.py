@@ -6,7 +6,67 @@ from __future__ import annotations
 
 import argparse
 
+from canarystack.common.cli import Flag, add_flags, fields_from_args
 from canarystack.dependency.client import DependencyConfig, DependencyConfigError
+
+
+def _timeout(flag: str, field: str, default: float, what: str) -> Flag:
+    return Flag(
+        flag, field, f"timeout for {what} (ms, default %(default)s)", default=default, scale=1000.0
+    )
+
+
+DEPENDENCY_FLAGS = (
+    Flag(
+        "--redis-url",
+        "url",
+        "redis://HOST:PORT of the dependency (default: none, no lookups and no "
+        "x-dependency header)",
+        type=str,
+    ),
+    Flag("--redis-max-connections", "max_connections", "pool size (default %(default)s)", int, 16),
+    _timeout("--redis-socket-timeout-ms", "socket_timeout_s", 250.0, "one Redis read or write"),
+    _timeout("--redis-connect-timeout-ms", "connect_timeout_s", 250.0, "connecting"),
+    _timeout(
+        "--redis-pool-timeout-ms",
+        "pool_timeout_s",
+        100.0,
+        "waiting for a free pooled connection",
+    ),
+    _timeout("--redis-deadline-ms", "deadline_s", 300.0, "all Redis calls of one request together"),
+    Flag(
+        "--redis-cache-ttl-s",
+        "cache_ttl_s",
+        "TTL of the prompt-prefix cache entries (default %(default)s)",
+        int,
+        30,
+    ),
+    Flag(
+        "--redis-breaker-failures",
+        "breaker_failures",
+        "failures in the window that open the circuit (default %(default)s)",
+        int,
+        5,
+    ),
+    Flag(
+        "--redis-breaker-window-s",
+        "breaker_window_s",
+        "the breaker's failure window (s, default %(default)s)",
+        default=10.0,
+    ),
+    Flag(
+        "--redis-breaker-cooldown-s",
+        "breaker_cooldown_s",
+        "open -> half-open, one probe call (s, default %(default)s)",
+        default=2.0,
+    ),
+    Flag(
+        "--redis-breaker-min-failure-ratio",
+        "breaker_min_failure_ratio",
+        "share of the window's calls that must have failed too (default %(default)s)",
+        default=0.5,
+    ),
+)
 
 
 def add_dependency_options(p: argparse.ArgumentParser) -> None:
@@ -17,54 +77,7 @@ def add_dependency_options(p: argparse.ArgumentParser) -> None:
         "bounded pool with timeouts and a circuit breaker: a slow, full or dead Redis "
         "makes the answer without context (x-dependency: degraded), never fails it.",
     )
-    d.add_argument(
-        "--redis-url",
-        default=None,
-        help="redis://HOST:PORT of the dependency (default: none, no lookups and no "
-        "x-dependency header)",
-    )
-    d.add_argument(
-        "--redis-max-connections", type=int, default=16, help="pool size (default %(default)s)"
-    )
-    for flag, default, what in (
-        ("--redis-socket-timeout-ms", 250.0, "one Redis read or write"),
-        ("--redis-connect-timeout-ms", 250.0, "connecting"),
-        ("--redis-pool-timeout-ms", 100.0, "waiting for a free pooled connection"),
-        ("--redis-deadline-ms", 300.0, "all Redis calls of one request together"),
-    ):
-        d.add_argument(
-            flag, type=float, default=default, help=f"timeout for {what} (ms, default %(default)s)"
-        )
-    d.add_argument(
-        "--redis-cache-ttl-s",
-        type=int,
-        default=30,
-        help="TTL of the prompt-prefix cache entries (default %(default)s)",
-    )
-    d.add_argument(
-        "--redis-breaker-failures",
-        type=int,
-        default=5,
-        help="failures in the window that open the circuit (default %(default)s)",
-    )
-    d.add_argument(
-        "--redis-breaker-window-s",
-        type=float,
-        default=10.0,
-        help="the breaker's failure window (s, default %(default)s)",
-    )
-    d.add_argument(
-        "--redis-breaker-cooldown-s",
-        type=float,
-        default=2.0,
-        help="open -> half-open, one probe call (s, default %(default)s)",
-    )
-    d.add_argument(
-        "--redis-breaker-min-failure-ratio",
-        type=float,
-        default=0.5,
-        help="share of the window's calls that must have failed too (default %(default)s)",
-    )
+    add_flags(d, DEPENDENCY_FLAGS)
 
 
 def dependency_from_args(
@@ -73,18 +86,6 @@ def dependency_from_args(
     if args.redis_url is None:
         return None
     try:
-        return DependencyConfig(
-            url=args.redis_url,
-            max_connections=args.redis_max_connections,
-            socket_timeout_s=args.redis_socket_timeout_ms / 1000.0,
-            connect_timeout_s=args.redis_connect_timeout_ms / 1000.0,
-            pool_timeout_s=args.redis_pool_timeout_ms / 1000.0,
-            deadline_s=args.redis_deadline_ms / 1000.0,
-            cache_ttl_s=args.redis_cache_ttl_s,
-            breaker_failures=args.redis_breaker_failures,
-            breaker_window_s=args.redis_breaker_window_s,
-            breaker_cooldown_s=args.redis_breaker_cooldown_s,
-            breaker_min_failure_ratio=args.redis_breaker_min_failure_ratio,
-        )
+        return DependencyConfig(**fields_from_args(args, DEPENDENCY_FLAGS))
     except DependencyConfigError as exc:
         parser.error(str(exc))

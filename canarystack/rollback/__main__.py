@@ -10,8 +10,15 @@ import argparse
 import re
 from collections.abc import Sequence
 
-from canarystack.common.auth import describe_admin_flag, load_admin_token, token_or_admin
-from canarystack.common.cli import base_parser, entry, parse, serve
+from canarystack.common.auth import load_admin_token, token_or_admin
+from canarystack.common.cli import (
+    add_broker_client_flags,
+    add_release_flag,
+    base_parser,
+    entry,
+    parse,
+    serve,
+)
 from canarystack.rollback.executor import ExecutorConfig
 from canarystack.rollback.server import build_app
 
@@ -26,11 +33,9 @@ def build_parser() -> argparse.ArgumentParser:
         "The rollback executor: canary weight 0, wait for every router, quarantine, "
         "rolled_back — each step idempotent and resumable after a kill.",
     )
-    p.add_argument("--broker", required=True, help="broker URL, e.g. http://127.0.0.1:18100")
-    p.add_argument(
-        "--broker-token-file",
-        default=None,
-        help="file holding the rollback credential the executor writes its steps with "
+    add_broker_client_flags(
+        p,
+        "file holding the rollback credential the executor writes its steps with "
         "(default: the admin token, single-credential mode)",
     )
     p.add_argument(
@@ -39,13 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="file holding the operator credential a manual POST /v1/rollbacks/{release} "
         "must carry (default: the admin token, single-credential mode)",
     )
-    describe_admin_flag(p)
-    p.add_argument(
-        "--release",
-        action="append",
-        default=None,
-        help="release to handle (repeat for several; default: default)",
-    )
+    add_release_flag(p, "handle")
     p.add_argument(
         "--poll-ms",
         type=float,
