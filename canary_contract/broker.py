@@ -15,6 +15,7 @@ from pydantic import Field, model_validator
 from canary_contract._record import Flag, Int, IntOrNumber, Number, Record, Text
 from canary_contract.json import JsonObject, JsonValue
 from canary_contract.phases import CANARY_OFF, Phase
+from canary_contract.samples import TOKEN_PATTERN, TraceId
 
 Count = Annotated[Int, Field(ge=0, le=2**63 - 1)]
 
@@ -31,12 +32,12 @@ class TripTest(enum.StrEnum):
 # A trip's example colours (#16): at most this many, each a request id and trace id the
 # gate saw in the samples behind the trip, and their tag.
 MAX_TRIP_COLOURS = 8
-Token = Annotated[Text, Field(pattern=r"^[A-Za-z0-9._:/=+-]{1,128}$")]
+Token = Annotated[Text, Field(pattern=TOKEN_PATTERN)]
 
 
 class TripColour(Record):
     request_id: Token
-    trace_id: Annotated[Text, Field(pattern=r"^[0-9a-f]{32}$")]
+    trace_id: TraceId
     tag: Token | None = None
 
 

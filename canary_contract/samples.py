@@ -30,8 +30,11 @@ Id = Annotated[Text, Field(max_length=MAX_ID)]
 Bucket = Annotated[Text, Field(max_length=MAX_LABEL)]
 PromptTokens = Annotated[Int, Field(ge=0, le=MAX_PROMPT_TOKENS)]
 # A sample's colour (#16): the W3C trace id and the client's traffic tag of the request.
-TraceId = Annotated[Text, Field(pattern=r"^[0-9a-f]{32}$")]
-Tag = Annotated[Text, Field(pattern=r"^[A-Za-z0-9._:/=+-]{1,128}$")]
+# A request id or traffic tag: a printable token; a trace id: 32 lower-case hex digits.
+TOKEN_PATTERN = r"^[A-Za-z0-9._:/=+-]{1,128}$"
+TRACE_ID_PATTERN = r"^[0-9a-f]{32}$"
+TraceId = Annotated[Text, Field(pattern=TRACE_ID_PATTERN)]
+Tag = Annotated[Text, Field(pattern=TOKEN_PATTERN)]
 
 
 class Comparison(Record):
