@@ -1,17 +1,5 @@
 """The gate's configuration: every threshold (each one a CLI flag, ``__main__``) and the
-false-alarm budget the thresholds come from or imply.
-
-``P(false alarm within n samples) <= n / A`` for each detector. A release runs ``K``
-detectors (drift KL and top-1 per bucket and tail, latency and errors per bucket); a union
-bound over them (no independence needed: the tails share samples) gives
-``P(any false trip within H release-hours) <= sum_d r_d * 3600 * H / A_d``, where ``r_d``
-is the rate of samples detector ``d`` sees. With one assumed rate ``r`` for every
-detector (``budget_sample_rate_hz``: an upper bound, so the sum is an upper bound too)
-and a budget of ``alpha`` false trips per release-hour split evenly (``alpha / K`` each),
-each detector's threshold is ``A = K * r * 3600 / alpha`` (``threshold_for_budget``).
-The bound is for streams *at* the null mean; healthy streams sit below it and trip far
-less often (``bench/gate_false_alarms.py`` measures how much).
-
+false-alarm budget the thresholds come from or imply (``GateConfig.budget_json``).
 
 This module must never do I/O.
 """
@@ -200,7 +188,22 @@ class GateConfig:
         }[test]
 
     def budget_json(self) -> JsonObject:
-        """The false-alarm budget this configuration runs with (module docstring)."""
+        """The false-alarm budget this configuration runs with.
+
+        Each e-CUSUM ``M_t`` is bounded by the Shiryaev-Roberts statistic
+        ``R_t = (R_{t-1} + 1) e_t``, a nonnegative submartingale with ``E[R_n] <= n`` under
+        the null, so Doob's maximal inequality gives ``P(false alarm within n samples) <=
+        n / A`` for each detector. A release runs ``K`` detectors (drift KL and top-1 per
+        bucket and tail, latency and errors per bucket); a union bound over them (no
+        independence needed: the tails share samples) gives ``P(any false trip within H
+        release-hours) <= sum_d r_d * 3600 * H / A_d``, where ``r_d`` is the rate of samples
+        detector ``d`` sees. With one assumed rate ``r`` for every detector
+        (``budget_sample_rate_hz``: an upper bound, so the sum is an upper bound too) and a
+        budget of ``alpha`` false trips per release-hour split evenly (``alpha / K`` each),
+        each detector's threshold is ``A = K * r * 3600 / alpha`` (``threshold_for_budget``).
+        The bound is for streams *at* the null mean; healthy streams sit below it and trip
+        far less often (``bench/gate_false_alarms.py`` measures how much).
+        """
         counts = detector_counts(self.edges, self.pool_tails)
         r = self.budget_sample_rate_hz
         per_test = {

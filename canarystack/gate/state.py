@@ -1,41 +1,7 @@
-"""Per-release gate state: the detectors per bucket, the live noise floor, the no-data
-rule, and the decision to trip.
-
-Scopes. Drift is tested per bucket *and* per tail (every bucket at or above an edge:
-``512+``, ``1k+``, ``2k+``, plus ``all``): a fault that grows with prompt length shows in
-the tail that pools all the long buckets at twice the sample rate of either bucket, so
-it trips sooner. A tail trip names, as ``bucket``, the member bucket with the strongest
-evidence of its own (highest statistic, then highest run mean), and lists the pooled
-buckets in ``detail``. Latency and errors compare variants *in the same bucket* only, as
-TTFT and error rates depend on prompt length.
-
-A noise floor is *borrowed* when its scope has fewer than ``noise_min_samples`` of its
-own: ``noise_json`` names the scope it came from (``borrowed_from``; ``"none"`` for no
-floor at all) and ``noise_fallbacks`` counts the comparisons tested against a borrowed
-floor (the ``canarystack_gate_noise_floor_fallbacks`` metric).
-
-State: ``idle`` (no progressing release with a canary), ``watching``, ``inconclusive``
-(canary weight > 0 but no canary sample for ``no_data_timeout_s``), ``tripped`` (this
-gate decided, or the broker's phase keeps the canary off). A new canary version resets
-every detector and counter, but *keeps the noise floor*: baseline-baseline noise is a
-property of the stable version and its replicas, not of the canary, so a new canary is
-tested against the floor measured so far. The floor is dropped only when the stable
-version changes. Samples that name another canary version than the broker's are ignored.
-
-False-alarm budget (``GateConfig.budget_json``). Each e-CUSUM ``M_t`` is bounded by the
-Shiryaev-Roberts statistic ``R_t = (R_{t-1} + 1) e_t``, a nonnegative submartingale with
-
-The tests of one sample are ``canarystack.gate.detect``, the evidence of a trip
-``canarystack.gate.evidence``, the JSON views ``canarystack.gate.views``. The input
-models are ``canarystack.gate.samples``, the thresholds and the false-alarm
-budget ``canarystack.gate.config``, the scopes ``canarystack.gate.scopes``, the method
-``canarystack.gate.stats``. Their names are re-exported here (callers import them from
-this module).
-
-Why this module is above ~400 lines: ``ReleaseGate`` is one state machine (the broker's
-view, the lifecycle of a canary, intake and deduplication, the decision and its status),
-whose parts read and write the same fields; what could stand alone (input, config, scopes,
-per-sample tests, evidence, views) already does.
+"""Per-release gate state (``ReleaseGate``): the detectors per scope, the live noise
+floor, the no-data rule, and the decision to trip. Over 400 lines because ``ReleaseGate``
+is one state machine whose parts read and write the same fields; what could stand alone
+(input, config, scopes, per-sample tests, evidence, views) already does.
 
 This module must never do I/O or read a clock: callers pass ``now`` in, so tests drive
 time. It never decides to trip a release the broker does not show as progressing.
@@ -84,6 +50,10 @@ from canarystack.gate.scopes import (
 )
 from canarystack.gate.stats import ECusum, MeanWindow, TimeWindow
 
+# The names of the gate's rooms that callers import from here: the tests of one sample
+# (``detect``), a trip's evidence (``evidence``), the JSON views (``views``), the input
+# (``samples``), the thresholds and budget (``config``), the scopes (``scopes``) and the
+# method (``stats``).
 __all__ = [
     "ALL_SCOPE",
     "BATCH_IDS_PER_ROUTER",
@@ -120,6 +90,7 @@ class ReleaseGate:
 
     ``on_release`` takes the broker's release JSON (or None while unknown); ``ingest``
     takes a validated batch and returns the evidence of a new trip decision, if any.
+    Samples that name another canary version than the broker's are ignored.
     """
 
     def __init__(self, name: str, config: GateConfig) -> None:
@@ -150,6 +121,16 @@ class ReleaseGate:
 
     # -- lifecycle -------------------------------------------------------------------
     def _reset(self, keep_noise: bool = False) -> None:
+        """Fresh detectors for every scope.
+
+        Drift is tested per bucket *and* per tail (every bucket at or above an edge:
+        ``512+``, ``1k+``, ``2k+``, plus ``all``): a fault that grows with prompt length
+        shows in the tail that pools all the long buckets at twice the sample rate of either
+        bucket, so it trips sooner. A tail trip names, as ``bucket``, the member bucket with
+        the strongest evidence of its own (highest statistic, then highest run mean), and
+        lists the pooled buckets in ``detail``. Latency and errors compare variants *in the
+        same bucket* only, as TTFT and error rates depend on prompt length.
+        """
         cfg = self.config
         old_drift = getattr(self, "drift", {}) if keep_noise else {}
         labels = cfg.labels
@@ -250,6 +231,13 @@ class ReleaseGate:
         )
 
     def on_release(self, release: JsonObject | None, now_mono: float) -> None:
+        """The broker's release (None while unknown).
+
+        A new canary version resets every detector and counter, but *keeps the noise
+        floor*: baseline-baseline noise is a property of the stable version and its
+        replicas, not of the canary, so a new canary is tested against the floor measured
+        so far. The floor is dropped only when the stable version changes.
+        """
         was_live = self.canary_live()
         self.release = release
         version = self._release_canary()
@@ -346,7 +334,13 @@ class ReleaseGate:
             t.ignore(k, v)
 
     def noise_of(self, scope: DriftScope) -> tuple[float, float, str]:
-        """(kl floor, top-1 disagreement floor, where it came from) for a scope."""
+        """(kl floor, top-1 disagreement floor, where it came from) for a scope.
+
+        A floor is *borrowed* when its scope has fewer than ``noise_min_samples`` of its
+        own: ``noise_json`` names the scope it came from (``borrowed_from``; ``"none"`` for
+        no floor at all) and ``noise_fallbacks`` counts the comparisons tested against a
+        borrowed floor (the ``canarystack_gate_noise_floor_fallbacks`` metric).
+        """
         n_min = self.config.noise_min_samples
         for source in (scope, self.drift[ALL_SCOPE]):
             if len(source.noise_kl) >= n_min:
@@ -418,6 +412,9 @@ class ReleaseGate:
 
     # -- reading ---------------------------------------------------------------------
     def state(self, now_mono: float) -> GateState:
+        """``idle`` (no progressing release with a canary), ``watching``, ``inconclusive``
+        (canary weight > 0 but no canary sample for ``no_data_timeout_s``), ``tripped``
+        (this gate decided, or the broker's phase keeps the canary off)."""
         if self.trip is not None and self.trip_status is not TripStatus.ABANDONED:
             return "tripped"
         if is_canary_off(self.phase):

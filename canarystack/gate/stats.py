@@ -1,38 +1,6 @@
-"""The gate's sequential tests: pure, unit-testable classes with no I/O and no clock.
-
-Every test is an **e-CUSUM** (Shin, Ramdas & Rinaldo, "E-detectors: a nonparametric
-framework for sequential change detection", New England Journal of Statistics in Data
-Science 2(2), 2024, §3) over *betting e-values* for a bounded-below mean (Waudby-Smith &
-Ramdas, "Estimating means of bounded random variables by betting", JRSS-B 86(1), 2024).
-
-The null hypothesis of one test: each new observation ``x_t >= 0`` has conditional mean at
-most ``m0_t`` given the past (``m0_t`` may itself be computed from the past, e.g. the live
-noise floor plus a tolerance). For a bet ``lambda_t = f / m0_t`` with ``0 <= f < 1``::
-
-    e_t = 1 + lambda_t * (x_t - m0_t)           (>= 1 - f > 0, and E[e_t | past] <= 1)
-    M_t = max(M_{t-1}, 1) * e_t,   M_0 = 1       (the e-CUSUM statistic)
-    alarm at the first t with M_t >= A           (A = the test's ``threshold``)
-
-Decision rule and false-alarm rate: each ``e_t`` is an e-value under the null, so ``M_t``
-is an e-detector and the *average run length to a false alarm* is at least ``A``
-observations, for every stream that satisfies the null — no distributional assumption
-beyond ``x_t >= 0`` (Shin et al. 2024, Theorem 3.3 / Lorden 1971 for the CUSUM form).
-A healthy stream whose mean sits well below ``m0`` false-alarms far less often (the
-bound is reached only when the mean equals ``m0``). Clipping ``x_t`` at ``clip`` only
-lowers it, so the guarantee is unchanged and one wild observation moves ``M`` by at most
-``1 + f * (clip - m0) / m0``.
-
-Detection: while the mean is above ``m0``, ``log M_t`` grows by ``E[log e_t] > 0`` per
-observation; the run that ends in an alarm starts at the last time ``M`` was reset
-(``M_{t-1} <= 1``), which estimates the change point — the evidence reports its first
-and last sample times and its length.
-
-The gate uses one class for all three tests, with different ``x_t`` and ``m0_t``:
-drift (``x`` = KL or top-1 disagreement of one comparison, ``m0`` = noise floor +
-tolerance), latency (``x`` = 1 if the canary's TTFT exceeds ``ratio x`` the baseline's,
-``m0 = 1/2``: the null is "the canary/baseline TTFT ratio has median <= ratio"), errors
-(``x`` = 1 for a canary error, ``m0`` = a Clopper-Pearson upper bound on the baseline's
-recent error rate + tolerance). The helpers below compute those references.
+"""The gate's sequential tests: the e-CUSUM detector (``ECusum``) and the windows and
+bounds its null means come from (``MeanWindow``, ``TimeWindow``, ``median``,
+``binomial_upper``).
 
 This module must never do I/O, read a clock, or keep anything but counters and bounded
 windows: callers pass the sample times in.
@@ -52,6 +20,39 @@ from canary_contract.json import JsonObject
 @dataclass
 class ECusum:
     """An e-CUSUM detector for "the mean of ``x`` has risen above ``m0``".
+
+    The e-CUSUM of Shin, Ramdas & Rinaldo ("E-detectors: a nonparametric framework for
+    sequential change detection", New England Journal of Statistics in Data Science 2(2),
+    2024, §3) over *betting e-values* for a bounded-below mean (Waudby-Smith & Ramdas,
+    "Estimating means of bounded random variables by betting", JRSS-B 86(1), 2024).
+
+    The null hypothesis: each new observation ``x_t >= 0`` has conditional mean at most
+    ``m0_t`` given the past (``m0_t`` may itself be computed from the past, e.g. the live
+    noise floor plus a tolerance). For a bet ``lambda_t = f / m0_t`` with ``0 <= f < 1``::
+
+        e_t = 1 + lambda_t * (x_t - m0_t)           (>= 1 - f > 0, and E[e_t | past] <= 1)
+        M_t = max(M_{t-1}, 1) * e_t,   M_0 = 1       (the e-CUSUM statistic)
+        alarm at the first t with M_t >= A           (A = the test's ``threshold``)
+
+    Each ``e_t`` is an e-value under the null, so ``M_t`` is an e-detector and the
+    *average run length to a false alarm* is at least ``A`` observations, for every stream
+    that satisfies the null: no distributional assumption beyond ``x_t >= 0`` (Shin et al.
+    2024, Theorem 3.3 / Lorden 1971 for the CUSUM form). A healthy stream whose mean sits
+    well below ``m0`` false-alarms far less often (the bound is reached only when the mean
+    equals ``m0``). Clipping ``x_t`` at ``clip`` only lowers it, so the guarantee is
+    unchanged and one wild observation moves ``M`` by at most ``1 + f * (clip - m0) / m0``.
+
+    While the mean is above ``m0``, ``log M_t`` grows by ``E[log e_t] > 0`` per
+    observation; the run that ends in an alarm starts at the last time ``M`` was reset
+    (``M_{t-1} <= 1``), which estimates the change point: the evidence reports its first
+    and last sample times and its length.
+
+    The gate uses this class for all three tests, with different ``x_t`` and ``m0_t``:
+    drift (``x`` = KL or top-1 disagreement of one comparison, ``m0`` = noise floor +
+    tolerance), latency (``x`` = 1 if the canary's TTFT exceeds ``ratio x`` the
+    baseline's, ``m0 = 1/2``: the null is "the canary/baseline TTFT ratio has median <=
+    ratio"), errors (``x`` = 1 for a canary error, ``m0`` = a Clopper-Pearson upper bound
+    on the baseline's recent error rate + tolerance).
 
     ``threshold`` is A (alarm when the statistic reaches it; average run length to a false
     alarm >= A observations under the null). ``bet_fraction`` is f in ``lambda = f / m0``
