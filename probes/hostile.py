@@ -33,6 +33,7 @@ from gameday import hostile
 from gameday.api import ApiError, StackApi
 from gameday.evidence import checks
 from gameday.evidence.slo import Slo
+from gameday.run.collect import read_json
 from probes._context import (
     Configuration,
     Secrets,
@@ -67,12 +68,7 @@ def _write(configuration: Configuration | None, name: str, data: JsonObject) -> 
 
 
 def _read(configuration: Configuration | None, name: str) -> JsonObject | None:
-    path = run_dir(configuration) / name
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
+    return read_json(run_dir(configuration) / name)
 
 
 def flood_pinned_canary(
