@@ -1,34 +1,7 @@
 """The broker's HTTP API (aiohttp), per docs/ARCHITECTURE.md §2: the handlers and the app.
-
-The broker is three rooms: ``schemas`` (the request bodies and their limits), ``service``
-(``Broker``: the in-memory releases, the database thread, watches, heartbeats) and this
-module (HTTP: paths, credentials, faults, and the one place where the store's domain
-errors, ``canarystack.broker.errors``, become statuses: ``Missing`` 404,
-``Conflicting`` 409, ``Refused`` 422). The SQLite store is ``canarystack.broker.store``.
-
-Watch: ``GET /v1/releases/{name}?after=REV&timeout_s=S`` answers once the revision
-differs from ``after`` or after ``timeout_s`` (``x-watch-timeout: true``); a watch on a
-release that does not exist yet waits for it, and is a 404 if the timeout passes first.
-
-Faults: ``latency`` (``ms`` added to every /v1 request), ``unavailable`` (503 on every
-/v1 request) and ``drop_watch`` (long-polls hang, answering nothing, until the client
-disconnects or the fault ends; then they answer normally). /health, /metrics and /admin
-are never faulted, so the harness can still observe and heal the broker.
-
-Input (``canarystack.broker.wire``): bodies of at most 256 KiB (413 above, checked
-against ``Content-Length`` before reading), strict JSON (no NaN/Infinity, integers of at
-most 32 digits, at most 64 levels, valid UTF-8), integers within SQLite's 64 bits, numbers
-finite; query integers digits-only within a stated range; annotations and trip detail at
-most 16 KiB as JSON (they are part of every history page). Every answer is written with
-``allow_nan=False``. Event history is paged: ``GET .../events?after_seq=N&limit=L``
-(L <= 10,000) answers ``{"events", "next_after_seq", "limit"}``, oldest first; a page
-shorter than ``limit`` is the last. ``/health`` says ``max_watch_s`` (a router checks its
-watch timeout against it) and ``router_expiry_s``. A trip's ``colours`` (the request ids
-and trace ids behind it) are each recorded as a ``trip_evidence`` hop.
-
-Why this module is above ~400 lines: it is the broker's routes, one short handler each
-(credentials, parsing, the write, the answer); split by resource, each part would repeat
-the same helpers. The bodies, the state and the store stand alone.
+The bodies are ``schemas``, the state ``service``, the SQLite store ``store``, input and
+answers ``wire``. Over 400 lines because it is the broker's routes, one short handler each;
+split by resource, each part would repeat the same helpers.
 
 This module must never answer a write before its commit returned, touch SQLite from the
 event loop thread, or hold a long-poll past ``--max-watch-s`` (except under drop_watch).
@@ -114,6 +87,10 @@ _log = get_logger("broker")
 
 
 # -- faults -------------------------------------------------------------------------------
+# ``latency`` (``ms`` added to every /v1 request), ``unavailable`` (503 on every /v1
+# request) and ``drop_watch`` (long-polls hang, answering nothing, until the client
+# disconnects or the fault ends; then they answer normally). /health, /metrics and /admin
+# are never faulted, so the harness can still observe and heal the broker.
 FAULT_KINDS: dict[str, type[FaultParams]] = {
     "latency": LatencyMs,
     "unavailable": NoParams,
@@ -272,6 +249,10 @@ async def create_release(request: web.Request) -> web.Response:
 
 
 async def get_release(request: web.Request) -> web.Response:
+    """The release, or a watch: ``?after=REV&timeout_s=S`` answers once the revision
+    differs from ``after`` or after ``timeout_s`` (``x-watch-timeout: true``); a watch on a
+    release that does not exist yet waits for it, and is a 404 if the timeout passes
+    first."""
     broker = _broker(request)
     name = _name(request, "name")
     if "after" not in request.query:
@@ -319,6 +300,8 @@ def _watch_timeout(request: web.Request, max_watch_s: float) -> float:
 
 
 async def patch_release(request: web.Request) -> web.Response:
+    """A compare-and-set change of a release. A trip's ``colours`` (the request ids and
+    trace ids behind it) are each recorded as a ``trip_evidence`` hop."""
     broker, credential = _authorized(request, "patch_release")
     name = _name(request, "name")
     body = parse_model(PatchRelease, await read_json_object(request, BROKER_MAX_BODY_BYTES))
@@ -368,6 +351,8 @@ async def patch_release(request: web.Request) -> web.Response:
 
 # -- handlers: events -----------------------------------------------------------------------
 async def list_events(request: web.Request) -> web.Response:
+    """One page of history: ``?after_seq=N&limit=L`` (L <= 10,000) answers ``{"events",
+    "next_after_seq", "limit"}``, oldest first; a page shorter than ``limit`` is the last."""
     broker = _broker(request)
     name = _name(request, "name")
     after_seq = query_int(request, "after_seq", 0)
@@ -439,7 +424,8 @@ _STATUS_OF: dict[type[BrokerDomainError], type[ApiError]] = {
 
 
 def to_api_error(exc: BrokerDomainError) -> ApiError:
-    """The HTTP error of a domain error (the one place statuses are chosen)."""
+    """The HTTP error of a domain error (the one place statuses are chosen): ``Missing``
+    404, ``Conflicting`` 409, ``Refused`` 422."""
     cls = next((api for dom, api in _STATUS_OF.items() if isinstance(exc, dom)), Unprocessable)
     return cls(exc.message, param=exc.param, code=exc.code, extra=exc.extra or None)
 

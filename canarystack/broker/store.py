@@ -1,35 +1,9 @@
-"""The broker's durable state: one SQLite file (``DIR/broker.sqlite``) in WAL mode.
+"""The broker's durable state: one SQLite file (``DIR/broker.sqlite``) in WAL mode. Over 400
+lines because every write (version, release, patch, quarantine, annotation) is one
+transaction with the same compare-and-set and event append, read in one place.
 
-Tables: ``versions`` (version, digest, manifest, quarantined, registered_at, and who
-quarantined it and why), ``releases`` (one row per release, with its revision) and
-``events`` (append-only: seq, release, time, revision, actor, change JSON, reason;
-triggers refuse UPDATE and DELETE).
-
-Durability: ``journal_mode=WAL`` with ``synchronous=FULL``. A write is acknowledged
-(2xx) only after its COMMIT returned, and with FULL the commit has fsync'ed the WAL, so
-an acknowledged write survives SIGKILL of the broker *and* a power loss or kernel crash.
-(``NORMAL`` would also survive SIGKILL — the committed WAL frames are in the OS page
-cache and SQLite replays them on the next open — but can lose the last commits on power
-loss, which would break the promise a 2xx makes to the gate and the rollback executor.)
-The price is one fsync per write; the broker sees a few writes per second at most.
-
-Every write is one ``BEGIN IMMEDIATE`` transaction that reads the release's revision,
-compares it with what the caller expected (compare-and-set), checks the phase rules
-(``canarystack.broker.phases``), writes ``revision + 1`` guarded by
-``WHERE revision = <read>`` and appends an event describing the change (old -> new).
-
-``Store`` is synchronous and not thread-safe: the server calls it from one dedicated
-thread. It raises the domain errors of ``canarystack.broker.errors`` (``Missing``,
-``Conflicting``, ``Refused``) for anything a client caused, and ``StateDirError`` when the
-state folder cannot be used; the HTTP layer maps the first to statuses, ``__main__`` turns
-the second into its message and exit status 1. It knows nothing of HTTP.
-
-Why this module is above ~400 lines: every write (version, release, patch, quarantine,
-annotation) is one transaction with the same compare-and-set and event append; they stay
-together so that discipline is read in one place.
-
-This module must never acknowledge a write before COMMIT, update or delete an event, or
-change a phase except through ``phases.check_transition``.
+This module must never acknowledge a write before COMMIT, update or delete an event,
+change a phase except through ``phases.check_transition``, or know anything of HTTP.
 """
 
 from __future__ import annotations
@@ -51,6 +25,10 @@ from canarystack.common import strictjson
 SCHEMA_VERSION = 1
 DB_FILE = "broker.sqlite"
 
+# ``versions`` (version, digest, manifest, quarantined, registered_at, and who quarantined
+# it and why), ``releases`` (one row per release, with its revision) and ``events``
+# (append-only: seq, release, time, revision, actor, change JSON, reason; triggers refuse
+# UPDATE and DELETE).
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS versions (
     version TEXT PRIMARY KEY,
@@ -160,7 +138,14 @@ def _dumps_change(change: JsonObject) -> str:
 
 
 class Store:
-    """The broker database. Open with ``Store.open(state_dir)``; use from one thread."""
+    """The broker database. Open with ``Store.open(state_dir)``; use from one thread.
+
+    ``Store`` is synchronous and not thread-safe: the server calls it from one dedicated
+    thread. It raises the domain errors of ``canarystack.broker.errors`` (``Missing``,
+    ``Conflicting``, ``Refused``) for anything a client caused, and ``StateDirError`` when
+    the state folder cannot be used; the HTTP layer maps the first to statuses,
+    ``__main__`` turns the second into its message and exit status 1.
+    """
 
     def __init__(self, conn: sqlite3.Connection, path: Path) -> None:
         self._conn = conn
@@ -169,6 +154,17 @@ class Store:
     # -- lifecycle ------------------------------------------------------------------
     @classmethod
     def open(cls, state_dir: Path) -> Store:
+        """Open (or create) the database in ``state_dir``.
+
+        ``journal_mode=WAL`` with ``synchronous=FULL``: a write is acknowledged (2xx) only
+        after its COMMIT returned, and with FULL the commit has fsync'ed the WAL, so an
+        acknowledged write survives SIGKILL of the broker *and* a power loss or kernel
+        crash. (``NORMAL`` would also survive SIGKILL, since the committed WAL frames are in
+        the OS page cache and SQLite replays them on the next open, but can lose the last
+        commits on power loss, which would break the promise a 2xx makes to the gate and
+        the rollback executor.) The price is one fsync per write; the broker sees a few
+        writes per second at most.
+        """
         path = Path(state_dir) / DB_FILE
         try:
             # isolation_level=None: we issue BEGIN IMMEDIATE / COMMIT ourselves.
@@ -210,6 +206,11 @@ class Store:
 
     @contextlib.contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:
+        """One write: every write is one ``BEGIN IMMEDIATE`` transaction that reads the
+        release's revision, compares it with what the caller expected (compare-and-set),
+        checks the phase rules (``canarystack.broker.phases``), writes ``revision + 1``
+        guarded by ``WHERE revision = <read>`` and appends an event describing the change
+        (old -> new)."""
         # IMMEDIATE takes the write lock at BEGIN, so the revision we read cannot change
         # before our UPDATE; the guarded UPDATE below is the belt to these braces.
         self._conn.execute("BEGIN IMMEDIATE")
