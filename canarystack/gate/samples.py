@@ -18,15 +18,17 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-# Bounds of one sample: generous for any real router, small enough that no value can
-# overflow a sum or push a window. Every float is finite (``allow_inf_nan=False``).
-MAX_TIME = 1e11  # seconds since the epoch (year ~5138); sample times are wall clock
-MAX_TTFT_S = 3600.0
-MAX_PROMPT_TOKENS = 10_000_000
-MAX_POSITIONS = 1_000_000
-MAX_LABEL = 64
-MAX_ID = 200
-MAX_ERROR = 1000
+# Bounds of one sample: the wire contract's (every float is finite, ``allow_inf_nan=False``).
+from canary_contract.samples import (
+    MAX_ERROR,
+    MAX_ID,
+    MAX_LABEL,
+    MAX_POSITIONS,
+    MAX_PROMPT_TOKENS,
+    MAX_TIME,
+    MAX_TTFT_S,
+)
+
 # A sample's colour (``canarystack.common.colour``): the request id and traffic tag are
 # printable tokens of at most 128 characters, the trace id 32 lower-case hex digits.
 TOKEN_PATTERN = r"^[A-Za-z0-9._:/=+-]{1,128}$"
