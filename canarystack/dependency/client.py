@@ -26,7 +26,7 @@ import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 from urllib.parse import urlsplit
 
 import redis.asyncio as aioredis
@@ -37,6 +37,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from canary_contract.json import JsonObject
 from canarystack.dependency.breaker import STATES, CircuitBreaker
 from canarystack.dependency.keys import cache_key, context_key
 
@@ -170,7 +171,7 @@ class DependencyClient:
     def _is_state(self, state: str) -> Callable[[], float]:
         return lambda: 1.0 if self.breaker.state == state else 0.0
 
-    def health(self) -> dict[str, Any]:
+    def health(self) -> JsonObject:
         """What ``/health`` says about the dependency (the model still serves)."""
         return {
             "name": "redis",

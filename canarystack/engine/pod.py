@@ -67,6 +67,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from canary_contract.json import JsonObject
 from canarystack.common import strictjson
 from canarystack.common.app import COMPONENT, Component
 from canarystack.common.colour import COLOUR_KEY, Colour
@@ -76,7 +77,7 @@ from canarystack.dependency.client import DependencyClient, DependencyConfig
 from canarystack.engine.child import EngineChild, EngineSettings, log_tail
 from canarystack.engine.faults import HEALTHY_CACHE, EngineKernelParams
 from canarystack.model.api_spec import install as install_api_spec
-from canarystack.model.body import OFF_LOOP_BYTES, Limits, Parsed, parse_request, read_body
+from canarystack.model.body import Limits, Parsed, read_request
 from canarystack.model.contract import (
     RequestRecord,
     check_model_name,
@@ -154,7 +155,7 @@ class _Record(RequestRecord):
     kv_cache_type: str | None = None
     engine_pid: int | None = None
 
-    def extra_fields(self) -> dict[str, Any]:
+    def extra_fields(self) -> JsonObject:
         return {"kv_cache_type": self.kv_cache_type, "engine_pid": self.engine_pid}
 
 
@@ -248,9 +249,9 @@ class EnginePod:
         if self.dependency is not None:
             await self.dependency.close()
 
-    def health_extra(self) -> dict[str, Any]:
+    def health_extra(self) -> JsonObject:
         active = self.active
-        extra: dict[str, Any] = {
+        extra: JsonObject = {
             "model": self.settings.served_model_name,
             "engine": "llama.cpp",
             "kv_cache_type": active.cache_type if active else None,
@@ -406,7 +407,7 @@ class EnginePod:
 
     def _upstream_body(
         self, parsed: Parsed, chat: bool, rec: _Record
-    ) -> tuple[dict[str, Any], bool, bool]:
+    ) -> tuple[JsonObject, bool, bool]:
         """Count and build what the engine gets from a validated request: (body, stream,
         include_usage). Only the fields the contract validates are forwarded; unknown
         fields are dropped here, never passed to the engine unchecked."""
@@ -447,16 +448,7 @@ class EnginePod:
         self, request: web.Request, chat: bool, rec: _Record, headers: dict[str, str]
     ) -> web.StreamResponse:
         kind = "chat" if chat else "completion"
-        raw = await read_body(request, self.limits)
-        parsed: Parsed
-        if len(raw) > OFF_LOOP_BYTES:
-            # A big body is parsed and checked in a worker thread, as the simulator does:
-            # other requests' streams keep flowing meanwhile.
-            loop = asyncio.get_running_loop()
-            parsed = await loop.run_in_executor(None, parse_request, raw, kind, self.limits)
-        else:
-            parsed = parse_request(raw, kind, self.limits)
-        del raw
+        parsed = await read_request(request, kind, self.limits)
         upstream, stream, include_usage = self._upstream_body(parsed, chat, rec)
         child = self._serving_child(rec)
         if self.dependency is not None:
@@ -511,7 +503,7 @@ class EnginePod:
         self,
         request: web.Request,
         parsed: Parsed,
-        upstream: dict[str, Any],
+        upstream: JsonObject,
         rec: _Record,
         headers: dict[str, str],
     ) -> None:
@@ -541,7 +533,7 @@ class EnginePod:
         if isinstance(req, CompletionRequest):
             prompt = f"{lookup.context}\n{upstream['prompt']}"
             tokens = self.counter.completion(prompt)
-            changed: dict[str, Any] = {"prompt": prompt}
+            changed: JsonObject = {"prompt": prompt}
         else:
             messages: list[dict[str, str]] = list(upstream["messages"])
             if messages and messages[0]["role"] == "system":
@@ -687,7 +679,7 @@ class EnginePod:
             state.done = True
             if not state.include_usage:
                 return event, False
-            usage: dict[str, Any] = {
+            usage: JsonObject = {
                 "id": state.first_id,
                 "object": "chat.completion.chunk" if state.chat else "text_completion",
                 "created": state.created,

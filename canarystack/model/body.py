@@ -22,6 +22,7 @@ the one request's body.
 
 from __future__ import annotations
 
+import asyncio
 import re
 from dataclasses import dataclass
 
@@ -200,3 +201,13 @@ def parse_request(raw: bytes, kind: str, limits: Limits) -> Parsed:
             code="prompt_too_large",
         )
     return Parsed(req, req.prompt_text().split(), top_n, prompt_field, max_tokens)
+
+
+async def read_request(request: web.Request, kind: str, limits: Limits) -> Parsed:
+    """``read_body`` then ``parse_request``; a body above ``OFF_LOOP_BYTES`` is parsed and
+    tokenised in a worker thread, so other requests' streams keep flowing meanwhile."""
+    raw = await read_body(request, limits)
+    if len(raw) > OFF_LOOP_BYTES:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(None, parse_request, raw, kind, limits)
+    return parse_request(raw, kind, limits)

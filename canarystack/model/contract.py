@@ -28,6 +28,7 @@ from typing import Any, Protocol, Self
 
 from aiohttp import web
 
+from canary_contract.json import JsonObject
 from canarystack.common.app import Component, create_app
 from canarystack.common.auth import load_admin_token
 from canarystack.common.cli import serve
@@ -69,7 +70,7 @@ def check_shared_options(args: argparse.Namespace, parser: argparse.ArgumentPars
 
 
 class ModelServerApp(Protocol):
-    def health_extra(self) -> dict[str, Any]: ...
+    def health_extra(self) -> JsonObject: ...
 
     def add_routes(self, app: web.Application) -> None: ...
 
@@ -182,7 +183,7 @@ class RequestRecord:
             t_recv=time.monotonic(),
         )
 
-    def extra_fields(self) -> dict[str, Any]:
+    def extra_fields(self) -> JsonObject:
         """Fields a model server adds to the line (after the shared ones)."""
         return {}
 

@@ -24,10 +24,11 @@ import os
 import random
 import time
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from aiohttp import web
 
+from canary_contract.json import JsonObject
 from canarystack.common.app import COMPONENT, Component
 from canarystack.common.colour import COLOUR_KEY, Colour
 from canarystack.common.errors import ApiError, BadRequest, Unavailable
@@ -35,7 +36,7 @@ from canarystack.common.faults import FaultParams
 from canarystack.common.logs import get_logger
 from canarystack.dependency.client import DependencyClient, DependencyConfig
 from canarystack.model.api_spec import install as install_api_spec
-from canarystack.model.body import OFF_LOOP_BYTES, Limits, Parsed, parse_request, read_body
+from canarystack.model.body import Limits, read_request
 from canarystack.model.capacity import CapacityModel, SlotScheduler, sleep_until
 from canarystack.model.contract import (
     RequestRecord,
@@ -95,6 +96,18 @@ class SimulatedServerError(ApiError):
     type = "server_error"
 
 
+@dataclass(frozen=True)
+class _Plan:
+    """How one request is generated and answered, once its faults are known."""
+
+    gen: Generation
+    renderer: Renderer
+    extra_ttft_s: float  # a latency fault's extra time to first token
+    itl_mult: float  # a latency fault's inter-token multiplier
+    truncate: bool  # an errors fault cuts the answer half way
+    max_tokens: int
+
+
 class _Disconnected(Exception):
     """The client went away while we were writing."""
 
@@ -137,7 +150,7 @@ class ModelServer:
         if self.dependency is not None:
             await self.dependency.close()
 
-    def health_extra(self) -> dict[str, Any]:
+    def health_extra(self) -> JsonObject:
         # The model serves without its dependency: /health stays "ok" and says how the
         # dependency is (a degraded dependency is shared, not this server's failure).
         extra = {} if self.dependency is None else {"dependency": self.dependency.health()}
@@ -195,16 +208,7 @@ class ModelServer:
     async def _serve(
         self, request: web.Request, kind: str, rec: RequestRecord, headers: dict[str, str]
     ) -> web.StreamResponse:
-        raw = await read_body(request, self.limits)
-        parsed: Parsed
-        if len(raw) > OFF_LOOP_BYTES:
-            # A big body is parsed and tokenised in a worker thread: other requests'
-            # streams keep their deadlines meanwhile.
-            loop = asyncio.get_running_loop()
-            parsed = await loop.run_in_executor(None, parse_request, raw, kind, self.limits)
-        else:
-            parsed = parse_request(raw, kind, self.limits)
-        del raw
+        parsed = await read_request(request, kind, self.limits)
         req, words, top_n = parsed.req, parsed.words, parsed.top_n
         prompt_field, max_tokens = parsed.prompt_field, parsed.max_tokens
         rec.stream = req.stream
@@ -283,14 +287,10 @@ class ModelServer:
             include_usage=req.include_usage,
             broken=broken,
         )
-        truncate = error_kind == "truncate"
+        plan = _Plan(gen, renderer, extra_ttft_s, itl_mult, error_kind == "truncate", max_tokens)
         if req.stream:
-            return await self._stream(
-                request, rec, headers, gen, renderer, extra_ttft_s, itl_mult, truncate, max_tokens
-            )
-        return await self._complete(
-            request, rec, headers, gen, renderer, extra_ttft_s, itl_mult, truncate
-        )
+            return await self._stream(request, rec, headers, plan)
+        return await self._complete(request, rec, headers, plan)
 
     async def _with_context(
         self,
@@ -331,17 +331,9 @@ class ModelServer:
         return t_admit
 
     async def _stream(
-        self,
-        request: web.Request,
-        rec: RequestRecord,
-        headers: dict[str, str],
-        gen: Generation,
-        renderer: Renderer,
-        extra_ttft_s: float,
-        itl_mult: float,
-        truncate: bool,
-        max_tokens: int,
+        self, request: web.Request, rec: RequestRecord, headers: dict[str, str], plan: _Plan
     ) -> web.StreamResponse:
+        gen, renderer, itl_mult, truncate = plan.gen, plan.renderer, plan.itl_mult, plan.truncate
         resp = web.StreamResponse(
             headers={**headers, "Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
         )
@@ -349,12 +341,12 @@ class ModelServer:
         t_admit = await self._admit(rec)
         cap = self.capacity
         sent = 0
-        cut_after = max(1, max_tokens // 2)
+        cut_after = max(1, plan.max_tokens // 2)
         try:
             if request.transport is None or request.transport.is_closing():
                 raise _Disconnected("client left while queued")
             piece = gen.next_piece()
-            deadline = t_admit + cap.prefill_s(rec.prompt_tokens) + extra_ttft_s
+            deadline = t_admit + cap.prefill_s(rec.prompt_tokens) + plan.extra_ttft_s
             await sleep_until(deadline)
             data = renderer.first_chunk()
             last_write = 0.0
@@ -397,20 +389,13 @@ class ModelServer:
         return resp
 
     async def _complete(
-        self,
-        request: web.Request,
-        rec: RequestRecord,
-        headers: dict[str, str],
-        gen: Generation,
-        renderer: Renderer,
-        extra_ttft_s: float,
-        itl_mult: float,
-        truncate: bool,
+        self, request: web.Request, rec: RequestRecord, headers: dict[str, str], plan: _Plan
     ) -> web.StreamResponse:
+        gen, renderer, itl_mult = plan.gen, plan.renderer, plan.itl_mult
         t_admit = await self._admit(rec)
         cap = self.capacity
         try:
-            t_first = t_admit + cap.prefill_s(rec.prompt_tokens) + extra_ttft_s
+            t_first = t_admit + cap.prefill_s(rec.prompt_tokens) + plan.extra_ttft_s
             pieces = []
             while not gen.finished:
                 for _ in range(GENERATE_BATCH):
@@ -443,7 +428,7 @@ class ModelServer:
                     break
                 await asyncio.sleep(0)
             rec.completion_tokens = out.completion_tokens
-            if truncate:
+            if plan.truncate:
                 resp = web.StreamResponse(headers={**headers, "Content-Type": "application/json"})
                 resp.content_length = len(body)
                 await resp.prepare(request)

@@ -22,6 +22,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from canary_contract.json import JsonObject
 from canarystack.common import strictjson
 from canarystack.router.divergence import (
     BAD_JSON,
@@ -217,7 +218,7 @@ def shadow_safe(body: Mapping[str, Any], chat: bool) -> bool:
     return lp is None or (isinstance(lp, int) and not isinstance(lp, bool) and lp >= 0)
 
 
-def with_logprobs(body: dict[str, Any], chat: bool, k: int) -> dict[str, Any]:
+def with_logprobs(body: JsonObject, chat: bool, k: int) -> JsonObject:
     out = dict(body)
     if chat:
         out["logprobs"] = True

@@ -37,8 +37,8 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
+from canary_contract.json import JsonObject
 from canarystack.broker.client import BrokerClient, FollowKind
 from canarystack.common.logs import get_logger
 from canarystack.router.snapshot import (
@@ -117,7 +117,7 @@ class ConfigWatcher:
         self._tasks: list[asyncio.Task[None]] = []
 
     # -- applying -------------------------------------------------------------------
-    def apply(self, release: dict[str, Any], source: str) -> None:
+    def apply(self, release: JsonObject, source: str) -> None:
         snap = Snapshot.of(release, source)
         previous = self.current
         if snap.weight_pct == 0 and previous.weight_pct == 0:
@@ -142,7 +142,7 @@ class ConfigWatcher:
                 _log.error("config_cache_write_failed", path=str(self.cache), error=str(exc))
             self._beat_now.set()
 
-    def _offer(self, release: dict[str, Any]) -> None:
+    def _offer(self, release: JsonObject) -> None:
         rev = release.get("revision")
         rev = rev if isinstance(rev, int) else 0
         self.last_seen_revision = rev

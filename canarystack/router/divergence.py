@@ -43,6 +43,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from canary_contract.json import JsonObject
+
 FLOOR_EPS = 1e-6
 # Maximal divergence: what a comparison against a broken canary side counts as. The gate
 # clips each comparison's KL at its --drift-kl-clip (default 1.0 nats), so this is the
@@ -154,65 +156,49 @@ class SideResult:
     dependency: str | None = None
 
 
-def build_comparison(
-    *,
-    pair: str,
-    a: SideResult,
-    b: SideResult,
-    greedy: bool,
-    bucket: str,
-    prompt_tokens: int,
-    request_id: str,
-) -> dict[str, Any] | None:
-    """The comparison record (docs/ARCHITECTURE.md §3), or None when nothing comparable."""
-    scores = compare_positions(a.positions, b.positions, greedy)
-    if not scores:
-        return None
-    kls = [s.kl for s in scores]
-    return {
-        "time": time.time(),
-        "pair": pair,
-        "bucket": bucket,
-        "prompt_tokens": prompt_tokens,
-        "positions": len(scores),
-        "kl_mean": sum(kls) / len(kls),
-        "kl_first": kls[0],
-        "top1_agree": sum(1 for s in scores if s.top1_agree) / len(scores),
-        "ttft_a_s": a.ttft_s,
-        "ttft_b_s": b.ttft_s,
-        "version_a": a.version,
-        "version_b": b.version,
-        "request_id": request_id,
-    }
+@dataclass(frozen=True)
+class _Pairing:
+    """Two sides' answers to one prompt, and what the gate's record says about the prompt."""
 
+    pair: str
+    a: SideResult
+    b: SideResult
+    bucket: str
+    prompt_tokens: int
+    request_id: str
 
-def broken_record(
-    *,
-    pair: str,
-    a: SideResult,
-    b: SideResult,
-    bucket: str,
-    prompt_tokens: int,
-    request_id: str,
-    reason: str,
-) -> dict[str, Any]:
-    """A comparison of maximal divergence against a broken side ``b`` (finite values)."""
-    return {
-        "time": time.time(),
-        "pair": pair,
-        "bucket": bucket,
-        "prompt_tokens": prompt_tokens,
-        "positions": max(1, len(a.positions)),
-        "kl_mean": KL_MAX_NATS,
-        "kl_first": KL_MAX_NATS,
-        "top1_agree": 0.0,
-        "ttft_a_s": a.ttft_s,
-        "ttft_b_s": b.ttft_s,
-        "version_a": a.version,
-        "version_b": b.version,
-        "request_id": request_id,
-        "invalid": reason,
-    }
+    def record(self, positions: int, kl_mean: float, kl_first: float, agree: float) -> JsonObject:
+        """The comparison record (docs/ARCHITECTURE.md §3) with these scores."""
+        return {
+            "time": time.time(),
+            "pair": self.pair,
+            "bucket": self.bucket,
+            "prompt_tokens": self.prompt_tokens,
+            "positions": positions,
+            "kl_mean": kl_mean,
+            "kl_first": kl_first,
+            "top1_agree": agree,
+            "ttft_a_s": self.a.ttft_s,
+            "ttft_b_s": self.b.ttft_s,
+            "version_a": self.a.version,
+            "version_b": self.b.version,
+            "request_id": self.request_id,
+        }
+
+    def compared(self, greedy: bool) -> JsonObject | None:
+        """The scored comparison, or None when nothing is comparable."""
+        scores = compare_positions(self.a.positions, self.b.positions, greedy)
+        if not scores:
+            return None
+        kls = [s.kl for s in scores]
+        agree = sum(1 for s in scores if s.top1_agree) / len(scores)
+        return self.record(len(scores), sum(kls) / len(kls), kls[0], agree)
+
+    def broken(self, reason: str) -> JsonObject:
+        """A comparison of maximal divergence against a broken side ``b`` (finite values)."""
+        out = self.record(max(1, len(self.a.positions)), KL_MAX_NATS, KL_MAX_NATS, 0.0)
+        out["invalid"] = reason
+        return out
 
 
 def comparison_result(
@@ -224,7 +210,7 @@ def comparison_result(
     bucket: str,
     prompt_tokens: int,
     request_id: str,
-) -> tuple[str, dict[str, Any] | None]:
+) -> tuple[str, JsonObject | None]:
     """(result for the metric, record for the gate or None) for two sides that answered.
 
     ``a`` is a baseline side; ``b`` the canary (baseline-canary) or a second baseline.
@@ -234,30 +220,15 @@ def comparison_result(
     """
     a_bad = a.invalid or (MISSING if b.positions and not a.positions else None)
     b_bad = b.invalid or (MISSING if a.positions and not b.positions else None)
+    pairing = _Pairing(pair, a, b, bucket, prompt_tokens, request_id)
     if pair == "baseline-canary":
         if a_bad is not None:
             return "baseline_invalid", None
         if b_bad is not None:
-            return "canary_invalid", broken_record(
-                pair=pair,
-                a=a,
-                b=b,
-                bucket=bucket,
-                prompt_tokens=prompt_tokens,
-                request_id=request_id,
-                reason=b_bad,
-            )
+            return "canary_invalid", pairing.broken(b_bad)
     elif a_bad is not None or b_bad is not None:
         return "invalid_dropped", None
-    record = build_comparison(
-        pair=pair,
-        a=a,
-        b=b,
-        greedy=greedy,
-        bucket=bucket,
-        prompt_tokens=prompt_tokens,
-        request_id=request_id,
-    )
+    record = pairing.compared(greedy)
     if record is None:
         return "not_comparable", None
     return "ok", record

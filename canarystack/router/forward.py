@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Awaitable
 
 import aiohttp
 from aiohttp import web
@@ -138,43 +139,33 @@ async def relay(
         return web.Response(body=data, status=status, headers=headers)
 
     resp = web.StreamResponse(status=status, headers=headers)
-    try:
-        await resp.prepare(request)
-    except (ConnectionError, RuntimeError):
-        ctx.error = "client_abort"
-        up.close()
-        return resp
     prev = last = b""
     try:
-        async for chunk in up.content.iter_any():
-            if ctx.ttft_s is None:
-                now = time.perf_counter()
-                ctx.ttft_s = now - ctx.t0
-                ctx.upstream_ttft_s = now - t_send
-            prev, last = last, chunk
-            if collector is not None:
-                chunk = collector.feed_chunk(chunk)
-                if not chunk:
-                    continue
-            try:
-                await resp.write(chunk)
-            except (ConnectionError, RuntimeError):
-                ctx.error = "client_abort"
-                up.close()
-                return resp
-        rest = collector.flush() if collector is not None else b""
-        if rest:
-            try:
-                await resp.write(rest)
-            except (ConnectionError, RuntimeError):
-                ctx.error = "client_abort"
-                up.close()
-                return resp
-    except (TimeoutError, aiohttp.ClientError, OSError):
+        await _to_client(resp.prepare(request))
+        try:
+            async for chunk in up.content.iter_any():
+                if ctx.ttft_s is None:
+                    now = time.perf_counter()
+                    ctx.ttft_s = now - ctx.t0
+                    ctx.upstream_ttft_s = now - t_send
+                prev, last = last, chunk
+                if collector is not None:
+                    chunk = collector.feed_chunk(chunk)
+                    if not chunk:
+                        continue
+                await _to_client(resp.write(chunk))
+            rest = collector.flush() if collector is not None else b""
+            if rest:
+                await _to_client(resp.write(rest))
+        except (TimeoutError, aiohttp.ClientError, OSError):
+            up.close()
+            ctx.error = "broken_stream"
+            st.metrics.upstream_errors.labels(variant=variant, kind="broken_stream").inc()
+            _break_client(request)
+            return resp
+    except _ClientGone:
+        ctx.error = "client_abort"
         up.close()
-        ctx.error = "broken_stream"
-        st.metrics.upstream_errors.labels(variant=variant, kind="broken_stream").inc()
-        _break_client(request)
         return resp
     up.release()
     if status == 200 and not (prev[-16:] + last)[-16:].rstrip().endswith(b"[DONE]"):
@@ -186,6 +177,18 @@ async def relay(
     with contextlib.suppress(ConnectionError, RuntimeError):
         await resp.write_eof()
     return resp
+
+
+class _ClientGone(Exception):
+    """The client hung up while its answer was being written."""
+
+
+async def _to_client(step: Awaitable[object]) -> None:
+    """Await one write to the client; aiohttp's hang-up errors become ``_ClientGone``."""
+    try:
+        await step
+    except (ConnectionError, RuntimeError):
+        raise _ClientGone from None
 
 
 def _break_client(request: web.Request) -> None:

@@ -28,10 +28,10 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Callable
-from typing import Any
 
 import aiohttp
 
+from canary_contract.json import JsonObject
 from canarystack.common import strictjson
 from canarystack.common.logs import get_logger
 
@@ -49,13 +49,13 @@ class SampleQueue:
 
     def __init__(self, maxsize: int, on_drop: Callable[[str], None] | None = None) -> None:
         self.maxsize = maxsize
-        self.items: deque[tuple[str, dict[str, Any]]] = deque()
+        self.items: deque[tuple[str, JsonObject]] = deque()
         self.dropped_total = 0
         self.dropped_unreported = 0
         self._on_drop = on_drop
         self.wakeup = asyncio.Event()
 
-    def put(self, kind: str, record: dict[str, Any]) -> bool:
+    def put(self, kind: str, record: JsonObject) -> bool:
         if len(self.items) >= self.maxsize:
             self.dropped_total += 1
             self.dropped_unreported += 1
@@ -67,8 +67,8 @@ class SampleQueue:
             self.wakeup.set()
         return True
 
-    def take(self, n: int) -> list[tuple[str, dict[str, Any]]]:
-        out: list[tuple[str, dict[str, Any]]] = []
+    def take(self, n: int) -> list[tuple[str, JsonObject]]:
+        out: list[tuple[str, JsonObject]] = []
         items = self.items
         while items and len(out) < n:
             out.append(items.popleft())
@@ -116,7 +116,7 @@ class GatePusher:
         self.on_auth_error = on_auth_error or (lambda status: None)
         self.on_drop = on_drop or (lambda kind: None)
         self.flush_interval_s = flush_interval_s
-        self.pending: list[tuple[str, dict[str, Any]]] = []
+        self.pending: list[tuple[str, JsonObject]] = []
         self.pending_id = ""
         self.pending_dropped = 0
         self.last_error: str | None = None
@@ -212,7 +212,7 @@ class GatePusher:
         self.on_push("ok")
         return True
 
-    def _finite(self, items: list[tuple[str, dict[str, Any]]]) -> list[tuple[str, dict[str, Any]]]:
+    def _finite(self, items: list[tuple[str, JsonObject]]) -> list[tuple[str, JsonObject]]:
         """Drop (and count) any record strict JSON cannot write: it must never stall the
         whole queue, and a non-finite value must never reach the gate."""
         try:
@@ -220,7 +220,7 @@ class GatePusher:
             return items
         except ValueError:
             pass
-        kept: list[tuple[str, dict[str, Any]]] = []
+        kept: list[tuple[str, JsonObject]] = []
         for kind, record in items:
             try:
                 strictjson.dumps(record)
@@ -262,7 +262,7 @@ def outcome_record(
     ttft_s: float | None,
     error: str | None,
     request_id: str,
-) -> dict[str, Any]:
+) -> JsonObject:
     return {
         "time": time.time(),
         "variant": variant,

@@ -31,6 +31,7 @@ from typing import Any
 import aiohttp
 
 from canary_contract.buckets import bucket_labels
+from canary_contract.json import JsonObject
 from canarystack.common import strictjson
 from canarystack.router.collector import (
     Collector,
@@ -51,8 +52,6 @@ from canarystack.router.divergence import (
     NON_FINITE,
     Position,
     SideResult,
-    broken_record,
-    build_comparison,
     compare_positions,
     comparison_result,
     kl_topk,
@@ -70,8 +69,6 @@ __all__ = [
     "LogprobRequest",
     "Position",
     "SideResult",
-    "broken_record",
-    "build_comparison",
     "compare_positions",
     "comparison_result",
     "kl_topk",
@@ -148,7 +145,7 @@ def is_greedy(body: Mapping[str, Any]) -> bool:
     return isinstance(t, int | float) and not isinstance(t, bool) and t == 0
 
 
-def shadow_body(body: Mapping[str, Any], chat: bool, k: int, max_tokens: int) -> dict[str, Any]:
+def shadow_body(body: Mapping[str, Any], chat: bool, k: int, max_tokens: int) -> JsonObject:
     """The shadow copy: same prompt and sampling params, streamed, n=1, few tokens."""
     out = {k_: v for k_, v in body.items() if k_ not in ("stream_options", "best_of", "echo")}
     out["stream"] = True
@@ -234,7 +231,7 @@ class ShadowManager:
 async def fetch_side(
     session: aiohttp.ClientSession,
     url: str,
-    body: dict[str, Any],
+    body: JsonObject,
     headers: Mapping[str, str],
     max_positions: int,
     timeout_s: float = SHADOW_TIMEOUT_S,

@@ -27,8 +27,8 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Mapping
-from typing import Any
 
+from canary_contract.json import JsonObject
 from canarystack.common import strictjson
 from canarystack.router.collector import (
     Collector,
@@ -62,7 +62,7 @@ class ShadowSession:
         ctx: RequestContext,
         *,
         pairs: list[str],
-        body: dict[str, Any],
+        body: JsonObject,
         chat: bool,
         path: str,
         headers: Mapping[str, str],
@@ -91,7 +91,7 @@ class ShadowSession:
         # The baseline-canary verdict: None until the copy says whether both variants
         # failed on this input; the user's error outcome waits for it in ``_held``.
         self._verdict: bool | None = None
-        self._held: dict[str, Any] | None = None
+        self._held: JsonObject | None = None
 
     @classmethod
     def plan(
@@ -99,7 +99,7 @@ class ShadowSession:
         st: RouterState,
         ctx: RequestContext,
         *,
-        body: dict[str, Any],
+        body: JsonObject,
         chat: bool,
         path: str,
         headers: Mapping[str, str],
@@ -165,7 +165,7 @@ class ShadowSession:
             primary.error = f"http_{ctx.status}"
         self._primary_done.set()
 
-    def outcome(self, record: dict[str, Any]) -> None:
+    def outcome(self, record: JsonObject) -> None:
         """The user's outcome record: pushed now, or, an error while the baseline-canary
         verdict is pending, held until the copy says whether both variants failed."""
         if record.get("error") is None or BASELINE_CANARY not in self.pairs:
@@ -185,7 +185,7 @@ class ShadowSession:
         if held is not None:
             self._decide(held, both_failed)
 
-    def _decide(self, record: dict[str, Any], both_failed: bool) -> None:
+    def _decide(self, record: JsonObject, both_failed: bool) -> None:
         if both_failed:
             self.st.metrics.both_failed.inc()
             self.st.log.info(

@@ -16,15 +16,15 @@ import os
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
+from canary_contract.json import JsonObject
 from canary_contract.phases import is_canary_off
 from canarystack.common.logs import get_logger
 
 _log = get_logger("router")
 
 
-def effective_weight(release: dict[str, Any] | None) -> float:
+def effective_weight(release: JsonObject | None) -> float:
     """The canary share (percent) the router applies for a release (see module doc)."""
     if not release:
         return 0.0
@@ -40,7 +40,7 @@ def effective_weight(release: dict[str, Any] | None) -> float:
     return float(min(100.0, max(0.0, w)))
 
 
-def canary_off_reason(release: dict[str, Any] | None, source: str = "broker") -> str | None:
+def canary_off_reason(release: JsonObject | None, source: str = "broker") -> str | None:
     """Why the canary is off whatever a pin asks (phase, quarantine, no config, fail-safe),
     or None while an operator's weight (0 included) decides. Names the release phase."""
     if source == "failsafe":
@@ -68,7 +68,7 @@ def auth_status(status: int | None) -> str:
 class Snapshot:
     """The config one request sees."""
 
-    release: dict[str, Any] | None
+    release: JsonObject | None
     revision: int
     phase: str | None
     weight_pct: float
@@ -83,7 +83,7 @@ class Snapshot:
     canary_off: str | None = None
 
     @classmethod
-    def of(cls, release: dict[str, Any] | None, source: str) -> Snapshot:
+    def of(cls, release: JsonObject | None, source: str) -> Snapshot:
         now = time.time()
         if release is None:
             return cls(None, 0, None, 0.0, "none", None, None, now, now, canary_off_reason(None))
@@ -117,7 +117,7 @@ class Snapshot:
             canary_off=canary_off_reason(self.release, "failsafe"),
         )
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {
             "revision": self.revision,
             "phase": self.phase,
@@ -135,7 +135,7 @@ def cache_path(state_dir: str | Path, router_id: str) -> Path:
     return Path(state_dir) / f"router-{router_id}.json"
 
 
-def write_cache(path: Path, release: dict[str, Any]) -> None:
+def write_cache(path: Path, release: JsonObject) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
     with open(tmp, "w") as f:
@@ -145,7 +145,7 @@ def write_cache(path: Path, release: dict[str, Any]) -> None:
     tmp.replace(path)
 
 
-def read_cache(path: Path, release_name: str) -> dict[str, Any] | None:
+def read_cache(path: Path, release_name: str) -> JsonObject | None:
     """The cached release, or None when missing, unreadable or for another release."""
     try:
         data = json.loads(path.read_text())

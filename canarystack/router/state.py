@@ -10,12 +10,13 @@ from __future__ import annotations
 import bisect
 import random
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import aiohttp
 from aiohttp import web
 
 from canary_contract.buckets import bucket_labels
+from canary_contract.json import JsonObject
 from canarystack.common.app import Component
 from canarystack.common.colour import Colour
 from canarystack.common.logs import JsonLogger
@@ -131,9 +132,9 @@ class RouterState:
         assert self.session is not None, "router not started"
         return self.session
 
-    def health(self) -> dict[str, Any]:
+    def health(self) -> JsonObject:
         snap = self.config.current
-        out: dict[str, Any] = {
+        out: JsonObject = {
             "router_id": self.settings.router_id,
             "release": self.settings.release,
             "config": snap.to_json(),
@@ -160,7 +161,7 @@ class RouterState:
             }
         return out
 
-    def push(self, kind: str, record: dict[str, Any]) -> None:
+    def push(self, kind: str, record: JsonObject) -> None:
         if self.queue is not None:
             self.queue.put(kind, record)
 
