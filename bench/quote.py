@@ -223,41 +223,48 @@ def r_gate_false_alarms(doc: dict[str, Any]) -> list[str]:
     ]
 
 
-def _summ(s: dict[str, Any] | None) -> str:
+def _interval(v: Any) -> str:
+    lo, hi = v if isinstance(v, list) and len(v) == 2 else (None, None)
+    return f"[{_f(lo) if lo is not None else '-inf'}, {_f(hi) if hi is not None else 'unbounded'}]"
+
+
+def _times(s: dict[str, Any] | None) -> str:
+    """p50/p95 with their 95 % intervals (``detection.summary.times``)."""
     if not s or not s.get("n"):
         return "–"
     return (
-        f"p50 {_f(s.get('p50'))}, p95 {_f(s.get('p95'))}, max {_f(s.get('max'))} (n={s.get('n')})"
+        f"p50 {_f(s.get('p50'))} {_interval(s.get('p50_interval'))}, "
+        f"p95 {_f(s.get('p95'))} {_interval(s.get('p95_interval'))}, "
+        f"max {_f(s.get('max'))} (n={s.get('n')})"
     )
-
-
-def cp_upper(k: int, n: int, confidence: float = 0.95) -> float:
-    """Clopper-Pearson one-sided upper bound on a probability seen k times in n trials."""
-    from scipy.stats import beta
-
-    return 1.0 if k >= n else float(beta.ppf(confidence, k + 1, n - k))
 
 
 def r_gate_detection(res: dict[str, Any]) -> list[str]:
     f = res["faulty_runs"]
     h = res["healthy_runs"]
     load = res["load"]
+    secs = res.get("seconds_each", {})
     out = [
-        f"{load['rate_per_s']} requests/s open loop, {load['long_share']:.0%} of prompts "
-        f"{load['long_prompt_tokens'][0]}–{load['long_prompt_tokens'][1]} tokens, "
-        f"{load['canary_weight_pct']} % canary, max_tokens {load['max_tokens']}:",
+        f"Game-day traffic: {load['shape']}, {load['prompt_mix']}, max_tokens <= "
+        f"{load['max_tokens_cap']}, temperature {load['temperature']}, "
+        f"{load['canary_weight_pct']} % canary ({load['requests']} requests, "
+        f"{load['non_200']} not 200). Times in seconds from the fault, p50/p95 with 95 % "
+        "intervals:",
         "",
-        f"- faulty kernel → trip decision: {_summ(f['fault_to_trip_decision_s'])}",
+        f"- faulty kernel → trip decision: {_times(f['fault_to_trip_decision_s'])}; "
+        f"tripped {f['tripped']}/{f['n']}",
         f"- faulty kernel → canary weight 0 at every router: "
-        f"{_summ(f['fault_to_weight0_at_every_router_s'])}; tripped {f['tripped']}/{f['n']}",
-        f"- canary-served requests after the fault: {_summ(f['canary_served_after_fault'])}",
+        f"{_times(f['fault_to_weight0_at_every_router_s'])}",
+        f"- faulty kernel → rolled_back: {_times(f['fault_to_rolled_back_s'])}",
+        f"- canary-served requests after the fault: {_times(f['canary_served_after_fault'])}",
+        "",
+        f"| healthy condition ({secs.get('healthy')} s each) | runs | false trips | "
+        "95 % upper bound, per run |",
+        "|---|---|---|---|",
     ]
-    for cond, c in h["by_scenario"].items():
-        out.append(
-            f"- healthy, {cond}: {c['false_trips']} false trips in {c['runs']} runs of "
-            f"{h['seconds_each']} s (95 % upper bound on the per-run probability "
-            f"{cp_upper(c['false_trips'], c['runs']):.3f})"
-        )
+    for cond, c in h["by_condition"].items():
+        bound = c.get("upper_bound_95")
+        out.append(f"| {cond} | {c['runs']} | {c['false_trips']} | {_f(bound, 3)} |")
     return out
 
 
