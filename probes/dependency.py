@@ -32,8 +32,8 @@ median TTFT at most 1.5 x the pre-fault one + 50 ms.
 from __future__ import annotations
 
 import json
-import math
 import time
+from collections.abc import Callable
 
 import pandas as pd
 import requests
@@ -41,6 +41,7 @@ from chaoslib.exceptions import ActivityFailed
 
 from canary_contract.json import JsonObject
 from gameday import dependency as dep
+from gameday.evidence import dependency as ev
 from gameday.faults import FaultEntry, FaultError
 from gameday.targets import TargetError
 from probes._context import (
@@ -53,7 +54,7 @@ from probes._context import (
     run_dir,
 )
 from probes._evidence import load_state, read_records
-from probes._result import Slo, failed_result, not_measured, result
+from probes._result import Slo, failed_result, not_measured
 
 __all__ = [
     "clear_redis_faults",
@@ -72,12 +73,6 @@ WATCH_NAME = "dependency_watch.jsonl"
 SUMMARY_NAME = "dependency.json"
 HTTP_TIMEOUT_S = 1.0
 MAX_WATCH_S = 600.0
-RECOVERY_WINDOW_S = 2.0
-RECOVERY_STEP_S = 0.25
-RECOVERY_ERROR_SLACK = 0.02
-RECOVERY_TTFT_FACTOR = 1.5
-RECOVERY_TTFT_SLACK_S = 0.05
-VARIANTS = ("baseline", "canary")
 
 
 def _entry_json(e: FaultEntry) -> JsonObject:
@@ -208,74 +203,6 @@ def _watch_lines(configuration: Configuration | None) -> list[JsonObject]:
     return out
 
 
-def fault_window(entries: list[FaultEntry], watch_lines: list[JsonObject]) -> JsonObject | None:
-    """The dependency fault of the ledger and when it began and ended (None: no fault)."""
-    faults = [e for e in entries if e.component == dep.ROLE and e.action in ("dependency", "kill")]
-    if not faults:
-        return None
-    f = faults[0]
-    start = f.time
-    end: float | None
-    if f.action == "kill":
-        ups = [w["time"] for w in watch_lines if w.get("redis") and w["time"] > start]
-        end = min(ups) if ups else None
-    else:
-        end = start + float(f.ttl_s or 0.0)
-        clears = [e.time for e in entries if e.action == "dependency-clear"
-                  and e.fault_id == f.fault_id]  # fmt: skip
-        if clears:
-            end = min(end, min(clears))
-    kind = "kill" if f.action == "kill" else f.kind
-    return {"kind": kind, "start": start, "end": end, "params": f.params}
-
-
-def _stats(frame: pd.DataFrame) -> JsonObject:
-    n = len(frame)
-    failed = int((~frame["ok"]).sum()) if n else 0
-    ttft = frame.loc[frame["ok"] & frame["ttft_s"].notna(), "ttft_s"]
-    return {
-        "requests": n,
-        "errors": failed,
-        "error_rate": round(failed / n, 6) if n else None,
-        "ttft_p50_s": round(float(ttft.quantile(0.5)), 6) if len(ttft) else None,
-        "ttft_p99_s": round(float(ttft.quantile(0.99)), 6) if len(ttft) else None,
-    }
-
-
-def _per_variant(frame: pd.DataFrame) -> JsonObject:
-    out = {"all": _stats(frame)}
-    for v in VARIANTS:
-        out[v] = _stats(frame[frame["served_by"] == v])
-    return out
-
-
-def recovery_s(frame: pd.DataFrame, start: float, end: float) -> tuple[float | None, str]:
-    """Seconds from the fault's end until users are served as before it (None: never in
-    the records), and the rule that decided."""
-    before = frame[frame["start_time"] < start]
-    base = _stats(before)
-    if not base["requests"] or base["ttft_p50_s"] is None:
-        return None, "no requests before the fault to compare with"
-    max_rate = float(base["error_rate"] or 0.0) + RECOVERY_ERROR_SLACK
-    max_p50 = float(base["ttft_p50_s"]) * RECOVERY_TTFT_FACTOR + RECOVERY_TTFT_SLACK_S
-    rule = (f"error rate <= {max_rate:.3f} and TTFT p50 <= {max_p50:.3f} s over "
-            f"{RECOVERY_WINDOW_S:g} s of requests")  # fmt: skip
-    last = float(frame["start_time"].max())
-    t = end
-    while t + RECOVERY_WINDOW_S <= last + 1e-9:
-        win = frame[(frame["start_time"] >= t) & (frame["start_time"] < t + RECOVERY_WINDOW_S)]
-        s = _stats(win)
-        if (
-            s["requests"]
-            and s["ttft_p50_s"] is not None
-            and float(s["error_rate"] or 0.0) <= max_rate
-            and float(s["ttft_p50_s"]) <= max_p50
-        ):
-            return round(t - end, 3), rule
-        t += RECOVERY_STEP_S
-    return None, rule
-
-
 def _model_results(configuration: Configuration | None) -> dict[str, dict[str, float]]:
     """``canarystack_dependency_requests_total`` per model variant, from their /metrics."""
     out: dict[str, dict[str, float]] = {}
@@ -300,13 +227,9 @@ def summarise(configuration: Configuration | None) -> JsonObject:
     """The experiment's dependency summary (also written to ``dependency.json``)."""
     entries = ledger(configuration).entries()
     lines = _watch_lines(configuration)
-    window = fault_window(entries, lines)
+    window = ev.fault_window(entries, lines)
     doc: JsonObject = {"fault": window, "watch_ticks": len(lines)}
-    unhealthy: dict[str, int] = {}
-    for w in lines:
-        for name, ok in (w.get("health") or {}).items():
-            unhealthy[name] = unhealthy.get(name, 0) + (0 if ok else 1)
-    doc["unhealthy_ticks"] = unhealthy
+    doc["unhealthy_ticks"] = ev.unhealthy_ticks(lines)
     doc["model_dependency_results"] = _model_results(configuration)
     state = load_state(configuration) or {}
     frame: pd.DataFrame | None = None
@@ -316,29 +239,23 @@ def summarise(configuration: Configuration | None) -> JsonObject:
         except Exception as exc:  # an unreadable file is a finding, not a crash
             doc["records_error"] = str(exc)
     if frame is not None and len(frame) and window is not None:
-        start = float(window["start"])
-        end = float(window["end"]) if window["end"] is not None else math.inf
-        doc["before"] = _per_variant(frame[frame["start_time"] < start])
-        doc["during"] = _per_variant(frame[(frame["start_time"] >= start)
-                                           & (frame["start_time"] < end)])  # fmt: skip
-        doc["after"] = _per_variant(frame[frame["start_time"] >= end])
-        rec, rule = (
-            (None, "the fault never ended") if end == math.inf else recovery_s(frame, start, end)
-        )
-        doc["recovery_s"], doc["recovery_rule"] = rec, rule
-        e2e = frame["e2e_s"].dropna()
-        doc["max_e2e_s"] = round(float(e2e.max()), 6) if len(e2e) else None
-        kinds = frame.loc[~frame["ok"], "error_kind"].fillna("unknown").astype(str)
-        doc["error_kinds"] = {str(k): int(v) for k, v in kinds.value_counts().items()}
+        doc.update(ev.traffic_summary(frame, window))
     path = run_dir(configuration) / SUMMARY_NAME
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(doc, indent=2, default=str) + "\n")
     return doc
 
 
-def _summary_or_slo(
-    configuration: Configuration | None, check: str, allowed: float, unit: str
-) -> JsonObject | Slo:
+def _judged(
+    configuration: Configuration | None,
+    name_unit: tuple[str, str],
+    allowed: float,
+    judge: Callable[[JsonObject], Slo],
+) -> Slo:
+    """``judge`` over the experiment's dependency summary, or the SLO result that says why
+    there is none to judge (not measured before the method; failed without a fault or its
+    records)."""
+    check, unit = name_unit
     if load_state(configuration) is None and not ledger(configuration).entries():
         return not_measured(check, allowed, unit, "before the method: nothing to measure yet")
     doc = summarise(configuration)
@@ -347,7 +264,7 @@ def _summary_or_slo(
     if "during" not in doc:
         why = doc.get("records_error") or "no load records (the load did not stop cleanly)"
         return failed_result(check, allowed, unit, why)
-    return doc
+    return judge(doc)
 
 
 def dependency_errors_below(
@@ -355,51 +272,25 @@ def dependency_errors_below(
 ) -> Slo:
     """Failed requests among those that started during the fault or after it: at most
     ``max_ratio`` (the dependency degrades answers; it must not fail them)."""
-    check, allowed = "dependency_error_rate", float(max_ratio)
-    doc = _summary_or_slo(configuration, check, allowed, "ratio")
-    if "check" in doc:
-        return doc
-    n = doc["during"]["all"]["requests"] + doc["after"]["all"]["requests"]
-    bad = doc["during"]["all"]["errors"] + doc["after"]["all"]["errors"]
-    if not n:
-        return failed_result(
-            check, allowed, "ratio", "no request started during or after the fault"
-        )
-    ratio = bad / n
-    return result(check, ratio, allowed, "ratio", ratio <= allowed, requests=n, failed=bad,
-                  during=doc["during"]["all"], after=doc["after"]["all"])  # fmt: skip
+    allowed = float(max_ratio)
+    return _judged(configuration, ev.ERROR_RATE, allowed, lambda d: ev.errors_below(d, allowed))
 
 
 def no_request_past_deadline(
     max_s: float, configuration: Configuration | None = None, secrets: Secrets | None = None
 ) -> Slo:
     """No request took longer than ``max_s`` end to end, and none timed out."""
-    check, allowed = "max_e2e_s", float(max_s)
-    doc = _summary_or_slo(configuration, check, allowed, "s")
-    if "check" in doc:
-        return doc
-    worst = doc.get("max_e2e_s")
-    timeouts = sum(v for k, v in doc.get("error_kinds", {}).items() if "timeout" in k)
-    if worst is None:
-        return failed_result(check, allowed, "s", "no request has an end-to-end time")
-    ok = worst <= allowed and timeouts == 0
-    return result(check, worst, allowed, "s", ok, timed_out=timeouts)
+    allowed = float(max_s)
+    return _judged(configuration, ev.MAX_E2E, allowed, lambda d: ev.within_deadline(d, allowed))
 
 
 def recovered_within(
     max_s: float, configuration: Configuration | None = None, secrets: Secrets | None = None
 ) -> Slo:
     """Users are served as before the fault (error rate and TTFT) within ``max_s``
-    seconds of its end."""
-    check, allowed = "dependency_recovery_s", float(max_s)
-    doc = _summary_or_slo(configuration, check, allowed, "s")
-    if "check" in doc:
-        return doc
-    rec = doc.get("recovery_s")
-    if rec is None:
-        return failed_result(check, allowed, "s", f"not recovered: {doc.get('recovery_rule')}")
-    return result(check, rec, allowed, "s", rec <= allowed, rule=doc.get("recovery_rule"),
-                  fault=doc["fault"])  # fmt: skip
+    seconds of its end (``gameday.evidence.dependency.recovery_s`` says how)."""
+    allowed = float(max_s)
+    return _judged(configuration, ev.RECOVERY, allowed, lambda d: ev.recovered(d, allowed))
 
 
 def services_stayed_healthy(
@@ -407,12 +298,4 @@ def services_stayed_healthy(
 ) -> Slo:
     """Every watch tick found every router replica and the broker healthy: nothing
     cascaded from the dependency into them."""
-    check = "services_unhealthy_ticks"
-    doc = _summary_or_slo(configuration, check, 0.0, "count")
-    if "check" in doc:
-        return doc
-    if not doc["watch_ticks"]:
-        return failed_result(check, 0.0, "count", "no watch ticks: add probes.dependency.watch")
-    bad = sum(doc["unhealthy_ticks"].values())
-    return result(check, float(bad), 0.0, "count", bad == 0, ticks=doc["watch_ticks"],
-                  by_service=doc["unhealthy_ticks"])  # fmt: skip
+    return _judged(configuration, ev.UNHEALTHY, 0.0, ev.stayed_healthy)

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
+from gameday.evidence.dependency import fault_window, recovery_s
 from gameday.faults import FaultEntry
-from probes.dependency import fault_window, recovery_s
 
 
 def entry(

@@ -1,0 +1,192 @@
+"""What users saw of a shared-dependency fault (issue #16): the fault's window, errors and
+TTFT per variant before, during and after it, the time to recover, and the SLO checks
+over that summary (``dependency.json``, the report's section).
+
+Pure: the ledger, the watch lines and the records in, figures out. A check must never pass
+on a summary that lacks what it measures: it fails naming what is missing.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import pandas as pd
+
+from canary_contract.faults import FaultAction
+from canary_contract.json import JsonObject
+from gameday.dependency import ROLE
+from gameday.evidence.slo import Slo, failed_result, result
+from gameday.faults import FaultEntry
+
+# The checks: (name, unit) of each SLO result below.
+ERROR_RATE = ("dependency_error_rate", "ratio")
+MAX_E2E = ("max_e2e_s", "s")
+RECOVERY = ("dependency_recovery_s", "s")
+UNHEALTHY = ("services_unhealthy_ticks", "count")
+RECOVERY_WINDOW_S = 2.0
+RECOVERY_STEP_S = 0.25
+RECOVERY_ERROR_SLACK = 0.02
+RECOVERY_TTFT_FACTOR = 1.5
+RECOVERY_TTFT_SLACK_S = 0.05
+VARIANTS = ("baseline", "canary")
+
+
+def fault_window(
+    entries: Sequence[FaultEntry], watch_lines: Sequence[JsonObject]
+) -> JsonObject | None:
+    """The dependency fault of the ledger and when it began and ended (None: no fault).
+
+    It runs from the injection to its end: a pause, its length; the holder, its deadline
+    or its clearing, whichever is first; a kill, the first watch tick after it that found
+    Redis answering again (``end`` None: never)."""
+    faults = [
+        e
+        for e in entries
+        if e.component == ROLE and e.action in (FaultAction.DEPENDENCY, FaultAction.KILL)
+    ]
+    if not faults:
+        return None
+    f = faults[0]
+    start = f.time
+    end: float | None
+    if f.action == FaultAction.KILL:
+        ups = [w["time"] for w in watch_lines if w.get("redis") and w["time"] > start]
+        end = min(ups) if ups else None
+    else:
+        end = start + float(f.ttl_s or 0.0)
+        clears = [e.time for e in entries if e.action == FaultAction.DEPENDENCY_CLEAR
+                  and e.fault_id == f.fault_id]  # fmt: skip
+        if clears:
+            end = min(end, min(clears))
+    kind = "kill" if f.action == FaultAction.KILL else f.kind
+    return {"kind": kind, "start": start, "end": end, "params": f.params}
+
+
+def stats(frame: pd.DataFrame) -> JsonObject:
+    """Requests, errors, error rate and TTFT p50/p99 (of the answered ones) of ``frame``."""
+    n = len(frame)
+    failed = int((~frame["ok"]).sum()) if n else 0
+    ttft = frame.loc[frame["ok"] & frame["ttft_s"].notna(), "ttft_s"]
+    return {
+        "requests": n,
+        "errors": failed,
+        "error_rate": round(failed / n, 6) if n else None,
+        "ttft_p50_s": round(float(ttft.quantile(0.5)), 6) if len(ttft) else None,
+        "ttft_p99_s": round(float(ttft.quantile(0.99)), 6) if len(ttft) else None,
+    }
+
+
+def per_variant(frame: pd.DataFrame) -> JsonObject:
+    """``stats`` of all of ``frame`` and of each variant's share of it."""
+    out = {"all": stats(frame)}
+    for v in VARIANTS:
+        out[v] = stats(frame[frame["served_by"] == v])
+    return out
+
+
+def recovery_s(frame: pd.DataFrame, start: float, end: float) -> tuple[float | None, str]:
+    """Seconds from the fault's end until users are served as before it (None: never in
+    the records), and the rule that decided.
+
+    Recovered: the first moment after ``end`` from which a ``RECOVERY_WINDOW_S`` window of
+    requests has an error rate at most the pre-fault one + ``RECOVERY_ERROR_SLACK`` and a
+    median TTFT at most ``RECOVERY_TTFT_FACTOR`` x the pre-fault one +
+    ``RECOVERY_TTFT_SLACK_S``."""
+    before = frame[frame["start_time"] < start]
+    base = stats(before)
+    if not base["requests"] or base["ttft_p50_s"] is None:
+        return None, "no requests before the fault to compare with"
+    max_rate = float(base["error_rate"] or 0.0) + RECOVERY_ERROR_SLACK
+    max_p50 = float(base["ttft_p50_s"]) * RECOVERY_TTFT_FACTOR + RECOVERY_TTFT_SLACK_S
+    rule = (f"error rate <= {max_rate:.3f} and TTFT p50 <= {max_p50:.3f} s over "
+            f"{RECOVERY_WINDOW_S:g} s of requests")  # fmt: skip
+    last = float(frame["start_time"].max())
+    t = end
+    while t + RECOVERY_WINDOW_S <= last + 1e-9:
+        win = frame[(frame["start_time"] >= t) & (frame["start_time"] < t + RECOVERY_WINDOW_S)]
+        s = stats(win)
+        if (
+            s["requests"]
+            and s["ttft_p50_s"] is not None
+            and float(s["error_rate"] or 0.0) <= max_rate
+            and float(s["ttft_p50_s"]) <= max_p50
+        ):
+            return round(t - end, 3), rule
+        t += RECOVERY_STEP_S
+    return None, rule
+
+
+def unhealthy_ticks(watch_lines: Sequence[JsonObject]) -> dict[str, int]:
+    """Per service, the watch ticks that found it unhealthy."""
+    unhealthy: dict[str, int] = {}
+    for w in watch_lines:
+        for name, ok in (w.get("health") or {}).items():
+            unhealthy[name] = unhealthy.get(name, 0) + (0 if ok else 1)
+    return unhealthy
+
+
+def traffic_summary(frame: pd.DataFrame, window: JsonObject) -> JsonObject:
+    """What users saw around the fault ``window``: ``before``/``during``/``after`` per
+    variant, ``recovery_s`` and its rule, ``max_e2e_s``, ``error_kinds``."""
+    doc: JsonObject = {}
+    start = float(window["start"])
+    end = float(window["end"]) if window["end"] is not None else math.inf
+    doc["before"] = per_variant(frame[frame["start_time"] < start])
+    doc["during"] = per_variant(frame[(frame["start_time"] >= start)
+                                      & (frame["start_time"] < end)])  # fmt: skip
+    doc["after"] = per_variant(frame[frame["start_time"] >= end])
+    rec, rule = (
+        (None, "the fault never ended") if end == math.inf else recovery_s(frame, start, end)
+    )
+    doc["recovery_s"], doc["recovery_rule"] = rec, rule
+    e2e = frame["e2e_s"].dropna()
+    doc["max_e2e_s"] = round(float(e2e.max()), 6) if len(e2e) else None
+    kinds = frame.loc[~frame["ok"], "error_kind"].fillna("unknown").astype(str)
+    doc["error_kinds"] = {str(k): int(v) for k, v in kinds.value_counts().items()}
+    return doc
+
+
+# -- the SLO checks over a summary (each given one that has a fault and its traffic) ------
+def errors_below(doc: JsonObject, max_ratio: float) -> Slo:
+    """Failed requests among those that started during the fault or after it: at most
+    ``max_ratio`` (the dependency degrades answers; it must not fail them)."""
+    (check, unit), allowed = ERROR_RATE, float(max_ratio)
+    n = doc["during"]["all"]["requests"] + doc["after"]["all"]["requests"]
+    bad = doc["during"]["all"]["errors"] + doc["after"]["all"]["errors"]
+    if not n:
+        return failed_result(check, allowed, unit, "no request started during or after the fault")
+    ratio = bad / n
+    return result(check, ratio, allowed, unit, ratio <= allowed, requests=n, failed=bad,
+                  during=doc["during"]["all"], after=doc["after"]["all"])  # fmt: skip
+
+
+def within_deadline(doc: JsonObject, max_s: float) -> Slo:
+    """No request took longer than ``max_s`` end to end, and none timed out."""
+    (check, unit), allowed = MAX_E2E, float(max_s)
+    worst = doc.get("max_e2e_s")
+    timeouts = sum(v for k, v in doc.get("error_kinds", {}).items() if "timeout" in k)
+    if worst is None:
+        return failed_result(check, allowed, unit, "no request has an end-to-end time")
+    ok = worst <= allowed and timeouts == 0
+    return result(check, worst, allowed, unit, ok, timed_out=timeouts)
+
+
+def recovered(doc: JsonObject, max_s: float) -> Slo:
+    """Users are served as before the fault within ``max_s`` seconds of its end."""
+    (check, unit), allowed = RECOVERY, float(max_s)
+    rec = doc.get("recovery_s")
+    if rec is None:
+        return failed_result(check, allowed, unit, f"not recovered: {doc.get('recovery_rule')}")
+    return result(check, rec, allowed, unit, rec <= allowed, rule=doc.get("recovery_rule"),
+                  fault=doc["fault"])  # fmt: skip
+
+
+def stayed_healthy(doc: JsonObject) -> Slo:
+    """Every watch tick found every router replica and the broker healthy."""
+    check, unit = UNHEALTHY
+    if not doc["watch_ticks"]:
+        return failed_result(check, 0.0, unit, "no watch ticks: add probes.dependency.watch")
+    bad = sum(doc["unhealthy_ticks"].values())
+    return result(check, float(bad), 0.0, unit, bad == 0, ticks=doc["watch_ticks"],
+                  by_service=doc["unhealthy_ticks"])  # fmt: skip
