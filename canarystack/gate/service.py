@@ -32,7 +32,6 @@ import time
 from collections.abc import Sequence
 
 import aiohttp
-from prometheus_client import Counter
 
 from canary_contract.json import JsonObject
 from canarystack.broker.client import (
@@ -45,6 +44,7 @@ from canarystack.common.app import Component
 from canarystack.common.colour import Colour
 from canarystack.common.errors import BadRequest, NotFound, parse_model
 from canarystack.common.logs import get_logger
+from canarystack.common.metrics import Metrics
 from canarystack.gate.metrics import GateCollector
 from canarystack.gate.state import (
     BatchRefused,
@@ -92,52 +92,45 @@ class GateService:
         self.broker_auth_error: str | None = None
         self.watch_timeout_lowered_from: float | None = None
         self.client: BrokerClient | None = None
-        reg = component.registry
-        self.samples_total = Counter(
-            "canarystack_gate_samples",
-            "Samples received, by release and kind",
-            ["release", "kind"],
-            registry=reg,
+        m = Metrics(component.registry)
+        self.samples_total = m.counter(
+            "canarystack_gate_samples", "Samples received, by release and kind", "release", "kind"
         )
-        self.ignored_total = Counter(
+        self.ignored_total = m.counter(
             "canarystack_gate_ignored_samples",
             "Samples not tested, by release and reason",
-            ["release", "reason"],
-            registry=reg,
+            "release",
+            "reason",
         )
-        self.batches_total = Counter(
-            "canarystack_gate_batches", "Sample batches, by result", ["result"], registry=reg
+        self.batches_total = m.counter(
+            "canarystack_gate_batches", "Sample batches, by result", "result"
         )
-        self.router_dropped_total = Counter(
+        self.router_dropped_total = m.counter(
             "canarystack_gate_router_dropped_samples",
             "Samples the routers reported dropping (full queue)",
-            ["release"],
-            registry=reg,
+            "release",
         )
-        self.trips_total = Counter(
-            "canarystack_gate_trips",
-            "Trips written to the broker",
-            ["release", "test", "bucket"],
-            registry=reg,
+        self.trips_total = m.counter(
+            "canarystack_gate_trips", "Trips written to the broker", "release", "test", "bucket"
         )
-        self.watch_errors_total = Counter(
+        self.watch_errors_total = m.counter(
             "canarystack_gate_watch_errors",
             "Errors of the gate's broker watch and tick loops, by loop and error kind",
-            ["loop", "error"],
-            registry=reg,
+            "loop",
+            "error",
         )
-        self.broker_auth_errors_total = Counter(
+        self.broker_auth_errors_total = m.counter(
             "canarystack_gate_broker_auth_errors",
             "Broker refusals (401/403) of the gate's credential, by release and status",
-            ["release", "status"],
-            registry=reg,
+            "release",
+            "status",
         )
-        self.degraded_total = Counter(
+        self.degraded_total = m.counter(
             "canarystack_gate_degraded_transitions",
             "Times the gate's health went from ok to degraded, by reason",
-            ["reason"],
-            registry=reg,
+            "reason",
         )
+        reg = component.registry
         self._last_reasons: set[str] = set()
         reg.register(GateCollector(self))
 

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry
+
+from canarystack.common.metrics import Metrics
 
 # vLLM's buckets, with a few finer ones at the bottom where the simulator's defaults live.
 TTFT_BUCKETS_S = (
@@ -34,58 +36,37 @@ class ModelMetrics:
         running: Callable[[], float],
         waiting: Callable[[], float],
     ) -> None:
-        label = ["model_name"]
-        self.ttft_s = Histogram(
+        m = Metrics(registry, "model_name")
+        self.ttft_s = m.histogram(
             "vllm:time_to_first_token_seconds",
             "Time from receiving a request to its first token",
-            label,
             buckets=TTFT_BUCKETS_S,
-            registry=registry,
         ).labels(model_name=model_name)
-        self.itl_s = Histogram(
+        self.itl_s = m.histogram(
             "vllm:inter_token_latency_seconds",
             "Time between consecutive tokens of a request",
-            label,
             buckets=ITL_BUCKETS_S,
-            registry=registry,
         ).labels(model_name=model_name)
-        self.e2e_s = Histogram(
+        self.e2e_s = m.histogram(
             "vllm:e2e_request_latency_seconds",
             "Time from receiving a request to its last token",
-            label,
             buckets=E2E_BUCKETS_S,
-            registry=registry,
         ).labels(model_name=model_name)
-        success = Counter(
-            "vllm:request_success",
-            "Finished requests, by finish reason",
-            ["model_name", "finished_reason"],
-            registry=registry,
+        success = m.counter(
+            "vllm:request_success", "Finished requests, by finish reason", "finished_reason"
         )
         self.success = {
             r: success.labels(model_name=model_name, finished_reason=r) for r in FINISHED_REASONS
         }
-        Gauge(
-            "vllm:num_requests_running",
-            "Requests holding a sequence slot",
-            label,
-            registry=registry,
-        ).labels(model_name=model_name).set_function(running)
-        Gauge(
-            "vllm:num_requests_waiting",
-            "Requests queued for a sequence slot",
-            label,
-            registry=registry,
-        ).labels(model_name=model_name).set_function(waiting)
-        self.prompt_tokens = Counter(
-            "vllm:prompt_tokens",
-            "Prompt tokens processed",
-            label,
-            registry=registry,
-        ).labels(model_name=model_name)
-        self.generation_tokens = Counter(
-            "vllm:generation_tokens",
-            "Tokens generated",
-            label,
-            registry=registry,
-        ).labels(model_name=model_name)
+        m.gauge("vllm:num_requests_running", "Requests holding a sequence slot").labels(
+            model_name=model_name
+        ).set_function(running)
+        m.gauge("vllm:num_requests_waiting", "Requests queued for a sequence slot").labels(
+            model_name=model_name
+        ).set_function(waiting)
+        self.prompt_tokens = m.counter("vllm:prompt_tokens", "Prompt tokens processed").labels(
+            model_name=model_name
+        )
+        self.generation_tokens = m.counter("vllm:generation_tokens", "Tokens generated").labels(
+            model_name=model_name
+        )

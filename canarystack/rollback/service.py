@@ -1,18 +1,6 @@
 """The rollback executor's service: the runners of the watched releases and the loops
-that keep them going (docs/ARCHITECTURE.md §5).
-
-One watch task per release follows the broker (``BrokerClient.follow``); every change
-(and a periodic re-check) runs the release's ``RollbackRunner``, which does nothing unless
-the broker shows a rollback to do. On start it resumes whatever the broker shows half
-done. A manual rollback (``manual``) answers once step 1 is in the broker.
-
-Loops never die silently: the watch, drive and credential loops catch every exception,
-log it, count it (``canarystack_rollback_loop_errors_total{loop,kind}``) and retry with
-backoff. ``degraded_reasons`` (``/health``) names the broker refusing this process's
-credential (``broker_auth``: ``unauthorized``/``forbidden``, checked at start and every
-``CREDENTIAL_CHECK_S``, and on every refused step), a loop that keeps failing with
-anything but a broker outage, a loop that ended, and a refused step. A broker outage
-alone is not degraded (it is waited out, and shown in ``loops``).
+that keep them going (docs/ARCHITECTURE.md §5). Over 400 lines because it is one
+process's supervision (loops, credential, health) around the runners of ``executor``.
 
 This module must never keep rollback progress only in memory: the broker's history is
 the record, and a restart reads it back.
@@ -28,7 +16,6 @@ import time
 from collections.abc import Sequence
 from typing import Any, Literal
 
-from prometheus_client import Counter, Gauge
 from pydantic import BaseModel, ConfigDict, Field
 
 from canary_contract.json import JsonObject
@@ -44,6 +31,7 @@ from canarystack.common.app import Component
 from canarystack.common.errors import Conflict, NotFound, Unavailable
 from canarystack.common.faults import FaultParams, LatencyMs
 from canarystack.common.logs import get_logger
+from canarystack.common.metrics import Metrics
 from canarystack.rollback.executor import (
     STEP_NAMES,
     ExecutorConfig,
@@ -68,6 +56,8 @@ LOOP_MAX_BACKOFF_S = 5.0
 _log = get_logger("rollback")
 
 
+# ``latency`` (``ms`` before each step), ``crash_after_step`` (``step`` 1|2|3: the process
+# exits right after that step's write, as a SIGKILL would).
 class CrashAfterStep(FaultParams):
     step: Literal[1, 2, 3]
 
@@ -120,6 +110,14 @@ TRANSIENT_KINDS = frozenset({"unavailable", "not_found"})
 
 
 class RollbackService:
+    """The executor's releases and loops.
+
+    One watch task per release follows the broker (``BrokerClient.follow``); every change
+    (and a periodic re-check) runs the release's ``RollbackRunner``, which does nothing
+    unless the broker shows a rollback to do. On start it resumes whatever the broker
+    shows half done. A manual rollback (``manual``) answers once step 1 is in the broker.
+    """
+
     def __init__(
         self,
         component: Component,
@@ -138,35 +136,29 @@ class RollbackService:
         self.credential = "ok"
         self.credential_error: str | None = None
         self.stopping = False
-        reg = component.registry
-        self.loop_errors = Counter(
+        m = Metrics(component.registry)
+        self.loop_errors = m.counter(
             "canarystack_rollback_loop_errors",
             "Errors in the executor's background loops, by loop and kind",
-            ["loop", "kind"],
-            registry=reg,
+            "loop",
+            "kind",
         )
-        self.broker_errors = Counter(
+        self.broker_errors = m.counter(
             "canarystack_rollback_broker_errors",
             "Broker failures and refusals met by rollback steps, by kind",
-            ["release", "kind"],
-            registry=reg,
+            "release",
+            "kind",
         )
-        Gauge(
-            "canarystack_rollback_degraded",
-            "1 while /health says degraded (see degraded_reasons)",
-            registry=reg,
+        m.gauge(
+            "canarystack_rollback_degraded", "1 while /health says degraded (see degraded_reasons)"
         ).set_function(lambda: 1.0 if self.degraded_reasons() else 0.0)
-        self.steps_total = Counter(
-            "canarystack_rollback_steps",
-            "Rollback steps done by this process",
-            ["release", "step"],
-            registry=reg,
+        self.steps_total = m.counter(
+            "canarystack_rollback_steps", "Rollback steps done by this process", "release", "step"
         )
-        self.completed_total = Counter(
+        self.completed_total = m.counter(
             "canarystack_rollback_completed",
             "Rollbacks this process saw reach rolled_back",
-            ["release"],
-            registry=reg,
+            "release",
         )
 
     def hooks(self, release: str) -> StepHooks:
@@ -202,6 +194,16 @@ class RollbackService:
         return "ok"
 
     def degraded_reasons(self) -> list[str]:
+        """Why ``/health`` says degraded (empty: ok).
+
+        Loops never die silently: the watch, drive and credential loops catch every
+        exception, log it, count it (``canarystack_rollback_loop_errors_total{loop,kind}``)
+        and retry with backoff. Degraded names the broker refusing this process's
+        credential (``broker_auth``: ``unauthorized``/``forbidden``, checked at start and
+        every ``CREDENTIAL_CHECK_S``, and on every refused step), a loop that keeps failing
+        with anything but a broker outage, a loop that ended, and a refused step. A broker
+        outage alone is not degraded (it is waited out, and shown in ``loops``).
+        """
         reasons: list[str] = []
         auth = self.broker_auth()
         if auth != "ok":

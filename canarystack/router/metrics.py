@@ -8,9 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from prometheus_client import Counter, Gauge, Histogram
-
 from canarystack.common.app import Component
+from canarystack.common.metrics import Metrics
 from canarystack.router.snapshot import Snapshot
 
 TTFT_BUCKETS_S = (
@@ -35,102 +34,86 @@ TTFT_BUCKETS_S = (
 
 class RouterMetrics:
     def __init__(self, comp: Component) -> None:
-        reg = comp.registry
-        self.requests = Counter(
+        m = Metrics(comp.registry)
+        self.requests = m.counter(
             "router_requests_total",
             "Requests answered, by variant and HTTP status",
-            ["variant", "status"],
-            registry=reg,
+            "variant",
+            "status",
         )
-        self.ttft = Histogram(
+        self.ttft = m.histogram(
             "router_ttft_seconds",
             "Time from request arrival to the first response byte sent, by variant",
-            ["variant"],
+            "variant",
             buckets=TTFT_BUCKETS_S,
-            registry=reg,
         )
-        self.upstream_errors = Counter(
+        self.upstream_errors = m.counter(
             "router_upstream_errors_total",
             "Upstream failures by variant and kind (connect, http_5xx, broken_stream, ...)",
-            ["variant", "kind"],
-            registry=reg,
+            "variant",
+            "kind",
         )
-        self.fallbacks = Counter(
+        self.fallbacks = m.counter(
             "router_canary_fallbacks_total",
             "Unpinned canary requests served by the baseline because the canary pool was down",
-            registry=reg,
         )
-        self.config_revision = Gauge(
-            "router_config_revision", "Revision of the applied release config", registry=reg
+        self.config_revision = m.gauge(
+            "router_config_revision", "Revision of the applied release config"
         )
-        self.canary_weight = Gauge(
-            "router_canary_weight_percent",
-            "Effective canary weight applied (0 when fail-safe)",
-            registry=reg,
+        self.canary_weight = m.gauge(
+            "router_canary_weight_percent", "Effective canary weight applied (0 when fail-safe)"
         )
-        self.config_from_cache = Gauge(
-            "router_config_from_cache",
-            "1 while the applied config came from the on-disk cache",
-            registry=reg,
+        self.config_from_cache = m.gauge(
+            "router_config_from_cache", "1 while the applied config came from the on-disk cache"
         )
-        self.watch_errors = Counter(
-            "router_broker_watch_errors_total",
-            "Failed broker watch/get calls, by kind",
-            ["kind"],
-            registry=reg,
+        self.watch_errors = m.counter(
+            "router_broker_watch_errors_total", "Failed broker watch/get calls, by kind", "kind"
         )
-        self.heartbeat_errors = Counter(
-            "router_broker_heartbeat_errors_total", "Failed heartbeats", registry=reg
+        self.heartbeat_errors = m.counter(
+            "router_broker_heartbeat_errors_total", "Failed heartbeats"
         )
-        self.shadow_requests = Counter(
+        self.shadow_requests = m.counter(
             "router_shadow_requests_total",
             "Shadow copies by pair and result (ok, error, dropped_cap, ...)",
-            ["pair", "result"],
-            registry=reg,
+            "pair",
+            "result",
         )
-        self.shadow_comparisons = Counter(
+        self.shadow_comparisons = m.counter(
             "router_shadow_comparisons_total",
             "Comparisons computed, by pair and bucket",
-            ["pair", "bucket"],
-            registry=reg,
+            "pair",
+            "bucket",
         )
-        self.samples_dropped = Counter(
+        self.samples_dropped = m.counter(
             "router_samples_dropped_total",
             "Records dropped because the sample queue was full, by kind",
-            ["kind"],
-            registry=reg,
+            "kind",
         )
-        self.gate_pushes = Counter(
-            "router_gate_pushes_total",
-            "Batch pushes to the gate, by result",
-            ["result"],
-            registry=reg,
+        self.gate_pushes = m.counter(
+            "router_gate_pushes_total", "Batch pushes to the gate, by result", "result"
         )
-        self.sample_queue_len = Gauge(
-            "router_sample_queue_length", "Records waiting for the gate", registry=reg
+        self.sample_queue_len = m.gauge(
+            "router_sample_queue_length", "Records waiting for the gate"
         )
-        self.auth_errors = Counter(
+        self.auth_errors = m.counter(
             "router_auth_errors_total",
             "Calls the gate or the broker refused with 401/403, by peer and status",
-            ["peer", "status"],
-            registry=reg,
+            "peer",
+            "status",
         )
-        self.canary_off_pins = Counter(
+        self.canary_off_pins = m.counter(
             "router_canary_off_pins_total",
             "Requests pinned to a canary that is off, answered 409 canary_off",
-            registry=reg,
         )
-        self.both_failed = Counter(
+        self.both_failed = m.counter(
             "router_both_failed_total",
             "Error outcomes not pushed because both variants failed on the same input",
-            registry=reg,
         )
-        self.outcomes_skipped = Counter(
+        self.outcomes_skipped = m.counter(
             "router_outcomes_skipped_total",
             "Outcomes not pushed to the gate because they are no canary evidence, by reason "
             "(dependency_degraded: the answer was made without the shared dependency)",
-            ["reason"],
-            registry=reg,
+            "reason",
         )
         # Pre-bound children for the hot path (labels() is a dict lookup plus a lock).
         self._req: dict[tuple[str, int], Any] = {}
