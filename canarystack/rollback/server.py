@@ -1,28 +1,6 @@
 """The rollback executor's HTTP API: manual rollbacks, status, faults (the loops and the
 runners are ``canarystack.rollback.service``).
 
-- One watch task per release long-polls the broker; every change (and a periodic
-  re-check) runs the release's ``RollbackRunner``, which does nothing unless the broker
-  shows a rollback to do. On start it resumes whatever the broker shows half done.
-- ``POST /v1/rollbacks/{release}`` (admin, ``{"reason"}``): a manual rollback. Answers
-  202 once step 1 is in the broker (so a crash after the answer still resumes), 200 when
-  the release is already rolled back, 409 when there is nothing to roll back, or (code
-  ``step_refused``) when the broker refused step 1; that refusal also makes ``/health``
-  degraded (``refused_step: ...``) until the release changes or a new request comes.
-- ``GET /v1/rollbacks/{release}``: the steps done, with times, read from the broker's
-  history (so they survive a restart of this process).
-- Faults: ``latency`` (``ms`` before each step), ``crash_after_step`` (``step`` 1|2|3:
-  the process exits right after that step's write, as a SIGKILL would).
-
-Loops never die silently: the watch, drive and credential loops catch every exception,
-log it, count it (``canarystack_rollback_loop_errors_total{loop,kind}``) and retry with
-backoff. ``/health`` answers ``degraded`` (503) with ``degraded_reasons`` while the broker
-refuses this process's credential (``broker_auth``: ``unauthorized``/``forbidden``,
-checked at start and every ``CREDENTIAL_CHECK_S`` with ``GET /admin/faults``, and on
-every refused step), while a loop keeps failing with anything but a broker outage, or
-once a loop has ended. A broker outage alone is not degraded (it is waited out, and
-shown in ``loops``).
-
 This module must never keep rollback progress only in memory: the broker's history is
 the record, and a restart reads it back.
 """
@@ -59,6 +37,11 @@ _log = get_logger("rollback")
 
 
 async def _post_rollback(request: web.Request) -> web.Response:
+    """``POST /v1/rollbacks/{release}`` (``{"reason"}``): a manual rollback. Answers 202
+    once step 1 is in the broker (so a crash after the answer still resumes), 200 when the
+    release is already rolled back, 409 when there is nothing to roll back, or (code
+    ``step_refused``) when the broker refused step 1; that refusal also makes ``/health``
+    degraded (``refused_step: ...``) until the release changes or a new request comes."""
     service = request.app[SERVICE]
     # Who may ask for a manual rollback: the operator credential (--operator-token-file).
     check_token(
@@ -73,6 +56,8 @@ async def _post_rollback(request: web.Request) -> web.Response:
 
 
 async def _get_rollback(request: web.Request) -> web.Response:
+    """The steps done, with times, read from the broker's history (so they survive a
+    restart of this process)."""
     service = request.app[SERVICE]
     name = request.match_info["release"]
     runner = service.runner(name)

@@ -1,33 +1,7 @@
-"""Where one release's rollback stands, read from the broker: the observed state, the
-step the table runs from there, and the records a step's events leave.
-
-The executor keeps no state that matters: before every step it reads the release and its
-event history and *classifies* where the rollback stands; the table below says which
-step runs from there. A SIGKILL at any point therefore resumes correctly on restart, and
-no side effect happens twice (each step's write is a compare-and-set, or is skipped when
-the broker already shows it)::
-
-    observed (from the broker)                      step run               next
-    ----------------------------------------------  ---------------------  ---------------
-    NEEDS_ROLLBACK  tripped, or progressing + a     1 weights_zero: CAS    WAITING_ROUTERS
-                    manual request                    weights.canary=0,
-                                                      phase=rolling_back
-    WAITING_ROUTERS rolling_back, no routers_applied 2 routers_applied:   ROUTERS_APPLIED
-                    annotation since it began         wait until every live
-                                                      router reports
-                                                      applied_revision >= R,
-                                                      then annotate
-    ROUTERS_APPLIED rolling_back, annotated          3 quarantine: mark    DONE
-                                                      the canary version
-                                                      quarantined (if not
-                                                      yet), CAS phase=
-                                                      rolled_back
-    DONE            rolled_back                      -                      -
-    IDLE            anything else                    -                      -
-
-``classify`` decides the observed state from the release and the events since its latest
-move to ``rolling_back``; ``fit_reason`` / ``fit_change`` keep what a step writes within
-the broker's limits. The runner that drives the steps is ``canarystack.rollback.executor``.
+"""Where one release's rollback stands, read from the broker: the observed state
+(``classify``), the step the table (``TRANSITIONS``) runs from there, and the records a
+step's events leave; ``fit_reason`` / ``fit_change`` keep what a step writes within the
+broker's limits. The runner that drives the steps is ``canarystack.rollback.executor``.
 
 This module must never do I/O.
 """
@@ -84,7 +58,26 @@ def fit_change(change: JsonObject, limit: int = BROKER_MAX_CHANGE_BYTES) -> Json
 
 
 class Observed(enum.Enum):
-    """Where a rollback stands, as read from the broker."""
+    """Where a rollback stands, as read from the broker, and the step run from there::
+
+    observed (from the broker)                      step run               next
+    ----------------------------------------------  ---------------------  ---------------
+    NEEDS_ROLLBACK  tripped, or progressing + a     1 weights_zero: CAS    WAITING_ROUTERS
+                    manual request                    weights.canary=0,
+                                                      phase=rolling_back
+    WAITING_ROUTERS rolling_back, no routers_applied 2 routers_applied:   ROUTERS_APPLIED
+                    annotation since it began         wait until every live
+                                                      router reports
+                                                      applied_revision >= R,
+                                                      then annotate
+    ROUTERS_APPLIED rolling_back, annotated          3 quarantine: mark    DONE
+                                                      the canary version
+                                                      quarantined (if not
+                                                      yet), CAS phase=
+                                                      rolled_back
+    DONE            rolled_back                      -                      -
+    IDLE            anything else                    -                      -
+    """
 
     IDLE = "idle"
     NEEDS_ROLLBACK = "needs_rollback"
@@ -144,7 +137,15 @@ def _quarantined(event: JsonObject) -> bool:
 
 
 def classify(release: JsonObject, events: list[JsonObject], manual: bool = False) -> Situation:
-    """The observed state of the latest rollback (pure: tests call it directly)."""
+    """The observed state of the latest rollback, from the release and the events since
+    its latest move to ``rolling_back``.
+
+    The executor keeps no state that matters: before every step it reads the release and
+    its event history and classifies where the rollback stands; ``TRANSITIONS`` says which
+    step runs from there. A SIGKILL at any point therefore resumes correctly on restart,
+    and no side effect happens twice (each step's write is a compare-and-set, or is
+    skipped when the broker already shows it). Pure: tests call it directly.
+    """
     phase = release.get("phase")
     start = None
     for ev in events:
