@@ -78,27 +78,13 @@ def check_admin(request: web.Request, token: str | None) -> None:
             "The admin API is disabled: this process was started without an admin token. "
             f"Restart it with {ENV_VAR} set or with --admin-token-file."
         )
-    headers = request.headers.getall("Authorization", [])
-    if len(headers) > 1:
-        raise Unauthorized(
-            f"{len(headers)} Authorization headers sent: send exactly one, "
-            "'Authorization: Bearer <token>'."
-        )
-    header = headers[0] if headers else ""
-    if not _printable_ascii(header):
-        # Undecodable bytes arrive as surrogate escapes; refuse them before comparing.
-        raise Unauthorized(
-            "The Authorization header holds bytes that are not printable ASCII: "
-            "send 'Authorization: Bearer <token>' with the token exactly as written "
-            "in its credential file (the local stack's: <state>/credentials/faults-<role>)."
-        )
-    scheme, _, given = header.partition(" ")
-    if scheme.lower() != "bearer" or not given:
-        raise Unauthorized(
-            "Missing fault credential: send 'Authorization: Bearer <token>' with this "
-            "component's own (the local stack's: <state>/credentials/faults-<role>)."
-        )
-    if not hmac.compare_digest(given.strip().encode(), token.encode()):
+    given = presented_token(
+        request,
+        where="its credential file (the local stack's: <state>/credentials/faults-<role>)",
+        missing="Missing fault credential: send 'Authorization: Bearer <token>' with this "
+        "component's own (the local stack's: <state>/credentials/faults-<role>).",
+    )
+    if not same_token(given, token):
         raise Unauthorized(
             "Wrong credential in the Authorization header: /admin/faults takes only this "
             "component's own fault credential (faults-<role>)."
@@ -146,8 +132,16 @@ def token_or_admin(flag: str, token_file: str | None, admin_token: str | None) -
     return load_token_file(flag, token_file) if token_file else admin_token
 
 
-def presented_token(request: web.Request, what: str = "token") -> str:
-    """The bearer token a request carries, or 401 naming what is wrong with the header."""
+def presented_token(
+    request: web.Request,
+    what: str = "token",
+    *,
+    where: str = "its credential file",
+    missing: str | None = None,
+) -> str:
+    """The bearer token a request carries, or 401 naming what is wrong with the header
+    (``where`` says where the caller finds the token, ``missing`` replaces the message for
+    a header without one)."""
     headers = request.headers.getall("Authorization", [])
     if len(headers) > 1:
         raise Unauthorized(
@@ -159,12 +153,12 @@ def presented_token(request: web.Request, what: str = "token") -> str:
         raise Unauthorized(
             "The Authorization header holds bytes that are not printable ASCII: "
             f"send 'Authorization: Bearer <{what}>' with the token exactly as written "
-            "in its credential file."
+            f"in {where}."
         )
     scheme, _, given = header.partition(" ")
     given = given.strip()
     if scheme.lower() != "bearer" or not given:
-        raise Unauthorized(f"Missing {what}: send 'Authorization: Bearer <{what}>'.")
+        raise Unauthorized(missing or f"Missing {what}: send 'Authorization: Bearer <{what}>'.")
     return given
 
 
