@@ -4,28 +4,6 @@
 llama (vocab 512, embedding 256, 4 heads / 2 KV heads, FFN 768, context 8192, F32:
 3.4M parameters, 13 MB) in about a second. No weights are shipped or downloaded.
 
-Scales. The default random init of a transformer (std 0.02) gives near-uniform next-token
-distributions, in which a numerical fault barely shows. "Medium" scales (weights std
-0.03, q/k 0.1, output 0.25, embeddings 0.5; ../shared/MEASURED.md) give an entropy of
-about 2-3 nats and a top-1 probability of 0.3-0.6: peaked enough that a quantized KV
-cache moves the distributions measurably, flat enough that top-5 lists carry mass.
-
-Tokenizer: llama's SentencePiece model (``tokenizer.ggml.model = "llama"``) with byte
-fallback — ``<unk>``, ``<s>``, ``</s>``, the 256 byte tokens ``<0x00>``..``<0xFF>``, then
-multi-character pieces (the syllables of the load generator's pseudo-words, with and
-without the word-start marker ``▁``). Token types are set (else llama.cpp prints byte
-tokens as ``<0xC3>``). Two choices keep OpenAI-style ``top_logprobs`` — a dict keyed by
-token *text* — lossless for the tokens that matter:
-
-- no piece is a single ASCII character, so no piece shares its text with an ASCII byte
-  token (but ``▁``, see below);
-- the output rows of the control tokens and of the bytes 0x80-0xFF (which alone are not
-  valid UTF-8 and all print as ``""``) are zero: their logit is 0 while the listed
-  tokens' logits sit several standard deviations above, so they never reach a top-5.
-  The ASCII control bytes (0x00-0x1F, 0x7F) are silenced the same way, so generated
-  text stays printable, and so is the space byte 0x20, which prints like the piece
-  ``▁`` (a space comes from that piece).
-
 Must never touch the network, and must stay deterministic: the same seed and shape give
 the same bytes (no timestamps, no dict-order or thread-count dependence).
 """
@@ -60,7 +38,14 @@ N_BYTES = 256
 
 @dataclass(frozen=True)
 class ModelShape:
-    """The model's size and the standard deviations of its random weights."""
+    """The model's size and the standard deviations of its random weights.
+
+    Scales. The default random init of a transformer (std 0.02) gives near-uniform next-token
+    distributions, in which a numerical fault barely shows. "Medium" scales (weights std
+    0.03, q/k 0.1, output 0.25, embeddings 0.5; ../shared/MEASURED.md) give an entropy of
+    about 2-3 nats and a top-1 probability of 0.3-0.6: peaked enough that a quantized KV
+    cache moves the distributions measurably, flat enough that top-5 lists carry mass.
+    """
 
     vocab: int = 512
     embedding: int = 256
@@ -97,7 +82,24 @@ class ModelShape:
 
 
 def vocabulary(size: int) -> tuple[list[str], list[int], list[float]]:
-    """Token texts, types and scores: specials, 256 bytes, then multi-character pieces."""
+    """Token texts, types and scores: specials, 256 bytes, then multi-character pieces.
+
+    Tokenizer: llama's SentencePiece model (``tokenizer.ggml.model = "llama"``) with byte
+    fallback — ``<unk>``, ``<s>``, ``</s>``, the 256 byte tokens ``<0x00>``..``<0xFF>``, then
+    multi-character pieces (the syllables of the load generator's pseudo-words, with and
+    without the word-start marker ``▁``). Token types are set (else llama.cpp prints byte
+    tokens as ``<0xC3>``). Two choices keep OpenAI-style ``top_logprobs`` — a dict keyed by
+    token *text* — lossless for the tokens that matter:
+
+    - no piece is a single ASCII character, so no piece shares its text with an ASCII byte
+      token (but ``▁``, see below);
+    - the output rows of the control tokens and of the bytes 0x80-0xFF (which alone are not
+      valid UTF-8 and all print as ``""``) are zero: their logit is 0 while the listed
+      tokens' logits sit several standard deviations above, so they never reach a top-5.
+      The ASCII control bytes (0x00-0x1F, 0x7F) are silenced the same way, so generated
+      text stays printable, and so is the space byte 0x20, which prints like the piece
+      ``▁`` (a space comes from that piece).
+    """
     tokens = ["<unk>", "<s>", "</s>"]
     types = [TOKEN_UNKNOWN, TOKEN_CONTROL, TOKEN_CONTROL]
     tokens += [f"<0x{b:02X}>" for b in range(N_BYTES)]

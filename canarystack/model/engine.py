@@ -1,58 +1,10 @@
 """The simulated engine's next-token model: deterministic, cheap, and honest about drift.
 
-A next-token distribution depends only on (family seed, version, context) and, when the
-batch noise is on, the batch the request ran in; the context is a 64-bit key chained from
-the prompt's tokens and every token generated so far (so the position is part of it).
-With ``batch_noise=0`` two processes of one version return bit-identical logprobs for
-the same request; greedy continuations diverge after a flipped token exactly as a real
-model's would.
-
-The representation keeps a token to a few microseconds of pure Python: each distribution
-is ``CANDIDATES`` candidate tokens with explicit logits plus one *tail* item whose mass
-is spread evenly over the other ``vocab_size - CANDIDATES`` tokens. The random numbers
-come from tables drawn once per process by a seeded numpy generator (family seed), and
-a splitmix64 hash of the context picks the rows — no Generator per token.
-
-- The family (``seed``) fixes the base distributions every version shares.
-- A version adds its own Gaussian logit noise, scaled so that two versions with drift
-  ``d`` differ by a mean KL of about ``d`` (``drift=0`` is the family base itself).
-- Batch noise (non-batch-invariant numerics). Real GPU engines give the same prompt
-  slightly different logits in batches of different sizes: matmul, attention and norm
-  kernels change their reduction order with the batch (He et al., "Defeating
-  Nondeterminism in LLM Inference", Thinking Machines, 2025: 1000 greedy runs of one
-  prompt on Qwen3-235B under a varying load gave 80 distinct completions, the first
-  divergence at token 103, and batch-invariant kernels made all 1000 identical; vLLM
-  ships that mode as ``VLLM_BATCH_INVARIANT=1``, in beta). Neither states a KL, so the
-  size is *chosen*, not reproduced: ``BATCH_NOISE_KL`` = 1e-3 nats of mean KL between two
-  batches, small enough that healthy replicas agree on ~98 % of top-1 tokens and large
-  enough that near-ties flip now and then. Each request adds Gaussian logit noise keyed
-  by ``batch_key`` (a per-process ``noise_seed`` and the running-request count at
-  admission) and the context, so it is deterministic given (seed, running count,
-  prompt, position). Measured at the default, two replicas over 20,000 random contexts
-  (engine level): the router's top-5 KL (``kl_topk``) has mean 0.88e-3, median 0.57e-3,
-  p95 2.75e-3, and 2.2 % of top-1 tokens differ; through HTTP over 400 prompts
-  (tests/test_model_noise.py): mean 0.83e-3, p95 2.5e-3.
-- The ``kernel`` fault (``fp8-kv-scale``) adds a further perturbation, only for prompts
-  of at least ``min_prompt_tokens`` tokens, whose size grows with the prompt length:
-  mean KL about ``KERNEL_KL_AT_REF * magnitude**2 * prompt_tokens / KERNEL_REF_TOKENS``.
-- The *broken* kernel modes (``BROKEN_MODES``) model an engine whose numbers are gone
-  rather than drifted, again only for prompts at or above the threshold (``magnitude``
-  plays no part): ``nan-logits`` (every logit NaN: greedy argmax and the exponential-race
-  sampler both pick token id 0 at every position), ``inf-logits`` (the softmax
-  normaliser overflowed: the token order is the healthy one, so the text is unchanged,
-  but every logprob is ``-inf``) and ``garbage`` (tokens drawn uniformly from the whole
-  vocabulary, unrelated to the context). How they look on the wire is
-  ``canarystack.model.render``'s business.
-- The *benign* kernel modes (``BENIGN_MODES``) are healthy builds the gate must not trip
-  on, a fixed per-context perturbation like ``fp8-kv-scale`` but of a size independent of
-  the prompt length: ``numerics`` (another layout's reduction order, as a tensor-parallel
-  or batch-size change gives: mean KL ``magnitude**2 * batch_noise`` on top of the batch
-  noise) and ``quantized`` (q8_0-like weights: ``QUANTIZED_KL_AT_1 * magnitude**2``).
-
-Logprobs are the raw model's (before temperature and top_p), as vLLM reports them.
-
 This module must never do I/O, sleep, or keep per-request state between calls.
 """
+
+# Over 400 lines because it is one idea, the next-token model, and much of it is the
+# explanation of the sizes its noises were given (on NextTokenModel and KernelFault).
 
 from __future__ import annotations
 
@@ -129,7 +81,25 @@ def next_context(ctx: int, token_id: int) -> int:
 
 @dataclass(frozen=True)
 class KernelFault:
-    """The faulty kernel as the engine sees it (``canarystack.model.faults`` parses it)."""
+    """The faulty kernel as the engine sees it (``canarystack.model.faults`` parses it).
+
+    - The ``kernel`` fault (``fp8-kv-scale``) adds a further perturbation, only for prompts
+      of at least ``min_prompt_tokens`` tokens, whose size grows with the prompt length:
+      mean KL about ``KERNEL_KL_AT_REF * magnitude**2 * prompt_tokens / KERNEL_REF_TOKENS``.
+    - The *broken* kernel modes (``BROKEN_MODES``) model an engine whose numbers are gone
+      rather than drifted, again only for prompts at or above the threshold (``magnitude``
+      plays no part): ``nan-logits`` (every logit NaN: greedy argmax and the exponential-race
+      sampler both pick token id 0 at every position), ``inf-logits`` (the softmax
+      normaliser overflowed: the token order is the healthy one, so the text is unchanged,
+      but every logprob is ``-inf``) and ``garbage`` (tokens drawn uniformly from the whole
+      vocabulary, unrelated to the context). How they look on the wire is
+      ``canarystack.model.render``'s business.
+    - The *benign* kernel modes (``BENIGN_MODES``) are healthy builds the gate must not trip
+      on, a fixed per-context perturbation like ``fp8-kv-scale`` but of a size independent of
+      the prompt length: ``numerics`` (another layout's reduction order, as a tensor-parallel
+      or batch-size change gives: mean KL ``magnitude**2 * batch_noise`` on top of the batch
+      noise) and ``quantized`` (q8_0-like weights: ``QUANTIZED_KL_AT_1 * magnitude**2``).
+    """
 
     mode: str = "fp8-kv-scale"
     min_prompt_tokens: int = 2048
@@ -234,6 +204,41 @@ class NextTokenModel:
 
     ``drift`` is the mean KL (nats) this version shows against another version of the same
     family with the same drift; 0 makes it the family's base model.
+
+    A next-token distribution depends only on (family seed, version, context) and, when the
+    batch noise is on, the batch the request ran in; the context is a 64-bit key chained from
+    the prompt's tokens and every token generated so far (so the position is part of it).
+    With ``batch_noise=0`` two processes of one version return bit-identical logprobs for
+    the same request; greedy continuations diverge after a flipped token exactly as a real
+    model's would.
+
+    The representation keeps a token to a few microseconds of pure Python: each distribution
+    is ``CANDIDATES`` candidate tokens with explicit logits plus one *tail* item whose mass
+    is spread evenly over the other ``vocab_size - CANDIDATES`` tokens. The random numbers
+    come from tables drawn once per process by a seeded numpy generator (family seed), and
+    a splitmix64 hash of the context picks the rows — no Generator per token.
+
+    - The family (``seed``) fixes the base distributions every version shares.
+    - A version adds its own Gaussian logit noise, scaled so that two versions with drift
+      ``d`` differ by a mean KL of about ``d`` (``drift=0`` is the family base itself).
+    - Batch noise (non-batch-invariant numerics). Real GPU engines give the same prompt
+      slightly different logits in batches of different sizes: matmul, attention and norm
+      kernels change their reduction order with the batch (He et al., "Defeating
+      Nondeterminism in LLM Inference", Thinking Machines, 2025: 1000 greedy runs of one
+      prompt on Qwen3-235B under a varying load gave 80 distinct completions, the first
+      divergence at token 103, and batch-invariant kernels made all 1000 identical; vLLM
+      ships that mode as ``VLLM_BATCH_INVARIANT=1``, in beta). Neither states a KL, so the
+      size is *chosen*, not reproduced: ``BATCH_NOISE_KL`` = 1e-3 nats of mean KL between two
+      batches, small enough that healthy replicas agree on ~98 % of top-1 tokens and large
+      enough that near-ties flip now and then. Each request adds Gaussian logit noise keyed
+      by ``batch_key`` (a per-process ``noise_seed`` and the running-request count at
+      admission) and the context, so it is deterministic given (seed, running count,
+      prompt, position). Measured at the default, two replicas over 20,000 random contexts
+      (engine level): the router's top-5 KL (``kl_topk``) has mean 0.88e-3, median 0.57e-3,
+      p95 2.75e-3, and 2.2 % of top-1 tokens differ; through HTTP over 400 prompts
+      (tests/test_model_noise.py): mean 0.83e-3, p95 2.5e-3.
+
+    Logprobs are the raw model's (before temperature and top_p), as vLLM reports them.
     """
 
     def __init__(

@@ -1,26 +1,5 @@
 """The model server's fault kinds: their parameters (validated, typos refused) and what
-each does to a request.
-
-- ``kernel``  (``mode``, ``min_prompt_tokens``, ``magnitude``): the faulty kernel, acting
-  only on prompts at or above the threshold. ``fp8-kv-scale`` (the default): the
-  next-token distributions drift, growing with length and ``magnitude``
-  (``canarystack.model.engine``). The broken modes (``magnitude`` is ignored):
-  ``nan-logits`` (every logprob ``NaN`` on the wire, token id 0 at every position),
-  ``inf-logits`` (every logprob ``-Infinity``, text unchanged) and ``garbage`` (unrelated
-  tokens, ``"logprobs": null`` even when asked for); ``canarystack.model.render`` shows
-  the exact shapes. The benign modes, healthy builds a gate must *not* trip on
-  (``min_prompt_tokens: 0`` makes them act on every prompt): ``numerics`` (another
-  batch-noise profile, as a tensor-parallel or batch-size change gives: a fixed
-  perturbation of ``magnitude**2`` times the process's ``--batch-noise`` on top of its
-  own batch noise) and ``quantized`` (a small drift independent of the prompt length,
-  q8_0-like: mean KL ``1.5e-4 * magnitude**2``).
-- ``latency`` (``ttft_ms``, ``itl_multiplier``, ``min_prompt_tokens``): extra time to
-  first token and slower decoding.
-- ``errors``  (``rate``, ``error_kind``, ``min_prompt_tokens``): a share of requests
-  fails as http_500, http_503, truncate (the stream is cut mid-way) or empty (a
-  completion without tokens).
-- ``crash``   (``min_prompt_tokens``): the process exits with code 137 (like a CUDA OOM)
-  when a prompt at or above the threshold arrives.
+each does to a request (on each ``*Params`` class).
 
 The TTL, listing and logging come from ``canarystack.common.faults``. This module must
 never decide timing or touch the network; it only describes faults.
@@ -39,6 +18,21 @@ CRASH_EXIT_CODE = 137
 
 
 class KernelParams(FaultParams):
+    """``kernel``  (``mode``, ``min_prompt_tokens``, ``magnitude``): the faulty kernel, acting
+    only on prompts at or above the threshold. ``fp8-kv-scale`` (the default): the
+    next-token distributions drift, growing with length and ``magnitude``
+    (``canarystack.model.engine``). The broken modes (``magnitude`` is ignored):
+    ``nan-logits`` (every logprob ``NaN`` on the wire, token id 0 at every position),
+    ``inf-logits`` (every logprob ``-Infinity``, text unchanged) and ``garbage`` (unrelated
+    tokens, ``"logprobs": null`` even when asked for); ``canarystack.model.render`` shows
+    the exact shapes. The benign modes, healthy builds a gate must *not* trip on
+    (``min_prompt_tokens: 0`` makes them act on every prompt): ``numerics`` (another
+    batch-noise profile, as a tensor-parallel or batch-size change gives: a fixed
+    perturbation of ``magnitude**2`` times the process's ``--batch-noise`` on top of its
+    own batch noise) and ``quantized`` (a small drift independent of the prompt length,
+    q8_0-like: mean KL ``1.5e-4 * magnitude**2``).
+    """
+
     mode: Literal[
         "fp8-kv-scale", "nan-logits", "inf-logits", "garbage", "numerics", "quantized"
     ] = "fp8-kv-scale"
@@ -52,6 +46,10 @@ class KernelParams(FaultParams):
 
 
 class LatencyParams(FaultParams):
+    """``latency`` (``ttft_ms``, ``itl_multiplier``, ``min_prompt_tokens``): extra time to
+    first token and slower decoding.
+    """
+
     ttft_ms: float = Field(default=0.0, ge=0, le=600_000, allow_inf_nan=False)
     itl_multiplier: float = Field(default=1.0, gt=0, le=1000, allow_inf_nan=False)
     min_prompt_tokens: int = Field(default=0, ge=0)
@@ -70,12 +68,21 @@ ErrorKind = Literal["http_500", "http_503", "truncate", "empty"]
 
 
 class ErrorsParams(FaultParams):
+    """``errors``  (``rate``, ``error_kind``, ``min_prompt_tokens``): a share of requests
+    fails as http_500, http_503, truncate (the stream is cut mid-way) or empty (a
+    completion without tokens).
+    """
+
     rate: float = Field(default=1.0, ge=0, le=1, allow_inf_nan=False)
     error_kind: ErrorKind = "http_500"
     min_prompt_tokens: int = Field(default=0, ge=0)
 
 
 class CrashParams(FaultParams):
+    """``crash``   (``min_prompt_tokens``): the process exits with code 137 (like a CUDA OOM)
+    when a prompt at or above the threshold arrives.
+    """
+
     min_prompt_tokens: int = Field(default=0, ge=0)
 
 

@@ -1,34 +1,7 @@
 """Turning generated tokens into OpenAI/vLLM response bytes: SSE chunks and JSON bodies.
 
-Shapes (as vLLM's OpenAI server sends them):
-
-- completions chunk: ``{"id", "object": "text_completion", "created", "model",
-  "choices": [{"index": 0, "text", "logprobs", "finish_reason", "stop_reason"}]}`` with
-  ``logprobs = {"text_offset", "token_logprobs", "tokens", "top_logprobs": [{tok: lp}]}``
-  (the sampled token is always in ``top_logprobs``, so it may hold n+1 entries);
-- chat chunk: ``{"id", "object": "chat.completion.chunk", "created", "model",
-  "choices": [{"index": 0, "delta": {"role"?, "content"}, "logprobs", "finish_reason"}]}``
-  with ``logprobs = {"content": [{"token", "logprob", "bytes", "top_logprobs":
-  [{"token", "logprob", "bytes"}]}]}``;
-- with ``stream_options.include_usage`` every chunk carries ``"usage": null`` and a last
-  chunk ``{"choices": [], "usage": {...}}`` comes before ``data: [DONE]``.
-
-A broken kernel (``broken``, only for requests the fault acts on) changes the logprobs as
-an engine that writes them with Python's ``json`` would (``allow_nan=True``):
-
-- ``nan-logits``: every logprob of the position (the chosen token's and each
-  alternative's) is the bare JSON token ``NaN``;
-- ``inf-logits``: every logprob of the position is ``-Infinity`` (the normaliser
-  overflowed; the text is the healthy one);
-- ``garbage``: ``"logprobs": null`` even when the client asked for logprobs.
-
-Everything else is written strictly: a healthy answer can never carry a non-finite
-number by accident (``_num`` raises rather than write one).
-
-The per-chunk path is string concatenation over pre-encoded pieces (no pydantic, no
-``json.dumps`` of logprobs: the fragments are built by hand); a non-streaming answer is
-built in steps (``full_response_steps``) so the server can yield between them. This
-module must never decide timing or read requests.
+This module must never decide timing, read requests, or write a non-finite number into a
+healthy answer.
 """
 
 from __future__ import annotations
@@ -85,7 +58,37 @@ class Renderer:
     """Builds the bytes of one response, for ``kind`` "completion" or "chat".
 
     ``logprobs`` is None when the client did not ask for logprobs, else the number of top
-    alternatives per position."""
+    alternatives per position.
+
+    Shapes (as vLLM's OpenAI server sends them):
+
+    - completions chunk: ``{"id", "object": "text_completion", "created", "model",
+      "choices": [{"index": 0, "text", "logprobs", "finish_reason", "stop_reason"}]}`` with
+      ``logprobs = {"text_offset", "token_logprobs", "tokens", "top_logprobs": [{tok: lp}]}``
+      (the sampled token is always in ``top_logprobs``, so it may hold n+1 entries);
+    - chat chunk: ``{"id", "object": "chat.completion.chunk", "created", "model",
+      "choices": [{"index": 0, "delta": {"role"?, "content"}, "logprobs", "finish_reason"}]}``
+      with ``logprobs = {"content": [{"token", "logprob", "bytes", "top_logprobs":
+      [{"token", "logprob", "bytes"}]}]}``;
+    - with ``stream_options.include_usage`` every chunk carries ``"usage": null`` and a last
+      chunk ``{"choices": [], "usage": {...}}`` comes before ``data: [DONE]``.
+
+    A broken kernel (``broken``, only for requests the fault acts on) changes the logprobs as
+    an engine that writes them with Python's ``json`` would (``allow_nan=True``):
+
+    - ``nan-logits``: every logprob of the position (the chosen token's and each
+      alternative's) is the bare JSON token ``NaN``;
+    - ``inf-logits``: every logprob of the position is ``-Infinity`` (the normaliser
+      overflowed; the text is the healthy one);
+    - ``garbage``: ``"logprobs": null`` even when the client asked for logprobs.
+
+    Everything else is written strictly: a healthy answer can never carry a non-finite
+    number by accident (``_num`` raises rather than write one).
+
+    The per-chunk path is string concatenation over pre-encoded pieces (no pydantic, no
+    ``json.dumps`` of logprobs: the fragments are built by hand); a non-streaming answer is
+    built in steps (``full_response_steps``) so the server can yield between them.
+    """
 
     def __init__(
         self,

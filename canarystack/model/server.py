@@ -2,20 +2,12 @@
 (streaming and not), ``/v1/models``, and the per-request bookkeeping (faults, capacity,
 metrics, one ``request_done`` log line).
 
-A request goes: read the body within its limit and parse it strictly (``model.body``:
-413/400 naming the input; a body above ``OFF_LOOP_BYTES`` (64 KiB) is parsed in a worker
-thread) and validate (4xx naming the field) -> faults that act before the
-engine (crash, http errors) -> FIFO queue for a sequence slot -> first token at
-admission + prefill -> further tokens at absolute deadlines -> release the slot.
-
-Headers on every answer: ``x-model-version`` and ``x-request-id`` (the client's, or made
-here). The logged ``ttft_s`` is measured from the moment the handler starts to the moment
-the first content chunk has been handed to the transport (for a non-streaming answer,
-the simulated first-token time).
-
 This module must never let a client's input reach a 500, and never block the event
 loop for more than a few hundred tokens' worth of work.
 """
+
+# Over 400 lines because it is one idea, the path of one simulated request (faults,
+# queue, timed tokens, the answer); the body, capacity and rendering live elsewhere.
 
 from __future__ import annotations
 
@@ -113,6 +105,20 @@ class _Disconnected(Exception):
 
 
 class ModelServer:
+    """The simulator's model server.
+
+    A request goes: read the body within its limit and parse it strictly (``model.body``:
+    413/400 naming the input; a body above ``OFF_LOOP_BYTES`` (64 KiB) is parsed in a worker
+    thread) and validate (4xx naming the field) -> faults that act before the
+    engine (crash, http errors) -> FIFO queue for a sequence slot -> first token at
+    admission + prefill -> further tokens at absolute deadlines -> release the slot.
+
+    Headers on every answer: ``x-model-version`` and ``x-request-id`` (the client's, or made
+    here). The logged ``ttft_s`` is measured from the moment the handler starts to the moment
+    the first content chunk has been handed to the transport (for a non-streaming answer,
+    the simulated first-token time).
+    """
+
     def __init__(self, config: ServerConfig, component: Component) -> None:
         self.config = config
         self.component = component

@@ -1,30 +1,5 @@
 """The router's view of its release: watched from the broker, cached on disk, fail-safe.
 
-- At start the router asks the broker once (bounded by ``START_TIMEOUT_S``); when that
-  fails it uses the last-known release from ``DIR/router-<id>.json``; with neither it
-  runs with no config, which means 0% canary.
-- Then it watches: ``GET /v1/releases/{name}?after=REV&timeout_s=S`` long-polls; every
-  release with a new revision is applied at once, written to the cache file atomically
-  (temp file + fsync + rename) and reported by a heartbeat right away; heartbeats also go
-  out every ``heartbeat_s``. A heartbeat carries the revision applied, when it was applied
-  (``applied_at``) and since when the effective canary weight has been 0
-  (``canary_off_since``: the apply that made it 0, kept while it stays 0; null while the
-  canary gets traffic). The router starts with no config, i.e. at 0%, so a router that
-  never served the canary reports its own start: an upper bound, never too early.
-- Broker errors are counted by kind and retried with a short, capped backoff; the router
-  keeps serving with the config it has — for at most ``failsafe_s``: watch errors that
-  persist longer put the router on a fail-safe snapshot (source ``"failsafe"``, 0% canary)
-  until a watch succeeds again. 401/403 answers are reported (``broker_auth``), never
-  taken for anything but a refused credential.
-- Effective canary weight (``snapshot.py``): 0 with no config, no canary version, a
-  quarantined canary, or a canary-off phase, whatever ``weights.canary`` says; else
-  ``weights.canary``. ``tripped`` takes effect in the same watch round it arrives.
-- The watch is ``BrokerClient.follow`` (its reads, error classification and backoff);
-  this module chooses before each step what it waits past (stale, fail-safe).
-- The ``stale_config`` fault stops applying updates (the watch keeps running, so the
-  router catches up as soon as the fault ends); heartbeats keep reporting the revision
-  really applied.
-
 This module must never block the request path: requests read ``ConfigWatcher.current``,
 an immutable snapshot swapped in one assignment.
 """
@@ -73,6 +48,34 @@ __all__ = [
 
 
 class ConfigWatcher:
+    """The release this router serves with, watched from the broker.
+
+    - At start the router asks the broker once (bounded by ``START_TIMEOUT_S``); when that
+      fails it uses the last-known release from ``DIR/router-<id>.json``; with neither it
+      runs with no config, which means 0% canary.
+    - Then it watches: ``GET /v1/releases/{name}?after=REV&timeout_s=S`` long-polls; every
+      release with a new revision is applied at once, written to the cache file atomically
+      (temp file + fsync + rename) and reported by a heartbeat right away; heartbeats also go
+      out every ``heartbeat_s``. A heartbeat carries the revision applied, when it was applied
+      (``applied_at``) and since when the effective canary weight has been 0
+      (``canary_off_since``: the apply that made it 0, kept while it stays 0; null while the
+      canary gets traffic). The router starts with no config, i.e. at 0%, so a router that
+      never served the canary reports its own start: an upper bound, never too early.
+    - Broker errors are counted by kind and retried with a short, capped backoff; the router
+      keeps serving with the config it has — for at most ``failsafe_s``: watch errors that
+      persist longer put the router on a fail-safe snapshot (source ``"failsafe"``, 0% canary)
+      until a watch succeeds again. 401/403 answers are reported (``broker_auth``), never
+      taken for anything but a refused credential.
+    - Effective canary weight (``snapshot.py``): 0 with no config, no canary version, a
+      quarantined canary, or a canary-off phase, whatever ``weights.canary`` says; else
+      ``weights.canary``. ``tripped`` takes effect in the same watch round it arrives.
+    - The watch is ``BrokerClient.follow`` (its reads, error classification and backoff);
+      this module chooses before each step what it waits past (stale, fail-safe).
+    - The ``stale_config`` fault stops applying updates (the watch keeps running, so the
+      router catches up as soon as the fault ends); heartbeats keep reporting the revision
+      really applied.
+    """
+
     def __init__(
         self,
         broker: BrokerClient | None,

@@ -1,36 +1,6 @@
 """Divergence between two sides of a shadow comparison: the KL math and the comparison
 record the gate reads.
 
-Which positions are compared. Position 0 (the first generated token) always: both sides
-condition on the same prompt. Position i > 0 only while both requests decode greedily
-(``temperature == 0``) and the tokens generated at positions 0..i-1 agree on both sides —
-otherwise the two sides condition on different prefixes and their distributions are not
-comparable. The top-k lists are cut to the shorter side's k.
-
-KL per position, over the union of the two top-k sets. For side X in {P, Q} (P is the
-baseline, Q the canary — or the second baseline replica) with top-k set T_X and
-log-probabilities l_X(t)::
-
-    U       = T_P ∪ T_Q
-    f_X     = max(eps, min(min_{s in T_X} exp l_X(s),  1 - sum_{s in T_X} exp l_X(s)))
-    p~_X(t) = exp l_X(t)  if t in T_X  else  f_X          (floor for a token X did not list)
-    p_X(t)  = p~_X(t) / sum_{u in U} p~_X(u)              (renormalised over U)
-    KL(P || Q) = sum_{t in U} p_P(t) * ln(p_P(t) / p_Q(t))   [nats, >= 0]
-
-with eps = 1e-6. The floor is the largest probability a token missing from X's top-k
-could have (it is at most X's k-th probability and at most X's tail mass), so a token
-that only fell just below the other side's cut-off costs little, and a token the other
-side ranks high but X does not list at all costs a lot. Per comparison we report the mean
-KL over compared positions, the KL at position 0, the share of positions whose top-1
-tokens agree, both TTFTs (send to first content event), the bucket and the versions.
-
-Invalid sides. In a baseline-canary pair an invalid canary side (``SideResult.invalid``,
-why its answer is broken: ``collector.py``) is a comparison of maximal divergence
-(``KL_MAX_NATS``, top-1 disagreement, ``"invalid": <reason>`` in the record); an invalid
-baseline side says nothing about the canary and is dropped (counted). In a
-baseline-baseline pair an invalid side is dropped (counted), so the noise floor never sees
-an infinite value.
-
 This module must never do I/O, raise on a broken side, or put a non-finite number in a
 record.
 """
@@ -64,9 +34,26 @@ def kl_topk(
 ) -> float:
     """KL(P || Q) in nats over the union of two top-k lists (token -> logprob).
 
-    See the module docstring for the formula (floor for missing tokens, renormalised).
+    The formula is below (floor for missing tokens, renormalised).
     A non-finite logprob on either side, or a result that is not finite, is maximal
     divergence (``KL_MAX_NATS``): never 0, never an exception.
+
+    KL per position, over the union of the two top-k sets. For side X in {P, Q} (P is the
+    baseline, Q the canary — or the second baseline replica) with top-k set T_X and
+    log-probabilities l_X(t)::
+
+        U       = T_P ∪ T_Q
+        f_X     = max(eps, min(min_{s in T_X} exp l_X(s),  1 - sum_{s in T_X} exp l_X(s)))
+        p~_X(t) = exp l_X(t)  if t in T_X  else  f_X          (floor for a token X did not list)
+        p_X(t)  = p~_X(t) / sum_{u in U} p~_X(u)              (renormalised over U)
+        KL(P || Q) = sum_{t in U} p_P(t) * ln(p_P(t) / p_Q(t))   [nats, >= 0]
+
+    with eps = 1e-6. The floor is the largest probability a token missing from X's top-k
+    could have (it is at most X's k-th probability and at most X's tail mass), so a token
+    that only fell just below the other side's cut-off costs little, and a token the other
+    side ranks high but X does not list at all costs a lot. Per comparison we report the mean
+    KL over compared positions, the KL at position 0, the share of positions whose top-1
+    tokens agree, both TTFTs (send to first content event), the bucket and the versions.
     """
     if not p_top or not q_top:
         raise ValueError("kl_topk needs two non-empty top-k lists")
@@ -129,7 +116,14 @@ class PositionScore:
 
 
 def compare_positions(a: list[Position], b: list[Position], greedy: bool) -> list[PositionScore]:
-    """Scores at the positions where both sides condition on the same prefix."""
+    """Scores at the positions where both sides condition on the same prefix.
+
+    Which positions are compared. Position 0 (the first generated token) always: both sides
+    condition on the same prompt. Position i > 0 only while both requests decode greedily
+    (``temperature == 0``) and the tokens generated at positions 0..i-1 agree on both sides —
+    otherwise the two sides condition on different prefixes and their distributions are not
+    comparable. The top-k lists are cut to the shorter side's k.
+    """
     scores: list[PositionScore] = []
     for i in range(min(len(a), len(b))):
         if i > 0 and not (
@@ -151,7 +145,7 @@ class SideResult:
     ttft_s: float | None = None
     version: str = ""
     error: str | None = None  # the side failed (http_5xx, broken_stream, connect, ...)
-    invalid: str | None = None  # the side answered, but broken (module docstring)
+    invalid: str | None = None  # the side answered, but broken (comparison_result)
     # The model server's x-dependency answer ("ok" | "degraded"), None when it sent none.
     dependency: str | None = None
 
@@ -217,6 +211,13 @@ def comparison_result(
     Results: ``ok``; ``canary_invalid`` (record of maximal divergence); ``baseline_invalid``
     and ``invalid_dropped`` (dropped: a broken baseline says nothing about the canary, and
     the noise floor must stay finite); ``not_comparable``.
+
+    Invalid sides. In a baseline-canary pair an invalid canary side (``SideResult.invalid``,
+    why its answer is broken: ``collector.py``) is a comparison of maximal divergence
+    (``KL_MAX_NATS``, top-1 disagreement, ``"invalid": <reason>`` in the record); an invalid
+    baseline side says nothing about the canary and is dropped (counted). In a
+    baseline-baseline pair an invalid side is dropped (counted), so the noise floor never sees
+    an infinite value.
     """
     a_bad = a.invalid or (MISSING if b.positions and not a.positions else None)
     b_bad = b.invalid or (MISSING if a.positions and not b.positions else None)

@@ -1,24 +1,5 @@
 """The request path of ``/v1/completions`` and ``/v1/chat/completions``, step by step.
 
-1. faults (``latency`` sleeps, ``abort`` answers 503): a dict lookup when none is active;
-2. the body is read and parsed once (``intake``: prompt length, bucket, ``stream``); the
-   variant is chosen (``routing``); a sampled request gets its ``ShadowSession``;
-3. the request goes to a replica of the variant's pool (``forward.open_upstream``), with
-   the request's colour (``x-request-id``, ``traceparent``, ``x-traffic-tag``);
-4. the answer is relayed chunk by chunk (``forward.relay``);
-5. one JSON log line, metrics, and an outcome record for the gate (``_finish``).
-
-Pins and evidence. Any client can send ``x-canary-variant``, so a pinned request is never
-gate evidence: it gets no outcome record and no shadow comparison. A pin to a canary
-that is off because of the release phase (tripped, rolling back, rolled back), a
-quarantined canary, no config or the fail-safe is answered 409 ``canary_off`` naming the
-phase and never reaches the canary (a pin to a canary an operator holds at weight 0 still
-passes: the oracle probes it before the ramp). A failure caused by the request is never
-canary evidence either: a 4xx is not an outcome, and when a baseline-canary shadow pair
-ran and both variants failed on the same input, the user's error outcome is not pushed.
-Nor is an answer the model server made without its shared dependency (``x-dependency:
-degraded``): both variants share it, so its outage says nothing about the canary.
-
 This module must never let shadow work, the gate or the broker delay or fail a user's
 request, send a pinned request to a canary that is off, or answer a client's input with
 a 5xx.
@@ -76,6 +57,16 @@ def _logged_traceparent(colour: Colour) -> str:
 
 
 async def handle_proxy(request: web.Request) -> web.StreamResponse:
+    """One proxied request, step by step:
+
+    1. faults (``latency`` sleeps, ``abort`` answers 503): a dict lookup when none is active;
+    2. the body is read and parsed once (``intake``: prompt length, bucket, ``stream``); the
+       variant is chosen (``routing``); a sampled request gets its ``ShadowSession``;
+    3. the request goes to a replica of the variant's pool (``forward.open_upstream``), with
+       the request's colour (``x-request-id``, ``traceparent``, ``x-traffic-tag``);
+    4. the answer is relayed chunk by chunk (``forward.relay``);
+    5. one JSON log line, metrics, and an outcome record for the gate (``_finish``).
+    """
     st = request.app[STATE]
     t0 = time.perf_counter()
     colour = request_colour(request, st.comp)
@@ -151,6 +142,19 @@ def _choose(
     user_key: str | None,
     canary_live: bool,
 ) -> Variant:
+    """The variant that answers: the pin when there is one, else the split.
+
+    Pins and evidence. Any client can send ``x-canary-variant``, so a pinned request is never
+    gate evidence: it gets no outcome record and no shadow comparison. A pin to a canary
+    that is off because of the release phase (tripped, rolling back, rolled back), a
+    quarantined canary, no config or the fail-safe is answered 409 ``canary_off`` naming the
+    phase and never reaches the canary (a pin to a canary an operator holds at weight 0 still
+    passes: the oracle probes it before the ramp). A failure caused by the request is never
+    canary evidence either: a 4xx is not an outcome, and when a baseline-canary shadow pair
+    ran and both variants failed on the same input, the user's error outcome is not pushed.
+    Nor is an answer the model server made without its shared dependency (``x-dependency:
+    degraded``): both variants share it, so its outage says nothing about the canary.
+    """
     if pin is not None:
         if pin == "canary":
             refuse_off_canary(st, snap)
