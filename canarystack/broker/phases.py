@@ -1,28 +1,9 @@
-"""The release phase: THE transition table, written down once.
+"""The release phase rules: THE transition table of ``canary_contract.phases`` (the harness
+reads it too) applied, and the side rules that belong to a phase. Like httpx's
+``ClientState``, a refusal lists the allowed moves.
 
-A release moves along these edges and no others:
-
-- ``progressing -> tripped | rolling_back | promoted``
-- ``tripped -> rolling_back``
-- ``rolling_back -> rolled_back``
-- ``rolled_back -> progressing`` and ``promoted -> progressing`` only together with a new
-  canary version (the version check itself — registered, not quarantined — is the
-  store's; this table only says that a new one is needed).
-
-Side rules that belong to the phase and so live here too: entering ``tripped`` needs
-trip evidence (and evidence is accepted only then); a canary weight above 0 is refused
-unless the resulting phase is ``progressing``; promotion needs a canary to promote; the
-canary version may change only while progressing or on the way back to it.
-``CANARY_OFF`` names the phases in which routers send the canary nothing.
-
-Like httpx's ``ClientState``, ``check_transition`` refuses a bad move with a message that
-lists the allowed ones. A "move" to the phase a release is already in is not a
-transition and is accepted (so a client can resend the phase it read), unless it carries
-trip evidence.
-
-The phases and the table themselves live in ``canary_contract.phases`` (the harness reads
-them too); this module applies them. It must never do I/O or know about HTTP or SQLite:
-it is the pure rule book that the store applies inside its transaction.
+This module must never do I/O or know about HTTP or SQLite: it is the pure rule book that
+the store applies inside its transaction.
 """
 
 from __future__ import annotations
@@ -95,6 +76,16 @@ def check_transition(
     has_canary: bool = True,
 ) -> None:
     """Raise ``IllegalTransition`` unless ``current -> target`` is allowed with these extras.
+
+    A release moves along these edges and no others: ``progressing -> tripped |
+    rolling_back | promoted``; ``tripped -> rolling_back``; ``rolling_back ->
+    rolled_back``; ``rolled_back -> progressing`` and ``promoted -> progressing`` only
+    together with a new canary version (the version check itself, registered and not
+    quarantined, is the store's; this table only says that a new one is needed).
+    Entering ``tripped`` needs trip evidence (and evidence is accepted only then);
+    promotion needs a canary to promote. A "move" to the phase a release is already in is
+    not a transition and is accepted (so a client can resend the phase it read), unless it
+    carries trip evidence. The refusal's message lists the allowed moves.
 
     ``new_canary``: the same change sets a canary version different from the current one.
     ``trip_given``: the same change carries trip evidence.

@@ -1,25 +1,5 @@
 """The broker's in-process state around the store: cached releases, watches, heartbeats.
 
-Threading: SQLite calls block, and with ``synchronous=FULL`` every commit waits for an
-fsync. Run on the event loop, that wait would stall every long-poll wake-up and router
-heartbeat behind it, so all SQLite work runs on one dedicated thread
-(a ``ThreadPoolExecutor(max_workers=1)``) holding the only connection. One thread also
-serialises writes, which SQLite would do anyway. Reads of a release — the hot path: every
-router watch and GET — are answered from an in-memory copy that is replaced after each
-commit, so they never wait for the database.
-
-Watch: ``Broker.watch`` waits on an ``asyncio.Event`` per release that a commit sets (and
-replaces); there is no polling of SQLite. It answers at once when ``after`` is not the
-current revision (above it too: the client's revision came from another database, e.g. a
-wiped state folder). Under the ``drop_watch`` fault it answers nothing until the fault
-ends or the client leaves.
-
-Router heartbeats live in memory only: after a restart, routers reappear within one
-heartbeat. A router whose heartbeats stop leaves ``live_routers`` after
-``router_expiry_s`` and is listed by ``recent_routers`` for ``RECENT_ROUTER_FACTOR``
-times that, so the rollback executor can tell routers that just went quiet from no
-routers at all.
-
 This module knows nothing of HTTP (the handlers are ``canarystack.broker.server``); it
 must never touch SQLite from the event loop thread, publish a write before its commit
 returned, or hold a watch past its timeout (except under drop_watch).
@@ -76,7 +56,22 @@ class RouterBeat:
 
 
 class Broker:
-    """The in-process state around the store: cached releases, watches, heartbeats."""
+    """The in-process state around the store: cached releases, watches, heartbeats.
+
+    SQLite calls block, and with ``synchronous=FULL`` every commit waits for an fsync. Run
+    on the event loop, that wait would stall every long-poll wake-up and router heartbeat
+    behind it, so all SQLite work runs on one dedicated thread (a
+    ``ThreadPoolExecutor(max_workers=1)``) holding the only connection. One thread also
+    serialises writes, which SQLite would do anyway. Reads of a release (the hot path:
+    every router watch and GET) are answered from an in-memory copy that is replaced after
+    each commit, so they never wait for the database.
+
+    Router heartbeats live in memory only: after a restart, routers reappear within one
+    heartbeat. A router whose heartbeats stop leaves ``live_routers`` after
+    ``router_expiry_s`` and is listed by ``recent_routers`` for ``RECENT_ROUTER_FACTOR``
+    times that, so the rollback executor can tell routers that just went quiet from no
+    routers at all.
+    """
 
     def __init__(
         self,
@@ -241,7 +236,14 @@ class Broker:
         self, name: str, after: int, timeout_s: float, gone: Callable[[], bool]
     ) -> tuple[JsonObject | None, bool]:
         """The release once its revision differs from ``after``: ``(release, timed_out)``.
-        ``gone()`` says whether the client went away (then ``(None, True)``)."""
+        ``gone()`` says whether the client went away (then ``(None, True)``).
+
+        Waits on an ``asyncio.Event`` per release that a commit sets (and replaces); there
+        is no polling of SQLite. Answers at once when ``after`` is not the current revision
+        (above it too: the client's revision came from another database, e.g. a wiped
+        state folder). Under the ``drop_watch`` fault it answers nothing until the fault
+        ends or the client leaves.
+        """
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         self.watchers += 1

@@ -1,24 +1,7 @@
 """The gate's service: the gates of the watched releases and the tasks that keep them in
-step with the broker (docs/ARCHITECTURE.md §4).
-
-One watch task per release follows the broker (``BrokerClient.follow``) and keeps the
-gate's view of phase, weights, revision and canary version; a new canary version resets
-the release's state. A trip decision is written by ``canarystack.gate.tripper`` in its own
-task, so intake never waits on the broker. Each coloured sample of an accepted batch is a
-``gate_sample`` hop.
-
-Fail closed: the watch and tick loops survive any exception (logged, counted in
-``canarystack_gate_watch_errors_total``, retried with backoff); a watch the broker
-refuses (4xx) falls back to plain reads and, when it refuses the long-poll timeout, the
-gate lowers ``--watch-timeout-s`` to what the broker allows. ``degraded_reasons`` (and
-``/health``) says why the gate cannot be trusted: a statistic is not finite, a loop died
-or keeps failing, or the broker refuses the gate's credential (a trip then stays
-``writing``, retried until it lands).
-
-Why this module is above ~400 lines: ``GateService`` is the one owner of the loops and
-their health (intake, trip writers, watches, tick, degraded reasons), which share its
-fields; its metrics (``canarystack.gate.metrics``) and HTTP (``canarystack.gate.server``)
-stand alone.
+step with the broker (docs/ARCHITECTURE.md §4). Over 400 lines because ``GateService`` is
+the one owner of the loops and their health (intake, trip writers, watches, tick, degraded
+reasons), which share its fields; its metrics and HTTP stand alone.
 
 This module must never block sample intake on the broker, and never trip a release the
 broker does not show as progressing with the canary the samples were about.
@@ -68,7 +51,14 @@ _log = get_logger("gate")
 
 
 class GateService:
-    """The gates of the watched releases and the tasks that keep them in step."""
+    """The gates of the watched releases and the tasks that keep them in step.
+
+    One watch task per release follows the broker (``BrokerClient.follow``) and keeps the
+    gate's view of phase, weights, revision and canary version; a new canary version
+    resets the release's state. A trip decision is written by ``canarystack.gate.tripper``
+    in its own task, so intake never waits on the broker. Each coloured sample of an
+    accepted batch is a ``gate_sample`` hop.
+    """
 
     def __init__(
         self,
@@ -307,7 +297,13 @@ class GateService:
             _log.info("loop_recovered", loop=loop)
 
     async def watch(self, name: str) -> None:
-        """Keep ``name``'s release in view; survives any error (see the module doc)."""
+        """Keep ``name``'s release in view; survives any error.
+
+        Fail closed: the watch and tick loops survive any exception (logged, counted in
+        ``canarystack_gate_watch_errors_total``, retried with backoff); a watch the broker
+        refuses (4xx) falls back to plain reads and, when it refuses the long-poll timeout,
+        the gate lowers ``--watch-timeout-s`` to what the broker allows.
+        """
         gate = self.gates[name]
         assert self.client is not None
         loop = f"watch:{name}"
@@ -445,7 +441,9 @@ class GateService:
         self.degraded_reasons()  # counts ok -> degraded transitions without a scrape
 
     def degraded_reasons(self) -> list[str]:
-        """Why the gate cannot be trusted now (empty: ok); see the module doc."""
+        """Why the gate cannot be trusted now (empty: ok): a statistic is not finite, a
+        loop died or keeps failing, or the broker refuses the gate's credential (a trip
+        then stays ``writing``, retried until it lands)."""
         reasons: list[str] = []
         for gate in self.gates.values():
             reasons.extend(f"{p}:{gate.name}" for p in gate.problems())
@@ -488,9 +486,6 @@ class GateService:
                 param="release",
             )
         return gate.to_json(time.monotonic())
-
-
-CREDENTIAL_CHECK_S = 30.0
 
 
 async def check_credential(service: GateService) -> None:
