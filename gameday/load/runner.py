@@ -1,43 +1,7 @@
-"""Run Locust (``locustfiles/llm.py``) as a subprocess from ordinary Python.
+"""Run Locust (``locustfiles/llm.py``) as a subprocess from ordinary Python: ``LoadRun``.
 
-    config = LoadConfig(host="http://127.0.0.1:18101", users=8, duration_s=60,
-                        output_dir=Path("reports/run-1/router-latency"))
-    with LoadRun(config) as run:        # start(): returns once the test has started
-        ...                             # inject faults, watch the gate
-    result = run.result                 # stop() on exit: SIGTERM, streams finish
-    result.records_path                 # Parquet, one row per request
-
-Locust runs in its own process because gevent (Locust) and asyncio (the harness, the
-stack) must not share one. It is started in its own session and stopped by its PID:
-SIGTERM makes Locust stop its users — streams in flight get ``stop_timeout_s`` to end —
-write the records and exit; if it has not exited ``STOP_MARGIN_S`` after that, it and its
-worker processes (``processes``) get SIGKILL, by PID.
-
-``GAMEDAY_LOAD_EXTRA_ARGS`` (environment, read when the command is built): further
-gameday.load or Locust options for every run this process starts, before
-``LoadConfig.extra_args`` (which win) — e.g. a short prompt mix for a slow engine
-(``make chaos-router ENGINE=llamacpp`` sets it).
-
-``start()`` waits until Locust has started the test (the locustfile writes a ready file
-on test start). If Locust exits first — a bad option, a bad prompt file, a port in use —
-``LoadStartError`` carries the end of Locust's output, which names the problem.
-
-The generator is checked (issue #14, item 6): ``LoadResult.summary["generator"]`` says
-whether this Locust could have produced the load it was asked for — Locust's own "CPU
-usage above 90%" warning, its mean CPU over the test, open-loop lateness (trace starts later
-than the trace's tolerance), users that never ran, and the achieved rate against a target
-rate when one is given (``GAMEDAY_LOAD_TARGET_RPS``; a closed loop has no rate of its own:
-a slower stack lowers it, which is the stack's doing, not the generator's). Its
-``problems`` name each shortfall; ``gameday run`` makes the experiment ``inconclusive``
-when there is one. Tolerances: ``LoadTolerances.from_env``.
-
-Outputs in ``output_dir``: ``records.parquet``, ``oracle.parquet`` (with ``oracle=True``),
-``load-summary.json`` (requests sent, records written, late trace starts, the generator's
-CPU, wall time and achieved rate),
-``locust.log`` (Locust's stdout and stderr), ``locust_stats.csv`` & co. (``csv=True``)
-and ``locust.html`` (``html=True``).
-
-This module must not import Locust or gevent.
+Over 400 lines because ``LoadRun`` is one lifecycle (command, start, stop by PID, records).
+This module must not import Locust or gevent (gevent and asyncio must not share a process).
 """
 
 from __future__ import annotations
@@ -60,6 +24,7 @@ from typing import Any
 
 from canary_contract.json import JsonObject
 from gameday.errors import GamedayError
+from gameday.load.generator import LoadTolerances, load_problems
 from gameday.load.records import LOAD_SCHEMA, ORACLE_SCHEMA, recover, remove_parts
 
 DEFAULT_LOCUSTFILE = Path(__file__).resolve().parents[2] / "locustfiles" / "llm.py"
@@ -71,152 +36,6 @@ ENV_EXTRA_ARGS = "GAMEDAY_LOAD_EXTRA_ARGS"
 # ``gameday run`` per run of a campaign (``--repeat``); unset, the load's own default (0).
 ENV_LOAD_SEED = "GAMEDAY_LOAD_SEED"
 MAX_LOAD_SEED = 2**31 - 1
-CPU_WARNING_TEXT = "CPU usage above"  # Locust's own warning (locust.runners)
-ENV_TARGET_RPS = "GAMEDAY_LOAD_TARGET_RPS"
-ENV_MIN_RATE_RATIO = "GAMEDAY_LOAD_MIN_RATE_RATIO"
-ENV_MAX_CPU_FRACTION = "GAMEDAY_LOAD_MAX_CPU_FRACTION"
-ENV_MAX_LATE_FRACTION = "GAMEDAY_LOAD_MAX_LATE_FRACTION"
-
-
-def _env_float(
-    environ: dict[str, str] | os._Environ[str],
-    key: str,
-    default: float | None,
-    lo: float,
-    hi: float,
-) -> float | None:
-    text = environ.get(key, "").strip()
-    if not text:
-        return default
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and lo <= value <= hi):
-        raise ValueError(
-            f"{key}={text!r}: give a number from {lo:g} to {hi:g} (or unset it for the default)"
-        )
-    return value
-
-
-@dataclass(frozen=True)
-class LoadTolerances:
-    """How far the generator may fall short before its run says nothing about the gate."""
-
-    target_rps: float | None = None  # requests/s the run must reach (None: not checked)
-    min_rate_ratio: float = 0.8  # achieved >= this x target_rps
-    max_cpu_fraction: float = 0.9  # mean CPU of one Locust process over the test (of 1 core)
-    max_late_fraction: float = 0.05  # open loop: trace starts later than their tolerance
-
-    @classmethod
-    def from_env(cls, environ: dict[str, str] | os._Environ[str] = os.environ) -> LoadTolerances:
-        """From ``GAMEDAY_LOAD_TARGET_RPS``, ``GAMEDAY_LOAD_MIN_RATE_RATIO``,
-        ``GAMEDAY_LOAD_MAX_CPU_FRACTION``, ``GAMEDAY_LOAD_MAX_LATE_FRACTION`` (ValueError
-        naming the variable when one is not a number in range)."""
-        d = cls()
-        rps = _env_float(environ, ENV_TARGET_RPS, None, 1e-3, 1e6)
-        ratio = _env_float(environ, ENV_MIN_RATE_RATIO, d.min_rate_ratio, 0.0, 1.0)
-        cpu = _env_float(environ, ENV_MAX_CPU_FRACTION, d.max_cpu_fraction, 0.01, 64.0)
-        late = _env_float(environ, ENV_MAX_LATE_FRACTION, d.max_late_fraction, 0.0, 1.0)
-        assert ratio is not None and cpu is not None and late is not None  # defaults given
-        return cls(rps, ratio, cpu, late)
-
-
-def _number(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    return float(value) if math.isfinite(value) else None
-
-
-def load_problems(
-    summary: JsonObject,
-    users: int,
-    tolerances: LoadTolerances,
-    log_text: str = "",
-    processes: int = 1,
-) -> JsonObject:
-    """Whether the generator kept up: its figures and one sentence per shortfall.
-
-    ``summary`` is Locust's ``load-summary.json`` (``gameday.load.collector``); ``log_text``
-    its output (for Locust's CPU warning, which a master also logs for its workers).
-    """
-    t = tolerances
-    problems: list[str] = []
-    wall = _number(summary.get("test_wall_s"))
-    sent = _number(summary.get("requests_sent"))
-    cpu_s = _number(summary.get("cpu_s"))
-    rps = _number(summary.get("achieved_rps"))
-    n_proc = max(1, processes)
-    cpu_fraction = (
-        round(cpu_s / wall / n_proc, 4) if cpu_s is not None and wall and wall > 0 else None
-    )
-    warnings = int(_number(summary.get("cpu_warnings")) or 0)
-    warned = warnings > 0 or CPU_WARNING_TEXT in log_text
-    trace_n = int(_number(summary.get("trace_requests")) or 0)
-    late = int(_number(summary.get("trace_late_starts")) or 0)
-    abandoned = int(_number(summary.get("trace_abandoned")) or 0)
-    late_fraction = round(late / trace_n, 4) if trace_n else None
-    peak_users = _number(summary.get("peak_users"))
-    figures: JsonObject = {
-        "achieved_rps": rps,
-        "target_rps": t.target_rps,
-        "requests_sent": sent,
-        "test_wall_s": wall,
-        "cpu_fraction": cpu_fraction,
-        "max_cpu_percent": _number(summary.get("max_cpu_percent")),
-        "cpu_warning": warned,
-        "open_loop": trace_n > 0,
-        "late_starts": late if trace_n else None,
-        "late_fraction": late_fraction,
-        "max_lag_s": _number(summary.get("max_trace_lag_s")) if trace_n else None,
-        "users": users,
-        "peak_users": peak_users,
-        "tolerances": {
-            "min_rate_ratio": t.min_rate_ratio,
-            "max_cpu_fraction": t.max_cpu_fraction,
-            "max_late_fraction": t.max_late_fraction,
-        },
-    }
-    if wall is None or sent is None or cpu_s is None:
-        problems.append(
-            "the load's summary has no generator figures (wall time, requests sent, CPU): "
-            "whether Locust kept up is unknown"
-        )
-    if warned:
-        problems.append(
-            "Locust warned 'CPU usage above 90%': the generator was short of CPU, so its "
-            "rate and timings are not the stack's (give Locust a core, or fewer users)"
-        )
-    if cpu_fraction is not None and cpu_fraction > t.max_cpu_fraction:
-        problems.append(
-            f"Locust used {cpu_fraction:.0%} of a core on average over the test (more than "
-            f"{t.max_cpu_fraction:.0%}, {ENV_MAX_CPU_FRACTION}): the generator was short of CPU"
-        )
-    if late_fraction is not None and late_fraction > t.max_late_fraction:
-        lag = figures["max_lag_s"]
-        problems.append(
-            f"{late} of {trace_n} trace requests started late ({late_fraction:.1%}, more than "
-            f"{t.max_late_fraction:.1%}, {ENV_MAX_LATE_FRACTION}; worst lag "
-            f"{lag if lag is not None else '?'} s): the open loop did not keep its schedule "
-            "(add users or slow the trace down)"
-        )
-    if abandoned:
-        problems.append(
-            f"{abandoned} trace requests were never started (abandoned): the open loop "
-            "fell short of its schedule"
-        )
-    if not trace_n and peak_users is not None and peak_users < users:
-        problems.append(
-            f"only {peak_users:g} of the {users} users ever ran: the closed loop fell short "
-            "of its target"
-        )
-    if t.target_rps is not None and (rps is None or rps < t.min_rate_ratio * t.target_rps):
-        got = "unknown" if rps is None else f"{rps:g} requests/s"
-        problems.append(
-            f"the load reached {got}, below {t.min_rate_ratio:g} x the target "
-            f"{t.target_rps:g} requests/s ({ENV_TARGET_RPS})"
-        )
-    return {**figures, "valid": not problems, "problems": problems}
 
 
 def free_port() -> int:
@@ -243,7 +62,12 @@ def env_load_seed(environ: dict[str, str] | os._Environ[str] = os.environ) -> in
 
 
 def env_extra_args() -> list[str]:
-    """The options in ``$GAMEDAY_LOAD_EXTRA_ARGS`` (shell words); ValueError if unparsable."""
+    """The options in ``$GAMEDAY_LOAD_EXTRA_ARGS`` (shell words); ValueError if unparsable.
+
+    Read when the command is built: further gameday.load or Locust options for every run
+    this process starts, before ``LoadConfig.extra_args`` (which win) — e.g. a short
+    prompt mix for a slow engine (``make chaos-router ENGINE=llamacpp`` sets it).
+    """
     text = os.environ.get(ENV_EXTRA_ARGS, "")
     try:
         return shlex.split(text)
@@ -316,6 +140,31 @@ class LoadResult:
 
 
 class LoadRun:
+    """One Locust run, started in its own session and stopped by its PID::
+
+        config = LoadConfig(host="http://127.0.0.1:18101", users=8, duration_s=60,
+                            output_dir=Path("reports/run-1/router-latency"))
+        with LoadRun(config) as run:        # start(): returns once the test has started
+            ...                             # inject faults, watch the gate
+        result = run.result                 # stop() on exit: SIGTERM, streams finish
+        result.records_path                 # Parquet, one row per request
+
+    SIGTERM makes Locust stop its users — streams in flight get ``stop_timeout_s`` to
+    end — write the records and exit; if it has not exited ``STOP_MARGIN_S`` after that,
+    it and its worker processes (``processes``) get SIGKILL, by PID.
+
+    ``start()`` waits until Locust has started the test (the locustfile writes a ready
+    file on test start). If Locust exits first — a bad option, a bad prompt file, a port
+    in use — ``LoadStartError`` carries the end of Locust's output, which names the
+    problem. The generator is checked by ``gameday.load.generator``.
+
+    Outputs in ``output_dir``: ``records.parquet``, ``oracle.parquet`` (with
+    ``oracle=True``), ``load-summary.json`` (requests sent, records written, late trace
+    starts, the generator's CPU, wall time and achieved rate), ``locust.log`` (Locust's
+    stdout and stderr), ``locust_stats.csv`` & co. (``csv=True``) and ``locust.html``
+    (``html=True``).
+    """
+
     def __init__(self, config: LoadConfig) -> None:
         config.validate()
         self.config = config

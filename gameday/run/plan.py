@@ -27,7 +27,7 @@ from pathlib import Path
 import yaml
 
 from canary_contract.json import JsonObject
-from gameday.load.runner import LoadTolerances
+from gameday.load.generator import LoadTolerances
 from gameday.report.campaign import run_folder_name, runs_needed
 from gameday.run.evidence import thresholds
 from gameday.stack import StackCommandError, stack_status
