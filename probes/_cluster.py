@@ -20,7 +20,6 @@ from __future__ import annotations
 import math
 import os
 import time
-from datetime import datetime
 from typing import Any
 
 import requests
@@ -28,6 +27,7 @@ from chaoslib.exceptions import ActivityFailed
 
 from canary_contract.json import JsonObject
 from gameday.api import ApiError, PrometheusApi
+from gameday.evidence.controllers import epoch_s
 from gameday.evidence.traffic import judge_traffic
 from gameday.targets import TargetError
 from gameday.targets.kubernetes import KubernetesTarget
@@ -62,18 +62,6 @@ def kubernetes_target(configuration: Configuration | None, what: str) -> Kuberne
     except TargetError as exc:
         raise ActivityFailed(f"{what}: {exc}") from None
     return target
-
-
-def epoch_s(value: Any) -> float | None:
-    """Epoch seconds of an RFC 3339 time as the Kubernetes API writes it (or None)."""
-    if value is None or value == "":
-        return None
-    if isinstance(value, datetime):
-        return value.timestamp()
-    try:
-        return datetime.fromisoformat(str(value).replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
 
 
 def non_negative(name: str, value: Any) -> float:

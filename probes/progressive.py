@@ -33,22 +33,20 @@ from collections.abc import Callable
 from chaoslib.exceptions import ActivityFailed
 
 from canary_contract.json import JsonObject
+from gameday.evidence import controllers as ctl
 from probes._cluster import (
     canary_traffic_after,
-    epoch_s,
-    judge_traffic,
     kubernetes_target,
     non_negative,
 )
 from probes._context import Configuration, Secrets
-from probes._result import Slo, result
+from probes._result import Slo
 
 __all__ = ["argo_rollout_aborted", "argo_rollout_status", "flagger_canary_failed",
            "flagger_canary_status"]  # fmt: skip
 
 ARGO = ("argoproj.io", "v1alpha1", "rollouts")
 FLAGGER = ("flagger.app", "v1beta1", "canaries")
-ARGO_ABORTED_REASON = "RolloutAborted"
 MAX_WAIT_S = 600.0
 POLL_S = 1.0
 
@@ -85,35 +83,6 @@ def _read(
 
 
 # --- Argo Rollouts -------------------------------------------------------------------
-def _argo_view(obj: JsonObject) -> JsonObject:
-    status = obj.get("status") or {}
-    conditions = status.get("conditions") or []
-    aborted_cond = next(
-        (
-            c
-            for c in conditions
-            if c.get("type") == "Progressing" and c.get("reason") == ARGO_ABORTED_REASON
-        ),
-        None,
-    )
-    weight = ((status.get("canary") or {}).get("weights") or {}).get("canary", {}).get("weight")
-    aborted_at = epoch_s(status.get("abortedAt")) or epoch_s(
-        (aborted_cond or {}).get("lastTransitionTime")
-    )
-    return {
-        "phase": status.get("phase"),
-        "abort": bool(status.get("abort")),
-        "aborted_condition": aborted_cond is not None,
-        "aborted_at": aborted_at,
-        "message": status.get("message"),
-        "canary_weight": weight,
-    }
-
-
-def _argo_aborted(view: JsonObject) -> bool:
-    return bool(view["abort"] and view["phase"] == "Degraded" and view["aborted_condition"])
-
-
 def argo_rollout_status(
     rollout: str,
     configuration: Configuration | None = None,
@@ -121,7 +90,7 @@ def argo_rollout_status(
 ) -> JsonObject:
     """What the Argo Rollout says: phase, abort, the RolloutAborted condition, its time
     (epoch seconds) and the canary weight when traffic routing reports one."""
-    return _argo_view(_read(configuration, ARGO, rollout, "argo_rollout_status"))
+    return ctl.argo_view(_read(configuration, ARGO, rollout, "argo_rollout_status"))
 
 
 def argo_rollout_aborted(
@@ -144,7 +113,7 @@ def argo_rollout_aborted(
         check="argo_rollout_aborted",
         name=rollout,
         read=lambda: argo_rollout_status(rollout, configuration),
-        is_done=_argo_aborted,
+        is_done=ctl.argo_aborted,
         expected="aborted (status.abort true, phase Degraded, condition RolloutAborted)",
         since_key="aborted_at",
         grace_s=grace_s,
@@ -156,28 +125,13 @@ def argo_rollout_aborted(
 
 
 # --- Flagger -------------------------------------------------------------------------
-def _flagger_view(obj: JsonObject) -> JsonObject:
-    status = obj.get("status") or {}
-    promoted = next(
-        (c for c in status.get("conditions") or [] if c.get("type") == "Promoted"), None
-    )
-    return {
-        "phase": status.get("phase"),
-        "canary_weight": status.get("canaryWeight"),
-        "failed_checks": status.get("failedChecks"),
-        "changed_at": epoch_s(status.get("lastTransitionTime"))
-        or epoch_s((promoted or {}).get("lastTransitionTime")),
-        "promoted_condition": promoted,
-    }
-
-
 def flagger_canary_status(
     canary: str,
     configuration: Configuration | None = None,
     secrets: Secrets | None = None,
 ) -> JsonObject:
     """What the Flagger Canary says: phase, canaryWeight, failedChecks, when it changed."""
-    return _flagger_view(_read(configuration, FLAGGER, canary, "flagger_canary_status"))
+    return ctl.flagger_view(_read(configuration, FLAGGER, canary, "flagger_canary_status"))
 
 
 def flagger_canary_failed(
@@ -199,7 +153,7 @@ def flagger_canary_failed(
         check="flagger_canary_failed",
         name=canary,
         read=lambda: flagger_canary_status(canary, configuration),
-        is_done=lambda v: v["phase"] == "Failed",
+        is_done=ctl.flagger_failed,
         expected="phase Failed",
         since_key="changed_at",
         grace_s=grace_s,
@@ -248,44 +202,11 @@ def _paired(
     while not is_done(view) and time.monotonic() < deadline:
         time.sleep(POLL_S)
         view = read()
-    if not is_done(view):
-        return result(
-            check, None, allowed, "count", False,
-            why=f"{name!r} should be {expected} within {wait:g} s, but it is phase "
-            f"{view.get('phase')!r} ({_short(view)})",
-            controller=view,
-        )  # fmt: skip
-    weight = view.get("canary_weight")
-    if weight not in (None, 0):
-        return result(
-            check, None, allowed, "count", False,
-            why=f"{name!r} says {expected} but still gives the canary weight {weight} "
-            "(expected 0): the controller failed open",
-            controller=view,
-        )  # fmt: skip
-    changed_at = view.get(since_key)
-    if changed_at is None:
-        return result(
-            check, None, allowed, "count", False,
-            why=f"{name!r} says {expected} but gives no time for it, so the traffic after "
-            "it cannot be checked",
-            controller=view,
-        )  # fmt: skip
-    since = float(changed_at) + grace
+    refused = ctl.status_refusal(
+        check, name, view, is_done(view), expected, since_key, allowed, wait
+    )
+    if refused is not None:
+        return refused
+    since = float(view[since_key]) + grace
     evidence = canary_traffic_after(since, configuration, **traffic)
-    measured, ok, why = judge_traffic(evidence, allowed)
-    if why is not None and measured is not None:
-        why = f"{name!r} says {expected}, but {why}: the controller failed open"
-    detail: JsonObject = {
-        "controller": view,
-        "since": since,
-        "grace_s": grace,
-        "traffic": evidence,
-    }
-    if why is not None:
-        detail["why"] = why
-    return result(check, measured, allowed, "count", ok, **detail)
-
-
-def _short(view: JsonObject) -> str:
-    return ", ".join(f"{k}={v!r}" for k, v in view.items() if k != "promoted_condition")
+    return ctl.paired(check, name, expected, view, since, grace, evidence, allowed)
