@@ -38,69 +38,66 @@ USAGE_SCHEMA: Json = obj(
     completion_tokens=INTEGER,
     total_tokens=INTEGER,
 )
-COMPLETION_SCHEMA: Json = obj(
-    ("id", "object", "created", "model", "choices"),
-    id=STRING,
-    object={"const": "text_completion"},
-    created=INTEGER,
-    model=STRING,
-    choices={
-        "type": "array",
-        "items": obj(
-            ("index", "text", "logprobs", "finish_reason"),
-            index=INTEGER,
-            text=STRING,
-            logprobs=nullable(
-                obj(
-                    ("tokens", "token_logprobs", "top_logprobs", "text_offset"),
-                    tokens={"type": "array", "items": STRING},
-                    token_logprobs={"type": "array", "items": nullable(NUMBER)},
-                    top_logprobs={
-                        "type": "array",
-                        "items": nullable({"type": "object", "additionalProperties": NUMBER}),
-                    },
-                    text_offset={"type": "array", "items": INTEGER},
-                )
-            ),
-            finish_reason=nullable(STRING),
-            stop_reason=nullable(STRING),
+
+
+def _completion(object_name: str, choice: Json) -> Json:
+    """An OpenAI completion answer, chat answer or stream chunk: ``object`` is
+    ``object_name``, each of ``choices`` is ``choice``."""
+    return obj(
+        ("id", "object", "created", "model", "choices"),
+        id=STRING,
+        object={"const": object_name},
+        created=INTEGER,
+        model=STRING,
+        choices={"type": "array", "items": choice},
+        usage=nullable(USAGE_SCHEMA),
+    )
+
+
+COMPLETION_SCHEMA: Json = _completion(
+    "text_completion",
+    obj(
+        ("index", "text", "logprobs", "finish_reason"),
+        index=INTEGER,
+        text=STRING,
+        logprobs=nullable(
+            obj(
+                ("tokens", "token_logprobs", "top_logprobs", "text_offset"),
+                tokens={"type": "array", "items": STRING},
+                token_logprobs={"type": "array", "items": nullable(NUMBER)},
+                top_logprobs={
+                    "type": "array",
+                    "items": nullable({"type": "object", "additionalProperties": NUMBER}),
+                },
+                text_offset={"type": "array", "items": INTEGER},
+            )
         ),
-    },
-    usage=nullable(USAGE_SCHEMA),
+        finish_reason=nullable(STRING),
+        stop_reason=nullable(STRING),
+    ),
 )
-CHAT_COMPLETION_SCHEMA: Json = obj(
-    ("id", "object", "created", "model", "choices"),
-    id=STRING,
-    object={"const": "chat.completion"},
-    created=INTEGER,
-    model=STRING,
-    choices={
-        "type": "array",
-        "items": obj(
-            ("index", "message", "finish_reason"),
-            index=INTEGER,
-            message=obj(("role", "content"), role=STRING, content=nullable(STRING)),
-            logprobs=nullable(
-                obj(
-                    ("content",),
-                    content={
-                        "type": "array",
-                        "items": {
-                            "allOf": [
-                                _LOGPROB_ENTRY,
-                                obj(
-                                    (),
-                                    top_logprobs={"type": "array", "items": _LOGPROB_ENTRY},
-                                ),
-                            ]
-                        },
+CHAT_COMPLETION_SCHEMA: Json = _completion(
+    "chat.completion",
+    obj(
+        ("index", "message", "finish_reason"),
+        index=INTEGER,
+        message=obj(("role", "content"), role=STRING, content=nullable(STRING)),
+        logprobs=nullable(
+            obj(
+                ("content",),
+                content={
+                    "type": "array",
+                    "items": {
+                        "allOf": [
+                            _LOGPROB_ENTRY,
+                            obj((), top_logprobs={"type": "array", "items": _LOGPROB_ENTRY}),
+                        ]
                     },
-                )
-            ),
-            finish_reason=nullable(STRING),
+                },
+            )
         ),
-    },
-    usage=nullable(USAGE_SCHEMA),
+        finish_reason=nullable(STRING),
+    ),
 )
 MODELS_SCHEMA: Json = obj(
     ("object", "data"),
@@ -125,15 +122,7 @@ MODELS_SCHEMA: Json = obj(
 def _sse(chunk_object: str) -> Json:
     """One server-sent event of a stream (OpenAPI 3.1: the schema describes each event):
     ``data`` is a chunk's JSON, or ``[DONE]`` at the end."""
-    chunk = obj(
-        ("id", "object", "created", "model", "choices"),
-        id=STRING,
-        object={"const": chunk_object},
-        created=INTEGER,
-        model=STRING,
-        choices={"type": "array", "items": obj(("index",), index=INTEGER)},
-        usage=nullable(USAGE_SCHEMA),
-    )
+    chunk = _completion(chunk_object, obj(("index",), index=INTEGER))
     return {
         "schema": {
             "type": "object",
@@ -237,44 +226,44 @@ def describe_generation(
         404: error_response("'model' names a model this server does not serve"),
         **(extra_responses or {}),
     }
-    spec.add(
-        "post",
-        "/v1/completions",
-        summary="A text completion (OpenAI/vLLM-compatible); SSE with stream: true.",
-        tag=TAG,
-        params=params,
-        body=completion,
-        responses={
-            200: {
-                "description": "the completion",
-                "content": {
-                    "application/json": {"schema": spec.named("Completion", COMPLETION_SCHEMA)},
-                    "text/event-stream": _sse("text_completion"),
-                },
-            },
-            **errors,
-        },
-    )
-    spec.add(
-        "post",
-        "/v1/chat/completions",
-        summary="A chat completion (OpenAI/vLLM-compatible); SSE with stream: true.",
-        tag=TAG,
-        params=params,
-        body=chat,
-        responses={
-            200: {
-                "description": "the chat completion",
-                "content": {
-                    "application/json": {
-                        "schema": spec.named("ChatCompletion", CHAT_COMPLETION_SCHEMA)
+    for path, kind, what, body, name, schema, chunk_object in (
+        (
+            "/v1/completions",
+            "text completion",
+            "completion",
+            completion,
+            "Completion",
+            COMPLETION_SCHEMA,
+            "text_completion",
+        ),
+        (
+            "/v1/chat/completions",
+            "chat completion",
+            "chat completion",
+            chat,
+            "ChatCompletion",
+            CHAT_COMPLETION_SCHEMA,
+            "chat.completion.chunk",
+        ),
+    ):
+        spec.add(
+            "post",
+            path,
+            summary=f"A {kind} (OpenAI/vLLM-compatible); SSE with stream: true.",
+            tag=TAG,
+            params=params,
+            body=body,
+            responses={
+                200: {
+                    "description": f"the {what}",
+                    "content": {
+                        "application/json": {"schema": spec.named(name, schema)},
+                        "text/event-stream": _sse(chunk_object),
                     },
-                    "text/event-stream": _sse("chat.completion.chunk"),
                 },
+                **errors,
             },
-            **errors,
-        },
-    )
+        )
 
 
 def describe_models(spec: ApiSpec) -> None:
