@@ -24,7 +24,7 @@ import pytest
 import requests
 from aiohttp import web
 
-from tests.broker_support import digest_of, trip_evidence
+from tests.broker_support import digest_of, start_broker, trip_evidence
 from tests.procs import ADMIN_TOKEN, Proc, Spawner, free_port, wait_for
 
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
@@ -93,6 +93,27 @@ def start_router(
     proc.extra["instance_port"] = int(args[args.index("--instance-port") + 1])
     proc.extra["router_id"] = router_id
     return proc
+
+
+def router_on_release(
+    spawn: Spawner,
+    state_dir: Path,
+    baseline: list[str],
+    canary: list[str] | None = None,
+    *extra: str,
+    weight: float,
+    **router_kw: Any,
+) -> tuple[Proc, Broker, dict[str, Any]]:
+    """A real broker with a release at ``weight`` % canary and a router (``start_router``
+    arguments) that has applied it: the router, the broker's API and the release."""
+    broker = start_broker(spawn, state_dir / "broker")
+    api = Broker(broker.url)
+    release = api.create(weight=weight)
+    router = start_router(
+        spawn, state_dir, baseline, canary, *extra, broker=broker.url, **router_kw
+    )
+    wait_revision(router, release["revision"])
+    return router, api, release
 
 
 def write_release_cache(
@@ -288,3 +309,18 @@ def gate_receiver() -> Iterator[GateReceiver]:
         yield gate
     finally:
         gate.stop()
+
+
+def gate_fixture() -> Any:
+    """A ``gate`` fixture for a test module: a fresh GateReceiver per test, stopped after."""
+    return pytest.fixture(name="gate")(gate_receiver)
+
+
+def models_fixture(**versions: str) -> Any:
+    """A module-scoped ``models`` fixture: model servers by name (``b0="v1"``)."""
+
+    @pytest.fixture(scope="module", name="models")
+    def models(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Proc]]:
+        yield from model_servers(tmp_path_factory, **versions)
+
+    return models

@@ -7,7 +7,6 @@ from __future__ import annotations
 import ast
 import math
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +44,7 @@ from tests.router_support import Broker as RouterBroker
 from tests.router_support import (
     GateReceiver,
     completion,
-    gate_receiver,
+    gate_fixture,
     health,
     start_model,
     start_router,
@@ -55,9 +54,7 @@ from tests.router_support import (
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.fixture
-def gate() -> Iterator[GateReceiver]:
-    yield from gate_receiver()
+gate = gate_fixture()
 
 
 def _same(record_type: Any, answer: dict[str, Any]) -> Any:

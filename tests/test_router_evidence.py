@@ -14,7 +14,6 @@ gate's records carry them too.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +27,7 @@ from tests.router_support import (
     ADMIN,
     GateReceiver,
     completion,
-    gate_receiver,
+    gate_fixture,
     metric,
     start_model,
     start_router,
@@ -38,9 +37,7 @@ from tests.router_support import (
 TRACEPARENT = re.compile(r"^00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})$")
 
 
-@pytest.fixture
-def gate() -> Iterator[GateReceiver]:
-    yield from gate_receiver()
+gate = gate_fixture()
 
 
 @pytest.mark.parametrize(

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import http.client
 import re
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,17 +24,16 @@ import requests
 from canarystack.common import strictjson
 from canarystack.router.shadow import KL_MAX_NATS
 from canarystack.tokenizer import make_prompt
-from tests.broker_support import start_broker
 from tests.procs import Proc, Spawner, wait_for
 from tests.router_support import (
     ADMIN,
-    Broker,
     GateReceiver,
     completion,
-    gate_receiver,
+    gate_fixture,
     health,
     metric,
-    model_servers,
+    models_fixture,
+    router_on_release,
     start_model,
     start_router,
     wait_revision,
@@ -45,14 +43,8 @@ from tests.router_support import (
 MAX_BODY = 65_536
 
 
-@pytest.fixture(scope="module")
-def models(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Proc]]:
-    yield from model_servers(tmp_path_factory, b0="v1", c0="v2")
-
-
-@pytest.fixture
-def gate() -> Iterator[GateReceiver]:
-    yield from gate_receiver()
+models = models_fixture(b0="v1", c0="v2")
+gate = gate_fixture()
 
 
 def seen_by(model: Proc, request_id: str) -> bool:
@@ -201,13 +193,9 @@ def test_malformed_colour_headers_are_replaced_never_forwarded(
 def test_pins_after_a_trip_are_409_and_never_reach_the_canary(
     spawn: Spawner, tmp_path: Path, models: dict[str, Proc]
 ) -> None:
-    broker = start_broker(spawn, tmp_path / "broker")
-    api = Broker(broker.url)
-    release = api.create(weight=100)
-    router = start_router(
-        spawn, tmp_path, [models["b0"].url], [models["c0"].url], broker=broker.url
+    router, api, _ = router_on_release(
+        spawn, tmp_path, [models["b0"].url], [models["c0"].url], weight=100
     )
-    wait_revision(router, release["revision"])
     before = completion(router.url, headers={"x-canary-variant": "canary", "x-request-id": "pre"})
     assert before.status_code == 200 and before.headers["x-served-by"] == "canary"
     wait_for(lambda: seen_by(models["c0"], "pre"), what="the canary to log a pinned request")

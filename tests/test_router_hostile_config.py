@@ -14,7 +14,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -25,23 +24,17 @@ from tests.router_support import (
     Broker,
     GateReceiver,
     completion,
-    gate_receiver,
+    gate_fixture,
     health,
     metric,
-    model_servers,
+    models_fixture,
+    router_on_release,
     start_router,
     wait_revision,
 )
 
-
-@pytest.fixture(scope="module")
-def models(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Proc]]:
-    yield from model_servers(tmp_path_factory, b0="v1", c0="v2")
-
-
-@pytest.fixture
-def gate() -> Iterator[GateReceiver]:
-    yield from gate_receiver()
+models = models_fixture(b0="v1", c0="v2")
+gate = gate_fixture()
 
 
 def run_router(
@@ -130,19 +123,17 @@ def test_a_gate_refusing_the_credential_keeps_the_batch_and_says_so(
 def test_a_broker_refusing_the_heartbeat_is_reported(
     spawn: Spawner, tmp_path: Path, models: dict[str, Proc]
 ) -> None:
-    broker = start_broker(spawn, tmp_path / "broker")
-    release = Broker(broker.url).create(weight=5)
-    router = start_router(
-        spawn, tmp_path, [models["b0"].url], broker=broker.url, admin_token="a-wrong-token"
+    # the router applies the release: reads need no token
+    router, api, _ = router_on_release(
+        spawn, tmp_path, [models["b0"].url], weight=5, admin_token="a-wrong-token"
     )
-    wait_revision(router, release["revision"])  # reads need no token
     wait_for(lambda: health(router)["broker_auth"] == "unauthorized", what="broker_auth")
     h = health(router)
     assert h["status"] == "ok" and "401" in h["broker_auth_error"]
     assert metric(router, "router_auth_errors_total", peer="broker", status="401") >= 1
     assert any(e.get("event") == "broker_auth_refused" for e in router.log_events())
     # The broker never lists it: the rollback executor cannot count it as applied.
-    assert all(r["router_id"] != "router-0" for r in Broker(broker.url).routers())
+    assert all(r["router_id"] != "router-0" for r in api.routers())
 
 
 def test_persistent_watch_errors_send_the_router_to_zero_canary(

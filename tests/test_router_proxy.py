@@ -11,7 +11,6 @@ sample queue dropping when the gate is unreachable.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -25,26 +24,19 @@ from tests.router_support import (
     ADMIN,
     GateReceiver,
     completion,
-    gate_receiver,
+    gate_fixture,
     health,
     instance_url,
     metric,
-    model_servers,
+    models_fixture,
     sse_events,
     start_model,
     start_router,
     write_release_cache,
 )
 
-
-@pytest.fixture(scope="module")
-def models(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Proc]]:
-    yield from model_servers(tmp_path_factory, b0="v1", b1="v1", c0="v2")
-
-
-@pytest.fixture
-def gate() -> Iterator[GateReceiver]:
-    yield from gate_receiver()
+models = models_fixture(b0="v1", b1="v1", c0="v2")
+gate = gate_fixture()
 
 
 def test_pin_headers_and_request_identity(
