@@ -456,23 +456,14 @@ def render_campaign_html(doc: dict[str, Any] | None, images: dict[str, Path]) ->
     its ECDF PNG, embedded as ``data:`` URIs. Autoescaped: names are never HTML."""
     if doc is None:
         return ""
-    import base64
+    from gameday.report import jinja
 
-    import jinja2
-
-    env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(Path(__file__).parent / "templates"),
-        autoescape=True,
-        undefined=jinja2.StrictUndefined,
-        trim_blocks=True,
-        lstrip_blocks=True,
+    uris = {name: jinja.data_uri(p) for name, p in images.items() if p.exists()}
+    return (
+        jinja.environment()
+        .get_template("campaign.html.j2")
+        .render(doc=doc, images=uris, seconds=_seconds_text)
     )
-    uris = {
-        name: "data:image/png;base64," + base64.b64encode(p.read_bytes()).decode("ascii")
-        for name, p in images.items()
-        if p.exists()
-    }
-    return env.get_template("campaign.html.j2").render(doc=doc, images=uris, seconds=_seconds_text)
 
 
 def _seconds_text(value: float | None, missing: str) -> str:

@@ -215,18 +215,21 @@ def _request_cells(
     ttft.insert(0, "panel", "ttft_p99_s")
     err = by["failed"].agg(samples="size", value="mean").reset_index()
     err.insert(0, "panel", "error_rate")
-    known = frame[frame["known"]]
-    share = (
-        known.groupby(["bucket", "t_bin_s"], observed=True, sort=True)["canary"]
+    share = _mean_cells(frame[frame["known"]], "canary", "canary_share", "all")
+    return pd.concat([ttft[list(CELL_COLUMNS)], err[list(CELL_COLUMNS)], share], ignore_index=True)
+
+
+def _mean_cells(frame: pd.DataFrame, column: str, panel: str, variant: str) -> pd.DataFrame:
+    """One panel's cells: the mean of ``column`` per bucket and time bin, every variant
+    pooled under ``variant``."""
+    cells = (
+        frame.groupby(["bucket", "t_bin_s"], observed=True, sort=True)[column]
         .agg(samples="size", value="mean")
         .reset_index()
     )
-    share.insert(0, "panel", "canary_share")
-    share.insert(1, "variant", "all")
-    return pd.concat(
-        [ttft[list(CELL_COLUMNS)], err[list(CELL_COLUMNS)], share[list(CELL_COLUMNS)]],
-        ignore_index=True,
-    )
+    cells.insert(0, "panel", panel)
+    cells.insert(1, "variant", variant)
+    return cells[list(CELL_COLUMNS)]
 
 
 def _drift_cells(
@@ -250,14 +253,7 @@ def _drift_cells(
             "kl": ora["kl_mean"].to_numpy(dtype=float),
         }
     )
-    drift = (
-        frame.groupby(["bucket", "t_bin_s"], observed=True, sort=True)["kl"]
-        .agg(samples="size", value="mean")
-        .reset_index()
-    )
-    drift.insert(0, "panel", "drift_kl")
-    drift.insert(1, "variant", "oracle")
-    return drift[list(CELL_COLUMNS)]
+    return _mean_cells(frame, "kl", "drift_kl", "oracle")
 
 
 # ---------------------------------------------------------------------------------------

@@ -13,12 +13,10 @@ never decides anything.
 
 from __future__ import annotations
 
-import base64
 from pathlib import Path
 from typing import Any
 
-import jinja2
-
+from gameday.report import jinja
 from gameday.report.noise import ExperimentNoise, noise_section, show
 from gameday.report.verdict import Summary
 
@@ -26,12 +24,6 @@ TEMPLATE = "report.html.j2"
 # The banner colours; the browser test looks for these exact pixels.
 PASS_RGB = (26, 127, 55)
 FAIL_RGB = (207, 34, 46)
-
-
-def _data_uri(path: Path | None) -> str | None:
-    if path is None or not path.exists():
-        return None
-    return "data:image/png;base64," + base64.b64encode(path.read_bytes()).decode("ascii")
 
 
 def _fmt(value: Any, digits: int = 3) -> str:
@@ -58,15 +50,9 @@ def render_html(
     ``noise``: each experiment's noise floor (``noise.experiment_noise``) and
     ``noise_doc`` its summary (``noise.noise_section``)."""
     noise = noise or []
-    env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(Path(__file__).parent / "templates"),
-        autoescape=True,
-        undefined=jinja2.StrictUndefined,
-        trim_blocks=True,
-        lstrip_blocks=True,
-    )
+    env = jinja.environment()
     env.filters["fmt"] = _fmt
-    uris = {name: _data_uri(p) for name, p in images.items()}
+    uris = {name: jinja.data_uri(p) for name, p in images.items()}
     html = env.get_template(TEMPLATE).render(
         summary=summary,
         data=summary.to_json(),

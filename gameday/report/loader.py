@@ -32,7 +32,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import yaml
 
+from canary_contract.json import JsonObject
 from gameday.load.records import part_paths, read_records_report
+from gameday.report.jsonfields import fields_json
 
 # Record files a killed writer may leave only as closed parts (gameday.load.records).
 PART_FILES = ("records.parquet", "oracle.parquet")
@@ -89,14 +91,8 @@ class Missing:
     effect: str
     required: bool  # True: the experiment's verdict fails because of it (fail-closed)
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "experiment": self.experiment,
-            "piece": self.piece,
-            "problem": self.problem,
-            "effect": self.effect,
-            "fails_verdict": self.required,
-        }
+    def to_json(self) -> JsonObject:
+        return fields_json(self, rename={"required": "fails_verdict"})
 
     def sentence(self) -> str:
         where = f"{self.experiment}/{self.piece}" if self.experiment else self.piece
@@ -145,22 +141,17 @@ class ExperimentData:
 
     def window_start(self) -> float | None:
         """When the experiment started (journal, else result.json), epoch seconds."""
-        if self.journal is not None:
-            t = parse_time(self.journal.get("start"))
-            if t is not None:
-                return t
-        if self.result is not None:
-            return parse_time(self.result.get("started_at"))
-        return None
+        return self._journal_else_result("start", "started_at")
 
     def window_end(self) -> float | None:
-        if self.journal is not None:
-            t = parse_time(self.journal.get("end"))
-            if t is not None:
-                return t
-        if self.result is not None:
-            return parse_time(self.result.get("ended_at"))
-        return None
+        """When the experiment ended (journal, else result.json), epoch seconds."""
+        return self._journal_else_result("end", "ended_at")
+
+    def _journal_else_result(self, journal_key: str, result_key: str) -> float | None:
+        t = parse_time(self.journal.get(journal_key)) if self.journal is not None else None
+        if t is None and self.result is not None:
+            return parse_time(self.result.get(result_key))
+        return t
 
 
 @dataclass

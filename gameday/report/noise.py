@@ -31,6 +31,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from canary_contract.json import JsonObject
+from gameday.report.jsonfields import fields_json
+
 NOISE_FILE = "gate-evidence.json"
 ALL_SCOPE = "all"
 NOT_MEASURED = "noise floor not measured"
@@ -110,16 +113,10 @@ class ScopeNoise:
             )
         return f"mean KL {show(self.kl_mean)} over {self.samples}, floor {show(self.kl_floor)}"
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
+        # The problem is said in the text.
         return {
-            "scope": self.scope,
-            "noise_comparisons": self.noise_comparisons,
-            "samples": self.samples,
-            "kl_mean": self.kl_mean,
-            "kl_floor": self.kl_floor,
-            "top1_floor": self.top1_floor,
-            "source": self.source,
-            "borrowed_from": self.borrowed_from,
+            **fields_json(self, skip={"problem"}),
             "measured": self.measured,
             "text": self.text(),
         }

@@ -37,9 +37,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from canary_contract.json import JsonObject
 from gameday.evidence.events import annotation_events, first_phase, new_value, phase_events
 from gameday.evidence.faults import reference_fault
 from gameday.evidence.milestones import last_canary_request, weights_applied
+from gameday.report.jsonfields import each_json, fields_json
 from gameday.report.loader import ExperimentData, parse_time
 
 DEFAULT_DRIFT_KL = 0.05  # nats; a healthy canary of the reference stack shows ~0.01
@@ -77,20 +79,12 @@ class Milestone:
     ok: bool | None = None
     detail: dict[str, Any] = field(default_factory=dict)
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "label": self.label,
-            "time": self.time,
-            "since_fault_s": _round(self.since_fault_s),
-            "step_s": _round(self.step_s),
-            "source": self.source,
-            "slo": self.slo_key,
-            "allowed_s": self.allowed_s,
-            "slo_source": self.slo_source,
-            "ok": self.ok,
-            "detail": self.detail,
-        }
+    def to_json(self) -> JsonObject:
+        return fields_json(
+            self,
+            rename={"slo_key": "slo"},
+            convert={"since_fault_s": _round, "step_s": _round},
+        )
 
 
 @dataclass
@@ -102,6 +96,9 @@ class TimelineCheck:
     ok: bool
     note: str
 
+    def to_json(self) -> JsonObject:
+        return fields_json(self, convert={"measured": _round})
+
 
 @dataclass
 class Marker:
@@ -109,17 +106,20 @@ class Marker:
     time: float
     kind: str  # milestone | fault | clear | kill | phase
 
+    def to_json(self, reference_time: float | None) -> JsonObject:
+        return {**fields_json(self), "since_reference_s": _since(self.time, reference_time)}
+
 
 @dataclass
 class Timeline:
     experiment: str
-    reference_time: float | None  # the fault, else the experiment's start
     reference: str  # "fault" | "start" | "none"
-    milestones: list[Milestone]
+    reference_time: float | None  # the fault, else the experiment's start
     tripped: bool
     trips: int
     trip: dict[str, Any] | None
     drift_kl: float
+    milestones: list[Milestone]
     checks: list[TimelineCheck]
     markers: list[Marker]
     notes: list[str]
@@ -137,38 +137,16 @@ class Timeline:
         t = self.milestone("gate_tripped").time
         return None if t is None or self.reference_time is None else t - self.reference_time
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "experiment": self.experiment,
-            "reference": self.reference,
-            "reference_time": self.reference_time,
-            "tripped": self.tripped,
-            "trips": self.trips,
-            "trip": self.trip,
-            "drift_kl_threshold": self.drift_kl,
-            "milestones": [m.to_json() for m in self.milestones],
-            "checks": [
-                {
-                    "check": c.check,
-                    "measured": _round(c.measured),
-                    "allowed": c.allowed,
-                    "unit": c.unit,
-                    "ok": c.ok,
-                    "note": c.note,
-                }
-                for c in self.checks
-            ],
-            "markers": [
-                {
-                    "label": m.label,
-                    "time": m.time,
-                    "kind": m.kind,
-                    "since_reference_s": _since(m.time, self.reference_time),
-                }
-                for m in self.markers
-            ],
-            "notes": self.notes,
-        }
+    def to_json(self) -> JsonObject:
+        return fields_json(
+            self,
+            rename={"drift_kl": "drift_kl_threshold"},
+            convert={
+                "milestones": each_json,
+                "checks": each_json,
+                "markers": lambda markers: [m.to_json(self.reference_time) for m in markers],
+            },
+        )
 
 
 def _round(x: float | None) -> float | None:

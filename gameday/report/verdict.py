@@ -41,10 +41,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from canary_contract.json import JsonObject
 from gameday.evidence import journal as journal_core
 from gameday.evidence.journal import BLIND_CHECK, DEVIATED
 from gameday.evidence.slo import is_not_measured, is_slo
 from gameday.report.heatmaps import HeatmapData
+from gameday.report.jsonfields import each_json, fields_json
 from gameday.report.loader import ExperimentData, Missing, RunData, as_dict
 from gameday.report.timeline import Timeline, records_after
 
@@ -85,18 +87,8 @@ class SloCheck:
             + (f" — {self.note}" if self.note and not self.ok else "")
         )
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "experiment": self.experiment,
-            "check": self.check,
-            "source": self.source,
-            "measured": _num(self.measured),
-            "allowed": _num(self.allowed),
-            "unit": self.unit,
-            "ok": self.ok,
-            "note": self.note,
-            "detail": self.detail,
-        }
+    def to_json(self) -> JsonObject:
+        return fields_json(self, convert={"measured": _num, "allowed": _num})
 
 
 @dataclass
@@ -121,11 +113,17 @@ class JournalFindings:
     not_measured_before: list[str] = field(default_factory=list)
 
 
-@dataclass
+# What only the HTML shows of an experiment (summary.json has the timeline's trip).
+_HTML_ONLY = frozenset({"description", "activities", "timeline", "heatmap", "result"})
+
+
+@dataclass(kw_only=True)
 class ExperimentSummary:
+    """One experiment's verdict: the fields up to ``files`` are its summary.json entry
+    (with the timeline's trip), the rest only the HTML shows."""
+
     name: str
     title: str
-    description: str
     component: str | None
     fault: str | None
     expect: str | None
@@ -133,38 +131,31 @@ class ExperimentSummary:
     reasons: list[str]
     journal_status: str | None
     checks: list[SloCheck]
-    activities: list[Activity]
+    not_measured_before: list[str] = field(default_factory=list)
     missing: list[Missing]
     figures: dict[str, Any]
+    notes: list[str] = field(default_factory=list)
+    files: dict[str, str] = field(default_factory=dict)
+    description: str
+    activities: list[Activity]
     timeline: Timeline
     heatmap: HeatmapData | None
     result: dict[str, Any] | None
-    notes: list[str] = field(default_factory=list)
-    files: dict[str, str] = field(default_factory=dict)
-    not_measured_before: list[str] = field(default_factory=list)
 
     @property
     def passed(self) -> bool:
         return self.verdict == "pass"
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {
-            "name": self.name,
-            "title": self.title,
-            "component": self.component,
-            "fault": self.fault,
-            "expect": self.expect,
-            "verdict": self.verdict,
-            "reasons": self.reasons,
-            "journal_status": self.journal_status,
+            **fields_json(
+                self,
+                rename={"not_measured_before": "not_measured_before_method"},
+                convert={"checks": each_json, "missing": each_json},
+                skip=_HTML_ONLY,
+            ),
             "tripped": self.timeline.tripped,
             "time_to_trip_s": _num(self.timeline.time_to_trip_s),
-            "checks": [c.to_json() for c in self.checks],
-            "not_measured_before_method": self.not_measured_before,
-            "missing": [m.to_json() for m in self.missing],
-            "figures": self.figures,
-            "notes": self.notes,
-            "files": self.files,
         }
 
 
