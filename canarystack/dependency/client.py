@@ -2,22 +2,8 @@
 deadline and a circuit breaker, so a slow, full or dead Redis degrades an answer (no
 retrieved context) instead of failing or hanging it.
 
-Per request (``DependencyClient.lookup``): ``GET ctx:<hash of the first user message>``
-(the retrieved context; a miss is normal) and ``SETEX prefix:<hash of the prompt>`` (the
-prompt-prefix cache write, ``cache_ttl_s``), both within ``deadline_s``. The result is
-one of ``RESULTS``:
-
-- ``ok`` / ``miss``: Redis answered (with or without a context);
-- ``timeout``: the deadline, a socket timeout or no free pooled connection in time;
-- ``error``: refused, reset, ``max number of clients reached``, any other Redis error;
-- ``circuit_open``: the breaker keeps calls away (after ``breaker_failures``
-  consecutive failures, or that many within ``breaker_window_s`` that are at least
-  ``breaker_min_failure_ratio`` of its calls; one probe after ``breaker_cooldown_s``).
-
-The last three are *degraded* answers (``x-dependency: degraded``). Metrics:
-``canarystack_dependency_requests_total{dependency,result}`` and
-``canarystack_dependency_circuit_state{dependency,state}`` (1 for the current state).
-No retries: one attempt, bounded, then the answer goes without the dependency.
+This module must never retry a call, wait past a request's ``deadline_s``, or fail an
+answer because Redis failed.
 """
 
 from __future__ import annotations
@@ -119,6 +105,26 @@ class Lookup:
 
 
 class DependencyClient:
+    """The model server's bounded, deadline-bound, circuit-broken Redis client.
+
+    Per request (``DependencyClient.lookup``): ``GET ctx:<hash of the first user message>``
+    (the retrieved context; a miss is normal) and ``SETEX prefix:<hash of the prompt>`` (the
+    prompt-prefix cache write, ``cache_ttl_s``), both within ``deadline_s``. The result is
+    one of ``RESULTS``:
+
+    - ``ok`` / ``miss``: Redis answered (with or without a context);
+    - ``timeout``: the deadline, a socket timeout or no free pooled connection in time;
+    - ``error``: refused, reset, ``max number of clients reached``, any other Redis error;
+    - ``circuit_open``: the breaker keeps calls away (after ``breaker_failures``
+      consecutive failures, or that many within ``breaker_window_s`` that are at least
+      ``breaker_min_failure_ratio`` of its calls; one probe after ``breaker_cooldown_s``).
+
+    The last three are *degraded* answers (``x-dependency: degraded``). Metrics:
+    ``canarystack_dependency_requests_total{dependency,result}`` and
+    ``canarystack_dependency_circuit_state{dependency,state}`` (1 for the current state).
+    No retries: one attempt, bounded, then the answer goes without the dependency.
+    """
+
     def __init__(
         self,
         config: DependencyConfig,

@@ -1,20 +1,5 @@
 """One ``llama_cpp.server`` child process: its command line, start, readiness, stop.
 
-The child listens on a private loopback port that only its pod talks to. It is started
-with ``PR_SET_PDEATHSIG`` (Linux), so a pod that is SIGKILLed — a pod kill in a game day —
-takes its engine with it instead of leaving an orphan holding memory and a port. It is
-stopped by its PID: SIGTERM, then SIGKILL after a grace period.
-
-Settings that matter (../shared/MEASURED.md):
-
-- ``--n_ctx`` explicitly (the server's default is 2048);
-- ``--flash_attn true`` on every variant: a quantized V cache needs flash attention, so
-  the healthy f16 baseline uses it too and the fault changes only the cache type;
-- ``--interrupt_requests false``: by default a new request *interrupts* the one being
-  generated; the engine must queue them instead (it generates one request at a time);
-- ``--chat_format llama-2``: what the server falls back to for a GGUF without a chat
-  template, named so the pod counts chat prompt tokens with the same template.
-
 This module must never kill anything but the PID it started.
 """
 
@@ -67,6 +52,18 @@ def free_port() -> int:
 
 
 def command(settings: EngineSettings, cache_type: str, port: int) -> list[str]:
+    """The child's command line for ``cache_type``.
+
+    Settings that matter (../shared/MEASURED.md):
+
+    - ``--n_ctx`` explicitly (the server's default is 2048);
+    - ``--flash_attn true`` on every variant: a quantized V cache needs flash attention, so
+      the healthy f16 baseline uses it too and the fault changes only the cache type;
+    - ``--interrupt_requests false``: by default a new request *interrupts* the one being
+      generated; the engine must queue them instead (it generates one request at a time);
+    - ``--chat_format llama-2``: what the server falls back to for a GGUF without a chat
+      template, named so the pod counts chat prompt tokens with the same template.
+    """
     type_id = str(GGML_TYPE_ID[cache_type])
     return [
         settings.python, "-m", "llama_cpp.server",
@@ -92,7 +89,13 @@ def _die_with_parent() -> None:  # pragma: no cover - runs in the forked child
 
 
 class EngineChild:
-    """A started (or starting) llama.cpp server for one KV-cache type."""
+    """A started (or starting) llama.cpp server for one KV-cache type.
+
+    The child listens on a private loopback port that only its pod talks to. It is started
+    with ``PR_SET_PDEATHSIG`` (Linux), so a pod that is SIGKILLed — a pod kill in a game day —
+    takes its engine with it instead of leaving an orphan holding memory and a port. It is
+    stopped by its PID: SIGTERM, then SIGKILL after a grace period.
+    """
 
     def __init__(self, settings: EngineSettings, cache_type: str) -> None:
         self.settings = settings

@@ -1,22 +1,5 @@
 """The engine pod's fault kinds: ``kernel`` only — a quantized KV cache.
 
-``{"kind": "kernel", "ttl_s": 60, "mode": "kv-quant", "cache_type": "q4_0"}`` rolls the
-pod's llama.cpp engine over to a K and V cache of ``cache_type`` (``q8_0`` or ``q4_0``);
-when the fault is cleared or its TTL ends, the pod rolls back to ``f16``. The fault acts
-on every prompt: a restarted engine cannot quantize some sequences and not others.
-
-For the harness's existing experiments the simulator's spelling is accepted too: ``mode:
-fp8-kv-scale`` (a KV-cache precision fault) maps to the same quantized cache, with
-``min_prompt_tokens`` only 0 and ``magnitude`` only 1 — other values are refused, with a
-message saying why, rather than silently ignored.
-
-The simulator's other kernel modes are simulator-only: the broken-kernel modes
-``nan-logits``, ``inf-logits`` and ``garbage`` (an engine whose numbers or text are
-broken) and the benign ``numerics`` and ``quantized``. A real llama.cpp engine cannot be
-made to produce them on request, so the engine pod refuses them with a 400 that names
-the modes it has (``kv-quant``, ``fp8-kv-scale``) and says to run the broken-kernel
-experiments against the simulator (``canarystack.model``).
-
 This module only describes faults; it never starts or stops anything.
 """
 
@@ -38,6 +21,26 @@ SIMULATOR_ONLY_MODES = ("nan-logits", "inf-logits", "garbage", "numerics", "quan
 
 
 class EngineKernelParams(FaultParams):
+    """The ``kernel`` fault of the engine pod: a quantized KV cache.
+
+    ``{"kind": "kernel", "ttl_s": 60, "mode": "kv-quant", "cache_type": "q4_0"}`` rolls the
+    pod's llama.cpp engine over to a K and V cache of ``cache_type`` (``q8_0`` or ``q4_0``);
+    when the fault is cleared or its TTL ends, the pod rolls back to ``f16``. The fault acts
+    on every prompt: a restarted engine cannot quantize some sequences and not others.
+
+    For the harness's existing experiments the simulator's spelling is accepted too: ``mode:
+    fp8-kv-scale`` (a KV-cache precision fault) maps to the same quantized cache, with
+    ``min_prompt_tokens`` only 0 and ``magnitude`` only 1 — other values are refused, with a
+    message saying why, rather than silently ignored.
+
+    The simulator's other kernel modes are simulator-only: the broken-kernel modes
+    ``nan-logits``, ``inf-logits`` and ``garbage`` (an engine whose numbers or text are
+    broken) and the benign ``numerics`` and ``quantized``. A real llama.cpp engine cannot be
+    made to produce them on request, so the engine pod refuses them with a 400 that names
+    the modes it has (``kv-quant``, ``fp8-kv-scale``) and says to run the broken-kernel
+    experiments against the simulator (``canarystack.model``).
+    """
+
     mode: Literal["kv-quant", "fp8-kv-scale"] = "kv-quant"
     cache_type: Literal["q8_0", "q4_0"] = "q4_0"
     min_prompt_tokens: int = Field(default=0, ge=0)

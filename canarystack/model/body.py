@@ -1,19 +1,5 @@
 """Reading and parsing one request body of the model server, strictly and within limits.
 
-What a client sends is bounded before it costs anything:
-
-- the body: at most ``Limits.body_bytes`` (default ``max_model_len`` x
-  ``BYTES_PER_TOKEN`` + ``ENVELOPE_BYTES``; ``--max-body-bytes`` overrides), refused
-  with a 413 from ``Content-Length`` before a byte is read, or as soon as a chunked body
-  passes the limit;
-- the JSON: at most ``MAX_CONTAINERS`` arrays and objects (counted before parsing), then
-  ``canarystack.common.strictjson`` (no ``NaN``/``Infinity``, integers of at most 32
-  digits, nesting of at most 64 levels, valid UTF-8 without lone surrogates);
-- before pydantic sees the body: at most ``MAX_MESSAGES`` messages and
-  ``MAX_STOP_SEQUENCES`` stop strings of at most ``MAX_STOP_CHARS`` characters each;
-- before the prompt is tokenised: at most ``Limits.prompt_bytes`` bytes of prompt text
-  (``max_model_len`` x ``BYTES_PER_TOKEN``).
-
 Every refusal is a 4xx naming the input and what to do. ``parse_request`` is plain
 synchronous work so the server can run it off the event loop for big bodies
 (``OFF_LOOP_BYTES``). This module must never sleep or touch the network beyond reading
@@ -66,6 +52,23 @@ class PayloadTooLarge(ApiError):
 
 @dataclass(frozen=True)
 class Limits:
+    """A model server's limits on one request.
+
+    What a client sends is bounded before it costs anything:
+
+    - the body: at most ``Limits.body_bytes`` (default ``max_model_len`` x
+      ``BYTES_PER_TOKEN`` + ``ENVELOPE_BYTES``; ``--max-body-bytes`` overrides), refused
+      with a 413 from ``Content-Length`` before a byte is read, or as soon as a chunked body
+      passes the limit;
+    - the JSON: at most ``MAX_CONTAINERS`` arrays and objects (counted before parsing), then
+      ``canarystack.common.strictjson`` (no ``NaN``/``Infinity``, integers of at most 32
+      digits, nesting of at most 64 levels, valid UTF-8 without lone surrogates);
+    - before pydantic sees the body: at most ``MAX_MESSAGES`` messages and
+      ``MAX_STOP_SEQUENCES`` stop strings of at most ``MAX_STOP_CHARS`` characters each;
+    - before the prompt is tokenised: at most ``Limits.prompt_bytes`` bytes of prompt text
+      (``max_model_len`` x ``BYTES_PER_TOKEN``).
+    """
+
     body_bytes: int
     prompt_bytes: int
 

@@ -1,17 +1,5 @@
 """The simulated engine's capacity: sequence slots, a FIFO queue, and the latency model.
 
-A request waits in a FIFO queue until one of ``slots`` sequence slots is free (as in
-a continuous-batching engine: at most ``slots`` sequences decode together). Then:
-
-- time to first token = queue wait + ``ttft_base_s`` + ``prefill_s_per_1k`` x prompt
-  tokens / 1000 (+ a latency fault's extra);
-- each further token after ``itl_base_s`` x (1 + ``itl_batch_k`` x running / slots),
-  times (1 +/- ``itl_jitter``) (x a latency fault's multiplier).
-
-Token times are absolute deadlines (t_first, then deadline += itl), so the event loop's
-timer lateness does not accumulate over a stream: ``asyncio.sleep(0.002)`` lasts ~2.3 ms
-here, and 64 of them would add ~20 ms.
-
 This module must never compute tokens or touch HTTP; it only decides *when*.
 """
 
@@ -59,7 +47,20 @@ class CapacityModel:
 
 
 class SlotScheduler:
-    """``slots`` sequence slots and a FIFO queue of requests waiting for one."""
+    """``slots`` sequence slots and a FIFO queue of requests waiting for one.
+
+    A request waits in a FIFO queue until one of ``slots`` sequence slots is free (as in
+    a continuous-batching engine: at most ``slots`` sequences decode together). Then:
+
+    - time to first token = queue wait + ``ttft_base_s`` + ``prefill_s_per_1k`` x prompt
+      tokens / 1000 (+ a latency fault's extra);
+    - each further token after ``itl_base_s`` x (1 + ``itl_batch_k`` x running / slots),
+      times (1 +/- ``itl_jitter``) (x a latency fault's multiplier).
+
+    Token times are absolute deadlines (t_first, then deadline += itl), so the event loop's
+    timer lateness does not accumulate over a stream: ``asyncio.sleep(0.002)`` lasts ~2.3 ms
+    here, and 64 of them would add ~20 ms.
+    """
 
     def __init__(self, slots: int) -> None:
         self.slots = slots

@@ -1,16 +1,5 @@
 """What every model server does the same way (docs/ARCHITECTURE.md §1 and §1.1).
 
-Two processes serve the model-server contract: the simulator (``canarystack.model``) and
-the engine pod (``canarystack.engine``). What the contract fixes, and they share from here
-so the two cannot drift apart:
-
-- the flags ``--version``, ``--served-model-name`` and ``--default-max-tokens`` and their
-  checks, and the component wiring (``run_model_server``);
-- the request checks: the ``model`` name and the context length (a 4xx naming the field);
-- the ``request_done`` record and log line, the ``x-model-version``/``x-request-id``
-  headers, and the answer to a client mistake (``serve_logged``);
-- the ``/v1/models`` body.
-
 This module must never import an engine (no llama.cpp, no simulator model): the engine
 pod imports it without the simulator, the simulator without llama.cpp.
 """
@@ -85,7 +74,19 @@ def run_model_server(
 ) -> None:
     """Wire a model server into a component (faults, admin token, /health) and serve it
     until SIGTERM. ``client_max_size`` caps what ``request.read()`` accepts (aiohttp's
-    413), for the routes that read that way; None keeps ``create_app``'s default."""
+    413), for the routes that read that way; None keeps ``create_app``'s default.
+
+    Two processes serve the model-server contract: the simulator (``canarystack.model``) and
+    the engine pod (``canarystack.engine``). What the contract fixes, and they share from here
+    so the two cannot drift apart:
+
+    - the flags ``--version``, ``--served-model-name`` and ``--default-max-tokens`` and their
+      checks, and the component wiring (``run_model_server``);
+    - the request checks: the ``model`` name and the context length (a 4xx naming the field);
+    - the ``request_done`` record and log line, the ``x-model-version``/``x-request-id``
+      headers, and the answer to a client mistake (``serve_logged``);
+    - the ``/v1/models`` body.
+    """
     log = get_logger(COMPONENT)
     faults = FaultRegistry(COMPONENT, fault_kinds, max_ttl_s=args.max_fault_ttl_s, log=log)
     component = Component(

@@ -1,14 +1,6 @@
 """Reading an upstream answer for a shadow comparison: choice 0's positions (token and
 top-k logprobs), the time of its first content event, and whether it is broken.
 
-A broken engine is evidence, never silence. Upstream JSON is read with
-``canarystack.common.strictjson`` (``NaN``/``Infinity`` tokens are seen, not accepted). A
-side whose answer is broken (a non-finite logprob, a missing or malformed ``logprobs``
-object, an empty top list, an event that is not JSON, a ``text``/``delta.content`` that is
-not a string) is *invalid*, and the reason says why (``divergence.py`` says what that
-means for the comparison). The ``Collector`` also strips from the user's answer the
-logprobs the router asked for and the user did not.
-
 This module must never do I/O or pass on an answer the user did not get from the engine,
 except for logprobs the user did not ask for.
 """
@@ -233,8 +225,16 @@ class Collector:
     time of the first content event, and rewrites logprobs the user did not ask for.
 
     Used only for sampled requests: it parses every event, which the plain relay never does.
-    ``invalid`` is the first reason the answer is broken (module docstring), else None;
+    ``invalid`` is the first reason the answer is broken (below), else None;
     ``broken`` adds "logprobs were due but none came".
+
+    A broken engine is evidence, never silence. Upstream JSON is read with
+    ``canarystack.common.strictjson`` (``NaN``/``Infinity`` tokens are seen, not accepted). A
+    side whose answer is broken (a non-finite logprob, a missing or malformed ``logprobs``
+    object, an empty top list, an event that is not JSON, a ``text``/``delta.content`` that is
+    not a string) is *invalid*, and the reason says why (``divergence.py`` says what that
+    means for the comparison). The ``Collector`` also strips from the user's answer the
+    logprobs the router asked for and the user did not.
     """
 
     def __init__(self, lp: LogprobRequest, max_positions: int, clock: Callable[[], float]) -> None:

@@ -1,17 +1,5 @@
 """Forwarding: send a request to a replica of the chosen pool, and relay its answer.
 
-``open_upstream`` tries the pool's replicas in order; a replica that refuses the
-connection is marked down and the next one is tried (nothing was sent yet). When the
-whole pool refused, an unpinned canary request falls back to the baseline, a pinned one
-gets 503 naming the pool, and an unpinned baseline request gets 503 (the router never
-moves all traffic to an unvetted canary on its own).
-
-``relay`` streams SSE chunk by chunk as it comes (``iter_any()``) and sends a
-non-streaming body on whole; only a request sampled for shadow comparison has its events
-parsed (``shadow.Collector``). A stream that breaks after the headers were sent cannot
-change its status: the client connection is closed without the terminating chunk, so the
-client sees a broken stream, not a short but "complete" one.
-
 This module must never buffer a stream, resend a request that was sent, or parse an
 unsampled stream's events.
 """
@@ -52,8 +40,15 @@ async def open_upstream(
     *,
     may_fall_back: bool = True,
 ) -> Attempt:
-    """Send the request to a replica of ``variant``'s pool (see the module docstring for
-    what happens when the whole pool refuses)."""
+    """Send the request to a replica of ``variant``'s pool (below: what happens when the
+    whole pool refuses).
+
+    ``open_upstream`` tries the pool's replicas in order; a replica that refuses the
+    connection is marked down and the next one is tried (nothing was sent yet). When the
+    whole pool refused, an unpinned canary request falls back to the baseline, a pinned one
+    gets 503 naming the pool, and an unpinned baseline request gets 503 (the router never
+    moves all traffic to an unvetted canary on its own).
+    """
     session = st.upstream_session
     pool = st.pools[variant]
     for ups in candidates if candidates is not None else pool.candidates():
@@ -107,6 +102,14 @@ async def relay(
     collector: Collector | None,
     t_send: float,
 ) -> web.StreamResponse:
+    """The upstream's answer, relayed to the client.
+
+    ``relay`` streams SSE chunk by chunk as it comes (``iter_any()``) and sends a
+    non-streaming body on whole; only a request sampled for shadow comparison has its events
+    parsed (``shadow.Collector``). A stream that breaks after the headers were sent cannot
+    change its status: the client connection is closed without the terminating chunk, so the
+    client sees a broken stream, not a short but "complete" one.
+    """
     up = attempt.resp
     variant = attempt.variant
     headers = response_headers(st, ctx, up, variant)

@@ -1,15 +1,5 @@
 """Upstream pools: round robin over a variant's replicas with passive health.
 
-A pool is the list of model-server URLs for one variant. ``Pool.candidates()`` gives the
-order in which to try replicas for one request: round robin over the healthy ones, then
-the ones marked down (so a pool whose replicas all refused recently is still tried, and
-recovers on the first success — there is no active health check).
-
-Passive health: a replica that refused a connection is marked down for ``DOWN_S`` seconds
-and skipped while any other replica is up. A request is retried on another replica only
-when nothing was sent (a connect error); once the request went out it is never resent,
-because a second generation would be a second, different answer to the user.
-
 This module must never buffer a stream or parse response bodies: relaying is the
 server's job, chunk by chunk.
 """
@@ -55,7 +45,18 @@ class Upstream:
 
 @dataclass
 class Pool:
-    """The replicas of one variant."""
+    """The replicas of one variant.
+
+    A pool is the list of model-server URLs for one variant. ``Pool.candidates()`` gives the
+    order in which to try replicas for one request: round robin over the healthy ones, then
+    the ones marked down (so a pool whose replicas all refused recently is still tried, and
+    recovers on the first success — there is no active health check).
+
+    Passive health: a replica that refused a connection is marked down for ``DOWN_S`` seconds
+    and skipped while any other replica is up. A request is retried on another replica only
+    when nothing was sent (a connect error); once the request went out it is never resent,
+    because a second generation would be a second, different answer to the user.
+    """
 
     variant: str
     upstreams: list[Upstream]

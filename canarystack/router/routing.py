@@ -1,25 +1,5 @@
 """Variant choice: which pool (baseline or canary) serves one request.
 
-Order of rules (first match wins):
-
-1. ``x-canary-variant: baseline|canary`` pins the variant (any other value is a 400).
-2. Prompts above ``max_canary_prompt_tokens`` (when set) go to the baseline.
-3. Sticky weighted consistent hashing on the user key (``x-user-id``, else a random key):
-   ``slot = H(release, user) mod 10000`` and the request goes to the canary when
-   ``slot < round(weight_pct * 100)``. A user keeps its variant while the weight does not
-   change, raising the weight only moves users from baseline to canary (never back), and
-   over many users the canary share is the weight (±1 pp over a few thousand users).
-
-The hash is BLAKE2b over ``release + "\\0" + user``: stable across processes, replicas
-and Python versions (unlike ``hash()``), and salted with the release so two releases do
-not pick the same users.
-
-Prompt token counts use the simulator's tokenizer (one token per whitespace word; chat
-messages rendered with ``canarystack.tokenizer.render_chat``). For a real engine this is
-an estimate of the engine's own count, good enough for bucketing and the long-prompt rule.
-A long text is counted in slices (the same count), so a worker thread counting a
-megabytes-long prompt lets the event loop in between slices.
-
 This module must never do I/O or keep state: it is pure functions on the hot path.
 """
 
@@ -45,7 +25,14 @@ _SPACE = re.compile(r"\s")
 
 def count_tokens(text: str) -> int:
     """``canarystack.tokenizer.count_tokens`` (whitespace words), in slices cut at
-    whitespace so no word is split: the same count, without one long C call."""
+    whitespace so no word is split: the same count, without one long C call.
+
+    Prompt token counts use the simulator's tokenizer (one token per whitespace word; chat
+    messages rendered with ``canarystack.tokenizer.render_chat``). For a real engine this is
+    an estimate of the engine's own count, good enough for bucketing and the long-prompt rule.
+    A long text is counted in slices (the same count), so a worker thread counting a
+    megabytes-long prompt lets the event loop in between slices.
+    """
     n = len(text)
     if n <= COUNT_SLICE_CHARS:
         return len(text.split())
@@ -99,7 +86,22 @@ def choose_variant(
     max_canary_prompt_tokens: int | None = None,
     rng: random.Random | None = None,
 ) -> Variant:
-    """The variant for an unpinned request (the pin is handled by the caller)."""
+    """The variant for an unpinned request (the pin is handled by the caller).
+
+    Order of rules (first match wins):
+
+    1. ``x-canary-variant: baseline|canary`` pins the variant (any other value is a 400).
+    2. Prompts above ``max_canary_prompt_tokens`` (when set) go to the baseline.
+    3. Sticky weighted consistent hashing on the user key (``x-user-id``, else a random key):
+       ``slot = H(release, user) mod 10000`` and the request goes to the canary when
+       ``slot < round(weight_pct * 100)``. A user keeps its variant while the weight does not
+       change, raising the weight only moves users from baseline to canary (never back), and
+       over many users the canary share is the weight (±1 pp over a few thousand users).
+
+    The hash is BLAKE2b over ``release + "\\0" + user``: stable across processes, replicas
+    and Python versions (unlike ``hash()``), and salted with the release so two releases do
+    not pick the same users.
+    """
     threshold = canary_threshold(weight_pct)
     if threshold <= 0:
         return "baseline"

@@ -1,21 +1,5 @@
 """Samples for the gate: a bounded queue and a batch pusher.
 
-Comparisons (shadow.py) and per-request outcomes are put on a bounded in-memory queue;
-one background task sends them in batches to ``POST {gate}/v1/samples`` (admin token)
-as ``{"router_id", "release", "batch_id", "comparisons": [...], "outcomes": [...],
-"dropped": N}`` (docs/ARCHITECTURE.md §3), where ``dropped`` counts records dropped since
-the last batch the gate accepted and ``batch_id`` is fresh per batch and the *same* when
-that batch is resent, so the gate can count a retried batch once.
-
-A full queue drops the new record and counts it. A failed push (no connection, timeout,
-5xx) keeps its batch and tries again after a short backoff, while new records keep
-filling (and, if the gate stays away, overflowing) the bounded queue, so memory stays
-bounded. 401/403 mean the gate refused the router's credential, not the batch: the batch
-is kept and retried the same way, and the refusal is reported (``auth``, a metric, a log
-line) — a router whose samples cannot reach the gate must never look fine. Any other 4xx
-means the batch itself is bad (docs/ARCHITECTURE.md §4): it is logged, counted and
-dropped, never resent. Batches are written with ``strictjson`` (no ``NaN`` ever leaves).
-
 This module must never block or slow a user request: ``put`` is O(1) and never awaits.
 """
 
@@ -79,7 +63,24 @@ class SampleQueue:
 
 
 class GatePusher:
-    """Background task that drains a ``SampleQueue`` into the gate."""
+    """Background task that drains a ``SampleQueue`` into the gate.
+
+    Comparisons (shadow.py) and per-request outcomes are put on a bounded in-memory queue;
+    one background task sends them in batches to ``POST {gate}/v1/samples`` (admin token)
+    as ``{"router_id", "release", "batch_id", "comparisons": [...], "outcomes": [...],
+    "dropped": N}`` (docs/ARCHITECTURE.md §3), where ``dropped`` counts records dropped since
+    the last batch the gate accepted and ``batch_id`` is fresh per batch and the *same* when
+    that batch is resent, so the gate can count a retried batch once.
+
+    A full queue drops the new record and counts it. A failed push (no connection, timeout,
+    5xx) keeps its batch and tries again after a short backoff, while new records keep
+    filling (and, if the gate stays away, overflowing) the bounded queue, so memory stays
+    bounded. 401/403 mean the gate refused the router's credential, not the batch: the batch
+    is kept and retried the same way, and the refusal is reported (``auth``, a metric, a log
+    line) — a router whose samples cannot reach the gate must never look fine. Any other 4xx
+    means the batch itself is bad (docs/ARCHITECTURE.md §4): it is logged, counted and
+    dropped, never resent. Batches are written with ``strictjson`` (no ``NaN`` ever leaves).
+    """
 
     def __init__(
         self,

@@ -1,14 +1,6 @@
 """Shadow comparison: sample requests per prompt-length bucket, send a copy to the other
 variant, and compare the two next-token distributions.
 
-Sampling. Each request's prompt-length bucket has a rate (``--shadow-rates``, long
-prompts sampled more). A sampled request gets a *baseline-canary* comparison (the copy
-goes to the variant that did not serve the user) while the canary is live; with
-probability ``rate × noise_fraction`` a request served by the baseline also gets a
-*baseline-baseline* comparison against another baseline replica — the live noise floor.
-At most ``max_inflight`` shadow copies run at once; beyond that the sample is dropped and
-counted, so shadow load never grows without bound.
-
 The comparison math is ``divergence.py``, reading an answer ``collector.py``; the names
 are re-exported here for the callers that import them from this module.
 
@@ -172,7 +164,16 @@ class ShadowStats:
 
 
 class ShadowManager:
-    """Decides which requests get shadow copies and keeps the in-flight cap."""
+    """Decides which requests get shadow copies and keeps the in-flight cap.
+
+    Sampling. Each request's prompt-length bucket has a rate (``--shadow-rates``, long
+    prompts sampled more). A sampled request gets a *baseline-canary* comparison (the copy
+    goes to the variant that did not serve the user) while the canary is live; with
+    probability ``rate × noise_fraction`` a request served by the baseline also gets a
+    *baseline-baseline* comparison against another baseline replica — the live noise floor.
+    At most ``max_inflight`` shadow copies run at once; beyond that the sample is dropped and
+    counted, so shadow load never grows without bound.
+    """
 
     def __init__(
         self, settings: ShadowSettings, stats: ShadowStats, rng: random.Random | None = None

@@ -1,23 +1,5 @@
 """One sampled request's shadow comparisons, from plan to outcome.
 
-A ``ShadowSession`` is made when a request is sampled (``plan``). It holds what the
-request's copies need: the upstream body with the logprobs the comparison reads, the
-``Collector`` that reads the user's own answer as it is relayed, and the shadow copy's
-body. ``start`` sends one copy per planned pair (detached tasks, the in-flight cap is the
-``ShadowManager``'s); the request path says when the user's answer is done
-(``primary_finished``) and hands over the user's outcome record (``outcome``). Each copy
-then waits for the user's side, compares the two and pushes the comparison to the gate.
-
-The user's error outcome waits for the baseline-canary copy's verdict: when the other
-variant also failed on the same input, the input is at fault, not the canary, and the
-outcome is not pushed. The verdict always comes (the copy's task settles it however it
-ends), so a held outcome is never lost.
-
-A comparison is no evidence when the two sides did not see the shared dependency the same
-way (the model servers' ``x-dependency`` header differs, or either side says
-``degraded``): both variants share that dependency, so its outage says nothing about the
-canary. Such a comparison is dropped and counted (``dependency_degraded``).
-
 This module must never delay or fail the user's request: every copy's error is counted
 and swallowed, and a copy waits for the user's answer, never the other way round.
 """
@@ -54,7 +36,26 @@ def dependency_shared(a: SideResult, b: SideResult) -> bool:
 
 
 class ShadowSession:
-    """The shadow comparisons of one request (module docstring)."""
+    """The shadow comparisons of one request, from plan to outcome.
+
+    A ``ShadowSession`` is made when a request is sampled (``plan``). It holds what the
+    request's copies need: the upstream body with the logprobs the comparison reads, the
+    ``Collector`` that reads the user's own answer as it is relayed, and the shadow copy's
+    body. ``start`` sends one copy per planned pair (detached tasks, the in-flight cap is the
+    ``ShadowManager``'s); the request path says when the user's answer is done
+    (``primary_finished``) and hands over the user's outcome record (``outcome``). Each copy
+    then waits for the user's side, compares the two and pushes the comparison to the gate.
+
+    The user's error outcome waits for the baseline-canary copy's verdict: when the other
+    variant also failed on the same input, the input is at fault, not the canary, and the
+    outcome is not pushed. The verdict always comes (the copy's task settles it however it
+    ends), so a held outcome is never lost.
+
+    A comparison is no evidence when the two sides did not see the shared dependency the same
+    way (the model servers' ``x-dependency`` header differs, or either side says
+    ``degraded``): both variants share that dependency, so its outage says nothing about the
+    canary. Such a comparison is dropped and counted (``dependency_degraded``).
+    """
 
     def __init__(
         self,
