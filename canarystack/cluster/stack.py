@@ -19,8 +19,10 @@ import secrets
 import shutil
 import socket
 import time
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import redis
 import requests
@@ -232,6 +234,18 @@ def read_description(state_dir: Path) -> dict[str, Any]:
         ) from None
 
 
+class ProcessStatus(TypedDict):
+    """One supervised program in ``status``: a component or a dependency (Redis)."""
+
+    name: str
+    role: str
+    pid: int | None
+    url: str
+    state: str
+    restarts: int
+    healthy: bool
+
+
 def status(state_dir: Path) -> dict[str, Any]:
     sd = state_dir.resolve()
     desc = read_description(sd)
@@ -241,36 +255,27 @@ def status(state_dir: Path) -> dict[str, Any]:
         for info in supervisor.rpc(sd).supervisor.getAllProcessInfo():
             infos[info["name"]] = info
     restarts = supervisor.restart_counts(sd) if running else {}
-    components = []
-    for comp in desc["components"]:
-        info = infos.get(comp["name"], {})
+
+    def row(entry: dict[str, Any], program: str, healthy: Callable[[], bool]) -> ProcessStatus:
+        info = infos.get(program, {})
         state = info.get("statename", "STOPPED")
-        components.append(
-            {
-                "name": comp["name"],
-                "role": comp["role"],
-                "pid": info.get("pid") or None,
-                "url": comp["url"],
-                "state": state,
-                "restarts": restarts.get(comp["name"], 0),
-                "healthy": state == "RUNNING" and _healthy(comp["url"]),
-            }
-        )
-    dependencies = []
-    for dep in desc.get("dependencies", []):
-        info = infos.get(dep["program"], {})
-        state = info.get("statename", "STOPPED")
-        dependencies.append(
-            {
-                "name": dep["name"],
-                "role": dep["role"],
-                "pid": info.get("pid") or None,
-                "url": dep["url"],
-                "state": state,
-                "restarts": restarts.get(dep["program"], 0),
-                "healthy": state == "RUNNING" and redis_ping(int(dep["port"])),
-            }
-        )
+        return {
+            "name": entry["name"],
+            "role": entry["role"],
+            "pid": info.get("pid") or None,
+            "url": entry["url"],
+            "state": state,
+            "restarts": restarts.get(program, 0),
+            "healthy": state == "RUNNING" and healthy(),
+        }
+
+    components = [
+        row(comp, comp["name"], partial(_healthy, comp["url"])) for comp in desc["components"]
+    ]
+    dependencies = [
+        row(dep, dep["program"], partial(redis_ping, int(dep["port"])))
+        for dep in desc.get("dependencies", [])
+    ]
     return {
         "running": running,
         "supervisord_pid": supervisor.daemon_pid(sd),
