@@ -1,22 +1,5 @@
-"""Who may write what: THE capability table of the broker, written down once.
-
-Each credential (docs/ARCHITECTURE.md §8) grants a set of broker writes; reads stay open.
-
-- ``operator`` (people, the harness): every write.
-- ``trip`` (the gate): ``progressing -> tripped`` with the trip evidence, nothing else.
-- ``rollback`` (the rollback executor): canary weight -> 0, ``progressing | tripped ->
-  rolling_back -> rolled_back``, quarantine of a version that is a release's canary, and
-  step annotations. (``progressing -> rolling_back`` is the manual rollback that an
-  operator asks the executor for.)
-- ``heartbeat`` (routers): ``POST /v1/routers/heartbeat`` only.
-
-A PATCH is checked as a *transition*: the phase it moves from and to, and which fields it
-sets, against the table below, inside the store's transaction (so the phase it is
-checked against is the one it changes). Refusals are 403 with a message naming the
-credential, what it tried and what it may do.
-
-Single-credential mode (no ``--credentials-dir``): the one admin token holds every
-credential; the broker logs a warning that least privilege is off.
+"""Who may write what: THE capability table of the broker (``WRITES``, ``PATCH_EDGES``,
+``PATCH_FIELDS``), written down once; reads stay open.
 
 This module must never do I/O or know about SQLite: it is the pure rule book.
 """
@@ -47,6 +30,14 @@ HEARTBEAT = "heartbeat"
 # The broker's own fault credential (--admin-token-file): /admin/faults only.
 FAULTS = "faults"
 
+# Each credential (docs/ARCHITECTURE.md §8) grants a set of broker writes. ``operator``
+# (people, the harness): every write. ``trip`` (the gate): ``progressing -> tripped`` with
+# the trip evidence, nothing else. ``rollback`` (the rollback executor): canary weight ->
+# 0, ``progressing | tripped -> rolling_back -> rolled_back``, quarantine of a version
+# that is a release's canary, and step annotations (``progressing -> rolling_back`` is the
+# manual rollback an operator asks the executor for). ``heartbeat`` (routers):
+# ``POST /v1/routers/heartbeat`` only. Single-credential mode (no ``--credentials-dir``):
+# the one admin token holds every credential; the broker logs that least privilege is off.
 BROKER_CREDENTIALS: tuple[str, ...] = (OPERATOR, TRIP, ROLLBACK, HEARTBEAT)
 
 # What each credential may do, in words (for 403 messages and /v1/whoami).
@@ -201,6 +192,10 @@ def check_patch(
     """403 unless ``credential`` may make this release change (checked in the transaction).
 
     ``fields``: the body fields the PATCH sets (``phase``, ``weights``, ``canary``, ``trip``).
+    A PATCH is checked as a *transition*: the phase it moves from and to, and which fields
+    it sets, against ``PATCH_EDGES`` / ``PATCH_FIELDS``, inside the store's transaction (so
+    the phase it is checked against is the one it changes). Refusals are 403 with a message
+    naming the credential, what it tried and what it may do.
     """
     if credential == OPERATOR:
         return

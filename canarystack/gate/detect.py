@@ -1,25 +1,6 @@
 """The tests one sample feeds, for a ``ReleaseGate`` (its detectors, windows and noise
-floors live in its scopes, ``canarystack.gate.scopes``).
-
-What each test observes (the method is ``canarystack.gate.stats``):
-
-- drift/kl: a baseline-canary comparison's ``kl_mean`` (clipped at ``kl_clip``) against
-  ``m0 = noise_kl + kl_tolerance``, where ``noise_kl`` is the mean + 2 SE of the last
-  ``noise_window`` baseline-baseline ``kl_mean`` values in the scope (falling back to
-  all buckets, then to 0 when fewer than ``noise_min_samples`` exist);
-- drift/top1: ``1 - top1_agree`` against ``noise_top1 + top1_tolerance``;
-- latency: 1 when the canary's TTFT exceeds ``latency_ratio`` x baseline + slack, else 0,
-  against ``m0 = 1/2``; paired from a comparison (both TTFTs of one prompt) or, for a
-  canary outcome, against the median of the last ``latency_reference_n`` baseline TTFTs
-  of the same bucket within ``latency_window_s`` seconds (a slow router or broker slows
-  both sides, and reaches that reference within a few baseline requests);
-- errors: 1 for a canary outcome with an error, else 0, against ``m0`` = Clopper-Pearson
-  upper bound (level ``1 - error_ucb_delta``) of the baseline's error rate in the same
-  bucket over the last ``error_window_s`` seconds, + ``error_tolerance``.
-
-Samples that name another canary version than the broker's are ignored (counted as
-``other_canary_version``); a baseline-baseline comparison marked ``invalid`` never enters
-the noise floor. Several scopes may alarm on one comparison: the narrowest one says most.
+floors live in its scopes, ``canarystack.gate.scopes``; the method is
+``canarystack.gate.stats``).
 
 This module must never do I/O or read a clock: callers pass ``now`` in.
 """
@@ -37,7 +18,19 @@ if TYPE_CHECKING:
 
 
 def comparison(gate: ReleaseGate, c: Comparison, got: Ingested, now_mono: float) -> None:
-    """Count and test one comparison (a baseline-baseline one feeds the noise floor)."""
+    """Count and test one comparison (a baseline-baseline one feeds the noise floor).
+
+    drift/kl: the comparison's ``kl_mean`` (clipped at ``kl_clip``) against ``m0 = noise_kl
+    + kl_tolerance``, where ``noise_kl`` is the mean + 2 SE of the last ``noise_window``
+    baseline-baseline ``kl_mean`` values in the scope (falling back to all buckets, then to
+    0 when fewer than ``noise_min_samples`` exist); drift/top1: ``1 - top1_agree`` against
+    ``noise_top1 + top1_tolerance``; latency (paired): 1 when the canary's TTFT exceeds
+    ``latency_ratio`` x the baseline's of the same prompt + slack, against ``m0 = 1/2``.
+    Samples that name another canary version than the broker's are ignored (counted as
+    ``other_canary_version``); a baseline-baseline comparison marked ``invalid`` never
+    enters the noise floor. Several scopes may alarm on one comparison: the narrowest one
+    says most.
+    """
     cfg = gate.config
     bucket = gate.buckets[c.bucket]
     # Clipped on ingestion: a huge KL is maximal divergence, and can move neither a
@@ -112,7 +105,16 @@ def comparison(gate: ReleaseGate, c: Comparison, got: Ingested, now_mono: float)
 
 
 def outcome(gate: ReleaseGate, o: Outcome, got: Ingested, now_mono: float) -> None:
-    """Count and test one outcome (a baseline one feeds the reference windows)."""
+    """Count and test one outcome (a baseline one feeds the reference windows).
+
+    latency: 1 when the canary's TTFT exceeds ``latency_ratio`` x the median of the last
+    ``latency_reference_n`` baseline TTFTs of the same bucket within ``latency_window_s``
+    seconds + slack, else 0, against ``m0 = 1/2`` (a slow router or broker slows both
+    sides, and reaches that reference within a few baseline requests); errors: 1 for a
+    canary outcome with an error, else 0, against ``m0`` = Clopper-Pearson upper bound
+    (level ``1 - error_ucb_delta``) of the baseline's error rate in the same bucket over the
+    last ``error_window_s`` seconds, + ``error_tolerance``.
+    """
     cfg = gate.config
     bucket = gate.buckets[o.bucket]
     got.outcomes += 1

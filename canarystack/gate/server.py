@@ -1,18 +1,7 @@
-"""The gate's HTTP service (docs/ARCHITECTURE.md §3): sample intake, state, metrics.
-
-- ``POST /v1/samples`` (admin): a router's batch. Validated field by field (400 naming
-  the field); a release this gate does not watch is a 404.
-- ``GET /v1/gate/{release}``: state, per-bucket and per-tail statistics, noise floor,
-  trip evidence. ``GET /v1/gate``: every watched release.
-- ``/metrics``: ``canarystack.gate.metrics``. ``/health`` answers ``degraded`` (503) with
-  ``degraded_reasons`` — and ``canarystack_gate_degraded{reason}`` is 1 — while the
-  service says so (``canarystack.gate.service``).
-- Faults: ``latency`` (``ms`` of delay before a batch is processed).
-
-A batch is validated as a whole before anything is counted, and a resend of a
-``batch_id`` counts nothing twice. State lives in memory: a restarted gate starts fresh
-(watching from zero samples) and shows a release the broker already tripped as
-``tripped``.
+"""The gate's HTTP service (docs/ARCHITECTURE.md §3): sample intake, state, metrics
+(``canarystack.gate.metrics``), faults (``latency``: ``ms`` of delay before a batch is
+processed). State lives in memory: a restarted gate starts fresh (watching from zero
+samples) and shows a release the broker already tripped as ``tripped``.
 
 This module must never block sample intake on the broker.
 """
@@ -50,6 +39,9 @@ FAULT_KINDS: dict[str, type[FaultParams]] = {"latency": LatencyMs}
 
 
 async def _post_samples(request: web.Request) -> web.Response:
+    """A router's batch: validated as a whole, field by field, before anything is counted
+    (400 naming the field); a release this gate does not watch is a 404; a resend of a
+    ``batch_id`` counts nothing twice."""
     service = request.app[SERVICE]
     comp = request.app[COMPONENT]
     check_token(request, request.app[SAMPLES_TOKEN], "samples credential", "--samples-token-file")
@@ -66,6 +58,7 @@ async def _post_samples(request: web.Request) -> web.Response:
 
 
 async def _get_gate(request: web.Request) -> web.Response:
+    """State, per-bucket and per-tail statistics, noise floor, trip evidence."""
     return json_response(request.app[SERVICE].status(request.match_info["release"]))
 
 

@@ -1,18 +1,5 @@
 """Writing a trip to the broker: ``phase=tripped`` with the evidence, by compare-and-set.
 
-The write is retried until it lands or no longer makes sense:
-
-- ``RevisionConflict`` (someone else changed the release): read the release again; if it
-  is still progressing with the same canary version, retry at once with the new revision;
-- ``IllegalTransition`` or a release that is no longer progressing, or whose canary
-  changed: abandon (the routers already keep the canary off, or it is another canary);
-- ``BrokerUnavailable`` (down, slow, 5xx): back off (``BACKOFF_S`` doubling up to
-  ``MAX_BACKOFF_S``) and retry, for as long as it takes;
-- 401/403 (the broker refuses the gate's credential): the decision stands and the
-  evidence is fine, so never abandon: report it (``on_auth``, an error log line) and
-  retry with backoff up to ``AUTH_MAX_BACKOFF_S``, until the credential works again;
-- any other refusal (4xx): abandon and log it — the evidence itself was rejected.
-
 This module must never trip a release the broker does not show as progressing with the
 canary version the evidence is about, and never write anything but the trip.
 """
@@ -88,7 +75,21 @@ async def write_trip(
     log: JsonLogger | None = None,
     sleep: Callable[[float], Any] = asyncio.sleep,
 ) -> TripResult:
-    """CAS ``phase=tripped`` + ``trip=evidence`` onto release ``name``; see module doc.
+    """CAS ``phase=tripped`` + ``trip=evidence`` onto release ``name``.
+
+    The write is retried until it lands or no longer makes sense:
+
+    - ``RevisionConflict`` (someone else changed the release): read the release again; if
+      it is still progressing with the same canary version, retry at once with the new
+      revision;
+    - ``IllegalTransition`` or a release that is no longer progressing, or whose canary
+      changed: abandon (the routers already keep the canary off, or it is another canary);
+    - ``BrokerUnavailable`` (down, slow, 5xx): back off (``BACKOFF_S`` doubling up to
+      ``MAX_BACKOFF_S``) and retry, for as long as it takes;
+    - 401/403 (the broker refuses the gate's credential): the decision stands and the
+      evidence is fine, so never abandon: report it (``on_auth``, an error log line) and
+      retry with backoff up to ``AUTH_MAX_BACKOFF_S``, until the credential works again;
+    - any other refusal (4xx): abandon and log it; the evidence itself was rejected.
 
     ``on_auth(exc)`` is called on each 401/403 and ``on_auth(None)`` once a write lands."""
     log = log or get_logger("gate")
