@@ -1,11 +1,4 @@
-"""A circuit breaker: closed -> open after ``failures`` consecutive failures, or after
-``failures`` failures within ``window_s`` seconds that are also at least
-``min_failure_ratio`` of the calls in that window (a flapping dependency) -> half-open
-after ``cooldown_s`` (one probe call) -> closed on the probe's success, open again on its
-failure. An outage fails every call, so the consecutive rule (failures at most ``window_s``
-apart) opens within a few calls; the
-ratio keeps a busy, healthy dependency's occasional timeout (a loaded machine) from
-opening it.
+"""A circuit breaker for one dependency (closed, open, half-open).
 
 Pure: time comes from ``clock`` (monotonic), so tests move it instead of sleeping. This
 module never sleeps and never does I/O.
@@ -25,6 +18,16 @@ STATES: tuple[State, ...] = ("closed", "open", "half_open")
 
 @dataclass
 class CircuitBreaker:
+    """A circuit breaker: closed -> open after ``failures`` consecutive failures, or after
+    ``failures`` failures within ``window_s`` seconds that are also at least
+    ``min_failure_ratio`` of the calls in that window (a flapping dependency) -> half-open
+    after ``cooldown_s`` (one probe call) -> closed on the probe's success, open again on its
+    failure. An outage fails every call, so the consecutive rule (failures at most ``window_s``
+    apart) opens within a few calls; the
+    ratio keeps a busy, healthy dependency's occasional timeout (a loaded machine) from
+    opening it.
+    """
+
     failures: int = 5
     window_s: float = 10.0
     cooldown_s: float = 2.0

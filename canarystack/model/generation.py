@@ -1,12 +1,6 @@
 """One request's generation, token by token: the engine's steps, sampling, and stop
 sequences, with the counts the response reports.
 
-``Generation.next_piece()`` yields the next emitted token (its text cut short when a stop
-sequence ends inside it) or None when the request is finished; then ``finish_reason``,
-``stop_reason`` and ``completion_tokens`` are final. Tokens are made one at a time so a
-long ``max_tokens`` never blocks the event loop for long, and a stream computes the next
-token while it waits for the current one's deadline.
-
 This module must never sleep, do I/O or render bytes.
 """
 
@@ -57,7 +51,14 @@ class Generation:
     ``batch`` is the key of the batch the request runs in (``NextTokenModel.batch_key``;
     0: no batch noise). Left out, it is taken when the first token is made — after the
     server admitted the request into a slot, so the running count it reads is the one at
-    admission — and kept for every later token of the request."""
+    admission — and kept for every later token of the request.
+
+    ``Generation.next_piece()`` yields the next emitted token (its text cut short when a stop
+    sequence ends inside it) or None when the request is finished; then ``finish_reason``,
+    ``stop_reason`` and ``completion_tokens`` are final. Tokens are made one at a time so a
+    long ``max_tokens`` never blocks the event loop for long, and a stream computes the next
+    token while it waits for the current one's deadline.
+    """
 
     def __init__(
         self,

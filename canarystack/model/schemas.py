@@ -1,10 +1,5 @@
 """Request bodies of the OpenAI-compatible endpoints, as pydantic models.
 
-Unknown fields are accepted and ignored (clients send many); known fields are checked
-strictly, and a wrong one becomes a 400 that names it (``canarystack.common.errors``).
-Fields the simulated engine cannot honour (``n`` > 1, ``echo``, ``best_of`` > 1) are
-refused with a message that says so rather than silently ignored.
-
 This module must never build responses: output is pre-encoded in
 ``canarystack.model.render`` to keep pydantic off the per-token path.
 """
@@ -33,6 +28,12 @@ class StreamOptions(_Body):
 
 
 class _Request(_Body):
+    """Unknown fields are accepted and ignored (clients send many); known fields are checked
+    strictly, and a wrong one becomes a 400 that names it (``canarystack.common.errors``).
+    Fields the simulated engine cannot honour (``n`` > 1, ``echo``, ``best_of`` > 1) are
+    refused with a message that says so rather than silently ignored.
+    """
+
     model: str | None = None
     max_tokens: int | None = Field(default=None, ge=1)
     temperature: float = Field(default=1.0, ge=0, le=2)

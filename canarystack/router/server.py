@@ -1,13 +1,5 @@
 """The router's aiohttp app and its lifecycle: what starts with the app and stops with it.
 
-``build_app`` wires the rooms together: settings (``settings``), metrics (``metrics``),
-long-lived state (``state``), the request path (``handler``: intake, forwarding, the
-shadow session, the outcome). The two HTTP client sessions are the caller's to give, as
-httpx's ``transport=``: ``upstream`` (model servers: no total timeout, streamed, never
-decompressed) and ``control`` (broker and gate). A session handed in is used and left
-open (the caller owns it); one not handed in is made on start and closed on stop
-(``default_upstream_session`` / ``default_control_session``).
-
 This module must never hold request logic: the request path lives in ``handler``.
 """
 
@@ -135,7 +127,16 @@ def build_app(
     """``admin_token``: the router's fault credential; ``broker_token``: its heartbeat
     credential; ``gate_token``: its samples credential. The last two fall back to
     ``admin_token`` (single-credential mode). ``upstream`` / ``control``: the caller's
-    HTTP sessions (module docstring), made on start when not given."""
+    HTTP sessions (module docstring), made on start when not given.
+
+    ``build_app`` wires the rooms together: settings (``settings``), metrics (``metrics``),
+    long-lived state (``state``), the request path (``handler``: intake, forwarding, the
+    shadow session, the outcome). The two HTTP client sessions are the caller's to give, as
+    httpx's ``transport=``: ``upstream`` (model servers: no total timeout, streamed, never
+    decompressed) and ``control`` (broker and gate). A session handed in is used and left
+    open (the caller owns it); one not handed in is made on start and closed on stop
+    (``default_upstream_session`` / ``default_control_session``).
+    """
     log = get_logger("router")
     faults = FaultRegistry("router", FAULT_KINDS, max_ttl_s=max_fault_ttl_s, log=log)
     comp = Component(

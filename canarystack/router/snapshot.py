@@ -1,10 +1,6 @@
 """The release config one request sees (``Snapshot``), what it makes of a release (the
 effective canary weight, why a pin to the canary is refused) and its on-disk cache.
 
-Effective canary weight: 0 with no config, no canary version, a quarantined canary, or a
-phase in which the canary is off (``canary_contract.phases.CANARY_OFF``: tripped,
-rolling back, rolled back), whatever ``weights.canary`` says; else ``weights.canary``.
-
 This module must never block: a snapshot is immutable, the cache is written atomically
 (temp file + fsync + rename) and read once at start.
 """
@@ -25,7 +21,12 @@ _log = get_logger("router")
 
 
 def effective_weight(release: JsonObject | None) -> float:
-    """The canary share (percent) the router applies for a release (see module doc)."""
+    """The canary share (percent) the router applies for a release.
+
+    Effective canary weight: 0 with no config, no canary version, a quarantined canary, or a
+    phase in which the canary is off (``canary_contract.phases.CANARY_OFF``: tripped,
+    rolling back, rolled back), whatever ``weights.canary`` says; else ``weights.canary``.
+    """
     if not release:
         return 0.0
     if is_canary_off(release.get("phase")):
