@@ -1,0 +1,171 @@
+"""The engine pod's children and the reconcile loop that rolls between KV-cache types.
+
+This module must never kill a process it did not start, and never leave requests
+without a serving child longer than a start takes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import aiohttp
+
+from canarystack.common.faults import FaultRegistry
+from canarystack.common.logs import JsonLogger
+from canarystack.engine.child import EngineChild, EngineSettings, log_tail
+from canarystack.engine.faults import HEALTHY_CACHE, EngineKernelParams
+
+RECONCILE_S = 0.1
+DEFAULT_START_TIMEOUT_S = 60.0
+DEFAULT_DRAIN_TIMEOUT_S = 60.0
+DEFAULT_RETRY_S = 2.0
+
+
+class Rollouts:
+    """The serving child, the children still draining, and the loop that keeps the
+    serving child's KV-cache type what the faults ask for.
+
+    The kernel fault is a rollout. The loop compares the KV-cache type the faults ask for
+    (the newest active ``kernel`` fault's ``cache_type``, else ``f16``) with the serving
+    child's; on a difference it starts a new child with the asked-for cache, waits until
+    it answers and has served a warm-up request, switches new requests to it, then lets
+    the old child finish its in-flight requests (bounded) and stops it by PID — a surge
+    rollout, as a Deployment does it, so a rollout costs no failed request. When the fault
+    is cleared or its TTL ends (enforced by ``FaultRegistry``), the same loop rolls back
+    to f16. A rollout takes a few seconds (a Python server start); ``rollout_started`` /
+    ``rollout_done`` log lines carry the times. A child that died is restarted at once.
+    """
+
+    def __init__(
+        self,
+        settings: EngineSettings,
+        faults: FaultRegistry,
+        log: JsonLogger,
+        *,
+        start_timeout_s: float = DEFAULT_START_TIMEOUT_S,
+        drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S,
+        retry_s: float = DEFAULT_RETRY_S,
+    ) -> None:
+        self.settings = settings
+        self.faults = faults
+        self.log = log
+        self.start_timeout_s = start_timeout_s
+        self.drain_timeout_s = drain_timeout_s
+        self.retry_s = retry_s
+        self.active: EngineChild | None = None
+        self.rolling_to: str | None = None
+        self.retiring: set[EngineChild] = set()
+        self.rollouts = 0
+        self.last_error: str | None = None
+        self.session: aiohttp.ClientSession | None = None
+        self._retry_at = 0.0
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def desired_cache_type(self) -> str:
+        params = self.faults.get("kernel")
+        if isinstance(params, EngineKernelParams):
+            return params.cache_type
+        return HEALTHY_CACHE
+
+    async def run(self, session: aiohttp.ClientSession) -> None:
+        """Reconcile every ``RECONCILE_S`` until cancelled (then call ``stop_all``)."""
+        self.session = session
+        while True:
+            try:
+                await self.reconcile_once()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # the loop must outlive any one failure
+                self.log.error("reconcile_error", exc_info=True, error=str(exc))
+            await asyncio.sleep(RECONCILE_S)
+
+    async def stop_all(self) -> None:
+        """Stop every child this pod started (by PID) and the drains in progress."""
+        for task in list(self._tasks):
+            task.cancel()
+        children = [c for c in (self.active, *self.retiring) if c is not None]
+        await asyncio.gather(*(c.stop() for c in children), return_exceptions=True)
+        for c in children:
+            self.log.info("engine_stopped", engine_pid=c.pid, kv_cache_type=c.cache_type)
+
+    async def reconcile_once(self) -> None:
+        active = self.active
+        if active is not None and not active.alive():
+            self.log.error(
+                "engine_exited",
+                engine_pid=active.pid,
+                exit_code=active.exit_code(),
+                kv_cache_type=active.cache_type,
+                log_tail=log_tail(self.settings.log_path),
+            )
+            self.active = None
+            await active.stop()
+        desired = self.desired_cache_type()
+        if self.active is not None and self.active.cache_type == desired:
+            return
+        if time.monotonic() < self._retry_at:
+            return
+        await self._rollout(desired)
+
+    async def _rollout(self, cache_type: str) -> None:
+        assert self.session is not None
+        old = self.active
+        t0 = time.monotonic()
+        fault = self.faults.active("kernel")
+        self.rolling_to = cache_type
+        self.log.info(
+            "rollout_started",
+            from_kv_cache_type=old.cache_type if old else None,
+            to_kv_cache_type=cache_type,
+            fault_id=fault[-1].id if fault else None,
+        )
+        new = EngineChild(self.settings, cache_type)
+        try:
+            new.start()
+            await new.wait_ready(self.session, self.start_timeout_s)
+            await new.warm_up(self.session)
+        except Exception as exc:
+            self.last_error = f"starting llama_cpp.server ({cache_type} KV cache) failed: {exc}"
+            self.log.error(
+                "rollout_failed",
+                to_kv_cache_type=cache_type,
+                error=str(exc),
+                retry_in_s=self.retry_s,
+                log_tail=log_tail(self.settings.log_path),
+            )
+            await new.stop()
+            self._retry_at = time.monotonic() + self.retry_s
+            return
+        finally:
+            self.rolling_to = None
+        self.active = new
+        self.rollouts += 1
+        self.last_error = None
+        self.log.info(
+            "rollout_done",
+            from_kv_cache_type=old.cache_type if old else None,
+            to_kv_cache_type=cache_type,
+            engine_pid=new.pid,
+            engine_port=new.port,
+            rollout_s=round(time.monotonic() - t0, 3),
+        )
+        if old is not None:
+            self.retiring.add(old)
+            task = asyncio.create_task(self._drain_and_stop(old))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _drain_and_stop(self, child: EngineChild) -> None:
+        deadline = time.monotonic() + self.drain_timeout_s
+        while child.inflight > 0 and child.alive() and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        left = child.inflight
+        await child.stop()
+        self.retiring.discard(child)
+        self.log.info(
+            "engine_retired",
+            engine_pid=child.pid,
+            kv_cache_type=child.cache_type,
+            cut_requests=left,
+        )
