@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from canary_contract.json import JsonObject
 from canarystack.broker import schemas
 from canarystack.broker.keys import BROKER, MAX_EVENTS_PER_PAGE
 from canarystack.broker.phases import Phase
@@ -19,7 +20,6 @@ from canarystack.common.openapi import (
     NUMBER,
     STRING,
     ApiSpec,
-    Json,
     Param,
     add_describer,
     error_response,
@@ -34,7 +34,7 @@ from canarystack.common.openapi import (
 MAX_INT64 = 2**63 - 1
 TAG = "broker"
 
-VERSION_SCHEMA: Json = obj(
+VERSION_SCHEMA: JsonObject = obj(
     ("version", "digest", "manifest", "quarantined", "registered_at"),
     version=STRING,
     digest={"type": "string", "pattern": r"^sha256:[0-9a-f]{64}$"},
@@ -45,7 +45,7 @@ VERSION_SCHEMA: Json = obj(
 )
 
 
-def _release_schema(phases: list[str]) -> Json:
+def _release_schema(phases: list[str]) -> JsonObject:
     return obj(
         ("name", "phase", "revision", "stable", "canary", "weights", "trip"),
         name=STRING,
@@ -67,7 +67,7 @@ def _release_schema(phases: list[str]) -> Json:
     )
 
 
-EVENT_SCHEMA: Json = obj(
+EVENT_SCHEMA: JsonObject = obj(
     ("seq", "release", "time", "revision", "actor", "change", "reason"),
     seq=INTEGER,
     release=STRING,
@@ -78,7 +78,7 @@ EVENT_SCHEMA: Json = obj(
     reason=STRING,
 )
 
-ROUTER_SCHEMA: Json = obj(
+ROUTER_SCHEMA: JsonObject = obj(
     ("router_id", "release", "applied_revision", "last_seen", "age_s"),
     router_id=STRING,
     release=STRING,
@@ -167,7 +167,7 @@ def describe(spec: ApiSpec, app: web.Application) -> None:
             422: error_response("the release cannot be created like this"),
         },
     )
-    timeout: Json = {"type": "number", "exclusiveMinimum": 0, "maximum": broker.max_watch_s}
+    timeout: JsonObject = {"type": "number", "exclusiveMinimum": 0, "maximum": broker.max_watch_s}
     spec.add(
         "get",
         "/v1/releases/{name}",

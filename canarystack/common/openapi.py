@@ -38,8 +38,6 @@ from canarystack.common import strictjson
 if TYPE_CHECKING:
     from canarystack.common.app import Component
 
-# The name the api_spec modules import; the contract's JsonObject.
-Json = JsonObject
 OPENAPI_VERSION = "3.1.0"
 REF_PREFIX = "#/components/schemas/"
 REF_TEMPLATE = REF_PREFIX + "{model}"

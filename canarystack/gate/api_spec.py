@@ -10,12 +10,12 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from canary_contract.json import JsonObject
 from canarystack.common.openapi import (
     ANY_OBJECT,
     INTEGER,
     STRING,
     ApiSpec,
-    Json,
     Param,
     add_describer,
     error_response,
@@ -29,7 +29,7 @@ from canarystack.gate.state import STATES, SampleBatch
 TAG = "gate"
 
 
-def _gate_schema(states: list[str]) -> Json:
+def _gate_schema(states: list[str]) -> JsonObject:
     return obj(
         ("release", "state"),
         release=STRING,

@@ -15,12 +15,12 @@ import copy
 
 from aiohttp import web
 
+from canary_contract.json import JsonObject
 from canarystack.common.openapi import (
     INTEGER,
     NUMBER,
     STRING,
     ApiSpec,
-    Json,
     Param,
     add_describer,
     error_response,
@@ -31,8 +31,8 @@ from canarystack.common.openapi import (
 
 TAG = "openai"
 
-_LOGPROB_ENTRY: Json = obj(("token", "logprob"), token=STRING, logprob=NUMBER)
-USAGE_SCHEMA: Json = obj(
+_LOGPROB_ENTRY: JsonObject = obj(("token", "logprob"), token=STRING, logprob=NUMBER)
+USAGE_SCHEMA: JsonObject = obj(
     ("prompt_tokens", "completion_tokens", "total_tokens"),
     prompt_tokens=INTEGER,
     completion_tokens=INTEGER,
@@ -40,7 +40,7 @@ USAGE_SCHEMA: Json = obj(
 )
 
 
-def _completion(object_name: str, choice: Json) -> Json:
+def _completion(object_name: str, choice: JsonObject) -> JsonObject:
     """An OpenAI completion answer, chat answer or stream chunk: ``object`` is
     ``object_name``, each of ``choices`` is ``choice``."""
     return obj(
@@ -54,7 +54,7 @@ def _completion(object_name: str, choice: Json) -> Json:
     )
 
 
-COMPLETION_SCHEMA: Json = _completion(
+COMPLETION_SCHEMA: JsonObject = _completion(
     "text_completion",
     obj(
         ("index", "text", "logprobs", "finish_reason"),
@@ -76,7 +76,7 @@ COMPLETION_SCHEMA: Json = _completion(
         stop_reason=nullable(STRING),
     ),
 )
-CHAT_COMPLETION_SCHEMA: Json = _completion(
+CHAT_COMPLETION_SCHEMA: JsonObject = _completion(
     "chat.completion",
     obj(
         ("index", "message", "finish_reason"),
@@ -99,7 +99,7 @@ CHAT_COMPLETION_SCHEMA: Json = _completion(
         finish_reason=nullable(STRING),
     ),
 )
-MODELS_SCHEMA: Json = obj(
+MODELS_SCHEMA: JsonObject = obj(
     ("object", "data"),
     object={"const": "list"},
     data={
@@ -119,7 +119,7 @@ MODELS_SCHEMA: Json = obj(
 )
 
 
-def _sse(chunk_object: str) -> Json:
+def _sse(chunk_object: str) -> JsonObject:
     """One server-sent event of a stream (OpenAPI 3.1: the schema describes each event):
     ``data`` is a chunk's JSON, or ``[DONE]`` at the end."""
     chunk = _completion(chunk_object, obj(("index",), index=INTEGER))
@@ -144,12 +144,12 @@ def _sse(chunk_object: str) -> Json:
     }
 
 
-_TEXT_PART: Json = {
+_TEXT_PART: JsonObject = {
     "type": "object",
     "required": ["type", "text"],
     "properties": {"type": {"const": "text"}, "text": STRING},
 }
-_STOP: Json = {
+_STOP: JsonObject = {
     "anyOf": [
         {"type": "null"},
         {"type": "string", "minLength": 1},
@@ -173,7 +173,7 @@ def describe_generation(
     *,
     max_model_len: int | None,
     extra_params: list[Param] | None = None,
-    extra_responses: dict[int | str, Json] | None = None,
+    extra_responses: dict[int | str, JsonObject] | None = None,
 ) -> None:
     """``POST /v1/completions`` and ``POST /v1/chat/completions``."""
     from canarystack.model.schemas import (
@@ -184,7 +184,7 @@ def describe_generation(
 
     stop = copy.deepcopy(_STOP)
     stop["anyOf"][2]["maxItems"] = MAX_STOP_SEQUENCES
-    tokens: Json = {"type": "integer", "minimum": 1}
+    tokens: JsonObject = {"type": "integer", "minimum": 1}
     if max_model_len is not None:
         tokens["maximum"] = max_model_len
     completion = spec.model(CompletionRequest)
@@ -222,7 +222,7 @@ def describe_generation(
     spec.refine("ChatCompletionRequest", "max_completion_tokens", nullable(tokens))
     spec.refine("CompletionRequest", "echo", {"anyOf": [{"const": False}, {"type": "null"}]})
     params = [*request_headers(), *(extra_params or [])]
-    errors: dict[int | str, Json] = {
+    errors: dict[int | str, JsonObject] = {
         404: error_response("'model' names a model this server does not serve"),
         **(extra_responses or {}),
     }

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from canary_contract.json import JsonObject
 from canarystack.common.openapi import (
     BOOLEAN,
     INTEGER,
     STRING,
     ApiSpec,
-    Json,
     Param,
     add_describer,
     error_response,
@@ -28,7 +28,7 @@ from canarystack.rollback.service import ManualRollback
 
 TAG = "rollback"
 
-STATUS_SCHEMA: Json = obj(
+STATUS_SCHEMA: JsonObject = obj(
     ("release", "state", "phase", "revision", "steps"),
     release=STRING,
     state=STRING,
