@@ -7,13 +7,13 @@ says how much there was), the git commit, the start time and the wall time, and 
 percentile definition all benchmarks use (``percentile`` below). The documentation quotes
 figures from these files (``bench/quote.py``), never by hand.
 
-Like ``_procs``, this module must never import the system under test.
+Like ``_procs``, this module must never import the system under test (it imports the
+harness's report statistics, which import no part of the stack).
 """
 
 from __future__ import annotations
 
 import json
-import math
 import os
 import platform
 import subprocess
@@ -22,6 +22,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from gameday.report.campaign import percentile as campaign_percentile
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
@@ -34,21 +36,10 @@ PERCENTILE = (
 
 def percentile(values: Sequence[float], q: float) -> float | None:
     """The q-quantile (q in [0, 1]) of ``values`` by numpy's default 'linear' rule; None
-    when there are no values. THE percentile of every benchmark."""
-    if not 0.0 <= q <= 1.0:
-        raise ValueError(f"percentile q must be in [0, 1], got {q!r}")
-    s = sorted(float(v) for v in values)
-    if not s:
-        return None
-    if any(math.isnan(v) for v in s):
-        raise ValueError("percentile of NaN values is undefined")
-    pos = (len(s) - 1) * q
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(s) - 1)
-    frac = pos - lo
-    if frac == 0.0 or s[lo] == s[hi]:
-        return s[lo]
-    return s[lo] + (s[hi] - s[lo]) * frac
+    when there are no values; NaN refused. THE percentile of every benchmark: the
+    campaign report's own function (``gameday.report.campaign.percentile``), so a
+    benchmark and a game-day campaign can never define it differently."""
+    return campaign_percentile(values, q)
 
 
 def machine() -> dict[str, Any]:
