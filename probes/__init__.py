@@ -1,33 +1,11 @@
 """Chaos Toolkit activities (probes, actions, controls) for canary game days.
 
-Modules, named by what an experiment author reads in ``module:``:
-
-- ``probes.faults``  actions: ``inject_latency``, ``make_canary_faulty``, ``kill_pod``,
-  ``clear_faults`` — every fault with a TTL, inside the target's blast radius;
-- ``probes.stack``   probes: ``stack_healthy``, ``release_phase``, ``canary_weight``,
-  ``wait_for_release_phase``, ``no_active_faults``;
-- ``probes.gate``    probes: ``wait_for_trip`` (seconds from the fault to the trip, with a
-  deadline), ``gate_did_not_trip``;
-- ``probes.slo``     SLO probes over the run's records and the broker's history, each
-  returning ``{"check", "measured", "allowed", "unit", "ok", "detail"}``, and the
-  ``slo_met`` tolerance;
-- ``probes.load``    the control that runs Locust around the method;
-- ``probes.hostile`` the hostile game day: a flood of hostile input pinned to the canary,
-  pins sent after a trip, and the SLO probes that judge them;
-- ``probes.dependency`` the shared Redis stalled, filled and killed (``pause_redis``,
-  ``exhaust_redis``, ``kill_redis``, ``clear_redis_faults``) and what users saw of it;
-- ``probes.colouring`` colouring fidelity (``colouring_fidelity_at_least``) and the
-  actions ``send_coloured_requests`` and ``drop_colour``.
-
-Every activity reads two configuration entries: ``gameday_target`` (the target file;
-env ``GAMEDAY_TARGET``) and ``gameday_run_dir`` (where the ledger and records go; env
-``GAMEDAY_RUN_DIR``). ``chaos discover --no-install chaostoolkit-canary-gameday``
-lists them all (``probes`` is packaged as that distribution: probes/pyproject.toml).
-
-Activities are thin adapters: what they measure is ``gameday.evidence`` (the same core the
-report uses), how they reach the stack is ``gameday.api``, faults and load are
-``gameday.faults`` and ``gameday.load``. Nothing here runs at import time, and nothing
-imports ``canarystack``.
+Every activity reads ``gameday_target`` and ``gameday_run_dir`` from its configuration
+(``probes._context``); ``chaos discover --no-install chaostoolkit-canary-gameday`` lists
+them all (packaged as that distribution: probes/pyproject.toml). Activities are thin
+adapters over ``gameday.evidence`` (what they measure), ``gameday.api`` (how they reach
+the stack), ``gameday.faults`` and ``gameday.load``. Nothing here runs at import time,
+and nothing imports ``canarystack``.
 """
 
 from __future__ import annotations

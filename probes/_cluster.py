@@ -1,18 +1,9 @@
 """Shared by the cluster probes (``probes.kubernetes``, ``probes.progressive``,
-``probes.prometheus``): the Kubernetes target, times, and the traffic
-evidence that pairs a controller's status with what users were actually served.
+``probes.prometheus``): the Kubernetes target, times, and the traffic evidence that pairs
+a controller's status with what users were actually served.
 
-Traffic evidence comes from one of two sources:
-
-- the run's load records (``records.parquet``, once the ``probes.load`` control has
-  stopped the load): canary-served means ``served_by == "canary"``, or, for stacks whose
-  router does not say (a service mesh driven by Argo Rollouts or Flagger), the response's
-  ``model_version`` equal to the canary's version;
-- a PromQL expression over the Prometheus HTTP API, with ``{window}`` replaced by the
-  seconds since the controller's status changed (e.g. ``[{window}]`` -> ``[37s]``).
-
-Either way, no traffic at all after the status change is *not* evidence that the canary
-stopped serving: the check fails (fail-closed). This module only reads.
+No traffic at all after the status change must never count as the canary having stopped
+serving: the check fails (fail-closed). This module only reads.
 """
 
 from __future__ import annotations
@@ -130,7 +121,14 @@ def canary_traffic_after(
     prometheus: str | None = None,
 ) -> JsonObject:
     """Requests started after ``since``: ``{"source", "canary", "total", ...}``; ``total``
-    None when the source cannot tell. ActivityFailed when there is no evidence to read."""
+    None when the source cannot tell. ActivityFailed when there is no evidence to read.
+
+    Two sources: a PromQL expression over the Prometheus HTTP API, with ``{window}``
+    replaced by the seconds since ``since`` (``[{window}]`` -> ``[37s]``); else the run's
+    load records (once the ``probes.load`` control has stopped the load): canary-served
+    means ``served_by == "canary"``, or, for stacks whose router does not say (a service
+    mesh driven by Argo Rollouts or Flagger), ``model_version`` equal to ``canary_version``.
+    """
     if canary_promql:
         url = prometheus_url(configuration, prometheus)
         now = time.time()

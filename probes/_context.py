@@ -1,17 +1,8 @@
 """What every activity needs from its configuration: the target, the run folder, the ledger.
 
-Two configuration entries (each with an environment default, so ``chaos run`` alone works):
-
-- ``gameday_target``: the target file (``$GAMEDAY_TARGET``, else ``targets/local.yaml``
-  when it exists, else the local stack in ``.stack``);
-- ``gameday_run_dir``: the experiment's folder (``$GAMEDAY_RUN_DIR``, else
-  ``reports/adhoc``): the fault ledger (``faults.jsonl``), the load records and
-  ``load.json`` live there.
-
-Errors a person can cause (a bad target file, a component outside the blast radius) come
-back as ``ActivityFailed`` with the message of the harness, which names the input and
-what to do. This module opens the session an activity talks to the target over
-(``gameday.api``); it never talks to a target itself.
+Errors a person can cause come back as ``ActivityFailed`` with the harness's message.
+This module opens the session an activity talks to the target over (``gameday.api``);
+it never talks to a target itself.
 """
 
 from __future__ import annotations
@@ -44,7 +35,12 @@ Secrets = JsonObject
 
 
 def target_path(configuration: Configuration | None) -> str | None:
-    """The target file this activity acts on (None: the built-in local default)."""
+    """The target file this activity acts on (None: the built-in local default, the
+    local stack in ``.stack``).
+
+    The configuration entry ``gameday_target``, else ``$GAMEDAY_TARGET``, else
+    ``targets/local.yaml`` when it exists (so ``chaos run`` alone works).
+    """
     chosen = (configuration or {}).get(CONFIG_TARGET) or os.environ.get(ENV_TARGET)
     if chosen:
         return str(chosen)
@@ -61,6 +57,10 @@ def get_target(configuration: Configuration | None) -> Target:
 
 
 def run_dir(configuration: Configuration | None) -> Path:
+    """The experiment's folder: the configuration entry ``gameday_run_dir``, else ``$GAMEDAY_RUN_DIR``, else
+    ``reports/adhoc``: the fault ledger (``faults.jsonl``), the load records and
+    ``load.json`` live there.
+    """
     chosen = (configuration or {}).get(CONFIG_RUN_DIR) or os.environ.get(ENV_RUN_DIR)
     return Path(chosen) if chosen else DEFAULT_RUN_DIR
 

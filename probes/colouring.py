@@ -1,27 +1,9 @@
 """Traffic colouring, verified (issue #16 item 4): do a request's id, trace id and tag
-survive every hop?
+survive every hop? The figures are ``gameday.evidence.colouring``'s; this reads every
+component's hop log and sends or drops colour.
 
-Every component keeps the hops it saw (``GET /v1/colour/hops``, paged, with its admin
-credential). ``colouring_fidelity`` reads every replica's log and computes, per hop of
-``HOP_RULES`` (THE table of where a request's colour must be seen), the share of requests
-completed at the router (a 2xx answer on an inference route) whose request id, trace id
-and tag that hop saw unchanged; ``colouring_fidelity_at_least(ratio=1.0)`` is the SLO
-result (``check: colouring_fidelity``) whose failure names the hop that lost the colour
-and an example request id. ``fidelity`` is the pure computation the report can reuse.
-
-Only this experiment's requests are judged (those that reached the router since its load
-started, ``load.json``), and only where they can be: one that reached the router after a log it
-should reach had restarted or overwritten its oldest hops, or less than ``settle_s``
-before the read (its shadow copies may still run), is counted as not checkable, never as
-faithful. No request to judge is a failure after the method (fail-closed), and
-``not_measured`` before it.
-
-``send_coloured_requests`` (an action) sends a few tagged, traced requests through the
-router, so an experiment can measure the tag even when its load sends none;
-``drop_colour`` (an action) makes one component lose the tag for ``ttl_s`` (the
-``drop_colour`` fault every component has).
-
-Nothing here imports ``canarystack``.
+No request to judge is a failure after the method (fail-closed), and ``not_measured``
+before it. Nothing here imports ``canarystack``.
 """
 
 from __future__ import annotations
@@ -147,7 +129,15 @@ def colouring_fidelity(
     secrets: Mapping[str, Any] | None = None,
 ) -> JsonObject:
     """Per hop, how many requests completed at the router kept their colour there (the
-    figures ``colouring_fidelity_at_least`` judges)."""
+    figures ``colouring_fidelity_at_least`` judges).
+
+    Every component keeps the hops it saw (``GET /v1/colour/hops``, paged, with its admin
+    credential). Only this experiment's requests are judged (those that reached the router
+    since its load started, ``load.json``), and only where they can be: one that reached the
+    router after a log it should reach had restarted or overwritten its oldest hops, or less
+    than ``settle_s`` before the read (its shadow copies may still run), is counted as not
+    checkable, never as faithful.
+    """
     with harness_errors("reading the hop logs"):
         target = get_target(configuration)
         read_at = time.time()
@@ -168,7 +158,10 @@ def colouring_fidelity_at_least(
     """SLO: at least ``ratio`` of the completed requests (and at least ``min_requests``
     judged) kept their request id, trace id and tag at every hop they reached; measured
     is the lowest per-hop share. Its ``why`` names the hop that lost the colour first and
-    example request ids."""
+    example request ids.
+
+    Its failure names the hop that lost the colour and an example request id.
+    """
     if not 0 < float(ratio) <= 1:
         raise ActivityFailed(f"argument ratio must be above 0 and at most 1, got {ratio!r}")
     if before_anything(configuration):

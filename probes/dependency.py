@@ -1,32 +1,9 @@
 """Chaos Toolkit activities for the shared-dependency game days (issue #16): Redis
 stalled, full or killed, and what users saw meanwhile.
 
-    method:
-      - type: action
-        name: stall-redis
-        provider: {type: python, module: probes.dependency, func: pause_redis,
-                   arguments: {ms: 4000}}
-      - type: probe
-        name: watch-the-services
-        provider: {type: python, module: probes.dependency, func: watch,
-                   arguments: {duration_s: 14}}
-
-Actions: ``pause_redis`` (``CLIENT PAUSE``; Redis ends it), ``exhaust_redis`` (held
-connections + ``maxclients`` lowered, by a holder child with a deadline), ``kill_redis``
-(SIGKILL by PID; supervisord restarts it), ``clear_redis_faults`` (a rollback). Probes:
-``redis_is_clean`` (the starting state: maxclients as the stack set it, no holder),
-``watch`` (router, broker and Redis health every ``interval_s``, into
-``dependency_watch.jsonl``), and the SLO checks that return the result of
-docs/ARCHITECTURE.md §7.1 for ``probes.slo.slo_met``: ``dependency_errors_below``,
-``no_request_past_deadline``, ``recovered_within``, ``services_stayed_healthy``. Each
-writes the experiment's dependency summary, ``dependency.json`` (the report's section):
-errors and TTFT per variant before, during and after the fault, and the time to recover.
-
-Fault window: from the fault's injection to its end (a pause: its length; the holder: its
-deadline or its clearing; a kill: the first watch tick that found Redis answering again).
-Recovered: the first moment after the end from which a ``RECOVERY_WINDOW_S`` window of
-requests has an error rate at most the pre-fault one + ``RECOVERY_ERROR_SLACK`` and a
-median TTFT at most 1.5 x the pre-fault one + 50 ms.
+The figures are ``gameday.evidence.dependency``'s; each SLO check writes the experiment's
+summary, ``dependency.json`` (the report's section). Redis is harmed only through
+``gameday.dependency``, inside the blast radius; ``clear_redis_faults`` undoes it all.
 """
 
 from __future__ import annotations
@@ -84,7 +61,20 @@ def _entry_json(e: FaultEntry) -> JsonObject:
 def pause_redis(
     ms: float, configuration: Configuration | None = None, secrets: Secrets | None = None
 ) -> JsonObject:
-    """Stall every Redis client for ``ms`` milliseconds (``CLIENT PAUSE ms ALL``)."""
+    """Stall every Redis client for ``ms`` milliseconds (``CLIENT PAUSE ms ALL``).
+
+    Redis ends the pause itself::
+
+        method:
+          - type: action
+            name: stall-redis
+            provider: {type: python, module: probes.dependency, func: pause_redis,
+                       arguments: {ms: 4000}}
+          - type: probe
+            name: watch-the-services
+            provider: {type: python, module: probes.dependency, func: watch,
+                       arguments: {duration_s: 14}}
+    """
     ms = positive("ms", ms, float(dep.MAX_PAUSE_MS))
     with harness_errors(f"pausing redis for {ms:g} ms"):
         return _entry_json(dep.pause(get_target(configuration), ms, ledger(configuration)))
@@ -97,7 +87,10 @@ def exhaust_redis(
     secrets: Secrets | None = None,
 ) -> JsonObject:
     """Fill Redis for ``ttl_s`` seconds: ``connections`` held, ``maxclients`` lowered to
-    them, everyone else disconnected and refused."""
+    them, everyone else disconnected and refused.
+
+    A holder child does it, with a deadline.
+    """
     ttl_s = positive("ttl_s", ttl_s, dep.MAX_TTL_S)
     with harness_errors("exhausting redis's connections"):
         return _entry_json(
@@ -224,7 +217,11 @@ def _model_results(configuration: Configuration | None) -> dict[str, dict[str, f
 
 
 def summarise(configuration: Configuration | None) -> JsonObject:
-    """The experiment's dependency summary (also written to ``dependency.json``)."""
+    """The experiment's dependency summary (also written to ``dependency.json``).
+
+    Errors and TTFT per variant before, during and after the fault, and the time to
+    recover (``gameday.evidence.dependency.fault_window`` and ``recovery_s`` say how).
+    """
     entries = ledger(configuration).entries()
     lines = _watch_lines(configuration)
     window = ev.fault_window(entries, lines)

@@ -1,27 +1,7 @@
 """The evidence probe: what the gate saw, read at the end of the method (issue #14).
 
-    method:
-      - ...
-      - type: probe
-        name: gate-evidence
-        provider:
-          type: python
-          module: probes.evidence
-          func: gate_evidence
-          arguments:
-            min_comparisons: ${min_comparisons}          # e.g. {type: env,
-            min_canary_outcomes: ${min_canary_outcomes}  #  key: GAMEDAY_MIN_COMPARISONS, ...}
-
-It reads the gate's counters (``GET /v1/gate/<release>``, over HTTP only) — baseline-canary
-comparisons and canary outcomes per bucket — and writes them, with the minimum evidence
-the experiment asks for, to ``gate-evidence.json`` in the run folder. ``gameday run``
-judges them (``gameday.run.evidence``): too little seen makes the experiment
-``inconclusive``. Without the arguments the thresholds come from
-``GAMEDAY_MIN_COMPARISONS`` / ``GAMEDAY_MIN_CANARY_OUTCOMES``, else the defaults.
-
-The probe never fails the experiment itself (its output is no SLO result): an unreadable
-gate is written down as such, and the verdict makes it inconclusive. Bad thresholds
-raise ``ActivityFailed`` naming the argument. It only reads the target.
+It never fails the experiment itself: an unreadable gate is written down as such, and
+the verdict (``gameday.run.evidence``) makes it inconclusive. It only reads the target.
 """
 
 from __future__ import annotations
@@ -41,7 +21,24 @@ def gate_evidence(
     configuration: Configuration | None = None,
     secrets: Secrets | None = None,
 ) -> JsonObject:
-    """Write the gate's counters to gate-evidence.json; returns what was written."""
+    """Write the gate's counters to gate-evidence.json; returns what was written.
+
+    It reads the gate's counters (``GET /v1/gate/<release>``, over HTTP only) — baseline-canary
+    comparisons and canary outcomes per bucket — and writes them, with the minimum evidence
+    asked for, to ``gate-evidence.json`` in the run folder; too little seen makes the
+    experiment ``inconclusive``. Without the arguments the thresholds come from
+    ``GAMEDAY_MIN_COMPARISONS`` / ``GAMEDAY_MIN_CANARY_OUTCOMES``, else the defaults. Bad
+    thresholds raise ``ActivityFailed`` naming the argument::
+
+        - type: probe
+          name: gate-evidence
+          provider:
+            type: python
+            module: probes.evidence
+            func: gate_evidence
+            arguments: {min_comparisons: ${min_comparisons},
+                        min_canary_outcomes: ${min_canary_outcomes}}
+    """
     try:
         limits = thresholds(min_comparisons, min_canary_outcomes)
     except ValueError as exc:

@@ -1,23 +1,8 @@
 """Chaos Toolkit actions that harm the target: latency, a faulty canary, pod kills, clearing.
 
-    - type: action
-      name: slow-the-router
-      provider:
-        type: python
-        module: probes.faults
-        func: inject_latency
-        arguments: {component: router, ms: 200, ttl_s: 90}
-
-Every fault has a TTL that the component itself enforces (a dead-man switch: a harness
-that dies leaves nothing behind for longer than the TTL), goes to every replica of the
-component, is checked against the target's blast-radius allowlist before any request,
-and is written to the fault ledger of the run (``faults.jsonl`` in the run folder) and
-to the release's history on the broker. ``clear_faults`` deletes what the ledger holds.
-
-Components: ``router``, ``broker``, ``gate``, ``rollback``, ``model-baseline``,
-``model-canary``, or ``model`` for both model roles.
-
-These actions never kill by name and never act outside the target's blast radius.
+Every fault has a TTL the component itself enforces, goes to every replica of the
+component, and is written to the run's fault ledger and the release's history. These
+actions never kill by name and never act outside the target's blast radius.
 """
 
 from __future__ import annotations
@@ -53,7 +38,14 @@ def _inject(
     params: JsonObject,
 ) -> JsonObject:
     """Inject on every replica of ``component`` (ledger and broker annotation included)
-    and say what was done: the replicas, fault ids and the injection time."""
+    and say what was done: the replicas, fault ids and the injection time.
+
+    Every fault has a TTL that the component itself enforces (a dead-man switch: a harness
+    that dies leaves nothing behind for longer than the TTL), goes to every replica of the
+    component, is checked against the target's blast-radius allowlist before any request,
+    and is written to the fault ledger of the run (``faults.jsonl`` in the run folder) and
+    to the release's history on the broker. ``clear_faults`` deletes what the ledger holds.
+    """
     with harness_errors(what):
         target = get_target(configuration)
         entries = gd_faults.inject(target, component, kind, ttl_s, params, ledger(configuration))
@@ -81,6 +73,17 @@ def inject_latency(
     Router, broker, gate: ``ms`` before each request is handled; rollback executor:
     ``ms`` before each rollback step; model servers: ``ms`` more time to first token.
     Returns the replicas, fault ids and the injection time.
+
+    Components: ``router``, ``broker``, ``gate``, ``rollback``, ``model-baseline``,
+    ``model-canary``, or ``model`` for both model roles::
+
+        - type: action
+          name: slow-the-router
+          provider:
+            type: python
+            module: probes.faults
+            func: inject_latency
+            arguments: {component: router, ms: 200, ttl_s: 90}
     """
     ms = positive("ms", ms, MAX_LATENCY_MS)
     ttl_s = positive("ttl_s", ttl_s, MAX_TTL_S)

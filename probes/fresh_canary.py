@@ -1,20 +1,8 @@
 """A Chaos Toolkit control that starts a Kubernetes experiment from a fresh canary, before
 its steady-state hypothesis and before the load starts.
 
-    controls:
-      - name: fresh-canary
-        provider:
-          type: python
-          module: probes.fresh_canary
-          arguments: {weight: 5, deadline_s: 300}
-
-A cluster is not restarted between experiments the way ``gameday run`` restarts a local
-stack, so the previous experiment may have left the release tripped and rolled back with
-its canary quarantined. This control runs ``probes.kubernetes.start_fresh_canary`` (wait
-out a rollback in progress, roll the canary Deployment to a new version, set the release
-back to ``progressing`` with ``weight``) and writes what it did to ``fresh-canary.json``
-in the run folder. When that fails the experiment is interrupted (``InterruptExecution``):
-it never runs from a state it did not choose.
+When that fails the experiment is interrupted (``InterruptExecution``): it must never run
+from a state it did not choose.
 """
 
 from __future__ import annotations
@@ -42,7 +30,18 @@ def before_experiment_control(
     secrets: Secrets | None = None,
     **kwargs: Any,
 ) -> None:
-    """Start from a progressing release with a canary that is not quarantined."""
+    """Start from a progressing release with a canary that is not quarantined.
+
+    A cluster is not restarted between experiments the way ``gameday run`` restarts a local
+    stack, so the previous experiment may have left the release tripped and rolled back with
+    its canary quarantined. This runs ``probes.kubernetes.start_fresh_canary`` and writes
+    what it did to ``fresh-canary.json`` in the run folder::
+
+        controls:
+          - name: fresh-canary
+            provider: {type: python, module: probes.fresh_canary,
+                       arguments: {weight: 5, deadline_s: 300}}
+    """
     folder = run_dir(configuration)
     started = time.time()
     try:

@@ -1,18 +1,6 @@
 """Chaos Toolkit probes of the canary gate: did it trip, and how long after the fault.
 
-    - type: probe
-      name: gate-trips
-      provider:
-        type: python
-        module: probes.gate
-        func: wait_for_trip
-        arguments: {deadline_s: 20}
-
-``wait_for_trip`` returns the seconds from the experiment's reference fault
-(``gameday.evidence.faults``) to the broker event that set the phase to ``tripped``; it
-gives up at its deadline, because Chaos Toolkit does not time out Python activities.
-``gate_did_not_trip`` watches for a while and raises at the first trip, with the gate's
-evidence. Both only read the broker (and the gate's state for the messages).
+Both only read the broker (and the gate's state for the messages).
 """
 
 from __future__ import annotations
@@ -73,7 +61,17 @@ def wait_for_trip(
     secrets: Secrets | None = None,
 ) -> float:
     """Wait until the gate has tripped the release; returns the seconds from the
-    reference fault to the trip. Raises after ``deadline_s`` seconds of waiting."""
+    reference fault to the trip. Raises after ``deadline_s`` seconds of waiting.
+
+    The seconds are from the experiment's reference fault (``gameday.evidence.faults``) to
+    the broker event that set the phase to ``tripped``; it gives up at its deadline, because
+    Chaos Toolkit does not time out Python activities::
+
+        - type: probe
+          name: gate-trips
+          provider: {type: python, module: probes.gate, func: wait_for_trip,
+                     arguments: {deadline_s: 20}}
+    """
     deadline = time.monotonic() + min(max(float(deadline_s), 0.0), MAX_WAIT_S)
     fault = reference(configuration)
     if fault is None:
@@ -103,7 +101,10 @@ def gate_did_not_trip(
     secrets: Secrets | None = None,
 ) -> bool:
     """True when the release stayed untripped for ``observe_s`` seconds (and no trip
-    happened since the experiment's load started); raises at the first trip."""
+    happened since the experiment's load started); raises at the first trip.
+
+    The error names the gate's evidence for the trip.
+    """
     end = time.monotonic() + min(max(float(observe_s), 0.0), MAX_WAIT_S)
     fault, since = reference(configuration), experiment_began(configuration)
     with stack_api(configuration, "watching the gate") as api:

@@ -1,21 +1,6 @@
-"""Chaos Toolkit activities for the hostile game day (``experiments/hostile/``).
-
-    - type: action
-      name: hostile-flood-pinned-to-the-canary
-      provider:
-        type: python
-        module: probes.hostile
-        func: flood_pinned_canary
-        arguments: {duration_s: 10, rate_per_s: 20}
-
-- ``flood_pinned_canary`` (action): sends ``gameday.hostile.CATALOGUE`` to the router,
-  pinned to the canary, at a bounded rate; writes ``hostile.json`` to the run folder;
-- ``hostile_input_not_5xx`` (SLO probe): how many hostile requests got a 5xx or broke
-  the connection (allowed: 0);
-- ``pin_canary_after_trip`` (action): sends pinned canary requests after a trip and
-  writes ``pins_after_trip.json``: what answered them, and the canary's own request
-  count before and after (from its ``/metrics``);
-- ``pins_reach_no_canary`` (SLO probe): how many of those reached the canary (allowed: 0).
+"""Chaos Toolkit activities for the hostile game day (``experiments/hostile/``): a flood of
+hostile input pinned to the canary, pins sent after a trip, and the SLO probes that judge
+them (each allows 0).
 
 The work is in ``gameday.hostile``; these are thin adapters.
 """
@@ -80,7 +65,15 @@ def flood_pinned_canary(
 ) -> JsonObject:
     """Flood the router with hostile client input pinned to the canary; returns the
     statuses per input (also in ``hostile.json``). Never raises for what came back: the
-    SLO probe ``hostile_input_not_5xx`` judges it."""
+    SLO probe ``hostile_input_not_5xx`` judges it.
+
+    It sends ``gameday.hostile.CATALOGUE`` to the router at a bounded rate::
+
+        - type: action
+          name: hostile-flood-pinned-to-the-canary
+          provider: {type: python, module: probes.hostile, func: flood_pinned_canary,
+                     arguments: {duration_s: 10, rate_per_s: 20}}
+    """
     duration = positive("duration_s", duration_s, 600.0)
     rate = positive("rate_per_s", rate_per_s, 500.0)
     count = int(positive("max_requests", max_requests, 100_000))
@@ -131,7 +124,11 @@ def pin_canary_after_trip(
     configuration: Configuration | None = None,
     secrets: Secrets | None = None,
 ) -> JsonObject:
-    """Send ``count`` well-formed requests pinned to the canary; record who answered."""
+    """Send ``count`` well-formed requests pinned to the canary; record who answered.
+
+    ``pins_after_trip.json`` holds what answered them, and the canary's own request count
+    before and after (from its ``/metrics``).
+    """
     n = int(positive("count", count, 1_000))
     with stack_api(configuration, "pinning requests to the canary") as api:
         before = _canary_request_count(api)

@@ -1,16 +1,5 @@
-"""A Chaos Toolkit control that records in the journal what the experiment ran with.
-
-    controls:
-      - name: resolved-slos
-        provider: {type: python, module: probes.journal}
-
-The ``gameday`` extension states the SLOs as references to the configuration
-(``detection_s: ${detection_s}``), which environment variables can override. Chaos
-Toolkit keeps the experiment as written in the journal, so a reader of the journal alone
-(the report) would only see the defaults. At the end of the experiment this control
-resolves the extension's ``slo`` with the configuration in force and writes the numbers
-into the journal's copy of the extension (the references stay, under ``slo_declared``),
-so the report judges against exactly what the probes judged.
+"""A Chaos Toolkit control that records in the journal what the experiment ran with: the
+``gameday`` extension's SLOs resolved with the configuration in force.
 
 It changes nothing but the journal's copy of the ``gameday`` extension.
 """
@@ -33,7 +22,19 @@ def after_experiment_control(
     secrets: Secrets | None = None,
     **kwargs: Any,
 ) -> None:
-    """Resolve the ``gameday`` extension's SLOs in the journal's experiment."""
+    """Resolve the ``gameday`` extension's SLOs in the journal's experiment.
+
+    The extension states the SLOs as references to the configuration (``detection_s:
+    ${detection_s}``), which environment variables can override. Chaos Toolkit keeps the
+    experiment as written in the journal, so a reader of the journal alone (the report)
+    would only see the defaults. This writes the numbers into the journal's copy of the
+    extension (the references stay, under ``slo_declared``), so the report judges against
+    exactly what the probes judged::
+
+        controls:
+          - name: resolved-slos
+            provider: {type: python, module: probes.journal}
+    """
     if not isinstance(state, dict) or not isinstance(state.get("experiment"), dict):
         return
     experiment = state["experiment"]

@@ -1,39 +1,9 @@
-"""Kubernetes probes and the namespace guard for experiments that use
-chaostoolkit-kubernetes (``chaosk8s``) activities directly.
+"""Kubernetes activities: readiness after a pod kill, a fresh or a bad canary rollout and
+its undo, and the namespace guard for experiments that use ``chaosk8s`` directly.
 
-    controls:
-      - name: kubernetes-blast-radius
-        provider: {type: python, module: probes.kubernetes}
-
-The control refuses an experiment — ``InterruptExecution`` before its first activity, and
-again before each activity — when any ``chaosk8s`` activity would act on a namespace
-that the target's blast radius does not allow: ``kube-system`` and its siblings always,
-anything not in ``blast_radius.namespaces``, and a namespace other than the target's own.
-(``chaosk8s`` activities take a namespace argument ``ns`` that defaults to ``default``;
-the guard reads it after substituting the configuration, as Chaos Toolkit will.) The
-harness's own activities (``probes.faults.kill_pod`` & co.) check the target themselves.
-
-``wait_for_ready`` waits until a component's workload (Deployment or StatefulSet) has all
-its replicas available again — after a pod kill, the recovery time as an SLO result.
-
-``start_fresh_canary`` is what a cluster needs between experiments and a local stack does
-not (``gameday run`` gives every local experiment a fresh stack): a release the previous
-experiment tripped and rolled back cannot take its quarantined canary version again, so
-this action rolls out a new canary version — it sets the canary Deployment's pod-template
-annotation ``canarystack.io/model-version`` (the model servers' ``--version``), waits for
-the rollout, registers the version on the broker and sets the release back to
-``progressing`` with the canary weight.
-``roll_out_bad_canary`` is a faulty canary as a real rollout of a bad build: it patches
-the canary Deployment's container args with the model server's ``--kernel-fault
-MODE[:MIN_PROMPT_TOKENS]`` (a build property, on for the pods' lives: no TTL, not an
-injected fault) and the pod-template annotation ``canarystack.io/build``, waits until the
-Deployment has rolled out and every canary pod is the bad build, and writes the moment
-the bad build first served to the fault ledger (an ``inject`` of kind ``kernel``, so the
-SLO checks measure detection from it). ``undo_canary_rollout`` is ``kubectl rollout undo``
-through the API: the canary Deployment's pod template back to its previous ReplicaSet's
-(the revision before the newest one), waiting for that rollout too. These three actions
-are the only things here that change the cluster, and they change one Deployment: the
-target's ``model-canary`` workload, inside the blast radius.
+The three rollout actions are the only things here that change the cluster, and they
+change one Deployment: the target's ``model-canary`` workload, inside the blast radius.
+The guard must never let a ``chaosk8s`` activity act outside it.
 """
 
 from __future__ import annotations
@@ -158,7 +128,14 @@ def start_fresh_canary(
     canary weight ``weight``: nothing to do when it already is; after a trip, wait for
     the rollback to finish, then roll out a new canary version (``<version>-g<epoch ms>``)
     on the canary Deployment and switch the release to it. ActivityFailed naming the step
-    that did not finish within ``deadline_s``."""
+    that did not finish within ``deadline_s``.
+
+    What a cluster needs between experiments and a local stack does not (``gameday run``
+    gives every local experiment a fresh stack): a release the previous experiment tripped
+    and rolled back cannot take its quarantined canary version again. The new version is
+    the canary Deployment's pod-template annotation ``canarystack.io/model-version`` (the
+    model servers' ``--version``), registered on the broker once the rollout is done.
+    """
     try:
         wanted = int(weight)
     except (TypeError, ValueError):
@@ -424,7 +401,14 @@ def refused_namespaces(
     configuration: Configuration | None,
     secrets: Secrets | None = None,
 ) -> list[str]:
-    """One line per chaosk8s activity whose namespace the target does not allow."""
+    """One line per chaosk8s activity whose namespace the target does not allow.
+
+    Refused: ``kube-system`` and its siblings always, anything not in
+    ``blast_radius.namespaces``, and a namespace other than the target's own. (``chaosk8s``
+    activities take a namespace argument ``ns`` that defaults to ``default``; it is read
+    after substituting the configuration, as Chaos Toolkit will.) The harness's own
+    activities (``probes.faults.kill_pod`` & co.) check the target themselves.
+    """
     uses = [(a, _namespace_of(a, configuration, secrets)) for a in activities]
     uses = [(a, ns) for a, ns in uses if ns is not None]
     if not uses:
@@ -465,7 +449,14 @@ def before_experiment_control(
     **kwargs: Any,
 ) -> None:
     """Refuse the whole experiment before anything runs if any chaosk8s activity in it
-    would act outside the blast radius."""
+    would act outside the blast radius.
+
+    As a control::
+
+        controls:
+          - name: kubernetes-blast-radius
+            provider: {type: python, module: probes.kubernetes}
+    """
     problems = refused_namespaces(_activities(context), configuration, secrets)
     if problems:
         raise InterruptExecution(

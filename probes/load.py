@@ -1,24 +1,8 @@
 """A Chaos Toolkit control that runs the user load (Locust, through ``gameday.load``)
 around the method: started before it, stopped after it.
 
-    controls:
-      - name: load
-        provider:
-          type: python
-          module: probes.load
-          arguments: {users: 12, spawn_rate: 12, max_tokens: 48}
-
-Locust targets the target's router and writes ``records.parquet`` (and, with ``oracle``,
-``oracle.parquet`` from pinned baseline/canary pairs sent straight to one model server
-of each variant on a local target) into the run folder. ``load.json`` there says where
-the load stands (``running`` with Locust's PID, then ``stopped`` with the records' path
-and Locust's summary); the SLO probes and ``gameday run`` read it, and the journal gets
-it as an experiment extension named ``gameday-load``.
-
-A load that cannot start raises ``InterruptExecution``: the experiment is interrupted
-(and its rollbacks run), never silently run without users. Locust is stopped by its PID
-after the method, again at the end of the experiment if an interruption skipped that,
-and killed at control cleanup as the last resort. Nothing here imports Locust.
+A load that cannot start interrupts the experiment (its rollbacks run): it must never run
+silently without users. Locust is stopped by its PID only. Nothing here imports Locust.
 """
 
 from __future__ import annotations
@@ -82,7 +66,20 @@ def before_method_control(
     secrets: Secrets | None = None,
     **kwargs: Any,
 ) -> None:
-    """Start Locust against the target's router; InterruptExecution if it cannot start."""
+    """Start Locust against the target's router; InterruptExecution if it cannot start.
+
+    Locust targets the target's router and writes ``records.parquet`` (and, with ``oracle``,
+    ``oracle.parquet`` from pinned baseline/canary pairs sent straight to one model server
+    of each variant on a local target) into the run folder. ``load.json`` there says where
+    the load stands (``running`` with Locust's PID, then ``stopped`` with the records' path
+    and Locust's summary); the SLO probes and ``gameday run`` read it, and the journal gets
+    it as an experiment extension named ``gameday-load``::
+
+        controls:
+          - name: load
+            provider: {type: python, module: probes.load,
+                       arguments: {users: 12, spawn_rate: 12, max_tokens: 48}}
+    """
     folder = run_dir(configuration)
     try:
         n_users = int(users)

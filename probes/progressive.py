@@ -1,27 +1,9 @@
-"""Probes for clusters whose canary is driven by a progressive-delivery controller:
-Argo Rollouts (``Rollout``, argoproj.io/v1alpha1) and Flagger (``Canary``,
-flagger.app/v1beta1), read through the Kubernetes API (CustomObjectsApi, ``get`` only).
+"""Probes for clusters whose canary is driven by a progressive-delivery controller: Argo
+Rollouts (``Rollout``) and Flagger (``Canary``), read through the Kubernetes API
+(CustomObjectsApi, ``get`` only, in the target's namespace).
 
-    - type: probe
-      name: argo-aborted-and-canary-drained
-      tolerance: {type: probe, name: slo-met,
-                  provider: {type: python, module: probes.slo, func: slo_met}}
-      provider:
-        type: python
-        module: probes.progressive
-        func: argo_rollout_aborted
-        arguments: {rollout: llm-server, grace_s: 5, timeout_s: 60}
-
-Those controllers have had fail-open bugs (a status that says aborted while the canary
-kept its traffic), so a status alone is never a pass: each probe pairs the status with
-the traffic actually served after it changed — the run's load records, or a PromQL
-expression — and passes only when both agree. The result is the SLO shape of
-docs/ARCHITECTURE.md §7.1: ``measured`` is the number of canary-served requests that
-started later than ``grace_s`` after the status change, ``allowed`` is
-``max_canary_requests``. A status that never says aborted/failed within ``timeout_s`` is a
-failed check naming expected and actual.
-
-The namespace is the target's (blast-radius checked before any API call). These probes
+A status alone must never pass (those controllers have had fail-open bugs): each probe
+pairs it with the traffic served after it (``gameday.evidence.controllers``). These probes
 never change anything in the cluster.
 """
 
@@ -108,7 +90,20 @@ def argo_rollout_aborted(
     """The Rollout is aborted — ``status.abort`` true, phase ``Degraded``, condition
     ``Progressing``/``RolloutAborted`` — its canary weight (if reported) is 0, AND at most
     ``max_canary_requests`` canary-served requests started later than ``grace_s`` after
-    the abort. Waits up to ``timeout_s`` for the abort status."""
+    the abort. Waits up to ``timeout_s`` for the abort status.
+
+    The result's ``measured`` is the number of canary-served requests that started later
+    than ``grace_s`` after the status change (the run's load records, or a PromQL
+    expression), ``allowed`` is ``max_canary_requests``; a status that never says aborted
+    within ``timeout_s`` is a failed check naming expected and actual::
+
+        - type: probe
+          name: argo-aborted-and-canary-drained
+          tolerance: {type: probe, name: slo-met,
+                      provider: {type: python, module: probes.slo, func: slo_met}}
+          provider: {type: python, module: probes.progressive, func: argo_rollout_aborted,
+                     arguments: {rollout: llm-server, grace_s: 5, timeout_s: 60}}
+    """
     return _paired(
         check="argo_rollout_aborted",
         name=rollout,

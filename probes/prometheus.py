@@ -1,32 +1,8 @@
 """Probes over Prometheus (PromQL through the HTTP API ``/api/v1/query``), for routers and
 gates that export their weights, traffic and trips as metrics.
 
-    - type: probe
-      name: weight-0-and-no-canary-traffic
-      tolerance: {type: probe, name: slo-met,
-                  provider: {type: python, module: probes.slo, func: slo_met}}
-      provider:
-        type: python
-        module: probes.prometheus
-        func: canary_drained
-        arguments: {window_s: 30}
-
-The Prometheus URL comes from the ``prometheus_url`` argument, else the configuration
-entry ``prometheus_url``, else ``$PROMETHEUS_URL``. In every expression ``{namespace}`` is
-replaced by the target's namespace (when the target is a Kubernetes one) and ``{window}``
-by the window of the check (e.g. ``30s``). On a local target (one Prometheus per stack,
-``gameday.prom``) ``canary_drained``'s default queries select every router, without a
-namespace.
-
-An answer that is not a finite number (``NaN``: a ratio or a quantile over no traffic;
-``±Inf``: a division by zero, or a quantile above a histogram's largest finite bucket) is
-no figure: the check fails and says so; ``query_value`` returns None for it.
-
-``canary_drained`` pairs a status with traffic: the routers *say* the canary weight is 0
-(``router_canary_weight_percent``) AND they *served* no canary request in the window
-(``router_requests_total{variant="canary"}``) while they did serve requests — an empty
-answer is never read as "zero" unless the total shows that the metrics are scraped.
-Results have the SLO shape of docs/ARCHITECTURE.md §7.1. These probes only read.
+An answer that is not a finite number, and an empty answer where traffic is not shown to
+be scraped, must never pass: the check fails and says so. These probes only read.
 """
 
 from __future__ import annotations
@@ -57,6 +33,9 @@ LOCAL_QUERIES = {
 
 
 def _expand(expr: str, configuration: Configuration | None, window_s: float | None) -> str:
+    """``{namespace}`` becomes the target's namespace (when the target is a Kubernetes one)
+    and ``{window}`` the window of the check (e.g. ``30s``).
+    """
     if not isinstance(expr, str) or not expr.strip():
         raise ActivityFailed(f"argument promql must be a PromQL expression, got {expr!r}")
     if "{namespace}" in expr:
@@ -83,7 +62,12 @@ def query_value(
     secrets: Secrets | None = None,
 ) -> float | None:
     """The value of an instant query (a vector is summed); None when no series matched
-    or the answer is not a finite number (NaN, +Inf, -Inf)."""
+    or the answer is not a finite number (NaN, +Inf, -Inf).
+
+    An answer that is not a finite number (``NaN``: a ratio or a quantile over no traffic;
+    ``±Inf``: a division by zero, or a quantile above a histogram's largest finite bucket) is
+    no figure: None here, and a failed check in the probes.
+    """
     url = _url(configuration, prometheus_url)
     value = promql_value(url, _expand(promql, configuration, window_s))
     return None if value is None or not math.isfinite(value) else value
@@ -108,6 +92,9 @@ def _namespace(configuration: Configuration | None) -> str | None:
 
 
 def _url(configuration: Configuration | None, given: str | None) -> str:
+    """The ``prometheus_url`` argument, else the configuration entry ``prometheus_url``, else
+    ``$PROMETHEUS_URL``.
+    """
     return prometheus_url(configuration, given)
 
 
@@ -181,7 +168,22 @@ def canary_drained(
 ) -> Slo:
     """Every router reports canary weight 0 AND the routers served at most
     ``max_canary_requests`` canary requests in the last ``window_s`` seconds, while they
-    served some requests (so the zero is traffic, not a missing metric)."""
+    served some requests (so the zero is traffic, not a missing metric).
+
+    It pairs a status with traffic: the routers *say* the canary weight is 0
+    (``router_canary_weight_percent``) AND they *served* no canary request in the window
+    (``router_requests_total{variant="canary"}``) while they did serve requests — an empty
+    answer is never read as "zero" unless the total shows that the metrics are scraped. On a
+    local target (one Prometheus per stack, ``gameday.prom``) the default queries select
+    every router, without a namespace::
+
+        - type: probe
+          name: weight-0-and-no-canary-traffic
+          tolerance: {type: probe, name: slo-met,
+                      provider: {type: python, module: probes.slo, func: slo_met}}
+          provider: {type: python, module: probes.prometheus, func: canary_drained,
+                     arguments: {window_s: 30}}
+    """
     window = non_negative("window_s", window_s)
     if window < 1:
         raise ActivityFailed(f"argument window_s must be at least 1, got {window_s!r}")

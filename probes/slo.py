@@ -1,25 +1,10 @@
 """Chaos Toolkit probes that check SLOs over what the run recorded: users' requests
 (the load records), the fault ledger and the broker's history.
 
-    steady-state-hypothesis:
-      probes:
-        - type: probe
-          name: baseline-ttft-p99
-          tolerance:
-            type: probe
-            name: slo-met
-            provider: {type: python, module: probes.slo, func: slo_met, arguments: {}}
-          provider:
-            type: python
-            module: probes.slo
-            func: baseline_ttft_p99_below
-            arguments: {max_s: 1.5}
-
-Each probe returns the SLO result of docs/ARCHITECTURE.md §7.1 (``gameday.evidence.slo``),
-which the ``slo_met`` tolerance judges and the report gathers; the measuring is in
-``gameday.evidence.checks``, the same functions the report's figures rest on. Before the
-method a probe says ``not_measured`` (nothing happened yet); once a fault was injected,
-missing or empty records fail the check (fail-closed). These probes only read.
+Each returns the SLO result (``gameday.evidence.slo``) that the ``slo_met`` tolerance
+judges; the measuring is ``gameday.evidence.checks``, the report's too. Before the method
+a probe says ``not_measured``; once a fault was injected, missing records fail the check
+(fail-closed). These probes only read.
 """
 
 from __future__ import annotations
@@ -59,7 +44,15 @@ def slo_met(
     configuration: Configuration | None = None,
     secrets: Secrets | None = None,
 ) -> bool:
-    """Tolerance: the SLO result's ``ok`` is true."""
+    """Tolerance: the SLO result's ``ok`` is true.
+
+    As a probe's tolerance::
+
+        tolerance:
+          type: probe
+          name: slo-met
+          provider: {type: python, module: probes.slo, func: slo_met, arguments: {}}
+    """
     return bool(isinstance(value, dict) and value.get("ok") is True)
 
 

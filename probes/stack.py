@@ -1,18 +1,8 @@
 """Chaos Toolkit probes of the stack's state: health, the release's phase and canary weight.
 
-    - type: probe
-      name: release-is-progressing
-      provider:
-        type: python
-        module: probes.stack
-        func: release_phase
-        arguments: {expected: progressing}
-
-Without ``expected`` a probe returns what it sees (for a tolerance to judge); with it, it
-raises ``ActivityFailed`` naming expected and actual — the form a method uses to check
-that an experiment starts from the state it assumes. Everything is read over HTTP from
-the target (``/health`` of every replica, the broker's release API), never from files
-or internals. These probes never change anything.
+Without ``expected`` a probe returns what it sees (for a tolerance); with it, it raises
+``ActivityFailed`` naming expected and actual. Everything is read over HTTP from the
+target, never from files or internals. These probes never change anything.
 """
 
 from __future__ import annotations
@@ -87,7 +77,15 @@ def release_phase(
     secrets: Secrets | None = None,
 ) -> str:
     """The release's phase (``progressing``, ``tripped``, ``rolling_back``,
-    ``rolled_back``, ``promoted``); with ``expected``, raises unless it is that."""
+    ``rolled_back``, ``promoted``); with ``expected``, raises unless it is that.
+
+    How a method checks that an experiment starts from the state it assumes::
+
+        - type: probe
+          name: release-is-progressing
+          provider: {type: python, module: probes.stack, func: release_phase,
+                     arguments: {expected: progressing}}
+    """
     if expected is not None and expected not in PHASES:
         raise ActivityFailed(f"argument expected is {expected!r}: use one of {', '.join(PHASES)}")
     with stack_api(configuration, "reading the release phase") as api:

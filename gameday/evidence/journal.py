@@ -2,11 +2,8 @@
 
 Chaos Toolkit's own status is not enough (``chaos run`` exits 0 when the steady state was
 not met before the method, or when a method activity raised), so every reason a journal
-gives to fail an experiment is found here, as a sentence a person can act on. The run's
-verdict (``gameday.run.verdict``) takes every finding; the report
-(``gameday.report.verdict``) takes the ones that are not about an SLO result and lists
-each SLO result as a check of its own (with what was measured), so both give a failed
-experiment the same reasons.
+gives to fail an experiment is found here, as a sentence a person can act on, for both
+the run verdict (``gameday.run.verdict``) and the report (``gameday.report.verdict``).
 """
 
 from __future__ import annotations
