@@ -1,35 +1,6 @@
-"""``gameday run``: run experiments one after the other, gather, decide, report.
+"""``gameday run``: run experiments one after the other, gather, decide, report (``GameDay``).
 
-Per experiment, in ``reports/<run-id>/<experiment>/``:
-
-1. a stack to act on — a fresh local stack when the run owns it (see ``gameday.run.plan``),
-   and ``target.yaml``, the target file the experiment's activities read;
-2. ``chaos run`` in a subprocess (``gameday.run.chaos``) with ``GAMEDAY_TARGET`` and
-   ``GAMEDAY_RUN_DIR`` pointing there; the experiment's own activities write the fault
-   ledger (``faults.jsonl``), the load records and ``load.json``;
-3. safety nets (a Locust left running, faults left in the ledger), ``timeline.json``
-   from the broker, the stack's logs (``stack/``) when the run owned the stack;
-4. the evidence (``gameday.run.evidence``): ``gate-evidence.json`` (the gate's counters;
-   read here, before the stack stops, when the experiment's own probe did not) and the
-   load generator's check in ``load.json``;
-5. the verdict (``gameday.run.verdict``) in ``result.json``: pass, fail or inconclusive.
-
-A campaign (``--repeat N``, ``gameday.run.plan.campaign_runs``) is the same loop over N
-rounds: run k of ``router/latency`` lives in ``router/latency@rKK``, its chaos gets
-``GAMEDAY_LOAD_SEED`` (the load's seed for that run, also in its ``result.json`` under
-``campaign`` and in ``run.json``), and the report adds the campaign's cells
-(``gameday.report.campaign``).
-
-Exit codes: 0 every experiment passed, 1 one failed (fail wins), 3 none failed but one was
-inconclusive (the gate could not have seen, or the load was not valid), 128+N a signal.
-
-Then ``run.json`` and the report (``gameday.report.build_report``) at the run folder's top,
-and ``reports/latest`` -> the run. On SIGINT/SIGTERM: chaos gets SIGINT (its rollbacks
-clear the faults and its controls stop Locust), is killed by PID after a grace period,
-then the run clears whatever the ledgers still hold, stops Locust by PID if needed, stops
-the stack it started, writes the verdict (fail) and exits non-zero. A second signal
-skips the waiting.
-
+Over 400 lines because ``GameDay`` is one loop (stack, chaos, safety nets, evidence, verdict).
 This module never kills anything by name, and never stops a stack it did not start.
 """
 
@@ -45,7 +16,6 @@ import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
 from types import FrameType
 from typing import Any, Protocol
@@ -66,17 +36,19 @@ from gameday.run.collect import (
 )
 from gameday.run.evidence import (
     GATE_EVIDENCE_NAME,
-    GATE_START_NAME,
-    gate_reasons,
-    kernel_min_prompt_tokens,
-    load_reasons,
-    since_start,
     thresholds,
     write_gate_evidence,
     write_gate_start,
 )
+from gameday.run.figures import (
+    evidence_brief,
+    evidence_figures,
+    experiment_window,
+    figures,
+    inconclusive_reasons,
+)
 from gameday.run.plan import PlannedExperiment, RunPlan, effective_target_data
-from gameday.run.verdict import FAIL, INCONCLUSIVE, PASS, Evidence, decide, gameday_extension
+from gameday.run.verdict import FAIL, INCONCLUSIVE, PASS, Evidence, decide
 from gameday.stack import StackCommandError, stack_down, stack_up
 from gameday.targets import Target, TargetError, load_target
 
@@ -201,7 +173,38 @@ def _versions() -> dict[str, str]:
 
 
 class GameDay:
-    """One ``gameday run``."""
+    """One ``gameday run``.
+
+    Per experiment, in ``reports/<run-id>/<experiment>/``:
+
+    1. a stack to act on — a fresh local stack when the run owns it (see ``gameday.run.plan``),
+       and ``target.yaml``, the target file the experiment's activities read;
+    2. ``chaos run`` in a subprocess (``gameday.run.chaos``) with ``GAMEDAY_TARGET`` and
+       ``GAMEDAY_RUN_DIR`` pointing there; the experiment's own activities write the fault
+       ledger (``faults.jsonl``), the load records and ``load.json``;
+    3. safety nets (a Locust left running, faults left in the ledger), ``timeline.json``
+       from the broker, the stack's logs (``stack/``) when the run owned the stack;
+    4. the evidence (``gameday.run.evidence``): ``gate-evidence.json`` (the gate's counters;
+       read here, before the stack stops, when the experiment's own probe did not) and the
+       load generator's check in ``load.json``;
+    5. the verdict (``gameday.run.verdict``) in ``result.json``: pass, fail or inconclusive.
+
+    A campaign (``--repeat N``, ``gameday.run.plan.campaign_runs``) is the same loop over N
+    rounds: run k of ``router/latency`` lives in ``router/latency@rKK``, its chaos gets
+    ``GAMEDAY_LOAD_SEED`` (the load's seed for that run, also in its ``result.json`` under
+    ``campaign`` and in ``run.json``), and the report adds the campaign's cells
+    (``gameday.report.campaign``).
+
+    Exit codes: 0 every experiment passed, 1 one failed (fail wins), 3 none failed but one was
+    inconclusive (the gate could not have seen, or the load was not valid), 128+N a signal.
+
+    Then ``run.json`` and the report (``gameday.report.build_report``) at the run folder's top,
+    and ``reports/latest`` -> the run. On SIGINT/SIGTERM: chaos gets SIGINT (its rollbacks
+    clear the faults and its controls stop Locust), is killed by PID after a grace period,
+    then the run clears whatever the ledgers still hold, stops Locust by PID if needed, stops
+    the stack it started, writes the verdict (fail) and exits non-zero. A second signal
+    skips the waiting.
+    """
 
     def __init__(self, plan: RunPlan, progress: Progress | None = None) -> None:
         self.plan = plan
@@ -372,7 +375,7 @@ class GameDay:
             "file": str(exp.path),
             "figures": {
                 **figures(evidence.journal, evidence.records_rows),
-                **_evidence_brief(seen),
+                **evidence_brief(seen),
             },
             "evidence": seen,
             "stack": {"owned": self.plan.owns_stack},
@@ -447,7 +450,7 @@ class GameDay:
         if target is not None:
             events, problem = collect_timeline(target, folder, self.http)
             journal = read_json(folder / "journal.json") or {}
-            start, end = _window(journal, folder)
+            start, end = experiment_window(journal, folder)
             ev.trips_in_window = None if events is None else trips_between(events, start, end)
             if problem and ev.setup_error is None:
                 ev.load_problem = ev.load_problem or problem
@@ -478,100 +481,3 @@ def run_verdict(results: list[JsonObject]) -> str:
     if not verdicts or any(v not in (PASS, INCONCLUSIVE) for v in verdicts):
         return FAIL
     return INCONCLUSIVE if INCONCLUSIVE in verdicts else PASS
-
-
-def inconclusive_reasons(folder: Path, ev: Evidence) -> list[str]:
-    """Why the gate could not have seen, or the load is not valid (empty: the evidence
-    suffices). Reads gate-evidence.json, load.json and the fault ledger of ``folder``."""
-    ext = gameday_extension((ev.journal or {}).get("experiment")) or {}
-    expect = ext.get("expect")
-    tripped = bool(ev.trips_in_window)
-    try:
-        gate_doc = read_json(folder / GATE_EVIDENCE_NAME)
-        if gate_doc is not None:
-            gate_doc = since_start(gate_doc, read_json(folder / GATE_START_NAME))
-        reasons = gate_reasons(gate_doc, expect, tripped, kernel_min_prompt_tokens(folder))
-    except ValueError as exc:
-        reasons = [f"the gate's evidence could not be judged: {exc}"]
-    return [*reasons, *load_reasons(read_json(folder / "load.json"))]
-
-
-def evidence_figures(folder: Path) -> JsonObject:
-    """What the report shows beside the verdict: the gate's counters and the load's check."""
-    gate = read_json(folder / GATE_EVIDENCE_NAME) or {}
-    if gate:
-        gate = since_start(gate, read_json(folder / GATE_START_NAME))
-    load = read_json(folder / "load.json") or {}
-    summary = load.get("summary") if isinstance(load.get("summary"), dict) else {}
-    generator = (summary or {}).get("generator")
-    return {
-        "gate": {
-            k: gate.get(k)
-            for k in (
-                "ok",
-                "comparisons",
-                "canary_outcomes",
-                "thresholds",
-                "source",
-                "error",
-                "counted_from",
-            )
-        }
-        if gate
-        else None,
-        "load": generator if isinstance(generator, dict) else None,
-    }
-
-
-def _evidence_brief(evidence: JsonObject) -> JsonObject:
-    """The evidence's headline numbers for the terminal (gameday.run.cli FIGURES)."""
-    gate = evidence.get("gate") or {}
-    load = evidence.get("load") or {}
-    return {
-        "gate_comparisons": gate.get("comparisons"),
-        "gate_canary_outcomes": gate.get("canary_outcomes"),
-        "load_rps": load.get("achieved_rps"),
-        "load_cpu": load.get("cpu_fraction"),
-    }
-
-
-def _epoch(value: Any) -> float | None:
-    if not isinstance(value, str):
-        return None
-    try:
-        return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
-
-
-def _window(journal: JsonObject, folder: Path) -> tuple[float, float]:
-    """The experiment's time window, from its journal (else the folder's creation)."""
-    start = _epoch(journal.get("start"))
-    end = _epoch(journal.get("end"))
-    if start is None:
-        start = (folder / "experiment.yaml").stat().st_mtime
-    return float(start), float(end if end is not None else time.time())
-
-
-def figures(journal: JsonObject | None, rows: int | None) -> JsonObject:
-    """Key figures for the terminal: every SLO result after the method, and trip time."""
-    out: JsonObject = {"requests": rows}
-    if not journal:
-        return out
-    after = (journal.get("steady_states") or {}).get("after") or {}
-    for run in after.get("probes") or []:
-        o = run.get("output") if isinstance(run, dict) else None
-        if isinstance(o, dict) and {"check", "measured"} <= set(o):
-            out[str(o["check"])] = o.get("measured")
-            detail = o.get("detail") or {}
-            if o["check"] == "error_rate":
-                out["failed_requests"] = detail.get("failed")
-            if o["check"] == "rollback_s":
-                out["canary_requests_after_fault"] = detail.get("canary_requests_after_fault")
-    for run in journal.get("run") or []:
-        act = (run or {}).get("activity") or {}
-        if (act.get("provider") or {}).get("func") == "wait_for_trip" and isinstance(
-            run.get("output"), int | float
-        ):
-            out["time_to_trip_s"] = run["output"]
-    return out

@@ -1,0 +1,120 @@
+"""What one experiment's folder says beside its verdict: why it is inconclusive, its figures.
+
+This module only reads the folder; it must never write into it or reach the stack.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from canary_contract.json import JsonObject
+from gameday.run.collect import read_json
+from gameday.run.evidence import (
+    GATE_EVIDENCE_NAME,
+    GATE_START_NAME,
+    gate_reasons,
+    kernel_min_prompt_tokens,
+    load_reasons,
+    since_start,
+)
+from gameday.run.verdict import Evidence, gameday_extension
+
+
+def inconclusive_reasons(folder: Path, ev: Evidence) -> list[str]:
+    """Why the gate could not have seen, or the load is not valid (empty: the evidence
+    suffices). Reads gate-evidence.json, load.json and the fault ledger of ``folder``."""
+    ext = gameday_extension((ev.journal or {}).get("experiment")) or {}
+    expect = ext.get("expect")
+    tripped = bool(ev.trips_in_window)
+    try:
+        gate_doc = read_json(folder / GATE_EVIDENCE_NAME)
+        if gate_doc is not None:
+            gate_doc = since_start(gate_doc, read_json(folder / GATE_START_NAME))
+        reasons = gate_reasons(gate_doc, expect, tripped, kernel_min_prompt_tokens(folder))
+    except ValueError as exc:
+        reasons = [f"the gate's evidence could not be judged: {exc}"]
+    return [*reasons, *load_reasons(read_json(folder / "load.json"))]
+
+
+def evidence_figures(folder: Path) -> JsonObject:
+    """What the report shows beside the verdict: the gate's counters and the load's check."""
+    gate = read_json(folder / GATE_EVIDENCE_NAME) or {}
+    if gate:
+        gate = since_start(gate, read_json(folder / GATE_START_NAME))
+    load = read_json(folder / "load.json") or {}
+    summary = load.get("summary") if isinstance(load.get("summary"), dict) else {}
+    generator = (summary or {}).get("generator")
+    return {
+        "gate": {
+            k: gate.get(k)
+            for k in (
+                "ok",
+                "comparisons",
+                "canary_outcomes",
+                "thresholds",
+                "source",
+                "error",
+                "counted_from",
+            )
+        }
+        if gate
+        else None,
+        "load": generator if isinstance(generator, dict) else None,
+    }
+
+
+def evidence_brief(evidence: JsonObject) -> JsonObject:
+    """The evidence's headline numbers for the terminal (gameday.run.cli FIGURES)."""
+    gate = evidence.get("gate") or {}
+    load = evidence.get("load") or {}
+    return {
+        "gate_comparisons": gate.get("comparisons"),
+        "gate_canary_outcomes": gate.get("canary_outcomes"),
+        "load_rps": load.get("achieved_rps"),
+        "load_cpu": load.get("cpu_fraction"),
+    }
+
+
+def _epoch(value: Any) -> float | None:
+    if not isinstance(value, str):
+        return None
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def experiment_window(journal: JsonObject, folder: Path) -> tuple[float, float]:
+    """The experiment's time window, from its journal (else the folder's creation)."""
+    start = _epoch(journal.get("start"))
+    end = _epoch(journal.get("end"))
+    if start is None:
+        start = (folder / "experiment.yaml").stat().st_mtime
+    return float(start), float(end if end is not None else time.time())
+
+
+def figures(journal: JsonObject | None, rows: int | None) -> JsonObject:
+    """Key figures for the terminal: every SLO result after the method, and trip time."""
+    out: JsonObject = {"requests": rows}
+    if not journal:
+        return out
+    after = (journal.get("steady_states") or {}).get("after") or {}
+    for run in after.get("probes") or []:
+        o = run.get("output") if isinstance(run, dict) else None
+        if isinstance(o, dict) and {"check", "measured"} <= set(o):
+            out[str(o["check"])] = o.get("measured")
+            detail = o.get("detail") or {}
+            if o["check"] == "error_rate":
+                out["failed_requests"] = detail.get("failed")
+            if o["check"] == "rollback_s":
+                out["canary_requests_after_fault"] = detail.get("canary_requests_after_fault")
+    for run in journal.get("run") or []:
+        act = (run or {}).get("activity") or {}
+        if (act.get("provider") or {}).get("func") == "wait_for_trip" and isinstance(
+            run.get("output"), int | float
+        ):
+            out["time_to_trip_s"] = run["output"]
+    return out
