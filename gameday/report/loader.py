@@ -1,40 +1,33 @@
 """Read a run folder (docs/ARCHITECTURE.md §7, §7.1) into memory, and say what is missing.
 
-A run folder is ``reports/<run-id>/`` with ``run.json`` and one sub-folder per
-experiment (``journal.json``, ``experiment.yaml``, ``records.parquet``,
-``oracle.parquet``, ``faults.jsonl``, ``timeline.json``, ``result.json``, ``chaos.log``).
-Experiment folders may also be nested one level (``router/latency``).
-
-Every piece may be absent, empty or unreadable (an interrupted run, a load generator that
-died, a disk that filled up). The loader then records a ``Missing`` entry — which piece,
-what is wrong with it, what the report cannot show because of it, and whether it makes
-the experiment's verdict fail (fail-closed: a piece the verdict depends on) — and goes
-on with what it has. Records always come back as DataFrames with the columns the report
-uses, possibly with no rows.
-
-This module must never raise on bad run-folder content (only ``ReportInputError`` for a
-RUN_DIR that is not a run folder at all) and never write anything.
+Must never raise on bad run-folder content (only ``ReportInputError`` for a RUN_DIR that
+is not a run folder at all) and never write anything: every absent, empty or unreadable
+piece becomes a ``Missing`` entry and the loader goes on with what it has.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import re
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pandas as pd
-import pyarrow as pa
-import pyarrow.parquet as pq
 import yaml
 
-from canary_contract.json import JsonObject
-from gameday.load.records import part_paths, read_records_report
-from gameday.report.jsonfields import fields_json
+from gameday.load.records import part_paths
+from gameday.report.frames import (
+    LOAD_COLUMNS,
+    LOAD_KEY_COLUMNS,
+    ORACLE_COLUMNS,
+    ORACLE_KEY_COLUMNS,
+    empty_frame,
+    read_parquet,
+)
+from gameday.report.missing import Missing, short
+from gameday.report.spec import GamedaySpec, spec_from_definition, spec_from_name
 
 # Record files a killed writer may leave only as closed parts (gameday.load.records).
 PART_FILES = ("records.parquet", "oracle.parquet")
@@ -49,68 +42,11 @@ EXPERIMENT_FILES = (
     "chaos.log",
 )
 
-# The columns of the §7 schemas that the report reads, with the dtype it computes in.
-LOAD_COLUMNS: dict[str, str] = {
-    "start_time": "float64",
-    "ttft_s": "float64",
-    "e2e_s": "float64",
-    "prompt_tokens": "float64",
-    "status": "float64",
-    "ok": "bool",
-    "error_kind": "category",
-    "served_by": "category",
-    "bucket": "category",
-}
-ORACLE_COLUMNS: dict[str, str] = {
-    "time": "float64",
-    "prompt_tokens": "float64",
-    "kl_mean": "float64",
-    "kl_first": "float64",
-    "top1_agree": "float64",
-    "bucket": "category",
-    "error": "category",
-}
-# Without these a records file is useless to the report.
-LOAD_KEY_COLUMNS = ("start_time", "served_by")
-ORACLE_KEY_COLUMNS = ("time", "kl_mean")
-
 UNKNOWN_BUCKET = "unknown"
 
 
 class ReportInputError(ValueError):
     """RUN_DIR is not something a report can be built from (a usage error)."""
-
-
-@dataclass(frozen=True)
-class Missing:
-    """One thing the report could not read, and what follows from it."""
-
-    experiment: str | None  # None: the run as a whole
-    piece: str
-    problem: str
-    effect: str
-    required: bool  # True: the experiment's verdict fails because of it (fail-closed)
-
-    def to_json(self) -> JsonObject:
-        return fields_json(self, rename={"required": "fails_verdict"})
-
-    def sentence(self) -> str:
-        where = f"{self.experiment}/{self.piece}" if self.experiment else self.piece
-        return f"{where}: {self.problem} — {self.effect}"
-
-
-@dataclass
-class GamedaySpec:
-    """The experiment's ``gameday`` extension: what it expects (§7.1)."""
-
-    component: str | None
-    fault: str | None
-    expect: str | None  # "trip" | "no_trip" | "blind" | "colour_lost"
-    slo: dict[str, float]
-    drift_kl: float | None
-    notes: list[str] = field(default_factory=list)
-    from_extension: bool = True
-    lost_at: str | None = None  # expect colour_lost: the hop that drops the colour
 
 
 @dataclass
@@ -186,21 +122,22 @@ def parse_time(value: Any) -> float | None:
     return None
 
 
-def as_dict(value: Any) -> dict[str, Any]:
-    """``value`` when it is a JSON object, else an empty one (input is never trusted)."""
-    return value if isinstance(value, dict) else {}
-
-
-def empty_frame(columns: dict[str, str]) -> pd.DataFrame:
-    return pd.DataFrame({name: pd.Series(dtype=dtype) for name, dtype in columns.items()})
-
-
 # ---------------------------------------------------------------------------------------
 # The run folder
 
 
 def load_run(run_dir: str | Path) -> RunData:
-    """Read everything under ``run_dir``; raises ``ReportInputError`` only for a wrong path."""
+    """Read everything under ``run_dir``; raises ``ReportInputError`` only for a wrong path.
+
+    A run folder is ``reports/<run-id>/`` with ``run.json`` and one sub-folder per
+    experiment (``journal.json``, ``experiment.yaml``, ``records.parquet``,
+    ``oracle.parquet``, ``faults.jsonl``, ``timeline.json``, ``result.json``,
+    ``chaos.log``), possibly nested one level (``router/latency``). Any piece may be
+    absent, empty or unreadable (an interrupted run, a load generator that died, a full
+    disk): each becomes a ``Missing`` saying which piece, what is wrong, what the report
+    cannot show and whether the verdict fails because of it. Records always come back as
+    DataFrames with the columns the report uses, possibly with no rows.
+    """
     root = Path(run_dir)
     if not root.exists():
         raise ReportInputError(
@@ -390,7 +327,7 @@ def _read_json(
     try:
         value = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, ValueError) as exc:
-        missing.append(Missing(experiment, piece, f"unreadable ({_short(exc)})", effect, required))
+        missing.append(Missing(experiment, piece, f"unreadable ({short(exc)})", effect, required))
         return None
     if not isinstance(value, dict):
         missing.append(Missing(experiment, piece, "is not a JSON object", effect, required))
@@ -408,7 +345,7 @@ def _read_yaml(path: Path, experiment: str, missing: list[Missing]) -> dict[str,
             Missing(
                 experiment,
                 "experiment.yaml",
-                f"unreadable ({_short(exc)})",
+                f"unreadable ({short(exc)})",
                 "the experiment's title and description are unknown",
                 False,
             )
@@ -432,7 +369,7 @@ def _read_faults(
         lines = path.read_text().splitlines()
     except (OSError, UnicodeDecodeError) as exc:
         missing.append(
-            Missing(experiment, "faults.jsonl", f"unreadable ({_short(exc)})", effect, False)
+            Missing(experiment, "faults.jsonl", f"unreadable ({short(exc)})", effect, False)
         )
         return []
     for number, line in enumerate(lines, start=1):
@@ -461,304 +398,3 @@ def _read_faults(
         )
     entries.sort(key=lambda e: e["time"])
     return entries
-
-
-def read_parquet(
-    path: Path,
-    columns: dict[str, str],
-    key_columns: tuple[str, ...],
-    experiment: str,
-    missing: list[Missing],
-    required: bool,
-    effect: str,
-    quiet_when_absent: bool = False,
-) -> pd.DataFrame:
-    """The file's rows as a DataFrame with exactly ``columns`` (absent ones all-null).
-
-    When the file is absent but a writer that never merged it left closed parts
-    (``records.part-000001.parquet``, ...), the readable parts are read
-    (``gameday.load.records.read_records_report``) and the missing notes say how many
-    rows came from how many parts, and which parts could not be read (their rows are
-    lost: that note fails the verdict when the file is required).
-    """
-    piece = path.name
-    if not path.exists():
-        if part_paths(path):
-            return _read_parts(path, columns, key_columns, experiment, missing, required, effect)
-        if quiet_when_absent:
-            return empty_frame(columns)
-        missing.append(Missing(experiment, piece, "absent", effect, required))
-        return empty_frame(columns)
-    try:
-        pfile = pq.ParquetFile(path)
-        present = [c for c in columns if c in pfile.schema_arrow.names]
-        dictionary = [c for c in present if columns[c] == "category"]
-        table = pq.read_table(path, columns=present, read_dictionary=dictionary)
-    except (OSError, pa.ArrowException, ValueError) as exc:
-        missing.append(Missing(experiment, piece, f"unreadable ({_short(exc)})", effect, required))
-        return empty_frame(columns)
-    return _frame(
-        table, present, columns, key_columns, experiment, piece, missing, required, effect
-    )
-
-
-def _read_parts(
-    path: Path,
-    columns: dict[str, str],
-    key_columns: tuple[str, ...],
-    experiment: str,
-    missing: list[Missing],
-    required: bool,
-    effect: str,
-) -> pd.DataFrame:
-    piece = path.name
-    try:
-        found = read_records_report(path)
-    except (OSError, pa.ArrowException, ValueError) as exc:
-        missing.append(Missing(experiment, piece, f"unreadable ({_short(exc)})", effect, required))
-        return empty_frame(columns)
-    pattern = f"{path.stem}.part-*.parquet"
-    if found.skipped:
-        missing.append(
-            Missing(
-                experiment,
-                pattern,
-                f"{len(found.skipped)} part(s) unreadable: " + "; ".join(found.skipped),
-                "the rows in those parts are lost: the records are incomplete",
-                required,
-            )
-        )
-    if found.source != "parts":
-        missing.append(
-            Missing(
-                experiment,
-                piece,
-                f"absent; only {len(found.skipped)} part(s) ({pattern}) exist and none "
-                "could be read (the run was interrupted)",
-                effect,
-                required,
-            )
-        )
-        return empty_frame(columns)
-    missing.append(
-        Missing(
-            experiment,
-            piece,
-            f"absent (the writer never merged it: the run was interrupted); "
-            f"{found.table.num_rows} rows read from {len(found.parts)} closed part(s) "
-            f"({pattern})",
-            "rows not yet flushed when the writer died (its last batch) are not there",
-            False,
-        )
-    )
-    table = found.table
-    present = [c for c in columns if c in table.column_names]
-    return _frame(
-        table.select(present),
-        present,
-        columns,
-        key_columns,
-        experiment,
-        piece,
-        missing,
-        required,
-        effect,
-    )
-
-
-def _frame(
-    table: pa.Table,
-    present: list[str],
-    columns: dict[str, str],
-    key_columns: tuple[str, ...],
-    experiment: str,
-    piece: str,
-    missing: list[Missing],
-    required: bool,
-    effect: str,
-) -> pd.DataFrame:
-    lacking = [c for c in key_columns if c not in present]
-    if lacking:
-        missing.append(
-            Missing(experiment, piece, f"lacks the column(s) {lacking}", effect, required)
-        )
-        return empty_frame(columns)
-    if table.num_rows == 0:
-        missing.append(Missing(experiment, piece, "has no rows", effect, required))
-        return empty_frame(columns)
-    other = [c for c in columns if c not in present]
-    if other:
-        missing.append(
-            Missing(
-                experiment,
-                piece,
-                f"lacks the column(s) {other}",
-                "figures that need them stay empty",
-                False,
-            )
-        )
-    frame = table.to_pandas()
-    return _normalise(frame, columns)
-
-
-def _normalise(frame: pd.DataFrame, columns: dict[str, str]) -> pd.DataFrame:
-    n = len(frame)
-    out: dict[str, Any] = {}
-    for name, dtype in columns.items():
-        col = frame.get(name)
-        if dtype == "float64":
-            out[name] = np.full(n, np.nan) if col is None else pd.to_numeric(col, errors="coerce")
-        elif dtype == "bool":
-            # A null "ok" is not a success (fail-closed).
-            out[name] = (
-                np.zeros(n, dtype=bool)
-                if col is None
-                else col.astype("boolean").fillna(False).astype(bool)
-            )
-        elif col is None:
-            out[name] = pd.Categorical(np.full(n, None, dtype=object))
-        else:
-            out[name] = (
-                col if isinstance(col.dtype, pd.CategoricalDtype) else col.astype("category")
-            )
-    result = pd.DataFrame(out)
-    for name, dtype in columns.items():
-        if dtype == "float64":
-            result[name] = result[name].astype("float64")
-    return result
-
-
-# ---------------------------------------------------------------------------------------
-# The gameday extension
-
-DEFAULT_EXPECT = {
-    "faulty-kernel": "trip",
-    "pod-kill": "trip",
-    "latency": "no_trip",
-    "none": "no_trip",
-    "broken-kernel": "trip",
-    "client-flood": "no_trip",
-    "pins-after-trip": "trip",
-    "wrong-credential": "blind",
-    "benign-noise": "no_trip",
-    "small-drift": "no_trip",
-}
-_NAME_FAULTS = (
-    "faulty-kernel",
-    "broken-kernel",
-    "pod-kill",
-    "latency",
-    "client-flood",
-    "pins-after-trip",
-    "wrong-credential",
-    "benign-noise",
-    "small-drift",
-)
-_NAME_COMPONENTS = ("router", "broker", "rollback", "hostile", "control")
-
-
-def spec_from_name(name: str) -> GamedaySpec:
-    """Where an experiment sits in the matrix when only its folder name is known."""
-    low = name.lower()
-    component = next((c for c in _NAME_COMPONENTS if c in low), None)
-    fault = next((f for f in _NAME_FAULTS if f in low), None)
-    if component == "control":
-        fault = "none"
-    return GamedaySpec(
-        component=component,
-        fault=fault,
-        expect=None,
-        slo={},
-        drift_kl=None,
-        notes=["placed by its folder name: no gameday extension was read"],
-        from_extension=False,
-    )
-
-
-def spec_from_definition(
-    definition: dict[str, Any] | None, name: str, missing: list[Missing]
-) -> GamedaySpec:
-    ext = None
-    if definition is not None:
-        for item in definition.get("extensions") or []:
-            if isinstance(item, dict) and item.get("name") == "gameday":
-                ext = item
-                break
-    if ext is None:
-        if definition is not None:
-            missing.append(
-                Missing(
-                    name,
-                    "gameday extension",
-                    "absent from the experiment",
-                    "the report cannot tell whether a trip was expected",
-                    True,
-                )
-            )
-        return spec_from_name(name)
-    config = definition.get("configuration") if isinstance(definition, dict) else None
-    notes: list[str] = []
-    slo: dict[str, float] = {}
-    raw_slo = as_dict(ext.get("slo"))
-    for key, value in raw_slo.items():
-        number = _resolve_number(value, config)
-        if number is None:
-            notes.append(f"slo.{key} = {value!r} is not a number: the default is used")
-        else:
-            slo[str(key)] = number
-    drift = _resolve_number(ext.get("drift_kl", raw_slo.get("drift_kl")), config)
-    expect = ext.get("expect")
-    if expect not in ("trip", "no_trip", "blind", "colour_lost"):
-        missing.append(
-            Missing(
-                name,
-                "gameday extension",
-                f"expect is {expect!r}, not trip|no_trip|blind|colour_lost",
-                "the report cannot tell whether a trip was expected",
-                True,
-            )
-        )
-        expect = None
-    return GamedaySpec(
-        component=ext.get("component") if isinstance(ext.get("component"), str) else None,
-        fault=ext.get("fault") if isinstance(ext.get("fault"), str) else None,
-        expect=expect,
-        lost_at=ext.get("lost_at") if isinstance(ext.get("lost_at"), str) else None,
-        slo=slo,
-        drift_kl=drift,
-        notes=notes,
-    )
-
-
-_VAR = re.compile(r"^\$\{([^}]+)\}$")
-
-
-def _resolve_number(value: Any, configuration: Any) -> float | None:
-    """A number, a numeric string, or ``${key}`` from the experiment's configuration.
-
-    The journal keeps the experiment as written, so ``${detection_s}`` arrives
-    unsubstituted; an ``env`` entry resolves to its default (the environment of the run
-    is not recorded).
-    """
-    if isinstance(value, bool) or value is None:
-        return None
-    if isinstance(value, int | float):
-        return float(value) if math.isfinite(value) else None
-    if not isinstance(value, str):
-        return None
-    match = _VAR.match(value.strip())
-    if match and isinstance(configuration, dict):
-        entry = configuration.get(match.group(1))
-        if isinstance(entry, dict):
-            entry = entry.get("default")
-        return _resolve_number(entry, None)
-    try:
-        number = float(value)
-    except ValueError:
-        return None
-    return number if math.isfinite(number) else None
-
-
-def _short(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    return text[:200]

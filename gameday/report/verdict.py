@@ -47,7 +47,8 @@ from gameday.evidence.journal import BLIND_CHECK, DEVIATED
 from gameday.evidence.slo import is_not_measured, is_slo
 from gameday.report.heatmaps import HeatmapData
 from gameday.report.jsonfields import each_json, fields_json
-from gameday.report.loader import ExperimentData, Missing, RunData, as_dict
+from gameday.report.loader import ExperimentData, Missing, RunData
+from gameday.report.spec import as_dict
 from gameday.report.timeline import Timeline, records_after
 
 JOURNAL_PHASES = (
