@@ -39,8 +39,8 @@ from canary_contract.json import JsonObject
 from gameday.load.collector import Collector
 from gameday.load.options import LoadOptions, OptionsError, add_arguments, new_run_id
 from gameday.load.pacing import Slot, TraceSchedule
+from gameday.load.prompt_files import JsonlMix
 from gameday.load.prompts import (
-    JsonlMix,
     MixSpecError,
     PromptFileError,
     PromptRequest,

@@ -1,158 +1,42 @@
-"""Prompt mixes: what the load users send, and how long each prompt is.
+"""Prompt mixes: what the load users send, and how long each prompt is (``parse_mix``).
 
-Three mixes, chosen with ``--prompt-mix``:
-
-- ``synthetic`` — prompt lengths from a lognormal fitted to the Azure LLM conversation
-  trace (median 1020 tokens, 14% above 2048, p99 about 4.1k), clipped to a range; output
-  lengths from a second lognormal (median 128). All knobs are options.
-- ``jsonl:PATH`` — one JSON object per line: ``prompt`` (a string) or ``messages`` (a list
-  of ``{"role", "content"}``), optional ``max_tokens`` (positive integer) and ``user``
-  (string). Requests cycle through the lines in order.
-- ``azure-trace:PATH`` — the Azure LLM inference trace CSV (``TIMESTAMP``,
-  ``ContextTokens``, ``GeneratedTokens``), replayed open-loop: each request carries its
-  arrival offset, which the pacing schedule (``gameday.load.pacing``) turns into a start
-  time. ``TIMESTAMP`` may be a date-time (``2023-11-16 18:15:46.6805900``) or seconds.
-
-Token counts: a synthetic prompt of N tokens is N whitespace-separated words
-(``make_prompt``), which is exactly N prompt tokens on the simulated model server (its
-tokenizer counts one token per word; a chat message adds one token for the role marker,
-so chat content is built one word shorter). A real engine tokenizes differently — these
-pseudo-words are typically 2-3 BPE tokens each — so ``planned_prompt_tokens`` is the
-length the mix asked for, and the records also keep the server's own ``prompt_tokens``.
-
-Every mistake in a prompt or trace file raises ``PromptFileError`` naming the file, the
-line and the field. This module never imports ``canarystack`` and never does I/O at
-import time.
+This module never imports ``canarystack`` and never does I/O at import time.
 """
 
 from __future__ import annotations
 
-import csv
-import difflib
-import functools
-import json
 import math
 import random
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from datetime import datetime
-from pathlib import Path
-from typing import Any, Protocol
+from dataclasses import dataclass
 
-from gameday.errors import GamedayError
+from gameday.load.prompt_files import (
+    JsonlMix,
+    TraceMix,
+    load_azure_trace,
+    load_jsonl,
+)
+from gameday.load.prompt_request import (
+    MixSpecError,
+    PromptFileError,
+    PromptRequest,
+    capped,
+    make_prompt,
+    user_id_for,
+)
 
-_ONSETS = ("", "b", "d", "f", "g", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z", "sh")
-_VOWELS = ("a", "e", "i", "o", "u", "ai", "ou", "ea")
-VOCAB_SIZE = 512
-
-TRACE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
-JSONL_FIELDS = ("prompt", "messages", "max_tokens", "user")
-
-DEFAULT_MAX_TOKENS = 128  # a JSONL line without max_tokens, when no --max-tokens cap is set
-
-
-class PromptFileError(GamedayError, ValueError):
-    """A prompt or trace file is wrong; the message names the file, line and field."""
-
-    def __init__(self, path: str | Path, line: int | None, field_name: str | None, problem: str):
-        self.path = str(path)
-        self.line = line
-        self.field = field_name
-        where = self.path
-        if line is not None:
-            where += f", line {line}"
-        if field_name is not None:
-            where += f", field {field_name!r}"
-        super().__init__(f"{where}: {problem}")
-
-
-class MixSpecError(GamedayError, ValueError):
-    """``--prompt-mix`` (or a mix option) is not understood."""
-
-
-@functools.cache
-def vocab() -> tuple[str, ...]:
-    """``VOCAB_SIZE`` distinct pronounceable words (two syllables each)."""
-    syllables = [o + v for o in _ONSETS for v in _VOWELS]
-    words: list[str] = []
-    seen: set[str] = set()
-    for a in syllables:
-        for b in syllables:
-            w = a + b
-            if w not in seen:
-                seen.add(w)
-                words.append(w)
-                if len(words) == VOCAB_SIZE:
-                    return tuple(words)
-    raise AssertionError("vocabulary too small")  # pragma: no cover
-
-
-def make_prompt(n_tokens: int, seed: int = 0) -> str:
-    """A prompt of exactly ``n_tokens`` whitespace words, deterministic from ``seed``.
-
-    Mirrors the simulator's ``make_prompt`` contract (N words = N tokens there); the words
-    themselves need not match.
-    """
-    if n_tokens < 0:
-        raise ValueError(f"n_tokens must be >= 0, got {n_tokens}")
-    return " ".join(random.Random(seed).choices(vocab(), k=n_tokens))
-
-
-def count_words(text: str) -> int:
-    return len(text.split())
-
-
-@dataclass(frozen=True)
-class PromptRequest:
-    """One request a mix asks for. The prompt text is built when sent, not held."""
-
-    index: int
-    planned_prompt_tokens: int
-    max_tokens: int
-    user_id: str | None = None
-    offset_s: float | None = None  # trace arrival offset (unscaled); None = closed loop
-    prompt: str | None = None  # given text (JSONL); None = synthetic words
-    messages: tuple[Mapping[str, Any], ...] | None = None
-    seed: int = 0
-
-    def completion_prompt(self) -> str:
-        if self.prompt is not None:
-            return self.prompt
-        if self.messages is not None:
-            return "\n".join(str(m.get("content", "")) for m in self.messages)
-        return make_prompt(self.planned_prompt_tokens, self.seed)
-
-    def chat_messages(self) -> list[Mapping[str, Any]]:
-        if self.messages is not None:
-            return list(self.messages)
-        if self.prompt is not None:
-            return [{"role": "user", "content": self.prompt}]
-        # the simulator counts the role marker as a token: one word fewer keeps the total
-        return [
-            {
-                "role": "user",
-                "content": make_prompt(max(0, self.planned_prompt_tokens - 1), self.seed),
-            }
-        ]
-
-
-class PromptMix(Protocol):
-    """A deterministic sequence of requests; ``request(i)`` is the i-th."""
-
-    name: str
-    open_loop: bool
-
-    def request(self, index: int) -> PromptRequest: ...
-
-    def __len__(self) -> int: ...  # requests in one pass (synthetic: effectively unbounded)
-
-
-def _user_id(rng: random.Random, pool: int) -> str | None:
-    return f"user-{rng.randrange(pool)}" if pool > 0 else None
-
-
-def _cap(value: int, cap: int | None) -> int:
-    return value if cap is None else min(value, cap)
+# The names the load modules and tests import from here.
+__all__ = [
+    "MixSettings",
+    "MixSpecError",
+    "PromptFileError",
+    "PromptRequest",
+    "SyntheticMix",
+    "SyntheticParams",
+    "TraceMix",
+    "load_azure_trace",
+    "make_prompt",
+    "parse_mix",
+]
 
 
 @dataclass(frozen=True)
@@ -199,287 +83,14 @@ class SyntheticMix:
         p = self.params
         rng = random.Random(self.seed * 1_000_003 + index)
         n = round(rng.lognormvariate(math.log(p.median_tokens), p.sigma))
-        n = _cap(min(max(n, p.min_tokens), p.max_tokens), self.max_prompt_tokens)
+        n = capped(min(max(n, p.min_tokens), p.max_tokens), self.max_prompt_tokens)
         out = round(rng.lognormvariate(math.log(p.output_median_tokens), p.output_sigma))
         out = min(max(out, p.output_min_tokens), p.output_max_tokens)
         return PromptRequest(
             index=index,
             planned_prompt_tokens=n,
-            max_tokens=_cap(out, self.max_tokens_cap),
-            user_id=_user_id(rng, self.user_id_pool),
-            seed=rng.getrandbits(32),
-        )
-
-
-@dataclass(frozen=True)
-class JsonlEntry:
-    prompt: str | None
-    messages: tuple[Mapping[str, Any], ...] | None
-    max_tokens: int | None
-    user: str | None
-    line: int
-
-    @property
-    def planned_prompt_tokens(self) -> int:
-        if self.prompt is not None:
-            return count_words(self.prompt)
-        assert self.messages is not None
-        # as the simulator counts: one token per word plus one per role marker
-        return sum(1 + count_words(str(m["content"])) for m in self.messages)
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _parse_jsonl_line(path: Path, line_no: int, text: str) -> JsonlEntry:
-    try:
-        obj = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise PromptFileError(
-            path, line_no, None, f"not valid JSON ({exc.msg} at column {exc.colno})"
-        ) from None
-    if not isinstance(obj, dict):
-        raise PromptFileError(
-            path, line_no, None, f"expected a JSON object, got {type(obj).__name__}"
-        )
-    for key in obj:
-        if key not in JSONL_FIELDS:
-            close = difflib.get_close_matches(key, JSONL_FIELDS, n=1, cutoff=0.75)
-            if close:
-                raise PromptFileError(
-                    path, line_no, key, f"unknown field; did you mean {close[0]!r}?"
-                )
-    has_prompt, has_messages = "prompt" in obj, "messages" in obj
-    if has_prompt == has_messages:
-        raise PromptFileError(
-            path,
-            line_no,
-            "prompt",
-            "give exactly one of 'prompt' (a string) or 'messages' (a list)",
-        )
-    prompt: str | None = None
-    messages: tuple[Mapping[str, Any], ...] | None = None
-    if has_prompt:
-        if not isinstance(obj["prompt"], str) or not obj["prompt"].strip():
-            raise PromptFileError(path, line_no, "prompt", "must be a non-empty string")
-        prompt = obj["prompt"]
-    else:
-        raw = obj["messages"]
-        if not isinstance(raw, list) or not raw:
-            raise PromptFileError(
-                path, line_no, "messages", "must be a non-empty list of {role, content}"
-            )
-        for i, m in enumerate(raw):
-            if not isinstance(m, dict) or not isinstance(m.get("role"), str):
-                raise PromptFileError(path, line_no, f"messages[{i}].role", "must be a string")
-            if not isinstance(m.get("content"), str):
-                raise PromptFileError(path, line_no, f"messages[{i}].content", "must be a string")
-        messages = tuple({"role": m["role"], "content": m["content"]} for m in raw)
-    max_tokens = obj.get("max_tokens")
-    if max_tokens is not None and (not _is_int(max_tokens) or max_tokens < 1):
-        raise PromptFileError(
-            path, line_no, "max_tokens", f"must be a positive integer, got {max_tokens!r}"
-        )
-    user = obj.get("user")
-    if user is not None and (not isinstance(user, str) or not user):
-        raise PromptFileError(path, line_no, "user", f"must be a non-empty string, got {user!r}")
-    return JsonlEntry(prompt, messages, max_tokens, user, line_no)
-
-
-def load_jsonl(path: str | Path) -> list[JsonlEntry]:
-    p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise PromptFileError(
-            p, None, None, "file not found (give jsonl:PATH to an existing file)"
-        ) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise PromptFileError(p, None, None, f"cannot read: {exc}") from None
-    entries = [
-        _parse_jsonl_line(p, i, line)
-        for i, line in enumerate(text.splitlines(), start=1)
-        if line.strip()
-    ]
-    if not entries:
-        raise PromptFileError(p, None, None, "no prompts in the file (one JSON object per line)")
-    return entries
-
-
-@dataclass(frozen=True)
-class JsonlMix:
-    entries: Sequence[JsonlEntry]
-    seed: int = 0
-    user_id_pool: int = 1000
-    max_tokens_cap: int | None = None
-    name: str = "jsonl"
-    open_loop: bool = False
-
-    def __len__(self) -> int:
-        return len(self.entries)
-
-    def request(self, index: int) -> PromptRequest:
-        e = self.entries[index % len(self.entries)]
-        rng = random.Random(self.seed * 1_000_003 + index)
-        default = self.max_tokens_cap if self.max_tokens_cap is not None else DEFAULT_MAX_TOKENS
-        return PromptRequest(
-            index=index,
-            planned_prompt_tokens=e.planned_prompt_tokens,
-            max_tokens=_cap(
-                e.max_tokens if e.max_tokens is not None else default, self.max_tokens_cap
-            ),
-            user_id=e.user if e.user is not None else _user_id(rng, self.user_id_pool),
-            prompt=e.prompt,
-            messages=e.messages,
-        )
-
-
-@dataclass(frozen=True)
-class TraceRow:
-    offset_s: float
-    context_tokens: int
-    generated_tokens: int
-    line: int
-
-
-def _parse_timestamp(path: Path, line_no: int, value: str) -> float:
-    value = value.strip()
-    try:
-        return float(value)
-    except ValueError:
-        pass
-    try:
-        return datetime.fromisoformat(value).timestamp()
-    except ValueError:
-        raise PromptFileError(
-            path,
-            line_no,
-            "TIMESTAMP",
-            f"not a date-time or number: {value!r} (expected e.g. 2023-11-16 18:15:46.6805900)",
-        ) from None
-
-
-def _parse_count(path: Path, line_no: int, name: str, value: str | None, minimum: int) -> int:
-    if value is None or not value.strip():
-        raise PromptFileError(path, line_no, name, "missing value")
-    try:
-        n = int(value.strip())
-    except ValueError:
-        raise PromptFileError(path, line_no, name, f"not an integer: {value!r}") from None
-    if n < minimum:
-        raise PromptFileError(path, line_no, name, f"must be >= {minimum}, got {n}")
-    return n
-
-
-def load_azure_trace(
-    path: str | Path, start_s: float = 0.0, duration_s: float | None = None
-) -> list[TraceRow]:
-    """Rows of an Azure LLM trace CSV, offsets in seconds from the window's first request.
-
-    ``start_s`` / ``duration_s`` pick a window of the trace (seconds from its first row).
-    """
-    p = Path(path)
-    try:
-        f = p.open(newline="", encoding="utf-8")
-    except FileNotFoundError:
-        raise PromptFileError(
-            p, None, None, "file not found (give azure-trace:PATH to an existing CSV)"
-        ) from None
-    except OSError as exc:
-        raise PromptFileError(p, None, None, f"cannot read: {exc}") from None
-    raw: list[tuple[float, int, int, int]] = []
-    with f:
-        reader = csv.reader(f)
-        try:
-            header = next(reader)
-        except StopIteration:
-            raise PromptFileError(
-                p, 1, None, f"empty file; expected the header {','.join(TRACE_COLUMNS)}"
-            ) from None
-        except (csv.Error, UnicodeDecodeError) as exc:
-            raise PromptFileError(p, 1, None, f"cannot parse CSV: {exc}") from None
-        names = [h.strip().lstrip("\ufeff") for h in header]
-        for col in TRACE_COLUMNS:
-            if col not in names:
-                raise PromptFileError(
-                    p,
-                    1,
-                    col,
-                    f"column missing from the header (found: {', '.join(names) or 'nothing'})",
-                )
-        i_ts, i_ctx, i_gen = (names.index(c) for c in TRACE_COLUMNS)
-        try:
-            for row in reader:
-                line_no = reader.line_num
-                if not row or all(not c.strip() for c in row):
-                    continue
-
-                def cell(i: int, row: list[str] = row) -> str | None:
-                    return row[i] if i < len(row) else None
-
-                ts_value = cell(i_ts)
-                if ts_value is None or not ts_value.strip():
-                    raise PromptFileError(p, line_no, "TIMESTAMP", "missing value")
-                raw.append(
-                    (
-                        _parse_timestamp(p, line_no, ts_value),
-                        _parse_count(p, line_no, "ContextTokens", cell(i_ctx), 1),
-                        _parse_count(p, line_no, "GeneratedTokens", cell(i_gen), 1),
-                        line_no,
-                    )
-                )
-        except (csv.Error, UnicodeDecodeError) as exc:
-            raise PromptFileError(p, reader.line_num, None, f"cannot parse CSV: {exc}") from None
-    if not raw:
-        raise PromptFileError(p, None, None, "no requests in the trace (only a header)")
-    raw.sort(key=lambda r: r[0])  # stable: equal timestamps keep file order
-    t_first = raw[0][0]
-    lo = t_first + start_s
-    hi = math.inf if duration_s is None else lo + duration_s
-    window = [r for r in raw if lo <= r[0] < hi]
-    if not window:
-        raise PromptFileError(
-            p,
-            None,
-            None,
-            f"no requests in the window start {start_s} s, duration {duration_s} s "
-            f"(the trace spans {raw[-1][0] - t_first:.1f} s)",
-        )
-    t0 = window[0][0]
-    return [TraceRow(ts - t0, ctx, gen, line) for ts, ctx, gen, line in window]
-
-
-@dataclass(frozen=True)
-class TraceMix:
-    rows: Sequence[TraceRow]
-    seed: int = 0
-    user_id_pool: int = 1000
-    max_tokens_cap: int | None = None
-    max_prompt_tokens: int | None = None
-    name: str = "azure-trace"
-    open_loop: bool = True
-    offsets_s: tuple[float, ...] = field(default=(), compare=False)
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "offsets_s", tuple(r.offset_s for r in self.rows))
-
-    def __len__(self) -> int:
-        return len(self.rows)
-
-    @property
-    def duration_s(self) -> float:
-        return self.rows[-1].offset_s
-
-    def request(self, index: int) -> PromptRequest:
-        r = self.rows[index]
-        rng = random.Random(self.seed * 1_000_003 + index)
-        return PromptRequest(
-            index=index,
-            planned_prompt_tokens=_cap(r.context_tokens, self.max_prompt_tokens),
-            max_tokens=_cap(r.generated_tokens, self.max_tokens_cap),
-            user_id=_user_id(rng, self.user_id_pool),
-            offset_s=r.offset_s,
+            max_tokens=capped(out, self.max_tokens_cap),
+            user_id=user_id_for(rng, self.user_id_pool),
             seed=rng.getrandbits(32),
         )
 
@@ -500,7 +111,20 @@ class MixSettings:
 def parse_mix(
     spec: str, settings: MixSettings = MixSettings()
 ) -> SyntheticMix | JsonlMix | TraceMix:
-    """Build the mix ``--prompt-mix SPEC`` names; file errors raise ``PromptFileError``."""
+    """Build the mix ``--prompt-mix SPEC`` names; file errors raise ``PromptFileError``.
+
+    - ``synthetic`` — prompt lengths from a lognormal fitted to the Azure LLM conversation
+      trace (median 1020 tokens, 14% above 2048, p99 about 4.1k), clipped to a range;
+      output lengths from a second lognormal (median 128). All knobs are options.
+    - ``jsonl:PATH`` — one JSON object per line: ``prompt`` (a string) or ``messages`` (a
+      list of ``{"role", "content"}``), optional ``max_tokens`` (positive integer) and
+      ``user`` (string). Requests cycle through the lines in order.
+    - ``azure-trace:PATH`` — the Azure LLM inference trace CSV (``TIMESTAMP``,
+      ``ContextTokens``, ``GeneratedTokens``), replayed open-loop: each request carries its
+      arrival offset, which the pacing schedule (``gameday.load.pacing``) turns into a
+      start time. ``TIMESTAMP`` may be a date-time (``2023-11-16 18:15:46.6805900``) or
+      seconds.
+    """
     kind, _, arg = spec.partition(":")
     kind = kind.strip()
     if kind == "synthetic" and not arg:
