@@ -7,13 +7,14 @@ import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
+from canary_contract.json import JsonObject
 from canarystack.cluster import stack
 from canarystack.cluster.spec import StackConfigError, load_stack_config
+from canarystack.cluster.stack import StackStatus
 from canarystack.common.cli import entry
 
 DEFAULT_STATE_DIR = ".stack"
@@ -61,7 +62,7 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _print_status(console: Console, st: dict[str, Any]) -> None:
+def _print_status(console: Console, st: StackStatus) -> None:
     table = Table(title=f"stack in {st['state_dir']}")
     for col in ("component", "pid", "url", "state", "restarts", "health"):
         table.add_column(col)
@@ -79,7 +80,7 @@ def _print_status(console: Console, st: dict[str, Any]) -> None:
     console.print(f"router: {st['router_url']}   broker: {st['broker_url']}")
 
 
-def _summarise_change(change: dict[str, Any]) -> str:
+def _summarise_change(change: JsonObject) -> str:
     if "annotation" in change:
         rest = {k: v for k, v in change.items() if k != "annotation"}
         return f"{change['annotation']} {json.dumps(rest, default=str)}"

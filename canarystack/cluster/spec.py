@@ -17,6 +17,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from canary_contract.json import JsonObject
 from canarystack.model.engine import BATCH_NOISE_KL
 
 ROLES = ("broker", "router", "gate", "rollback", "model-baseline", "model-canary")
@@ -127,7 +128,7 @@ class Program:
 ENGINE_DEFAULTS = {"llamacpp": Path(__file__).with_name("llamacpp.yaml")}
 
 
-def _read_yaml(p: Path) -> dict[str, Any]:
+def _read_yaml(p: Path) -> JsonObject:
     try:
         loaded = yaml.safe_load(p.read_text()) or {}
     except OSError as exc:
@@ -142,7 +143,7 @@ def _read_yaml(p: Path) -> dict[str, Any]:
 def load_stack_config(path: str | Path | None, **overrides: Any) -> StackSpec:
     """Defaults, then the engine's defaults (``ENGINE_DEFAULTS``), then the YAML file (if
     any), then non-None ``overrides``."""
-    data: dict[str, Any] = {}
+    data: JsonObject = {}
     if path:
         data.update(_read_yaml(Path(path)))
     data.update({k: v for k, v in overrides.items() if v is not None})
@@ -281,7 +282,7 @@ def programs(spec: StackSpec) -> list[Program]:
     return progs
 
 
-def stack_description(spec: StackSpec, progs: list[Program]) -> dict[str, Any]:
+def stack_description(spec: StackSpec, progs: list[Program]) -> JsonObject:
     """The content of ``stack.json`` (docs/ARCHITECTURE.md §6)."""
     sd = spec.abs_state_dir
     return {

@@ -22,11 +22,12 @@ import time
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import TypedDict
 
 import redis
 import requests
 
+from canary_contract.json import JsonObject
 from canarystack.cluster import supervisor
 from canarystack.cluster.spec import (
     CREDENTIALS,
@@ -143,7 +144,7 @@ def _wait_healthy(spec: StackSpec, progs: list[Program], timeout_s: float) -> No
         )
 
 
-def _manifest(spec: StackSpec, version: str) -> dict[str, Any]:
+def _manifest(spec: StackSpec, version: str) -> JsonObject:
     return {
         "name": spec.model_name,
         "version": version,
@@ -152,7 +153,7 @@ def _manifest(spec: StackSpec, version: str) -> dict[str, Any]:
     }
 
 
-def _bootstrap_release(spec: StackSpec, token: str) -> dict[str, Any]:
+def _bootstrap_release(spec: StackSpec, token: str) -> JsonObject:
     from canarystack.broker.bootstrap import ReleaseSetupError, ensure_release
 
     try:
@@ -201,7 +202,7 @@ def seed_redis(spec: StackSpec) -> int:
         client.close()
 
 
-def up(spec: StackSpec, health_timeout_s: float = HEALTH_TIMEOUT_S) -> tuple[bool, dict[str, Any]]:
+def up(spec: StackSpec, health_timeout_s: float = HEALTH_TIMEOUT_S) -> tuple[bool, StackStatus]:
     """Start the stack. Returns (started, status); started is False if it was running."""
     sd = spec.abs_state_dir
     if supervisor.is_running(sd):
@@ -224,7 +225,7 @@ def up(spec: StackSpec, health_timeout_s: float = HEALTH_TIMEOUT_S) -> tuple[boo
     return True, status(sd)
 
 
-def read_description(state_dir: Path) -> dict[str, Any]:
+def read_description(state_dir: Path) -> JsonObject:
     try:
         return dict(json.loads((state_dir / "stack.json").read_text()))
     except OSError:
@@ -246,17 +247,32 @@ class ProcessStatus(TypedDict):
     healthy: bool
 
 
-def status(state_dir: Path) -> dict[str, Any]:
+class StackStatus(TypedDict):
+    """``stack status``: supervisord, the stack's URLs and every program's row."""
+
+    running: bool
+    supervisord_pid: int | None
+    dependencies: list[ProcessStatus]
+    router_url: str
+    broker_url: str
+    gate_url: str
+    rollback_url: str
+    state_dir: str
+    release: str
+    components: list[ProcessStatus]
+
+
+def status(state_dir: Path) -> StackStatus:
     sd = state_dir.resolve()
     desc = read_description(sd)
     running = supervisor.is_running(sd)
-    infos: dict[str, dict[str, Any]] = {}
+    infos: dict[str, JsonObject] = {}
     if running:
         for info in supervisor.rpc(sd).supervisor.getAllProcessInfo():
             infos[info["name"]] = info
     restarts = supervisor.restart_counts(sd) if running else {}
 
-    def row(entry: dict[str, Any], program: str, healthy: Callable[[], bool]) -> ProcessStatus:
+    def row(entry: JsonObject, program: str, healthy: Callable[[], bool]) -> ProcessStatus:
         info = infos.get(program, {})
         state = info.get("statename", "STOPPED")
         return {
@@ -280,7 +296,10 @@ def status(state_dir: Path) -> dict[str, Any]:
         "running": running,
         "supervisord_pid": supervisor.daemon_pid(sd),
         "dependencies": dependencies,
-        **{k: desc[k] for k in ("router_url", "broker_url", "gate_url", "rollback_url")},
+        "router_url": desc["router_url"],
+        "broker_url": desc["broker_url"],
+        "gate_url": desc["gate_url"],
+        "rollback_url": desc["rollback_url"],
         "state_dir": str(sd),
         "release": desc["release"],
         "components": components,
@@ -306,11 +325,11 @@ def log_paths(state_dir: Path, component: str) -> list[Path]:
 
 def read_events(
     broker_url: str, release: str, *, page_limit: int = EVENT_PAGE_LIMIT
-) -> list[dict[str, Any]]:
+) -> list[JsonObject]:
     """Every event of ``release``, oldest first, read page by page (``after_seq`` =
     ``next_after_seq`` until a page is shorter than its limit), so a long history is never
     cut at the broker's page size."""
-    events: list[dict[str, Any]] = []
+    events: list[JsonObject] = []
     after_seq = 0
     for _ in range(MAX_EVENT_PAGES):
         url = f"{broker_url}/v1/releases/{release}/events"
@@ -338,7 +357,17 @@ def read_events(
     )
 
 
-def timeline(state_dir: Path, release: str | None = None) -> dict[str, Any]:
+class Timeline(TypedDict):
+    """``stack timeline``: the release's events, ``t_rel_s`` from ``t0`` (the first
+    injected fault, else the first event)."""
+
+    release: str
+    t0: float
+    t0_is_fault: bool
+    events: list[JsonObject]
+
+
+def timeline(state_dir: Path, release: str | None = None) -> Timeline:
     """The release's event history with times relative to the first injected fault."""
     desc = read_description(state_dir.resolve())
     name = release or desc["release"]

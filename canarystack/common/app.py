@@ -41,13 +41,13 @@ import os
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 from aiohttp import web
 from multidict import CIMultiDict
 from opentelemetry.trace import SpanKind
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, generate_latest
 
+from canary_contract.json import JsonObject
 from canarystack.common import otel, strictjson
 from canarystack.common.auth import check_admin, presented_token, same_token
 from canarystack.common.colour import (
@@ -107,7 +107,7 @@ class Component:
     faults: FaultRegistry
     registry: CollectorRegistry = field(default_factory=CollectorRegistry)
     log: JsonLogger | None = None
-    health_extra: Callable[[], dict[str, Any]] | None = None
+    health_extra: Callable[[], JsonObject] | None = None
     started_mono: float = field(default_factory=time.monotonic)
     # The coloured requests this component saw (canarystack.common.colour; the probe reads it).
     hops: HopLog = field(default_factory=HopLog)
@@ -138,7 +138,7 @@ COMPONENT: web.AppKey[Component] = web.AppKey("component", Component)
 
 async def _health(request: web.Request) -> web.Response:
     comp = request.app[COMPONENT]
-    body: dict[str, Any] = {
+    body: JsonObject = {
         "status": "ok",
         "component": comp.name,
         "version": comp.version,

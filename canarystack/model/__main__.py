@@ -13,8 +13,9 @@ import hashlib
 import os
 import socket
 from collections.abc import Sequence
-from typing import Any, get_args
+from typing import get_args
 
+from canary_contract.json import JsonObject
 from canarystack.common.auth import describe_admin_flag
 from canarystack.common.cli import base_parser, entry, parse
 from canarystack.dependency.cli import add_dependency_options, dependency_from_args
@@ -249,7 +250,7 @@ def with_batch_noise(server: ModelServer, batch_noise: float, noise_seed: int) -
     )
     health = server.health_extra
 
-    def health_extra() -> dict[str, Any]:
+    def health_extra() -> JsonObject:
         return {**health(), "batch_noise": batch_noise, "noise_seed": noise_seed}
 
     server.health_extra = health_extra  # type: ignore[method-assign]
