@@ -11,10 +11,10 @@ import math
 
 from chaoslib.exceptions import ActivityFailed
 
-from canary_contract.json import JsonObject
+from gameday.evidence.promql import bounded, drained
 from probes._cluster import non_negative, prometheus_url, promql_value
 from probes._context import Configuration, Secrets, get_target
-from probes._result import Slo, result
+from probes._result import Slo
 
 __all__ = ["canary_drained", "metric_at_least", "metric_at_most", "query_value"]
 
@@ -73,19 +73,6 @@ def query_value(
     return None if value is None or not math.isfinite(value) else value
 
 
-def _not_finite(value: float) -> str:
-    """Why a non-finite answer is no figure."""
-    if math.isnan(value):
-        return (
-            "the query answered NaN, not a number: a ratio or a quantile over no samples "
-            "(no traffic in the window?)"
-        )
-    return (
-        f"the query answered {'+' if value > 0 else '-'}Inf: a division by zero, or a "
-        "quantile above the histogram's largest finite bucket"
-    )
-
-
 def _namespace(configuration: Configuration | None) -> str | None:
     namespace = getattr(get_target(configuration), "namespace", None)
     return str(namespace) if namespace else None
@@ -112,20 +99,7 @@ def _bounded(
     url = _url(configuration, url_arg)
     expr = _expand(promql, configuration, window_s)
     value = promql_value(url, expr)
-    detail: JsonObject = {"query": expr, "prometheus_url": url}
-    if value is None:
-        detail["why"] = (
-            f"the query matched no series (expected a value {'<=' if at_most else '>='} "
-            f"{allowed:g}): is the metric scraped, and are its labels right?"
-        )
-        return result(check, None, allowed, unit, False, **detail)
-    if not math.isfinite(value):
-        detail["why"] = _not_finite(value)
-        return result(check, None, allowed, unit, False, **detail)
-    ok = value <= allowed if at_most else value >= allowed
-    if not ok:
-        detail["why"] = f"expected {'<=' if at_most else '>='} {allowed:g}, got {value:g}"
-    return result(check, value, allowed, unit, ok, **detail)
+    return bounded(check, value, allowed, unit, at_most, {"query": expr, "prometheus_url": url})
 
 
 def metric_at_most(
@@ -194,36 +168,4 @@ def canary_drained(
         given = {k: LOCAL_QUERIES.get(q, q) for k, q in given.items()}
     queries = {k: _expand(q, configuration, window) for k, q in given.items()}
     raw = {k: promql_value(url, q) for k, q in queries.items()}
-    check = "canary_drained"
-    odd = {k: v for k, v in raw.items() if v is not None and not math.isfinite(v)}
-    values = {k: (None if k in odd else v) for k, v in raw.items()}
-    detail: JsonObject = {"queries": queries, "values": values, "prometheus_url": url}
-    if odd:
-        detail["why"] = "; ".join(f"{k} query: {_not_finite(v)}" for k, v in odd.items())
-        return result(check, None, allowed, "count", False, **detail)
-    weight, canary, total = values["weight"], values["canary"], values["total"]
-    if weight is None or total is None:
-        missing = [k for k in ("weight", "total") if values[k] is None]
-        detail["why"] = (
-            f"no series for the {' and '.join(missing)} query: cannot tell whether the canary "
-            "was drained (are the routers scraped, with a namespace label?)"
-        )
-        return result(check, None, allowed, "count", False, **detail)
-    if total <= 0:
-        detail["why"] = (
-            f"the routers served no request in the last {window:g} s: no traffic shows "
-            "whether the canary was drained (is the load running?)"
-        )
-        return result(check, None, allowed, "count", False, **detail)
-    served = 0.0 if canary is None else float(canary)
-    problems = []
-    if weight != 0:
-        problems.append(f"a router still reports canary weight {weight:g} (expected 0)")
-    if served > allowed:
-        problems.append(
-            f"{served:g} canary-served requests in the last {window:g} s "
-            f"(expected at most {allowed:g})"
-        )
-    if problems:
-        detail["why"] = "; ".join(problems)
-    return result(check, served, allowed, "count", not problems, **detail)
+    return drained(raw, window, allowed, queries, url)

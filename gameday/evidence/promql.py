@@ -1,0 +1,92 @@
+"""What PromQL answers show: a bound on one expression's value, and a canary drained
+(weight 0 at every router AND no canary traffic while there was traffic).
+
+Pure: the answers in, the SLO result out. An answer that is not a finite number, or an
+empty answer where traffic is not shown to be scraped, must never pass.
+"""
+
+from __future__ import annotations
+
+import math
+
+from canary_contract.json import JsonObject
+from gameday.evidence.slo import Slo, result
+
+DRAINED = "canary_drained"
+
+
+def not_finite(value: float) -> str:
+    """Why a non-finite answer is no figure."""
+    if math.isnan(value):
+        return (
+            "the query answered NaN, not a number: a ratio or a quantile over no samples "
+            "(no traffic in the window?)"
+        )
+    return (
+        f"the query answered {'+' if value > 0 else '-'}Inf: a division by zero, or a "
+        "quantile above the histogram's largest finite bucket"
+    )
+
+
+def bounded(
+    check: str, value: float | None, allowed: float, unit: str, at_most: bool, detail: JsonObject
+) -> Slo:
+    """``value`` at most (``at_most``) or at least ``allowed``; no series at all fails."""
+    sign = "<=" if at_most else ">="
+    if value is None:
+        detail["why"] = (
+            f"the query matched no series (expected a value {sign} "
+            f"{allowed:g}): is the metric scraped, and are its labels right?"
+        )
+        return result(check, None, allowed, unit, False, **detail)
+    if not math.isfinite(value):
+        detail["why"] = not_finite(value)
+        return result(check, None, allowed, unit, False, **detail)
+    ok = value <= allowed if at_most else value >= allowed
+    if not ok:
+        detail["why"] = f"expected {sign} {allowed:g}, got {value:g}"
+    return result(check, value, allowed, unit, ok, **detail)
+
+
+def drained(
+    raw: dict[str, float | None],
+    window: float,
+    allowed: float,
+    queries: dict[str, str],
+    url: str,
+) -> Slo:
+    """The routers' answers to ``queries`` (``weight``, ``canary``, ``total`` over the
+    last ``window`` seconds) show weight 0 and at most ``allowed`` canary-served requests
+    among some."""
+    odd = {k: v for k, v in raw.items() if v is not None and not math.isfinite(v)}
+    values = {k: (None if k in odd else v) for k, v in raw.items()}
+    detail: JsonObject = {"queries": queries, "values": values, "prometheus_url": url}
+    if odd:
+        detail["why"] = "; ".join(f"{k} query: {not_finite(v)}" for k, v in odd.items())
+        return result(DRAINED, None, allowed, "count", False, **detail)
+    weight, canary, total = values["weight"], values["canary"], values["total"]
+    if weight is None or total is None:
+        missing = [k for k in ("weight", "total") if values[k] is None]
+        detail["why"] = (
+            f"no series for the {' and '.join(missing)} query: cannot tell whether the canary "
+            "was drained (are the routers scraped, with a namespace label?)"
+        )
+        return result(DRAINED, None, allowed, "count", False, **detail)
+    if total <= 0:
+        detail["why"] = (
+            f"the routers served no request in the last {window:g} s: no traffic shows "
+            "whether the canary was drained (is the load running?)"
+        )
+        return result(DRAINED, None, allowed, "count", False, **detail)
+    served = 0.0 if canary is None else float(canary)
+    problems = []
+    if weight != 0:
+        problems.append(f"a router still reports canary weight {weight:g} (expected 0)")
+    if served > allowed:
+        problems.append(
+            f"{served:g} canary-served requests in the last {window:g} s "
+            f"(expected at most {allowed:g})"
+        )
+    if problems:
+        detail["why"] = "; ".join(problems)
+    return result(DRAINED, served, allowed, "count", not problems, **detail)
