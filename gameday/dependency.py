@@ -1,22 +1,10 @@
 """Harness-side faults of the stack's shared dependency, Redis (issue #16): real
-Redis-side stalls, connection-pool exhaustion and the Redis process killed.
+Redis-side stalls (``pause``), connection-pool exhaustion (``exhaust``) and the Redis
+process killed (``kill``), each undone by ``clear``.
 
-- ``pause``: ``CLIENT PAUSE <ms> ALL``; Redis itself ends the pause when ``ms`` is up
-  (its TTL). ``clear`` sends ``CLIENT UNPAUSE`` but Redis 7.0 holds that command too
-  while paused ALL, so the rollback waits (bounded) for the pause to end.
-- ``exhaust``: a holder child process (``python -m gameday.dependency hold``) opens
-  ``connections`` connections, lowers ``maxclients`` to exactly those and closes every
-  other client's connection, so the model pools' reconnects are refused ("max number of
-  clients reached"). At its deadline (the fault's TTL), or on SIGTERM, it restores
-  ``maxclients`` and exits; ``clear`` stops it (by PID, checked) and restores the setting
-  itself when the holder could not.
-- ``kill``: SIGKILL to the redis-server process supervisord runs (by PID, checked
-  against supervisord's configuration and ``/proc``); supervisord restarts it.
-
-Every fault is refused unless ``redis`` is in the target's ``blast_radius.components``,
-written to the run's fault ledger (action ``dependency`` / ``dependency-clear``, or
-``kill``) and announced to the broker. The harness talks to Redis over its protocol
-(RESP, as ``redis-cli`` does); it never imports ``canarystack``.
+Over 400 lines because the three faults share one RESP client, ledger and rollback.
+Every fault is refused unless ``redis`` is in the target's ``blast_radius.components``.
+The harness talks to Redis over its protocol (RESP); it never imports ``canarystack``.
 """
 
 from __future__ import annotations
@@ -153,6 +141,9 @@ def endpoint(target: Target) -> Endpoint:
 
 
 def check_allowed(target: Target) -> None:
+    """Refuse unless ``redis`` is in the blast radius. Every fault that passes is written to
+    the run's fault ledger (action ``dependency`` / ``dependency-clear``, or ``kill``) and
+    announced to the broker."""
     if ROLE not in target.blast_radius.components:
         allowed = ", ".join(target.blast_radius.components) or "nothing"
         raise BlastRadiusError(
@@ -178,7 +169,12 @@ def _announce(target: Target, entry: FaultEntry) -> None:
 
 
 def pause(target: Target, ms: float, ledger: FaultLedger | None = None) -> FaultEntry:
-    """Stall every Redis client for ``ms`` milliseconds (Redis ends the pause itself)."""
+    """Stall every Redis client for ``ms`` milliseconds: ``CLIENT PAUSE <ms> ALL``.
+
+    Redis itself ends the pause when ``ms`` is up (its TTL). ``clear`` sends ``CLIENT
+    UNPAUSE`` but Redis 7.0 holds that command too while paused ALL, so the rollback
+    waits (bounded) for the pause to end.
+    """
     check_allowed(target)
     if not 0 < ms <= MAX_PAUSE_MS:
         raise FaultError(f"redis pause: ms is {ms!r}: give 1 to {MAX_PAUSE_MS} milliseconds.")
@@ -197,7 +193,13 @@ def exhaust(
     target: Target, ttl_s: float, connections: int = 4, ledger: FaultLedger | None = None
 ) -> FaultEntry:
     """Fill Redis: ``connections`` held connections and ``maxclients`` lowered to them,
-    every other client disconnected, for ``ttl_s`` seconds (the holder's deadline)."""
+    every other client disconnected, for ``ttl_s`` seconds (the holder's deadline).
+
+    A holder child process (``python -m gameday.dependency hold``) holds them, so the
+    model pools' reconnects are refused ("max number of clients reached"). At its
+    deadline, or on SIGTERM, it restores ``maxclients`` and exits; ``clear`` stops it (by
+    PID, checked) and restores the setting itself when the holder could not.
+    """
     check_allowed(target)
     if not 0 < ttl_s <= MAX_TTL_S:
         raise FaultError(f"redis pool exhaustion: ttl_s is {ttl_s!r}: give 1 to {MAX_TTL_S:g} s.")
@@ -234,7 +236,8 @@ def exhaust(
 
 
 def kill(target: Target, ledger: FaultLedger | None = None) -> FaultEntry:
-    """SIGKILL the stack's redis-server (by PID, checked); supervisord restarts it."""
+    """SIGKILL the stack's redis-server (by PID, checked against supervisord's
+    configuration and ``/proc``); supervisord restarts it."""
     check_allowed(target)
     ep = endpoint(target)
     assert isinstance(target, LocalTarget)

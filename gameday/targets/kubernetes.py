@@ -1,23 +1,8 @@
-"""A Kubernetes namespace as a target.
+"""A Kubernetes namespace as a target (``KubernetesTarget``).
 
-Services are reached through the URLs in the target file; a replica's own admin API
-through its pod IP and the role's container port (127.0.0.1 for a pod with
-``spec.hostNetwork``, whose pod IP is the node's address where the loopback overlay's
-servers do not listen) (pods listed with the role's label
-selector through the Kubernetes API). Pod kills use chaostoolkit-kubernetes
-``terminate_pods`` on the role's label selector narrowed to one pod by name, so the same
-experiments run as a chaos runner Job in the cluster (``CHAOSTOOLKIT_IN_POD=true``) or
-from a machine with a kubeconfig that reaches the pod IPs.
-
-The namespace is checked before any Kubernetes API call: ``kube-system`` (and the other
-``kube-*`` system namespaces) always, and every namespace not listed in
-``blast_radius.namespaces`` of the target file, are refused with ``BlastRadiusError``.
-This module never acts on a namespace other than the target's, and never deletes
-anything but one pod that the role's selector matches *and* that belongs to the role's
-workload: a label is a name anyone can give a pod, so before a kill the pod's controller
-(``ownerReferences``) must be the ReplicaSet of the role's Deployment, or its StatefulSet,
-as named under ``workloads`` in the target file (UIDs compared). An empty label selector
-(it matches every pod in the namespace) is refused.
+Over 400 lines because it is one target: its replicas, kills and checks share the API client.
+This module never acts on a namespace other than the target's (never a ``kube-*`` one),
+and never deletes anything but one pod of the role's own workload.
 """
 
 from __future__ import annotations
@@ -92,6 +77,28 @@ def _address(pod: Any) -> str:
 
 
 class KubernetesTarget(Target):
+    """A namespace of a cluster, reached through the Kubernetes API.
+
+    Services are reached through the URLs in the target file; a replica's own admin API
+    through its pod IP and the role's container port (127.0.0.1 for a pod with
+    ``spec.hostNetwork``, whose pod IP is the node's address where the loopback overlay's
+    servers do not listen) (pods listed with the role's label
+    selector through the Kubernetes API). Pod kills use chaostoolkit-kubernetes
+    ``terminate_pods`` on the role's label selector narrowed to one pod by name, so the same
+    experiments run as a chaos runner Job in the cluster (``CHAOSTOOLKIT_IN_POD=true``) or
+    from a machine with a kubeconfig that reaches the pod IPs.
+
+    The namespace is checked before any Kubernetes API call: ``kube-system`` (and the other
+    ``kube-*`` system namespaces) always, and every namespace not listed in
+    ``blast_radius.namespaces`` of the target file, are refused with ``BlastRadiusError``.
+    This module never acts on a namespace other than the target's, and never deletes
+    anything but one pod that the role's selector matches *and* that belongs to the role's
+    workload: a label is a name anyone can give a pod, so before a kill the pod's controller
+    (``ownerReferences``) must be the ReplicaSet of the role's Deployment, or its StatefulSet,
+    as named under ``workloads`` in the target file (UIDs compared). An empty label selector
+    (it matches every pod in the namespace) is refused.
+    """
+
     kind = "kubernetes"
     spec_model = KubernetesTargetSpec
 
