@@ -21,8 +21,8 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
+from canary_contract.json import JsonObject
 from gameday.report.campaign import percentile as campaign_percentile
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -42,7 +42,7 @@ def percentile(values: Sequence[float], q: float) -> float | None:
     return campaign_percentile(values, q)
 
 
-def machine() -> dict[str, Any]:
+def machine() -> JsonObject:
     cpu = platform.processor() or ""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -84,7 +84,7 @@ class Run:
         self.t0 = time.monotonic()
         self.load_start = os.getloadavg()[0]
 
-    def document(self, figures: dict[str, Any]) -> dict[str, Any]:
+    def document(self, figures: JsonObject) -> JsonObject:
         return {
             "benchmark": self.name,
             "command": " ".join([".venv/bin/python", f"bench/{self.name}.py", *self.argv]),
@@ -97,7 +97,7 @@ class Run:
             "results": figures,
         }
 
-    def write(self, figures: dict[str, Any], out: Path | None = None) -> Path:
+    def write(self, figures: JsonObject, out: Path | None = None) -> Path:
         path = out or RESULTS / f"{self.name}.json"
         path.parent.mkdir(parents=True, exist_ok=True)
         doc = self.document(figures)

@@ -24,11 +24,12 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any
 
 import requests
 from _procs import ADMIN, ROOT, command, launch, stop, wait_port
 from _results import Run, percentile
+
+from canary_contract.json import JsonObject
 
 sys.path.insert(0, str(ROOT))
 
@@ -95,9 +96,9 @@ def main() -> None:
 
         wake_s = []
         for _ in range(args.watches):
-            got: dict[str, Any] = {}
+            got: JsonObject = {}
 
-            def watch(after: int = revision, out: dict[str, Any] = got) -> None:
+            def watch(after: int = revision, out: JsonObject = got) -> None:
                 params = {"after": after, "timeout_s": 10}
                 requests.get(url + "/v1/releases/r", params=params, timeout=20)
                 out["t"] = time.perf_counter()

@@ -52,6 +52,7 @@ import requests
 from _procs import ADMIN, launch, wait_port
 from _results import Run
 
+from canary_contract.json import JsonObject
 from canarystack.engine.gguf_gen import write_gguf
 from canarystack.tokenizer import make_prompt
 from gameday.oracle import compare_positions, kl_topk, parse_logprobs
@@ -193,13 +194,13 @@ def direct_full_kl(gguf: Path, prompts: list[str]) -> dict[str, float]:
     return out
 
 
-def part_pods(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
+def part_pods(args: argparse.Namespace, folder: Path) -> JsonObject:
     gguf = write_gguf(folder / "model.gguf", seed=args.seed)
     rng = random.Random(args.seed)
     prompts = [
         make_prompt(rng.choice(WORDS), seed=rng.getrandbits(32)) for _ in range(args.prompts)
     ]
-    out: dict[str, Any] = {}
+    out: JsonObject = {}
     with pods(gguf, folder, 3) as (b0, b1, c):
         out["noise_fresh"] = compare(b0, b1, prompts)
         out["noise_prefix_reuse"] = compare(b0, b1, prompts, prefix_reuse_b=True)
@@ -248,7 +249,7 @@ class Traffic:
             t.join(timeout=90)
 
 
-def trip_run(folder: Path, base_port: int) -> dict[str, Any]:
+def trip_run(folder: Path, base_port: int) -> JsonObject:
     sd = folder / "stack"
     cluster = [sys.executable, "-m", "canarystack.cluster"]
     up = subprocess.run([*cluster, "up", "--engine", "llamacpp", "--state-dir", str(sd),
@@ -262,7 +263,7 @@ def trip_run(folder: Path, base_port: int) -> dict[str, Any]:
         canary = next(c["url"] for c in desc["components"] if c["name"] == "model-canary-0")
         broker, gate = desc["broker_url"], desc["gate_url"]
 
-        def release() -> dict[str, Any]:
+        def release() -> JsonObject:
             return dict(requests.get(f"{broker}/v1/releases/default", timeout=5).json())
 
         def comparisons() -> int:
@@ -313,7 +314,7 @@ def main() -> None:
     p.add_argument("--base-port", type=int, default=18700)
     args = p.parse_args()
     run = Run("engine_drift")
-    result: dict[str, Any] = {"prompts": args.prompts, "seed": args.seed}
+    result: JsonObject = {"prompts": args.prompts, "seed": args.seed}
     with tempfile.TemporaryDirectory(prefix="engine-bench-") as tmp:
         result["pods"] = part_pods(args, Path(tmp))
         runs = [trip_run(Path(tmp) / f"run{i}", args.base_port) for i in range(args.trip_runs)]

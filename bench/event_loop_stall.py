@@ -49,6 +49,8 @@ from typing import Any
 
 from _procs import ADMIN, ROOT, command, launch, stop, wait_healthy, wait_port
 
+from canary_contract.json import JsonObject
+
 GOAL_MS = 50.0
 PROBE_PERIOD_S = 0.010
 DEFAULT_OUT = ROOT / "bench" / "results" / "event_loop_stall.json"
@@ -212,7 +214,7 @@ def measure(
     inputs: Callable[[int], dict[str, bytes]],
     tries: int,
     default_limit: int,
-) -> dict[str, Any]:
+) -> JsonObject:
     probe = Probe(port)
     probe.start()
     try:
@@ -220,7 +222,7 @@ def measure(
         idle = [rtt for _, rtt in probe.samples]
         limit = learn_limit(port, path, headers)
         bodies = inputs(limit or default_limit)
-        results: dict[str, Any] = {}
+        results: JsonObject = {}
         idle_median = statistics.median(idle) if idle else 0.0
         for label, body in bodies.items():
             worst_rtts, statuses, answers = [], [], []
@@ -273,7 +275,7 @@ def main() -> None:
     only = set(args.only.split(",")) if args.only else None
     started = time.monotonic()
     auth = {"Authorization": ADMIN["Authorization"]}
-    report: dict[str, Any] = {
+    report: JsonObject = {
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
         "machine": {
             "platform": platform.platform(),

@@ -27,9 +27,10 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 import psutil
+
+from canary_contract.json import JsonObject
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -70,7 +71,7 @@ def cpu_s(pids: list[int]) -> float:
     return total
 
 
-def one_level(status: dict[str, Any], users: int, duration_s: float, out: Path) -> dict[str, Any]:
+def one_level(status: JsonObject, users: int, duration_s: float, out: Path) -> JsonObject:
     stack_pids = [int(c["pid"]) for c in status["components"] if c.get("pid")]
     comps = {c["name"]: c for c in status["components"]}
     oracle = [

@@ -50,6 +50,8 @@ from typing import Any
 import numpy as np
 from scipy.stats import beta
 
+from canary_contract.json import JsonObject
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from _results import machine
@@ -70,7 +72,7 @@ MAX_BATCH = 500
 HOUR_S = 3600.0
 
 
-def release_json() -> dict[str, Any]:
+def release_json() -> JsonObject:
     return {
         "name": "default",
         "phase": "progressing",
@@ -128,7 +130,7 @@ class LlamaPairs:
         from canarystack.tokenizer import make_prompt
 
         path = write_gguf(workdir / "model.gguf", seed=0)
-        common: dict[str, Any] = {"n_ctx": 512, "logits_all": True, "verbose": False}
+        common: JsonObject = {"n_ctx": 512, "logits_all": True, "verbose": False}
         self.a = Llama(str(path), n_threads=1, n_batch=512, **common)
         self.b = Llama(str(path), n_threads=2, n_batch=16, **common)
         self.rng = random.Random(seed)
@@ -194,13 +196,11 @@ def clopper_pearson_upper(k: int, n: int, level: float = 0.95) -> float:
     return float(beta.ppf(level, k + 1, n - k))
 
 
-def replay(
-    source: str, pairs: Any, min_comparisons: int, hour_s: float, seed: int
-) -> dict[str, Any]:
+def replay(source: str, pairs: Any, min_comparisons: int, hour_s: float, seed: int) -> JsonObject:
     cfg = GateConfig.from_budget()
     rng = np.random.default_rng(seed)
     hours = 0
-    tripped: list[dict[str, Any]] = []
+    tripped: list[JsonObject] = []
     bc = bb = 0
     kls: list[float] = []
     agree_sum = 0.0

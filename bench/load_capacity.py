@@ -34,10 +34,11 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
-from typing import Any
 
 from _procs import ROOT, cpu_seconds, launch, pct, stop, wait_port
 from _results import Run
+
+from canary_contract.json import JsonObject
 
 sys.path.insert(0, str(ROOT))
 
@@ -70,7 +71,7 @@ def server_ttfts(log: Path) -> dict[str, float]:
     return out
 
 
-def summarize(rows: list[dict[str, Any]], server: dict[str, float], cpu_s: float) -> dict[str, Any]:
+def summarize(rows: list[JsonObject], server: dict[str, float], cpu_s: float) -> JsonObject:
     ok = [r for r in rows if r["ok"]]
     if not ok:
         return {"requests": len(rows), "errors": len(rows)}
@@ -105,7 +106,7 @@ def _r(x: float | None) -> float | None:
     return None if x is None else round(x, 2)
 
 
-def run_locust(url: str, users: int, duration_s: float, out: Path, log: Path) -> dict[str, Any]:
+def run_locust(url: str, users: int, duration_s: float, out: Path, log: Path) -> JsonObject:
     import pandas as pd
 
     cpu0 = children_cpu_s()
@@ -130,7 +131,7 @@ async def _aiohttp_client(url: str, users: int, duration_s: float, out: str) -> 
     import aiohttp
 
     mix = SyntheticMix(max_tokens_cap=MAX_TOKENS)
-    rows: list[dict[str, Any]] = []
+    rows: list[JsonObject] = []
     deadline = time.monotonic() + duration_s
     counter = iter(range(10**9))
 
@@ -183,7 +184,7 @@ def aiohttp_main(argv: list[str]) -> None:
     asyncio.run(_aiohttp_client(url, users, duration_s, out))
 
 
-def run_aiohttp(url: str, users: int, duration_s: float, out: Path, log: Path) -> dict[str, Any]:
+def run_aiohttp(url: str, users: int, duration_s: float, out: Path, log: Path) -> JsonObject:
     out.mkdir(parents=True, exist_ok=True)
     result = out / "rows.json"
     cmd = [sys.executable, __file__, "--aiohttp-client", url, str(users), str(duration_s)]
@@ -208,7 +209,7 @@ def main() -> None:
         try:
             results = []
             for users in levels:
-                level: dict[str, Any] = {"users": users}
+                level: JsonObject = {"users": users}
                 level["locust"] = run_locust(
                     url, users, args.duration_s, tmp / f"locust-{users}", log
                 )

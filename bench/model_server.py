@@ -27,11 +27,12 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 import aiohttp
 from _procs import cpu_seconds, launch, pct, stop, wait_port
 from _results import Run
+
+from canary_contract.json import JsonObject
 
 
 def make_prompt(n_tokens: int) -> str:
@@ -41,8 +42,8 @@ def make_prompt(n_tokens: int) -> str:
 
 
 async def drive(
-    url: str, concurrency: int, warmup_s: float, duration_s: float, body: dict[str, Any], pid: int
-) -> dict[str, Any]:
+    url: str, concurrency: int, warmup_s: float, duration_s: float, body: JsonObject, pid: int
+) -> JsonObject:
     connector = aiohttp.TCPConnector(limit=0)
     timeout = aiohttp.ClientTimeout(total=60)
     done: list[tuple[float, float, int, float]] = []  # (finish time, ttft_s, events, e2e_s)

@@ -25,6 +25,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from canary_contract.json import JsonObject
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -55,7 +57,7 @@ def _f(v: Any, nd: int = 2) -> str:
     return str(v)
 
 
-def provenance(doc: dict[str, Any]) -> str:
+def provenance(doc: JsonObject) -> str:
     m = doc.get("machine", {})
     cores = m.get("cores", m.get("cpu_count", "?"))
     load = doc.get("load_1m")
@@ -69,7 +71,7 @@ def provenance(doc: dict[str, Any]) -> str:
     )
 
 
-def r_router_overhead(res: dict[str, Any]) -> list[str]:
+def r_router_overhead(res: JsonObject) -> list[str]:
     add = res["added_by_router"]
     load = res["load"]
     work = res.get("router_work", {})
@@ -98,7 +100,7 @@ def r_router_overhead(res: dict[str, Any]) -> list[str]:
     ]
 
 
-def r_model_server(res: dict[str, Any]) -> list[str]:
+def r_model_server(res: JsonObject) -> list[str]:
     keys = [k for k in res if k.endswith(("_per_s", "_p50", "_p99")) or "cpu" in k]
     rows = [f"| {k} | {_f(res[k])} |" for k in keys if not isinstance(res[k], dict | list)]
     return [
@@ -111,7 +113,7 @@ def r_model_server(res: dict[str, Any]) -> list[str]:
     ]
 
 
-def r_broker_api(res: dict[str, Any]) -> list[str]:
+def r_broker_api(res: JsonObject) -> list[str]:
     c = res["commit_ms"]
     return [
         f"Broker, {res['patches']} PATCHes and {res['watches']} watches over HTTP:",
@@ -126,7 +128,7 @@ def r_broker_api(res: dict[str, Any]) -> list[str]:
     ]
 
 
-def r_report_speed(res: dict[str, Any]) -> list[str]:
+def r_report_speed(res: JsonObject) -> list[str]:
     return [
         f"A report from {res['records']:,} request records ({res['experiments']} experiments, "
         f"{res['oracle_records']:,} oracle pairs): build_report {res['build_report_s']} s, "
@@ -134,7 +136,7 @@ def r_report_speed(res: dict[str, Any]) -> list[str]:
     ]
 
 
-def r_gameday_load(res: dict[str, Any]) -> list[str]:
+def r_gameday_load(res: JsonObject) -> list[str]:
     rows = []
     for lv in res["levels"]:
         rows.append(
@@ -162,7 +164,7 @@ def r_gameday_load(res: dict[str, Any]) -> list[str]:
     ]
 
 
-def r_load_capacity(res: dict[str, Any]) -> list[str]:
+def r_load_capacity(res: JsonObject) -> list[str]:
     rows = []
     for lv in res["levels"]:
         for client in ("locust", "aiohttp"):
@@ -182,7 +184,7 @@ def r_load_capacity(res: dict[str, Any]) -> list[str]:
     ]
 
 
-def r_event_loop_stall(doc: dict[str, Any]) -> list[str]:
+def r_event_loop_stall(doc: JsonObject) -> list[str]:
     rows = []
     for name, comp in doc["components"].items():
         inputs = comp["inputs"]
@@ -203,7 +205,7 @@ def r_event_loop_stall(doc: dict[str, Any]) -> list[str]:
     ]
 
 
-def r_gate_false_alarms(doc: dict[str, Any]) -> list[str]:
+def r_gate_false_alarms(doc: JsonObject) -> list[str]:
     b = doc["gate_budget"]
     rows = [
         f"| {r['source']} | {r['releases']} × {r['release_s'] / 60:g} min | "
@@ -228,7 +230,7 @@ def _interval(v: Any) -> str:
     return f"[{_f(lo) if lo is not None else '-inf'}, {_f(hi) if hi is not None else 'unbounded'}]"
 
 
-def _times(s: dict[str, Any] | None) -> str:
+def _times(s: JsonObject | None) -> str:
     """p50/p95 with their 95 % intervals (``detection.summary.times``)."""
     if not s or not s.get("n"):
         return "–"
@@ -239,7 +241,7 @@ def _times(s: dict[str, Any] | None) -> str:
     )
 
 
-def r_gate_detection(res: dict[str, Any]) -> list[str]:
+def r_gate_detection(res: JsonObject) -> list[str]:
     f = res["faulty_runs"]
     h = res["healthy_runs"]
     load = res["load"]
@@ -268,14 +270,14 @@ def r_gate_detection(res: dict[str, Any]) -> list[str]:
     return out
 
 
-def r_engine_drift(res: dict[str, Any]) -> list[str]:
+def r_engine_drift(res: JsonObject) -> list[str]:
     return [
         f"llama.cpp: trip {_f(res.get('trip_s_median'))} s median, max "
         f"{_f(res.get('trip_s_max'))} s over {len(res.get('trip_runs', []))} runs.",
     ]
 
 
-RENDER: dict[str, tuple[Callable[[dict[str, Any]], list[str]], bool]] = {
+RENDER: dict[str, tuple[Callable[[JsonObject], list[str]], bool]] = {
     # name: (renderer, whether it takes the whole document rather than its "results")
     "router_overhead": (r_router_overhead, False),
     "model_server": (r_model_server, False),

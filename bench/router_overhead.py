@@ -36,11 +36,12 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 import aiohttp
 from _procs import ADMIN, command, cpu_seconds, launch, pct, stop, wait_healthy, wait_port
 from _results import Run
+
+from canary_contract.json import JsonObject
 
 
 class Procs:
@@ -109,7 +110,7 @@ async def drive(
     targets: dict[str, str],
     args: argparse.Namespace,
     router_pid: int,
-) -> dict[str, Any]:
+) -> JsonObject:
     body = {
         "model": "default",
         "prompt": " ".join(f"w{i % 97}" for i in range(args.prompt_tokens)),
@@ -187,7 +188,7 @@ async def drive(
         v = pct(values, q)
         return None if v is None else round(v * 1000.0, 3)
 
-    def summary(path: str) -> dict[str, Any]:
+    def summary(path: str) -> JsonObject:
         ttfts = [t for t, _ in results[path]]
         e2es = [e for _, e in results[path]]
         return {
