@@ -1,15 +1,6 @@
 """Command-line options of the load users, added to Locust's own parser.
 
-``add_arguments(parser)`` is what the locustfile registers on Locust's
-``init_command_line_parser`` event; ``LoadOptions.from_namespace(parsed_options)`` turns
-Locust's parsed options into one validated, typed object (raising ``OptionsError`` with a
-message that names the option and says what to give instead).
-
-Locust's own options keep their meaning: ``--host`` is the server's base URL, ``-u``/
-``-r``/``-t`` the users, spawn rate and run time, ``-s``/``--stop-timeout`` how long
-streams in flight may finish when the run stops, ``--processes``, ``--csv`` and
-``--html`` as usual. Options are forwarded by Locust from the master to its workers.
-
+Over 400 lines because it is one table: every load option, its default, check and field.
 No work at import time; this module does not import Locust.
 """
 
@@ -49,7 +40,14 @@ class OptionsError(GamedayError, ValueError):
 
 
 def add_arguments(parser: Any) -> None:
-    """Add the gameday options to Locust's parser (a configargparse parser)."""
+    """Add the gameday options to Locust's parser (a configargparse parser).
+
+    The locustfile registers this on Locust's ``init_command_line_parser`` event. Locust's
+    own options keep their meaning: ``--host`` is the server's base URL, ``-u``/``-r``/
+    ``-t`` the users, spawn rate and run time, ``-s``/``--stop-timeout`` how long streams
+    in flight may finish when the run stops, ``--processes``, ``--csv`` and ``--html`` as
+    usual. Options are forwarded by Locust from the master to its workers.
+    """
     a = parser.add_argument
     hidden = {"include_in_web_ui": False}
     a("--api-path", default=COMPLETIONS, help=f"endpoint path: {COMPLETIONS} (default) or {CHAT}")
@@ -315,6 +313,8 @@ class LoadOptions:
 
     @classmethod
     def from_namespace(cls, ns: argparse.Namespace | Any, host: str | None = None) -> LoadOptions:
+        """Locust's parsed options as one validated, typed object; ``OptionsError`` names
+        the option and says what to give instead."""
         host = (host or getattr(ns, "host", None) or "").rstrip("/")
         if not host:
             raise OptionsError(
