@@ -1,10 +1,5 @@
 """Creating a release over the broker's HTTP API, once (docs/ARCHITECTURE.md §2).
 
-``ensure_release`` registers the stable and canary versions (with their manifests'
-digests) and creates the release — unless the release exists, which is then returned as
-it is. Shared by ``gameday stack up`` (``canarystack.cluster.stack``) and the cluster's
-``release-init`` Job (``deploy/release_init.py``), so both set a stack up the same way.
-
 This module must never change an existing release; it talks only to the broker at the
 URL it is given (synchronously, with ``requests``).
 """
@@ -39,7 +34,13 @@ def ensure_release(
 ) -> tuple[bool, JsonObject]:
     """(created, release). ``manifests`` maps each version to register (stable and canary)
     to its manifest. Raises ``ReleaseSetupError`` on a refusal and lets
-    ``requests.RequestException`` through when the broker does not answer."""
+    ``requests.RequestException`` through when the broker does not answer.
+
+    Registers the versions (with their manifests' digests) and creates the release, unless
+    the release exists, which is then returned as it is. Shared by ``gameday stack up``
+    (``canarystack.cluster.stack``) and the cluster's ``release-init`` Job
+    (``deploy/release_init.py``), so both set a stack up the same way.
+    """
     headers = {"Authorization": f"Bearer {token}", "x-actor": actor}
     existing = requests.get(f"{base}/v1/releases/{release}", timeout=timeout_s)
     if existing.status_code == 200:

@@ -1,12 +1,6 @@
 """The broker's domain errors: what the store (and the service around it) raises for a
 request a client got wrong, in words that know nothing of HTTP.
 
-The HTTP layer (``canarystack.broker.server``) maps each to its status, in one place
-(``to_api_error``): ``Missing`` -> 404, ``Conflicting`` -> 409, ``Refused`` -> 422. Each
-carries the message a person reads (what was wrong, what to do), the field it is about
-(``param``), a machine-readable ``code`` and any ``extra`` fields of the answer (e.g. the
-current revision of a compare-and-set conflict).
-
 This module must never import aiohttp or the HTTP layer.
 """
 
@@ -16,7 +10,13 @@ from canary_contract.json import JsonObject
 
 
 class BrokerDomainError(Exception):
-    """A request the broker refuses; see the subclasses."""
+    """A request the broker refuses; see the subclasses.
+
+    The HTTP layer maps each to its status, in one place (``server.to_api_error``). Each
+    carries the message a person reads (what was wrong, what to do), the field it is about
+    (``param``), a machine-readable ``code`` and any ``extra`` fields of the answer (e.g.
+    the current revision of a compare-and-set conflict).
+    """
 
     def __init__(
         self,

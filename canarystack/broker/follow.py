@@ -1,12 +1,5 @@
 """``BrokerClient.follow``: the one loop that keeps a release in view, as an iterator.
 
-A plain read first and after every error, then long polls past the revision it last
-yielded; every answer and every failure is a ``FollowEvent``, the failure classified once
-(``not_found``, ``unavailable``, ``refused``, ``bad_answer``, ``error``) with how long the
-follower waits before its next read (doubling backoff; a 404 waits
-``missing_retry_s``). It never ends on its own; cancelling the task that iterates it ends
-it at once.
-
 This module must never write to the broker.
 """
 
@@ -63,7 +56,15 @@ class FollowEvent:
 
 
 class ReleaseFollower:
-    """``BrokerClient.follow``'s iterator; see there."""
+    """``BrokerClient.follow``'s iterator.
+
+    A plain read first and after every error, then long polls past the revision it last
+    yielded; every answer and every failure is a ``FollowEvent``, the failure classified
+    once (``not_found``, ``unavailable``, ``refused``, ``bad_answer``, ``error``) with how
+    long the follower waits before its next read (doubling backoff; a 404 waits
+    ``missing_retry_s``). It never ends on its own; cancelling the task that iterates it
+    ends it at once.
+    """
 
     def __init__(
         self,

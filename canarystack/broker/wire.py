@@ -1,24 +1,5 @@
 """What the broker and the rollback executor accept from the wire, and what they send back.
 
-Every body a client sends is read by ``read_json_object`` (or ``read_optional_object``):
-a ``Content-Length`` above the limit is refused with 413 *before* a byte is read, a body
-that turns out longer while being read likewise, and the bytes are parsed with
-``canarystack.common.strictjson`` (no ``NaN``/``Infinity``, integers of at most 32 digits,
-nesting of at most 64 levels, valid UTF-8 without lone surrogates) -> 400 naming what was
-wrong. The limits are small (the largest broker write is a version manifest). Strict
-parsing costs a Python call per number (256 KiB of small integers takes ~200 ms on a
-busy 2-core box), so a body above ``INLINE_PARSE_BYTES`` is parsed on a worker thread:
-the event loop keeps answering long-polls and heartbeats meanwhile.
-
-Every answer goes out through ``json_response``, which writes with ``strictjson.dumps``:
-a non-finite number never leaves the process (it would be a bug; the error middleware
-logs it and answers 500 for that one request).
-
-Query integers and numbers are read by ``query_int`` / ``query_float``: digits only
-(no ``+``, ``_``, spaces or non-ASCII digits), inside a stated range, else 400 naming the
-parameter and the range. Header text that ends up stored (``x-actor``) is checked by
-``header_text``.
-
 This module must never do blocking I/O or accept a value it cannot store and send back.
 """
 
@@ -107,6 +88,16 @@ async def _parse(raw: bytes) -> JsonObject:
 
 
 async def read_json_object(request: web.Request, max_bytes: int) -> JsonObject:
+    """The body as a JSON object, read by every handler that takes one.
+
+    A ``Content-Length`` above ``max_bytes`` is refused with 413 *before* a byte is read,
+    a body that turns out longer while being read likewise, and the bytes are parsed with
+    ``strictjson`` (no ``NaN``/``Infinity``, integers of at most 32 digits, nesting of at
+    most 64 levels, valid UTF-8 without lone surrogates) -> 400 naming what was wrong.
+    Strict parsing costs a Python call per number (256 KiB of small integers takes ~200 ms
+    on a busy 2-core box), so a body above ``INLINE_PARSE_BYTES`` is parsed on a worker
+    thread: the event loop keeps answering long-polls and heartbeats meanwhile.
+    """
     raw = await read_bytes(request, max_bytes)
     if not raw.strip():
         raise BadRequest("Request body is empty: send a JSON object.")
@@ -124,7 +115,8 @@ async def read_optional_object(request: web.Request, max_bytes: int) -> JsonObje
 def json_response(
     data: Any, *, status: int = 200, headers: dict[str, str] | None = None
 ) -> web.Response:
-    """A JSON answer written strictly: a non-finite number raises instead of leaving."""
+    """A JSON answer written strictly: a non-finite number raises instead of leaving (it
+    would be a bug; the error middleware logs it and answers 500 for that one request)."""
     return web.json_response(data, status=status, headers=headers, dumps=strictjson.dumps)
 
 
@@ -136,7 +128,8 @@ def query_int(
     minimum: int = 0,
     maximum: int = MAX_INT64,
 ) -> int:
-    """An integer query parameter in ``[minimum, maximum]``, or 400 naming it and the range."""
+    """An integer query parameter in ``[minimum, maximum]``, or 400 naming it and the range.
+    Digits only: no ``+``, ``_``, spaces or non-ASCII digits."""
     raw = request.query.get(name)
     if raw is None:
         if default is None:

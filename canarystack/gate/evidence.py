@@ -2,13 +2,6 @@
 threshold (or, with ``--trip-on-no-data``, when no canary sample came), and the example
 colours of the samples behind it.
 
-A tail trip names, as ``bucket``, the member bucket with the strongest evidence of its own
-(highest statistic, then highest run mean), and lists the pooled buckets in ``detail``.
-``colours`` holds up to ``MAX_TRIP_COLOURS`` ``{request_id, trace_id, tag}`` of the most
-recent coloured samples of the kind that moved the detector (drift: baseline-canary
-comparisons; latency: the paired comparisons or the canary outcomes; errors: the failed
-canary outcomes), oldest first; a no-data trip has none.
-
 This module must never do I/O or read a clock: the caller stamps ``tripped_at``.
 """
 
@@ -58,7 +51,9 @@ def bucket_detail(
 
 
 def strongest_member(drift: Mapping[str, DriftScope], scope: DriftScope, metric: str) -> str:
-    """The member bucket of ``scope`` with the strongest evidence of its own."""
+    """The member bucket of ``scope`` with the strongest evidence of its own (highest
+    statistic, then highest run mean): a tail trip names it as ``bucket`` and lists the
+    pooled buckets in ``detail``."""
     if len(scope.members) == 1:
         return scope.members[0]
 
@@ -75,7 +70,10 @@ def trip_colours(
     buckets: Mapping[str, BucketScope], members: Sequence[str], kind: str
 ) -> list[dict[str, str | None]]:
     """The colours of the (at most ``MAX_TRIP_COLOURS``) most recent samples of ``kind``
-    in ``members`` behind a trip, oldest first: examples a person can follow end to end."""
+    in ``members`` behind a trip, oldest first: examples a person can follow end to end.
+    ``kind`` is what moved the detector (drift: baseline-canary comparisons; latency: the
+    paired comparisons or the canary outcomes; errors: the failed canary outcomes); a
+    no-data trip has none."""
     kept = [entry for b in members for entry in buckets[b].colours[kind]]
     kept.sort(key=lambda entry: entry[0])
     return [dict(record) for _, record in kept[-MAX_TRIP_COLOURS:]]
