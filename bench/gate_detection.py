@@ -164,6 +164,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="closed-loop users (the game day's %(default)s)",
     )
     a("--canary-weight", type=float, default=5.0, help="canary weight, percent")
+    a(
+        "--min-comparisons",
+        type=int,
+        default=30,
+        help="a healthy run counts as evidence only with this many baseline-canary "
+        "comparisons (the gate's own minimum, 30)",
+    )
     a("--open-runs", type=int, default=3, help="uncut faulty streams (blind gate)")
     a("--open-warmup-s", type=float, default=35.0)
     a("--open-window-s", type=float, default=45.0)

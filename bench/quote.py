@@ -261,12 +261,15 @@ def r_gate_detection(res: JsonObject) -> list[str]:
         f"- canary-served requests after the fault: {_times(f['canary_served_after_fault'])}",
         "",
         f"| healthy condition ({secs.get('healthy')} s each) | runs | false trips | "
-        "95 % upper bound, per run |",
-        "|---|---|---|---|",
+        "95 % upper bound, per run | runs with too little evidence |",
+        "|---|---|---|---|---|",
     ]
     for cond, c in h["by_condition"].items():
         bound = c.get("upper_bound_95")
-        out.append(f"| {cond} | {c['runs']} | {c['false_trips']} | {_f(bound, 3)} |")
+        out.append(
+            f"| {cond} | {c['runs']} | {c['false_trips']} | {_f(bound, 3)} | "
+            f"{c.get('runs_too_little_evidence', 0)} |"
+        )
     return out
 
 

@@ -205,6 +205,8 @@ class Bench:
             "canary": version,
             "false_trip": None if false_trip is None else false_trip.get("trip") or {},
             "reference_trip_s": rules.replay(batches, version, start, None, args),
+            # what the gate had to judge by: a run it saw nothing of proves nothing
+            "baseline_canary_comparisons": len(rules.run_stream(batches, version)[0]),
             "wall_s": round(end - start, 1),
         }
 

@@ -34,12 +34,22 @@ def times(values: list[float]) -> JsonObject:
     return out
 
 
-def false_trips(runs: list[JsonObject]) -> JsonObject:
-    k = sum(1 for r in runs if r["false_trip"] is not None)
+def false_trips(runs: list[JsonObject], min_comparisons: int) -> JsonObject:
+    """False trips of one condition. A run without a trip in which the gate got fewer than
+    ``min_comparisons`` baseline-canary comparisons is no evidence that it would not have
+    tripped (fail closed): it is counted apart and left out of the bound. A trip always
+    counts."""
+    seen = [
+        r
+        for r in runs
+        if r["false_trip"] is not None or r["baseline_canary_comparisons"] >= min_comparisons
+    ]
+    k = sum(1 for r in seen if r["false_trip"] is not None)
     return {
-        "runs": len(runs),
+        "runs": len(seen),
+        "runs_too_little_evidence": len(runs) - len(seen),
         "false_trips": k,
-        "upper_bound_95": round(exceedance_upper_bound(len(runs), k), 4) if runs else None,
+        "upper_bound_95": round(exceedance_upper_bound(len(seen), k), 4) if seen else None,
         "tests": sorted(
             {str((r["false_trip"] or {}).get("test")) for r in runs if r["false_trip"] is not None}
         ),
@@ -120,8 +130,10 @@ def report(
         "healthy_runs": {
             "n": len(healthy),
             "false_trips": sum(1 for r in healthy if r["false_trip"] is not None),
+            "min_comparisons_for_evidence": args.min_comparisons,
             "by_condition": {
-                c: false_trips([r for r in healthy if r["condition"] == c]) for c in conditions
+                c: false_trips([r for r in healthy if r["condition"] == c], args.min_comparisons)
+                for c in conditions
             },
             "wall_s_per_run": times([r["wall_s"] for r in healthy]),
             "runs": healthy,
