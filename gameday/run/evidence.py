@@ -1,48 +1,10 @@
 """Could the gate have seen? The evidence behind a verdict (issue #14, items 5 and 6).
 
-A gate that saw too little proves nothing either way: a "no trip" with three shadow
-comparisons is no proof that the canary is healthy, and a missed trip with no comparison
-in the buckets the fault touches is no proof that the gate is broken. Such an experiment
-is ``inconclusive`` (``gameday run`` exits 3), never a pass.
-
-Two sources, both written into the experiment's folder:
-
-- ``gate-evidence.json``: the gate's own counters (``GET /v1/gate/<release>``, over HTTP
-  only, as against any deployment) read at the end of the method by the probe
-  ``probes.evidence.gate_evidence``, or by ``gameday run`` right after ``chaos run`` when
-  the experiment has no such probe (the counters live until a new canary version);
-- ``load.json``: Locust's summary with ``generator`` (``gameday.load.runner.load_problems``):
-  a generator short of CPU, late or below its target rate makes the run say nothing about
-  the gate.
-
-The minimum evidence (per experiment, with environment overrides). Defaults from what
-runs produce at 5 % canary on the 2-core dev machine: a shortened control (10 users, 9 s
-of method, tests/test_inconclusive_run.py) gave the gate 55 baseline-canary comparisons
-(28 of them in ``2k-4k`` and ``4k+``) and 19 canary outcomes; the default control (16
-users, 30 s) gives about five times that. The defaults sit well below both, so only a run
-that starved the gate is inconclusive:
-
-==========================  ================================  =======
-threshold                    environment                       default
-==========================  ================================  =======
-``min_comparisons``         ``GAMEDAY_MIN_COMPARISONS``       30
-``min_canary_outcomes``     ``GAMEDAY_MIN_CANARY_OUTCOMES``   10
-==========================  ================================  =======
-
-``min_comparisons`` counts baseline-canary comparisons in the buckets that matter: for a
-faulty kernel the buckets holding prompts at or above its ``min_prompt_tokens``, else every
-bucket. ``min_canary_outcomes`` counts the canary's outcome records (traffic the router
-gave the canary; pinned requests are never gate evidence). An experiment that expects a
-trip and got one needs no minimum (the gate saw); one that expects a trip and got none is
-inconclusive, not failed, when the fault's buckets had fewer comparisons than the minimum.
-
-The gate's counters run since its canary version was set, so on a stack that outlives one
-experiment (a target the run did not start) they hold earlier experiments' samples too:
-``gameday run`` reads them before ``chaos run`` starts (``gate-evidence-start.json``) and
-the evidence is the difference (``since_start``), unless the gate reset in between (a new
-canary version), when the end's counters are all this experiment's.
-
-This module reads and writes only the experiment's folder and the gate's status page.
+A gate that saw too little proves nothing either way: such an experiment is
+``inconclusive`` (``gameday run`` exits 3), never a pass. Two sources, both in the
+experiment's folder: ``gate-evidence.json`` (``write_gate_evidence``) and ``load.json``
+(``load_reasons``). This module reads and writes only the experiment's folder and the
+gate's status page.
 """
 
 from __future__ import annotations
@@ -77,6 +39,22 @@ _BOUND = re.compile(r"^(\d+)(k?)$")
 
 @dataclass(frozen=True)
 class Thresholds:
+    """The minimum evidence per experiment (with environment overrides, ``thresholds``).
+
+    Defaults from what runs produce at 5 % canary on the 2-core dev machine: a shortened
+    control (10 users, 9 s of method, tests/test_inconclusive_run.py) gave the gate 55
+    baseline-canary comparisons (28 of them in ``2k-4k`` and ``4k+``) and 19 canary
+    outcomes; the default control (16 users, 30 s) gives about five times that. The
+    defaults sit well below both, so only a run that starved the gate is inconclusive:
+    ``min_comparisons`` (``GAMEDAY_MIN_COMPARISONS``, 30) and ``min_canary_outcomes``
+    (``GAMEDAY_MIN_CANARY_OUTCOMES``, 10).
+
+    ``min_comparisons`` counts baseline-canary comparisons in the buckets that matter: for
+    a faulty kernel the buckets holding prompts at or above its ``min_prompt_tokens``, else
+    every bucket. ``min_canary_outcomes`` counts the canary's outcome records (traffic the
+    router gave the canary; pinned requests are never gate evidence).
+    """
+
     min_comparisons: int = DEFAULT_MIN_COMPARISONS
     min_canary_outcomes: int = DEFAULT_MIN_CANARY_OUTCOMES
 
@@ -215,7 +193,15 @@ def read_gate(target: Target, session: requests.Session | None = None) -> JsonOb
 
 def since_start(end: JsonObject, start: JsonObject | None) -> JsonObject:
     """The counters this experiment added: ``end`` minus ``start`` per bucket, when both
-    were read and the gate did not reset in between; else ``end`` as it is."""
+    were read and the gate did not reset in between; else ``end`` as it is.
+
+    The gate's counters run since its canary version was set, so on a stack that outlives
+    one experiment (a target the run did not start) they hold earlier experiments' samples
+    too: ``gameday run`` reads them before ``chaos run`` starts
+    (``gate-evidence-start.json``) and the evidence is the difference, unless the gate
+    reset in between (a new canary version), when the end's counters are all this
+    experiment's.
+    """
     if not (end.get("ok") is True and start and start.get("ok") is True):
         return end
     same = all(start.get(k) == end.get(k) for k in ("canary_version", "resets"))
@@ -256,7 +242,13 @@ def write_gate_evidence(
     source: str,
     session: requests.Session | None = None,
 ) -> JsonObject:
-    """Read the gate and write ``gate-evidence.json`` into ``folder``; returns the document."""
+    """Read the gate and write ``gate-evidence.json`` into ``folder``; returns the document.
+
+    The gate's own counters (``GET /v1/gate/<release>``, over HTTP only, as against any
+    deployment), read at the end of the method by the probe
+    ``probes.evidence.gate_evidence``, or by ``gameday run`` right after ``chaos run`` when
+    the experiment has no such probe (the counters live until a new canary version).
+    """
     doc = {
         **read_gate(target, session),
         "read_at": time.time(),
@@ -286,7 +278,14 @@ def kernel_min_prompt_tokens(folder: Path) -> int | None:
 def gate_reasons(
     doc: JsonObject | None, expect: str | None, tripped: bool, min_prompt_tokens: int | None
 ) -> list[str]:
-    """Why the gate could not have seen (empty: it could). ``doc`` is gate-evidence.json."""
+    """Why the gate could not have seen (empty: it could). ``doc`` is gate-evidence.json.
+
+    A "no trip" with three shadow comparisons is no proof that the canary is healthy, and a
+    missed trip with no comparison in the buckets the fault touches is no proof that the
+    gate is broken. An experiment that expects a trip and got one needs no minimum (the
+    gate saw); one that expects a trip and got none is inconclusive, not failed, when the
+    fault's buckets had fewer comparisons than the minimum.
+    """
     if expect not in ("trip", "no_trip") or (expect == "trip" and tripped):
         return []  # a blind-gate experiment judges blindness; a trip shows the gate saw
     if doc is None:
@@ -338,7 +337,12 @@ def gate_reasons(
 
 
 def load_reasons(load: JsonObject | None) -> list[str]:
-    """Why the load generator's run says nothing about the gate (empty: it was valid)."""
+    """Why the load generator's run says nothing about the gate (empty: it was valid).
+
+    ``load.json`` holds Locust's summary with ``generator`` (``gameday.load.generator``): a
+    generator short of CPU, late or below its target rate makes the run say nothing about
+    the gate.
+    """
     if not load or load.get("state") != "stopped":
         return []  # no load, or one that did not stop cleanly: the verdict fails on that
     summary = load.get("summary")
