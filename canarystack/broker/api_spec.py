@@ -13,7 +13,7 @@ from canary_contract.json import JsonObject
 from canarystack.broker import schemas
 from canarystack.broker.keys import BROKER, MAX_EVENTS_PER_PAGE
 from canarystack.broker.phases import Phase
-from canarystack.common.openapi import (
+from canarystack.common.apispec import (
     ANY_OBJECT,
     BOOLEAN,
     INTEGER,
@@ -21,7 +21,6 @@ from canarystack.common.openapi import (
     STRING,
     ApiSpec,
     Param,
-    add_describer,
     error_response,
     json_body,
     nullable,
@@ -29,6 +28,7 @@ from canarystack.common.openapi import (
     path_str,
     query_int,
 )
+from canarystack.common.openapi import add_describer
 
 # SQLite integers are 64-bit: the largest revision or sequence number the store can hold.
 MAX_INT64 = 2**63 - 1

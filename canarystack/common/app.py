@@ -49,6 +49,16 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, gen
 
 from canary_contract.json import JsonObject
 from canarystack.common import otel, strictjson
+from canarystack.common.apispec import (
+    INTEGER,
+    NUMBER,
+    STRING,
+    ApiSpec,
+    json_body,
+    nullable,
+    obj,
+    query_int,
+)
 from canarystack.common.auth import check_admin, presented_token, same_token
 from canarystack.common.colour import (
     COLOUR_KEY,
@@ -71,17 +81,7 @@ from canarystack.common.errors import (
 )
 from canarystack.common.faults import FAULT_BODY_LIMIT, FaultRegistry, NoParams
 from canarystack.common.logs import JsonLogger, get_logger
-from canarystack.common.openapi import (
-    INTEGER,
-    NUMBER,
-    STRING,
-    ApiSpec,
-    add_describer,
-    json_body,
-    nullable,
-    obj,
-    query_int,
-)
+from canarystack.common.openapi import add_describer
 from canarystack.common.openapi import install as install_openapi
 
 # How often expired faults are pruned (and their expiry logged) without a request.

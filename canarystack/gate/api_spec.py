@@ -11,18 +11,18 @@ from __future__ import annotations
 from aiohttp import web
 
 from canary_contract.json import JsonObject
-from canarystack.common.openapi import (
+from canarystack.common.apispec import (
     ANY_OBJECT,
     INTEGER,
     STRING,
     ApiSpec,
     Param,
-    add_describer,
     error_response,
     json_body,
     nullable,
     obj,
 )
+from canarystack.common.openapi import add_describer
 from canarystack.gate.keys import SERVICE
 from canarystack.gate.state import STATES, SampleBatch
 

@@ -16,18 +16,18 @@ import copy
 from aiohttp import web
 
 from canary_contract.json import JsonObject
-from canarystack.common.openapi import (
+from canarystack.common.apispec import (
     INTEGER,
     NUMBER,
     STRING,
     ApiSpec,
     Param,
-    add_describer,
     error_response,
     json_body,
     nullable,
     obj,
 )
+from canarystack.common.openapi import add_describer
 
 TAG = "openai"
 

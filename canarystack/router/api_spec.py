@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from canarystack.common.openapi import STRING, ApiSpec, Param, add_describer, error_response
+from canarystack.common.apispec import STRING, ApiSpec, Param, error_response
+from canarystack.common.openapi import add_describer
 from canarystack.model.api_spec import describe_generation, describe_models
 
 
