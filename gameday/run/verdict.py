@@ -1,38 +1,7 @@
 """One experiment's verdict, decided fail-closed from what the run left behind.
 
-Chaos Toolkit's exit code is not enough: ``chaos run`` exits 0 when the steady state was
-not met before the method (the method never ran) and when a method activity raised
-(docs: ../shared/MEASURED.md). An experiment passes only when all of this holds:
-
-- ``chaos run`` exited 0 on its own (not interrupted, not timed out, not killed);
-- the journal exists, its status is ``completed`` and it did not deviate;
-- the steady state was met before the method and after it (every hypothesis probe ran
-  and was within its tolerance);
-- the method ran, and every activity in it succeeded; every rollback succeeded;
-- every SLO result in the journal (``{"check", "measured", "allowed", "ok", ...}``) is ok;
-- the experiment says what it expects (the ``gameday`` extension), and the broker's
-  history agrees: a trip when it expects one, none when it does not;
-- the gate could see (``probes.slo.gate_sees_every_router``): a blind gate fails the run
-  with a reason that starts "the gate was blind". An experiment that blinds the gate on
-  purpose says ``expect: blind`` and passes only when the harness noticed;
-- users were there: the load records exist and have rows;
-- no fault of the run is left active (those not cleared expire by their TTL, but the run
-  says so and fails).
-
-An experiment is ``inconclusive`` (never a pass; ``gameday run`` exits 3) when the gate
-could not have seen the fault or the load generator's run is not valid
-(``Evidence.inconclusive``, from ``gameday.run.evidence``): too few baseline-canary
-comparisons or canary outcomes, a starved or late Locust. Then the gate's merits — a
-trip or none, the SLOs, a deviation, Chaos Toolkit's exit code after one — are not
-judged (they are listed as "not judged: ..."). Failures of the run itself still fail it
-(fail wins): the stack or target could not be prepared, an interruption, a timeout, a
-killed chaos, a missing journal or extension, a steady state unmet before the method, a
-failed rollback, a blind gate, an unreadable broker history, Locust left running or
-failed, no load records, a fault left active.
-
-Each reason is a sentence a person can act on (the journal's come from
-``gameday.evidence.journal``, which the report uses too). This module decides; it reads nothing from
-disk and talks to nothing (``gameday.run.runner`` gathers the inputs).
+This module decides; it reads nothing from disk and talks to nothing
+(``gameday.run.runner`` gathers the inputs).
 """
 
 from __future__ import annotations
@@ -143,7 +112,41 @@ def _colour_lost_expected(reasons: list[str], hop: str) -> list[str]:
 
 
 def decide(evidence: Evidence) -> tuple[str, list[str]]:
-    """``("pass", [])``, ``("fail", reasons)`` or ``("inconclusive", reasons)``."""
+    """``("pass", [])``, ``("fail", reasons)`` or ``("inconclusive", reasons)``.
+
+    Chaos Toolkit's exit code is not enough: ``chaos run`` exits 0 when the steady state was
+    not met before the method (the method never ran) and when a method activity raised
+    (docs: ../shared/MEASURED.md). An experiment passes only when all of this holds:
+
+    - ``chaos run`` exited 0 on its own (not interrupted, not timed out, not killed);
+    - the journal exists, its status is ``completed`` and it did not deviate;
+    - the steady state was met before the method and after it (every hypothesis probe ran
+      and was within its tolerance);
+    - the method ran, and every activity in it succeeded; every rollback succeeded;
+    - every SLO result in the journal (``{"check", "measured", "allowed", "ok", ...}``) is ok;
+    - the experiment says what it expects (the ``gameday`` extension), and the broker's
+      history agrees: a trip when it expects one, none when it does not;
+    - the gate could see (``probes.slo.gate_sees_every_router``): a blind gate fails the run
+      with a reason that starts "the gate was blind". An experiment that blinds the gate on
+      purpose says ``expect: blind`` and passes only when the harness noticed;
+    - users were there: the load records exist and have rows;
+    - no fault of the run is left active (those not cleared expire by their TTL, but the run
+      says so and fails).
+
+    An experiment is ``inconclusive`` (never a pass; ``gameday run`` exits 3) when the gate
+    could not have seen the fault or the load generator's run is not valid
+    (``Evidence.inconclusive``, from ``gameday.run.evidence``): too few baseline-canary
+    comparisons or canary outcomes, a starved or late Locust. Then the gate's merits — a
+    trip or none, the SLOs, a deviation, Chaos Toolkit's exit code after one — are not
+    judged (they are listed as "not judged: ..."). Failures of the run itself still fail it
+    (fail wins): the stack or target could not be prepared, an interruption, a timeout, a
+    killed chaos, a missing journal or extension, a steady state unmet before the method, a
+    failed rollback, a blind gate, an unreadable broker history, Locust left running or
+    failed, no load records, a fault left active.
+
+    Each reason is a sentence a person can act on (the journal's come from
+    ``gameday.evidence.journal``, which the report uses too).
+    """
     hard: list[str] = []  # failures of the run itself: they fail it whatever the evidence
     merit: list[str] = []  # the gate's merits: judged only when the gate could have seen
     ev = evidence
