@@ -214,6 +214,43 @@ def without_kernel_fault(args: list[str]) -> list[str]:
     return out
 
 
+def parse_kernel_fault(raw: Any) -> tuple[str, str, str]:
+    """(value, mode, min prompt tokens or "") of a ``--kernel-fault`` value
+    ``MODE[:MIN_PROMPT_TOKENS]``; ActivityFailed naming the argument when malformed."""
+    value = str(raw).strip()
+    mode, _, tokens = value.partition(":")
+    if not mode or any(ch.isspace() for ch in value) or (tokens and not tokens.isdigit()):
+        raise ActivityFailed(
+            f"argument kernel_fault is {raw!r}: give MODE[:MIN_PROMPT_TOKENS], "
+            "e.g. fp8-kv-scale:2048 (the model server's --kernel-fault)"
+        )
+    return value, mode, tokens
+
+
+def bad_build_patch(apps: Any, dep: Any, name: str, value: str) -> tuple[str, list[Any]]:
+    """(build, JSON patch) that makes deployment/``name`` the bad build ``--kernel-fault
+    VALUE``: its model container's args with the flag (an earlier one replaced, not
+    stacked) and the pod template's ``BUILD_ANNOTATION``.
+
+    The whole container list is replaced (a JSON patch cannot test an index): the same
+    containers as read, the model server's with the bad build's args."""
+    index, container = model_container(dep, name)
+    args = [*without_kernel_fault(list(container.args or [])), KERNEL_FAULT_FLAG, value]
+    build = f"kernel-fault={value}"
+    annotations = dep.spec.template.metadata.annotations or {}
+    containers = apps.api_client.sanitize_for_serialization(dep.spec.template.spec.containers)
+    containers[index]["args"] = args
+    patch: list[Any] = [
+        {"op": "replace", "path": "/spec/template/spec/containers", "value": containers},
+        {
+            "op": "replace" if annotations else "add",
+            "path": "/spec/template/metadata/annotations",
+            "value": {**annotations, BUILD_ANNOTATION: build},
+        },
+    ]
+    return build, patch
+
+
 def first_started(pods: list[Any], not_before: float) -> float | None:
     """The earliest ``startedAt`` of the pods' running containers (seconds; the API gives
     whole seconds, so this errs early: a detection time measured from it errs long), not

@@ -29,13 +29,13 @@ from probes._context import Configuration, Secrets, get_target, harness_errors, 
 from probes._result import Slo, result
 from probes._rollout import (
     BUILD_ANNOTATION,
-    KERNEL_FAULT_FLAG,
     POLL_S,
     VERSION_ANNOTATION,
     api_failed,
+    bad_build_patch,
     canary_deployment,
     first_started,
-    model_container,
+    parse_kernel_fault,
     patch_deployment,
     previous_good,
     read_deployment,
@@ -43,7 +43,6 @@ from probes._rollout import (
     revision,
     wait_for_version,
     wait_rolled_out,
-    without_kernel_fault,
 )
 
 __all__ = [
@@ -214,35 +213,14 @@ def roll_out_bad_canary(
     rollout was seen done; the patch time and both others are in the detail.
     The canary version the broker knows is unchanged: the same version, a bad build of it,
     as a rebuilt image under the same tag. Undo with ``undo_canary_rollout``."""
-    value = str(kernel_fault).strip()
-    mode, _, tokens = value.partition(":")
-    if not mode or any(ch.isspace() for ch in value) or (tokens and not tokens.isdigit()):
-        raise ActivityFailed(
-            f"argument kernel_fault is {kernel_fault!r}: give MODE[:MIN_PROMPT_TOKENS], "
-            "e.g. fp8-kv-scale:2048 (the model server's --kernel-fault)"
-        )
+    value, mode, tokens = parse_kernel_fault(kernel_fault)
     wait = min(non_negative("deadline_s", deadline_s), MAX_WAIT_S)
     target = kubernetes_target(configuration, "roll_out_bad_canary")
     t0 = time.monotonic()
     with harness_errors("rolling out a bad canary build"):
         apps, name = canary_deployment(target, "roll_out_bad_canary")
         dep = read_deployment(target, apps, name)
-        index, container = model_container(dep, name)
-        args = [*without_kernel_fault(list(container.args or [])), KERNEL_FAULT_FLAG, value]
-        build = f"kernel-fault={value}"
-        annotations = dep.spec.template.metadata.annotations or {}
-        # The whole container list is replaced (a JSON patch cannot test an index): the
-        # same containers as read, the model server's with the bad build's args.
-        containers = apps.api_client.sanitize_for_serialization(dep.spec.template.spec.containers)
-        containers[index]["args"] = args
-        patch: list[JsonObject] = [
-            {"op": "replace", "path": "/spec/template/spec/containers", "value": containers},
-            {
-                "op": "replace" if annotations else "add",
-                "path": "/spec/template/metadata/annotations",
-                "value": {**annotations, BUILD_ANNOTATION: build},
-            },
-        ]
+        build, patch = bad_build_patch(apps, dep, name, value)
         patched_at = time.time()
         what = f"patching deployment/{name} in {target.namespace!r}"
         patch_deployment(target, apps, name, patch, what)
