@@ -44,8 +44,10 @@ from gameday.report.campaign import (
     render_campaign_html,
     render_ecdf,
 )
+from gameday.report.findings import journal_findings
 from gameday.report.heatmaps import HeatmapData, heatmap_cells, render_heatmaps
 from gameday.report.html import render_html
+from gameday.report.jsonfields import dumps_json
 from gameday.report.junit import write_junit
 from gameday.report.loader import ExperimentData, RunData, load_run
 from gameday.report.matrix import build_matrix, render_matrix
@@ -55,8 +57,6 @@ from gameday.report.timeline_figure import render_timeline
 from gameday.report.verdict import (
     ExperimentSummary,
     Summary,
-    dumps_json,
-    journal_findings,
     summarise_experiment,
     summarise_run,
 )

@@ -7,8 +7,12 @@ summary.json is the dataclass's shape.
 from __future__ import annotations
 
 import dataclasses
+import json
+import math
 from collections.abc import Callable, Collection, Mapping
 from typing import Any
+
+import numpy as np
 
 from canary_contract.json import JsonObject
 
@@ -42,3 +46,35 @@ def fields_json(
 def each_json(items: list[Any]) -> list[JsonObject]:
     """A list of records (each with ``to_json()``) as a list of JSON objects."""
     return [item.to_json() for item in items]
+
+
+def rounded(x: Any) -> float | None:
+    """A finite number rounded to 6 digits, else None (summary.json's figures)."""
+    if x is None:
+        return None
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        return None
+    return round(v, 6) if math.isfinite(v) else None
+
+
+def json_safe(value: Any) -> Any:
+    """JSON that any parser reads: NaN and infinities (which probe details and broker
+    events may carry) become null, numpy scalars plain numbers."""
+    if isinstance(value, dict):
+        return {str(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_safe(v) for v in value]
+    if isinstance(value, bool | str) or value is None:
+        return value
+    if isinstance(value, int | np.integer):
+        return int(value)
+    if isinstance(value, float | np.floating):
+        return float(value) if math.isfinite(value) else None
+    return str(value)
+
+
+def dumps_json(doc: Any) -> str:
+    """summary.json's text: indented, ``json_safe`` first."""
+    return json.dumps(json_safe(doc), indent=2, allow_nan=False) + "\n"

@@ -29,7 +29,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from gameday.report.verdict import ExperimentSummary, SloCheck, Summary
+from gameday.report.findings import SloCheck
+from gameday.report.verdict import ExperimentSummary, Summary
 
 # XML 1.0 cannot carry most control characters, not even escaped.
 _ILLEGAL_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff]")

@@ -31,88 +31,21 @@ never reads files or draws.
 
 from __future__ import annotations
 
-import json
-import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import pandas as pd
-
 from canary_contract.json import JsonObject
 from gameday.evidence import journal as journal_core
 from gameday.evidence.journal import BLIND_CHECK, DEVIATED
-from gameday.evidence.slo import is_not_measured, is_slo
+from gameday.report.figures import key_figures
+from gameday.report.findings import Activity, JournalFindings, SloCheck
+from gameday.report.findings import journal_findings as journal_findings
 from gameday.report.heatmaps import HeatmapData
-from gameday.report.jsonfields import each_json, fields_json
+from gameday.report.jsonfields import dumps_json, each_json, fields_json, rounded
 from gameday.report.loader import ExperimentData, Missing, RunData
-from gameday.report.spec import as_dict
-from gameday.report.timeline import Timeline, records_after
-
-JOURNAL_PHASES = (
-    ("before", "hypothesis before"),
-    ("method", "method"),
-    ("after", "hypothesis after"),
-    ("rollbacks", "rollbacks"),
-)
-
-
-@dataclass
-class SloCheck:
-    experiment: str
-    check: str
-    source: str
-    measured: float | None
-    allowed: float | None
-    unit: str
-    ok: bool | None  # None: could not be measured
-    note: str = ""
-    detail: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def name(self) -> str:
-        return f"{self.check} [{self.source}]"
-
-    def sentence(self) -> str:
-        if self.measured is None:
-            return f"{self.check} ({self.source}): not measured" + (
-                f" — {self.note}" if self.note else ""
-            )
-        verb = "within" if self.ok else "over"
-        unit = "" if self.unit in ("ratio", "count") else f" {self.unit}"
-        return (
-            f"{self.check} ({self.source}): measured {_fmt(self.measured)}{unit}, "
-            f"{verb} the allowed {_fmt(self.allowed)}{unit}"
-            + (f" — {self.note}" if self.note and not self.ok else "")
-        )
-
-    def to_json(self) -> JsonObject:
-        return fields_json(self, convert={"measured": _num, "allowed": _num})
-
-
-@dataclass
-class Activity:
-    phase: str
-    name: str
-    kind: str
-    status: str
-    duration_s: float | None
-    error: str | None
-    tolerance_met: bool | None
-
-
-@dataclass
-class JournalFindings:
-    status: str | None
-    reasons: list[str]
-    checks: list[SloCheck]
-    activities: list[Activity]
-    probe_allowed: dict[str, float]
-    # "check (probe 'name')" of SLO outputs not measured before the method: not checks.
-    not_measured_before: list[str] = field(default_factory=list)
-
+from gameday.report.timeline import Timeline
 
 # What only the HTML shows of an experiment (summary.json has the timeline's trip).
 _HTML_ONLY = frozenset({"description", "activities", "timeline", "heatmap", "result"})
@@ -156,7 +89,7 @@ class ExperimentSummary:
                 skip=_HTML_ONLY,
             ),
             "tripped": self.timeline.tripped,
-            "time_to_trip_s": _num(self.timeline.time_to_trip_s),
+            "time_to_trip_s": rounded(self.timeline.time_to_trip_s),
         }
 
 
@@ -227,11 +160,11 @@ class Summary:
                 int(e.figures.get("failed_requests", 0)) for e in self.experiments
             ),
             "time_to_trip_s": {
-                e.name: _num(e.timeline.time_to_trip_s)
+                e.name: rounded(e.timeline.time_to_trip_s)
                 for e in self.experiments
                 if e.timeline.tripped
             },
-            "worst_time_to_trip_s": _num(max(trips)) if trips else None,
+            "worst_time_to_trip_s": rounded(max(trips)) if trips else None,
             "unexpected_trips": [
                 e.name for e in self.experiments if e.expect == "no_trip" and e.timeline.tripped
             ],
@@ -245,184 +178,6 @@ class Summary:
 
     def write_json(self, path: Path) -> None:
         path.write_text(dumps_json(self.to_json()))
-
-
-def json_safe(value: Any) -> Any:
-    """JSON that any parser reads: NaN and infinities (which probe details and broker
-    events may carry) become null, numpy scalars plain numbers."""
-    if isinstance(value, dict):
-        return {str(k): json_safe(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [json_safe(v) for v in value]
-    if isinstance(value, bool | str) or value is None:
-        return value
-    if isinstance(value, int | np.integer):
-        return int(value)
-    if isinstance(value, float | np.floating):
-        return float(value) if math.isfinite(value) else None
-    return str(value)
-
-
-def dumps_json(doc: Any) -> str:
-    return json.dumps(json_safe(doc), indent=2, allow_nan=False) + "\n"
-
-
-def _num(x: Any) -> float | None:
-    if x is None:
-        return None
-    try:
-        v = float(x)
-    except (TypeError, ValueError):
-        return None
-    return round(v, 6) if math.isfinite(v) else None
-
-
-def _fmt(x: float | None) -> str:
-    if x is None:
-        return "?"
-    return f"{x:.3g}" if abs(x) < 100 else f"{x:.1f}"
-
-
-# ---------------------------------------------------------------------------------------
-# The journal
-
-
-def _list(value: Any) -> list[Any]:
-    return value if isinstance(value, list) else []
-
-
-def journal_findings(experiment: str, journal: dict[str, Any] | None) -> JournalFindings:
-    """The journal's activities and SLO checks; its reasons are ``gameday.evidence.journal``'s
-    (the run verdict's, word for word) less those about an SLO result, which become the
-    checks instead (each with its own sentence)."""
-    if journal is None:
-        return JournalFindings(None, [], [], [], {})
-    reasons = [f.sentence for f in journal_core.journal_findings(journal) if f.slo is None]
-    status = journal.get("status") if isinstance(journal.get("status"), str) else None
-    states = as_dict(journal.get("steady_states"))
-    before, after = as_dict(states.get("before")), as_dict(states.get("after"))
-    entries: dict[str, list[Any]] = {
-        "before": _list(before.get("probes")),
-        "method": _list(journal.get("run")),
-        "after": _list(after.get("probes")),
-        "rollbacks": _list(journal.get("rollbacks")),
-    }
-    activities: list[Activity] = []
-    checks: list[SloCheck] = []
-    probe_allowed: dict[str, float] = {}
-    not_measured_before: list[str] = []
-    for phase, label in JOURNAL_PHASES:
-        for run in entries[phase]:
-            if not isinstance(run, dict):
-                continue
-            act = as_dict(run.get("activity"))
-            name = str(act.get("name") or "?")
-            tol = run.get("tolerance_met") if isinstance(run.get("tolerance_met"), bool) else None
-            duration = run.get("duration")
-            activities.append(
-                Activity(
-                    label,
-                    name,
-                    str(act.get("type") or "?"),
-                    str(run.get("status") or "?"),
-                    float(duration) if isinstance(duration, int | float) else None,
-                    journal_core.last_error(run),
-                    tol,
-                )
-            )
-            output = as_dict(run.get("output"))
-            if is_slo(output):
-                check = _slo_check(experiment, output, f"probe {name!r}, {label}")
-                if check.allowed is not None:
-                    probe_allowed.setdefault(check.check, check.allowed)
-                if is_not_measured(output):
-                    if phase == "before":
-                        not_measured_before.append(f"{check.check} (probe {name!r})")
-                        continue
-                    check.ok = False
-                    check.note = (
-                        f"the probe measured nothing in the {label} (detail.status "
-                        "'not_measured': it saw no load and no fault)"
-                    )
-                checks.append(check)
-    return JournalFindings(status, reasons, checks, activities, probe_allowed, not_measured_before)
-
-
-def _slo_check(experiment: str, output: dict[str, Any], source: str) -> SloCheck:
-    measured, allowed = _num(output.get("measured")), _num(output.get("allowed"))
-    ok = output.get("ok")
-    detail = as_dict(output.get("detail"))
-    return SloCheck(
-        experiment=experiment,
-        check=str(output.get("check")),
-        source=source,
-        measured=measured,
-        allowed=allowed,
-        unit=str(output.get("unit") or ""),
-        ok=ok if isinstance(ok, bool) else False,
-        note="" if isinstance(ok, bool) else f"the probe's 'ok' is {ok!r}, not a boolean",
-        detail=detail,
-    )
-
-
-# ---------------------------------------------------------------------------------------
-# Key figures
-
-
-def key_figures(exp: ExperimentData, timeline: Timeline) -> dict[str, Any]:
-    rec = exp.records
-    ok = rec["ok"].to_numpy(dtype=bool)
-    variant = rec["served_by"].astype("category")
-    fig: dict[str, Any] = {
-        "requests": len(rec),
-        "failed_requests": int((~ok).sum()),
-        "error_rate": _num((~ok).mean()) if len(rec) else None,
-        "requests_by_variant": {
-            str(k): int(v) for k, v in variant.value_counts(dropna=False).items() if v
-        },
-    }
-    good = rec.loc[ok & rec["ttft_s"].notna().to_numpy(), ["served_by", "ttft_s"]]
-    by = good.groupby(good["served_by"].astype("category"), observed=True)["ttft_s"]
-    fig["ttft_p50_s"] = {str(k): _num(v) for k, v in by.quantile(0.5).items()}
-    fig["ttft_p99_s"] = {str(k): _num(v) for k, v in by.quantile(0.99).items()}
-    fault = timeline.milestone("fault_injected").time
-    trip = timeline.milestone("gate_tripped").time
-    fig["canary_requests_after_fault"] = records_after(rec, fault, "canary")
-    fig["canary_requests_after_trip"] = records_after(rec, trip, "canary")
-    ora = exp.oracle
-    kl = ora["kl_mean"].to_numpy(dtype=float)
-    fig["oracle_pairs"] = len(ora)
-    fig["oracle_kl_max"] = _num(np.nanmax(kl)) if len(kl) and np.isfinite(kl).any() else None
-    fig["time_to_trip_s"] = _num(timeline.time_to_trip_s)
-    # What the gate saw and how the load generator did (gameday run's evidence, #14).
-    evidence = (exp.result or {}).get("evidence")
-    evidence = evidence if isinstance(evidence, dict) else {}
-    gate, load = evidence.get("gate"), evidence.get("load")
-    if isinstance(gate, dict):
-        fig["gate_evidence"] = {
-            k: gate.get(k) for k in ("comparisons", "canary_outcomes", "thresholds")
-        }
-    if isinstance(load, dict):
-        fig["load_generator"] = {
-            k: load.get(k)
-            for k in (
-                "valid",
-                "achieved_rps",
-                "target_rps",
-                "cpu_fraction",
-                "max_cpu_percent",
-                "cpu_warning",
-                "late_fraction",
-                "max_lag_s",
-                "peak_users",
-                "users",
-            )
-        }
-    if timeline.trip:
-        fig["trip"] = {
-            k: timeline.trip.get(k) for k in ("test", "bucket", "statistic", "threshold", "samples")
-        }
-    return fig
 
 
 # ---------------------------------------------------------------------------------------
@@ -613,11 +368,3 @@ def summarise_run(run: RunData, experiments: list[ExperimentSummary]) -> Summary
 
 def _dedupe(items: list[str]) -> list[str]:
     return list(dict.fromkeys(items))
-
-
-def frame_records(df: pd.DataFrame) -> list[dict[str, Any]]:
-    """A small DataFrame as JSON-ready rows (NaN -> None)."""
-    return [
-        {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in row.items()}
-        for row in df.to_dict(orient="records")
-    ]

@@ -1,0 +1,70 @@
+"""An experiment's key figures for summary.json: requests, errors, TTFT, drift, the trip.
+
+Must never decide a verdict: figures are shown, the checks decide.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from gameday.report.jsonfields import rounded
+from gameday.report.loader import ExperimentData
+from gameday.report.timeline import Timeline, records_after
+
+
+def key_figures(exp: ExperimentData, timeline: Timeline) -> dict[str, Any]:
+    rec = exp.records
+    ok = rec["ok"].to_numpy(dtype=bool)
+    variant = rec["served_by"].astype("category")
+    fig: dict[str, Any] = {
+        "requests": len(rec),
+        "failed_requests": int((~ok).sum()),
+        "error_rate": rounded((~ok).mean()) if len(rec) else None,
+        "requests_by_variant": {
+            str(k): int(v) for k, v in variant.value_counts(dropna=False).items() if v
+        },
+    }
+    good = rec.loc[ok & rec["ttft_s"].notna().to_numpy(), ["served_by", "ttft_s"]]
+    by = good.groupby(good["served_by"].astype("category"), observed=True)["ttft_s"]
+    fig["ttft_p50_s"] = {str(k): rounded(v) for k, v in by.quantile(0.5).items()}
+    fig["ttft_p99_s"] = {str(k): rounded(v) for k, v in by.quantile(0.99).items()}
+    fault = timeline.milestone("fault_injected").time
+    trip = timeline.milestone("gate_tripped").time
+    fig["canary_requests_after_fault"] = records_after(rec, fault, "canary")
+    fig["canary_requests_after_trip"] = records_after(rec, trip, "canary")
+    ora = exp.oracle
+    kl = ora["kl_mean"].to_numpy(dtype=float)
+    fig["oracle_pairs"] = len(ora)
+    fig["oracle_kl_max"] = rounded(np.nanmax(kl)) if len(kl) and np.isfinite(kl).any() else None
+    fig["time_to_trip_s"] = rounded(timeline.time_to_trip_s)
+    # What the gate saw and how the load generator did (gameday run's evidence, #14).
+    evidence = (exp.result or {}).get("evidence")
+    evidence = evidence if isinstance(evidence, dict) else {}
+    gate, load = evidence.get("gate"), evidence.get("load")
+    if isinstance(gate, dict):
+        fig["gate_evidence"] = {
+            k: gate.get(k) for k in ("comparisons", "canary_outcomes", "thresholds")
+        }
+    if isinstance(load, dict):
+        fig["load_generator"] = {
+            k: load.get(k)
+            for k in (
+                "valid",
+                "achieved_rps",
+                "target_rps",
+                "cpu_fraction",
+                "max_cpu_percent",
+                "cpu_warning",
+                "late_fraction",
+                "max_lag_s",
+                "peak_users",
+                "users",
+            )
+        }
+    if timeline.trip:
+        fig["trip"] = {
+            k: timeline.trip.get(k) for k in ("test", "bucket", "statistic", "threshold", "samples")
+        }
+    return fig
