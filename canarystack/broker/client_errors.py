@@ -1,15 +1,5 @@
 """The exceptions ``BrokerClient`` raises, and how an answer's status and body become one.
 
-Every one carries ``method`` and ``url`` of the request::
-
-    BrokerError
-     ├── BrokerUnavailable    cannot connect, no answer in time, or a 5xx: retry with backoff
-     │    └── BadBrokerAnswer an answer that is not what a broker answers
-     ├── RevisionConflict     409: expected_revision is stale; .current_revision
-     ├── IllegalTransition    409: the phase rules refuse; .current_phase, .allowed
-     └── BrokerRequestError   any other 4xx; .status, .message, .param, .code
-          └── BrokerNotFound  404 (no such release or version)
-
 This module must never do I/O.
 """
 
@@ -21,7 +11,17 @@ from canary_contract.json import JsonObject
 
 
 class BrokerError(Exception):
-    """Base of every error this client raises."""
+    """Base of every error this client raises; every one carries ``method`` and ``url`` of
+    the request::
+
+        BrokerError
+         ├── BrokerUnavailable    cannot connect, no answer in time, or a 5xx: retry with backoff
+         │    └── BadBrokerAnswer an answer that is not what a broker answers
+         ├── RevisionConflict     409: expected_revision is stale; .current_revision
+         ├── IllegalTransition    409: the phase rules refuse; .current_phase, .allowed
+         └── BrokerRequestError   any other 4xx; .status, .message, .param, .code
+              └── BrokerNotFound  404 (no such release or version)
+    """
 
     def __init__(self, message: str, *, method: str = "", url: str = "") -> None:
         super().__init__(message)

@@ -1,10 +1,6 @@
-"""The broker's request bodies: the pydantic models that validate them, field by field.
-
-Every number the broker stores must be finite and every integer must fit SQLite's signed
-64 bits; unknown fields are refused (a typo shows instead of being ignored); what a client
-adds to an event (an annotation, trip detail) is at most ``MAX_EVENT_FIELD_BYTES`` as JSON.
-The HTTP layer (``canarystack.broker.server``) parses bodies with these; the OpenAPI
-description (``canarystack.broker.api_spec``) is generated from them.
+"""The broker's request bodies: the pydantic models that validate them, field by field
+(the HTTP layer, ``server``, parses bodies with them; ``api_spec`` is generated from them).
+Unknown fields are refused, so a typo shows instead of being ignored.
 
 This module must never do I/O.
 """
