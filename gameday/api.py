@@ -1,27 +1,7 @@
 """``StackApi``: the one HTTP client the harness uses for the stack's own APIs.
 
-The caller passes its ``requests.Session`` in (as ``canarystack/broker/client.py`` takes
-its ``aiohttp`` session), so it owns pooling and lifetime and tests aim it at real
-components::
-
-    with requests.Session() as session:
-        api = StackApi(session, target)
-        release = api.release()
-        events = api.events()          # every page of the history
-
-Timeouts are one policy, a constant per kind of call (each request gets its own):
-
-- ``STATE_TIMEOUT_S``: a read of current state (release, routers, health, gate, faults,
-  metrics) — small answers from a component that is up;
-- ``HISTORY_TIMEOUT_S``: one page of a release's event history (up to 10,000 events);
-- ``REQUEST_TIMEOUT_S``: a request a user could send (a completion through the router);
-- ``PROMETHEUS_TIMEOUT_S``: one PromQL query (``PrometheusApi``, the metrics the stack's
-  Prometheus scraped).
-
-Every failure is an ``ApiError`` naming the URL, what went wrong and, where a person can
-act, what to do; ``status`` is the HTTP status (0: no answer). Answers are read with the
-harness's strict JSON (``gameday.oracle.wire``). This module must never create or close
-the session it is given, write to the broker, or import ``canarystack``.
+This module must never create or close the session it is given, write to the broker,
+or import ``canarystack``.
 """
 
 from __future__ import annotations
@@ -63,7 +43,30 @@ class ApiError(RuntimeError):
 
 
 class StackApi:
-    """The broker, router, gate and replica APIs of one target, over ``session``."""
+    """The broker, router, gate and replica APIs of one target, over ``session``.
+
+    The caller passes its ``requests.Session`` in (as ``canarystack/broker/client.py`` takes
+    its ``aiohttp`` session), so it owns pooling and lifetime and tests aim it at real
+    components::
+
+        with requests.Session() as session:
+            api = StackApi(session, target)
+            release = api.release()
+            events = api.events()          # every page of the history
+
+    Timeouts are one policy, a constant per kind of call (each request gets its own):
+
+    - ``STATE_TIMEOUT_S``: a read of current state (release, routers, health, gate, faults,
+      metrics) — small answers from a component that is up;
+    - ``HISTORY_TIMEOUT_S``: one page of a release's event history (up to 10,000 events);
+    - ``REQUEST_TIMEOUT_S``: a request a user could send (a completion through the router);
+    - ``PROMETHEUS_TIMEOUT_S``: one PromQL query (``PrometheusApi``, the metrics the stack's
+      Prometheus scraped).
+
+    Every failure is an ``ApiError`` naming the URL, what went wrong and, where a person can
+    act, what to do; ``status`` is the HTTP status (0: no answer). Answers are read with the
+    harness's strict JSON (``gameday.oracle.wire``).
+    """
 
     def __init__(self, session: requests.Session, target: Target) -> None:
         self.session = session

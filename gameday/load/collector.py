@@ -1,35 +1,4 @@
-"""Getting every record of a Locust run into one Parquet file, also with workers.
-
-Roles, decided by the Locust runner of the process:
-
-- ``local`` (one process): rows go straight into the ``ParquetSink``.
-- ``worker`` (``--processes N`` children, or ``--worker``): rows are buffered and shipped
-  to the master as custom messages (``gameday_records``, a column dict) every
-  ``SHIP_INTERVAL_S`` or ``SHIP_MAX_ROWS`` rows. When its test stops — after its users
-  finished or were cut by the stop timeout, so every request has its row — a worker ships
-  the rest and then ``gameday_final`` with its counters.
-- ``master``: writes what workers ship. Locust's headless master stops *without* waiting
-  for its workers' users (``quit`` sends workers "quit" and exits half a second later), so
-  when the master's test stops it asks every worker that has not reported final to stop
-  and flush (``gameday_flush``), and waits for their ``gameday_final`` — at most the stop
-  timeout plus ``FLUSH_MARGIN_S``. ZeroMQ keeps one worker's messages in order, so a
-  worker's final arrives after all its rows.
-
-Files are closed on Locust's ``quit`` event (the very end, after the runner stopped), so
-a row that arrives during the stop timeout is still written. Until then the sinks write
-closed, fsynced parts at least every ``FLUSH_INTERVAL_S`` (a timer here flushes rows that
-arrive in a quiet spell), so a process killed with SIGKILL loses only its last second of
-rows (and a worker the rows it had not shipped); ``gameday.load.records.recover`` merges
-the parts it left.
-
-The summary also says how well the generator itself kept up (issue #14, item 6), so a
-starved generator is never taken for a slow or a quiet stack: per process the CPU it used
-over the test (``cpu_s``, and ``max_cpu_percent``, the highest of Locust's own CPU samples
-and of this process's CPU over each tick), whether Locust warned "CPU usage above 90%"
-(``cpu_warnings``), the most users it ran (``peak_users``), and for the whole test its wall
-time (``test_wall_s``) and the achieved request rate (``achieved_rps``).
-``gameday.load.runner.load_problems`` judges them.
-"""
+"""Getting every record of a Locust run into one Parquet file, also with workers."""
 
 from __future__ import annotations
 
@@ -72,6 +41,39 @@ MSG_FLUSH = "gameday_flush"
 
 
 class Collector:
+    """Every record of the run into one Parquet file, whatever the process's role.
+
+    Roles, decided by the Locust runner of the process:
+
+    - ``local`` (one process): rows go straight into the ``ParquetSink``.
+    - ``worker`` (``--processes N`` children, or ``--worker``): rows are buffered and shipped
+      to the master as custom messages (``gameday_records``, a column dict) every
+      ``SHIP_INTERVAL_S`` or ``SHIP_MAX_ROWS`` rows. When its test stops — after its users
+      finished or were cut by the stop timeout, so every request has its row — a worker ships
+      the rest and then ``gameday_final`` with its counters.
+    - ``master``: writes what workers ship. Locust's headless master stops *without* waiting
+      for its workers' users (``quit`` sends workers "quit" and exits half a second later), so
+      when the master's test stops it asks every worker that has not reported final to stop
+      and flush (``gameday_flush``), and waits for their ``gameday_final`` — at most the stop
+      timeout plus ``FLUSH_MARGIN_S``. ZeroMQ keeps one worker's messages in order, so a
+      worker's final arrives after all its rows.
+
+    Files are closed on Locust's ``quit`` event (the very end, after the runner stopped), so
+    a row that arrives during the stop timeout is still written. Until then the sinks write
+    closed, fsynced parts at least every ``FLUSH_INTERVAL_S`` (a timer here flushes rows that
+    arrive in a quiet spell), so a process killed with SIGKILL loses only its last second of
+    rows (and a worker the rows it had not shipped); ``gameday.load.records.recover`` merges
+    the parts it left.
+
+    The summary also says how well the generator itself kept up (issue #14, item 6), so a
+    starved generator is never taken for a slow or a quiet stack: per process the CPU it used
+    over the test (``cpu_s``, and ``max_cpu_percent``, the highest of Locust's own CPU samples
+    and of this process's CPU over each tick), whether Locust warned "CPU usage above 90%"
+    (``cpu_warnings``), the most users it ran (``peak_users``), and for the whole test its wall
+    time (``test_wall_s``) and the achieved request rate (``achieved_rps``).
+    ``gameday.load.runner.load_problems`` judges them.
+    """
+
     def __init__(self, environment: Any, counters: Callable[[], JsonObject]) -> None:
         self.environment = environment
         self.runner = environment.runner

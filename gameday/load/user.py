@@ -1,39 +1,4 @@
-"""The Locust users: ``LLMUser`` streams completions; ``OracleUser`` compares variants.
-
-``LLMUser`` sends the prompt mix's requests to an OpenAI-compatible endpoint
-(``--api-path``), streaming, and for each request:
-
-- measures TTFT from just before sending to the first event with content, inter-token
-  gaps, end-to-end time, tokens from the usage chunk (``gameday.load.sse``);
-- records one row (``gameday.load.records.LOAD_SCHEMA``) — including requests that failed,
-  and requests cut by the run's stop timeout (``error_kind`` ``timeout``);
-- fires one Locust request event named ``ttft[<variant>]`` (``x-served-by``, else
-  ``unknown``) whose response time is the TTFT in ms (the end-to-end time for a request
-  that failed before its first token), so Locust's statistics, CSV and HTML show the TTFT
-  users felt, not the time to the response headers. Failures carry their error kind.
-
-Closed loop for ``synthetic`` and ``jsonl`` mixes (a user sends its next request when the
-previous one ended, plus ``--think-time-s``, or ``--error-pause-s`` after a failure); open
-loop for ``azure-trace`` (each request starts at its trace offset × ``--trace-time-scale``;
-``gameday.load.pacing``).
-
-``OracleUser`` (only with ``--oracle``) sends the same prompt twice, pinned with
-``x-canary-variant: baseline`` and ``canary`` (or to ``--oracle-baseline-host`` /
-``--oracle-canary-host``), temperature 0 with top logprobs, and records KL and top-1
-agreement (``gameday.oracle``) per prompt-length bucket. Its requests are not in the load
-records; they show in Locust's statistics as ``oracle``. What a pair records:
-
-- both sides answered with sound logprobs: KL and top-1 agreement, ``error`` null;
-- the canary answered 2xx but its body is garbage, has no or malformed logprobs, or
-  non-finite ones: maximal divergence (``KL_CLIP``, top-1 agreement 0), ``error`` null —
-  a broken engine is drift, never a dropped pair (counted in ``oracle_canary_broken``);
-- the baseline's 2xx body is broken: ``error`` ``baseline broken: ...`` (not canary drift);
-- the canary answered 409 ``canary_off`` (the router refuses pins to a canary whose
-  effective weight is 0): ``error`` ``canary_off: ...``, no pair, and not a failure in
-  Locust's statistics (``oracle[canary_off]``; counted in ``oracle_canary_off``);
-- a side failed (connection, 4xx/5xx, timeout): ``error`` ``<side>: <kind>: <detail>``;
-  both sides failed on the same input: ``both: ...`` (the request's fault, not the canary's).
-"""
+"""The Locust users: ``LLMUser`` streams completions; ``OracleUser`` compares variants."""
 
 from __future__ import annotations
 
@@ -72,7 +37,25 @@ def auth_headers(opts: LoadOptions) -> dict[str, str]:
 
 
 class LLMUser(User):
-    """Streams the prompt mix to an OpenAI-compatible server and records every request."""
+    """Streams the prompt mix to an OpenAI-compatible server and records every request.
+
+    ``LLMUser`` sends the prompt mix's requests to an OpenAI-compatible endpoint
+    (``--api-path``), streaming, and for each request:
+
+    - measures TTFT from just before sending to the first event with content, inter-token
+      gaps, end-to-end time, tokens from the usage chunk (``gameday.load.sse``);
+    - records one row (``gameday.load.records.LOAD_SCHEMA``) — including requests that failed,
+      and requests cut by the run's stop timeout (``error_kind`` ``timeout``);
+    - fires one Locust request event named ``ttft[<variant>]`` (``x-served-by``, else
+      ``unknown``) whose response time is the TTFT in ms (the end-to-end time for a request
+      that failed before its first token), so Locust's statistics, CSV and HTML show the TTFT
+      users felt, not the time to the response headers. Failures carry their error kind.
+
+    Closed loop for ``synthetic`` and ``jsonl`` mixes (a user sends its next request when the
+    previous one ended, plus ``--think-time-s``, or ``--error-pause-s`` after a failure); open
+    loop for ``azure-trace`` (each request starts at its trace offset × ``--trace-time-scale``;
+    ``gameday.load.pacing``).
+    """
 
     weight = 1
 
@@ -159,7 +142,25 @@ class LLMUser(User):
 
 
 class OracleUser(User):
-    """Pinned baseline/canary pairs at temperature 0; KL and top-1 agreement per bucket."""
+    """Pinned baseline/canary pairs at temperature 0; KL and top-1 agreement per bucket.
+
+    ``OracleUser`` (only with ``--oracle``) sends the same prompt twice, pinned with
+    ``x-canary-variant: baseline`` and ``canary`` (or to ``--oracle-baseline-host`` /
+    ``--oracle-canary-host``), temperature 0 with top logprobs, and records KL and top-1
+    agreement (``gameday.oracle``) per prompt-length bucket. Its requests are not in the load
+    records; they show in Locust's statistics as ``oracle``. What a pair records:
+
+    - both sides answered with sound logprobs: KL and top-1 agreement, ``error`` null;
+    - the canary answered 2xx but its body is garbage, has no or malformed logprobs, or
+      non-finite ones: maximal divergence (``KL_CLIP``, top-1 agreement 0), ``error`` null —
+      a broken engine is drift, never a dropped pair (counted in ``oracle_canary_broken``);
+    - the baseline's 2xx body is broken: ``error`` ``baseline broken: ...`` (not canary drift);
+    - the canary answered 409 ``canary_off`` (the router refuses pins to a canary whose
+      effective weight is 0): ``error`` ``canary_off: ...``, no pair, and not a failure in
+      Locust's statistics (``oracle[canary_off]``; counted in ``oracle_canary_off``);
+    - a side failed (connection, 4xx/5xx, timeout): ``error`` ``<side>: <kind>: <detail>``;
+      both sides failed on the same input: ``both: ...`` (the request's fault, not the canary's).
+    """
 
     # with --oracle the master sets fixed_count to --oracle-users; without it, it drops the
     # class (gameday.load.context). A weight of 0 would make Locust drop it before that.

@@ -1,36 +1,5 @@
 """KL divergence and top-1 agreement between two top-k next-token distributions.
 
-An OpenAI-compatible server returns only the top k tokens of each next-token
-distribution, so the two sides usually list different tokens. The divergence is taken
-over the union of both lists, with a floor for the tokens a side did not list:
-
-    U        = keys(P) ∪ keys(Q)                      (P: baseline, Q: canary)
-    r_X      = max(0, 1 - Σ_{t listed by X} x_t)      (probability X did not list)
-    floor_X  = min(max(r_X / |U \\ listed_X|, ε), min_{t listed by X} x_t)
-    x̃_t      = x_t if X listed t, else floor_X
-    x̂_t      = x̃_t / Σ_{u ∈ U} x̃_u                    (renormalised over U)
-    KL(P‖Q)  = Σ_{t ∈ U} p̂_t · ln(p̂_t / q̂_t)          (nats, ≥ 0)
-
-with ε = 1e-6. The floor spreads a side's unlisted mass evenly over the tokens it did
-not list, but never above its least likely listed token (an unlisted token cannot be more
-likely than a listed one) and never below ε (so the ratio stays finite). Identical lists
-give exactly 0.
-
-Across a generated sequence (temperature 0, so each side takes its argmax), positions are
-comparable only while both sides have generated the same tokens so far: the comparison
-covers positions 0..d, where d is the first position whose chosen tokens differ (its
-context is still shared), or the shorter sequence. ``top1_agree`` is the share of the
-compared positions whose most likely tokens agree; ``kl_first`` is position 0 alone.
-
-A broken engine is evidence, never silence. A logprob that is not a finite number at
-most 0 (``NaN``, ``±Infinity`` — also as the JSON constants —, a string, a positive value),
-or logprobs that are missing or malformed, make that side's answer *broken*
-(``BrokenLogprobs``, naming what was wrong). A broken canary beside a sound baseline is
-maximal divergence: ``KL_CLIP`` nats and top-1 disagreement (``Comparison.broken_canary``),
-never 0 and never dropped. Every KL is clipped to [0, ``KL_CLIP``] (a non-finite one is
-the clip). A broken *baseline* is not canary drift: ``compare_responses`` raises
-``BrokenBaseline`` so the pair is reported as such.
-
 Pure Python (about 5-8 µs per pair of top-5 lists, faster than numpy for single pairs).
 """
 
@@ -102,10 +71,26 @@ def clip_kl(kl: float) -> float:
 
 
 def kl_topk(p_logprobs: Mapping[str, float], q_logprobs: Mapping[str, float]) -> float:
-    """KL(P‖Q) in nats from two ``{token: logprob}`` top-k lists (formula above).
+    """KL(P‖Q) in nats from two ``{token: logprob}`` top-k lists (formula below).
 
     P is the baseline, Q the canary. Broken canary logprobs (empty, non-finite, not a
     number, above 0) give ``KL_CLIP``; broken baseline logprobs raise ``BrokenBaseline``.
+
+    An OpenAI-compatible server returns only the top k tokens of each next-token
+    distribution, so the two sides usually list different tokens. The divergence is taken
+    over the union of both lists, with a floor for the tokens a side did not list:
+
+        U        = keys(P) ∪ keys(Q)                      (P: baseline, Q: canary)
+        r_X      = max(0, 1 - Σ_{t listed by X} x_t)      (probability X did not list)
+        floor_X  = min(max(r_X / |U \\ listed_X|, ε), min_{t listed by X} x_t)
+        x̃_t      = x_t if X listed t, else floor_X
+        x̂_t      = x̃_t / Σ_{u ∈ U} x̃_u                    (renormalised over U)
+        KL(P‖Q)  = Σ_{t ∈ U} p̂_t · ln(p̂_t / q̂_t)          (nats, ≥ 0)
+
+    with ε = 1e-6. The floor spreads a side's unlisted mass evenly over the tokens it did
+    not list, but never above its least likely listed token (an unlisted token cannot be more
+    likely than a listed one) and never below ε (so the ratio stays finite). Identical lists
+    give exactly 0.
     """
     try:
         p_lp = _checked(p_logprobs, "baseline")
@@ -155,6 +140,12 @@ def compare_positions(baseline: Sequence[Position], canary: Sequence[Position]) 
 
     No baseline positions: BrokenBaseline. No canary positions beside baseline ones, or
     a canary position with broken logprobs: ``Comparison.broken_canary``.
+
+    Across a generated sequence (temperature 0, so each side takes its argmax), positions are
+    comparable only while both sides have generated the same tokens so far: the comparison
+    covers positions 0..d, where d is the first position whose chosen tokens differ (its
+    context is still shared), or the shorter sequence. ``top1_agree`` is the share of the
+    compared positions whose most likely tokens agree; ``kl_first`` is position 0 alone.
     """
     if not baseline:
         raise BrokenBaseline("returned no logprobs (no generated position)")
@@ -181,6 +172,15 @@ def compare_responses(baseline: Any, canary: Any) -> Comparison:
 
     A canary body that is not a response with sound logprobs (garbage, no choices, no
     logprobs, non-finite values) is ``Comparison.broken_canary`` naming what was wrong.
+
+    A broken engine is evidence, never silence. A logprob that is not a finite number at
+    most 0 (``NaN``, ``±Infinity`` — also as the JSON constants —, a string, a positive value),
+    or logprobs that are missing or malformed, make that side's answer *broken*
+    (``BrokenLogprobs``, naming what was wrong). A broken canary beside a sound baseline is
+    maximal divergence: ``KL_CLIP`` nats and top-1 disagreement (``Comparison.broken_canary``),
+    never 0 and never dropped. Every KL is clipped to [0, ``KL_CLIP``] (a non-finite one is
+    the clip). A broken *baseline* is not canary drift: ``compare_responses`` raises
+    ``BrokenBaseline`` so the pair is reported as such.
     """
     try:
         base = parse_logprobs(baseline)
