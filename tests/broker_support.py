@@ -25,6 +25,20 @@ def start_broker(spawn: Spawner, state_dir: Path, *extra: str, port: int = 0) ->
     return spawn("canarystack.broker", "--state-dir", str(state_dir), *extra, port=port)
 
 
+def broker_with_versions(
+    spawn: Spawner, state_dir: Path, *extra: str, release: str | None = "default"
+) -> tuple[Proc, Api]:
+    """A real broker with versions v1 and v2 registered and, unless ``release`` is None, a
+    release of that name (v1 stable, v2 canary at 5 %): the process and its API."""
+    proc = start_broker(spawn, state_dir, *extra)
+    api = Api(proc.url)
+    for v in ("v1", "v2"):
+        api.register(v)
+    if release is not None:
+        api.create(release, stable="v1", canary="v2", weight=5)
+    return proc, api
+
+
 def digest_of(manifest: Any) -> str:
     """The contract's digest, computed independently of canarystack.broker.digest."""
     if isinstance(manifest, str):

@@ -16,13 +16,31 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Protocol, TypeVar
 
 import requests
 
 ADMIN_TOKEN = "test-admin-token"
+
+
+class _Group(Protocol):
+    def stop_all(self) -> None: ...
+
+
+G = TypeVar("G", bound=_Group)
+
+
+@contextlib.contextmanager
+def stopping(group: G) -> Iterator[G]:
+    """``group`` (a Spawner, or any group of processes) for the block; every one of its
+    processes stopped after it, however it ends."""
+    try:
+        yield group
+    finally:
+        group.stop_all()
 
 
 def free_port() -> int:
@@ -54,6 +72,35 @@ def wait_for(
     raise AssertionError(
         f"timed out after {timeout}s waiting for {what or predicate}: {last_exc!r}"
     )
+
+
+def post_fault(
+    url: str, fault: Mapping[str, Any], headers: Mapping[str, str] | None = None
+) -> requests.Response:
+    """POST ``fault`` to ``url``/admin/faults with the admin token (and ``headers``)."""
+    auth = {"Authorization": f"Bearer {ADMIN_TOKEN}", **(headers or {})}
+    return requests.post(url + "/admin/faults", json=dict(fault), headers=auth, timeout=10)
+
+
+def inject_fault(
+    url: str, fault: Mapping[str, Any], headers: Mapping[str, str] | None = None
+) -> dict[str, Any]:
+    """``fault`` injected at ``url`` (the component must answer 201); its record."""
+    resp = post_fault(url, fault, headers)
+    assert resp.status_code == 201, resp.text
+    return dict(resp.json())
+
+
+def wait_degraded(proc: Proc, what: str, timeout: float = 10.0) -> dict[str, Any]:
+    """Poll ``proc``'s /health until it answers 503; the body of that answer."""
+
+    def degraded() -> dict[str, Any] | None:
+        r = requests.get(f"{proc.url}/health", timeout=5)
+        return dict(r.json()) if r.status_code == 503 else None
+
+    body = wait_for(degraded, timeout=timeout, what=what)
+    assert isinstance(body, dict)
+    return body
 
 
 @dataclass

@@ -123,13 +123,10 @@ def test_drop_watch_releases_a_client_that_gives_up(spawn: Spawner, tmp_path: Pa
 def test_heartbeats_and_expiry(spawn: Spawner, tmp_path: Path) -> None:
     api = _broker(spawn, tmp_path, "--router-expiry-s", "1")
 
-    def beat(router_id: str, release: str, applied: int | None) -> None:
-        r = api.write(
-            "POST",
-            "/v1/routers/heartbeat",
-            {"router_id": router_id, "release": release, "applied_revision": applied},
-        )
-        assert r.status_code == 200 and r.json() == {"ok": True}
+    def beat(router_id: str, release: str, applied: int | None, **more: float | None) -> None:
+        body = {"router_id": router_id, "release": release, "applied_revision": applied, **more}
+        r = api.write("POST", "/v1/routers/heartbeat", body)
+        assert r.status_code == 200 and r.json() == {"ok": True}, r.text
 
     beat("router-0", "default", 3)
     beat("router-1", "other", None)
@@ -143,33 +140,11 @@ def test_heartbeats_and_expiry(spawn: Spawner, tmp_path: Path) -> None:
     # Beats without the optional fields (older routers) list them as null.
     assert all((x["applied_at"], x["canary_off_since"]) == (None, None) for x in body["routers"])
     # A router that says when it applied the revision and since when its canary is off.
-    r = api.write(
-        "POST",
-        "/v1/routers/heartbeat",
-        {
-            "router_id": "router-0",
-            "release": "default",
-            "applied_revision": 3,
-            "applied_at": 1_700_000_002.5,
-            "canary_off_since": 1_700_000_001,
-        },
-    )
-    assert r.status_code == 200, r.text
+    beat("router-0", "default", 3, applied_at=1_700_000_002.5, canary_off_since=1_700_000_001)
     (r0,) = api.get("/v1/routers", params={"release": "default"}).json()["routers"]
     assert (r0["applied_at"], r0["canary_off_since"]) == (1_700_000_002.5, 1_700_000_001.0)
     # Each beat replaces the last: canary traffic again (no canary_off_since) shows as null.
-    r = api.write(
-        "POST",
-        "/v1/routers/heartbeat",
-        {
-            "router_id": "router-0",
-            "release": "default",
-            "applied_revision": 3,
-            "applied_at": 1_700_000_003.0,
-            "canary_off_since": None,
-        },
-    )
-    assert r.status_code == 200, r.text
+    beat("router-0", "default", 3, applied_at=1_700_000_003.0, canary_off_since=None)
     (r0,) = api.get("/v1/routers", params={"release": "default"}).json()["routers"]
     assert (r0["applied_at"], r0["canary_off_since"]) == (1_700_000_003.0, None)
     only = api.get("/v1/routers", params={"release": "default"}).json()["routers"]

@@ -26,7 +26,7 @@ from canarystack.broker.client import (
     FollowKind,
     ReleaseFollower,
 )
-from tests.broker_support import Api, not_a_broker, start_broker
+from tests.broker_support import broker_with_versions, not_a_broker
 from tests.procs import ADMIN_TOKEN, Spawner, free_port
 
 
@@ -37,10 +37,7 @@ async def step(follower: ReleaseFollower) -> FollowEvent:
 def test_follow_reads_then_long_polls_and_says_what_changed(
     spawn: Spawner, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    proc = start_broker(spawn, tmp_path / "state")
-    api = Api(proc.url)
-    for v in ("v1", "v2"):
-        api.register(v)
+    proc, api = broker_with_versions(spawn, tmp_path / "state", release=None)
     monkeypatch.setattr(client_mod, "WATCH_GRACE_S", 0.5)
 
     async def scenario() -> None:
@@ -83,11 +80,7 @@ def test_follow_reads_then_long_polls_and_says_what_changed(
 def test_follow_classifies_errors_backs_off_and_reads_plainly_after_one(
     spawn: Spawner, tmp_path: Path
 ) -> None:
-    proc = start_broker(spawn, tmp_path / "state", "--max-watch-s", "2")
-    api = Api(proc.url)
-    for v in ("v1", "v2"):
-        api.register(v)
-    api.create("default")
+    proc, _ = broker_with_versions(spawn, tmp_path / "state", "--max-watch-s", "2")
 
     async def scenario() -> None:
         async with aiohttp.ClientSession() as session:
@@ -150,11 +143,7 @@ def test_follow_says_bad_answer_when_broker_is_not_a_broker(tmp_path: Path) -> N
 def test_a_follower_waiting_in_a_long_poll_is_cancelled_at_once(
     spawn: Spawner, tmp_path: Path
 ) -> None:
-    proc = start_broker(spawn, tmp_path / "state")
-    api = Api(proc.url)
-    for v in ("v1", "v2"):
-        api.register(v)
-    api.create("default")
+    proc, api = broker_with_versions(spawn, tmp_path / "state")
 
     async def scenario() -> None:
         async with aiohttp.ClientSession() as session:

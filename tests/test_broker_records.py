@@ -13,16 +13,12 @@ import pytest
 from canary_contract.broker import Release, TripTest
 from canary_contract.phases import Phase
 from canarystack.broker.client import BadBrokerAnswer, BrokerClient, BrokerNotFound
-from tests.broker_support import Api, not_a_broker, start_broker, trip_evidence
+from tests.broker_support import broker_with_versions, not_a_broker, trip_evidence
 from tests.procs import ADMIN_TOKEN, Spawner
 
 
 def test_typed_reads_match_the_dict_answers(spawn: Spawner, tmp_path: Path) -> None:
-    proc = start_broker(spawn, tmp_path / "state")
-    api = Api(proc.url)
-    for v in ("v1", "v2"):
-        api.register(v)
-    api.create("default", weight=5)
+    proc, api = broker_with_versions(spawn, tmp_path / "state")
     api.patch_ok("default", phase="tripped", trip=trip_evidence(bucket="4k+"))
 
     async def scenario() -> None:

@@ -127,17 +127,19 @@ def error_of(body: bytes) -> dict[str, Any]:
 # ------------------------------------------------------------- undecodable headers
 
 
+def faults_with_authorization(comp: Proc, *values: bytes) -> tuple[int, bytes]:
+    """A raw ``GET /admin/faults`` with one Authorization header for each of ``values``."""
+    auth = b"".join(b"Authorization: " + value + b"\r\n" for value in values)
+    head = b"GET /admin/faults HTTP/1.1\r\nHost: x\r\n" + auth + b"Connection: close\r\n\r\n"
+    return raw_request(comp, head)
+
+
 @pytest.mark.parametrize(
     "value",
     [b"Bearer \xff\xfe", "Bearer tök".encode(), b"Bearer " + ADMIN_TOKEN.encode() + b"\x80"],
 )
 def test_undecodable_authorization_is_401_not_500(comp: Proc, value: bytes) -> None:
-    status, body = raw_request(
-        comp,
-        b"GET /admin/faults HTTP/1.1\r\nHost: x\r\nAuthorization: "
-        + value
-        + b"\r\nConnection: close\r\n\r\n",
-    )
+    status, body = faults_with_authorization(comp, value)
     assert status == 401
     assert "not printable ASCII" in error_of(body)["message"]
     assert requests.get(comp.url + "/admin/faults", headers=ADMIN, timeout=5).status_code == 200
@@ -145,12 +147,7 @@ def test_undecodable_authorization_is_401_not_500(comp: Proc, value: bytes) -> N
 
 def test_two_authorization_headers_are_refused(comp: Proc) -> None:
     good = f"Bearer {ADMIN_TOKEN}".encode()
-    status, body = raw_request(
-        comp,
-        b"GET /admin/faults HTTP/1.1\r\nHost: x\r\nAuthorization: "
-        + good
-        + b"\r\nAuthorization: Bearer other\r\nConnection: close\r\n\r\n",
-    )
+    status, body = faults_with_authorization(comp, good, b"Bearer other")
     assert status == 401
     assert "send exactly one" in error_of(body)["message"]
 

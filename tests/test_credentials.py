@@ -22,7 +22,7 @@ import requests
 
 from canarystack.cluster.stack import read_events
 from tests.broker_support import Api, drive_to, start_broker, trip_evidence
-from tests.procs import Proc, Spawner, wait_for
+from tests.procs import Proc, Spawner, wait_degraded, wait_for
 from tests.router_support import completion, health, start_model, start_router
 
 NAMES = (
@@ -236,15 +236,38 @@ def test_event_history_is_read_page_by_page(
 
 
 # -- gate, router, rollback executor ------------------------------------------------------
-def gate_with(spawn: Spawner, broker: Proc, creds: dict[str, Path]) -> Proc:
+def holding(
+    spawn: Spawner,
+    role: str,
+    broker: Proc,
+    creds: dict[str, Path],
+    broker_credential: str,
+    *extra: str,
+    wait_health: bool = True,
+) -> Proc:
+    """The gate or rollback executor (``role``) with its own faults credential, writing
+    to the broker with ``broker_credential``."""
     return spawn(
-        "canarystack.gate",
+        f"canarystack.{role}",
         "--broker", broker.url,
-        "--admin-token-file", str(creds["faults-gate"]),
-        "--broker-token-file", str(creds["trip"]),
-        "--samples-token-file", str(creds["samples"]),
-        admin_token=None,
+        "--admin-token-file", str(creds[f"faults-{role}"]),
+        "--broker-token-file", str(creds[broker_credential]),
+        *extra,
+        admin_token=None, wait_health=wait_health,
     )  # fmt: skip
+
+
+def gate_with(
+    spawn: Spawner,
+    broker: Proc,
+    creds: dict[str, Path],
+    broker_credential: str = "trip",
+    wait_health: bool = True,
+) -> Proc:
+    samples = ("--samples-token-file", str(creds["samples"]))
+    return holding(
+        spawn, "gate", broker, creds, broker_credential, *samples, wait_health=wait_health
+    )
 
 
 def router_with(
@@ -326,14 +349,8 @@ def test_the_wrong_gate_credential_fault_is_refused_until_it_expires(
 def test_a_manual_rollback_needs_the_operator_credential(
     spawn: Spawner, broker: Proc, creds: dict[str, Path], operator: Api
 ) -> None:
-    executor = spawn(
-        "canarystack.rollback",
-        "--broker", broker.url,
-        "--admin-token-file", str(creds["faults-rollback"]),
-        "--broker-token-file", str(creds["rollback"]),
-        "--operator-token-file", str(creds["operator"]),
-        admin_token=None,
-    )  # fmt: skip
+    operator_token = ("--operator-token-file", str(creds["operator"]))
+    executor = holding(spawn, "rollback", broker, creds, "rollback", *operator_token)
     assert requests.get(f"{executor.url}/health", timeout=5).json()["status"] == "ok"
     for name in ("rollback", "faults-rollback", "trip"):
         r = requests.post(
@@ -362,20 +379,8 @@ def test_a_manual_rollback_needs_the_operator_credential(
 def test_an_executor_with_the_trip_credential_is_degraded(
     spawn: Spawner, broker: Proc, creds: dict[str, Path], operator: Api
 ) -> None:
-    executor = spawn(
-        "canarystack.rollback",
-        "--broker", broker.url,
-        "--admin-token-file", str(creds["faults-rollback"]),
-        "--broker-token-file", str(creds["trip"]),
-        admin_token=None, wait_health=False,
-    )  # fmt: skip
-
-    def degraded() -> dict[str, Any] | None:
-        r = requests.get(f"{executor.url}/health", timeout=5)
-        return r.json() if r.status_code == 503 else None
-
-    body = wait_for(degraded, what="the executor to say its credential is refused")
-    assert isinstance(body, dict)
+    executor = holding(spawn, "rollback", broker, creds, "trip", wait_health=False)
+    body = wait_degraded(executor, what="the executor to say its credential is refused")
     assert any("broker_auth" in reason for reason in body["degraded_reasons"]), body
 
 
@@ -459,21 +464,9 @@ def test_a_local_target_sends_each_component_its_own_fault_credential(
 def test_a_gate_holding_the_wrong_credential_says_so_before_any_trip(
     spawn: Spawner, broker: Proc, creds: dict[str, Path], operator: Api
 ) -> None:
-    gate = spawn(
-        "canarystack.gate",
-        "--broker", broker.url,
-        "--admin-token-file", str(creds["faults-gate"]),
-        "--broker-token-file", str(creds["heartbeat"]),  # a botched mount: not the trip one
-        "--samples-token-file", str(creds["samples"]),
-        admin_token=None, wait_health=False,
-    )  # fmt: skip
-
-    def degraded() -> dict[str, Any] | None:
-        r = requests.get(f"{gate.url}/health", timeout=5)
-        return r.json() if r.status_code == 503 else None
-
-    body = wait_for(degraded, what="the gate to say the broker refuses its credential")
-    assert isinstance(body, dict)
+    # a botched mount: the heartbeat credential, not the trip one
+    gate = gate_with(spawn, broker, creds, "heartbeat", wait_health=False)
+    body = wait_degraded(gate, what="the gate to say the broker refuses its credential")
     assert "broker_auth_forbidden" in body["degraded_reasons"], body
     assert "'heartbeat'" in body["broker_auth_error"] and "trip" in body["broker_auth_error"]
     assert operator.release("default")["phase"] == "progressing"

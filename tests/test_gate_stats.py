@@ -256,6 +256,25 @@ def test_noise_floor_raises_the_drift_threshold() -> None:
     assert g2.trip is not None
 
 
+def lone_canary(
+    n: int,
+    bucket: str,
+    baseline_ttft: float,
+    *,
+    canary_ttft: float | None,
+    canary_error: str | None = None,
+) -> list[dict[str, Any]]:
+    """``n`` healthy baseline outcomes 10 ms apart in ``bucket``, and one canary outcome
+    (its own TTFT and error) after every tenth."""
+    outs = []
+    for i in range(n):
+        t = i * 0.01
+        outs.append(outcome(t, "baseline", bucket, baseline_ttft))
+        if i % 10 == 0:
+            outs.append(outcome(t + 0.001, "canary", bucket, canary_ttft, canary_error))
+    return outs
+
+
 def test_relative_latency_and_errors_ignore_what_hurts_both_variants() -> None:
     g = gate()
     outs = []
@@ -273,24 +292,14 @@ def test_relative_latency_and_errors_ignore_what_hurts_both_variants() -> None:
     assert g.trip is None, g.trip
     # A canary that alone errors trips the errors test in its bucket.
     g2 = gate()
-    outs2 = []
-    for i in range(2000):
-        t = i * 0.01
-        outs2.append(outcome(t, "baseline", "0-512", 0.03))
-        if i % 10 == 0:
-            outs2.append(outcome(t + 0.001, "canary", "0-512", None, "http_5xx"))
+    outs2 = lone_canary(2000, "0-512", 0.03, canary_ttft=None, canary_error="http_5xx")
     g2.ingest(batch(outcomes=outs2), 1.0, 1.0)
     assert g2.trip is not None
     assert g2.trip["test"] == "errors"
     assert g2.trip["bucket"] == "0-512"
     # And a canary that alone is 3x slower trips the latency test.
     g3 = gate()
-    outs3 = []
-    for i in range(3000):
-        t = i * 0.01
-        outs3.append(outcome(t, "baseline", "512-1k", 0.06))
-        if i % 10 == 0:
-            outs3.append(outcome(t + 0.001, "canary", "512-1k", 0.2))
+    outs3 = lone_canary(3000, "512-1k", 0.06, canary_ttft=0.2)
     g3.ingest(batch(outcomes=outs3), 1.0, 1.0)
     assert g3.trip is not None
     assert g3.trip["test"] == "latency"

@@ -5,14 +5,14 @@ flat JSON-friendly arguments, ``configuration``/``secrets`` last, a docstring.""
 from __future__ import annotations
 
 import importlib
-import inspect
-import types
-from typing import Any, get_type_hints
+from typing import Any
 
 import pytest
 from chaoslib.control.python import validate_python_control
 from chaoslib.exceptions import InvalidActivity
 from chaoslib.provider.python import validate_python_activity
+
+from tests.test_probes_contract import assert_flat_signature
 
 ACTIVITIES: dict[tuple[str, str], tuple[str, dict[str, Any]]] = {
     ("probes.kubernetes", "wait_for_ready"): ("probe", {"component": "router", "timeout_s": 60}),
@@ -38,16 +38,6 @@ ACTIVITIES: dict[tuple[str, str], tuple[str, dict[str, Any]]] = {
     ("probes.prometheus", "canary_drained"): ("probe", {"window_s": 30}),
 }  # fmt: skip
 CONTROLS = ("probes.kubernetes", "probes.fresh_canary")
-JSON_FRIENDLY = {str, int, float, bool, type(None), list, dict}
-
-
-def _types_of(hint: Any) -> set[Any]:
-    if isinstance(hint, types.UnionType) or getattr(hint, "__origin__", None) is not None:
-        origin = getattr(hint, "__origin__", None)
-        if origin in (list, dict):
-            return {origin}
-        return set().union(*(_types_of(a) for a in getattr(hint, "__args__", ())))
-    return {hint}
 
 
 def test_every_exported_activity_is_listed() -> None:
@@ -69,14 +59,7 @@ def test_chaoslib_validates_the_activity_and_its_signature(module: str, func: st
     activity["provider"]["arguments"] = {**arguments, "no_such_argument": 1}  # type: ignore[index]
     with pytest.raises(InvalidActivity, match="no_such_argument"):
         validate_python_activity(activity)
-    fn = getattr(importlib.import_module(module), func)
-    params = list(inspect.signature(fn).parameters.values())
-    assert [p.name for p in params[-2:]] == ["configuration", "secrets"]
-    assert all(p.default is None for p in params[-2:])
-    hints = get_type_hints(fn)
-    for p in params[:-2]:
-        assert _types_of(hints[p.name]) <= JSON_FRIENDLY, (func, p.name, hints[p.name])
-    assert inspect.getdoc(fn)
+    assert_flat_signature(module, func)
 
 
 @pytest.mark.parametrize("module", CONTROLS)

@@ -109,6 +109,12 @@ def test_chaoslib_validates_the_activity(module: str, func: str) -> None:
 
 @pytest.mark.parametrize(("module", "func"), _activities())
 def test_signature_is_flat_with_configuration_and_secrets_last(module: str, func: str) -> None:
+    assert_flat_signature(module, func)
+
+
+def assert_flat_signature(module: str, func: str) -> None:
+    """A Chaos Toolkit activity: JSON-friendly plain arguments, then ``configuration``
+    and ``secrets`` (both default None), and a docstring."""
     fn = getattr(importlib.import_module(module), func)
     params = list(inspect.signature(fn).parameters.values())
     assert [p.name for p in params[-2:]] == ["configuration", "secrets"]

@@ -10,41 +10,33 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
 import requests
 
 from canarystack.router.routing import choose_variant
 from canarystack.tokenizer import make_prompt
 from tests.broker_support import start_broker
-from tests.procs import Proc, Spawner, free_port, wait_for
+from tests.procs import Proc, Spawner, free_port, inject_fault, wait_for
 from tests.router_support import (
     ADMIN,
     Broker,
     GateReceiver,
     completion,
-    gate_receiver,
+    gate_fixture,
     health,
     instance_url,
     metric,
-    model_servers,
+    models_fixture,
+    router_on_release,
     start_model,
     start_router,
     wait_revision,
 )
 
-
-@pytest.fixture(scope="module")
-def models(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Proc]]:
-    yield from model_servers(tmp_path_factory, b0="v1", c0="v2")
-
-
-@pytest.fixture
-def gate() -> Iterator[GateReceiver]:
-    yield from gate_receiver()
+models = models_fixture(b0="v1", c0="v2")
+gate = gate_fixture()
 
 
 def served_by(router: Proc, user: str, prompt: str = "a b c") -> str:
@@ -94,13 +86,9 @@ def test_split_follows_broker_weight_sticky_across_replicas(
 def test_tripped_phase_is_zero_canary_within_one_watch_round(
     spawn: Spawner, tmp_path: Path, models: dict[str, Proc]
 ) -> None:
-    broker = start_broker(spawn, tmp_path / "broker")
-    api = Broker(broker.url)
-    release = api.create(weight=100)
-    router = start_router(
-        spawn, tmp_path, [models["b0"].url], [models["c0"].url], broker=broker.url
+    router, api, release = router_on_release(
+        spawn, tmp_path, [models["b0"].url], [models["c0"].url], weight=100
     )
-    wait_revision(router, release["revision"])
     assert {served_by(router, f"u{i}") for i in range(10)} == {"canary"}
 
     # Heartbeat: the broker lists this router with the applied revision, when it applied
@@ -195,20 +183,10 @@ def test_broker_down_at_start_with_and_without_cache(
 def test_stale_config_fault_stops_applying_until_it_expires(
     spawn: Spawner, tmp_path: Path, models: dict[str, Proc]
 ) -> None:
-    broker = start_broker(spawn, tmp_path / "broker")
-    api = Broker(broker.url)
-    release = api.create(weight=100)
-    router = start_router(
-        spawn, tmp_path, [models["b0"].url], [models["c0"].url], broker=broker.url
+    router, api, release = router_on_release(
+        spawn, tmp_path, [models["b0"].url], [models["c0"].url], weight=100
     )
-    wait_revision(router, release["revision"])
-    r = requests.post(
-        instance_url(router) + "/admin/faults",
-        json={"kind": "stale_config", "ttl_s": 5},
-        headers=ADMIN,
-        timeout=5,
-    )
-    assert r.status_code == 201
+    inject_fault(instance_url(router), {"kind": "stale_config", "ttl_s": 5})
     tripped = api.trip()
     # The router sees the new revision but does not apply it while the fault lasts.
     wait_for(
@@ -228,12 +206,8 @@ def test_stale_config_fault_stops_applying_until_it_expires(
 def test_dead_canary_pool_falls_back_to_baseline_unless_pinned(
     spawn: Spawner, tmp_path: Path, models: dict[str, Proc]
 ) -> None:
-    broker = start_broker(spawn, tmp_path / "broker")
-    api = Broker(broker.url)
-    release = api.create(weight=100)
     dead = f"http://127.0.0.1:{free_port()}"
-    router = start_router(spawn, tmp_path, [models["b0"].url], [dead], broker=broker.url)
-    wait_revision(router, release["revision"])
+    router, _, _ = router_on_release(spawn, tmp_path, [models["b0"].url], [dead], weight=100)
     for i in range(5):
         r = completion(router.url, headers={"x-user-id": f"u{i}"})
         assert r.status_code == 200 and r.headers["x-served-by"] == "baseline"
@@ -245,18 +219,15 @@ def test_dead_canary_pool_falls_back_to_baseline_unless_pinned(
 def test_long_prompts_stay_off_the_canary(
     spawn: Spawner, tmp_path: Path, models: dict[str, Proc]
 ) -> None:
-    broker = start_broker(spawn, tmp_path / "broker")
-    release = Broker(broker.url).create(weight=100)
-    router = start_router(
+    router, _, _ = router_on_release(
         spawn,
         tmp_path,
         [models["b0"].url],
         [models["c0"].url],
         "--max-canary-prompt-tokens",
         "100",
-        broker=broker.url,
+        weight=100,
     )
-    wait_revision(router, release["revision"])
     assert served_by(router, "u", make_prompt(100)) == "canary"
     assert served_by(router, "u", make_prompt(101)) == "baseline"
 
@@ -264,19 +235,16 @@ def test_long_prompts_stay_off_the_canary(
 def test_baseline_canary_comparisons_reach_the_gate(
     spawn: Spawner, tmp_path: Path, models: dict[str, Proc], gate: GateReceiver
 ) -> None:
-    broker = start_broker(spawn, tmp_path / "broker")
-    release = Broker(broker.url).create(weight=50)
-    router = start_router(
+    router, _, _ = router_on_release(
         spawn,
         tmp_path,
         [models["b0"].url],
         [models["c0"].url],
         "--shadow-rates",
         "0-512=1,512-1k=1",
-        broker=broker.url,
+        weight=50,
         gate=gate.url,
     )
-    wait_revision(router, release["revision"])
     served = set()
     for i in range(12):
         r = completion(
@@ -312,19 +280,16 @@ def test_a_slow_shadow_target_never_delays_the_user(
 ) -> None:
     baseline = start_model(spawn, "v1")
     canary = start_model(spawn, "v2")
-    broker = start_broker(spawn, tmp_path / "broker")
-    release = Broker(broker.url).create(weight=50)
-    router = start_router(
+    router, _, _ = router_on_release(
         spawn,
         tmp_path,
         [baseline.url],
         [canary.url],
         "--shadow-rates",
         "0-512=1",
-        broker=broker.url,
+        weight=50,
         gate=gate.url,
     )
-    wait_revision(router, release["revision"])
     fault = {"kind": "latency", "ttl_s": 30, "ttft_ms": 2500}
     r = requests.post(canary.url + "/admin/faults", json=fault, headers=ADMIN, timeout=5)
     assert r.status_code == 201
