@@ -1,23 +1,4 @@
-"""The load harness's state in one Locust process, and its event wiring.
-
-``install(events, oracle_user=..., shape=...)`` (called by ``locustfiles/llm.py``, never
-at import, with the user and shape classes: this module does not import them, they import
-it) hooks:
-
-- ``init_command_line_parser``: the gameday options (``gameday.load.options``);
-- ``init``: validate the options and load the prompt mix on the master / single process,
-  so a bad option or file stops Locust before any request with a message naming the
-  input (exit code 2); make up a run id; decide which oracle users run;
-- ``test_start``: (re)read the options — a worker only gets them from its master now —
-  set up the trace schedule and this process's share of it, write the ready file;
-- ``test_stopping``: wake users that wait for a trace slot so that nothing new starts;
-- ``test_stop``: ship or write the records, wait for workers (``gameday.load.collector``);
-- ``quit``: close the Parquet files.
-
-``LoadContext`` (one per Locust environment, found with ``context_for``) is what the
-users read: options, the mix, the next closed-loop request, the next trace slot, and the
-counters (requests sent, records, late starts).
-"""
+"""The load harness's state in one Locust process, and its event wiring."""
 
 from __future__ import annotations
 
@@ -71,6 +52,11 @@ def context_for(environment: Any) -> LoadContext:
 
 
 class LoadContext:
+    """``LoadContext`` (one per Locust environment, found with ``context_for``) is what the
+    users read: options, the mix, the next closed-loop request, the next trace slot, and the
+    counters (requests sent, records, late starts).
+    """
+
     def __init__(self, environment: Any) -> None:
         self.environment = environment
         self.options: LoadOptions | None = None
@@ -353,7 +339,22 @@ def install(events: Any, *, oracle_user: type, shape: type) -> None:
     """Wire the load harness into Locust's events (call once, from the locustfile).
 
     ``oracle_user`` is the oracle's user class (dropped unless ``--oracle``), ``shape``
-    the load shape class whose runs stop cleanly on SIGTERM."""
+    the load shape class whose runs stop cleanly on SIGTERM.
+
+    ``install(events, oracle_user=..., shape=...)`` (called by ``locustfiles/llm.py``, never
+    at import, with the user and shape classes: this module does not import them, they import
+    it) hooks:
+
+    - ``init_command_line_parser``: the gameday options (``gameday.load.options``);
+    - ``init``: validate the options and load the prompt mix on the master / single process,
+      so a bad option or file stops Locust before any request with a message naming the
+      input (exit code 2); make up a run id; decide which oracle users run;
+    - ``test_start``: (re)read the options — a worker only gets them from its master now —
+      set up the trace schedule and this process's share of it, write the ready file;
+    - ``test_stopping``: wake users that wait for a trace slot so that nothing new starts;
+    - ``test_stop``: ship or write the records, wait for workers (``gameday.load.collector``);
+    - ``quit``: close the Parquet files.
+    """
 
     @events.init_command_line_parser.add_listener
     def _parser(parser: Any, **_kw: Any) -> None:

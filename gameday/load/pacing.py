@@ -1,17 +1,5 @@
 """Pacing: when each trace request must start (open loop), and the ramp curve.
 
-A trace says when requests arrived. Replaying it closed-loop (each user sends its next
-request when its previous one ends) would let a slow server push the arrivals back and
-hide the very overload the trace contains. Here every request has a due time — its trace
-offset × ``time_scale`` after the schedule starts — and a free user takes the next due
-request and waits until it is due. When no user is free the request starts late; the
-schedule counts every start later than ``late_tolerance_s`` and keeps the worst lag, so a
-run that could not keep up says so (add users, or slow the trace down with a larger
-time scale).
-
-With several Locust processes, process ``worker_index`` of ``worker_count`` takes every
-``worker_count``-th request, so together they replay the whole trace once.
-
 This module keeps no global state and does no I/O; the clock is a parameter so tests can
 drive it.
 """
@@ -30,6 +18,19 @@ class Slot:
 
 
 class TraceSchedule:
+    """A trace says when requests arrived. Replaying it closed-loop (each user sends its next
+    request when its previous one ends) would let a slow server push the arrivals back and
+    hide the very overload the trace contains. Here every request has a due time — its trace
+    offset × ``time_scale`` after the schedule starts — and a free user takes the next due
+    request and waits until it is due. When no user is free the request starts late; the
+    schedule counts every start later than ``late_tolerance_s`` and keeps the worst lag, so a
+    run that could not keep up says so (add users, or slow the trace down with a larger
+    time scale).
+
+    With several Locust processes, process ``worker_index`` of ``worker_count`` takes every
+    ``worker_count``-th request, so together they replay the whole trace once.
+    """
+
     def __init__(
         self,
         offsets_s: Sequence[float],

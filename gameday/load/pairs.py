@@ -1,7 +1,7 @@
 """The oracle's judgement of one pinned baseline/canary pair (``OracleUser``).
 
 Apart from ``gameday.load.user`` so that it can be used (and tested) without Locust.
-The outcomes are described in ``gameday.load.user``'s docstring.
+The outcomes are described on ``gameday.load.user.OracleUser``.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ CANARY_OFF_PREFIX = f"{ErrorCode.CANARY_OFF.value}: "
 def judge_pair(base: Attempt, can: Attempt) -> tuple[JsonObject, str | None, str]:
     """What one pinned pair says: (row fields, error, outcome).
 
-    Outcomes (module docstring): ``pair`` (both sound), ``canary_broken`` (maximal
+    Outcomes (``OracleUser``): ``pair`` (both sound), ``canary_broken`` (maximal
     divergence, no error), ``canary_off`` (409 ``canary_off``: no pair), ``baseline_broken``
     and ``failed`` (a side failed: the error says which, ``both: ...`` when the same input
     failed on both variants — the request's fault, never canary evidence).

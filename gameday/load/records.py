@@ -1,24 +1,5 @@
 """Raw per-request records: their schema and a Parquet writer that loses nothing it got.
 
-Schemas are the contract's (``canary_contract.load``, docs/ARCHITECTURE.md §7, column
-order included):
-
-- load records, one row per request sent: ``LOAD_SCHEMA``;
-- oracle records, one row per pinned pair: ``ORACLE_SCHEMA``.
-
-``ParquetSink`` buffers rows in memory and, every ``rows_per_group`` rows or every
-``flush_interval_s`` (whichever comes first), writes them as one *closed* Parquet part
-next to ``PATH`` (``records.part-000001.parquet``, ...): written to a temporary name,
-fsynced, renamed, and the folder fsynced. A SIGKILL (of Locust, of a worker's master)
-therefore loses only the rows not yet flushed — at most ``flush_interval_s`` of them —
-never the file. ``close()`` merges the parts into ``PATH`` (again through a temporary name,
-fsynced and renamed) and removes them, so every reader keeps reading one file; an empty run
-still gets a valid file with the schema.
-
-``read_records(PATH)`` reads ``PATH``, or, when the writer never closed it, merges the
-parts that can be read (an unreadable one is skipped and reported: ``read_records_report``);
-``recover(PATH)`` turns such parts into ``PATH`` for readers that know only ``PATH``.
-
 This module is plain pyarrow: it must not import Locust or gevent (the harness reads
 records from ordinary asyncio processes).
 """
@@ -54,7 +35,14 @@ _ARROW_TYPES = {
 
 
 def arrow_schema(columns: Iterable[tuple[str, ColumnType]]) -> pa.Schema:
-    """The Parquet schema of a column spec of the contract (``canary_contract.load``)."""
+    """The Parquet schema of a column spec of the contract (``canary_contract.load``).
+
+    Schemas are the contract's (``canary_contract.load``, docs/ARCHITECTURE.md §7, column
+    order included):
+
+    - load records, one row per request sent: ``LOAD_SCHEMA``;
+    - oracle records, one row per pinned pair: ``ORACLE_SCHEMA``.
+    """
     return pa.schema([(name, _ARROW_TYPES[kind]) for name, kind in columns])
 
 
@@ -137,7 +125,17 @@ def _write_closed(table: pa.Table, dest: Path, rows_per_group: int | None = None
 
 
 class ParquetSink:
-    """Append rows; parts are flushed closed; ``close()`` makes the file appear at ``path``."""
+    """Append rows; parts are flushed closed; ``close()`` makes the file appear at ``path``.
+
+    ``ParquetSink`` buffers rows in memory and, every ``rows_per_group`` rows or every
+    ``flush_interval_s`` (whichever comes first), writes them as one *closed* Parquet part
+    next to ``PATH`` (``records.part-000001.parquet``, ...): written to a temporary name,
+    fsynced, renamed, and the folder fsynced. A SIGKILL (of Locust, of a worker's master)
+    therefore loses only the rows not yet flushed — at most ``flush_interval_s`` of them —
+    never the file. ``close()`` merges the parts into ``PATH`` (again through a temporary name,
+    fsynced and renamed) and removes them, so every reader keeps reading one file; an empty run
+    still gets a valid file with the schema.
+    """
 
     def __init__(
         self,
@@ -255,7 +253,12 @@ def read_records_report(path: str | Path, schema: pa.Schema | None = None) -> Re
 
 
 def read_records(path: str | Path) -> pa.Table:
-    """``path``'s rows (or its readable parts; unreadable ones are logged and skipped)."""
+    """``path``'s rows (or its readable parts; unreadable ones are logged and skipped).
+
+    ``read_records(PATH)`` reads ``PATH``, or, when the writer never closed it, merges the
+    parts that can be read (an unreadable one is skipped and reported: ``read_records_report``);
+    ``recover(PATH)`` turns such parts into ``PATH`` for readers that know only ``PATH``.
+    """
     return read_records_report(path).table
 
 

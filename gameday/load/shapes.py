@@ -1,20 +1,4 @@
-"""Load shapes: steady, ramp, and the trace's own arrival curve (``--shape``).
-
-One ``LoadTestShape`` (Locust uses the shape class it finds in the locustfile) that reads
-Locust's common options (``-u``, ``-r``, ``-t``) and ``--shape``:
-
-- ``steady``: ``-u`` users (spawned at ``-r`` per second) until ``-t`` (forever without).
-- ``ramp``: from ``--ramp-start-users`` up to ``-u`` linearly over ``--ramp-s`` (default:
-  the run time, else 60 s), then steady until ``-t``.
-- ``trace``: the arrivals follow the trace's timestamps × ``--trace-time-scale`` (open loop,
-  ``gameday.load.pacing``); ``-u`` users are the pool that sends them, all spawned at once.
-  The run ends once the last trace request is due (plus ``TRACE_END_GRACE_S``) and every
-  process has started all of its trace requests — late ones are sent late, not dropped —
-  and the stop timeout then lets streams finish; or at ``-t`` if that comes first.
-
-``auto`` (the default) is ``trace`` for an ``azure-trace:`` mix and ``steady`` otherwise.
-The shape runs only on the master (or the single process).
-"""
+"""Load shapes: steady, ramp, and the trace's own arrival curve (``--shape``)."""
 
 from __future__ import annotations
 
@@ -31,6 +15,22 @@ DEFAULT_RAMP_S = 60.0
 
 
 class GamedayShape(LoadTestShape):
+    """One ``LoadTestShape`` (Locust uses the shape class it finds in the locustfile) that reads
+    Locust's common options (``-u``, ``-r``, ``-t``) and ``--shape``:
+
+    - ``steady``: ``-u`` users (spawned at ``-r`` per second) until ``-t`` (forever without).
+    - ``ramp``: from ``--ramp-start-users`` up to ``-u`` linearly over ``--ramp-s`` (default:
+      the run time, else 60 s), then steady until ``-t``.
+    - ``trace``: the arrivals follow the trace's timestamps × ``--trace-time-scale`` (open loop,
+      ``gameday.load.pacing``); ``-u`` users are the pool that sends them, all spawned at once.
+      The run ends once the last trace request is due (plus ``TRACE_END_GRACE_S``) and every
+      process has started all of its trace requests — late ones are sent late, not dropped —
+      and the stop timeout then lets streams finish; or at ``-t`` if that comes first.
+
+    ``auto`` (the default) is ``trace`` for an ``azure-trace:`` mix and ``steady`` otherwise.
+    The shape runs only on the master (or the single process).
+    """
+
     use_common_options = True
 
     def tick(self) -> tuple[int, float] | None:

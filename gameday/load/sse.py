@@ -1,22 +1,5 @@
 """Reading an OpenAI-compatible SSE stream and measuring what the user felt.
 
-``SSEDecoder`` turns lines into event payloads (``data:`` lines, joined, dispatched on a
-blank line). ``StreamMeasurement`` takes each payload with the clock time it was read and
-keeps:
-
-- TTFT: from just before the request was sent to the first event that *carries content*
-  (a completions ``choices[].text`` or a chat ``choices[].delta.content`` that is not
-  empty) — not to the response headers, and not to a role-only or usage-only chunk;
-- inter-token gaps between consecutive content events (mean, p99, max);
-- prompt and completion tokens from the usage chunk (``stream_options.include_usage``);
-- whether ``data: [DONE]`` arrived: a stream that ends without it is broken, whatever
-  the transport said (some clients end an interrupted body silently).
-
-Error kinds (the records' ``error_kind``): ``connect`` (no response), ``http_status``
-(a 4xx/5xx), ``broken_stream`` (cut or malformed mid-way), ``empty_completion`` (a clean
-stream with no content), ``timeout`` (the request outlived its deadline, or the run's
-stop timeout cut it).
-
 Pure code: no sockets, no clock of its own, no imports of Locust or gevent.
 """
 
@@ -88,7 +71,25 @@ def percentile(values: list[float], q: float) -> float:
 
 @dataclass
 class StreamMeasurement:
-    """Measurements of one streamed response; times are on the caller's clock (seconds)."""
+    """Measurements of one streamed response; times are on the caller's clock (seconds).
+
+    ``SSEDecoder`` turns lines into event payloads (``data:`` lines, joined, dispatched on a
+    blank line). ``StreamMeasurement`` takes each payload with the clock time it was read and
+    keeps:
+
+    - TTFT: from just before the request was sent to the first event that *carries content*
+      (a completions ``choices[].text`` or a chat ``choices[].delta.content`` that is not
+      empty) — not to the response headers, and not to a role-only or usage-only chunk;
+    - inter-token gaps between consecutive content events (mean, p99, max);
+    - prompt and completion tokens from the usage chunk (``stream_options.include_usage``);
+    - whether ``data: [DONE]`` arrived: a stream that ends without it is broken, whatever
+      the transport said (some clients end an interrupted body silently).
+
+    Error kinds (the records' ``error_kind``): ``connect`` (no response), ``http_status``
+    (a 4xx/5xx), ``broken_stream`` (cut or malformed mid-way), ``empty_completion`` (a clean
+    stream with no content), ``timeout`` (the request outlived its deadline, or the run's
+    stop timeout cut it).
+    """
 
     t_sent: float
     content_times: list[float] = field(default_factory=list)

@@ -1,18 +1,4 @@
-"""A real Prometheus (Debian's ``prometheus``) scraping a target's components (#15 item 5).
-
-``scrape_jobs(target)`` lists what to scrape: every replica of the router, the model
-servers (each with its ``variant``: baseline | canary), the gate, the broker and the
-rollback executor, one job per role (``router``, ``model``, ``gate``, ``broker``,
-``rollback``), each target labelled with its ``replica`` (and ``namespace`` on a
-Kubernetes target, which is what ``probes.prometheus``'s default queries select on).
-
-``render_config(jobs, ...)`` writes the scrape config that loads the project's rules
-(``deploy/prometheus/rules.yml``); ``start_prometheus(config, workdir)`` runs
-``prometheus`` on a free 127.0.0.1 port with a TSDB under ``workdir``, waits (bounded)
-until ``/-/ready``, and returns a ``PrometheusProcess`` that ``stop()`` ends by its PID
-(SIGTERM, then SIGKILL). ``wait_for_targets`` waits (bounded) until every target has been
-scraped up. Nothing here binds anything but loopback.
-"""
+"""A real Prometheus (Debian's ``prometheus``) scraping a target's components (#15 item 5)."""
 
 from __future__ import annotations
 
@@ -68,7 +54,14 @@ def _address(url: str) -> str:
 
 
 def scrape_jobs(target: Target) -> list[ScrapeTarget]:
-    """Every replica of every role of ``target``, as scrape targets (see the module doc)."""
+    """Every replica of every role of ``target``, as scrape targets.
+
+    ``scrape_jobs(target)`` lists what to scrape: every replica of the router, the model
+    servers (each with its ``variant``: baseline | canary), the gate, the broker and the
+    rollback executor, one job per role (``router``, ``model``, ``gate``, ``broker``,
+    ``rollback``), each target labelled with its ``replica`` (and ``namespace`` on a
+    Kubernetes target, which is what ``probes.prometheus``'s default queries select on).
+    """
     namespace = getattr(target, "namespace", None)
     out: list[ScrapeTarget] = []
     for role, (job, variant) in ROLE_JOBS.items():
@@ -224,7 +217,15 @@ def start_prometheus(
     retention: str = "1d",
 ) -> PrometheusProcess:
     """Run ``prometheus`` on 127.0.0.1 with its config and TSDB under ``workdir``; wait
-    until it is ready. The config is checked by ``promtool check config`` first."""
+    until it is ready. The config is checked by ``promtool check config`` first.
+
+    ``render_config(jobs, ...)`` writes the scrape config that loads the project's rules
+    (``deploy/prometheus/rules.yml``); ``start_prometheus(config, workdir)`` runs
+    ``prometheus`` on a free 127.0.0.1 port with a TSDB under ``workdir``, waits (bounded)
+    until ``/-/ready``, and returns a ``PrometheusProcess`` that ``stop()`` ends by its PID
+    (SIGTERM, then SIGKILL). ``wait_for_targets`` waits (bounded) until every target has been
+    scraped up. Nothing here binds anything but loopback.
+    """
     workdir = Path(workdir).resolve()
     workdir.mkdir(parents=True, exist_ok=True)
     config_path = workdir / "prometheus.yml"
@@ -324,7 +325,7 @@ def wait_for_targets(url: str, timeout_s: float = 30.0) -> list[JsonObject]:
 def start_for_target(
     target: Target, workdir: Path, scrape_interval_s: float = 1.0, port: int | None = None
 ) -> PrometheusProcess:
-    """A Prometheus scraping every component of ``target`` (see the module doc)."""
+    """A Prometheus scraping every component of ``target`` (``scrape_jobs``), started."""
     config = render_config(scrape_jobs(target), scrape_interval_s=scrape_interval_s,
                            evaluation_interval_s=scrape_interval_s)  # fmt: skip
     return start_prometheus(config, workdir, port=port)

@@ -1,17 +1,5 @@
 """What a run will do, decided before anything starts: experiments, target, stack.
 
-``plan_run`` checks every input a person gives (experiment files exist and are valid
-Chaos Toolkit experiments, the target file loads, the stack options make sense for the
-target) and raises ``PlanError`` naming the input and what to do — before a stack is
-started or a fault injected.
-
-Isolation: when the target is local and no stack runs in its ``state_dir``, the run owns
-the stack and starts a fresh one per experiment (own state folder, so the broker's
-release, the gate's state and every fault start clean), stopped after the experiment.
-When a stack already runs there (or the target is Kubernetes), the run uses it as it is:
-each experiment's method first checks the starting state (release progressing, the
-configured canary weight, no active fault) and fails clearly when it does not hold.
-
 This module starts nothing.
 """
 
@@ -172,6 +160,18 @@ def plan_run(
     load_seed: int | None = None,
     prometheus_url: str | None = None,
 ) -> RunPlan:
+    """``plan_run`` checks every input a person gives (experiment files exist and are valid
+    Chaos Toolkit experiments, the target file loads, the stack options make sense for the
+    target) and raises ``PlanError`` naming the input and what to do — before a stack is
+    started or a fault injected.
+
+    Isolation: when the target is local and no stack runs in its ``state_dir``, the run owns
+    the stack and starts a fresh one per experiment (own state folder, so the broker's
+    release, the gate's state and every fault start clean), stopped after the experiment.
+    When a stack already runs there (or the target is Kubernetes), the run uses it as it is:
+    each experiment's method first checks the starting state (release progressing, the
+    configured canary weight, no active fault) and fails clearly when it does not hold.
+    """
     if prometheus_url is not None:
         prometheus_url = _loopback_url(prometheus_url, "--prometheus")
     if not experiments:
