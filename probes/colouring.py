@@ -20,17 +20,22 @@ from chaoslib.exceptions import ActivityFailed
 from canary_contract.json import JsonObject
 from gameday import faults as gd_faults
 from gameday.evidence.colouring import (
+    CHECK,
     DEFAULT_SETTLE_S,
-    HOP_RULES,
     MODEL_ROLES,
+    UNIT,
+    Fidelity,
     LogRead,
     fidelity,
+    fidelity_result,
 )
-from gameday.evidence.slo import Slo, failed_result, not_measured, result
+from gameday.evidence.colouring import HOP_RULES as HOP_RULES  # experiments' tests read it
+from gameday.evidence.slo import Slo, failed_result, not_measured
 from gameday.oracle.wire import loads
 from gameday.targets import Target
 from probes._context import (
     Configuration,
+    Secrets,
     get_target,
     harness_errors,
     ledger,
@@ -46,8 +51,6 @@ __all__ = [
     "send_coloured_requests",
 ]
 
-CHECK = "colouring_fidelity"
-UNIT = "ratio"
 HOPS_PATH = "/v1/colour/hops"
 PAGE_LIMIT = 10000
 MAX_PAGES = 50
@@ -126,7 +129,7 @@ def read_sent(configuration: Configuration | None) -> list[JsonObject]:
 def colouring_fidelity(
     settle_s: float = DEFAULT_SETTLE_S,
     configuration: Configuration | None = None,
-    secrets: Mapping[str, Any] | None = None,
+    secrets: Secrets | None = None,
 ) -> JsonObject:
     """Per hop, how many requests completed at the router kept their colour there (the
     figures ``colouring_fidelity_at_least`` judges).
@@ -138,6 +141,11 @@ def colouring_fidelity(
     than ``settle_s`` before the read (its shadow copies may still run), is counted as not
     checkable, never as faithful.
     """
+    return _read_fidelity(configuration, settle_s).as_json()
+
+
+def _read_fidelity(configuration: Configuration | None, settle_s: float) -> Fidelity:
+    """``fidelity`` of every hop log read now, for this experiment's requests."""
     with harness_errors("reading the hop logs"):
         target = get_target(configuration)
         read_at = time.time()
@@ -145,7 +153,7 @@ def colouring_fidelity(
     started = (load_state(configuration) or {}).get("started_at")
     since = float(started) if isinstance(started, int | float) and started > 0 else None
     sent = read_sent(configuration)
-    return fidelity(logs, read_at=read_at, settle_s=settle_s, since=since, sent=sent).as_json()
+    return fidelity(logs, read_at=read_at, settle_s=settle_s, since=since, sent=sent)
 
 
 def colouring_fidelity_at_least(
@@ -153,58 +161,21 @@ def colouring_fidelity_at_least(
     min_requests: int = 20,
     settle_s: float = DEFAULT_SETTLE_S,
     configuration: Configuration | None = None,
-    secrets: Mapping[str, Any] | None = None,
+    secrets: Secrets | None = None,
 ) -> Slo:
     """SLO: at least ``ratio`` of the completed requests (and at least ``min_requests``
     judged) kept their request id, trace id and tag at every hop they reached; measured
     is the lowest per-hop share. Its ``why`` names the hop that lost the colour first and
-    example request ids.
-
-    Its failure names the hop that lost the colour and an example request id.
-    """
+    example request ids."""
     if not 0 < float(ratio) <= 1:
         raise ActivityFailed(f"argument ratio must be above 0 and at most 1, got {ratio!r}")
     if before_anything(configuration):
         return not_measured(CHECK, ratio, UNIT, NOT_YET)
     try:
-        with harness_errors("reading the hop logs"):
-            target = get_target(configuration)
-            read_at = time.time()
-            logs = read_logs(target)
+        fid = _read_fidelity(configuration, settle_s)
     except ActivityFailed as exc:
         return failed_result(CHECK, ratio, UNIT, f"the hop logs could not be read: {exc}")
-    started = (load_state(configuration) or {}).get("started_at")
-    since = float(started) if isinstance(started, int | float) and started > 0 else None
-    fid = fidelity(
-        logs, read_at=read_at, settle_s=settle_s, since=since, sent=read_sent(configuration)
-    )
-    detail = fid.as_json()
-    if fid.judged < int(min_requests):
-        return failed_result(
-            CHECK,
-            ratio,
-            UNIT,
-            f"only {fid.judged} completed request(s) could be judged (at least "
-            f"{min_requests} needed; {fid.completed} completed at the router, "
-            f"{fid.not_checkable} not checkable): colouring fidelity is unknown",
-            **detail,
-        )
-    ratios = [fig.ratio for fig in fid.hops.values() if fig.ratio is not None]
-    measured = min(ratios) if ratios else 1.0
-    worst = fid.worst()
-    ok = measured >= float(ratio)
-    if worst is not None:
-        rule = next(r for r in HOP_RULES if r.hop == worst.hop)
-        why = (
-            f"hop {worst.hop!r} ({rule.says}) lost the colour of "
-            f"{worst.judged - worst.faithful} of {worst.judged} request(s), e.g. "
-            + "; ".join(worst.examples)
-        )
-    else:
-        why = f"every hop kept the colour of all {fid.judged} request(s) ({fid.tagged} tagged)"
-    return result(
-        CHECK, measured, ratio, UNIT, ok, why=why, lost_at=worst.hop if worst else None, **detail
-    )
+    return fidelity_result(fid, float(ratio), int(min_requests))
 
 
 # -- actions ---------------------------------------------------------------------------------
@@ -222,7 +193,7 @@ def send_coloured_requests(
     tag: str = DEFAULT_TAG,
     max_tokens: int = 4,
     configuration: Configuration | None = None,
-    secrets: Mapping[str, Any] | None = None,
+    secrets: Secrets | None = None,
 ) -> JsonObject:
     """Send ``count`` small completions through the router, each with its own
     ``x-request-id``, a new W3C ``traceparent`` and ``x-traffic-tag: tag``, one at a time.
@@ -273,7 +244,7 @@ def drop_colour(
     component: str,
     ttl_s: float = 60.0,
     configuration: Configuration | None = None,
-    secrets: Mapping[str, Any] | None = None,
+    secrets: Secrets | None = None,
 ) -> JsonObject:
     """Make every replica of ``component`` treat incoming requests as untagged for
     ``ttl_s`` seconds (the ``drop_colour`` fault): the colouring probe must then name

@@ -17,8 +17,8 @@ import pytest
 from chaoslib.exceptions import ActivityFailed
 from chaoslib.provider.python import validate_python_activity
 
+from gameday.evidence.colouring import HOP_RULES, LogRead, fidelity
 from probes import colouring, faults
-from probes.colouring import HOP_RULES, LogRead, fidelity
 from tests.procs import wait_for
 from tests.run_support import local_stack, write_load_state, write_target
 

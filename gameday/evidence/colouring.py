@@ -13,12 +13,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from canary_contract.json import JsonObject
+from gameday.evidence.slo import Slo, failed_result, result
 
 DEFAULT_SETTLE_S = 3.0
 # The router's inference routes: a 2xx there means a model server answered.
 INFERENCE_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})
 MODEL_ROLES = ("model-baseline", "model-canary")
 MAX_EXAMPLES = 3
+CHECK = "colouring_fidelity"
+UNIT = "ratio"
 
 
 @dataclass(frozen=True)
@@ -264,3 +267,36 @@ def fidelity(
                     fig.examples.append(_describe(rhop, got))
         faithful += ok_all
     return Fidelity(len(completed), judged, faithful, tagged, not_checkable, figures)
+
+
+def fidelity_result(fid: Fidelity, ratio: float, min_requests: int) -> Slo:
+    """The SLO result: at least ``ratio`` kept their colour at every hop (measured: the
+    lowest per-hop share), judged over at least ``min_requests`` requests; its ``why``
+    names the hop that lost the colour first (``lost_at``) and example request ids."""
+    detail = fid.as_json()
+    if fid.judged < min_requests:
+        return failed_result(
+            CHECK,
+            ratio,
+            UNIT,
+            f"only {fid.judged} completed request(s) could be judged (at least "
+            f"{min_requests} needed; {fid.completed} completed at the router, "
+            f"{fid.not_checkable} not checkable): colouring fidelity is unknown",
+            **detail,
+        )
+    ratios = [fig.ratio for fig in fid.hops.values() if fig.ratio is not None]
+    measured = min(ratios) if ratios else 1.0
+    worst = fid.worst()
+    ok = measured >= ratio
+    if worst is not None:
+        rule = next(r for r in HOP_RULES if r.hop == worst.hop)
+        why = (
+            f"hop {worst.hop!r} ({rule.says}) lost the colour of "
+            f"{worst.judged - worst.faithful} of {worst.judged} request(s), e.g. "
+            + "; ".join(worst.examples)
+        )
+    else:
+        why = f"every hop kept the colour of all {fid.judged} request(s) ({fid.tagged} tagged)"
+    return result(
+        CHECK, measured, ratio, UNIT, ok, why=why, lost_at=worst.hop if worst else None, **detail
+    )
