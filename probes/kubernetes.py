@@ -11,12 +11,10 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from chaoslib import substitute
 from chaoslib.exceptions import ActivityFailed, InterruptExecution
 
 from canary_contract.json import JsonObject
 from gameday import faults as gd_faults
-from gameday.targets.kubernetes import FORBIDDEN_NAMESPACES, KubernetesTarget
 from probes._broker import (
     FRESH_SUFFIX,
     get_release,
@@ -25,7 +23,8 @@ from probes._broker import (
     unused_version,
 )
 from probes._cluster import kubernetes_target, non_negative
-from probes._context import Configuration, Secrets, get_target, harness_errors, ledger
+from probes._context import Configuration, Secrets, harness_errors, ledger
+from probes._guard import activities, refused_namespaces
 from probes._result import Slo, result
 from probes._rollout import (
     BUILD_ANNOTATION,
@@ -54,7 +53,6 @@ __all__ = [
     "wait_for_ready",
 ]
 
-CHAOSK8S_DEFAULT_NS = "default"
 MAX_WAIT_S = 600.0
 DEFAULT_BUILD_MIN_PROMPT_TOKENS = 2048  # --kernel-fault MODE without :MIN_PROMPT_TOKENS
 
@@ -352,74 +350,7 @@ def _close_build_entries(configuration: Configuration | None) -> int:
     return n
 
 
-# --- the namespace guard (a Chaos Toolkit control) --------------------------------------
-def _activities(experiment: JsonObject) -> list[JsonObject]:
-    found = list((experiment.get("steady-state-hypothesis") or {}).get("probes") or [])
-    found += list(experiment.get("method") or [])
-    found += list(experiment.get("rollbacks") or [])
-    return [a for a in found if isinstance(a, dict)]
-
-
-def _namespace_of(
-    activity: JsonObject, configuration: Configuration | None, secrets: Secrets | None
-) -> str | None:
-    """The namespace a chaosk8s activity acts on, or None for other activities."""
-    provider = activity.get("provider") or {}
-    module = str(provider.get("module") or "")
-    if provider.get("type") != "python" or not module.startswith("chaosk8s"):
-        return None
-    arguments = provider.get("arguments") or {}
-    if configuration or secrets:
-        arguments = substitute(arguments, configuration, secrets)
-    return str(arguments.get("ns", CHAOSK8S_DEFAULT_NS))
-
-
-def refused_namespaces(
-    activities: list[JsonObject],
-    configuration: Configuration | None,
-    secrets: Secrets | None = None,
-) -> list[str]:
-    """One line per chaosk8s activity whose namespace the target does not allow.
-
-    Refused: ``kube-system`` and its siblings always, anything not in
-    ``blast_radius.namespaces``, and a namespace other than the target's own. (``chaosk8s``
-    activities take a namespace argument ``ns`` that defaults to ``default``; it is read
-    after substituting the configuration, as Chaos Toolkit will.) The harness's own
-    activities (``probes.faults.kill_pod`` & co.) check the target themselves.
-    """
-    uses = [(a, _namespace_of(a, configuration, secrets)) for a in activities]
-    uses = [(a, ns) for a, ns in uses if ns is not None]
-    if not uses:
-        return []
-    try:
-        target = get_target(configuration)
-    except ActivityFailed as exc:
-        return [f"no usable target for the chaosk8s activities: {exc}"]
-    if not isinstance(target, KubernetesTarget):
-        return [
-            f"activity {a.get('name')!r} uses chaosk8s, but the target {target.name!r} is "
-            f"{target.kind!r}, not kubernetes"
-            for a, _ in uses
-        ]
-    problems = []
-    for activity, ns in uses:
-        name = activity.get("name")
-        if ns in FORBIDDEN_NAMESPACES:
-            problems.append(f"activity {name!r} acts on namespace {ns!r}, which is never allowed")
-        elif ns not in target.blast_radius.namespaces:
-            allowed = ", ".join(target.blast_radius.namespaces) or "none"
-            problems.append(
-                f"activity {name!r} acts on namespace {ns!r}, outside the blast radius of "
-                f"target {target.name!r} (allowed: {allowed})"
-            )
-        elif ns != target.namespace:
-            problems.append(
-                f"activity {name!r} acts on namespace {ns!r}, not the target's namespace "
-                f"{target.namespace!r} (pass ns: ${{k8s_namespace}} or the namespace itself)"
-            )
-    return problems
-
-
+# --- the namespace guard (Chaos Toolkit controls; the rule is probes._guard) -----------
 def before_experiment_control(
     context: JsonObject,
     configuration: Configuration | None = None,
@@ -435,7 +366,7 @@ def before_experiment_control(
           - name: kubernetes-blast-radius
             provider: {type: python, module: probes.kubernetes}
     """
-    problems = refused_namespaces(_activities(context), configuration, secrets)
+    problems = refused_namespaces(activities(context), configuration, secrets)
     if problems:
         raise InterruptExecution(
             "refused by the kubernetes blast-radius guard: " + "; ".join(problems)
