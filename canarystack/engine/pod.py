@@ -23,8 +23,7 @@ from aiohttp import web
 
 from canary_contract.json import JsonObject
 from canarystack.common import strictjson
-from canarystack.common.app import COMPONENT, Component
-from canarystack.common.colour import COLOUR_KEY, Colour
+from canarystack.common.app import Component
 from canarystack.common.errors import Unavailable, json_response
 from canarystack.common.logs import get_logger
 from canarystack.dependency.client import DependencyClient, DependencyConfig
@@ -48,14 +47,12 @@ from canarystack.model.api_spec import install as install_api_spec
 from canarystack.model.body import Limits, Parsed, read_request
 from canarystack.model.contract import (
     RequestRecord,
+    lookup_context,
     models_response,
     response_headers,
     serve_logged,
 )
 from canarystack.model.metrics import ModelMetrics
-from canarystack.model.schemas import (
-    first_user_message,
-)
 
 UPSTREAM_READ_TIMEOUT_S = 300.0
 # How much of an engine's error body a log line carries.
@@ -297,30 +294,15 @@ class EnginePod:
         rec: _Record,
         headers: dict[str, str],
     ) -> None:
-        """Look the request up in the shared dependency (``DependencyClient.lookup``: the
-        context GET and the prompt-prefix SETEX, each a ``redis`` hop of the request's
-        colour) and put the retrieved context in front of what the engine gets: the
-        system message of a chat (before its own system text, if any), a line before a
-        completion's prompt. A context that would not fit ``n_ctx`` with the answer is
-        left out. ``x-dependency`` says whether the dependency answered (``ok``) or the
-        answer goes without it (``degraded``)."""
+        """The shared dependency's context for this request (``lookup_context``) put in
+        front of what the engine gets (``add_context``), unless it would not fit ``n_ctx``
+        with the answer."""
         assert self.dependency is not None
-        colour = request.get(COLOUR_KEY)
-        hops = request.app[COMPONENT].hops
-
-        def on_call() -> None:
-            if isinstance(colour, Colour):
-                hops.record("redis", colour, time.time())
-
         req = parsed.req
-        lookup = await self.dependency.lookup(
-            first_user_message(req), req.prompt_text(), on_call=on_call
-        )
-        rec.dependency = lookup.result
-        headers["x-dependency"] = lookup.header
-        if lookup.context is None:
+        context = await lookup_context(self.dependency, request, req, rec, headers)
+        if context is None:
             return
-        tokens = add_context(upstream, req, lookup.context, self.counter, self.settings.n_ctx)
+        tokens = add_context(upstream, req, context, self.counter, self.settings.n_ctx)
         if tokens is not None:
             rec.prompt_tokens = tokens
 

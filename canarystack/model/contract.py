@@ -18,12 +18,16 @@ from typing import Any, Protocol, Self
 from aiohttp import web
 
 from canary_contract.json import JsonObject
+from canarystack.common.app import COMPONENT as COMPONENT_KEY
 from canarystack.common.app import Component, create_app
 from canarystack.common.auth import load_admin_token
 from canarystack.common.cli import serve
+from canarystack.common.colour import COLOUR_KEY, Colour
 from canarystack.common.errors import ApiError, BadRequest, NotFound, error_response
 from canarystack.common.faults import FaultParams, FaultRegistry
 from canarystack.common.logs import JsonLogger, get_logger
+from canarystack.dependency.client import DependencyClient
+from canarystack.model.schemas import ChatCompletionRequest, CompletionRequest, first_user_message
 
 # Both model servers log and register faults as "model": to everyone else they are one kind.
 COMPONENT = "model"
@@ -233,6 +237,30 @@ async def serve_logged(
             **({"dependency": rec.dependency} if rec.dependency is not None else {}),
             **rec.extra_fields(),
         )
+
+
+async def lookup_context(
+    dependency: DependencyClient,
+    request: web.Request,
+    req: CompletionRequest | ChatCompletionRequest,
+    rec: RequestRecord,
+    headers: dict[str, str],
+) -> str | None:
+    """The shared dependency's retrieved context for this request, or None
+    (``DependencyClient.lookup``: the context GET and the prompt-prefix SETEX, each a
+    ``redis`` hop of the request's colour). ``rec.dependency`` and ``x-dependency`` say
+    whether the dependency answered (``ok``) or the answer goes without it (``degraded``)."""
+    colour = request.get(COLOUR_KEY)
+    hops = request.app[COMPONENT_KEY].hops
+
+    def on_call() -> None:
+        if isinstance(colour, Colour):
+            hops.record("redis", colour, time.time())
+
+    lookup = await dependency.lookup(first_user_message(req), req.prompt_text(), on_call=on_call)
+    rec.dependency = lookup.result
+    headers["x-dependency"] = lookup.header
+    return lookup.context
 
 
 def response_headers(version: str, rec: RequestRecord) -> dict[str, str]:

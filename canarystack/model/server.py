@@ -21,8 +21,7 @@ from typing import TypeVar
 from aiohttp import web
 
 from canary_contract.json import JsonObject
-from canarystack.common.app import COMPONENT, Component
-from canarystack.common.colour import COLOUR_KEY, Colour
+from canarystack.common.app import Component
 from canarystack.common.errors import ApiError, BadRequest, Unavailable
 from canarystack.common.faults import FaultParams
 from canarystack.common.logs import get_logger
@@ -33,6 +32,7 @@ from canarystack.model.capacity import CapacityModel, SlotScheduler, sleep_until
 from canarystack.model.contract import (
     RequestRecord,
     check_model_name,
+    lookup_context,
     models_response,
     resolve_max_tokens,
     response_headers,
@@ -52,7 +52,6 @@ from canarystack.model.render import DONE, Renderer
 from canarystack.model.schemas import (
     ChatCompletionRequest,
     CompletionRequest,
-    first_user_message,
 )
 
 # Non-streaming answers make their tokens in batches of this size, yielding in between.
@@ -311,20 +310,10 @@ class ModelServer:
         the context window) in front, as a system context; ``x-dependency`` says whether
         the dependency answered (``ok``) or the answer goes without it (``degraded``)."""
         assert self.dependency is not None
-        colour = request.get(COLOUR_KEY)
-        hops = request.app[COMPONENT].hops
-
-        def on_call() -> None:
-            if isinstance(colour, Colour):
-                hops.record("redis", colour, time.time())
-
-        prompt = req.prompt_text()
-        lookup = await self.dependency.lookup(first_user_message(req), prompt, on_call=on_call)
-        rec.dependency = lookup.result
-        headers["x-dependency"] = lookup.header
-        if lookup.context is None:
+        retrieved = await lookup_context(self.dependency, request, req, rec, headers)
+        if retrieved is None:
             return words
-        context = lookup.context.split()
+        context = retrieved.split()
         if len(context) + len(words) + max_tokens > self.config.max_model_len:
             return words
         return [*context, *words]
