@@ -36,6 +36,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from canary_contract.json import JsonObject
 from gameday.report.campaign import (
     HTML_MARKER,
     CampaignCell,
@@ -126,7 +127,7 @@ def _finite(value: Any) -> float | None:
     return float(value) if math.isfinite(value) else None
 
 
-def _phase_stats(doc: dict[str, Any], phase: str, variant: str) -> dict[str, Any]:
+def _phase_stats(doc: JsonObject, phase: str, variant: str) -> JsonObject:
     stats = (doc.get(phase) or {}).get(variant) or {}
     if not isinstance(stats, dict):
         stats = {}
@@ -139,7 +140,7 @@ def _phase_stats(doc: dict[str, Any], phase: str, variant: str) -> dict[str, Any
     }
 
 
-def dependency_section(run: RunData, experiments: list[ExperimentSummary]) -> list[dict[str, Any]]:
+def dependency_section(run: RunData, experiments: list[ExperimentSummary]) -> list[JsonObject]:
     """Per dependency experiment: errors and TTFT per variant before, during and after the
     fault, the time to recover, and whether the gate stayed quiet or tripped as the
     experiment expects. An experiment whose dependency.json is missing or unreadable is
@@ -149,7 +150,7 @@ def dependency_section(run: RunData, experiments: list[ExperimentSummary]) -> li
     for e in experiments:
         if e.component != DEPENDENCY_COMPONENT:
             continue
-        entry: dict[str, Any] = {
+        entry: JsonObject = {
             "name": e.name,
             "fault": e.fault,
             "expect": e.expect,
@@ -171,7 +172,7 @@ def dependency_section(run: RunData, experiments: list[ExperimentSummary]) -> li
             out.append(entry)
             continue
         raw_fault = doc.get("fault")
-        fault: dict[str, Any] = raw_fault if isinstance(raw_fault, dict) else {}
+        fault: JsonObject = raw_fault if isinstance(raw_fault, dict) else {}
         start, end = _finite(fault.get("start")), _finite(fault.get("end"))
         entry.update(
             {
@@ -294,10 +295,10 @@ def build_report(
 def _render_html(
     summary: Summary,
     images: dict[str, Path],
-    campaign: dict[str, Any] | None,
-    dependency: list[dict[str, Any]],
+    campaign: JsonObject | None,
+    dependency: list[JsonObject],
     noise: list[ExperimentNoise],
-    noise_doc: dict[str, Any],
+    noise_doc: JsonObject,
     path: Path,
 ) -> None:
     """report.html, with the campaign section (if any) where the template marks it."""
@@ -308,13 +309,13 @@ def _render_html(
     path.write_text(html.replace(HTML_MARKER + "\n", section, 1), encoding="utf-8")
 
 
-def _campaign_info(run_info: dict[str, Any] | None) -> dict[str, Any] | None:
+def _campaign_info(run_info: JsonObject | None) -> JsonObject | None:
     info = (run_info or {}).get("campaign")
     return info if isinstance(info, dict) else None
 
 
 def _campaign(
-    run_info: dict[str, Any] | None, experiments: list[ExperimentSummary]
+    run_info: JsonObject | None, experiments: list[ExperimentSummary]
 ) -> list[CampaignCell] | None:
     """The campaign's cells, when run.json says the run was one (``gameday run --repeat``
     or ``--certify``); None for a plain run, whose report stays as it was."""
@@ -330,7 +331,7 @@ def _campaign(
     return campaign_cells(experiments, seeds, certify_slo=info.get("certify") is True)
 
 
-def _campaign_json(run_info: dict[str, Any] | None, cells: list[CampaignCell]) -> dict[str, Any]:
+def _campaign_json(run_info: JsonObject | None, cells: list[CampaignCell]) -> JsonObject:
     info = _campaign_info(run_info) or {}
     repeat = info.get("repeat")
     return campaign_doc(

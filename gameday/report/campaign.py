@@ -39,7 +39,9 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from canary_contract.json import JsonObject
 
 if TYPE_CHECKING:  # (gameday.run.plan imports this module: keep it light)
     from gameday.report.verdict import ExperimentSummary
@@ -170,7 +172,7 @@ class Certification:
     sentence: str
     inconclusive_runs: int = 0
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {
             "claim": f"p{CERTIFY_QUANTILE * 100:g} <= {self.slo_s:g} s at "
             f"{CONFIDENCE * 100:g} % confidence",
@@ -321,9 +323,9 @@ class CampaignCell:
         failed = [e for e in self.runs if e.verdict == "fail"]
         return failed[0] if failed else (self.runs[0] if self.runs else None)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         times = self.times()
-        stats: dict[str, Any] = {"n": len(times)}
+        stats: JsonObject = {"n": len(times)}
         for label, q in (("p50", 0.5), ("p95", 0.95)):
             lo, hi = quantile_interval(times, q) if times else (None, None)
             stats[label] = {
@@ -332,7 +334,7 @@ class CampaignCell:
                 "ci95_unbounded": [lo is None, hi is None or math.isinf(hi)],
             }
         worst = self.worst()
-        doc: dict[str, Any] = {
+        doc: JsonObject = {
             "experiment": self.name,
             "component": self.component,
             "fault": self.fault,
@@ -407,7 +409,7 @@ def campaign_cells(
 
 def campaign_doc(
     cells: list[CampaignCell], repeat: int, certify_slo: bool, seeds_note: str = ""
-) -> dict[str, Any]:
+) -> JsonObject:
     """summary.json's ``campaign`` section."""
     docs = [c.to_json() for c in cells]
     return {
@@ -451,7 +453,7 @@ def render_ecdf(cell: CampaignCell, path: Path) -> None:
 HTML_MARKER = "<!--gameday:campaign-->"  # in report.html.j2, where the campaign section goes
 
 
-def render_campaign_html(doc: dict[str, Any] | None, images: dict[str, Path]) -> str:
+def render_campaign_html(doc: JsonObject | None, images: dict[str, Path]) -> str:
     """The report's campaign section (``""`` for a plain run); ``images``: experiment ->
     its ECDF PNG, embedded as ``data:`` URIs. Autoescaped: names are never HTML."""
     if doc is None:

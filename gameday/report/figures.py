@@ -5,20 +5,19 @@ Must never decide a verdict: figures are shown, the checks decide.
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
+from canary_contract.json import JsonObject
 from gameday.report.jsonfields import rounded
 from gameday.report.loader import ExperimentData
 from gameday.report.timeline import Timeline, records_after
 
 
-def key_figures(exp: ExperimentData, timeline: Timeline) -> dict[str, Any]:
+def key_figures(exp: ExperimentData, timeline: Timeline) -> JsonObject:
     rec = exp.records
     ok = rec["ok"].to_numpy(dtype=bool)
     variant = rec["served_by"].astype("category")
-    fig: dict[str, Any] = {
+    fig: JsonObject = {
         "requests": len(rec),
         "failed_requests": int((~ok).sum()),
         "error_rate": rounded((~ok).mean()) if len(rec) else None,

@@ -33,7 +33,7 @@ class SloCheck:
     unit: str
     ok: bool | None  # None: could not be measured
     note: str = ""
-    detail: dict[str, Any] = field(default_factory=dict)
+    detail: JsonObject = field(default_factory=dict)
 
     @property
     def name(self) -> str:
@@ -88,7 +88,7 @@ def _list(value: Any) -> list[Any]:
     return value if isinstance(value, list) else []
 
 
-def journal_findings(experiment: str, journal: dict[str, Any] | None) -> JournalFindings:
+def journal_findings(experiment: str, journal: JsonObject | None) -> JournalFindings:
     """The journal's activities and SLO checks; its reasons are ``gameday.evidence.journal``'s
     (the run verdict's, word for word) less those about an SLO result, which become the
     checks instead (each with its own sentence)."""
@@ -145,7 +145,7 @@ def journal_findings(experiment: str, journal: dict[str, Any] | None) -> Journal
     return JournalFindings(status, reasons, checks, activities, probe_allowed, not_measured_before)
 
 
-def _slo_check(experiment: str, output: dict[str, Any], source: str) -> SloCheck:
+def _slo_check(experiment: str, output: JsonObject, source: str) -> SloCheck:
     measured, allowed = rounded(output.get("measured")), rounded(output.get("allowed"))
     ok = output.get("ok")
     detail = as_dict(output.get("detail"))

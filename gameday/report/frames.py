@@ -7,7 +7,6 @@ give a frame without every column of its schema (absent ones come back all-null)
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -187,7 +186,7 @@ def _frame(
 
 def _normalise(frame: pd.DataFrame, columns: dict[str, str]) -> pd.DataFrame:
     n = len(frame)
-    out: dict[str, Any] = {}
+    out: dict[str, object] = {}  # column -> its values
     for name, dtype in columns.items():
         col = frame.get(name)
         if dtype == "float64":

@@ -16,6 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from canary_contract.json import JsonObject
 from gameday.report import jinja
 from gameday.report.noise import ExperimentNoise, noise_section, show
 from gameday.report.verdict import Summary
@@ -41,9 +42,9 @@ def render_html(
     images: dict[str, Path],
     path: Path,
     *,
-    dependency: list[dict[str, Any]] | None = None,
+    dependency: list[JsonObject] | None = None,
     noise: list[ExperimentNoise] | None = None,
-    noise_doc: dict[str, Any] | None = None,
+    noise_doc: JsonObject | None = None,
 ) -> None:
     """``images``: names (``matrix``, ``timeline:<exp>``, ``heatmap:<exp>``) -> PNG paths;
     ``dependency``: the dependency experiments' section (``build.dependency_section``);

@@ -27,8 +27,8 @@ import socket
 import xml.etree.ElementTree as ET
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
+from canary_contract.json import JsonObject
 from gameday.report.findings import SloCheck
 from gameday.report.verdict import ExperimentSummary, Summary
 
@@ -123,7 +123,7 @@ def _suite(
     return suite
 
 
-def _campaign_suite(campaign: dict[str, Any], timestamp: str, hostname: str) -> ET.Element:
+def _campaign_suite(campaign: JsonObject, timestamp: str, hostname: str) -> ET.Element:
     """One test case per campaign cell: ``<failure>`` when a run failed or (--certify) a
     run went over the SLO, ``<error type="Inconclusive">`` when the runs do not suffice."""
     cases = []
@@ -159,7 +159,7 @@ def _campaign_suite(campaign: dict[str, Any], timestamp: str, hostname: str) -> 
     return suite
 
 
-def junit_tree(summary: Summary, campaign: dict[str, Any] | None = None) -> ET.ElementTree:
+def junit_tree(summary: Summary, campaign: JsonObject | None = None) -> ET.ElementTree:
     timestamp = datetime.fromtimestamp(summary.generated_at, tz=UTC).strftime("%Y-%m-%dT%H:%M:%S")
     hostname = socket.gethostname() or "localhost"
     root = ET.Element("testsuites", name=f"gameday {summary.run_id}")
@@ -198,5 +198,5 @@ def junit_tree(summary: Summary, campaign: dict[str, Any] | None = None) -> ET.E
     return ET.ElementTree(root)
 
 
-def write_junit(summary: Summary, path: Path, campaign: dict[str, Any] | None = None) -> None:
+def write_junit(summary: Summary, path: Path, campaign: JsonObject | None = None) -> None:
     junit_tree(summary, campaign).write(path, encoding="utf-8", xml_declaration=True)

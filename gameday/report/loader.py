@@ -17,6 +17,7 @@ from typing import Any
 import pandas as pd
 import yaml
 
+from canary_contract.json import JsonObject
 from gameday.load.records import part_paths
 from gameday.report.frames import (
     LOAD_COLUMNS,
@@ -53,14 +54,14 @@ class ReportInputError(ValueError):
 class ExperimentData:
     name: str
     path: Path
-    journal: dict[str, Any] | None = None
-    definition: dict[str, Any] | None = None  # the experiment (from the journal or yaml)
+    journal: JsonObject | None = None
+    definition: JsonObject | None = None  # the experiment (from the journal or yaml)
     spec: GamedaySpec | None = None
     records: pd.DataFrame = field(default_factory=lambda: empty_frame(LOAD_COLUMNS))
     oracle: pd.DataFrame = field(default_factory=lambda: empty_frame(ORACLE_COLUMNS))
-    faults: list[dict[str, Any]] = field(default_factory=list)
-    timeline: dict[str, Any] | None = None
-    result: dict[str, Any] | None = None
+    faults: list[JsonObject] = field(default_factory=list)
+    timeline: JsonObject | None = None
+    result: JsonObject | None = None
     missing: list[Missing] = field(default_factory=list)
 
     @property
@@ -93,7 +94,7 @@ class ExperimentData:
 @dataclass
 class RunData:
     run_dir: Path
-    run_info: dict[str, Any] | None
+    run_info: JsonObject | None
     experiments: list[ExperimentData]
     missing: list[Missing]
 
@@ -227,7 +228,7 @@ def _is_experiment_dir(path: Path) -> bool:
     return any(part_paths(path / name) for name in PART_FILES)
 
 
-def _planned_experiments(run_info: dict[str, Any] | None) -> list[str]:
+def _planned_experiments(run_info: JsonObject | None) -> list[str]:
     if not run_info:
         return []
     names: list[str] = []
@@ -320,7 +321,7 @@ def _read_json(
     piece: str,
     required: bool,
     effect: str,
-) -> dict[str, Any] | None:
+) -> JsonObject | None:
     if not path.exists():
         missing.append(Missing(experiment, piece, "absent", effect, required))
         return None
@@ -335,7 +336,7 @@ def _read_json(
     return value
 
 
-def _read_yaml(path: Path, experiment: str, missing: list[Missing]) -> dict[str, Any] | None:
+def _read_yaml(path: Path, experiment: str, missing: list[Missing]) -> JsonObject | None:
     if not path.exists():
         return None
     try:
@@ -356,14 +357,14 @@ def _read_yaml(path: Path, experiment: str, missing: list[Missing]) -> dict[str,
 
 def _read_faults(
     path: Path, experiment: str, missing: list[Missing], spec: GamedaySpec | None
-) -> list[dict[str, Any]]:
+) -> list[JsonObject]:
     has_fault = not (spec and spec.fault in (None, "none"))
     effect = "the fault time is taken from the broker's fault_injected annotation, if any"
     if not path.exists():
         if has_fault:
             missing.append(Missing(experiment, "faults.jsonl", "absent", effect, False))
         return []
-    entries: list[dict[str, Any]] = []
+    entries: list[JsonObject] = []
     bad: list[int] = []
     try:
         lines = path.read_text().splitlines()

@@ -150,7 +150,7 @@ class ExperimentNoise:
             f"over {o.samples} comparisons)"
         )
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {
             "measured": self.measured,
             "reason": self.reason or None,
@@ -160,9 +160,9 @@ class ExperimentNoise:
         }
 
 
-def _scope(label: str, floor: Any, bucket: dict[str, Any] | None, *, is_bucket: bool) -> ScopeNoise:
+def _scope(label: str, floor: Any, bucket: JsonObject | None, *, is_bucket: bool) -> ScopeNoise:
     problems = []
-    raw: dict[str, Any] = floor if isinstance(floor, dict) else {}
+    raw: JsonObject = floor if isinstance(floor, dict) else {}
     if not isinstance(floor, dict):
         problems.append(f"noise_floor.{label} is missing")
     counter = None
@@ -211,7 +211,7 @@ def experiment_noise(name: str, folder: Path) -> ExperimentNoise:
             f"{NOISE_FILE} holds no noise_floor (the gate's answer was saved without it)",
         )
     raw_buckets = doc.get("buckets")
-    buckets: dict[str, Any] = raw_buckets if isinstance(raw_buckets, dict) else {}
+    buckets: JsonObject = raw_buckets if isinstance(raw_buckets, dict) else {}
     per_bucket = [
         _scope(str(label), floors.get(label), b if isinstance(b, dict) else None, is_bucket=True)
         for label, b in buckets.items()
@@ -233,7 +233,7 @@ def experiment_noise(name: str, folder: Path) -> ExperimentNoise:
     return ExperimentNoise(name, reason, overall, per_bucket)
 
 
-def noise_section(noise: list[ExperimentNoise]) -> dict[str, Any]:
+def noise_section(noise: list[ExperimentNoise]) -> JsonObject:
     """summary.json's ``noise_floor``: the game day's line and each experiment's floor."""
     measured = [n for n in noise if n.measured]
     return {

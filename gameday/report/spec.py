@@ -11,10 +11,11 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from canary_contract.json import JsonObject
 from gameday.report.missing import Missing
 
 
-def as_dict(value: Any) -> dict[str, Any]:
+def as_dict(value: Any) -> JsonObject:
     """``value`` when it is a JSON object, else an empty one (input is never trusted)."""
     return value if isinstance(value, dict) else {}
 
@@ -66,7 +67,7 @@ def spec_from_name(name: str) -> GamedaySpec:
 
 
 def spec_from_definition(
-    definition: dict[str, Any] | None, name: str, missing: list[Missing]
+    definition: JsonObject | None, name: str, missing: list[Missing]
 ) -> GamedaySpec:
     ext = None
     if definition is not None:

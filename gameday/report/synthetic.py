@@ -25,6 +25,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from canary_contract.json import JsonObject
 from gameday.load.buckets import DEFAULT_EDGES, bucket_labels
 from gameday.load.records import LOAD_SCHEMA, ORACLE_SCHEMA
 
@@ -63,7 +64,7 @@ def write_records(
     """Load records with the full §7 schema; give at least start_time and served_by."""
     tokens = np.asarray(columns.get("prompt_tokens", [100] * len(columns["start_time"])))
     ok = np.asarray(columns.get("ok", [True] * len(tokens)), dtype=bool)
-    defaults: dict[str, Any] = {
+    defaults: dict[str, object] = {  # column -> a value, or n -> values
         "run_id": run_id,
         "request_id": lambda n: [f"req-{i}" for i in range(n)],
         "user_id": lambda n: [f"user-{i % 16}" for i in range(n)],
@@ -94,7 +95,7 @@ def write_oracle(
 ) -> None:
     """Oracle records with the full §7 schema; give at least time and kl_mean."""
     tokens = np.asarray(columns.get("prompt_tokens", [3000] * len(columns["time"])))
-    defaults: dict[str, Any] = {
+    defaults: dict[str, object] = {  # column -> a value, or n -> values
         "run_id": run_id,
         "request_id": lambda n: [f"pair-{i}" for i in range(n)],
         "bucket": lambda n: bucket_of(tokens),
@@ -114,7 +115,7 @@ def iso(t: float) -> str:
     return datetime.fromtimestamp(t, tz=UTC).isoformat()
 
 
-def slo_output(check: str, measured: float, allowed: float, unit: str = "s") -> dict[str, Any]:
+def slo_output(check: str, measured: float, allowed: float, unit: str = "s") -> JsonObject:
     return {
         "check": check,
         "measured": measured,
@@ -133,14 +134,14 @@ def journal(
     start: float,
     end: float,
     slo: Mapping[str, float],
-    outputs: Sequence[dict[str, Any]] = (),
+    outputs: Sequence[JsonObject] = (),
     status: str = "completed",
     deviated: bool = False,
     description: str = "",
-) -> dict[str, Any]:
+) -> JsonObject:
     """A journal shaped like chaoslib's (``run.py: initialize_run_journal`` and after)."""
 
-    def run_entry(name: str, output: Any, kind: str = "probe") -> dict[str, Any]:
+    def run_entry(name: str, output: Any, kind: str = "probe") -> JsonObject:
         return {
             "activity": {
                 "type": kind,
@@ -307,12 +308,12 @@ def write_experiment(
     )
 
     # Fault ledger.
-    ledger: list[dict[str, Any]] = []
+    ledger: list[JsonObject] = []
     if fault_t is not None:
 
         def entry(
-            action: str, when: float, component: str, kind: str, params: dict[str, Any]
-        ) -> dict[str, Any]:
+            action: str, when: float, component: str, kind: str, params: JsonObject
+        ) -> JsonObject:
             return {
                 "action": action,
                 "time": when,
@@ -342,7 +343,7 @@ def write_experiment(
     (folder / "faults.jsonl").write_text("".join(json.dumps(e) + "\n" for e in ledger))
 
     # Broker timeline.
-    events: list[dict[str, Any]] = [
+    events: list[JsonObject] = [
         {
             "seq": 1,
             "time": start - 600,

@@ -32,7 +32,6 @@ This module computes; it never reads files or draws.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -77,7 +76,7 @@ class Milestone:
     allowed_s: float | None = None
     slo_source: str | None = None
     ok: bool | None = None
-    detail: dict[str, Any] = field(default_factory=dict)
+    detail: JsonObject = field(default_factory=dict)
 
     def to_json(self) -> JsonObject:
         return fields_json(
@@ -117,7 +116,7 @@ class Timeline:
     reference_time: float | None  # the fault, else the experiment's start
     tripped: bool
     trips: int
-    trip: dict[str, Any] | None
+    trip: JsonObject | None
     drift_kl: float
     milestones: list[Milestone]
     checks: list[TimelineCheck]
@@ -161,7 +160,7 @@ def _since(t: float | None, ref: float | None) -> float | None:
 # Broker events
 
 
-def window_events(exp: ExperimentData) -> list[dict[str, Any]]:
+def window_events(exp: ExperimentData) -> list[JsonObject]:
     """The broker events of this experiment, in order (those before its start dropped)."""
     if exp.timeline is None:
         return []
@@ -180,7 +179,7 @@ def window_events(exp: ExperimentData) -> list[dict[str, Any]]:
 # The fault
 
 
-def find_fault(exp: ExperimentData, events: list[dict[str, Any]]) -> tuple[float | None, str]:
+def find_fault(exp: ExperimentData, events: list[JsonObject]) -> tuple[float | None, str]:
     """The reference fault's time and a sentence saying where it came from."""
     spec = exp.spec
     if spec and spec.fault == "none":
@@ -233,7 +232,7 @@ def build_timeline(exp: ExperimentData, probe_allowed: dict[str, float] | None =
         trip = evidence if isinstance(evidence, dict) else None
     trip_time = trip_event["time"] if trip_event else None
 
-    times: dict[str, tuple[float | None, str, dict[str, Any]]] = {}
+    times: dict[str, tuple[float | None, str, JsonObject]] = {}
     times["fault_injected"] = (fault_time, fault_source, {})
     times["first_drifted_sample"] = _first_drift(exp, fault_time, drift_kl, trip)
     times["gate_tripped"] = (
@@ -309,7 +308,7 @@ def build_timeline(exp: ExperimentData, probe_allowed: dict[str, float] | None =
     )
 
 
-def _routers_without_annotation(exp: ExperimentData, events: list[dict[str, Any]]) -> str:
+def _routers_without_annotation(exp: ExperimentData, events: list[JsonObject]) -> str:
     """What the router list says when the rollback executor wrote no routers_applied."""
     zero = [e for e in events if new_value(e.get("change"), "weights.canary") == 0]
     routers = [r for r in (exp.timeline or {}).get("routers") or [] if isinstance(r, dict)]
@@ -326,8 +325,8 @@ def _routers_without_annotation(exp: ExperimentData, events: list[dict[str, Any]
 
 
 def _first_drift(
-    exp: ExperimentData, fault_time: float | None, threshold: float, trip: dict[str, Any] | None
-) -> tuple[float | None, str, dict[str, Any]]:
+    exp: ExperimentData, fault_time: float | None, threshold: float, trip: JsonObject | None
+) -> tuple[float | None, str, JsonObject]:
     gate_first = parse_time(trip.get("first_sample_time")) if trip else None
     oracle = exp.oracle
     if fault_time is not None and len(oracle):
@@ -353,7 +352,7 @@ def _first_drift(
 
 def _last_canary(
     exp: ExperimentData, fault_time: float | None
-) -> tuple[float | None, str, dict[str, Any]]:
+) -> tuple[float | None, str, JsonObject]:
     rec = exp.records
     if fault_time is None:
         return None, "unknown without a fault time", {}
@@ -439,7 +438,7 @@ def _checks(
 
 
 def _markers(
-    exp: ExperimentData, events: list[dict[str, Any]], milestones: list[Milestone]
+    exp: ExperimentData, events: list[JsonObject], milestones: list[Milestone]
 ) -> list[Marker]:
     markers = [Marker(m.label, m.time, "milestone") for m in milestones if m.time is not None]
     for f in exp.faults:

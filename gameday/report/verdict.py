@@ -34,7 +34,6 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from canary_contract.json import JsonObject
 from gameday.evidence import journal as journal_core
@@ -67,14 +66,14 @@ class ExperimentSummary:
     checks: list[SloCheck]
     not_measured_before: list[str] = field(default_factory=list)
     missing: list[Missing]
-    figures: dict[str, Any]
+    figures: JsonObject
     notes: list[str] = field(default_factory=list)
     files: dict[str, str] = field(default_factory=dict)
     description: str
     activities: list[Activity]
     timeline: Timeline
     heatmap: HeatmapData | None
-    result: dict[str, Any] | None
+    result: JsonObject | None
 
     @property
     def passed(self) -> bool:
@@ -121,7 +120,7 @@ class Summary:
     def all_missing(self) -> list[Missing]:
         return self.missing + [m for e in self.experiments for m in e.missing]
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         checks = self.checks
         return {
             "run_id": self.run_id,
@@ -148,7 +147,7 @@ class Summary:
             "report_build_s": {k: round(v, 4) for k, v in self.timings_s.items()},
         }
 
-    def key_figures(self) -> dict[str, Any]:
+    def key_figures(self) -> JsonObject:
         trips = [
             e.timeline.time_to_trip_s
             for e in self.experiments
