@@ -205,11 +205,7 @@ def _model_results(configuration: Configuration | None) -> dict[str, dict[str, f
             counts: dict[str, float] = {}
             for rep in target.replicas(role):
                 text = requests.get(rep.url + "/metrics", timeout=HTTP_TIMEOUT_S).text
-                for line in text.splitlines():
-                    if line.startswith("canarystack_dependency_requests_total{"):
-                        labels, value = line.rsplit(" ", 1)
-                        res = labels.split('result="', 1)[1].split('"', 1)[0]
-                        counts[res] = counts.get(res, 0.0) + float(value)
+                ev.add_dependency_results(text, counts)
             out[role.removeprefix("model-")] = counts
     except (requests.RequestException, TargetError, IndexError, ValueError):
         return out

@@ -126,6 +126,16 @@ def unhealthy_ticks(watch_lines: Sequence[JsonObject]) -> dict[str, int]:
     return unhealthy
 
 
+def add_dependency_results(metrics_text: str, counts: dict[str, float]) -> None:
+    """Add a model server's ``canarystack_dependency_requests_total`` per ``result`` (from
+    its ``/metrics`` text) to ``counts``; IndexError/ValueError on a malformed line."""
+    for line in metrics_text.splitlines():
+        if line.startswith("canarystack_dependency_requests_total{"):
+            labels, value = line.rsplit(" ", 1)
+            res = labels.split('result="', 1)[1].split('"', 1)[0]
+            counts[res] = counts.get(res, 0.0) + float(value)
+
+
 def traffic_summary(frame: pd.DataFrame, window: JsonObject) -> JsonObject:
     """What users saw around the fault ``window``: ``before``/``during``/``after`` per
     variant, ``recovery_s`` and its rule, ``max_e2e_s``, ``error_kinds``."""
