@@ -1,14 +1,5 @@
 """The ``gameday`` extension of a Chaos Toolkit experiment: what the experiment breaks,
 what the gate must do about it and the SLOs its probes check::
-
-    extensions:
-      - name: gameday
-        component: router
-        fault: latency
-        expect: no_trip        # trip | no_trip | blind | colour_lost (with lost_at: HOP)
-        slo:
-          ttft_p99_s: ${ttft_p99_s}   # a number, or ${key} of the configuration
-        target: kubernetes     # optional: the experiment needs this target kind
 """
 
 from __future__ import annotations
@@ -39,6 +30,18 @@ class TargetKind(enum.StrEnum):
 
 
 class GamedayExtension(Record):
+    """The extension as an experiment file writes it::
+
+    extensions:
+    - name: gameday
+      component: router
+      fault: latency
+      expect: no_trip        # trip | no_trip | blind | colour_lost (with lost_at: HOP)
+      slo:
+        ttft_p99_s: ${ttft_p99_s}   # a number, or ${key} of the configuration
+      target: kubernetes     # optional: the experiment needs this target kind
+    """
+
     name: Literal["gameday"]
     component: Annotated[Text, Field(min_length=1)]
     fault: Annotated[Text, Field(min_length=1)]

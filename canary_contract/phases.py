@@ -1,13 +1,5 @@
 """The release phase and the transition table, written down once for both halves.
 
-A release moves along these edges and no others:
-
-- ``progressing -> tripped | rolling_back | promoted``
-- ``tripped -> rolling_back``
-- ``rolling_back -> rolled_back``
-- ``rolled_back -> progressing`` and ``promoted -> progressing`` only together with a new
-  canary version.
-
 ``CANARY_OFF`` names the phases in which routers send the canary nothing; it is THE answer
 to "which phases mean the canary is off?" for the stack and the harness alike. The broker
 applies the table (``canarystack/broker/phases.py``: the checks and their messages).
@@ -20,6 +12,15 @@ from collections.abc import Mapping
 
 
 class Phase(enum.StrEnum):
+    """A release's phase. A release moves along these edges and no others:
+
+    - ``progressing -> tripped | rolling_back | promoted``
+    - ``tripped -> rolling_back``
+    - ``rolling_back -> rolled_back``
+    - ``rolled_back -> progressing`` and ``promoted -> progressing`` only together with a new
+      canary version.
+    """
+
     PROGRESSING = "progressing"
     TRIPPED = "tripped"
     ROLLING_BACK = "rolling_back"

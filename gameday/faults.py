@@ -1,13 +1,5 @@
 """Inject and clear faults on a target's components over their admin APIs.
 
-Every injection is checked against the target's blast radius, sent to every replica of
-the component (``/admin/faults`` on each replica's own URL), written to a fault ledger
-(JSON lines, append-only, in the run folder) and announced to the broker as a
-``fault_injected`` annotation (best effort: the release's timeline). Clearing deletes
-exactly the faults the ledger holds by id; a 404 means the component already dropped it
-(expired, or the pod restarted clean). The TTL is enforced by each component itself, so
-a fault outlives neither its TTL nor a dead harness.
-
 This module never kills processes and never sends traffic anywhere but the target.
 """
 
@@ -176,6 +168,14 @@ def inject(
     ``fault_body``), BlastRadiusError before any request if the component is not allowed,
     and FaultError if a replica refused (the ones that accepted are in the ledger, so they
     are cleared by ``clear_injected``).
+
+    Every injection is checked against the target's blast radius, sent to every replica of
+    the component (``/admin/faults`` on each replica's own URL), written to a fault ledger
+    (JSON lines, append-only, in the run folder) and announced to the broker as a
+    ``fault_injected`` annotation (best effort: the release's timeline). Clearing deletes
+    exactly the faults the ledger holds by id; a 404 means the component already dropped it
+    (expired, or the pod restarted clean). The TTL is enforced by each component itself, so
+    a fault outlives neither its TTL nor a dead harness.
     """
     body = fault_body(kind, ttl_s, params)
     params = {k: v for k, v in body.items() if k not in RESERVED_PARAMS}

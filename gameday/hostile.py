@@ -1,10 +1,5 @@
 """Hostile client input, as a careless or malicious client would send it to the router.
 
-Every input is a request the router must answer with a 4xx (or serve normally), never a
-5xx, never a stall, and never as canary evidence. ``CATALOGUE`` lists them; ``flood``
-sends them round-robin, pinned to a variant, at a bounded rate for a bounded time, and
-returns what came back per input. The catalogue is also what the tests post one by one.
-
 This module sends traffic only to the URL it is given (the target's router) and never
 more than ``max_requests`` requests.
 """
@@ -29,7 +24,13 @@ MODEL = "canary-gameday"
 @dataclass(frozen=True)
 class HostileInput:
     """One hostile request: where it goes, its raw body and headers, and how often a flood
-    may repeat it (big bodies are sent rarely, so the flood stays a few MB/s)."""
+    may repeat it (big bodies are sent rarely, so the flood stays a few MB/s).
+
+    Every input is a request the router must answer with a 4xx (or serve normally), never a
+    5xx, never a stall, and never as canary evidence. ``CATALOGUE`` lists them; ``flood``
+    sends them round-robin, pinned to a variant, at a bounded rate for a bounded time, and
+    returns what came back per input. The catalogue is also what the tests post one by one.
+    """
 
     name: str
     path: str

@@ -1,15 +1,5 @@
 """A small OpenAI-compatible HTTP client for gevent, built to measure streams honestly.
 
-It talks through geventhttpclient directly rather than through Locust's HttpSession or
-FastHttpSession, because those fire their own request events with the time to the
-response headers (the wrong number for a stream) and their ``iter_content(n)`` waits for
-n bytes before returning. ``HTTPSocketResponse.readline`` returns as soon as one line has
-arrived (its socket ``recv`` hands over whatever is there), so each SSE line is timed
-when it reaches the process.
-
-``Attempt`` is filled in step by step, so that when the user's greenlet is killed (the
-run's stop timeout) the caller still holds what was measured so far and records it.
-
 Never used outside a gevent-patched process (Locust's); it does not fire Locust events.
 """
 
@@ -42,7 +32,11 @@ ROUTING_HEADERS = ("x-served-by", "x-model-version", "x-config-revision", "x-rou
 
 @dataclass
 class Attempt:
-    """One request and what was measured about it (times from ``time.perf_counter``)."""
+    """One request and what was measured about it (times from ``time.perf_counter``).
+
+    ``Attempt`` is filled in step by step, so that when the user's greenlet is killed (the
+    run's stop timeout) the caller still holds what was measured so far and records it.
+    """
 
     request_id: str
     path: str
@@ -102,7 +96,15 @@ def error_code(body: bytes) -> str | None:
 
 
 class OpenAIClient:
-    """One keep-alive connection to one server (one per Locust user)."""
+    """One keep-alive connection to one server (one per Locust user).
+
+    It talks through geventhttpclient directly rather than through Locust's HttpSession or
+    FastHttpSession, because those fire their own request events with the time to the
+    response headers (the wrong number for a stream) and their ``iter_content(n)`` waits for
+    n bytes before returning. ``HTTPSocketResponse.readline`` returns as soon as one line has
+    arrived (its socket ``recv`` hands over whatever is there), so each SSE line is timed
+    when it reaches the process.
+    """
 
     def __init__(
         self,

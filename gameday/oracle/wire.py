@@ -1,16 +1,4 @@
-"""The harness's own strict JSON reading (it never imports ``canarystack``).
-
-``loads(raw)`` refuses what a well-behaved server never sends and what would make a
-harness reader misbehave: the non-standard constants ``NaN``/``Infinity``/``-Infinity``,
-integers longer than ``MAX_INT_DIGITS`` digits, nesting deeper than ``MAX_DEPTH``, and
-bytes that are not UTF-8. Each refusal is a ``WireJsonError`` (a ValueError) that says
-what was wrong.
-
-``loads(raw, keep_non_finite=True)`` reads the constants as the floats they stand for,
-for the one reader that must *judge* them rather than refuse them: the oracle, which
-counts a canary that answers ``NaN`` logprobs as maximally divergent (``gameday.oracle.kl``)
-instead of dropping the pair as unreadable.
-"""
+"""The harness's own strict JSON reading (it never imports ``canarystack``)."""
 
 from __future__ import annotations
 
@@ -69,7 +57,19 @@ def _depth(raw: str) -> int:
 
 
 def loads(raw: bytes | str, keep_non_finite: bool = False) -> Any:
-    """Parse ``raw`` strictly (see the module docstring); WireJsonError when refused."""
+    """Parse ``raw`` strictly (below); WireJsonError when refused.
+
+    ``loads(raw)`` refuses what a well-behaved server never sends and what would make a
+    harness reader misbehave: the non-standard constants ``NaN``/``Infinity``/``-Infinity``,
+    integers longer than ``MAX_INT_DIGITS`` digits, nesting deeper than ``MAX_DEPTH``, and
+    bytes that are not UTF-8. Each refusal is a ``WireJsonError`` (a ValueError) that says
+    what was wrong.
+
+    ``loads(raw, keep_non_finite=True)`` reads the constants as the floats they stand for,
+    for the one reader that must *judge* them rather than refuse them: the oracle, which
+    counts a canary that answers ``NaN`` logprobs as maximally divergent (``gameday.oracle.kl``)
+    instead of dropping the pair as unreadable.
+    """
     if isinstance(raw, bytes | bytearray):
         try:
             text = bytes(raw).decode("utf-8")

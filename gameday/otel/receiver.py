@@ -1,17 +1,4 @@
-"""An OTLP/HTTP trace receiver: ``POST /v1/traces`` (protobuf), spans kept in memory.
-
-- ``POST /v1/traces``: an ``ExportTraceServiceRequest`` (``application/x-protobuf``,
-  optionally gzip- or deflate-encoded), as the OpenTelemetry SDK's OTLP/HTTP exporter
-  sends it; answers an empty ``ExportTraceServiceResponse``. A body that is not one is
-  400 with a message; a body over ``MAX_BODY_BYTES`` is 413.
-- ``GET /v1/spans``: every span kept, oldest first, as JSON (``Span.as_json``);
-  ``?trace_id=`` keeps one trace.
-- ``GET /health``.
-
-At most ``max_spans`` are kept (the oldest go first; ``dropped`` counts them). With
-``--out FILE`` each span is also appended to FILE as one JSON line. It listens on loopback
-only. This module never imports ``canarystack``.
-"""
+"""An OTLP/HTTP trace receiver: ``POST /v1/traces`` (protobuf), spans kept in memory."""
 
 from __future__ import annotations
 
@@ -100,7 +87,12 @@ def decode_spans(body: bytes) -> list[Span]:
 
 
 class Store:
-    """The spans received, bounded; optionally appended to a JSON-lines file."""
+    """The spans received, bounded; optionally appended to a JSON-lines file.
+
+    At most ``max_spans`` are kept (the oldest go first; ``dropped`` counts them). With
+    ``--out FILE`` each span is also appended to FILE as one JSON line. It listens on loopback
+    only. This module never imports ``canarystack``.
+    """
 
     def __init__(self, max_spans: int = DEFAULT_MAX_SPANS, out: TextIO | None = None) -> None:
         self.spans: deque[Span] = deque(maxlen=max_spans)
@@ -175,6 +167,16 @@ async def _health(request: web.Request) -> web.Response:
 
 
 def build_app(store: Store | None = None) -> web.Application:
+    """The receiver's routes:
+
+    - ``POST /v1/traces``: an ``ExportTraceServiceRequest`` (``application/x-protobuf``,
+      optionally gzip- or deflate-encoded), as the OpenTelemetry SDK's OTLP/HTTP exporter
+      sends it; answers an empty ``ExportTraceServiceResponse``. A body that is not one is
+      400 with a message; a body over ``MAX_BODY_BYTES`` is 413.
+    - ``GET /v1/spans``: every span kept, oldest first, as JSON (``Span.as_json``);
+      ``?trace_id=`` keeps one trace.
+    - ``GET /health``.
+    """
     app = web.Application(client_max_size=MAX_BODY_BYTES)
     app[STORE] = store or Store()
     app.router.add_post("/v1/traces", _traces)

@@ -1,17 +1,4 @@
-"""``python -m gameday.prom up|down|config``: a Prometheus for a target, from the shell.
-
-    python -m gameday.prom up --target targets/local.yaml --dir .prometheus [--port P]
-        starts Debian's prometheus scraping every component of the target (1 s), waits
-        until every target is up, prints {"url", "pid", "workdir"} as JSON; the PID is
-        recorded in DIR/prometheus.json
-    python -m gameday.prom down --dir .prometheus
-        stops it by that PID (exit 0 also when none was running)
-    python -m gameday.prom config --target FILE
-        prints the scrape config it would run (checked by promtool)
-
-Exit 2 with one line on stderr saying what was wrong for a bad target, a missing
-binary, or a Prometheus that did not start.
-"""
+"""``python -m gameday.prom up|down|config``: a Prometheus for a target, from the shell."""
 
 from __future__ import annotations
 
@@ -37,6 +24,20 @@ DESCRIPTION = "A Prometheus (Debian's) scraping a target's components, stopped b
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """The shell entry::
+
+        python -m gameday.prom up --target targets/local.yaml --dir .prometheus [--port P]
+            starts Debian's prometheus scraping every component of the target (1 s), waits
+            until every target is up, prints {"url", "pid", "workdir"} as JSON; the PID is
+            recorded in DIR/prometheus.json
+        python -m gameday.prom down --dir .prometheus
+            stops it by that PID (exit 0 also when none was running)
+        python -m gameday.prom config --target FILE
+            prints the scrape config it would run (checked by promtool)
+
+    Exit 2 with one line on stderr saying what was wrong for a bad target, a missing
+    binary, or a Prometheus that did not start.
+    """
     p = argparse.ArgumentParser(prog="python -m gameday.prom", description=DESCRIPTION)
     sub = p.add_subparsers(dest="cmd", required=True)
     up = sub.add_parser("up", help="start a Prometheus scraping the target")

@@ -1,15 +1,5 @@
 """Run one experiment with ``chaos run`` in a subprocess, and stop it properly.
 
-``chaos --no-version-check --log-file DIR/chaos.log run --journal-path DIR/journal.json
---rollback-strategy always EXPERIMENT`` runs in its own session (so a Ctrl-C on the
-terminal reaches ``gameday run`` only, which decides), with the run's environment
-(``GAMEDAY_TARGET``, ``GAMEDAY_RUN_DIR``). Its console lines go to
-``DIR/chaos-console.log`` and, as they arrive, to a callback (the progress display).
-
-Stopping (``interrupt()``): SIGINT to chaos's PID — Chaos Toolkit turns it into an
-interrupted experiment, plays the rollbacks (strategy ``always``) and the controls' end
-hooks (Locust stops) — then SIGKILL by PID if it has not exited within the grace period.
-
 This module never signals anything but the chaos process it started.
 """
 
@@ -44,6 +34,14 @@ class ChaosResult:
 
 
 def chaos_command(experiment: Path, folder: Path) -> list[str]:
+    """The ``chaos run`` command line for ``experiment`` with its files in ``folder``.
+
+    ``chaos --no-version-check --log-file DIR/chaos.log run --journal-path DIR/journal.json
+    --rollback-strategy always EXPERIMENT`` runs in its own session (so a Ctrl-C on the
+    terminal reaches ``gameday run`` only, which decides), with the run's environment
+    (``GAMEDAY_TARGET``, ``GAMEDAY_RUN_DIR``). Its console lines go to
+    ``DIR/chaos-console.log`` and, as they arrive, to a callback (the progress display).
+    """
     return [
         *CHAOS,
         "--no-version-check",
@@ -59,7 +57,12 @@ def chaos_command(experiment: Path, folder: Path) -> list[str]:
 
 
 class ChaosRun:
-    """One ``chaos run`` process: start, follow, interrupt, wait."""
+    """One ``chaos run`` process: start, follow, interrupt, wait.
+
+    Stopping (``interrupt()``): SIGINT to chaos's PID — Chaos Toolkit turns it into an
+    interrupted experiment, plays the rollbacks (strategy ``always``) and the controls' end
+    hooks (Locust stops) — then SIGKILL by PID if it has not exited within the grace period.
+    """
 
     def __init__(
         self,

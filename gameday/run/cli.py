@@ -1,12 +1,5 @@
 """``gameday run EXPERIMENT... [--target FILE] [--out DIR] [--stack-config FILE]``.
 
-Shows progress on the terminal (rich): each experiment's stage, Chaos Toolkit's activity
-lines as they happen, the verdict and key figures of each experiment, and the run's
-verdict with the report's path. Exit code: 0 when every experiment passed (and the
-report agrees), 1 when any failed, 2 on a usage error, 3 when none failed but one was
-inconclusive (the gate could not have seen the fault, or the load generator was not
-valid: never a pass), 128+N when interrupted by signal N (130 for Ctrl-C).
-
 This module parses arguments and prints; the work is ``gameday.run.runner``.
 """
 
@@ -43,6 +36,14 @@ FIGURES = (
 
 
 class TerminalProgress:
+    """Shows progress on the terminal (rich): each experiment's stage, Chaos Toolkit's activity
+    lines as they happen, the verdict and key figures of each experiment, and the run's
+    verdict with the report's path. Exit code: 0 when every experiment passed (and the
+    report agrees), 1 when any failed, 2 on a usage error, 3 when none failed but one was
+    inconclusive (the gate could not have seen the fault, or the load generator was not
+    valid: never a pass), 128+N when interrupted by signal N (130 for Ctrl-C).
+    """
+
     def __init__(self, console: Console) -> None:
         self.console = console
         self.t0 = time.monotonic()

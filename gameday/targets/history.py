@@ -1,16 +1,4 @@
-"""Reading a release's whole event history from a broker, page by page.
-
-``GET /v1/releases/{name}/events?after_seq=N&limit=L`` answers at most ``L`` events (at
-most ``MAX_PAGE``), oldest first after ``N``. One request is not the history: on a
-long-lived broker it is the *oldest* page only. ``read_events`` repeats with ``after_seq``
-= the last ``seq`` returned (the answer's ``next_after_seq`` when it has one) until a page
-has fewer than ``limit`` events. Every harness reader of the history uses it;
-``read_event_records`` gives the same events as the contract's ``Event`` records.
-
-Bounded: at most ``max_pages`` pages, each with its own timeout; a broker whose pages do
-not move forward is an error, never an endless loop. HTTP only (the harness never imports
-``canarystack``); JSON read strictly (``gameday.oracle.wire``).
-"""
+"""Reading a release's whole event history from a broker, page by page."""
 
 from __future__ import annotations
 
@@ -74,6 +62,17 @@ def read_events(
 
     Raises HistoryError when a page cannot be read, or when the history does not end
     within ``max_pages`` pages of ``limit`` events.
+
+    ``GET /v1/releases/{name}/events?after_seq=N&limit=L`` answers at most ``L`` events (at
+    most ``MAX_PAGE``), oldest first after ``N``. One request is not the history: on a
+    long-lived broker it is the *oldest* page only. ``read_events`` repeats with ``after_seq``
+    = the last ``seq`` returned (the answer's ``next_after_seq`` when it has one) until a page
+    has fewer than ``limit`` events. Every harness reader of the history uses it;
+    ``read_event_records`` gives the same events as the contract's ``Event`` records.
+
+    Bounded: at most ``max_pages`` pages, each with its own timeout; a broker whose pages do
+    not move forward is an error, never an endless loop. HTTP only (the harness never imports
+    ``canarystack``); JSON read strictly (``gameday.oracle.wire``).
     """
     if not 1 <= limit <= MAX_PAGE:
         raise ValueError(f"limit is {limit}: give 1 to {MAX_PAGE} events per page")

@@ -1,17 +1,4 @@
-"""The local stack as a target: URLs from ``stack.json``, pod kills through supervisord.
-
-A pod kill is SIGKILL to the PID that supervisord reports for the program (by PID, never
-by name); supervisord then restarts it, like a ReplicaSet.
-
-Blast radius by identity, not by name: ``stack.json`` only *says* which program plays a
-role, so before a kill the program is checked against supervisord's own configuration
-(``supervisor.getAllConfigInfo``): its configured command must run the role's module
-(``python -m canarystack.<module>``, ``ROLE_MODULES``) listening on the replica's port
-(and, for a model, serving the variant's version from ``stack.json``); and the process
-behind the PID must be running exactly that command (``/proc/<pid>/cmdline``). The PID is
-pinned with a pidfd while it is checked, so the signal reaches the process that was
-checked. Anything else is refused with a TargetError that says what did not match.
-"""
+"""The local stack as a target: URLs from ``stack.json``, pod kills through supervisord."""
 
 from __future__ import annotations
 
@@ -91,6 +78,21 @@ def _pinned(pid: int) -> Iterator[int | None]:
 
 
 class LocalTarget(Target):
+    """The stack ``gameday.stack`` runs under supervisord, in ``state_dir``.
+
+    A pod kill is SIGKILL to the PID that supervisord reports for the program (by PID, never
+    by name); supervisord then restarts it, like a ReplicaSet.
+
+    Blast radius by identity, not by name: ``stack.json`` only *says* which program plays a
+    role, so before a kill the program is checked against supervisord's own configuration
+    (``supervisor.getAllConfigInfo``): its configured command must run the role's module
+    (``python -m canarystack.<module>``, ``ROLE_MODULES``) listening on the replica's port
+    (and, for a model, serving the variant's version from ``stack.json``); and the process
+    behind the PID must be running exactly that command (``/proc/<pid>/cmdline``). The PID is
+    pinned with a pidfd while it is checked, so the signal reaches the process that was
+    checked. Anything else is refused with a TargetError that says what did not match.
+    """
+
     kind = "local"
     spec_model = LocalTargetSpec
 
