@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import TypedDict
 
 import pandas as pd
 
@@ -32,9 +33,18 @@ RECOVERY_TTFT_SLACK_S = 0.05
 VARIANTS = ("baseline", "canary")
 
 
+class FaultWindow(TypedDict):
+    """The dependency fault of a run and when it began and ended (``end`` None: never)."""
+
+    kind: str
+    start: float
+    end: float | None
+    params: JsonObject
+
+
 def fault_window(
     entries: Sequence[FaultEntry], watch_lines: Sequence[JsonObject]
-) -> JsonObject | None:
+) -> FaultWindow | None:
     """The dependency fault of the ledger and when it began and ended (None: no fault).
 
     It runs from the injection to its end: a pause, its length; the holder, its deadline
@@ -60,7 +70,7 @@ def fault_window(
         if clears:
             end = min(end, min(clears))
     kind = "kill" if f.action == FaultAction.KILL else f.kind
-    return {"kind": kind, "start": start, "end": end, "params": f.params}
+    return FaultWindow(kind=kind, start=start, end=end, params=f.params)
 
 
 def stats(frame: pd.DataFrame) -> JsonObject:
@@ -136,7 +146,7 @@ def add_dependency_results(metrics_text: str, counts: dict[str, float]) -> None:
             counts[res] = counts.get(res, 0.0) + float(value)
 
 
-def traffic_summary(frame: pd.DataFrame, window: JsonObject) -> JsonObject:
+def traffic_summary(frame: pd.DataFrame, window: FaultWindow) -> JsonObject:
     """What users saw around the fault ``window``: ``before``/``during``/``after`` per
     variant, ``recovery_s`` and its rule, ``max_e2e_s``, ``error_kinds``."""
     doc: JsonObject = {}
