@@ -1,13 +1,10 @@
 """A real inference engine behind the model-server contract: llama.cpp (optional).
 
-``python -m canarystack.engine`` is an *engine pod*: a canarystack component (``/health``,
-``/metrics``, ``/admin/faults`` with TTLs, JSON logs, ``request_done`` lines) that runs
-``llama_cpp.server`` as a child process and proxies the OpenAI API to it. Its ``kernel``
-fault is a real numerical change: the pod rolls its engine over to a quantized KV cache
-(``q8_0`` or ``q4_0``) and back to ``f16`` when the fault ends (``pod``).
-``gguf_gen`` writes the small random-weight model it serves.
+``python -m canarystack.engine`` is an engine pod: ``pod`` (the HTTP front), ``rollout``
+(its ``llama_cpp.server`` children and the ``kernel`` fault's KV-cache rollouts),
+``upstream`` / ``events`` (what the engine gets, reading what it answers), ``child``,
+``tokens``; ``gguf_gen`` writes the small random-weight model it serves.
 
 Needs the ``engine`` extra (``pip install '.[engine]'``: llama-cpp-python[server], gguf);
-nothing in this package imports it at import time, so the rest of the project works
-without it.
+nothing in this package imports it at import time, so the rest works without it.
 """
