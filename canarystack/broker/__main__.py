@@ -1,15 +1,6 @@
 """``python -m canarystack.broker --state-dir DIR [--credentials-dir DIR] [--router-expiry-s 3]
 [--max-watch-s 60]``.
 
-``--credentials-dir`` holds one token per capability (files ``operator``, ``trip``,
-``rollback``, ``heartbeat``; a Kubernetes Secret mounts exactly like that) and
-``--admin-token-file`` is then the broker's fault credential only. Without it the broker
-runs in single-credential mode (the admin token grants every write) and says so in a
-warning: least privilege is off.
-
-Checks the flags, takes an exclusive lock on the state folder (two brokers on one
-database would each cache their own view of it) and serves the API until SIGTERM.
-
 This module must never start serving when the state folder is unusable or already in use.
 """
 
@@ -89,6 +80,12 @@ def lock_state_dir(state_dir: Path) -> IO[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
+    """Check the flags, lock the state folder (two brokers on one database would each
+    cache their own view of it) and serve until SIGTERM. ``--credentials-dir`` holds one
+    token per capability (files ``operator``, ``trip``, ``rollback``, ``heartbeat``; a
+    Kubernetes Secret mounts exactly like that) and ``--admin-token-file`` is then the
+    broker's fault credential only; without it the broker runs in single-credential mode
+    (the admin token grants every write) and says so in a warning."""
     parser = build_parser()
     args = parse(parser, argv)
     # Finite too: an infinite expiry keeps dead routers listed for ever, an infinite

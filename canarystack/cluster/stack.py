@@ -1,12 +1,5 @@
 """The local stack's lifecycle: up, status, down, logs, timeline.
 
-``up`` writes the supervisord config and ``stack.json`` into the state folder, generates
-one credential per capability (``credentials/<name>``, mode 0600, docs/ARCHITECTURE.md §8),
-starts supervisord, waits until every component answers
-``/health``, then creates the release (stable and canary versions registered with their
-digests, canary weight as configured). ``up`` on a running stack reports it and changes
-nothing.
-
 Never kills anything by name: supervisord is stopped by the PID in its pidfile, and it
 stops its programs.
 """
@@ -203,7 +196,12 @@ def seed_redis(spec: StackSpec) -> int:
 
 
 def up(spec: StackSpec, health_timeout_s: float = HEALTH_TIMEOUT_S) -> tuple[bool, StackStatus]:
-    """Start the stack. Returns (started, status); started is False if it was running."""
+    """Start the stack. Returns (started, status); started is False if it was running (and
+    nothing changed). Writes the supervisord config and ``stack.json`` into the state
+    folder, one credential per capability (``credentials/<name>``, mode 0600,
+    docs/ARCHITECTURE.md §8), starts supervisord, waits until every component answers
+    ``/health``, seeds Redis, then creates the release (stable and canary versions
+    registered with their digests, canary weight as configured)."""
     sd = spec.abs_state_dir
     if supervisor.is_running(sd):
         return False, status(sd)

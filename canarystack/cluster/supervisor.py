@@ -1,13 +1,7 @@
-"""supervisord as the local stand-in for a ReplicaSet.
+"""supervisord as the local stand-in for a ReplicaSet: the config, the daemon over its
+unix socket (XML-RPC), stopped by the PID in its pidfile.
 
-Renders ``supervisord.conf`` into the state folder, starts the daemon, talks to it over
-its unix socket (XML-RPC) and stops it by the PID in its pidfile.
-
-Restart settings, chosen for quick pod-kill recovery (../shared/MEASURED.md):
-``autorestart=true``, ``startsecs=0`` (a process that dies right after starting is
-restarted at once instead of going to BACKOFF and, after ``startretries``, FATAL) and a
-large ``startretries``. supervisord's main loop polls once a second, so SIGKILL to
-serving again takes ~1-2.5 s; a second replica covers that gap.
+This module must never kill anything by name.
 """
 
 from __future__ import annotations
@@ -31,6 +25,12 @@ STOP_WAIT_S = 5
 
 
 def render_conf(state_dir: Path, progs: list[Program]) -> str:
+    """``supervisord.conf``, with restart settings chosen for quick pod-kill recovery
+    (../shared/MEASURED.md): ``autorestart=true``, ``startsecs=0`` (a process that dies
+    right after starting is restarted at once instead of going to BACKOFF and, after
+    ``startretries``, FATAL) and a large ``startretries``. supervisord's main loop polls
+    once a second, so SIGKILL to serving again takes ~1-2.5 s; a second replica covers
+    that gap."""
     sd = state_dir
     lines = [
         "; written by canarystack.cluster — regenerated on every `stack up`",

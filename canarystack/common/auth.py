@@ -1,19 +1,8 @@
-"""Credentials: where they come from and how a request proves it has one.
+"""Credentials: where they come from and how a request proves it has one (least
+privilege, docs/ARCHITECTURE.md §8: one credential per capability).
 
-Least privilege (docs/ARCHITECTURE.md §8): each capability has its own credential
-(operator, trip, rollback, heartbeat, samples, faults-<role>). A component's
-``--admin-token-file`` is its own *fault* credential (``/admin/faults`` only); the other
-credentials come from their own flags (``--broker-token-file``, ``--gate-token-file``,
-``--samples-token-file``, ``--operator-token-file``, the broker's ``--credentials-dir``)
-and fall back to the admin token when not given (single-credential mode, for tests).
-
-A component reads the token from ``--admin-token-file`` if given, else from the
-environment variable ``CANARYSTACK_ADMIN_TOKEN``. With neither, the admin API answers
-401 with a message that says how to start the component with a token; reads stay open.
-Requests send ``Authorization: Bearer <token>``. A header that is not printable ASCII
-(bytes that do not decode, control characters) or that is sent twice is refused with 401
-before any comparison; a token itself must be printable ASCII, or the process refuses to
-start.
+This module must never compare a token it has not checked is printable ASCII, nor let a
+process start with a token that is not.
 """
 
 from __future__ import annotations
@@ -51,6 +40,12 @@ def _checked(token: str, source: str) -> str:
 
 
 def load_admin_token(token_file: str | None, environ: dict[str, str] | None = None) -> str | None:
+    """The component's own *fault* credential (``/admin/faults`` only): from
+    ``--admin-token-file`` if given, else ``CANARYSTACK_ADMIN_TOKEN``, else None (the admin
+    API then answers 401 saying how to start with a token; reads stay open). The other
+    credentials come from their own flags (``--broker-token-file``, ``--gate-token-file``,
+    ``--samples-token-file``, ``--operator-token-file``, the broker's ``--credentials-dir``)
+    and fall back to this one when not given (single-credential mode, for tests)."""
     env = os.environ if environ is None else environ
     if token_file:
         path = Path(token_file)
@@ -139,7 +134,9 @@ def presented_token(
     where: str = "its credential file",
     missing: str | None = None,
 ) -> str:
-    """The bearer token a request carries, or 401 naming what is wrong with the header
+    """The bearer token a request carries (``Authorization: Bearer <token>``), or 401
+    naming what is wrong with the header: sent twice, or not printable ASCII (bytes that
+    do not decode, control characters) are refused before any comparison
     (``where`` says where the caller finds the token, ``missing`` replaces the message for
     a header without one)."""
     headers = request.headers.getall("Authorization", [])

@@ -1,13 +1,7 @@
 """Command-line options every component shares, and serving an app.
 
-``base_parser(component)`` has ``--host``, ``--port`` (0 picks a free port),
-``--admin-token-file``, ``--max-fault-ttl-s``, ``--log-level``, ``--reuse-port`` and
-``--ready-file`` (written as ``{"port": P, "pid": N}`` once the socket listens, so a test
-or supervisor can start a component on port 0 and learn its port without races).
-
-Flags are checked when parsed: ``--max-fault-ttl-s`` must be a finite number of seconds
-> 0 (``inf`` would make a fault permanent), ``--port`` a port number; argparse's message
-names the flag.
+This module must never accept a flag value a component cannot honour: argparse's
+message names the flag.
 """
 
 from __future__ import annotations
@@ -76,6 +70,11 @@ def port_number(text: str) -> int:
 
 
 def base_parser(component: str, description: str) -> argparse.ArgumentParser:
+    """A parser with ``--host``, ``--port`` (0 picks a free port), ``--admin-token-file``,
+    ``--max-fault-ttl-s`` (finite seconds > 0: ``inf`` would make a fault permanent),
+    ``--log-level``, ``--reuse-port`` and ``--ready-file`` (written as ``{"port": P,
+    "pid": N}`` once the socket listens, so a test or supervisor can start a component on
+    port 0 and learn its port without races)."""
     p = argparse.ArgumentParser(prog=f"python -m canarystack.{component}", description=description)
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument(

@@ -1,14 +1,7 @@
 """Traffic colouring: the request id, the W3C trace context and the traffic tag of a request.
 
-Every hop (router, model server, shadow copy, Redis call, gate sample, broker trip
-evidence) must carry the three values it was given, so that a request can be followed end
-to end: ``x-request-id`` (made up at the first hop when absent), ``traceparent`` (W3C
-trace context; the trace id is kept, each hop is a new span) and ``x-traffic-tag`` (a
-client's label, e.g. ``gameday`` or ``shadow``; never invented, never changed).
-
-This module must never do I/O: it parses and renders headers. The aiohttp middleware that
-puts a ``Colour`` on each request and the OpenTelemetry spans live beside it
-(``canarystack/common/app.py``).
+This module must never do I/O: it parses and renders headers (the middleware and the
+spans are ``canarystack.common.colour_http`` and ``canarystack.common.otel``).
 """
 
 from __future__ import annotations
@@ -35,6 +28,12 @@ _TOKEN = re.compile(r"^[A-Za-z0-9._:/=+-]{1,128}$")
 
 @dataclass(frozen=True)
 class Colour:
+    """What every hop (router, model server, shadow copy, Redis call, gate sample, broker
+    trip evidence) must carry on, so a request can be followed end to end:
+    ``x-request-id`` (made up at the first hop when absent), ``traceparent`` (W3C trace
+    context; the trace id is kept, each hop is a new span) and ``x-traffic-tag`` (a
+    client's label, e.g. ``gameday`` or ``shadow``; never invented, never changed)."""
+
     request_id: str
     trace_id: str  # 32 lower-case hex digits
     span_id: str  # this hop's span (16 hex digits)

@@ -1,23 +1,8 @@
-"""JSON error responses in the OpenAI shape, for every component::
+"""JSON error responses in the OpenAI shape (``{"error": {"message", "type", "param",
+"code"}}``) for every component, and the one strict path for JSON bodies and answers.
 
-    {"error": {"message": "...", "type": "invalid_request_error", "param": "max_tokens",
-               "code": null}}
-
-Handlers raise ``ApiError`` (or a subclass); ``error_middleware`` turns it into a JSON
-response. Anything else that escapes a handler is logged and answered with a 500 in the
-same shape; a client's input must never get there (validate first, answer 4xx).
-
-Bodies and answers that cross the wire go through one strict path:
-
-- ``read_json_object(request, max_bytes=...)`` refuses a body over the limit with 413
-  before reading it (``Content-Length``) or as soon as the bytes read pass it, parses with
-  ``canarystack.common.strictjson.loads`` (no NaN/Infinity, bounded integers and nesting,
-  valid UTF-8) and answers 400 naming the problem; a body above
-  ``PARSE_IN_THREAD_BYTES``, or with many items, is parsed in a worker thread so it
-  never stalls the loop (``bench/event_loop_stall.py`` measures what is left).
-- ``json_response(data)`` writes with ``strictjson.dumps``: no ``NaN`` ever leaves a
-  component. A non-finite value in an answer is a bug: it is logged (with where it sits)
-  and that one answer is a 500; the process keeps serving.
+This module must never let a client's input reach a 500 (validate first, answer 4xx),
+nor let ``NaN`` leave a component.
 """
 
 from __future__ import annotations
@@ -274,7 +259,10 @@ async def read_json_object(
     unique_keys: bool = False,
     what: str = "Request body",
 ) -> JsonObject:
-    """The request body as a JSON object, or a 4xx saying why it is not one.
+    """The request body as a JSON object, or a 4xx saying why it is not one. Parsed with
+    ``strictjson.loads`` (no NaN/Infinity, bounded integers and nesting, valid UTF-8); a
+    body above ``PARSE_IN_THREAD_BYTES``, or with many items, in a worker thread so it
+    never stalls the loop (``bench/event_loop_stall.py`` measures what is left).
 
     413 above ``max_bytes`` (default: the app's ``client_max_size``), 400 for an empty
     body, anything ``strictjson.loads`` refuses, or a value that is not an object; with
@@ -326,6 +314,8 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 @web.middleware
 async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """A raised ``ApiError`` becomes its JSON answer; anything else that escapes a handler
+    is logged and answered 500 in the same shape."""
     try:
         return await handler(request)
     except ApiError as err:

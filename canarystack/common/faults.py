@@ -1,22 +1,5 @@
-"""Faults with a time-to-live, enforced by the component that holds them.
-
-Every component exposes the same admin API over one ``FaultRegistry``:
-
-- ``GET /admin/faults``            -> ``{"faults": [fault, ...]}`` (with ``remaining_s``)
-- ``POST /admin/faults``  body ``{"kind": K, "ttl_s": S, ...params}`` -> 201 ``{"id": ...}``
-- ``DELETE /admin/faults/{id}``    -> ``{"cleared": [fault]}`` (404 if unknown or expired)
-- ``DELETE /admin/faults``         -> ``{"cleared": [fault, ...]}`` (all)
-
-The TTL is a dead-man switch: expiry is decided by this process's monotonic clock on
-every lookup, so a fault stops acting when its time is up even if the harness that
-injected it has died. ``ttl_s`` is required, finite and capped (``max_ttl_s``, itself
-finite and > 0: an infinite cap would make a fault permanent). Faults live in memory
-only: a restarted process comes back clean.
-
-A fault's parameters can never set its ``kind`` or ``ttl_s``: a body whose ``params``
-object names either is refused (400 naming the field), the admin route refuses a body
-that repeats a key, and a kind whose parameter model declares one of those names is a
-programming error at start.
+"""Faults with a time-to-live, enforced by the component that holds them (served at
+``/admin/faults`` by ``canarystack.common.app``).
 
 This module must never sleep, do I/O, or hold a fault past its TTL.
 """
@@ -111,7 +94,17 @@ class Fault:
 
 
 class FaultRegistry:
-    """The faults active in one process.
+    """The faults active in one process, behind every component's admin API:
+    ``GET /admin/faults`` -> ``{"faults": [fault, ...]}`` (with ``remaining_s``),
+    ``POST`` ``{"kind": K, "ttl_s": S, ...params}`` -> 201 ``{"id": ...}``,
+    ``DELETE /admin/faults/{id}`` -> ``{"cleared": [fault]}`` (404 if unknown or expired),
+    ``DELETE /admin/faults`` -> ``{"cleared": [fault, ...]}``.
+
+    The TTL is a dead-man switch: expiry is decided by this process's monotonic clock on
+    every lookup, so a fault stops acting when its time is up even if the harness that
+    injected it has died. ``ttl_s`` is required, finite and capped (``max_ttl_s``, itself
+    finite and > 0: an infinite cap would make a fault permanent). Faults live in memory
+    only: a restarted process comes back clean.
 
     ``kinds`` maps a kind name to its parameter model (a ``FaultParams`` subclass).
     ``clock`` is monotonic time and ``wall`` epoch time; both are parameters so tests
@@ -215,6 +208,10 @@ class FaultRegistry:
 
     # -- operations ---------------------------------------------------------------
     def inject(self, body: Mapping[str, Any], actor: str = "admin") -> Fault:
+        """A new fault from an admin body. Its parameters can never set its ``kind`` or
+        ``ttl_s``: a body whose ``params`` names either is refused (400 naming the field);
+        the admin route also refuses a body that repeats a key, and a kind whose parameter
+        model declares one of those names is a programming error at start."""
         kind, ttl, params = self._parse(body)
         now = self._clock()
         fault = Fault(

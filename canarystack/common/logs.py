@@ -1,12 +1,8 @@
 """JSON-lines logging on stderr: one object per line, with ``ts``, ``level``,
-``component``, ``event`` and any extra fields.
+``component``, ``event`` and any extra fields (``get_logger(component).info("event",
+key=value)``).
 
-Use ``get_logger(component)`` and call ``log.info("event_name", key=value, ...)``.
-
-Every line is strict JSON, whatever the fields hold: a non-finite float is written as
-its name in a string (``"nan"``, ``"inf"``) and text that is not valid Unicode (an
-undecodable header arrives with lone surrogates) has those characters backslash-escaped,
-so a strict reader (``canarystack.common.strictjson``) can read every line.
+This module must never write a line a strict JSON reader cannot read.
 """
 
 from __future__ import annotations
@@ -59,7 +55,10 @@ def _clean(value: Any, depth: int = 0) -> Any:
 
 
 class JsonLogger:
-    """A thin wrapper that turns keyword arguments into JSON fields."""
+    """A thin wrapper that turns keyword arguments into JSON fields. Every line is strict
+    JSON whatever the fields hold: a non-finite float is written as its name in a string
+    (``"nan"``, ``"inf"``) and text that is not valid Unicode (an undecodable header
+    arrives with lone surrogates) has those characters backslash-escaped."""
 
     def __init__(self, component: str, logger: logging.Logger) -> None:
         self.component = component

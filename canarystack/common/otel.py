@@ -1,18 +1,7 @@
 """OpenTelemetry tracing: one tracer provider per process, exported over OTLP/HTTP when asked.
 
-``setup(service)`` (called by ``create_app``; idempotent) installs the SDK's tracer
-provider with ``service.name`` = the component's role. Spans are always made (the
-middleware of ``canarystack.common.app`` opens one server span per request, so trace and
-span ids are real W3C ids that tie the hops together); they leave the process only when
-``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` (a full URL) or ``OTEL_EXPORTER_OTLP_ENDPOINT`` (a
-base URL; ``/v1/traces`` is added) is set, and only to a loopback address (127.0.0.1 or
-[::1]): anything else refuses the start with a message naming the variable.
-
-Export runs in the SDK's batch processor thread with a bounded queue
-(``OTEL_BSP_MAX_QUEUE_SIZE``, default 2048: spans past it are dropped and counted, never
-held) and a short export timeout, so a slow or dead collector never slows a request.
-``client_span(colour, name)`` opens a client span for an outgoing call and gives the
-colour whose ``traceparent`` names it.
+This module must never export anywhere but a loopback address, nor let a slow or dead
+collector slow a request.
 """
 
 from __future__ import annotations
@@ -93,7 +82,16 @@ def setup(
     environ: Mapping[str, str] | None = None,
     exporter: SpanExporter | None = None,
 ) -> TracerProvider:
-    """The process's tracer provider, made on the first call (later calls return it).
+    """The process's tracer provider, made on the first call (later calls return it;
+    ``create_app`` calls it), with ``service.name`` = the component's role. Spans are
+    always made (the colour middleware opens one server span per request, so trace and
+    span ids are real W3C ids that tie the hops together); they leave the process only
+    when ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` (a full URL) or
+    ``OTEL_EXPORTER_OTLP_ENDPOINT`` (a base URL; ``/v1/traces`` is added) is set, and only
+    to 127.0.0.1 or [::1] (anything else refuses the start naming the variable). Export
+    runs in the SDK's batch processor thread with a bounded queue
+    (``OTEL_BSP_MAX_QUEUE_SIZE``, default 2048: spans past it are dropped and counted,
+    never held) and a short export timeout.
 
     ``exporter`` (tests: an in-memory one) replaces the OTLP exporter the environment asks
     for."""

@@ -1,15 +1,6 @@
 """Strict JSON in and out: what every component uses for bytes that crossed the wire.
 
-Python's ``json`` accepts ``NaN``, ``Infinity`` and ``-Infinity``, integers of any length
-(a 5000-digit integer raises ``ValueError`` only past ``sys.get_int_max_str_digits``) and
-nesting until ``RecursionError``; and ``json.dumps`` writes ``NaN`` back out. A value that
-is not finite must never enter a statistic, a store or an answer silently.
-
-- ``loads`` refuses the non-finite constants, integers longer than ``MAX_INT_DIGITS``,
-  nesting deeper than ``MAX_DEPTH`` and invalid UTF-8 (lone surrogates included), always
-  with ``StrictJsonError`` (a ``ValueError``) saying what was wrong;
-- ``dumps`` refuses non-finite floats (``allow_nan=False``) and writes compact JSON.
-
+A value that is not finite must never enter a statistic, a store or an answer silently.
 This module must never do I/O.
 """
 
@@ -100,7 +91,13 @@ def _check_tree(obj: Any, max_depth: int, check_strings: bool) -> None:
 
 
 def loads(data: bytes | str, *, max_depth: int = MAX_DEPTH) -> Any:
-    """Parse strict JSON; ``StrictJsonError`` (a ``ValueError``) says what was wrong."""
+    """Parse strict JSON; ``StrictJsonError`` (a ``ValueError``) says what was wrong.
+
+    Python's ``json`` accepts ``NaN``, ``Infinity`` and ``-Infinity``, integers of any
+    length (a 5000-digit one raises only past ``sys.get_int_max_str_digits``) and nesting
+    until ``RecursionError``; this refuses the non-finite constants, integers longer than
+    ``MAX_INT_DIGITS``, nesting deeper than ``max_depth`` and invalid UTF-8 (lone
+    surrogates included)."""
     if isinstance(data, bytes | bytearray | memoryview):
         try:
             text = bytes(data).decode("utf-8")
@@ -127,7 +124,8 @@ def loads(data: bytes | str, *, max_depth: int = MAX_DEPTH) -> Any:
 
 
 def dumps(obj: Any) -> str:
-    """Compact JSON; ``ValueError`` for a non-finite float rather than writing ``NaN``."""
+    """Compact JSON; ``ValueError`` for a non-finite float rather than writing ``NaN``
+    (``json.dumps`` would write it)."""
     return json.dumps(obj, separators=(",", ":"), allow_nan=False)
 
 

@@ -1,14 +1,7 @@
 """``python -m canarystack.gate --broker URL [--release NAME ...] [test parameters]``.
 
-Every threshold of the sequential tests is a flag with its default in ``--help``; an
-absurd tolerance (``--drift-kl-tolerance 50``) makes the drift test blind on purpose.
-
-This module must never start serving with a parameter the tests cannot honour: bad
-values end the process with a message naming the flag. Nor without its credentials: without
-the trip credential (``--broker-token-file``) the gate could not write a trip, without the
-samples credential (``--samples-token-file``) no router could send it a sample, so it
-refuses to start (exit 2) rather than look healthy. Both fall back to the admin token
-(single-credential mode); ``--admin-token-file`` itself is the gate's fault credential.
+This module must never start serving with a parameter the tests cannot honour (bad
+values end the process with a message naming the flag), nor without its credentials.
 """
 
 from __future__ import annotations
@@ -261,6 +254,13 @@ def config_from_args(args: argparse.Namespace) -> GateConfig:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
+    """Every threshold of the sequential tests is a flag with its default in ``--help``
+    (an absurd tolerance, ``--drift-kl-tolerance 50``, makes the drift test blind on
+    purpose). Without the trip credential (``--broker-token-file``) the gate could not
+    write a trip, without the samples credential (``--samples-token-file``) no router
+    could send it a sample, so it refuses to start (exit 2) rather than look healthy. Both
+    fall back to the admin token (single-credential mode); ``--admin-token-file`` itself
+    is the gate's fault credential."""
     parser = build_parser()
     args = parse(parser, argv)
     try:

@@ -1,12 +1,7 @@
-"""The model server's OpenAPI description (``GET /openapi.json``; docs/ARCHITECTURE.md §1).
+"""The model server's OpenAPI description (``GET /openapi.json``; docs/ARCHITECTURE.md §1),
+also used by the router, which proxies the same two operations (``describe_generation``).
 
-Request bodies are ``canarystack.model.schemas`` (the pydantic models that validate
-them), with the fields they check by hand (``prompt``, ``stop``, message ``content``)
-described as those validators accept them. Answers are the OpenAI/vLLM shapes of
-``canarystack.model.render``: JSON, or ``text/event-stream`` with ``stream: true``.
-
-The router proxies the same two operations, so it describes them with
-``describe_generation`` from here. This module must never change how a request is handled.
+This module must never change how a request is handled.
 """
 
 from __future__ import annotations
@@ -175,7 +170,11 @@ def describe_generation(
     extra_params: list[Param] | None = None,
     extra_responses: dict[int | str, JsonObject] | None = None,
 ) -> None:
-    """``POST /v1/completions`` and ``POST /v1/chat/completions``."""
+    """``POST /v1/completions`` and ``POST /v1/chat/completions``. Request bodies are
+    ``canarystack.model.schemas`` (the pydantic models that validate them), with the
+    fields they check by hand (``prompt``, ``stop``, message ``content``) described as
+    those validators accept them. Answers are the OpenAI/vLLM shapes of
+    ``canarystack.model.render``: JSON, or ``text/event-stream`` with ``stream: true``."""
     from canarystack.model.schemas import (
         MAX_STOP_SEQUENCES,
         ChatCompletionRequest,

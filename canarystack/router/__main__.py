@@ -1,17 +1,7 @@
 """``python -m canarystack.router``: parse flags, build the app, serve it.
 
-The app listens on the public ``--port`` (shared by replicas with ``--reuse-port``) and,
-with ``--instance-port``, on a second port unique to this replica, so a harness can reach
-this replica's ``/admin/faults``, ``/health`` and ``/metrics``. The ready file holds
-``{"port", "pid", "instance_port"}`` once both listen.
-
-Misconfiguration fails loud, before the router listens (exit code 2, a message naming the
-flags): ``--gate`` or ``--broker`` without an admin token (its samples and heartbeats
-would be refused and the gate blind), and a ``--watch-timeout-s`` above the broker's
-``--max-watch-s`` (read from the broker's ``/health``; every watch would be refused and
-no trip ever applied). A broker that does not answer at start skips that check (logged).
-
-This module must never do work at import time.
+This module must never do work at import time, nor start listening misconfigured
+(exit code 2, a message naming the flags).
 """
 
 from __future__ import annotations
@@ -299,6 +289,10 @@ async def _serve(
 async def _run(
     app: web.Application, args: argparse.Namespace, settings: RouterSettings, log: logs.JsonLogger
 ) -> None:
+    """Listen on the public ``--port`` (shared by replicas with ``--reuse-port``) and, with
+    ``--instance-port``, on a second port unique to this replica, so a harness can reach
+    this replica's ``/admin/faults``, ``/health`` and ``/metrics``. The ready file holds
+    ``{"port", "pid", "instance_port"}`` once both listen."""
     runner = web.AppRunner(app, access_log=None, handle_signals=False)
     await runner.setup()
     public = web.TCPSite(
@@ -327,6 +321,10 @@ async def _run(
 
 
 def main(argv: Sequence[str] | None = None) -> None:
+    """Misconfiguration fails loud, before the router listens: ``--gate`` or ``--broker``
+    without a credential (its samples and heartbeats would be refused and the gate blind,
+    ``check_token``), and a ``--watch-timeout-s`` above the broker's ``--max-watch-s``
+    (``check_watch_timeout``; a broker that does not answer at start skips that check)."""
     args = parse(build_parser(), argv)
     settings = settings_from_args(args)
     token = load_admin_token(args.admin_token_file)
