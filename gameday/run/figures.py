@@ -8,9 +8,9 @@ from __future__ import annotations
 import time
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
-from canary_contract.json import JsonObject
+from canary_contract.json import JsonObject, JsonValue
 from gameday.run.collect import read_json
 from gameday.run.evidence import (
     GATE_EVIDENCE_NAME,
@@ -66,7 +66,17 @@ def evidence_figures(folder: Path) -> JsonObject:
     }
 
 
-def evidence_brief(evidence: JsonObject) -> JsonObject:
+class EvidenceBrief(TypedDict):
+    """The evidence's headline numbers in ``result.json``, as the gate and Locust wrote
+    them (None where not read)."""
+
+    gate_comparisons: JsonValue
+    gate_canary_outcomes: JsonValue
+    load_rps: JsonValue
+    load_cpu: JsonValue
+
+
+def evidence_brief(evidence: JsonObject) -> EvidenceBrief:
     """The evidence's headline numbers for the terminal (gameday.run.cli FIGURES)."""
     gate = evidence.get("gate") or {}
     load = evidence.get("load") or {}
