@@ -52,6 +52,19 @@ class FaultEntry:
                 f"{', '.join(a.value for a in FaultAction)}"
             ) from None
 
+    def cleared(self, detail: JsonObject) -> FaultEntry:
+        """The ledger's record that this injection was cleared now, with ``detail``."""
+        return FaultEntry(
+            action=FaultAction.CLEAR,
+            time=time.time(),
+            component=self.component,
+            replica=self.replica,
+            url=self.url,
+            kind=self.kind,
+            fault_id=self.fault_id,
+            detail=detail,
+        )
+
 
 class FaultLedger:
     """What this run injected: an append-only JSON-lines file, safe across processes."""
@@ -262,16 +275,7 @@ def clear_injected(
         if resp.status_code not in (200, 404):
             errors.append(f"{e.replica}: HTTP {resp.status_code}: {_error_text(resp)}")
             continue
-        entry = FaultEntry(
-            action=FaultAction.CLEAR,
-            time=time.time(),
-            component=e.component,
-            replica=e.replica,
-            url=e.url,
-            kind=e.kind,
-            fault_id=e.fault_id,
-            detail={"already_gone": resp.status_code == 404},
-        )
+        entry = e.cleared({"already_gone": resp.status_code == 404})
         ledger.append(entry)
         cleared.append(entry)
     if cleared:
