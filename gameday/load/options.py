@@ -1,6 +1,5 @@
 """Command-line options of the load users, added to Locust's own parser.
 
-Over 400 lines because it is one table: every load option, its default, check and field.
 No work at import time; this module does not import Locust.
 """
 
@@ -32,6 +31,15 @@ _SYNTHETIC_FLAGS: tuple[tuple[str, type, str], ...] = (
     ("min_tokens", int, "shortest prompt"),
     ("max_tokens", int, "longest prompt"),
     ("output_median_tokens", float, "median max_tokens"),
+)
+
+# The output options (a string each, "" when not given): (flag, what it means).
+_OUTPUT_FLAGS: tuple[tuple[str, str], ...] = (
+    ("--records-out", "write per-request records (Parquet) here"),
+    ("--oracle-out", "oracle records (default: oracle.parquet beside --records-out)"),
+    ("--summary-out", "write a JSON summary (requests sent, records, late starts)"),
+    ("--run-id", "run id stored in every record (default: made up)"),
+    ("--ready-file", "written once the test starts (used by gameday.load.runner)"),
 )
 
 
@@ -177,27 +185,9 @@ def add_arguments(parser: Any) -> None:
         help="ramp: seconds to reach -u users (default: the run time)",
         **hidden,
     )
-    # outputs
-    a("--records-out", default="", help="write per-request records (Parquet) here", **hidden)
-    a(
-        "--oracle-out",
-        default="",
-        help="oracle records (default: oracle.parquet beside --records-out)",
-        **hidden,
-    )
-    a(
-        "--summary-out",
-        default="",
-        help="write a JSON summary (requests sent, records, late starts)",
-        **hidden,
-    )
-    a("--run-id", default="", help="run id stored in every record (default: made up)", **hidden)
-    a(
-        "--ready-file",
-        default="",
-        help="written once the test starts (used by gameday.load.runner)",
-        **hidden,
-    )
+    # outputs: paths and names, empty when not given
+    for flag, what in _OUTPUT_FLAGS:
+        a(flag, default="", help=what, **hidden)
     # oracle
     a(
         "--oracle",
