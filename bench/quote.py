@@ -227,7 +227,11 @@ def r_gate_false_alarms(doc: JsonObject) -> list[str]:
 
 def _interval(v: Any) -> str:
     lo, hi = v if isinstance(v, list) and len(v) == 2 else (None, None)
-    return f"[{_f(lo) if lo is not None else '-inf'}, {_f(hi) if hi is not None else 'unbounded'}]"
+    if lo is None and hi is None:
+        return "(too few runs for an interval)"
+    low = _f(lo) if lo is not None else "unbounded"
+    high = _f(hi) if hi is not None else "unbounded"
+    return f"[{low}, {high}]"
 
 
 def _times(s: JsonObject | None) -> str:
