@@ -10,6 +10,7 @@ docs/ARCHITECTURE.md §2.
 - ``canarystack.broker.schemas``  the request bodies (pydantic) and their limits
 - ``canarystack.broker.service``  ``Broker``: in-memory releases, the database thread, watches
 - ``canarystack.broker.store``   SQLite: transactions, compare-and-set, events
+- ``canarystack.broker.changes``  a PATCH's plan under the phase rules, an event's diff
 - ``canarystack.broker.errors``  the domain errors the store raises (``Missing``, ...)
 - ``canarystack.broker.phases``  the phase transition table
 - ``canarystack.broker.client``  ``BrokerClient``, the async client other components use

@@ -23,6 +23,7 @@ from canary_contract.json import JsonObject
 from canarystack.broker import capabilities
 from canarystack.broker.api_spec import install as install_api_spec
 from canarystack.broker.capabilities import Credentials
+from canarystack.broker.changes import ReleasePatch
 from canarystack.broker.digest import manifest_digest
 from canarystack.broker.errors import BrokerDomainError, Conflicting, Missing, Refused
 from canarystack.broker.keys import BROKER, MAX_EVENTS_PER_PAGE
@@ -40,7 +41,6 @@ from canarystack.broker.schemas import (
     TripEvidence,
 )
 from canarystack.broker.service import Broker
-from canarystack.broker.store import ReleasePatch
 from canarystack.broker.wire import (
     BROKER_MAX_BODY_BYTES,
     header_text,

@@ -1,6 +1,7 @@
 """The broker's durable state: one SQLite file (``DIR/broker.sqlite``) in WAL mode. Over 400
 lines because every write (version, release, patch, quarantine, annotation) is one
-transaction with the same compare-and-set and event append, read in one place.
+transaction with the same compare-and-set and event append, read in one place; what a
+PATCH leads to (pure) is ``changes``.
 
 This module must never acknowledge a write before COMMIT, update or delete an event,
 change a phase except through ``phases.check_transition``, or know anything of HTTP.
@@ -12,12 +13,12 @@ import contextlib
 import json
 import sqlite3
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any
 
-from canary_contract.json import JsonObject, JsonValue
-from canarystack.broker import phases
+from canary_contract.json import JsonObject
+from canarystack.broker.changes import ReleasePatch as ReleasePatch  # tests import it here
+from canarystack.broker.changes import diff, number, plan
 from canarystack.broker.errors import Conflicting, Missing, Refused
 from canarystack.broker.phases import Phase
 from canarystack.common import strictjson
@@ -79,57 +80,6 @@ LEFT JOIN versions cv ON cv.version = r.canary_version
 
 class StateDirError(Exception):
     """The state folder or its database cannot be used (the message says why and what to do)."""
-
-
-@dataclass(frozen=True)
-class ReleasePatch:
-    """One PATCH, already schema-validated. ``canary_set`` tells an explicit null apart."""
-
-    expected_revision: int
-    canary_weight: float | None = None
-    phase: Phase | None = None
-    canary_set: bool = False
-    canary: str | None = None
-    trip: JsonObject | None = None
-
-
-def _number(x: float) -> float | int:
-    """Weights read back as ints when whole (5, not 5.0), as clients wrote them."""
-    return int(x) if float(x).is_integer() else x
-
-
-class FieldChange(TypedDict):
-    """One field of an event's ``change``: its value before and after."""
-
-    old: JsonValue
-    new: JsonValue
-
-
-def _flat(release: JsonObject | None) -> JsonObject:
-    """The fields an event's ``change`` compares, flattened (``weights.canary``)."""
-    if release is None:
-        return {}
-    canary = release["canary"] or {}
-    return {
-        "phase": release["phase"],
-        "stable.version": release["stable"]["version"],
-        "stable.digest": release["stable"]["digest"],
-        "canary.version": canary.get("version"),
-        "canary.digest": canary.get("digest"),
-        "canary.quarantined": canary.get("quarantined"),
-        "weights.canary": release["weights"]["canary"],
-        "trip": release["trip"],
-    }
-
-
-def diff(old: JsonObject | None, new: JsonObject) -> dict[str, FieldChange]:
-    """``{field: {"old": a, "new": b}}`` for every field that differs."""
-    before, after = _flat(old), _flat(new)
-    return {
-        key: FieldChange(old=before.get(key), new=value)
-        for key, value in after.items()
-        if before.get(key) != value
-    }
 
 
 def _dumps_change(change: JsonObject) -> str:
@@ -331,7 +281,7 @@ class Store:
             "revision": row["revision"],
             "stable": {"version": row["stable_version"], "digest": row["stable_digest"]},
             "canary": canary,
-            "weights": {"canary": _number(row["weight_canary"])},
+            "weights": {"canary": number(row["weight_canary"])},
             "trip": None if row["trip"] is None else json.loads(row["trip"]),
             "created_at": row["created_at"],
             "updated_at": row["updated_at"],
@@ -440,7 +390,12 @@ class Store:
             if authorize is not None:
                 current = Phase(old["phase"])
                 authorize(current, patch.phase or current)
-            new = self._plan(db, old, patch)
+            new = plan(
+                old,
+                patch,
+                check_canary=lambda v: self._usable_version(db, v, "canary", as_canary=True),
+                canary_ref=lambda v: self._canary_ref(db, v),
+            )
             change = diff(old, new)
             if not change:
                 return old, False
@@ -450,75 +405,14 @@ class Store:
             self._append(db, name, now, revision, actor, change, reason)
             return release, True
 
-    def _plan(self, db: sqlite3.Connection, old: JsonObject, patch: ReleasePatch) -> JsonObject:
-        """The release after ``patch``, or a domain error saying why it is refused."""
-        current = Phase(old["phase"])
-        target = patch.phase or current
-        old_canary = old["canary"]["version"] if old["canary"] else None
-        canary_after = patch.canary if patch.canary_set else old_canary
-        canary_changed = canary_after != old_canary
-        if canary_changed and canary_after is not None:
-            self._usable_version(db, canary_after, "canary", as_canary=True)
-        try:
-            phases.check_transition(
-                current,
-                target,
-                new_canary=canary_changed and canary_after is not None,
-                trip_given=patch.trip is not None,
-                has_canary=canary_after is not None,
-            )
-            if canary_changed:
-                phases.check_canary_change(current, target)
-            if patch.canary_weight is not None:
-                phases.check_weight(target, patch.canary_weight, current)
-        except phases.IllegalTransition as exc:
-            raise Conflicting(
-                exc.message,
-                param="phase",
-                code="illegal_transition",
-                extra={"current_phase": exc.current.value, "allowed": exc.allowed},
-            ) from None
-
-        weight = old["weights"]["canary"] if patch.canary_weight is None else patch.canary_weight
-        trip = old["trip"]
-        stable = dict(old["stable"])
-        if (current, target) in phases.NEEDS_NEW_CANARY:
-            # A fresh start: the old evidence belongs to the old canary, and traffic
-            # starts at the weight this change gives (0 unless it says otherwise).
-            trip = None
-            weight = patch.canary_weight or 0
-        if target in phases.NEEDS_TRIP and patch.trip is not None:
-            trip = patch.trip
-        if target == Phase.PROMOTED and current != Phase.PROMOTED:
-            # Promotion: the canary becomes the stable version; nothing is left to split.
-            assert old["canary"] is not None  # check_transition needs has_canary
-            stable = {"version": old["canary"]["version"], "digest": old["canary"]["digest"]}
-            canary_after = None
-            weight = 0
-        if canary_after is None and weight > 0:
-            raise Refused(
-                f"weights.canary would be {weight:g} but the release would have no canary: "
-                "give a canary version or set the weight to 0.",
-                param="weights.canary",
-                code="no_canary",
-            )
-        canary: JsonObject | None = None
-        if canary_after is not None:
-            row = db.execute(
-                "SELECT digest, quarantined FROM versions WHERE version = ?", (canary_after,)
-            ).fetchone()
-            canary = {
-                "version": canary_after,
-                "digest": row["digest"],
-                "quarantined": bool(row["quarantined"]),
-            }
+    def _canary_ref(self, db: sqlite3.Connection, version: str) -> JsonObject:
+        row = db.execute(
+            "SELECT digest, quarantined FROM versions WHERE version = ?", (version,)
+        ).fetchone()
         return {
-            **old,
-            "phase": target.value,
-            "stable": stable,
-            "canary": canary,
-            "weights": {"canary": _number(weight)},
-            "trip": trip,
+            "version": version,
+            "digest": row["digest"],
+            "quarantined": bool(row["quarantined"]),
         }
 
     def _bump(
