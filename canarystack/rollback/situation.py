@@ -58,25 +58,27 @@ def fit_change(change: JsonObject, limit: int = BROKER_MAX_CHANGE_BYTES) -> Json
 
 
 class Observed(enum.Enum):
-    """Where a rollback stands, as read from the broker, and the step run from there::
+    """Where a rollback stands, as read from the broker.
 
-    observed (from the broker)                      step run               next
-    ----------------------------------------------  ---------------------  ---------------
-    NEEDS_ROLLBACK  tripped, or progressing + a     1 weights_zero: CAS    WAITING_ROUTERS
-                    manual request                    weights.canary=0,
-                                                      phase=rolling_back
-    WAITING_ROUTERS rolling_back, no routers_applied 2 routers_applied:   ROUTERS_APPLIED
-                    annotation since it began         wait until every live
-                                                      router reports
-                                                      applied_revision >= R,
-                                                      then annotate
-    ROUTERS_APPLIED rolling_back, annotated          3 quarantine: mark    DONE
-                                                      the canary version
-                                                      quarantined (if not
-                                                      yet), CAS phase=
-                                                      rolled_back
-    DONE            rolled_back                      -                      -
-    IDLE            anything else                    -                      -
+    The step ``TRANSITIONS`` runs from each observed state::
+
+        observed (from the broker)                      step run               next
+        ----------------------------------------------  ---------------------  ---------------
+        NEEDS_ROLLBACK  tripped, or progressing + a     1 weights_zero: CAS    WAITING_ROUTERS
+                        manual request                    weights.canary=0,
+                                                          phase=rolling_back
+        WAITING_ROUTERS rolling_back, no routers_applied 2 routers_applied:   ROUTERS_APPLIED
+                        annotation since it began         wait until every live
+                                                          router reports
+                                                          applied_revision >= R,
+                                                          then annotate
+        ROUTERS_APPLIED rolling_back, annotated          3 quarantine: mark    DONE
+                                                          the canary version
+                                                          quarantined (if not
+                                                          yet), CAS phase=
+                                                          rolled_back
+        DONE            rolled_back                      -                      -
+        IDLE            anything else                    -                      -
     """
 
     IDLE = "idle"
