@@ -5,17 +5,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.procs import ADMIN_TOKEN, Spawner
+from tests.procs import ADMIN_TOKEN, Spawner, stopping
 
 
 @pytest.fixture
 def spawn(tmp_path: Path) -> Iterator[Spawner]:
     """Start component processes (``spawn("canarystack.model", ...)``); all stopped by PID."""
-    spawner = Spawner(tmp_path)
-    try:
+    with stopping(Spawner(tmp_path)) as spawner:
         yield spawner
-    finally:
-        spawner.stop_all()
 
 
 @pytest.fixture

@@ -35,7 +35,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -408,6 +408,17 @@ def client_env(api: FakeApi, missing_kubeconfig: Path) -> dict[str, str | None]:
     env["KUBECONFIG"] = str(missing_kubeconfig)
     env["KUBERNETES_HOST"] = api.url
     return env
+
+
+def serve_fake(api: FakeApi, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeApi]:
+    """For a fixture (``yield from``): ``api`` started, this process's Kubernetes client
+    pointed at it (``point_client_at``), stopped after."""
+    api.start()
+    try:
+        point_client_at(api, tmp_path / "no-kubeconfig", monkeypatch)
+        yield api
+    finally:
+        api.stop()
 
 
 def point_client_at(

@@ -12,13 +12,14 @@ import json
 import math
 import time
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
+import pytest
 import requests
 
-from tests.procs import ADMIN_TOKEN, Proc, Spawner, wait_for
+from tests.procs import ADMIN_TOKEN, Proc, Spawner, inject_fault, stopping, wait_for
 
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 # Fast capacity settings for tests that are not about latency.
@@ -94,9 +95,7 @@ def stream(
 
 
 def inject(proc: Proc, body: Mapping[str, Any]) -> dict[str, Any]:
-    resp = requests.post(proc.url + "/admin/faults", json=body, headers=ADMIN, timeout=10)
-    assert resp.status_code == 201, resp.text
-    return dict(resp.json())
+    return inject_fault(proc.url, body)
 
 
 def clear_faults(proc: Proc) -> None:
@@ -118,13 +117,27 @@ def kl_from_top(p: Mapping[str, float], q: Mapping[str, float]) -> float:
     return kl + rest_p * math.log(rest_p / rest_q)
 
 
-@contextmanager
-def module_spawner(tmp: Path) -> Iterator[Spawner]:
-    spawner = Spawner(tmp)
-    try:
-        yield spawner
-    finally:
-        spawner.stop_all()
+def module_spawner(tmp: Path) -> AbstractContextManager[Spawner]:
+    """A Spawner for a module-scoped fixture (``with module_spawner(tmp) as spawn``)."""
+    return stopping(Spawner(tmp))
+
+
+def fault_free_server_fixtures(folder: str) -> tuple[Any, Any]:
+    """A test module's ``module_server`` (one fast v2 model server for the module) and
+    ``server`` fixtures (that server, its faults cleared before and after each test)."""
+
+    @pytest.fixture(scope="module", name="module_server")
+    def module_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Proc]:
+        with module_spawner(tmp_path_factory.mktemp(folder)) as spawn:
+            yield spawn("canarystack.model", "--version", "v2", *FAST)
+
+    @pytest.fixture(name="server")
+    def server(module_server: Proc) -> Iterator[Proc]:
+        clear_faults(module_server)
+        yield module_server
+        clear_faults(module_server)
+
+    return module_server, server
 
 
 def request_done_lines(proc: Proc) -> list[dict[str, Any]]:

@@ -10,16 +10,11 @@ from typing import Any
 
 from chaoslib.exceptions import ActivityFailed
 
+from gameday.report.synthetic import slo_output
+
 
 def slo(check: str, measured: float, allowed: float, unit: str = "s") -> dict[str, Any]:
-    return {
-        "check": check,
-        "measured": measured,
-        "allowed": allowed,
-        "unit": unit,
-        "ok": measured <= allowed,
-        "detail": {"from": "tests.report_probes"},
-    }
+    return {**slo_output(check, measured, allowed, unit), "detail": {"from": "tests.report_probes"}}
 
 
 def slo_ok(value: dict[str, Any] | None = None) -> bool:

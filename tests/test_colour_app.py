@@ -16,7 +16,7 @@ import requests
 
 from canarystack.common import otel
 from tests.model_helpers import FAST, module_spawner, stream
-from tests.procs import ADMIN_TOKEN, Proc, Spawner, free_port, wait_for
+from tests.procs import ADMIN_TOKEN, Proc, Spawner, free_port, inject_fault, wait_for
 
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 TRACE = "0af7651916cd43dd8448eb211c80319c"
@@ -146,13 +146,7 @@ def test_the_hop_log_needs_the_admin_credential(model: Proc, headers: dict[str, 
 
 
 def test_drop_colour_makes_requests_untagged_until_it_ends(model: Proc) -> None:
-    fault = requests.post(
-        model.url + "/admin/faults",
-        json={"kind": "drop_colour", "ttl_s": 30},
-        headers=ADMIN,
-        timeout=10,
-    )
-    assert fault.status_code == 201, fault.text
+    fault = inject_fault(model.url, {"kind": "drop_colour", "ttl_s": 30})
     try:
         completion(
             model,
@@ -163,7 +157,7 @@ def test_drop_colour_makes_requests_untagged_until_it_ends(model: Proc) -> None:
         assert dropped["tag"] is None and dropped["trace_id"] == TRACE
     finally:
         cleared = requests.delete(
-            model.url + f"/admin/faults/{fault.json()['id']}", headers=ADMIN, timeout=10
+            model.url + f"/admin/faults/{fault['id']}", headers=ADMIN, timeout=10
         )
         assert cleared.status_code == 200
     completion(model, {"x-request-id": "kept-1", "x-traffic-tag": "gameday"})
@@ -348,13 +342,7 @@ def test_a_request_through_the_router_is_one_trace_across_components(
 
 
 def test_drop_colour_ends_by_itself_when_its_ttl_runs_out(model: Proc) -> None:
-    fault = requests.post(
-        model.url + "/admin/faults",
-        json={"kind": "drop_colour", "ttl_s": 0.5},
-        headers=ADMIN,
-        timeout=10,
-    )
-    assert fault.status_code == 201, fault.text
+    inject_fault(model.url, {"kind": "drop_colour", "ttl_s": 0.5})
     n = iter(range(10_000))
 
     def tag_kept() -> bool:
@@ -402,13 +390,7 @@ def test_a_request_in_flight_is_a_hop_without_a_status_until_it_is_answered(
 ) -> None:
     import threading
 
-    slow = requests.post(
-        model.url + "/admin/faults",
-        json={"kind": "latency", "ttl_s": 30, "ttft_ms": 3000},
-        headers=ADMIN,
-        timeout=10,
-    )
-    assert slow.status_code == 201, slow.text
+    slow = inject_fault(model.url, {"kind": "latency", "ttl_s": 30, "ttft_ms": 3000})
     answered: list[int] = []
     thread = threading.Thread(
         target=lambda: answered.append(
@@ -427,6 +409,6 @@ def test_a_request_in_flight_is_a_hop_without_a_status_until_it_is_answered(
         hop = wait_for(seen, timeout=10, what="the in-flight hop")
         assert isinstance(hop, dict) and hop["status"] is None and not answered
     finally:
-        requests.delete(f"{model.url}/admin/faults/{slow.json()['id']}", headers=ADMIN, timeout=10)
+        requests.delete(f"{model.url}/admin/faults/{slow['id']}", headers=ADMIN, timeout=10)
         thread.join(30)
     assert answered == [200] and hop_of(model, "in-flight-1")["status"] == 200

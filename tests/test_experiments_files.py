@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -85,6 +86,17 @@ def test_every_component_gets_every_fault_plus_the_control() -> None:
     assert set(BY_NAME) == expected
 
 
+def assert_all_valid(procs: Mapping[str, subprocess.Popen[bytes]]) -> None:
+    """Every ``chaos validate`` (by experiment name) exits 0 and says the experiment is
+    valid; the failures, with the end of their output, otherwise."""
+    failures = {}
+    for name, proc in procs.items():
+        out, _ = proc.communicate(timeout=180)
+        if proc.returncode != 0 or b"experiment syntax and semantic look valid" not in out:
+            failures[name] = out.decode(errors="replace")[-800:]
+    assert not failures, failures
+
+
 def test_chaos_validate_accepts_every_experiment(tmp_path: Path) -> None:
     # All at once (each `chaos validate` is a Python start-up); each checked on its own.
     procs = {
@@ -105,12 +117,7 @@ def test_chaos_validate_accepts_every_experiment(tmp_path: Path) -> None:
         )
         for name, path in BY_NAME.items()
     }
-    failures = {}
-    for name, proc in procs.items():
-        out, _ = proc.communicate(timeout=180)
-        if proc.returncode != 0 or b"experiment syntax and semantic look valid" not in out:
-            failures[name] = out.decode(errors="replace")[-800:]
-    assert not failures, failures
+    assert_all_valid(procs)
 
 
 @pytest.mark.parametrize("name", sorted(BY_NAME))

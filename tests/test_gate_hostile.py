@@ -23,9 +23,17 @@ from canarystack.broker.client import BrokerClient
 from canarystack.common.auth import ENV_VAR
 from canarystack.gate.server import SAMPLES_BODY_LIMIT, SERVICE, GateService, build_app
 from canarystack.gate.state import GateConfig, TripStatus
-from tests.broker_support import Api, start_broker
-from tests.procs import ADMIN_TOKEN, Proc, Spawner, wait_for
-from tests.test_gate_service import ADMIN, batch, comparison, gate_state, post, setup_stack
+from tests.broker_support import Api, broker_with_versions, start_broker
+from tests.procs import ADMIN_TOKEN, Proc, Spawner, wait_degraded, wait_for
+from tests.test_gate_service import (
+    ADMIN,
+    batch,
+    comparison,
+    gate_state,
+    post,
+    setup_stack,
+    wait_trip_landed,
+)
 
 
 def noise(kl: float) -> dict[str, Any]:
@@ -124,11 +132,7 @@ def test_a_refused_credential_never_loses_the_trip(spawn: Spawner, tmp_path: Pat
     # The gate holds a token the broker does not accept: today the 401 abandoned the
     # trip for good. Now it is retried and reported, and lands once the credential works.
     gate_token = "gate-token-the-broker-does-not-know"
-    broker = start_broker(spawn, tmp_path / "broker")
-    api = Api(broker.url)
-    for v in ("v1", "v2"):
-        api.register(v)
-    api.create("default", stable="v1", canary="v2", weight=5)
+    broker, api = broker_with_versions(spawn, tmp_path / "broker")
     # Degraded from the start (its credential check at the broker's /v1/whoami fails).
     gate = spawn(
         "canarystack.gate", "--broker", broker.url, admin_token=gate_token, wait_health=False
@@ -137,13 +141,7 @@ def test_a_refused_credential_never_loses_the_trip(spawn: Spawner, tmp_path: Pat
     headers = {"Authorization": f"Bearer {gate_token}"}
     r = post(gate, batch([comparison("4k+", 0.8) for _ in range(20)]), headers=headers)
     assert r.status_code == 200 and r.json()["state"] == "tripped", r.text
-
-    def degraded() -> dict[str, Any] | None:
-        status, body = health(gate)
-        return body if status == 503 else None
-
-    body = wait_for(degraded, what="the gate's health to say degraded")
-    assert isinstance(body, dict)
+    body = wait_degraded(gate, what="the gate's health to say degraded")
     assert body["status"] == "degraded"
     assert body["broker_auth"] == "unauthorized"
     assert "broker_auth_unauthorized" in body["degraded_reasons"]
@@ -164,14 +162,7 @@ def test_a_refused_credential_never_loses_the_trip(spawn: Spawner, tmp_path: Pat
         port=broker.port,
         admin_token=gate_token,
     )
-    release = wait_for(
-        lambda: (rel := api.release("default"))["phase"] == "tripped" and rel,
-        timeout=20,
-        what="the trip to land once the credential works",
-    )
-    assert isinstance(release, dict)
-    assert release["trip"]["bucket"] == "4k+"
-    wait_for(lambda: gate_state(gate)["trip_status"] == "written", what="written")
+    wait_trip_landed(api, gate, "4k+", what="the trip to land once the credential works")
     status, body = health(gate)
     assert status == 200 and body["broker_auth"] == "ok", body
 
@@ -240,11 +231,7 @@ async def _until(predicate: Callable[[], bool], timeout: float, what: str) -> No
 def test_the_watch_loop_survives_an_error_and_says_so_until_it_recovers(
     spawn: Spawner, tmp_path: Path
 ) -> None:
-    broker = start_broker(spawn, tmp_path / "broker")
-    api = Api(broker.url)
-    for v in ("v1", "v2"):
-        api.register(v)
-    api.create("default", stable="v1", canary="v2", weight=5)
+    broker, api = broker_with_versions(spawn, tmp_path / "broker")
 
     async def scenario() -> None:
         service = _service(broker.url)
@@ -307,11 +294,7 @@ def test_a_watch_loop_that_ends_anyway_makes_the_gate_degraded() -> None:
 
 
 def test_an_error_while_writing_a_trip_is_retried_not_lost(spawn: Spawner, tmp_path: Path) -> None:
-    broker = start_broker(spawn, tmp_path / "broker")
-    api = Api(broker.url)
-    for v in ("v1", "v2"):
-        api.register(v)
-    api.create("default", stable="v1", canary="v2", weight=5)
+    broker, api = broker_with_versions(spawn, tmp_path / "broker")
 
     async def scenario() -> None:
         service = _service(broker.url)

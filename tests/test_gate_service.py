@@ -17,7 +17,7 @@ import numpy as np
 import requests
 
 from tests.broker_support import Api, start_broker, trip_evidence
-from tests.procs import ADMIN_TOKEN, Proc, Spawner, wait_for
+from tests.procs import ADMIN_TOKEN, Proc, Spawner, inject_fault, post_fault, wait_for
 
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 
@@ -216,6 +216,19 @@ def test_never_trips_a_release_that_is_not_progressing_and_resets_on_a_new_canar
     assert api.release("default")["phase"] == "progressing"
 
 
+def wait_trip_landed(api: Api, gate: Proc, bucket: str, what: str) -> None:
+    """Until the broker's release is tripped (by ``bucket``) and the gate says its trip
+    is written."""
+    release = wait_for(
+        lambda: (rel := api.release("default"))["phase"] == "tripped" and rel,
+        timeout=20,
+        what=what,
+    )
+    assert isinstance(release, dict)
+    assert release["trip"]["bucket"] == bucket
+    wait_for(lambda: gate_state(gate)["trip_status"] == "written", what="written")
+
+
 def test_trip_waits_for_a_killed_broker_and_lands_after_restart(
     spawn: Spawner, tmp_path: Path
 ) -> None:
@@ -226,14 +239,7 @@ def test_trip_waits_for_a_killed_broker_and_lands_after_restart(
     assert gate_state(gate)["trip_status"] == "writing"
     restarted = start_broker(spawn, tmp_path / "broker", "--port", str(broker.port))
     assert restarted.port == broker.port
-    release = wait_for(
-        lambda: (rel := api.release("default"))["phase"] == "tripped" and rel,
-        timeout=20,
-        what="the trip to land after the broker restart",
-    )
-    assert isinstance(release, dict)
-    assert release["trip"]["bucket"] == "4k+"
-    wait_for(lambda: gate_state(gate)["trip_status"] == "written", what="written")
+    wait_trip_landed(api, gate, "4k+", what="the trip to land after the broker restart")
 
 
 def test_a_restarted_gate_starts_fresh_and_shows_a_tripped_release(
@@ -293,17 +299,9 @@ def test_auth_unknown_release_garbage_and_latency_fault(spawn: Spawner, tmp_path
     assert requests.get(gate.url + "/v1/gate/other", timeout=5).status_code == 404
     # The latency fault delays batch processing by its ms (the same fault API as every
     # component: kind, ttl_s, params).
-    r = requests.post(
-        gate.url + "/admin/faults",
-        json={"kind": "latency", "ttl_s": 30, "ms": 400},
-        headers=ADMIN,
-        timeout=5,
-    )
-    assert r.status_code == 201, r.text
+    inject_fault(gate.url, {"kind": "latency", "ttl_s": 30, "ms": 400})
     start = time.monotonic()
     assert post(gate, batch()).status_code == 200
     assert time.monotonic() - start >= 0.4
-    bad = requests.post(
-        gate.url + "/admin/faults", json={"kind": "latency", "ttl_s": 30, "ms": -1}, headers=ADMIN
-    )
+    bad = post_fault(gate.url, {"kind": "latency", "ttl_s": 30, "ms": -1})
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "ms"

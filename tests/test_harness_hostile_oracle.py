@@ -28,12 +28,8 @@ from gameday.oracle import (
     parse_logprobs,
 )
 from gameday.oracle.wire import WireJsonError, loads
-from tests.procs import ADMIN_TOKEN, Spawner
-
-
-def lp(**probs: float) -> dict[str, float]:
-    return {t: math.log(p) for t, p in probs.items()}
-
+from tests.procs import ADMIN_TOKEN, Spawner, inject_fault
+from tests.test_load_oracle import lp
 
 SOUND = lp(a=0.6, b=0.3, c=0.1)
 
@@ -256,17 +252,11 @@ def test_the_simulators_broken_kernels_are_maximal_drift_to_the_oracle(spawn: Sp
     fields, error, outcome = judge_pair(*completion_pair(baseline.url, canary.url))
     assert (outcome, error, fields["kl_mean"]) == ("pair", None, 0.0)
     for mode in ("nan-logits", "inf-logits"):
-        resp = requests.post(
-            canary.url + "/admin/faults",
-            json={"kind": "kernel", "ttl_s": 30, "mode": mode, "min_prompt_tokens": 0},
-            headers={"Authorization": f"Bearer {ADMIN_TOKEN}", "x-actor": "test"},
-            timeout=5,
-        )
-        assert resp.status_code == 201, resp.text
+        fault = {"kind": "kernel", "ttl_s": 30, "mode": mode, "min_prompt_tokens": 0}
+        fault_id = inject_fault(canary.url, fault, {"x-actor": "test"})["id"]
         fields, error, outcome = judge_pair(*completion_pair(baseline.url, canary.url))
         assert (outcome, error) == ("canary_broken", None), mode
         assert fields["kl_mean"] == KL_CLIP and fields["top1_agree"] == 0.0, mode
-        fault_id = resp.json()["id"]
         cleared = requests.delete(
             f"{canary.url}/admin/faults/{fault_id}",
             headers={"Authorization": f"Bearer {ADMIN_TOKEN}", "x-actor": "test"},

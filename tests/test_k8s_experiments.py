@@ -27,6 +27,7 @@ import pytest
 import yaml
 
 from tests.k8s_fake import FakeApi, client_env, pod, workload
+from tests.test_experiments_files import assert_all_valid
 
 REPO = Path(__file__).resolve().parents[1]
 K8S_EXPERIMENTS = sorted((REPO / "experiments" / "k8s").glob("*.yaml"))  # the game day
@@ -72,12 +73,7 @@ def test_chaos_validate_accepts_every_k8s_experiment_with_its_environment(tmp_pa
     }
     procs = {p.stem: chaos("validate", str(p), env=env, cwd=tmp_path) for p in ALL_K8S}
     assert len(procs) == len(ALL_K8S) == 7
-    failures = {}
-    for name, proc in procs.items():
-        out, _ = proc.communicate(timeout=180)
-        if proc.returncode != 0 or b"experiment syntax and semantic look valid" not in out:
-            failures[name] = out.decode(errors="replace")[-800:]
-    assert not failures, failures
+    assert_all_valid(procs)
 
 
 @pytest.mark.parametrize("path", K8S_EXPERIMENTS, ids=lambda p: p.stem)

@@ -22,7 +22,7 @@ from chaoslib.exceptions import ActivityFailed
 
 from probes.kubernetes import VERSION_ANNOTATION, start_fresh_canary
 from tests.broker_support import Api, drive_to, start_broker
-from tests.k8s_fake import FakeApi, pod, point_client_at, workload
+from tests.k8s_fake import FakeApi, pod, serve_fake, workload
 from tests.procs import ADMIN_TOKEN, Proc, Spawner
 
 NS = "stack"
@@ -37,13 +37,8 @@ def fake(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[FakeApi]:
     old = pod("model-canary-0", LABELS, "10.0.3.1", namespace=NS)
     old["metadata"]["annotations"] = {VERSION_ANNOTATION: "v2"}
     api.add_pod(old)
-    api.start()
-    point_client_at(api, tmp_path / "no-kubeconfig", monkeypatch)
     monkeypatch.setenv("CANARYSTACK_ADMIN_TOKEN", ADMIN_TOKEN)
-    try:
-        yield api
-    finally:
-        api.stop()
+    yield from serve_fake(api, tmp_path, monkeypatch)
 
 
 @pytest.fixture

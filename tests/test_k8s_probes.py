@@ -28,7 +28,7 @@ from gameday.faults import FaultEntry, FaultLedger
 from gameday.load.records import LOAD_SCHEMA, ParquetSink
 from probes import kubernetes as k8s_probes
 from probes import progressive, prometheus
-from tests.k8s_fake import FakeApi, pod, point_client_at, prom_vector, workload
+from tests.k8s_fake import FakeApi, pod, prom_vector, serve_fake, workload
 
 NS = "stack"
 T_ABORT = 1_700_000_100.0  # when the controllers below changed status
@@ -37,13 +37,8 @@ T_ABORT_TEXT = "2023-11-14T22:15:00Z"
 
 @pytest.fixture
 def fake(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[FakeApi]:
-    api = FakeApi().start()
-    point_client_at(api, tmp_path / "no-kubeconfig", monkeypatch)
     monkeypatch.delenv("PROMETHEUS_URL", raising=False)
-    try:
-        yield api
-    finally:
-        api.stop()
+    yield from serve_fake(FakeApi(), tmp_path, monkeypatch)
 
 
 def config(tmp_path: Path, namespace: str = NS, **extra: Any) -> dict[str, Any]:

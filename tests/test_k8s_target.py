@@ -27,7 +27,7 @@ import yaml
 from gameday import faults as gd_faults
 from gameday.targets import BlastRadiusError, TargetError, load_target
 from gameday.targets.kubernetes import DEFAULT_SELECTORS, KubernetesTarget
-from tests.k8s_fake import FakeApi, pod, point_client_at, workload
+from tests.k8s_fake import FakeApi, pod, serve_fake, workload
 
 NS = "stack"
 
@@ -86,13 +86,8 @@ def fake(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[FakeApi]:
     broker = workload("StatefulSet", "broker", desired=1, ready=1)
     broker["metadata"]["uid"] = "uid-sts-broker"
     api.add_workload(broker)
-    api.start()
-    point_client_at(api, tmp_path / "no-kubeconfig", monkeypatch)
     monkeypatch.setenv("CANARYSTACK_ADMIN_TOKEN", "t0k3n")
-    try:
-        yield api
-    finally:
-        api.stop()
+    yield from serve_fake(api, tmp_path, monkeypatch)
 
 
 def target_file(tmp_path: Path, **overrides: Any) -> Path:

@@ -18,7 +18,7 @@ import pytest
 import requests
 
 from gameday.load.client import OpenAIClient
-from tests.procs import ADMIN_TOKEN, Proc, Spawner, free_port, wait_for
+from tests.procs import ADMIN_TOKEN, Proc, Spawner, free_port, inject_fault, wait_for
 
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 FAST = ("--ttft-base-ms", "5", "--prefill-ms-per-1k", "10", "--itl-ms", "1")
@@ -97,13 +97,7 @@ def test_non_streamed_request(model: Proc) -> None:
 def test_error_kinds_from_the_servers_own_faults(
     model: Proc, fault_kind: str, error_kind: str, status: int
 ) -> None:
-    r = requests.post(
-        model.url + "/admin/faults",
-        json={"kind": "errors", "ttl_s": 30, "rate": 1.0, "error_kind": fault_kind},
-        headers=ADMIN,
-        timeout=5,
-    )
-    assert r.status_code == 201, r.text
+    inject_fault(model.url, {"kind": "errors", "ttl_s": 30, "rate": 1.0, "error_kind": fault_kind})
     client = OpenAIClient(model.url, timeout_s=10)
     a = client.new_attempt("/v1/completions", stream=True)
     client.send(a, body(max_tokens=16))
@@ -123,13 +117,7 @@ def test_connect_error_and_timeout(model: Proc) -> None:
     assert (
         a.error_kind == "connect" and a.status == 0 and "refused" in (a.error_detail or "").lower()
     )
-    r = requests.post(
-        model.url + "/admin/faults",
-        json={"kind": "latency", "ttl_s": 30, "ttft_ms": 3000},
-        headers=ADMIN,
-        timeout=5,
-    )
-    assert r.status_code == 201, r.text
+    inject_fault(model.url, {"kind": "latency", "ttl_s": 30, "ttft_ms": 3000})
     slow = OpenAIClient(model.url, timeout_s=0.3)
     t0 = time.monotonic()
     b = slow.new_attempt("/v1/completions", stream=True)

@@ -5,7 +5,6 @@ one), the error rate as a statistic, the crash exit code, and expiry by TTL."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -16,11 +15,10 @@ from canarystack.tokenizer import make_prompt
 from tests.model_helpers import (
     ADMIN,
     FAST,
-    clear_faults,
     complete,
     done_line,
+    fault_free_server_fixtures,
     inject,
-    module_spawner,
     parse_sse,
     post,
     request_done_lines,
@@ -32,17 +30,7 @@ SHORT = make_prompt(10, seed=1)
 LONG = make_prompt(150, seed=2)
 
 
-@pytest.fixture(scope="module")
-def module_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Proc]:
-    with module_spawner(tmp_path_factory.mktemp("model-faults")) as spawn:
-        yield spawn("canarystack.model", "--version", "v2", *FAST)
-
-
-@pytest.fixture
-def server(module_server: Proc) -> Iterator[Proc]:
-    clear_faults(module_server)
-    yield module_server
-    clear_faults(module_server)
+module_server, server = fault_free_server_fixtures("model-faults")
 
 
 def raw_stream(proc: Proc, body: dict[str, Any]) -> tuple[bytes, Exception | None]:

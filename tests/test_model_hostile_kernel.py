@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterator
 from typing import Any, get_args
 
 import pytest
@@ -17,7 +16,11 @@ from canarystack.model.engine import BROKEN_MODES, KERNEL_MODES, NAN_TOKEN_ID
 from canarystack.model.faults import KernelParams
 from canarystack.model.generation import token_texts
 from canarystack.tokenizer import make_prompt, vocab
-from tests.model_helpers import FAST, clear_faults, inject, module_spawner
+from tests.model_helpers import (
+    clear_faults,
+    fault_free_server_fixtures,
+    inject,
+)
 from tests.procs import Proc
 
 SHORT = make_prompt(20, seed=11)
@@ -27,17 +30,7 @@ MAX_TOKENS = 6
 TOP = 3
 
 
-@pytest.fixture(scope="module")
-def module_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Proc]:
-    with module_spawner(tmp_path_factory.mktemp("model-broken-kernel")) as spawn:
-        yield spawn("canarystack.model", "--version", "v2", *FAST)
-
-
-@pytest.fixture
-def server(module_server: Proc) -> Iterator[Proc]:
-    clear_faults(module_server)
-    yield module_server
-    clear_faults(module_server)
+module_server, server = fault_free_server_fixtures("model-broken-kernel")
 
 
 def body_for(path: str, prompt: str, stream: bool) -> dict[str, Any]:
@@ -106,6 +99,14 @@ def logprob_values(choices: list[dict[str, Any]]) -> list[float]:
     return values
 
 
+def broken_answers(server: Proc, path: str, stream: bool, mode: str) -> tuple[bytes, bytes]:
+    """Inject kernel ``mode`` from THRESHOLD prompt tokens on; the raw answers to LONG
+    and to SHORT."""
+    fault = {"kind": "kernel", "ttl_s": 60, "mode": mode, "min_prompt_tokens": THRESHOLD}
+    inject(server, fault)
+    return raw_answer(server, path, LONG, stream), raw_answer(server, path, SHORT, stream)
+
+
 CASES = [
     (path, stream)
     for path in ("/v1/completions", "/v1/chat/completions")
@@ -123,9 +124,7 @@ def test_the_fault_api_knows_every_kernel_mode() -> None:
 def test_nan_logits_write_nan_only_above_the_threshold(
     server: Proc, path: str, stream: bool
 ) -> None:
-    inject(server, {"kind": "kernel", "ttl_s": 60, "mode": "nan-logits", "min_prompt_tokens": 100})
-    long_raw = raw_answer(server, path, LONG, stream)
-    short_raw = raw_answer(server, path, SHORT, stream)
+    long_raw, short_raw = broken_answers(server, path, stream, "nan-logits")
     # The bare JSON token, as an engine using Python's json writes it.
     assert b":NaN" in long_raw and b"Infinity" not in long_raw
     assert b"NaN" not in short_raw
@@ -149,9 +148,7 @@ def test_inf_logits_write_minus_infinity_only_above_the_threshold(
     server: Proc, path: str, stream: bool
 ) -> None:
     healthy = text_of(choices_of(documents(raw_answer(server, path, LONG, stream), stream)))
-    inject(server, {"kind": "kernel", "ttl_s": 60, "mode": "inf-logits", "min_prompt_tokens": 100})
-    long_raw = raw_answer(server, path, LONG, stream)
-    short_raw = raw_answer(server, path, SHORT, stream)
+    long_raw, short_raw = broken_answers(server, path, stream, "inf-logits")
     assert b":-Infinity" in long_raw and b"NaN" not in long_raw
     assert b"Infinity" not in short_raw
     for doc in documents(short_raw, stream):
@@ -168,9 +165,7 @@ def test_garbage_writes_unrelated_tokens_and_no_logprobs_above_the_threshold(
     server: Proc, path: str, stream: bool
 ) -> None:
     healthy = text_of(choices_of(documents(raw_answer(server, path, LONG, stream), stream)))
-    inject(server, {"kind": "kernel", "ttl_s": 60, "mode": "garbage", "min_prompt_tokens": 100})
-    long_raw = raw_answer(server, path, LONG, stream)
-    short_raw = raw_answer(server, path, SHORT, stream)
+    long_raw, short_raw = broken_answers(server, path, stream, "garbage")
     long_docs, short_docs = documents(long_raw, stream), documents(short_raw, stream)
     for doc in long_docs + short_docs:
         strictjson.loads(doc)  # garbage, but well-formed JSON

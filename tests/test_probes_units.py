@@ -16,7 +16,7 @@ from chaoslib.exceptions import ActivityFailed, InterruptExecution
 
 from gameday.faults import FaultLedger
 from probes import faults, load, slo
-from tests.broker_support import Api, start_broker
+from tests.broker_support import broker_with_versions
 from tests.procs import Spawner
 from tests.run_support import (
     ledger_entry,
@@ -163,10 +163,7 @@ def test_errors_only_in_flight_at_kill(run_dir: Path) -> None:
 def test_weights_applied_is_when_the_last_router_stopped_the_canary(
     spawn: Spawner, tmp_path: Path, run_dir: Path
 ) -> None:
-    broker = start_broker(spawn, tmp_path / "broker")
-    api = Api(broker.url)
-    for v in ("v1", "v2"):
-        api.register(v)
+    broker, api = broker_with_versions(spawn, tmp_path / "broker", release=None)
     stack = tmp_path / "stack"
     stack.mkdir()
     (stack / "stack.json").write_text(json.dumps({"release": "a", "broker_url": broker.url}))

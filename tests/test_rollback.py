@@ -11,14 +11,16 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
 import requests
 
-from tests.broker_support import Api, start_broker, trip_evidence
-from tests.procs import ADMIN_TOKEN, Proc, Spawner, wait_for
+from tests.broker_support import Api, broker_with_versions, trip_evidence
+from tests.procs import ADMIN_TOKEN, Proc, Spawner, inject_fault, post_fault, wait_for
 
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 CRASH_EXIT_CODE = 70
@@ -89,11 +91,7 @@ class Routers(threading.Thread):
 
 
 def setup(spawn: Spawner, tmp_path: Path, *executor_args: str) -> tuple[Proc, Api, Proc]:
-    broker = start_broker(spawn, tmp_path / "broker", "--router-expiry-s", "2")
-    api = Api(broker.url)
-    for v in ("v1", "v2"):
-        api.register(v)
-    api.create("default", stable="v1", canary="v2", weight=5)
+    broker, api = broker_with_versions(spawn, tmp_path / "broker", "--router-expiry-s", "2")
     executor = start_executor(spawn, broker, *executor_args)
     return broker, api, executor
 
@@ -154,18 +152,26 @@ def assert_each_step_once(api: Api) -> dict[str, dict[str, Any]]:
     return once
 
 
+@contextmanager
+def routers_listed(api: Api, ids: list[str], **kw: Any) -> Iterator[Routers]:
+    """Simulated routers ``ids`` heartbeating until the block ends; the broker lists them
+    all before it begins."""
+    routers = Routers(api, ids, **kw)
+    routers.start()
+    try:
+        wait_for(lambda: len(api.get("/v1/routers").json()["routers"]) == len(ids), what="routers")
+        yield routers
+    finally:
+        routers.stop()
+
+
 def test_rollback_completes_in_three_steps_after_every_router_applied(
     spawn: Spawner, tmp_path: Path
 ) -> None:
     _, api, executor = setup(spawn, tmp_path)
-    routers = Routers(api, ["router-0", "router-1"], delay_s=0.5)
-    routers.start()
-    try:
-        wait_for(lambda: len(api.get("/v1/routers").json()["routers"]) == 2, what="routers")
+    with routers_listed(api, ["router-0", "router-1"], delay_s=0.5) as routers:
         trip(api)
         release = rolled_back(api)
-    finally:
-        routers.stop()
     assert release["weights"]["canary"] == 0
     assert release["canary"]["quarantined"] is True
     assert release["trip"]["test"] == "drift"
@@ -211,13 +217,7 @@ def test_killed_after_each_step_the_restarted_executor_completes_once(
     routers = Routers(api, ["router-0"], report_off=False)  # an older router
     routers.start()
     try:
-        r = requests.post(
-            executor.url + "/admin/faults",
-            json={"kind": "crash_after_step", "ttl_s": 60, "step": step},
-            headers=ADMIN,
-            timeout=5,
-        )
-        assert r.status_code == 201, r.text
+        inject_fault(executor.url, {"kind": "crash_after_step", "ttl_s": 60, "step": step})
         wait_for(lambda: api.get("/v1/routers").json()["routers"], what="a router")
         trip(api)
         wait_for(lambda: not executor.alive(), timeout=20, what="the crash after the step")
@@ -254,10 +254,7 @@ def test_sigkill_while_waiting_for_a_stuck_router_then_resume(
     spawn: Spawner, tmp_path: Path
 ) -> None:
     broker, api, executor = setup(spawn, tmp_path)
-    routers = Routers(api, ["router-0", "router-1"])
-    routers.start()
-    try:
-        wait_for(lambda: len(api.get("/v1/routers").json()["routers"]) == 2, what="routers")
+    with routers_listed(api, ["router-0", "router-1"]) as routers:
         routers.stuck.add("router-1")
         trip(api)
 
@@ -271,8 +268,6 @@ def test_sigkill_while_waiting_for_a_stuck_router_then_resume(
         routers.stuck.clear()
         start_executor(spawn, broker)
         rolled_back(api)
-    finally:
-        routers.stop()
     once = assert_each_step_once(api)
     assert sorted(once["routers_applied"]["change"]["routers"]) == ["router-0", "router-1"]
 
@@ -281,15 +276,10 @@ def test_a_stuck_router_is_retried_recorded_and_the_rollback_goes_on(
     spawn: Spawner, tmp_path: Path
 ) -> None:
     _, api, _ = setup(spawn, tmp_path, "--apply-timeout-s", "0.3", "--apply-retries", "2")
-    routers = Routers(api, ["router-0", "router-1"])
-    routers.start()
-    try:
-        wait_for(lambda: len(api.get("/v1/routers").json()["routers"]) == 2, what="routers")
+    with routers_listed(api, ["router-0", "router-1"]) as routers:
         routers.stuck.add("router-1")
         trip(api)
         rolled_back(api)
-    finally:
-        routers.stop()
     applied = assert_each_step_once(api)["routers_applied"]["change"]
     assert applied["retries"] == 2
     assert applied["timed_out"] is True
@@ -332,13 +322,7 @@ def test_manual_rollback_and_its_errors(spawn: Spawner, tmp_path: Path) -> None:
 
 def test_latency_fault_delays_each_step(spawn: Spawner, tmp_path: Path) -> None:
     _, api, executor = setup(spawn, tmp_path, "--empty-routers-grace-s", "0")
-    r = requests.post(
-        executor.url + "/admin/faults",
-        json={"kind": "latency", "ttl_s": 60, "ms": 300},
-        headers=ADMIN,
-        timeout=5,
-    )
-    assert r.status_code == 201, r.text
+    inject_fault(executor.url, {"kind": "latency", "ttl_s": 60, "ms": 300})
     tripped = trip(api)
     rolled_back(api)
     once = assert_each_step_once(api)
@@ -346,10 +330,5 @@ def test_latency_fault_delays_each_step(spawn: Spawner, tmp_path: Path) -> None:
     assert once["weights_zero"]["time"] - tripped["updated_at"] >= 0.3
     assert once["routers_applied"]["time"] - once["weights_zero"]["time"] >= 0.3
     assert once["quarantined"]["time"] - once["routers_applied"]["time"] >= 0.3
-    bad = requests.post(
-        executor.url + "/admin/faults",
-        json={"kind": "crash_after_step", "ttl_s": 60, "step": 4},
-        headers=ADMIN,
-        timeout=5,
-    )
+    bad = post_fault(executor.url, {"kind": "crash_after_step", "ttl_s": 60, "step": 4})
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "step"

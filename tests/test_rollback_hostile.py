@@ -14,8 +14,14 @@ from typing import Any
 
 import requests
 
-from tests.broker_support import Api, not_a_broker, preload_history, start_broker
-from tests.procs import ADMIN_TOKEN, Proc, Spawner, wait_for
+from tests.broker_support import (
+    Api,
+    broker_with_versions,
+    not_a_broker,
+    preload_history,
+    start_broker,
+)
+from tests.procs import ADMIN_TOKEN, Proc, Spawner, wait_degraded, wait_for
 from tests.test_rollback import (
     ADMIN,
     Routers,
@@ -107,11 +113,7 @@ def test_routers_that_stay_quiet_time_out_and_are_recorded(spawn: Spawner, tmp_p
 def test_a_wrong_credential_makes_health_degraded_and_steps_are_retried(
     spawn: Spawner, tmp_path: Path
 ) -> None:
-    broker = start_broker(spawn, tmp_path / "broker")
-    api = Api(broker.url)
-    for v in ("v1", "v2"):
-        api.register(v)
-    api.create("default", stable="v1", canary="v2", weight=5)
+    broker, api = broker_with_versions(spawn, tmp_path / "broker")
     executor = spawn(
         "canarystack.rollback",
         "--broker",
@@ -121,13 +123,7 @@ def test_a_wrong_credential_makes_health_degraded_and_steps_are_retried(
         admin_token="not-the-brokers-token",
         wait_health=False,
     )
-
-    def degraded() -> dict[str, Any] | None:
-        r = _health(executor)
-        return dict(r.json()) if r.status_code == 503 else None
-
-    health = wait_for(degraded, what="/health 503 for the refused credential")
-    assert isinstance(health, dict)
+    health = wait_degraded(executor, what="/health 503 for the refused credential")
     assert health["status"] == "degraded" and health["broker_auth"] == "unauthorized"
     assert any(r.startswith("broker_auth:") for r in health["degraded_reasons"])
     trip(api)  # the gate's trip; the executor cannot write step 1 and keeps trying
@@ -236,22 +232,18 @@ def test_the_executor_reads_every_page_of_a_long_history(spawn: Spawner, tmp_pat
 
 
 # -- flags -------------------------------------------------------------------------------------
+def start_refused(
+    *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``python -m canarystack.rollback --broker http://127.0.0.1:9 ARGS``, a start that
+    is to fail (bounded in time); ``env`` None inherits this one."""
+    cmd = [sys.executable, "-m", "canarystack.rollback", "--broker", "http://127.0.0.1:9", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=30, env=env)
+
+
 def test_a_release_name_the_broker_refuses_is_refused_at_start() -> None:
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "canarystack.rollback",
-            "--broker",
-            "http://127.0.0.1:9",
-            "--release",
-            "bad name",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        env={"CANARYSTACK_ADMIN_TOKEN": ADMIN_TOKEN, "PATH": "/usr/bin:/bin"},
-    )
+    env = {"CANARYSTACK_ADMIN_TOKEN": ADMIN_TOKEN, "PATH": "/usr/bin:/bin"}
+    done = start_refused("--release", "bad name", env=env)
     assert done.returncode == 2
     assert "--release 'bad name' is not a release name" in done.stderr
 
@@ -293,19 +285,6 @@ def test_a_loop_that_ends_makes_health_degraded() -> None:
 
 def test_infinite_durations_are_refused_at_start() -> None:
     for flag in ("--apply-timeout-s", "--empty-routers-grace-s", "--poll-ms"):
-        done = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "canarystack.rollback",
-                "--broker",
-                "http://127.0.0.1:9",
-                flag,
-                "inf",
-            ],
-            capture_output=True,
-            text=True,
-            timeout=30,
-        )
+        done = start_refused(flag, "inf")
         assert done.returncode == 2, (flag, done.stderr)
         assert f"{flag} must be a finite number, got inf" in done.stderr

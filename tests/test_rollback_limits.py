@@ -29,7 +29,7 @@ from canarystack.rollback.executor import (
     fit_change,
     fit_reason,
 )
-from tests.broker_support import Api, start_broker, trip_evidence
+from tests.broker_support import broker_with_versions, trip_evidence
 from tests.procs import ADMIN_TOKEN, Spawner, wait_for
 from tests.test_rollback import assert_each_step_once, rolled_back, setup, step_events
 
@@ -101,11 +101,7 @@ def test_a_step_the_broker_refuses_is_reported_once_not_retried(
     from canarystack.common.faults import FaultRegistry
     from canarystack.rollback.server import FAULT_KINDS, RollbackService
 
-    broker = start_broker(spawn, tmp_path / "broker")
-    api = Api(broker.url)
-    for v in ("v1", "v2"):
-        api.register(v)
-    api.create("default", stable="v1", canary="v2", weight=5)
+    broker, api = broker_with_versions(spawn, tmp_path / "broker")
     monkeypatch.setattr(executor, "fit_reason", lambda reason, limit=0: reason)
 
     async def scenario() -> dict[str, Any]:

@@ -201,6 +201,26 @@ def test_an_slo_not_measured_is_a_pass_only_before_the_method() -> None:
     ]
 
 
+def _failed_after(
+    journal: dict[str, Any], probe: str, activity: str, output: dict[str, Any]
+) -> dict[str, Any]:
+    """``journal`` with its hypothesis (one probe) met before the method and failed after
+    it: the probe's ``activity`` returned ``output`` out of tolerance."""
+    run = {
+        "activity": {"name": activity},
+        "status": "succeeded",
+        "tolerance_met": False,
+        "output": output,
+    }
+    journal["deviated"] = True
+    journal["experiment"]["steady-state-hypothesis"] = {"probes": [{"name": probe}]}
+    journal["steady_states"] = {
+        "before": {"steady_state_met": True, "probes": []},
+        "after": {"steady_state_met": False, "probes": [run]},
+    }
+    return journal
+
+
 def _blind_journal(expect: str) -> dict[str, Any]:
     """A run whose hypothesis after the method found a router's samples refused."""
     journal = _passing_journal(expect)
@@ -215,19 +235,7 @@ def _blind_journal(expect: str) -> dict[str, Any]:
             "why": "router-1: its sample pushes are refused by the gate (unauthorized)",
         },
     }
-    run = {
-        "activity": {"name": "gate-sees-every-router"},
-        "status": "succeeded",
-        "tolerance_met": False,
-        "output": output,
-    }
-    journal["deviated"] = True
-    journal["experiment"]["steady-state-hypothesis"] = {"probes": [{"name": "gate-sees"}]}
-    journal["steady_states"] = {
-        "before": {"steady_state_met": True, "probes": []},
-        "after": {"steady_state_met": False, "probes": [run]},
-    }
-    return journal
+    return _failed_after(journal, "gate-sees", "gate-sees-every-router", output)
 
 
 def test_a_blind_gate_fails_the_run_and_says_so() -> None:
@@ -269,19 +277,7 @@ def _colour_journal(expect: str, hop: str | None) -> dict[str, Any]:
             "request(s), e.g. colour-1 (tag 'gameday' -> None)",
         },
     }
-    run = {
-        "activity": {"name": "colouring-fidelity"},
-        "status": "succeeded",
-        "tolerance_met": False,
-        "output": output,
-    }
-    journal["deviated"] = True
-    journal["experiment"]["steady-state-hypothesis"] = {"probes": [{"name": "colouring"}]}
-    journal["steady_states"] = {
-        "before": {"steady_state_met": True, "probes": []},
-        "after": {"steady_state_met": False, "probes": [run]},
-    }
-    return journal
+    return _failed_after(journal, "colouring", "colouring-fidelity", output)
 
 
 def test_expect_colour_lost_passes_only_when_the_probe_names_that_hop() -> None:
