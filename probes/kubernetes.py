@@ -15,6 +15,7 @@ from chaoslib.exceptions import ActivityFailed, InterruptExecution
 
 from canary_contract.json import JsonObject
 from gameday import faults as gd_faults
+from gameday.evidence.workloads import is_whole, ready_within
 from probes._broker import (
     FRESH_SUFFIX,
     get_release,
@@ -25,7 +26,7 @@ from probes._broker import (
 from probes._cluster import kubernetes_target, non_negative
 from probes._context import Configuration, Secrets, harness_errors, ledger
 from probes._guard import activities, refused_namespaces
-from probes._result import Slo, result
+from probes._result import Slo
 from probes._rollout import (
     BUILD_ANNOTATION,
     POLL_S,
@@ -84,33 +85,17 @@ def wait_for_ready(
             if e.action == "kill" and e.component in roles
         ]  # fmt: skip
         start = max(kills) if kills else time.time()
+        since = "pod kill" if kills else "probe start"
         deadline = time.monotonic() + allowed
         while True:
             states = [
                 {**target.workload_status(role), "ready_pods": ready_pods(target, role)}
                 for role in roles
             ]
-            whole = [s["ok"] and len(s["ready_pods"]) >= s["desired"] for s in states]
-            if all(whole):
-                took = time.time() - start
-                return result(
-                    "k8s_ready_s",
-                    took,
-                    allowed,
-                    "s",
-                    took <= allowed,
-                    workloads=states,
-                    measured_from="pod kill" if kills else "probe start",
-                )
+            if all(is_whole(s) for s in states):
+                return ready_within(component, states, allowed, time.time() - start, since)
             if time.monotonic() >= deadline:
-                lagging = ", ".join(
-                    f"{s['kind']}/{s['name']} {s['ready']}/{s['desired']} available, "
-                    f"{len(s['ready_pods'])} pods Ready"
-                    for s, ok in zip(states, whole, strict=True)
-                    if not ok
-                )
-                why = f"{component} should be whole again within {allowed:g} s, but {lagging}"
-                return result("k8s_ready_s", None, allowed, "s", False, workloads=states, why=why)
+                return ready_within(component, states, allowed, None, since)
             time.sleep(poll)
 
 
