@@ -49,6 +49,7 @@ from canarystack.model.contract import (
     RequestRecord,
     lookup_context,
     models_response,
+    observe_token,
     response_headers,
     serve_logged,
 )
@@ -371,11 +372,7 @@ class EnginePod:
                     raise _ClientGone(str(exc)) from None
                 now = time.monotonic()
                 if content:
-                    if rec.ttft_s is None:
-                        rec.ttft_s = now - rec.t_recv
-                        self.metrics.ttft_s.observe(rec.ttft_s)
-                    else:
-                        self.metrics.itl_s.observe(now - last_write)
+                    observe_token(rec, self.metrics, now, last_write)
                     last_write = now
         except _ClientGone:
             rec.error = "client_disconnected"

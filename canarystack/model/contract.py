@@ -27,6 +27,7 @@ from canarystack.common.errors import ApiError, BadRequest, NotFound, error_resp
 from canarystack.common.faults import FaultParams, FaultRegistry
 from canarystack.common.logs import JsonLogger, get_logger
 from canarystack.dependency.client import DependencyClient
+from canarystack.model.metrics import ModelMetrics
 from canarystack.model.schemas import ChatCompletionRequest, CompletionRequest, first_user_message
 
 # Both model servers log and register faults as "model": to everyone else they are one kind.
@@ -237,6 +238,16 @@ async def serve_logged(
             **({"dependency": rec.dependency} if rec.dependency is not None else {}),
             **rec.extra_fields(),
         )
+
+
+def observe_token(rec: RequestRecord, metrics: ModelMetrics, now: float, last_write: float) -> None:
+    """A content event written at ``now``: the request's TTFT when it is the first, else the
+    inter-token gap since ``last_write``."""
+    if rec.ttft_s is None:
+        rec.ttft_s = now - rec.t_recv
+        metrics.ttft_s.observe(rec.ttft_s)
+    else:
+        metrics.itl_s.observe(now - last_write)
 
 
 async def lookup_context(

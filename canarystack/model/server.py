@@ -34,6 +34,7 @@ from canarystack.model.contract import (
     check_model_name,
     lookup_context,
     models_response,
+    observe_token,
     resolve_max_tokens,
     response_headers,
     serve_logged,
@@ -362,11 +363,7 @@ class ModelServer:
                 now = time.monotonic()
                 if piece is not None:
                     sent += 1
-                    if rec.ttft_s is None:
-                        rec.ttft_s = now - rec.t_recv
-                        self.metrics.ttft_s.observe(rec.ttft_s)
-                    else:
-                        self.metrics.itl_s.observe(now - last_write)
+                    observe_token(rec, self.metrics, now, last_write)
                 last_write = now
                 if nxt is None:
                     rec.finish_reason = gen.finish_reason
