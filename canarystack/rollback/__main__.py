@@ -12,10 +12,13 @@ from collections.abc import Sequence
 
 from canarystack.common.auth import load_admin_token, token_or_admin
 from canarystack.common.cli import (
+    Flag,
     add_broker_client_flags,
+    add_flags,
     add_release_flag,
     base_parser,
     entry,
+    fields_from_args,
     parse,
     serve,
 )
@@ -25,6 +28,37 @@ from canarystack.rollback.server import build_app
 _D = ExecutorConfig()
 # The broker's release names (canarystack.broker.server.NAME_PATTERN).
 _RELEASE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+
+EXECUTOR_FLAGS = (
+    Flag(
+        "--poll-ms",
+        "poll_s",
+        "how often step 2 reads the routers' applied revisions (default %(default)s)",
+        default=_D.poll_s * 1000,
+        scale=1000.0,
+    ),
+    Flag(
+        "--apply-timeout-s",
+        "apply_timeout_s",
+        "one attempt of step 2 waits this long for every router (default %(default)s)",
+        default=_D.apply_timeout_s,
+    ),
+    Flag(
+        "--apply-retries",
+        "apply_retries",
+        "attempts of step 2 after the first; then the lagging routers are recorded "
+        "and the rollback goes on (default %(default)s)",
+        type=int,
+        default=_D.apply_retries,
+    ),
+    Flag(
+        "--empty-routers-grace-s",
+        "empty_routers_grace_s",
+        "with no live router, wait this long for heartbeats before going on (default %(default)s)",
+        default=_D.empty_routers_grace_s,
+    ),
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -45,32 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
         "must carry (default: the admin token, single-credential mode)",
     )
     add_release_flag(p, "handle")
-    p.add_argument(
-        "--poll-ms",
-        type=float,
-        default=_D.poll_s * 1000,
-        help="how often step 2 reads the routers' applied revisions (default %(default)s)",
-    )
-    p.add_argument(
-        "--apply-timeout-s",
-        type=float,
-        default=_D.apply_timeout_s,
-        help="one attempt of step 2 waits this long for every router (default %(default)s)",
-    )
-    p.add_argument(
-        "--apply-retries",
-        type=int,
-        default=_D.apply_retries,
-        help="attempts of step 2 after the first; then the lagging routers are recorded "
-        "and the rollback goes on (default %(default)s)",
-    )
-    p.add_argument(
-        "--empty-routers-grace-s",
-        type=float,
-        default=_D.empty_routers_grace_s,
-        help="with no live router, wait this long for heartbeats before going on "
-        "(default %(default)s)",
-    )
+    add_flags(p, EXECUTOR_FLAGS)
     return p
 
 
@@ -99,12 +108,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                 "letters, digits, '.', '_' or '-', starting with a letter or digit, at most "
                 "128 characters (the broker would refuse every request for it)"
             )
-    config = ExecutorConfig(
-        poll_s=args.poll_ms / 1000.0,
-        apply_timeout_s=args.apply_timeout_s,
-        apply_retries=args.apply_retries,
-        empty_routers_grace_s=args.empty_routers_grace_s,
-    )
+    config = ExecutorConfig(**fields_from_args(args, EXECUTOR_FLAGS))
     admin_token = load_admin_token(args.admin_token_file)
     app = build_app(
         args.broker,
