@@ -1,20 +1,9 @@
 """Reports: a run folder in, a verdict a person can read in a minute out.
 
-``build_report(run_dir)`` reads what ``gameday run`` left in ``reports/<run-id>/``
-(docs/ARCHITECTURE.md §7 and §7.1: journals, load and oracle records, fault ledgers, the
-broker's timeline, result.json) and writes, at the run folder's top: ``summary.json``,
-``junit.xml``, ``report.html``, ``timeline.json``, the figures (PNG) and the numbers
-behind every figure (CSV). ``gameday report RUN_DIR`` is the same from the shell.
-
-Pieces of the package: ``loader`` (read a run folder, list what is missing),
-``timeline`` (events -> durations vs SLOs), ``heatmaps`` (binned cell data + figures),
-``matrix`` (component x fault), ``verdict`` (checks, reasons, summary.json), ``junit``,
-``html``, ``build`` (the whole pipeline), ``cli`` and ``synthetic`` (contract-shaped run
-folders for tests and the benchmark).
-
-This package only reads its inputs and writes report files into the run folder: it
-never talks to a target, never changes an experiment's own files, and never crashes on
-partial data (what is missing is part of the report).
+``build_report(run_dir)`` (``gameday.report.build``) writes summary.json, junit.xml,
+report.html and the figures into a run folder of ``gameday run``; ``gameday report
+RUN_DIR`` is the same from the shell. The package must never talk to a target, change an
+experiment's own files, or crash on partial data (what is missing is in the report).
 """
 
 from __future__ import annotations

@@ -1,26 +1,9 @@
-"""The whole report: ``build_report(run_dir) -> Summary``.
+"""The whole report: ``build_report(run_dir) -> Summary``, every file at the run folder's top.
 
-Reads the run folder, computes each experiment's timeline, heatmap cells, checks and
-verdict, draws the figures and writes, at the run folder's top:
-
-    summary.json            the verdict, every check (measured vs allowed), key figures
-                            (each experiment's ``figures.noise_floor``: what its gate
-                            measured), and ``noise_floor``: "noise floor > 0 in N/M"
-    junit.xml               one test case per experiment and per SLO check
-    report.html             self-contained (figures embedded)
-    timeline.json           every experiment's milestones, checks and markers
-    matrix.png, matrix.csv  the game day matrix (when the run has any experiment)
-    timeline-<exp>.png      per experiment
-    heatmap-<exp>.png, heatmap-<exp>.csv   the heatmaps and the numbers behind each cell
-
-``<exp>`` is the experiment's folder name with ``/`` as ``-``. Each file is written to a
-temporary name and renamed, so a reader never sees half a file. ``gameday run`` calls
-this at the end of a run; ``gameday report`` from the shell. The returned ``Summary``
-carries the seconds each phase took (``timings_s``).
-
-This module never changes the experiments' own files and never raises on partial data
-(only ``ReportInputError`` for a RUN_DIR that is not a run folder, and OSError when the
-run folder cannot be written).
+Must never change the experiments' own files, never leave half a file (each is written
+to a temporary name and renamed) and never raise on partial data (only
+``ReportInputError`` for a RUN_DIR that is not a run folder, and OSError when the run
+folder cannot be written).
 """
 
 from __future__ import annotations
@@ -201,6 +184,23 @@ def build_report(
     the stack (``gameday run --prometheus``); each experiment folder then also gets its
     series (``prometheus.csv``/``.png``, or ``prometheus.missing.txt`` saying what could
     not be had) beside the Locust records.
+
+    It reads the run folder, computes each experiment's timeline, heatmap cells, checks
+    and verdict, draws the figures and writes, at the run folder's top::
+
+        summary.json            the verdict, every check (measured vs allowed), key
+                                figures (each experiment's ``figures.noise_floor``: what
+                                its gate measured), and ``noise_floor``: "> 0 in N/M"
+        junit.xml               one test case per experiment and per SLO check
+        report.html             self-contained (figures embedded)
+        timeline.json           every experiment's milestones, checks and markers
+        matrix.png, matrix.csv  the game day matrix (when the run has any experiment)
+        timeline-<exp>.png      per experiment
+        heatmap-<exp>.png, heatmap-<exp>.csv   the heatmaps and each cell's numbers
+
+    ``<exp>`` is the experiment's folder name with ``/`` as ``-``. ``gameday run`` calls
+    this at the end of a run; ``gameday report`` from the shell. The returned ``Summary``
+    carries the seconds each phase took (``timings_s``).
     """
     started = time.perf_counter()
     timings: dict[str, float] = {}

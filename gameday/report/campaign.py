@@ -1,35 +1,9 @@
 """Campaigns: a game day as repeated, randomized trials (issue #14, item 4).
 
-``gameday run --repeat N`` runs each experiment N times (a fresh stack and a different
-load seed each); run ``k`` of experiment ``router/latency`` lives in the folder
-``router/latency@rKK``. This module groups those runs into one *cell* per experiment and
-states, per cell: passes/N, time to trip p50/p95 with a 95 % confidence interval, the
-worst run, the ECDF of time to trip and, with ``--certify``, what the runs prove about
-the detection SLO.
-
-Methods (one for every figure here):
-
-- **Percentiles**: numpy's default ``linear`` definition (type 7 of Hyndman & Fan:
-  ``h = (n - 1) q``, interpolated between the order statistics around ``h``). The repo
-  has no single definition yet (``bench/gate_detection.py`` uses nearest rank); this one
-  is numpy's and pandas' default.
-- **Confidence interval of a quantile**: the distribution-free order-statistic interval
-  ``[x(l), x(u)]``: the number of runs at or below the true q-quantile is
-  Binomial(n, q), so ``P(x(l) <= xi_q <= x(u)) >= F(u - 1) - F(l - 1)``; ``l`` and ``u``
-  are the ranks that leave at most 2.5 % below and above. With too few runs a side has
-  no order statistic: the bound is ``None`` (unbounded) and the text says so.
-- **A run that should have tripped and did not** counts as an infinite time to trip
-  (fail closed: a missed trip is the worst run, never left out). An inconclusive run
-  (the gate could not have seen) is no evidence either way: it is not one of the N
-  trials the statistics use, and the cell says how many there were.
-- **Certification** ("p95 <= SLO at 95 % confidence"): with k of n runs over the SLO, the
-  exceedance probability is at most its one-sided Clopper-Pearson upper bound ``p_u``
-  (``P(Binomial(n, p_u) <= k) = 0.05``); the claim holds when ``p_u <= 0.05``. With no
-  exceedance that is ``0.95^n <= 0.05``, so n >= 59. Fewer runs prove the weaker claim
-  "the (1 - p_u)-quantile <= SLO", which the sentence states.
-
-Pure functions and the ECDF figure; never reads the run folder, never decides a verdict
-of an experiment.
+Over 400 lines because it is one idea: the statistics of one cell of repeated runs (each
+method stated on its function) and their ECDF. Pure functions and the figure; it must
+never read the run folder, nor decide an experiment's verdict, nor leave a missed trip
+out (it is the worst run).
 """
 
 from __future__ import annotations
@@ -73,7 +47,12 @@ def split_run_name(name: str) -> tuple[str, int | None]:
 
 def percentile(values: Sequence[float], q: float) -> float | None:
     """numpy's ``linear`` percentile, ``q`` in [0, 1]; ``math.inf`` values allowed (a
-    missed trip); None for no values."""
+    missed trip); None for no values.
+
+    The definition is numpy's and pandas' default ``linear`` (type 7 of Hyndman & Fan:
+    ``h = (n - 1) q``, interpolated between the order statistics around ``h``); the repo
+    has no single one yet (``bench/gate_detection.py`` uses nearest rank).
+    """
     if not 0.0 <= q <= 1.0:
         raise ValueError(f"percentile q must be in [0, 1], got {q!r}")
     xs = sorted(float(v) for v in values)
@@ -104,7 +83,12 @@ def binom_cdf(k: int, n: int, p: float) -> float:
 def quantile_interval_ranks(n: int, q: float, confidence: float = CONFIDENCE) -> tuple[int, int]:
     """1-based ranks (l, u) of the order-statistic interval ``[x(l), x(u)]`` covering the
     q-quantile with at least ``confidence``; l = 0 means unbounded below, u = n + 1
-    unbounded above (too few runs for that side)."""
+    unbounded above (too few runs for that side).
+
+    Distribution-free: the number of runs at or below the true q-quantile is
+    Binomial(n, q), so ``P(x(l) <= xi_q <= x(u)) >= F(u - 1) - F(l - 1)``; ``l`` and ``u``
+    are the ranks that leave at most (1 - confidence) / 2 below and above.
+    """
     if n < 0 or not 0.0 < q < 1.0 or not 0.0 < confidence < 1.0:
         raise ValueError(f"need n >= 0, 0 < q < 1, 0 < confidence < 1 (got {n}, {q}, {confidence})")
     tail = (1.0 - confidence) / 2.0
@@ -195,7 +179,14 @@ def certify(
     inconclusive_runs: int = 0,
 ) -> Certification:
     """What ``times`` (seconds from fault to trip; ``math.inf`` for a missed trip) prove
-    about "the q-quantile of time to trip <= slo_s"."""
+    about "the q-quantile of time to trip <= slo_s".
+
+    With k of n runs over the SLO, the exceedance probability is at most its one-sided
+    Clopper-Pearson upper bound ``p_u`` (``exceedance_upper_bound``); "p95 <= SLO at 95 %
+    confidence" holds when ``p_u <= 0.05``. With no exceedance that is ``0.95^n <= 0.05``,
+    so n >= 59. Fewer runs prove the weaker claim "the (1 - p_u)-quantile <= SLO", which
+    the sentence states.
+    """
     n = len(times)
     over = sum(1 for t in times if not t <= slo_s)
     needed = runs_needed(q, confidence)
@@ -264,6 +255,16 @@ def _slo_s(runs: list[ExperimentSummary]) -> float:
 
 @dataclass
 class CampaignCell:
+    """The runs of one experiment in a campaign (``gameday run --repeat N``: run ``k`` of
+    ``router/latency`` lives in ``router/latency@rKK``, a fresh stack and load seed each):
+    passes/N, time to trip p50/p95 with a 95 % interval, the worst run, the ECDF.
+
+    A run that should have tripped and did not counts as an infinite time to trip (fail
+    closed: a missed trip is the worst run, never left out). An inconclusive run (the gate
+    could not have seen) is no evidence either way: it is not one of the N trials the
+    statistics use, and the cell says how many there were.
+    """
+
     name: str
     component: str | None
     fault: str | None

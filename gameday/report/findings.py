@@ -91,7 +91,17 @@ def _list(value: Any) -> list[Any]:
 def journal_findings(experiment: str, journal: JsonObject | None) -> JournalFindings:
     """The journal's activities and SLO checks; its reasons are ``gameday.evidence.journal``'s
     (the run verdict's, word for word) less those about an SLO result, which become the
-    checks instead (each with its own sentence)."""
+    checks instead (each with its own sentence).
+
+    The checks are every SLO probe output in the journal (``{"check", "measured",
+    "allowed", "unit", "ok", "detail"}``, from the hypothesis before and after and the
+    method). An output with ``detail.status == "not_measured"`` (``measured`` null, ``ok``
+    true) from the hypothesis *before* the method is no check at all — nothing could be
+    measured yet, the same probe measures after the method — so it is left out of the
+    checks (and of junit.xml, summary.json's checks and the HTML table) and only named in
+    ``not_measured_before``; the same output anywhere else is a failed check (nothing was
+    measured where it should have been).
+    """
     if journal is None:
         return JournalFindings(None, [], [], [], {})
     reasons = [f.sentence for f in journal_core.journal_findings(journal) if f.slo is None]

@@ -1,23 +1,7 @@
 """Heatmaps: x = time since the fault (bins of a few seconds), y = prompt-length bucket.
 
-``heatmap_cells`` bins the records into one long DataFrame — the numbers behind every
-cell, which tests check and the report writes next to the PNG as CSV:
-
-    panel         variant                  value
-    ttft_p99_s    baseline | canary        99th percentile of ttft_s of successful requests
-    error_rate    baseline | canary | unknown   failed / all requests (``ok`` false)
-    canary_share  all                      canary-served / requests with a known variant
-    drift_kl      oracle                   mean oracle kl_mean of pairs without an error
-
-with the columns ``panel, variant, bucket, t_bin_s`` (the bin's left edge in seconds
-since the reference time), ``samples`` (what the value is computed from) and ``value``.
-Percentiles use numpy's default (linear interpolation). A request belongs to the bin of
-its ``start_time``, an oracle pair to the bin of its ``time``. "unknown" is a request
-whose variant the router never said (``served_by`` empty: it failed before headers).
-
-Everything here is vectorised (numpy + pandas groupby), no loop over records.
-``render_heatmaps`` draws the panels with matplotlib's Agg canvas (no display, no pyplot
-state). This module never reads or decides anything about the verdict.
+Vectorised (numpy + pandas groupby, no loop over records); drawn on matplotlib's Agg
+canvas (no display, no pyplot state). Must never read files or decide the verdict.
 """
 
 from __future__ import annotations
@@ -133,7 +117,22 @@ def heatmap_cells(
     reference: str = "fault",
     markers: list[Marker] | None = None,
 ) -> HeatmapData:
-    """Bin records and oracle pairs into the panels' cells (see the module docstring)."""
+    """Bin records and oracle pairs into the panels' cells: one long DataFrame, the
+    numbers behind every cell, which tests check and the report writes next to the PNG:
+
+        panel         variant                  value
+        ttft_p99_s    baseline | canary        p99 of ttft_s of successful requests
+        error_rate    baseline | canary | unknown   failed / all requests (``ok`` false)
+        canary_share  all                      canary-served / requests of a known variant
+        drift_kl      oracle                   mean oracle kl_mean of pairs without error
+
+    with the columns ``panel, variant, bucket, t_bin_s`` (the bin's left edge in seconds
+    since the reference time), ``samples`` (what the value is computed from) and
+    ``value``. Percentiles use numpy's default (linear interpolation). A request belongs
+    to the bin of its ``start_time``, an oracle pair to the bin of its ``time``. "unknown"
+    is a request whose variant the router never said (``served_by`` empty: it failed
+    before headers).
+    """
     if reference_time is None:
         starts = [
             float(f.min()) for f in (records["start_time"], oracle["time"]) if len(f.dropna())

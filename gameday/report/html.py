@@ -1,14 +1,7 @@
-"""report.html: one self-contained page, verdict first.
-
-Order: the verdict (a green or red banner with the headline and every reason), what is
-missing, the game day matrix, the noise floor the gate measured per experiment, each
-experiment's timeline (table + figure), the heatmaps, every SLO check in one table, and
-each experiment's own description (title and description from its journal, its Chaos
-Toolkit activities). Images are embedded as base64 ``data:`` URIs, so the file can be
-mailed or attached to a CI run on its own.
+"""report.html: one self-contained page, verdict first (images embedded as ``data:`` URIs).
 
 Rendering only (jinja2 with autoescape: experiment text is never trusted as HTML); it
-never decides anything.
+must never decide anything.
 """
 
 from __future__ import annotations
@@ -49,7 +42,15 @@ def render_html(
     """``images``: names (``matrix``, ``timeline:<exp>``, ``heatmap:<exp>``) -> PNG paths;
     ``dependency``: the dependency experiments' section (``build.dependency_section``);
     ``noise``: each experiment's noise floor (``noise.experiment_noise``) and
-    ``noise_doc`` its summary (``noise.noise_section``)."""
+    ``noise_doc`` its summary (``noise.noise_section``).
+
+    Order: the verdict (a green or red banner with the headline and every reason), what
+    is missing, the game day matrix, the noise floor the gate measured per experiment,
+    each experiment's timeline (table + figure), the heatmaps, every SLO check in one
+    table, and each experiment's own description (title and description from its
+    journal, its Chaos Toolkit activities). The file can be mailed or attached to a CI run
+    on its own.
+    """
     noise = noise or []
     env = jinja.environment()
     env.filters["fmt"] = _fmt

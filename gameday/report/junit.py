@@ -1,22 +1,7 @@
 """junit.xml: the verdict in the format CI systems read (Jenkins, GitLab, GitHub Actions).
 
-One ``<testsuite>`` per experiment, holding one ``<testcase>`` for the experiment itself
-(``<failure>`` listing every reason it failed; ``<error>`` when data it needs is missing)
-and one per SLO check (``<failure>`` with measured vs allowed; ``<skipped>`` when it could
-not be measured). A campaign (``gameday run --repeat``) adds a suite ``campaign``: one test
-case per experiment (passes/N, time to trip p50/p95 with 95 % intervals, the worst run, the
-certification), ``<failure>`` when its cell failed, ``<error>`` when it is inconclusive.
-An ``inconclusive`` experiment (the gate could not have seen the fault, or the load was
-not valid) gets ``<error type="Inconclusive">`` with every reason, and its SLO checks
-``<skipped>`` ("not judged"): an error, not a skip, because CI tools count a
-skipped test as no problem (Jenkins, GitLab and GitHub test reporters leave the build
-green) while an inconclusive game day must never pass; and ``error`` is JUnit's word for
-"the test could not reach a verdict", apart from ``failure`` (it ran and the gate was
-wrong). The layout follows the JUnit XML format of Ant's JUnit task as read by
-Jenkins (xunit-plugin ``junit-10.xsd``); tests validate it against the schema in
-``tests/data/junit.xsd``.
-
-This module only serialises a ``Summary``; it never decides anything.
+Must never let an inconclusive game day look green (it is an ``<error>``, never a
+``<skipped>``), and never decide anything: it only serialises a ``Summary``.
 """
 
 from __future__ import annotations
@@ -160,6 +145,21 @@ def _campaign_suite(campaign: JsonObject, timestamp: str, hostname: str) -> ET.E
 
 
 def junit_tree(summary: Summary, campaign: JsonObject | None = None) -> ET.ElementTree:
+    """One ``<testsuite>`` per experiment, holding one ``<testcase>`` for the experiment
+    itself (``<failure>`` listing every reason it failed; ``<error>`` when data it needs
+    is missing) and one per SLO check (``<failure>`` with measured vs allowed;
+    ``<skipped>`` when it could not be measured); a campaign adds the suite ``campaign``
+    (``_campaign_suite``).
+
+    An ``inconclusive`` experiment (the gate could not have seen the fault, or the load
+    was not valid) gets ``<error type="Inconclusive">`` with every reason, and its SLO
+    checks ``<skipped>`` ("not judged"): an error, not a skip, because CI tools count a
+    skipped test as no problem (Jenkins, GitLab and GitHub test reporters leave the build
+    green), and ``error`` is JUnit's word for "the test could not reach a verdict", apart
+    from ``failure`` (it ran and the gate was wrong). The layout follows the JUnit XML of
+    Ant's JUnit task as Jenkins reads it (xunit-plugin ``junit-10.xsd``); tests validate
+    it against ``tests/data/junit.xsd``.
+    """
     timestamp = datetime.fromtimestamp(summary.generated_at, tz=UTC).strftime("%Y-%m-%dT%H:%M:%S")
     hostname = socket.gethostname() or "localhost"
     root = ET.Element("testsuites", name=f"gameday {summary.run_id}")

@@ -1,16 +1,7 @@
 """The game day matrix: component (rows) x fault (columns), one cell per experiment.
 
-Rows: ``router``, ``broker``, ``rollback``, ``dependency`` (the shared Redis, issue
-#16), ``control`` (then any other component seen); columns: ``latency``, ``pod-kill``,
-``faulty-kernel`` (then any other fault seen, e.g. ``pool-exhaustion``), and ``none``
-for the control run, which injects no fault. A cell says what happened — "trip +2.3 s"
-(time from the fault to the trip), "no trip", "not run" — and is coloured by that
-experiment's verdict (pass: green, fail: red, inconclusive: amber, not run: grey), which
-already includes whether the trip matched what the experiment expects. Several
-experiments in one cell (a re-run) fail the cell if any of them failed (else it is
-inconclusive if any was) and show the slowest trip.
-
-This module never reads files and never decides a verdict.
+Must never read files or decide a verdict: a cell is coloured by its experiments'
+verdicts, which already include whether the trip matched the expectation.
 """
 
 from __future__ import annotations
@@ -47,6 +38,14 @@ def build_matrix(
     noise: dict[str, ExperimentNoise] | None = None,
 ) -> pd.DataFrame:
     """One row per (component, fault) cell, in display order, including cells not run.
+
+    Rows: ``ROWS`` (``dependency`` is the shared Redis, issue #16), then any other
+    component seen; columns: ``COLUMNS`` (then any other fault seen, e.g.
+    ``pool-exhaustion``; ``none`` is the control run). A cell says what happened — "trip
+    +2.3 s" (fault to trip), "no trip", "not run" — and is coloured by its verdict (pass:
+    green, fail: red, inconclusive: amber, not run: grey). Several experiments in one cell
+    (a re-run) fail the cell if any failed (else it is inconclusive if any was) and show
+    the slowest trip.
 
     ``noise`` (experiment name -> the noise floor its gate measured): the column
     ``noise_floor`` says, per experiment of the cell, "noise KL 0.00102 (n=340)" or

@@ -1,26 +1,8 @@
 """The noise floor the gate measured in each experiment (issue #14, "Done when" item 1).
 
-With batch noise on (every stack's model servers run with ``--batch-noise``), two healthy
-baseline replicas differ slightly, and the gate's drift test calibrates against that
-difference: per scope (a bucket, a tail, ``all``) the mean KL of the last baseline-baseline
-comparisons (``kl_mean``, over ``samples`` of them) and the floor it tests against (mean +
-2 SE, ``kl``), or another scope's floor when it has too few of its own (``borrowed_from``).
-Per bucket the gate also counts every baseline-baseline comparison it was sent
-(``noise_comparisons``).
-
-The figures come from the gate's own answer (``GET /v1/gate/<release>``) saved at the end
-of the experiment in ``gate-evidence.json`` (``gameday.run.evidence``): ``buckets.<b>
-.noise_comparisons`` and ``noise_floor.<scope>``, the shapes of the gate's answer. They are
-copied, never recomputed, so the report shows exactly what the gate used.
-
-An experiment's floor is *measured* when the gate's ``all`` scope (every bucket pooled,
-the floor a sparse bucket falls back to) has a floor of its own above 0. Anything else is
-said, never shown as a 0: no saved answer, a gate that could not be read, an answer
-without the noise floor, too few baseline-baseline comparisons for a floor (the gate then
-tests against none), or a floor of exactly 0 (bit-identical replicas: batch noise off).
-
-This module reads only ``gate-evidence.json`` in each experiment's folder; it never raises
-on what it finds there.
+The figures are copied from the gate's own answer in ``gate-evidence.json``, never
+recomputed, so the report shows exactly what the gate used. Must never show a floor it
+does not have as a 0 (it says why), and never raise on what it finds.
 """
 
 from __future__ import annotations
@@ -124,7 +106,21 @@ class ScopeNoise:
 
 @dataclass(frozen=True)
 class ExperimentNoise:
-    """What the gate measured of the noise in one experiment."""
+    """What the gate measured of the noise in one experiment.
+
+    With batch noise on (every stack's model servers run with ``--batch-noise``), two
+    healthy baseline replicas differ slightly, and the gate's drift test calibrates
+    against that difference: per scope (a bucket, a tail, ``all``) the mean KL of the last
+    baseline-baseline comparisons and the floor it tests against (mean + 2 SE), or another
+    scope's floor when it has too few of its own; per bucket the gate also counts every
+    baseline-baseline comparison it was sent.
+
+    The floor is *measured* when the ``all`` scope (every bucket pooled, the floor a
+    sparse bucket falls back to) has a floor of its own above 0. Anything else is said in
+    ``reason``: no saved answer, a gate that could not be read, an answer without the
+    noise floor, too few comparisons for a floor (the gate then tests against none), or a
+    floor of exactly 0 (bit-identical replicas: batch noise off).
+    """
 
     name: str
     reason: str  # why the floor is not measured (empty: it is)
@@ -192,7 +188,10 @@ def _scope(label: str, floor: Any, bucket: JsonObject | None, *, is_bucket: bool
 
 
 def experiment_noise(name: str, folder: Path) -> ExperimentNoise:
-    """The noise floor from ``folder/gate-evidence.json`` (or why there is none)."""
+    """The noise floor from ``folder/gate-evidence.json`` (or why there is none): the
+    gate's answer (``GET /v1/gate/<release>``) saved at the end of the experiment by
+    ``gameday.run.evidence``, read at ``buckets.<b>.noise_comparisons`` and
+    ``noise_floor.<scope>``."""
     path = folder / NOISE_FILE
     try:
         doc = json.loads(path.read_text(encoding="utf-8"), parse_constant=_refuse_constant)

@@ -1,22 +1,8 @@
 """Prometheus series for the report, beside the Locust records (#15 item 5).
 
-``write_series(folder, url, start, end)`` asks a Prometheus (``/api/v1/query_range``) for
-the run's window and writes, into ``folder`` (an experiment's folder, next to its
-``records.parquet``):
-
-    prometheus.csv   series,variant,time,value   (value empty where Prometheus answered
-                     NaN/Inf: no figure, e.g. a quantile over a second with no request)
-    prometheus.png   one panel per series, one line per variant, time since ``start``
-
-The series (``SERIES``) are what the gate is judged on, from the components' own
-metrics: TTFT p50/p99 at the router and at the model servers, requests/s and the 5xx
-ratio per variant, and the routers' canary weight. ``add_series(experiments, url)`` (the
-report builder's loaded experiments) and ``add_run_series(run_dir, url)`` do this for
-every experiment over its own window (journal start..end).
-
-It never raises on what Prometheus answers: an unreachable Prometheus, a refused query or
-an empty window is a problem string in the result (and ``prometheus.missing.txt`` in the
-folder), so a report is still built. Only reads Prometheus.
+Must never raise on what Prometheus answers (an unreachable Prometheus, a refused query
+or an empty window is a problem string, and ``prometheus.missing.txt``), so a report is
+still built; it only reads Prometheus.
 """
 
 from __future__ import annotations
@@ -209,7 +195,17 @@ def write_series(
     title: str = "Prometheus series",
 ) -> SeriesResult:
     """Query ``url`` for ``start``..``end`` and write prometheus.csv and prometheus.png
-    into ``folder`` (and prometheus.missing.txt listing what could not be had)."""
+    into ``folder`` (and prometheus.missing.txt listing what could not be had)::
+
+        prometheus.csv   series,variant,time,value   (value empty where Prometheus
+                         answered NaN/Inf: no figure, e.g. a quantile over a second with
+                         no request)
+        prometheus.png   one panel per series, one line per variant, time since ``start``
+
+    The series (``SERIES``) are what the gate is judged on, from the components' own
+    metrics: TTFT p50/p99 at the router and at the model servers, requests/s and the 5xx
+    ratio per variant, and the routers' canary weight.
+    """
     folder = Path(folder)
     res = collect(url, start, end, step_s, rate_window_s)
     missing = folder / MISSING_NAME

@@ -1,15 +1,9 @@
 """Synthetic run folders that follow the contracts (docs/ARCHITECTURE.md §7, §7.1).
 
-For the report's tests and ``bench/report_speed.py``: ``write_run`` lays out a game day —
-the control run plus router, broker and rollback under latency, pod-kill and
-faulty-kernel — with load records, oracle records, fault ledgers, broker timelines
-(changes in the broker's ``{"old", "new"}`` form), Chaos-Toolkit-shaped journals and
-result.json files. ``write_records`` / ``write_oracle`` write hand-made rows with the full
-§7 schemas (unspecified columns filled with plausible values).
-
-Data is generated with numpy, vectorised, from a seed: the same arguments give the same
-files. This module only writes under the folder it is given and never talks to
-anything.
+For the report's tests and ``bench/report_speed.py``. Over 400 lines because a game day's
+scenarios, each file of an experiment included, are one idea. Generated from a seed (the
+same arguments give the same files); it must never write outside the folder it is given
+nor talk to anything.
 """
 
 from __future__ import annotations
@@ -331,7 +325,13 @@ def write_run(
     run_id: str = "synthetic",
     start: float = 1_700_000_000.0,
 ) -> Path:
-    """A whole run folder under ``root`` (created); returns it."""
+    """A whole run folder under ``root`` (created); returns it.
+
+    By default a game day (``game_day()``): the control run plus router, broker and
+    rollback under latency, pod-kill and faulty-kernel, with load records, oracle records,
+    fault ledgers, broker timelines (changes in the broker's ``{"old", "new"}`` form),
+    Chaos-Toolkit-shaped journals and result.json files, vectorised with numpy.
+    """
     scenarios = list(scenarios) if scenarios is not None else game_day()
     rng = np.random.default_rng(seed)
     root.mkdir(parents=True, exist_ok=True)

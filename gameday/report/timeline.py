@@ -1,32 +1,7 @@
 """One experiment's timeline: from the fault to the completed rollback, against the SLOs.
 
-Milestones, each with the time it happened, where that time came from, and its distance
-from the fault:
-
-1. ``fault_injected`` — the reference fault of ``gameday.evidence.faults`` in
-   ``faults.jsonl``; the broker's ``fault_injected`` / ``pod_killed`` annotations stand in
-   when the ledger is missing.
-2. ``first_drifted_sample`` — the first oracle record after the fault whose ``kl_mean``
-   exceeds the drift threshold, else the gate's trip evidence ``first_sample_time``.
-3. ``gate_tripped`` — the broker event whose change sets the phase to ``tripped``.
-4. ``weights_applied`` — canary weight 0 in force at every live router
-   (``gameday.evidence.milestones.WeightsApplied``, the same reading as the probe's).
-5. ``last_canary_request`` — the latest ``start_time`` of a canary-served request at or
-   after the fault (load records).
-6. ``rollback_complete`` — the event whose change sets the phase to ``rolled_back``.
-
-Checks against the SLOs, all measured from the fault (keys of the experiment's
-``gameday.slo``, defaults in ``DEFAULT_SLO_S``): ``detection_s`` (3), ``weights_applied_s``
-(4), ``rollback_s`` (5: no canary-served request started later than this),
-``rollback_complete_s`` (6). An experiment that expects no trip gets one check instead,
-``no_trip`` (trips seen, allowed 0).
-
-Broker events carry changes as ``{"phase": {"old": ..., "new": ...}}`` (flattened keys
-such as ``weights.canary``) or plain ``{"phase": "tripped"}``; both are read. Only events
-inside the experiment's window count, since the broker keeps the history of every
-earlier experiment on the same release.
-
-This module computes; it never reads files or draws.
+Over 400 lines because it is one idea: each milestone, where its time came from, and the
+SLO checks measured on them. It computes; it must never read files or draw.
 """
 
 from __future__ import annotations
@@ -66,6 +41,22 @@ MILESTONES: tuple[tuple[str, str, str | None], ...] = (
 
 @dataclass
 class Milestone:
+    """One point of the timeline (``MILESTONES``, in order), with where its time came from:
+
+    1. ``fault_injected`` — the reference fault of ``gameday.evidence.faults`` in
+       ``faults.jsonl``; the broker's ``fault_injected`` / ``pod_killed`` annotations
+       stand in when the ledger is missing.
+    2. ``first_drifted_sample`` — the first oracle record after the fault whose
+       ``kl_mean`` exceeds the drift threshold, else the gate's trip evidence
+       ``first_sample_time``.
+    3. ``gate_tripped`` — the broker event whose change sets the phase to ``tripped``.
+    4. ``weights_applied`` — canary weight 0 in force at every live router
+       (``gameday.evidence.milestones.WeightsApplied``, the same reading as the probe's).
+    5. ``last_canary_request`` — the latest ``start_time`` of a canary-served request at
+       or after the fault (load records).
+    6. ``rollback_complete`` — the event whose change sets the phase to ``rolled_back``.
+    """
+
     name: str
     label: str
     time: float | None  # epoch seconds
@@ -161,7 +152,13 @@ def _since(t: float | None, ref: float | None) -> float | None:
 
 
 def window_events(exp: ExperimentData) -> list[JsonObject]:
-    """The broker events of this experiment, in order (those before its start dropped)."""
+    """The broker events of this experiment, in order (those before its start dropped).
+
+    Only events inside the experiment's window count, since the broker keeps the history
+    of every earlier experiment on the same release. Events carry changes as
+    ``{"phase": {"old": ..., "new": ...}}`` (flattened keys such as ``weights.canary``) or
+    plain ``{"phase": "tripped"}``; ``gameday.evidence.events`` reads both.
+    """
     if exp.timeline is None:
         return []
     events = [e for e in exp.timeline.get("events") or [] if isinstance(e, dict)]
@@ -376,6 +373,11 @@ def _checks(
     probe_allowed: dict[str, float],
     notes: list[str],
 ) -> list[TimelineCheck]:
+    """The checks against the SLOs, all measured from the fault (keys of the experiment's
+    ``gameday.slo``, else the SLO probe's, else ``DEFAULT_SLO_S``): ``detection_s``
+    (gate_tripped), ``weights_applied_s``, ``rollback_s`` (no canary-served request
+    started later than this), ``rollback_complete_s``. An experiment that expects no trip
+    gets one check instead, ``no_trip`` (trips seen, allowed 0)."""
     if expect in ("no_trip", "blind", "colour_lost"):  # nor may a blind gate or a lost tag
         note = "no trip" if trips == 0 else f"tripped {trips} time(s)"
         if trip_time is not None and reference_time is not None:

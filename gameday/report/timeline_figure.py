@@ -1,12 +1,7 @@
 """The timeline figure: one bar per milestone, from the fault to when it happened.
 
-Each bar's length is the milestone's time since the fault; a bar is green when within its
-SLO, red when over it, grey when the milestone has no SLO; the SLO itself is a black tick
-on the bar's row. A milestone that never happened is written out ("not recorded") instead
-of drawn. Other fault-ledger events (pod kills, clears) are thin vertical lines.
-
-Drawing only (matplotlib's Agg canvas, no pyplot): the numbers come from
-``gameday.report.timeline``.
+Drawing only (matplotlib's Agg canvas, no pyplot): it must never compute a number of its
+own; they come from ``gameday.report.timeline``.
 """
 
 from __future__ import annotations
@@ -19,6 +14,10 @@ OK_COLOUR, BAD_COLOUR, NEUTRAL_COLOUR = "#2da44e", "#cf222e", "#8c959f"
 
 
 def render_timeline(timeline: Timeline, path: Path, title: str) -> None:
+    """Each bar's length is the milestone's time since the fault; green within its SLO,
+    red over it, grey without one; the SLO is a black tick on the bar's row. A milestone
+    that never happened is written out ("not recorded") instead of drawn; other
+    fault-ledger events (pod kills, clears) are thin vertical lines."""
     from matplotlib.figure import Figure
 
     milestones = timeline.milestones

@@ -1,32 +1,8 @@
 """The verdict: every check an experiment has, why it passed or failed, and summary.json.
 
-An experiment passes only when everything below holds (fail-closed, DESIGN.md §3):
-
-- no piece the verdict depends on is missing (journal.json, result.json, records with
-  rows; timeline.json when a trip is expected; the gameday extension);
-- ``result.json`` (what ``gameday run`` decided) says pass;
-- Chaos Toolkit's journal: status ``completed``, not deviated, the steady state met
-  before the method, no method or rollback activity failed — Chaos Toolkit exits 0 in
-  some of these cases, a release gate must not;
-- every SLO probe output in the journal (``{"check", "measured", "allowed", "unit",
-  "ok", "detail"}``, from the hypothesis before and after and the method) is ok. An
-  output with ``detail.status == "not_measured"`` (``measured`` null, ``ok`` true) from
-  the hypothesis *before* the method is no check at all — nothing could be measured yet,
-  the same probe measures after the method — so it is left out of the checks (and of
-  junit.xml, summary.json's checks and the HTML table) and only named in a note; the same
-  output anywhere else is a failed check (nothing was measured where it should have been);
-- the report's own timeline checks (``gameday.report.timeline``): the trip and the
-  rollback within their SLOs when a trip is expected, no trip when none is.
-
-An experiment whose ``result.json`` says ``inconclusive`` (the gate could not have seen
-the fault, or the load generator was not valid: ``gameday.run.evidence``) is
-``inconclusive`` here too, with gameday run's reasons, unless a piece the report needs is
-missing (that fails it); the report's own findings on the gate's merits (journal, SLO
-checks, timeline) are then listed as "not judged", never as the reason it failed.
-
-The run passes when it has experiments and all of them pass; it fails when one fails
-(fail wins); else it is inconclusive when one is. This module decides and serialises; it
-never reads files or draws.
+Must never pass quietly (fail-closed, DESIGN.md §3): a missing piece, a journal Chaos
+Toolkit would accept but a release gate must not, or an unmet SLO fails the experiment.
+This module decides and serialises; it never reads files or draws.
 """
 
 from __future__ import annotations
@@ -246,6 +222,24 @@ def _expect_colour_lost(
 def summarise_experiment(
     exp: ExperimentData, findings: JournalFindings, timeline: Timeline, heatmap: HeatmapData | None
 ) -> ExperimentSummary:
+    """One experiment's verdict. It passes only when everything below holds:
+
+    - no piece the verdict depends on is missing (journal.json, result.json, records with
+      rows; timeline.json when a trip is expected; the gameday extension);
+    - ``result.json`` (what ``gameday run`` decided) says pass;
+    - Chaos Toolkit's journal: status ``completed``, not deviated, the steady state met
+      before the method, no method or rollback activity failed — Chaos Toolkit exits 0 in
+      some of these cases, a release gate must not;
+    - every SLO check of the journal is ok (``findings.journal_findings``);
+    - the report's own timeline checks (``gameday.report.timeline``): the trip and the
+      rollback within their SLOs when a trip is expected, no trip when none is.
+
+    An experiment whose ``result.json`` says ``inconclusive`` (the gate could not have
+    seen the fault, or the load generator was not valid: ``gameday.run.evidence``) is
+    ``inconclusive`` here too, with gameday run's reasons, unless a piece the report needs
+    is missing (that fails it); the report's own findings on the gate's merits (journal,
+    SLO checks, timeline) are then listed as "not judged", never as the reason it failed.
+    """
     reasons: list[str] = []
     inconclusive: list[str] = []
     if exp.result is not None:
@@ -326,6 +320,8 @@ def summarise_experiment(
 
 
 def summarise_run(run: RunData, experiments: list[ExperimentSummary]) -> Summary:
+    """The run passes when it has experiments and all of them pass; it fails when one
+    fails (fail wins) or its data is incomplete; else it is inconclusive when one is."""
     reasons = [f"incomplete: {m.piece} {m.problem}" for m in run.missing if m.required]
     failed = [e for e in experiments if e.verdict not in ("pass", "inconclusive")]
     unsure = [e for e in experiments if e.verdict == "inconclusive"]
