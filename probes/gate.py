@@ -9,10 +9,9 @@ import time
 
 from chaoslib.exceptions import ActivityFailed
 
-from canary_contract.json import JsonObject
 from canary_contract.phases import is_canary_off
 from gameday.api import ApiError, StackApi
-from gameday.evidence.events import first_phase, new_value
+from gameday.evidence.events import first_phase, trip_evidence_text
 from gameday.evidence.milestones import CLOCK_SLACK_S
 from probes._context import Configuration, Secrets, stack_api
 from probes._evidence import experiment_began, reference
@@ -33,17 +32,6 @@ def gate_summary(api: StackApi) -> str:
     return (
         f"the gate is {body.get('state')!r} with comparisons per bucket {comparisons}, "
         f"trip_status {body.get('trip_status')!r}"
-    )
-
-
-def _evidence_text(event: JsonObject) -> str:
-    trip = new_value(event.get("change"), "trip")
-    if not isinstance(trip, dict):
-        return "no evidence recorded"
-    return (
-        f"test {trip.get('test')}, bucket {trip.get('bucket')}, statistic "
-        f"{trip.get('statistic')} vs threshold {trip.get('threshold')}, "
-        f"{trip.get('samples')} samples"
     )
 
 
@@ -115,7 +103,7 @@ def gate_did_not_trip(
                 when = ""
                 if trip and fault is not None:
                     when = f" {float(trip['time']) - fault.time:+.2f} s from the fault,"
-                evidence = _evidence_text(trip) if trip else f"phase is {phase!r}"
+                evidence = trip_evidence_text(trip) if trip else f"phase is {phase!r}"
                 raise ActivityFailed(
                     "expected no trip (a fault shared by both variants must not look like a "
                     f"bad canary), but the gate tripped release {api.target.release!r}{when} "

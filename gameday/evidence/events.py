@@ -67,3 +67,15 @@ def annotation_events(
 def trips_between(events: Iterable[JsonObject], start: float, end: float) -> int:
     """How many events inside [start, end] set the phase to ``tripped``."""
     return sum(1 for e in phase_events(events, "tripped", start) if event_time(e) <= end)
+
+
+def trip_evidence_text(event: JsonObject) -> str:
+    """What a trip event says the gate saw: test, bucket, statistic vs threshold, samples."""
+    trip = new_value(event.get("change"), "trip")
+    if not isinstance(trip, dict):
+        return "no evidence recorded"
+    return (
+        f"test {trip.get('test')}, bucket {trip.get('bucket')}, statistic "
+        f"{trip.get('statistic')} vs threshold {trip.get('threshold')}, "
+        f"{trip.get('samples')} samples"
+    )
