@@ -57,9 +57,9 @@ def get_target(configuration: Configuration | None) -> Target:
 
 
 def run_dir(configuration: Configuration | None) -> Path:
-    """The experiment's folder: the configuration entry ``gameday_run_dir``, else ``$GAMEDAY_RUN_DIR``, else
-    ``reports/adhoc``: the fault ledger (``faults.jsonl``), the load records and
-    ``load.json`` live there.
+    """The experiment's folder: the configuration entry ``gameday_run_dir``, else
+    ``$GAMEDAY_RUN_DIR``, else ``reports/adhoc``. The fault ledger (``faults.jsonl``), the
+    load records and ``load.json`` live there.
     """
     chosen = (configuration or {}).get(CONFIG_RUN_DIR) or os.environ.get(ENV_RUN_DIR)
     return Path(chosen) if chosen else DEFAULT_RUN_DIR
