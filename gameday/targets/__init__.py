@@ -1,15 +1,9 @@
 """Targets: where a game day runs, described by a target file (YAML).
 
-``load_target(path)`` returns a ``Target``: the local stack (``kind: local``, the default,
-reading the ``stack.json`` that ``gameday stack up`` writes) or a Kubernetes namespace
-(``kind: kubernetes``). A target knows the service URLs, the per-replica admin URLs, the
-admin token, how to kill a pod, and its blast-radius allowlist — every fault and kill
-goes through ``Target.check_allowed`` first.
-
-Exceptions::
-
-    TargetError                  the target file or the target itself is wrong
-     └── BlastRadiusError        a component or namespace outside the allowlist
+``load_target(path)`` returns a ``Target``: the local stack (``kind: local``, the default)
+or a Kubernetes namespace (``kind: kubernetes``). Every fault and kill goes through
+``Target.check_allowed`` first (``BlastRadiusError``, a ``TargetError``, when outside the
+allowlist).
 """
 
 from gameday.targets.base import (

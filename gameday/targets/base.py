@@ -92,7 +92,11 @@ class KubernetesTargetSpec(BaseModel):
 
 
 class Target(ABC):
-    """Where experiments act. Subclasses: LocalTarget, KubernetesTarget.
+    """Where experiments act. Subclasses: LocalTarget (reading the ``stack.json`` that
+    ``gameday stack up`` writes), KubernetesTarget.
+
+    A target knows the service URLs, the per-replica admin URLs, the admin token, how to
+    kill a pod, and its blast-radius allowlist.
 
     A subclass that sets ``spec_model`` (its target file's schema) joins ``KINDS`` under
     its ``kind``: ``parse_target`` builds it with ``from_spec``.
