@@ -71,7 +71,7 @@ class Collector:
     and of this process's CPU over each tick), whether Locust warned "CPU usage above 90%"
     (``cpu_warnings``), the most users it ran (``peak_users``), and for the whole test its wall
     time (``test_wall_s``) and the achieved request rate (``achieved_rps``).
-    ``gameday.load.runner.load_problems`` judges them.
+    ``gameday.load.generator.load_problems`` judges them.
     """
 
     def __init__(self, environment: Any, counters: Callable[[], JsonObject]) -> None:
