@@ -6,6 +6,7 @@ give a frame without every column of its schema (absent ones come back all-null)
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -46,6 +47,34 @@ def empty_frame(columns: dict[str, str]) -> pd.DataFrame:
     return pd.DataFrame({name: pd.Series(dtype=dtype) for name, dtype in columns.items()})
 
 
+@dataclass(frozen=True)
+class _Piece:
+    """One records file being read, and how its problems are said (``Missing``)."""
+
+    experiment: str
+    piece: str
+    columns: dict[str, str]
+    key_columns: tuple[str, ...]
+    missing: list[Missing]
+    required: bool
+    effect: str
+
+    def fail(self, problem: str, piece: str | None = None, effect: str | None = None) -> None:
+        """A problem that costs what ``effect`` says (and the verdict when required)."""
+        self.missing.append(
+            Missing(
+                self.experiment, piece or self.piece, problem, effect or self.effect, self.required
+            )
+        )
+
+    def note(self, problem: str, effect: str) -> None:
+        """A problem the verdict does not depend on."""
+        self.missing.append(Missing(self.experiment, self.piece, problem, effect, False))
+
+    def empty(self) -> pd.DataFrame:
+        return empty_frame(self.columns)
+
+
 def read_parquet(
     path: Path,
     columns: dict[str, str],
@@ -64,124 +93,65 @@ def read_parquet(
     rows came from how many parts, and which parts could not be read (their rows are
     lost: that note fails the verdict when the file is required).
     """
-    piece = path.name
+    p = _Piece(experiment, path.name, columns, key_columns, missing, required, effect)
     if not path.exists():
         if part_paths(path):
-            return _read_parts(path, columns, key_columns, experiment, missing, required, effect)
-        if quiet_when_absent:
-            return empty_frame(columns)
-        missing.append(Missing(experiment, piece, "absent", effect, required))
-        return empty_frame(columns)
+            return _read_parts(path, p)
+        if not quiet_when_absent:
+            p.fail("absent")
+        return p.empty()
     try:
         pfile = pq.ParquetFile(path)
         present = [c for c in columns if c in pfile.schema_arrow.names]
         dictionary = [c for c in present if columns[c] == "category"]
         table = pq.read_table(path, columns=present, read_dictionary=dictionary)
     except (OSError, pa.ArrowException, ValueError) as exc:
-        missing.append(Missing(experiment, piece, f"unreadable ({short(exc)})", effect, required))
-        return empty_frame(columns)
-    return _frame(
-        table, present, columns, key_columns, experiment, piece, missing, required, effect
-    )
+        p.fail(f"unreadable ({short(exc)})")
+        return p.empty()
+    return _frame(table, present, p)
 
 
-def _read_parts(
-    path: Path,
-    columns: dict[str, str],
-    key_columns: tuple[str, ...],
-    experiment: str,
-    missing: list[Missing],
-    required: bool,
-    effect: str,
-) -> pd.DataFrame:
-    piece = path.name
+def _read_parts(path: Path, p: _Piece) -> pd.DataFrame:
     try:
         found = read_records_report(path)
     except (OSError, pa.ArrowException, ValueError) as exc:
-        missing.append(Missing(experiment, piece, f"unreadable ({short(exc)})", effect, required))
-        return empty_frame(columns)
+        p.fail(f"unreadable ({short(exc)})")
+        return p.empty()
     pattern = f"{path.stem}.part-*.parquet"
     if found.skipped:
-        missing.append(
-            Missing(
-                experiment,
-                pattern,
-                f"{len(found.skipped)} part(s) unreadable: " + "; ".join(found.skipped),
-                "the rows in those parts are lost: the records are incomplete",
-                required,
-            )
+        p.fail(
+            f"{len(found.skipped)} part(s) unreadable: " + "; ".join(found.skipped),
+            piece=pattern,
+            effect="the rows in those parts are lost: the records are incomplete",
         )
     if found.source != "parts":
-        missing.append(
-            Missing(
-                experiment,
-                piece,
-                f"absent; only {len(found.skipped)} part(s) ({pattern}) exist and none "
-                "could be read (the run was interrupted)",
-                effect,
-                required,
-            )
+        p.fail(
+            f"absent; only {len(found.skipped)} part(s) ({pattern}) exist and none "
+            "could be read (the run was interrupted)"
         )
-        return empty_frame(columns)
-    missing.append(
-        Missing(
-            experiment,
-            piece,
-            f"absent (the writer never merged it: the run was interrupted); "
-            f"{found.table.num_rows} rows read from {len(found.parts)} closed part(s) "
-            f"({pattern})",
-            "rows not yet flushed when the writer died (its last batch) are not there",
-            False,
-        )
+        return p.empty()
+    p.note(
+        f"absent (the writer never merged it: the run was interrupted); "
+        f"{found.table.num_rows} rows read from {len(found.parts)} closed part(s) "
+        f"({pattern})",
+        "rows not yet flushed when the writer died (its last batch) are not there",
     )
-    table = found.table
-    present = [c for c in columns if c in table.column_names]
-    return _frame(
-        table.select(present),
-        present,
-        columns,
-        key_columns,
-        experiment,
-        piece,
-        missing,
-        required,
-        effect,
-    )
+    present = [c for c in p.columns if c in found.table.column_names]
+    return _frame(found.table.select(present), present, p)
 
 
-def _frame(
-    table: pa.Table,
-    present: list[str],
-    columns: dict[str, str],
-    key_columns: tuple[str, ...],
-    experiment: str,
-    piece: str,
-    missing: list[Missing],
-    required: bool,
-    effect: str,
-) -> pd.DataFrame:
-    lacking = [c for c in key_columns if c not in present]
+def _frame(table: pa.Table, present: list[str], p: _Piece) -> pd.DataFrame:
+    lacking = [c for c in p.key_columns if c not in present]
     if lacking:
-        missing.append(
-            Missing(experiment, piece, f"lacks the column(s) {lacking}", effect, required)
-        )
-        return empty_frame(columns)
+        p.fail(f"lacks the column(s) {lacking}")
+        return p.empty()
     if table.num_rows == 0:
-        missing.append(Missing(experiment, piece, "has no rows", effect, required))
-        return empty_frame(columns)
-    other = [c for c in columns if c not in present]
+        p.fail("has no rows")
+        return p.empty()
+    other = [c for c in p.columns if c not in present]
     if other:
-        missing.append(
-            Missing(
-                experiment,
-                piece,
-                f"lacks the column(s) {other}",
-                "figures that need them stay empty",
-                False,
-            )
-        )
-    frame = table.to_pandas()
-    return _normalise(frame, columns)
+        p.note(f"lacks the column(s) {other}", "figures that need them stay empty")
+    return _normalise(table.to_pandas(), p.columns)
 
 
 def _normalise(frame: pd.DataFrame, columns: dict[str, str]) -> pd.DataFrame:
