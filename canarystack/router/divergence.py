@@ -115,14 +115,21 @@ class PositionScore:
     top1_agree: bool
 
 
-def compare_positions(a: list[Position], b: list[Position], greedy: bool) -> list[PositionScore]:
+def compare_positions(
+    a: list[Position], b: list[Position], greedy: bool, topk: int | None = None
+) -> list[PositionScore]:
     """Scores at the positions where both sides condition on the same prefix.
 
     Which positions are compared. Position 0 (the first generated token) always: both sides
     condition on the same prompt. Position i > 0 only while both requests decode greedily
     (``temperature == 0``) and the tokens generated at positions 0..i-1 agree on both sides —
     otherwise the two sides condition on different prefixes and their distributions are not
-    comparable. The top-k lists are cut to the shorter side's k.
+    comparable. The top-k lists are cut to the shorter side's k, and to ``topk`` (the k the
+    router asked for) when given: a completions answer also lists its *sampled* token
+    (vLLM does, so does the simulator), which at temperature > 0 is now and then outside the
+    top k. That extra entry is no part of the top-k set ``kl_topk``'s floor assumes: two
+    sides that each sampled a different token beyond the top k would compare at up to ~0.6
+    nats with identical distributions.
     """
     scores: list[PositionScore] = []
     for i in range(min(len(a), len(b))):
@@ -132,6 +139,8 @@ def compare_positions(a: list[Position], b: list[Position], greedy: bool) -> lis
             break
         pa, pb = a[i].top, b[i].top
         k = min(len(pa), len(pb))
+        if topk is not None:
+            k = min(k, topk)
         if k == 0:
             break
         pa, pb = truncate_top(pa, k), truncate_top(pb, k)
@@ -160,6 +169,7 @@ class _Pairing:
     bucket: str
     prompt_tokens: int
     request_id: str
+    topk: int
 
     def record(self, positions: int, kl_mean: float, kl_first: float, agree: float) -> JsonObject:
         """The comparison record (docs/ARCHITECTURE.md §3) with these scores."""
@@ -181,7 +191,7 @@ class _Pairing:
 
     def compared(self, greedy: bool) -> JsonObject | None:
         """The scored comparison, or None when nothing is comparable."""
-        scores = compare_positions(self.a.positions, self.b.positions, greedy)
+        scores = compare_positions(self.a.positions, self.b.positions, greedy, self.topk)
         if not scores:
             return None
         kls = [s.kl for s in scores]
@@ -204,6 +214,7 @@ def comparison_result(
     bucket: str,
     prompt_tokens: int,
     request_id: str,
+    topk: int,
 ) -> tuple[str, JsonObject | None]:
     """(result for the metric, record for the gate or None) for two sides that answered.
 
@@ -221,7 +232,7 @@ def comparison_result(
     """
     a_bad = a.invalid or (MISSING if b.positions and not a.positions else None)
     b_bad = b.invalid or (MISSING if a.positions and not b.positions else None)
-    pairing = _Pairing(pair, a, b, bucket, prompt_tokens, request_id)
+    pairing = _Pairing(pair, a, b, bucket, prompt_tokens, request_id, topk)
     if pair == "baseline-canary":
         if a_bad is not None:
             return "baseline_invalid", None

@@ -78,6 +78,7 @@ class ShadowSession:
         settings = st.shadow.settings
         user_k = user_logprobs_k(body, chat)
         k = max(user_k or 0, settings.topk)
+        self.topk = k  # what both sides are asked for: the comparison reads no more
         # What the user's own request carries upstream: the logprobs the comparison reads
         # (the collector strips those the user did not ask for from the answer).
         self.payload = strictjson.dumps_bytes(with_logprobs(body, chat, k))
@@ -284,6 +285,7 @@ class ShadowSession:
             bucket=ctx.bucket,
             prompt_tokens=ctx.prompt_tokens,
             request_id=ctx.request_id,
+            topk=self.topk,
         )
         stats.on_request(pair, result)
         if record is None:
