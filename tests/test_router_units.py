@@ -412,7 +412,14 @@ def _side(top: dict[str, float] | None = None, invalid: str | None = None) -> Si
 
 def _result(pair: str, a: SideResult, b: SideResult) -> tuple[str, dict[str, object] | None]:
     return comparison_result(
-        pair=pair, a=a, b=b, greedy=True, bucket="0-512", prompt_tokens=3, request_id="r"
+        pair=pair,
+        a=a,
+        b=b,
+        greedy=True,
+        bucket="0-512",
+        prompt_tokens=3,
+        request_id="r",
+        topk=5,
     )
 
 
@@ -476,3 +483,25 @@ def test_long_prompts_are_counted_in_slices_with_the_same_count() -> None:
         assert count_tokens(text) == tokenizer.count_tokens(text)
     long = make_prompt(100_000, seed=2)
     assert prompt_tokens_of({"prompt": long}) == 100_000
+
+
+def test_a_sampled_token_beyond_the_top_k_is_not_compared() -> None:
+    """A completions answer lists its sampled token in top_logprobs too (vLLM, simulator):
+    at temperature 1 each side may append a different one beyond the top 5. Two sides with
+    identical distributions must still compare at KL 0 (was 0.27: the noise floor of one
+    gameday run rose 50x from one such baseline-baseline comparison)."""
+    top5 = {" a": -0.5, " b": -1.6, " c": -2.3, " d": -2.9, " e": -3.2}
+    a = SideResult(positions=[Position(" f", {**top5, " f": -3.5})], version="v1")  # rank 6
+    b = SideResult(positions=[Position(" zz", {**top5, " zz": -8.8})], version="v1")  # tail
+    result, record = comparison_result(
+        pair="baseline-baseline",
+        a=a,
+        b=b,
+        greedy=False,
+        bucket="1k-2k",
+        prompt_tokens=1500,
+        request_id="r",
+        topk=5,
+    )
+    assert result == "ok" and record is not None
+    assert record["kl_mean"] == 0.0 and record["top1_agree"] == 1.0
