@@ -12,7 +12,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictInt, model_validator
 
+from canary_contract.broker import MAX_TRIP_COLOURS
 from canary_contract.json import JsonObject
+from canary_contract.samples import TOKEN_PATTERN, TRACE_ID_PATTERN
 from canarystack.broker.phases import Phase
 from canarystack.broker.wire import MAX_INT64
 from canarystack.common import strictjson
@@ -61,15 +63,14 @@ class Weights(_Body):
     canary: Annotated[float, Field(strict=True, ge=0, le=100, allow_inf_nan=False)]
 
 
-# A trip's example colours (``canarystack.common.colour``): at most this many, each a
-# request id and trace id the gate saw in the samples behind the trip, and their tag.
-MAX_TRIP_COLOURS = 8
-Token = Annotated[str, Field(pattern=r"^[A-Za-z0-9._:/=+-]{1,128}$")]
+# A trip's example colours (``canarystack.common.colour``): at most MAX_TRIP_COLOURS, each
+# a request id and trace id the gate saw in the samples behind the trip, and their tag.
+Token = Annotated[str, Field(pattern=TOKEN_PATTERN)]
 
 
 class TripColour(_Body):
     request_id: Token
-    trace_id: Annotated[str, Field(pattern=r"^[0-9a-f]{32}$")]
+    trace_id: Annotated[str, Field(pattern=TRACE_ID_PATTERN)]
     tag: Token | None = None
 
 

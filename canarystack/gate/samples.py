@@ -27,12 +27,10 @@ from canary_contract.samples import (
     MAX_PROMPT_TOKENS,
     MAX_TIME,
     MAX_TTFT_S,
+    TOKEN_PATTERN,
+    TRACE_ID_PATTERN,
 )
 
-# A sample's colour (``canarystack.common.colour``): the request id and traffic tag are
-# printable tokens of at most 128 characters, the trace id 32 lower-case hex digits.
-TOKEN_PATTERN = r"^[A-Za-z0-9._:/=+-]{1,128}$"
-TRACE_ID_PATTERN = r"^[0-9a-f]{32}$"
 # Colours kept per bucket and kind of sample (the most recent ones), and how many of them
 # a trip's evidence carries.
 COLOURS_PER_BUCKET = 16

@@ -38,7 +38,7 @@ FORWARDED_HEADERS = ("authorization", "tracestate")
 
 
 def request_colour(request: web.Request, comp: Component) -> Colour:
-    """The request's colour: the one the colouring middleware (``common/app.py``) put on
+    """The request's colour: the one the colouring middleware (``common/colour_http.py``) put on
     the request, which also records the router's hop; else parsed here, and the hop is
     recorded here."""
     colour = request.get(COLOUR_KEY)
