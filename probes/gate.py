@@ -1,22 +1,34 @@
-"""Chaos Toolkit probes of the canary gate: did it trip, and how long after the fault.
+"""Chaos Toolkit probes of the canary gate: did it trip, how long after the fault, and did
+it have a noise floor before the fault.
 
-Both only read the broker (and the gate's state for the messages).
+They only read the broker and the gate (``wait_for_noise_floor`` also writes what it
+found into the run folder).
 """
 
 from __future__ import annotations
 
+import json
+import os
 import time
 
 from chaoslib.exceptions import ActivityFailed
 
+from canary_contract.json import JsonObject
 from canary_contract.phases import is_canary_off
 from gameday.api import ApiError, StackApi
 from gameday.evidence.events import first_phase, trip_evidence_text
 from gameday.evidence.milestones import CLOCK_SLACK_S
-from probes._context import Configuration, Secrets, stack_api
+from gameday.evidence.noise_floor import (
+    DEFAULT_MIN_SAMPLES,
+    NOISE_WAIT_NAME,
+    FloorReading,
+    floor_reading,
+    unmeasured_message,
+)
+from probes._context import Configuration, Secrets, positive, run_dir, stack_api
 from probes._evidence import experiment_began, reference
 
-__all__ = ["gate_did_not_trip", "wait_for_trip"]
+__all__ = ["gate_did_not_trip", "wait_for_noise_floor", "wait_for_trip"]
 
 MAX_WAIT_S = 600.0
 
@@ -112,3 +124,95 @@ def gate_did_not_trip(
             if time.monotonic() >= end:
                 return True
             time.sleep(max(0.05, float(poll_s)))
+
+
+def _min_samples(value: object) -> int:
+    if isinstance(value, str):
+        value = value.strip()
+        try:
+            value = int(value)
+        except ValueError:
+            pass
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 10**6:
+        raise ActivityFailed(
+            "argument min_samples must be a whole number from 1 to 1000000 (the gate's "
+            f"--noise-min-samples), got {value!r}"
+        )
+    return value
+
+
+def _write_wait(configuration: Configuration | None, doc: JsonObject) -> None:
+    folder = run_dir(configuration)
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = folder / f".{NOISE_WAIT_NAME}.tmp"
+    tmp.write_text(json.dumps(doc, indent=2) + "\n")
+    os.replace(tmp, folder / NOISE_WAIT_NAME)
+
+
+def wait_for_noise_floor(
+    deadline_s: float = 30.0,
+    poll_s: float = 0.5,
+    min_samples: int = DEFAULT_MIN_SAMPLES,
+    configuration: Configuration | None = None,
+    secrets: Secrets | None = None,
+) -> JsonObject:
+    """Wait until the gate's ``all`` noise floor is its own (``min_samples``
+    baseline-baseline comparisons, the gate's ``--noise-min-samples``) and above 0;
+    returns ``{"measured": True, "samples", "kl", "kl_mean", "waited_s", ...}``.
+
+    Put it just before the fault, after the load's warm-up: a faulty kernel judged against
+    a floor of 0 tests nothing, and a control's "no trip" must come with a gate that had
+    calibrated. What it found goes to ``noise-floor-wait.json`` in the run folder (the
+    verdict's evidence, ``gameday.evidence.noise_floor``). At the deadline it raises
+    ``ActivityFailed`` naming the count, the minimum and what to do; it never passes
+    quietly::
+
+        - type: probe
+          name: gate-has-a-noise-floor
+          provider: {type: python, module: probes.gate, func: wait_for_noise_floor,
+                     arguments: {deadline_s: "${noise_wait_s}"}}
+    """
+    wait_s = positive("deadline_s", deadline_s, MAX_WAIT_S)
+    every_s = positive("poll_s", poll_s, 60.0)
+    need = _min_samples(min_samples)
+    start = time.monotonic()
+    reading: FloorReading | None = None
+    error = ""
+    with stack_api(configuration, "waiting for the gate's noise floor") as api:
+        while True:
+            try:
+                reading = floor_reading(api.gate_state())
+                error = ""
+            except ApiError as exc:  # a gate being restarted: keep waiting
+                error = str(exc)
+            waited = time.monotonic() - start
+            if reading is not None and reading.measured(need):
+                doc: JsonObject = {
+                    "measured": True,
+                    "min_samples": need,
+                    "waited_s": round(waited, 3),
+                    "read_at": time.time(),
+                    **reading.to_json(),
+                }
+                _write_wait(configuration, doc)
+                return doc
+            if waited >= wait_s:
+                break
+            time.sleep(min(every_s, max(0.0, wait_s - waited)))
+    message = unmeasured_message(reading, need, waited)
+    if error:
+        message += f" (the last read failed: {error})"
+    _write_wait(
+        configuration,
+        {
+            "measured": False,
+            "min_samples": need,
+            "waited_s": round(waited, 3),
+            "read_at": time.time(),
+            "message": message,
+            **(reading.to_json() if reading is not None else {}),
+        },
+    )
+    raise ActivityFailed(message)

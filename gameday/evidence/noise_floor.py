@@ -1,0 +1,136 @@
+"""Did the gate have a noise floor of its own before the fault? (issue #14, item 5)
+
+A faulty kernel judged against a floor of 0 tests nothing, and a control's "no trip"
+against no floor shows no calibration: the gate must have measured the baseline-baseline
+noise before the fault. ``probes.gate.wait_for_noise_floor`` waits for it and writes what
+it found (``NOISE_WAIT_NAME`` in the run folder); ``noise_wait_reasons`` says why that
+makes the experiment inconclusive. Pure: nothing here reads files or talks to a component.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from canary_contract.json import JsonObject
+
+__all__ = [
+    "ALL_SCOPE",
+    "DEFAULT_MIN_SAMPLES",
+    "NOISE_WAIT_NAME",
+    "FloorReading",
+    "floor_reading",
+    "noise_wait_reasons",
+    "unmeasured_message",
+]
+
+NOISE_WAIT_NAME = "noise-floor-wait.json"
+ALL_SCOPE = "all"  # every bucket pooled: the floor a sparse bucket falls back to
+DEFAULT_MIN_SAMPLES = 20  # the gate's --noise-min-samples default
+
+
+def _count(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return 0
+    return int(value) if math.isfinite(value) and value > 0 else 0
+
+
+def _figure(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if math.isfinite(value) and value >= 0 else None
+
+
+@dataclass(frozen=True)
+class FloorReading:
+    """The ``all`` scope's noise floor in one gate answer (``GET /v1/gate/<release>``).
+
+    ``samples``: baseline-baseline comparisons in the floor's window; ``source``: the
+    scope whose floor the gate uses (``"none"``: too few, the gate tests against 0);
+    ``kl``: the floor (mean + 2 SE of their KL); ``comparisons``: every baseline-baseline
+    comparison the buckets counted.
+    """
+
+    samples: int
+    source: str | None
+    kl: float | None
+    kl_mean: float | None
+    comparisons: int
+
+    def measured(self, min_samples: int) -> bool:
+        """A floor of the ``all`` scope's own, from at least ``min_samples`` comparisons,
+        above 0 (a floor of exactly 0 is bit-identical replicas: nothing calibrated)."""
+        return (
+            self.source == ALL_SCOPE
+            and self.samples >= min_samples
+            and self.kl is not None
+            and self.kl > 0
+        )
+
+    def to_json(self) -> JsonObject:
+        return {
+            "samples": self.samples,
+            "source": self.source,
+            "kl": self.kl,
+            "kl_mean": self.kl_mean,
+            "noise_comparisons": self.comparisons,
+        }
+
+
+def floor_reading(state: JsonObject) -> FloorReading:
+    """The ``all`` scope's floor from the gate's answer (missing fields read as none)."""
+    floors = state.get("noise_floor")
+    raw = floors.get(ALL_SCOPE) if isinstance(floors, dict) else None
+    scope: JsonObject = raw if isinstance(raw, dict) else {}
+    buckets = state.get("buckets")
+    counted = sum(
+        _count(b.get("noise_comparisons"))
+        for b in (buckets.values() if isinstance(buckets, dict) else [])
+        if isinstance(b, dict)
+    )
+    source = scope.get("source")
+    return FloorReading(
+        samples=_count(scope.get("samples")),
+        source=source if isinstance(source, str) else None,
+        kl=_figure(scope.get("kl")),
+        kl_mean=_figure(scope.get("kl_mean")),
+        comparisons=counted,
+    )
+
+
+def unmeasured_message(reading: FloorReading | None, min_samples: int, waited_s: float) -> str:
+    """Why the floor is not measured after ``waited_s`` seconds, and what to do."""
+    if reading is None:
+        seen = "the gate could not be read"
+    elif reading.samples >= min_samples and reading.source == ALL_SCOPE:
+        seen = (
+            f"the gate's floor is {reading.kl!r} over {reading.samples} baseline-baseline "
+            "comparisons: bit-identical replicas (is the model servers' --batch-noise off?)"
+        )
+    else:
+        seen = (
+            f"the gate had {reading.samples} baseline-baseline comparisons in its "
+            f"'{ALL_SCOPE}' noise floor (source {reading.source!r}), fewer than the "
+            f"{min_samples} it needs (--noise-min-samples)"
+        )
+    return (
+        f"no noise floor before the fault after waiting {waited_s:.1f} s: {seen}; a fault "
+        "judged against a floor of 0 proves nothing, so the experiment is inconclusive "
+        "(give the load a longer warm-up (GAMEDAY_WARMUP_S, GAMEDAY_NOISE_WAIT_S) or send "
+        "more baseline-baseline copies (the router's --shadow-noise-fraction))"
+    )
+
+
+def noise_wait_reasons(doc: JsonObject | None) -> list[str]:
+    """Why the gate had no noise floor before the fault (empty: it had one, or the
+    experiment did not wait for one). ``doc`` is ``NOISE_WAIT_NAME`` as the probe wrote it;
+    one that cannot be read counts as unmeasured (fail-closed)."""
+    if doc is None:
+        return []
+    if doc.get("measured") is True:
+        return []
+    message = doc.get("message")
+    if isinstance(message, str) and message.strip():
+        return [message]
+    return [f"{NOISE_WAIT_NAME} does not say the noise floor was measured before the fault"]
