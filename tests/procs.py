@@ -43,6 +43,15 @@ def stopping(group: G) -> Iterator[G]:
         group.stop_all()
 
 
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this PID exists (signal 0)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -19,23 +19,15 @@ from gameday import dependency as dep
 from gameday.faults import FaultLedger
 from gameday.targets.base import BlastRadiusError, parse_target
 from tests.procs import wait_for
-from tests.run_support import free_base_port
 from tests.test_dependency_support import needs_redis
-from tests.test_stack_cli import gameday, status
+from tests.test_stack_cli import cli_stack, status
 
 pytestmark = needs_redis
 
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    state_dir = tmp_path_factory.mktemp("depstack") / "state"
-    base = free_base_port()
-    res = gameday("stack", "up", "--state-dir", str(state_dir), "--base-port", str(base))
-    try:
-        assert res.returncode == 0, res.stdout + res.stderr
-        yield {"state_dir": state_dir, "base": base}
-    finally:
-        gameday("stack", "down", "--state-dir", str(state_dir))
+    yield from cli_stack(tmp_path_factory, "depstack")
 
 
 def redis_pid(state_dir: Path) -> int:

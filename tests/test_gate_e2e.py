@@ -150,16 +150,22 @@ def long_comparisons(state: dict[str, Any]) -> int:
     return int(sum(state["buckets"][b]["comparisons"] for b in ("2k-4k", "4k+")))
 
 
+def wait_long_comparisons(stack: Stack) -> None:
+    """Until the gate holds five comparisons of long prompts (the buckets a kernel fault
+    from 2k tokens on reaches)."""
+    wait_for(
+        lambda: long_comparisons(gate_state(stack)) >= 5,
+        timeout=30,
+        what="long-prompt comparisons at the gate",
+    )
+
+
 def test_faulty_kernel_canary_trips_and_rolls_back(spawn: Spawner, tmp_path: Path) -> None:
     stack = start_stack(spawn, tmp_path)
     traffic = Traffic(stack.url, seed=1)
     traffic.start()
     try:
-        wait_for(
-            lambda: long_comparisons(gate_state(stack)) >= 5,
-            timeout=30,
-            what="long-prompt comparisons at the gate",
-        )
+        wait_long_comparisons(stack)
         assert stack.api.release("default")["phase"] == "progressing"
         fault_time = time.time()
         inject(
@@ -209,11 +215,7 @@ def run_healthy(stack: Stack, seconds: float, during: Any = None) -> Traffic:
     traffic = Traffic(stack.url, seed=2)
     traffic.start()
     try:
-        wait_for(
-            lambda: long_comparisons(gate_state(stack)) >= 5,
-            timeout=30,
-            what="long-prompt comparisons at the gate",
-        )
+        wait_long_comparisons(stack)
         if during is not None:
             during()
         deadline = time.monotonic() + seconds

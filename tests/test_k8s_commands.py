@@ -39,7 +39,7 @@ from tests.k8s_render import (
     pod_spec,
     render,
 )
-from tests.procs import free_port, wait_for
+from tests.procs import free_port, stopping, wait_for
 
 pytestmark = [pytest.mark.skipif(kubectl() is None, reason=NO_KUBECTL), pytest.mark.slow]
 
@@ -83,11 +83,8 @@ class Pods:
 
 @pytest.fixture
 def pods(tmp_path: Path) -> Iterator[Pods]:
-    p = Pods(tmp_path)
-    try:
+    with stopping(Pods(tmp_path)) as p:
         yield p
-    finally:
-        p.stop_all()
 
 
 CREDENTIALS_MOUNT = "/var/run/canarystack/credentials"

@@ -23,7 +23,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from tests.procs import Proc, Spawner, free_port, wait_for
+from tests.procs import Proc, Spawner, free_port, stopping, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -68,11 +68,8 @@ class Group:
 
 @pytest.fixture
 def group(tmp_path: Path) -> Iterator[Group]:
-    g = Group(tmp_path)
-    try:
+    with stopping(Group(tmp_path)) as g:
         yield g
-    finally:
-        g.stop_all()
 
 
 @pytest.fixture

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import requests
 
-from tests.procs import wait_for
+from tests.procs import pid_alive, wait_for
 from tests.run_support import free_base_port
 
 GAMEDAY = str(Path(sys.executable).with_name("gameday"))
@@ -39,17 +39,10 @@ def status(state_dir: Path) -> dict[str, Any]:
     return dict(json.loads(res.stdout))
 
 
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    state_dir = tmp_path_factory.mktemp("stack") / "state"
+def cli_stack(tmp_path_factory: pytest.TempPathFactory, name: str) -> Iterator[dict[str, Any]]:
+    """A real stack for a test module, up by ``gameday stack up`` on a free base port and
+    down by ``gameday stack down`` after."""
+    state_dir = tmp_path_factory.mktemp(name) / "state"
     base = free_base_port()
     res = gameday("stack", "up", "--state-dir", str(state_dir), "--base-port", str(base))
     try:
@@ -57,6 +50,11 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
         yield {"state_dir": state_dir, "base": base, "up_stdout": res.stdout}
     finally:
         gameday("stack", "down", "--state-dir", str(state_dir))
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    yield from cli_stack(tmp_path_factory, "stack")
 
 
 def test_up_starts_every_component_and_creates_the_release(stack: dict[str, Any]) -> None:
