@@ -6,31 +6,16 @@ This module must never import aiohttp or the HTTP layer.
 
 from __future__ import annotations
 
-from canary_contract.json import JsonObject
+from canarystack.common.error_fields import ErrorFields
 
 
-class BrokerDomainError(Exception):
+class BrokerDomainError(ErrorFields):
     """A request the broker refuses; see the subclasses.
 
-    The HTTP layer maps each to its status, in one place (``server.to_api_error``). Each
-    carries the message a person reads (what was wrong, what to do), the field it is about
-    (``param``), a machine-readable ``code`` and any ``extra`` fields of the answer (e.g.
-    the current revision of a compare-and-set conflict).
+    The HTTP layer maps each to its status, in one place (``server.to_api_error``); the
+    answer's fields are ``ErrorFields``' (``extra``: e.g. the current revision of a
+    compare-and-set conflict).
     """
-
-    def __init__(
-        self,
-        message: str,
-        *,
-        param: str | None = None,
-        code: str | None = None,
-        extra: JsonObject | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.message = message
-        self.param = param
-        self.code = code
-        self.extra = dict(extra or {})
 
 
 class Missing(BrokerDomainError):

@@ -19,6 +19,7 @@ from pydantic import BaseModel, ValidationError
 from canary_contract.errors import ErrorKind
 from canary_contract.json import JsonObject
 from canarystack.common import strictjson
+from canarystack.common.error_fields import ErrorFields
 from canarystack.common.logs import get_logger
 
 _log = get_logger("http")
@@ -45,7 +46,7 @@ class StartupError(CanaryStackError):
     and says what to do. Entry points print it and exit 1 (``cli.entry``)."""
 
 
-class ApiError(CanaryStackError):
+class ApiError(CanaryStackError, ErrorFields):
     """An error a client can cause or must see, with its HTTP status."""
 
     status = 400
@@ -60,11 +61,7 @@ class ApiError(CanaryStackError):
         code: str | None = None,
         extra: JsonObject | None = None,
     ) -> None:
-        super().__init__(message)
-        self.message = message
-        self.param = param
-        self.code = code
-        self.extra = extra or {}
+        super().__init__(message, param=param, code=code, extra=extra)
         if status is not None:
             self.status = status
 

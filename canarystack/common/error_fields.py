@@ -1,0 +1,29 @@
+"""The fields every refused request's answer carries, for errors raised on both sides of
+the HTTP layer (``canarystack.common.errors.ApiError`` and the broker's domain errors).
+
+This module must never import aiohttp or the HTTP layer.
+"""
+
+from __future__ import annotations
+
+from canary_contract.json import JsonObject
+
+
+class ErrorFields(Exception):
+    """An error with what its JSON answer says: the message a person reads (what was
+    wrong, what to do), the field it is about (``param``), a machine-readable ``code`` and
+    any ``extra`` top-level fields (e.g. the current revision of a conflict)."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        extra: JsonObject | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.code = code
+        self.extra = dict(extra or {})
