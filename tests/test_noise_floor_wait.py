@@ -73,24 +73,26 @@ def test_it_returns_the_count_and_the_floor_once_the_gate_has_measured_it(
     assert noise_wait_reasons(written(cfg)) == []
 
 
-def test_without_baseline_baseline_comparisons_it_fails_naming_count_minimum_and_remedy(
-    spawn: Spawner, tmp_path: Path
+@pytest.mark.parametrize("noise_sent", [0, 5])
+def test_without_enough_baseline_baseline_comparisons_it_fails_naming_count_minimum_and_remedy(
+    spawn: Spawner, tmp_path: Path, noise_sent: int
 ) -> None:
     broker, _, gate = setup_stack(spawn, tmp_path, "--noise-min-samples", "20")
     cfg = config_for(gate, broker, tmp_path)
-    # Baseline-canary comparisons only: the gate watches, but has no floor of its own,
-    # and 5 baseline-baseline ones are fewer than the 20 it needs.
+    # Baseline-canary comparisons: the gate watches, but has no floor of its own (none,
+    # or 5 baseline-baseline comparisons: fewer than the 20 it needs).
     assert post(gate, batch([comparison("2k-4k", 0.001) for _ in range(30)])).status_code == 200
-    assert post(gate, noise(5)).status_code == 200
+    if noise_sent:
+        assert post(gate, noise(noise_sent)).status_code == 200
     with pytest.raises(ActivityFailed) as failed:
         wait_for_noise_floor(deadline_s=1.5, poll_s=0.2, min_samples=20, configuration=cfg)
     message = str(failed.value)
-    assert "5 baseline-baseline comparisons" in message
+    assert f"had {noise_sent} baseline-baseline comparisons" in message
     assert "fewer than the 20" in message
-    assert "inconclusive" in message
+    assert "cannot pass" in message
     assert "GAMEDAY_WARMUP_S" in message and "--shadow-noise-fraction" in message
     doc = written(cfg)
-    assert doc["measured"] is False and doc["samples"] == 5 and doc["min_samples"] == 20
+    assert doc["measured"] is False and doc["samples"] == noise_sent and doc["min_samples"] == 20
     assert noise_wait_reasons(doc) == [message]
 
 

@@ -116,7 +116,7 @@ def unmeasured_message(reading: FloorReading | None, min_samples: int, waited_s:
         )
     return (
         f"no noise floor before the fault after waiting {waited_s:.1f} s: {seen}; a fault "
-        "judged against a floor of 0 proves nothing, so the experiment is inconclusive "
+        "judged against a floor of 0 proves nothing, so this experiment cannot pass "
         "(give the load a longer warm-up (GAMEDAY_WARMUP_S, GAMEDAY_NOISE_WAIT_S) or send "
         "more baseline-baseline copies (the router's --shadow-noise-fraction))"
     )
