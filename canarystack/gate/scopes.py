@@ -12,8 +12,8 @@ This module must never do I/O.
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from dataclasses import asdict, dataclass, field
+from typing import Literal
 
 from canary_contract.json import JsonObject
 from canarystack.gate.samples import Comparison, Outcome
@@ -96,11 +96,5 @@ class Ingested:
     def ignore(self, reason: str, n: int = 1) -> None:
         self.ignored[reason] = self.ignored.get(reason, 0) + n
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "comparisons": self.comparisons,
-            "noise_comparisons": self.noise_comparisons,
-            "outcomes": self.outcomes,
-            "ignored": dict(self.ignored),
-            "duplicate": self.duplicate,
-        }
+    def to_json(self) -> JsonObject:
+        return asdict(self)
