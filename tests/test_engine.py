@@ -41,7 +41,7 @@ from tests.engine_support import (
     kv_cache_type,
     prompt,
 )
-from tests.procs import ADMIN_TOKEN, Proc, Spawner, wait_for
+from tests.procs import ADMIN_TOKEN, Proc, Spawner, post_fault, wait_for
 from tests.test_dependency_support import needs_redis, redis_server
 
 pytestmark = pytest.mark.engine
@@ -348,11 +348,8 @@ def test_broken_kernel_modes_are_refused_naming_the_engines_modes(
     names the mode and the modes the engine pod has, and no rollout starts."""
     pod = start_pod(spawn, gguf_path, tmp_path)
     for mode in ("nan-logits", "inf-logits", "garbage"):
-        resp = requests.post(
-            pod.url + "/admin/faults",
-            json={"kind": "kernel", "ttl_s": 30, "mode": mode},
-            headers=ADMIN,
-            timeout=5,
+        resp = post_fault(
+            pod.url, {"kind": "kernel", "ttl_s": 30, "mode": mode}, {"x-actor": "test"}
         )
         assert resp.status_code == 400, resp.text
         message = resp.json()["error"]["message"]
@@ -399,12 +396,7 @@ def test_kernel_fault_rolls_over_to_a_quantized_cache_and_back(
     reference = measure()
     # Refused: the simulator's parameters the engine cannot honour, and unknown ones.
     for bad in ({"min_prompt_tokens": 2048}, {"magnitude": 2}, {"cache_type": "q2_k"}):
-        resp = requests.post(
-            pod.url + "/admin/faults",
-            json={"kind": "kernel", "ttl_s": 30, **bad},
-            headers=ADMIN,
-            timeout=5,
-        )
+        resp = post_fault(pod.url, {"kind": "kernel", "ttl_s": 30, **bad}, {"x-actor": "test"})
         assert resp.status_code == 400, resp.text
         assert next(iter(bad)) in resp.json()["error"]["message"]
 

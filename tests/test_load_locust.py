@@ -44,6 +44,21 @@ def locust(*args: str, timeout: float = 90) -> subprocess.CompletedProcess[str]:
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
 
 
+def replay_trace(
+    model: Proc, trace: Path, out: Path, users: int, *args: str
+) -> tuple[subprocess.CompletedProcess[str], pd.DataFrame]:
+    """Locust replaying ``trace`` against ``model`` with ``users`` users (10 s at most),
+    records and summary into ``out``: the finished run and its records, checked complete."""
+    r = locust(
+        "--host", model.url, "-u", str(users), "-r", str(users), "-s", "10",
+        "--prompt-mix", f"azure-trace:{trace}",
+        "--records-out", str(out / "records.parquet"), "--summary-out", str(out / "summary.json"),
+        *args,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    return r, check_complete(out, model)
+
+
 def done_events(proc: Proc) -> dict[str, dict[str, Any]]:
     return {str(e["request_id"]): e for e in proc.log_events() if e.get("event") == "request_done"}
 
@@ -137,14 +152,8 @@ def test_trace_replay_follows_scaled_offsets_open_loop(
     offsets = [round(sum(gaps[: i + 1]), 3) for i in range(len(gaps))]
     trace = write_trace(tmp_path / "trace.csv", offsets)
     out = tmp_path / "run"
-    r = locust(
-        "--host", model.url, "-u", "8", "-r", "8", "-s", "10",
-        "--prompt-mix", f"azure-trace:{trace}", "--trace-time-scale", "0.5",
-        "--records-out", str(out / "records.parquet"), "--summary-out", str(out / "summary.json"),
-        *(["--processes", str(processes)] if processes > 1 else []),
-    )  # fmt: skip
-    assert r.returncode == 0, r.stderr[-3000:]
-    records = check_complete(out, model)
+    more = ["--processes", str(processes)] if processes > 1 else []
+    _, records = replay_trace(model, trace, out, 8, "--trace-time-scale", "0.5", *more)
     assert len(records) == len(offsets)
     due = records.planned_prompt_tokens.map(lambda n: offsets[n - 100] * 0.5)
     # start = t0 + offset × scale: the difference is one constant for every request
@@ -163,13 +172,7 @@ def test_trace_replay_counts_and_warns_when_users_cannot_keep_up(
 ) -> None:
     trace = write_trace(tmp_path / "burst.csv", [0.0] * 6, generated=32)
     out = tmp_path / "run"
-    r = locust(
-        "--host", model.url, "-u", "1", "-r", "1", "-s", "10",
-        "--prompt-mix", f"azure-trace:{trace}", "--trace-late-tolerance-s", "0.02",
-        "--records-out", str(out / "records.parquet"), "--summary-out", str(out / "summary.json"),
-    )  # fmt: skip
-    assert r.returncode == 0, r.stderr[-3000:]
-    records = check_complete(out, model)
+    r, records = replay_trace(model, trace, out, 1, "--trace-late-tolerance-s", "0.02")
     summary = json.loads((out / "summary.json").read_text())
     assert len(records) == 6  # late, but every request of the trace was sent
     assert summary["trace_late_starts"] >= 4 and summary["max_trace_lag_s"] > 0.1
