@@ -137,3 +137,25 @@ def test_a_missing_or_unreadable_wait_record_is_judged_fail_closed() -> None:
     assert noise_wait_reasons({"measured": True}) == []
     (reason,) = noise_wait_reasons({"measured": "yes"})
     assert "does not say the noise floor was measured" in reason
+
+
+def _verdict_reasons(folder: Path) -> list[str]:
+    from gameday.run.figures import inconclusive_reasons
+    from gameday.run.verdict import Evidence
+
+    ev = Evidence(chaos_exit_code=0, journal=None, records_rows=100, trips_in_window=0)
+    return inconclusive_reasons(folder, ev)
+
+
+def test_the_run_verdict_reads_the_wait_record(tmp_path: Path) -> None:
+    """The run's verdict (gameday.run.figures) turns a failed wait into an inconclusive
+    reason, and a wait record it cannot read too (fail-closed); no record, no reason."""
+    baseline = _verdict_reasons(tmp_path)
+    assert not any(NOISE_WAIT_NAME in r or "noise floor" in r for r in baseline)
+    failed = {"measured": False, "message": "no noise floor after 30 s: 7 of 20 comparisons"}
+    (tmp_path / NOISE_WAIT_NAME).write_text(json.dumps(failed))
+    assert failed["message"] in _verdict_reasons(tmp_path)
+    (tmp_path / NOISE_WAIT_NAME).write_text("{not json")
+    assert any(f"{NOISE_WAIT_NAME} could not be read" in r for r in _verdict_reasons(tmp_path))
+    (tmp_path / NOISE_WAIT_NAME).write_text(json.dumps({"measured": True}))
+    assert _verdict_reasons(tmp_path) == baseline

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, TypedDict
 
 from canary_contract.json import JsonObject, JsonValue
+from gameday.evidence.noise_floor import NOISE_WAIT_NAME, noise_wait_reasons
 from gameday.run.collect import read_json
 from gameday.run.evidence import (
     GATE_EVIDENCE_NAME,
@@ -21,6 +22,20 @@ from gameday.run.evidence import (
     since_start,
 )
 from gameday.run.verdict import Evidence, gameday_extension
+
+
+def _noise_wait_reasons(folder: Path) -> list[str]:
+    """No noise floor before the fault (the drift test judged against none), or a wait
+    record that cannot be read (fail-closed); nothing when the experiment did not wait."""
+    path = folder / NOISE_WAIT_NAME
+    if not path.exists():
+        return []
+    doc = read_json(path)
+    if doc is None:
+        return [
+            f"{NOISE_WAIT_NAME} could not be read: whether the gate had a noise floor is unknown"
+        ]
+    return noise_wait_reasons(doc)
 
 
 def inconclusive_reasons(folder: Path, ev: Evidence) -> list[str]:
@@ -34,6 +49,7 @@ def inconclusive_reasons(folder: Path, ev: Evidence) -> list[str]:
         if gate_doc is not None:
             gate_doc = since_start(gate_doc, read_json(folder / GATE_START_NAME))
         reasons = gate_reasons(gate_doc, expect, tripped, kernel_min_prompt_tokens(folder))
+        reasons += _noise_wait_reasons(folder)
     except ValueError as exc:
         reasons = [f"the gate's evidence could not be judged: {exc}"]
     return [*reasons, *load_reasons(read_json(folder / "load.json"))]
