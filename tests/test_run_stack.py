@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from gameday.faults import FaultLedger
+from gameday.report import loader as report_loader
 from gameday.stack import stack_status
 from tests.procs import wait_for
 from tests.run_support import REPO, faults_on, free_base_port, local_stack, write_target
@@ -41,18 +42,8 @@ SHORT = {
     "GAMEDAY_SLO_TTFT_P99_S": "10",
     "GAMEDAY_SLO_DRIFTED_MAX": "50",
 }
-EXPERIMENT_FILES = (
-    "journal.json",
-    "experiment.yaml",
-    "records.parquet",
-    "oracle.parquet",
-    "faults.jsonl",
-    "timeline.json",
-    "chaos.log",
-    "result.json",
-    "target.yaml",
-    "load.json",
-)
+# Every file the report reads from an experiment's folder, and what the run adds.
+EXPERIMENT_FILES = (*report_loader.EXPERIMENT_FILES, "target.yaml", "load.json")
 
 
 def gameday(*args: str, env: dict[str, str] | None = None) -> list[str]:
