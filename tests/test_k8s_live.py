@@ -27,6 +27,8 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.procs import pid_alive
+
 REPO = Path(__file__).resolve().parents[1]
 LOOPBACK = REPO / "deploy" / "loopback"
 STATE = Path(os.environ.get("K8S_STATE", REPO / ".k8s"))
@@ -91,14 +93,6 @@ def recorded_pids() -> dict[str, int]:
     return {p.stem: int(p.read_text().strip()) for p in (STATE / "pids").glob("*.pid")}
 
 
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
 def mounts_under(path: Path) -> list[str]:
     root = str(path.resolve())
     out = []
@@ -139,7 +133,7 @@ def cluster() -> Iterator[None]:
     assert res.returncode == 0, res.stderr[-3000:]
     yield
     # Safety net if a test failed before test_down_leaves_nothing ran.
-    if any(alive(p) for p in recorded_pids().values()):
+    if any(pid_alive(p) for p in recorded_pids().values()):
         run(str(LOOPBACK / "k8s-down.sh"), timeout=300)
 
 
@@ -785,8 +779,8 @@ def test_down_leaves_nothing(cluster: None) -> None:
     ]
     res = run(str(LOOPBACK / "k8s-down.sh"), timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
-    assert [n for n, p in pids.items() if alive(p)] == []
-    assert [p for p in shims if alive(p)] == []
+    assert [n for n, p in pids.items() if pid_alive(p)] == []
+    assert [p for p in shims if pid_alive(p)] == []
     assert mounts_under(STATE) == []
     assert list((STATE / "pids").glob("*.pid")) == []
     # A second down is harmless.

@@ -18,7 +18,7 @@ import yaml
 
 from gameday.targets import load_target
 from gameday.targets.kubernetes import KubernetesTarget
-from tests.k8s_fake import FakeApi, pod, point_client_at
+from tests.k8s_fake import FakeApi, pod, serve_fake
 
 NS = "stack"
 
@@ -39,12 +39,7 @@ def fake(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[FakeApi]:
     api.add_pod(host_network(pod("router-a", labels("router"), "192.0.2.7")))
     api.add_pod(host_network(pod("model-canary-a", labels("model-canary"), "192.0.2.7")))
     api.add_pod(pod("gate-a", labels("gate"), "10.0.3.1"))
-    api.start()
-    point_client_at(api, tmp_path / "no-kubeconfig", monkeypatch)
-    try:
-        yield api
-    finally:
-        api.stop()
+    yield from serve_fake(api, tmp_path, monkeypatch)
 
 
 def k8s_target(tmp_path: Path) -> KubernetesTarget:

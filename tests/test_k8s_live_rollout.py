@@ -25,7 +25,7 @@ from chaoslib.exceptions import ActivityFailed
 
 from gameday.faults import FaultLedger
 from probes.kubernetes import BUILD_ANNOTATION, VERSION_ANNOTATION, roll_out_bad_canary
-from tests.k8s_fake import FakeApi, pod, point_client_at, workload
+from tests.k8s_fake import FakeApi, pod, serve_fake, workload
 
 NS = "stack"
 LABELS = {"app.kubernetes.io/part-of": "canarystack", "app.kubernetes.io/component": "model-canary"}
@@ -44,12 +44,7 @@ def fake(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[FakeApi]:
     old = pod("model-canary-0", LABELS, "10.0.3.1", namespace=NS)
     old["metadata"]["annotations"] = {VERSION_ANNOTATION: "v2"}
     api.add_pod(old)
-    api.start()
-    point_client_at(api, tmp_path / "no-kubeconfig", monkeypatch)
-    try:
-        yield api
-    finally:
-        api.stop()
+    yield from serve_fake(api, tmp_path, monkeypatch)
 
 
 def config(tmp_path: Path, components: list[str]) -> dict[str, Any]:
