@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import random
+from typing import Any
 
 import pytest
 
@@ -410,17 +411,18 @@ def _side(top: dict[str, float] | None = None, invalid: str | None = None) -> Si
     return SideResult(positions=positions, ttft_s=0.01, version="v", invalid=invalid)
 
 
-def _result(pair: str, a: SideResult, b: SideResult) -> tuple[str, dict[str, object] | None]:
-    return comparison_result(
-        pair=pair,
-        a=a,
-        b=b,
-        greedy=True,
-        bucket="0-512",
-        prompt_tokens=3,
-        request_id="r",
-        topk=5,
-    )
+def _result(
+    pair: str, a: SideResult, b: SideResult, **over: Any
+) -> tuple[str, dict[str, object] | None]:
+    """``comparison_result`` of a greedy short-prompt pair; ``over`` replaces any field."""
+    fields: dict[str, Any] = {
+        "greedy": True,
+        "bucket": "0-512",
+        "prompt_tokens": 3,
+        "request_id": "r",
+        "topk": 5,
+    }
+    return comparison_result(pair=pair, a=a, b=b, **{**fields, **over})
 
 
 @pytest.mark.parametrize("reason", [NON_FINITE, MALFORMED, BAD_JSON, BAD_TEXT])
@@ -493,15 +495,8 @@ def test_a_sampled_token_beyond_the_top_k_is_not_compared() -> None:
     top5 = {" a": -0.5, " b": -1.6, " c": -2.3, " d": -2.9, " e": -3.2}
     a = SideResult(positions=[Position(" f", {**top5, " f": -3.5})], version="v1")  # rank 6
     b = SideResult(positions=[Position(" zz", {**top5, " zz": -8.8})], version="v1")  # tail
-    result, record = comparison_result(
-        pair="baseline-baseline",
-        a=a,
-        b=b,
-        greedy=False,
-        bucket="1k-2k",
-        prompt_tokens=1500,
-        request_id="r",
-        topk=5,
+    result, record = _result(
+        "baseline-baseline", a, b, greedy=False, bucket="1k-2k", prompt_tokens=1500
     )
     assert result == "ok" and record is not None
     assert record["kl_mean"] == 0.0 and record["top1_agree"] == 1.0
