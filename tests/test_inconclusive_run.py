@@ -25,6 +25,8 @@ pytestmark = pytest.mark.slow
 
 SHORT = {
     "GAMEDAY_WARMUP_S": "6",
+    # 10 users give the gate its noise floor later than a game day's 16: a longer wait.
+    "GAMEDAY_NOISE_WAIT_S": "45",
     "GAMEDAY_OBSERVE_S": "3",
     "GAMEDAY_LOAD_USERS": "10",
     "GAMEDAY_LOAD_STOP_TIMEOUT_S": "5",

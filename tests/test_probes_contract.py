@@ -47,6 +47,7 @@ EXAMPLE_ARGUMENTS: dict[str, dict[str, Any]] = {
     "no_active_faults": {},
     "starting_state": {"canary_weight": 5},
     "wait_for_trip": {"deadline_s": 20},
+    "wait_for_noise_floor": {"deadline_s": 30, "poll_s": 0.5, "min_samples": 20},
     "gate_did_not_trip": {"observe_s": 15},
     "baseline_ttft_p99_below": {"max_s": 2.0},
     "error_rate_below": {"max_ratio": 0.0},
