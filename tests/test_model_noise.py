@@ -28,6 +28,7 @@ from canarystack.model.engine import (
     NextTokenModel,
     generate,
 )
+from canarystack.router.divergence import Position, compare_positions
 from canarystack.router.shadow import kl_topk
 from canarystack.tokenizer import make_prompt, vocab
 from tests.model_helpers import FAST, clear_faults, complete, inject, module_spawner
@@ -178,3 +179,36 @@ def test_a_bad_batch_noise_is_refused_at_start(value: str) -> None:
     assert proc.returncode == 2
     assert f"--batch-noise {float(value)}" in proc.stderr
     assert "0 turns the batch noise off" in proc.stderr
+
+
+def sampled_answers(proc: Proc, prompts: list[str]) -> list[Position]:
+    """Position 0 of each prompt at the server's default temperature (1): the sampled token
+    and the top-5 list, which then also carries the sampled token when it is not in it."""
+    out = []
+    with requests.Session() as session:
+        for prompt in prompts:
+            body = {"prompt": prompt, "max_tokens": 1, "logprobs": TOP}
+            resp = session.post(proc.url + "/v1/completions", json=body, timeout=30)
+            assert resp.status_code == 200, resp.text
+            lp = resp.json()["choices"][0]["logprobs"]
+            out.append(Position(lp["tokens"][0], lp["top_logprobs"][0]))
+    return out
+
+
+def test_sampled_answers_of_two_replicas_compare_at_the_calibrated_noise(
+    servers: dict[str, Proc],
+) -> None:
+    """At temperature 1 a completions answer lists its sampled token beside the top 5 when
+    it is not among them (as vLLM does). The router compares the top 5 it asked for, so two
+    healthy replicas stay at the batch noise's size; compared uncut, one prompt in a few
+    hundred scored up to ~0.6 nats and raised a game day's noise floor 50x."""
+    a, b = sampled_answers(servers["a"], PROMPTS), sampled_answers(servers["b"], PROMPTS)
+    assert any(len(p.top) > TOP for p in a + b)  # the case arises on this prompt set
+    scores = [
+        compare_positions([x], [y], greedy=False, topk=TOP) for x, y in zip(a, b, strict=True)
+    ]
+    kl = np.array([s[0].kl for s in scores])
+    print(f"sampled baseline-baseline top-5 KL over {len(kl)}: mean {kl.mean():.3g}, "
+          f"max {kl.max():.3g}")  # fmt: skip
+    assert float(kl.max()) < 0.05
+    assert 0.6e-3 < float(kl.mean()) < 1.3e-3
