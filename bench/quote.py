@@ -46,6 +46,7 @@ COMMANDS = {
     "gate_false_alarms": ".venv/bin/python bench/gate_false_alarms.py",
     "gate_detection": ".venv/bin/python bench/gate_detection.py --runs 59 --healthy-runs 59",
     "engine_drift": ".venv/bin/python bench/engine_drift.py",
+    "certify_campaign": ".venv/bin/python bench/certify_campaign.py --repeat 59",
 }
 
 
@@ -284,6 +285,30 @@ def r_engine_drift(res: JsonObject) -> list[str]:
     ]
 
 
+def r_certify_campaign(res: JsonObject) -> list[str]:
+    out = []
+    for c in res["cells"]:
+        t = c["time_to_trip"]
+        worst = c.get("worst_run") or {}
+        out.append(
+            f"`{c['experiment']}`, {c['runs']} runs (campaign `{res['run_id']}`"
+            + (f" at `{res['campaign_commit']}`" if res.get("campaign_commit") else "")
+            + f"): {c['passes_text']} passed, {c['tripped_runs']} tripped, "
+            f"{c['inconclusive_runs']} inconclusive; time to trip p50 {_times_s(t['p50'])}, "
+            f"p95 {_times_s(t['p95'])} (95 % intervals); worst run {worst.get('name')} "
+            f"({_f(worst.get('time_to_trip_s'))} s, load seed {worst.get('load_seed')})."
+        )
+        cert = c.get("certification") or {}
+        if cert.get("sentence"):
+            out.extend(["", f"**{cert['sentence']}**"])
+    return out
+
+
+def _times_s(stat: JsonObject) -> str:
+    lo, hi = stat["ci95_s"]
+    return f"{_f(stat['value_s'])} s [{_f(lo)}, {_f(hi) if hi is not None else 'inf'}]"
+
+
 RENDER: dict[str, tuple[Callable[[JsonObject], list[str]], bool]] = {
     # name: (renderer, whether it takes the whole document rather than its "results")
     "router_overhead": (r_router_overhead, False),
@@ -296,6 +321,7 @@ RENDER: dict[str, tuple[Callable[[JsonObject], list[str]], bool]] = {
     "gate_false_alarms": (r_gate_false_alarms, True),
     "gate_detection": (r_gate_detection, False),
     "engine_drift": (r_engine_drift, False),
+    "certify_campaign": (r_certify_campaign, False),
 }
 
 

@@ -92,3 +92,33 @@ def test_one_percentile_definition() -> None:
     assert _results.percentile([], 0.5) is None
     with pytest.raises(ValueError, match="q must be in"):
         _results.percentile(values, 95)
+
+
+def test_a_certify_campaign_is_quoted_from_the_reports_own_figures(tmp_path: Path) -> None:
+    """bench/certify_campaign.py copies the campaign report's cell (never a figure of its
+    own), and quote renders it with the certification sentence; a run folder without a
+    certified campaign is refused by name."""
+    import certify_campaign
+
+    from gameday.report.build import build_report
+    from gameday.report.synthetic import Scenario, write_campaign
+
+    root = tmp_path / "run"
+    faulty = Scenario(
+        "router-faulty-kernel", "router", "faulty-kernel", "trip", True, 1.8, "kernel"
+    )
+    write_campaign(root, {"router-faulty-kernel": [1.5, 2.0, 6.0]}, [faulty], certify=True)
+    build_report(root)
+    cell = json.loads((root / "summary.json").read_text())["campaign"]["cells"][0]
+    figures = certify_campaign.campaign_figures(root)
+    assert figures["cells"][0]["time_to_trip"] == cell["time_to_trip"]
+    text = "\n".join(quote.r_certify_campaign(figures))
+    assert f"{cell['passes_text']} passed" in text
+    assert f"p95 {quote._f(cell['time_to_trip']['p95']['value_s'])} s" in text
+    assert cell["certification"]["sentence"] in text
+
+    plain = tmp_path / "plain"
+    write_campaign(plain, {"router-faulty-kernel": [1.5, 2.0]}, [faulty], certify=False)
+    build_report(plain)
+    with pytest.raises(SystemExit, match="no certified campaign"):
+        certify_campaign.campaign_figures(plain)
