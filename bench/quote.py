@@ -291,7 +291,8 @@ def r_certify_campaign(res: JsonObject) -> list[str]:
         t = c["time_to_trip"]
         worst = c.get("worst_run") or {}
         out.append(
-            f"`{c['experiment']}`, {c['runs']} runs (campaign `{res['run_id']}`"
+            f"`{c['experiment']}`, {c['runs']} runs of `gameday run <its file> --repeat "
+            f"{c['runs']} --certify` (campaign `{res['run_id']}`"
             + (f" at `{res['campaign_commit']}`" if res.get("campaign_commit") else "")
             + f"): {c['passes_text']} passed, {c['tripped_runs']} tripped, "
             f"{c['inconclusive_runs']} inconclusive; time to trip p50 {_times_s(t['p50'])}, "
