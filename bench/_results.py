@@ -59,10 +59,11 @@ def machine() -> JsonObject:
     }
 
 
-def _commit() -> str | None:
+def _commit(where: Path = ROOT) -> str | None:
+    """The short commit of the checkout ``where`` is in (None outside one)."""
     try:
         out = subprocess.run(
-            ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
+            ["git", "-C", str(where), "rev-parse", "--short", "HEAD"],
             capture_output=True,
             text=True,
             timeout=5,

@@ -80,17 +80,6 @@ def campaign_figures(run_dir: Path) -> JsonObject:
     }
 
 
-def _commit_of(path: Path) -> str | None:
-    out = subprocess.run(
-        ["git", "-C", str(path), "rev-parse", "--short", "HEAD"],
-        capture_output=True,
-        text=True,
-        timeout=5,
-        check=False,
-    )
-    return out.stdout.strip() or None
-
-
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--experiment", default="experiments/router/faulty-kernel.yaml")
@@ -106,9 +95,9 @@ def main() -> int:
     figures = campaign_figures(run_dir)
     if args.from_run:
         # The figures come from a campaign run before this command: say which, and the
-        # commit of the checkout it ran in.
+        # commit its checkout is at (quote it before that checkout moves on).
         figures["from_run"] = str(args.from_run)
-        figures["campaign_commit"] = _commit_of(args.from_run)
+        figures["campaign_commit"] = _results._commit(args.from_run)
     run.write(figures, args.out)
     return 0
 
