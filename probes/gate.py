@@ -25,6 +25,7 @@ from gameday.evidence.noise_floor import (
     floor_reading,
     unmeasured_message,
 )
+from gameday.run.evidence import as_whole_number
 from probes._context import Configuration, Secrets, positive, run_dir, stack_api
 from probes._evidence import experiment_began, reference
 
@@ -127,14 +128,7 @@ def gate_did_not_trip(
 
 
 def _min_samples(value: object) -> int:
-    if isinstance(value, str):
-        value = value.strip()
-        try:
-            value = int(value)
-        except ValueError:
-            pass
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)
+    value = as_whole_number(value)
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 10**6:
         raise ActivityFailed(
             "argument min_samples must be a whole number from 1 to 1000000 (the gate's "

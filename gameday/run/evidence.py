@@ -65,7 +65,9 @@ class Thresholds:
         }
 
 
-def _threshold(name: str, value: Any, source: str) -> int:
+def as_whole_number(value: Any) -> Any:
+    """``value`` as an int when it spells one (" 20 ", 20.0), else as given (stripped), for
+    the caller's own range check and message; a bool stays a bool."""
     if isinstance(value, str):
         value = value.strip()
         try:
@@ -74,6 +76,11 @@ def _threshold(name: str, value: Any, source: str) -> int:
             pass
     if isinstance(value, float) and value.is_integer():
         value = int(value)
+    return value
+
+
+def _threshold(name: str, value: Any, source: str) -> int:
+    value = as_whole_number(value)
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_THRESHOLD:
         raise ValueError(
             f"{source}: {name} must be a whole number from 0 to {MAX_THRESHOLD}, got {value!r}"
