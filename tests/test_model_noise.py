@@ -204,9 +204,7 @@ def test_sampled_answers_of_two_replicas_compare_at_the_calibrated_noise(
     hundred scored up to ~0.6 nats and raised a game day's noise floor 50x."""
     a, b = sampled_answers(servers["a"], PROMPTS), sampled_answers(servers["b"], PROMPTS)
     assert any(len(p.top) > TOP for p in a + b)  # the case arises on this prompt set
-    scores = [
-        compare_positions([x], [y], greedy=False, topk=TOP) for x, y in zip(a, b, strict=True)
-    ]
+    scores = [compare_positions([x], [y], topk=TOP) for x, y in zip(a, b, strict=True)]
     kl = np.array([s[0].kl for s in scores])
     print(f"sampled baseline-baseline top-5 KL over {len(kl)}: mean {kl.mean():.3g}, "
           f"max {kl.max():.3g}")  # fmt: skip

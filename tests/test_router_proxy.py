@@ -296,6 +296,47 @@ def test_logprobs_stripped_and_noise_floor_comparisons_reach_the_gate(
     assert metric(router, "router_shadow_comparisons_total") >= 4
 
 
+def test_a_sampled_request_and_its_shadow_share_a_seed_and_compare_past_the_first_token(
+    spawn: Spawner, tmp_path: Path, models: dict[str, Proc], gate: GateReceiver
+) -> None:
+    """At temperature 1 the router gives a request without a seed a fresh one and sends it
+    to both sides (coupled sampling), and the copy decodes as many tokens as a greedy one:
+    two replicas of one version then draw the same tokens, and every position is compared
+    (was: the copy asked for one token, so a sampled request compared position 0 only)."""
+    router = start_router(
+        spawn,
+        tmp_path,
+        [models["b0"].url, models["b1"].url],
+        [models["c0"].url],
+        "--shadow-rates",
+        "0-512=1",
+        "--shadow-noise-fraction",
+        "1",
+        gate=gate.url,
+    )
+    prompt = make_prompt(40, seed=5)
+    sampled: dict[str, Any] = {"max_tokens": 6, "temperature": 1.0}
+    texts = set()
+    for _ in range(4):
+        r = completion(router.url, prompt, **sampled)
+        assert r.status_code == 200, r.text
+        texts.add(r.json()["choices"][0]["text"])
+    wait_for(
+        lambda: len(gate.records("comparisons")) >= 4, timeout=15, what="4 comparisons at the gate"
+    )
+    comps = gate.records("comparisons")
+    assert {c["pair"] for c in comps} == {"baseline-baseline"}
+    # Same version, same seed: the same six tokens on both sides, all six compared.
+    assert [c["positions"] for c in comps] == [6] * len(comps)
+    # A fresh seed each request: the user's answers stay as random as without the router.
+    assert len(texts) > 1
+    # A seed the user gave is theirs: the answer is the model's own answer to it.
+    seeded = {**sampled, "seed": 1234}
+    via = completion(router.url, prompt, **seeded)
+    direct = completion(models["b0"].url, prompt, **seeded)
+    assert via.json()["choices"][0]["text"] == direct.json()["choices"][0]["text"]
+
+
 def test_sample_queue_drops_when_gate_unreachable(
     spawn: Spawner, tmp_path: Path, models: dict[str, Proc]
 ) -> None:

@@ -214,11 +214,14 @@ def test_positions_compared_only_on_a_shared_prefix() -> None:
     a = [Position("a", top), Position("b", top), Position("c", top)]
     b_same = [Position("a", top), Position("b", top), Position("c", top)]
     b_diverge = [Position("a", top), Position("x", top), Position("c", top)]
-    assert len(compare_positions(a, b_same, greedy=True)) == 3
-    assert len(compare_positions(a, b_same, greedy=False)) == 1  # sampling: only position 0
+    # The prefix decides, not the temperature: sampled sides that drew the same tokens
+    # condition on the same context (was: sampling compared position 0 only).
+    assert len(compare_positions(a, b_same)) == 3
     # positions 0 and 1 share the prefix; position 2 follows different tokens
-    assert len(compare_positions(a, b_diverge, greedy=True)) == 2
-    scores = compare_positions(a, [Position("a", {"b": -0.1, "a": -2.5})], greedy=True)
+    assert len(compare_positions(a, b_diverge)) == 2
+    # a first token drawn differently leaves position 0 only
+    assert len(compare_positions(a, [Position("x", top), *b_same[1:]])) == 1
+    scores = compare_positions(a, [Position("a", {"b": -0.1, "a": -2.5})])
     assert scores[0].top1_agree is False
 
 
@@ -414,9 +417,8 @@ def _side(top: dict[str, float] | None = None, invalid: str | None = None) -> Si
 def _result(
     pair: str, a: SideResult, b: SideResult, **over: Any
 ) -> tuple[str, dict[str, object] | None]:
-    """``comparison_result`` of a greedy short-prompt pair; ``over`` replaces any field."""
+    """``comparison_result`` of a short-prompt pair; ``over`` replaces any field."""
     fields: dict[str, Any] = {
-        "greedy": True,
         "bucket": "0-512",
         "prompt_tokens": 3,
         "request_id": "r",
@@ -495,8 +497,6 @@ def test_a_sampled_token_beyond_the_top_k_is_not_compared() -> None:
     top5 = {" a": -0.5, " b": -1.6, " c": -2.3, " d": -2.9, " e": -3.2}
     a = SideResult(positions=[Position(" f", {**top5, " f": -3.5})], version="v1")  # rank 6
     b = SideResult(positions=[Position(" zz", {**top5, " zz": -8.8})], version="v1")  # tail
-    result, record = _result(
-        "baseline-baseline", a, b, greedy=False, bucket="1k-2k", prompt_tokens=1500
-    )
+    result, record = _result("baseline-baseline", a, b, bucket="1k-2k", prompt_tokens=1500)
     assert result == "ok" and record is not None
     assert record["kl_mean"] == 0.0 and record["top1_agree"] == 1.0

@@ -116,26 +116,28 @@ class PositionScore:
 
 
 def compare_positions(
-    a: list[Position], b: list[Position], greedy: bool, topk: int | None = None
+    a: list[Position], b: list[Position], topk: int | None = None
 ) -> list[PositionScore]:
     """Scores at the positions where both sides condition on the same prefix.
 
     Which positions are compared. Position 0 (the first generated token) always: both sides
-    condition on the same prompt. Position i > 0 only while both requests decode greedily
-    (``temperature == 0``) and the tokens generated at positions 0..i-1 agree on both sides —
-    otherwise the two sides condition on different prefixes and their distributions are not
-    comparable. The top-k lists are cut to the shorter side's k, and to ``topk`` (the k the
-    router asked for) when given: a completions answer also lists its *sampled* token
-    (vLLM does, so does the simulator), which at temperature > 0 is now and then outside the
-    top k. That extra entry is no part of the top-k set ``kl_topk``'s floor assumes: two
-    sides that each sampled a different token beyond the top k would compare at up to ~0.6
-    nats with identical distributions.
+    condition on the same prompt. Position i > 0 while the tokens generated at positions
+    0..i-1 agree on both sides, at any temperature: a position's distribution depends only
+    on the prompt and the tokens before it (logprobs are the raw model's, before
+    temperature), so two sides that drew the same prefix are scored on the same context.
+    Greedy sides agree until a near-tie flips; sampled sides agree as long as their draws
+    do, which a shared seed makes likely (``shadow.coupled_body``). Past the first
+    disagreement the two sides condition on different prefixes and are not comparable. The
+    top-k lists are cut to the shorter side's k, and to ``topk`` (the k the router asked
+    for) when given: a completions answer also lists its *sampled* token (vLLM does, so
+    does the simulator), which at temperature > 0 is now and then outside the top k. That
+    extra entry is no part of the top-k set ``kl_topk``'s floor assumes: two sides that each
+    sampled a different token beyond the top k would compare at up to ~0.6 nats with
+    identical distributions.
     """
     scores: list[PositionScore] = []
     for i in range(min(len(a), len(b))):
-        if i > 0 and not (
-            greedy and a[i - 1].token is not None and a[i - 1].token == b[i - 1].token
-        ):
+        if i > 0 and not (a[i - 1].token is not None and a[i - 1].token == b[i - 1].token):
             break
         pa, pb = a[i].top, b[i].top
         k = min(len(pa), len(pb))
@@ -189,9 +191,9 @@ class _Pairing:
             "request_id": self.request_id,
         }
 
-    def compared(self, greedy: bool) -> JsonObject | None:
+    def compared(self) -> JsonObject | None:
         """The scored comparison, or None when nothing is comparable."""
-        scores = compare_positions(self.a.positions, self.b.positions, greedy, self.topk)
+        scores = compare_positions(self.a.positions, self.b.positions, self.topk)
         if not scores:
             return None
         kls = [s.kl for s in scores]
@@ -210,7 +212,6 @@ def comparison_result(
     pair: str,
     a: SideResult,
     b: SideResult,
-    greedy: bool,
     bucket: str,
     prompt_tokens: int,
     request_id: str,
@@ -240,7 +241,7 @@ def comparison_result(
             return "canary_invalid", pairing.broken(b_bad)
     elif a_bad is not None or b_bad is not None:
         return "invalid_dropped", None
-    record = pairing.compared(greedy)
+    record = pairing.compared()
     if record is None:
         return "not_comparable", None
     return "ok", record

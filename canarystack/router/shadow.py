@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
+import secrets
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -137,8 +138,30 @@ def is_greedy(body: Mapping[str, Any]) -> bool:
     return isinstance(t, int | float) and not isinstance(t, bool) and t == 0
 
 
+# A shared seed fits every engine's seed field (vLLM: int64; llama.cpp's server: uint32).
+SEED_RANGE = 2**31
+
+
+def coupled_body(body: JsonObject) -> JsonObject:
+    """The request with a seed both sides of a comparison share (coupled sampling).
+
+    A sampled request (temperature > 0) that carries no ``seed`` gets a fresh random one;
+    the user's copy and the shadow copy then draw with the same random numbers (vLLM's
+    per-request seed, the simulator's too), so where the two distributions are close they
+    draw the same tokens and the comparison reads every position up to the first
+    difference (``compare_positions``), not only the first. Unseeded draws agree only by
+    chance. The user's answer is as random as before: the seed is new for every request and
+    never reused. A request that is greedy or brings its own seed (any value: the upstream
+    judges it) is sent as it came.
+    """
+    if is_greedy(body) or body.get("seed") is not None:
+        return body
+    return {**body, "seed": secrets.randbelow(SEED_RANGE)}
+
+
 def shadow_body(body: Mapping[str, Any], chat: bool, k: int, max_tokens: int) -> JsonObject:
-    """The shadow copy: same prompt and sampling params, streamed, n=1, few tokens."""
+    """The shadow copy: same prompt and sampling params (seed included), streamed, n=1,
+    few tokens."""
     out = {k_: v for k_, v in body.items() if k_ not in ("stream_options", "best_of", "echo")}
     out["stream"] = True
     out["n"] = 1

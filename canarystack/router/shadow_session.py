@@ -23,7 +23,7 @@ from canarystack.router.divergence import SideResult, comparison_result
 from canarystack.router.proxy import Upstream
 from canarystack.router.routing import Variant
 from canarystack.router.settings import DEPENDENCY_DEGRADED
-from canarystack.router.shadow import PRIMARY_WAIT_S, fetch_side, is_greedy, shadow_body
+from canarystack.router.shadow import PRIMARY_WAIT_S, coupled_body, fetch_side, shadow_body
 from canarystack.router.state import RequestContext, RouterState
 
 BASELINE_CANARY = "baseline-canary"
@@ -76,6 +76,8 @@ class ShadowSession:
         self.path = path
         self.candidates = candidates
         settings = st.shadow.settings
+        # Both sides draw with one seed (sampled requests): more positions are comparable.
+        body = coupled_body(body)
         user_k = user_logprobs_k(body, chat)
         k = max(user_k or 0, settings.topk)
         self.topk = k  # what both sides are asked for: the comparison reads no more
@@ -85,8 +87,7 @@ class ShadowSession:
         self.collector = Collector(
             LogprobRequest(chat=chat, k=k, user_k=user_k), settings.max_tokens, time.perf_counter
         )
-        self.greedy = is_greedy(body)
-        self.copy_body = shadow_body(body, chat, k, settings.max_tokens if self.greedy else 1)
+        self.copy_body = shadow_body(body, chat, k, settings.max_tokens)
         self.headers = dict(headers)
         self.primary = SideResult()
         self._primary_done = asyncio.Event()
@@ -281,7 +282,6 @@ class ShadowSession:
             pair=pair,
             a=a,
             b=b,
-            greedy=self.greedy,
             bucket=ctx.bucket,
             prompt_tokens=ctx.prompt_tokens,
             request_id=ctx.request_id,
