@@ -4,8 +4,9 @@ The game day's Locust load (``probes.load`` → ``gameday.load``) runs ``--users
 users (16 by default), each sending the next request of the synthetic mix as soon as its
 last one ended: lognormal prompt lengths (``gameday.load.prompts.SyntheticMix``, median
 1020 tokens, clipped to 16-8192), ``max_tokens`` from the mix capped at the game day's 48,
-streamed completions, no ``temperature`` (the model server's default, 1.0: one compared
-position per shadow copy, not the 8 of greedy traffic) and a ``user`` per request. This
+streamed completions, no ``temperature`` (the model server's default, 1.0: the router
+couples the two sides' sampling with a shared seed and compares positions while their
+tokens agree) and a ``user`` per request. This
 module sends exactly those bodies (``gameday.load.rows.build_body``), so what the gate
 sees here is what it sees in a game day.
 """
