@@ -1,19 +1,22 @@
 """False trips of the gate on healthy traffic, per release-hour, with a Clopper-Pearson bound.
 
 ``.venv/bin/python bench/gate_false_alarms.py`` (defaults: >= 1,000,000 healthy
-baseline-canary comparisons, seed 0; ~3-4 min of one core) writes
+baseline-canary comparisons, seed 0; ~7 min of one core, ~2 more for llama.cpp) writes
 ``bench/results/gate_false_alarms.json``.
 
 What is replayed. Healthy comparisons, produced by the real code: two replicas of one
 version (``canarystack.model.engine.NextTokenModel`` with the default batch noise,
 ``BATCH_NOISE_KL``, each its own ``noise_seed``, each request in a batch of a random
 running count 1-8) answer the same context; the router's own ``kl_topk`` and ``top1``
-score their top-5 logprobs, one compared position per comparison as at temperature 1 (the
-game day's sampling). Baseline-baseline comparisons (the noise floor) come from a second
-baseline replica the same way. If ``llama_cpp`` imports, a smaller set comes from llama.cpp:
-the random-weight GGUF of ``canarystack.engine.gguf_gen``, one replica with 1 thread and
-batch 512, the other with 2 threads and batch 16 (a benign source of nondeterminism), on
-prompts of 16-64 words.
+score their top-5 logprobs at every position the router compares at temperature 1 (the
+game day's sampling): both sides draw with one seed, as the router couples them
+(``canarystack.router.shadow.coupled_body``), and positions are compared while their tokens
+agree, up to the router's 8 shadow tokens. Baseline-baseline comparisons (the noise floor)
+come from a second baseline replica the same way. If ``llama_cpp`` imports, a smaller set
+comes from llama.cpp: the random-weight GGUF of ``canarystack.engine.gguf_gen``, one
+replica with 1 thread and batch 512, the other with 2 threads and batch 16 (a benign source
+of nondeterminism), on prompts of 16-64 words, position 0 only (the engine pod does not
+seed llama.cpp's sampler per request, so its sampled continuations agree only by chance).
 
 At the rate a game day sees. ``bench/gate_detection.py``'s open loop: 15 requests/s,
 14 % of prompts 2048-6000 tokens, the rest 16-1500; a request is shadowed at the router's
@@ -44,6 +47,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -58,7 +62,7 @@ from _results import machine
 
 from canarystack.common.buckets import bucket_labels, bucket_of
 from canarystack.gate.state import GateConfig, ReleaseGate, SampleBatch
-from canarystack.model.engine import BATCH_NOISE_KL, NextTokenModel
+from canarystack.model.engine import BATCH_NOISE_KL, NextTokenModel, next_context
 from canarystack.router.shadow import kl_topk, top1
 
 RESULTS = Path(__file__).resolve().parent / "results" / "gate_false_alarms.json"
@@ -67,6 +71,8 @@ NOISE_FRACTION = 0.2
 REQUEST_RATE = 15.0
 LONG_SHARE = 0.14
 TOPK = 5
+POSITIONS = 8  # the router's --shadow-max-tokens
+TEMPERATURE = 1.0
 BATCH_S = 2.0
 MAX_BATCH = 500
 HOUR_S = 3600.0
@@ -100,6 +106,16 @@ def schedule(rng: np.random.Generator, hour_s: float) -> tuple[np.ndarray, list[
     return t[idx], [labels[i] for i in idx], noise[idx]
 
 
+@dataclass(frozen=True)
+class Score:
+    """One comparison's scores, as the router's record carries them."""
+
+    kl_mean: float
+    kl_first: float
+    top1_agree: float
+    positions: int
+
+
 class SimPairs:
     """Healthy comparisons from the simulator's engine: baseline replica vs another replica."""
 
@@ -109,15 +125,30 @@ class SimPairs:
         self.canary = NextTokenModel("v1", batch_noise=BATCH_NOISE_KL, noise_seed=3)
         self.rng = random.Random(seed)
 
-    def score(self, noise: bool) -> tuple[float, float]:
+    def score(self, noise: bool) -> Score:
+        """One comparison as the router scores a sampled request: both sides draw with one
+        seed, positions compared while the tokens drawn so far agree."""
         rng = self.rng
         ctx = rng.getrandbits(64)
+        seed = rng.getrandbits(64)
+        draw_a, draw_b = random.Random(seed), random.Random(seed)
         other = self.base2 if noise else self.canary
-        pa = self.base.distribution(ctx, 0.0, self.base.batch_key(rng.randint(1, 8)))
-        pb = other.distribution(ctx, 0.0, other.batch_key(rng.randint(1, 8)))
-        ta = {str(k): v for k, v in pa.top(TOPK)}
-        tb = {str(k): v for k, v in pb.top(TOPK)}
-        return kl_topk(ta, tb), 1.0 if top1(ta) == top1(tb) else 0.0
+        key_a = self.base.batch_key(rng.randint(1, 8))
+        key_b = other.batch_key(rng.randint(1, 8))
+        kls: list[float] = []
+        agree = 0
+        for _ in range(POSITIONS):
+            pa = self.base.distribution(ctx, 0.0, key_a)
+            pb = other.distribution(ctx, 0.0, key_b)
+            ta = {str(k): v for k, v in pa.top(TOPK)}
+            tb = {str(k): v for k, v in pb.top(TOPK)}
+            kls.append(kl_topk(ta, tb))
+            agree += top1(ta) == top1(tb)
+            tok_a = self.base.sample(pa, TEMPERATURE, 1.0, draw_a)
+            if other.sample(pb, TEMPERATURE, 1.0, draw_b) != tok_a:
+                break
+            ctx = next_context(ctx, tok_a)
+        return Score(math.fsum(kls) / len(kls), kls[0], agree / len(kls), len(kls))
 
 
 class LlamaPairs:
@@ -144,17 +175,23 @@ class LlamaPairs:
         lp = lp - np.log(np.exp(lp).sum())
         return {str(int(i)): float(lp[i]) for i in np.argsort(-lp)[:TOPK]}
 
-    def score(self, noise: bool) -> tuple[float, float]:
+    def score(self, noise: bool) -> Score:
         del noise  # both sides are replicas of one version either way
         words = self.rng.randint(16, 64)
         text = self.make_prompt(words, seed=self.rng.getrandbits(32))
         toks = self.a.tokenize(text.encode("utf-8"), add_bos=True, special=True)[:400]
         ta, tb = self._top(self.a, toks), self._top(self.b, toks)
-        return kl_topk(ta, tb), 1.0 if top1(ta) == top1(tb) else 0.0
+        kl = kl_topk(ta, tb)
+        return Score(kl, kl, 1.0 if top1(ta) == top1(tb) else 0.0, 1)
 
 
 def batches(
-    times: np.ndarray, labels: list[str], noise: np.ndarray, pairs: Any, kls: list[float]
+    times: np.ndarray,
+    labels: list[str],
+    noise: np.ndarray,
+    pairs: Any,
+    kls: list[float],
+    positions: list[int],
 ) -> Iterator[SampleBatch]:
     start = 0
     n = len(times)
@@ -166,19 +203,20 @@ def batches(
         comps = []
         for i in range(start, end):
             is_noise = bool(noise[i])
-            kl, agree = pairs.score(is_noise)
+            sc = pairs.score(is_noise)
             if not is_noise:
-                kls.append(kl)
+                kls.append(sc.kl_mean)
+                positions.append(sc.positions)
             comps.append(
                 {
                     "time": float(times[i]),
                     "pair": "baseline-baseline" if is_noise else "baseline-canary",
                     "bucket": labels[i],
                     "prompt_tokens": 0,
-                    "positions": 1,
-                    "kl_mean": kl,
-                    "kl_first": kl,
-                    "top1_agree": agree,
+                    "positions": sc.positions,
+                    "kl_mean": sc.kl_mean,
+                    "kl_first": sc.kl_first,
+                    "top1_agree": sc.top1_agree,
                     "version_a": "v1",
                     "version_b": "v1" if is_noise else "v2",
                 }
@@ -203,6 +241,7 @@ def replay(source: str, pairs: Any, min_comparisons: int, hour_s: float, seed: i
     tripped: list[JsonObject] = []
     bc = bb = 0
     kls: list[float] = []
+    positions: list[int] = []
     agree_sum = 0.0
     max_stat: dict[str, float] = {}
     t0 = time.process_time()
@@ -210,7 +249,7 @@ def replay(source: str, pairs: Any, min_comparisons: int, hour_s: float, seed: i
         times, labels, noise = schedule(rng, hour_s)
         gate = ReleaseGate("default", cfg)
         gate.on_release(release_json(), 0.0)
-        for b in batches(times, labels, noise, pairs, kls):
+        for b in batches(times, labels, noise, pairs, kls, positions):
             got = gate.ingest(b, 0.0, 0.0)
             bc += got.comparisons
             bb += got.noise_comparisons
@@ -246,6 +285,7 @@ def replay(source: str, pairs: Any, min_comparisons: int, hour_s: float, seed: i
         "kl_p50": float(np.percentile(arr, 50)),
         "kl_p95": float(np.percentile(arr, 95)),
         "kl_p99": float(np.percentile(arr, 99)),
+        "positions_mean": round(float(np.mean(positions)), 3),
         "top1_disagreement": 1.0 - agree_sum / max(bc, 1),
         "false_trips": k,
         "false_trips_per_release_hour": k / (hours * hour_s / HOUR_S),
@@ -315,7 +355,9 @@ def main() -> int:
             "long_share": LONG_SHARE,
             "shadow_rates": SHADOW_RATES,
             "noise_fraction": NOISE_FRACTION,
-            "compared_positions": 1,
+            "compared_positions": f"up to {POSITIONS} (simulator: one seed, while tokens agree); "
+            "1 (llama.cpp)",
+            "temperature": TEMPERATURE,
             "topk": TOPK,
             "batch_noise_kl": BATCH_NOISE_KL,
         },
