@@ -15,8 +15,8 @@ agree, up to the router's 8 shadow tokens. Baseline-baseline comparisons (the no
 come from a second baseline replica the same way. If ``llama_cpp`` imports, a smaller set
 comes from llama.cpp: the random-weight GGUF of ``canarystack.engine.gguf_gen``, one
 replica with 1 thread and batch 512, the other with 2 threads and batch 16 (a benign source
-of nondeterminism), on prompts of 16-64 words, position 0 only (the engine pod does not
-seed llama.cpp's sampler per request, so its sampled continuations agree only by chance).
+of nondeterminism), on prompts of 16-64 words, position 0 only (this set reads llama.cpp's
+logits of the prompt directly; it does not decode).
 
 At the rate a game day sees. ``bench/gate_detection.py``'s open loop: 15 requests/s,
 14 % of prompts 2048-6000 tokens, the rest 16-1500; a request is shadowed at the router's
