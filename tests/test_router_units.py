@@ -33,12 +33,14 @@ from canarystack.router.shadow import (
     MALFORMED,
     MISSING,
     NON_FINITE,
+    SEED_RANGE,
     Collector,
     LogprobRequest,
     Position,
     SideResult,
     compare_positions,
     comparison_result,
+    coupled_body,
     kl_topk,
     parse_shadow_rates,
     shadow_body,
@@ -223,6 +225,19 @@ def test_positions_compared_only_on_a_shared_prefix() -> None:
     assert len(compare_positions(a, [Position("x", top), *b_same[1:]])) == 1
     scores = compare_positions(a, [Position("a", {"b": -0.1, "a": -2.5})])
     assert scores[0].top1_agree is False
+
+
+def test_a_sampled_request_without_a_seed_gets_a_fresh_one_and_the_copy_keeps_it() -> None:
+    body = {"prompt": "hi", "max_tokens": 30}  # no temperature: the server's default, 1
+    seeds = {coupled_body(body)["seed"] for _ in range(50)}
+    assert len(seeds) > 1 and all(isinstance(x, int) and 0 <= x < SEED_RANGE for x in seeds)
+    assert "seed" not in body  # the caller's body is not changed
+    coupled = coupled_body({**body, "temperature": 0.7})
+    copy = shadow_body(coupled, chat=False, k=5, max_tokens=8)
+    assert copy["seed"] == coupled["seed"] and copy["max_tokens"] == 8
+    # Greedy requests and seeds the user chose go as they came (any value: upstream judges).
+    for kept in ({**body, "temperature": 0}, {**body, "seed": 7}, {**body, "seed": "x"}):
+        assert coupled_body(kept) == kept
 
 
 def test_shadow_rates_parse_and_reject_bad_input() -> None:
