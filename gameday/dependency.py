@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import select
 import shlex
 import signal
 import socket
@@ -284,29 +285,52 @@ def _is_holder(pid: int) -> bool:
 
 
 def _stop_holder(pid: int) -> bool:
-    """SIGTERM the holder (it restores maxclients and exits), SIGKILL after a while.
-    Only a process that is a holder is signalled."""
+    """SIGTERM the holder (it restores maxclients and exits), SIGKILL after a while, and
+    return once it has exited. Only a process that is a holder is signalled."""
     try:
         with _pinned(pid) as fd:
             if not _is_holder(pid):
                 return False
-            if fd is not None:
-                signal.pidfd_send_signal(fd, signal.SIGTERM)
-            else:
-                os.kill(pid, signal.SIGTERM)
+            _signal(pid, fd, signal.SIGTERM)
+            if not _exited(pid, fd, HOLDER_EXIT_WAIT_S):
+                _signal(pid, fd, signal.SIGKILL)
+                _exited(pid, fd, HOLDER_EXIT_WAIT_S)
     except (TargetError, ProcessLookupError):
         return False
-    deadline = time.monotonic() + HOLDER_EXIT_WAIT_S
-    while time.monotonic() < deadline:
+    return True
+
+
+def _signal(pid: int, fd: int | None, sig: signal.Signals) -> None:
+    if fd is not None:
+        signal.pidfd_send_signal(fd, sig)
+    else:
+        os.kill(pid, sig)
+
+
+def _exited(pid: int, fd: int | None, wait_s: float) -> bool:
+    """Whether ``pid`` exits within ``wait_s``. With a pidfd: it becomes readable when the
+    process has exited (a process that is exiting has already lost its command line, so
+    "no longer a holder" is too early: its connection and its PID may still be there).
+    Without one: /proc says gone or zombie. Reaps it when it is this process's child."""
+    deadline = time.monotonic() + wait_s
+    while True:
         with contextlib.suppress(ChildProcessError):
             os.waitpid(pid, os.WNOHANG)
-        if not _is_holder(pid):
-            return True
-        time.sleep(0.05)
-    with contextlib.suppress(ProcessLookupError, TargetError), _pinned(pid) as fd:
-        if _is_holder(pid):
-            os.kill(pid, signal.SIGKILL)
-    return True
+        if fd is not None:
+            if select.select([fd], [], [], 0.05)[0]:
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(pid, os.WNOHANG)
+                return True
+        else:
+            try:
+                state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            except (OSError, IndexError):
+                return True
+            if state == "Z":
+                return True
+            time.sleep(0.05)
+        if time.monotonic() >= deadline:
+            return False
 
 
 def restore(ep: Endpoint, wait_s: float = 10.0) -> None:
