@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -109,11 +110,21 @@ def test_a_deviated_experiment_fails(tmp_path: Path) -> None:
     assert any("chaos run exited with code 1" in r for r in reasons)
 
 
-def test_sigint_interrupts_chaos_and_rollbacks_run(tmp_path: Path) -> None:
+@pytest.mark.parametrize("inherited", ["default", "ignored"])
+def test_sigint_interrupts_chaos_and_rollbacks_run(tmp_path: Path, inherited: str) -> None:
+    """``ignored``: gameday itself was started with SIGINT ignored (``cmd &`` in a script,
+    nohup, many CI runners), which exec passes on to chaos; the interrupt must still reach
+    it (it did not: chaos ran on, was SIGKILLed after the grace, and no rollback ran)."""
     method = [tiny_activity("wait", "slow", seconds=120)]
     experiment = tiny_experiment(tmp_path, "sigint", method=method)
     env = {**os.environ, "PYTHONPATH": str(tmp_path), "TINY_DIR": str(tmp_path)}
-    chaos = ChaosRun(experiment, tmp_path / "out", env, cwd=tmp_path).start()
+    before = signal.signal(
+        signal.SIGINT, signal.SIG_IGN if inherited == "ignored" else signal.default_int_handler
+    )
+    try:
+        chaos = ChaosRun(experiment, tmp_path / "out", env, cwd=tmp_path).start()
+    finally:
+        signal.signal(signal.SIGINT, before)
     wait_for(lambda: (tmp_path / "slow-started").exists(), timeout=60, what="the slow action")
     t0 = time.monotonic()
     chaos.interrupt()

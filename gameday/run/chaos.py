@@ -18,6 +18,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 CHAOS = [sys.executable, "-m", "chaostoolkit"]
+# Runs a command with SIGINT back at its default. A shell that starts a job in the
+# background without job control (``cmd &`` in a script, many CI runners, ``nohup``) makes
+# it ignore SIGINT, an ignored signal stays ignored across exec, and Python then installs
+# no KeyboardInterrupt handler: chaos would never see ``interrupt()``, would be SIGKILLed
+# after the grace, and its rollbacks would not run.
+DEFAULT_SIGINT = [
+    sys.executable,
+    "-c",
+    "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+    "os.execv(sys.argv[1], sys.argv[1:])",
+]
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 LINE = re.compile(r"^\[(?P<time>[^\]]*?) (?P<level>[A-Z]+)\] (?P<message>.*)$")
 DEFAULT_GRACE_S = 60.0
@@ -90,8 +101,11 @@ class ChaosRun:
     def start(self) -> ChaosRun:
         self.folder.mkdir(parents=True, exist_ok=True)
         self._started = time.monotonic()
+        cmd = chaos_command(self.experiment, self.folder)
+        if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:  # inherited by chaos
+            cmd = [*DEFAULT_SIGINT, *cmd]
         self._popen = subprocess.Popen(
-            chaos_command(self.experiment, self.folder),
+            cmd,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
