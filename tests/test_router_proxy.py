@@ -232,11 +232,12 @@ def test_faults_latency_abort_stale_with_ttl(
     assert no_token.status_code == 401
 
 
-def test_logprobs_stripped_and_noise_floor_comparisons_reach_the_gate(
+def noise_floor_router(
     spawn: Spawner, tmp_path: Path, models: dict[str, Proc], gate: GateReceiver
-) -> None:
-    # Two baseline replicas, every request sampled, every sample also baseline-baseline.
-    router = start_router(
+) -> Proc:
+    """Two baseline replicas, every short request sampled, every sample also
+    baseline-baseline (no config: the canary is not live)."""
+    return start_router(
         spawn,
         tmp_path,
         [models["b0"].url, models["b1"].url],
@@ -247,6 +248,12 @@ def test_logprobs_stripped_and_noise_floor_comparisons_reach_the_gate(
         "1",
         gate=gate.url,
     )
+
+
+def test_logprobs_stripped_and_noise_floor_comparisons_reach_the_gate(
+    spawn: Spawner, tmp_path: Path, models: dict[str, Proc], gate: GateReceiver
+) -> None:
+    router = noise_floor_router(spawn, tmp_path, models, gate)
     prompt = make_prompt(40, seed=3)
     # Streaming, no logprobs asked: none in the answer, text as the model gives it.
     body: dict[str, Any] = {"max_tokens": 6, "temperature": 0, "stream": True}
@@ -303,17 +310,7 @@ def test_a_sampled_request_and_its_shadow_share_a_seed_and_compare_past_the_firs
     to both sides (coupled sampling), and the copy decodes as many tokens as a greedy one:
     two replicas of one version then draw the same tokens, and every position is compared
     (was: the copy asked for one token, so a sampled request compared position 0 only)."""
-    router = start_router(
-        spawn,
-        tmp_path,
-        [models["b0"].url, models["b1"].url],
-        [models["c0"].url],
-        "--shadow-rates",
-        "0-512=1",
-        "--shadow-noise-fraction",
-        "1",
-        gate=gate.url,
-    )
+    router = noise_floor_router(spawn, tmp_path, models, gate)
     prompt = make_prompt(40, seed=5)
     sampled: dict[str, Any] = {"max_tokens": 6, "temperature": 1.0}
     texts = set()
