@@ -259,7 +259,8 @@ def trip_run(folder: Path, base_port: int) -> JsonObject:
         raise RuntimeError(f"stack up failed: {up.stderr or up.stdout}")
     try:
         desc = json.loads((sd / "stack.json").read_text())
-        token = (sd / "admin-token").read_text().strip()
+        # One credential per capability (docs/ARCHITECTURE.md §8): the canary's fault API.
+        token = Path(desc["credentials"]["faults-model-canary"]).read_text().strip()
         canary = next(c["url"] for c in desc["components"] if c["name"] == "model-canary-0")
         broker, gate = desc["broker_url"], desc["gate_url"]
 
