@@ -27,7 +27,7 @@ from typing import Any
 from gameday.faults import FaultEntry, FaultError, FaultLedger, annotate
 from gameday.targets import Target, TargetError
 from gameday.targets.base import BlastRadiusError
-from gameday.targets.local import LocalTarget, _pinned, read_cmdline
+from gameday.targets.local import LocalTarget, _pinned, read_cmdline, send_signal
 
 ROLE = "redis"
 TIMEOUT_S = 2.0
@@ -291,46 +291,41 @@ def _stop_holder(pid: int) -> bool:
         with _pinned(pid) as fd:
             if not _is_holder(pid):
                 return False
-            _signal(pid, fd, signal.SIGTERM)
+            send_signal(pid, fd, signal.SIGTERM)
             if not _exited(pid, fd, HOLDER_EXIT_WAIT_S):
-                _signal(pid, fd, signal.SIGKILL)
+                send_signal(pid, fd, signal.SIGKILL)
                 _exited(pid, fd, HOLDER_EXIT_WAIT_S)
     except (TargetError, ProcessLookupError):
         return False
     return True
 
 
-def _signal(pid: int, fd: int | None, sig: signal.Signals) -> None:
-    if fd is not None:
-        signal.pidfd_send_signal(fd, sig)
-    else:
-        os.kill(pid, sig)
-
-
 def _exited(pid: int, fd: int | None, wait_s: float) -> bool:
-    """Whether ``pid`` exits within ``wait_s``. With a pidfd: it becomes readable when the
-    process has exited (a process that is exiting has already lost its command line, so
-    "no longer a holder" is too early: its connection and its PID may still be there).
-    Without one: /proc says gone or zombie. Reaps it when it is this process's child."""
+    """Whether ``pid`` exits within ``wait_s`` (reaped when it is this process's child).
+
+    Exited, not "no longer a holder": a process that is exiting has already lost its
+    command line while its connection and its PID may still be there."""
     deadline = time.monotonic() + wait_s
-    while True:
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(pid, os.WNOHANG)
-        if fd is not None:
-            if select.select([fd], [], [], 0.05)[0]:
-                with contextlib.suppress(ChildProcessError):
-                    os.waitpid(pid, os.WNOHANG)
-                return True
-        else:
-            try:
-                state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-            except (OSError, IndexError):
-                return True
-            if state == "Z":
-                return True
-            time.sleep(0.05)
+    while not _has_exited(pid, fd):
         if time.monotonic() >= deadline:
             return False
+        if fd is None:
+            time.sleep(0.05)
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)
+    return True
+
+
+def _has_exited(pid: int, fd: int | None) -> bool:
+    """A pidfd becomes readable when its process has exited (waits up to 50 ms for it);
+    without one, /proc says gone or zombie."""
+    if fd is not None:
+        return bool(select.select([fd], [], [], 0.05)[0])
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True
+    return state == "Z"
 
 
 def restore(ep: Endpoint, wait_s: float = 10.0) -> None:

@@ -77,6 +77,14 @@ def _pinned(pid: int) -> Iterator[int | None]:
         os.close(fd)
 
 
+def send_signal(pid: int, fd: int | None, sig: signal.Signals) -> None:
+    """``sig`` to the process ``_pinned`` gave ``fd`` for (``pid`` where there is none)."""
+    if fd is not None:
+        signal.pidfd_send_signal(fd, sig)
+    else:
+        os.kill(pid, sig)
+
+
 class LocalTarget(Target):
     """The stack ``gameday.stack`` runs under supervisord, in ``state_dir``.
 
@@ -276,10 +284,7 @@ class LocalTarget(Target):
             self.verify_process(pod, pid, argv)
             killed_at = time.time()
             try:
-                if fd is not None:
-                    signal.pidfd_send_signal(fd, signal.SIGKILL)
-                else:
-                    os.kill(pid, signal.SIGKILL)
+                send_signal(pid, fd, signal.SIGKILL)
             except ProcessLookupError:
                 raise TargetError(
                     f"local target: process {pid} of {pod.name!r} exited before the kill."
