@@ -92,14 +92,19 @@ def scraped_total(live: dict[str, Any], want: float) -> bool:
     return q(live, "sum(router_requests_total)") == want
 
 
+QUIET_SCRAPES = 8  # scrapes of the empty histograms before the traffic (1 s apart)
+QUIET_S = 4  # the test window's start before the traffic: every point has >= 2 of them
+
+
 @pytest.fixture(scope="module")
 def traffic(live: dict[str, Any]) -> dict[str, Any]:
     """N_CANARY pinned canary and N_BASELINE pinned baseline requests to router-0, once,
     and the moment Prometheus has scraped all of them. Before: both routers at the
-    release's 5% and a few scrapes of their (empty) histograms, so the window before the
-    traffic is a known quiet one."""
+    release's 5% and QUIET_SCRAPES scrapes of their (empty) histograms, so the window
+    before the traffic is a known quiet one."""
     wait_for(lambda: q(live, "min(router_canary_weight_percent)") == 5
-             and (q(live, "min(count_over_time(router_ttft_seconds_count[1m]))") or 0) >= 3,
+             and (q(live, "min(count_over_time(router_ttft_seconds_count[1m]))") or 0)
+             >= QUIET_SCRAPES,
              timeout=20, what="routers at 5% with a few quiet scrapes")  # fmt: skip
     started = time.time()
     # In two halves with a scrape between: a counter born with all its requests in one
@@ -354,7 +359,10 @@ def test_the_report_series_come_from_the_live_tsdb(
     rates = "count(sum by (variant) (rate(router_requests_total[10s])))"
     wait_for(lambda: q(live, rates) == 2, timeout=20, what="a request rate for both variants")
     end = time.time()
-    start = end - math.ceil(end - traffic["started"] + 2)  # whole steps: `end` is a point
+    # whole steps back to QUIET_S before the traffic (`end` is a point): a rate over the
+    # quiet scrapes needs two of them in its window, which the first ones after the
+    # routers start may not have had (CI once had no quiet point with a 2 s margin)
+    start = end - math.ceil(end - traffic["started"] + QUIET_S)
     (exp / "journal.json").write_text(json.dumps({"start": start, "end": end}))
     results = report_prom.add_run_series(tmp_path / "run", live["prom"].url, step_s=1.0)
     res = results["control"]
