@@ -28,6 +28,9 @@ counts, each run's time limits and ``--max-total-s``; it never asserts on timing
     .venv/bin/python bench/gate_detection.py                      # 59 + 59 x 9 + 3 open
     .venv/bin/python bench/gate_detection.py --runs 1 --healthy-runs 1 --open-runs 0 \\
         --out /tmp/gate_detection-smoke.json                       # a smoke run
+    .venv/bin/python bench/gate_detection.py --runs 0 --open-runs 0 --conditions \\
+        router_kill,broker_kill --seed 2 --add-to bench/results/gate_detection.json
+                                                # one part of the campaign, added
 """
 
 from __future__ import annotations
@@ -108,7 +111,8 @@ async def main_async(args: argparse.Namespace) -> JsonObject:
                     for t, b in stack.tap.batches:
                         fh.write(json.dumps({"arrival": t, "batch": b}) + "\n")
             elapsed = time.monotonic() - t_begin
-            return summary.report(args, faulty, healthy, open_runs, traffic, elapsed)
+            load = summary.load_of(traffic, args.canary_weight)
+            return summary.report(args, faulty, healthy, open_runs, load, elapsed)
     finally:
         stop.set()
         if stack is not None:
@@ -179,8 +183,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     a("--seed", type=int, default=1, help="seed of the prompt mix")
     a("--max-total-s", type=float, default=8 * 3600.0, help="bound on the whole bench")
     a("--out", default=None, help="write the results here instead of bench/results/")
+    a(
+        "--add-to",
+        default=None,
+        metavar="RESULTS_JSON",
+        help="run one part of a campaign: add this run's runs to that results file's (same "
+        "settings; every figure recomputed from the pooled runs) and write it back there "
+        "(or to --out)",
+    )
     a("--dump-streams", default=None, help="write every recorded sample batch here (JSON lines)")
     args = p.parse_args(argv)
+    if args.add_to:
+        args.campaign = read_campaign(p, args)
     if min(args.runs, args.healthy_runs, args.open_runs) < 0:
         p.error("--runs, --healthy-runs and --open-runs must be >= 0")
     if args.users < 1 or not 0 <= args.canary_weight <= 100:
@@ -188,6 +202,26 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if min(args.healthy_s, args.warmup_s, args.max_detect_s, args.max_total_s) <= 0:
         p.error("--healthy-s, --warmup-s, --max-detect-s and --max-total-s must be > 0")
     return args
+
+
+def read_campaign(p: argparse.ArgumentParser, args: argparse.Namespace) -> JsonObject:
+    """The results file --add-to names, refused before anything starts when it is not a
+    gate_detection campaign or its settings differ from this part's."""
+    path = Path(args.add_to)
+    try:
+        doc: JsonObject = json.loads(path.read_text())
+        settings = summary.settings_of(doc["results"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        p.error(f"--add-to {path}: not a readable gate_detection results file ({exc})")
+    if doc.get("benchmark") != "gate_detection":
+        p.error(f"--add-to {path}: a {doc.get('benchmark')!r} results file, not gate_detection")
+    differ = summary.settings_differ(settings, summary.settings_for(args))
+    if differ:
+        p.error(
+            f"--add-to {path}: this part would run under other settings than that campaign "
+            f"({'; '.join(differ)}); give the campaign's options"
+        )
+    return doc
 
 
 def main() -> None:
@@ -200,7 +234,12 @@ def main() -> None:
         pass
     run = Run("gate_detection")
     result = asyncio.run(main_async(args))
-    run.write(result, Path(args.out) if args.out else None)
+    if args.add_to:
+        result = summary.merge(args.campaign, run.document(result), args)
+    else:
+        result["parts"] = [summary.part_of(run.document(result))]
+    out = args.out or args.add_to
+    run.write(result, Path(out) if out else None)
 
 
 if __name__ == "__main__":

@@ -247,34 +247,64 @@ def _times(s: JsonObject | None) -> str:
 
 
 def r_gate_detection(res: JsonObject) -> list[str]:
+    from detection.conditions import CONDITIONS
+
     f = res["faulty_runs"]
     h = res["healthy_runs"]
     load = res["load"]
     secs = res.get("seconds_each", {})
+    seeds = load["seed"] if isinstance(load["seed"], list) else [load["seed"]]
     out = [
-        f"Game-day traffic: {load['shape']}, {load['prompt_mix']}, max_tokens <= "
-        f"{load['max_tokens_cap']}, temperature {load['temperature']}, "
-        f"{load['canary_weight_pct']} % canary ({load['requests']} requests, "
-        f"{load['non_200']} not 200). Times in seconds from the fault, p50/p95 with 95 % "
-        "intervals:",
+        f"Game-day traffic: {load['shape']}, {load['prompt_mix']} (prompt seeds "
+        f"{', '.join(map(str, seeds))}), max_tokens <= {load['max_tokens_cap']}, temperature "
+        f"{load['temperature']}, {load['canary_weight_pct']} % canary ({load['requests']} "
+        f"requests, {load['non_200']} not 200).",
         "",
-        f"- faulty kernel → trip decision: {_times(f['fault_to_trip_decision_s'])}; "
-        f"tripped {f['tripped']}/{f['n']}",
-        f"- faulty kernel → canary weight 0 at every router: "
-        f"{_times(f['fault_to_weight0_at_every_router_s'])}",
-        f"- faulty kernel → rolled_back: {_times(f['fault_to_rolled_back_s'])}",
-        f"- canary-served requests after the fault: {_times(f['canary_served_after_fault'])}",
-        "",
+    ]
+    if f["n"]:
+        out += [
+            "Times in seconds from the fault, p50/p95 with 95 % intervals:",
+            "",
+            f"- faulty kernel → trip decision: {_times(f['fault_to_trip_decision_s'])}; "
+            f"tripped {f['tripped']}/{f['n']}",
+            f"- faulty kernel → canary weight 0 at every router: "
+            f"{_times(f['fault_to_weight0_at_every_router_s'])}",
+            f"- faulty kernel → rolled_back: {_times(f['fault_to_rolled_back_s'])}",
+            f"- canary-served requests after the fault: {_times(f['canary_served_after_fault'])}",
+            "",
+        ]
+    else:
+        out += [
+            "No faulty-kernel runs in this campaign yet (detection under game-day traffic: "
+            "the certify campaign, `bench/results/certify_campaign.json`).",
+            "",
+        ]
+    out += [
         f"| healthy condition ({secs.get('healthy')} s each) | runs | false trips | "
         "95 % upper bound, per run | runs with too little evidence |",
         "|---|---|---|---|---|",
     ]
-    for cond, c in h["by_condition"].items():
-        bound = c.get("upper_bound_95")
+    by = h["by_condition"]
+    for cond in [*CONDITIONS, *(c for c in by if c not in CONDITIONS)]:
+        c = by.get(cond)
+        if c is None:
+            out.append(f"| {cond} | not measured yet | | | |")
+            continue
         out.append(
-            f"| {cond} | {c['runs']} | {c['false_trips']} | {_f(bound, 3)} | "
+            f"| {cond} | {c['runs']} | {c['false_trips']} | {_f(c.get('upper_bound_95'), 3)} | "
             f"{c.get('runs_too_little_evidence', 0)} |"
         )
+    parts = res.get("parts") or []
+    if len(parts) > 1:
+        out += ["", f"The campaign ran in {len(parts)} parts (`--add-to`), pooled:", ""]
+        for i, part in enumerate(parts):
+            runs = ", ".join(f"{c} {n}" for c, n in part["healthy_runs"].items()) or "none"
+            load_1m = part.get("load_1m") or {}
+            out.append(
+                f"{i + 1}. `{part['command']}` at `{part['commit']}`, {part['started']}, "
+                f"{part['wall_s']} s, 1-min load {load_1m.get('start')}→{load_1m.get('end')}: "
+                f"{part['faulty_runs']} faulty runs; healthy runs {runs}"
+            )
     return out
 
 

@@ -122,3 +122,82 @@ def test_a_certify_campaign_is_quoted_from_the_reports_own_figures(tmp_path: Pat
     build_report(plain)
     with pytest.raises(SystemExit, match="no certified campaign"):
         certify_campaign.campaign_figures(plain)
+
+
+def _detection_part(argv: list[str], healthy: list[tuple[str, bool]], seed: int) -> dict:
+    """A gate_detection results document as one part writes it, from made-up healthy runs
+    (condition, tripped): the bench's own summary code, no stack."""
+    import gate_detection
+    from detection import summary
+
+    args = gate_detection.parse_args([*argv, "--seed", str(seed)])
+    runs = [
+        {
+            "run": i,
+            "condition": cond,
+            "canary": f"v{i + 2}",
+            "false_trip": {"test": "drift"} if tripped else None,
+            "reference_trip_s": {"seed_article": None, "flagger": None},
+            "baseline_canary_comparisons": 300,
+            "wall_s": 28.0,
+        }
+        for i, (cond, tripped) in enumerate(healthy)
+    ]
+    load = {**summary.settings_for(args)["load"], "requests": 100, "non_200": 0, "seed": seed}
+    result = summary.report(args, [], runs, [], load, 60.0)
+    doc: dict = _results.Run("gate_detection", argv=argv).document(result)
+    return doc
+
+
+def test_a_detection_campaign_in_parts_pools_its_runs_and_refuses_other_settings(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The 4.7 h campaign may run in parts: a part's runs are added to the file's and every
+    bound is recomputed from the pooled runs; each run names its part and each part its
+    command; a part under other settings (run length, users) is refused before it starts
+    (the parser) and at the merge, naming the setting; the quote says which conditions are
+    not measured yet."""
+    import gate_detection
+    from detection import summary
+
+    from gameday.report.campaign import exceedance_upper_bound
+
+    first = _detection_part(["--runs", "0"], [("none", False)] * 3, seed=1)
+    second = _detection_part(
+        ["--runs", "0"],
+        [("none", False)] * 2 + [("router_kill", True), ("router_kill", False)],
+        seed=2,
+    )
+    merged = summary.merge(first, second, gate_detection.parse_args(["--seed", "2"]))
+    by = merged["healthy_runs"]["by_condition"]
+    assert (by["none"]["runs"], by["none"]["false_trips"]) == (5, 0)
+    assert by["none"]["upper_bound_95"] == round(exceedance_upper_bound(5, 0), 4)
+    assert (by["router_kill"]["runs"], by["router_kill"]["false_trips"]) == (2, 1)
+    assert [r["part"] for r in merged["healthy_runs"]["runs"]] == [0, 0, 0, 1, 1, 1, 1]
+    assert merged["load"]["seed"] == [1, 2] and merged["load"]["requests"] == 200
+    assert [p["healthy_runs"] for p in merged["parts"]] == [
+        {"none": 3},
+        {"none": 2, "router_kill": 2},
+    ]
+
+    shorter = _detection_part(["--healthy-s", "10"], [("none", False)], seed=3)
+    with pytest.raises(ValueError, match=r"seconds_each\.healthy: 20\.0 -> 10\.0"):
+        summary.merge(first, shorter, gate_detection.parse_args([]))
+
+    path = tmp_path / "gate_detection.json"
+    path.write_text(json.dumps(first))
+    with pytest.raises(SystemExit) as exit_info:
+        gate_detection.parse_args(["--add-to", str(path), "--users", "8"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert f"--add-to {path}: this part would run under other settings" in err
+    assert "users" in err
+    assert gate_detection.parse_args(["--add-to", str(path)]).campaign == first
+
+    text = "\n".join(quote.r_gate_detection(merged))
+    assert "| none | 5 | 0 |" in text and "| router_kill | 2 | 1 |" in text
+    assert "| broker_kill | not measured yet |" in text
+    assert "No faulty-kernel runs in this campaign yet" in text
+    assert (
+        "ran in 2 parts" in text and "`.venv/bin/python bench/gate_detection.py --runs 0`" in text
+    )

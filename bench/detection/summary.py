@@ -6,6 +6,12 @@ to the trip decision, to weight 0 at every router and to ``rolled_back`` as p50/
 (``_results.percentile``), the bounds the campaign report's own functions
 (``gameday.report.campaign``), so a game-day campaign and this benchmark state the same
 thing the same way.
+
+The full default campaign (59 faulty + 59 x 9 healthy runs) takes ~4.7 h of a quiet 2-core
+machine, so it may be run in parts: ``--add-to bench/results/gate_detection.json`` adds a
+part's runs to the file's and recomputes every figure from the pooled runs (``merge``). A
+part must run under the same settings (``SETTINGS``); each part's command, commit and
+machine load are listed in ``parts``, and each run says which part it came from.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ import argparse
 from _results import percentile
 
 from canary_contract.json import JsonObject
+from detection.conditions import CONDITIONS
 from detection.traffic import Traffic
 from gameday.report.campaign import CONFIDENCE, exceedance_upper_bound, quantile_interval
 
@@ -56,12 +63,36 @@ def false_trips(runs: list[JsonObject], min_comparisons: int) -> JsonObject:
     }
 
 
+STACK = (
+    "2 routers (SO_REUSEPORT, default shadow rates), 2 baseline + 1 canary simulated model "
+    "servers with the calibrated batch noise, gate and rollback at their defaults"
+)
+
+
+def load_of(traffic: Traffic, canary_weight: float) -> JsonObject:
+    records = traffic.records
+    return {
+        **traffic.describe(),
+        "canary_weight_pct": canary_weight,
+        "requests": len(records),
+        "non_200": sum(1 for r in records if r.status != 200),
+    }
+
+
+def seconds_each(args: argparse.Namespace) -> JsonObject:
+    return {
+        "warmup": args.warmup_s,
+        "healthy": args.healthy_s,
+        "faulty_max_detect": args.max_detect_s,
+    }
+
+
 def report(
     args: argparse.Namespace,
     faulty: list[JsonObject],
     healthy: list[JsonObject],
     open_runs: list[JsonObject],
-    traffic: Traffic,
+    load: JsonObject,
     elapsed_s: float,
 ) -> JsonObject:
     tripped = [r for r in faulty if r["tripped"]]
@@ -88,24 +119,12 @@ def report(
         got = [r["detect_s"][name] for r in open_runs if r["detect_s"][name] is not None]
         return {"detected": len(got), "of": len(open_runs), "detect_s": times(got)}
 
-    records = traffic.records
-    conditions = sorted({str(r["condition"]) for r in healthy}, key=args.conditions.index)
+    conditions = sorted({str(r["condition"]) for r in healthy}, key=CONDITIONS.index)
     return {
         "bench": "gate_detection",
-        "load": {
-            **traffic.describe(),
-            "canary_weight_pct": args.canary_weight,
-            "requests": len(records),
-            "non_200": sum(1 for r in records if r.status != 200),
-        },
-        "stack": "2 routers (SO_REUSEPORT, default shadow rates), 2 baseline + 1 canary "
-        "simulated model servers with the calibrated batch noise, gate and rollback at "
-        "their defaults",
-        "seconds_each": {
-            "warmup": args.warmup_s,
-            "healthy": args.healthy_s,
-            "faulty_max_detect": args.max_detect_s,
-        },
+        "load": load,
+        "stack": STACK,
+        "seconds_each": seconds_each(args),
         "faulty_runs": {
             "n": len(faulty),
             "tripped": len(tripped),
@@ -168,3 +187,108 @@ def report(
         },
         "elapsed_s": round(elapsed_s, 1),
     }
+
+
+# What two parts of one campaign must share: the run lengths, the evidence rule, the load
+# (all but its prompt seed and its counts) and the stack.
+SETTINGS = ("seconds_each", "min_comparisons_for_evidence", "load", "stack")
+LOAD_COUNTS = ("requests", "non_200", "seed")
+
+
+def settings_of(res: JsonObject) -> JsonObject:
+    load = {k: v for k, v in res["load"].items() if k not in LOAD_COUNTS}
+    return {
+        "seconds_each": res["seconds_each"],
+        "min_comparisons_for_evidence": res["healthy_runs"]["min_comparisons_for_evidence"],
+        "load": load,
+        "stack": res["stack"],
+    }
+
+
+def settings_for(args: argparse.Namespace) -> JsonObject:
+    """The settings a part run with ``args`` will have (checked before it starts)."""
+    traffic = Traffic("http://127.0.0.1:9", users=args.users, seed=args.seed)
+    return settings_of(
+        {
+            "seconds_each": seconds_each(args),
+            "healthy_runs": {"min_comparisons_for_evidence": args.min_comparisons},
+            "load": load_of(traffic, args.canary_weight),
+            "stack": STACK,
+        }
+    )
+
+
+def settings_differ(a: JsonObject, b: JsonObject) -> list[str]:
+    """What settings ``b`` has otherwise than ``a``: 'name: a's -> b's'."""
+    out = []
+    for name in SETTINGS:
+        sub_a, sub_b = a[name], b[name]
+        if isinstance(sub_a, dict) and isinstance(sub_b, dict):
+            out += [
+                f"{name}.{k}: {sub_a.get(k)!r} -> {sub_b.get(k)!r}"
+                for k in sorted(set(sub_a) | set(sub_b))
+                if sub_a.get(k) != sub_b.get(k)
+            ]
+        elif sub_a != sub_b:
+            out.append(f"{name}: {sub_a!r} -> {sub_b!r}")
+    return out
+
+
+PART_FIELDS = ("command", "commit", "started", "wall_s", "load_1m")
+
+
+def part_of(doc: JsonObject) -> JsonObject:
+    """One part's line in ``parts``: where it came from and how many runs it added."""
+    res = doc["results"]
+    return {
+        **{k: doc.get(k) for k in PART_FIELDS},
+        "faulty_runs": res["faulty_runs"]["n"],
+        "healthy_runs": {
+            c: v["runs"] + v["runs_too_little_evidence"]
+            for c, v in res["healthy_runs"]["by_condition"].items()
+        },
+        "open_runs": res["open_streams"]["n"],
+    }
+
+
+def _runs(res: JsonObject, key: str, part: int) -> list[JsonObject]:
+    return [{**r, "part": r.get("part", part)} for r in res[key]["runs"]]
+
+
+def merge(prev_doc: JsonObject, new_doc: JsonObject, args: argparse.Namespace) -> JsonObject:
+    """The results of ``prev_doc``'s campaign with ``new_doc``'s part added: every figure
+    recomputed from the pooled runs. Refused (ValueError naming each setting) when the
+    part ran under other settings: runs of different lengths or loads are not one sample."""
+    prev, new = prev_doc["results"], new_doc["results"]
+    if prev.get("bench") != "gate_detection":
+        raise ValueError(f"not a gate_detection results file (bench {prev.get('bench')!r})")
+    differ = settings_differ(settings_of(prev), settings_of(new))
+    if differ:
+        raise ValueError(
+            "this part ran under other settings than the campaign it is added to ("
+            + "; ".join(differ)
+            + "): run it with the campaign's settings, or start a new file with --out"
+        )
+    parts = prev.get("parts") or [part_of(prev_doc)]
+    n = len(parts)
+    load = {
+        **prev["load"],
+        "requests": prev["load"]["requests"] + new["load"]["requests"],
+        "non_200": prev["load"]["non_200"] + new["load"]["non_200"],
+        "seed": sorted({*_seeds(prev), *_seeds(new)}),
+    }
+    out = report(
+        args,
+        _runs(prev, "faulty_runs", 0) + _runs(new, "faulty_runs", n),
+        _runs(prev, "healthy_runs", 0) + _runs(new, "healthy_runs", n),
+        _runs(prev, "open_streams", 0) + _runs(new, "open_streams", n),
+        load,
+        float(prev["elapsed_s"]) + float(new["elapsed_s"]),
+    )
+    out["parts"] = [*parts, part_of(new_doc)]
+    return out
+
+
+def _seeds(res: JsonObject) -> list[int]:
+    seed = res["load"]["seed"]
+    return list(seed) if isinstance(seed, list) else [int(seed)]
