@@ -8,12 +8,17 @@ checked before any call); it must never touch another workload.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 from chaoslib.exceptions import ActivityFailed
 
 from gameday.targets import TargetError
 from gameday.targets.kubernetes import KubernetesTarget
+from probes._cluster import kubernetes_target, non_negative
+from probes._context import Configuration, harness_errors
 
 VERSION_ANNOTATION = "canarystack.io/model-version"
 BUILD_ANNOTATION = "canarystack.io/build"
@@ -21,6 +26,7 @@ REVISION_ANNOTATION = "deployment.kubernetes.io/revision"
 KERNEL_FAULT_FLAG = "--kernel-fault"
 POLL_S = 1.0
 CANARY = "model-canary"
+MAX_WAIT_S = 600.0
 
 
 def api_failed(what: str, exc: Exception) -> ActivityFailed:
@@ -62,6 +68,38 @@ def canary_deployment(target: KubernetesTarget, what: str) -> tuple[Any, str]:
             f"{what} rolls out a Deployment, but workloads.model-canary is {kind}/{name}"
         )
     return client.AppsV1Api(target.api_client()), name
+
+
+@dataclass(frozen=True)
+class CanaryChange:
+    """One change of the canary Deployment: where it is, and the time it may take."""
+
+    target: KubernetesTarget
+    apps: Any  # AppsV1Api
+    name: str
+    wait: float  # seconds: the activity's deadline_s, capped at MAX_WAIT_S
+    t0: float  # time.monotonic() when the activity began
+
+    @property
+    def deadline(self) -> float:
+        return self.t0 + self.wait
+
+    def took_s(self) -> float:
+        return round(time.monotonic() - self.t0, 3)
+
+
+@contextmanager
+def canary_change(
+    configuration: Configuration | None, activity: str, deadline_s: float, doing: str
+) -> Iterator[CanaryChange]:
+    """The canary Deployment ``activity`` changes within ``deadline_s``; inside, the
+    harness's errors become ``ActivityFailed`` naming what it was ``doing``."""
+    wait = min(non_negative("deadline_s", deadline_s), MAX_WAIT_S)
+    target = kubernetes_target(configuration, activity)
+    t0 = time.monotonic()
+    with harness_errors(doing):
+        apps, name = canary_deployment(target, activity)
+        yield CanaryChange(target, apps, name, wait, t0)
 
 
 def read_deployment(target: KubernetesTarget, apps: Any, name: str) -> Any:

@@ -29,11 +29,12 @@ from probes._guard import activities, refused_namespaces
 from probes._result import Slo
 from probes._rollout import (
     BUILD_ANNOTATION,
+    MAX_WAIT_S,
     POLL_S,
     VERSION_ANNOTATION,
     api_failed,
     bad_build_patch,
-    canary_deployment,
+    canary_change,
     first_started,
     parse_kernel_fault,
     patch_deployment,
@@ -54,7 +55,6 @@ __all__ = [
     "wait_for_ready",
 ]
 
-MAX_WAIT_S = 600.0
 DEFAULT_BUILD_MIN_PROMPT_TOKENS = 2048  # --kernel-fault MODE without :MIN_PROMPT_TOKENS
 
 
@@ -124,18 +124,16 @@ def start_fresh_canary(
         raise ActivityFailed(f"argument weight must be an integer, got {weight!r}") from None
     if not 1 <= wanted <= 100:
         raise ActivityFailed(f"argument weight must be from 1 to 100, got {weight!r}")
-    wait = min(non_negative("deadline_s", deadline_s), MAX_WAIT_S)
-    target = kubernetes_target(configuration, "start_fresh_canary")
-    t0 = time.monotonic()
-    deadline = t0 + wait
-    with harness_errors("starting a fresh canary"):
-        apps, name = canary_deployment(target, "start_fresh_canary")
+    with canary_change(
+        configuration, "start_fresh_canary", deadline_s, "starting a fresh canary"
+    ) as change:
+        target, name = change.target, change.name
         release = get_release(target)
         while release.get("phase") in ("tripped", "rolling_back"):
-            if time.monotonic() >= deadline:
+            if time.monotonic() >= change.deadline:
                 raise ActivityFailed(
                     f"release {target.release!r} is still {release.get('phase')!r} after "
-                    f"{wait:g} s: the rollback executor has not finished the last rollback"
+                    f"{change.wait:g} s: the rollback executor has not finished the last rollback"
                 )
             time.sleep(POLL_S)
             release = get_release(target)
@@ -159,8 +157,8 @@ def start_fresh_canary(
         path = "/spec/template/metadata/annotations/" + VERSION_ANNOTATION.replace("/", "~1")
         patch = [{"op": "add", "path": path, "value": version}]
         what = f"patching deployment/{name} in {target.namespace!r}"
-        patch_deployment(target, apps, name, patch, what)
-        wait_for_version(target, name, version, deadline, wait)
+        patch_deployment(target, change.apps, name, patch, what)
+        wait_for_version(target, name, version, change.deadline, change.wait)
         manifest = {"name": release.get("name"), "version": version, "engine": "sim",
                     "previous": previous}  # fmt: skip
         register_version(target, version, manifest)
@@ -176,7 +174,7 @@ def start_fresh_canary(
         "previous_canary_version": previous,
         "canary_version": version,
         "weight": wanted,
-        "took_s": round(time.monotonic() - t0, 3),
+        "took_s": change.took_s(),
     }
 
 
@@ -197,17 +195,16 @@ def roll_out_bad_canary(
     The canary version the broker knows is unchanged: the same version, a bad build of it,
     as a rebuilt image under the same tag. Undo with ``undo_canary_rollout``."""
     value, mode, tokens = parse_kernel_fault(kernel_fault)
-    wait = min(non_negative("deadline_s", deadline_s), MAX_WAIT_S)
-    target = kubernetes_target(configuration, "roll_out_bad_canary")
-    t0 = time.monotonic()
-    with harness_errors("rolling out a bad canary build"):
-        apps, name = canary_deployment(target, "roll_out_bad_canary")
+    with canary_change(
+        configuration, "roll_out_bad_canary", deadline_s, "rolling out a bad canary build"
+    ) as change:
+        target, apps, name = change.target, change.apps, change.name
         dep = read_deployment(target, apps, name)
         build, patch = bad_build_patch(apps, dep, name, value)
         patched_at = time.time()
         what = f"patching deployment/{name} in {target.namespace!r}"
         patch_deployment(target, apps, name, patch, what)
-        pods = wait_rolled_out(target, apps, name, build, t0 + wait, wait)
+        pods = wait_rolled_out(target, apps, name, build, change.deadline, change.wait)
         rolled_out_at = time.time()
         started_at = first_started(pods, patched_at)
         served_at = started_at if started_at is not None else rolled_out_at
@@ -271,11 +268,10 @@ def undo_canary_rollout(
     one, among the ReplicaSets the Deployment owns); waits for that rollout. Nothing to do
     when the canary is not a bad build of ``roll_out_bad_canary`` (idempotent, so it can
     be an experiment's rollback). Closes the ledger's bad-build entries."""
-    wait = min(non_negative("deadline_s", deadline_s), MAX_WAIT_S)
-    target = kubernetes_target(configuration, "undo_canary_rollout")
-    t0 = time.monotonic()
-    with harness_errors("undoing the canary rollout"):
-        apps, name = canary_deployment(target, "undo_canary_rollout")
+    with canary_change(
+        configuration, "undo_canary_rollout", deadline_s, "undoing the canary rollout"
+    ) as change:
+        target, apps, name = change.target, change.apps, change.name
         dep = read_deployment(target, apps, name)
         current_build = (dep.spec.template.metadata.annotations or {}).get(BUILD_ANNOTATION)
         if current_build is None:
@@ -299,7 +295,7 @@ def undo_canary_rollout(
         template.setdefault("metadata", {})["labels"] = labels
         patch = [{"op": "replace", "path": "/spec/template", "value": template}]
         patch_deployment(target, apps, name, patch, f"rolling deployment/{name} back")
-        wait_rolled_out(target, apps, name, None, t0 + wait, wait)
+        wait_rolled_out(target, apps, name, None, change.deadline, change.wait)
         closed = _close_build_entries(configuration)
     return {
         "changed": True,
@@ -308,7 +304,7 @@ def undo_canary_rollout(
         "to_replicaset": previous.metadata.name,
         "to_revision": revision(previous),
         "closed_ledger_entries": closed,
-        "took_s": round(time.monotonic() - t0, 3),
+        "took_s": change.took_s(),
     }
 
 
@@ -319,18 +315,7 @@ def _close_build_entries(configuration: Configuration | None) -> int:
     n = 0
     for e in book.outstanding():
         if e.kind == "kernel" and (e.fault_id or "").startswith("build-"):
-            book.append(
-                gd_faults.FaultEntry(
-                    action="clear",
-                    time=time.time(),
-                    component=e.component,
-                    replica=e.replica,
-                    url=e.url,
-                    kind=e.kind,
-                    fault_id=e.fault_id,
-                    detail={"rolled_back": True},
-                )
-            )
+            book.append(e.cleared({"rolled_back": True}))
             n += 1
     return n
 
