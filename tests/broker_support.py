@@ -9,7 +9,7 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -23,6 +23,16 @@ _names = itertools.count(1)
 
 def start_broker(spawn: Spawner, state_dir: Path, *extra: str, port: int = 0) -> Proc:
     return spawn("canarystack.broker", "--state-dir", str(state_dir), *extra, port=port)
+
+
+def restartable_broker(
+    spawn: Spawner, state_dir: Path, *extra: str
+) -> tuple[Proc, Callable[[], Proc]]:
+    """A real broker on a port of its own, and a function that starts it again on that
+    port and state directory (after a kill): routers pointed at it find it back."""
+    port = free_port()
+    proc = start_broker(spawn, state_dir, *extra, port=port)
+    return proc, lambda: start_broker(spawn, state_dir, *extra, port=port)
 
 
 def broker_with_versions(

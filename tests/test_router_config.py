@@ -17,7 +17,7 @@ import requests
 
 from canarystack.router.routing import choose_variant
 from canarystack.tokenizer import make_prompt
-from tests.broker_support import start_broker
+from tests.broker_support import restartable_broker, start_broker
 from tests.procs import Proc, Spawner, free_port, inject_fault, wait_for
 from tests.router_support import (
     ADMIN,
@@ -37,6 +37,13 @@ from tests.router_support import (
 
 models = models_fixture(b0="v1", c0="v2")
 gate = gate_fixture()
+
+
+def on_release(
+    spawn: Spawner, tmp_path: Path, models: dict[str, Proc], *extra: str, **kw: Any
+) -> tuple[Proc, Broker, dict[str, Any]]:
+    """``router_on_release`` over the module's b0 (baseline) and c0 (canary) pools."""
+    return router_on_release(spawn, tmp_path, [models["b0"].url], [models["c0"].url], *extra, **kw)
 
 
 def served_by(router: Proc, user: str, prompt: str = "a b c") -> str:
@@ -86,9 +93,7 @@ def test_split_follows_broker_weight_sticky_across_replicas(
 def test_tripped_phase_is_zero_canary_within_one_watch_round(
     spawn: Spawner, tmp_path: Path, models: dict[str, Proc]
 ) -> None:
-    router, api, release = router_on_release(
-        spawn, tmp_path, [models["b0"].url], [models["c0"].url], weight=100
-    )
+    router, api, release = on_release(spawn, tmp_path, models, weight=100)
     assert {served_by(router, f"u{i}") for i in range(10)} == {"canary"}
 
     # Heartbeat: the broker lists this router with the applied revision, when it applied
@@ -150,9 +155,7 @@ def test_tripped_phase_is_zero_canary_within_one_watch_round(
 def test_broker_down_at_start_with_and_without_cache(
     spawn: Spawner, tmp_path: Path, models: dict[str, Proc]
 ) -> None:
-    port = free_port()
-    broker_dir = tmp_path / "broker"
-    broker = start_broker(spawn, broker_dir, port=port)
+    broker, restart_broker = restartable_broker(spawn, tmp_path / "broker")
     api = Broker(broker.url)
     release = api.create(weight=100)
     pools = ([models["b0"].url], [models["c0"].url])
@@ -174,7 +177,7 @@ def test_broker_down_at_start_with_and_without_cache(
     wait_for(lambda: metric(fresh, "router_broker_watch_errors_total") >= 2, what="retries")
 
     # The broker comes back on its port: both routers pick the release up by themselves.
-    start_broker(spawn, broker_dir, port=port)
+    restart_broker()
     wait_for(lambda: health(fresh)["config"]["source"] == "broker", timeout=15, what="fresh")
     wait_for(lambda: health(cached)["config"]["source"] == "broker", timeout=15, what="cached")
     assert served_by(fresh, "someone") == "canary"
@@ -183,9 +186,7 @@ def test_broker_down_at_start_with_and_without_cache(
 def test_stale_config_fault_stops_applying_until_it_expires(
     spawn: Spawner, tmp_path: Path, models: dict[str, Proc]
 ) -> None:
-    router, api, release = router_on_release(
-        spawn, tmp_path, [models["b0"].url], [models["c0"].url], weight=100
-    )
+    router, api, release = on_release(spawn, tmp_path, models, weight=100)
     inject_fault(instance_url(router), {"kind": "stale_config", "ttl_s": 5})
     tripped = api.trip()
     # The router sees the new revision but does not apply it while the fault lasts.
@@ -219,14 +220,8 @@ def test_dead_canary_pool_falls_back_to_baseline_unless_pinned(
 def test_long_prompts_stay_off_the_canary(
     spawn: Spawner, tmp_path: Path, models: dict[str, Proc]
 ) -> None:
-    router, _, _ = router_on_release(
-        spawn,
-        tmp_path,
-        [models["b0"].url],
-        [models["c0"].url],
-        "--max-canary-prompt-tokens",
-        "100",
-        weight=100,
+    router, _, _ = on_release(
+        spawn, tmp_path, models, "--max-canary-prompt-tokens", "100", weight=100
     )
     assert served_by(router, "u", make_prompt(100)) == "canary"
     assert served_by(router, "u", make_prompt(101)) == "baseline"
@@ -235,15 +230,8 @@ def test_long_prompts_stay_off_the_canary(
 def test_baseline_canary_comparisons_reach_the_gate(
     spawn: Spawner, tmp_path: Path, models: dict[str, Proc], gate: GateReceiver
 ) -> None:
-    router, _, _ = router_on_release(
-        spawn,
-        tmp_path,
-        [models["b0"].url],
-        [models["c0"].url],
-        "--shadow-rates",
-        "0-512=1,512-1k=1",
-        weight=50,
-        gate=gate.url,
+    router, _, _ = on_release(
+        spawn, tmp_path, models, "--shadow-rates", "0-512=1,512-1k=1", weight=50, gate=gate.url
     )
     served = set()
     for i in range(12):

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.broker_support import start_broker
+from tests.broker_support import restartable_broker, start_broker
 from tests.procs import Proc, Spawner, free_port, wait_for
 from tests.router_support import (
     Broker,
@@ -139,9 +139,7 @@ def test_a_broker_refusing_the_heartbeat_is_reported(
 def test_persistent_watch_errors_send_the_router_to_zero_canary(
     spawn: Spawner, tmp_path: Path, models: dict[str, Proc]
 ) -> None:
-    port = free_port()
-    broker_dir = tmp_path / "broker"
-    broker = start_broker(spawn, broker_dir, port=port)
+    broker, restart_broker = restartable_broker(spawn, tmp_path / "broker")
     release = Broker(broker.url).create(weight=100)
     router = start_router(
         spawn,
@@ -165,6 +163,6 @@ def test_persistent_watch_errors_send_the_router_to_zero_canary(
     assert pinned.status_code == 409 and "fail-safe" in pinned.json()["error"]["message"]
     assert any(e.get("event") == "config_failsafe" for e in router.log_events())
     # The broker is back: the first watch that succeeds ends the fail-safe.
-    start_broker(spawn, broker_dir, port=port)
+    restart_broker()
     wait_for(lambda: health(router)["config"]["source"] == "broker", timeout=15, what="recovery")
     assert completion(router.url).headers["x-served-by"] == "canary"
