@@ -523,8 +523,9 @@ def api_call_json(
         return int(e.code), dict(json.loads(e.read() or b"{}"))
 
 
-def recreate(path: str, obj: dict[str, Any]) -> None:
-    """Create obj at path (collection), deleting a leftover of an earlier run first."""
+def recreate(path: str, obj: dict[str, Any]) -> str:
+    """Create obj at path (collection), deleting a leftover of an earlier run first; the
+    object's own path."""
     name = obj["metadata"]["name"]
     admin_call("DELETE", f"{path}/{name}")
     deadline = time.monotonic() + 30
@@ -533,6 +534,14 @@ def recreate(path: str, obj: dict[str, Any]) -> None:
         time.sleep(0.2)
     code, body = admin_call("POST", path, obj)
     assert code == 201, body
+    return f"{path}/{name}"
+
+
+def probe_config(runner_config: dict[str, str]) -> tuple[dict[str, str], Path]:
+    """The probes' configuration (the chaos runner's, less its token) and its run folder,
+    where ``write_records`` puts the traffic the probes pair with a controller's status."""
+    cfg = {k: v for k, v in runner_config.items() if k != "token"}
+    return cfg, Path(cfg["gameday_run_dir"])
 
 
 def write_status(path: str, status: dict[str, Any]) -> dict[str, Any]:
@@ -609,10 +618,8 @@ def test_argo_rollout_probe_reads_live_rollouts_and_pairs_them_with_traffic(
 ) -> None:
     from probes import progressive
 
-    cfg = {k: v for k, v in runner_config.items() if k != "token"}
-    run = Path(cfg["gameday_run_dir"])
-    path = f"{ARGO_PATH}/llm-server"
-    recreate(ARGO_PATH, {
+    cfg, run = probe_config(runner_config)
+    path = recreate(ARGO_PATH, {
         "apiVersion": "argoproj.io/v1alpha1", "kind": "Rollout",
         "metadata": {"name": "llm-server", "namespace": NS},
         "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "llm-server"}},
@@ -679,10 +686,8 @@ def test_flagger_canary_probe_reads_live_canaries_and_pairs_them_with_traffic(
 ) -> None:
     from probes import progressive
 
-    cfg = {k: v for k, v in runner_config.items() if k != "token"}
-    run = Path(cfg["gameday_run_dir"])
-    path = f"{FLAGGER_PATH}/llm"
-    recreate(FLAGGER_PATH, {
+    cfg, run = probe_config(runner_config)
+    path = recreate(FLAGGER_PATH, {
         "apiVersion": "flagger.app/v1beta1", "kind": "Canary",
         "metadata": {"name": "llm", "namespace": NS},
         "spec": {"targetRef": {"apiVersion": "apps/v1", "kind": "Deployment",
