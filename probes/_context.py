@@ -8,9 +8,10 @@ it never talks to a target itself.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import requests
 from chaoslib.exceptions import ActivityFailed
@@ -67,6 +68,15 @@ def run_dir(configuration: Configuration | None) -> Path:
 
 def ledger(configuration: Configuration | None) -> FaultLedger:
     return FaultLedger(run_dir(configuration) / LEDGER_NAME)
+
+
+def rewrite_journal_extensions(state: Any, rewrite: Callable[[list[Any]], list[Any]]) -> None:
+    """An ``after_experiment_control``'s edit of the journal: the ``extensions`` of the
+    experiment in ``state`` become ``rewrite`` of them; nothing where ``state`` holds no
+    experiment (an interrupted run)."""
+    if isinstance(state, dict) and isinstance(state.get("experiment"), dict):
+        experiment = state["experiment"]
+        experiment["extensions"] = rewrite(list(experiment.get("extensions") or []))
 
 
 @contextmanager

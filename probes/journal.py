@@ -10,7 +10,7 @@ from typing import Any
 
 from chaoslib import substitute
 
-from probes._context import Configuration, Secrets
+from probes._context import Configuration, Secrets, rewrite_journal_extensions
 
 __all__ = ["after_experiment_control"]
 
@@ -35,17 +35,18 @@ def after_experiment_control(
           - name: resolved-slos
             provider: {type: python, module: probes.journal}
     """
-    if not isinstance(state, dict) or not isinstance(state.get("experiment"), dict):
-        return
-    experiment = state["experiment"]
-    resolved = []
-    for ext in experiment.get("extensions") or []:
-        if isinstance(ext, dict) and ext.get("name") == "gameday" and "slo" in ext:
-            declared = ext.get("slo_declared", ext["slo"])
-            ext = {
-                **ext,
-                "slo": substitute(declared, configuration or {}, secrets or {}),
-                "slo_declared": declared,
-            }
-        resolved.append(ext)
-    experiment["extensions"] = resolved
+
+    def resolve(extensions: list[Any]) -> list[Any]:
+        resolved = []
+        for ext in extensions:
+            if isinstance(ext, dict) and ext.get("name") == "gameday" and "slo" in ext:
+                declared = ext.get("slo_declared", ext["slo"])
+                ext = {
+                    **ext,
+                    "slo": substitute(declared, configuration or {}, secrets or {}),
+                    "slo_declared": declared,
+                }
+            resolved.append(ext)
+        return resolved
+
+    rewrite_journal_extensions(state, resolve)

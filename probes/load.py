@@ -15,7 +15,13 @@ from chaoslib.exceptions import InterruptExecution
 from gameday.load.runner import LoadConfig, LoadRunError, env_load_seed
 from gameday.run import load_state
 from gameday.targets import TargetError
-from probes._context import Configuration, Secrets, get_target, run_dir
+from probes._context import (
+    Configuration,
+    Secrets,
+    get_target,
+    rewrite_journal_extensions,
+    run_dir,
+)
 
 __all__ = [
     "after_experiment_control",
@@ -113,37 +119,32 @@ def before_method_control(
 
 
 def after_method_control(
-    context: Any,
-    state: Any = None,
-    configuration: Configuration | None = None,
-    secrets: Secrets | None = None,
-    **kwargs: Any,
+    context: Any, configuration: Configuration | None = None, **kwargs: Any
 ) -> None:
     """Stop Locust (SIGTERM by PID; streams in flight get the stop timeout)."""
     load_state.stop(run_dir(configuration))
 
 
 def after_experiment_control(
-    context: Any,
-    state: Any = None,
-    configuration: Configuration | None = None,
-    secrets: Secrets | None = None,
-    **kwargs: Any,
+    context: Any, state: Any = None, configuration: Configuration | None = None, **kwargs: Any
 ) -> None:
     """Stop Locust if an interruption skipped the method's end, and put where the load
     stands (records path included) into the journal."""
     folder = run_dir(configuration)
     load_state.stop(folder)
     load = load_state.read_state(folder)
-    if isinstance(state, dict) and isinstance(state.get("experiment"), dict) and load:
-        experiment = state["experiment"]
-        extensions = [
+    if not load:
+        return
+
+    def with_load(extensions: list[Any]) -> list[Any]:
+        kept = [
             e
-            for e in experiment.get("extensions") or []
+            for e in extensions
             if not (isinstance(e, dict) and e.get("name") == JOURNAL_EXTENSION)
         ]
-        extensions.append({"name": JOURNAL_EXTENSION, **load})
-        experiment["extensions"] = extensions
+        return [*kept, {"name": JOURNAL_EXTENSION, **load}]
+
+    rewrite_journal_extensions(state, with_load)
 
 
 def cleanup_control(**kwargs: Any) -> None:
