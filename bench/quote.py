@@ -215,9 +215,12 @@ def r_gate_false_alarms(doc: JsonObject) -> list[str]:
         for r in doc["results"]
     ]
     return [
-        f"Healthy comparisons replayed through the gate's statistics (budget "
-        f"{b['false_trips_per_release_hour']:g} false trips per release-hour, {b['merge']}, "
-        f"{b['detectors']} detectors):",
+        f"Healthy comparisons replayed through the gate's statistics at its default "
+        f"thresholds ({b['per_detector_threshold']:g} per detector, {b['detectors']} "
+        f"detectors). The guarantee those thresholds give by themselves ({b['merge']}, at "
+        f"an assumed {b['sample_rate_hz_assumed']:g} samples/s per detector) is at most "
+        f"{b['false_trips_per_release_hour']:g} false trips per release-hour: a worst case, "
+        "far above what is measured here:",
         "",
         "| source | releases | comparisons | KL p50 / p99 | false trips "
         "| per release-hour, 95 % upper bound |",
