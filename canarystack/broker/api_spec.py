@@ -13,92 +13,82 @@ from canary_contract.json import JsonObject
 from canarystack.broker import schemas
 from canarystack.broker.keys import BROKER, MAX_EVENTS_PER_PAGE
 from canarystack.broker.phases import Phase
-from canarystack.common.apispec import (
-    ANY_OBJECT,
-    BOOLEAN,
-    INTEGER,
-    NUMBER,
-    STRING,
-    ApiSpec,
-    Param,
-    error_response,
-    json_body,
-    nullable,
-    obj,
-    path_str,
-    query_int,
-)
+from canarystack.common import apispec as oa
 from canarystack.common.openapi import add_describer
 
 # SQLite integers are 64-bit: the largest revision or sequence number the store can hold.
 MAX_INT64 = 2**63 - 1
 TAG = "broker"
 
-VERSION_SCHEMA: JsonObject = obj(
+VERSION_SCHEMA: JsonObject = oa.obj(
     ("version", "digest", "manifest", "quarantined", "registered_at"),
-    version=STRING,
+    version=oa.STRING,
     digest={"type": "string", "pattern": r"^sha256:[0-9a-f]{64}$"},
     manifest={},
-    quarantined=BOOLEAN,
-    registered_at=NUMBER,
-    quarantine=obj(("time", "actor", "reason"), time=NUMBER, actor=STRING, reason=STRING),
+    quarantined=oa.BOOLEAN,
+    registered_at=oa.NUMBER,
+    quarantine=oa.obj(
+        ("time", "actor", "reason"), time=oa.NUMBER, actor=oa.STRING, reason=oa.STRING
+    ),
 )
 
 
 def _release_schema(phases: list[str]) -> JsonObject:
-    return obj(
+    return oa.obj(
         ("name", "phase", "revision", "stable", "canary", "weights", "trip"),
-        name=STRING,
+        name=oa.STRING,
         phase={"type": "string", "enum": phases},
         revision={"type": "integer", "minimum": 0},
-        stable=obj(("version", "digest"), version=STRING, digest=STRING),
-        canary=nullable(
-            obj(
+        stable=oa.obj(("version", "digest"), version=oa.STRING, digest=oa.STRING),
+        canary=oa.nullable(
+            oa.obj(
                 ("version", "digest", "quarantined"),
-                version=STRING,
-                digest=STRING,
-                quarantined=BOOLEAN,
+                version=oa.STRING,
+                digest=oa.STRING,
+                quarantined=oa.BOOLEAN,
             )
         ),
-        weights=obj(("canary",), canary={"type": "number", "minimum": 0, "maximum": 100}),
-        trip=nullable(ANY_OBJECT),
-        created_at=NUMBER,
-        updated_at=NUMBER,
+        weights=oa.obj(("canary",), canary={"type": "number", "minimum": 0, "maximum": 100}),
+        trip=oa.nullable(oa.ANY_OBJECT),
+        created_at=oa.NUMBER,
+        updated_at=oa.NUMBER,
     )
 
 
-EVENT_SCHEMA: JsonObject = obj(
+EVENT_SCHEMA: JsonObject = oa.obj(
     ("seq", "release", "time", "revision", "actor", "change", "reason"),
-    seq=INTEGER,
-    release=STRING,
-    time=NUMBER,
-    revision=nullable(INTEGER),
-    actor=STRING,
-    change=ANY_OBJECT,
-    reason=STRING,
+    seq=oa.INTEGER,
+    release=oa.STRING,
+    time=oa.NUMBER,
+    revision=oa.nullable(oa.INTEGER),
+    actor=oa.STRING,
+    change=oa.ANY_OBJECT,
+    reason=oa.STRING,
 )
 
-ROUTER_SCHEMA: JsonObject = obj(
+ROUTER_SCHEMA: JsonObject = oa.obj(
     ("router_id", "release", "applied_revision", "last_seen", "age_s"),
-    router_id=STRING,
-    release=STRING,
-    applied_revision=nullable(INTEGER),
-    applied_at=nullable(NUMBER),
-    canary_off_since=nullable(NUMBER),
-    last_seen=NUMBER,
-    age_s=NUMBER,
+    router_id=oa.STRING,
+    release=oa.STRING,
+    applied_revision=oa.nullable(oa.INTEGER),
+    applied_at=oa.nullable(oa.NUMBER),
+    canary_off_since=oa.nullable(oa.NUMBER),
+    last_seen=oa.NUMBER,
+    age_s=oa.NUMBER,
 )
 
 
-def describe(spec: ApiSpec, app: web.Application) -> None:
+def describe(spec: oa.ApiSpec, app: web.Application) -> None:
     broker = app[BROKER]
     version = spec.named("Version", VERSION_SCHEMA)
     release = spec.named("Release", _release_schema([p.value for p in Phase]))
     event = spec.named("Event", EVENT_SCHEMA)
     router = spec.named("Router", ROUTER_SCHEMA)
-    actor = Param("x-actor", "header", STRING, "who makes the change, when the body has no actor")
-    version_name = path_str("version", "a registered version", schemas.NAME_PATTERN)
-    release_name = path_str("name", "a release", schemas.NAME_PATTERN)
+    actor = oa.Param(
+        "x-actor", "header", oa.STRING, "who makes the change, when the body has no actor"
+    )
+    version_name = oa.path_str("version", "a registered version", schemas.NAME_PATTERN)
+    release_name = oa.path_str("name", "a release", schemas.NAME_PATTERN)
 
     spec.add(
         "post",
@@ -109,10 +99,10 @@ def describe(spec: ApiSpec, app: web.Application) -> None:
         params=[actor],
         body=spec.model(schemas.RegisterVersion),
         responses={
-            200: json_body(version, "already registered with this digest"),
-            201: json_body(version, "registered"),
-            409: error_response("the version exists with another digest"),
-            422: error_response("the digest does not match the manifest"),
+            200: oa.json_body(version, "already registered with this digest"),
+            201: oa.json_body(version, "registered"),
+            409: oa.error_response("the version exists with another digest"),
+            422: oa.error_response("the digest does not match the manifest"),
         },
     )
     spec.add(
@@ -120,9 +110,7 @@ def describe(spec: ApiSpec, app: web.Application) -> None:
         "/v1/versions",
         summary="Every registered version.",
         tag=TAG,
-        responses={
-            200: json_body(obj(("versions",), versions={"type": "array", "items": version}))
-        },
+        ok=oa.listing("versions", version),
     )
     spec.add(
         "get",
@@ -130,7 +118,8 @@ def describe(spec: ApiSpec, app: web.Application) -> None:
         summary="One version.",
         tag=TAG,
         params=[version_name],
-        responses={200: json_body(version), 404: error_response("no such version")},
+        ok=version,
+        responses={404: oa.error_response("no such version")},
     )
     spec.add(
         "post",
@@ -141,16 +130,15 @@ def describe(spec: ApiSpec, app: web.Application) -> None:
         params=[version_name, actor],
         body=spec.model(schemas.QuarantineVersion),
         body_required=False,
-        responses={200: json_body(version), 404: error_response("no such version")},
+        ok=version,
+        responses={404: oa.error_response("no such version")},
     )
     spec.add(
         "get",
         "/v1/releases",
         summary="Every release.",
         tag=TAG,
-        responses={
-            200: json_body(obj(("releases",), releases={"type": "array", "items": release}))
-        },
+        ok=oa.listing("releases", release),
     )
     spec.add(
         "post",
@@ -161,10 +149,10 @@ def describe(spec: ApiSpec, app: web.Application) -> None:
         params=[actor],
         body=spec.model(schemas.CreateRelease),
         responses={
-            201: json_body(release, "created"),
-            404: error_response("a named version is not registered"),
-            409: error_response("the release exists"),
-            422: error_response("the release cannot be created like this"),
+            201: oa.json_body(release, "created"),
+            404: oa.error_response("a named version is not registered"),
+            409: oa.error_response("the release exists"),
+            422: oa.error_response("the release cannot be created like this"),
         },
     )
     timeout: JsonObject = {"type": "number", "exclusiveMinimum": 0, "maximum": broker.max_watch_s}
@@ -175,10 +163,10 @@ def describe(spec: ApiSpec, app: web.Application) -> None:
         tag=TAG,
         params=[
             release_name,
-            query_int(
+            oa.query_int(
                 "after", "the revision the caller has (makes this a watch)", maximum=MAX_INT64
             ),
-            Param(
+            oa.Param(
                 "timeout_s",
                 "query",
                 timeout,
@@ -186,8 +174,10 @@ def describe(spec: ApiSpec, app: web.Application) -> None:
             ),
         ],
         responses={
-            200: json_body(release, "the release (x-watch-timeout: true when the watch timed out)"),
-            404: error_response("no such release"),
+            200: oa.json_body(
+                release, "the release (x-watch-timeout: true when the watch timed out)"
+            ),
+            404: oa.error_response("no such release"),
         },
     )
     spec.add(
@@ -198,11 +188,11 @@ def describe(spec: ApiSpec, app: web.Application) -> None:
         admin=True,
         params=[release_name, actor],
         body=spec.model(schemas.PatchRelease),
+        ok=release,
         responses={
-            200: json_body(release),
-            404: error_response("no such release or version"),
-            409: error_response("expected_revision is not the current revision"),
-            422: error_response("a transition or value the release does not allow"),
+            404: oa.error_response("no such release or version"),
+            409: oa.error_response("expected_revision is not the current revision"),
+            422: oa.error_response("a transition or value the release does not allow"),
         },
     )
     spec.add(
@@ -212,18 +202,10 @@ def describe(spec: ApiSpec, app: web.Application) -> None:
         tag=TAG,
         params=[
             release_name,
-            query_int("after_seq", "events after this sequence number", maximum=MAX_INT64),
-            query_int("limit", "events per page", minimum=1, maximum=MAX_EVENTS_PER_PAGE),
+            oa.query_int("after_seq", "events after this sequence number", maximum=MAX_INT64),
+            oa.query_int("limit", "events per page", minimum=1, maximum=MAX_EVENTS_PER_PAGE),
         ],
-        responses={
-            200: json_body(
-                obj(
-                    ("events",),
-                    events={"type": "array", "items": event},
-                    next_after_seq=INTEGER,
-                )
-            )
-        },
+        ok=oa.listing("events", event, next_after_seq=oa.INTEGER),
     )
     spec.add(
         "post",
@@ -233,7 +215,7 @@ def describe(spec: ApiSpec, app: web.Application) -> None:
         admin=True,
         params=[release_name, actor],
         body=spec.model(schemas.Annotation),
-        responses={201: json_body(event, "recorded"), 404: error_response("no such release")},
+        responses={201: oa.json_body(event, "recorded"), 404: oa.error_response("no such release")},
     )
     spec.add(
         "post",
@@ -242,23 +224,15 @@ def describe(spec: ApiSpec, app: web.Application) -> None:
         tag=TAG,
         admin=True,
         body=spec.model(schemas.Heartbeat),
-        responses={200: json_body(obj(("ok",), ok={"const": True}))},
+        ok=oa.obj(("ok",), ok={"const": True}),
     )
     spec.add(
         "get",
         "/v1/routers",
         summary="Routers with a live heartbeat.",
         tag=TAG,
-        params=[Param("release", "query", STRING, "only the routers of this release")],
-        responses={
-            200: json_body(
-                obj(
-                    ("routers", "expiry_s"),
-                    routers={"type": "array", "items": router},
-                    expiry_s=NUMBER,
-                )
-            )
-        },
+        params=[oa.Param("release", "query", oa.STRING, "only the routers of this release")],
+        ok=oa.listing("routers", router, ("expiry_s",), expiry_s=oa.NUMBER),
     )
     spec.add(
         "get",
@@ -267,16 +241,12 @@ def describe(spec: ApiSpec, app: web.Application) -> None:
         "it does not grant; docs/ARCHITECTURE.md §8).",
         tag=TAG,
         admin=True,
-        responses={
-            200: json_body(
-                obj(
-                    ("credential", "capabilities", "single_credential_mode"),
-                    credential=STRING,
-                    capabilities={"type": "array", "items": STRING},
-                    single_credential_mode=BOOLEAN,
-                )
-            )
-        },
+        ok=oa.obj(
+            ("credential", "capabilities", "single_credential_mode"),
+            credential=oa.STRING,
+            capabilities=oa.array(oa.STRING),
+            single_credential_mode=oa.BOOLEAN,
+        ),
     )
 
 

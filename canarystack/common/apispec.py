@@ -108,6 +108,18 @@ def nullable(schema: JsonObject) -> JsonObject:
     return {"anyOf": [schema, {"type": "null"}]}
 
 
+def array(items: JsonObject) -> JsonObject:
+    return {"type": "array", "items": items}
+
+
+def listing(
+    key: str, items: JsonObject, required: Sequence[str] = (), **more: JsonObject
+) -> JsonObject:
+    """A list answer: ``key`` holds an array of ``items``; ``more`` are its other fields
+    (those in ``required`` always present)."""
+    return obj((key, *required), **{key: array(items)}, **more)
+
+
 NUMBER: JsonObject = {"type": "number"}
 INTEGER: JsonObject = {"type": "integer"}
 STRING: JsonObject = {"type": "string"}
@@ -177,7 +189,8 @@ class ApiSpec:
         path: str,
         *,
         summary: str,
-        responses: Mapping[int | str, JsonObject],
+        responses: Mapping[int | str, JsonObject] | None = None,
+        ok: JsonObject | None = None,
         operation_id: str | None = None,
         description: str = "",
         tag: str | None = None,
@@ -187,6 +200,8 @@ class ApiSpec:
         body_media_type: str = "application/json",
         admin: bool = False,
     ) -> None:
+        """One operation. ``ok``: the schema of its 200 JSON answer (the common case),
+        else every answer in ``responses``."""
         method = method.lower()
         if method not in METHODS:
             raise ValueError(f"OpenAPI: unsupported method {method!r} for {path}")
@@ -209,7 +224,8 @@ class ApiSpec:
                 "required": body_required,
                 "content": {body_media_type: {"schema": body}},
             }
-        resp: dict[str, JsonObject] = {str(k): v for k, v in responses.items()}
+        resp: dict[str, JsonObject] = {} if ok is None else {"200": json_body(ok)}
+        resp.update((str(k), v) for k, v in (responses or {}).items())
         if admin:
             op["security"] = [{ADMIN_SECURITY: []}]
             resp.setdefault(

@@ -23,7 +23,7 @@ from canarystack.common.apispec import (
     NUMBER,
     STRING,
     ApiSpec,
-    json_body,
+    array,
     nullable,
     obj,
     query_int,
@@ -226,19 +226,15 @@ def describe_colour(spec: ApiSpec, app: web.Application) -> None:
                 maximum=HOPS_MAX_LIMIT,
             ),
         ],
-        responses={
-            200: json_body(
-                obj(
-                    ("hops", "first_seq", "next_after_seq"),
-                    component=STRING,
-                    pid=INTEGER,
-                    started_at=NUMBER,
-                    hops={"type": "array", "items": hop},
-                    first_seq=INTEGER,
-                    last_seq=INTEGER,
-                    next_after_seq=INTEGER,
-                    lost={"type": "boolean"},
-                )
-            )
-        },
+        ok=obj(
+            ("hops", "first_seq", "next_after_seq"),
+            component=STRING,
+            pid=INTEGER,
+            started_at=NUMBER,
+            hops=array(hop),
+            first_seq=INTEGER,
+            last_seq=INTEGER,
+            next_after_seq=INTEGER,
+            lost={"type": "boolean"},
+        ),
     )

@@ -25,8 +25,10 @@ from canarystack.common.apispec import (
     STRING,
     ApiSpec,
     Param,
+    array,
     error_response,
     json_body,
+    listing,
     obj,
     path_str,
     text_response,
@@ -43,7 +45,7 @@ HEALTH_SCHEMA: JsonObject = obj(
     version=STRING,
     pid=INTEGER,
     uptime_s=NUMBER,
-    degraded_reasons={"type": "array", "items": STRING},
+    degraded_reasons=array(STRING),
 )
 FAULT_SCHEMA: JsonObject = obj(
     ("id", "kind", "params", "ttl_s", "injected_at", "expires_at", "remaining_s"),
@@ -122,14 +124,14 @@ def describe_common(spec: ApiSpec, component: Component) -> None:
         responses={200: json_body(obj(("openapi", "info", "paths")), "OpenAPI 3.1")},
     )
     fault = spec.named("Fault", FAULT_SCHEMA)
-    cleared = obj(("cleared",), cleared={"type": "array", "items": fault})
+    cleared = listing("cleared", fault)
     spec.add(
         "get",
         "/admin/faults",
         summary="The active faults.",
         tag="faults",
         admin=True,
-        responses={200: json_body(obj(("faults",), faults={"type": "array", "items": fault}))},
+        ok=listing("faults", fault),
     )
     kinds = ", ".join(sorted(component.faults.kinds))
     spec.add(
@@ -151,7 +153,7 @@ def describe_common(spec: ApiSpec, component: Component) -> None:
         tag="faults",
         admin=True,
         params=[Param("x-actor", "header", STRING, "who clears them (logged)")],
-        responses={200: json_body(cleared)},
+        ok=cleared,
     )
     spec.add(
         "delete",
@@ -160,7 +162,8 @@ def describe_common(spec: ApiSpec, component: Component) -> None:
         tag="faults",
         admin=True,
         params=[path_str("fault_id", "the id POST /admin/faults answered")],
-        responses={200: json_body(cleared), 404: error_response("no such active fault")},
+        ok=cleared,
+        responses={404: error_response("no such active fault")},
     )
 
 

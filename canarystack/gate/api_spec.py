@@ -11,17 +11,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from canary_contract.json import JsonObject
-from canarystack.common.apispec import (
-    ANY_OBJECT,
-    INTEGER,
-    STRING,
-    ApiSpec,
-    Param,
-    error_response,
-    json_body,
-    nullable,
-    obj,
-)
+from canarystack.common import apispec as oa
 from canarystack.common.openapi import add_describer
 from canarystack.gate.keys import SERVICE
 from canarystack.gate.state import STATES, SampleBatch
@@ -30,20 +20,20 @@ TAG = "gate"
 
 
 def _gate_schema(states: list[str]) -> JsonObject:
-    return obj(
+    return oa.obj(
         ("release", "state"),
-        release=STRING,
+        release=oa.STRING,
         state={"type": "string", "enum": states},
-        revision=nullable(INTEGER),
-        phase=nullable(STRING),
-        buckets=ANY_OBJECT,
-        noise_floor=ANY_OBJECT,
-        false_alarm_budget=ANY_OBJECT,
-        trip=nullable(ANY_OBJECT),
+        revision=oa.nullable(oa.INTEGER),
+        phase=oa.nullable(oa.STRING),
+        buckets=oa.ANY_OBJECT,
+        noise_floor=oa.ANY_OBJECT,
+        false_alarm_budget=oa.ANY_OBJECT,
+        trip=oa.nullable(oa.ANY_OBJECT),
     )
 
 
-def describe(spec: ApiSpec, app: web.Application) -> None:
+def describe(spec: oa.ApiSpec, app: web.Application) -> None:
     service = app[SERVICE]
     watched = sorted(service.gates)
     gate = spec.named("GateStatus", _gate_schema(list(STATES)))
@@ -63,22 +53,22 @@ def describe(spec: ApiSpec, app: web.Application) -> None:
         admin=True,
         body=batch,
         responses={
-            200: json_body(
-                obj(
+            200: oa.json_body(
+                oa.obj(
                     ("release", "accepted", "state"),
-                    release=STRING,
-                    accepted=obj(
+                    release=oa.STRING,
+                    accepted=oa.obj(
                         ("comparisons", "outcomes"),
                         comparisons=count,
                         noise_comparisons=count,
                         outcomes=count,
                     ),
-                    ignored={"type": "object", "additionalProperties": INTEGER},
-                    state=STRING,
+                    ignored={"type": "object", "additionalProperties": oa.INTEGER},
+                    state=oa.STRING,
                 ),
                 "accepted",
             ),
-            404: error_response("this gate does not watch the batch's release"),
+            404: oa.error_response("this gate does not watch the batch's release"),
         },
     )
     spec.add(
@@ -86,23 +76,16 @@ def describe(spec: ApiSpec, app: web.Application) -> None:
         "/v1/gate",
         summary="Every watched release's state.",
         tag=TAG,
-        responses={
-            200: json_body(
-                obj(
-                    ("gates", "false_alarm_budget"),
-                    gates={"type": "array", "items": gate},
-                    false_alarm_budget=ANY_OBJECT,
-                )
-            )
-        },
+        ok=oa.listing("gates", gate, ("false_alarm_budget",), false_alarm_budget=oa.ANY_OBJECT),
     )
     spec.add(
         "get",
         "/v1/gate/{release}",
         summary="One release's state, statistics, noise floor and trip evidence.",
         tag=TAG,
-        params=[Param("release", "path", {"type": "string", "enum": watched}, required=True)],
-        responses={200: json_body(gate), 404: error_response("not watched by this gate")},
+        params=[oa.Param("release", "path", {"type": "string", "enum": watched}, required=True)],
+        ok=gate,
+        responses={404: oa.error_response("not watched by this gate")},
     )
 
 

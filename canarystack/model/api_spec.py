@@ -11,104 +11,94 @@ import copy
 from aiohttp import web
 
 from canary_contract.json import JsonObject
-from canarystack.common.apispec import (
-    INTEGER,
-    NUMBER,
-    STRING,
-    ApiSpec,
-    Param,
-    error_response,
-    json_body,
-    nullable,
-    obj,
-)
+from canarystack.common import apispec as oa
 from canarystack.common.openapi import add_describer
 
 TAG = "openai"
 
-_LOGPROB_ENTRY: JsonObject = obj(("token", "logprob"), token=STRING, logprob=NUMBER)
-USAGE_SCHEMA: JsonObject = obj(
+_LOGPROB_ENTRY: JsonObject = oa.obj(("token", "logprob"), token=oa.STRING, logprob=oa.NUMBER)
+USAGE_SCHEMA: JsonObject = oa.obj(
     ("prompt_tokens", "completion_tokens", "total_tokens"),
-    prompt_tokens=INTEGER,
-    completion_tokens=INTEGER,
-    total_tokens=INTEGER,
+    prompt_tokens=oa.INTEGER,
+    completion_tokens=oa.INTEGER,
+    total_tokens=oa.INTEGER,
 )
 
 
 def _completion(object_name: str, choice: JsonObject) -> JsonObject:
     """An OpenAI completion answer, chat answer or stream chunk: ``object`` is
     ``object_name``, each of ``choices`` is ``choice``."""
-    return obj(
+    return oa.obj(
         ("id", "object", "created", "model", "choices"),
-        id=STRING,
+        id=oa.STRING,
         object={"const": object_name},
-        created=INTEGER,
-        model=STRING,
-        choices={"type": "array", "items": choice},
-        usage=nullable(USAGE_SCHEMA),
+        created=oa.INTEGER,
+        model=oa.STRING,
+        choices=oa.array(choice),
+        usage=oa.nullable(USAGE_SCHEMA),
     )
 
 
 COMPLETION_SCHEMA: JsonObject = _completion(
     "text_completion",
-    obj(
+    oa.obj(
         ("index", "text", "logprobs", "finish_reason"),
-        index=INTEGER,
-        text=STRING,
-        logprobs=nullable(
-            obj(
+        index=oa.INTEGER,
+        text=oa.STRING,
+        logprobs=oa.nullable(
+            oa.obj(
                 ("tokens", "token_logprobs", "top_logprobs", "text_offset"),
-                tokens={"type": "array", "items": STRING},
-                token_logprobs={"type": "array", "items": nullable(NUMBER)},
+                tokens=oa.array(oa.STRING),
+                token_logprobs=oa.array(oa.nullable(oa.NUMBER)),
                 top_logprobs={
                     "type": "array",
-                    "items": nullable({"type": "object", "additionalProperties": NUMBER}),
+                    "items": oa.nullable({"type": "object", "additionalProperties": oa.NUMBER}),
                 },
-                text_offset={"type": "array", "items": INTEGER},
+                text_offset=oa.array(oa.INTEGER),
             )
         ),
-        finish_reason=nullable(STRING),
-        stop_reason=nullable(STRING),
+        finish_reason=oa.nullable(oa.STRING),
+        stop_reason=oa.nullable(oa.STRING),
     ),
 )
 CHAT_COMPLETION_SCHEMA: JsonObject = _completion(
     "chat.completion",
-    obj(
+    oa.obj(
         ("index", "message", "finish_reason"),
-        index=INTEGER,
-        message=obj(("role", "content"), role=STRING, content=nullable(STRING)),
-        logprobs=nullable(
-            obj(
+        index=oa.INTEGER,
+        message=oa.obj(("role", "content"), role=oa.STRING, content=oa.nullable(oa.STRING)),
+        logprobs=oa.nullable(
+            oa.obj(
                 ("content",),
                 content={
                     "type": "array",
                     "items": {
                         "allOf": [
                             _LOGPROB_ENTRY,
-                            obj((), top_logprobs={"type": "array", "items": _LOGPROB_ENTRY}),
+                            oa.obj((), top_logprobs=oa.array(_LOGPROB_ENTRY)),
                         ]
                     },
                 },
             )
         ),
-        finish_reason=nullable(STRING),
+        finish_reason=oa.nullable(oa.STRING),
     ),
 )
-MODELS_SCHEMA: JsonObject = obj(
+MODELS_SCHEMA: JsonObject = oa.obj(
     ("object", "data"),
     object={"const": "list"},
     data={
         "type": "array",
-        "items": obj(
+        "items": oa.obj(
             ("id", "object", "created", "owned_by", "max_model_len"),
-            id=STRING,
+            id=oa.STRING,
             object={"const": "model"},
-            created=INTEGER,
-            owned_by=STRING,
-            root=nullable(STRING),
-            parent=nullable(STRING),
-            max_model_len=INTEGER,
-            version=STRING,
+            created=oa.INTEGER,
+            owned_by=oa.STRING,
+            root=oa.nullable(oa.STRING),
+            parent=oa.nullable(oa.STRING),
+            max_model_len=oa.INTEGER,
+            version=oa.STRING,
         ),
     },
 )
@@ -117,13 +107,13 @@ MODELS_SCHEMA: JsonObject = obj(
 def _sse(chunk_object: str) -> JsonObject:
     """One server-sent event of a stream (OpenAPI 3.1: the schema describes each event):
     ``data`` is a chunk's JSON, or ``[DONE]`` at the end."""
-    chunk = _completion(chunk_object, obj(("index",), index=INTEGER))
+    chunk = _completion(chunk_object, oa.obj(("index",), index=oa.INTEGER))
     return {
         "schema": {
             "type": "object",
             "required": ["data"],
             "properties": {
-                "event": STRING,
+                "event": oa.STRING,
                 "data": {
                     "anyOf": [
                         {"const": "[DONE]"},
@@ -142,7 +132,7 @@ def _sse(chunk_object: str) -> JsonObject:
 _TEXT_PART: JsonObject = {
     "type": "object",
     "required": ["type", "text"],
-    "properties": {"type": {"const": "text"}, "text": STRING},
+    "properties": {"type": {"const": "text"}, "text": oa.STRING},
 }
 _STOP: JsonObject = {
     "anyOf": [
@@ -154,20 +144,22 @@ _STOP: JsonObject = {
 }
 
 
-def request_headers() -> list[Param]:
+def request_headers() -> list[oa.Param]:
     """The headers a model server reads (and a router passes on)."""
     return [
-        Param("x-request-id", "header", STRING, "the client's request id (echoed back)"),
-        Param("traceparent", "header", STRING, "W3C trace context (logged)"),
-        Param("x-traffic-tag", "header", STRING, "a label for the request's traffic (logged)"),
+        oa.Param("x-request-id", "header", oa.STRING, "the client's request id (echoed back)"),
+        oa.Param("traceparent", "header", oa.STRING, "W3C trace context (logged)"),
+        oa.Param(
+            "x-traffic-tag", "header", oa.STRING, "a label for the request's traffic (logged)"
+        ),
     ]
 
 
 def describe_generation(
-    spec: ApiSpec,
+    spec: oa.ApiSpec,
     *,
     max_model_len: int | None,
-    extra_params: list[Param] | None = None,
+    extra_params: list[oa.Param] | None = None,
     extra_responses: dict[int | str, JsonObject] | None = None,
 ) -> None:
     """``POST /v1/completions`` and ``POST /v1/chat/completions``. Request bodies are
@@ -217,12 +209,12 @@ def describe_generation(
         spec.refine(name, "stop", stop)
         spec.refine(name, "n", {"anyOf": [{"const": 1}, {"type": "null"}], "default": 1})
         spec.refine(name, "best_of", {"anyOf": [{"const": 1}, {"type": "null"}]})
-        spec.refine(name, "max_tokens", nullable(tokens))
-    spec.refine("ChatCompletionRequest", "max_completion_tokens", nullable(tokens))
+        spec.refine(name, "max_tokens", oa.nullable(tokens))
+    spec.refine("ChatCompletionRequest", "max_completion_tokens", oa.nullable(tokens))
     spec.refine("CompletionRequest", "echo", {"anyOf": [{"const": False}, {"type": "null"}]})
     params = [*request_headers(), *(extra_params or [])]
     errors: dict[int | str, JsonObject] = {
-        404: error_response("'model' names a model this server does not serve"),
+        404: oa.error_response("'model' names a model this server does not serve"),
         **(extra_responses or {}),
     }
     for path, kind, what, body, name, schema, chunk_object in (
@@ -265,20 +257,20 @@ def describe_generation(
         )
 
 
-def describe_models(spec: ApiSpec) -> None:
+def describe_models(spec: oa.ApiSpec) -> None:
     spec.add(
         "get",
         "/v1/models",
         summary="The served model (vLLM's list shape, plus 'version').",
         tag=TAG,
-        responses={200: json_body(spec.named("ModelList", MODELS_SCHEMA))},
+        ok=spec.named("ModelList", MODELS_SCHEMA),
     )
 
 
 def install(app: web.Application, *, max_model_len: int) -> None:
     """Describe a model server's routes in its ``/openapi.json``."""
 
-    def describe(spec: ApiSpec, _app: web.Application) -> None:
+    def describe(spec: oa.ApiSpec, _app: web.Application) -> None:
         describe_generation(spec, max_model_len=max_model_len)
         describe_models(spec)
 

@@ -11,39 +11,29 @@ from __future__ import annotations
 from aiohttp import web
 
 from canary_contract.json import JsonObject
-from canarystack.common.apispec import (
-    BOOLEAN,
-    INTEGER,
-    STRING,
-    ApiSpec,
-    Param,
-    error_response,
-    json_body,
-    nullable,
-    obj,
-)
+from canarystack.common import apispec as oa
 from canarystack.common.openapi import add_describer
 from canarystack.rollback.keys import SERVICE
 from canarystack.rollback.service import ManualRollback
 
 TAG = "rollback"
 
-STATUS_SCHEMA: JsonObject = obj(
+STATUS_SCHEMA: JsonObject = oa.obj(
     ("release", "state", "phase", "revision", "steps"),
-    release=STRING,
-    state=STRING,
-    phase=nullable(STRING),
-    revision=nullable(INTEGER),
-    steps={"type": "array", "items": {"type": "object"}},
-    manual_requested=BOOLEAN,
-    running=BOOLEAN,
+    release=oa.STRING,
+    state=oa.STRING,
+    phase=oa.nullable(oa.STRING),
+    revision=oa.nullable(oa.INTEGER),
+    steps=oa.array({"type": "object"}),
+    manual_requested=oa.BOOLEAN,
+    running=oa.BOOLEAN,
 )
 
 
-def describe(spec: ApiSpec, app: web.Application) -> None:
+def describe(spec: oa.ApiSpec, app: web.Application) -> None:
     status = spec.named("RollbackStatus", STATUS_SCHEMA)
     watched = {"type": "string", "enum": sorted(app[SERVICE].releases)}
-    release = Param("release", "path", watched, "a release this executor watches", True)
+    release = oa.Param("release", "path", watched, "a release this executor watches", True)
     spec.add(
         "post",
         "/v1/rollbacks/{release}",
@@ -54,15 +44,15 @@ def describe(spec: ApiSpec, app: web.Application) -> None:
         body=spec.model(ManualRollback),
         body_required=False,
         responses={
-            200: json_body(status, "already rolled back"),
+            200: oa.json_body(status, "already rolled back"),
             # The contract: 202 only once step 1 is in the broker (a crash after the
             # answer still resumes), so the steps it shows are never empty.
-            202: json_body(
+            202: oa.json_body(
                 {"allOf": [status, {"properties": {"steps": {"minItems": 1}}}]},
                 "started: step 1 is in the broker",
             ),
-            404: error_response("not watched by this executor, or unknown to the broker"),
-            409: error_response(
+            404: oa.error_response("not watched by this executor, or unknown to the broker"),
+            409: oa.error_response(
                 "nothing to roll back (phase, or no canary), or the broker refused step 1 "
                 "(code step_refused)"
             ),
@@ -74,7 +64,8 @@ def describe(spec: ApiSpec, app: web.Application) -> None:
         summary="The rollback steps done, read from the broker's history.",
         tag=TAG,
         params=[release],
-        responses={200: json_body(status), 404: error_response("not watched, or unknown")},
+        ok=status,
+        responses={404: oa.error_response("not watched, or unknown")},
     )
 
 
