@@ -601,23 +601,20 @@ def _gameday(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+def _report_of_one(folder: Path, scenario: Scenario) -> subprocess.CompletedProcess[str]:
+    """``gameday report`` on a synthetic run (in ``folder``) of one experiment."""
+    write_run(folder, [scenario], requests_per_experiment=100)
+    return _gameday("report", str(folder))
+
+
 def test_command_exit_codes(tmp_path: Path) -> None:
-    good = write_run(
-        tmp_path / "good",
-        [Scenario("router-latency", "router", "latency", "no_trip", False)],
-        requests_per_experiment=100,
-    )
-    res = _gameday("report", str(good))
+    good = tmp_path / "good"
+    res = _report_of_one(good, Scenario("router-latency", "router", "latency", "no_trip", False))
     assert res.returncode == 0, res.stderr
     assert "verdict: PASS — all 1 experiment passed" in res.stdout
     assert f"report: {(good / 'report.html').resolve()}" in res.stdout
 
-    bad = write_run(
-        tmp_path / "bad",
-        [Scenario("control", "control", "none", "no_trip", True)],
-        requests_per_experiment=100,
-    )
-    res = _gameday("report", str(bad))
+    res = _report_of_one(tmp_path / "bad", Scenario("control", "control", "none", "no_trip", True))
     assert res.returncode == 1, res.stderr
     assert "verdict: FAIL — 1 of 1 experiment failed: control" in res.stdout
     assert "no_trip (report timeline)" in res.stdout
