@@ -277,6 +277,20 @@ def _settled(cfg: dict[str, Any], want_ok: bool) -> dict[str, Any]:
     return got
 
 
+def _colour_dropped_at(
+    component: str, cfg: dict[str, Any]
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``drop_colour`` at ``component``, 25 coloured requests, and the probe once it has
+    settled on a failure (the faults are cleared after): the action's answer and the
+    probe's."""
+    dropped = colouring.drop_colour(component, ttl_s=60, configuration=cfg)
+    try:
+        colouring.send_coloured_requests(count=25, configuration=cfg)
+        return dropped, _settled(cfg, want_ok=False)
+    finally:
+        faults.clear_faults(configuration=cfg)
+
+
 @pytest.mark.slow
 def test_a_live_stack_keeps_the_colour_at_every_hop_the_table_names(live: dict[str, Any]) -> None:
     sent = colouring.send_coloured_requests(count=30, configuration=live)
@@ -298,13 +312,8 @@ def test_a_live_stack_keeps_the_colour_at_every_hop_the_table_names(live: dict[s
 def test_drop_colour_at_the_routers_fails_the_probe_naming_the_router(
     live: dict[str, Any],
 ) -> None:
-    dropped = colouring.drop_colour("router", ttl_s=60, configuration=live)
+    dropped, out = _colour_dropped_at("router", live)
     assert sorted(dropped["replicas"]) == ["router-0", "router-1"]
-    try:
-        colouring.send_coloured_requests(count=25, configuration=live)
-        out = _settled(live, want_ok=False)
-    finally:
-        faults.clear_faults(configuration=live)
     assert out["detail"]["lost_at"] == "router"
     assert out["detail"]["hops"]["router"]["judged"] >= 25
     why = out["detail"]["why"]
@@ -315,13 +324,8 @@ def test_drop_colour_at_the_routers_fails_the_probe_naming_the_router(
 def test_drop_colour_at_the_model_servers_fails_the_probe_naming_the_hop(
     live: dict[str, Any],
 ) -> None:
-    dropped = colouring.drop_colour("model", ttl_s=60, configuration=live)
+    dropped, out = _colour_dropped_at("model", live)
     assert len(dropped["fault_ids"]) == len(dropped["replicas"]) >= 2
-    try:
-        colouring.send_coloured_requests(count=25, configuration=live)
-        out = _settled(live, want_ok=False)
-    finally:
-        faults.clear_faults(configuration=live)
     assert out["detail"]["lost_at"] == "model"
     why = out["detail"]["why"]
     assert why.startswith("hop 'model'") and "tag 'gameday' -> None" in why and "colour-" in why
