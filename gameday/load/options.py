@@ -25,6 +25,28 @@ _HEADER_NAME = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")
 
 
 # The SyntheticParams fields a user may set: (field, type, what the flag means).
+# The fields that take their flag's value as parsed (field ``x_y`` is flag ``--x-y``).
+_AS_PARSED = (
+    "model",
+    "prompt_mix",
+    "temperature",
+    "think_time_s",
+    "error_pause_s",
+    "request_timeout_s",
+    "trace_time_scale",
+    "trace_late_tolerance_s",
+    "ramp_start_users",
+    "ramp_s",
+    "records_out",
+    "summary_out",
+    "run_id",
+    "ready_file",
+    "oracle",
+    "oracle_users",
+    "oracle_positions",
+    "oracle_logprobs",
+    "oracle_interval_s",
+)
 _SYNTHETIC_FLAGS: tuple[tuple[str, type, str], ...] = (
     ("median_tokens", float, "median prompt length"),
     ("sigma", float, "lognormal sigma (the tail)"),
@@ -355,12 +377,11 @@ class LoadOptions:
         if not oracle_out and ns.records_out:
             oracle_out = str(Path(ns.records_out).with_name("oracle.parquet"))
         return cls(
+            **{name: getattr(ns, name) for name in _AS_PARSED},
             host=host,
             api_path=api_path,
-            model=ns.model,
             api_key=ns.api_key or "",
             headers=parse_headers(list(ns.header or [])),
-            prompt_mix=ns.prompt_mix,
             mix=MixSettings(
                 seed=ns.seed,
                 user_id_pool=ns.user_id_pool,
@@ -372,27 +393,10 @@ class LoadOptions:
                 trace_start_s=ns.trace_start_s,
                 trace_duration_s=ns.trace_duration_s,
             ),
-            temperature=ns.temperature,
             stream=not ns.no_stream,
-            think_time_s=ns.think_time_s,
-            error_pause_s=ns.error_pause_s,
-            request_timeout_s=ns.request_timeout_s,
             bucket_edges=edges,
-            trace_time_scale=ns.trace_time_scale,
-            trace_late_tolerance_s=ns.trace_late_tolerance_s,
             shape=shape,
-            ramp_start_users=ns.ramp_start_users,
-            ramp_s=ns.ramp_s,
-            records_out=ns.records_out,
             oracle_out=oracle_out,
-            summary_out=ns.summary_out,
-            run_id=ns.run_id,
-            ready_file=ns.ready_file,
-            oracle=ns.oracle,
-            oracle_users=ns.oracle_users,
-            oracle_positions=ns.oracle_positions,
-            oracle_logprobs=ns.oracle_logprobs,
             oracle_baseline_host=ns.oracle_baseline_host.rstrip("/"),
             oracle_canary_host=ns.oracle_canary_host.rstrip("/"),
-            oracle_interval_s=ns.oracle_interval_s,
         )

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
@@ -17,6 +17,7 @@ class Slot:
     due: float  # clock time at which the request should start
 
 
+@dataclass(eq=False)
 class TraceSchedule:
     """A trace says when requests arrived. Replaying it closed-loop (each user sends its next
     request when its previous one ends) would let a slow server push the arrivals back and
@@ -31,32 +32,26 @@ class TraceSchedule:
     ``worker_count``-th request, so together they replay the whole trace once.
     """
 
-    def __init__(
-        self,
-        offsets_s: Sequence[float],
-        time_scale: float = 1.0,
-        worker_index: int = 0,
-        worker_count: int = 1,
-        late_tolerance_s: float = 0.1,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        if time_scale <= 0:
-            raise ValueError(f"--trace-time-scale must be > 0, got {time_scale}")
-        if not 0 <= worker_index < worker_count:
-            raise ValueError(f"worker index {worker_index} outside 0..{worker_count - 1}")
-        self.offsets_s = offsets_s
-        self.time_scale = time_scale
-        self.worker_index = worker_index
-        self.worker_count = worker_count
-        self.late_tolerance_s = late_tolerance_s
-        self.clock = clock
-        self.t0: float | None = None
-        self._next = worker_index
-        self.taken = 0
-        self.started = 0
-        self.abandoned = 0
-        self.late = 0
-        self.max_lag_s = 0.0
+    offsets_s: Sequence[float]
+    time_scale: float = 1.0
+    worker_index: int = 0
+    worker_count: int = 1
+    late_tolerance_s: float = 0.1
+    clock: Callable[[], float] = time.monotonic
+    t0: float | None = field(default=None, init=False)
+    _next: int = field(default=0, init=False)
+    taken: int = field(default=0, init=False)
+    started: int = field(default=0, init=False)
+    abandoned: int = field(default=0, init=False)
+    late: int = field(default=0, init=False)
+    max_lag_s: float = field(default=0.0, init=False)
+
+    def __post_init__(self) -> None:
+        if self.time_scale <= 0:
+            raise ValueError(f"--trace-time-scale must be > 0, got {self.time_scale}")
+        if not 0 <= self.worker_index < self.worker_count:
+            raise ValueError(f"worker index {self.worker_index} outside 0..{self.worker_count - 1}")
+        self._next = self.worker_index
 
     def __len__(self) -> int:
         """Requests this process replays."""
