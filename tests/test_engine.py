@@ -578,17 +578,26 @@ def _assert_quiet(stack: Stack, traffic: Traffic) -> dict[str, Any]:
     return gate
 
 
-def test_an_f16_canary_does_not_trip(tmp_path: Path) -> None:
-    with engine_stack(tmp_path) as stack:
-        traffic = Traffic(stack.desc["router_url"], users=2, max_s=150).start()
+def _quiet_under_traffic(
+    tmp_path: Path, what: str, config: Path | None = None, *, max_s: float
+) -> dict[str, Any]:
+    """A stack (on ``config``) whose canary serves traffic (for at most ``max_s``) until the
+    gate has seen 80 more comparisons and 15 noise comparisons without a trip; the quiet
+    gate's state (``_assert_quiet``)."""
+    with engine_stack(tmp_path, config) as stack:
+        traffic = Traffic(stack.desc["router_url"], users=2, max_s=max_s).start()
         try:
-            _watch_without_trip(stack, "f16 canary", comparisons=80, noise=15)
+            _watch_without_trip(stack, what, comparisons=80, noise=15)
         finally:
             traffic.stop()
-        gate = _assert_quiet(stack, traffic)
-        for label, bucket in gate["buckets"].items():
-            if bucket["comparisons"]:
-                assert bucket["drift"]["kl"]["mean"] < 1e-3, (label, bucket["drift"])
+        return _assert_quiet(stack, traffic)
+
+
+def test_an_f16_canary_does_not_trip(tmp_path: Path) -> None:
+    gate = _quiet_under_traffic(tmp_path, "f16 canary", max_s=150)
+    for label, bucket in gate["buckets"].items():
+        if bucket["comparisons"]:
+            assert bucket["drift"]["kl"]["mean"] < 1e-3, (label, bucket["drift"])
 
 
 def test_a_batch_size_variant_canary_differs_and_does_not_trip(tmp_path: Path) -> None:
@@ -602,16 +611,10 @@ def test_a_batch_size_variant_canary_differs_and_does_not_trip(tmp_path: Path) -
     config = engine_config(
         tmp_path, {"model-canary": ["--n-batch", "8"], "gate": ["--latency-ratio=1000"]}
     )
-    with engine_stack(tmp_path, config) as stack:
-        traffic = Traffic(stack.desc["router_url"], users=2, max_s=170).start()
-        try:
-            _watch_without_trip(stack, "n_batch 8 canary", comparisons=80, noise=15)
-        finally:
-            traffic.stop()
-        gate = _assert_quiet(stack, traffic)
-        means = [b["drift"]["kl"]["mean"] for b in gate["buckets"].values() if b["comparisons"]]
-        assert max(means) > 0.0, gate["buckets"]  # the variant really differs...
-        assert max(means) < 1e-3, gate["buckets"]  # ...by much less than q4_0's ~1e-2
+    gate = _quiet_under_traffic(tmp_path, "n_batch 8 canary", config, max_s=170)
+    means = [b["drift"]["kl"]["mean"] for b in gate["buckets"].values() if b["comparisons"]]
+    assert max(means) > 0.0, gate["buckets"]  # the variant really differs...
+    assert max(means) < 1e-3, gate["buckets"]  # ...by much less than q4_0's ~1e-2
 
 
 def test_a_q8_0_canary_does_not_trip(tmp_path: Path) -> None:
