@@ -17,6 +17,7 @@ import pandas as pd
 from canary_contract.json import JsonObject
 from gameday.evidence.checks import RECORD_COLUMNS
 from gameday.evidence.faults import ReferenceFault, reference_fault
+from gameday.evidence.jsonl import json_objects
 from gameday.evidence.milestones import CLOCK_SLACK_S
 from gameday.evidence.slo import Slo, failed_result, not_measured
 from gameday.run.load_state import read_state
@@ -31,6 +32,16 @@ NOT_YET = (
 def load_state(configuration: Configuration | None) -> JsonObject | None:
     """``load.json`` of the run folder (None: no load has run in this experiment)."""
     return read_state(run_dir(configuration)) or None
+
+
+def run_json_lines(configuration: Configuration | None, name: str) -> list[JsonObject]:
+    """The JSON objects of the run folder's JSON-lines file ``name`` (``[]`` when there is
+    none yet); ``gameday.evidence.jsonl`` says which lines count."""
+    try:
+        raw = (run_dir(configuration) / name).read_bytes()
+    except OSError:
+        return []
+    return json_objects(raw)
 
 
 def fault_rows(configuration: Configuration | None) -> list[JsonObject]:

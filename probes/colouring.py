@@ -42,7 +42,7 @@ from probes._context import (
     positive,
     run_dir,
 )
-from probes._evidence import NOT_YET, before_anything, load_state
+from probes._evidence import NOT_YET, before_anything, load_state, run_json_lines
 
 __all__ = [
     "colouring_fidelity",
@@ -110,20 +110,8 @@ def read_logs(target: Target) -> list[LogRead]:
 
 def read_sent(configuration: Configuration | None) -> list[JsonObject]:
     """The coloured requests this run's ``send_coloured_requests`` saw completed."""
-    path = run_dir(configuration) / SENT_NAME
-    try:
-        text = path.read_text()
-    except OSError:
-        return []
-    out = []
-    for line in text.splitlines():
-        try:
-            row = loads(line)
-        except ValueError:
-            continue
-        if isinstance(row, dict) and isinstance(row.get("request_id"), str):
-            out.append(row)
-    return out
+    rows = run_json_lines(configuration, SENT_NAME)
+    return [row for row in rows if isinstance(row.get("request_id"), str)]
 
 
 def colouring_fidelity(

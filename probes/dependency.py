@@ -30,7 +30,7 @@ from probes._context import (
     positive,
     run_dir,
 )
-from probes._evidence import load_state, read_records
+from probes._evidence import load_state, read_records, run_json_lines
 from probes._result import Slo, failed_result, not_measured
 
 __all__ = [
@@ -180,22 +180,6 @@ def watch(
 
 
 # -- the summary --------------------------------------------------------------------------
-def _watch_lines(configuration: Configuration | None) -> list[JsonObject]:
-    try:
-        text = (run_dir(configuration) / WATCH_NAME).read_text()
-    except OSError:
-        return []
-    out = []
-    for line in text.splitlines():
-        try:
-            value = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(value, dict):
-            out.append(value)
-    return out
-
-
 def _model_results(configuration: Configuration | None) -> dict[str, dict[str, float]]:
     """``canarystack_dependency_requests_total`` per model variant, from their /metrics."""
     out: dict[str, dict[str, float]] = {}
@@ -219,7 +203,7 @@ def summarise(configuration: Configuration | None) -> JsonObject:
     recover (``gameday.evidence.dependency.fault_window`` and ``recovery_s`` say how).
     """
     entries = ledger(configuration).entries()
-    lines = _watch_lines(configuration)
+    lines = run_json_lines(configuration, WATCH_NAME)
     window = ev.fault_window(entries, lines)
     doc: JsonObject = {"fault": window, "watch_ticks": len(lines)}
     doc["unhealthy_ticks"] = ev.unhealthy_ticks(lines)
