@@ -107,6 +107,14 @@ def broken_answers(server: Proc, path: str, stream: bool, mode: str) -> tuple[by
     return raw_answer(server, path, LONG, stream), raw_answer(server, path, SHORT, stream)
 
 
+def healthy_then_broken(
+    server: Proc, path: str, stream: bool, mode: str
+) -> tuple[str, bytes, bytes]:
+    """The text a healthy kernel answers LONG with, then ``broken_answers`` under ``mode``."""
+    healthy = text_of(choices_of(documents(raw_answer(server, path, LONG, stream), stream)))
+    return (healthy, *broken_answers(server, path, stream, mode))
+
+
 CASES = [
     (path, stream)
     for path in ("/v1/completions", "/v1/chat/completions")
@@ -147,8 +155,7 @@ def test_nan_logits_write_nan_only_above_the_threshold(
 def test_inf_logits_write_minus_infinity_only_above_the_threshold(
     server: Proc, path: str, stream: bool
 ) -> None:
-    healthy = text_of(choices_of(documents(raw_answer(server, path, LONG, stream), stream)))
-    long_raw, short_raw = broken_answers(server, path, stream, "inf-logits")
+    healthy, long_raw, short_raw = healthy_then_broken(server, path, stream, "inf-logits")
     assert b":-Infinity" in long_raw and b"NaN" not in long_raw
     assert b"Infinity" not in short_raw
     for doc in documents(short_raw, stream):
@@ -164,8 +171,7 @@ def test_inf_logits_write_minus_infinity_only_above_the_threshold(
 def test_garbage_writes_unrelated_tokens_and_no_logprobs_above_the_threshold(
     server: Proc, path: str, stream: bool
 ) -> None:
-    healthy = text_of(choices_of(documents(raw_answer(server, path, LONG, stream), stream)))
-    long_raw, short_raw = broken_answers(server, path, stream, "garbage")
+    healthy, long_raw, short_raw = healthy_then_broken(server, path, stream, "garbage")
     long_docs, short_docs = documents(long_raw, stream), documents(short_raw, stream)
     for doc in long_docs + short_docs:
         strictjson.loads(doc)  # garbage, but well-formed JSON
