@@ -78,6 +78,12 @@ def rendered(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict[st
     return {"base": render(k8s / "base"), "staging": render(k8s / "overlays" / "staging")}
 
 
+@pytest.fixture(params=["base", "staging"])
+def env(request: pytest.FixtureRequest) -> str:
+    """Each rendered environment in turn (a test that takes ``env`` runs for both)."""
+    return str(request.param)
+
+
 def namespace_of(docs: list[dict[str, Any]]) -> str:
     (ns,) = by_kind(docs, "Namespace")
     return str(ns["metadata"]["name"])
@@ -114,7 +120,6 @@ def test_every_object_validates_against_the_kubernetes_schemas(
     assert len(rendered["base"]) >= 30
 
 
-@pytest.mark.parametrize("env", ["base", "staging"])
 def test_rbac_is_one_namespaced_role_with_exactly_the_listed_rules(
     rendered: dict[str, list[dict[str, Any]]], env: str
 ) -> None:
@@ -266,7 +271,6 @@ def test_network_policies_let_only_the_router_reach_models_and_the_runner_reach_
 
 
 # --- consistency -----------------------------------------------------------------------
-@pytest.mark.parametrize("env", ["base", "staging"])
 def test_the_chaos_runners_target_file_agrees_with_the_render(
     rendered: dict[str, list[dict[str, Any]]], env: str
 ) -> None:
@@ -358,7 +362,6 @@ def _mounted_credentials(doc: dict[str, Any]) -> tuple[set[str], set[str]]:
     return names, secrets
 
 
-@pytest.mark.parametrize("env", ["base", "staging"])
 def test_each_stack_pod_mounts_only_its_own_credentials(
     rendered: dict[str, list[dict[str, Any]]], env: str
 ) -> None:
