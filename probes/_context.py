@@ -8,6 +8,7 @@ it never talks to a target itself.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -29,6 +30,8 @@ DEFAULT_TARGET_FILE = Path("targets/local.yaml")
 DEFAULT_RUN_DIR = Path("reports/adhoc")
 LEDGER_NAME = "faults.jsonl"
 LOAD_STATE_NAME = "load.json"
+# Chaos Toolkit does not time out Python activities: none of them waits longer than this.
+MAX_WAIT_S = 600.0
 
 # Chaos Toolkit's configuration and secrets: JSON objects from the experiment file.
 Configuration = JsonObject
@@ -96,6 +99,21 @@ def stack_api(configuration: Configuration | None, what: str) -> Iterator[StackA
     harness's errors become ``ActivityFailed`` naming ``what`` was attempted."""
     with harness_errors(what), requests.Session() as session:
         yield StackApi(session, get_target(configuration))
+
+
+def deadline_after(seconds: float) -> float:
+    """The ``time.monotonic()`` deadline ``seconds`` from now: below 0 is now, and no
+    wait is longer than ``MAX_WAIT_S``."""
+    return time.monotonic() + min(max(float(seconds), 0.0), MAX_WAIT_S)
+
+
+def release_phase_now(api: StackApi) -> str:
+    """The release's phase, or ``unreadable (why)`` while the broker does not answer (one
+    being restarted: a waiting probe keeps waiting)."""
+    try:
+        return str(api.release().get("phase"))
+    except ApiError as exc:
+        return f"unreadable ({exc})"
 
 
 def positive(name: str, value: float, upper: float | None = None) -> float:

@@ -18,7 +18,7 @@ from chaoslib.exceptions import ActivityFailed
 from gameday.targets import TargetError
 from gameday.targets.kubernetes import KubernetesTarget
 from probes._cluster import kubernetes_target, non_negative
-from probes._context import Configuration, harness_errors
+from probes._context import MAX_WAIT_S, Configuration, harness_errors
 
 VERSION_ANNOTATION = "canarystack.io/model-version"
 BUILD_ANNOTATION = "canarystack.io/build"
@@ -26,7 +26,6 @@ REVISION_ANNOTATION = "deployment.kubernetes.io/revision"
 KERNEL_FAULT_FLAG = "--kernel-fault"
 POLL_S = 1.0
 CANARY = "model-canary"
-MAX_WAIT_S = 600.0
 
 
 def api_failed(what: str, exc: Exception) -> ActivityFailed:

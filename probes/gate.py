@@ -26,12 +26,19 @@ from gameday.evidence.noise_floor import (
     unmeasured_message,
 )
 from gameday.run.evidence import as_whole_number
-from probes._context import Configuration, Secrets, positive, run_dir, stack_api
+from probes._context import (
+    MAX_WAIT_S,
+    Configuration,
+    Secrets,
+    deadline_after,
+    positive,
+    release_phase_now,
+    run_dir,
+    stack_api,
+)
 from probes._evidence import experiment_began, reference
 
 __all__ = ["gate_did_not_trip", "wait_for_noise_floor", "wait_for_trip"]
-
-MAX_WAIT_S = 600.0
 
 
 def gate_summary(api: StackApi) -> str:
@@ -46,13 +53,6 @@ def gate_summary(api: StackApi) -> str:
         f"the gate is {body.get('state')!r} with comparisons per bucket {comparisons}, "
         f"trip_status {body.get('trip_status')!r}"
     )
-
-
-def _phase(api: StackApi) -> str:
-    try:
-        return str(api.release().get("phase"))
-    except ApiError as exc:  # a broker being restarted: keep waiting
-        return f"unreadable ({exc})"
 
 
 def wait_for_trip(
@@ -73,7 +73,7 @@ def wait_for_trip(
           provider: {type: python, module: probes.gate, func: wait_for_trip,
                      arguments: {deadline_s: 20}}
     """
-    deadline = time.monotonic() + min(max(float(deadline_s), 0.0), MAX_WAIT_S)
+    deadline = deadline_after(deadline_s)
     fault = reference(configuration)
     if fault is None:
         raise ActivityFailed(
@@ -81,7 +81,7 @@ def wait_for_trip(
             "inject one (probes.faults) before waiting for the trip"
         )
     with stack_api(configuration, "waiting for the gate to trip") as api:
-        while not is_canary_off(phase := _phase(api)):
+        while not is_canary_off(phase := release_phase_now(api)):
             if time.monotonic() >= deadline:
                 raise ActivityFailed(
                     f"expected the gate to trip within {float(deadline_s):g} s, but release "
@@ -106,7 +106,7 @@ def gate_did_not_trip(
 
     The error names the gate's evidence for the trip.
     """
-    end = time.monotonic() + min(max(float(observe_s), 0.0), MAX_WAIT_S)
+    end = deadline_after(observe_s)
     fault, since = reference(configuration), experiment_began(configuration)
     with stack_api(configuration, "watching the gate") as api:
         while True:

@@ -24,12 +24,11 @@ from probes._broker import (
     unused_version,
 )
 from probes._cluster import kubernetes_target, non_negative
-from probes._context import Configuration, Secrets, harness_errors, ledger
+from probes._context import MAX_WAIT_S, Configuration, Secrets, harness_errors, ledger
 from probes._guard import activities, refused_namespaces
 from probes._result import Slo
 from probes._rollout import (
     BUILD_ANNOTATION,
-    MAX_WAIT_S,
     POLL_S,
     VERSION_ANNOTATION,
     api_failed,

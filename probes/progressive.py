@@ -21,7 +21,7 @@ from probes._cluster import (
     kubernetes_target,
     non_negative,
 )
-from probes._context import Configuration, Secrets
+from probes._context import MAX_WAIT_S, Configuration, Secrets
 from probes._result import Slo
 
 __all__ = ["argo_rollout_aborted", "argo_rollout_status", "flagger_canary_failed",
@@ -29,7 +29,6 @@ __all__ = ["argo_rollout_aborted", "argo_rollout_status", "flagger_canary_failed
 
 ARGO = ("argoproj.io", "v1alpha1", "rollouts")
 FLAGGER = ("flagger.app", "v1beta1", "canaries")
-MAX_WAIT_S = 600.0
 POLL_S = 1.0
 
 

@@ -14,7 +14,14 @@ from chaoslib.exceptions import ActivityFailed
 from canary_contract.phases import Phase
 from gameday.api import ApiError, StackApi
 from gameday.targets import ROLES, TargetError
-from probes._context import Configuration, Secrets, ledger, stack_api
+from probes._context import (
+    Configuration,
+    Secrets,
+    deadline_after,
+    ledger,
+    release_phase_now,
+    stack_api,
+)
 from probes._evidence import load_state
 
 __all__ = [
@@ -27,7 +34,6 @@ __all__ = [
 ]
 
 PHASES = tuple(p.value for p in Phase)
-MAX_WAIT_S = 600.0
 
 
 def _unhealthy(api: StackApi) -> list[str]:
@@ -57,7 +63,7 @@ def stack_healthy(
     """True when every replica of every component answers ``/health``; waits up to
     ``wait_s`` seconds for that (a killed pod being restarted), else raises naming the
     replicas that did not answer."""
-    deadline = time.monotonic() + min(max(float(wait_s), 0.0), MAX_WAIT_S)
+    deadline = deadline_after(wait_s)
     with stack_api(configuration, "checking the stack's health") as api:
         while True:
             problems = _unhealthy(api)
@@ -137,14 +143,11 @@ def wait_for_release_phase(
     if phase not in PHASES:
         raise ActivityFailed(f"argument phase is {phase!r}: use one of {', '.join(PHASES)}")
     t0 = time.monotonic()
-    deadline = t0 + min(max(float(deadline_s), 0.0), MAX_WAIT_S)
+    deadline = deadline_after(deadline_s)
     with stack_api(configuration, f"waiting for phase {phase}") as api:
         target = api.target
         while True:
-            try:
-                last = str(api.release().get("phase"))
-            except ApiError as exc:
-                last = f"unreadable ({exc})"  # a broker being restarted: keep waiting
+            last = release_phase_now(api)
             if last == phase:
                 return round(time.monotonic() - t0, 3)
             if time.monotonic() >= deadline:
