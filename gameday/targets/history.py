@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 import requests
 
@@ -98,19 +98,21 @@ def read_events(
     )
 
 
-def read_event_records(
-    broker_url: str,
-    release: str,
-    after_seq: int = 0,
-    limit: int = MAX_PAGE,
-    timeout_s: float = HTTP_TIMEOUT_S,
-    max_pages: int = MAX_PAGES,
-    session: Any = None,
-) -> list[Event]:
+class Paging(TypedDict, total=False):
+    """``read_events``'s optional parameters, for the readers built on it."""
+
+    after_seq: int
+    limit: int
+    timeout_s: float
+    max_pages: int
+    session: Any
+
+
+def read_event_records(broker_url: str, release: str, **paging: Unpack[Paging]) -> list[Event]:
     """``read_events`` as the contract's ``Event`` records. An event that is not one (a
     broker of another version, a corrupted store) is a ``HistoryError`` naming its seq and
     field: a reader never judges a history it could only partly read."""
-    raw = read_events(broker_url, release, after_seq, limit, timeout_s, max_pages, session)
+    raw = read_events(broker_url, release, **paging)
     out: list[Event] = []
     for i, item in enumerate(raw):
         try:
