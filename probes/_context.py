@@ -7,6 +7,7 @@ it never talks to a target itself.
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -67,6 +68,17 @@ def run_dir(configuration: Configuration | None) -> Path:
     """
     chosen = (configuration or {}).get(CONFIG_RUN_DIR) or os.environ.get(ENV_RUN_DIR)
     return Path(chosen) if chosen else DEFAULT_RUN_DIR
+
+
+def write_run_json(configuration: Configuration | None, name: str, doc: JsonObject) -> Path:
+    """``doc`` as the run folder's JSON file ``name`` (what an activity found, for the
+    report), replaced whole: a reader never sees half of it."""
+    folder = run_dir(configuration)
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = folder / f".{name}.tmp"
+    tmp.write_text(json.dumps(doc, indent=2, default=str) + "\n")
+    os.replace(tmp, folder / name)
+    return folder / name
 
 
 def ledger(configuration: Configuration | None) -> FaultLedger:

@@ -29,6 +29,7 @@ from probes._context import (
     ledger,
     positive,
     run_dir,
+    write_run_json,
 )
 from probes._evidence import load_state, read_records, run_json_lines
 from probes._result import Slo, failed_result, not_measured
@@ -217,9 +218,7 @@ def summarise(configuration: Configuration | None) -> JsonObject:
             doc["records_error"] = str(exc)
     if frame is not None and len(frame) and window is not None:
         doc.update(ev.traffic_summary(frame, window))
-    path = run_dir(configuration) / SUMMARY_NAME
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(doc, indent=2, default=str) + "\n")
+    write_run_json(configuration, SUMMARY_NAME, doc)
     return doc
 
 

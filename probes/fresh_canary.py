@@ -7,14 +7,13 @@ from a state it did not choose.
 
 from __future__ import annotations
 
-import json
 import time
 from typing import Any
 
 from chaoslib.exceptions import ActivityFailed, InterruptExecution
 
 from canary_contract.json import JsonObject
-from probes._context import Configuration, Secrets, run_dir
+from probes._context import Configuration, Secrets, write_run_json
 from probes.kubernetes import start_fresh_canary
 
 __all__ = ["before_experiment_control"]
@@ -42,19 +41,15 @@ def before_experiment_control(
             provider: {type: python, module: probes.fresh_canary,
                        arguments: {weight: 5, deadline_s: 300}}
     """
-    folder = run_dir(configuration)
     started = time.time()
     try:
         outcome: JsonObject = start_fresh_canary(weight, deadline_s, configuration, secrets)
     except ActivityFailed as exc:
-        _write(folder, {"ok": False, "error": str(exc), "started_at": started})
+        write_run_json(
+            configuration, STATE_NAME, {"ok": False, "error": str(exc), "started_at": started}
+        )
         raise InterruptExecution(
             f"the experiment needs a progressing release with a fresh canary and could not "
             f"get one, so it stops: {exc}"
         ) from None
-    _write(folder, {"ok": True, "started_at": started, **outcome})
-
-
-def _write(folder: Any, state: JsonObject) -> None:
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / STATE_NAME).write_text(json.dumps(state, indent=2, default=str) + "\n")
+    write_run_json(configuration, STATE_NAME, {"ok": True, "started_at": started, **outcome})

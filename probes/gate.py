@@ -7,8 +7,6 @@ found into the run folder).
 
 from __future__ import annotations
 
-import json
-import os
 import time
 
 from chaoslib.exceptions import ActivityFailed
@@ -33,8 +31,8 @@ from probes._context import (
     deadline_after,
     positive,
     release_phase_now,
-    run_dir,
     stack_api,
+    write_run_json,
 )
 from probes._evidence import experiment_began, reference
 
@@ -137,14 +135,6 @@ def _min_samples(value: object) -> int:
     return value
 
 
-def _write_wait(configuration: Configuration | None, doc: JsonObject) -> None:
-    folder = run_dir(configuration)
-    folder.mkdir(parents=True, exist_ok=True)
-    tmp = folder / f".{NOISE_WAIT_NAME}.tmp"
-    tmp.write_text(json.dumps(doc, indent=2) + "\n")
-    os.replace(tmp, folder / NOISE_WAIT_NAME)
-
-
 def wait_for_noise_floor(
     deadline_s: float = 30.0,
     poll_s: float = 0.5,
@@ -190,7 +180,7 @@ def wait_for_noise_floor(
                     "read_at": time.time(),
                     **reading.to_json(),
                 }
-                _write_wait(configuration, doc)
+                write_run_json(configuration, NOISE_WAIT_NAME, doc)
                 return doc
             if waited >= wait_s:
                 break
@@ -198,8 +188,9 @@ def wait_for_noise_floor(
     message = unmeasured_message(reading, need, waited)
     if error:
         message += f" (the last read failed: {error})"
-    _write_wait(
+    write_run_json(
         configuration,
+        NOISE_WAIT_NAME,
         {
             "measured": False,
             "min_samples": need,

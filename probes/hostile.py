@@ -7,9 +7,7 @@ The work is in ``gameday.hostile``; these are thin adapters.
 
 from __future__ import annotations
 
-import json
 import time
-from pathlib import Path
 
 from chaoslib.exceptions import ActivityFailed
 
@@ -27,6 +25,7 @@ from probes._context import (
     positive,
     run_dir,
     stack_api,
+    write_run_json,
 )
 
 __all__ = [
@@ -43,13 +42,6 @@ REQUEST_COUNT_METRIC = "vllm:e2e_request_latency_seconds_count"
 # Requests the canary is still working on (vLLM's names): drained before counting.
 IN_FLIGHT_METRICS = ("vllm:num_requests_running", "vllm:num_requests_waiting")
 DRAIN_WAIT_S = 15.0
-
-
-def _write(configuration: Configuration | None, name: str, data: JsonObject) -> Path:
-    path = run_dir(configuration) / name
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data, indent=2, sort_keys=True))
-    return path
 
 
 def _read(configuration: Configuration | None, name: str) -> JsonObject | None:
@@ -83,7 +75,7 @@ def flood_pinned_canary(
     started = time.time()
     res = hostile.flood(url, duration_s=duration, rate_per_s=rate, max_requests=count)
     out = {"started_at": started, "router": url, "pin": "canary", **res.to_json()}
-    _write(configuration, FLOOD_FILE, out)
+    write_run_json(configuration, FLOOD_FILE, out)
     return out
 
 
@@ -155,7 +147,7 @@ def pin_canary_after_trip(
         "canary_requests_before": before,
         "canary_requests_after": after,
     }
-    _write(configuration, PINS_FILE, out)
+    write_run_json(configuration, PINS_FILE, out)
     return out
 
 
