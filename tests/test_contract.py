@@ -50,6 +50,7 @@ from tests.router_support import (
     start_router,
     wait_revision,
 )
+from tests.shadow_support import noise_router
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -164,16 +165,8 @@ def test_a_live_routers_sample_batches_read_back(
     from canarystack.gate import state as gate_state
 
     b0, b1 = start_model(spawn, "v1"), start_model(spawn, "v1")
-    router = start_router(
-        spawn,
-        tmp_path,
-        [b0.url, b1.url],
-        None,
-        "--shadow-rates",
-        "0-512=1,512-1k=1",
-        "--shadow-noise-fraction",
-        "1",
-        gate=gate.url,
+    router = noise_router(
+        spawn, tmp_path, [b0.url, b1.url], rates="0-512=1,512-1k=1", gate=gate.url
     )
     for _ in range(3):
         assert completion(router.url, "the contract holds", max_tokens=3).status_code == 200

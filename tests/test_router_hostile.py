@@ -39,6 +39,7 @@ from tests.router_support import (
     wait_revision,
     write_release_cache,
 )
+from tests.shadow_support import noise_router
 
 MAX_BODY = 65_536
 
@@ -409,17 +410,8 @@ def test_a_broken_baseline_is_dropped_not_counted_as_canary_drift(
         what="3 dropped comparisons",
     )
     # The noise floor: one of two baseline replicas broken, every request compared.
-    noise = start_router(
-        spawn,
-        tmp_path,
-        [broken.url, healthy.url],
-        None,
-        "--shadow-rates",
-        "0-512=1",
-        "--shadow-noise-fraction",
-        "1",
-        router_id="router-noise",
-        gate=gate.url,
+    noise = noise_router(
+        spawn, tmp_path, [broken.url, healthy.url], router_id="router-noise", gate=gate.url
     )
     for i in range(3):
         r = completion(noise.url, make_prompt(80, seed=i), max_tokens=4, temperature=0)

@@ -34,6 +34,7 @@ from tests.router_support import (
     start_router,
     write_release_cache,
 )
+from tests.shadow_support import noise_router
 
 models = models_fixture(b0="v1", b1="v1", c0="v2")
 gate = gate_fixture()
@@ -237,15 +238,12 @@ def noise_floor_router(
 ) -> Proc:
     """Two baseline replicas, every short request sampled, every sample also
     baseline-baseline (no config: the canary is not live)."""
-    return start_router(
+    return noise_router(
         spawn,
         tmp_path,
         [models["b0"].url, models["b1"].url],
-        [models["c0"].url],
-        "--shadow-rates",
-        "0-512=1,512-1k=1",
-        "--shadow-noise-fraction",
-        "1",
+        rates="0-512=1,512-1k=1",
+        canary=[models["c0"].url],
         gate=gate.url,
     )
 
@@ -425,15 +423,10 @@ def test_shadow_cap_drops_and_counts(spawn: Spawner, tmp_path: Path) -> None:
     slow = ("--itl-ms", "40", "--itl-jitter", "0")
     b0 = spawn("canarystack.model", "--version", "v1", *slow)
     b1 = spawn("canarystack.model", "--version", "v1", *slow)
-    router = start_router(
+    router = noise_router(
         spawn,
         tmp_path,
         [b0.url, b1.url],
-        None,
-        "--shadow-rates",
-        "0-512=1",
-        "--shadow-noise-fraction",
-        "1",
         "--shadow-max-inflight",
         "1",
     )
