@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from canary_contract.json import JsonObject
 from canarystack.broker.client import BrokerClient, FollowKind
@@ -120,18 +121,23 @@ class ConfigWatcher:
         self._tasks: list[asyncio.Task[None]] = []
 
     # -- applying -------------------------------------------------------------------
+    def _use(self, snap: Snapshot, log: Callable[..., None], event: str, **fields: Any) -> None:
+        """Make ``snap`` the applied config, tell the router, and log ``event`` with the
+        release, the snapshot's revision and ``fields``."""
+        self.current = snap
+        self.on_apply(snap)
+        log(event, release=self.release, revision=snap.revision, **fields)
+
     def apply(self, release: JsonObject, source: str) -> None:
         snap = Snapshot.of(release, source)
         previous = self.current
         if snap.weight_pct == 0 and previous.weight_pct == 0:
             # Still 0%: the canary stopped getting traffic at the earlier apply, not now.
             snap = replace(snap, canary_off_since=previous.canary_off_since)
-        self.current = snap
-        self.on_apply(snap)
-        _log.info(
+        self._use(
+            snap,
+            _log.info,
             "config_applied",
-            release=self.release,
-            revision=snap.revision,
             previous_revision=previous.revision,
             phase=snap.phase,
             effective_canary_weight=snap.weight_pct,
@@ -222,12 +228,10 @@ class ConfigWatcher:
         """0% canary until a watch succeeds again (the snapshot keeps its revision)."""
         previous = self.current
         snap = previous.fail_safe()
-        self.current = snap
-        self.on_apply(snap)
-        _log.error(
+        self._use(
+            snap,
+            _log.error,
             "config_failsafe",
-            release=self.release,
-            revision=snap.revision,
             failing_s=round(failing_s, 3),
             effect="0% canary until a broker watch succeeds",
         )
