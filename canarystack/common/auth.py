@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import hmac
 import os
+from collections.abc import Mapping
 from pathlib import Path
 
 from aiohttp import web
@@ -125,6 +126,17 @@ def load_token_file(flag: str, token_file: str) -> str:
 def token_or_admin(flag: str, token_file: str | None, admin_token: str | None) -> str | None:
     """The credential given with ``flag``, else the admin token (single-credential mode)."""
     return load_token_file(flag, token_file) if token_file else admin_token
+
+
+def set_credentials(
+    app: web.Application,
+    admin_token: str | None,
+    given: Mapping[web.AppKey[str | None], str | None],
+) -> None:
+    """Store each credential of ``given`` under its app key: the one given, else the admin
+    token (single-credential mode)."""
+    for key, token in given.items():
+        app[key] = admin_token if token is None else token
 
 
 def presented_token(

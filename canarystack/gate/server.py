@@ -17,7 +17,7 @@ from aiohttp import web
 
 from canarystack.broker.client import BrokerClient
 from canarystack.common.app import COMPONENT, Component, create_app
-from canarystack.common.auth import check_token
+from canarystack.common.auth import check_token, set_credentials
 from canarystack.common.errors import BadRequest, NotFound, json_response, read_json_object
 from canarystack.common.faults import FaultParams, FaultRegistry, LatencyMs
 from canarystack.common.logs import get_logger
@@ -122,8 +122,7 @@ def build_app(
     )
     app = create_app(comp, client_max_size=SAMPLES_BODY_LIMIT)
     app[SERVICE] = service
-    app[BROKER_TOKEN] = admin_token if broker_token is None else broker_token
-    app[SAMPLES_TOKEN] = admin_token if samples_token is None else samples_token
+    set_credentials(app, admin_token, {BROKER_TOKEN: broker_token, SAMPLES_TOKEN: samples_token})
     app.router.add_post("/v1/samples", _post_samples)
     app.router.add_get("/v1/gate", _list_gates)
     app.router.add_get("/v1/gate/{release}", _get_gate)

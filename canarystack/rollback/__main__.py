@@ -10,18 +10,8 @@ import argparse
 import re
 from collections.abc import Sequence
 
+from canarystack.common import cli
 from canarystack.common.auth import load_admin_token, token_or_admin
-from canarystack.common.cli import (
-    Flag,
-    add_broker_client_flags,
-    add_flags,
-    add_release_flag,
-    base_parser,
-    entry,
-    fields_from_args,
-    parse,
-    serve,
-)
 from canarystack.rollback.executor import ExecutorConfig
 from canarystack.rollback.server import build_app
 
@@ -31,20 +21,20 @@ _RELEASE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
 EXECUTOR_FLAGS = (
-    Flag(
+    cli.Flag(
         "--poll-ms",
         "poll_s",
         "how often step 2 reads the routers' applied revisions (default %(default)s)",
         default=_D.poll_s * 1000,
         scale=1000.0,
     ),
-    Flag(
+    cli.Flag(
         "--apply-timeout-s",
         "apply_timeout_s",
         "one attempt of step 2 waits this long for every router (default %(default)s)",
         default=_D.apply_timeout_s,
     ),
-    Flag(
+    cli.Flag(
         "--apply-retries",
         "apply_retries",
         "attempts of step 2 after the first; then the lagging routers are recorded "
@@ -52,7 +42,7 @@ EXECUTOR_FLAGS = (
         type=int,
         default=_D.apply_retries,
     ),
-    Flag(
+    cli.Flag(
         "--empty-routers-grace-s",
         "empty_routers_grace_s",
         "with no live router, wait this long for heartbeats before going on (default %(default)s)",
@@ -62,12 +52,12 @@ EXECUTOR_FLAGS = (
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = base_parser(
+    p = cli.base_parser(
         "rollback",
         "The rollback executor: canary weight 0, wait for every router, quarantine, "
         "rolled_back — each step idempotent and resumable after a kill.",
     )
-    add_broker_client_flags(
+    cli.add_broker_client_flags(
         p,
         "file holding the rollback credential the executor writes its steps with "
         "(default: the admin token, single-credential mode)",
@@ -78,14 +68,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="file holding the operator credential a manual POST /v1/rollbacks/{release} "
         "must carry (default: the admin token, single-credential mode)",
     )
-    add_release_flag(p, "handle")
-    add_flags(p, EXECUTOR_FLAGS)
+    cli.add_release_flag(p, "handle")
+    cli.add_flags(p, EXECUTOR_FLAGS)
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = build_parser()
-    args = parse(parser, argv)
+    args = cli.parse(parser, argv)
     if args.poll_ms <= 0:
         parser.error(f"--poll-ms must be > 0, got {args.poll_ms}")
     if args.apply_timeout_s <= 0:
@@ -108,7 +98,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                 "letters, digits, '.', '_' or '-', starting with a letter or digit, at most "
                 "128 characters (the broker would refuse every request for it)"
             )
-    config = ExecutorConfig(**fields_from_args(args, EXECUTOR_FLAGS))
+    config = ExecutorConfig(**cli.fields_from_args(args, EXECUTOR_FLAGS))
     admin_token = load_admin_token(args.admin_token_file)
     app = build_app(
         args.broker,
@@ -121,8 +111,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             "--operator-token-file", args.operator_token_file, admin_token
         ),
     )
-    serve(app, args, "rollback")
+    cli.serve(app, args, "rollback")
 
 
 if __name__ == "__main__":
-    entry(main)
+    cli.entry(main)

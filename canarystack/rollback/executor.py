@@ -16,14 +16,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from canary_contract.json import JsonObject
-from canarystack.broker.client import (
-    BrokerClient,
-    BrokerNotFound,
-    BrokerRequestError,
-    BrokerUnavailable,
-    IllegalTransition,
-    RevisionConflict,
-)
+from canarystack.broker import client as broker_client
 from canarystack.common.logs import JsonLogger, get_logger
 from canarystack.rollback.situation import (
     BROKER_MAX_CHANGE_BYTES,
@@ -110,7 +103,7 @@ class RollbackRunner:
 
     def __init__(
         self,
-        client: BrokerClient,
+        client: broker_client.BrokerClient,
         release: str,
         config: ExecutorConfig,
         *,
@@ -230,19 +223,19 @@ class RollbackRunner:
                     backoff = self.config.backoff_s
                     if self.hooks.after_step is not None:
                         await self.hooks.after_step(step)
-                except (RevisionConflict, IllegalTransition) as exc:
+                except (broker_client.RevisionConflict, broker_client.IllegalTransition) as exc:
                     self.log.info("rollback_step_refused", release=self.name, error=exc.message)
                     continue  # decide again from what the broker shows now
-                except BrokerNotFound:
+                except broker_client.BrokerNotFound:
                     self.last_error = f"release {self.name!r} not found"
                     raise
-                except BrokerUnavailable as exc:
+                except broker_client.BrokerUnavailable as exc:
                     self.last_error = exc.message
                     self._error("unavailable")
                     self.log.warning("broker_unavailable", release=self.name, error=exc.message)
                     await asyncio.sleep(backoff)
                     backoff = min(self.config.max_backoff_s, backoff * 2)
-                except BrokerRequestError as exc:
+                except broker_client.BrokerRequestError as exc:
                     self.last_error = exc.message
                     if exc.status in (401, 403):
                         # Our credential, not the step, is wrong: retry (an operator can fix

@@ -21,7 +21,7 @@ from canarystack.broker.wire import (
     read_optional_object,
 )
 from canarystack.common.app import Component, create_app
-from canarystack.common.auth import check_token
+from canarystack.common.auth import check_token, set_credentials
 from canarystack.common.errors import ApiError, NotFound, parse_model
 from canarystack.common.faults import FaultRegistry
 from canarystack.common.logs import get_logger
@@ -121,8 +121,7 @@ def build_app(
     comp.health_extra = service.health
     app = create_app(comp, client_max_size=ROLLBACK_MAX_BODY_BYTES)
     app[SERVICE] = service
-    app[BROKER_TOKEN] = admin_token if broker_token is None else broker_token
-    app[OPERATOR_TOKEN] = admin_token if operator_token is None else operator_token
+    set_credentials(app, admin_token, {BROKER_TOKEN: broker_token, OPERATOR_TOKEN: operator_token})
     app.router.add_post("/v1/rollbacks/{release}", _post_rollback)
     app.router.add_get("/v1/rollbacks/{release}", _get_rollback)
     install_api_spec(app)

@@ -12,6 +12,7 @@ from aiohttp import web
 
 from canarystack.broker.client import BrokerClient
 from canarystack.common.app import COMPONENT, Component, create_app
+from canarystack.common.auth import set_credentials
 from canarystack.common.faults import FaultRegistry
 from canarystack.common.logs import get_logger
 from canarystack.router.api_spec import install as install_api_spec
@@ -150,8 +151,7 @@ def build_app(
     comp.health_extra = state.health
     app = create_app(comp, client_max_size=settings.max_body_bytes)
     app[STATE] = state
-    app[BROKER_TOKEN] = admin_token if broker_token is None else broker_token
-    app[GATE_TOKEN] = admin_token if gate_token is None else gate_token
+    set_credentials(app, admin_token, {BROKER_TOKEN: broker_token, GATE_TOKEN: gate_token})
     app[UPSTREAM_SESSION] = upstream
     app[CONTROL_SESSION] = control
     for path in PROXIED_PATHS:
