@@ -19,7 +19,8 @@ from chaoslib.exceptions import ActivityFailed
 from canary_contract.json import JsonObject
 from gameday.api import ApiError, PrometheusApi
 from gameday.evidence.controllers import epoch_s
-from gameday.evidence.traffic import judge_traffic
+from gameday.evidence.promql import instant_value, range_window
+from gameday.evidence.traffic import judge_traffic, records_traffic
 from gameday.targets import TargetError
 from gameday.targets.kubernetes import KubernetesTarget
 from probes._context import Configuration, get_target
@@ -33,7 +34,6 @@ __all__ = [
     "non_negative",
     "prometheus_url",
     "promql_value",
-    "window",
 ]
 
 CONFIG_PROMETHEUS_URL = "prometheus_url"
@@ -89,25 +89,10 @@ def promql_value(url: str, expr: str, at: float | None = None) -> float | None:
             data = PrometheusApi(session, url).query(expr, at)
     except ApiError as exc:
         raise ActivityFailed(str(exc)) from None
-    kind, values = data.get("resultType"), data.get("result") or []
     try:
-        if kind == "scalar":
-            return float(values[1])
-        if kind == "vector":
-            if not values:
-                return None
-            return float(sum(float(sample["value"][1]) for sample in values))
-    except (TypeError, ValueError, KeyError, IndexError):
-        pass
-    raise ActivityFailed(
-        f"Prometheus answered {expr!r} with a {kind!r} result; the probe needs an instant "
-        "vector or a scalar (wrap the expression in sum(...))."
-    )
-
-
-def window(since: float, now: float | None = None) -> str:
-    """A PromQL range covering ``since``..now, in whole seconds (at least 1 s)."""
-    return f"{max(1, math.ceil((now or time.time()) - since))}s"
+        return instant_value(data)
+    except ValueError as exc:
+        raise ActivityFailed(f"Prometheus answered {expr!r} with {exc}.") from None
 
 
 # --- traffic evidence ------------------------------------------------------------------
@@ -132,7 +117,7 @@ def canary_traffic_after(
     if canary_promql:
         url = prometheus_url(configuration, prometheus)
         now = time.time()
-        w = window(since, now)
+        w = range_window(since, now)
         canary_expr = canary_promql.replace("{window}", w)
         canary = promql_value(url, canary_expr, at=now)
         total = None
@@ -159,24 +144,12 @@ def canary_traffic_after(
     path = str(state.get("records"))
     try:
         frame = read_records(path)
+        versions = None
+        if canary_version:
+            import pyarrow.parquet as pq
+
+            versions = pq.read_table(path, columns=["model_version", "start_time"]).to_pandas()
     except Exception as exc:  # an unreadable file is no evidence, never a crash
         raise ActivityFailed(f"cannot read the load records {path}: {exc}") from None
-    after = frame[frame["start_time"] >= since]
-    if canary_version:
-        import pyarrow.parquet as pq
-
-        versions = pq.read_table(path, columns=["model_version", "start_time"]).to_pandas()
-        mask = (versions["start_time"] >= since) & (versions["model_version"] == canary_version)
-        canary = int(mask.sum())
-        rule = f"model_version == {canary_version!r}"
-    else:
-        canary = int((after["served_by"] == "canary").sum())
-        rule = "served_by == 'canary'"
-    return {
-        "source": "records",
-        "records": path,
-        "canary_rule": rule,
-        "canary": canary,
-        "total": len(after),
-        "failed": int((~after["ok"]).sum()),
-    }
+    traffic = records_traffic(frame, since, canary_version, versions)
+    return {"source": "records", "records": path, **traffic}

@@ -15,6 +15,31 @@ from gameday.evidence.slo import Slo, result
 DRAINED = "canary_drained"
 
 
+def instant_value(data: JsonObject) -> float | None:
+    """An instant query's answer (the ``data`` of ``/api/v1/query``) as one number: the sum
+    of a vector's samples, or a scalar; None for an empty vector (no series matched).
+    ValueError for any other answer (a matrix, a string, malformed samples)."""
+    kind, values = data.get("resultType"), data.get("result") or []
+    try:
+        if kind == "scalar":
+            return float(values[1])
+        if kind == "vector":
+            if not values:
+                return None
+            return float(sum(float(sample["value"][1]) for sample in values))
+    except (TypeError, ValueError, KeyError, IndexError):
+        pass
+    raise ValueError(
+        f"a {kind!r} result; the probe needs an instant vector or a scalar "
+        "(wrap the expression in sum(...))"
+    )
+
+
+def range_window(since: float, now: float) -> str:
+    """A PromQL range covering ``since``..``now``, in whole seconds (at least 1 s)."""
+    return f"{max(1, math.ceil(now - since))}s"
+
+
 def not_finite(value: float) -> str:
     """Why a non-finite answer is no figure."""
     if math.isnan(value):

@@ -7,7 +7,38 @@ No traffic at all is *not* evidence that the canary stopped serving: fail-closed
 
 from __future__ import annotations
 
+import pandas as pd
+
 from canary_contract.json import JsonObject
+
+
+def records_traffic(
+    frame: pd.DataFrame,
+    since: float,
+    canary_version: str | None = None,
+    versions: pd.DataFrame | None = None,
+) -> JsonObject:
+    """Traffic evidence from the load records: the requests that started at or after
+    ``since`` (``total``, ``failed``) and the canary-served ones among them (``canary``,
+    by ``canary_rule``): ``served_by == "canary"``, or, for stacks whose router does not say
+    (a service mesh driven by Argo Rollouts or Flagger), the rows of ``versions``
+    (``model_version``, ``start_time``) whose ``model_version`` is ``canary_version``."""
+    after = frame[frame["start_time"] >= since]
+    if canary_version:
+        if versions is None:
+            raise ValueError("counting by canary_version needs the records' model_version")
+        mask = (versions["start_time"] >= since) & (versions["model_version"] == canary_version)
+        canary = int(mask.sum())
+        rule = f"model_version == {canary_version!r}"
+    else:
+        canary = int((after["served_by"] == "canary").sum())
+        rule = "served_by == 'canary'"
+    return {
+        "canary_rule": rule,
+        "canary": canary,
+        "total": len(after),
+        "failed": int((~after["ok"]).sum()),
+    }
 
 
 def judge_traffic(evidence: JsonObject, allowed: float) -> tuple[float | None, bool, str | None]:
