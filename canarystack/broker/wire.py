@@ -14,7 +14,7 @@ from aiohttp import web
 
 from canary_contract.json import JsonObject
 from canarystack.common import strictjson
-from canarystack.common.errors import ApiError, BadRequest
+from canarystack.common.errors import BadRequest, PayloadTooLarge
 
 # The broker's largest body is a version manifest (a few KiB); 256 KiB leaves room.
 BROKER_MAX_BODY_BYTES = 256 * 1024
@@ -29,11 +29,6 @@ MAX_INT64 = 2**63 - 1
 _INT_RE = re.compile(r"^-?[0-9]{1,20}$")
 _FLOAT_RE = re.compile(r"^[0-9]{1,12}(\.[0-9]{0,12})?([eE][-+]?[0-9]{1,3})?$")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
-
-
-class PayloadTooLarge(ApiError):
-    status = 413
-    type = "invalid_request_error"
 
 
 def _too_large(max_bytes: int, given: str) -> PayloadTooLarge:

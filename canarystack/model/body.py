@@ -16,7 +16,7 @@ from aiohttp import web
 
 from canary_contract.json import JsonObject
 from canarystack.common import strictjson
-from canarystack.common.errors import ApiError, BadRequest, parse_model
+from canarystack.common.errors import BadRequest, PayloadTooLarge, parse_model
 from canarystack.model.schemas import (
     MAX_STOP_CHARS,
     MAX_STOP_SEQUENCES,
@@ -43,11 +43,6 @@ _JSON_STRING = re.compile(rb'"(?:[^"\\]++|\\.)*+"')
 # The admin API's bodies (fault injection) are tiny.
 ADMIN_BODY_BYTES = 64 * 1024
 READ_CHUNK_BYTES = 64 * 1024
-
-
-class PayloadTooLarge(ApiError):
-    status = 413
-    type = "invalid_request_error"
 
 
 @dataclass(frozen=True)
