@@ -31,26 +31,9 @@ from gameday.run.evidence import (
 )
 from gameday.run.runner import EXIT_CODES, EXIT_INCONCLUSIVE, run_verdict
 from gameday.run.verdict import NOT_JUDGED, Evidence, decide
+from tests.verdict_support import passing_journal
 
 BUCKETS = ("0-512", "512-1k", "1k-2k", "2k-4k", "4k+")
-
-
-def _journal(expect: str) -> dict[str, Any]:
-    return {
-        "status": "completed",
-        "deviated": False,
-        "experiment": {
-            "extensions": [{"name": "gameday", "expect": expect}],
-            "method": [{"name": "m"}],
-            "steady-state-hypothesis": {"probes": [{"name": "p"}]},
-        },
-        "steady_states": {
-            "before": {"steady_state_met": True, "probes": []},
-            "after": {"steady_state_met": True, "probes": []},
-        },
-        "run": [{"status": "succeeded", "activity": {"name": "m", "type": "probe"}}],
-        "rollbacks": [],
-    }
 
 
 def _gate_doc(per_bucket: dict[str, tuple[int, int]], **limits: int | None) -> dict[str, Any]:
@@ -78,14 +61,14 @@ def test_too_little_evidence_makes_a_no_trip_inconclusive_not_a_pass() -> None:
     assert why[0].startswith("the gate saw 3 baseline-canary comparisons in all buckets")
     assert "fewer than the 30 needed (GAMEDAY_MIN_COMPARISONS)" in why[0]
     assert why[1].startswith("the gate saw 2 canary outcomes, fewer than the 10 needed")
-    verdict, reasons = decide(Evidence(0, _journal("no_trip"), 10, 0, inconclusive=why))
+    verdict, reasons = decide(Evidence(0, passing_journal("no_trip"), 10, 0, inconclusive=why))
     assert (verdict, reasons) == ("inconclusive", why)
 
 
 def test_enough_evidence_lets_the_gate_be_judged() -> None:
     assert gate_reasons(_gate_doc(GENEROUS), "no_trip", False, None) == []
-    assert decide(Evidence(0, _journal("no_trip"), 10, 0, inconclusive=[])) == ("pass", [])
-    verdict, reasons = decide(Evidence(0, _journal("no_trip"), 10, 1, inconclusive=[]))
+    assert decide(Evidence(0, passing_journal("no_trip"), 10, 0, inconclusive=[])) == ("pass", [])
+    verdict, reasons = decide(Evidence(0, passing_journal("no_trip"), 10, 1, inconclusive=[]))
     assert verdict == "fail" and reasons == [
         "the experiment expects no trip; the broker's history shows 1 trip(s)"
     ]
@@ -93,7 +76,7 @@ def test_enough_evidence_lets_the_gate_be_judged() -> None:
 
 def test_evidence_never_assessed_is_inconclusive() -> None:
     # fail-closed: before issue #14 this was a pass
-    verdict, reasons = decide(Evidence(0, _journal("no_trip"), 10, 0))
+    verdict, reasons = decide(Evidence(0, passing_journal("no_trip"), 10, 0))
     assert verdict == "inconclusive"
     assert reasons == [
         "the evidence (what the gate saw, whether the load was valid) was not assessed"
@@ -117,7 +100,7 @@ def test_a_missed_trip_with_no_comparison_where_the_fault_acts_is_not_the_gates_
         "(GAMEDAY_MIN_COMPARISONS): its missed trip proves nothing (more load, a higher "
         "canary weight or a longer run)"
     ]
-    verdict, reasons = decide(Evidence(0, _journal("trip"), 10, 0, inconclusive=why))
+    verdict, reasons = decide(Evidence(0, passing_journal("trip"), 10, 0, inconclusive=why))
     assert verdict == "inconclusive"
     assert reasons == [
         *why,
@@ -133,11 +116,15 @@ def test_a_missed_trip_with_no_comparison_where_the_fault_acts_is_not_the_gates_
 def test_the_run_itself_failing_wins_over_inconclusive() -> None:
     why = ["the gate saw 0 baseline-canary comparisons in all buckets, ..."]
     cases = [
-        Evidence(0, _journal("no_trip"), 10, 0, inconclusive=why, faults_left=["kernel on x"]),
-        Evidence(0, _journal("no_trip"), 0, 0, inconclusive=why),
-        Evidence(0, _journal("no_trip"), 10, None, inconclusive=why),
-        Evidence(0, _journal("no_trip"), 10, 0, inconclusive=why, interrupted="SIGINT"),
-        Evidence(0, _journal("no_trip"), 10, 0, inconclusive=why, load_problem="Locust killed"),
+        Evidence(
+            0, passing_journal("no_trip"), 10, 0, inconclusive=why, faults_left=["kernel on x"]
+        ),
+        Evidence(0, passing_journal("no_trip"), 0, 0, inconclusive=why),
+        Evidence(0, passing_journal("no_trip"), 10, None, inconclusive=why),
+        Evidence(0, passing_journal("no_trip"), 10, 0, inconclusive=why, interrupted="SIGINT"),
+        Evidence(
+            0, passing_journal("no_trip"), 10, 0, inconclusive=why, load_problem="Locust killed"
+        ),
     ]
     for ev in cases:
         verdict, reasons = decide(ev)
@@ -263,7 +250,7 @@ def test_an_invalid_load_makes_the_verdict_inconclusive() -> None:
         )
         == []
     )
-    verdict, reasons = decide(Evidence(0, _journal("trip"), 10, 1, inconclusive=why))
+    verdict, reasons = decide(Evidence(0, passing_journal("trip"), 10, 1, inconclusive=why))
     assert (verdict, reasons) == ("inconclusive", why)  # a trip is not credited either
 
 

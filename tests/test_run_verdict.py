@@ -18,6 +18,7 @@ from gameday.run.chaos import ChaosRun
 from gameday.run.verdict import Evidence, decide, journal_reasons
 from tests.procs import wait_for
 from tests.run_support import tiny_activity, tiny_experiment
+from tests.verdict_support import passing_journal
 
 
 def run_tiny(folder: Path, experiment: Path) -> tuple[int | None, dict[str, Any]]:
@@ -154,34 +155,20 @@ def test_other_failures_are_named(evidence: Evidence, expected: str) -> None:
     assert result == "fail" and any(expected in r for r in reasons), reasons
 
 
-def _passing_journal(expect: str = "trip") -> dict[str, Any]:
-    return {
-        "status": "completed",
-        "deviated": False,
-        "experiment": {
-            "extensions": [{"name": "gameday", "expect": expect}],
-            "method": [{"name": "a"}],
-        },
-        "steady_states": {"before": None, "after": None},
-        "run": [{"activity": {"name": "a", "type": "action"}, "status": "succeeded"}],
-        "rollbacks": [],
-    }
-
-
 def test_the_brokers_history_must_agree_with_what_the_experiment_expects() -> None:
-    assert decide(assessed(0, _passing_journal("trip"), 10, 1)) == ("pass", [])
-    result, reasons = decide(assessed(0, _passing_journal("trip"), 10, 0))
+    assert decide(assessed(0, passing_journal("trip"), 10, 1)) == ("pass", [])
+    result, reasons = decide(assessed(0, passing_journal("trip"), 10, 0))
     assert result == "fail" and "expects a trip" in reasons[0]
-    result, reasons = decide(assessed(0, _passing_journal("no_trip"), 10, 2))
+    result, reasons = decide(assessed(0, passing_journal("no_trip"), 10, 2))
     assert result == "fail" and "shows 2 trip(s)" in reasons[0]
-    result, reasons = decide(assessed(0, _passing_journal("no_trip"), 10, None))
+    result, reasons = decide(assessed(0, passing_journal("no_trip"), 10, None))
     assert result == "fail" and "could not be read" in reasons[0]
 
 
 def test_records_and_the_extension_are_required() -> None:
-    result, reasons = decide(assessed(0, _passing_journal("no_trip"), 0, 0))
+    result, reasons = decide(assessed(0, passing_journal("no_trip"), 0, 0))
     assert result == "fail" and any("no load records" in r for r in reasons)
-    journal = _passing_journal()
+    journal = passing_journal()
     journal["experiment"]["extensions"] = []
     result, reasons = decide(assessed(0, journal, 10, 1))
     assert result == "fail" and any("no 'gameday' extension" in r for r in reasons)
@@ -197,7 +184,7 @@ def test_an_slo_not_measured_is_a_pass_only_before_the_method() -> None:
             "output": output,
         }
 
-    journal = _passing_journal()
+    journal = passing_journal()
     journal["steady_states"] = {
         "before": {"steady_state_met": True, "probes": [probe("not_measured")]},
         "after": {"steady_state_met": True, "probes": []},
@@ -234,7 +221,7 @@ def _failed_after(
 
 def _blind_journal(expect: str) -> dict[str, Any]:
     """A run whose hypothesis after the method found a router's samples refused."""
-    journal = _passing_journal(expect)
+    journal = passing_journal(expect)
     output = {
         "check": "gate_blind",
         "measured": 1.0,
@@ -263,7 +250,7 @@ def test_expect_blind_passes_only_when_the_harness_noticed() -> None:
     assert decide(assessed(0, _blind_journal("blind"), 10, 0)) == ("pass", [])
     # chaos exits 1 for the deviation the blindness causes: expected as well
     assert decide(assessed(1, _blind_journal("blind"), 10, 0)) == ("pass", [])
-    result, reasons = decide(assessed(0, _passing_journal("blind"), 10, 0))
+    result, reasons = decide(assessed(0, passing_journal("blind"), 10, 0))
     assert result == "fail" and "a blind gate would have gone unnoticed" in reasons[-1]
     result, reasons = decide(assessed(0, _blind_journal("blind"), 10, 1))
     assert result == "fail" and any("shows 1 trip(s)" in r for r in reasons)
@@ -271,7 +258,7 @@ def test_expect_blind_passes_only_when_the_harness_noticed() -> None:
 
 def _colour_journal(expect: str, hop: str | None) -> dict[str, Any]:
     """A run whose colouring probe after the method found the tag lost at ``hop``."""
-    journal = _passing_journal(expect)
+    journal = passing_journal(expect)
     if expect == "colour_lost":
         journal["experiment"]["extensions"][0]["lost_at"] = "router"
     if hop is None:
