@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import KW_ONLY, dataclass, field
 
 import aiohttp
 
@@ -22,6 +23,7 @@ DEFAULT_DRAIN_TIMEOUT_S = 60.0
 DEFAULT_RETRY_S = 2.0
 
 
+@dataclass(eq=False)
 class Rollouts:
     """The serving child, the children still draining, and the loop that keeps the
     serving child's KV-cache type what the faults ask for.
@@ -37,30 +39,21 @@ class Rollouts:
     ``rollout_done`` log lines carry the times. A child that died is restarted at once.
     """
 
-    def __init__(
-        self,
-        settings: EngineSettings,
-        faults: FaultRegistry,
-        log: JsonLogger,
-        *,
-        start_timeout_s: float = DEFAULT_START_TIMEOUT_S,
-        drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S,
-        retry_s: float = DEFAULT_RETRY_S,
-    ) -> None:
-        self.settings = settings
-        self.faults = faults
-        self.log = log
-        self.start_timeout_s = start_timeout_s
-        self.drain_timeout_s = drain_timeout_s
-        self.retry_s = retry_s
-        self.active: EngineChild | None = None
-        self.rolling_to: str | None = None
-        self.retiring: set[EngineChild] = set()
-        self.rollouts = 0
-        self.last_error: str | None = None
-        self.session: aiohttp.ClientSession | None = None
-        self._retry_at = 0.0
-        self._tasks: set[asyncio.Task[None]] = set()
+    settings: EngineSettings
+    faults: FaultRegistry
+    log: JsonLogger
+    _: KW_ONLY
+    start_timeout_s: float = DEFAULT_START_TIMEOUT_S
+    drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S
+    retry_s: float = DEFAULT_RETRY_S
+    active: EngineChild | None = field(default=None, init=False)
+    rolling_to: str | None = field(default=None, init=False)
+    retiring: set[EngineChild] = field(default_factory=set, init=False)
+    rollouts: int = field(default=0, init=False)
+    last_error: str | None = field(default=None, init=False)
+    session: aiohttp.ClientSession | None = field(default=None, init=False)
+    _retry_at: float = field(default=0.0, init=False)
+    _tasks: set[asyncio.Task[None]] = field(default_factory=set, init=False)
 
     def desired_cache_type(self) -> str:
         params = self.faults.get("kernel")
