@@ -20,18 +20,11 @@ import pytest
 import yaml
 
 from tests.run_support import REPO, free_base_port
+from tests.short_run_support import SHORT_RUN
 
 pytestmark = pytest.mark.slow
 
-SHORT = {
-    "GAMEDAY_WARMUP_S": "6",
-    # 10 users give the gate its noise floor later than a game day's 16: a longer wait.
-    "GAMEDAY_NOISE_WAIT_S": "45",
-    "GAMEDAY_OBSERVE_S": "3",
-    "GAMEDAY_LOAD_USERS": "10",
-    "GAMEDAY_LOAD_STOP_TIMEOUT_S": "5",
-    "GAMEDAY_SLO_TTFT_P99_S": "10",
-}
+SHORT = {**SHORT_RUN, "GAMEDAY_OBSERVE_S": "3"}
 MILLION = 1000000  # no short run reaches a million comparisons: insufficient by design
 
 

@@ -25,23 +25,19 @@ from gameday.report import loader as report_loader
 from gameday.stack import stack_status
 from tests.procs import wait_for
 from tests.run_support import REPO, faults_on, free_base_port, local_stack, write_target
+from tests.short_run_support import SHORT_RUN
 
 pytestmark = pytest.mark.slow
 
 SHORT = {
-    "GAMEDAY_WARMUP_S": "6",
-    # 10 users give the gate its noise floor later than a game day's 16: a longer wait.
-    "GAMEDAY_NOISE_WAIT_S": "45",
+    **SHORT_RUN,
     "GAMEDAY_OBSERVE_S": "2",
-    "GAMEDAY_LOAD_USERS": "10",
-    "GAMEDAY_LOAD_STOP_TIMEOUT_S": "5",
     "GAMEDAY_TRIP_DEADLINE_S": "25",
-    # The suite checks the pipeline, not the figures (2 busy cores): generous SLOs, which
-    # the journal (probes.journal) hands to the report as they were in force.
+    # Generous SLOs for the trip and the rollback too, which the journal (probes.journal)
+    # hands to the report as they were in force.
     "GAMEDAY_SLO_DETECTION_S": "20",
     "GAMEDAY_SLO_WEIGHTS_APPLIED_S": "25",
     "GAMEDAY_SLO_ROLLBACK_S": "20",
-    "GAMEDAY_SLO_TTFT_P99_S": "10",
     "GAMEDAY_SLO_DRIFTED_MAX": "50",
 }
 # Every file the report reads from an experiment's folder, and what the run adds.
