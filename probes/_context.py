@@ -20,7 +20,7 @@ from chaoslib.exceptions import ActivityFailed
 
 from canary_contract.json import JsonObject
 from gameday.api import ApiError, StackApi
-from gameday.faults import FaultError, FaultLedger
+from gameday.faults import FaultError, FaultLedger, inject
 from gameday.targets import Target, TargetError, load_target
 
 CONFIG_TARGET = "gameday_target"
@@ -106,11 +106,19 @@ def harness_errors(what: str) -> Iterator[None]:
 
 
 @contextmanager
+def on_target(configuration: Configuration | None, what: str) -> Iterator[Target]:
+    """The run's target, for an activity doing ``what``; inside, the harness's errors
+    become ``ActivityFailed`` naming ``what`` was attempted."""
+    with harness_errors(what):
+        yield get_target(configuration)
+
+
+@contextmanager
 def stack_api(configuration: Configuration | None, what: str) -> Iterator[StackApi]:
     """The target's APIs over a session of this activity's own (closed after it); the
     harness's errors become ``ActivityFailed`` naming ``what`` was attempted."""
-    with harness_errors(what), requests.Session() as session:
-        yield StackApi(session, get_target(configuration))
+    with on_target(configuration, what) as target, requests.Session() as session:
+        yield StackApi(session, target)
 
 
 def deadline_after(seconds: float) -> float:
@@ -126,6 +134,37 @@ def release_phase_now(api: StackApi) -> str:
         return str(api.release().get("phase"))
     except ApiError as exc:
         return f"unreadable ({exc})"
+
+
+def inject_fault(
+    configuration: Configuration | None,
+    what: str,
+    component: str,
+    kind: str,
+    ttl_s: float,
+    params: JsonObject,
+) -> JsonObject:
+    """Inject on every replica of ``component`` (ledger and broker annotation included)
+    and say what was done: the replicas, fault ids and the injection time.
+
+    Every fault has a TTL that the component itself enforces (a dead-man switch: a harness
+    that dies leaves nothing behind for longer than the TTL), goes to every replica of the
+    component, is checked against the target's blast-radius allowlist before any request,
+    and is written to the fault ledger of the run (``faults.jsonl`` in the run folder) and
+    to the release's history on the broker. ``clear_faults`` deletes what the ledger holds.
+    """
+    with on_target(configuration, what) as target:
+        entries = inject(target, component, kind, ttl_s, params, ledger(configuration))
+    first = entries[0]
+    return {
+        "component": first.component if len({e.component for e in entries}) == 1 else "model",
+        "kind": first.kind,
+        "params": first.params,
+        "ttl_s": first.ttl_s,
+        "injected_at": min(e.time for e in entries),
+        "replicas": [e.replica for e in entries],
+        "fault_ids": [e.fault_id for e in entries],
+    }
 
 
 def positive(name: str, value: float, upper: float | None = None) -> float:

@@ -18,7 +18,6 @@ import requests
 from chaoslib.exceptions import ActivityFailed
 
 from canary_contract.json import JsonObject
-from gameday import faults as gd_faults
 from gameday.evidence.colouring import (
     CHECK,
     DEFAULT_SETTLE_S,
@@ -36,9 +35,8 @@ from gameday.targets import Target
 from probes._context import (
     Configuration,
     Secrets,
-    get_target,
-    harness_errors,
-    ledger,
+    inject_fault,
+    on_target,
     positive,
     run_dir,
 )
@@ -134,8 +132,7 @@ def colouring_fidelity(
 
 def _read_fidelity(configuration: Configuration | None, settle_s: float) -> Fidelity:
     """``fidelity`` of every hop log read now, for this experiment's requests."""
-    with harness_errors("reading the hop logs"):
-        target = get_target(configuration)
+    with on_target(configuration, "reading the hop logs") as target:
         read_at = time.time()
         logs = read_logs(target)
     started = (load_state(configuration) or {}).get("started_at")
@@ -190,8 +187,7 @@ def send_coloured_requests(
     tokens = int(positive("max_tokens", max_tokens, 64))
     if not isinstance(tag, str) or not tag or len(tag) > 128:
         raise ActivityFailed(f"argument tag must be a non-empty string, got {tag!r}")
-    with harness_errors("sending coloured requests"):
-        target = get_target(configuration)
+    with on_target(configuration, "sending coloured requests") as target:
         url = target.service_url("router") + "/v1/completions"
     ids: list[str] = []
     failures: list[str] = []
@@ -238,14 +234,5 @@ def drop_colour(
     ``ttl_s`` seconds (the ``drop_colour`` fault): the colouring probe must then name
     that hop."""
     ttl = positive("ttl_s", ttl_s, MAX_TTL_S)
-    with harness_errors(f"dropping the colour at {component}"):
-        target = get_target(configuration)
-        entries = gd_faults.inject(target, component, "drop_colour", ttl, {}, ledger(configuration))
-    return {
-        "component": component,
-        "kind": "drop_colour",
-        "ttl_s": ttl,
-        "replicas": [e.replica for e in entries],
-        "fault_ids": [e.fault_id for e in entries],
-        "injected_at": min(e.time for e in entries) if entries else None,
-    }
+    what = f"dropping the colour at {component}"
+    return inject_fault(configuration, what, component, "drop_colour", ttl, {})

@@ -25,8 +25,8 @@ from probes._context import (
     Configuration,
     Secrets,
     get_target,
-    harness_errors,
     ledger,
+    on_target,
     positive,
     run_dir,
     write_run_json,
@@ -77,8 +77,8 @@ def pause_redis(
                        arguments: {duration_s: 14}}
     """
     ms = positive("ms", ms, float(dep.MAX_PAUSE_MS))
-    with harness_errors(f"pausing redis for {ms:g} ms"):
-        return _entry_json(dep.pause(get_target(configuration), ms, ledger(configuration)))
+    with on_target(configuration, f"pausing redis for {ms:g} ms") as target:
+        return _entry_json(dep.pause(target, ms, ledger(configuration)))
 
 
 def exhaust_redis(
@@ -93,18 +93,16 @@ def exhaust_redis(
     A holder child does it, with a deadline.
     """
     ttl_s = positive("ttl_s", ttl_s, dep.MAX_TTL_S)
-    with harness_errors("exhausting redis's connections"):
-        return _entry_json(
-            dep.exhaust(get_target(configuration), ttl_s, int(connections), ledger(configuration))
-        )
+    with on_target(configuration, "exhausting redis's connections") as target:
+        return _entry_json(dep.exhaust(target, ttl_s, int(connections), ledger(configuration)))
 
 
 def kill_redis(
     configuration: Configuration | None = None, secrets: Secrets | None = None
 ) -> JsonObject:
     """SIGKILL the stack's redis-server (supervisord restarts it, empty)."""
-    with harness_errors("killing redis"):
-        entry = dep.kill(get_target(configuration), ledger(configuration))
+    with on_target(configuration, "killing redis") as target:
+        entry = dep.kill(target, ledger(configuration))
     return {"component": "redis", "killed_at": entry.time, "detail": entry.detail}
 
 
@@ -113,8 +111,8 @@ def clear_redis_faults(
 ) -> JsonObject:
     """End every Redis fault of this run (pause, holder) and restore ``maxclients``.
     Idempotent: safe as a rollback after any failure."""
-    with harness_errors("clearing redis faults"):
-        cleared = dep.clear(get_target(configuration), ledger(configuration))
+    with on_target(configuration, "clearing redis faults") as target:
+        cleared = dep.clear(target, ledger(configuration))
     return {"cleared": len(cleared), "faults": [c.fault_id for c in cleared]}
 
 
@@ -124,8 +122,8 @@ def redis_is_clean(
 ) -> bool:
     """True when Redis is in the starting state (answers, ``maxclients`` as the stack set
     it, no holder connected); else raises naming what is off."""
-    with harness_errors("checking redis's starting state"):
-        found = dep.problems(get_target(configuration))
+    with on_target(configuration, "checking redis's starting state") as target:
+        found = dep.problems(target)
     if found:
         raise ActivityFailed(
             "redis is not in the starting state: " + "; ".join(found) + ". Run the "
@@ -152,8 +150,7 @@ def watch(
     ``dependency_watch.jsonl``. Returns the counts of unhealthy ticks."""
     duration_s = positive("duration_s", duration_s, MAX_WATCH_S)
     interval_s = positive("interval_s", interval_s, 10.0)
-    with harness_errors("watching the services"):
-        target = get_target(configuration)
+    with on_target(configuration, "watching the services") as target:
         ep = dep.endpoint(target)
         urls = {r.name: r.url for r in target.replicas("router")}
         urls["broker"] = target.service_url("broker")

@@ -11,7 +11,7 @@ from chaoslib.exceptions import ActivityFailed
 
 from canary_contract.json import JsonObject
 from gameday import faults as gd_faults
-from probes._context import Configuration, Secrets, get_target, harness_errors, ledger, positive
+from probes._context import Configuration, Secrets, inject_fault, ledger, on_target, positive
 
 __all__ = [
     "break_gate_credential",
@@ -27,38 +27,6 @@ MAX_LATENCY_MS = 60_000.0
 # quantized: benign builds the gate must not trip on (canarystack.model.faults).
 KERNEL_MODES = ("fp8-kv-scale", "nan-logits", "inf-logits", "garbage", "numerics", "quantized")
 MODEL_ROLES = ("model", "model-baseline", "model-canary")
-
-
-def _inject(
-    configuration: Configuration | None,
-    what: str,
-    component: str,
-    kind: str,
-    ttl_s: float,
-    params: JsonObject,
-) -> JsonObject:
-    """Inject on every replica of ``component`` (ledger and broker annotation included)
-    and say what was done: the replicas, fault ids and the injection time.
-
-    Every fault has a TTL that the component itself enforces (a dead-man switch: a harness
-    that dies leaves nothing behind for longer than the TTL), goes to every replica of the
-    component, is checked against the target's blast-radius allowlist before any request,
-    and is written to the fault ledger of the run (``faults.jsonl`` in the run folder) and
-    to the release's history on the broker. ``clear_faults`` deletes what the ledger holds.
-    """
-    with harness_errors(what):
-        target = get_target(configuration)
-        entries = gd_faults.inject(target, component, kind, ttl_s, params, ledger(configuration))
-    first = entries[0]
-    return {
-        "component": first.component if len({e.component for e in entries}) == 1 else "model",
-        "kind": first.kind,
-        "params": first.params,
-        "ttl_s": first.ttl_s,
-        "injected_at": min(e.time for e in entries),
-        "replicas": [e.replica for e in entries],
-        "fault_ids": [e.fault_id for e in entries],
-    }
 
 
 def inject_latency(
@@ -89,7 +57,7 @@ def inject_latency(
     ttl_s = positive("ttl_s", ttl_s, MAX_TTL_S)
     params = {"ttft_ms": ms} if component in MODEL_ROLES else {"ms": ms}
     what = f"injecting {ms:g} ms of latency into {component}"
-    return _inject(configuration, what, component, "latency", ttl_s, params)
+    return inject_fault(configuration, what, component, "latency", ttl_s, params)
 
 
 def break_gate_credential(
@@ -103,7 +71,7 @@ def break_gate_credential(
     (``probes.slo.gate_sees_every_router``), never pass quietly."""
     ttl_s = positive("ttl_s", ttl_s, MAX_TTL_S)
     what = "breaking the routers' gate credential"
-    return _inject(configuration, what, "router", "wrong_gate_credential", ttl_s, {})
+    return inject_fault(configuration, what, "router", "wrong_gate_credential", ttl_s, {})
 
 
 def make_canary_faulty(
@@ -130,7 +98,7 @@ def make_canary_faulty(
     magnitude = positive("magnitude", magnitude, 10.0)
     ttl_s = positive("ttl_s", ttl_s, MAX_TTL_S)
     params = {"mode": mode, "min_prompt_tokens": min_tokens, "magnitude": magnitude}
-    return _inject(
+    return inject_fault(
         configuration, "making the canary faulty", "model-canary", "kernel", ttl_s, params
     )
 
@@ -147,8 +115,7 @@ def kill_pod(
     it, like a ReplicaSet). Kubernetes: chaostoolkit-kubernetes ``terminate_pods`` with
     grace period 0 on the role's label selector.
     """
-    with harness_errors(f"killing a pod of {component}"):
-        target = get_target(configuration)
+    with on_target(configuration, f"killing a pod of {component}") as target:
         entry = gd_faults.kill_pod(target, component, replica, ledger(configuration))
     return {
         "component": entry.component,
@@ -166,8 +133,7 @@ def clear_faults(
     """Clear every fault of this run's ledger that is still outstanding (of ``component``
     only, when given). A fault the component already dropped (expired, or a restarted
     pod) counts as cleared. Idempotent: safe as a rollback after any failure."""
-    with harness_errors("clearing faults"):
-        target = get_target(configuration)
+    with on_target(configuration, "clearing faults") as target:
         cleared = gd_faults.clear_injected(target, ledger(configuration), component)
     return {
         "cleared": len(cleared),

@@ -20,8 +20,7 @@ from gameday.run.collect import read_json
 from probes._context import (
     Configuration,
     Secrets,
-    get_target,
-    harness_errors,
+    on_target,
     positive,
     run_dir,
     stack_api,
@@ -69,8 +68,7 @@ def flood_pinned_canary(
     duration = positive("duration_s", duration_s, 600.0)
     rate = positive("rate_per_s", rate_per_s, 500.0)
     count = int(positive("max_requests", max_requests, 100_000))
-    with harness_errors("flooding the router with hostile input"):
-        target = get_target(configuration)
+    with on_target(configuration, "flooding the router with hostile input") as target:
         url = target.service_url("router")
     started = time.time()
     res = hostile.flood(url, duration_s=duration, rate_per_s=rate, max_requests=count)
