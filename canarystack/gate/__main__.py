@@ -103,6 +103,25 @@ _DRIFT = (
         default=_D.noise_min_samples,
     ),
 )
+
+
+def _alarm_flags(test: str) -> tuple[Flag, Flag]:
+    """``--<test>-threshold`` and ``--<test>-bet`` of the latency and the errors test."""
+    return (
+        Flag(
+            f"--{test}-threshold",
+            f"{test}_threshold",
+            f"alarm level A of the {test} test (default: from --false-trips-per-release-hour)",
+        ),
+        Flag(
+            f"--{test}-bet",
+            f"{test}_bet",
+            "(default %(default)s)",
+            default=getattr(_D, f"{test}_bet"),
+        ),
+    )
+
+
 _LATENCY = (
     Flag(
         "--latency-ratio",
@@ -118,12 +137,7 @@ _LATENCY = (
         default=_D.latency_slack_s * 1000,
         scale=1000.0,
     ),
-    Flag(
-        "--latency-threshold",
-        "latency_threshold",
-        "alarm level A of the latency test (default: from --false-trips-per-release-hour)",
-    ),
-    Flag("--latency-bet", "latency_bet", "(default %(default)s)", default=_D.latency_bet),
+    *_alarm_flags("latency"),
     Flag(
         "--latency-window-s",
         "latency_window_s",
@@ -153,12 +167,7 @@ _ERRORS = (
         "acceptable canary error rate above the baseline's upper bound (default %(default)s)",
         default=_D.error_tolerance,
     ),
-    Flag(
-        "--errors-threshold",
-        "errors_threshold",
-        "alarm level A of the errors test (default: from --false-trips-per-release-hour)",
-    ),
-    Flag("--errors-bet", "errors_bet", "(default %(default)s)", default=_D.errors_bet),
+    *_alarm_flags("errors"),
     Flag(
         "--error-window-s",
         "error_window_s",
