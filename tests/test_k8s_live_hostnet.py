@@ -61,25 +61,23 @@ def k8s_target(tmp_path: Path) -> KubernetesTarget:
     return target
 
 
+def reached_at(target: KubernetesTarget, role: str) -> list[tuple[str, str]]:
+    """(replica name, the URL the harness reaches it at) for each replica of ``role``."""
+    return [(r.name, r.url) for r in target.replicas(role)]
+
+
 def test_a_host_network_replica_is_reached_at_127_0_0_1_not_its_node_address(
     fake: FakeApi, tmp_path: Path
 ) -> None:
     target = k8s_target(tmp_path)
-    assert [(r.name, r.url) for r in target.replicas("router")] == [
-        ("router-a", "http://127.0.0.1:18000")
-    ]
-    assert [(r.name, r.url) for r in target.replicas("model-canary")] == [
-        ("model-canary-a", "http://127.0.0.1:18011")
-    ]
+    assert reached_at(target, "router") == [("router-a", "http://127.0.0.1:18000")]
+    assert reached_at(target, "model-canary") == [("model-canary-a", "http://127.0.0.1:18011")]
 
 
 def test_a_pod_network_replica_is_still_reached_at_its_pod_ip(
     fake: FakeApi, tmp_path: Path
 ) -> None:
-    target = k8s_target(tmp_path)
-    assert [(r.name, r.url) for r in target.replicas("gate")] == [
-        ("gate-a", "http://10.0.3.1:8000")
-    ]
+    assert reached_at(k8s_target(tmp_path), "gate") == [("gate-a", "http://10.0.3.1:8000")]
 
 
 def test_the_host_side_loopback_target_is_the_runner_pods_but_for_kubeconfig_and_credentials() -> (
