@@ -119,18 +119,25 @@ def patch_deployment(
         raise api_failed(what, exc) from None
 
 
-def _progress(dep: Any) -> tuple[int, Any, str]:
-    """(desired replicas, status, the rollout's progress in words) of a Deployment."""
+def _progress(dep: Any) -> tuple[int, Any, bool, str]:
+    """(desired replicas, status, whether the controller has rolled the current template out
+    to all of them and they are available, the rollout's progress in words) of a
+    Deployment."""
     from kubernetes import client
 
     desired = dep.spec.replicas if dep.spec.replicas is not None else 1
     st = dep.status or client.V1DeploymentStatus()
+    rolled_out = (
+        (st.observed_generation or 0) >= (dep.metadata.generation or 0)
+        and (st.updated_replicas or 0) == desired
+        and (st.available_replicas or 0) == desired
+    )
     progress = (
         f"generation {dep.metadata.generation} observed {st.observed_generation}, "
         f"{st.updated_replicas or 0} updated / {st.available_replicas or 0} available / "
         f"{st.replicas or 0} in all of {desired}"
     )
-    return desired, st, progress
+    return desired, st, rolled_out, progress
 
 
 def _canary_pods(target: KubernetesTarget) -> Any:
@@ -146,13 +153,8 @@ def rolled_out_to_version(target: KubernetesTarget, name: str, version: str) -> 
 
     apps = client.AppsV1Api(target.api_client())
     dep: Any = apps.read_namespaced_deployment(name, target.namespace)
-    desired, st, progress = _progress(dep)
-    if not (
-        (st.observed_generation or 0) >= (dep.metadata.generation or 0)
-        and (st.updated_replicas or 0) == desired
-        and (st.available_replicas or 0) == desired
-        and (st.replicas or 0) == desired
-    ):
+    desired, st, rolled_out, progress = _progress(dep)
+    if not (rolled_out and (st.replicas or 0) == desired):
         return False, progress
     stale = [
         p.metadata.name
@@ -193,7 +195,7 @@ def wait_rolled_out(
             pods = _canary_pods(target)
         except Exception as exc:
             raise api_failed(f"reading deployment/{name} and its pods", exc) from None
-        desired, st, progress = _progress(dep)
+        desired, _, rolled_out, progress = _progress(dep)
         live = [p for p in pods.items if p.metadata.deletion_timestamp is None]
         stale = [
             p.metadata.name
@@ -201,13 +203,7 @@ def wait_rolled_out(
             if (p.metadata.annotations or {}).get(BUILD_ANNOTATION) != build
         ]
         ready = [p for p in live if p.metadata.name not in stale and pod_ready(p)]
-        if (
-            (st.observed_generation or 0) >= (dep.metadata.generation or 0)
-            and (st.updated_replicas or 0) == desired
-            and (st.available_replicas or 0) == desired
-            and not stale
-            and len(ready) >= desired
-        ):
+        if rolled_out and not stale and len(ready) >= desired:
             return ready
         if time.monotonic() >= deadline:
             left = f"; pods of another build: {', '.join(stale)}" if stale else ""
