@@ -18,6 +18,7 @@ import requests
 from chaoslib.exceptions import ActivityFailed
 
 from canary_contract.json import JsonObject
+from gameday.api import ApiError
 from gameday.evidence.colouring import (
     CHECK,
     DEFAULT_SETTLE_S,
@@ -39,6 +40,7 @@ from probes._context import (
     on_target,
     positive,
     run_dir,
+    stack_api,
 )
 from probes._evidence import NOT_YET, before_anything, load_state, run_json_lines
 
@@ -187,12 +189,10 @@ def send_coloured_requests(
     tokens = int(positive("max_tokens", max_tokens, 64))
     if not isinstance(tag, str) or not tag or len(tag) > 128:
         raise ActivityFailed(f"argument tag must be a non-empty string, got {tag!r}")
-    with on_target(configuration, "sending coloured requests") as target:
-        url = target.service_url("router") + "/v1/completions"
-    ids: list[str] = []
     failures: list[str] = []
     completed: list[JsonObject] = []
-    with requests.Session() as session:
+    with stack_api(configuration, "sending coloured requests") as api:
+        url = api.target.service_url("router") + "/v1/completions"
         for i in range(n):
             rid = f"colour-{_secrets.token_hex(6)}-{i}"
             headers = {
@@ -200,15 +200,14 @@ def send_coloured_requests(
                 "traceparent": f"00-{_secrets.token_hex(16)}-{_secrets.token_hex(8)}-01",
                 "x-traffic-tag": tag,
             }
-            body = {"prompt": f"colouring check {i}", "max_tokens": tokens}
+            body: JsonObject = {"prompt": f"colouring check {i}", "max_tokens": tokens}
             started = time.time()
             try:
-                resp = session.post(url, json=body, headers=headers, timeout=HTTP_TIMEOUT_S * 2)
-            except requests.RequestException as exc:
-                failures.append(f"{rid}: {type(exc).__name__}")
+                resp = api.completion(body, headers)
+            except ApiError as exc:
+                failures.append(f"{rid}: {exc.cause}")
                 continue
             if resp.status_code == 200:
-                ids.append(rid)
                 completed.append({**_sent_colour(headers), "at": started})
             else:
                 failures.append(f"{rid}: HTTP {resp.status_code}")
@@ -217,11 +216,11 @@ def send_coloured_requests(
     with (folder / SENT_NAME).open("a", encoding="utf-8") as out:
         for row in completed:
             out.write(json.dumps(row, sort_keys=True) + "\n")
-    if not ids:
+    if not completed:
         raise ActivityFailed(
             f"none of {n} coloured requests to {url} completed: " + "; ".join(failures[:3])
         )
-    return {"sent": n, "completed": len(ids), "tag": tag, "failures": failures[:10]}
+    return {"sent": n, "completed": len(completed), "tag": tag, "failures": failures[:10]}
 
 
 def drop_colour(
