@@ -42,6 +42,7 @@ from probes._context import (
     run_dir,
     stack_api,
 )
+from probes._context import get_target as get_target  # the live colouring test reads it
 from probes._evidence import NOT_YET, before_anything, load_state, run_json_lines
 
 __all__ = [
