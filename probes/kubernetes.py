@@ -15,6 +15,7 @@ from chaoslib.exceptions import ActivityFailed, InterruptExecution
 
 from canary_contract.json import JsonObject
 from gameday import faults as gd_faults
+from gameday.evidence.faults import bad_build_entries, is_bad_build
 from gameday.evidence.workloads import is_whole, ready_within
 from probes._broker import (
     FRESH_SUFFIX,
@@ -207,35 +208,23 @@ def roll_out_bad_canary(
         rolled_out_at = time.time()
         started_at = first_started(pods, patched_at)
         served_at = started_at if started_at is not None else rolled_out_at
-        book = ledger(configuration)
-        port_urls = {r.name: r.url for r in target.replicas("model-canary")}
+        urls = {r.name: r.url for r in target.replicas("model-canary")}
         # the model server's default threshold when the value names none
         threshold = int(tokens) if tokens else DEFAULT_BUILD_MIN_PROMPT_TOKENS
         params: JsonObject = {"mode": mode, "min_prompt_tokens": threshold, "build": build}
-        names = []
-        for p in pods:
-            pod_name = p.metadata.name
-            names.append(pod_name)
-            book.append(
-                gd_faults.FaultEntry(
-                    action="inject",
-                    time=served_at,
-                    component="model-canary",
-                    replica=pod_name,
-                    url=port_urls.get(pod_name, ""),
-                    kind="kernel",
-                    fault_id=f"build-{p.metadata.uid}",
-                    ttl_s=None,
-                    params=params,
-                    detail={
-                        "rollout": f"deployment/{name}",
-                        "patched_at": patched_at,
-                        "container_started_at": started_at,
-                        "rolled_out_at": rolled_out_at,
-                        "rollout_s": round(rolled_out_at - patched_at, 3),
-                    },
-                )
-            )
+        detail: JsonObject = {
+            "rollout": f"deployment/{name}",
+            "patched_at": patched_at,
+            "container_started_at": started_at,
+            "rolled_out_at": rolled_out_at,
+            "rollout_s": round(rolled_out_at - patched_at, 3),
+        }
+        names = [p.metadata.name for p in pods]
+        book = ledger(configuration)
+        for entry in bad_build_entries(
+            [(p.metadata.name, p.metadata.uid) for p in pods], urls, params, detail, served_at
+        ):
+            book.append(entry)
         gd_faults.annotate(
             target,
             {
@@ -313,7 +302,7 @@ def _close_build_entries(configuration: Configuration | None) -> int:
     book = ledger(configuration)
     n = 0
     for e in book.outstanding():
-        if e.kind == "kernel" and (e.fault_id or "").startswith("build-"):
+        if is_bad_build(e):
             book.append(e.cleared({"rolled_back": True}))
             n += 1
     return n

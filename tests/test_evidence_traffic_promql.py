@@ -51,8 +51,10 @@ def test_instant_value_sums_a_vector_reads_a_scalar_and_refuses_the_rest() -> No
     assert instant_value(vector) == 5.5
     assert instant_value({"resultType": "scalar", "result": [1, "7"]}) == 7.0
     assert instant_value({"resultType": "vector", "result": []}) is None
-    for bad in ({"resultType": "matrix", "result": [{"values": []}]},
-                {"resultType": "vector", "result": [{"metric": {}}]}):  # fmt: skip
+    for bad in (
+        {"resultType": "matrix", "result": [{"values": []}]},
+        {"resultType": "vector", "result": [{"metric": {}}]},
+    ):
         with pytest.raises(ValueError, match="instant vector or a scalar"):
             instant_value(bad)
 

@@ -6,7 +6,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from canary_contract.faults import FaultAction
+from canary_contract.json import JsonObject
+from gameday.faults import FaultEntry
+
 FaultRow = Mapping[str, Any]  # one line of faults.jsonl (``gameday.faults.FaultEntry``)
+BAD_BUILD_PREFIX = "build-"  # the fault id of a bad-build entry: build-<pod uid>
 
 
 @dataclass(frozen=True)
@@ -69,3 +74,37 @@ def reference_fault(
         if entry is not None:
             return ReferenceFault(entry, why)
     return None
+
+
+def bad_build_entries(
+    pods: Sequence[tuple[str, str]],
+    urls: Mapping[str, str],
+    params: JsonObject,
+    detail: JsonObject,
+    served_at: float,
+) -> list[FaultEntry]:
+    """The ledger's entries for a canary rolled out to a bad build, one per ``(pod name,
+    pod uid)``: a ``kernel`` injection on ``model-canary`` (what ``reference_fault`` takes
+    first) at ``served_at``, the first moment the build could serve users; no TTL (the
+    build stays until it is undone) and the fault id ``build-<pod uid>``
+    (``is_bad_build`` tells them from the model server's own kernel faults)."""
+    return [
+        FaultEntry(
+            action=FaultAction.INJECT,
+            time=served_at,
+            component="model-canary",
+            replica=name,
+            url=urls.get(name, ""),
+            kind="kernel",
+            fault_id=f"{BAD_BUILD_PREFIX}{uid}",
+            ttl_s=None,
+            params=params,
+            detail=detail,
+        )
+        for name, uid in pods
+    ]
+
+
+def is_bad_build(entry: FaultEntry) -> bool:
+    """A ledger entry of ``bad_build_entries`` (a rollout, not a fault on a server's API)."""
+    return entry.kind == "kernel" and (entry.fault_id or "").startswith(BAD_BUILD_PREFIX)
