@@ -22,6 +22,20 @@ def _entries() -> list[FaultEntry]:
     )
 
 
+def _injected(component: str, kind: str, fault_id: str, at: float) -> FaultEntry:
+    """A fault injected on a component's API (not a rollout)."""
+    return FaultEntry(
+        action="inject",
+        time=at,
+        component=component,
+        replica=f"{component}-0",
+        url="http://127.0.0.1:9",
+        kind=kind,
+        fault_id=fault_id,
+        ttl_s=60.0,
+    )
+
+
 def test_one_kernel_injection_per_pod_at_the_time_it_could_serve() -> None:
     a, b = _entries()
     assert (a.action, a.kind, a.component, a.time, a.ttl_s) == (
@@ -41,31 +55,13 @@ def test_one_kernel_injection_per_pod_at_the_time_it_could_serve() -> None:
 
 
 def test_bad_build_entries_are_told_from_a_model_servers_kernel_fault() -> None:
-    served = FaultEntry(
-        action="inject",
-        time=1.0,
-        component="model-canary",
-        replica="m",
-        url="u",
-        kind="kernel",
-        fault_id="f-123",
-        ttl_s=60.0,
-    )
+    served = _injected("model-canary", "kernel", "f-123", 1.0)
     assert [is_bad_build(e) for e in _entries()] == [True, True]
     assert not is_bad_build(served)
 
 
 def test_the_reference_fault_of_a_bad_build_rollout_is_its_first_entry() -> None:
-    latency = FaultEntry(
-        action="inject",
-        time=50.0,
-        component="router",
-        replica="r",
-        url="u",
-        kind="latency",
-        fault_id="l-1",
-        ttl_s=60.0,
-    )
+    latency = _injected("router", "latency", "l-1", 50.0)
     rows = [asdict(latency), *(asdict(e) for e in _entries())]
     ref = reference_fault(rows)
     assert ref is not None and ref.entry["fault_id"] == "build-uid-a" and ref.time == 100.0
