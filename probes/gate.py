@@ -22,6 +22,7 @@ from gameday.evidence.noise_floor import (
     FloorReading,
     floor_reading,
     unmeasured_message,
+    wait_record,
 )
 from gameday.run.evidence import as_whole_number
 from probes._context import (
@@ -173,13 +174,7 @@ def wait_for_noise_floor(
                 error = str(exc)
             waited = time.monotonic() - start
             if reading is not None and reading.measured(need):
-                doc: JsonObject = {
-                    "measured": True,
-                    "min_samples": need,
-                    "waited_s": round(waited, 3),
-                    "read_at": time.time(),
-                    **reading.to_json(),
-                }
+                doc = wait_record(reading, need, waited, time.time())
                 write_run_json(configuration, NOISE_WAIT_NAME, doc)
                 return doc
             if waited >= wait_s:
@@ -188,16 +183,6 @@ def wait_for_noise_floor(
     message = unmeasured_message(reading, need, waited)
     if error:
         message += f" (the last read failed: {error})"
-    write_run_json(
-        configuration,
-        NOISE_WAIT_NAME,
-        {
-            "measured": False,
-            "min_samples": need,
-            "waited_s": round(waited, 3),
-            "read_at": time.time(),
-            "message": message,
-            **(reading.to_json() if reading is not None else {}),
-        },
-    )
+    doc = wait_record(reading, need, waited, time.time(), message)
+    write_run_json(configuration, NOISE_WAIT_NAME, doc)
     raise ActivityFailed(message)

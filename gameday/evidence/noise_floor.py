@@ -99,6 +99,26 @@ def floor_reading(state: JsonObject) -> FloorReading:
     )
 
 
+def wait_record(
+    reading: FloorReading | None,
+    min_samples: int,
+    waited_s: float,
+    read_at: float,
+    message: str | None = None,
+) -> JsonObject:
+    """What a wait for the noise floor found (``NOISE_WAIT_NAME`` in the run folder): the
+    floor measured, or not with ``message`` saying why, and the last reading."""
+    doc: JsonObject = {
+        "measured": message is None,
+        "min_samples": min_samples,
+        "waited_s": round(waited_s, 3),
+        "read_at": read_at,
+    }
+    if message is not None:
+        doc["message"] = message
+    return {**doc, **(reading.to_json() if reading is not None else {})}
+
+
 def unmeasured_message(reading: FloorReading | None, min_samples: int, waited_s: float) -> str:
     """Why the floor is not measured after ``waited_s`` seconds, and what to do."""
     if reading is None:
