@@ -86,17 +86,16 @@ def hostile_input_not_5xx(
 
 def _canary_metric(api: StackApi, names: tuple[str, ...]) -> float:
     """Sum of the canary replicas' samples of these metrics (from their /metrics)."""
-    total = 0.0
-    for replica in api.target.replicas("model-canary"):
-        for line in api.metrics_text(replica.url).splitlines():
-            if line.startswith(names):
-                try:
-                    total += float(line.rsplit(" ", 1)[-1])
-                except ValueError:
-                    raise ActivityFailed(
-                        f"the canary's /metrics line {line!r} has no number"
-                    ) from None
-    return total
+    try:
+        return sum(
+            (
+                checks.metric_total(api.metrics_text(replica.url), names)
+                for replica in api.target.replicas("model-canary")
+            ),
+            0.0,
+        )
+    except ValueError as exc:
+        raise ActivityFailed(f"the canary's {exc}") from None
 
 
 def _canary_request_count(api: StackApi) -> float:

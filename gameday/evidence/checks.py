@@ -274,6 +274,19 @@ def hostile_server_errors(data: JsonObject | None) -> Slo:
     )
 
 
+def metric_total(metrics_text: str, names: tuple[str, ...]) -> float:
+    """The sum of the samples of the metrics ``names`` (every label set) in a replica's
+    ``/metrics`` text; ValueError naming a sample line that has no number."""
+    total = 0.0
+    for line in metrics_text.splitlines():
+        if line.startswith(names):
+            try:
+                total += float(line.rsplit(" ", 1)[-1])
+            except ValueError:
+                raise ValueError(f"the /metrics line {line!r} has no number") from None
+    return total
+
+
 def pinned_requests_on_tripped_canary(data: JsonObject | None) -> Slo:
     """After a trip, pinned requests that reached the canary (``pins_after_trip.json``):
     answered by it (``x-served-by``) or moving its own request counter; allowed 0, and
