@@ -1,8 +1,9 @@
-"""What every activity needs from its configuration: the target, the run folder, the ledger.
+"""What every activity needs from its configuration: the target, the run folder, the ledger,
+and the steps many activities share (a fault injected, a finding written, a capped wait).
 
 Errors a person can cause come back as ``ActivityFailed`` with the harness's message.
 This module opens the session an activity talks to the target over (``gameday.api``);
-it never talks to a target itself.
+it never talks to a target itself, only through ``gameday.api`` and ``gameday.faults``.
 """
 
 from __future__ import annotations
