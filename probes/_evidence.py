@@ -15,7 +15,7 @@ from pathlib import Path
 import pandas as pd
 
 from canary_contract.json import JsonObject
-from gameday.evidence.checks import RECORD_COLUMNS
+from gameday.evidence.checks import RECORD_COLUMNS, record_frame
 from gameday.evidence.faults import ReferenceFault, reference_fault
 from gameday.evidence.jsonl import json_objects
 from gameday.evidence.milestones import CLOCK_SLACK_S
@@ -84,18 +84,7 @@ def read_records(path: str | Path) -> pd.DataFrame:
 
     pfile = pq.ParquetFile(path)
     present = [c for c in RECORD_COLUMNS if c in pfile.schema_arrow.names]
-    frame = pfile.read(columns=present).to_pandas()  # the file opened once
-    for col in RECORD_COLUMNS:
-        if col not in frame.columns:
-            frame[col] = None
-    frame["ok"] = frame["ok"].astype("boolean").fillna(False).astype(bool)
-    tokens = pd.to_numeric(frame["prompt_tokens"], errors="coerce")
-    planned = pd.to_numeric(frame["planned_prompt_tokens"], errors="coerce")
-    frame["tokens"] = tokens.fillna(planned)
-    frame["served_by"] = frame["served_by"].fillna("").astype(str)
-    for col in ("start_time", "ttft_s", "e2e_s"):
-        frame[col] = pd.to_numeric(frame[col], errors="coerce")
-    return frame
+    return record_frame(pfile.read(columns=present).to_pandas())  # the file opened once
 
 
 def records(

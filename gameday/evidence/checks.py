@@ -35,6 +35,23 @@ RECORD_COLUMNS = (
 GATE_AUTH_OK = "ok"
 
 
+def record_frame(frame: pd.DataFrame) -> pd.DataFrame:
+    """The load records as the checks read them: every column of ``RECORD_COLUMNS`` (an
+    absent one all-null), ``ok`` a bool (unknown is not ok), ``tokens`` the prompt's tokens
+    (else the planned ones), ``served_by`` a string and the times numbers (else NaN)."""
+    for col in RECORD_COLUMNS:
+        if col not in frame.columns:
+            frame[col] = None
+    frame["ok"] = frame["ok"].astype("boolean").fillna(False).astype(bool)
+    tokens = pd.to_numeric(frame["prompt_tokens"], errors="coerce")
+    planned = pd.to_numeric(frame["planned_prompt_tokens"], errors="coerce")
+    frame["tokens"] = tokens.fillna(planned)
+    frame["served_by"] = frame["served_by"].fillna("").astype(str)
+    for col in ("start_time", "ttft_s", "e2e_s"):
+        frame[col] = pd.to_numeric(frame[col], errors="coerce")
+    return frame
+
+
 def fault_detail(fault: FaultRow) -> JsonObject:
     keys = ("kind", "component", "time", "params")
     return {"fault": {k: fault.get(k) for k in keys}}
