@@ -32,6 +32,7 @@ from probes._rollout import (
     BUILD_ANNOTATION,
     POLL_S,
     VERSION_ANNOTATION,
+    CanaryChange,
     api_failed,
     bad_build_patch,
     canary_change,
@@ -127,16 +128,8 @@ def start_fresh_canary(
     with canary_change(
         configuration, "start_fresh_canary", deadline_s, "starting a fresh canary"
     ) as change:
-        target, name = change.target, change.name
-        release = get_release(target)
-        while release.get("phase") in ("tripped", "rolling_back"):
-            if time.monotonic() >= change.deadline:
-                raise ActivityFailed(
-                    f"release {target.release!r} is still {release.get('phase')!r} after "
-                    f"{change.wait:g} s: the rollback executor has not finished the last rollback"
-                )
-            time.sleep(POLL_S)
-            release = get_release(target)
+        target = change.target
+        release = _after_any_rollback(change)
         canary = release.get("canary") or {}
         phase = release.get("phase")
         weights = release.get("weights") or {}
@@ -153,12 +146,7 @@ def start_fresh_canary(
                 "weight": wanted,
             }
         previous = str(canary.get("version") or (release.get("stable") or {}).get("version"))
-        version = unused_version(target, FRESH_SUFFIX.sub("", previous))
-        path = "/spec/template/metadata/annotations/" + VERSION_ANNOTATION.replace("/", "~1")
-        patch = [{"op": "add", "path": path, "value": version}]
-        what = f"patching deployment/{name} in {target.namespace!r}"
-        patch_deployment(target, change.apps, name, patch, what)
-        wait_for_version(target, name, version, change.deadline, change.wait)
+        version = _roll_out_new_version(change, previous)
         manifest = {"name": release.get("name"), "version": version, "engine": "sim",
                     "previous": previous}  # fmt: skip
         register_version(target, version, manifest)
@@ -176,6 +164,35 @@ def start_fresh_canary(
         "weight": wanted,
         "took_s": change.took_s(),
     }
+
+
+def _after_any_rollback(change: CanaryChange) -> JsonObject:
+    """The release once no rollback is pending or running (``tripped``/``rolling_back``
+    end with the rollback executor); ActivityFailed at the change's deadline."""
+    target = change.target
+    release = get_release(target)
+    while release.get("phase") in ("tripped", "rolling_back"):
+        if time.monotonic() >= change.deadline:
+            raise ActivityFailed(
+                f"release {target.release!r} is still {release.get('phase')!r} after "
+                f"{change.wait:g} s: the rollback executor has not finished the last rollback"
+            )
+        time.sleep(POLL_S)
+        release = get_release(target)
+    return release
+
+
+def _roll_out_new_version(change: CanaryChange, previous: str) -> str:
+    """A version the broker has not seen (``<previous>-g<epoch ms>``) rolled out on the
+    canary Deployment as its pod-template annotation; the version, once every pod has it."""
+    target, name = change.target, change.name
+    version = unused_version(target, FRESH_SUFFIX.sub("", previous))
+    path = "/spec/template/metadata/annotations/" + VERSION_ANNOTATION.replace("/", "~1")
+    patch = [{"op": "add", "path": path, "value": version}]
+    what = f"patching deployment/{name} in {target.namespace!r}"
+    patch_deployment(target, change.apps, name, patch, what)
+    wait_for_version(target, name, version, change.deadline, change.wait)
+    return version
 
 
 # --- a faulty canary as a rollout of a bad build ----------------------------------------
