@@ -24,29 +24,14 @@ SHAPES = ("auto", "steady", "ramp", "trace")
 _HEADER_NAME = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")
 
 
-# The SyntheticParams fields a user may set: (field, type, what the flag means).
 # The fields that take their flag's value as parsed (field ``x_y`` is flag ``--x-y``).
 _AS_PARSED = (
-    "model",
-    "prompt_mix",
-    "temperature",
-    "think_time_s",
-    "error_pause_s",
-    "request_timeout_s",
-    "trace_time_scale",
-    "trace_late_tolerance_s",
-    "ramp_start_users",
-    "ramp_s",
-    "records_out",
-    "summary_out",
-    "run_id",
-    "ready_file",
-    "oracle",
-    "oracle_users",
-    "oracle_positions",
-    "oracle_logprobs",
-    "oracle_interval_s",
-)
+    "model", "prompt_mix", "temperature", "think_time_s", "error_pause_s",
+    "request_timeout_s", "trace_time_scale", "trace_late_tolerance_s", "ramp_start_users",
+    "ramp_s", "records_out", "summary_out", "run_id", "ready_file", "oracle",
+    "oracle_users", "oracle_positions", "oracle_logprobs", "oracle_interval_s",
+)  # fmt: skip
+# The SyntheticParams fields a user may set: (field, type, what the flag means).
 _SYNTHETIC_FLAGS: tuple[tuple[str, type, str], ...] = (
     ("median_tokens", float, "median prompt length"),
     ("sigma", float, "lognormal sigma (the tail)"),
