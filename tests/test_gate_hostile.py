@@ -145,6 +145,9 @@ def test_a_refused_credential_never_loses_the_trip(spawn: Spawner, tmp_path: Pat
     assert body["status"] == "degraded"
     assert body["broker_auth"] == "unauthorized"
     assert "broker_auth_unauthorized" in body["degraded_reasons"]
+    # degraded came from the start-up credential check: wait for the trip's own first
+    # write to have been refused (on a slow machine it may not have been tried yet)
+    wait_for(lambda: gate_state(gate)["trip_status_reason"], what="the trip's write refused")
     state = gate_state(gate)
     assert state["state"] == "tripped"  # the gate's own decision shows meanwhile
     assert state["trip_status"] == "writing"
