@@ -84,12 +84,16 @@ class Run:
         self.started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         self.t0 = time.monotonic()
         self.load_start = os.getloadavg()[0]
+        self.commit = _commit()  # what ran: the checkout may move on during a long run
 
     def document(self, figures: JsonObject) -> JsonObject:
+        at_end = _commit()
+        moved = {"commit_at_end": at_end} if at_end != self.commit else {}
         return {
             "benchmark": self.name,
             "command": " ".join([".venv/bin/python", f"bench/{self.name}.py", *self.argv]),
-            "commit": _commit(),
+            "commit": self.commit,
+            **moved,
             "machine": machine(),
             "started": self.started,
             "wall_s": round(time.monotonic() - self.t0, 1),

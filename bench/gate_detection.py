@@ -75,48 +75,53 @@ async def main_async(args: argparse.Namespace) -> JsonObject:
     stack = None
     try:
         async with aiohttp.ClientSession() as session:
-            stack = await start_stack(tmp, session, args.canary_weight, procs)
-            traffic = Traffic(stack.router_url, users=args.users, seed=args.seed)
-            load_task = asyncio.create_task(traffic.run(stop))
-            bench = Bench(args, stack, session, lambda: traffic.records)
-            floor = await wait_until(bench.floor_measured, args.stack_warmup_s)
-            log("stack_warmup", {"s": round(time.monotonic() - t_begin, 1), "noise_floor": floor})
+            try:
+                stack = await start_stack(tmp, session, args.canary_weight, procs)
+                traffic = Traffic(stack.router_url, users=args.users, seed=args.seed)
+                load_task = asyncio.create_task(traffic.run(stop))
+                bench = Bench(args, stack, session, lambda: traffic.records)
+                floor = await wait_until(bench.floor_measured, args.stack_warmup_s)
+                log(
+                    "stack_warmup",
+                    {"s": round(time.monotonic() - t_begin, 1), "noise_floor": floor},
+                )
 
-            def time_left() -> bool:
-                return time.monotonic() - t_begin < args.max_total_s
+                def time_left() -> bool:
+                    return time.monotonic() - t_begin < args.max_total_s
 
-            faulty: list[JsonObject] = []
-            healthy: list[JsonObject] = []
-            open_runs: list[JsonObject] = []
-            for i in range(args.runs):
-                if time_left():
-                    faulty.append(await bench.faulty_run(i))
-                    log("faulty_run", faulty[-1])
-            for i in range(args.healthy_runs):
-                for condition in args.conditions:
+                faulty: list[JsonObject] = []
+                healthy: list[JsonObject] = []
+                open_runs: list[JsonObject] = []
+                for i in range(args.runs):
                     if time_left():
-                        healthy.append(await bench.healthy_run(i, condition))
-                        log("healthy_run", healthy[-1])
-            if args.open_runs and time_left():
-                broker_url = procs.url("broker")
-                await procs.restart("gate", "--broker", broker_url, *BLIND_GATE)
-                for i in range(args.open_runs):
-                    if time_left():
-                        open_runs.append(await bench.open_run(i))
-                        log("open_run", open_runs[-1])
-            stop.set()
-            await asyncio.wait_for(load_task, 90)
-            if args.dump_streams:
-                with open(args.dump_streams, "w") as fh:
-                    for t, b in stack.tap.batches:
-                        fh.write(json.dumps({"arrival": t, "batch": b}) + "\n")
-            elapsed = time.monotonic() - t_begin
-            load = summary.load_of(traffic, args.canary_weight)
-            return summary.report(args, faulty, healthy, open_runs, load, elapsed)
+                        faulty.append(await bench.faulty_run(i))
+                        log("faulty_run", faulty[-1])
+                for i in range(args.healthy_runs):
+                    for condition in args.conditions:
+                        if time_left():
+                            healthy.append(await bench.healthy_run(i, condition))
+                            log("healthy_run", healthy[-1])
+                if args.open_runs and time_left():
+                    broker_url = procs.url("broker")
+                    await procs.restart("gate", "--broker", broker_url, *BLIND_GATE)
+                    for i in range(args.open_runs):
+                        if time_left():
+                            open_runs.append(await bench.open_run(i))
+                            log("open_run", open_runs[-1])
+                stop.set()
+                await asyncio.wait_for(load_task, 90)
+                if args.dump_streams:
+                    with open(args.dump_streams, "w") as fh:
+                        for t, b in stack.tap.batches:
+                            fh.write(json.dumps({"arrival": t, "batch": b}) + "\n")
+                elapsed = time.monotonic() - t_begin
+                load = summary.load_of(traffic, args.canary_weight)
+                return summary.report(args, faulty, healthy, open_runs, load, elapsed)
+            finally:
+                stop.set()
+                if stack is not None:  # the tap before the session it forwards over
+                    await stack.close()
     finally:
-        stop.set()
-        if stack is not None:
-            await stack.close()
         procs.stop_all()
 
 

@@ -201,3 +201,19 @@ def test_a_detection_campaign_in_parts_pools_its_runs_and_refuses_other_settings
     assert (
         "ran in 2 parts" in text and "`.venv/bin/python bench/gate_detection.py --runs 0`" in text
     )
+
+
+def test_a_results_file_names_the_commit_that_ran_not_the_one_at_the_end(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A 90-minute campaign outlives commits to its checkout: the file names the commit it
+    started at, and the one at the end only as ``commit_at_end`` (once a campaign file
+    named a commit made after it started)."""
+    heads = iter(["aaaaaaa", "bbbbbbb", "bbbbbbb"])
+    monkeypatch.setattr(_results, "_commit", lambda: next(heads))
+    run = _results.Run("broker_api", argv=[])
+    doc = run.document(BROKER)
+    assert (doc["commit"], doc["commit_at_end"]) == ("aaaaaaa", "bbbbbbb")
+    monkeypatch.setattr(_results, "_commit", lambda: "ccccccc")
+    same = _results.Run("broker_api", argv=[]).document(BROKER)
+    assert same["commit"] == "ccccccc" and "commit_at_end" not in same
