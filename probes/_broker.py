@@ -4,15 +4,13 @@ operator writes (a release PATCH, a version) that a cluster's fresh canary needs
 
 from __future__ import annotations
 
-import hashlib
-import json
 import re
 import time
-from typing import Any
 
 import requests
 from chaoslib.exceptions import ActivityFailed
 
+from canary_contract.digest import manifest_digest
 from canary_contract.json import JsonObject
 from gameday.api import ApiError, StackApi
 from gameday.evidence.events import annotation_events, new_value, phase_events
@@ -42,15 +40,6 @@ def release_events(target: Target) -> list[JsonObject]:
 # --- writes, for the actions that give a cluster a fresh canary (probes.kubernetes) -----
 HTTP_TIMEOUT_S = 5.0
 FRESH_SUFFIX = re.compile(r"-g\d+$")
-
-
-def digest(manifest: Any) -> str:
-    """The broker's digest of a manifest (docs/ARCHITECTURE.md §2)."""
-    if isinstance(manifest, str):
-        raw = manifest.encode("utf-8")
-    else:
-        raw = json.dumps(manifest, sort_keys=True, separators=(",", ":")).encode("utf-8")
-    return "sha256:" + hashlib.sha256(raw).hexdigest()
 
 
 def _reach(url: str, exc: requests.RequestException) -> ActivityFailed:
@@ -112,7 +101,7 @@ def unused_version(target: Target, stem: str) -> str:
 
 def register_version(target: Target, version: str, manifest: JsonObject) -> None:
     """Register ``version`` with ``manifest`` (and its digest) on the broker."""
-    body = {"version": version, "manifest": manifest, "digest": digest(manifest)}
+    body = {"version": version, "manifest": manifest, "digest": manifest_digest(manifest)}
     resp = broker_write(target, "POST", "/v1/versions", body)
     if resp.status_code not in (200, 201):
         raise ActivityFailed(

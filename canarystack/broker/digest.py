@@ -1,28 +1,10 @@
-"""The artifact digest of a version manifest, per the contract in docs/ARCHITECTURE.md §2.
-
-``sha256:`` + hex sha256 of the manifest: of its UTF-8 bytes when it is a string, else of
-its canonical JSON (``json.dumps(manifest, sort_keys=True, separators=(",", ":"))``).
+"""The artifact digest of a version manifest (docs/ARCHITECTURE.md §2): the contract's
+(``canary_contract.digest``), which the broker's clients in the harness compute too.
 
 Shared by the broker (which checks digests) and its clients (which compute them), so
 both sides agree byte for byte. This module must never import aiohttp or SQLite.
 """
 
-from __future__ import annotations
+from canary_contract.digest import PREFIX, canonical_manifest, manifest_digest
 
-import hashlib
-import json
-from typing import Any
-
-PREFIX = "sha256:"
-
-
-def canonical_manifest(manifest: Any) -> bytes:
-    """The bytes a digest is computed over."""
-    if isinstance(manifest, str):
-        return manifest.encode("utf-8")
-    return json.dumps(manifest, sort_keys=True, separators=(",", ":")).encode("utf-8")
-
-
-def manifest_digest(manifest: Any) -> str:
-    """``sha256:<hex>`` of a manifest (a string, or any JSON value)."""
-    return PREFIX + hashlib.sha256(canonical_manifest(manifest)).hexdigest()
+__all__ = ["PREFIX", "canonical_manifest", "manifest_digest"]
