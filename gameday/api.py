@@ -17,6 +17,7 @@ from gameday.targets.history import HistoryError, read_events
 
 __all__ = [
     "HISTORY_TIMEOUT_S",
+    "HOPS_PATH",
     "PROMETHEUS_TIMEOUT_S",
     "REQUEST_TIMEOUT_S",
     "STATE_TIMEOUT_S",
@@ -29,6 +30,9 @@ STATE_TIMEOUT_S = 3.0
 HISTORY_TIMEOUT_S = 5.0
 REQUEST_TIMEOUT_S = 10.0
 PROMETHEUS_TIMEOUT_S = 5.0
+HOPS_PATH = "/v1/colour/hops"  # every component's colour hop log (admin credential)
+HOPS_PAGE_LIMIT = 10_000
+HOPS_MAX_PAGES = 50
 
 
 class ApiError(RuntimeError):
@@ -58,7 +62,8 @@ class StackApi:
 
     - ``STATE_TIMEOUT_S``: a read of current state (release, routers, health, gate, faults,
       metrics) — small answers from a component that is up;
-    - ``HISTORY_TIMEOUT_S``: one page of a release's event history (up to 10,000 events);
+    - ``HISTORY_TIMEOUT_S``: one page of a release's event history (up to 10,000 events), or
+      of a component's colour hop log;
     - ``REQUEST_TIMEOUT_S``: a request a user could send (a completion through the router);
     - ``PROMETHEUS_TIMEOUT_S``: one PromQL query (``PrometheusApi``, the metrics the stack's
       Prometheus scraped).
@@ -105,9 +110,10 @@ class StackApi:
         *,
         params: dict[str, str] | None = None,
         headers: dict[str, str] | None = None,
+        timeout_s: float = STATE_TIMEOUT_S,
     ) -> JsonObject:
         """A JSON object from ``url`` (HTTP 200 only)."""
-        resp = self._get(url, params=params, headers=headers)
+        resp = self._get(url, params=params, headers=headers, timeout_s=timeout_s)
         if resp.status_code != 200:
             raise ApiError(f"{url} answered HTTP {resp.status_code}", url, resp.status_code)
         body = self._json(url, resp)
@@ -184,6 +190,29 @@ class StackApi:
         body = self.get_json(f"{replica_url}/admin/faults", headers=headers)
         found = body.get("faults", [])
         return [f for f in found if isinstance(f, dict)] if isinstance(found, list) else []
+
+    def colour_hop_pages(
+        self, replica_url: str, headers: dict[str, str], limit: int = HOPS_PAGE_LIMIT
+    ) -> list[JsonObject]:
+        """Every page of a replica's colour hop log (``GET /v1/colour/hops``, ``headers``
+        holding its admin credential), oldest first, up to the first page that brings no
+        hop or no later ``next_after_seq`` (at most ``HOPS_MAX_PAGES``)."""
+        url = f"{replica_url}{HOPS_PATH}"
+        pages: list[JsonObject] = []
+        after = 0
+        for _ in range(HOPS_MAX_PAGES):
+            params = {"after_seq": str(after), "limit": str(limit)}
+            page = self.get_json(url, params=params, headers=headers, timeout_s=HISTORY_TIMEOUT_S)
+            hops = page.get("hops")
+            if not isinstance(hops, list):
+                raise ApiError(f"{url}: the answer has no 'hops' list", url, 200)
+            pages.append(page)
+            nxt = page.get("next_after_seq")
+            got = any(isinstance(h, dict) for h in hops)
+            if not got or not isinstance(nxt, int) or nxt <= after:
+                break
+            after = nxt
+        return pages
 
     def metrics_text(self, replica_url: str) -> str:
         """A replica's Prometheus exposition (``/metrics``)."""

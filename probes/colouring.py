@@ -12,13 +12,12 @@ import json
 import secrets as _secrets
 import time
 from collections.abc import Mapping
-from typing import Any
 
 import requests
 from chaoslib.exceptions import ActivityFailed
 
 from canary_contract.json import JsonObject
-from gameday.api import ApiError
+from gameday.api import ApiError, StackApi
 from gameday.evidence.colouring import (
     CHECK,
     DEFAULT_SETTLE_S,
@@ -28,10 +27,10 @@ from gameday.evidence.colouring import (
     LogRead,
     fidelity,
     fidelity_result,
+    log_read,
 )
 from gameday.evidence.colouring import HOP_RULES as HOP_RULES  # experiments' tests read it
 from gameday.evidence.slo import Slo, failed_result, not_measured
-from gameday.oracle.wire import loads
 from gameday.targets import Target
 from probes._context import (
     Configuration,
@@ -52,10 +51,6 @@ __all__ = [
     "send_coloured_requests",
 ]
 
-HOPS_PATH = "/v1/colour/hops"
-PAGE_LIMIT = 10000
-MAX_PAGES = 50
-HTTP_TIMEOUT_S = 5.0
 DEFAULT_TAG = "gameday"
 LOG_ROLES = ("router", *MODEL_ROLES, "gate", "broker")
 MAX_TTL_S = 600.0
@@ -64,49 +59,16 @@ SENT_NAME = "coloured_requests.jsonl"
 
 
 # -- reading the logs ------------------------------------------------------------------------
-def _get(url: str, headers: Mapping[str, str], params: Mapping[str, Any] | None = None) -> Any:
-    try:
-        resp = requests.get(url, params=params, headers=dict(headers), timeout=HTTP_TIMEOUT_S)
-    except requests.RequestException as exc:
-        raise ActivityFailed(f"reading {url}: {type(exc).__name__}: {exc}") from None
-    if resp.status_code != 200:
-        raise ActivityFailed(f"reading {url}: HTTP {resp.status_code}: {resp.text[:300]}")
-    try:
-        return loads(resp.content)
-    except ValueError as exc:
-        raise ActivityFailed(f"reading {url}: not strict JSON: {exc}") from None
-
-
-def read_log(target: Target, role: str, replica_name: str, url: str) -> LogRead:
-    """Every hop one replica holds (paged), with its start time and what it lost."""
-    headers = target.fault_headers(role)
-    hops: list[JsonObject] = []
-    after = 0
-    started_at = 0.0
-    lost_before: float | None = None
-    for page_no in range(MAX_PAGES):
-        page = _get(url + HOPS_PATH, headers, {"after_seq": after, "limit": PAGE_LIMIT})
-        if not isinstance(page, dict) or not isinstance(page.get("hops"), list):
-            raise ActivityFailed(f"{url}{HOPS_PATH}: the answer has no 'hops' list")
-        if page_no == 0:
-            started_at = float(page.get("started_at") or 0.0)
-            if page.get("lost") and page["hops"]:
-                lost_before = float(page["hops"][0].get("at") or 0.0)
-        got = [h for h in page["hops"] if isinstance(h, dict)]
-        hops += got
-        nxt = page.get("next_after_seq")
-        if not got or not isinstance(nxt, int) or nxt <= after:
-            break
-        after = nxt
-    return LogRead(role, replica_name, hops, started_at, lost_before)
-
-
 def read_logs(target: Target) -> list[LogRead]:
-    logs = []
-    for role in LOG_ROLES:
-        for rep in target.replicas(role):
-            logs.append(read_log(target, role, rep.name, rep.url))
-    return logs
+    """Every hop log of the target's components as read now (each paged, with its role's
+    admin credential)."""
+    with requests.Session() as session:
+        api = StackApi(session, target)
+        return [
+            log_read(role, rep.name, api.colour_hop_pages(rep.url, target.fault_headers(role)))
+            for role in LOG_ROLES
+            for rep in target.replicas(role)
+        ]
 
 
 def read_sent(configuration: Configuration | None) -> list[JsonObject]:

@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 import requests
 
-from gameday.api import ApiError, StackApi
+from gameday.api import HOPS_PATH, ApiError, StackApi
 from gameday.targets import parse_target
 from tests.broker_support import preload_history, start_broker
-from tests.procs import Spawner, free_port, wait_for
+from tests.procs import ADMIN_TOKEN, Spawner, free_port, wait_for
 
 PRELOADED = 10_020  # more than one page of the broker (10,000 events)
 
@@ -87,3 +87,15 @@ def test_the_gate_state_and_replica_health(spawn: Spawner, broker_url: str, tmp_
         with pytest.raises(ApiError, match=r"answered HTTP 404") as e:
             api.get_json(f"{gate.url}/no/such/page")
         assert e.value.status == 404 and e.value.url == f"{gate.url}/no/such/page"
+        # The gate's colour hop log (each request above is a hop), read page by page.
+        admin = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+        whole = api.colour_hop_pages(gate.url, admin)
+        paged = api.colour_hop_pages(gate.url, admin, limit=2)
+        with pytest.raises(ApiError, match="answered HTTP 401") as e:
+            api.colour_hop_pages(gate.url, {"Authorization": "Bearer wrong"})
+    assert e.value.url == f"{gate.url}{HOPS_PATH}"
+    seqs = [h["seq"] for h in whole[0]["hops"]]
+    assert len(seqs) >= 3 and seqs == sorted(set(seqs))
+    assert len(paged) >= 2 and all(len(p["hops"]) <= 2 for p in paged)
+    # Reading on adds the reads' own hops: the pages hold at least the one-page read's.
+    assert [h["seq"] for p in paged for h in p["hops"]][: len(seqs)] == seqs

@@ -1,7 +1,8 @@
 """Colouring fidelity, computed: per hop of ``HOP_RULES``, the share of requests completed
 at the router whose request id, trace id and tag that hop saw unchanged.
 
-Pure: hop logs in, figures out (``probes.colouring`` reads the logs). It must never count a
+Pure: hop logs in, figures out (``probes.colouring`` reads the logs' pages through
+``gameday.api``; ``log_read`` makes one log of them). It must never count a
 request it cannot check (a log that restarted or overwrote its hops since) as faithful.
 """
 
@@ -75,6 +76,20 @@ class LogRead:
     hops: list[JsonObject]
     started_at: float
     lost_before: float | None = None
+
+
+def log_read(role: str, replica: str, pages: Sequence[JsonObject]) -> LogRead:
+    """One replica's ``LogRead`` from the pages of its ``GET /v1/colour/hops``, oldest
+    first: the hops that are objects, its start from the first page and, when that page
+    says older hops were overwritten (``lost``), the time of its oldest held hop."""
+    first = pages[0] if pages else {}
+    held = first.get("hops") or []
+    lost_before = None
+    if first.get("lost") and held:
+        oldest = held[0] if isinstance(held[0], dict) else {}
+        lost_before = float(oldest.get("at") or 0.0)
+    hops = [h for page in pages for h in page.get("hops") or [] if isinstance(h, dict)]
+    return LogRead(role, replica, hops, float(first.get("started_at") or 0.0), lost_before)
 
 
 @dataclass
