@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -79,6 +79,18 @@ def write_run_json(configuration: Configuration | None, name: str, doc: JsonObje
     tmp = folder / f".{name}.tmp"
     tmp.write_text(json.dumps(doc, indent=2, default=str) + "\n")
     os.replace(tmp, folder / name)
+    return folder / name
+
+
+def append_run_json_lines(
+    configuration: Configuration | None, name: str, rows: Iterable[JsonObject]
+) -> Path:
+    """``rows`` added to the run folder's JSON-lines file ``name``, one object a line."""
+    folder = run_dir(configuration)
+    folder.mkdir(parents=True, exist_ok=True)
+    with (folder / name).open("a", encoding="utf-8") as out:
+        for row in rows:
+            out.write(json.dumps(row, sort_keys=True) + "\n")
     return folder / name
 
 

@@ -8,10 +8,8 @@ before it. Nothing here imports ``canarystack``.
 
 from __future__ import annotations
 
-import json
 import secrets as _secrets
 import time
-from collections.abc import Mapping
 
 import requests
 from chaoslib.exceptions import ActivityFailed
@@ -25,6 +23,7 @@ from gameday.evidence.colouring import (
     UNIT,
     Fidelity,
     LogRead,
+    colour_headers,
     fidelity,
     fidelity_result,
     log_read,
@@ -35,10 +34,10 @@ from gameday.targets import Target
 from probes._context import (
     Configuration,
     Secrets,
+    append_run_json_lines,
     inject_fault,
     on_target,
     positive,
-    run_dir,
     stack_api,
 )
 from probes._context import get_target as get_target  # the live colouring test reads it
@@ -129,15 +128,6 @@ def colouring_fidelity_at_least(
 
 
 # -- actions ---------------------------------------------------------------------------------
-def _sent_colour(headers: Mapping[str, str]) -> JsonObject:
-    """What a request sent with ``headers`` must be seen as at the router."""
-    return {
-        "request_id": headers["x-request-id"],
-        "trace_id": headers["traceparent"].split("-")[1],
-        "tag": headers.get("x-traffic-tag"),
-    }
-
-
 def send_coloured_requests(
     count: int = 30,
     tag: str = DEFAULT_TAG,
@@ -158,27 +148,19 @@ def send_coloured_requests(
         url = api.target.service_url("router") + "/v1/completions"
         for i in range(n):
             rid = f"colour-{_secrets.token_hex(6)}-{i}"
-            headers = {
-                "x-request-id": rid,
-                "traceparent": f"00-{_secrets.token_hex(16)}-{_secrets.token_hex(8)}-01",
-                "x-traffic-tag": tag,
-            }
+            colour: JsonObject = {"request_id": rid, "trace_id": _secrets.token_hex(16), "tag": tag}
             body: JsonObject = {"prompt": f"colouring check {i}", "max_tokens": tokens}
             started = time.time()
             try:
-                resp = api.completion(body, headers)
+                resp = api.completion(body, colour_headers(colour, _secrets.token_hex(8)))
             except ApiError as exc:
                 failures.append(f"{rid}: {exc.cause}")
                 continue
             if resp.status_code == 200:
-                completed.append({**_sent_colour(headers), "at": started})
+                completed.append({**colour, "at": started})
             else:
                 failures.append(f"{rid}: HTTP {resp.status_code}")
-    folder = run_dir(configuration)
-    folder.mkdir(parents=True, exist_ok=True)
-    with (folder / SENT_NAME).open("a", encoding="utf-8") as out:
-        for row in completed:
-            out.write(json.dumps(row, sort_keys=True) + "\n")
+    append_run_json_lines(configuration, SENT_NAME, completed)
     if not completed:
         raise ActivityFailed(
             f"none of {n} coloured requests to {url} completed: " + "; ".join(failures[:3])

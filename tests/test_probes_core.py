@@ -10,7 +10,8 @@ from typing import Any
 from gameday.evidence import checks
 from gameday.report.loader import load_experiment
 from gameday.report.timeline import find_fault
-from probes._evidence import reference
+from probes._context import append_run_json_lines
+from probes._evidence import reference, run_json_lines
 from tests.report_data import FAULT, hand_made_experiment
 from tests.run_support import ledger_entry
 
@@ -58,3 +59,13 @@ def test_the_blind_gate_check_names_every_router_that_leaves_it_blind() -> None:
     unknown = checks.gate_blind({"router-3": None}, "watching", 1)
     assert unknown["ok"] is False and unknown["measured"] is None
     assert "no router answered /health" in unknown["detail"]["why"]
+
+
+def test_rows_added_to_a_run_file_are_read_back_in_order(tmp_path: Path) -> None:
+    cfg: dict[str, Any] = {"gameday_run_dir": str(tmp_path / "run")}
+    assert run_json_lines(cfg, "rows.jsonl") == []  # no file yet
+    append_run_json_lines(cfg, "rows.jsonl", [{"b": 1, "a": 2}])
+    path = append_run_json_lines(cfg, "rows.jsonl", [{"c": 3}, {"d": None}])
+    assert path == tmp_path / "run" / "rows.jsonl"
+    assert path.read_text() == '{"a": 2, "b": 1}\n{"c": 3}\n{"d": null}\n'
+    assert run_json_lines(cfg, "rows.jsonl") == [{"b": 1, "a": 2}, {"c": 3}, {"d": None}]

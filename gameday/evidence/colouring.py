@@ -78,6 +78,17 @@ class LogRead:
     lost_before: float | None = None
 
 
+def colour_headers(colour: JsonObject, span_id: str) -> dict[str, str]:
+    """The headers that send ``colour`` (its ``request_id``, ``trace_id`` and ``tag``):
+    ``x-request-id``, a sampled W3C ``traceparent`` (parent span ``span_id``) and
+    ``x-traffic-tag``. ``colour`` is what the router must then see."""
+    return {
+        "x-request-id": str(colour["request_id"]),
+        "traceparent": f"00-{colour['trace_id']}-{span_id}-01",
+        "x-traffic-tag": str(colour["tag"]),
+    }
+
+
 def log_read(role: str, replica: str, pages: Sequence[JsonObject]) -> LogRead:
     """One replica's ``LogRead`` from the pages of its ``GET /v1/colour/hops``, oldest
     first: the hops that are objects, its start from the first page and, when that page
