@@ -15,7 +15,17 @@ import json
 from pathlib import Path
 from typing import Any
 
-from gameday.report.synthetic import iso, journal, slo_output, write_oracle, write_records
+from gameday.report.synthetic import (
+    broker_event,
+    changed,
+    fault_injected,
+    iso,
+    journal,
+    routers_applied,
+    slo_output,
+    write_oracle,
+    write_records,
+)
 
 FAULT = 1_700_000_100.0
 START = FAULT - 30.0
@@ -35,7 +45,7 @@ def hand_made_events(plain: bool = False) -> list[dict[str, Any]]:
     """Broker events; ``plain`` writes changes as ``{"phase": "tripped"}`` instead."""
 
     def change(key: str, old: Any, new: Any) -> dict[str, Any]:
-        return {key: new} if plain else {key: {"old": old, "new": new}}
+        return {key: new} if plain else changed(key, old, new)
 
     evidence = {
         "test": "drift",
@@ -48,79 +58,22 @@ def hand_made_events(plain: bool = False) -> list[dict[str, Any]]:
         "tripped_at": FAULT + 2.5,
         "detail": {},
     }
+    tripped = {**change("phase", "progressing", "tripped"), **change("trip", None, evidence)}
+    zeroed = {**change("phase", "tripped", "rolling_back"), **change("weights.canary", 5, 0)}
     return [
-        {
-            "seq": 1,
-            "time": START - 500,
-            "revision": 3,
-            "actor": "gate",
-            "reason": "older run",
-            "change": change("phase", "progressing", "tripped"),
-        },
-        {
-            "seq": 2,
-            "time": START - 499,
-            "revision": 4,
-            "actor": "rollback",
-            "reason": "older run",
-            "change": change("phase", "tripped", "rolled_back"),
-        },
-        {
-            "seq": 3,
-            "time": FAULT,
-            "revision": 5,
-            "actor": "gameday",
-            "reason": "fault",
-            "change": {
-                "annotation": "fault_injected",
-                "component": "model-canary",
-                "kind": "kernel",
-            },
-        },
-        {
-            "seq": 4,
-            "time": FAULT + 2.5,
-            "revision": 6,
-            "actor": "gate",
-            "reason": "drift",
-            "change": {
-                **change("phase", "progressing", "tripped"),
-                **change("trip", None, evidence),
-            },
-        },
-        {
-            "seq": 5,
-            "time": FAULT + 2.6,
-            "revision": 7,
-            "actor": "rollback",
-            "reason": "zero",
-            "change": {
-                **change("phase", "tripped", "rolling_back"),
-                **change("weights.canary", 5, 0),
-            },
-        },
-        {
-            "seq": 6,
-            "time": FAULT + 3.4,
-            "revision": 7,
-            "actor": "rollback",
-            "reason": "applied",
-            "change": {
-                "annotation": "routers_applied",
-                "revision": 7,
-                "routers": ["router-0", "router-1"],
-                "waited_s": 0.8,
-                "retries": 1,
-            },
-        },
-        {
-            "seq": 7,
-            "time": FAULT + 3.9,
-            "revision": 8,
-            "actor": "rollback",
-            "reason": "done",
-            "change": change("phase", "rolling_back", "rolled_back"),
-        },
+        broker_event(
+            1, START - 500, 3, "gate", "older run", change("phase", "progressing", "tripped")
+        ),
+        broker_event(
+            2, START - 499, 4, "rollback", "older run", change("phase", "tripped", "rolled_back")
+        ),
+        broker_event(3, FAULT, 5, "gameday", "fault", fault_injected("model-canary", "kernel")),
+        broker_event(4, FAULT + 2.5, 6, "gate", "drift", tripped),
+        broker_event(5, FAULT + 2.6, 7, "rollback", "zero", zeroed),
+        broker_event(6, FAULT + 3.4, 7, "rollback", "applied", routers_applied(7, 0.8, 1)),
+        broker_event(
+            7, FAULT + 3.9, 8, "rollback", "done", change("phase", "rolling_back", "rolled_back")
+        ),
     ]
 
 

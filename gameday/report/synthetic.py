@@ -84,6 +84,41 @@ def game_day() -> list[Scenario]:
 SLO = {"detection_s": 5.0, "weights_applied_s": 5.0, "rollback_s": 5.0, "rollback_complete_s": 30.0}
 
 
+def broker_event(
+    seq: int, t: float, revision: int, actor: str, reason: str, change: JsonObject
+) -> JsonObject:
+    """One event of a broker timeline (``timeline.json``'s ``events``)."""
+    return {
+        "seq": seq,
+        "time": t,
+        "revision": revision,
+        "actor": actor,
+        "reason": reason,
+        "change": change,
+    }
+
+
+def changed(key: str, old: object, new: object) -> JsonObject:
+    """A field's change in the broker's ``{"old", "new"}`` form."""
+    return {key: {"old": old, "new": new}}
+
+
+def fault_injected(component: str, kind: str) -> JsonObject:
+    """The harness's annotation of a fault it injected."""
+    return {"annotation": "fault_injected", "component": component, "kind": kind}
+
+
+def routers_applied(revision: int, waited_s: float, retries: int) -> JsonObject:
+    """The rollback executor's annotation: both routers applied ``revision``."""
+    return {
+        "annotation": "routers_applied",
+        "revision": revision,
+        "routers": ["router-0", "router-1"],
+        "waited_s": waited_s,
+        "retries": retries,
+    }
+
+
 def write_experiment(
     folder: Path,
     sc: Scenario,
@@ -181,37 +216,17 @@ def write_experiment(
 
     # Broker timeline.
     events: list[JsonObject] = [
-        {
-            "seq": 1,
-            "time": start - 600,
-            "revision": 1,
-            "actor": "setup",
-            "change": {"phase": {"old": None, "new": "progressing"}},
-            "reason": "an earlier run",
-        },
-        {
-            "seq": 2,
-            "time": start - 590,
-            "revision": 2,
-            "actor": "gate",
-            "change": {"phase": {"old": "progressing", "new": "tripped"}},
-            "reason": "an earlier run",
-        },
+        broker_event(
+            1, start - 600, 1, "setup", "an earlier run", changed("phase", None, "progressing")
+        ),
+        broker_event(
+            2, start - 590, 2, "gate", "an earlier run", changed("phase", "progressing", "tripped")
+        ),
     ]
     if fault_t is not None:
+        component, kind = ("model-canary", "kernel") if kernel else (sc.component, "latency")
         events.append(
-            {
-                "seq": 3,
-                "time": fault_t,
-                "revision": 5,
-                "actor": "gameday",
-                "change": {
-                    "annotation": "fault_injected",
-                    "component": "model-canary" if kernel else sc.component,
-                    "kind": "kernel" if kernel else "latency",
-                },
-                "reason": "fault",
-            }
+            broker_event(3, fault_t, 5, "gameday", "fault", fault_injected(component, kind))
         )
     if trip_t is not None and applied_t is not None:
         evidence = {
@@ -225,59 +240,23 @@ def write_experiment(
             "tripped_at": trip_t,
             "detail": {},
         }
+        tripped = {**changed("phase", "progressing", "tripped"), **changed("trip", None, evidence)}
+        zeroed = {**changed("phase", "tripped", "rolling_back"), **changed("weights.canary", 5, 0)}
         events += [
-            {
-                "seq": 4,
-                "time": trip_t,
-                "revision": 6,
-                "actor": "gate",
-                "reason": "drift",
-                "change": {
-                    "phase": {"old": "progressing", "new": "tripped"},
-                    "trip": {"old": None, "new": evidence},
-                },
-            },
-            {
-                "seq": 5,
-                "time": trip_t + 0.1,
-                "revision": 7,
-                "actor": "rollback",
-                "reason": "rollback",
-                "change": {
-                    "phase": {"old": "tripped", "new": "rolling_back"},
-                    "weights.canary": {"old": 5, "new": 0},
-                },
-            },
-            {
-                "seq": 6,
-                "time": applied_t,
-                "revision": 7,
-                "actor": "rollback",
-                "reason": "applied",
-                "change": {
-                    "annotation": "routers_applied",
-                    "revision": 7,
-                    "routers": ["router-0", "router-1"],
-                    "waited_s": 0.5,
-                    "retries": 0,
-                },
-            },
-            {
-                "seq": 7,
-                "time": applied_t + 0.2,
-                "revision": 8,
-                "actor": "rollback",
-                "reason": "q",
-                "change": {"canary.quarantined": {"old": False, "new": True}},
-            },
-            {
-                "seq": 8,
-                "time": applied_t + 0.3,
-                "revision": 9,
-                "actor": "rollback",
-                "reason": "done",
-                "change": {"phase": {"old": "rolling_back", "new": "rolled_back"}},
-            },
+            broker_event(4, trip_t, 6, "gate", "drift", tripped),
+            broker_event(5, trip_t + 0.1, 7, "rollback", "rollback", zeroed),
+            broker_event(6, applied_t, 7, "rollback", "applied", routers_applied(7, 0.5, 0)),
+            broker_event(
+                7, applied_t + 0.2, 8, "rollback", "q", changed("canary.quarantined", False, True)
+            ),
+            broker_event(
+                8,
+                applied_t + 0.3,
+                9,
+                "rollback",
+                "done",
+                changed("phase", "rolling_back", "rolled_back"),
+            ),
         ]
     (folder / "timeline.json").write_text(
         json.dumps({"release": "default", "events": events, "routers": [], "collected_at": end})
