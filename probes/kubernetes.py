@@ -8,15 +8,18 @@ The guard must never let a ``chaosk8s`` activity act outside it.
 
 from __future__ import annotations
 
-import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from chaoslib.exceptions import ActivityFailed, InterruptExecution
 
 from canary_contract.json import JsonObject
-from gameday import faults as gd_faults
-from gameday.evidence.faults import bad_build_entries, is_bad_build
-from gameday.evidence.workloads import is_whole, ready_within
+from gameday.evidence.rollouts import BUILD_ANNOTATION as BUILD_ANNOTATION  # for the tests
+from gameday.evidence.rollouts import VERSION_ANNOTATION as VERSION_ANNOTATION
+from gameday.evidence.rollouts import RolloutError, parse_kernel_fault
+from gameday.targets import rollout as core
+from gameday.targets.rollout import CanaryChange
 from probes._broker import (
     FRESH_SUFFIX,
     get_release,
@@ -28,24 +31,6 @@ from probes._cluster import kubernetes_target, non_negative
 from probes._context import MAX_WAIT_S, Configuration, Secrets, harness_errors, ledger
 from probes._guard import activities, refused_namespaces
 from probes._result import Slo
-from probes._rollout import (
-    BUILD_ANNOTATION,
-    POLL_S,
-    VERSION_ANNOTATION,
-    CanaryChange,
-    api_failed,
-    bad_build_patch,
-    canary_change,
-    first_started,
-    parse_kernel_fault,
-    patch_deployment,
-    previous_good,
-    read_deployment,
-    ready_pods,
-    revision,
-    wait_for_version,
-    wait_rolled_out,
-)
 
 __all__ = [
     "before_activity_control",
@@ -56,7 +41,28 @@ __all__ = [
     "wait_for_ready",
 ]
 
-DEFAULT_BUILD_MIN_PROMPT_TOKENS = 2048  # --kernel-fault MODE without :MIN_PROMPT_TOKENS
+
+@contextmanager
+def rollout_errors(doing: str) -> Iterator[None]:
+    """The harness's errors as ``ActivityFailed`` naming what it was ``doing``; a
+    ``RolloutError`` as the ``ActivityFailed`` of its own message."""
+    with harness_errors(doing):
+        try:
+            yield
+        except RolloutError as exc:
+            raise ActivityFailed(str(exc)) from None
+
+
+@contextmanager
+def canary_change(
+    configuration: Configuration | None, activity: str, deadline_s: float, doing: str
+) -> Iterator[CanaryChange]:
+    """The canary Deployment ``activity`` changes within ``deadline_s``; inside, the
+    harness's errors become ``ActivityFailed`` (``rollout_errors``)."""
+    wait = min(non_negative("deadline_s", deadline_s), MAX_WAIT_S)
+    target = kubernetes_target(configuration, activity)
+    with rollout_errors(doing):
+        yield CanaryChange.begin(target, activity, wait)
 
 
 # --- readiness -------------------------------------------------------------------------
@@ -80,24 +86,7 @@ def wait_for_ready(
     poll = max(0.05, non_negative("poll_s", poll_s))
     target = kubernetes_target(configuration, "wait_for_ready")
     with harness_errors(f"waiting for {component} to be ready"):
-        roles = target.expand_role(component)
-        kills = [
-            e.time for e in ledger(configuration).entries()
-            if e.action == "kill" and e.component in roles
-        ]  # fmt: skip
-        start = max(kills) if kills else time.time()
-        since = "pod kill" if kills else "probe start"
-        deadline = time.monotonic() + allowed
-        while True:
-            states = [
-                {**target.workload_status(role), "ready_pods": ready_pods(target, role)}
-                for role in roles
-            ]
-            if all(is_whole(s) for s in states):
-                return ready_within(component, states, allowed, time.time() - start, since)
-            if time.monotonic() >= deadline:
-                return ready_within(component, states, allowed, None, since)
-            time.sleep(poll)
+        return core.wait_whole(target, component, allowed, poll, ledger(configuration))
 
 
 # --- a fresh canary before an experiment -------------------------------------------------
@@ -129,7 +118,7 @@ def start_fresh_canary(
         configuration, "start_fresh_canary", deadline_s, "starting a fresh canary"
     ) as change:
         target = change.target
-        release = _after_any_rollback(change)
+        release = core.settled_release(change, lambda: get_release(target))
         canary = release.get("canary") or {}
         phase = release.get("phase")
         weights = release.get("weights") or {}
@@ -146,7 +135,8 @@ def start_fresh_canary(
                 "weight": wanted,
             }
         previous = str(canary.get("version") or (release.get("stable") or {}).get("version"))
-        version = _roll_out_new_version(change, previous)
+        version = unused_version(target, FRESH_SUFFIX.sub("", previous))
+        core.roll_out_version(change, version)
         manifest = {"name": release.get("name"), "version": version, "engine": "sim",
                     "previous": previous}  # fmt: skip
         register_version(target, version, manifest)
@@ -166,35 +156,6 @@ def start_fresh_canary(
     }
 
 
-def _after_any_rollback(change: CanaryChange) -> JsonObject:
-    """The release once no rollback is pending or running (``tripped``/``rolling_back``
-    end with the rollback executor); ActivityFailed at the change's deadline."""
-    target = change.target
-    release = get_release(target)
-    while release.get("phase") in ("tripped", "rolling_back"):
-        if time.monotonic() >= change.deadline:
-            raise ActivityFailed(
-                f"release {target.release!r} is still {release.get('phase')!r} after "
-                f"{change.wait:g} s: the rollback executor has not finished the last rollback"
-            )
-        time.sleep(POLL_S)
-        release = get_release(target)
-    return release
-
-
-def _roll_out_new_version(change: CanaryChange, previous: str) -> str:
-    """A version the broker has not seen (``<previous>-g<epoch ms>``) rolled out on the
-    canary Deployment as its pod-template annotation; the version, once every pod has it."""
-    target, name = change.target, change.name
-    version = unused_version(target, FRESH_SUFFIX.sub("", previous))
-    path = "/spec/template/metadata/annotations/" + VERSION_ANNOTATION.replace("/", "~1")
-    patch = [{"op": "add", "path": path, "value": version}]
-    what = f"patching deployment/{name} in {target.namespace!r}"
-    patch_deployment(target, change.apps, name, patch, what)
-    wait_for_version(target, name, version, change.deadline, change.wait)
-    return version
-
-
 # --- a faulty canary as a rollout of a bad build ----------------------------------------
 def roll_out_bad_canary(
     kernel_fault: str = "fp8-kv-scale:2048",
@@ -211,56 +172,12 @@ def roll_out_bad_canary(
     rollout was seen done; the patch time and both others are in the detail.
     The canary version the broker knows is unchanged: the same version, a bad build of it,
     as a rebuilt image under the same tag. Undo with ``undo_canary_rollout``."""
-    value, mode, tokens = parse_kernel_fault(kernel_fault)
+    with rollout_errors("rolling out a bad canary build"):
+        value, mode, tokens = parse_kernel_fault(kernel_fault)
     with canary_change(
         configuration, "roll_out_bad_canary", deadline_s, "rolling out a bad canary build"
     ) as change:
-        target, apps, name = change.target, change.apps, change.name
-        dep = read_deployment(target, apps, name)
-        build, patch = bad_build_patch(apps, dep, name, value)
-        patched_at = time.time()
-        what = f"patching deployment/{name} in {target.namespace!r}"
-        patch_deployment(target, apps, name, patch, what)
-        pods = wait_rolled_out(target, apps, name, build, change.deadline, change.wait)
-        rolled_out_at = time.time()
-        started_at = first_started(pods, patched_at)
-        served_at = started_at if started_at is not None else rolled_out_at
-        urls = {r.name: r.url for r in target.replicas("model-canary")}
-        # the model server's default threshold when the value names none
-        threshold = int(tokens) if tokens else DEFAULT_BUILD_MIN_PROMPT_TOKENS
-        params: JsonObject = {"mode": mode, "min_prompt_tokens": threshold, "build": build}
-        detail: JsonObject = {
-            "rollout": f"deployment/{name}",
-            "patched_at": patched_at,
-            "container_started_at": started_at,
-            "rolled_out_at": rolled_out_at,
-            "rollout_s": round(rolled_out_at - patched_at, 3),
-        }
-        names = [p.metadata.name for p in pods]
-        book = ledger(configuration)
-        for entry in bad_build_entries(
-            [(p.metadata.name, p.metadata.uid) for p in pods], urls, params, detail, served_at
-        ):
-            book.append(entry)
-        gd_faults.annotate(
-            target,
-            {
-                "annotation": "fault_injected",
-                "component": "model-canary",
-                "kind": "kernel",
-                "build": build,
-                "replicas": names,
-            },
-            reason=f"gameday rolled the canary out to a bad build ({build})",
-        )
-    return {
-        "deployment": name,
-        "build": build,
-        "pods": names,
-        "patched_at": patched_at,
-        "serving_at": served_at,
-        "rollout_s": round(served_at - patched_at, 3),
-    }
+        return core.roll_out_bad_build(change, value, mode, tokens, ledger(configuration))
 
 
 def undo_canary_rollout(
@@ -276,53 +193,7 @@ def undo_canary_rollout(
     with canary_change(
         configuration, "undo_canary_rollout", deadline_s, "undoing the canary rollout"
     ) as change:
-        target, apps, name = change.target, change.apps, change.name
-        dep = read_deployment(target, apps, name)
-        current_build = (dep.spec.template.metadata.annotations or {}).get(BUILD_ANNOTATION)
-        if current_build is None:
-            _close_build_entries(configuration)
-            return {"changed": False, "deployment": name, "why": "the canary is no bad build"}
-        try:
-            sets = apps.list_namespaced_replica_set(
-                target.namespace, label_selector=target.selector("model-canary")
-            ).items
-        except Exception as exc:
-            raise api_failed(f"listing the ReplicaSets of deployment/{name}", exc) from None
-        previous, current, owned = previous_good(dep, sets)
-        if previous is None:
-            raise ActivityFailed(
-                f"deployment/{name} (revision {current}) has no earlier ReplicaSet without a "
-                f"bad build to roll back to ({owned} owned): roll it back by hand"
-            )
-        template = apps.api_client.sanitize_for_serialization(previous.spec.template)
-        labels = dict(template.get("metadata", {}).get("labels") or {})
-        labels.pop("pod-template-hash", None)
-        template.setdefault("metadata", {})["labels"] = labels
-        patch = [{"op": "replace", "path": "/spec/template", "value": template}]
-        patch_deployment(target, apps, name, patch, f"rolling deployment/{name} back")
-        wait_rolled_out(target, apps, name, None, change.deadline, change.wait)
-        closed = _close_build_entries(configuration)
-    return {
-        "changed": True,
-        "deployment": name,
-        "undone_build": current_build,
-        "to_replicaset": previous.metadata.name,
-        "to_revision": revision(previous),
-        "closed_ledger_entries": closed,
-        "took_s": change.took_s(),
-    }
-
-
-def _close_build_entries(configuration: Configuration | None) -> int:
-    """A ``clear`` in the ledger for each bad-build entry still open (so clear_faults does
-    not look for them on the model server's fault API, where they never were)."""
-    book = ledger(configuration)
-    n = 0
-    for e in book.outstanding():
-        if is_bad_build(e):
-            book.append(e.cleared({"rolled_back": True}))
-            n += 1
-    return n
+        return core.undo_bad_build(change, ledger(configuration))
 
 
 # --- the namespace guard (Chaos Toolkit controls; the rule is probes._guard) -----------

@@ -1,0 +1,339 @@
+"""The canary Deployment's rollouts on a Kubernetes target: reading it, patching it and
+waiting until its pods are what was asked for; and a component's workloads waited on
+until they are whole after a pod kill.
+
+It changes one Deployment only, the target's ``model-canary`` workload (blast-radius
+checked before any call); it must never touch another workload. Errors: ``TargetError``
+for the target, ``RolloutError`` (whole messages) for the rollout.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from canary_contract.json import JsonObject
+from gameday import faults as gd_faults
+from gameday.evidence.faults import bad_build_entries, is_bad_build
+from gameday.evidence.rollouts import (
+    BUILD_ANNOTATION,
+    VERSION_ANNOTATION,
+    RolloutError,
+    bad_build_params,
+    bad_build_patch,
+    first_started,
+    pod_ready,
+    previous_good,
+    progress,
+    revision,
+    undo_patch,
+    version_patch,
+)
+from gameday.evidence.slo import Slo
+from gameday.evidence.workloads import is_whole, ready_within
+from gameday.faults import FaultLedger
+from gameday.targets.base import TargetError
+from gameday.targets.kubernetes import KubernetesTarget
+
+POLL_S = 1.0
+CANARY = "model-canary"
+
+
+def api_failed(what: str, exc: Exception) -> RolloutError:
+    """``what`` failed, with the API's status and reason."""
+    return RolloutError(
+        f"{what} failed: HTTP {getattr(exc, 'status', '?')} {getattr(exc, 'reason', exc)}"
+    )
+
+
+def ready_pods(target: KubernetesTarget, role: str) -> list[str]:
+    """Names of the pods of ``role`` that are Running, Ready and not being deleted."""
+    api = target.core_api()
+    try:
+        pods = api.list_namespaced_pod(target.namespace, label_selector=target.selector(role))
+    except Exception as exc:
+        raise TargetError(f"listing pods of {role} failed: {exc}") from None
+    return sorted(p.metadata.name for p in pods.items if pod_ready(p))
+
+
+def wait_whole(
+    target: KubernetesTarget, component: str, allowed: float, poll: float, book: FaultLedger
+) -> Slo:
+    """Wait until every workload of ``component`` is whole (``is_whole``), at most
+    ``allowed`` seconds; the seconds since the last pod kill of it in ``book`` (else since
+    now) as ``ready_within`` judges them."""
+    roles = target.expand_role(component)
+    kills = [
+        e.time for e in book.entries() if e.action == "kill" and e.component in roles
+    ]  # fmt: skip
+    start = max(kills) if kills else time.time()
+    since = "pod kill" if kills else "probe start"
+    deadline = time.monotonic() + allowed
+    while True:
+        states = [
+            {**target.workload_status(role), "ready_pods": ready_pods(target, role)}
+            for role in roles
+        ]
+        if all(is_whole(s) for s in states):
+            return ready_within(component, states, allowed, time.time() - start, since)
+        if time.monotonic() >= deadline:
+            return ready_within(component, states, allowed, None, since)
+        time.sleep(poll)
+
+
+def canary_deployment(target: KubernetesTarget, what: str) -> tuple[Any, str]:
+    """(AppsV1Api, name) of the target's canary Deployment, inside the blast radius."""
+    from kubernetes import client
+
+    target.check_allowed(CANARY)  # it rolls the canary's pods
+    kind, name = target.workload(CANARY)
+    if kind != "deployment":
+        raise RolloutError(
+            f"{what} rolls out a Deployment, but workloads.model-canary is {kind}/{name}"
+        )
+    return client.AppsV1Api(target.api_client()), name
+
+
+@dataclass(frozen=True)
+class CanaryChange:
+    """One change of the canary Deployment: where it is, and the time it may take."""
+
+    target: KubernetesTarget
+    apps: Any  # AppsV1Api
+    name: str
+    wait: float  # seconds: the activity's deadline_s, capped by the activity
+    t0: float  # time.monotonic() when the activity began
+
+    @classmethod
+    def begin(cls, target: KubernetesTarget, what: str, wait: float) -> CanaryChange:
+        """The change ``what`` makes, within ``wait`` seconds from now."""
+        t0 = time.monotonic()
+        apps, name = canary_deployment(target, what)
+        return cls(target, apps, name, wait, t0)
+
+    @property
+    def deadline(self) -> float:
+        return self.t0 + self.wait
+
+    def took_s(self) -> float:
+        return round(time.monotonic() - self.t0, 3)
+
+
+def read_deployment(target: KubernetesTarget, apps: Any, name: str) -> Any:
+    """deployment/``name`` as the API has it now."""
+    try:
+        return apps.read_namespaced_deployment(name, target.namespace)
+    except Exception as exc:
+        raise api_failed(f"reading deployment/{name}", exc) from None
+
+
+def patch_deployment(
+    target: KubernetesTarget, apps: Any, name: str, patch: list[Any], what: str
+) -> None:
+    """One JSON patch of deployment/``name``; ``what`` names it in the error."""
+    try:
+        apps.patch_namespaced_deployment(name, target.namespace, patch)
+    except Exception as exc:
+        raise api_failed(what, exc) from None
+
+
+def _canary_pods(target: KubernetesTarget) -> Any:
+    return target.core_api().list_namespaced_pod(
+        target.namespace, label_selector=target.selector(CANARY)
+    )
+
+
+def rolled_out_to_version(target: KubernetesTarget, name: str, version: str) -> tuple[bool, str]:
+    """(done, progress): deployment/``name`` has rolled out and every live canary pod
+    carries ``VERSION_ANNOTATION`` = ``version`` (none terminating)."""
+    from kubernetes import client
+
+    apps = client.AppsV1Api(target.api_client())
+    dep: Any = apps.read_namespaced_deployment(name, target.namespace)
+    desired, st, rolled_out, words = progress(dep)
+    if not (rolled_out and (st.replicas or 0) == desired):
+        return False, words
+    stale = [
+        p.metadata.name
+        for p in _canary_pods(target).items
+        if p.metadata.deletion_timestamp
+        or (p.metadata.annotations or {}).get(VERSION_ANNOTATION) != version
+    ]
+    if stale:
+        return False, f"{words}; pods not on {version} yet: {', '.join(stale)}"
+    return True, words
+
+
+def wait_for_version(
+    target: KubernetesTarget, name: str, version: str, deadline: float, wait: float
+) -> None:
+    """Wait until ``rolled_out_to_version``; RolloutError naming the progress when
+    ``deadline`` (monotonic) passes."""
+    while True:
+        done, words = rolled_out_to_version(target, name, version)
+        if done:
+            return
+        if time.monotonic() >= deadline:
+            raise RolloutError(
+                f"the canary rollout to {version} did not finish within {wait:g} s: {words}"
+            )
+        time.sleep(POLL_S)
+
+
+def wait_rolled_out(
+    target: KubernetesTarget, apps: Any, name: str, build: str | None, deadline: float, wait: float
+) -> list[Any]:
+    """Wait until deployment/``name`` has rolled out and every live canary pod is Ready and
+    carries ``BUILD_ANNOTATION`` = ``build`` (None: carries none); its pods, or
+    RolloutError naming the progress when ``deadline`` (monotonic) passes."""
+    while True:
+        try:
+            dep: Any = apps.read_namespaced_deployment(name, target.namespace)
+            pods = _canary_pods(target)
+        except Exception as exc:
+            raise api_failed(f"reading deployment/{name} and its pods", exc) from None
+        desired, _, rolled_out, words = progress(dep)
+        live = [p for p in pods.items if p.metadata.deletion_timestamp is None]
+        stale = [
+            p.metadata.name
+            for p in live
+            if (p.metadata.annotations or {}).get(BUILD_ANNOTATION) != build
+        ]
+        ready = [p for p in live if p.metadata.name not in stale and pod_ready(p)]
+        if rolled_out and not stale and len(ready) >= desired:
+            return ready
+        if time.monotonic() >= deadline:
+            left = f"; pods of another build: {', '.join(stale)}" if stale else ""
+            raise RolloutError(
+                f"the rollout of deployment/{name} did not finish within {wait:g} s: "
+                f"{words}, {len(ready)} pods of the wanted build Ready{left}"
+            )
+        time.sleep(POLL_S / 2)
+
+
+# --- the changes an activity makes -------------------------------------------------------
+def settled_release(change: CanaryChange, read_release: Callable[[], JsonObject]) -> JsonObject:
+    """The release (``read_release``) once no rollback is pending or running
+    (``tripped``/``rolling_back`` end with the rollback executor); RolloutError at the
+    change's deadline."""
+    release = read_release()
+    while release.get("phase") in ("tripped", "rolling_back"):
+        if time.monotonic() >= change.deadline:
+            raise RolloutError(
+                f"release {change.target.release!r} is still {release.get('phase')!r} after "
+                f"{change.wait:g} s: the rollback executor has not finished the last rollback"
+            )
+        time.sleep(POLL_S)
+        release = read_release()
+    return release
+
+
+def roll_out_version(change: CanaryChange, version: str) -> None:
+    """Roll the canary Deployment out to ``version`` (its pod-template annotation) and
+    wait until every pod has it."""
+    target, name = change.target, change.name
+    what = f"patching deployment/{name} in {target.namespace!r}"
+    patch_deployment(target, change.apps, name, version_patch(version), what)
+    wait_for_version(target, name, version, change.deadline, change.wait)
+
+
+def roll_out_bad_build(
+    change: CanaryChange, value: str, mode: str, tokens: str, book: FaultLedger
+) -> JsonObject:
+    """Roll the canary Deployment out to the bad build ``--kernel-fault VALUE`` and wait
+    for it; ``book`` gets its entries, timed when its first container started (else when
+    the rollout was seen done), and the broker an annotation. What was done, in a JSON
+    object."""
+    target, apps, name = change.target, change.apps, change.name
+    dep = read_deployment(target, apps, name)
+    build, patch = bad_build_patch(apps, dep, name, value)
+    patched_at = time.time()
+    what = f"patching deployment/{name} in {target.namespace!r}"
+    patch_deployment(target, apps, name, patch, what)
+    pods = wait_rolled_out(target, apps, name, build, change.deadline, change.wait)
+    rolled_out_at = time.time()
+    started_at = first_started(pods, patched_at)
+    served_at = started_at if started_at is not None else rolled_out_at
+    urls = {r.name: r.url for r in target.replicas(CANARY)}
+    params = bad_build_params(mode, tokens, build)
+    detail: JsonObject = {
+        "rollout": f"deployment/{name}",
+        "patched_at": patched_at,
+        "container_started_at": started_at,
+        "rolled_out_at": rolled_out_at,
+        "rollout_s": round(rolled_out_at - patched_at, 3),
+    }
+    names = [p.metadata.name for p in pods]
+    for entry in bad_build_entries(
+        [(p.metadata.name, p.metadata.uid) for p in pods], urls, params, detail, served_at
+    ):
+        book.append(entry)
+    gd_faults.annotate(
+        target,
+        {
+            "annotation": "fault_injected",
+            "component": CANARY,
+            "kind": "kernel",
+            "build": build,
+            "replicas": names,
+        },
+        reason=f"gameday rolled the canary out to a bad build ({build})",
+    )
+    return {
+        "deployment": name,
+        "build": build,
+        "pods": names,
+        "patched_at": patched_at,
+        "serving_at": served_at,
+        "rollout_s": round(served_at - patched_at, 3),
+    }
+
+
+def undo_bad_build(change: CanaryChange, book: FaultLedger) -> JsonObject:
+    """Give the canary Deployment back the pod template of its previous good ReplicaSet
+    (``previous_good``) and wait for that rollout; nothing when it is no bad build. Closes
+    ``book``'s bad-build entries either way. What was done, in a JSON object."""
+    target, apps, name = change.target, change.apps, change.name
+    dep = read_deployment(target, apps, name)
+    current_build = (dep.spec.template.metadata.annotations or {}).get(BUILD_ANNOTATION)
+    if current_build is None:
+        close_bad_build_entries(book)
+        return {"changed": False, "deployment": name, "why": "the canary is no bad build"}
+    try:
+        sets = apps.list_namespaced_replica_set(
+            target.namespace, label_selector=target.selector(CANARY)
+        ).items
+    except Exception as exc:
+        raise api_failed(f"listing the ReplicaSets of deployment/{name}", exc) from None
+    previous, current, owned = previous_good(dep, sets)
+    if previous is None:
+        raise RolloutError(
+            f"deployment/{name} (revision {current}) has no earlier ReplicaSet without a "
+            f"bad build to roll back to ({owned} owned): roll it back by hand"
+        )
+    patch = undo_patch(apps, previous)
+    patch_deployment(target, apps, name, patch, f"rolling deployment/{name} back")
+    wait_rolled_out(target, apps, name, None, change.deadline, change.wait)
+    closed = close_bad_build_entries(book)
+    return {
+        "changed": True,
+        "deployment": name,
+        "undone_build": current_build,
+        "to_replicaset": previous.metadata.name,
+        "to_revision": revision(previous),
+        "closed_ledger_entries": closed,
+        "took_s": change.took_s(),
+    }
+
+
+def close_bad_build_entries(book: FaultLedger) -> int:
+    """A ``clear`` in ``book`` for each bad-build entry still open (so clear_faults does
+    not look for them on the model server's fault API, where they never were)."""
+    n = 0
+    for e in book.outstanding():
+        if is_bad_build(e):
+            book.append(e.cleared({"rolled_back": True}))
+            n += 1
+    return n
