@@ -11,7 +11,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
@@ -34,32 +33,27 @@ LOAD = ["-u", "4", "-r", "4", "-t", "3s", "-s", "10", "--max-tokens", "16"]
 
 
 class Group:
-    """Processes of one test, each stopped by its PID (SIGTERM, then SIGKILL)."""
+    """Processes of one test, each a ``Proc`` stopped by its PID (SIGTERM, then SIGKILL)."""
 
     def __init__(self, tmp: Path) -> None:
         self.tmp = tmp
-        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.procs: dict[str, Proc] = {}
 
     def start(self, name: str, cmd: list[str], env: dict[str, str] | None = None) -> None:
-        log = open(self.tmp / f"{name}.log", "wb")  # noqa: SIM115 - closed below
+        log_path = self.tmp / f"{name}.log"
+        log = open(log_path, "wb")  # noqa: SIM115 - closed below
         full = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-        self.procs[name] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=full)
+        popen = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=full)
         log.close()
+        self.procs[name] = Proc(popen=popen, port=0, log_path=log_path)  # no port it serves
 
     def log(self, name: str) -> str:
-        return (self.tmp / f"{name}.log").read_text(errors="replace")
+        return self.procs[name].log_path.read_text(errors="replace")
 
     def stop(self, name: str, timeout: float = 20) -> int:
-        popen = self.procs[name]
-        if popen.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(popen.pid, signal.SIGTERM)
-            try:
-                popen.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                os.kill(popen.pid, signal.SIGKILL)
-                popen.wait(timeout=5)
-        return int(popen.returncode)
+        proc = self.procs[name]
+        proc.stop(timeout)
+        return int(proc.popen.returncode)
 
     def stop_all(self) -> None:
         for name in reversed(list(self.procs)):
@@ -110,7 +104,7 @@ def test_master_and_two_worker_processes_collect_every_record(
     for i in (1, 2):
         group.start(f"worker-{i}", [*locust, "--worker", "--master-host", "127.0.0.1",
                                     "--master-port", str(port)])  # fmt: skip
-    master = group.procs["master"]
+    master = group.procs["master"].popen
     try:
         code = master.wait(timeout=90)
     except subprocess.TimeoutExpired:
@@ -142,9 +136,9 @@ def test_the_images_locust_roles_write_a_run_folder_and_stop_on_sigterm(
     check_complete(latest, model)
     assert (latest / "locust_stats.csv").exists()
     # the master idles (so the records can be copied out) until the pod is stopped
-    assert group.procs["master"].poll() is None
+    assert group.procs["master"].alive()
     assert group.stop("master") == 0
     # a worker reconnects for the next run until SIGTERM, then ends cleanly
     for i in (1, 2):
-        assert group.procs[f"worker-{i}"].poll() is None
+        assert group.procs[f"worker-{i}"].alive()
         assert group.stop(f"worker-{i}") == 0, group.log(f"worker-{i}")[-2000:]
