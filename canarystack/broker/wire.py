@@ -14,7 +14,7 @@ from aiohttp import web
 
 from canary_contract.json import JsonObject
 from canarystack.common import strictjson
-from canarystack.common.errors import BadRequest, PayloadTooLarge
+from canarystack.common.errors import BadRequest, PayloadTooLarge, read_capped
 
 # The broker's largest body is a version manifest (a few KiB); 256 KiB leaves room.
 BROKER_MAX_BODY_BYTES = 256 * 1024
@@ -31,7 +31,8 @@ _FLOAT_RE = re.compile(r"^[0-9]{1,12}(\.[0-9]{0,12})?([eE][-+]?[0-9]{1,3})?$")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
-def _too_large(max_bytes: int, given: str) -> PayloadTooLarge:
+def _too_large(max_bytes: int, length: int | None) -> PayloadTooLarge:
+    given = f"more than {max_bytes} bytes" if length is None else f"{length} bytes (Content-Length)"
     return PayloadTooLarge(
         f"Request body is {given}, over this endpoint's limit of {max_bytes} bytes "
         f"({max_bytes // 1024} KiB); send a smaller body (the limit is fixed, the bodies "
@@ -43,18 +44,7 @@ def _too_large(max_bytes: int, given: str) -> PayloadTooLarge:
 
 async def read_bytes(request: web.Request, max_bytes: int) -> bytes:
     """The raw body, or 413 when it is (or says it is) longer than ``max_bytes``."""
-    length = request.content_length
-    if length is not None and length > max_bytes:
-        raise _too_large(max_bytes, f"{length} bytes (Content-Length)")
-    chunks = bytearray()
-    while True:
-        chunk = await request.content.read(64 * 1024)
-        if not chunk:
-            break
-        chunks += chunk
-        if len(chunks) > max_bytes:
-            raise _too_large(max_bytes, f"more than {max_bytes} bytes")
-    return bytes(chunks)
+    return await read_capped(request, max_bytes, lambda length: _too_large(max_bytes, length))
 
 
 def parse_object(raw: bytes) -> JsonObject:

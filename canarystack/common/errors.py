@@ -35,6 +35,8 @@ DEFAULT_BODY_LIMIT = 1024 * 1024
 # array of small integers takes ~300 ms; a 1 MiB prompt string ~2 ms).
 PARSE_IN_THREAD_BYTES = 1024 * 1024
 PARSE_IN_THREAD_ITEMS = 2048
+# Bodies are read in chunks of at most this many bytes (``read_capped``).
+READ_CHUNK_BYTES = 64 * 1024
 
 
 class CanaryStackError(Exception):
@@ -193,6 +195,24 @@ def _too_large(limit: int, size: int | None, what: str) -> PayloadTooLarge:
     )
 
 
+async def read_capped(
+    request: web.Request, limit: int, too_large: Callable[[int | None], ApiError]
+) -> bytes:
+    """The raw body, at most ``limit`` bytes, for every component's body reader: raises
+    ``too_large(declared)`` when ``Content-Length`` says more before a byte is read, and
+    ``too_large(None)`` as soon as the bytes read pass the limit (chunked or compressed
+    bodies)."""
+    declared = request.content_length
+    if declared is not None and declared > limit:
+        raise too_large(declared)
+    body = bytearray()
+    async for chunk in request.content.iter_chunked(READ_CHUNK_BYTES):
+        body += chunk
+        if len(body) > limit:
+            raise too_large(None)
+    return bytes(body)
+
+
 async def read_body(
     request: web.Request, *, max_bytes: int | None = None, what: str = "Request body"
 ) -> bytes:
@@ -213,15 +233,7 @@ async def read_body(
         if len(cached) > limit:
             raise _too_large(limit, len(cached), what)
         return bytes(cached)
-    body = bytearray()
-    while True:
-        chunk = await request.content.readany()
-        if not chunk:
-            break
-        body.extend(chunk)
-        if len(body) > limit:
-            raise _too_large(limit, None, what)
-    raw = bytes(body)
+    raw = await read_capped(request, limit, lambda size: _too_large(limit, size, what))
     # Keep request.read()/json() working for a handler that reads the body again.
     try:
         request._read_bytes = raw

@@ -16,7 +16,7 @@ from aiohttp import web
 
 from canary_contract.json import JsonObject
 from canarystack.common import strictjson
-from canarystack.common.errors import BadRequest, PayloadTooLarge, parse_model
+from canarystack.common.errors import BadRequest, PayloadTooLarge, parse_model, read_capped
 from canarystack.model.schemas import (
     MAX_STOP_CHARS,
     MAX_STOP_SEQUENCES,
@@ -42,7 +42,6 @@ MAX_CONTAINERS = 20_000
 _JSON_STRING = re.compile(rb'"(?:[^"\\]++|\\.)*+"')
 # The admin API's bodies (fault injection) are tiny.
 ADMIN_BODY_BYTES = 64 * 1024
-READ_CHUNK_BYTES = 64 * 1024
 
 
 @dataclass(frozen=True)
@@ -76,7 +75,9 @@ class Limits:
         )
 
 
-def _too_large(size: str, limits: Limits) -> PayloadTooLarge:
+def _too_large(declared: int | None, limits: Limits) -> PayloadTooLarge:
+    limit = limits.body_bytes
+    size = f"more than {limit} bytes" if declared is None else f"{declared} bytes (Content-Length)"
     return PayloadTooLarge(
         f"Request body is {size}; this model server accepts at most {limits.body_bytes} "
         f"bytes (sized from its context length; --max-body-bytes sets it). Send a shorter "
@@ -87,17 +88,7 @@ def _too_large(size: str, limits: Limits) -> PayloadTooLarge:
 
 async def read_body(request: web.Request, limits: Limits) -> bytes:
     """The body's bytes, or a 413 as soon as it is known to exceed ``limits.body_bytes``."""
-    declared = request.content_length
-    if declared is not None and declared > limits.body_bytes:
-        raise _too_large(f"{declared} bytes (Content-Length)", limits)
-    chunks: list[bytes] = []
-    total = 0
-    async for chunk in request.content.iter_chunked(READ_CHUNK_BYTES):
-        total += len(chunk)
-        if total > limits.body_bytes:
-            raise _too_large(f"more than {limits.body_bytes} bytes", limits)
-        chunks.append(chunk)
-    return b"".join(chunks)
+    return await read_capped(request, limits.body_bytes, lambda size: _too_large(size, limits))
 
 
 @dataclass(frozen=True)
