@@ -8,7 +8,6 @@ summary, ``dependency.json`` (the report's section). Redis is harmed only throug
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
 
@@ -24,15 +23,15 @@ from gameday.targets import TargetError
 from probes._context import (
     Configuration,
     Secrets,
+    append_run_json_lines,
     get_target,
     ledger,
     on_target,
     positive,
-    run_dir,
     write_run_json,
 )
 from probes._evidence import load_state, read_records, run_json_lines
-from probes._result import Slo, failed_result, not_measured
+from probes._result import Slo, not_measured
 
 __all__ = [
     "clear_redis_faults",
@@ -139,6 +138,14 @@ def _healthy(url: str) -> bool:
         return False
 
 
+def _redis_answers(ep: dep.Endpoint) -> bool:
+    try:
+        with dep.Resp(ep.host, ep.port, timeout_s=HTTP_TIMEOUT_S) as r:
+            return bool(r.command("PING") == "PONG")
+    except FaultError:
+        return False
+
+
 def watch(
     duration_s: float,
     interval_s: float = 0.25,
@@ -154,27 +161,16 @@ def watch(
         ep = dep.endpoint(target)
         urls = {r.name: r.url for r in target.replicas("router")}
         urls["broker"] = target.service_url("broker")
-    path = run_dir(configuration) / WATCH_NAME
-    path.parent.mkdir(parents=True, exist_ok=True)
-    bad: dict[str, int] = {name: 0 for name in urls}
-    ticks = 0
+    ticks: list[JsonObject] = []
     end = time.monotonic() + duration_s
-    with path.open("a") as fh:
-        while time.monotonic() < end:
-            t = time.time()
-            health = {name: _healthy(url) for name, url in urls.items()}
-            try:
-                with dep.Resp(ep.host, ep.port, timeout_s=HTTP_TIMEOUT_S) as r:
-                    redis_up = r.command("PING") == "PONG"
-            except FaultError:
-                redis_up = False
-            fh.write(json.dumps({"time": t, "health": health, "redis": redis_up}) + "\n")
-            fh.flush()
-            ticks += 1
-            for name, ok in health.items():
-                bad[name] += 0 if ok else 1
-            time.sleep(max(0.0, min(interval_s, end - time.monotonic())))
-    return {"ticks": ticks, "unhealthy_ticks": bad}
+    while time.monotonic() < end:
+        t = time.time()
+        health = {name: _healthy(url) for name, url in urls.items()}
+        ticks.append({"time": t, "health": health, "redis": _redis_answers(ep)})
+        append_run_json_lines(configuration, WATCH_NAME, ticks[-1:])
+        time.sleep(max(0.0, min(interval_s, end - time.monotonic())))
+    bad = {name: 0 for name in urls} | ev.unhealthy_ticks(ticks)
+    return {"ticks": len(ticks), "unhealthy_ticks": bad}
 
 
 # -- the summary --------------------------------------------------------------------------
@@ -195,26 +191,19 @@ def _model_results(configuration: Configuration | None) -> dict[str, dict[str, f
 
 
 def summarise(configuration: Configuration | None) -> JsonObject:
-    """The experiment's dependency summary (also written to ``dependency.json``).
-
-    Errors and TTFT per variant before, during and after the fault, and the time to
-    recover (``gameday.evidence.dependency.fault_window`` and ``recovery_s`` say how).
-    """
-    entries = ledger(configuration).entries()
-    lines = run_json_lines(configuration, WATCH_NAME)
-    window = ev.fault_window(entries, lines)
-    doc: JsonObject = {"fault": window, "watch_ticks": len(lines)}
-    doc["unhealthy_ticks"] = ev.unhealthy_ticks(lines)
-    doc["model_dependency_results"] = _model_results(configuration)
+    """The experiment's dependency summary (``gameday.evidence.dependency.summary``), also
+    written to ``dependency.json``."""
     state = load_state(configuration) or {}
     frame: pd.DataFrame | None = None
+    error = None
     if state.get("state") == "stopped":
         try:
             frame = read_records(str(state.get("records")))
         except Exception as exc:  # an unreadable file is a finding, not a crash
-            doc["records_error"] = str(exc)
-    if frame is not None and len(frame) and window is not None:
-        doc.update(ev.traffic_summary(frame, window))
+            error = str(exc)
+    lines = run_json_lines(configuration, WATCH_NAME)
+    models = _model_results(configuration)
+    doc = ev.summary(ledger(configuration).entries(), lines, models, frame, error)
     write_run_json(configuration, SUMMARY_NAME, doc)
     return doc
 
@@ -225,19 +214,12 @@ def _judged(
     allowed: float,
     judge: Callable[[JsonObject], Slo],
 ) -> Slo:
-    """``judge`` over the experiment's dependency summary, or the SLO result that says why
-    there is none to judge (not measured before the method; failed without a fault or its
-    records)."""
+    """``judge`` over the experiment's dependency summary (``gameday.evidence.dependency.
+    judged``); not measured before the method."""
     check, unit = name_unit
     if load_state(configuration) is None and not ledger(configuration).entries():
         return not_measured(check, allowed, unit, "before the method: nothing to measure yet")
-    doc = summarise(configuration)
-    if doc["fault"] is None:
-        return failed_result(check, allowed, unit, "no redis fault in this run's ledger")
-    if "during" not in doc:
-        why = doc.get("records_error") or "no load records (the load did not stop cleanly)"
-        return failed_result(check, allowed, unit, why)
-    return judge(doc)
+    return ev.judged(summarise(configuration), name_unit, allowed, judge)
 
 
 def dependency_errors_below(

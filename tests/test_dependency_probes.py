@@ -6,7 +6,17 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from gameday.evidence.dependency import fault_window, recovery_s
+from gameday.evidence.checks import record_frame
+from gameday.evidence.dependency import (
+    ERROR_RATE,
+    RECOVERY,
+    errors_below,
+    fault_window,
+    judged,
+    recovered,
+    recovery_s,
+    summary,
+)
 from gameday.faults import FaultEntry
 
 
@@ -63,3 +73,33 @@ def test_never_recovered_in_the_records_is_none() -> None:
     after = [(104.0 + i * 0.1, False, 0.10) for i in range(40)]
     rec, _ = recovery_s(frame(before + after), 100.0, 104.0)
     assert rec is None
+
+
+def test_the_summary_and_what_each_check_is_given() -> None:
+    pause = [entry("dependency", "pause", 100.0, 4.0)]
+    watch = [
+        {"time": 100.5, "health": {"router-0": True, "broker": False}, "redis": False},
+        {"time": 101.0, "health": {"router-0": False, "broker": False}, "redis": True},
+    ]
+    before = [(90.0 + i * 0.1, True, 0.10) for i in range(100)]
+    during = [(100.0 + i * 0.1, i % 4 != 0, 0.40) for i in range(40)]
+    models = {"canary": {"ok": 3.0}}
+    doc = summary(pause, watch, models, record_frame(frame(before + during)))
+    assert doc["fault"] == {"kind": "pause", "start": 100.0, "end": 104.0, "params": {}}
+    assert doc["watch_ticks"] == 2 and doc["unhealthy_ticks"] == {"router-0": 1, "broker": 2}
+    assert doc["model_dependency_results"] == models and "records_error" not in doc
+    assert doc["during"]["all"]["requests"] == 40 and doc["during"]["all"]["errors"] == 10
+    slo = judged(doc, ERROR_RATE, 0.5, lambda d: errors_below(d, 0.5))
+    assert slo["ok"] is True and slo["measured"] == 0.25
+    # Without its records (unreadable, or a load that did not stop): failed, naming why.
+    unread = summary(pause, watch, models, None, "cannot read records.parquet")
+    assert "during" not in unread and unread["records_error"] == "cannot read records.parquet"
+    failed = judged(unread, ERROR_RATE, 0.5, lambda d: errors_below(d, 0.5))
+    assert failed["ok"] is False and failed["detail"]["why"] == "cannot read records.parquet"
+    why = judged(summary(pause, watch, {}, None), RECOVERY, 1.0, lambda d: recovered(d, 1.0))
+    assert "no load records" in why["detail"]["why"]
+    # No fault in the ledger: nothing to judge, whatever the records say.
+    unfaulted = summary([], watch, {}, record_frame(frame(before)))
+    assert unfaulted["fault"] is None and "during" not in unfaulted
+    none = judged(unfaulted, ERROR_RATE, 0.5, lambda d: errors_below(d, 0.5))
+    assert none["ok"] is False and "no redis fault" in none["detail"]["why"]

@@ -9,7 +9,7 @@ on a summary that lacks what it measures: it fails naming what is missing.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TypedDict
 
 import pandas as pd
@@ -165,6 +165,45 @@ def traffic_summary(frame: pd.DataFrame, window: FaultWindow) -> JsonObject:
     kinds = frame.loc[~frame["ok"], "error_kind"].fillna("unknown").astype(str)
     doc["error_kinds"] = {str(k): int(v) for k, v in kinds.value_counts().items()}
     return doc
+
+
+def summary(
+    entries: Sequence[FaultEntry],
+    watch_lines: Sequence[JsonObject],
+    model_results: JsonObject,
+    frame: pd.DataFrame | None,
+    records_error: str | None = None,
+) -> JsonObject:
+    """The experiment's dependency summary (``dependency.json``): its fault window, the
+    watch's ticks, the model servers' dependency results and, when the load's records
+    (``frame``) hold rows and there was a fault, ``traffic_summary`` of them;
+    ``records_error`` says why the records could not be read."""
+    window = fault_window(entries, watch_lines)
+    doc: JsonObject = {"fault": window, "watch_ticks": len(watch_lines)}
+    doc["unhealthy_ticks"] = unhealthy_ticks(watch_lines)
+    doc["model_dependency_results"] = model_results
+    if records_error is not None:
+        doc["records_error"] = records_error
+    if frame is not None and len(frame) and window is not None:
+        doc.update(traffic_summary(frame, window))
+    return doc
+
+
+def judged(
+    doc: JsonObject,
+    name_unit: tuple[str, str],
+    allowed: float,
+    judge: Callable[[JsonObject], Slo],
+) -> Slo:
+    """``judge`` (a check below) over the summary ``doc``, or the failed result naming
+    what it lacks: a fault, or the records of the traffic around it."""
+    check, unit = name_unit
+    if doc["fault"] is None:
+        return failed_result(check, allowed, unit, "no redis fault in this run's ledger")
+    if "during" not in doc:
+        why = doc.get("records_error") or "no load records (the load did not stop cleanly)"
+        return failed_result(check, allowed, unit, why)
+    return judge(doc)
 
 
 # -- the SLO checks over a summary (each given one that has a fault and its traffic) ------
