@@ -15,20 +15,20 @@ import pyarrow.parquet as pq
 import pytest
 
 from tests.run_support import REPO, free_base_port
+from tests.short_run_support import SHORT_RUN
 
 pytestmark = pytest.mark.slow
 
 TINY = {
+    **SHORT_RUN,  # its stop timeout and generous latency SLO; shorter and fewer here
     "GAMEDAY_WARMUP_S": "4",
     "GAMEDAY_OBSERVE_S": "8",
     "GAMEDAY_LOAD_USERS": "8",
     "GAMEDAY_LOAD_SPAWN_RATE": "8",
-    "GAMEDAY_LOAD_STOP_TIMEOUT_S": "5",
     # The test checks the campaign's plumbing, not the gate's figures (2 busy cores):
-    # small evidence thresholds, stated here, and a generous latency SLO.
+    # small evidence thresholds, stated here.
     "GAMEDAY_MIN_COMPARISONS": "5",
     "GAMEDAY_MIN_CANARY_OUTCOMES": "2",
-    "GAMEDAY_SLO_TTFT_P99_S": "10",
     # The gate still needs its 20 baseline-baseline comparisons before the fault (4 users
     # gave it 12 in 30 s): twice the users and a longer wait for them.
     "GAMEDAY_NOISE_WAIT_S": "60",
