@@ -117,6 +117,18 @@ def kl_from_top(p: Mapping[str, float], q: Mapping[str, float]) -> float:
     return kl + rest_p * math.log(rest_p / rest_q)
 
 
+def chat_answer(token: str, top: Mapping[str, float]) -> dict[str, Any]:
+    """A non-streamed chat completion of the one ``token``, with logprobs as OpenAI writes
+    them: the token's own, and ``top`` ({token: logprob}) as ``[{token, logprob}]``."""
+    entry = {
+        "token": token,
+        "logprob": top[token],
+        "top_logprobs": [{"token": t, "logprob": v} for t, v in top.items()],
+    }
+    message = {"role": "assistant", "content": token}
+    return {"choices": [{"index": 0, "message": message, "logprobs": {"content": [entry]}}]}
+
+
 def module_spawner(tmp: Path) -> AbstractContextManager[Spawner]:
     """A Spawner for a module-scoped fixture (``with module_spawner(tmp) as spawn``)."""
     return stopping(Spawner(tmp))

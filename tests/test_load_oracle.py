@@ -14,6 +14,7 @@ from gameday.oracle import (
     kl_topk,
     parse_logprobs,
 )
+from tests.model_helpers import chat_answer
 
 
 def lp(**probs: float) -> dict[str, float]:
@@ -80,25 +81,7 @@ def test_parse_completions_and_chat_logprob_shapes() -> None:
     }
     got = parse_logprobs(completions)
     assert [p.token for p in got] == [" iou", " inea"] and got[1].top1 == " inea"
-    chat = {
-        "choices": [
-            {
-                "message": {"content": " ofu"},
-                "logprobs": {
-                    "content": [
-                        {
-                            "token": " ofu",
-                            "logprob": -0.1,
-                            "top_logprobs": [
-                                {"token": " ofu", "logprob": -0.1},
-                                {"token": " oshe", "logprob": -3.2},
-                            ],
-                        }
-                    ]
-                },
-            }
-        ]
-    }
+    chat = chat_answer(" ofu", {" ofu": -0.1, " oshe": -3.2})
     (pos,) = parse_logprobs(chat)
     assert pos.top == {" ofu": -0.1, " oshe": -3.2}
     with pytest.raises(ValueError, match="no logprobs"):

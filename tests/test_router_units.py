@@ -47,6 +47,7 @@ from canarystack.router.shadow import (
     user_logprobs_k,
 )
 from canarystack.tokenizer import make_prompt
+from tests.model_helpers import chat_answer
 
 USERS = [f"user-{i}" for i in range(20_000)]
 
@@ -297,26 +298,7 @@ def test_collector_trims_to_the_users_k_and_passes_through_when_enough() -> None
 
 
 def test_collector_chat_shape_non_streaming() -> None:
-    body = {
-        "choices": [
-            {
-                "index": 0,
-                "message": {"role": "assistant", "content": " a"},
-                "logprobs": {
-                    "content": [
-                        {
-                            "token": " a",
-                            "logprob": -0.1,
-                            "top_logprobs": [
-                                {"token": " a", "logprob": -0.1},
-                                {"token": " b", "logprob": -2.4},
-                            ],
-                        }
-                    ]
-                },
-            }
-        ]
-    }
+    body = chat_answer(" a", {" a": -0.1, " b": -2.4})
     col = Collector(LogprobRequest(chat=True, k=5, user_k=None), 8, clock=lambda: 1.0)
     out = json.loads(col.feed_body(json.dumps(body).encode()))
     assert out["choices"][0]["logprobs"] is None
