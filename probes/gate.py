@@ -14,7 +14,7 @@ from chaoslib.exceptions import ActivityFailed
 from canary_contract.json import JsonObject
 from canary_contract.phases import is_canary_off
 from gameday.api import ApiError, StackApi
-from gameday.evidence.events import first_phase, trip_evidence_text
+from gameday.evidence.events import first_phase
 from gameday.evidence.milestones import CLOCK_SLACK_S
 from gameday.evidence.noise_floor import (
     DEFAULT_MIN_SAMPLES,
@@ -24,6 +24,7 @@ from gameday.evidence.noise_floor import (
     unmeasured_message,
     wait_record,
 )
+from gameday.evidence.trips import gate_line, not_tripped_yet, seconds_to_trip, unexpected_trip
 from gameday.run.evidence import as_whole_number
 from probes._context import (
     MAX_WAIT_S,
@@ -43,15 +44,9 @@ __all__ = ["gate_did_not_trip", "wait_for_noise_floor", "wait_for_trip"]
 def gate_summary(api: StackApi) -> str:
     """One line on what the gate has seen (best effort, for failure messages)."""
     try:
-        body = api.gate_state()
+        return gate_line(api.gate_state())
     except ApiError as exc:
         return f"the gate's state is unknown ({exc})"
-    buckets = body.get("buckets") or {}
-    comparisons = {name: b.get("comparisons") for name, b in buckets.items() if isinstance(b, dict)}
-    return (
-        f"the gate is {body.get('state')!r} with comparisons per bucket {comparisons}, "
-        f"trip_status {body.get('trip_status')!r}"
-    )
 
 
 def wait_for_trip(
@@ -82,16 +77,11 @@ def wait_for_trip(
     with stack_api(configuration, "waiting for the gate to trip") as api:
         while not is_canary_off(phase := release_phase_now(api)):
             if time.monotonic() >= deadline:
-                raise ActivityFailed(
-                    f"expected the gate to trip within {float(deadline_s):g} s, but release "
-                    f"{api.target.release!r} is still {phase!r} {time.time() - fault.time:.1f} s "
-                    f"after the {fault.entry['kind']} fault on {fault.entry['component']}; "
-                    f"{gate_summary(api)}"
-                )
+                release, now, gate = api.target.release, time.time(), gate_summary(api)
+                raise ActivityFailed(not_tripped_yet(deadline_s, release, phase, fault, now, gate))
             time.sleep(max(0.02, float(poll_s)))
         trip = first_phase(api.events(), "tripped", since=fault.time - CLOCK_SLACK_S)
-    trip_time = float(trip["time"]) if trip else time.time()
-    return round(trip_time - fault.time, 3)
+    return seconds_to_trip(trip, fault.time, time.time())
 
 
 def gate_did_not_trip(
@@ -107,20 +97,14 @@ def gate_did_not_trip(
     """
     end = deadline_after(observe_s)
     fault, since = reference(configuration), experiment_began(configuration)
+    fault_time = None if fault is None else fault.time
     with stack_api(configuration, "watching the gate") as api:
         while True:
             phase = str(api.release().get("phase"))
             trip = first_phase(api.events(), "tripped", since=since)
-            if trip or is_canary_off(phase):
-                when = ""
-                if trip and fault is not None:
-                    when = f" {float(trip['time']) - fault.time:+.2f} s from the fault,"
-                evidence = trip_evidence_text(trip) if trip else f"phase is {phase!r}"
-                raise ActivityFailed(
-                    "expected no trip (a fault shared by both variants must not look like a "
-                    f"bad canary), but the gate tripped release {api.target.release!r}{when} "
-                    f"on {evidence}"
-                )
+            why = unexpected_trip(api.target.release, phase, trip, fault_time)
+            if why:
+                raise ActivityFailed(why)
             if time.monotonic() >= end:
                 return True
             time.sleep(max(0.05, float(poll_s)))

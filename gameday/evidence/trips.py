@@ -1,0 +1,62 @@
+"""The gate's trip as the gate probes judge it: how long after the fault the release
+tripped, why a release that had to trip did not (yet), and why one that must not trip did.
+
+Pure: the broker's events and phase and the gate's state in, figures and sentences out
+(``probes.gate`` reads them).
+"""
+
+from __future__ import annotations
+
+from canary_contract.json import JsonObject
+from canary_contract.phases import is_canary_off
+from gameday.evidence.events import trip_evidence_text
+from gameday.evidence.faults import ReferenceFault
+
+
+def gate_line(state: JsonObject) -> str:
+    """One line on what the gate has seen: its state, its comparisons per bucket and its
+    trip status (from its ``GET /v1/gate/{release}`` answer)."""
+    buckets = state.get("buckets")
+    held = buckets.items() if isinstance(buckets, dict) else []
+    comparisons = {name: b.get("comparisons") for name, b in held if isinstance(b, dict)}
+    return (
+        f"the gate is {state.get('state')!r} with comparisons per bucket {comparisons}, "
+        f"trip_status {state.get('trip_status')!r}"
+    )
+
+
+def seconds_to_trip(trip: JsonObject | None, fault_time: float, now: float) -> float:
+    """Seconds from the fault to the event that tripped the release, to the millisecond
+    (to ``now`` when the release is off but its history holds no trip since the fault)."""
+    trip_time = float(trip["time"]) if trip else now
+    return round(trip_time - fault_time, 3)
+
+
+def not_tripped_yet(
+    deadline_s: float, release: str, phase: str, fault: ReferenceFault, now: float, gate: str
+) -> str:
+    """Why a release that had to trip within ``deadline_s`` has not: its phase ``now``,
+    the fault it had to trip on and ``gate`` (``gate_line``, or why there is none)."""
+    return (
+        f"expected the gate to trip within {float(deadline_s):g} s, but release "
+        f"{release!r} is still {phase!r} {now - fault.time:.1f} s "
+        f"after the {fault.entry['kind']} fault on {fault.entry['component']}; {gate}"
+    )
+
+
+def unexpected_trip(
+    release: str, phase: str, trip: JsonObject | None, fault_time: float | None
+) -> str | None:
+    """Why a release that must not trip did (None: it did not): ``trip``, the first trip
+    event since the experiment began, named with the gate's evidence (and its time from
+    the fault, when there was one), or a ``phase`` that keeps the canary off."""
+    if not trip and not is_canary_off(phase):
+        return None
+    when = ""
+    if trip and fault_time is not None:
+        when = f" {float(trip['time']) - fault_time:+.2f} s from the fault,"
+    evidence = trip_evidence_text(trip) if trip else f"phase is {phase!r}"
+    return (
+        "expected no trip (a fault shared by both variants must not look like a "
+        f"bad canary), but the gate tripped release {release!r}{when} on {evidence}"
+    )
