@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from canary_contract.json import JsonObject
 
@@ -20,6 +21,32 @@ ENV_MIN_RATE_RATIO = "GAMEDAY_LOAD_MIN_RATE_RATIO"
 ENV_MAX_CPU_FRACTION = "GAMEDAY_LOAD_MAX_CPU_FRACTION"
 ENV_MAX_LATE_FRACTION = "GAMEDAY_LOAD_MAX_LATE_FRACTION"
 
+N = TypeVar("N", int, float)
+
+
+def env_number(
+    environ: dict[str, str] | os._Environ[str],
+    key: str,
+    parse: Callable[[str], N],
+    lo: N,
+    hi: N,
+    default: N | None,
+    want: str,
+) -> N | None:
+    """``environ[key]`` read with ``parse`` (``default`` when unset or blank); ValueError
+    ``"KEY='text': <want>"`` when it does not parse or lies outside ``lo``..``hi`` (NaN and
+    infinities included)."""
+    text = environ.get(key, "").strip()
+    if not text:
+        return default
+    try:
+        value = parse(text)
+    except ValueError:
+        raise ValueError(f"{key}={text!r}: {want}") from None
+    if not lo <= value <= hi:
+        raise ValueError(f"{key}={text!r}: {want}")
+    return value
+
 
 def _env_float(
     environ: dict[str, str] | os._Environ[str],
@@ -28,18 +55,8 @@ def _env_float(
     lo: float,
     hi: float,
 ) -> float | None:
-    text = environ.get(key, "").strip()
-    if not text:
-        return default
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and lo <= value <= hi):
-        raise ValueError(
-            f"{key}={text!r}: give a number from {lo:g} to {hi:g} (or unset it for the default)"
-        )
-    return value
+    want = f"give a number from {lo:g} to {hi:g} (or unset it for the default)"
+    return env_number(environ, key, float, lo, hi, default, want)
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from typing import Any
 
 from canary_contract.json import JsonObject
 from gameday.errors import GamedayError
-from gameday.load.generator import LoadTolerances, load_problems
+from gameday.load.generator import LoadTolerances, env_number, load_problems
 from gameday.load.records import LOAD_SCHEMA, ORACLE_SCHEMA, recover, remove_parts
 
 DEFAULT_LOCUSTFILE = Path(__file__).resolve().parents[2] / "locustfiles" / "llm.py"
@@ -46,19 +46,11 @@ def free_port() -> int:
 
 def env_load_seed(environ: dict[str, str] | os._Environ[str] = os.environ) -> int | None:
     """``$GAMEDAY_LOAD_SEED`` as an int (None when unset); ValueError naming it if bad."""
-    raw = environ.get(ENV_LOAD_SEED, "").strip()
-    if not raw:
-        return None
-    try:
-        seed = int(raw)
-    except ValueError:
-        seed = -1
-    if not 0 <= seed <= MAX_LOAD_SEED:
-        raise ValueError(
-            f"{ENV_LOAD_SEED}={raw!r}: give a whole number from 0 to {MAX_LOAD_SEED} "
-            f"(the load's seed), or unset it for the default 0"
-        )
-    return seed
+    want = (
+        f"give a whole number from 0 to {MAX_LOAD_SEED} (the load's seed), or unset it for "
+        "the default 0"
+    )
+    return env_number(environ, ENV_LOAD_SEED, int, 0, MAX_LOAD_SEED, None, want)
 
 
 def env_extra_args() -> list[str]:
