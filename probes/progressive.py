@@ -3,19 +3,16 @@ Rollouts (``Rollout``) and Flagger (``Canary``), read through the Kubernetes API
 (CustomObjectsApi, ``get`` only, in the target's namespace).
 
 A status alone must never pass (those controllers have had fail-open bugs): each probe
-pairs it with the traffic served after it (``gameday.evidence.controllers``). These probes
+pairs it with the traffic served after it (``gameday.targets.controllers``). These probes
 never change anything in the cluster.
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
-
 from chaoslib.exceptions import ActivityFailed
 
 from canary_contract.json import JsonObject
-from gameday.evidence import controllers as ctl
+from gameday.targets import controllers
 from probes._cluster import (
     canary_traffic_after,
     kubernetes_target,
@@ -27,40 +24,15 @@ from probes._result import Slo
 __all__ = ["argo_rollout_aborted", "argo_rollout_status", "flagger_canary_failed",
            "flagger_canary_status"]  # fmt: skip
 
-ARGO = ("argoproj.io", "v1alpha1", "rollouts")
-FLAGGER = ("flagger.app", "v1beta1", "canaries")
-POLL_S = 1.0
 
-
-def _read(
-    configuration: Configuration | None, crd: tuple[str, str, str], name: str, what: str
+def _status(
+    controller: controllers.Controller, name: str, configuration: Configuration | None
 ) -> JsonObject:
-    target = kubernetes_target(configuration, what)
-    from kubernetes import client
-
-    group, version, plural = crd
-    api = client.CustomObjectsApi(target.api_client())
+    target = kubernetes_target(configuration, controller.status_probe)
     try:
-        obj = api.get_namespaced_custom_object(group, version, target.namespace, plural, name)
-    except Exception as exc:
-        status = getattr(exc, "status", None)
-        if status == 404:
-            raise ActivityFailed(
-                f"{plural}.{group} {name!r} not found in namespace {target.namespace!r} "
-                f"(is the controller installed and the name right?)"
-            ) from None
-        if status == 403:
-            raise ActivityFailed(
-                f"reading {plural}.{group} {name!r} is forbidden: the chaos runner's Role "
-                "needs get on it (deploy/k8s/components/progressive-delivery)"
-            ) from None
-        raise ActivityFailed(
-            f"reading {plural}.{group} {name!r} in {target.namespace!r} failed: "
-            f"{getattr(exc, 'reason', None) or exc}"
-        ) from None
-    if not isinstance(obj, dict):
-        raise ActivityFailed(f"{plural}.{group} {name!r}: the API answered {type(obj).__name__}")
-    return obj
+        return controller.view(controllers.read_object(target, controller.crd, name))
+    except controllers.ControllerError as exc:
+        raise ActivityFailed(str(exc)) from None
 
 
 # --- Argo Rollouts -------------------------------------------------------------------
@@ -71,7 +43,7 @@ def argo_rollout_status(
 ) -> JsonObject:
     """What the Argo Rollout says: phase, abort, the RolloutAborted condition, its time
     (epoch seconds) and the canary weight when traffic routing reports one."""
-    return ctl.argo_view(_read(configuration, ARGO, rollout, "argo_rollout_status"))
+    return _status(controllers.ARGO, rollout, configuration)
 
 
 def argo_rollout_aborted(
@@ -103,18 +75,9 @@ def argo_rollout_aborted(
           provider: {type: python, module: probes.progressive, func: argo_rollout_aborted,
                      arguments: {rollout: llm-server, grace_s: 5, timeout_s: 60}}
     """
+    traffic = _traffic(canary_version, canary_promql, total_promql, prometheus_url)
     return _paired(
-        check="argo_rollout_aborted",
-        name=rollout,
-        read=lambda: argo_rollout_status(rollout, configuration),
-        is_done=ctl.argo_aborted,
-        expected="aborted (status.abort true, phase Degraded, condition RolloutAborted)",
-        since_key="aborted_at",
-        grace_s=grace_s,
-        max_canary_requests=max_canary_requests,
-        timeout_s=timeout_s,
-        traffic=_traffic(canary_version, canary_promql, total_promql, prometheus_url),
-        configuration=configuration,
+        controllers.ARGO, rollout, grace_s, max_canary_requests, timeout_s, traffic, configuration
     )
 
 
@@ -125,7 +88,7 @@ def flagger_canary_status(
     secrets: Secrets | None = None,
 ) -> JsonObject:
     """What the Flagger Canary says: phase, canaryWeight, failedChecks, when it changed."""
-    return ctl.flagger_view(_read(configuration, FLAGGER, canary, "flagger_canary_status"))
+    return _status(controllers.FLAGGER, canary, configuration)
 
 
 def flagger_canary_failed(
@@ -143,18 +106,9 @@ def flagger_canary_failed(
     """The Flagger Canary has failed — phase ``Failed`` with ``canaryWeight`` 0 — AND at
     most ``max_canary_requests`` canary-served requests started later than ``grace_s``
     after its last transition. Waits up to ``timeout_s`` for the Failed phase."""
+    traffic = _traffic(canary_version, canary_promql, total_promql, prometheus_url)
     return _paired(
-        check="flagger_canary_failed",
-        name=canary,
-        read=lambda: flagger_canary_status(canary, configuration),
-        is_done=ctl.flagger_failed,
-        expected="phase Failed",
-        since_key="changed_at",
-        grace_s=grace_s,
-        max_canary_requests=max_canary_requests,
-        timeout_s=timeout_s,
-        traffic=_traffic(canary_version, canary_promql, total_promql, prometheus_url),
-        configuration=configuration,
+        controllers.FLAGGER, canary, grace_s, max_canary_requests, timeout_s, traffic, configuration
     )
 
 
@@ -175,32 +129,24 @@ def _traffic(
 
 
 def _paired(
-    *,
-    check: str,
+    controller: controllers.Controller,
     name: str,
-    read: Callable[[], JsonObject],
-    is_done: Callable[[JsonObject], bool],
-    expected: str,
-    since_key: str,
     grace_s: float,
     max_canary_requests: int,
     timeout_s: float,
     traffic: JsonObject,
     configuration: Configuration | None,
 ) -> Slo:
+    """The controller's check (``stopped_check``) with the activity's arguments."""
     grace = non_negative("grace_s", grace_s)
     allowed = non_negative("max_canary_requests", max_canary_requests)
     wait = min(non_negative("timeout_s", timeout_s), MAX_WAIT_S)
-    deadline = time.monotonic() + wait
-    view = read()
-    while not is_done(view) and time.monotonic() < deadline:
-        time.sleep(POLL_S)
-        view = read()
-    refused = ctl.status_refusal(
-        check, name, view, is_done(view), expected, since_key, allowed, wait
+    return controllers.stopped_check(
+        controller,
+        name,
+        lambda: _status(controller, name, configuration),
+        grace,
+        allowed,
+        wait,
+        lambda since: canary_traffic_after(since, configuration, **traffic),
     )
-    if refused is not None:
-        return refused
-    since = float(view[since_key]) + grace
-    evidence = canary_traffic_after(since, configuration, **traffic)
-    return ctl.paired(check, name, expected, view, since, grace, evidence, allowed)
