@@ -11,7 +11,7 @@ import math
 
 from chaoslib.exceptions import ActivityFailed
 
-from gameday.evidence.promql import bounded, drained
+from gameday.evidence.promql import bounded, drained, expand
 from probes._cluster import non_negative, prometheus_url, promql_value
 from probes._context import Configuration, Secrets, get_target
 from probes._result import Slo
@@ -33,25 +33,14 @@ LOCAL_QUERIES = {
 
 
 def _expand(expr: str, configuration: Configuration | None, window_s: float | None) -> str:
-    """``{namespace}`` becomes the target's namespace (when the target is a Kubernetes one)
-    and ``{window}`` the window of the check (e.g. ``30s``).
-    """
-    if not isinstance(expr, str) or not expr.strip():
-        raise ActivityFailed(f"argument promql must be a PromQL expression, got {expr!r}")
-    if "{namespace}" in expr:
-        target = get_target(configuration)
-        namespace = getattr(target, "namespace", None)
-        if not namespace:
-            raise ActivityFailed(
-                f"the expression {expr!r} uses {{namespace}}, but the target "
-                f"{target.name!r} is not a Kubernetes target: write the label out instead."
-            )
-        expr = expr.replace("{namespace}", str(namespace))
-    if "{window}" in expr:
-        if window_s is None:
-            raise ActivityFailed(f"the expression {expr!r} uses {{window}}: pass window_s.")
-        expr = expr.replace("{window}", f"{max(1, round(window_s))}s")
-    return expr
+    """``gameday.evidence.promql.expand`` of ``expr``, with the target's namespace (the
+    target is read only when ``expr`` names one)."""
+    target = get_target(configuration) if isinstance(expr, str) and "{namespace}" in expr else None
+    namespace = getattr(target, "namespace", None)
+    try:
+        return expand(expr, window_s, namespace and str(namespace), target.name if target else "")
+    except ValueError as exc:
+        raise ActivityFailed(str(exc)) from None
 
 
 def query_value(

@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 from chaoslib.exceptions import ActivityFailed
 
-from gameday.evidence.promql import instant_value, range_window
+from gameday.evidence.promql import expand, instant_value, range_window
 from gameday.evidence.traffic import records_traffic
 from probes._cluster import canary_traffic_after
 from tests.run_support import record, write_load_state, write_records
@@ -81,3 +81,19 @@ def test_counting_by_version_over_records_without_model_version_is_a_clear_failu
     pq.write_table(table, path)
     got = canary_traffic_after(5.0, cfg, canary_version="v2")
     assert (got["source"], got["total"]) == ("records", 1)
+
+
+def test_a_template_expression_gets_the_namespace_and_window_or_says_what_it_lacks() -> None:
+    expr = 'sum(increase(router_requests_total{namespace="{namespace}"}[{window}]))'
+    assert expand(expr, 29.6, "stack", "k8s") == (
+        'sum(increase(router_requests_total{namespace="stack"}[30s]))'
+    )
+    assert expand("max(x[{window}])", 0.2, None, "local") == "max(x[1s])"  # at least 1 s
+    assert expand("up", None, None, "local") == "up"  # nothing to fill in
+    with pytest.raises(ValueError, match="target 'local' is not a Kubernetes target"):
+        expand(expr, 30, None, "local")
+    with pytest.raises(ValueError, match=r"uses \{window\}: pass window_s"):
+        expand("max(x[{window}])", None, None, "local")
+    for bad in ("", "  ", None, 3):
+        with pytest.raises(ValueError, match="argument promql must be a PromQL expression"):
+            expand(bad, 30, "stack", "k8s")

@@ -1,5 +1,6 @@
 """What PromQL answers show: a bound on one expression's value, and a canary drained
-(weight 0 at every router AND no canary traffic while there was traffic).
+(weight 0 at every router AND no canary traffic while there was traffic); and the
+expression a probe's template asks.
 
 Pure: the answers in, the SLO result out. An answer that is not a finite number, or an
 empty answer where traffic is not shown to be scraped, must never pass.
@@ -33,6 +34,26 @@ def instant_value(data: JsonObject) -> float | None:
         f"a {kind!r} result; the probe needs an instant vector or a scalar "
         "(wrap the expression in sum(...))"
     )
+
+
+def expand(expr: object, window_s: float | None, namespace: str | None, target: str) -> str:
+    """``expr`` with ``{namespace}`` the namespace of the Kubernetes target ``target`` and
+    ``{window}`` the check's window in whole seconds (e.g. ``30s``); ValueError naming
+    what is missing (no expression, no namespace, no window)."""
+    if not isinstance(expr, str) or not expr.strip():
+        raise ValueError(f"argument promql must be a PromQL expression, got {expr!r}")
+    if "{namespace}" in expr:
+        if not namespace:
+            raise ValueError(
+                f"the expression {expr!r} uses {{namespace}}, but the target "
+                f"{target!r} is not a Kubernetes target: write the label out instead."
+            )
+        expr = expr.replace("{namespace}", namespace)
+    if "{window}" in expr:
+        if window_s is None:
+            raise ValueError(f"the expression {expr!r} uses {{window}}: pass window_s.")
+        expr = expr.replace("{window}", f"{max(1, round(window_s))}s")
+    return expr
 
 
 def range_window(since: float, now: float) -> str:
