@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Literal, Self
@@ -166,6 +167,17 @@ class Target(ABC):
     @abstractmethod
     def kill_pod(self, role: str, replica: str | None = None) -> KilledPod:
         """Kill one pod of ``role`` (``replica`` names it; default: the first)."""
+
+    def read_credential(self, path: Path, unreadable: Callable[[OSError], str]) -> str:
+        """The token in credential file ``path``; TargetError with ``unreadable(exc)``
+        when it cannot be read, or saying the file is empty."""
+        try:
+            token = path.read_text().strip()
+        except OSError as exc:
+            raise TargetError(unreadable(exc)) from None
+        if not token:
+            raise TargetError(f"{self.kind} target: credential file {path} is empty.")
+        return token
 
     def operator_headers(self, actor: str = "gameday") -> dict[str, str]:
         """Headers for broker writes (versions, releases, annotations): operator."""

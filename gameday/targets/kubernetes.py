@@ -252,17 +252,13 @@ class KubernetesTarget(Target):
         single admin token (single-credential mode)."""
         if self.spec.credentials_dir:
             path = Path(self.spec.credentials_dir) / name
-            try:
-                token = path.read_text().strip()
-            except OSError as exc:
-                raise TargetError(
+            return self.read_credential(
+                path,
+                lambda exc: (
                     f"kubernetes target: cannot read credential {name!r} at {path} "
-                    f"(credentials_dir): {exc.strerror}. Mount the canarystack-{name} Secret "
-                    "there."
-                ) from None
-            if not token:
-                raise TargetError(f"kubernetes target: credential file {path} is empty.")
-            return token
+                    f"(credentials_dir): {exc.strerror}. Mount the canarystack-{name} Secret there."
+                ),
+            )
         env = self.spec.credentials_env_prefix + name.upper().replace("-", "_")
         token = os.environ.get(env, "").strip()
         if token:

@@ -169,16 +169,13 @@ class LocalTarget(Target):
                 f"{', '.join(sorted(files))})."
             )
         path = Path(files[name])
-        try:
-            token = path.read_text().strip()
-        except OSError as exc:
-            raise TargetError(
-                f"local target: cannot read credential {name!r} at {path}: {exc.strerror}; "
-                "is the stack up (`gameday stack up`)?"
-            ) from None
-        if not token:
-            raise TargetError(f"local target: credential file {path} is empty.")
-        return token
+        return self.read_credential(
+            path,
+            lambda exc: (
+                f"local target: cannot read credential {name!r} at {path}: "
+                f"{exc.strerror}; is the stack up (`gameday stack up`)?"
+            ),
+        )
 
     def _rpc(self) -> Any:
         sock = self.description()["supervisor_socket"]
