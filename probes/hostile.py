@@ -130,11 +130,11 @@ def pin_canary_after_trip(
                 answers.append({"status": None, "error": exc.cause})
                 continue
             try:
-                code = (resp.json().get("error") or {}).get("code")
-            except (ValueError, AttributeError):
-                code = None
+                said = resp.json()
+            except ValueError:
+                said = None
             served = resp.headers.get("x-served-by")
-            answers.append({"status": resp.status_code, "served_by": served, "code": code})
+            answers.append(checks.pin_answer(resp.status_code, said, served))
         # The canary's counter moves when a request finishes; let one in flight land.
         time.sleep(0.5)
         after = _canary_request_count(api)

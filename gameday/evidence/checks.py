@@ -304,6 +304,14 @@ def metric_total(metrics_text: str, names: tuple[str, ...]) -> float:
     return total
 
 
+def pin_answer(status: int, body: object, served_by: str | None) -> JsonObject:
+    """What answered a request pinned to the canary (a row of ``pins_after_trip.json``):
+    its HTTP status, who served it (``x-served-by``) and its error ``code``, if any."""
+    error = body.get("error") if isinstance(body, dict) else None
+    code = error.get("code") if isinstance(error, dict) else None
+    return {"status": status, "served_by": served_by, "code": code}
+
+
 def pinned_requests_on_tripped_canary(data: JsonObject | None) -> Slo:
     """After a trip, pinned requests that reached the canary (``pins_after_trip.json``):
     answered by it (``x-served-by``) or moving its own request counter; allowed 0, and
