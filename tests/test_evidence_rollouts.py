@@ -168,3 +168,25 @@ def test_the_undo_goes_to_the_highest_earlier_owned_revision_without_a_bad_build
     [patch] = ro.undo_patch(APPS, previous)
     assert patch["path"] == "/spec/template"
     assert patch["value"]["metadata"]["labels"] == {"app": "m"}  # the hash is the controller's
+
+
+def test_a_rollout_to_a_build_is_done_when_every_live_pod_is_of_it_and_enough_are_ready() -> None:
+    dep = _deployment([client.V1Container(name="model")])  # 2 desired
+    dep.status = client.V1DeploymentStatus(
+        observed_generation=2, updated_replicas=2, available_replicas=2
+    )
+
+    def pod(name: str, build: str | None, **kw: Any) -> Any:
+        p = _pod(**kw)
+        p.metadata.name = name
+        p.metadata.annotations = {BUILD_ANNOTATION: build} if build else None
+        return p
+
+    old = pod("old", None, deleting=True)  # terminating: no longer counts
+    state = ro.build_rollout(dep, [pod("a", "b1"), pod("b", "b1"), old], "b1")
+    assert (state.done, [p.metadata.name for p in state.ready], state.stale) == (
+        True, ["a", "b"], [])  # fmt: skip
+    state = ro.build_rollout(dep, [pod("a", "b1"), pod("c", None)], "b1")
+    assert (state.done, state.stale) == (False, ["c"])
+    assert not ro.build_rollout(dep, [pod("a", "b1"), pod("b", "b1", ready="False")], "b1").done
+    assert ro.build_rollout(dep, [pod("a", None), pod("b", None)], None).done  # the undo

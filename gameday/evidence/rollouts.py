@@ -9,6 +9,7 @@ client's serializer. A bad build is always marked on its pod template
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from canary_contract.json import JsonObject
@@ -56,6 +57,30 @@ def progress(dep: Any) -> tuple[int, Any, bool, str]:
         f"{st.replicas or 0} in all of {desired}"
     )
     return desired, st, rolled_out, words
+
+
+@dataclass(frozen=True)
+class BuildRollout:
+    """Where a Deployment's rollout to one build stands."""
+
+    done: bool  # rolled out, every live pod of the build and as many Ready as desired
+    ready: list[Any]  # the live pods of the build that are Ready
+    stale: list[str]  # the live pods of another build
+    progress: str  # the controller's progress in words
+
+
+def build_rollout(dep: Any, pods: list[Any], build: str | None) -> BuildRollout:
+    """How far Deployment ``dep`` has rolled out to ``build`` (its pods' ``BUILD_ANNOTATION``;
+    None: none), given its pods (``pods``, terminating ones included)."""
+    desired, _, rolled_out, words = progress(dep)
+    live = [p for p in pods if p.metadata.deletion_timestamp is None]
+    stale = [
+        p.metadata.name
+        for p in live
+        if (p.metadata.annotations or {}).get(BUILD_ANNOTATION) != build
+    ]
+    ready = [p for p in live if p.metadata.name not in stale and pod_ready(p)]
+    return BuildRollout(rolled_out and not stale and len(ready) >= desired, ready, stale, words)
 
 
 def model_container(dep: Any, name: str) -> tuple[int, Any]:

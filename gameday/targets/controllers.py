@@ -17,6 +17,7 @@ from gameday.errors import GamedayError
 from gameday.evidence import controllers as ctl
 from gameday.evidence.slo import Slo
 from gameday.targets.kubernetes import KubernetesTarget
+from gameday.targets.waits import poll
 
 Crd = tuple[str, str, str]  # (group, version, plural)
 ARGO_ROLLOUTS: Crd = ("argoproj.io", "v1alpha1", "rollouts")
@@ -97,12 +98,7 @@ def wait_for_status(
 ) -> JsonObject:
     """What ``read`` gives once ``is_done`` says so, or its last answer after ``wait``
     seconds (read every ``POLL_S``)."""
-    deadline = time.monotonic() + wait
-    view = read()
-    while not is_done(view) and time.monotonic() < deadline:
-        time.sleep(POLL_S)
-        view = read()
-    return view
+    return poll(read, is_done, time.monotonic() + wait, POLL_S)[0]
 
 
 def stopped_check(

@@ -20,9 +20,11 @@ from gameday.evidence.faults import bad_build_entries, is_bad_build
 from gameday.evidence.rollouts import (
     BUILD_ANNOTATION,
     VERSION_ANNOTATION,
+    BuildRollout,
     RolloutError,
     bad_build_params,
     bad_build_patch,
+    build_rollout,
     first_started,
     pod_ready,
     previous_good,
@@ -36,6 +38,7 @@ from gameday.evidence.workloads import is_whole, ready_within
 from gameday.faults import FaultLedger
 from gameday.targets.base import TargetError
 from gameday.targets.kubernetes import KubernetesTarget
+from gameday.targets.waits import poll
 
 POLL_S = 1.0
 CANARY = "model-canary"
@@ -59,7 +62,7 @@ def ready_pods(target: KubernetesTarget, role: str) -> list[str]:
 
 
 def wait_whole(
-    target: KubernetesTarget, component: str, allowed: float, poll: float, book: FaultLedger
+    target: KubernetesTarget, component: str, allowed: float, poll_s: float, book: FaultLedger
 ) -> Slo:
     """Wait until every workload of ``component`` is whole (``is_whole``), at most
     ``allowed`` seconds; the seconds since the last pod kill of it in ``book`` (else since
@@ -71,16 +74,16 @@ def wait_whole(
     start = max(kills) if kills else time.time()
     since = "pod kill" if kills else "probe start"
     deadline = time.monotonic() + allowed
-    while True:
-        states = [
+
+    def read() -> list[JsonObject]:
+        return [
             {**target.workload_status(role), "ready_pods": ready_pods(target, role)}
             for role in roles
         ]
-        if all(is_whole(s) for s in states):
-            return ready_within(component, states, allowed, time.time() - start, since)
-        if time.monotonic() >= deadline:
-            return ready_within(component, states, allowed, None, since)
-        time.sleep(poll)
+
+    states, whole = poll(read, lambda states: all(is_whole(s) for s in states), deadline, poll_s)
+    took = time.time() - start if whole else None
+    return ready_within(component, states, allowed, took, since)
 
 
 def canary_deployment(target: KubernetesTarget, what: str) -> tuple[Any, str]:
@@ -171,15 +174,13 @@ def wait_for_version(
 ) -> None:
     """Wait until ``rolled_out_to_version``; RolloutError naming the progress when
     ``deadline`` (monotonic) passes."""
-    while True:
-        done, words = rolled_out_to_version(target, name, version)
-        if done:
-            return
-        if time.monotonic() >= deadline:
-            raise RolloutError(
-                f"the canary rollout to {version} did not finish within {wait:g} s: {words}"
-            )
-        time.sleep(POLL_S)
+    (_, words), done = poll(
+        lambda: rolled_out_to_version(target, name, version), lambda r: r[0], deadline, POLL_S
+    )
+    if not done:
+        raise RolloutError(
+            f"the canary rollout to {version} did not finish within {wait:g} s: {words}"
+        )
 
 
 def wait_rolled_out(
@@ -188,29 +189,23 @@ def wait_rolled_out(
     """Wait until deployment/``name`` has rolled out and every live canary pod is Ready and
     carries ``BUILD_ANNOTATION`` = ``build`` (None: carries none); its pods, or
     RolloutError naming the progress when ``deadline`` (monotonic) passes."""
-    while True:
+
+    def read() -> BuildRollout:
         try:
             dep: Any = apps.read_namespaced_deployment(name, target.namespace)
             pods = _canary_pods(target)
         except Exception as exc:
             raise api_failed(f"reading deployment/{name} and its pods", exc) from None
-        desired, _, rolled_out, words = progress(dep)
-        live = [p for p in pods.items if p.metadata.deletion_timestamp is None]
-        stale = [
-            p.metadata.name
-            for p in live
-            if (p.metadata.annotations or {}).get(BUILD_ANNOTATION) != build
-        ]
-        ready = [p for p in live if p.metadata.name not in stale and pod_ready(p)]
-        if rolled_out and not stale and len(ready) >= desired:
-            return ready
-        if time.monotonic() >= deadline:
-            left = f"; pods of another build: {', '.join(stale)}" if stale else ""
-            raise RolloutError(
-                f"the rollout of deployment/{name} did not finish within {wait:g} s: "
-                f"{words}, {len(ready)} pods of the wanted build Ready{left}"
-            )
-        time.sleep(POLL_S / 2)
+        return build_rollout(dep, pods.items, build)
+
+    state, done = poll(read, lambda s: s.done, deadline, POLL_S / 2)
+    if done:
+        return state.ready
+    left = f"; pods of another build: {', '.join(state.stale)}" if state.stale else ""
+    raise RolloutError(
+        f"the rollout of deployment/{name} did not finish within {wait:g} s: "
+        f"{state.progress}, {len(state.ready)} pods of the wanted build Ready{left}"
+    )
 
 
 # --- the changes an activity makes -------------------------------------------------------
@@ -218,15 +213,17 @@ def settled_release(change: CanaryChange, read_release: Callable[[], JsonObject]
     """The release (``read_release``) once no rollback is pending or running
     (``tripped``/``rolling_back`` end with the rollback executor); RolloutError at the
     change's deadline."""
-    release = read_release()
-    while release.get("phase") in ("tripped", "rolling_back"):
-        if time.monotonic() >= change.deadline:
-            raise RolloutError(
-                f"release {change.target.release!r} is still {release.get('phase')!r} after "
-                f"{change.wait:g} s: the rollback executor has not finished the last rollback"
-            )
-        time.sleep(POLL_S)
-        release = read_release()
+    release, done = poll(
+        read_release,
+        lambda r: r.get("phase") not in ("tripped", "rolling_back"),
+        change.deadline,
+        POLL_S,
+    )
+    if not done:
+        raise RolloutError(
+            f"release {change.target.release!r} is still {release.get('phase')!r} after "
+            f"{change.wait:g} s: the rollback executor has not finished the last rollback"
+        )
     return release
 
 
