@@ -12,8 +12,8 @@ import time
 from chaoslib.exceptions import ActivityFailed
 
 from canary_contract.phases import Phase
-from gameday.api import ApiError, StackApi
-from gameday.targets import ROLES, TargetError
+from gameday.targets.health import active_faults, unhealthy
+from gameday.targets.waits import poll
 from probes._context import (
     Configuration,
     Secrets,
@@ -36,25 +36,6 @@ __all__ = [
 PHASES = tuple(p.value for p in Phase)
 
 
-def _unhealthy(api: StackApi) -> list[str]:
-    problems: list[str] = []
-    for role in ROLES:
-        try:
-            replicas = api.target.replicas(role)
-        except TargetError as exc:
-            problems.append(f"{role}: {exc}")
-            continue
-        for rep in replicas:
-            try:
-                status = api.health_status(rep.url)
-            except ApiError as exc:
-                problems.append(f"{rep.name}: {exc}")
-                continue
-            if status != 200:
-                problems.append(f"{rep.name} ({rep.url}): /health answered HTTP {status}")
-    return problems
-
-
 def stack_healthy(
     wait_s: float = 0.0,
     configuration: Configuration | None = None,
@@ -65,16 +46,13 @@ def stack_healthy(
     replicas that did not answer."""
     deadline = deadline_after(wait_s)
     with stack_api(configuration, "checking the stack's health") as api:
-        while True:
-            problems = _unhealthy(api)
-            if not problems:
-                return True
-            if time.monotonic() >= deadline:
-                raise ActivityFailed(
-                    f"expected every component to answer /health (waited {float(wait_s):g} s), "
-                    f"but {len(problems)} did not: " + "; ".join(problems)
-                )
-            time.sleep(0.25)
+        problems, healthy = poll(lambda: unhealthy(api), lambda p: not p, deadline, 0.25)
+        if healthy:
+            return True
+        raise ActivityFailed(
+            f"expected every component to answer /health (waited {float(wait_s):g} s), "
+            f"but {len(problems)} did not: " + "; ".join(problems)
+        )
 
 
 def release_phase(
@@ -145,17 +123,18 @@ def wait_for_release_phase(
     t0 = time.monotonic()
     deadline = deadline_after(deadline_s)
     with stack_api(configuration, f"waiting for phase {phase}") as api:
-        target = api.target
-        while True:
-            last = release_phase_now(api)
-            if last == phase:
-                return round(time.monotonic() - t0, 3)
-            if time.monotonic() >= deadline:
-                raise ActivityFailed(
-                    f"release {target.release!r} should reach phase {phase!r} within "
-                    f"{float(deadline_s):g} s, but it is {last!r}"
-                )
-            time.sleep(max(0.02, float(poll_s)))
+        last, reached = poll(
+            lambda: release_phase_now(api),
+            lambda p: p == phase,
+            deadline,
+            max(0.02, float(poll_s)),
+        )
+        if reached:
+            return round(time.monotonic() - t0, 3)
+        raise ActivityFailed(
+            f"release {api.target.release!r} should reach phase {phase!r} within "
+            f"{float(deadline_s):g} s, but it is {last!r}"
+        )
 
 
 def starting_state(
@@ -182,15 +161,8 @@ def no_active_faults(
 ) -> bool:
     """True when no replica of any component holds a fault (the state an experiment must
     start from); raises listing the leftovers otherwise."""
-    found: list[str] = []
     with stack_api(configuration, "listing active faults") as api:
-        for role in ROLES:
-            for rep in api.target.replicas(role):
-                for fault in api.faults(rep.url, api.target.fault_headers(role)):
-                    found.append(
-                        f"{rep.name}: {fault.get('kind')} (id {fault.get('id')}, "
-                        f"{fault.get('remaining_s')} s left)"
-                    )
+        found = active_faults(api)
     if found:
         raise ActivityFailed(
             "expected no active faults before the experiment, found: "
