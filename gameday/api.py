@@ -161,6 +161,10 @@ class StackApi:
                 raise self._no_release(url) from None
             raise ApiError(f"reading the release's history: {exc}", url, exc.status) from None
 
+    def version_known(self, version: str) -> bool:
+        """Whether the broker knows ``version`` (any answer but HTTP 404)."""
+        return self._get(f"{self.broker_url()}/v1/versions/{version}").status_code != 404
+
     def routers(self) -> list[JsonObject]:
         """The live routers the broker knows for the release (their heartbeats)."""
         url = f"{self.broker_url()}/v1/routers"

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Callable
+from typing import TypeVar
 
 import requests
 from chaoslib.exceptions import ActivityFailed
@@ -18,32 +20,32 @@ from gameday.targets import Target
 
 __all__ = ["annotation_events", "get_release", "new_value", "phase_events", "release_events"]
 
+T = TypeVar("T")
+
+
+def _read(target: Target, read: Callable[[StackApi], T]) -> T:
+    """``read`` of the target's APIs over a session of its own; ActivityFailed when the
+    broker cannot say."""
+    try:
+        with requests.Session() as session:
+            return read(StackApi(session, target))
+    except ApiError as exc:
+        raise ActivityFailed(str(exc)) from None
+
 
 def get_release(target: Target) -> JsonObject:
     """The release as the broker has it; ActivityFailed when the broker cannot say."""
-    try:
-        with requests.Session() as session:
-            return StackApi(session, target).release()
-    except ApiError as exc:
-        raise ActivityFailed(str(exc)) from None
+    return _read(target, StackApi.release)
 
 
 def release_events(target: Target) -> list[JsonObject]:
     """The release's whole event history, oldest first (every page)."""
-    try:
-        with requests.Session() as session:
-            return StackApi(session, target).events()
-    except ApiError as exc:
-        raise ActivityFailed(str(exc)) from None
+    return _read(target, StackApi.events)
 
 
 # --- writes, for the actions that give a cluster a fresh canary (probes.kubernetes) -----
 HTTP_TIMEOUT_S = 5.0
 FRESH_SUFFIX = re.compile(r"-g\d+$")
-
-
-def _reach(url: str, exc: requests.RequestException) -> ActivityFailed:
-    return ActivityFailed(f"cannot reach the broker ({url}): {exc.__class__.__name__}")
 
 
 def broker_write(target: Target, method: str, path: str, body: JsonObject) -> requests.Response:
@@ -55,7 +57,8 @@ def broker_write(target: Target, method: str, path: str, body: JsonObject) -> re
             method, url, json=body, headers=target.operator_headers(), timeout=HTTP_TIMEOUT_S
         )
     except requests.RequestException as exc:
-        raise _reach(url, exc) from None
+        name = exc.__class__.__name__
+        raise ActivityFailed(f"cannot reach the broker ({url}): {name}") from None
 
 
 def error_text(resp: requests.Response) -> str:
@@ -86,17 +89,13 @@ def patch_release(target: Target, change: JsonObject, reason: str) -> JsonObject
 def unused_version(target: Target, stem: str) -> str:
     """``<stem>-g<epoch ms>``, a name the broker does not know yet (versions are immutable)."""
     stamp = int(time.time() * 1000)
-    for _ in range(100):
-        candidate = f"{stem}-g{stamp}"
-        url = f"{target.service_url('broker')}/v1/versions/{candidate}"
-        try:
-            known = requests.get(url, timeout=HTTP_TIMEOUT_S).status_code != 404
-        except requests.RequestException as exc:
-            raise _reach(url, exc) from None
-        if not known:
-            return candidate
-        stamp += 1
-    raise ActivityFailed(f"no free version name after {stem}-g{stamp}: clean up the broker")
+    names = [f"{stem}-g{stamp + i}" for i in range(100)]
+    free = _read(target, lambda api: next((n for n in names if not api.version_known(n)), None))
+    if free is None:
+        raise ActivityFailed(
+            f"no free version name after {stem}-g{stamp + 100}: clean up the broker"
+        )
+    return free
 
 
 def register_version(target: Target, version: str, manifest: JsonObject) -> None:

@@ -43,6 +43,10 @@ def test_the_history_is_read_past_the_first_page(broker_url: str, tmp_path: Path
     assert len(events) > PRELOADED and seqs == sorted(set(seqs))
     assert sum(1 for e in events if e["change"].get("annotation") == "filler") == PRELOADED
     assert release["name"] == "default" and release["phase"] == "progressing"
+    with requests.Session() as session:
+        api = StackApi(session, _target(tmp_path, broker_url=broker_url))
+        assert api.version_known(release["canary"]["version"]) is True
+        assert api.version_known("no-such-version") is False
     # after_seq reads only what came later.
     with requests.Session() as session:
         tail = StackApi(session, _target(tmp_path, broker_url=broker_url)).events(seqs[-5])
