@@ -110,10 +110,11 @@ class StackApi:
         *,
         params: dict[str, str] | None = None,
         headers: dict[str, str] | None = None,
-        timeout_s: float = STATE_TIMEOUT_S,
     ) -> JsonObject:
         """A JSON object from ``url`` (HTTP 200 only)."""
-        resp = self._get(url, params=params, headers=headers, timeout_s=timeout_s)
+        return self._object(url, self._get(url, params=params, headers=headers))
+
+    def _object(self, url: str, resp: requests.Response) -> JsonObject:
         if resp.status_code != 200:
             raise ApiError(f"{url} answered HTTP {resp.status_code}", url, resp.status_code)
         body = self._json(url, resp)
@@ -206,7 +207,8 @@ class StackApi:
         after = 0
         for _ in range(HOPS_MAX_PAGES):
             params = {"after_seq": str(after), "limit": str(limit)}
-            page = self.get_json(url, params=params, headers=headers, timeout_s=HISTORY_TIMEOUT_S)
+            resp = self._get(url, params=params, headers=headers, timeout_s=HISTORY_TIMEOUT_S)
+            page = self._object(url, resp)
             hops = page.get("hops")
             if not isinstance(hops, list):
                 raise ApiError(f"{url}: the answer has no 'hops' list", url, 200)
