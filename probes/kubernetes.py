@@ -118,42 +118,13 @@ def start_fresh_canary(
         configuration, "start_fresh_canary", deadline_s, "starting a fresh canary"
     ) as change:
         target = change.target
-        release = core.settled_release(change, lambda: get_release(target))
-        canary = release.get("canary") or {}
-        phase = release.get("phase")
-        weights = release.get("weights") or {}
-        if phase == "progressing" and canary and not canary.get("quarantined"):
-            if weights.get("canary") == wanted:
-                return {"changed": False, "phase": phase, "canary_version": canary["version"]}
-            patched = patch_release(
-                target, {"weights": {"canary": wanted}}, "gameday: canary weight for the run"
-            )
-            return {
-                "changed": True,
-                "phase": patched["phase"],
-                "canary_version": canary["version"],
-                "weight": wanted,
-            }
-        previous = str(canary.get("version") or (release.get("stable") or {}).get("version"))
-        version = unused_version(target, FRESH_SUFFIX.sub("", previous))
-        core.roll_out_version(change, version)
-        manifest = {"name": release.get("name"), "version": version, "engine": "sim",
-                    "previous": previous}  # fmt: skip
-        register_version(target, version, manifest)
-        patched = patch_release(
-            target,
-            {"phase": "progressing", "canary": version, "weights": {"canary": wanted}},
-            f"gameday: fresh canary {version} after {phase}",
+        broker = core.Broker(
+            lambda: get_release(target),
+            lambda patch, reason: patch_release(target, patch, reason),
+            lambda previous: unused_version(target, FRESH_SUFFIX.sub("", previous)),
+            lambda version, manifest: register_version(target, version, manifest),
         )
-    return {
-        "changed": True,
-        "phase": patched["phase"],
-        "previous_phase": phase,
-        "previous_canary_version": previous,
-        "canary_version": version,
-        "weight": wanted,
-        "took_s": change.took_s(),
-    }
+        return core.fresh_canary(change, wanted, broker)
 
 
 # --- a faulty canary as a rollout of a bad build ----------------------------------------

@@ -227,6 +227,59 @@ def settled_release(change: CanaryChange, read_release: Callable[[], JsonObject]
     return release
 
 
+@dataclass(frozen=True)
+class Broker:
+    """The release reads and operator writes a fresh canary needs, as the caller makes
+    them (their errors are the caller's)."""
+
+    release: Callable[[], JsonObject]
+    patch: Callable[[JsonObject, str], JsonObject]  # (change, reason): the release after
+    new_version: Callable[[str], str]  # a version the broker has not seen, after this one
+    register: Callable[[str, JsonObject], None]  # (version, manifest)
+
+
+def fresh_canary(change: CanaryChange, wanted: int, broker: Broker) -> JsonObject:
+    """A release ``progressing`` with a canary that is not quarantined and the canary
+    weight ``wanted``: nothing to do when it already is; else, once no rollback is pending
+    (``settled_release``), a new canary version rolled out on the canary Deployment,
+    registered and switched to. What was done, in a JSON object."""
+    release = settled_release(change, broker.release)
+    canary = release.get("canary") or {}
+    phase = release.get("phase")
+    weights = release.get("weights") or {}
+    if phase == "progressing" and canary and not canary.get("quarantined"):
+        if weights.get("canary") == wanted:
+            return {"changed": False, "phase": phase, "canary_version": canary["version"]}
+        patched = broker.patch(
+            {"weights": {"canary": wanted}}, "gameday: canary weight for the run"
+        )
+        return {
+            "changed": True,
+            "phase": patched["phase"],
+            "canary_version": canary["version"],
+            "weight": wanted,
+        }
+    previous = str(canary.get("version") or (release.get("stable") or {}).get("version"))
+    version = broker.new_version(previous)
+    roll_out_version(change, version)
+    manifest = {"name": release.get("name"), "version": version, "engine": "sim",
+                "previous": previous}  # fmt: skip
+    broker.register(version, manifest)
+    patched = broker.patch(
+        {"phase": "progressing", "canary": version, "weights": {"canary": wanted}},
+        f"gameday: fresh canary {version} after {phase}",
+    )
+    return {
+        "changed": True,
+        "phase": patched["phase"],
+        "previous_phase": phase,
+        "previous_canary_version": previous,
+        "canary_version": version,
+        "weight": wanted,
+        "took_s": change.took_s(),
+    }
+
+
 def roll_out_version(change: CanaryChange, version: str) -> None:
     """Roll the canary Deployment out to ``version`` (its pod-template annotation) and
     wait until every pod has it."""
