@@ -31,8 +31,7 @@ _FLOAT_RE = re.compile(r"^[0-9]{1,12}(\.[0-9]{0,12})?([eE][-+]?[0-9]{1,3})?$")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
-def _too_large(max_bytes: int, length: int | None) -> PayloadTooLarge:
-    given = f"more than {max_bytes} bytes" if length is None else f"{length} bytes (Content-Length)"
+def _too_large(max_bytes: int, given: str) -> PayloadTooLarge:
     return PayloadTooLarge(
         f"Request body is {given}, over this endpoint's limit of {max_bytes} bytes "
         f"({max_bytes // 1024} KiB); send a smaller body (the limit is fixed, the bodies "
@@ -44,7 +43,7 @@ def _too_large(max_bytes: int, length: int | None) -> PayloadTooLarge:
 
 async def read_bytes(request: web.Request, max_bytes: int) -> bytes:
     """The raw body, or 413 when it is (or says it is) longer than ``max_bytes``."""
-    return await read_capped(request, max_bytes, lambda length: _too_large(max_bytes, length))
+    return await read_capped(request, max_bytes, lambda given: _too_large(max_bytes, given))
 
 
 def parse_object(raw: bytes) -> JsonObject:

@@ -186,8 +186,7 @@ def from_validation_error(exc: ValidationError, what: str = "request body") -> B
     return BadRequest(message, param=param)
 
 
-def _too_large(limit: int, size: int | None, what: str) -> PayloadTooLarge:
-    got = f"{size} bytes" if size is not None else f"more than {limit} bytes"
+def _too_large(limit: int, got: str, what: str) -> PayloadTooLarge:
     return PayloadTooLarge(
         f"{what} is too large: {got}, the limit here is {limit} bytes. "
         "Send a smaller body (fewer or shorter items).",
@@ -196,20 +195,20 @@ def _too_large(limit: int, size: int | None, what: str) -> PayloadTooLarge:
 
 
 async def read_capped(
-    request: web.Request, limit: int, too_large: Callable[[int | None], ApiError]
+    request: web.Request, limit: int, too_large: Callable[[str], ApiError]
 ) -> bytes:
     """The raw body, at most ``limit`` bytes, for every component's body reader: raises
-    ``too_large(declared)`` when ``Content-Length`` says more before a byte is read, and
-    ``too_large(None)`` as soon as the bytes read pass the limit (chunked or compressed
-    bodies)."""
+    ``too_large("N bytes (Content-Length)")`` when ``Content-Length`` says more, before a
+    byte is read, and ``too_large("more than LIMIT bytes")`` as soon as the bytes read
+    pass the limit (chunked or compressed bodies)."""
     declared = request.content_length
     if declared is not None and declared > limit:
-        raise too_large(declared)
+        raise too_large(f"{declared} bytes (Content-Length)")
     body = bytearray()
     async for chunk in request.content.iter_chunked(READ_CHUNK_BYTES):
         body += chunk
         if len(body) > limit:
-            raise too_large(None)
+            raise too_large(f"more than {limit} bytes")
     return bytes(body)
 
 
@@ -227,13 +226,14 @@ async def read_body(
     except ValueError:  # the HTTP parser refuses most of these first
         raise BadRequest("The Content-Length header is not a number.") from None
     if declared is not None and declared > limit:
-        raise _too_large(limit, declared, what)
+        raise _too_large(limit, f"{declared} bytes", what)
     cached = getattr(request, "_read_bytes", None)  # read before by the handler
     if cached is not None:
         if len(cached) > limit:
-            raise _too_large(limit, len(cached), what)
+            raise _too_large(limit, f"{len(cached)} bytes", what)
         return bytes(cached)
-    raw = await read_capped(request, limit, lambda size: _too_large(limit, size, what))
+    # Content-Length is checked above: read_capped only says "more than LIMIT bytes" here.
+    raw = await read_capped(request, limit, lambda got: _too_large(limit, got, what))
     # Keep request.read()/json() working for a handler that reads the body again.
     try:
         request._read_bytes = raw

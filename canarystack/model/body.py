@@ -75,9 +75,7 @@ class Limits:
         )
 
 
-def _too_large(declared: int | None, limits: Limits) -> PayloadTooLarge:
-    limit = limits.body_bytes
-    size = f"more than {limit} bytes" if declared is None else f"{declared} bytes (Content-Length)"
+def _too_large(size: str, limits: Limits) -> PayloadTooLarge:
     return PayloadTooLarge(
         f"Request body is {size}; this model server accepts at most {limits.body_bytes} "
         f"bytes (sized from its context length; --max-body-bytes sets it). Send a shorter "
