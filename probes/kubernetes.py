@@ -167,7 +167,7 @@ def undo_canary_rollout(
         return core.undo_bad_build(change, ledger(configuration))
 
 
-# --- the namespace guard (Chaos Toolkit controls; the rule is probes._guard) -----------
+# --- the namespace guard (Chaos Toolkit controls; the rule is gameday.targets.guard) ---
 def before_experiment_control(
     context: JsonObject,
     configuration: Configuration | None = None,
@@ -183,11 +183,7 @@ def before_experiment_control(
           - name: kubernetes-blast-radius
             provider: {type: python, module: probes.kubernetes}
     """
-    problems = refused_namespaces(activities(context), configuration, secrets)
-    if problems:
-        raise InterruptExecution(
-            "refused by the kubernetes blast-radius guard: " + "; ".join(problems)
-        )
+    _guard(activities(context), configuration, secrets)
 
 
 def before_activity_control(
@@ -197,7 +193,14 @@ def before_activity_control(
     **kwargs: Any,
 ) -> None:
     """The same check on each activity, right before it runs."""
-    problems = refused_namespaces([context], configuration, secrets)
+    _guard([context], configuration, secrets)
+
+
+def _guard(
+    guarded: list[JsonObject], configuration: Configuration | None, secrets: Secrets | None
+) -> None:
+    """InterruptExecution naming every chaosk8s activity the blast radius refuses."""
+    problems = refused_namespaces(guarded, configuration, secrets)
     if problems:
         raise InterruptExecution(
             "refused by the kubernetes blast-radius guard: " + "; ".join(problems)
