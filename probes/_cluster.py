@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import os
 import time
+from functools import partial
 from typing import Any
 
 import requests
@@ -18,8 +19,9 @@ from chaoslib.exceptions import ActivityFailed
 
 from canary_contract.json import JsonObject
 from gameday.api import ApiError, PrometheusApi
+from gameday.evidence.canary_traffic import promql_traffic, stopped_records
 from gameday.evidence.controllers import epoch_s
-from gameday.evidence.promql import instant_value, range_window
+from gameday.evidence.promql import instant_value
 from gameday.evidence.traffic import judge_traffic, records_traffic
 from gameday.targets import TargetError
 from gameday.targets.kubernetes import KubernetesTarget
@@ -116,32 +118,13 @@ def canary_traffic_after(
     """
     if canary_promql:
         url = prometheus_url(configuration, prometheus)
-        now = time.time()
-        w = range_window(since, now)
-        canary_expr = canary_promql.replace("{window}", w)
-        canary = promql_value(url, canary_expr, at=now)
-        total = None
-        total_expr = None
-        if total_promql:
-            total_expr = total_promql.replace("{window}", w)
-            total = promql_value(url, total_expr, at=now)
-        return {
-            "source": "prometheus",
-            "prometheus_url": url,
-            "canary_query": canary_expr,
-            "total_query": total_expr,
-            # an empty vector for the canary's series is 0 only when total traffic is known
-            "canary": canary,
-            "total": total,
-        }
+        value = partial(promql_value, url)
+        return promql_traffic(url, canary_promql, total_promql, since, time.time(), value)
     state = load_state(configuration)
-    if state is None or state.get("state") != "stopped":
-        where = "has not run" if state is None else f"is {state.get('state')!r}, not stopped"
-        raise ActivityFailed(
-            f"no load records to pair with the controller's status: the load {where}. Add the "
-            "probes.load control, run this probe after the method, or pass canary_promql."
-        )
-    path = str(state.get("records"))
+    try:
+        path = stopped_records(state)
+    except ValueError as exc:
+        raise ActivityFailed(str(exc)) from None
     try:
         frame = read_records(path)
         versions = None
