@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 from tests.procs import ADMIN_TOKEN, Spawner, stopping
+from tests.router_support import GateReceiver, gate_receiver
 
 
 @pytest.fixture
@@ -18,3 +19,10 @@ def spawn(tmp_path: Path) -> Iterator[Spawner]:
 @pytest.fixture
 def admin_headers() -> dict[str, str]:
     return {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+
+
+@pytest.fixture
+def gate() -> Iterator[GateReceiver]:
+    """A real gate receiver (``tests.router_support.GateReceiver``) per test, stopped after:
+    the router tests point ``--gate`` at ``gate.url`` and read the batches it got."""
+    yield from gate_receiver()

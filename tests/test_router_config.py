@@ -17,37 +17,24 @@ import requests
 
 from canarystack.router.routing import choose_variant
 from canarystack.tokenizer import make_prompt
+from tests import router_support as rs
 from tests.broker_support import restartable_broker, start_broker
 from tests.procs import Proc, Spawner, free_port, inject_fault, wait_for
-from tests.router_support import (
-    ADMIN,
-    Broker,
-    GateReceiver,
-    completion,
-    gate_fixture,
-    health,
-    instance_url,
-    metric,
-    models_fixture,
-    router_on_release,
-    start_model,
-    start_router,
-    wait_revision,
-)
 
-models = models_fixture(b0="v1", c0="v2")
-gate = gate_fixture()
+models = rs.models_fixture(b0="v1", c0="v2")
 
 
 def on_release(
     spawn: Spawner, tmp_path: Path, models: dict[str, Proc], *extra: str, **kw: Any
-) -> tuple[Proc, Broker, dict[str, Any]]:
+) -> tuple[Proc, rs.Broker, dict[str, Any]]:
     """``router_on_release`` over the module's b0 (baseline) and c0 (canary) pools."""
-    return router_on_release(spawn, tmp_path, [models["b0"].url], [models["c0"].url], *extra, **kw)
+    return rs.router_on_release(
+        spawn, tmp_path, [models["b0"].url], [models["c0"].url], *extra, **kw
+    )
 
 
 def served_by(router: Proc, user: str, prompt: str = "a b c") -> str:
-    r = completion(router.url, prompt, headers={"x-user-id": user}, max_tokens=1)
+    r = rs.completion(router.url, prompt, headers={"x-user-id": user}, max_tokens=1)
     assert r.status_code == 200, r.text
     return str(r.headers["x-served-by"])
 
@@ -56,15 +43,15 @@ def test_split_follows_broker_weight_sticky_across_replicas(
     spawn: Spawner, tmp_path: Path, models: dict[str, Proc]
 ) -> None:
     broker = start_broker(spawn, tmp_path / "broker")
-    api = Broker(broker.url)
+    api = rs.Broker(broker.url)
     release = api.create(weight=30)
     kw: dict[str, Any] = {"broker": broker.url}
-    r0 = start_router(spawn, tmp_path, [models["b0"].url], [models["c0"].url], **kw)
-    r1 = start_router(
+    r0 = rs.start_router(spawn, tmp_path, [models["b0"].url], [models["c0"].url], **kw)
+    r1 = rs.start_router(
         spawn, tmp_path, [models["b0"].url], [models["c0"].url], router_id="router-1", **kw
     )
-    wait_revision(r0, release["revision"])
-    wait_revision(r1, release["revision"])
+    rs.wait_revision(r0, release["revision"])
+    rs.wait_revision(r1, release["revision"])
     users = [f"user-{i}" for i in range(300)]
     got = {u: served_by(r0, u) for u in users}
     expected = {
@@ -78,12 +65,12 @@ def test_split_follows_broker_weight_sticky_across_replicas(
     for u in users[:60]:
         assert served_by(r0, u) == got[u]
         assert served_by(r1, u) == got[u]
-    r = completion(r0.url, headers={"x-user-id": "user-1"})
+    r = rs.completion(r0.url, headers={"x-user-id": "user-1"})
     assert r.headers["x-config-revision"] == str(release["revision"])
     assert r.headers["x-model-version"] == ("v2" if got["user-1"] == "canary" else "v1")
     # Raising the weight moves users baseline -> canary only.
     raised = api.patch(weights={"canary": 60})
-    wait_revision(r0, raised["revision"])
+    rs.wait_revision(r0, raised["revision"])
     for u in users[:100]:
         now = served_by(r0, u)
         if got[u] == "canary":
@@ -115,11 +102,11 @@ def test_tripped_phase_is_zero_canary_within_one_watch_round(
 
     on = beat(release["revision"])
     assert on["canary_off_since"] is None
-    assert on["applied_at"] == health(router)["config"]["applied_at"]
+    assert on["applied_at"] == rs.health(router)["config"]["applied_at"]
     before_trip = time.time()
     tripped = api.trip()
     # The long-poll returns on the change: one watch round, no polling interval.
-    h = wait_revision(router, tripped["revision"], timeout=5)
+    h = rs.wait_revision(router, tripped["revision"], timeout=5)
     assert h["config"]["phase"] == "tripped"
     assert h["config"]["effective_canary_weight"] == 0
     # The canary gets no traffic since this apply; the heartbeat says so.
@@ -135,15 +122,15 @@ def test_tripped_phase_is_zero_canary_within_one_watch_round(
         what="heartbeat of the tripped revision",
     )
     # A pin no longer reaches the tripped canary: 409 canary_off naming the phase.
-    pinned = completion(router.url, headers={"x-canary-variant": "canary"})
+    pinned = rs.completion(router.url, headers={"x-canary-variant": "canary"})
     assert pinned.status_code == 409, pinned.text
     err = pinned.json()["error"]
     assert err["code"] == "canary_off" and "phase tripped" in err["message"]
     # The cache holds the tripped release.
     cache = json.loads((tmp_path / "router-router-0.json").read_text())
     assert cache["revision"] == tripped["revision"] and cache["phase"] == "tripped"
-    assert metric(router, "router_config_revision") == tripped["revision"]
-    assert metric(router, "router_canary_weight_percent") == 0
+    assert rs.metric(router, "router_config_revision") == tripped["revision"]
+    assert rs.metric(router, "router_canary_weight_percent") == 0
     # A later revision that keeps the canary at 0% (the rollback's) is applied later, but
     # the canary has been off since the trip.
     rolling = api.patch(phase="rolling_back", weights={"canary": 0})
@@ -156,30 +143,30 @@ def test_broker_down_at_start_with_and_without_cache(
     spawn: Spawner, tmp_path: Path, models: dict[str, Proc]
 ) -> None:
     broker, restart_broker = restartable_broker(spawn, tmp_path / "broker")
-    api = Broker(broker.url)
+    api = rs.Broker(broker.url)
     release = api.create(weight=100)
     pools = ([models["b0"].url], [models["c0"].url])
-    first = start_router(spawn, tmp_path, *pools, broker=broker.url)
-    wait_revision(first, release["revision"])
+    first = rs.start_router(spawn, tmp_path, *pools, broker=broker.url)
+    rs.wait_revision(first, release["revision"])
     first.stop()
     broker.kill()
 
     # With a cache: the last-known release (100% canary) is served.
-    cached = start_router(spawn, tmp_path, *pools, broker=broker.url)
-    h = health(cached)
+    cached = rs.start_router(spawn, tmp_path, *pools, broker=broker.url)
+    h = rs.health(cached)
     assert h["config"]["source"] == "cache" and h["config"]["revision"] == release["revision"]
     assert served_by(cached, "someone") == "canary"
     # Without one (another router id, no file): no config, 0% canary.
-    fresh = start_router(spawn, tmp_path, *pools, broker=broker.url, router_id="router-new")
-    h = health(fresh)
+    fresh = rs.start_router(spawn, tmp_path, *pools, broker=broker.url, router_id="router-new")
+    h = rs.health(fresh)
     assert h["config"]["source"] == "none" and h["config"]["effective_canary_weight"] == 0
     assert {served_by(fresh, f"u{i}") for i in range(20)} == {"baseline"}
-    wait_for(lambda: metric(fresh, "router_broker_watch_errors_total") >= 2, what="retries")
+    wait_for(lambda: rs.metric(fresh, "router_broker_watch_errors_total") >= 2, what="retries")
 
     # The broker comes back on its port: both routers pick the release up by themselves.
     restart_broker()
-    wait_for(lambda: health(fresh)["config"]["source"] == "broker", timeout=15, what="fresh")
-    wait_for(lambda: health(cached)["config"]["source"] == "broker", timeout=15, what="cached")
+    wait_for(lambda: rs.health(fresh)["config"]["source"] == "broker", timeout=15, what="fresh")
+    wait_for(lambda: rs.health(cached)["config"]["source"] == "broker", timeout=15, what="cached")
     assert served_by(fresh, "someone") == "canary"
 
 
@@ -187,20 +174,20 @@ def test_stale_config_fault_stops_applying_until_it_expires(
     spawn: Spawner, tmp_path: Path, models: dict[str, Proc]
 ) -> None:
     router, api, release = on_release(spawn, tmp_path, models, weight=100)
-    inject_fault(instance_url(router), {"kind": "stale_config", "ttl_s": 5})
+    inject_fault(rs.instance_url(router), {"kind": "stale_config", "ttl_s": 5})
     tripped = api.trip()
     # The router sees the new revision but does not apply it while the fault lasts.
     wait_for(
-        lambda: health(router)["last_seen_revision"] == tripped["revision"],
+        lambda: rs.health(router)["last_seen_revision"] == tripped["revision"],
         what="router to see the revision",
     )
-    h = health(router)
+    h = rs.health(router)
     assert h["config"]["revision"] == release["revision"]
     assert served_by(router, "u1") == "canary"
     # Its heartbeat keeps reporting what it really applied.
     assert any(r["applied_revision"] == release["revision"] for r in api.routers())
     # The TTL ends the fault; the watch applies the pending revision.
-    wait_revision(router, tripped["revision"], timeout=15)
+    rs.wait_revision(router, tripped["revision"], timeout=15)
     assert served_by(router, "u1") == "baseline"
 
 
@@ -208,12 +195,12 @@ def test_dead_canary_pool_falls_back_to_baseline_unless_pinned(
     spawn: Spawner, tmp_path: Path, models: dict[str, Proc]
 ) -> None:
     dead = f"http://127.0.0.1:{free_port()}"
-    router, _, _ = router_on_release(spawn, tmp_path, [models["b0"].url], [dead], weight=100)
+    router, _, _ = rs.router_on_release(spawn, tmp_path, [models["b0"].url], [dead], weight=100)
     for i in range(5):
-        r = completion(router.url, headers={"x-user-id": f"u{i}"})
+        r = rs.completion(router.url, headers={"x-user-id": f"u{i}"})
         assert r.status_code == 200 and r.headers["x-served-by"] == "baseline"
-    assert metric(router, "router_canary_fallbacks_total") == 5
-    pinned = completion(router.url, headers={"x-canary-variant": "canary"})
+    assert rs.metric(router, "router_canary_fallbacks_total") == 5
+    pinned = rs.completion(router.url, headers={"x-canary-variant": "canary"})
     assert pinned.status_code == 503 and "pinned" in pinned.json()["error"]["message"]
 
 
@@ -228,14 +215,14 @@ def test_long_prompts_stay_off_the_canary(
 
 
 def test_baseline_canary_comparisons_reach_the_gate(
-    spawn: Spawner, tmp_path: Path, models: dict[str, Proc], gate: GateReceiver
+    spawn: Spawner, tmp_path: Path, models: dict[str, Proc], gate: rs.GateReceiver
 ) -> None:
     router, _, _ = on_release(
         spawn, tmp_path, models, "--shadow-rates", "0-512=1,512-1k=1", weight=50, gate=gate.url
     )
     served = set()
     for i in range(12):
-        r = completion(
+        r = rs.completion(
             router.url,
             make_prompt(600 if i % 2 else 30, seed=i),
             headers={"x-user-id": f"user-{i}"},
@@ -264,11 +251,11 @@ def test_baseline_canary_comparisons_reach_the_gate(
 
 
 def test_a_slow_shadow_target_never_delays_the_user(
-    spawn: Spawner, tmp_path: Path, gate: GateReceiver
+    spawn: Spawner, tmp_path: Path, gate: rs.GateReceiver
 ) -> None:
-    baseline = start_model(spawn, "v1")
-    canary = start_model(spawn, "v2")
-    router, _, _ = router_on_release(
+    baseline = rs.start_model(spawn, "v1")
+    canary = rs.start_model(spawn, "v2")
+    router, _, _ = rs.router_on_release(
         spawn,
         tmp_path,
         [baseline.url],
@@ -279,7 +266,7 @@ def test_a_slow_shadow_target_never_delays_the_user(
         gate=gate.url,
     )
     fault = {"kind": "latency", "ttl_s": 30, "ttft_ms": 2500}
-    r = requests.post(canary.url + "/admin/faults", json=fault, headers=ADMIN, timeout=5)
+    r = requests.post(canary.url + "/admin/faults", json=fault, headers=rs.ADMIN, timeout=5)
     assert r.status_code == 201
     # An unpinned user the split sends to the baseline (a pinned request gets no shadow).
     user = next(
@@ -289,11 +276,11 @@ def test_a_slow_shadow_target_never_delays_the_user(
         == "baseline"
     )
     t0 = time.monotonic()
-    r = completion(router.url, headers={"x-user-id": user, "x-request-id": "slow-shadow"})
+    r = rs.completion(router.url, headers={"x-user-id": user, "x-request-id": "slow-shadow"})
     user_s = time.monotonic() - t0
     assert r.status_code == 200 and r.headers["x-served-by"] == "baseline"
     assert user_s < 2.5  # answered before the shadow copy's first token even exists
-    assert metric(router, "router_shadow_comparisons_total") == 0
+    assert rs.metric(router, "router_shadow_comparisons_total") == 0
     wait_for(
         lambda: any(c["request_id"] == "slow-shadow" for c in gate.records("comparisons")),
         timeout=15,

@@ -22,22 +22,10 @@ import requests
 
 from canarystack.router.divergence import SideResult
 from canarystack.router.shadow_session import dependency_shared
+from tests import router_support as rs
 from tests.procs import Proc, Spawner, free_port, wait_for
-from tests.router_support import (
-    ADMIN,
-    GateReceiver,
-    completion,
-    gate_fixture,
-    metric,
-    start_model,
-    start_router,
-    write_release_cache,
-)
 
 TRACEPARENT = re.compile(r"^00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})$")
-
-
-gate = gate_fixture()
 
 
 @pytest.mark.parametrize(
@@ -63,19 +51,19 @@ def _dead_redis() -> str:
 
 
 def test_a_degraded_dependency_is_no_canary_evidence(
-    spawn: Spawner, tmp_path: Path, gate: GateReceiver
+    spawn: Spawner, tmp_path: Path, gate: rs.GateReceiver
 ) -> None:
-    baseline = start_model(spawn, "v1", "--redis-url", _dead_redis())
-    canary = start_model(spawn, "v2")
-    write_release_cache(tmp_path, weight=50)
-    router = start_router(
+    baseline = rs.start_model(spawn, "v1", "--redis-url", _dead_redis())
+    canary = rs.start_model(spawn, "v2")
+    rs.write_release_cache(tmp_path, weight=50)
+    router = rs.start_router(
         spawn, tmp_path, [baseline.url], [canary.url], "--shadow-rates", "0-512=1", gate=gate.url
     )
     served: dict[str, list[str]] = {"baseline": [], "canary": []}
     n = 24
     for i in range(n):
         rid = f"dep{i}"
-        r = completion(router.url, headers={"x-request-id": rid, "x-user-id": f"user-{i}"})
+        r = rs.completion(router.url, headers={"x-request-id": rid, "x-user-id": f"user-{i}"})
         assert r.status_code == 200, r.text
         variant = r.headers["x-served-by"]
         served[variant].append(rid)
@@ -86,7 +74,7 @@ def test_a_degraded_dependency_is_no_canary_evidence(
     # Every request had a baseline-canary copy, and not one of them is evidence.
     wait_for(
         lambda: (
-            metric(
+            rs.metric(
                 router,
                 "router_shadow_requests_total",
                 pair="baseline-canary",
@@ -96,7 +84,7 @@ def test_a_degraded_dependency_is_no_canary_evidence(
         ),
         what=f"{n} comparisons dropped as dependency_degraded",
     )
-    assert metric(router, "router_shadow_comparisons_total") == 0
+    assert rs.metric(router, "router_shadow_comparisons_total") == 0
     # The canary's own (whole) answers are outcomes; the degraded baseline's are not.
     wait_for(
         lambda: (
@@ -104,7 +92,7 @@ def test_a_degraded_dependency_is_no_canary_evidence(
         ),
         what="the canary's outcomes at the gate",
     )
-    skipped = metric(router, "router_outcomes_skipped_total", reason="dependency_degraded")
+    skipped = rs.metric(router, "router_outcomes_skipped_total", reason="dependency_degraded")
     assert skipped == len(served["baseline"])
     assert gate.records("comparisons") == []
 
@@ -118,16 +106,16 @@ def _model_lines(model: Proc, request_id: str) -> list[dict[str, Any]]:
 
 
 def test_the_colour_reaches_the_variant_the_shadow_copy_and_the_gate(
-    spawn: Spawner, tmp_path: Path, gate: GateReceiver
+    spawn: Spawner, tmp_path: Path, gate: rs.GateReceiver
 ) -> None:
-    baseline = start_model(spawn, "v1")
-    canary = start_model(spawn, "v2")
-    write_release_cache(tmp_path, weight=100)  # the canary serves, the copy goes to baseline
-    router = start_router(
+    baseline = rs.start_model(spawn, "v1")
+    canary = rs.start_model(spawn, "v2")
+    rs.write_release_cache(tmp_path, weight=100)  # the canary serves, the copy goes to baseline
+    router = rs.start_router(
         spawn, tmp_path, [baseline.url], [canary.url], "--shadow-rates", "0-512=1", gate=gate.url
     )
     trace_id, client_span = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
-    r = completion(
+    r = rs.completion(
         router.url,
         headers={
             "x-request-id": "coloured-1",
@@ -159,7 +147,7 @@ def test_the_colour_reaches_the_variant_the_shadow_copy_and_the_gate(
         assert {k: record.get(k) for k in colour} == colour, record
 
     # The router's hop log: the request as it arrived, and the shadow copy it sent.
-    r = requests.get(router.url + "/v1/colour/hops", headers=ADMIN, timeout=5)
+    r = requests.get(router.url + "/v1/colour/hops", headers=rs.ADMIN, timeout=5)
     assert r.status_code == 200, r.text
     hops = [h for h in r.json()["hops"] if h["request_id"] == "coloured-1"]
     assert sorted(h["hop"] for h in hops) == ["router", "shadow"], hops

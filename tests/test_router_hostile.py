@@ -24,28 +24,14 @@ import requests
 from canarystack.common import strictjson
 from canarystack.router.shadow import KL_MAX_NATS
 from canarystack.tokenizer import make_prompt
+from tests import router_support as rs
 from tests.procs import Proc, Spawner, wait_for
-from tests.router_support import (
-    ADMIN,
-    GateReceiver,
-    completion,
-    gate_fixture,
-    health,
-    metric,
-    models_fixture,
-    router_on_release,
-    start_model,
-    start_router,
-    wait_revision,
-    write_release_cache,
-)
 from tests.shadow_support import noise_router
 
 MAX_BODY = 65_536
 
 
-models = models_fixture(b0="v1", c0="v2")
-gate = gate_fixture()
+models = rs.models_fixture(b0="v1", c0="v2")
 
 
 def seen_by(model: Proc, request_id: str) -> bool:
@@ -118,8 +104,8 @@ def test_hostile_bodies_get_a_4xx_and_never_reach_a_model(
     status: int,
     says: str,
 ) -> None:
-    write_release_cache(tmp_path)
-    router = start_router(
+    rs.write_release_cache(tmp_path)
+    router = rs.start_router(
         spawn,
         tmp_path,
         [models["b0"].url],
@@ -134,7 +120,7 @@ def test_hostile_bodies_get_a_4xx_and_never_reach_a_model(
         )
         assert got == status, answer
         assert says in answer["error"]["message"], answer
-    r = completion(router.url, headers={"x-request-id": f"{rid}-next"})
+    r = rs.completion(router.url, headers={"x-request-id": f"{rid}-next"})
     assert r.status_code == 200, r.text  # the router still serves
     wait_for(lambda: seen_by(models["b0"], f"{rid}-next"), what="the next request upstream")
     assert not seen_by(models["b0"], rid) and not seen_by(models["c0"], rid)
@@ -144,14 +130,14 @@ def test_hostile_bodies_get_a_4xx_and_never_reach_a_model(
 def test_undecodable_headers_get_a_400_naming_the_header(
     spawn: Spawner, tmp_path: Path, models: dict[str, Proc], header: str
 ) -> None:
-    router = start_router(spawn, tmp_path, [models["b0"].url])
+    router = rs.start_router(spawn, tmp_path, [models["b0"].url])
     status, answer = raw_post(
         router.url, ok_body(), {header: b"\xff\xfe bad", "x-traffic-tag": b"undecodable"}
     )
     assert status == 400, answer
     assert answer["error"]["param"] == header and "ASCII" in answer["error"]["message"]
     assert not any(e.get("traffic_tag") == "undecodable" for e in models["b0"].log_events())
-    assert completion(router.url).status_code == 200
+    assert rs.completion(router.url).status_code == 200
 
 
 HEX32 = re.compile(r"^[0-9a-f]{32}$")
@@ -165,7 +151,7 @@ def test_malformed_colour_headers_are_replaced_never_forwarded(
 ) -> None:
     """The request's colour is made up (request id, trace) or dropped (tag) where the
     client's value is malformed: the request is served and the bad value goes nowhere."""
-    router = start_router(spawn, tmp_path, [models["b0"].url])
+    router = rs.start_router(spawn, tmp_path, [models["b0"].url])
     ok_rid = f"colour-{header}-{len(value)}"
     sent = {"x-request-id": ok_rid.encode(), "x-traffic-tag": b"tag-ok", header: value}
     status, answer, headers = raw_post_answer(router.url, ok_body(), sent)
@@ -194,22 +180,26 @@ def test_malformed_colour_headers_are_replaced_never_forwarded(
 def test_pins_after_a_trip_are_409_and_never_reach_the_canary(
     spawn: Spawner, tmp_path: Path, models: dict[str, Proc]
 ) -> None:
-    router, api, _ = router_on_release(
+    router, api, _ = rs.router_on_release(
         spawn, tmp_path, [models["b0"].url], [models["c0"].url], weight=100
     )
-    before = completion(router.url, headers={"x-canary-variant": "canary", "x-request-id": "pre"})
+    before = rs.completion(
+        router.url, headers={"x-canary-variant": "canary", "x-request-id": "pre"}
+    )
     assert before.status_code == 200 and before.headers["x-served-by"] == "canary"
     wait_for(lambda: seen_by(models["c0"], "pre"), what="the canary to log a pinned request")
-    wait_revision(router, api.trip()["revision"])
+    rs.wait_revision(router, api.trip()["revision"])
     for i in range(20):
-        r = completion(router.url, headers={"x-canary-variant": "canary", "x-request-id": f"p{i}"})
+        r = rs.completion(
+            router.url, headers={"x-canary-variant": "canary", "x-request-id": f"p{i}"}
+        )
         assert r.status_code == 409, r.text
         err = r.json()["error"]
         assert err["code"] == "canary_off" and "phase tripped" in err["message"]
         assert err["param"] == "x-canary-variant"
-    assert metric(router, "router_canary_off_pins_total") == 20
+    assert rs.metric(router, "router_canary_off_pins_total") == 20
     # A pin to the baseline still works; the canary logged none of the 20.
-    r = completion(router.url, headers={"x-canary-variant": "baseline", "x-request-id": "base"})
+    r = rs.completion(router.url, headers={"x-canary-variant": "baseline", "x-request-id": "base"})
     assert r.status_code == 200
     wait_for(lambda: seen_by(models["b0"], "base"), what="the baseline request")
     assert not any(seen_by(models["c0"], f"p{i}") for i in range(20))
@@ -232,23 +222,23 @@ def test_a_pin_to_a_canary_that_is_off_is_409(
     says: str,
 ) -> None:
     if cache is not None:
-        write_release_cache(tmp_path, weight=50, **cache)
-    router = start_router(spawn, tmp_path, [models["b0"].url], [models["c0"].url])
-    r = completion(router.url, headers={"x-canary-variant": "canary", "x-request-id": "off"})
+        rs.write_release_cache(tmp_path, weight=50, **cache)
+    router = rs.start_router(spawn, tmp_path, [models["b0"].url], [models["c0"].url])
+    r = rs.completion(router.url, headers={"x-canary-variant": "canary", "x-request-id": "off"})
     assert r.status_code == 409, r.text
     assert r.json()["error"]["code"] == "canary_off" and says in r.json()["error"]["message"]
-    assert health(router)["config"]["canary_off"] is not None
+    assert rs.health(router)["config"]["canary_off"] is not None
     assert not seen_by(models["c0"], "off")
 
 
 def test_a_pin_to_a_canary_held_at_weight_0_passes(
     spawn: Spawner, tmp_path: Path, models: dict[str, Proc]
 ) -> None:
-    write_release_cache(tmp_path, weight=0)
-    router = start_router(spawn, tmp_path, [models["b0"].url], [models["c0"].url])
-    r = completion(router.url, headers={"x-canary-variant": "canary"})
+    rs.write_release_cache(tmp_path, weight=0)
+    router = rs.start_router(spawn, tmp_path, [models["b0"].url], [models["c0"].url])
+    r = rs.completion(router.url, headers={"x-canary-variant": "canary"})
     assert r.status_code == 200 and r.headers["x-served-by"] == "canary"
-    assert health(router)["config"]["canary_off"] is None
+    assert rs.health(router)["config"]["canary_off"] is None
 
 
 # --------------------------------------------------------------------------- evidence
@@ -256,24 +246,24 @@ def test_a_pin_to_a_canary_held_at_weight_0_passes(
 
 def _errors_fault(model: Proc, on: bool) -> None:
     faults = model.url + "/admin/faults"
-    requests.delete(faults, headers=ADMIN, timeout=5)
+    requests.delete(faults, headers=rs.ADMIN, timeout=5)
     if on:
         body = {"kind": "errors", "ttl_s": 60, "error_kind": "http_500"}
-        assert requests.post(faults, json=body, headers=ADMIN, timeout=5).status_code == 201
+        assert requests.post(faults, json=body, headers=rs.ADMIN, timeout=5).status_code == 201
 
 
-def _outcome_ids(gate: GateReceiver) -> list[str]:
+def _outcome_ids(gate: rs.GateReceiver) -> list[str]:
     return [o["request_id"] for o in gate.records("outcomes")]
 
 
 def test_pinned_requests_are_never_gate_evidence(
-    spawn: Spawner, tmp_path: Path, gate: GateReceiver
+    spawn: Spawner, tmp_path: Path, gate: rs.GateReceiver
 ) -> None:
-    baseline = start_model(spawn, "v1")
-    canary = start_model(spawn, "v2")
+    baseline = rs.start_model(spawn, "v1")
+    canary = rs.start_model(spawn, "v2")
     _errors_fault(canary, on=True)  # every canary answer is a 500
-    write_release_cache(tmp_path, weight=100)  # canary live: pinned requests could shadow
-    router = start_router(
+    rs.write_release_cache(tmp_path, weight=100)  # canary live: pinned requests could shadow
+    router = rs.start_router(
         spawn, tmp_path, [baseline.url], [canary.url], "--shadow-rates", "0-512=1", gate=gate.url
     )
     # The issue's attack: unauthenticated pins with a lone surrogate, then plain 500s.
@@ -282,40 +272,44 @@ def test_pinned_requests_are_never_gate_evidence(
         status, _ = raw_post(router.url, surrogate, {"x-canary-variant": b"canary"})
         assert status == 400
     for i in range(20):
-        r = completion(router.url, headers={"x-canary-variant": "canary", "x-request-id": f"c{i}"})
+        r = rs.completion(
+            router.url, headers={"x-canary-variant": "canary", "x-request-id": f"c{i}"}
+        )
         assert r.status_code == 500
     for i in range(5):
-        r = completion(
+        r = rs.completion(
             router.url, headers={"x-canary-variant": "baseline", "x-request-id": f"b{i}"}
         )
         assert r.status_code == 200
     # An unpinned request is evidence: once its outcome arrived, all earlier ones would have.
-    assert completion(router.url, headers={"x-request-id": "barrier"}).status_code == 500
+    assert rs.completion(router.url, headers={"x-request-id": "barrier"}).status_code == 500
     wait_for(lambda: "barrier" in _outcome_ids(gate), what="the unpinned outcome")
     assert _outcome_ids(gate) == ["barrier"]
     assert gate.records("comparisons") == []
     # Only the unpinned request planned a shadow copy.
-    assert metric(router, "router_shadow_requests_total") == 1
+    assert rs.metric(router, "router_shadow_requests_total") == 1
 
 
 def test_a_failure_both_variants_share_is_not_canary_evidence(
-    spawn: Spawner, tmp_path: Path, gate: GateReceiver
+    spawn: Spawner, tmp_path: Path, gate: rs.GateReceiver
 ) -> None:
-    baseline = start_model(spawn, "v1")
-    canary = start_model(spawn, "v2")
+    baseline = rs.start_model(spawn, "v1")
+    canary = rs.start_model(spawn, "v2")
     _errors_fault(baseline, on=True)
     _errors_fault(canary, on=True)
-    write_release_cache(tmp_path, weight=100)
-    router = start_router(
+    rs.write_release_cache(tmp_path, weight=100)
+    router = rs.start_router(
         spawn, tmp_path, [baseline.url], [canary.url], "--shadow-rates", "0-512=1", gate=gate.url
     )
     for i in range(5):
-        r = completion(router.url, headers={"x-request-id": f"both{i}"})
+        r = rs.completion(router.url, headers={"x-request-id": f"both{i}"})
         assert r.status_code == 500 and r.headers["x-served-by"] == "canary"
-    wait_for(lambda: metric(router, "router_both_failed_total") == 5, what="5 shared failures held")
+    wait_for(
+        lambda: rs.metric(router, "router_both_failed_total") == 5, what="5 shared failures held"
+    )
     # Only the canary fails now: that error is evidence.
     _errors_fault(baseline, on=False)
-    assert completion(router.url, headers={"x-request-id": "canary-only"}).status_code == 500
+    assert rs.completion(router.url, headers={"x-request-id": "canary-only"}).status_code == 500
     wait_for(lambda: "canary-only" in _outcome_ids(gate), what="the canary's own failure")
     outcome = next(o for o in gate.records("outcomes") if o["request_id"] == "canary-only")
     assert outcome["variant"] == "canary" and outcome["error"] == "http_5xx"
@@ -327,9 +321,9 @@ def test_a_failure_both_variants_share_is_not_canary_evidence(
 
 def _kernel_fault(model: Proc, mode: str) -> None:
     faults = model.url + "/admin/faults"
-    requests.delete(faults, headers=ADMIN, timeout=5)
+    requests.delete(faults, headers=rs.ADMIN, timeout=5)
     body = {"kind": "kernel", "ttl_s": 60, "mode": mode, "min_prompt_tokens": 50}
-    r = requests.post(faults, json=body, headers=ADMIN, timeout=5)
+    r = requests.post(faults, json=body, headers=rs.ADMIN, timeout=5)
     assert r.status_code == 201, r.text
 
 
@@ -342,20 +336,20 @@ def _kernel_fault(model: Proc, mode: str) -> None:
     ],
 )
 def test_a_broken_canary_kernel_is_maximal_divergence_and_an_error(
-    spawn: Spawner, tmp_path: Path, gate: GateReceiver, mode: str, reason: str
+    spawn: Spawner, tmp_path: Path, gate: rs.GateReceiver, mode: str, reason: str
 ) -> None:
-    baseline = start_model(spawn, "v1")
-    canary = start_model(spawn, "v2")
+    baseline = rs.start_model(spawn, "v1")
+    canary = rs.start_model(spawn, "v2")
     _kernel_fault(canary, mode)  # long prompts only (>= 50 tokens)
-    write_release_cache(tmp_path, weight=100)  # every user on the canary
-    router = start_router(
+    rs.write_release_cache(tmp_path, weight=100)  # every user on the canary
+    router = rs.start_router(
         spawn, tmp_path, [baseline.url], [canary.url], "--shadow-rates", "0-512=1", gate=gate.url
     )
     ids = []
     for i, stream in enumerate((True, False, True, False)):
         rid = f"{mode}-{i}"
         ids.append(rid)
-        r = completion(
+        r = rs.completion(
             router.url,
             make_prompt(80, seed=i),
             headers={"x-request-id": rid},
@@ -372,7 +366,7 @@ def test_a_broken_canary_kernel_is_maximal_divergence_and_an_error(
         else:
             strictjson.loads(r.content)
     # A short prompt is healthy: a comparison like any other.
-    assert completion(router.url, "a b c", headers={"x-request-id": "short"}).status_code == 200
+    assert rs.completion(router.url, "a b c", headers={"x-request-id": "short"}).status_code == 200
 
     def comparisons() -> dict[str, dict[str, Any]]:
         return {c["request_id"]: c for c in gate.records("comparisons")}
@@ -387,26 +381,26 @@ def test_a_broken_canary_kernel_is_maximal_divergence_and_an_error(
     outcomes = {o["request_id"]: o for o in gate.records("outcomes")}
     assert all(outcomes[rid]["error"] == "bad_output" for rid in ids if mode != "garbage")
     assert outcomes["short"]["error"] is None
-    assert metric(router, "router_shadow_requests_total", result="canary_invalid") == 4
+    assert rs.metric(router, "router_shadow_requests_total", result="canary_invalid") == 4
 
 
 def test_a_broken_baseline_is_dropped_not_counted_as_canary_drift(
-    spawn: Spawner, tmp_path: Path, gate: GateReceiver
+    spawn: Spawner, tmp_path: Path, gate: rs.GateReceiver
 ) -> None:
-    broken = start_model(spawn, "v1")
-    healthy = start_model(spawn, "v1")
-    canary = start_model(spawn, "v2")
+    broken = rs.start_model(spawn, "v1")
+    healthy = rs.start_model(spawn, "v1")
+    canary = rs.start_model(spawn, "v2")
     _kernel_fault(broken, "nan-logits")
-    write_release_cache(tmp_path, weight=100)
+    rs.write_release_cache(tmp_path, weight=100)
     # Users on the canary; their shadow copies go to the broken baseline.
-    router = start_router(
+    router = rs.start_router(
         spawn, tmp_path, [broken.url], [canary.url], "--shadow-rates", "0-512=1", gate=gate.url
     )
     for i in range(3):
-        r = completion(router.url, make_prompt(80, seed=i), max_tokens=4, temperature=0)
+        r = rs.completion(router.url, make_prompt(80, seed=i), max_tokens=4, temperature=0)
         assert r.status_code == 200 and r.headers["x-served-by"] == "canary"
     wait_for(
-        lambda: metric(router, "router_shadow_requests_total", result="baseline_invalid") == 3,
+        lambda: rs.metric(router, "router_shadow_requests_total", result="baseline_invalid") == 3,
         what="3 dropped comparisons",
     )
     # The noise floor: one of two baseline replicas broken, every request compared.
@@ -414,13 +408,13 @@ def test_a_broken_baseline_is_dropped_not_counted_as_canary_drift(
         spawn, tmp_path, [broken.url, healthy.url], router_id="router-noise", gate=gate.url
     )
     for i in range(3):
-        r = completion(noise.url, make_prompt(80, seed=i), max_tokens=4, temperature=0)
+        r = rs.completion(noise.url, make_prompt(80, seed=i), max_tokens=4, temperature=0)
         assert r.status_code == 200
     wait_for(
-        lambda: metric(noise, "router_shadow_requests_total", result="invalid_dropped") == 3,
+        lambda: rs.metric(noise, "router_shadow_requests_total", result="invalid_dropped") == 3,
         what="3 dropped noise comparisons",
     )
-    assert completion(noise.url, headers={"x-request-id": "barrier"}).status_code == 200
+    assert rs.completion(noise.url, headers={"x-request-id": "barrier"}).status_code == 200
     wait_for(lambda: "barrier" in _outcome_ids(gate), what="a later batch")
     # None of the long prompts (the broken ones) reached the gate as a comparison.
     assert [c for c in gate.records("comparisons") if c["prompt_tokens"] == 80] == []
@@ -429,8 +423,8 @@ def test_a_broken_baseline_is_dropped_not_counted_as_canary_drift(
 def test_nesting_100k_deep_at_the_default_body_limit_is_a_400(
     spawn: Spawner, tmp_path: Path, models: dict[str, Proc]
 ) -> None:
-    router = start_router(spawn, tmp_path, [models["b0"].url])
+    router = rs.start_router(spawn, tmp_path, [models["b0"].url])
     body = b'{"model":"default","prompt":' + b"[" * 100_000 + b"]" * 100_000 + b"}"
     status, answer = raw_post(router.url, body)
     assert status == 400 and "arrays and objects" in answer["error"]["message"], answer
-    assert completion(router.url).status_code == 200
+    assert rs.completion(router.url).status_code == 200

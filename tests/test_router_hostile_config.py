@@ -18,23 +18,11 @@ from pathlib import Path
 
 import pytest
 
+from tests import router_support as rs
 from tests.broker_support import restartable_broker, start_broker
 from tests.procs import Proc, Spawner, free_port, wait_for
-from tests.router_support import (
-    Broker,
-    GateReceiver,
-    completion,
-    gate_fixture,
-    health,
-    metric,
-    models_fixture,
-    router_on_release,
-    start_router,
-    wait_revision,
-)
 
-models = models_fixture(b0="v1", c0="v2")
-gate = gate_fixture()
+models = rs.models_fixture(b0="v1", c0="v2")
 
 
 def run_router(
@@ -88,8 +76,8 @@ def test_a_watch_timeout_above_the_brokers_max_refuses_to_start(
     assert res.returncode == 2, res.stderr
     assert "--watch-timeout-s 5" in res.stderr and "--max-watch-s 3" in res.stderr
     # At or below the broker's maximum it starts.
-    router = start_router(spawn, tmp_path, [models["b0"].url], broker=broker.url)
-    assert health(router)["status"] == "ok"
+    router = rs.start_router(spawn, tmp_path, [models["b0"].url], broker=broker.url)
+    assert rs.health(router)["status"] == "ok"
 
 
 @pytest.mark.parametrize(("status", "auth"), [(401, "unauthorized"), (403, "forbidden")])
@@ -97,40 +85,42 @@ def test_a_gate_refusing_the_credential_keeps_the_batch_and_says_so(
     spawn: Spawner,
     tmp_path: Path,
     models: dict[str, Proc],
-    gate: GateReceiver,
+    gate: rs.GateReceiver,
     status: int,
     auth: str,
 ) -> None:
     gate.refuse_auth = status
-    router = start_router(spawn, tmp_path, [models["b0"].url], None, "--no-shadow", gate=gate.url)
-    assert completion(router.url, headers={"x-request-id": "kept"}).status_code == 200
+    router = rs.start_router(
+        spawn, tmp_path, [models["b0"].url], None, "--no-shadow", gate=gate.url
+    )
+    assert rs.completion(router.url, headers={"x-request-id": "kept"}).status_code == 200
     wait_for(lambda: len(gate.refused) >= 2, what="the batch to be refused and retried")
-    h = health(router)
+    h = rs.health(router)
     assert h["status"] == "ok"  # it still serves users
     assert h["gate_auth"] == auth and str(status) in h["gate_auth_error"]
-    assert metric(router, "router_auth_errors_total", peer="gate", status=str(status)) >= 2
+    assert rs.metric(router, "router_auth_errors_total", peer="gate", status=str(status)) >= 2
     assert any(e.get("event") == "gate_auth_refused" for e in router.log_events())
-    assert metric(router, "router_gate_pushes_total", result="rejected") == 0
+    assert rs.metric(router, "router_gate_pushes_total", result="rejected") == 0
     # The same batch is resent, same id, once the gate takes the credential again.
     refused_ids = {b["batch_id"] for b in gate.refused}
     assert len(refused_ids) == 1
     gate.refuse_auth = 0
     wait_for(lambda: "kept" in [o["request_id"] for o in gate.records("outcomes")], what="kept")
     assert gate.batches[0]["batch_id"] in refused_ids
-    assert health(router)["gate_auth"] == "ok"
+    assert rs.health(router)["gate_auth"] == "ok"
 
 
 def test_a_broker_refusing_the_heartbeat_is_reported(
     spawn: Spawner, tmp_path: Path, models: dict[str, Proc]
 ) -> None:
     # the router applies the release: reads need no token
-    router, api, _ = router_on_release(
+    router, api, _ = rs.router_on_release(
         spawn, tmp_path, [models["b0"].url], weight=5, admin_token="a-wrong-token"
     )
-    wait_for(lambda: health(router)["broker_auth"] == "unauthorized", what="broker_auth")
-    h = health(router)
+    wait_for(lambda: rs.health(router)["broker_auth"] == "unauthorized", what="broker_auth")
+    h = rs.health(router)
     assert h["status"] == "ok" and "401" in h["broker_auth_error"]
-    assert metric(router, "router_auth_errors_total", peer="broker", status="401") >= 1
+    assert rs.metric(router, "router_auth_errors_total", peer="broker", status="401") >= 1
     assert any(e.get("event") == "broker_auth_refused" for e in router.log_events())
     # The broker never lists it: the rollback executor cannot count it as applied.
     assert all(r["router_id"] != "router-0" for r in api.routers())
@@ -140,8 +130,8 @@ def test_persistent_watch_errors_send_the_router_to_zero_canary(
     spawn: Spawner, tmp_path: Path, models: dict[str, Proc]
 ) -> None:
     broker, restart_broker = restartable_broker(spawn, tmp_path / "broker")
-    release = Broker(broker.url).create(weight=100)
-    router = start_router(
+    release = rs.Broker(broker.url).create(weight=100)
+    router = rs.start_router(
         spawn,
         tmp_path,
         [models["b0"].url],
@@ -150,19 +140,21 @@ def test_persistent_watch_errors_send_the_router_to_zero_canary(
         "1",
         broker=broker.url,
     )
-    wait_revision(router, release["revision"])
-    assert completion(router.url).headers["x-served-by"] == "canary"
+    rs.wait_revision(router, release["revision"])
+    assert rs.completion(router.url).headers["x-served-by"] == "canary"
     broker.kill()
-    wait_for(lambda: health(router)["config"]["source"] == "failsafe", timeout=15, what="failsafe")
-    h = health(router)
+    wait_for(
+        lambda: rs.health(router)["config"]["source"] == "failsafe", timeout=15, what="failsafe"
+    )
+    h = rs.health(router)
     assert h["config"]["effective_canary_weight"] == 0
     assert h["config"]["revision"] == release["revision"]  # nothing newer was applied
-    assert metric(router, "router_canary_weight_percent") == 0
-    assert completion(router.url).headers["x-served-by"] == "baseline"
-    pinned = completion(router.url, headers={"x-canary-variant": "canary"})
+    assert rs.metric(router, "router_canary_weight_percent") == 0
+    assert rs.completion(router.url).headers["x-served-by"] == "baseline"
+    pinned = rs.completion(router.url, headers={"x-canary-variant": "canary"})
     assert pinned.status_code == 409 and "fail-safe" in pinned.json()["error"]["message"]
     assert any(e.get("event") == "config_failsafe" for e in router.log_events())
     # The broker is back: the first watch that succeeds ends the fail-safe.
     restart_broker()
-    wait_for(lambda: health(router)["config"]["source"] == "broker", timeout=15, what="recovery")
-    assert completion(router.url).headers["x-served-by"] == "canary"
+    wait_for(lambda: rs.health(router)["config"]["source"] == "broker", timeout=15, what="recovery")
+    assert rs.completion(router.url).headers["x-served-by"] == "canary"
