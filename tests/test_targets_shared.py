@@ -15,16 +15,8 @@ from gameday.targets.base import Target, TargetError, parse_target
 def _local(tmp_path: Path, files: dict[str, Path]) -> Target:
     state = tmp_path / "stack"
     state.mkdir()
-    (state / "stack.json").write_text(
-        json.dumps(
-            {
-                "release": "default",
-                "components": [],
-                "admin_token_file": str(tmp_path / "admin"),
-                "credentials": {n: str(p) for n, p in files.items()},
-            }
-        )
-    )
+    credentials = {name: str(path) for name, path in files.items()}
+    (state / "stack.json").write_text(json.dumps({"credentials": credentials}))
     return parse_target({"kind": "local", "state_dir": str(state)})
 
 
