@@ -19,7 +19,7 @@ from chaoslib.exceptions import ActivityFailed
 
 from canary_contract.json import JsonObject
 from gameday.api import ApiError, PrometheusApi
-from gameday.evidence.canary_traffic import promql_traffic, stopped_records
+from gameday.evidence.canary_traffic import promql_traffic
 from gameday.evidence.controllers import epoch_s
 from gameday.evidence.promql import instant_value
 from gameday.evidence.traffic import judge_traffic, records_traffic
@@ -121,10 +121,13 @@ def canary_traffic_after(
         value = partial(promql_value, url)
         return promql_traffic(url, canary_promql, total_promql, since, time.time(), value)
     state = load_state(configuration)
-    try:
-        path = stopped_records(state)
-    except ValueError as exc:
-        raise ActivityFailed(str(exc)) from None
+    if state is None or state.get("state") != "stopped":
+        where = "has not run" if state is None else f"is {state.get('state')!r}, not stopped"
+        raise ActivityFailed(
+            f"no load records to pair with the controller's status: the load {where}. Add the "
+            "probes.load control, run this probe after the method, or pass canary_promql."
+        )
+    path = str(state.get("records"))
     try:
         frame = read_records(path)
         versions = None

@@ -1,11 +1,8 @@
-"""Where a controller check's traffic evidence comes from (``gameday.evidence.canary_traffic``):
-PromQL over the window since the status change, or the load records once the load has
-stopped. Pure; the probe over it is ``probes._cluster.canary_traffic_after``
+"""A controller check's traffic evidence from PromQL (``gameday.evidence.canary_traffic``),
+pure; the probe over it is ``probes._cluster.canary_traffic_after``
 (tests/test_evidence_traffic_promql.py)."""
 
 from __future__ import annotations
-
-import pytest
 
 from gameday.evidence import canary_traffic
 
@@ -25,12 +22,3 @@ def test_promql_traffic_fills_the_window_and_asks_each_expression_at_one_time() 
     assert (out["source"], out["canary"], out["total"]) == ("prometheus", None, 40.0)
     alone = canary_traffic.promql_traffic("http://prom", "c[{window}]", None, 0.0, 0.5, value)
     assert (alone["total_query"], alone["total"], len(asked)) == (None, None, 3)
-
-
-def test_records_are_evidence_only_once_the_load_has_stopped() -> None:
-    stopped = {"state": "stopped", "records": "/run/records.parquet"}
-    assert canary_traffic.stopped_records(stopped) == "/run/records.parquet"
-    with pytest.raises(ValueError, match="the load has not run"):
-        canary_traffic.stopped_records(None)
-    with pytest.raises(ValueError, match="the load is 'running', not stopped"):
-        canary_traffic.stopped_records({"state": "running"})

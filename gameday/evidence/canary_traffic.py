@@ -1,10 +1,7 @@
-"""Where the traffic evidence a controller's status is paired with comes from: PromQL
-expressions over the window since the status change, or the run's load records once the
-load has stopped. Pure: the caller asks Prometheus (``value``) and reads the files.
-
-No evidence must never count as a canary that stopped serving: a load that has not
-stopped gives no records to pair with (``stopped_records``).
-"""
+"""The traffic evidence a controller's status is paired with, from PromQL expressions
+over the window since the status change (the load records' count is
+``gameday.evidence.traffic.records_traffic``). Pure: the caller asks Prometheus
+(``value``)."""
 
 from __future__ import annotations
 
@@ -42,16 +39,3 @@ def promql_traffic(
         "canary": canary,
         "total": total,
     }
-
-
-def stopped_records(state: JsonObject | None) -> str:
-    """The load records to pair a status with, from the run's load state (``load.json``;
-    None: the load never ran); ValueError saying why there are none while the load has
-    not stopped."""
-    if state is None or state.get("state") != "stopped":
-        where = "has not run" if state is None else f"is {state.get('state')!r}, not stopped"
-        raise ValueError(
-            f"no load records to pair with the controller's status: the load {where}. Add the "
-            "probes.load control, run this probe after the method, or pass canary_promql."
-        )
-    return str(state.get("records"))
