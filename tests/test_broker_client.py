@@ -10,24 +10,19 @@ import aiohttp
 import pytest
 
 from canarystack.broker import client as client_mod
-from canarystack.broker.client import (
-    BrokerClient,
-    BrokerError,
-    BrokerNotFound,
-    BrokerRequestError,
-    BrokerUnavailable,
-    IllegalTransition,
-    RevisionConflict,
-    manifest_digest,
-)
 from tests.broker_support import Api, digest_of, start_broker, trip_evidence
 from tests.procs import ADMIN_TOKEN, Spawner, free_port
 
 
 def test_exception_hierarchy() -> None:
-    for cls in (BrokerUnavailable, RevisionConflict, IllegalTransition, BrokerRequestError):
-        assert issubclass(cls, BrokerError)
-    assert issubclass(BrokerNotFound, BrokerRequestError)
+    for cls in (
+        client_mod.BrokerUnavailable,
+        client_mod.RevisionConflict,
+        client_mod.IllegalTransition,
+        client_mod.BrokerRequestError,
+    ):
+        assert issubclass(cls, client_mod.BrokerError)
+    assert issubclass(client_mod.BrokerNotFound, client_mod.BrokerRequestError)
 
 
 def test_client_against_a_real_broker(
@@ -38,16 +33,22 @@ def test_client_against_a_real_broker(
 
     async def scenario() -> None:
         async with aiohttp.ClientSession() as session:
-            broker = BrokerClient(session, proc.url + "/", ADMIN_TOKEN, actor="client-test")
+            broker = client_mod.BrokerClient(
+                session, proc.url + "/", ADMIN_TOKEN, actor="client-test"
+            )
 
             # versions
             v1 = await broker.register_version("v1", {"image": "m:v1"})
-            assert v1["digest"] == digest_of({"image": "m:v1"}) == manifest_digest(v1["manifest"])
+            assert (
+                v1["digest"]
+                == digest_of({"image": "m:v1"})
+                == client_mod.manifest_digest(v1["manifest"])
+            )
             await broker.register_version("v2", "a string manifest")
             await broker.register_version("v3", {"image": "m:v3"})
             again = await broker.register_version("v1", {"image": "m:v1"})
             assert again == v1
-            with pytest.raises(BrokerRequestError) as bad_digest:
+            with pytest.raises(client_mod.BrokerRequestError) as bad_digest:
                 await broker.register_version("v4", {"x": 1}, digest=digest_of({"x": 2}))
             assert bad_digest.value.status == 422
             assert bad_digest.value.code == "digest_mismatch"
@@ -60,7 +61,7 @@ def test_client_against_a_real_broker(
             assert (created["revision"], created["weights"]["canary"]) == (1, 5)
             assert await broker.get_release("default") == created
             assert [r["name"] for r in await broker.list_releases()] == ["default"]
-            with pytest.raises(BrokerNotFound) as missing:
+            with pytest.raises(client_mod.BrokerNotFound) as missing:
                 await broker.get_release("nope")
             assert missing.value.status == 404 and "nope" in missing.value.message
 
@@ -75,14 +76,14 @@ def test_client_against_a_real_broker(
             assert changed["weights"]["canary"] == 20
 
             # compare-and-set and phase rules
-            with pytest.raises(RevisionConflict) as conflict:
+            with pytest.raises(client_mod.RevisionConflict) as conflict:
                 await broker.patch_release("default", 1, canary_weight=30)
             assert conflict.value.current_revision == 2
-            with pytest.raises(IllegalTransition) as illegal:
+            with pytest.raises(client_mod.IllegalTransition) as illegal:
                 await broker.patch_release("default", 2, phase="rolled_back")
             assert illegal.value.current_phase == "progressing"
             assert illegal.value.allowed == ["promoted", "rolling_back", "tripped"]
-            with pytest.raises(BrokerRequestError) as bad:
+            with pytest.raises(client_mod.BrokerRequestError) as bad:
                 await broker.patch_release("default", 2, canary_weight=150)
             assert bad.value.status == 400 and bad.value.param == "weights.canary"
             tripped = await broker.patch_release(
@@ -113,7 +114,7 @@ def test_client_against_a_real_broker(
             assert events[-1] == note
             assert [e["actor"] for e in events] == ["client-test"] * len(events)
             assert await broker.events("default", after_seq=events[-2]["seq"]) == [note]
-            with pytest.raises(BrokerRequestError) as no_note:
+            with pytest.raises(client_mod.BrokerRequestError) as no_note:
                 await broker.annotate("default", {"kind": "latency"})
             assert no_note.value.status == 400
 
@@ -136,26 +137,28 @@ def test_client_against_a_real_broker(
             assert (other[0]["applied_at"], other[0]["canary_off_since"]) == (None, None)
 
             # failures that are the broker's, not the caller's
-            anonymous = BrokerClient(session, proc.url, None, actor="nobody")
+            anonymous = client_mod.BrokerClient(session, proc.url, None, actor="nobody")
             assert (await anonymous.get_release("default"))["name"] == "default"
-            with pytest.raises(BrokerRequestError) as unauthorized:
+            with pytest.raises(client_mod.BrokerRequestError) as unauthorized:
                 await anonymous.annotate("default", {"annotation": "x"})
             assert unauthorized.value.status == 401
 
             admin = Api(proc.url)
             r = admin.write("POST", "/admin/faults", {"kind": "unavailable", "ttl_s": 30})
             assert r.status_code == 201
-            with pytest.raises(BrokerUnavailable, match="503"):
+            with pytest.raises(client_mod.BrokerUnavailable, match="503"):
                 await broker.get_release("default")
             admin.write("DELETE", "/admin/faults")
             r = admin.write("POST", "/admin/faults", {"kind": "drop_watch", "ttl_s": 30})
             assert r.status_code == 201
-            with pytest.raises(BrokerUnavailable, match="no answer within"):
+            with pytest.raises(client_mod.BrokerUnavailable, match="no answer within"):
                 await broker.watch("default", after=no_canary["revision"], timeout_s=0.2)
             admin.write("DELETE", "/admin/faults")
 
-            nowhere = BrokerClient(session, f"http://127.0.0.1:{free_port()}", ADMIN_TOKEN)
-            with pytest.raises(BrokerUnavailable) as refused:
+            nowhere = client_mod.BrokerClient(
+                session, f"http://127.0.0.1:{free_port()}", ADMIN_TOKEN
+            )
+            with pytest.raises(client_mod.BrokerUnavailable) as refused:
                 await nowhere.list_releases()
             assert refused.value.method == "GET"
             assert refused.value.url.endswith("/v1/releases")

@@ -14,6 +14,7 @@ from canarystack import tokenizer
 from canarystack.common import strictjson
 from canarystack.common.buckets import DEFAULT_EDGES
 from canarystack.common.errors import BadRequest
+from canarystack.router import shadow
 from canarystack.router.__main__ import build_parser, settings_from_args
 from canarystack.router.config import effective_weight
 from canarystack.router.proxy import DOWN_S, Pool
@@ -25,26 +26,6 @@ from canarystack.router.routing import (
     parse_pin,
     prompt_tokens_of,
     user_slot,
-)
-from canarystack.router.shadow import (
-    BAD_JSON,
-    BAD_TEXT,
-    KL_MAX_NATS,
-    MALFORMED,
-    MISSING,
-    NON_FINITE,
-    SEED_RANGE,
-    Collector,
-    LogprobRequest,
-    Position,
-    SideResult,
-    compare_positions,
-    comparison_result,
-    coupled_body,
-    kl_topk,
-    parse_shadow_rates,
-    shadow_body,
-    user_logprobs_k,
 )
 from canarystack.tokenizer import make_prompt
 from tests.model_helpers import chat_answer
@@ -194,60 +175,60 @@ def _lp(probs: dict[str, float]) -> dict[str, float]:
 
 def test_kl_is_zero_for_identical_and_matches_the_formula() -> None:
     p = _lp({"a": 0.5, "b": 0.3, "c": 0.1})
-    assert kl_topk(p, p) == pytest.approx(0.0, abs=1e-12)
+    assert shadow.kl_topk(p, p) == pytest.approx(0.0, abs=1e-12)
     q = _lp({"a": 0.3, "b": 0.5, "d": 0.1})
     # By hand: floors are min(min prob, 1 - sum) = min(0.1, 0.1) = 0.1 on both sides.
     pp = {"a": 0.5, "b": 0.3, "c": 0.1, "d": 0.1}
     qq = {"a": 0.3, "b": 0.5, "c": 0.1, "d": 0.1}
     sp, sq = sum(pp.values()), sum(qq.values())
     expected = sum((pp[t] / sp) * math.log((pp[t] / sp) / (qq[t] / sq)) for t in pp)
-    assert kl_topk(p, q) == pytest.approx(expected, rel=1e-12)
-    assert kl_topk(p, q) > 0
+    assert shadow.kl_topk(p, q) == pytest.approx(expected, rel=1e-12)
+    assert shadow.kl_topk(p, q) > 0
 
 
 def test_kl_grows_with_disagreement() -> None:
     base = _lp({"a": 0.6, "b": 0.2, "c": 0.1, "d": 0.05, "e": 0.03})
     near = _lp({"a": 0.55, "b": 0.25, "c": 0.1, "d": 0.05, "e": 0.03})
     far = _lp({"x": 0.6, "y": 0.2, "z": 0.1, "a": 0.05, "b": 0.03})
-    assert 0 < kl_topk(base, near) < kl_topk(base, far)
+    assert 0 < shadow.kl_topk(base, near) < shadow.kl_topk(base, far)
 
 
 def test_positions_compared_only_on_a_shared_prefix() -> None:
     top = {"a": -0.1, "b": -2.5}
-    a = [Position("a", top), Position("b", top), Position("c", top)]
-    b_same = [Position("a", top), Position("b", top), Position("c", top)]
-    b_diverge = [Position("a", top), Position("x", top), Position("c", top)]
+    a = [shadow.Position("a", top), shadow.Position("b", top), shadow.Position("c", top)]
+    b_same = [shadow.Position("a", top), shadow.Position("b", top), shadow.Position("c", top)]
+    b_diverge = [shadow.Position("a", top), shadow.Position("x", top), shadow.Position("c", top)]
     # The prefix decides, not the temperature: sampled sides that drew the same tokens
     # condition on the same context (was: sampling compared position 0 only).
-    assert len(compare_positions(a, b_same)) == 3
+    assert len(shadow.compare_positions(a, b_same)) == 3
     # positions 0 and 1 share the prefix; position 2 follows different tokens
-    assert len(compare_positions(a, b_diverge)) == 2
+    assert len(shadow.compare_positions(a, b_diverge)) == 2
     # a first token drawn differently leaves position 0 only
-    assert len(compare_positions(a, [Position("x", top), *b_same[1:]])) == 1
-    scores = compare_positions(a, [Position("a", {"b": -0.1, "a": -2.5})])
+    assert len(shadow.compare_positions(a, [shadow.Position("x", top), *b_same[1:]])) == 1
+    scores = shadow.compare_positions(a, [shadow.Position("a", {"b": -0.1, "a": -2.5})])
     assert scores[0].top1_agree is False
 
 
 def test_a_sampled_request_without_a_seed_gets_a_fresh_one_and_the_copy_keeps_it() -> None:
     body = {"prompt": "hi", "max_tokens": 30}  # no temperature: the server's default, 1
-    seeds = {coupled_body(body)["seed"] for _ in range(50)}
-    assert len(seeds) > 1 and all(isinstance(x, int) and 0 <= x < SEED_RANGE for x in seeds)
+    seeds = {shadow.coupled_body(body)["seed"] for _ in range(50)}
+    assert len(seeds) > 1 and all(isinstance(x, int) and 0 <= x < shadow.SEED_RANGE for x in seeds)
     assert "seed" not in body  # the caller's body is not changed
-    coupled = coupled_body({**body, "temperature": 0.7})
-    copy = shadow_body(coupled, chat=False, k=5, max_tokens=8)
+    coupled = shadow.coupled_body({**body, "temperature": 0.7})
+    copy = shadow.shadow_body(coupled, chat=False, k=5, max_tokens=8)
     assert copy["seed"] == coupled["seed"] and copy["max_tokens"] == 8
     # Greedy requests and seeds the user chose go as they came (any value: upstream judges).
     for kept in ({**body, "temperature": 0}, {**body, "seed": 7}, {**body, "seed": "x"}):
-        assert coupled_body(kept) == kept
+        assert shadow.coupled_body(kept) == kept
 
 
 def test_shadow_rates_parse_and_reject_bad_input() -> None:
-    rates = parse_shadow_rates("0-512=0.5,4k+=0", DEFAULT_EDGES)
+    rates = shadow.parse_shadow_rates("0-512=0.5,4k+=0", DEFAULT_EDGES)
     assert rates["0-512"] == 0.5 and rates["4k+"] == 0 and rates["2k-4k"] == 1.0
     with pytest.raises(ValueError, match="BUCKET=RATE"):
-        parse_shadow_rates("0-100=1", DEFAULT_EDGES)
+        shadow.parse_shadow_rates("0-100=1", DEFAULT_EDGES)
     with pytest.raises(ValueError, match="from 0 to 1"):
-        parse_shadow_rates("0-512=2", DEFAULT_EDGES)
+        shadow.parse_shadow_rates("0-512=2", DEFAULT_EDGES)
 
 
 # ------------------------------------------------------------------ logprob rewriting
@@ -272,7 +253,9 @@ def test_collector_strips_logprobs_and_collects_positions_across_split_chunks() 
         + _completion_event(" b", {" b": -0.2, " a": -1.9, " d": -3.0})
         + b"data: [DONE]\n\n"
     )
-    col = Collector(LogprobRequest(chat=False, k=5, user_k=None), 8, clock=lambda: 1.0)
+    col = shadow.Collector(
+        shadow.LogprobRequest(chat=False, k=5, user_k=None), 8, clock=lambda: 1.0
+    )
     out = b""
     for i in range(0, len(stream), 7):  # awkward chunk boundaries
         out += col.feed_chunk(stream[i : i + 7])
@@ -288,33 +271,36 @@ def test_collector_strips_logprobs_and_collects_positions_across_split_chunks() 
 
 def test_collector_trims_to_the_users_k_and_passes_through_when_enough() -> None:
     ev = _completion_event(" a", {" a": -0.1, " b": -2.0, " c": -3.0})
-    trim = Collector(LogprobRequest(chat=False, k=5, user_k=1), 8, clock=lambda: 1.0)
+    trim = shadow.Collector(shadow.LogprobRequest(chat=False, k=5, user_k=1), 8, clock=lambda: 1.0)
     out = trim.feed_chunk(ev)
     top = json.loads(out.split(b"\n\n")[0][6:])["choices"][0]["logprobs"]["top_logprobs"][0]
     assert top == {" a": -0.1}
-    keep = Collector(LogprobRequest(chat=False, k=5, user_k=5), 8, clock=lambda: 1.0)
+    keep = shadow.Collector(shadow.LogprobRequest(chat=False, k=5, user_k=5), 8, clock=lambda: 1.0)
     assert keep.feed_chunk(ev) == ev  # the user asked for all of it: bytes untouched
     assert len(keep.positions[0].top) == 3
 
 
 def test_collector_chat_shape_non_streaming() -> None:
     body = chat_answer(" a", {" a": -0.1, " b": -2.4})
-    col = Collector(LogprobRequest(chat=True, k=5, user_k=None), 8, clock=lambda: 1.0)
+    col = shadow.Collector(shadow.LogprobRequest(chat=True, k=5, user_k=None), 8, clock=lambda: 1.0)
     out = json.loads(col.feed_body(json.dumps(body).encode()))
     assert out["choices"][0]["logprobs"] is None
     assert col.positions[0].top == {" a": -0.1, " b": -2.4}
 
 
 def test_user_logprob_detection_and_shadow_body() -> None:
-    assert user_logprobs_k({"logprobs": 3}, chat=False) == 3
-    assert user_logprobs_k({}, chat=False) is None
-    assert user_logprobs_k({"logprobs": True, "top_logprobs": 2}, chat=True) == 2
-    assert user_logprobs_k({"logprobs": False}, chat=True) is None
+    assert shadow.user_logprobs_k({"logprobs": 3}, chat=False) == 3
+    assert shadow.user_logprobs_k({}, chat=False) is None
+    assert shadow.user_logprobs_k({"logprobs": True, "top_logprobs": 2}, chat=True) == 2
+    assert shadow.user_logprobs_k({"logprobs": False}, chat=True) is None
     body = {"prompt": "x y", "max_tokens": 100, "temperature": 0, "stream": False, "seed": 3}
-    sb = shadow_body(body, chat=False, k=5, max_tokens=8)
+    sb = shadow.shadow_body(body, chat=False, k=5, max_tokens=8)
     assert sb["max_tokens"] == 8 and sb["stream"] is True and sb["logprobs"] == 5
     assert sb["seed"] == 3 and sb["temperature"] == 0 and sb["prompt"] == "x y"
-    assert shadow_body({**body, "max_tokens": 2}, chat=False, k=5, max_tokens=8)["max_tokens"] == 2
+    assert (
+        shadow.shadow_body({**body, "max_tokens": 2}, chat=False, k=5, max_tokens=8)["max_tokens"]
+        == 2
+    )
 
 
 # ------------------------------------------------------------- a broken engine (#12)
@@ -333,8 +319,10 @@ def _raw_completion_event(text: str, logprobs: str) -> bytes:
     )
 
 
-def _collect(stream: bytes, user_k: int | None = None) -> tuple[Collector, bytes]:
-    col = Collector(LogprobRequest(chat=False, k=5, user_k=user_k), 8, clock=lambda: 1.0)
+def _collect(stream: bytes, user_k: int | None = None) -> tuple[shadow.Collector, bytes]:
+    col = shadow.Collector(
+        shadow.LogprobRequest(chat=False, k=5, user_k=user_k), 8, clock=lambda: 1.0
+    )
     out = col.feed_chunk(stream) + col.flush()
     return col, out
 
@@ -343,31 +331,34 @@ def _collect(stream: bytes, user_k: int | None = None) -> tuple[Collector, bytes
 def test_kl_of_a_non_finite_logprob_is_maximal_never_zero_or_an_error(bad: float) -> None:
     # Before: NaN gave 0.0 (max(0.0, nan)) and +-inf raised ValueError.
     p = {" a": -0.1, " b": -2.5}
-    assert kl_topk(p, {" a": bad, " b": -2.5}) == KL_MAX_NATS
-    assert kl_topk({" a": bad, " b": bad}, p) == KL_MAX_NATS
+    assert shadow.kl_topk(p, {" a": bad, " b": -2.5}) == shadow.KL_MAX_NATS
+    assert shadow.kl_topk({" a": bad, " b": bad}, p) == shadow.KL_MAX_NATS
 
 
 def test_kl_of_a_zero_probability_token_is_finite() -> None:
     # exp(-1e300) is 0.0: no log(0), no division by zero.
     tiny = {" a": -1e300, " b": -0.1}
-    assert math.isfinite(kl_topk(tiny, {" a": -0.1, " b": -2.0}))
-    assert math.isfinite(kl_topk({" a": -0.1, " b": -2.0}, tiny))
+    assert math.isfinite(shadow.kl_topk(tiny, {" a": -0.1, " b": -2.0}))
+    assert math.isfinite(shadow.kl_topk({" a": -0.1, " b": -2.0}, tiny))
 
 
 @pytest.mark.parametrize(
     ("logprobs", "reason"),
     [
-        ('{"tokens":[" a"],"token_logprobs":[NaN],"top_logprobs":[{" a":NaN}]}', NON_FINITE),
+        ('{"tokens":[" a"],"token_logprobs":[NaN],"top_logprobs":[{" a":NaN}]}', shadow.NON_FINITE),
         (
             '{"tokens":[" a"],"token_logprobs":[-Infinity],"top_logprobs":[{" a":-Infinity}]}',
-            NON_FINITE,
+            shadow.NON_FINITE,
         ),
-        ('{"tokens":[" a"],"token_logprobs":[Infinity],"top_logprobs":[{" a":1e999}]}', NON_FINITE),
-        ('{"tokens":[" a"],"top_logprobs":[{}]}', MALFORMED),
-        ('{"tokens":[" a"],"top_logprobs":[{" a":"high"}]}', MALFORMED),
-        ('{"tokens":[" a"],"top_logprobs":[{" a":4.0}]}', MALFORMED),
-        ('"yes"', MALFORMED),
-        ("null", MISSING),
+        (
+            '{"tokens":[" a"],"token_logprobs":[Infinity],"top_logprobs":[{" a":1e999}]}',
+            shadow.NON_FINITE,
+        ),
+        ('{"tokens":[" a"],"top_logprobs":[{}]}', shadow.MALFORMED),
+        ('{"tokens":[" a"],"top_logprobs":[{" a":"high"}]}', shadow.MALFORMED),
+        ('{"tokens":[" a"],"top_logprobs":[{" a":4.0}]}', shadow.MALFORMED),
+        ('"yes"', shadow.MALFORMED),
+        ("null", shadow.MISSING),
     ],
 )
 def test_collector_marks_a_broken_logprobs_object(logprobs: str, reason: str) -> None:
@@ -379,10 +370,13 @@ def test_collector_marks_a_broken_logprobs_object(logprobs: str, reason: str) ->
 @pytest.mark.parametrize(
     ("event", "reason"),
     [
-        (b"data: {not json at all\n\n", BAD_JSON),
-        (b"data: [1, 2]\n\n", BAD_JSON),
-        (_raw_completion_event("17", '{"tokens":[" a"],"top_logprobs":[{" a":-0.1}]}'), BAD_TEXT),
-        (b'data: {"choices":[{"index":0,"delta":{"content":["x"]}}]}\n\n', BAD_TEXT),
+        (b"data: {not json at all\n\n", shadow.BAD_JSON),
+        (b"data: [1, 2]\n\n", shadow.BAD_JSON),
+        (
+            _raw_completion_event("17", '{"tokens":[" a"],"top_logprobs":[{" a":-0.1}]}'),
+            shadow.BAD_TEXT,
+        ),
+        (b'data: {"choices":[{"index":0,"delta":{"content":["x"]}}]}\n\n', shadow.BAD_TEXT),
     ],
 )
 def test_collector_marks_garbage_output(event: bytes, reason: str) -> None:
@@ -401,18 +395,18 @@ def test_a_healthy_stream_is_not_broken() -> None:
 def test_stripping_a_nan_event_leaves_strict_json_for_the_user() -> None:
     nan = _raw_completion_event('" a"', '{"tokens":[" a"],"top_logprobs":[{" a":NaN}]}')
     col, out = _collect(nan + b"data: [DONE]\n\n", user_k=None)
-    assert col.invalid == NON_FINITE
+    assert col.invalid == shadow.NON_FINITE
     first = out.split(b"\n\n")[0][len(b"data: ") :]
     assert strictjson.loads(first)["choices"][0]["logprobs"] is None
 
 
-def _side(top: dict[str, float] | None = None, invalid: str | None = None) -> SideResult:
-    positions = [Position(" a", top)] if top is not None else []
-    return SideResult(positions=positions, ttft_s=0.01, version="v", invalid=invalid)
+def _side(top: dict[str, float] | None = None, invalid: str | None = None) -> shadow.SideResult:
+    positions = [shadow.Position(" a", top)] if top is not None else []
+    return shadow.SideResult(positions=positions, ttft_s=0.01, version="v", invalid=invalid)
 
 
 def _result(
-    pair: str, a: SideResult, b: SideResult, **over: Any
+    pair: str, a: shadow.SideResult, b: shadow.SideResult, **over: Any
 ) -> tuple[str, dict[str, object] | None]:
     """``comparison_result`` of a short-prompt pair; ``over`` replaces any field."""
     fields: dict[str, Any] = {
@@ -421,14 +415,16 @@ def _result(
         "request_id": "r",
         "topk": 5,
     }
-    return comparison_result(pair=pair, a=a, b=b, **{**fields, **over})
+    return shadow.comparison_result(pair=pair, a=a, b=b, **{**fields, **over})
 
 
-@pytest.mark.parametrize("reason", [NON_FINITE, MALFORMED, BAD_JSON, BAD_TEXT])
+@pytest.mark.parametrize(
+    "reason", [shadow.NON_FINITE, shadow.MALFORMED, shadow.BAD_JSON, shadow.BAD_TEXT]
+)
 def test_a_broken_canary_side_is_a_comparison_of_maximal_divergence(reason: str) -> None:
     result, record = _result("baseline-canary", _side(GOOD_TOP), _side(invalid=reason))
     assert result == "canary_invalid" and record is not None
-    assert record["kl_mean"] == record["kl_first"] == KL_MAX_NATS
+    assert record["kl_mean"] == record["kl_first"] == shadow.KL_MAX_NATS
     assert record["top1_agree"] == 0.0 and record["invalid"] == reason
     assert record["positions"] == 1
     strictjson.dumps(record)  # finite: the gate can take it
@@ -437,20 +433,28 @@ def test_a_broken_canary_side_is_a_comparison_of_maximal_divergence(reason: str)
 def test_a_canary_side_without_logprobs_counts_as_missing() -> None:
     result, record = _result("baseline-canary", _side(GOOD_TOP), _side(None))
     assert result == "canary_invalid" and record is not None
-    assert record["invalid"] == MISSING
+    assert record["invalid"] == shadow.MISSING
 
 
 def test_a_broken_baseline_side_is_dropped_not_canary_drift() -> None:
-    assert _result("baseline-canary", _side(invalid=NON_FINITE), _side(GOOD_TOP)) == (
+    assert _result("baseline-canary", _side(invalid=shadow.NON_FINITE), _side(GOOD_TOP)) == (
         "baseline_invalid",
         None,
     )
     # Both broken: the baseline's brokenness says nothing about the canary.
-    assert _result("baseline-canary", _side(invalid=BAD_JSON), _side(invalid=BAD_JSON))[1] is None
+    assert (
+        _result("baseline-canary", _side(invalid=shadow.BAD_JSON), _side(invalid=shadow.BAD_JSON))[
+            1
+        ]
+        is None
+    )
 
 
 def test_a_broken_side_of_a_noise_pair_is_dropped() -> None:
-    for a, b in ((_side(GOOD_TOP), _side(invalid=NON_FINITE)), (_side(None), _side(GOOD_TOP))):
+    for a, b in (
+        (_side(GOOD_TOP), _side(invalid=shadow.NON_FINITE)),
+        (_side(None), _side(GOOD_TOP)),
+    ):
         assert _result("baseline-baseline", a, b) == ("invalid_dropped", None)
     result, record = _result("baseline-baseline", _side(GOOD_TOP), _side(GOOD_TOP))
     assert result == "ok" and record is not None and record["kl_mean"] == 0.0
@@ -492,8 +496,12 @@ def test_a_sampled_token_beyond_the_top_k_is_not_compared() -> None:
     identical distributions must still compare at KL 0 (was 0.27: the noise floor of one
     gameday run rose 50x from one such baseline-baseline comparison)."""
     top5 = {" a": -0.5, " b": -1.6, " c": -2.3, " d": -2.9, " e": -3.2}
-    a = SideResult(positions=[Position(" f", {**top5, " f": -3.5})], version="v1")  # rank 6
-    b = SideResult(positions=[Position(" zz", {**top5, " zz": -8.8})], version="v1")  # tail
+    a = shadow.SideResult(
+        positions=[shadow.Position(" f", {**top5, " f": -3.5})], version="v1"
+    )  # rank 6
+    b = shadow.SideResult(
+        positions=[shadow.Position(" zz", {**top5, " zz": -8.8})], version="v1"
+    )  # tail
     result, record = _result("baseline-baseline", a, b, bucket="1k-2k", prompt_tokens=1500)
     assert result == "ok" and record is not None
     assert record["kl_mean"] == 0.0 and record["top1_agree"] == 1.0
