@@ -3,7 +3,8 @@ its undo, and the namespace guard for experiments that use ``chaosk8s`` directly
 
 The three rollout actions are the only things here that change the cluster, and they
 change one Deployment: the target's ``model-canary`` workload, inside the blast radius.
-The guard must never let a ``chaosk8s`` activity act outside it.
+The guard must never let a ``chaosk8s`` activity act outside it. The work is the harness
+core's (``gameday.targets.rollout``, ``gameday.targets.guard``); these are its adapters.
 """
 
 from __future__ import annotations

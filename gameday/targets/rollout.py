@@ -68,9 +68,7 @@ def wait_whole(
     ``allowed`` seconds; the seconds since the last pod kill of it in ``book`` (else since
     now) as ``ready_within`` judges them."""
     roles = target.expand_role(component)
-    kills = [
-        e.time for e in book.entries() if e.action == "kill" and e.component in roles
-    ]  # fmt: skip
+    kills = [e.time for e in book.entries() if e.action == "kill" and e.component in roles]
     start = max(kills) if kills else time.time()
     since = "pod kill" if kills else "probe start"
     deadline = time.monotonic() + allowed
