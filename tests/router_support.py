@@ -311,11 +311,6 @@ def gate_receiver() -> Iterator[GateReceiver]:
         gate.stop()
 
 
-def gate_fixture() -> Any:
-    """A ``gate`` fixture for a test module: a fresh GateReceiver per test, stopped after."""
-    return pytest.fixture(name="gate")(gate_receiver)
-
-
 def models_fixture(**versions: str) -> Any:
     """A module-scoped ``models`` fixture: model servers by name (``b0="v1"``)."""
 

@@ -44,7 +44,6 @@ from tests.router_support import Broker as RouterBroker
 from tests.router_support import (
     GateReceiver,
     completion,
-    gate_fixture,
     health,
     start_model,
     start_router,
@@ -53,9 +52,6 @@ from tests.router_support import (
 from tests.shadow_support import noise_router
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-gate = gate_fixture()
 
 
 def _same(record_type: Any, answer: dict[str, Any]) -> Any:
