@@ -2,7 +2,8 @@
 
 Must never raise on bad run-folder content (only ``ReportInputError`` for a RUN_DIR that
 is not a run folder at all) and never write anything: every absent, empty or unreadable
-piece becomes a ``Missing`` entry and the loader goes on with what it has.
+piece becomes a ``Missing`` entry and the loader goes on with what it has. At ~400
+lines because each run-folder file's reader sits beside the ``Missing`` it may give.
 """
 
 from __future__ import annotations
