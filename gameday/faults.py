@@ -125,7 +125,9 @@ def annotate(target: Target, change: JsonObject, reason: str) -> bool:
         return False
 
 
-def _error_text(resp: requests.Response) -> str:
+def error_text(resp: requests.Response) -> str:
+    """A component's error message in ``resp`` (OpenAI-shaped ``error.message``), else the
+    start of its body."""
     try:
         return str(resp.json()["error"]["message"])
     except (ValueError, KeyError, TypeError):
@@ -211,7 +213,7 @@ def inject(
                 failures.append(f"{rep.name} ({rep.url}): {exc.__class__.__name__}: {exc}")
                 continue
             if resp.status_code != 201:
-                failures.append(f"{rep.name}: HTTP {resp.status_code}: {_error_text(resp)}")
+                failures.append(f"{rep.name}: HTTP {resp.status_code}: {error_text(resp)}")
                 continue
             entry = FaultEntry(
                 action=FaultAction.INJECT,
@@ -273,7 +275,7 @@ def clear_injected(
             errors.append(f"{e.replica}: {exc}")
             continue
         if resp.status_code not in (200, 404):
-            errors.append(f"{e.replica}: HTTP {resp.status_code}: {_error_text(resp)}")
+            errors.append(f"{e.replica}: HTTP {resp.status_code}: {error_text(resp)}")
             continue
         entry = e.cleared({"already_gone": resp.status_code == 404})
         ledger.append(entry)

@@ -16,6 +16,7 @@ from canary_contract.digest import manifest_digest
 from canary_contract.json import JsonObject
 from gameday.api import ApiError, StackApi
 from gameday.evidence.events import annotation_events, new_value, phase_events
+from gameday.faults import error_text
 from gameday.targets import Target
 
 __all__ = ["annotation_events", "get_release", "new_value", "phase_events", "release_events"]
@@ -59,14 +60,6 @@ def broker_write(target: Target, method: str, path: str, body: JsonObject) -> re
     except requests.RequestException as exc:
         name = exc.__class__.__name__
         raise ActivityFailed(f"cannot reach the broker ({url}): {name}") from None
-
-
-def error_text(resp: requests.Response) -> str:
-    """The broker's error message in ``resp``, else the start of its body."""
-    try:
-        return str(resp.json()["error"]["message"])
-    except (ValueError, KeyError, TypeError):
-        return resp.text[:300]
 
 
 def patch_release(target: Target, change: JsonObject, reason: str) -> JsonObject:
