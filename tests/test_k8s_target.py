@@ -238,9 +238,21 @@ def test_workload_status_reads_deployments_and_statefulsets(fake: FakeApi, tmp_p
         f"/apis/apps/v1/namespaces/{NS}/deployments/router",
         f"/apis/apps/v1/namespaces/{NS}/statefulsets/broker",
     ]
-    bad = k8s_target(tmp_path, workloads={"router": "daemonset/router"})
-    with pytest.raises(TargetError, match=r"workloads.router is 'daemonset/router'"):
-        bad.workload_status("router")
+
+
+@pytest.mark.parametrize(
+    ("spec", "call", "says"),
+    [
+        ("daemonset/router", "workload_status", r"workloads.router is 'daemonset/router'"),
+        ("deployment/router,", "workloads", r"or several separated by commas"),
+    ],
+)
+def test_a_bad_workloads_entry_is_a_target_error(
+    fake: FakeApi, tmp_path: Path, spec: str, call: str, says: str
+) -> None:
+    bad = k8s_target(tmp_path, workloads={"router": spec})
+    with pytest.raises(TargetError, match=says):
+        getattr(bad, call)("router")
 
 
 def test_rbac_denial_is_a_target_error_that_points_at_the_role(
@@ -355,9 +367,6 @@ def test_a_pod_of_an_unlisted_second_workload_is_not_killed(fake: FakeApi, tmp_p
     ):
         only.kill_pod("router", "router-b-5c-x")
     assert deletes(fake) == []
-    bad = k8s_target(tmp_path, workloads={"router": "deployment/router,"})
-    with pytest.raises(TargetError, match=r"or several separated by commas"):
-        bad.workloads("router")
 
 
 def test_a_pods_admin_port_annotation_wins_over_the_roles_port(
