@@ -20,14 +20,8 @@ from gameday.evidence.rollouts import BUILD_ANNOTATION as BUILD_ANNOTATION  # fo
 from gameday.evidence.rollouts import VERSION_ANNOTATION as VERSION_ANNOTATION
 from gameday.evidence.rollouts import RolloutError, parse_kernel_fault
 from gameday.targets import rollout as core
+from gameday.targets.broker_writes import target_broker
 from gameday.targets.rollout import CanaryChange
-from probes._broker import (
-    FRESH_SUFFIX,
-    get_release,
-    patch_release,
-    register_version,
-    unused_version,
-)
 from probes._cluster import kubernetes_target, non_negative
 from probes._context import MAX_WAIT_S, Configuration, Secrets, harness_errors, ledger
 from probes._guard import activities, refused_namespaces
@@ -118,14 +112,7 @@ def start_fresh_canary(
     with canary_change(
         configuration, "start_fresh_canary", deadline_s, "starting a fresh canary"
     ) as change:
-        target = change.target
-        broker = core.Broker(
-            lambda: get_release(target),
-            lambda patch, reason: patch_release(target, patch, reason),
-            lambda previous: unused_version(target, FRESH_SUFFIX.sub("", previous)),
-            lambda version, manifest: register_version(target, version, manifest),
-        )
-        return core.fresh_canary(change, wanted, broker)
+        return core.fresh_canary(change, wanted, target_broker(change.target))
 
 
 # --- a faulty canary as a rollout of a bad build ----------------------------------------
