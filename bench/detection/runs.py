@@ -24,10 +24,10 @@ from typing import TypeVar
 
 import aiohttp
 
+from canary_contract import strictjson
 from canary_contract.json import JsonObject
 from canarystack.broker.client import BrokerError
 from canarystack.broker.client_errors import IllegalTransition, RevisionConflict
-from canarystack.common import strictjson
 from detection import conditions, rules
 from detection.stack import RELEASE, Stack, model_args
 from detection.traffic import Record

@@ -26,9 +26,9 @@ import aiohttp
 from _procs import TOKEN, launch, port_if_ready, stop, wait_healthy
 from aiohttp import web
 
+from canary_contract import strictjson
 from canary_contract.json import JsonObject
 from canarystack.broker.client import BrokerClient
-from canarystack.common import strictjson
 from canarystack.model.engine import BATCH_NOISE_KL
 
 RELEASE = "default"

@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 
 import aiohttp
 
+from canary_contract import strictjson
 from canary_contract.broker import EventPage, Release, ReleaseList, RouterList, Version
 from canary_contract.errors import ContractError
 from canary_contract.json import JsonObject
@@ -30,7 +31,6 @@ from canarystack.broker.client_errors import (
 )
 from canarystack.broker.digest import manifest_digest
 from canarystack.broker.follow import FollowEvent, FollowKind, ReleaseFollower
-from canarystack.common import strictjson
 
 __all__ = [
     "UNSET",

@@ -12,12 +12,12 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictInt, model_validator
 
+from canary_contract import strictjson
 from canary_contract.broker import MAX_TRIP_COLOURS
 from canary_contract.json import JsonObject
 from canary_contract.samples import TOKEN_PATTERN, TRACE_ID_PATTERN
 from canarystack.broker.phases import Phase
 from canarystack.broker.wire import MAX_INT64
-from canarystack.common import strictjson
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
 # For path segments: fullmatch, because re's '$' also matches before a trailing newline.

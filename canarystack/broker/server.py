@@ -19,6 +19,7 @@ from pathlib import Path
 from aiohttp import web
 
 import canarystack
+from canary_contract import strictjson
 from canary_contract.json import JsonObject
 from canarystack.broker import capabilities
 from canarystack.broker.api_spec import install as install_api_spec
@@ -50,7 +51,6 @@ from canarystack.broker.wire import (
     read_json_object,
     read_optional_object,
 )
-from canarystack.common import strictjson
 from canarystack.common.app import COMPONENT, Component, create_app
 from canarystack.common.auth import Forbidden
 from canarystack.common.colour import Colour

@@ -16,12 +16,12 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from canary_contract import strictjson
 from canary_contract.json import JsonObject
 from canarystack.broker.changes import ReleasePatch as ReleasePatch  # tests import it here
 from canarystack.broker.changes import diff, number, plan
 from canarystack.broker.errors import Conflicting, Missing, Refused
 from canarystack.broker.phases import Phase
-from canarystack.common import strictjson
 
 SCHEMA_VERSION = 1
 DB_FILE = "broker.sqlite"

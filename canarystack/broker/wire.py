@@ -12,8 +12,8 @@ from typing import Any
 
 from aiohttp import web
 
+from canary_contract import strictjson
 from canary_contract.json import JsonObject
-from canarystack.common import strictjson
 from canarystack.common.errors import BadRequest, PayloadTooLarge, read_capped
 
 # The broker's largest body is a version manifest (a few KiB); 256 KiB leaves room.

@@ -15,8 +15,9 @@ from collections.abc import AsyncIterator
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from canary_contract import strictjson
 from canary_contract.json import JsonObject
-from canarystack.common import otel, strictjson
+from canarystack.common import otel
 from canarystack.common.colour_http import (
     HOPS_PATH,
     colour_hops,

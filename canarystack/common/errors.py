@@ -16,9 +16,9 @@ from typing import Any, TypeVar
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
+from canary_contract import strictjson
 from canary_contract.errors import ErrorKind
 from canary_contract.json import JsonObject
-from canarystack.common import strictjson
 from canarystack.common.error_fields import ErrorFields
 from canarystack.common.logs import get_logger
 

@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
+from canary_contract import strictjson
 from canary_contract.json import JsonObject
-from canarystack.common import strictjson
 from canarystack.common.apispec import (
     ANY_OBJECT,
     INTEGER,

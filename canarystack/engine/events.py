@@ -9,8 +9,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from canary_contract import strictjson
 from canary_contract.json import JsonObject
-from canarystack.common import strictjson
 
 SEPARATORS = (b"\r\n\r\n", b"\n\n")
 # What request_done says of an engine answer that is not strict JSON (a NaN or Infinity

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 import aiohttp
 from aiohttp import web
 
+from canary_contract import strictjson
 from canary_contract.json import JsonObject
-from canarystack.common import strictjson
 from canarystack.common.app import Component
 from canarystack.common.errors import Unavailable, json_response
 from canarystack.common.logs import get_logger

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
+from canary_contract import strictjson
 from canary_contract.json import JsonObject
-from canarystack.common import strictjson
 from canarystack.common.errors import BadRequest, PayloadTooLarge, parse_model, read_capped
 from canarystack.model.schemas import (
     MAX_STOP_CHARS,

@@ -11,8 +11,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from canary_contract import strictjson
 from canary_contract.json import JsonObject
-from canarystack.common import strictjson
 
 # The broker's limits on what a step writes (canarystack/broker/server.py: ``Reason`` and
 # ``MAX_EVENT_FIELD_BYTES``); a test checks they agree.

@@ -16,8 +16,9 @@ from collections.abc import Sequence
 
 from aiohttp import web
 
+from canary_contract import strictjson
 from canary_contract.buckets import DEFAULT_EDGES, parse_edges
-from canarystack.common import logs, strictjson
+from canarystack.common import logs
 from canarystack.common.auth import ENV_VAR, describe_admin_flag, load_admin_token, token_or_admin
 from canarystack.common.cli import (
     base_parser,

@@ -15,8 +15,8 @@ from collections.abc import Callable
 
 import aiohttp
 
+from canary_contract import strictjson
 from canary_contract.json import JsonObject
-from canarystack.common import strictjson
 from canarystack.common.logs import get_logger
 
 FLUSH_INTERVAL_S = 0.2

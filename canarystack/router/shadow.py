@@ -23,9 +23,9 @@ from typing import Any
 
 import aiohttp
 
+from canary_contract import strictjson
 from canary_contract.buckets import bucket_labels
 from canary_contract.json import JsonObject
-from canarystack.common import strictjson
 from canarystack.router.collector import (
     Collector,
     LogprobRequest,

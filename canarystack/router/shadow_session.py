@@ -10,8 +10,8 @@ import asyncio
 import time
 from collections.abc import Mapping
 
+from canary_contract import strictjson
 from canary_contract.json import JsonObject
-from canarystack.common import strictjson
 from canarystack.router.collector import (
     Collector,
     LogprobRequest,
