@@ -6,16 +6,13 @@ counts both. About a minute on 2 cores."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
 
-from tests.run_support import REPO, free_base_port
-from tests.short_run_support import SHORT_RUN
+from tests.run_support import free_base_port
+from tests.short_run_support import SHORT_RUN, gameday_run
 
 pytestmark = pytest.mark.slow
 
@@ -36,17 +33,12 @@ TINY = {
 
 
 def test_repeat_2_runs_the_control_twice_with_different_load_seeds(tmp_path: Path) -> None:
-    args = ["run", "experiments/control.yaml", "--repeat", "2", "--out", str(tmp_path)]
-    args += ["--run-id", "tiny", "--base-port", str(free_base_port())]
-    env = {k: v for k, v in os.environ.items() if k != "GAMEDAY_LOAD_SEED"}
-    done = subprocess.run(
-        [sys.executable, "-c", "from gameday.cli import main; main()", *args],
-        cwd=REPO,
-        env={**env, **TINY, "COLUMNS": "200"},
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
+    done = gameday_run(
+        "experiments/control.yaml", "--repeat", "2", "--out", str(tmp_path),
+        "--run-id", "tiny", "--base-port", str(free_base_port()),
+        env=TINY,
+        unset={"GAMEDAY_LOAD_SEED"},  # each run's seed is the campaign's own
+    )  # fmt: skip
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
     run = tmp_path / "tiny"
     prompts = []

@@ -8,7 +8,6 @@ tests/test_inconclusive_run.py.)"""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
@@ -31,6 +30,7 @@ from gameday.run.evidence import (
 )
 from gameday.run.runner import EXIT_CODES, EXIT_INCONCLUSIVE, run_verdict
 from gameday.run.verdict import NOT_JUDGED, Evidence, decide
+from tests.short_run_support import gameday_run
 from tests.verdict_support import passing_journal
 
 BUCKETS = ("0-512", "512-1k", "1k-2k", "2k-4k", "4k+")
@@ -326,13 +326,13 @@ def test_a_stack_that_outlives_an_experiment_is_counted_from_its_start() -> None
 def test_a_bad_evidence_threshold_stops_the_run_before_anything_starts(
     tmp_path: Path, var: str, value: str, said: str
 ) -> None:
-    proc = subprocess.run(
-        [sys.executable, "-c", "from gameday.cli import main; main()", "run",
-         "experiments/control.yaml", "--out", str(tmp_path / "reports")],
-        cwd=Path(__file__).resolve().parents[1],
-        env={**os.environ, var: value, "COLUMNS": "200"},
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+    proc = gameday_run(
+        "experiments/control.yaml",
+        "--out",
+        str(tmp_path / "reports"),
+        env={var: value},
+        timeout_s=120,
+    )
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert said in " ".join((proc.stdout + proc.stderr).split())
     assert not (tmp_path / "reports").exists()

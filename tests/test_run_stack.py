@@ -13,7 +13,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -25,7 +24,7 @@ from gameday.report import loader as report_loader
 from gameday.stack import stack_status
 from tests.procs import wait_for
 from tests.run_support import REPO, faults_on, free_base_port, local_stack, write_target
-from tests.short_run_support import SHORT_RUN
+from tests.short_run_support import SHORT_RUN, gameday_run, gameday_run_argv
 
 pytestmark = pytest.mark.slow
 
@@ -44,36 +43,16 @@ SHORT = {
 EXPERIMENT_FILES = (*report_loader.EXPERIMENT_FILES, "target.yaml", "load.json")
 
 
-def gameday(*args: str, env: dict[str, str] | None = None) -> list[str]:
-    return [sys.executable, "-c", "from gameday.cli import main; main()", "run", *args]
-
-
-def run_gameday(
-    args: list[str], tmp_path: Path, env: dict[str, str], timeout_s: float = 240
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        gameday(*args),
-        cwd=REPO,
-        env={**os.environ, **env, "COLUMNS": "200"},
-        capture_output=True,
-        text=True,
-        timeout=timeout_s,
-    )
-
-
 def result_of(run_dir: Path, name: str) -> dict[str, Any]:
     return dict(json.loads((run_dir / name / "result.json").read_text()))
 
 
 def test_a_real_experiment_passes_and_leaves_its_run_folder(tmp_path: Path) -> None:
     out = tmp_path / "reports"
-    proc = run_gameday(
-        [
-            "experiments/router/faulty-kernel.yaml",
-            "--out", str(out), "--run-id", "short", "--base-port", str(free_base_port()),
-        ],
-        tmp_path,
-        SHORT,
+    proc = gameday_run(
+        "experiments/router/faulty-kernel.yaml",
+        "--out", str(out), "--run-id", "short", "--base-port", str(free_base_port()),
+        env=SHORT,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     run_dir = out / "short"
@@ -106,14 +85,11 @@ def test_a_real_experiment_passes_and_leaves_its_run_folder(tmp_path: Path) -> N
 def test_a_blind_gate_fails_the_run_and_says_why(tmp_path: Path) -> None:
     out = tmp_path / "reports"
     env = {**SHORT, "GAMEDAY_TRIP_DEADLINE_S": "8", "GAMEDAY_ROLLBACK_DEADLINE_S": "2"}
-    proc = run_gameday(
-        [
-            "experiments/router/faulty-kernel.yaml",
-            "--out", str(out), "--run-id", "blind", "--base-port", str(free_base_port()),
-            "--stack-config", "experiments/stack-configs/blind-gate.yaml",
-        ],
-        tmp_path,
-        env,
+    proc = gameday_run(
+        "experiments/router/faulty-kernel.yaml",
+        "--out", str(out), "--run-id", "blind", "--base-port", str(free_base_port()),
+        "--stack-config", "experiments/stack-configs/blind-gate.yaml",
+        env=env,
     )  # fmt: skip
     assert proc.returncode == 1, proc.stdout[-4000:]
     reasons = result_of(out / "blind", "router/faulty-kernel")["reasons"]
@@ -129,7 +105,7 @@ def test_ctrl_c_clears_every_fault_and_stops_the_load(tmp_path: Path) -> None:
         out = tmp_path / "reports"
         env = {**os.environ, **SHORT, "GAMEDAY_WARMUP_S": "2", "GAMEDAY_OBSERVE_S": "60"}
         proc = subprocess.Popen(
-            gameday(
+            gameday_run_argv(
                 "experiments/router/latency.yaml", "--target", str(target),
                 "--out", str(out), "--run-id", "ctrlc", "--no-report",
             ),
