@@ -22,16 +22,14 @@ from gameday.api import ApiError, PrometheusApi
 from gameday.evidence.canary_traffic import promql_traffic
 from gameday.evidence.controllers import epoch_s
 from gameday.evidence.promql import instant_value
-from gameday.evidence.traffic import judge_traffic, records_traffic
+from gameday.run.folder import RecordsError
 from gameday.targets import TargetError
 from gameday.targets.kubernetes import KubernetesTarget
-from probes._context import Configuration, get_target
-from probes._evidence import load_state, read_records
+from probes._context import Configuration, get_target, run_folder
 
 __all__ = [
     "canary_traffic_after",
     "epoch_s",
-    "judge_traffic",
     "kubernetes_target",
     "non_negative",
     "prometheus_url",
@@ -120,22 +118,7 @@ def canary_traffic_after(
         url = prometheus_url(configuration, prometheus)
         value = partial(promql_value, url)
         return promql_traffic(url, canary_promql, total_promql, since, time.time(), value)
-    state = load_state(configuration)
-    if state is None or state.get("state") != "stopped":
-        where = "has not run" if state is None else f"is {state.get('state')!r}, not stopped"
-        raise ActivityFailed(
-            f"no load records to pair with the controller's status: the load {where}. Add the "
-            "probes.load control, run this probe after the method, or pass canary_promql."
-        )
-    path = str(state.get("records"))
     try:
-        frame = read_records(path)
-        versions = None
-        if canary_version:
-            import pyarrow.parquet as pq
-
-            versions = pq.read_table(path, columns=["model_version", "start_time"]).to_pandas()
-    except Exception as exc:  # an unreadable file is no evidence, never a crash
-        raise ActivityFailed(f"cannot read the load records {path}: {exc}") from None
-    traffic = records_traffic(frame, since, canary_version, versions)
-    return {"source": "records", "records": path, **traffic}
+        return run_folder(configuration).records_traffic(since, canary_version)
+    except RecordsError as exc:
+        raise ActivityFailed(str(exc)) from None

@@ -22,6 +22,7 @@ from chaoslib.exceptions import ActivityFailed
 from canary_contract.json import JsonObject
 from gameday.api import ApiError, StackApi
 from gameday.faults import FaultError, FaultLedger, inject
+from gameday.run.folder import RunFolder
 from gameday.targets import Target, TargetError, load_target
 
 CONFIG_TARGET = "gameday_target"
@@ -30,8 +31,6 @@ ENV_TARGET = "GAMEDAY_TARGET"
 ENV_RUN_DIR = "GAMEDAY_RUN_DIR"
 DEFAULT_TARGET_FILE = Path("targets/local.yaml")
 DEFAULT_RUN_DIR = Path("reports/adhoc")
-LEDGER_NAME = "faults.jsonl"
-LOAD_STATE_NAME = "load.json"
 # Chaos Toolkit does not time out Python activities: none of them waits longer than this.
 MAX_WAIT_S = 600.0
 
@@ -94,8 +93,13 @@ def append_run_json_lines(
     return folder / name
 
 
+def run_folder(configuration: Configuration | None) -> RunFolder:
+    """The experiment's folder (``run_dir``) as the core reads it."""
+    return RunFolder(run_dir(configuration))
+
+
 def ledger(configuration: Configuration | None) -> FaultLedger:
-    return FaultLedger(run_dir(configuration) / LEDGER_NAME)
+    return run_folder(configuration).ledger()
 
 
 def rewrite_journal_extensions(state: Any, rewrite: Callable[[list[Any]], list[Any]]) -> None:
