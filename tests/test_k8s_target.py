@@ -176,15 +176,27 @@ def test_probes_faults_kill_pod_action_on_a_kubernetes_target(
     assert '"replica": "model-canary-1"' in (run / "faults.jsonl").read_text()
 
 
+def deletes(fake: FakeApi) -> list[str]:
+    return [s.path for s in fake.seen if s.method == "DELETE"]
+
+
+def refuses_to_kill(
+    fake: FakeApi, target: KubernetesTarget, role: str, replica: str | None, says: str
+) -> None:
+    """Killing ``replica`` of ``role`` (None: the first serving pod) is a TargetError
+    matching ``says``, and no pod has been deleted."""
+    with pytest.raises(TargetError, match=says):
+        target.kill_pod(role, replica)
+    assert deletes(fake) == []
+
+
 def test_kill_pod_of_an_unknown_replica_names_the_pods_and_deletes_nothing(
     fake: FakeApi, tmp_path: Path
 ) -> None:
     target = k8s_target(tmp_path)
-    with pytest.raises(TargetError, match=r"no pod 'router-x'.*router-7d9-a, router-7d9-b"):
-        target.kill_pod("router", "router-x")
-    with pytest.raises(TargetError, match="no running pod of broker"):
-        target.kill_pod("broker")
-    assert not [s for s in fake.seen if s.method == "DELETE"]
+    says = r"no pod 'router-x'.*router-7d9-a, router-7d9-b"
+    refuses_to_kill(fake, target, "router", "router-x", says)
+    refuses_to_kill(fake, target, "broker", None, "no running pod of broker")
 
 
 @pytest.mark.parametrize(
@@ -265,20 +277,15 @@ def test_rbac_denial_is_a_target_error_that_points_at_the_role(
     assert "router-7d9-a" in fake.pods[NS]
 
 
-def deletes(fake: FakeApi) -> list[str]:
-    return [s.path for s in fake.seen if s.method == "DELETE"]
-
-
 def test_a_bare_pod_with_the_roles_labels_is_not_killed(fake: FakeApi, tmp_path: Path) -> None:
     fake.add_pod(pod("router-0-impostor", labels("router"), "10.0.0.9"))  # sorts first
     target = k8s_target(tmp_path)
-    with pytest.raises(
-        TargetError,
-        match=r"refusing to kill pod 'router-0-impostor' as router: it has no controlling "
-        r"owner \(a bare pod\), so it is not a pod of deployment/router",
-    ):
-        target.kill_pod("router")
-    assert deletes(fake) == [] and "router-0-impostor" in fake.pods[NS]
+    says = (
+        r"refusing to kill pod 'router-0-impostor' as router: it has no controlling "
+        r"owner \(a bare pod\), so it is not a pod of deployment/router"
+    )
+    refuses_to_kill(fake, target, "router", None, says)
+    assert "router-0-impostor" in fake.pods[NS]
 
 
 def test_a_pod_of_another_workload_is_not_killed(fake: FakeApi, tmp_path: Path) -> None:
@@ -289,21 +296,16 @@ def test_a_pod_of_another_workload_is_not_killed(fake: FakeApi, tmp_path: Path) 
                   "ReplicaSet", "payments-66", "uid-rs-payments")  # fmt: skip
     fake.add_pod(stray)
     target = k8s_target(tmp_path)
-    with pytest.raises(
-        TargetError, match=r"its ReplicaSet payments-66 is owned by Deployment/payments"
-    ):
-        target.kill_pod("router", "router-0-payments")
+    says = r"its ReplicaSet payments-66 is owned by Deployment/payments"
+    refuses_to_kill(fake, target, "router", "router-0-payments", says)
     # a ReplicaSet of the right name but another UID (recreated, or a name clash) is refused
     fake.pods[NS]["router-7d9-a"]["metadata"]["ownerReferences"][0]["uid"] = "uid-old"
-    with pytest.raises(TargetError, match=r"its ReplicaSet router-7d9 has another UID"):
-        target.kill_pod("router", "router-7d9-a")
+    says = r"its ReplicaSet router-7d9 has another UID"
+    refuses_to_kill(fake, target, "router", "router-7d9-a", says)
     # a pod whose controller is a StatefulSet, for a Deployment role
     fake.add_pod(owned(pod("router-9", labels("router"), "10.0.0.7"), "StatefulSet", "router", "u"))
-    with pytest.raises(
-        TargetError, match=r"its controller is StatefulSet/router, not a ReplicaSet"
-    ):
-        target.kill_pod("router", "router-9")
-    assert deletes(fake) == []
+    says = r"its controller is StatefulSet/router, not a ReplicaSet"
+    refuses_to_kill(fake, target, "router", "router-9", says)
 
 
 def test_a_statefulset_pod_is_killed_only_when_its_statefulset_is_the_roles(
@@ -314,8 +316,7 @@ def test_a_statefulset_pod_is_killed_only_when_its_statefulset_is_the_roles(
     fake.add_pod(owned(pod("broker-1", labels("broker"), "10.0.2.2"),
                        "StatefulSet", "cache", "uid-sts-cache"))  # fmt: skip
     target = k8s_target(tmp_path)
-    with pytest.raises(TargetError, match=r"its controller is StatefulSet/cache"):
-        target.kill_pod("broker", "broker-1")
+    refuses_to_kill(fake, target, "broker", "broker-1", r"its controller is StatefulSet/cache")
     killed = target.kill_pod("broker", "broker-0")
     assert killed.detail["workload"] == "statefulset/broker"
     assert deletes(fake) == [f"/api/v1/namespaces/{NS}/pods/broker-0"]
@@ -362,11 +363,8 @@ def test_a_role_with_two_workloads_kills_and_counts_the_pods_of_both(
 def test_a_pod_of_an_unlisted_second_workload_is_not_killed(fake: FakeApi, tmp_path: Path) -> None:
     router_b(fake)
     only = k8s_target(tmp_path)  # workloads.router: deployment/router (the default)
-    with pytest.raises(
-        TargetError, match=r"its ReplicaSet router-b-5c is owned by Deployment/router-b"
-    ):
-        only.kill_pod("router", "router-b-5c-x")
-    assert deletes(fake) == []
+    says = r"its ReplicaSet router-b-5c is owned by Deployment/router-b"
+    refuses_to_kill(fake, only, "router", "router-b-5c-x", says)
 
 
 def test_a_pods_admin_port_annotation_wins_over_the_roles_port(
