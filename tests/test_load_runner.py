@@ -32,13 +32,13 @@ def request_done(proc: Proc) -> list[dict[str, object]]:
 def test_start_stop_records_chat_and_oracle_pairs(spawn: Spawner, tmp_path: Path) -> None:
     baseline = spawn("canarystack.model", "--version", "v1")
     canary = spawn("canarystack.model", "--version", "v2")
-    config = LoadConfig(
-        host=baseline.url,
-        output_dir=tmp_path / "run",
+    config = short_load(
+        baseline.url,
+        tmp_path,
         users=3,
         spawn_rate=3,
+        duration_s=None,
         stop_timeout_s=10,
-        max_tokens=8,
         api_path="/v1/chat/completions",
         oracle=True,
         run_id="runner-test",
