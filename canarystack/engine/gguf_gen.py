@@ -21,6 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
+from canary_contract.bounds import bounded, check_bounds
+
 # Same pseudo-word syllables as gameday.load.prompts / canarystack.tokenizer.
 _ONSETS = ("", "b", "d", "f", "g", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z", "sh")
 _VOWELS = ("a", "e", "i", "o", "u", "ai", "ou", "ea")
@@ -47,7 +49,7 @@ class ModelShape:
     cache moves the distributions measurably, flat enough that top-5 lists carry mass.
     """
 
-    vocab: int = 512
+    vocab: int = bounded(512, ge=N_SPECIAL + N_BYTES + 1)  # the specials, the bytes, a piece
     embedding: int = 256
     layers: int = 4
     heads: int = 4
@@ -62,8 +64,7 @@ class ModelShape:
     std_embeddings: float = 0.5
 
     def check(self) -> None:
-        if self.vocab < N_SPECIAL + N_BYTES + 1:
-            raise ValueError(f"vocab {self.vocab}: needs at least {N_SPECIAL + N_BYTES + 1}")
+        check_bounds(self)
         if self.embedding % self.heads or self.heads % self.kv_heads:
             raise ValueError(
                 f"embedding {self.embedding}, heads {self.heads}, kv_heads {self.kv_heads}: "

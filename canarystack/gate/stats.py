@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from scipy.special import betaincinv
 
+from canary_contract.bounds import bounded, check_bounds
 from canary_contract.json import JsonObject
 
 
@@ -171,19 +172,16 @@ class MeanWindow:
     mean and variance are clamped at 0: the estimate is never negative, never infinite.
     """
 
-    size: int
+    size: int = bounded(ge=1)
     z: float = 2.0
-    clip: float | None = None
+    clip: float | None = bounded(None, gt=0, finite=True)
     values: deque[float] = field(default_factory=deque)
     _sum: float = 0.0
     _sumsq: float = 0.0
     _since_exact: int = 0
 
     def __post_init__(self) -> None:
-        if self.size < 1:
-            raise ValueError(f"size must be >= 1, got {self.size}")
-        if self.clip is not None and not (self.clip > 0 and math.isfinite(self.clip)):
-            raise ValueError(f"clip must be > 0 and finite, got {self.clip}")
+        check_bounds(self)
 
     def add(self, x: float) -> None:
         if not (x >= 0 and math.isfinite(x)):

@@ -12,27 +12,23 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from canary_contract.bounds import bounded, check_bounds
+
 # A wait shorter than this is not worth a timer wakeup (the loop's granularity is ~1 ms).
 MIN_SLEEP_S = 0.0005
 
 
 @dataclass(frozen=True)
 class CapacityModel:
-    slots: int = 32
-    ttft_base_s: float = 0.020
-    prefill_s_per_1k: float = 0.050
-    itl_base_s: float = 0.005
-    itl_batch_k: float = 1.0
-    itl_jitter: float = 0.05
+    slots: int = bounded(32, ge=1)
+    ttft_base_s: float = bounded(0.020, ge=0)
+    prefill_s_per_1k: float = bounded(0.050, ge=0)
+    itl_base_s: float = bounded(0.005, ge=0)
+    itl_batch_k: float = bounded(1.0, ge=0)
+    itl_jitter: float = bounded(0.05, ge=0, lt=1)
 
     def __post_init__(self) -> None:
-        if self.slots < 1:
-            raise ValueError(f"slots must be >= 1, got {self.slots}")
-        for name in ("ttft_base_s", "prefill_s_per_1k", "itl_base_s", "itl_batch_k"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
-        if not 0 <= self.itl_jitter < 1:
-            raise ValueError(f"itl_jitter must be in [0, 1), got {self.itl_jitter}")
+        check_bounds(self)
 
     def prefill_s(self, prompt_tokens: int) -> float:
         """Time from admission to the first token (without faults)."""

@@ -15,6 +15,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+from canary_contract.bounds import bounded, check_bounds
 from canary_contract.json import JsonObject
 from canarystack.broker import client as broker_client
 from canarystack.common.logs import JsonLogger, get_logger
@@ -61,18 +62,15 @@ class RollbackError(Exception):
 
 @dataclass(frozen=True)
 class ExecutorConfig:
-    poll_s: float = 0.05
-    apply_timeout_s: float = 5.0
-    apply_retries: int = 6
-    empty_routers_grace_s: float = 3.0
+    poll_s: float = bounded(0.05, gt=0)
+    apply_timeout_s: float = bounded(5.0, gt=0)
+    apply_retries: int = bounded(6, ge=0)
+    empty_routers_grace_s: float = bounded(3.0, ge=0)
     backoff_s: float = 0.1
     max_backoff_s: float = 2.0
 
     def __post_init__(self) -> None:
-        if self.poll_s <= 0 or self.apply_timeout_s <= 0 or self.empty_routers_grace_s < 0:
-            raise ValueError("poll_s and apply_timeout_s must be > 0, empty grace >= 0")
-        if self.apply_retries < 0:
-            raise ValueError(f"apply_retries must be >= 0, got {self.apply_retries}")
+        check_bounds(self)
 
 
 @dataclass
