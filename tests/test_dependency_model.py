@@ -202,9 +202,9 @@ def test_a_full_redis_degrades_answers(spawn, rds) -> None:
     ("flag", "value", "says"),
     [
         ("--redis-url", "http://127.0.0.1:1", "redis://HOST:PORT"),
-        ("--redis-max-connections", "0", "--redis-max-connections 0"),
+        ("--redis-max-connections", "0", "--redis-max-connections must be >= 1 and <= 1024, got 0"),
         ("--redis-deadline-ms", "0", "--redis-deadline-ms"),
-        ("--redis-breaker-failures", "0", "--redis-breaker-failures 0"),
+        ("--redis-breaker-failures", "0", "--redis-breaker-failures must be >= 1, got 0"),
     ],
 )
 def test_bad_dependency_options_are_refused_by_name(flag, value, says) -> None:

@@ -23,6 +23,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from canary_contract.bounds import bounded, check_bounds
 from canary_contract.json import JsonObject
 from canarystack.dependency.breaker import STATES, CircuitBreaker
 from canarystack.dependency.keys import cache_key, context_key
@@ -32,27 +33,35 @@ RESULTS: tuple[Result, ...] = ("ok", "miss", "timeout", "error", "circuit_open")
 DEGRADED: frozenset[str] = frozenset({"timeout", "error", "circuit_open"})
 MAX_CONTEXT_CHARS = 4096  # a context value longer than this is cut (it lands in prompts)
 MAX_ERROR_CHARS = 300
+# The fields their flags give in milliseconds (``canarystack.dependency.cli``).
+_MS_FIELDS = frozenset({"socket_timeout_s", "connect_timeout_s", "pool_timeout_s", "deadline_s"})
 
 
 class DependencyConfigError(ValueError):
     """A dependency option is wrong; the message names it."""
 
 
+def _flag(field_name: str) -> str:
+    """The ``--redis-*`` flag that sets ``field_name`` (a time in ms is checked in s)."""
+    flag = "--redis-" + field_name.replace("_", "-")
+    return flag.removesuffix("-s") + "-ms (in seconds)" if field_name in _MS_FIELDS else flag
+
+
 @dataclass(frozen=True)
 class DependencyConfig:
     url: str  # redis://127.0.0.1:PORT[/DB]
-    max_connections: int = 16
-    # Generous enough for a loaded 2-core machine (50/100 ms timed out healthy calls in
-    # the game days), short against a 2 s TTFT SLO.
-    socket_timeout_s: float = 0.25
-    connect_timeout_s: float = 0.25
-    pool_timeout_s: float = 0.1  # waiting for a free pooled connection
-    deadline_s: float = 0.3  # both calls of one request together
-    cache_ttl_s: int = 30
-    breaker_failures: int = 5
-    breaker_window_s: float = 10.0
-    breaker_cooldown_s: float = 2.0
-    breaker_min_failure_ratio: float = 0.5
+    max_connections: int = bounded(16, ge=1, le=1024)
+    # Times in seconds, at most 60. Generous enough for a loaded 2-core machine (50/100 ms
+    # timed out healthy calls in the game days), short against a 2 s TTFT SLO.
+    socket_timeout_s: float = bounded(0.25, gt=0, le=60)
+    connect_timeout_s: float = bounded(0.25, gt=0, le=60)
+    pool_timeout_s: float = bounded(0.1, gt=0, le=60)  # waiting for a free pooled connection
+    deadline_s: float = bounded(0.3, gt=0, le=60)  # both calls of one request together
+    cache_ttl_s: int = bounded(30, ge=1, le=86400)
+    breaker_failures: int = bounded(5, ge=1)
+    breaker_window_s: float = bounded(10.0, gt=0, le=60)
+    breaker_cooldown_s: float = bounded(2.0, gt=0, le=60)
+    breaker_min_failure_ratio: float = bounded(0.5, gt=0, le=1)  # a share of the window's calls
 
     def __post_init__(self) -> None:
         parts = urlsplit(self.url)
@@ -60,33 +69,7 @@ class DependencyConfig:
             raise DependencyConfigError(
                 f"--redis-url {self.url!r}: give redis://HOST:PORT (e.g. redis://127.0.0.1:6379)"
             )
-        if not 1 <= self.max_connections <= 1024:
-            raise DependencyConfigError(
-                f"--redis-max-connections {self.max_connections}: give 1 to 1024"
-            )
-        for flag, value in (
-            ("--redis-socket-timeout-ms", self.socket_timeout_s),
-            ("--redis-connect-timeout-ms", self.connect_timeout_s),
-            ("--redis-pool-timeout-ms", self.pool_timeout_s),
-            ("--redis-deadline-ms", self.deadline_s),
-            ("--redis-breaker-window-s", self.breaker_window_s),
-            ("--redis-breaker-cooldown-s", self.breaker_cooldown_s),
-        ):
-            if not 0 < value <= 60:  # also refuses nan
-                raise DependencyConfigError(f"{flag}: give a time > 0 and at most 60 s")
-        if not 1 <= self.cache_ttl_s <= 86400:
-            raise DependencyConfigError(
-                f"--redis-cache-ttl-s {self.cache_ttl_s}: give 1 to 86400 seconds"
-            )
-        if not 0 < self.breaker_min_failure_ratio <= 1:
-            raise DependencyConfigError(
-                f"--redis-breaker-min-failure-ratio {self.breaker_min_failure_ratio}: give a "
-                "share in (0, 1], e.g. 0.5"
-            )
-        if self.breaker_failures < 1:
-            raise DependencyConfigError(
-                f"--redis-breaker-failures {self.breaker_failures}: give at least 1"
-            )
+        check_bounds(self, DependencyConfigError, _flag)
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ import math
 import random
 from dataclasses import dataclass
 
+from canary_contract.bounds import bounded, check_bounds
 from gameday.load.prompt_files import (
     JsonlMix,
     TraceMix,
@@ -43,27 +44,23 @@ __all__ = [
 class SyntheticParams:
     """Lognormal prompt and output lengths, clipped. Defaults fit the conversation trace."""
 
-    median_tokens: float = 1020.0
-    sigma: float = 0.62
-    min_tokens: int = 16
+    median_tokens: float = bounded(1020.0, gt=0)
+    sigma: float = bounded(0.62, ge=0)
+    min_tokens: int = bounded(16, ge=1)
     max_tokens: int = 8192
-    output_median_tokens: float = 128.0
+    output_median_tokens: float = bounded(128.0, gt=0)
     output_sigma: float = 0.7
-    output_min_tokens: int = 8
+    output_min_tokens: int = bounded(8, ge=1)
     output_max_tokens: int = 1000
 
     def validate(self) -> None:
-        if self.median_tokens <= 0:
-            raise MixSpecError(f"--synthetic-median-tokens must be > 0, got {self.median_tokens}")
-        if self.sigma < 0:
-            raise MixSpecError(f"--synthetic-sigma must be >= 0, got {self.sigma}")
-        if not 1 <= self.min_tokens <= self.max_tokens:
+        """A ``MixSpecError`` naming the ``--synthetic-*`` flag of a field out of bounds."""
+        check_bounds(self, MixSpecError, lambda name: "--synthetic-" + name.replace("_", "-"))
+        if self.min_tokens > self.max_tokens:
             raise MixSpecError(
                 f"--synthetic-min-tokens {self.min_tokens} / --synthetic-max-tokens "
                 f"{self.max_tokens}: need 1 <= min <= max"
             )
-        if self.output_median_tokens <= 0 or self.output_min_tokens < 1:
-            raise MixSpecError("--synthetic-output-median-tokens must be > 0")
 
 
 @dataclass(frozen=True)
