@@ -8,11 +8,9 @@ serving: the check fails (fail-closed). This module only reads.
 
 from __future__ import annotations
 
-import math
 import os
 import time
 from functools import partial
-from typing import Any
 
 import requests
 from chaoslib.exceptions import ActivityFailed
@@ -31,7 +29,6 @@ __all__ = [
     "canary_traffic_after",
     "epoch_s",
     "kubernetes_target",
-    "non_negative",
     "prometheus_url",
     "promql_value",
 ]
@@ -55,18 +52,10 @@ def kubernetes_target(configuration: Configuration | None, what: str) -> Kuberne
     return target
 
 
-def non_negative(name: str, value: Any) -> float:
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise ActivityFailed(f"argument {name} must be a number, got {value!r}") from None
-    if not math.isfinite(number) or number < 0:
-        raise ActivityFailed(f"argument {name} must be 0 or more, got {value!r}")
-    return number
-
-
 # --- Prometheus ----------------------------------------------------------------------
 def prometheus_url(configuration: Configuration | None, given: str | None) -> str:
+    """The ``prometheus_url`` argument, else the configuration entry ``prometheus_url``, else
+    ``$PROMETHEUS_URL``."""
     url = (
         given
         or (configuration or {}).get(CONFIG_PROMETHEUS_URL)

@@ -9,6 +9,7 @@ it never talks to a target itself, only through ``gameday.api`` and ``gameday.fa
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -184,13 +185,25 @@ def inject_fault(
     }
 
 
-def positive(name: str, value: float, upper: float | None = None) -> float:
-    """A positive number argument, or ActivityFailed naming it."""
+def _number(name: str, value: Any) -> float:
     try:
-        number = float(value)
+        return float(value)
     except (TypeError, ValueError):
         raise ActivityFailed(f"argument {name} must be a number, got {value!r}") from None
+
+
+def positive(name: str, value: float, upper: float | None = None) -> float:
+    """A positive number argument, or ActivityFailed naming it."""
+    number = _number(name, value)
     if not number > 0 or (upper is not None and number > upper):
         bound = f" and at most {upper:g}" if upper is not None else ""
         raise ActivityFailed(f"argument {name} must be above 0{bound}, got {value!r}")
+    return number
+
+
+def non_negative(name: str, value: Any) -> float:
+    """A finite number argument of 0 or more, or ActivityFailed naming it."""
+    number = _number(name, value)
+    if not math.isfinite(number) or number < 0:
+        raise ActivityFailed(f"argument {name} must be 0 or more, got {value!r}")
     return number

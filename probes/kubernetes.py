@@ -22,8 +22,15 @@ from gameday.evidence.rollouts import RolloutError, parse_kernel_fault
 from gameday.targets import rollout as core
 from gameday.targets.broker_writes import target_broker
 from gameday.targets.rollout import CanaryChange
-from probes._cluster import kubernetes_target, non_negative
-from probes._context import MAX_WAIT_S, Configuration, Secrets, harness_errors, ledger
+from probes._cluster import kubernetes_target
+from probes._context import (
+    MAX_WAIT_S,
+    Configuration,
+    Secrets,
+    harness_errors,
+    ledger,
+    non_negative,
+)
 from probes._guard import activities, refused_namespaces
 from probes._result import Slo
 

@@ -13,12 +13,8 @@ from chaoslib.exceptions import ActivityFailed
 
 from canary_contract.json import JsonObject
 from gameday.targets import controllers
-from probes._cluster import (
-    canary_traffic_after,
-    kubernetes_target,
-    non_negative,
-)
-from probes._context import MAX_WAIT_S, Configuration, Secrets
+from probes._cluster import canary_traffic_after, kubernetes_target
+from probes._context import MAX_WAIT_S, Configuration, Secrets, non_negative
 from probes._result import Slo
 
 __all__ = ["argo_rollout_aborted", "argo_rollout_status", "flagger_canary_failed",

@@ -12,8 +12,9 @@ import math
 from chaoslib.exceptions import ActivityFailed
 
 from gameday.evidence.promql import bounded, drained, expand
-from probes._cluster import non_negative, prometheus_url, promql_value
-from probes._context import Configuration, Secrets, get_target
+from probes._cluster import prometheus_url as _url
+from probes._cluster import promql_value
+from probes._context import Configuration, Secrets, get_target, non_negative
 from probes._result import Slo
 
 __all__ = ["canary_drained", "metric_at_least", "metric_at_most", "query_value"]
@@ -65,13 +66,6 @@ def query_value(
 def _namespace(configuration: Configuration | None) -> str | None:
     namespace = getattr(get_target(configuration), "namespace", None)
     return str(namespace) if namespace else None
-
-
-def _url(configuration: Configuration | None, given: str | None) -> str:
-    """The ``prometheus_url`` argument, else the configuration entry ``prometheus_url``, else
-    ``$PROMETHEUS_URL``.
-    """
-    return prometheus_url(configuration, given)
 
 
 def _bounded(
