@@ -256,16 +256,25 @@ def _outcome_ids(gate: rs.GateReceiver) -> list[str]:
     return [o["request_id"] for o in gate.records("outcomes")]
 
 
+def shadowing_router(
+    spawn: Spawner, tmp_path: Path, gate: rs.GateReceiver, baseline: Proc, canary: Proc
+) -> Proc:
+    """A router with every user on ``canary`` (a release cache at weight 100) and a shadow
+    copy of every short request (bucket 0-512) on ``baseline``: its samples go to ``gate``."""
+    rs.write_release_cache(tmp_path, weight=100)
+    return rs.start_router(
+        spawn, tmp_path, [baseline.url], [canary.url], "--shadow-rates", "0-512=1", gate=gate.url
+    )
+
+
 def test_pinned_requests_are_never_gate_evidence(
     spawn: Spawner, tmp_path: Path, gate: rs.GateReceiver
 ) -> None:
     baseline = rs.start_model(spawn, "v1")
     canary = rs.start_model(spawn, "v2")
     _errors_fault(canary, on=True)  # every canary answer is a 500
-    rs.write_release_cache(tmp_path, weight=100)  # canary live: pinned requests could shadow
-    router = rs.start_router(
-        spawn, tmp_path, [baseline.url], [canary.url], "--shadow-rates", "0-512=1", gate=gate.url
-    )
+    # canary live: pinned requests could shadow
+    router = shadowing_router(spawn, tmp_path, gate, baseline, canary)
     # The issue's attack: unauthenticated pins with a lone surrogate, then plain 500s.
     surrogate = b'{"model":"default","prompt":"hello \\ud800","max_tokens":2}'
     for _ in range(20):
@@ -297,10 +306,7 @@ def test_a_failure_both_variants_share_is_not_canary_evidence(
     canary = rs.start_model(spawn, "v2")
     _errors_fault(baseline, on=True)
     _errors_fault(canary, on=True)
-    rs.write_release_cache(tmp_path, weight=100)
-    router = rs.start_router(
-        spawn, tmp_path, [baseline.url], [canary.url], "--shadow-rates", "0-512=1", gate=gate.url
-    )
+    router = shadowing_router(spawn, tmp_path, gate, baseline, canary)
     for i in range(5):
         r = rs.completion(router.url, headers={"x-request-id": f"both{i}"})
         assert r.status_code == 500 and r.headers["x-served-by"] == "canary"
@@ -341,10 +347,7 @@ def test_a_broken_canary_kernel_is_maximal_divergence_and_an_error(
     baseline = rs.start_model(spawn, "v1")
     canary = rs.start_model(spawn, "v2")
     _kernel_fault(canary, mode)  # long prompts only (>= 50 tokens)
-    rs.write_release_cache(tmp_path, weight=100)  # every user on the canary
-    router = rs.start_router(
-        spawn, tmp_path, [baseline.url], [canary.url], "--shadow-rates", "0-512=1", gate=gate.url
-    )
+    router = shadowing_router(spawn, tmp_path, gate, baseline, canary)
     ids = []
     for i, stream in enumerate((True, False, True, False)):
         rid = f"{mode}-{i}"
@@ -391,11 +394,8 @@ def test_a_broken_baseline_is_dropped_not_counted_as_canary_drift(
     healthy = rs.start_model(spawn, "v1")
     canary = rs.start_model(spawn, "v2")
     _kernel_fault(broken, "nan-logits")
-    rs.write_release_cache(tmp_path, weight=100)
     # Users on the canary; their shadow copies go to the broken baseline.
-    router = rs.start_router(
-        spawn, tmp_path, [broken.url], [canary.url], "--shadow-rates", "0-512=1", gate=gate.url
-    )
+    router = shadowing_router(spawn, tmp_path, gate, broken, canary)
     for i in range(3):
         r = rs.completion(router.url, make_prompt(80, seed=i), max_tokens=4, temperature=0)
         assert r.status_code == 200 and r.headers["x-served-by"] == "canary"
