@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from canarystack.common import logs, strictjson
+from canary_contract import strictjson
+from canarystack.common import logs
 from canarystack.common.auth import TokenFileError, load_admin_token
 from canarystack.common.buckets import bucket_labels, bucket_of, parse_edges
 from canarystack.common.cli import base_parser

@@ -23,7 +23,7 @@ import pytest
 import requests
 from aiohttp import web
 
-from canarystack.common import strictjson
+from canary_contract import strictjson
 from canarystack.common.app import Component, create_app
 from canarystack.common.cli import base_parser, parse, serve
 from canarystack.common.errors import DEFAULT_BODY_LIMIT, json_response, read_json_object

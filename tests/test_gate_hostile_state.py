@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from canarystack.common import strictjson
+from canary_contract import strictjson
 from canarystack.gate.state import (
     BATCH_IDS_PER_ROUTER,
     MAX_BATCH_ITEMS,

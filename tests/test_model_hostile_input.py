@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import requests
 
-from canarystack.common import strictjson
+from canary_contract import strictjson
 from canarystack.model.body import BYTES_PER_TOKEN, ENVELOPE_BYTES
 from tests.model_helpers import ADMIN, FAST, module_spawner, parse_sse
 from tests.procs import Proc

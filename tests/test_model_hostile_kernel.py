@@ -11,7 +11,7 @@ from typing import Any, get_args
 import pytest
 import requests
 
-from canarystack.common import strictjson
+from canary_contract import strictjson
 from canarystack.model.engine import BROKEN_MODES, KERNEL_MODES, NAN_TOKEN_ID
 from canarystack.model.faults import KernelParams
 from canarystack.model.generation import token_texts

@@ -33,7 +33,7 @@ import requests
 import yaml
 from chaoslib.exceptions import ActivityFailed
 
-from canarystack.common import strictjson
+from canary_contract import strictjson
 from gameday.prom import (
     RULES_FILE,
     active_targets,

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import requests
 
-from canarystack.common import strictjson
+from canary_contract import strictjson
 from canarystack.router.shadow import KL_MAX_NATS
 from canarystack.tokenizer import make_prompt
 from tests import router_support as rs

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
+from canary_contract import strictjson
 from canarystack import tokenizer
-from canarystack.common import strictjson
 from canarystack.common.buckets import DEFAULT_EDGES
 from canarystack.common.errors import BadRequest
 from canarystack.router import shadow

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from canarystack.common import strictjson
+from canary_contract import strictjson
 
 
 @pytest.mark.parametrize(

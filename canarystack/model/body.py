@@ -55,7 +55,7 @@ class Limits:
       with a 413 from ``Content-Length`` before a byte is read, or as soon as a chunked body
       passes the limit;
     - the JSON: at most ``MAX_CONTAINERS`` arrays and objects (counted before parsing), then
-      ``canarystack.common.strictjson`` (no ``NaN``/``Infinity``, integers of at most 32
+      ``canary_contract.strictjson`` (no ``NaN``/``Infinity``, integers of at most 32
       digits, nesting of at most 64 levels, valid UTF-8 without lone surrogates);
     - before pydantic sees the body: at most ``MAX_MESSAGES`` messages and
       ``MAX_STOP_SEQUENCES`` stop strings of at most ``MAX_STOP_CHARS`` characters each;

@@ -229,7 +229,7 @@ class Collector:
     ``broken`` adds "logprobs were due but none came".
 
     A broken engine is evidence, never silence. Upstream JSON is read with
-    ``canarystack.common.strictjson`` (``NaN``/``Infinity`` tokens are seen, not accepted). A
+    ``canary_contract.strictjson`` (``NaN``/``Infinity`` tokens are seen, not accepted). A
     side whose answer is broken (a non-finite logprob, a missing or malformed ``logprobs``
     object, an empty top list, an event that is not JSON, a ``text``/``delta.content`` that is
     not a string) is *invalid*, and the reason says why (``divergence.py`` says what that
