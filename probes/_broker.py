@@ -4,13 +4,12 @@ the core's (``gameday.targets.broker_writes``)."""
 
 from __future__ import annotations
 
-from chaoslib.exceptions import ActivityFailed
-
 from canary_contract.json import JsonObject
 from gameday.api import ApiError, StackApi
 from gameday.evidence.events import phase_events
 from gameday.targets import Target
 from gameday.targets.broker_writes import over_api
+from probes._context import reported
 
 __all__ = ["phase_events", "release_events"]  # phase_events: for the tests
 
@@ -18,7 +17,5 @@ __all__ = ["phase_events", "release_events"]  # phase_events: for the tests
 def release_events(target: Target) -> list[JsonObject]:
     """The release's whole event history, oldest first (every page); ActivityFailed when
     the broker cannot say."""
-    try:
+    with reported(ApiError):
         return over_api(target, StackApi.events)
-    except ApiError as exc:
-        raise ActivityFailed(str(exc)) from None

@@ -23,7 +23,7 @@ from gameday.evidence.promql import instant_value
 from gameday.run.folder import RecordsError
 from gameday.targets import TargetError
 from gameday.targets.kubernetes import KubernetesTarget
-from probes._context import Configuration, get_target, run_folder
+from probes._context import Configuration, get_target, reported, run_folder
 
 __all__ = [
     "canary_traffic_after",
@@ -73,11 +73,8 @@ def prometheus_url(configuration: Configuration | None, given: str | None) -> st
 def promql_value(url: str, expr: str, at: float | None = None) -> float | None:
     """An instant query's value: the sum of a vector's samples, or a scalar; None when the
     vector is empty (no series matched). ActivityFailed when Prometheus says no."""
-    try:
-        with requests.Session() as session:
-            data = PrometheusApi(session, url).query(expr, at)
-    except ApiError as exc:
-        raise ActivityFailed(str(exc)) from None
+    with reported(ApiError), requests.Session() as session:
+        data = PrometheusApi(session, url).query(expr, at)
     try:
         return instant_value(data)
     except ValueError as exc:
@@ -107,7 +104,5 @@ def canary_traffic_after(
         url = prometheus_url(configuration, prometheus)
         value = partial(promql_value, url)
         return promql_traffic(url, canary_promql, total_promql, since, time.time(), value)
-    try:
+    with reported(RecordsError):
         return run_folder(configuration).records_traffic(since, canary_version)
-    except RecordsError as exc:
-        raise ActivityFailed(str(exc)) from None

@@ -55,11 +55,18 @@ def target_path(configuration: Configuration | None) -> str | None:
     return None
 
 
-def get_target(configuration: Configuration | None) -> Target:
+@contextmanager
+def reported(*errors: type[Exception]) -> Iterator[None]:
+    """Turn ``errors`` (whole messages: they say what failed) into ``ActivityFailed``."""
     try:
-        return load_target(target_path(configuration))
-    except TargetError as exc:
+        yield
+    except errors as exc:
         raise ActivityFailed(str(exc)) from None
+
+
+def get_target(configuration: Configuration | None) -> Target:
+    with reported(TargetError):
+        return load_target(target_path(configuration))
 
 
 def run_dir(configuration: Configuration | None) -> Path:

@@ -6,11 +6,9 @@ the verdict (``gameday.run.evidence``) makes it inconclusive. It only reads the 
 
 from __future__ import annotations
 
-from chaoslib.exceptions import ActivityFailed
-
 from canary_contract.json import JsonObject
 from gameday.run.evidence import GATE_EVIDENCE_NAME, thresholds, write_gate_evidence
-from probes._context import Configuration, Secrets, get_target, run_dir
+from probes._context import Configuration, Secrets, get_target, reported, run_dir
 
 __all__ = ["gate_evidence"]
 
@@ -39,10 +37,8 @@ def gate_evidence(
             arguments: {min_comparisons: ${min_comparisons},
                         min_canary_outcomes: ${min_canary_outcomes}}
     """
-    try:
+    with reported(ValueError):
         limits = thresholds(min_comparisons, min_canary_outcomes)
-    except ValueError as exc:
-        raise ActivityFailed(str(exc)) from None
     folder = run_dir(configuration)
     doc = write_gate_evidence(get_target(configuration), folder, limits, source="probe")
     return {"file": str(folder / GATE_EVIDENCE_NAME), **doc}

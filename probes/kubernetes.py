@@ -30,6 +30,7 @@ from probes._context import (
     harness_errors,
     ledger,
     non_negative,
+    reported,
 )
 from probes._guard import activities, refused_namespaces
 from probes._result import Slo
@@ -48,11 +49,8 @@ __all__ = [
 def rollout_errors(doing: str) -> Iterator[None]:
     """The harness's errors as ``ActivityFailed`` naming what it was ``doing``; a
     ``RolloutError`` as the ``ActivityFailed`` of its own message."""
-    with harness_errors(doing):
-        try:
-            yield
-        except RolloutError as exc:
-            raise ActivityFailed(str(exc)) from None
+    with harness_errors(doing), reported(RolloutError):
+        yield
 
 
 @contextmanager

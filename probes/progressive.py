@@ -9,12 +9,10 @@ never change anything in the cluster.
 
 from __future__ import annotations
 
-from chaoslib.exceptions import ActivityFailed
-
 from canary_contract.json import JsonObject
 from gameday.targets import controllers
 from probes._cluster import canary_traffic_after, kubernetes_target
-from probes._context import MAX_WAIT_S, Configuration, Secrets, non_negative
+from probes._context import MAX_WAIT_S, Configuration, Secrets, non_negative, reported
 from probes._result import Slo
 
 __all__ = ["argo_rollout_aborted", "argo_rollout_status", "flagger_canary_failed",
@@ -25,10 +23,8 @@ def _status(
     controller: controllers.Controller, name: str, configuration: Configuration | None
 ) -> JsonObject:
     target = kubernetes_target(configuration, controller.status_probe)
-    try:
+    with reported(controllers.ControllerError):
         return controller.view(controllers.read_object(target, controller.crd, name))
-    except controllers.ControllerError as exc:
-        raise ActivityFailed(str(exc)) from None
 
 
 # --- Argo Rollouts -------------------------------------------------------------------

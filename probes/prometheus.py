@@ -14,7 +14,7 @@ from chaoslib.exceptions import ActivityFailed
 from gameday.evidence.promql import bounded, drained, expand
 from probes._cluster import prometheus_url as _url
 from probes._cluster import promql_value
-from probes._context import Configuration, Secrets, get_target, non_negative
+from probes._context import Configuration, Secrets, get_target, non_negative, reported
 from probes._result import Slo
 
 __all__ = ["canary_drained", "metric_at_least", "metric_at_most", "query_value"]
@@ -38,10 +38,8 @@ def _expand(expr: str, configuration: Configuration | None, window_s: float | No
     target is read only when ``expr`` names one)."""
     target = get_target(configuration) if isinstance(expr, str) and "{namespace}" in expr else None
     namespace = getattr(target, "namespace", None)
-    try:
+    with reported(ValueError):
         return expand(expr, window_s, namespace and str(namespace), target.name if target else "")
-    except ValueError as exc:
-        raise ActivityFailed(str(exc)) from None
 
 
 def query_value(
