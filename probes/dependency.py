@@ -8,18 +8,16 @@ summary, ``dependency.json`` (the report's section). Redis is harmed only throug
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 
 import pandas as pd
-import requests
 from chaoslib.exceptions import ActivityFailed
 
 from canary_contract.json import JsonObject
 from gameday import dependency as dep
+from gameday import dependency_watch as watching
 from gameday.evidence import dependency as ev
-from gameday.faults import FaultEntry, FaultError
-from gameday.targets import TargetError
+from gameday.faults import FaultEntry
 from probes._context import (
     Configuration,
     Secrets,
@@ -48,7 +46,6 @@ __all__ = [
 
 WATCH_NAME = "dependency_watch.jsonl"
 SUMMARY_NAME = "dependency.json"
-HTTP_TIMEOUT_S = 1.0
 MAX_WATCH_S = 600.0
 
 
@@ -131,21 +128,6 @@ def redis_is_clean(
     return True
 
 
-def _healthy(url: str) -> bool:
-    try:
-        return requests.get(url + "/health", timeout=HTTP_TIMEOUT_S).status_code == 200
-    except requests.RequestException:
-        return False
-
-
-def _redis_answers(ep: dep.Endpoint) -> bool:
-    try:
-        with dep.Resp(ep.host, ep.port, timeout_s=HTTP_TIMEOUT_S) as r:
-            return bool(r.command("PING") == "PONG")
-    except FaultError:
-        return False
-
-
 def watch(
     duration_s: float,
     interval_s: float = 0.25,
@@ -158,38 +140,15 @@ def watch(
     duration_s = positive("duration_s", duration_s, MAX_WATCH_S)
     interval_s = positive("interval_s", interval_s, 10.0)
     with on_target(configuration, "watching the services") as target:
-        ep = dep.endpoint(target)
-        urls = {r.name: r.url for r in target.replicas("router")}
-        urls["broker"] = target.service_url("broker")
-    ticks: list[JsonObject] = []
-    end = time.monotonic() + duration_s
-    while time.monotonic() < end:
-        t = time.time()
-        health = {name: _healthy(url) for name, url in urls.items()}
-        ticks.append({"time": t, "health": health, "redis": _redis_answers(ep)})
-        append_run_json_lines(configuration, WATCH_NAME, ticks[-1:])
-        time.sleep(max(0.0, min(interval_s, end - time.monotonic())))
-    bad = {name: 0 for name in urls} | ev.unhealthy_ticks(ticks)
-    return {"ticks": len(ticks), "unhealthy_ticks": bad}
+        return watching.watch(
+            target,
+            duration_s,
+            interval_s,
+            lambda tick: append_run_json_lines(configuration, WATCH_NAME, [tick]),
+        )
 
 
 # -- the summary --------------------------------------------------------------------------
-def _model_results(configuration: Configuration | None) -> dict[str, dict[str, float]]:
-    """``canarystack_dependency_requests_total`` per model variant, from their /metrics."""
-    out: dict[str, dict[str, float]] = {}
-    try:
-        target = get_target(configuration)
-        for role in ("model-baseline", "model-canary"):
-            counts: dict[str, float] = {}
-            for rep in target.replicas(role):
-                text = requests.get(rep.url + "/metrics", timeout=HTTP_TIMEOUT_S).text
-                ev.add_dependency_results(text, counts)
-            out[role.removeprefix("model-")] = counts
-    except (requests.RequestException, TargetError, IndexError, ValueError):
-        return out
-    return out
-
-
 def summarise(configuration: Configuration | None) -> JsonObject:
     """The experiment's dependency summary (``gameday.evidence.dependency.summary``), also
     written to ``dependency.json``."""
@@ -202,7 +161,7 @@ def summarise(configuration: Configuration | None) -> JsonObject:
         except Exception as exc:  # an unreadable file is a finding, not a crash
             error = str(exc)
     lines = run_json_lines(configuration, WATCH_NAME)
-    models = _model_results(configuration)
+    models = watching.model_results(get_target(configuration))
     doc = ev.summary(ledger(configuration).entries(), lines, models, frame, error)
     write_run_json(configuration, SUMMARY_NAME, doc)
     return doc
