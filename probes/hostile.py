@@ -2,26 +2,25 @@
 hostile input pinned to the canary, pins sent after a trip, and the SLO probes that judge
 them (each allows 0).
 
-The work is in ``gameday.hostile``; these are thin adapters.
+The work is in ``gameday.hostile`` and ``gameday.hostile_pins``; these are thin adapters.
 """
 
 from __future__ import annotations
 
 import time
 
-from chaoslib.exceptions import ActivityFailed
-
 from canary_contract.json import JsonObject
 from gameday import hostile
-from gameday.api import ApiError, StackApi
 from gameday.evidence import checks
 from gameday.evidence.slo import Slo
+from gameday.hostile_pins import PinError, pins_after_trip
 from gameday.run.collect import read_json
 from probes._context import (
     Configuration,
     Secrets,
     on_target,
     positive,
+    reported,
     run_dir,
     stack_api,
     write_run_json,
@@ -36,11 +35,6 @@ __all__ = [
 
 FLOOD_FILE = "hostile.json"
 PINS_FILE = "pins_after_trip.json"
-# Counted by every model server for every request its engine handled (vLLM's name).
-REQUEST_COUNT_METRIC = "vllm:e2e_request_latency_seconds_count"
-# Requests the canary is still working on (vLLM's names): drained before counting.
-IN_FLIGHT_METRICS = ("vllm:num_requests_running", "vllm:num_requests_waiting")
-DRAIN_WAIT_S = 15.0
 
 
 def _read(configuration: Configuration | None, name: str) -> JsonObject | None:
@@ -84,30 +78,6 @@ def hostile_input_not_5xx(
     return checks.hostile_server_errors(_read(configuration, FLOOD_FILE))
 
 
-def _canary_metric(api: StackApi, names: tuple[str, ...]) -> float:
-    """Sum of the canary replicas' samples of these metrics (from their /metrics)."""
-    try:
-        return sum(
-            (
-                checks.metric_total(api.metrics_text(replica.url), names)
-                for replica in api.target.replicas("model-canary")
-            ),
-            0.0,
-        )
-    except ValueError as exc:
-        raise ActivityFailed(f"the canary's {exc}") from None
-
-
-def _canary_request_count(api: StackApi) -> float:
-    """The canary replicas' engine request counters, once nothing is in flight there: a
-    request that started before the trip and finishes later must not count as a pin
-    that reached the canary (waits at most DRAIN_WAIT_S)."""
-    deadline = time.monotonic() + DRAIN_WAIT_S
-    while _canary_metric(api, IN_FLIGHT_METRICS) > 0 and time.monotonic() < deadline:
-        time.sleep(0.2)
-    return _canary_metric(api, (REQUEST_COUNT_METRIC,))
-
-
 def pin_canary_after_trip(
     count: int = 20,
     configuration: Configuration | None = None,
@@ -119,31 +89,8 @@ def pin_canary_after_trip(
     before and after (from its ``/metrics``).
     """
     n = int(positive("count", count, 1_000))
-    with stack_api(configuration, "pinning requests to the canary") as api:
-        before = _canary_request_count(api)
-        answers: list[JsonObject] = []
-        for i in range(n):
-            body = {"model": hostile.MODEL, "prompt": f"pinned {i}", "max_tokens": 4}
-            try:
-                resp = api.completion(body, {hostile.PIN_HEADER: "canary"})
-            except ApiError as exc:
-                answers.append({"status": None, "error": exc.cause})
-                continue
-            try:
-                said = resp.json()
-            except ValueError:
-                said = None
-            served = resp.headers.get("x-served-by")
-            answers.append(checks.pin_answer(resp.status_code, said, served))
-        # The canary's counter moves when a request finishes; let one in flight land.
-        time.sleep(0.5)
-        after = _canary_request_count(api)
-    out = {
-        "sent": n,
-        "answers": answers,
-        "canary_requests_before": before,
-        "canary_requests_after": after,
-    }
+    with stack_api(configuration, "pinning requests to the canary") as api, reported(PinError):
+        out = pins_after_trip(api, n)
     write_run_json(configuration, PINS_FILE, out)
     return out
 
