@@ -22,6 +22,7 @@ from chaoslib.exceptions import ActivityFailed
 
 from canary_contract.json import JsonObject
 from gameday.api import ApiError, StackApi
+from gameday.atomic import write_json
 from gameday.faults import FaultError, FaultLedger, inject
 from gameday.run.folder import RunFolder
 from gameday.targets import Target, TargetError, load_target
@@ -81,12 +82,7 @@ def run_dir(configuration: Configuration | None) -> Path:
 def write_run_json(configuration: Configuration | None, name: str, doc: JsonObject) -> Path:
     """``doc`` as the run folder's JSON file ``name`` (what an activity found, for the
     report), replaced whole: a reader never sees half of it."""
-    folder = run_dir(configuration)
-    folder.mkdir(parents=True, exist_ok=True)
-    tmp = folder / f".{name}.tmp"
-    tmp.write_text(json.dumps(doc, indent=2, default=str) + "\n")
-    os.replace(tmp, folder / name)
-    return folder / name
+    return write_json(run_dir(configuration) / name, doc)
 
 
 def append_run_json_lines(

@@ -15,6 +15,7 @@ import gevent
 from locust.runners import MasterRunner, WorkerRunner
 
 from canary_contract.json import JsonObject
+from gameday.atomic import write_text
 from gameday.load.records import (
     FLUSH_INTERVAL_S,
     LOAD_COLUMNS,
@@ -306,11 +307,7 @@ class Collector:
             "oracle_out": self.oracle_out or None,
         }
         if self.summary_out:
-            path = Path(self.summary_out)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(path.name + ".tmp")
-            tmp.write_text(json.dumps(self.summary, indent=2, sort_keys=True))
-            os.replace(tmp, path)
+            write_text(Path(self.summary_out), json.dumps(self.summary, indent=2, sort_keys=True))
 
     def close(self) -> None:
         if self.role == "worker":

@@ -11,15 +11,15 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import os
 import re
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 from canary_contract.json import JsonObject
+from gameday.atomic import replace_whole
 from gameday.report.campaign import (
     HTML_MARKER,
     CampaignCell,
@@ -61,16 +61,6 @@ def _phase(timings: dict[str, float], name: str) -> Iterator[None]:
 
 def _write_json(doc: object, path: Path) -> None:
     path.write_text(dumps_json(doc))
-
-
-def _atomic(path: Path, write: Callable[[Path], object]) -> None:
-    tmp = path.with_name(f".{path.stem}.tmp-{os.getpid()}{path.suffix}")
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
 
 
 def _experiment(
@@ -229,25 +219,25 @@ def build_report(
         for e in experiments:
             name = slug(e.name)
             tl_png = root / f"timeline-{name}.png"
-            _atomic(tl_png, partial(render_timeline, e.timeline, title=f"{e.name}: timeline"))
+            replace_whole(tl_png, partial(render_timeline, e.timeline, title=f"{e.name}: timeline"))
             images[f"timeline:{e.name}"] = tl_png
             e.files["timeline_png"] = tl_png.name
             if e.heatmap is not None:
                 hm_png = root / f"heatmap-{name}.png"
                 title = f"{e.name}: {e.title}"
-                _atomic(hm_png, partial(render_heatmaps, e.heatmap, title=title))
+                replace_whole(hm_png, partial(render_heatmaps, e.heatmap, title=title))
                 images[f"heatmap:{e.name}"] = hm_png
                 e.files["heatmap_png"] = hm_png.name
         if campaign is not None:
             for cell in campaign:
                 ecdf_png = root / f"ecdf-{slug(cell.name)}.png"
-                _atomic(ecdf_png, partial(render_ecdf, cell))
+                replace_whole(ecdf_png, partial(render_ecdf, cell))
                 images[f"ecdf:{cell.name}"] = ecdf_png
                 summary.files[f"ecdf_png:{cell.name}"] = ecdf_png.name
         if experiments:
             matrix = build_matrix(experiments, campaign, noise={n.name: n for n in noise})
-            _atomic(root / "matrix.png", partial(render_matrix, matrix))
-            _atomic(root / "matrix.csv", partial(matrix.to_csv, index=False))
+            replace_whole(root / "matrix.png", partial(render_matrix, matrix))
+            replace_whole(root / "matrix.csv", partial(matrix.to_csv, index=False))
             images["matrix"] = root / "matrix.png"
             summary.files.update({"matrix_png": "matrix.png", "matrix_csv": "matrix.csv"})
 
@@ -255,13 +245,15 @@ def build_report(
         for e in experiments:
             if e.heatmap is not None:
                 csv = root / f"heatmap-{slug(e.name)}.csv"
-                _atomic(csv, partial(e.heatmap.cells.to_csv, index=False, float_format="%.6g"))
+                replace_whole(
+                    csv, partial(e.heatmap.cells.to_csv, index=False, float_format="%.6g")
+                )
                 e.files["heatmap_csv"] = csv.name
         timeline_doc = {
             "run_id": summary.run_id,
             "experiments": {e.name: e.timeline.to_json() for e in experiments},
         }
-        _atomic(root / "timeline.json", partial(_write_json, timeline_doc))
+        replace_whole(root / "timeline.json", partial(_write_json, timeline_doc))
         summary.files.update(
             {
                 "timeline_json": "timeline.json",
@@ -273,10 +265,10 @@ def build_report(
 
     doc = None if campaign is None else _campaign_json(run.run_info, campaign)
     with _phase(timings, "junit"):
-        _atomic(root / "junit.xml", partial(write_junit, summary, campaign=doc))
+        replace_whole(root / "junit.xml", partial(write_junit, summary, campaign=doc))
     timings["total"] = time.perf_counter() - started
     with _phase(timings, "html"):
-        _atomic(
+        replace_whole(
             root / "report.html",
             partial(_render_html, summary, images, doc, dependency, noise, noise_doc),
         )
@@ -288,7 +280,7 @@ def build_report(
         full["campaign"] = doc
     if dependency:
         full["dependency"] = dependency
-    _atomic(root / "summary.json", partial(_write_json, full))
+    replace_whole(root / "summary.json", partial(_write_json, full))
     return summary
 
 

@@ -10,13 +10,15 @@ from __future__ import annotations
 import csv
 import json
 import math
-import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import requests
+
+from gameday.atomic import replace_whole, write_text
 
 if TYPE_CHECKING:
     from gameday.report.loader import ExperimentData
@@ -144,20 +146,16 @@ def collect(
     return res
 
 
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
 def write_csv(points: Sequence[Point], path: Path) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    with tmp.open("w", newline="") as fh:
-        w = csv.writer(fh)
-        w.writerow(["series", "variant", "time", "value"])
-        for p in points:
-            w.writerow([p.series, p.variant, f"{p.time:.3f}", "" if p.value is None else p.value])
-    os.replace(tmp, path)
+    def write(tmp: Path) -> None:
+        with tmp.open("w", newline="") as fh:
+            w = csv.writer(fh)
+            w.writerow(["series", "variant", "time", "value"])
+            for p in points:
+                value = "" if p.value is None else p.value
+                w.writerow([p.series, p.variant, f"{p.time:.3f}", value])
+
+    replace_whole(path, write)
 
 
 def render_figure(points: Sequence[Point], path: Path, start: float, title: str) -> None:
@@ -180,9 +178,7 @@ def render_figure(points: Sequence[Point], path: Path, start: float, title: str)
     axes[-1].set_xlabel("seconds since the experiment started")
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, dpi=90)
-    os.replace(tmp, path)
+    replace_whole(path, partial(fig.savefig, dpi=90))
 
 
 def write_series(
@@ -214,7 +210,7 @@ def write_series(
         render_figure(res.points, folder / PNG_NAME, start, title)
         res.files += [folder / CSV_NAME, folder / PNG_NAME]
     if res.problems:
-        _atomic_write(missing, "\n".join(res.problems) + "\n")
+        write_text(missing, "\n".join(res.problems) + "\n")
         res.files.append(missing)
     elif missing.exists():
         missing.unlink()

@@ -20,12 +20,12 @@ import os
 import signal
 import time
 from pathlib import Path
-from typing import Any
 
 import requests
 
 from canary_contract.json import JsonObject
 from gameday.api import ApiError, StackApi
+from gameday.atomic import write_json
 from gameday.evidence import events as evidence_events
 from gameday.faults import FaultError, FaultLedger, clear_injected
 from gameday.load.records import LOAD_SCHEMA, ORACLE_SCHEMA, recover
@@ -33,12 +33,6 @@ from gameday.targets import Target, TargetError
 
 WINDOW_SLACK_S = 2.0
 LOCUST_STOP_S = 20.0
-
-
-def _write_json(path: Path, doc: Any) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(doc, indent=2, default=str) + "\n")
-    os.replace(tmp, path)
 
 
 def read_json(path: Path) -> JsonObject | None:
@@ -61,7 +55,7 @@ def collect_timeline(
             routers = api.routers()
     except (ApiError, TargetError) as exc:
         return None, f"the broker's history could not be read: {exc}"
-    _write_json(
+    write_json(
         folder / "timeline.json",
         {
             "release": target.release,
@@ -117,7 +111,7 @@ def stop_orphan_locust(folder: Path) -> str | None:
         with contextlib.suppress(OSError):
             recover(folder / name, schema)
     state.update({"state": "killed", "stopped_at": time.time(), "error": "stopped by gameday run"})
-    _write_json(folder / "load.json", state)
+    write_json(folder / "load.json", state)
     return f"Locust (pid {pid}) was still running after chaos ended and was stopped"
 
 

@@ -24,6 +24,7 @@ import requests
 
 from canary_contract.json import JsonObject
 from gameday.api import ApiError, StackApi
+from gameday.atomic import write_json
 from gameday.faults import FaultLedger
 from gameday.targets import Target, TargetError
 
@@ -262,10 +263,7 @@ def write_gate_evidence(
         "source": source,
         "thresholds": limits.to_json(),
     }
-    folder.mkdir(parents=True, exist_ok=True)
-    tmp = folder / f".{GATE_EVIDENCE_NAME}.tmp"
-    tmp.write_text(json.dumps(doc, indent=2, default=str) + "\n")
-    os.replace(tmp, folder / GATE_EVIDENCE_NAME)
+    write_json(folder / GATE_EVIDENCE_NAME, doc)
     return doc
 
 

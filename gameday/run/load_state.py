@@ -11,11 +11,11 @@ is idempotent and ``stop_all`` stops every one.
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 
 from canary_contract.json import JsonObject
+from gameday.atomic import write_json
 from gameday.load.runner import LoadConfig, LoadRun, LoadRunError
 
 LOAD_STATE_NAME = "load.json"
@@ -34,10 +34,7 @@ def read_state(folder: Path) -> JsonObject:
 
 
 def write_state(folder: Path, state: JsonObject) -> None:
-    folder.mkdir(parents=True, exist_ok=True)
-    tmp = folder / f".{LOAD_STATE_NAME}.tmp"
-    tmp.write_text(json.dumps(state, indent=2, default=str) + "\n")
-    os.replace(tmp, folder / LOAD_STATE_NAME)
+    write_json(folder / LOAD_STATE_NAME, state)
 
 
 def start(folder: Path, config: LoadConfig) -> None:

@@ -7,7 +7,6 @@ This module never kills anything by name, and never stops a stack it did not sta
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
 import signal
@@ -18,12 +17,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
-from typing import Any, Protocol
+from typing import Protocol
 
 import requests
 import yaml
 
 from canary_contract.json import JsonObject
+from gameday.atomic import write_json
 from gameday.load.runner import ENV_LOAD_SEED
 from gameday.run.chaos import ChaosRun
 from gameday.run.collect import (
@@ -140,13 +140,6 @@ class Interrupts:
         finally:
             for s, handler in old.items():
                 signal.signal(s, handler)
-
-
-def _write_json(path: Path, doc: Any) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(doc, indent=2, default=str) + "\n")
-    os.replace(tmp, path)
 
 
 def _point_latest(plan: RunPlan) -> None:
@@ -304,7 +297,7 @@ class GameDay:
             doc["results"] = [
                 {k: r.get(k) for k in ("experiment", "verdict", "reasons")} for r in self.results
             ]
-        _write_json(plan.run_dir / "run.json", doc)
+        write_json(plan.run_dir / "run.json", doc)
 
     # -- one experiment ------------------------------------------------------------
     def _experiment(self, exp: PlannedExperiment) -> JsonObject:
@@ -388,7 +381,7 @@ class GameDay:
                 "of": self.plan.repeat,
                 "load_seed": exp.load_seed,
             }
-        _write_json(folder / "result.json", result)
+        write_json(folder / "result.json", result)
         return result
 
     def _env(self, folder: Path, exp: PlannedExperiment | None = None) -> dict[str, str]:
