@@ -15,10 +15,12 @@ from typing import Any
 
 import pytest
 
+from gameday.api import StackApi
+from gameday.evidence.events import phase_events
 from gameday.run.collect import collect_timeline
 from gameday.targets.base import parse_target
+from gameday.targets.broker_writes import over_api
 from gameday.targets.history import HistoryError, read_event_records, read_events
-from probes._broker import phase_events, release_events
 from tests.broker_support import Api, start_broker
 from tests.procs import Spawner
 
@@ -81,8 +83,9 @@ def test_every_harness_reader_sees_past_the_first_page(
     assert records[-1].change == {"phase": {"old": "canary", "new": "tripped"}}
 
     target = parse_target({"kind": "local", "state_dir": str(stack)})
-    # the probes (gate and SLO probes look for trips here): before, only the oldest 10,000
-    probed = release_events(target)
+    # what the probes read (gate and SLO probes look for trips here): before, only the
+    # oldest 10,000
+    probed = over_api(target, StackApi.events)
     assert_whole(probed)
     assert len(phase_events(probed, "tripped")) == 1
     # the run's timeline.json
