@@ -10,9 +10,6 @@ threshold from ``GAMEDAY_MIN_COMPARISONS``."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -20,7 +17,7 @@ import pytest
 import yaml
 
 from tests.run_support import REPO, free_base_port
-from tests.short_run_support import SHORT_RUN
+from tests.short_run_support import SHORT_RUN, gameday_run
 
 pytestmark = pytest.mark.slow
 
@@ -63,17 +60,10 @@ def test_a_control_without_enough_evidence_is_inconclusive_and_exits_3(
     else:
         experiment = "experiments/control.yaml"
         env = {**SHORT, "GAMEDAY_MIN_COMPARISONS": str(MILLION)}
-    proc = subprocess.run(
-        [
-            sys.executable, "-c", "from gameday.cli import main; main()", "run",
-            experiment,
-            "--out", str(out), "--run-id", "unsure", "--base-port", str(free_base_port()),
-        ],
-        cwd=REPO,
-        env={**os.environ, **env, "COLUMNS": "200"},
-        capture_output=True,
-        text=True,
-        timeout=240,
+    proc = gameday_run(
+        experiment,
+        "--out", str(out), "--run-id", "unsure", "--base-port", str(free_base_port()),
+        env=env,
     )  # fmt: skip
     run_dir = out / "unsure"
     folder = run_dir / "control"
