@@ -59,16 +59,16 @@ def credential_token(token: str, name: str) -> str:
     return f"{token}-{name}"
 
 
-def copy_with_token(tmp: Path, token: str) -> Path:
+def copy_with_token(tmp: Path, token: str, overlay: str = "staging") -> Path:
     """deploy/k8s copied with a (test) admin-token file and one (test) file per credential
-    in the staging overlay."""
+    in ``overlay`` (staging, or loopback)."""
     dest = tmp / "k8s"
     shutil.copytree(K8S, dest)
-    staging = dest / "overlays" / "staging"
-    (staging / "admin-token").write_text(token + "\n")
-    (staging / "credentials").mkdir(exist_ok=True)
+    folder = dest / "overlays" / overlay
+    (folder / "admin-token").write_text(token + "\n")
+    (folder / "credentials").mkdir(exist_ok=True)
     for name in CREDENTIALS:
-        (staging / "credentials" / name).write_text(credential_token(token, name) + "\n")
+        (folder / "credentials" / name).write_text(credential_token(token, name) + "\n")
     return dest
 
 

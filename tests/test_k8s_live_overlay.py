@@ -8,14 +8,13 @@ on the live cluster otherwise.
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from tests.k8s_render import CREDENTIALS, K8S, NO_KUBECTL, by_kind, kubectl, pod_spec, render
+from tests.k8s_render import K8S, NO_KUBECTL, by_kind, copy_with_token, kubectl, pod_spec, render
 
 pytestmark = pytest.mark.skipif(kubectl() is None, reason=NO_KUBECTL)
 
@@ -50,14 +49,8 @@ V120 = {
 
 @pytest.fixture(scope="module")
 def docs(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
-    dest = tmp_path_factory.mktemp("loopback") / "k8s"
-    shutil.copytree(K8S, dest)
-    overlay = dest / "overlays" / "loopback"
-    (overlay / "admin-token").write_text("t" * 32 + "\n")
-    (overlay / "credentials").mkdir(exist_ok=True)
-    for name in CREDENTIALS:
-        (overlay / "credentials" / name).write_text(f"{'t' * 32}-{name}\n")
-    return render(overlay)
+    k8s = copy_with_token(tmp_path_factory.mktemp("loopback"), "t" * 32, "loopback")
+    return render(k8s / "overlays" / "loopback")
 
 
 def server(docs: list[dict[str, Any]], component: str) -> dict[str, Any]:
