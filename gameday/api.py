@@ -13,11 +13,15 @@ import requests
 from canary_contract.json import JsonObject
 from gameday.oracle.wire import loads
 from gameday.targets import Target
-from gameday.targets.history import HistoryError, read_events
+from gameday.targets.history import HISTORY_TIMEOUT_S, HistoryError, read_events
 
 __all__ = [
+    "ANNOTATION_TIMEOUT_S",
+    "BROKER_WRITE_TIMEOUT_S",
     "HISTORY_TIMEOUT_S",
     "HOPS_PATH",
+    "POLL_TIMEOUT_S",
+    "PROMETHEUS_RANGE_TIMEOUT_S",
     "PROMETHEUS_TIMEOUT_S",
     "REQUEST_TIMEOUT_S",
     "STATE_TIMEOUT_S",
@@ -26,10 +30,17 @@ __all__ = [
     "StackApi",
 ]
 
-STATE_TIMEOUT_S = 3.0
-HISTORY_TIMEOUT_S = 5.0
+# The harness's HTTP timeouts, one per kind of call (StackApi's docstring says which):
+STATE_TIMEOUT_S = 3.0  # also a fault's injection and clearing on a component's admin API
+# HISTORY_TIMEOUT_S (5.0): one page of history; defined in gameday.targets.history, which
+# gameday.api imports (so it cannot import gameday.api) and which reads the pages
 REQUEST_TIMEOUT_S = 10.0
-PROMETHEUS_TIMEOUT_S = 5.0
+PROMETHEUS_TIMEOUT_S = 5.0  # also Prometheus's own list of scrape targets
+# Kinds of call StackApi does not make (where the value differs, it is deliberate):
+ANNOTATION_TIMEOUT_S = 2.0  # a best-effort note on the broker's timeline: never holds a fault up
+BROKER_WRITE_TIMEOUT_S = 5.0  # an operator write (broker_writes): stored before it is answered
+POLL_TIMEOUT_S = 1.0  # a quick look (a health tick, a readiness poll): slow counts as no answer
+PROMETHEUS_RANGE_TIMEOUT_S = 10.0  # a range query of up to 10,000 points per series (report)
 HOPS_PATH = "/v1/colour/hops"  # every component's colour hop log (admin credential)
 HOPS_PAGE_LIMIT = 10_000
 HOPS_MAX_PAGES = 50

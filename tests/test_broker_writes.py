@@ -4,7 +4,8 @@ canary, with the HTTP calls faked (the real broker: tests/test_k8s_fresh_canary.
 - a compare-and-set PATCH is retried on a revision conflict and refused otherwise;
 - an unreachable broker, a refused registration, a broker that cannot say: RolloutError
   with a whole message naming what failed;
-- a fresh version name drops the previous one's ``-g<ms>`` and skips names the broker knows.
+- a fresh version name drops the previous one's ``-g<ms>`` and skips names the broker knows;
+- a session handed in carries every read and write (else each call makes its own).
 """
 
 from __future__ import annotations
@@ -44,18 +45,18 @@ def response(status: int, body: object) -> requests.Response:
 @pytest.fixture
 def calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str, Any]]:
     made: list[tuple[str, str, Any]] = []
-    monkeypatch.setattr(bw, "release", lambda target: {"revision": len(made) + 1})
+    monkeypatch.setattr(bw, "release", lambda target, **kw: {"revision": len(made) + 1})
     return made
 
 
 def answer(monkeypatch: pytest.MonkeyPatch, made: list[Any], *answers: requests.Response) -> None:
     queue = list(answers)
 
-    def request(method: str, url: str, **kwargs: Any) -> requests.Response:
+    def request(_: requests.Session, method: str, url: str, **kwargs: Any) -> requests.Response:
         made.append((method, url, kwargs))
         return queue.pop(0)
 
-    monkeypatch.setattr(bw.requests, "request", request)
+    monkeypatch.setattr(requests.Session, "request", request)
 
 
 def test_patch_is_retried_on_a_revision_conflict(
@@ -93,7 +94,7 @@ def test_an_unreachable_broker_is_named(monkeypatch: pytest.MonkeyPatch) -> None
     def refuse(*args: Any, **kwargs: Any) -> requests.Response:
         raise requests.ConnectionError("refused")
 
-    monkeypatch.setattr(bw.requests, "request", refuse)
+    monkeypatch.setattr(requests.Session, "request", refuse)
     with pytest.raises(
         RolloutError, match=r"cannot reach the broker \(http://broker.test/v1/versions\)"
     ):
@@ -118,15 +119,42 @@ def test_a_fresh_name_drops_the_old_stamp_and_skips_known_names(
             seen.append(name)
             return len(seen) == 1
 
-    monkeypatch.setattr(bw, "over_api", lambda target, read: read(Api()))
+    monkeypatch.setattr(bw, "over_api", lambda target, read, **kw: read(Api()))
     free = bw.unused_version(FakeTarget(), "v2-g1700000000000")  # type: ignore[arg-type]
     assert free == seen[1] and free.startswith("v2-g") and free.count("-g") == 1
 
 
 def test_a_broker_that_cannot_say_is_a_rollout_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    def fail(target: Any, read: Any) -> Any:
+    def fail(target: Any, read: Any, **kw: Any) -> Any:
         raise ApiError("the broker answered HTTP 503", f"{BROKER}/v1/releases/default", 503)
 
     monkeypatch.setattr(bw, "over_api", fail)
     with pytest.raises(RolloutError, match="HTTP 503"):
         bw.target_broker(FakeTarget()).release()  # type: ignore[arg-type]
+
+
+class Recording(requests.Session):
+    """A session that answers from a queue and keeps what was asked."""
+
+    def __init__(self, *answers: requests.Response) -> None:
+        super().__init__()
+        self.answers = list(answers)
+        self.made: list[tuple[str, str, Any]] = []
+
+    def request(self, method: str | bytes, url: str | bytes, **kwargs: Any) -> requests.Response:  # type: ignore[override]
+        self.made.append((str(method), str(url), kwargs))
+        return self.answers.pop(0)
+
+
+def test_a_session_handed_in_carries_every_read_and_write(monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_other(*args: Any, **kwargs: Any) -> requests.Response:
+        raise AssertionError("a request outside the session handed in")
+
+    monkeypatch.setattr(requests.Session, "request", no_other)
+    session = Recording(response(200, {"revision": 4}), response(200, {"phase": "progressing"}))
+    broker = bw.target_broker(FakeTarget(), session=session)  # type: ignore[arg-type]
+    assert broker.patch({"weights": {"canary": 5}}, "why") == {"phase": "progressing"}
+    (get, read_url, _), (patch, write_url, write) = session.made
+    assert (get, read_url) == ("GET", f"{BROKER}/v1/releases/default")
+    assert (patch, write_url) == ("PATCH", f"{BROKER}/v1/releases/default")
+    assert write["json"]["expected_revision"] == 4 and write["timeout"] == 5.0

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, TypedDict, Unpack
+from typing import TypedDict, Unpack
 
 import requests
 
@@ -11,10 +11,11 @@ from canary_contract.errors import ContractError
 from canary_contract.json import JsonObject
 from gameday.errors import GamedayError
 from gameday.oracle.wire import loads
+from gameday.sessions import given_or_own
 
 MAX_PAGE = 10_000  # the broker's largest page
 MAX_PAGES = 1_000  # 10 million events: far beyond any release's history
-HTTP_TIMEOUT_S = 5.0
+HISTORY_TIMEOUT_S = 5.0  # one page (up to MAX_PAGE events); gameday.api names it with the others
 
 
 class HistoryError(GamedayError, RuntimeError):
@@ -26,7 +27,7 @@ class HistoryError(GamedayError, RuntimeError):
 
 
 def _page(
-    session: Any, url: str, after_seq: int, limit: int, timeout_s: float
+    session: requests.Session, url: str, after_seq: int, limit: int, timeout_s: float
 ) -> tuple[list[JsonObject], int | None]:
     params = {"after_seq": str(after_seq), "limit": str(limit)}
     try:
@@ -54,9 +55,9 @@ def read_events(
     release: str,
     after_seq: int = 0,
     limit: int = MAX_PAGE,
-    timeout_s: float = HTTP_TIMEOUT_S,
+    timeout_s: float = HISTORY_TIMEOUT_S,
     max_pages: int = MAX_PAGES,
-    session: Any = None,
+    session: requests.Session | None = None,
 ) -> list[JsonObject]:
     """Every event of ``release`` after ``after_seq``, oldest first (all pages).
 
@@ -72,30 +73,31 @@ def read_events(
 
     Bounded: at most ``max_pages`` pages, each with its own timeout; a broker whose pages do
     not move forward is an error, never an endless loop. HTTP only (the harness never imports
-    ``canarystack``); JSON read strictly (``gameday.oracle.wire``).
+    ``canarystack``); JSON read strictly (``gameday.oracle.wire``). Over ``session`` when
+    given (``StackApi`` hands its own in), else over a short-lived session of its own.
     """
     if not 1 <= limit <= MAX_PAGE:
         raise ValueError(f"limit is {limit}: give 1 to {MAX_PAGE} events per page")
     url = f"{broker_url.rstrip('/')}/v1/releases/{release}/events"
-    http = session if session is not None else requests
-    out: list[JsonObject] = []
-    cursor = after_seq
-    for _ in range(max_pages):
-        page, nxt = _page(http, url, cursor, limit, timeout_s)
-        out.extend(e for e in page if isinstance(e, dict))
-        if len(page) < limit:
-            return out
-        last = page[-1].get("seq") if isinstance(page[-1], dict) else None
-        following = nxt if nxt is not None else last
-        if not isinstance(following, int) or following <= cursor:
-            raise HistoryError(
-                f"the broker's history of {release!r} does not move forward after seq "
-                f"{cursor} (next {following!r}); is the broker a compatible version?"
-            )
-        cursor = following
-    raise HistoryError(
-        f"the history of {release!r} did not end within {max_pages} pages of {limit} events"
-    )
+    with given_or_own(session) as http:
+        out: list[JsonObject] = []
+        cursor = after_seq
+        for _ in range(max_pages):
+            page, nxt = _page(http, url, cursor, limit, timeout_s)
+            out.extend(e for e in page if isinstance(e, dict))
+            if len(page) < limit:
+                return out
+            last = page[-1].get("seq") if isinstance(page[-1], dict) else None
+            following = nxt if nxt is not None else last
+            if not isinstance(following, int) or following <= cursor:
+                raise HistoryError(
+                    f"the broker's history of {release!r} does not move forward after seq "
+                    f"{cursor} (next {following!r}); is the broker a compatible version?"
+                )
+            cursor = following
+        raise HistoryError(
+            f"the history of {release!r} did not end within {max_pages} pages of {limit} events"
+        )
 
 
 class Paging(TypedDict, total=False):
@@ -105,7 +107,7 @@ class Paging(TypedDict, total=False):
     limit: int
     timeout_s: float
     max_pages: int
-    session: Any
+    session: requests.Session | None
 
 
 def read_event_records(broker_url: str, release: str, **paging: Unpack[Paging]) -> list[Event]:
