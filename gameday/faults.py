@@ -16,11 +16,10 @@ import requests
 
 from canary_contract.faults import FaultAction
 from canary_contract.json import JsonObject
+from gameday.api import ANNOTATION_TIMEOUT_S, STATE_TIMEOUT_S
 from gameday.errors import GamedayError
+from gameday.sessions import given_or_own
 from gameday.targets import Target, TargetError
-
-HTTP_TIMEOUT_S = 3.0
-ANNOTATION_TIMEOUT_S = 2.0
 
 
 class FaultError(GamedayError, RuntimeError, ValueError):
@@ -110,16 +109,20 @@ class FaultLedger:
         return None
 
 
-def annotate(target: Target, change: JsonObject, reason: str) -> bool:
-    """Best effort: add an event to the release's history on the broker."""
+def annotate(
+    target: Target, change: JsonObject, reason: str, *, session: requests.Session | None = None
+) -> bool:
+    """Best effort: add an event to the release's history on the broker (over ``session``,
+    else a short-lived one of its own)."""
     try:
         url = f"{target.service_url('broker')}/v1/releases/{target.release}/events"
-        resp = requests.post(
-            url,
-            json={"actor": "gameday", "change": change, "reason": reason},
-            headers=target.operator_headers(),
-            timeout=ANNOTATION_TIMEOUT_S,
-        )
+        with given_or_own(session) as http:
+            resp = http.post(
+                url,
+                json={"actor": "gameday", "change": change, "reason": reason},
+                headers=target.operator_headers(),
+                timeout=ANNOTATION_TIMEOUT_S,
+            )
         return resp.status_code == 201
     except (requests.RequestException, TargetError):
         return False
@@ -176,6 +179,8 @@ def inject(
     ttl_s: float,
     params: JsonObject | None = None,
     ledger: FaultLedger | None = None,
+    *,
+    session: requests.Session | None = None,
 ) -> list[FaultEntry]:
     """Inject a fault into every replica of ``component``; returns one entry per replica.
 
@@ -191,117 +196,134 @@ def inject(
     exactly the faults the ledger holds by id; a 404 means the component already dropped it
     (expired, or the pod restarted clean). The TTL is enforced by each component itself, so
     a fault outlives neither its TTL nor a dead harness.
+
+    Every request goes over ``session`` when given, else over a short-lived one of its own.
     """
     body = fault_body(kind, ttl_s, params)
     params = {k: v for k, v in body.items() if k not in RESERVED_PARAMS}
     roles = target.check_allowed(component)
-    done: list[FaultEntry] = []
-    failures: list[str] = []
-    for role in roles:
-        replicas = target.replicas(role)
-        if not replicas:
-            failures.append(f"{role}: no replicas found")
-        for rep in replicas:
-            try:
-                resp = requests.post(
-                    f"{rep.url}/admin/faults",
-                    json=body,
-                    headers=target.fault_headers(role),
-                    timeout=HTTP_TIMEOUT_S,
+    with given_or_own(session) as http:
+        done: list[FaultEntry] = []
+        failures: list[str] = []
+        for role in roles:
+            replicas = target.replicas(role)
+            if not replicas:
+                failures.append(f"{role}: no replicas found")
+            for rep in replicas:
+                try:
+                    resp = http.post(
+                        f"{rep.url}/admin/faults",
+                        json=body,
+                        headers=target.fault_headers(role),
+                        timeout=STATE_TIMEOUT_S,
+                    )
+                except requests.RequestException as exc:
+                    failures.append(f"{rep.name} ({rep.url}): {exc.__class__.__name__}: {exc}")
+                    continue
+                if resp.status_code != 201:
+                    failures.append(f"{rep.name}: HTTP {resp.status_code}: {error_text(resp)}")
+                    continue
+                entry = FaultEntry(
+                    action=FaultAction.INJECT,
+                    time=time.time(),
+                    component=role,
+                    replica=rep.name,
+                    url=rep.url,
+                    kind=kind,
+                    fault_id=str(resp.json()["id"]),
+                    ttl_s=ttl_s,
+                    params=params,
                 )
-            except requests.RequestException as exc:
-                failures.append(f"{rep.name} ({rep.url}): {exc.__class__.__name__}: {exc}")
-                continue
-            if resp.status_code != 201:
-                failures.append(f"{rep.name}: HTTP {resp.status_code}: {error_text(resp)}")
-                continue
-            entry = FaultEntry(
-                action=FaultAction.INJECT,
-                time=time.time(),
-                component=role,
-                replica=rep.name,
-                url=rep.url,
-                kind=kind,
-                fault_id=str(resp.json()["id"]),
-                ttl_s=ttl_s,
-                params=params,
+                if ledger is not None:
+                    ledger.append(entry)
+                done.append(entry)
+        if done:
+            annotate(
+                target,
+                {
+                    "annotation": "fault_injected",
+                    "component": component,
+                    "kind": kind,
+                    "fault_ids": [e.fault_id for e in done],
+                    "replicas": [e.replica for e in done],
+                    "params": params,
+                    "ttl_s": ttl_s,
+                },
+                reason=f"gameday injected {kind} into {component}",
+                session=http,
             )
-            if ledger is not None:
-                ledger.append(entry)
-            done.append(entry)
-    if done:
-        annotate(
-            target,
-            {
-                "annotation": "fault_injected",
-                "component": component,
-                "kind": kind,
-                "fault_ids": [e.fault_id for e in done],
-                "replicas": [e.replica for e in done],
-                "params": params,
-                "ttl_s": ttl_s,
-            },
-            reason=f"gameday injected {kind} into {component}",
-        )
-    if failures:
-        raise FaultError(
-            f"injecting {kind!r} into {component}: {len(failures)} replica(s) failed: "
-            + "; ".join(failures)
-        )
-    return done
+        if failures:
+            raise FaultError(
+                f"injecting {kind!r} into {component}: {len(failures)} replica(s) failed: "
+                + "; ".join(failures)
+            )
+        return done
 
 
 def clear_injected(
-    target: Target, ledger: FaultLedger, component: str | None = None
+    target: Target,
+    ledger: FaultLedger,
+    component: str | None = None,
+    *,
+    session: requests.Session | None = None,
 ) -> list[FaultEntry]:
-    """Clear every outstanding fault in the ledger (optionally of one component)."""
-    cleared: list[FaultEntry] = []
-    errors: list[str] = []
-    for e in ledger.outstanding():
-        if component is not None and component not in (e.component, "model"):
-            continue
-        if component == "model" and not e.component.startswith("model-"):
-            continue
-        try:
-            resp = requests.delete(
-                f"{e.url}/admin/faults/{e.fault_id}",
-                headers=target.fault_headers(e.component),
-                timeout=HTTP_TIMEOUT_S,
+    """Clear every outstanding fault in the ledger (optionally of one component), over
+    ``session`` when given, else over a short-lived one of its own."""
+    with given_or_own(session) as http:
+        cleared: list[FaultEntry] = []
+        errors: list[str] = []
+        for e in ledger.outstanding():
+            if component is not None and component not in (e.component, "model"):
+                continue
+            if component == "model" and not e.component.startswith("model-"):
+                continue
+            try:
+                resp = http.delete(
+                    f"{e.url}/admin/faults/{e.fault_id}",
+                    headers=target.fault_headers(e.component),
+                    timeout=STATE_TIMEOUT_S,
+                )
+            except requests.RequestException as exc:
+                errors.append(f"{e.replica}: {exc.__class__.__name__}")
+                continue
+            except TargetError as exc:  # its fault credential cannot be read
+                errors.append(f"{e.replica}: {exc}")
+                continue
+            if resp.status_code not in (200, 404):
+                errors.append(f"{e.replica}: HTTP {resp.status_code}: {error_text(resp)}")
+                continue
+            entry = e.cleared({"already_gone": resp.status_code == 404})
+            ledger.append(entry)
+            cleared.append(entry)
+        if cleared:
+            annotate(
+                target,
+                {
+                    "annotation": "fault_cleared",
+                    "fault_ids": [e.fault_id for e in cleared],
+                    "replicas": [e.replica for e in cleared],
+                },
+                reason="gameday cleared its faults",
+                session=http,
             )
-        except requests.RequestException as exc:
-            errors.append(f"{e.replica}: {exc.__class__.__name__}")
-            continue
-        except TargetError as exc:  # its fault credential cannot be read
-            errors.append(f"{e.replica}: {exc}")
-            continue
-        if resp.status_code not in (200, 404):
-            errors.append(f"{e.replica}: HTTP {resp.status_code}: {error_text(resp)}")
-            continue
-        entry = e.cleared({"already_gone": resp.status_code == 404})
-        ledger.append(entry)
-        cleared.append(entry)
-    if cleared:
-        annotate(
-            target,
-            {
-                "annotation": "fault_cleared",
-                "fault_ids": [e.fault_id for e in cleared],
-                "replicas": [e.replica for e in cleared],
-            },
-            reason="gameday cleared its faults",
-        )
-    if errors:
-        # Unreachable replicas: their faults still expire by TTL; say so, do not hide it.
-        raise FaultError(
-            "could not clear some faults (they expire by their TTL): " + "; ".join(errors)
-        )
-    return cleared
+        if errors:
+            # Unreachable replicas: their faults still expire by TTL; say so, do not hide it.
+            raise FaultError(
+                "could not clear some faults (they expire by their TTL): " + "; ".join(errors)
+            )
+        return cleared
 
 
 def kill_pod(
-    target: Target, component: str, replica: str | None = None, ledger: FaultLedger | None = None
+    target: Target,
+    component: str,
+    replica: str | None = None,
+    ledger: FaultLedger | None = None,
+    *,
+    session: requests.Session | None = None,
 ) -> FaultEntry:
-    """Kill one pod of ``component`` (after the blast-radius check) and record it."""
+    """Kill one pod of ``component`` (after the blast-radius check) and record it (the
+    annotation over ``session`` when given)."""
     roles = target.check_allowed(component)
     if len(roles) != 1:
         raise TargetError(
@@ -328,5 +350,6 @@ def kill_pod(
             **killed.detail,
         },
         reason=f"gameday killed {killed.name}",
+        session=session,
     )
     return entry

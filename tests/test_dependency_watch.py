@@ -5,7 +5,8 @@ tiny HTTP server standing in for a router, the broker and two model servers.
   answer (or not 200) is an unhealthy tick, never an error, and so is a Redis that does
   not answer PING;
 - the model servers' dependency results are summed per variant; a replica that cannot be
-  reached leaves what was read before it.
+  reached leaves what was read before it;
+- a session handed in carries every read, each with the 1 s timeout.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
+import requests
 
 from canary_contract.json import JsonObject
 from gameday import dependency_watch as watching
@@ -91,3 +93,23 @@ def test_model_results_per_variant_and_what_was_read_before_a_failure(server: st
     gone = FakeTarget({"model-baseline": [Rep("b", f"{server}/m")],
                        "model-canary": [Rep("c", "http://127.0.0.1:1")]}, server)  # fmt: skip
     assert watching.model_results(gone) == {"baseline": {"ok": 7.0, "timeout": 2.0}}  # type: ignore[arg-type]
+
+
+def test_a_session_handed_in_carries_the_reads(server: str) -> None:
+    class Counting(requests.Session):
+        def __init__(self) -> None:
+            super().__init__()
+            self.urls: list[str] = []
+
+        def request(self, method: str | bytes, url: str | bytes, **kwargs: Any) -> Any:  # type: ignore[override]
+            self.urls.append(str(url))
+            assert kwargs["timeout"] == 1.0
+            return super().request(method, url, **kwargs)
+
+    with Counting() as session:
+        assert watching.healthy(f"{server}/ok", session=session)
+        assert not watching.healthy(f"{server}/sick", session=session)
+        one = FakeTarget({"model-canary": [Rep("c", f"{server}/m")]}, server)
+        got = watching.model_results(one, session=session)  # type: ignore[arg-type]
+    assert got == {"baseline": {}, "canary": {"ok": 7.0, "timeout": 2.0}}
+    assert session.urls == [f"{server}/ok/health", f"{server}/sick/health", f"{server}/m/metrics"]

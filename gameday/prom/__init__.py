@@ -18,6 +18,8 @@ import requests
 import yaml
 
 from canary_contract.json import JsonObject
+from gameday.api import POLL_TIMEOUT_S, PROMETHEUS_TIMEOUT_S
+from gameday.sessions import given_or_own
 from gameday.targets import Target, TargetError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -278,38 +280,47 @@ def _launch(
 
 def _wait_ready(proc: PrometheusProcess, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if not proc.alive():
-            raise PrometheusError(
-                f"prometheus exited before it was ready; its log ({proc.log_path}):\n"
-                f"{proc.log()[-2000:]}"
-            )
-        with contextlib.suppress(requests.RequestException):
-            if requests.get(f"{proc.url}/-/ready", timeout=1).status_code == 200:
-                return
-        time.sleep(0.1)
+    with requests.Session() as http:
+        while time.monotonic() < deadline:
+            if not proc.alive():
+                raise PrometheusError(
+                    f"prometheus exited before it was ready; its log ({proc.log_path}):\n"
+                    f"{proc.log()[-2000:]}"
+                )
+            with contextlib.suppress(requests.RequestException):
+                if http.get(f"{proc.url}/-/ready", timeout=POLL_TIMEOUT_S).status_code == 200:
+                    return
+            time.sleep(0.1)
     raise PrometheusError(
         f"prometheus at {proc.url} was not ready within {timeout_s:g} s; its log:\n"
         f"{proc.log()[-2000:]}"
     )
 
 
-def active_targets(url: str) -> list[JsonObject]:
-    resp = requests.get(f"{url}/api/v1/targets", params={"state": "active"}, timeout=5)
+def active_targets(url: str, *, session: requests.Session | None = None) -> list[JsonObject]:
+    """Prometheus's active scrape targets, over ``session`` (else a short-lived one)."""
+    with given_or_own(session) as http:
+        resp = http.get(
+            f"{url}/api/v1/targets", params={"state": "active"}, timeout=PROMETHEUS_TIMEOUT_S
+        )
     resp.raise_for_status()
     return list(resp.json()["data"]["activeTargets"])
 
 
-def wait_for_targets(url: str, timeout_s: float = 30.0) -> list[JsonObject]:
-    """Wait (bounded) until every active target has been scraped and is up."""
+def wait_for_targets(
+    url: str, timeout_s: float = 30.0, *, session: requests.Session | None = None
+) -> list[JsonObject]:
+    """Wait (bounded) until every active target has been scraped and is up (over
+    ``session``, else one session of its own for the wait)."""
     deadline = time.monotonic() + timeout_s
     targets: list[JsonObject] = []
-    while time.monotonic() < deadline:
-        with contextlib.suppress(requests.RequestException, KeyError, ValueError):
-            targets = active_targets(url)
-            if targets and all(t.get("health") == "up" for t in targets):
-                return targets
-        time.sleep(0.2)
+    with given_or_own(session) as http:
+        while time.monotonic() < deadline:
+            with contextlib.suppress(requests.RequestException, KeyError, ValueError):
+                targets = active_targets(url, session=http)
+                if targets and all(t.get("health") == "up" for t in targets):
+                    return targets
+            time.sleep(0.2)
     down = [
         f"{t.get('labels', {}).get('job')} {t.get('scrapeUrl')}: "
         f"{t.get('health')} {t.get('lastError') or ''}".rstrip()

@@ -18,7 +18,9 @@ from typing import TYPE_CHECKING, Any
 
 import requests
 
+from gameday.api import PROMETHEUS_RANGE_TIMEOUT_S
 from gameday.atomic import replace_whole, write_text
+from gameday.sessions import given_or_own
 
 if TYPE_CHECKING:
     from gameday.report.loader import ExperimentData
@@ -26,7 +28,6 @@ if TYPE_CHECKING:
 CSV_NAME = "prometheus.csv"
 PNG_NAME = "prometheus.png"
 MISSING_NAME = "prometheus.missing.txt"
-HTTP_TIMEOUT_S = 10.0
 MAX_POINTS = 10_000  # Prometheus refuses more than 11,000 points per series
 
 # name -> (PromQL with {rate} for the rate window, unit)
@@ -78,14 +79,22 @@ def _finite(raw: Any) -> float | None:
 
 
 def query_range(
-    url: str, expr: str, start: float, end: float, step_s: float
+    url: str,
+    expr: str,
+    start: float,
+    end: float,
+    step_s: float,
+    *,
+    session: requests.Session | None = None,
 ) -> list[tuple[dict[str, str], list[tuple[float, float | None]]]]:
     """``/api/v1/query_range``: each series' labels and (time, value) points. Raises
-    ``ValueError`` naming the query when Prometheus cannot be reached or says no."""
+    ``ValueError`` naming the query when Prometheus cannot be reached or says no. Over
+    ``session`` when given, else over a short-lived one of its own."""
     endpoint = f"{url.rstrip('/')}/api/v1/query_range"
     params = {"query": expr, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step_s:g}"}
     try:
-        resp = requests.post(endpoint, data=params, timeout=HTTP_TIMEOUT_S)
+        with given_or_own(session) as http:
+            resp = http.post(endpoint, data=params, timeout=PROMETHEUS_RANGE_TIMEOUT_S)
     except requests.RequestException as exc:
         raise ValueError(f"cannot reach Prometheus at {endpoint}: {type(exc).__name__}") from None
     try:
@@ -115,8 +124,11 @@ def collect(
     step_s: float = 1.0,
     rate_window_s: float = 10.0,
     series: dict[str, tuple[str, str]] | None = None,
+    *,
+    session: requests.Session | None = None,
 ) -> SeriesResult:
-    """Every series of ``series`` (default ``SERIES``) over ``start``..``end``."""
+    """Every series of ``series`` (default ``SERIES``) over ``start``..``end``, over
+    ``session`` when given, else over one short-lived session of its own."""
     res = SeriesResult()
     if not (math.isfinite(start) and math.isfinite(end)) or end <= start:
         res.problems.append(f"no window to query: start {start!r}, end {end!r}")
@@ -129,20 +141,21 @@ def collect(
         return res
     step = max(step_s, (end - start) / MAX_POINTS)
     rate = f"{max(1, round(rate_window_s))}s"
-    for name, (template, _unit) in (series or SERIES).items():
-        expr = template.replace("{rate}", rate)
-        try:
-            found = query_range(url, expr, start, end, step)
-        except ValueError as exc:
-            res.problems.append(f"{name}: {exc}")
-            if "cannot reach" in str(exc):
-                break  # every other query would say the same
-            continue
-        if not found:
-            res.problems.append(f"{name}: no series in the window ({expr})")
-        for labels, points in found:
-            variant = labels.get("variant", "all")
-            res.points.extend(Point(name, variant, t, v) for t, v in points)
+    with given_or_own(session) as http:
+        for name, (template, _unit) in (series or SERIES).items():
+            expr = template.replace("{rate}", rate)
+            try:
+                found = query_range(url, expr, start, end, step, session=http)
+            except ValueError as exc:
+                res.problems.append(f"{name}: {exc}")
+                if "cannot reach" in str(exc):
+                    break  # every other query would say the same
+                continue
+            if not found:
+                res.problems.append(f"{name}: no series in the window ({expr})")
+            for labels, points in found:
+                variant = labels.get("variant", "all")
+                res.points.extend(Point(name, variant, t, v) for t, v in points)
     return res
 
 
@@ -189,6 +202,8 @@ def write_series(
     step_s: float = 1.0,
     rate_window_s: float = 10.0,
     title: str = "Prometheus series",
+    *,
+    session: requests.Session | None = None,
 ) -> SeriesResult:
     """Query ``url`` for ``start``..``end`` and write prometheus.csv and prometheus.png
     into ``folder`` (and prometheus.missing.txt listing what could not be had)::
@@ -203,7 +218,7 @@ def write_series(
     ratio per variant, and the routers' canary weight.
     """
     folder = Path(folder)
-    res = collect(url, start, end, step_s, rate_window_s)
+    res = collect(url, start, end, step_s, rate_window_s, session=session)
     missing = folder / MISSING_NAME
     if res.points:
         write_csv(res.points, folder / CSV_NAME)
