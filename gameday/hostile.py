@@ -15,9 +15,10 @@ from dataclasses import dataclass, field
 import requests
 
 from canary_contract.json import JsonObject
+from gameday.api import REQUEST_TIMEOUT_S
 
 PIN_HEADER = "x-canary-variant"
-HTTP_TIMEOUT_S = 10.0
+
 MODEL = "canary-gameday"
 
 
@@ -116,7 +117,7 @@ def send(
     headers.update(item.headers)
     try:
         resp = session.post(
-            router_url + item.path, data=item.body, headers=headers, timeout=HTTP_TIMEOUT_S
+            router_url + item.path, data=item.body, headers=headers, timeout=REQUEST_TIMEOUT_S
         )
     except requests.RequestException as exc:
         return None, f"{type(exc).__name__}: {str(exc)[:200]}"
@@ -214,6 +215,6 @@ def flood(
     for th in threads:
         th.start()
     for th in threads:
-        th.join(timeout=duration_s + HTTP_TIMEOUT_S + 5.0)
+        th.join(timeout=duration_s + REQUEST_TIMEOUT_S + 5.0)
     result.elapsed_s = clock() - t0
     return result
