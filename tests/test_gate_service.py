@@ -296,7 +296,12 @@ def test_auth_unknown_release_garbage_and_latency_fault(spawn: Spawner, tmp_path
     assert r.status_code == 400
     r = requests.post(gate.url + "/v1/samples", json=[1, 2], headers=ADMIN, timeout=5)
     assert r.status_code == 400
-    assert requests.get(gate.url + "/v1/gate/other", timeout=5).status_code == 404
+    r = requests.get(gate.url + "/v1/gate/other", timeout=5)
+    assert r.status_code == 404
+    assert r.json()["error"]["message"] == (
+        "Release 'other' is not watched by this gate (it serves: default); "
+        "ask the gate that watches it."
+    )
     # The latency fault delays batch processing by its ms (the same fault API as every
     # component: kind, ttl_s, params).
     inject_fault(gate.url, {"kind": "latency", "ttl_s": 30, "ms": 400})

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
 from aiohttp import web
@@ -109,6 +109,14 @@ class Unprocessable(ApiError):
 class Unavailable(ApiError):
     status = 503
     type = ErrorKind.UNAVAILABLE
+
+
+def release_not_served(name: str, served: Iterable[str], by: str, todo: str) -> NotFound:
+    """The 404 of a component asked about a release it does not serve: the release, who
+    does not serve it (``by``, e.g. "watched by this gate"), the releases it does serve, and
+    ``todo``, what to do instead."""
+    listed = ", ".join(sorted(served)) or "none"
+    return NotFound(f"Release {name!r} is not {by} (it serves: {listed}); {todo}", param="release")
 
 
 def _nonfinite_path(obj: Any, path: str = "$") -> str | None:

@@ -25,7 +25,7 @@ from canarystack.broker.client import (
 )
 from canarystack.common.app import Component
 from canarystack.common.colour import Colour
-from canarystack.common.errors import BadRequest, NotFound, parse_model
+from canarystack.common.errors import BadRequest, parse_model, release_not_served
 from canarystack.common.logs import get_logger
 from canarystack.common.metrics import Metrics
 from canarystack.gate.metrics import GateCollector
@@ -129,12 +129,12 @@ class GateService:
         batch = parse_model(SampleBatch, body, what="sample batch")
         gate = self.gates.get(batch.release)
         if gate is None:
-            watched = ", ".join(sorted(self.gates))
-            raise NotFound(
-                f"Release {batch.release!r} is not watched by this gate (watching: {watched}); "
+            raise release_not_served(
+                batch.release,
+                self.gates,
+                "watched by this gate",
                 f"start the gate with --release {batch.release} or send the router's samples "
                 "to the gate that watches it.",
-                param="release",
             )
         try:
             got = gate.ingest(batch, time.monotonic(), time.time())
@@ -480,10 +480,8 @@ class GateService:
     def status(self, name: str) -> JsonObject:
         gate = self.gates.get(name)
         if gate is None:
-            raise NotFound(
-                f"Release {name!r} is not watched by this gate; it watches "
-                f"{', '.join(sorted(self.gates))}.",
-                param="release",
+            raise release_not_served(
+                name, self.gates, "watched by this gate", "ask the gate that watches it."
             )
         return gate.to_json(time.monotonic())
 

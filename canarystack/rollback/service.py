@@ -28,7 +28,7 @@ from canarystack.broker.client import (
     FollowKind,
 )
 from canarystack.common.app import Component
-from canarystack.common.errors import Conflict, NotFound, Unavailable
+from canarystack.common.errors import Conflict, NotFound, Unavailable, release_not_served
 from canarystack.common.faults import FaultParams, LatencyMs
 from canarystack.common.logs import get_logger
 from canarystack.common.metrics import Metrics
@@ -278,10 +278,8 @@ class RollbackService:
     def runner(self, name: str) -> RollbackRunner:
         runner = self.runners.get(name)
         if runner is None:
-            raise NotFound(
-                f"Release {name!r} is not handled by this executor (it handles "
-                f"{', '.join(self.releases)}); start it with --release {name}.",
-                param="release",
+            raise release_not_served(
+                name, self.releases, "handled by this executor", f"start it with --release {name}."
             )
         return runner
 
