@@ -301,12 +301,13 @@ def r_gate_detection(res: JsonObject) -> list[str]:
     if len(parts) > 1:
         out += ["", f"The campaign ran in {len(parts)} parts (`--add-to`), pooled:", ""]
         for i, part in enumerate(parts):
-            runs = ", ".join(f"{c} {n}" for c, n in part["healthy_runs"].items()) or "none"
+            runs = ", ".join(f"{c} {n}" for c, n in part["healthy_runs"].items())
             load_1m = part.get("load_1m") or {}
             out.append(
                 f"{i + 1}. `{part['command']}` at `{part['commit']}`, {part['started']}, "
                 f"{part['wall_s']} s, 1-min load {load_1m.get('start')}→{load_1m.get('end')}: "
-                f"{part['faulty_runs']} faulty runs; healthy runs {runs}"
+                f"{part['faulty_runs']} faulty runs; "
+                + (f"healthy runs {runs}" if runs else "no healthy runs")  # "none" is a condition
             )
     return out
 
