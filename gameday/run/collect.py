@@ -29,6 +29,7 @@ from gameday.atomic import write_json
 from gameday.evidence import events as evidence_events
 from gameday.faults import FaultError, FaultLedger, clear_injected
 from gameday.load.records import LOAD_SCHEMA, ORACLE_SCHEMA, recover
+from gameday.sessions import given_or_own
 from gameday.targets import Target, TargetError
 
 WINDOW_SLACK_S = 2.0
@@ -49,8 +50,8 @@ def collect_timeline(
     """Write ``timeline.json``; returns the events (None when the broker did not answer).
     Over ``session`` when given, else one of its own."""
     try:
-        with contextlib.ExitStack() as stack:
-            api = StackApi(session or stack.enter_context(requests.Session()), target)
+        with given_or_own(session) as http:
+            api = StackApi(http, target)
             events = api.events()  # every page
             routers = api.routers()
     except (ApiError, TargetError) as exc:

@@ -9,7 +9,6 @@ gate's status page.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import os
@@ -26,6 +25,7 @@ from canary_contract.json import JsonObject
 from gameday.api import ApiError, StackApi
 from gameday.atomic import write_json
 from gameday.faults import FaultLedger
+from gameday.sessions import given_or_own
 from gameday.targets import Target, TargetError
 
 GATE_EVIDENCE_NAME = "gate-evidence.json"
@@ -186,8 +186,7 @@ def read_gate(target: Target, session: requests.Session | None = None) -> JsonOb
     "error": why}`` (never raises). Over ``session`` when given, else one of its own."""
     url = "?"
     try:
-        with contextlib.ExitStack() as stack:
-            http = session or stack.enter_context(requests.Session())
+        with given_or_own(session) as http:
             api = StackApi(http, target)
             url = api.gate_url()
             state = api.gate_state()
