@@ -202,9 +202,9 @@ def inject(
     body = fault_body(kind, ttl_s, params)
     params = {k: v for k, v in body.items() if k not in RESERVED_PARAMS}
     roles = target.check_allowed(component)
+    done: list[FaultEntry] = []
+    failures: list[str] = []
     with given_or_own(session) as http:
-        done: list[FaultEntry] = []
-        failures: list[str] = []
         for role in roles:
             replicas = target.replicas(role)
             if not replicas:
@@ -252,12 +252,12 @@ def inject(
                 reason=f"gameday injected {kind} into {component}",
                 session=http,
             )
-        if failures:
-            raise FaultError(
-                f"injecting {kind!r} into {component}: {len(failures)} replica(s) failed: "
-                + "; ".join(failures)
-            )
-        return done
+    if failures:
+        raise FaultError(
+            f"injecting {kind!r} into {component}: {len(failures)} replica(s) failed: "
+            + "; ".join(failures)
+        )
+    return done
 
 
 def clear_injected(
@@ -269,9 +269,9 @@ def clear_injected(
 ) -> list[FaultEntry]:
     """Clear every outstanding fault in the ledger (optionally of one component), over
     ``session`` when given, else over a short-lived one of its own."""
+    cleared: list[FaultEntry] = []
+    errors: list[str] = []
     with given_or_own(session) as http:
-        cleared: list[FaultEntry] = []
-        errors: list[str] = []
         for e in ledger.outstanding():
             if component is not None and component not in (e.component, "model"):
                 continue
@@ -306,12 +306,12 @@ def clear_injected(
                 reason="gameday cleared its faults",
                 session=http,
             )
-        if errors:
-            # Unreachable replicas: their faults still expire by TTL; say so, do not hide it.
-            raise FaultError(
-                "could not clear some faults (they expire by their TTL): " + "; ".join(errors)
-            )
-        return cleared
+    if errors:
+        # Unreachable replicas: their faults still expire by TTL; say so, do not hide it.
+        raise FaultError(
+            "could not clear some faults (they expire by their TTL): " + "; ".join(errors)
+        )
+    return cleared
 
 
 def kill_pod(
