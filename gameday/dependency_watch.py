@@ -8,6 +8,7 @@ figures over the ticks are ``gameday.evidence.dependency``'s.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 
@@ -80,14 +81,14 @@ def model_results(
     ``canary``), from their ``/metrics``; what was read before a replica failed to answer
     (or answered a malformed line)."""
     out: dict[str, dict[str, float]] = {}
-    try:
-        with given_or_own(session) as http:
-            for role in MODEL_ROLES:
-                counts: dict[str, float] = {}
-                for rep in target.replicas(role):
-                    text = http.get(rep.url + "/metrics", timeout=POLL_TIMEOUT_S).text
-                    ev.add_dependency_results(text, counts)
-                out[role.removeprefix("model-")] = counts
-    except (requests.RequestException, TargetError, IndexError, ValueError):
-        return out
+    with (
+        contextlib.suppress(requests.RequestException, TargetError, IndexError, ValueError),
+        given_or_own(session) as http,
+    ):
+        for role in MODEL_ROLES:
+            counts: dict[str, float] = {}
+            for rep in target.replicas(role):
+                text = http.get(rep.url + "/metrics", timeout=POLL_TIMEOUT_S).text
+                ev.add_dependency_results(text, counts)
+            out[role.removeprefix("model-")] = counts
     return out
