@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from canary_contract.json import JsonObject
-from gameday.atomic import replace_whole
+from gameday.atomic import replace_whole, write_text
 from gameday.report.campaign import (
     HTML_MARKER,
     CampaignCell,
@@ -57,10 +57,6 @@ def _phase(timings: dict[str, float], name: str) -> Iterator[None]:
         yield
     finally:
         timings[name] = timings.get(name, 0.0) + time.perf_counter() - t0
-
-
-def _write_json(doc: object, path: Path) -> None:
-    path.write_text(dumps_json(doc))
 
 
 def _experiment(
@@ -253,7 +249,7 @@ def build_report(
             "run_id": summary.run_id,
             "experiments": {e.name: e.timeline.to_json() for e in experiments},
         }
-        replace_whole(root / "timeline.json", partial(_write_json, timeline_doc))
+        write_text(root / "timeline.json", dumps_json(timeline_doc))
         summary.files.update(
             {
                 "timeline_json": "timeline.json",
@@ -280,7 +276,7 @@ def build_report(
         full["campaign"] = doc
     if dependency:
         full["dependency"] = dependency
-    replace_whole(root / "summary.json", partial(_write_json, full))
+    write_text(root / "summary.json", dumps_json(full))
     return summary
 
 
