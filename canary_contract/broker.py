@@ -35,6 +35,14 @@ MAX_TRIP_COLOURS = 8
 Token = Annotated[Text, Field(pattern=TOKEN_PATTERN)]
 
 
+def check_sample_order(first_sample_time: float, last_sample_time: float, message: str) -> None:
+    """Refuse a trip's sample window whose last sample comes before its first: a
+    ``ValueError`` with ``message`` (each reader of ``TripEvidence`` words it for its
+    caller)."""
+    if last_sample_time < first_sample_time:
+        raise ValueError(message)
+
+
 class TripColour(Record):
     request_id: Token
     trace_id: TraceId
@@ -60,11 +68,12 @@ class TripEvidence(Record):
 
     @model_validator(mode="after")
     def _ordered(self) -> TripEvidence:
-        if self.last_sample_time < self.first_sample_time:
-            raise ValueError(
-                "last_sample_time is before first_sample_time; the window's first and last "
-                "sample times come in order"
-            )
+        check_sample_order(
+            self.first_sample_time,
+            self.last_sample_time,
+            "last_sample_time is before first_sample_time; the window's first and last "
+            "sample times come in order",
+        )
         return self
 
 

@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictInt, model_validator
 
 from canary_contract import strictjson
-from canary_contract.broker import MAX_TRIP_COLOURS
+from canary_contract.broker import MAX_TRIP_COLOURS, check_sample_order
 from canary_contract.json import JsonObject
 from canary_contract.samples import TOKEN_PATTERN, TRACE_ID_PATTERN
 from canarystack.broker.phases import Phase
@@ -89,11 +89,12 @@ class TripEvidence(_Body):
 
     @model_validator(mode="after")
     def _ordered(self) -> TripEvidence:
-        if self.last_sample_time < self.first_sample_time:
-            raise ValueError(
-                "trip.last_sample_time is before trip.first_sample_time; send the window's "
-                "first and last sample times in order"
-            )
+        check_sample_order(
+            self.first_sample_time,
+            self.last_sample_time,
+            "trip.last_sample_time is before trip.first_sample_time; send the window's "
+            "first and last sample times in order",
+        )
         return self
 
 
