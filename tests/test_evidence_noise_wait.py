@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from gameday.evidence.noise_floor import FloorReading, noise_wait_reasons, wait_record
 
-READING = FloorReading(samples=40, source="all", kl=0.02, kl_mean=0.01, comparisons=55)
+READING = FloorReading(samples=40, source="all", kl=0.02, kl_mean=0.01, noise_comparisons=55)
 
 
 def test_a_measured_floor_is_recorded_with_its_reading_and_judged_measured() -> None:

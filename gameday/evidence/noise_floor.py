@@ -10,7 +10,7 @@ makes the experiment inconclusive. Pure: nothing here reads files or talks to a 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from canary_contract.json import JsonObject
@@ -48,15 +48,16 @@ class FloorReading:
 
     ``samples``: baseline-baseline comparisons in the floor's window; ``source``: the
     scope whose floor the gate uses (``"none"``: too few, the gate tests against 0);
-    ``kl``: the floor (mean + 2 SE of their KL); ``comparisons``: every baseline-baseline
-    comparison the buckets counted.
+    ``kl``: the floor (mean + 2 SE of their KL); ``noise_comparisons``: every
+    baseline-baseline comparison the buckets counted. The fields are the wire names
+    (``to_json``).
     """
 
     samples: int
     source: str | None
     kl: float | None
     kl_mean: float | None
-    comparisons: int
+    noise_comparisons: int
 
     def measured(self, min_samples: int) -> bool:
         """A floor of the ``all`` scope's own, from at least ``min_samples`` comparisons,
@@ -69,13 +70,7 @@ class FloorReading:
         )
 
     def to_json(self) -> JsonObject:
-        return {
-            "samples": self.samples,
-            "source": self.source,
-            "kl": self.kl,
-            "kl_mean": self.kl_mean,
-            "noise_comparisons": self.comparisons,
-        }
+        return asdict(self)
 
 
 def floor_reading(state: JsonObject) -> FloorReading:
@@ -95,7 +90,7 @@ def floor_reading(state: JsonObject) -> FloorReading:
         source=source if isinstance(source, str) else None,
         kl=_figure(scope.get("kl")),
         kl_mean=_figure(scope.get("kl_mean")),
-        comparisons=counted,
+        noise_comparisons=counted,
     )
 
 
