@@ -11,7 +11,6 @@ import csv
 import difflib
 import json
 import math
-import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -19,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from gameday.load.prompt_request import (
+    MixDraws,
     PromptFileError,
     PromptRequest,
     capped,
@@ -129,11 +129,12 @@ def load_jsonl(path: str | Path) -> list[JsonlEntry]:
 
 
 @dataclass(frozen=True)
-class JsonlMix:
+class JsonlMix(MixDraws):
+    """The file's lines in order, cycling; a line's ``max_tokens`` (else ``max_tokens_cap``,
+    else ``DEFAULT_MAX_TOKENS``) capped at ``max_tokens_cap``, its ``user`` (else one
+    drawn). A prompt is sent as written: ``max_prompt_tokens`` does not apply."""
+
     entries: Sequence[JsonlEntry]
-    seed: int = 0
-    user_id_pool: int = 1000
-    max_tokens_cap: int | None = None
     name: str = "jsonl"
     open_loop: bool = False
 
@@ -142,7 +143,7 @@ class JsonlMix:
 
     def request(self, index: int) -> PromptRequest:
         e = self.entries[index % len(self.entries)]
-        rng = random.Random(self.seed * 1_000_003 + index)
+        rng = self.rng(index)
         default = self.max_tokens_cap if self.max_tokens_cap is not None else DEFAULT_MAX_TOKENS
         return PromptRequest(
             index=index,
@@ -272,12 +273,8 @@ def load_azure_trace(
 
 
 @dataclass(frozen=True)
-class TraceMix:
+class TraceMix(MixDraws):
     rows: Sequence[TraceRow]
-    seed: int = 0
-    user_id_pool: int = 1000
-    max_tokens_cap: int | None = None
-    max_prompt_tokens: int | None = None
     name: str = "azure-trace"
     open_loop: bool = True
     offsets_s: tuple[float, ...] = field(default=(), compare=False)
@@ -294,7 +291,7 @@ class TraceMix:
 
     def request(self, index: int) -> PromptRequest:
         r = self.rows[index]
-        rng = random.Random(self.seed * 1_000_003 + index)
+        rng = self.rng(index)
         return PromptRequest(
             index=index,
             planned_prompt_tokens=capped(r.context_tokens, self.max_prompt_tokens),

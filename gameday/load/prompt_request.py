@@ -1,4 +1,5 @@
-"""One request a prompt mix asks for (``PromptRequest``), its words, and the mix protocol.
+"""One request a prompt mix asks for (``PromptRequest``), its words, the mix protocol and
+how every mix draws its requests (``MixDraws``).
 
 This module never imports ``canarystack`` and never does I/O.
 """
@@ -8,7 +9,7 @@ from __future__ import annotations
 import functools
 import random
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -116,6 +117,27 @@ class PromptMix(Protocol):
     def request(self, index: int) -> PromptRequest: ...
 
     def __len__(self) -> int: ...  # requests in one pass (synthetic: effectively unbounded)
+
+
+@dataclass(frozen=True, kw_only=True)
+class MixDraws:
+    """How a mix draws request ``index``: from its own ``random.Random`` (``rng``, from
+    ``seed``: the same index is the same request in every run and worker), a user id from
+    ``user_id_pool`` users (0: none), output tokens capped at ``max_tokens_cap`` and
+    prompt tokens at ``max_prompt_tokens`` (None: uncapped). Every mix is one; so is
+    ``MixSettings``, which hands these to the mix it builds (``draws``)."""
+
+    seed: int = 0
+    user_id_pool: int = 1000
+    max_tokens_cap: int | None = None
+    max_prompt_tokens: int | None = None
+
+    def rng(self, index: int) -> random.Random:
+        return random.Random(self.seed * 1_000_003 + index)
+
+    def draws(self) -> dict[str, Any]:
+        """These fields by name, for building a mix (``Mix(..., **settings.draws())``)."""
+        return {f.name: getattr(self, f.name) for f in fields(MixDraws)}
 
 
 def user_id_for(rng: random.Random, pool: int) -> str | None:

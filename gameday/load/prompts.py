@@ -6,7 +6,6 @@ This module never imports ``canarystack`` and never does I/O at import time.
 from __future__ import annotations
 
 import math
-import random
 from dataclasses import dataclass
 
 from canary_contract.bounds import bounded, check_bounds
@@ -17,6 +16,7 @@ from gameday.load.prompt_files import (
     load_jsonl,
 )
 from gameday.load.prompt_request import (
+    MixDraws,
     MixSpecError,
     PromptFileError,
     PromptRequest,
@@ -64,12 +64,8 @@ class SyntheticParams:
 
 
 @dataclass(frozen=True)
-class SyntheticMix:
+class SyntheticMix(MixDraws):
     params: SyntheticParams = SyntheticParams()
-    seed: int = 0
-    user_id_pool: int = 1000
-    max_tokens_cap: int | None = None
-    max_prompt_tokens: int | None = None
     name: str = "synthetic"
     open_loop: bool = False
 
@@ -78,7 +74,7 @@ class SyntheticMix:
 
     def request(self, index: int) -> PromptRequest:
         p = self.params
-        rng = random.Random(self.seed * 1_000_003 + index)
+        rng = self.rng(index)
         n = round(rng.lognormvariate(math.log(p.median_tokens), p.sigma))
         n = capped(min(max(n, p.min_tokens), p.max_tokens), self.max_prompt_tokens)
         out = round(rng.lognormvariate(math.log(p.output_median_tokens), p.output_sigma))
@@ -93,13 +89,10 @@ class SyntheticMix:
 
 
 @dataclass(frozen=True)
-class MixSettings:
-    """Everything a mix needs besides its spec string (filled from the options)."""
+class MixSettings(MixDraws):
+    """Everything a mix needs besides its spec string (filled from the options): its
+    ``MixDraws``, and what builds the synthetic and the trace mix."""
 
-    seed: int = 0
-    user_id_pool: int = 1000
-    max_tokens_cap: int | None = None
-    max_prompt_tokens: int | None = None
     synthetic: SyntheticParams = SyntheticParams()
     trace_start_s: float = 0.0
     trace_duration_s: float | None = None
@@ -126,26 +119,12 @@ def parse_mix(
     kind = kind.strip()
     if kind == "synthetic" and not arg:
         settings.synthetic.validate()
-        return SyntheticMix(
-            settings.synthetic,
-            settings.seed,
-            settings.user_id_pool,
-            settings.max_tokens_cap,
-            settings.max_prompt_tokens,
-        )
+        return SyntheticMix(settings.synthetic, **settings.draws())
     if kind == "jsonl" and arg:
-        return JsonlMix(
-            load_jsonl(arg), settings.seed, settings.user_id_pool, settings.max_tokens_cap
-        )
+        return JsonlMix(load_jsonl(arg), **settings.draws())
     if kind == "azure-trace" and arg:
         rows = load_azure_trace(arg, settings.trace_start_s, settings.trace_duration_s)
-        return TraceMix(
-            rows,
-            settings.seed,
-            settings.user_id_pool,
-            settings.max_tokens_cap,
-            settings.max_prompt_tokens,
-        )
+        return TraceMix(rows, **settings.draws())
     raise MixSpecError(
         f"--prompt-mix {spec!r} is not understood: use 'synthetic', 'jsonl:PATH' or "
         "'azure-trace:PATH' (e.g. azure-trace:../shared/traces/AzureLLMInferenceTrace_conv.csv)"
