@@ -14,7 +14,7 @@ from aiohttp import web
 
 from canary_contract import strictjson
 from canary_contract.json import JsonObject
-from canarystack.common.errors import BadRequest, PayloadTooLarge, read_capped
+from canarystack.common.errors import BadRequest, PayloadTooLarge, body_too_large, read_capped
 
 # The broker's largest body is a version manifest (a few KiB); 256 KiB leaves room.
 BROKER_MAX_BODY_BYTES = 256 * 1024
@@ -32,11 +32,10 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
 def _too_large(max_bytes: int, given: str) -> PayloadTooLarge:
-    return PayloadTooLarge(
+    return body_too_large(
         f"Request body is {given}, over this endpoint's limit of {max_bytes} bytes "
         f"({max_bytes // 1024} KiB); send a smaller body (the limit is fixed, the bodies "
         "of this API are small).",
-        code="body_too_large",
         extra={"max_bytes": max_bytes},
     )
 

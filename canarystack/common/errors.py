@@ -101,6 +101,12 @@ class PayloadTooLarge(ApiError):
     type = ErrorKind.INVALID_REQUEST
 
 
+def body_too_large(message: str, *, extra: JsonObject | None = None) -> PayloadTooLarge:
+    """The 413 of a body over its limit, with code ``body_too_large``: ``message`` says
+    the size, the limit and what to send instead."""
+    return PayloadTooLarge(message, code="body_too_large", extra=extra)
+
+
 class Unprocessable(ApiError):
     status = 422
     type = ErrorKind.INVALID_REQUEST
@@ -195,10 +201,9 @@ def from_validation_error(exc: ValidationError, what: str = "request body") -> B
 
 
 def _too_large(limit: int, got: str, what: str) -> PayloadTooLarge:
-    return PayloadTooLarge(
+    return body_too_large(
         f"{what} is too large: {got}, the limit here is {limit} bytes. "
-        "Send a smaller body (fewer or shorter items).",
-        code="body_too_large",
+        "Send a smaller body (fewer or shorter items)."
     )
 
 

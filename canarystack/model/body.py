@@ -16,7 +16,13 @@ from aiohttp import web
 
 from canary_contract import strictjson
 from canary_contract.json import JsonObject
-from canarystack.common.errors import BadRequest, PayloadTooLarge, parse_model, read_capped
+from canarystack.common.errors import (
+    BadRequest,
+    PayloadTooLarge,
+    body_too_large,
+    parse_model,
+    read_capped,
+)
 from canarystack.model.schemas import (
     MAX_STOP_CHARS,
     MAX_STOP_SEQUENCES,
@@ -76,11 +82,10 @@ class Limits:
 
 
 def _too_large(size: str, limits: Limits) -> PayloadTooLarge:
-    return PayloadTooLarge(
+    return body_too_large(
         f"Request body is {size}; this model server accepts at most {limits.body_bytes} "
         f"bytes (sized from its context length; --max-body-bytes sets it). Send a shorter "
-        "prompt or fewer messages.",
-        code="body_too_large",
+        "prompt or fewer messages."
     )
 
 
