@@ -6,7 +6,18 @@ This module must never import aiohttp or the HTTP layer.
 
 from __future__ import annotations
 
+from typing import TypedDict
+
 from canary_contract.json import JsonObject
+
+
+class ErrorFieldArgs(TypedDict, total=False):
+    """``ErrorFields``' keyword arguments, for a subclass that takes its own and passes
+    these on unchanged (``**fields: Unpack[ErrorFieldArgs]``, as ``ApiError`` does)."""
+
+    param: str | None
+    code: str | None
+    extra: JsonObject | None
 
 
 class ErrorFields(Exception):

@@ -11,7 +11,7 @@ import asyncio
 import json
 import math
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from typing import Any, TypeVar
+from typing import Any, TypeVar, Unpack
 
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
@@ -19,7 +19,7 @@ from pydantic import BaseModel, ValidationError
 from canary_contract import strictjson
 from canary_contract.errors import ErrorKind
 from canary_contract.json import JsonObject
-from canarystack.common.error_fields import ErrorFields
+from canarystack.common.error_fields import ErrorFieldArgs, ErrorFields
 from canarystack.common.logs import get_logger
 
 _log = get_logger("http")
@@ -55,15 +55,9 @@ class ApiError(CanaryStackError, ErrorFields):
     type: str = ErrorKind.INVALID_REQUEST
 
     def __init__(
-        self,
-        message: str,
-        *,
-        param: str | None = None,
-        status: int | None = None,
-        code: str | None = None,
-        extra: JsonObject | None = None,
+        self, message: str, *, status: int | None = None, **fields: Unpack[ErrorFieldArgs]
     ) -> None:
-        super().__init__(message, param=param, code=code, extra=extra)
+        super().__init__(message, **fields)
         if status is not None:
             self.status = status
 
