@@ -11,7 +11,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Literal, Self
+from typing import Any, ClassVar, Literal, Protocol, Self
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -92,6 +92,20 @@ class KubernetesTargetSpec(BaseModel):
     blast_radius: BlastRadius = Field(default_factory=BlastRadius)
 
 
+class TargetSpec(Protocol):
+    """A kind's ``spec_model`` (a pydantic model of its target file), as the base sees it:
+    it validates a file's mapping and names the target and its blast radius."""
+
+    @classmethod
+    def model_validate(cls, obj: Any) -> Self: ...
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def blast_radius(self) -> BlastRadius: ...
+
+
 class Target(ABC):
     """Where experiments act. Subclasses: LocalTarget (reading the ``stack.json`` that
     ``gameday stack up`` writes), KubernetesTarget.
@@ -104,7 +118,7 @@ class Target(ABC):
     """
 
     kind: str
-    spec_model: ClassVar[type[BaseModel]]
+    spec_model: ClassVar[type[TargetSpec]]
     name: str
     release: str
     blast_radius: BlastRadius
@@ -114,12 +128,14 @@ class Target(ABC):
         if "spec_model" in cls.__dict__:
             KINDS[cls.kind] = cls
 
-    @abstractmethod
-    def __init__(self, spec: BaseModel) -> None:
-        """Each kind builds itself from its own ``spec_model``."""
+    def __init__(self, spec: TargetSpec) -> None:
+        """Each kind builds itself from its own ``spec_model`` and calls this first for
+        what every spec gives: the name and the blast radius."""
+        self.name = spec.name
+        self.blast_radius = spec.blast_radius
 
     @classmethod
-    def from_spec(cls, spec: BaseModel) -> Self:
+    def from_spec(cls, spec: TargetSpec) -> Self:
         """The target a validated ``spec_model`` describes."""
         if not isinstance(spec, cls.spec_model):
             raise TypeError(f"{cls.__name__} is built from a {cls.spec_model.__name__}")

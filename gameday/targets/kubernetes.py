@@ -103,10 +103,9 @@ class KubernetesTarget(Target):
     spec_model = KubernetesTargetSpec
 
     def __init__(self, spec: KubernetesTargetSpec) -> None:
+        super().__init__(spec)
         self.spec = spec
-        self.name = spec.name
         self.release = spec.release
-        self.blast_radius = spec.blast_radius
         self.namespace = spec.namespace
 
     # -- blast radius ------------------------------------------------------------

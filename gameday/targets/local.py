@@ -105,9 +105,8 @@ class LocalTarget(Target):
     spec_model = LocalTargetSpec
 
     def __init__(self, spec: LocalTargetSpec) -> None:
+        super().__init__(spec)
         self.spec = spec
-        self.name = spec.name
-        self.blast_radius = spec.blast_radius
         self._desc: JsonObject | None = None
 
     @property
