@@ -90,11 +90,10 @@ def describe(spec: oa.ApiSpec, app: web.Application) -> None:
     version_name = oa.path_str("version", "a registered version", schemas.NAME_PATTERN)
     release_name = oa.path_str("name", "a release", schemas.NAME_PATTERN)
 
-    spec.add(
-        "post",
+    routes = spec.routes(TAG)
+    routes.post(
         "/v1/versions",
         summary="Register a version and its manifest digest (idempotent for the same digest).",
-        tag=TAG,
         admin=True,
         params=[actor],
         body=spec.model(schemas.RegisterVersion),
@@ -105,27 +104,21 @@ def describe(spec: oa.ApiSpec, app: web.Application) -> None:
             422: oa.error_response("the digest does not match the manifest"),
         },
     )
-    spec.add(
-        "get",
+    routes.get(
         "/v1/versions",
         summary="Every registered version.",
-        tag=TAG,
         ok=oa.listing("versions", version),
     )
-    spec.add(
-        "get",
+    routes.get(
         "/v1/versions/{version}",
         summary="One version.",
-        tag=TAG,
         params=[version_name],
         ok=version,
         responses={404: oa.error_response("no such version")},
     )
-    spec.add(
-        "post",
+    routes.post(
         "/v1/versions/{version}/quarantine",
         summary="Quarantine a version: every release using it as canary goes to weight 0.",
-        tag=TAG,
         admin=True,
         params=[version_name, actor],
         body=spec.model(schemas.QuarantineVersion),
@@ -133,18 +126,14 @@ def describe(spec: oa.ApiSpec, app: web.Application) -> None:
         ok=version,
         responses={404: oa.error_response("no such version")},
     )
-    spec.add(
-        "get",
+    routes.get(
         "/v1/releases",
         summary="Every release.",
-        tag=TAG,
         ok=oa.listing("releases", release),
     )
-    spec.add(
-        "post",
+    routes.post(
         "/v1/releases",
         summary="Create a release.",
-        tag=TAG,
         admin=True,
         params=[actor],
         body=spec.model(schemas.CreateRelease),
@@ -156,11 +145,9 @@ def describe(spec: oa.ApiSpec, app: web.Application) -> None:
         },
     )
     timeout: JsonObject = {"type": "number", "exclusiveMinimum": 0, "maximum": broker.max_watch_s}
-    spec.add(
-        "get",
+    routes.get(
         "/v1/releases/{name}",
         summary="A release; with 'after' a long-poll until its revision differs from 'after'.",
-        tag=TAG,
         params=[
             release_name,
             oa.query_int(
@@ -180,11 +167,9 @@ def describe(spec: oa.ApiSpec, app: web.Application) -> None:
             404: oa.error_response("no such release"),
         },
     )
-    spec.add(
-        "patch",
+    routes.patch(
         "/v1/releases/{name}",
         summary="Change a release (compare-and-set on expected_revision).",
-        tag=TAG,
         admin=True,
         params=[release_name, actor],
         body=spec.model(schemas.PatchRelease),
@@ -195,11 +180,9 @@ def describe(spec: oa.ApiSpec, app: web.Application) -> None:
             422: oa.error_response("a transition or value the release does not allow"),
         },
     )
-    spec.add(
-        "get",
+    routes.get(
         "/v1/releases/{name}/events",
         summary="The release's event history, oldest first after after_seq.",
-        tag=TAG,
         params=[
             release_name,
             oa.query_int("after_seq", "events after this sequence number", maximum=MAX_INT64),
@@ -207,39 +190,31 @@ def describe(spec: oa.ApiSpec, app: web.Application) -> None:
         ],
         ok=oa.listing("events", event, next_after_seq=oa.INTEGER),
     )
-    spec.add(
-        "post",
+    routes.post(
         "/v1/releases/{name}/events",
         summary="Add an annotation (e.g. fault_injected) to the release's history.",
-        tag=TAG,
         admin=True,
         params=[release_name, actor],
         body=spec.model(schemas.Annotation),
         responses={201: oa.json_body(event, "recorded"), 404: oa.error_response("no such release")},
     )
-    spec.add(
-        "post",
+    routes.post(
         "/v1/routers/heartbeat",
         summary="A router says which revision it applied.",
-        tag=TAG,
         admin=True,
         body=spec.model(schemas.Heartbeat),
         ok=oa.obj(("ok",), ok={"const": True}),
     )
-    spec.add(
-        "get",
+    routes.get(
         "/v1/routers",
         summary="Routers with a live heartbeat.",
-        tag=TAG,
         params=[oa.Param("release", "query", oa.STRING, "only the routers of this release")],
         ok=oa.listing("routers", router, ("expiry_s",), expiry_s=oa.NUMBER),
     )
-    spec.add(
-        "get",
+    routes.get(
         "/v1/whoami",
         summary="Which credential the caller holds and what it may write (403 for a write "
         "it does not grant; docs/ARCHITECTURE.md §8).",
-        tag=TAG,
         admin=True,
         ok=oa.obj(
             ("credential", "capabilities", "single_credential_mode"),

@@ -10,7 +10,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Required, TypedDict, Unpack
 
 from pydantic import BaseModel
 
@@ -237,6 +237,11 @@ class ApiSpec:
         op["responses"] = resp
         ops[method] = op
 
+    def routes(self, tag: str) -> TaggedRoutes:
+        """``add`` for the operations under ``tag``, a method each: ``routes.get(path,
+        summary=...)`` is ``add("get", path, summary=..., tag=tag)``."""
+        return TaggedRoutes(self, tag)
+
     def document(self) -> JsonObject:
         return {
             "openapi": OPENAPI_VERSION,
@@ -254,6 +259,42 @@ class ApiSpec:
                 },
             },
         }
+
+
+class Operation(TypedDict, total=False):
+    """``ApiSpec.add``'s keyword arguments but ``tag`` (``TaggedRoutes`` gives that)."""
+
+    summary: Required[str]
+    responses: Mapping[int | str, JsonObject] | None
+    ok: JsonObject | None
+    operation_id: str | None
+    description: str
+    params: Iterable[Param]
+    body: JsonObject | None
+    body_required: bool
+    body_media_type: str
+    admin: bool
+
+
+@dataclass(frozen=True)
+class TaggedRoutes:
+    """``ApiSpec.add`` for the operations of one tag (``ApiSpec.routes``), named by their
+    method as aiohttp names routes (``web.get(path, handler)``)."""
+
+    spec: ApiSpec
+    tag: str
+
+    def get(self, path: str, **op: Unpack[Operation]) -> None:
+        self.spec.add("get", path, tag=self.tag, **op)
+
+    def post(self, path: str, **op: Unpack[Operation]) -> None:
+        self.spec.add("post", path, tag=self.tag, **op)
+
+    def patch(self, path: str, **op: Unpack[Operation]) -> None:
+        self.spec.add("patch", path, tag=self.tag, **op)
+
+    def delete(self, path: str, **op: Unpack[Operation]) -> None:
+        self.spec.add("delete", path, tag=self.tag, **op)
 
 
 def _operation_id(method: str, path: str) -> str:

@@ -209,13 +209,11 @@ HOP_SCHEMA = obj(
 
 def describe_colour(spec: ApiSpec, app: web.Application) -> None:
     hop = spec.named("ColourHop", HOP_SCHEMA)
-    spec.add(
-        "get",
+    spec.routes("colour").get(
         HOPS_PATH,
         summary="The coloured requests this component saw (request id, trace id, tag), paged.",
         description="Oldest first. Page with after_seq = the answer's next_after_seq; "
         "first_seq above after_seq + 1 (lost: true) means older hops were overwritten.",
-        tag="colour",
         admin=True,
         params=[
             query_int("after_seq", "hops with a seq above this (default 0)", maximum=MAX_SEQ),

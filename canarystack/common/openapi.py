@@ -99,46 +99,38 @@ def fault_body_schema(spec: ApiSpec, component: Component) -> JsonObject:
 
 def describe_common(spec: ApiSpec, component: Component) -> None:
     """``/health``, ``/metrics``, ``/admin/faults`` and ``/openapi.json``."""
-    spec.add(
-        "get",
+    common_routes = spec.routes("common")
+    common_routes.get(
         "/health",
         summary="Liveness and readiness; 503 when the component reports itself degraded.",
-        tag="common",
         responses={
             200: json_body(spec.named("Health", HEALTH_SCHEMA), "ok"),
             503: json_body({"$ref": REF_PREFIX + "Health"}, "degraded (status != ok)"),
         },
     )
-    spec.add(
-        "get",
+    common_routes.get(
         "/metrics",
         summary="Prometheus metrics (text exposition format).",
-        tag="common",
         responses={200: text_response("Prometheus text")},
     )
-    spec.add(
-        "get",
+    common_routes.get(
         "/openapi.json",
         summary="This document.",
-        tag="common",
         responses={200: json_body(obj(("openapi", "info", "paths")), "OpenAPI 3.1")},
     )
+    fault_routes = spec.routes("faults")
     fault = spec.named("Fault", FAULT_SCHEMA)
     cleared = listing("cleared", fault)
-    spec.add(
-        "get",
+    fault_routes.get(
         "/admin/faults",
         summary="The active faults.",
-        tag="faults",
         admin=True,
         ok=listing("faults", fault),
     )
     kinds = ", ".join(sorted(component.faults.kinds))
-    spec.add(
-        "post",
+    fault_routes.post(
         "/admin/faults",
         summary=f"Inject a fault ({kinds}); it ends by itself after ttl_s.",
-        tag="faults",
         admin=True,
         body=spec.named(
             f"{component.name.capitalize()}FaultRequest", fault_body_schema(spec, component)
@@ -146,20 +138,16 @@ def describe_common(spec: ApiSpec, component: Component) -> None:
         params=[Param("x-actor", "header", STRING, "who injects it (logged)")],
         responses={201: json_body(fault, "injected")},
     )
-    spec.add(
-        "delete",
+    fault_routes.delete(
         "/admin/faults",
         summary="Clear every active fault.",
-        tag="faults",
         admin=True,
         params=[Param("x-actor", "header", STRING, "who clears them (logged)")],
         ok=cleared,
     )
-    spec.add(
-        "delete",
+    fault_routes.delete(
         "/admin/faults/{fault_id}",
         summary="Clear one fault.",
-        tag="faults",
         admin=True,
         params=[path_str("fault_id", "the id POST /admin/faults answered")],
         ok=cleared,

@@ -45,11 +45,10 @@ def describe(spec: oa.ApiSpec, app: web.Application) -> None:
     spec.refine("Comparison", "bucket", buckets)
     spec.refine("Outcome", "bucket", buckets)
     count = {"type": "integer", "minimum": 0}
-    spec.add(
-        "post",
+    routes = spec.routes(TAG)
+    routes.post(
         "/v1/samples",
         summary="A router's batch of shadow comparisons and outcomes, validated whole.",
-        tag=TAG,
         admin=True,
         body=batch,
         responses={
@@ -71,18 +70,14 @@ def describe(spec: oa.ApiSpec, app: web.Application) -> None:
             404: oa.error_response("this gate does not watch the batch's release"),
         },
     )
-    spec.add(
-        "get",
+    routes.get(
         "/v1/gate",
         summary="Every watched release's state.",
-        tag=TAG,
         ok=oa.listing("gates", gate, ("false_alarm_budget",), false_alarm_budget=oa.ANY_OBJECT),
     )
-    spec.add(
-        "get",
+    routes.get(
         "/v1/gate/{release}",
         summary="One release's state, statistics, noise floor and trip evidence.",
-        tag=TAG,
         params=[oa.Param("release", "path", {"type": "string", "enum": watched}, required=True)],
         ok=gate,
         responses={404: oa.error_response("not watched by this gate")},

@@ -212,6 +212,7 @@ def describe_generation(
         spec.refine(name, "max_tokens", oa.nullable(tokens))
     spec.refine("ChatCompletionRequest", "max_completion_tokens", oa.nullable(tokens))
     spec.refine("CompletionRequest", "echo", {"anyOf": [{"const": False}, {"type": "null"}]})
+    routes = spec.routes(TAG)
     params = [*request_headers(), *(extra_params or [])]
     errors: dict[int | str, JsonObject] = {
         404: oa.error_response("'model' names a model this server does not serve"),
@@ -237,11 +238,9 @@ def describe_generation(
             "chat.completion.chunk",
         ),
     ):
-        spec.add(
-            "post",
+        routes.post(
             path,
             summary=f"A {kind} (OpenAI/vLLM-compatible); SSE with stream: true.",
-            tag=TAG,
             params=params,
             body=body,
             responses={
@@ -258,11 +257,9 @@ def describe_generation(
 
 
 def describe_models(spec: oa.ApiSpec) -> None:
-    spec.add(
-        "get",
+    spec.routes(TAG).get(
         "/v1/models",
         summary="The served model (vLLM's list shape, plus 'version').",
-        tag=TAG,
         ok=spec.named("ModelList", MODELS_SCHEMA),
     )
 

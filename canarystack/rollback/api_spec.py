@@ -34,11 +34,10 @@ def describe(spec: oa.ApiSpec, app: web.Application) -> None:
     status = spec.named("RollbackStatus", STATUS_SCHEMA)
     watched = {"type": "string", "enum": sorted(app[SERVICE].releases)}
     release = oa.Param("release", "path", watched, "a release this executor watches", True)
-    spec.add(
-        "post",
+    routes = spec.routes(TAG)
+    routes.post(
         "/v1/rollbacks/{release}",
         summary="Roll back a release by hand; 202 once step 1 is in the broker.",
-        tag=TAG,
         admin=True,
         params=[release],
         body=spec.model(ManualRollback),
@@ -58,11 +57,9 @@ def describe(spec: oa.ApiSpec, app: web.Application) -> None:
             ),
         },
     )
-    spec.add(
-        "get",
+    routes.get(
         "/v1/rollbacks/{release}",
         summary="The rollback steps done, read from the broker's history.",
-        tag=TAG,
         params=[release],
         ok=status,
         responses={404: oa.error_response("not watched, or unknown")},
