@@ -9,9 +9,9 @@ from __future__ import annotations
 import functools
 import random
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypedDict
 
 from gameday.errors import GamedayError
 
@@ -119,6 +119,15 @@ class PromptMix(Protocol):
     def __len__(self) -> int: ...  # requests in one pass (synthetic: effectively unbounded)
 
 
+class Draws(TypedDict):
+    """``MixDraws``' fields by name, as a mix's constructor takes them."""
+
+    seed: int
+    user_id_pool: int
+    max_tokens_cap: int | None
+    max_prompt_tokens: int | None
+
+
 @dataclass(frozen=True, kw_only=True)
 class MixDraws:
     """How a mix draws request ``index``: from its own ``random.Random`` (``rng``, from
@@ -135,9 +144,14 @@ class MixDraws:
     def rng(self, index: int) -> random.Random:
         return random.Random(self.seed * 1_000_003 + index)
 
-    def draws(self) -> dict[str, Any]:
+    def draws(self) -> Draws:
         """These fields by name, for building a mix (``Mix(..., **settings.draws())``)."""
-        return {f.name: getattr(self, f.name) for f in fields(MixDraws)}
+        return Draws(
+            seed=self.seed,
+            user_id_pool=self.user_id_pool,
+            max_tokens_cap=self.max_tokens_cap,
+            max_prompt_tokens=self.max_prompt_tokens,
+        )
 
 
 def user_id_for(rng: random.Random, pool: int) -> str | None:
