@@ -47,6 +47,12 @@ def model_servers(
         sp.stop_all()
 
 
+def pools(models: dict[str, Proc]) -> tuple[list[str], list[str]]:
+    """The usual pools of a ``models`` fixture: ``b0`` the baseline, ``c0`` the canary
+    (``start_router(spawn, tmp_path, *pools(models), ...)``)."""
+    return [models["b0"].url], [models["c0"].url]
+
+
 def start_router(
     spawn: Spawner,
     state_dir: Path,

@@ -28,9 +28,7 @@ def on_release(
     spawn: Spawner, tmp_path: Path, models: dict[str, Proc], *extra: str, **kw: Any
 ) -> tuple[Proc, rs.Broker, dict[str, Any]]:
     """``router_on_release`` over the module's b0 (baseline) and c0 (canary) pools."""
-    return rs.router_on_release(
-        spawn, tmp_path, [models["b0"].url], [models["c0"].url], *extra, **kw
-    )
+    return rs.router_on_release(spawn, tmp_path, *rs.pools(models), *extra, **kw)
 
 
 def served_by(router: Proc, user: str, prompt: str = "a b c") -> str:
@@ -46,10 +44,8 @@ def test_split_follows_broker_weight_sticky_across_replicas(
     api = rs.Broker(broker.url)
     release = api.create(weight=30)
     kw: dict[str, Any] = {"broker": broker.url}
-    r0 = rs.start_router(spawn, tmp_path, [models["b0"].url], [models["c0"].url], **kw)
-    r1 = rs.start_router(
-        spawn, tmp_path, [models["b0"].url], [models["c0"].url], router_id="router-1", **kw
-    )
+    r0 = rs.start_router(spawn, tmp_path, *rs.pools(models), **kw)
+    r1 = rs.start_router(spawn, tmp_path, *rs.pools(models), router_id="router-1", **kw)
     rs.wait_revision(r0, release["revision"])
     rs.wait_revision(r1, release["revision"])
     users = [f"user-{i}" for i in range(300)]
@@ -145,7 +141,7 @@ def test_broker_down_at_start_with_and_without_cache(
     broker, restart_broker = restartable_broker(spawn, tmp_path / "broker")
     api = rs.Broker(broker.url)
     release = api.create(weight=100)
-    pools = ([models["b0"].url], [models["c0"].url])
+    pools = rs.pools(models)
     first = rs.start_router(spawn, tmp_path, *pools, broker=broker.url)
     rs.wait_revision(first, release["revision"])
     first.stop()

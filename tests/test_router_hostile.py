@@ -105,14 +105,7 @@ def test_hostile_bodies_get_a_4xx_and_never_reach_a_model(
     says: str,
 ) -> None:
     rs.write_release_cache(tmp_path)
-    router = rs.start_router(
-        spawn,
-        tmp_path,
-        [models["b0"].url],
-        [models["c0"].url],
-        "--max-body-bytes",
-        str(MAX_BODY),
-    )
+    router = rs.start_router(spawn, tmp_path, *rs.pools(models), "--max-body-bytes", str(MAX_BODY))
     rid = f"hostile-{name}"
     for pin in (b"baseline", b"canary"):
         got, answer = raw_post(
@@ -180,9 +173,7 @@ def test_malformed_colour_headers_are_replaced_never_forwarded(
 def test_pins_after_a_trip_are_409_and_never_reach_the_canary(
     spawn: Spawner, tmp_path: Path, models: dict[str, Proc]
 ) -> None:
-    router, api, _ = rs.router_on_release(
-        spawn, tmp_path, [models["b0"].url], [models["c0"].url], weight=100
-    )
+    router, api, _ = rs.router_on_release(spawn, tmp_path, *rs.pools(models), weight=100)
     before = rs.completion(
         router.url, headers={"x-canary-variant": "canary", "x-request-id": "pre"}
     )
@@ -223,7 +214,7 @@ def test_a_pin_to_a_canary_that_is_off_is_409(
 ) -> None:
     if cache is not None:
         rs.write_release_cache(tmp_path, weight=50, **cache)
-    router = rs.start_router(spawn, tmp_path, [models["b0"].url], [models["c0"].url])
+    router = rs.start_router(spawn, tmp_path, *rs.pools(models))
     r = rs.completion(router.url, headers={"x-canary-variant": "canary", "x-request-id": "off"})
     assert r.status_code == 409, r.text
     assert r.json()["error"]["code"] == "canary_off" and says in r.json()["error"]["message"]
@@ -235,7 +226,7 @@ def test_a_pin_to_a_canary_held_at_weight_0_passes(
     spawn: Spawner, tmp_path: Path, models: dict[str, Proc]
 ) -> None:
     rs.write_release_cache(tmp_path, weight=0)
-    router = rs.start_router(spawn, tmp_path, [models["b0"].url], [models["c0"].url])
+    router = rs.start_router(spawn, tmp_path, *rs.pools(models))
     r = rs.completion(router.url, headers={"x-canary-variant": "canary"})
     assert r.status_code == 200 and r.headers["x-served-by"] == "canary"
     assert rs.health(router)["config"]["canary_off"] is None

@@ -132,13 +132,7 @@ def test_persistent_watch_errors_send_the_router_to_zero_canary(
     broker, restart_broker = restartable_broker(spawn, tmp_path / "broker")
     release = rs.Broker(broker.url).create(weight=100)
     router = rs.start_router(
-        spawn,
-        tmp_path,
-        [models["b0"].url],
-        [models["c0"].url],
-        "--watch-error-failsafe-s",
-        "1",
-        broker=broker.url,
+        spawn, tmp_path, *rs.pools(models), "--watch-error-failsafe-s", "1", broker=broker.url
     )
     rs.wait_revision(router, release["revision"])
     assert rs.completion(router.url).headers["x-served-by"] == "canary"

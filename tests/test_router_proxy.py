@@ -30,7 +30,7 @@ def test_pin_headers_and_request_identity(
     spawn: Spawner, tmp_path: Path, models: dict[str, Proc]
 ) -> None:
     rs.write_release_cache(tmp_path)  # canary at weight 0: pins may reach it
-    router = rs.start_router(spawn, tmp_path, [models["b0"].url], [models["c0"].url])
+    router = rs.start_router(spawn, tmp_path, *rs.pools(models))
     tp = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
     r = rs.completion(
         router.url,
@@ -87,7 +87,7 @@ def test_pin_headers_and_request_identity(
 
 
 def test_bad_input_is_a_clear_400(spawn: Spawner, tmp_path: Path, models: dict[str, Proc]) -> None:
-    router = rs.start_router(spawn, tmp_path, [models["b0"].url], [models["c0"].url])
+    router = rs.start_router(spawn, tmp_path, *rs.pools(models))
     r = rs.completion(router.url, headers={"x-canary-variant": "green"})
     assert r.status_code == 400
     err = r.json()["error"]
@@ -191,7 +191,7 @@ def test_faults_latency_abort_stale_with_ttl(
     spawn: Spawner, tmp_path: Path, models: dict[str, Proc]
 ) -> None:
     rs.write_release_cache(tmp_path)
-    router = rs.start_router(spawn, tmp_path, [models["b0"].url], [models["c0"].url])
+    router = rs.start_router(spawn, tmp_path, *rs.pools(models))
     admin = rs.instance_url(router) + "/admin/faults"
     r = requests.post(admin, json={"kind": "latency", "ttl_s": 4, "ms": 600}, headers=rs.ADMIN)
     assert r.status_code == 201, r.text
@@ -348,7 +348,7 @@ def test_metrics_by_variant_and_status(
     spawn: Spawner, tmp_path: Path, models: dict[str, Proc]
 ) -> None:
     rs.write_release_cache(tmp_path)
-    router = rs.start_router(spawn, tmp_path, [models["b0"].url], [models["c0"].url])
+    router = rs.start_router(spawn, tmp_path, *rs.pools(models))
     for variant in ("baseline", "canary", "canary"):
         rs.completion(router.url, headers={"x-canary-variant": variant}, stream=True)
     assert rs.metric(router, "router_requests_total", variant="canary", status="200") == 2
