@@ -36,7 +36,10 @@ DEFAULT_RUN_DIR = Path("reports/adhoc")
 # Chaos Toolkit does not time out Python activities: none of them waits longer than this.
 MAX_WAIT_S = 600.0
 
-# Chaos Toolkit's configuration and secrets: JSON objects from the experiment file.
+# Chaos Toolkit's configuration and secrets: JSON objects from the experiment file. chaoslib
+# hands each only to a function that declares it: every activity takes ``configuration``
+# (last), none takes ``secrets`` (credentials come from the target file); the controls keep
+# Chaos Toolkit's control signature, and those that resolve arguments read both.
 Configuration = JsonObject
 Secrets = JsonObject
 

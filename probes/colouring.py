@@ -33,7 +33,6 @@ from gameday.evidence.slo import Slo, failed_result, not_measured
 from gameday.targets import Target
 from probes._context import (
     Configuration,
-    Secrets,
     append_run_json_lines,
     inject_fault,
     on_target,
@@ -79,7 +78,6 @@ def read_sent(configuration: Configuration | None) -> list[JsonObject]:
 def colouring_fidelity(
     settle_s: float = DEFAULT_SETTLE_S,
     configuration: Configuration | None = None,
-    secrets: Secrets | None = None,
 ) -> JsonObject:
     """Per hop, how many requests completed at the router kept their colour there (the
     figures ``colouring_fidelity_at_least`` judges).
@@ -110,7 +108,6 @@ def colouring_fidelity_at_least(
     min_requests: int = 20,
     settle_s: float = DEFAULT_SETTLE_S,
     configuration: Configuration | None = None,
-    secrets: Secrets | None = None,
 ) -> Slo:
     """SLO: at least ``ratio`` of the completed requests (and at least ``min_requests``
     judged) kept their request id, trace id and tag at every hop they reached; measured
@@ -133,7 +130,6 @@ def send_coloured_requests(
     tag: str = DEFAULT_TAG,
     max_tokens: int = 4,
     configuration: Configuration | None = None,
-    secrets: Secrets | None = None,
 ) -> JsonObject:
     """Send ``count`` small completions through the router, each with its own
     ``x-request-id``, a new W3C ``traceparent`` and ``x-traffic-tag: tag``, one at a time.
@@ -172,7 +168,6 @@ def drop_colour(
     component: str,
     ttl_s: float = 60.0,
     configuration: Configuration | None = None,
-    secrets: Secrets | None = None,
 ) -> JsonObject:
     """Make every replica of ``component`` treat incoming requests as untagged for
     ``ttl_s`` seconds (the ``drop_colour`` fault): the colouring probe must then name

@@ -20,7 +20,6 @@ from gameday.evidence import dependency as ev
 from gameday.faults import FaultEntry
 from probes._context import (
     Configuration,
-    Secrets,
     append_run_json_lines,
     get_target,
     ledger,
@@ -55,9 +54,7 @@ def _entry_json(e: FaultEntry) -> JsonObject:
 
 
 # -- actions ------------------------------------------------------------------------------
-def pause_redis(
-    ms: float, configuration: Configuration | None = None, secrets: Secrets | None = None
-) -> JsonObject:
+def pause_redis(ms: float, configuration: Configuration | None = None) -> JsonObject:
     """Stall every Redis client for ``ms`` milliseconds (``CLIENT PAUSE ms ALL``).
 
     Redis ends the pause itself::
@@ -81,7 +78,6 @@ def exhaust_redis(
     ttl_s: float,
     connections: int = 4,
     configuration: Configuration | None = None,
-    secrets: Secrets | None = None,
 ) -> JsonObject:
     """Fill Redis for ``ttl_s`` seconds: ``connections`` held, ``maxclients`` lowered to
     them, everyone else disconnected and refused.
@@ -93,18 +89,14 @@ def exhaust_redis(
         return _entry_json(dep.exhaust(target, ttl_s, int(connections), ledger(configuration)))
 
 
-def kill_redis(
-    configuration: Configuration | None = None, secrets: Secrets | None = None
-) -> JsonObject:
+def kill_redis(configuration: Configuration | None = None) -> JsonObject:
     """SIGKILL the stack's redis-server (supervisord restarts it, empty)."""
     with on_target(configuration, "killing redis") as target:
         entry = dep.kill(target, ledger(configuration))
     return {"component": "redis", "killed_at": entry.time, "detail": entry.detail}
 
 
-def clear_redis_faults(
-    configuration: Configuration | None = None, secrets: Secrets | None = None
-) -> JsonObject:
+def clear_redis_faults(configuration: Configuration | None = None) -> JsonObject:
     """End every Redis fault of this run (pause, holder) and restore ``maxclients``.
     Idempotent: safe as a rollback after any failure."""
     with on_target(configuration, "clearing redis faults") as target:
@@ -113,9 +105,7 @@ def clear_redis_faults(
 
 
 # -- probes -------------------------------------------------------------------------------
-def redis_is_clean(
-    configuration: Configuration | None = None, secrets: Secrets | None = None
-) -> bool:
+def redis_is_clean(configuration: Configuration | None = None) -> bool:
     """True when Redis is in the starting state (answers, ``maxclients`` as the stack set
     it, no holder connected); else raises naming what is off."""
     with on_target(configuration, "checking redis's starting state") as target:
@@ -132,7 +122,6 @@ def watch(
     duration_s: float,
     interval_s: float = 0.25,
     configuration: Configuration | None = None,
-    secrets: Secrets | None = None,
 ) -> JsonObject:
     """For ``duration_s`` seconds, every ``interval_s``: each router replica's and the
     broker's ``/health`` and whether Redis answers PING, one line each in
@@ -181,35 +170,27 @@ def _judged(
     return ev.judged(summarise(configuration), name_unit, allowed, judge)
 
 
-def dependency_errors_below(
-    max_ratio: float, configuration: Configuration | None = None, secrets: Secrets | None = None
-) -> Slo:
+def dependency_errors_below(max_ratio: float, configuration: Configuration | None = None) -> Slo:
     """Failed requests among those that started during the fault or after it: at most
     ``max_ratio`` (the dependency degrades answers; it must not fail them)."""
     allowed = float(max_ratio)
     return _judged(configuration, ev.ERROR_RATE, allowed, lambda d: ev.errors_below(d, allowed))
 
 
-def no_request_past_deadline(
-    max_s: float, configuration: Configuration | None = None, secrets: Secrets | None = None
-) -> Slo:
+def no_request_past_deadline(max_s: float, configuration: Configuration | None = None) -> Slo:
     """No request took longer than ``max_s`` end to end, and none timed out."""
     allowed = float(max_s)
     return _judged(configuration, ev.MAX_E2E, allowed, lambda d: ev.within_deadline(d, allowed))
 
 
-def recovered_within(
-    max_s: float, configuration: Configuration | None = None, secrets: Secrets | None = None
-) -> Slo:
+def recovered_within(max_s: float, configuration: Configuration | None = None) -> Slo:
     """Users are served as before the fault (error rate and TTFT) within ``max_s``
     seconds of its end (``gameday.evidence.dependency.recovery_s`` says how)."""
     allowed = float(max_s)
     return _judged(configuration, ev.RECOVERY, allowed, lambda d: ev.recovered(d, allowed))
 
 
-def services_stayed_healthy(
-    configuration: Configuration | None = None, secrets: Secrets | None = None
-) -> Slo:
+def services_stayed_healthy(configuration: Configuration | None = None) -> Slo:
     """Every watch tick found every router replica and the broker healthy: nothing
     cascaded from the dependency into them."""
     return _judged(configuration, ev.UNHEALTHY, 0.0, ev.stayed_healthy)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from canary_contract.json import JsonObject
 from gameday.run.evidence import GATE_EVIDENCE_NAME, thresholds, write_gate_evidence
-from probes._context import Configuration, Secrets, get_target, reported, run_dir
+from probes._context import Configuration, get_target, reported, run_dir
 
 __all__ = ["gate_evidence"]
 
@@ -17,7 +17,6 @@ def gate_evidence(
     min_comparisons: int | None = None,
     min_canary_outcomes: int | None = None,
     configuration: Configuration | None = None,
-    secrets: Secrets | None = None,
 ) -> JsonObject:
     """Write the gate's counters to gate-evidence.json; returns what was written.
 

@@ -11,7 +11,7 @@ from chaoslib.exceptions import ActivityFailed
 
 from canary_contract.json import JsonObject
 from gameday import faults as gd_faults
-from probes._context import Configuration, Secrets, inject_fault, ledger, on_target, positive
+from probes._context import Configuration, inject_fault, ledger, on_target, positive
 
 __all__ = [
     "break_gate_credential",
@@ -34,7 +34,6 @@ def inject_latency(
     ms: float,
     ttl_s: float = 60.0,
     configuration: Configuration | None = None,
-    secrets: Secrets | None = None,
 ) -> JsonObject:
     """Slow every replica of ``component`` by ``ms`` milliseconds for ``ttl_s`` seconds.
 
@@ -63,7 +62,6 @@ def inject_latency(
 def break_gate_credential(
     ttl_s: float = 60.0,
     configuration: Configuration | None = None,
-    secrets: Secrets | None = None,
 ) -> JsonObject:
     """Make every router push its samples to the gate with a wrong credential for
     ``ttl_s`` seconds (the router's ``wrong_gate_credential`` fault): what a botched
@@ -80,7 +78,6 @@ def make_canary_faulty(
     magnitude: float = 1.0,
     ttl_s: float = 60.0,
     configuration: Configuration | None = None,
-    secrets: Secrets | None = None,
 ) -> JsonObject:
     """Give the canary a faulty kernel: its next-token distributions drift (and top tokens
     can flip) for prompts of at least ``min_prompt_tokens`` tokens, growing with
@@ -107,7 +104,6 @@ def kill_pod(
     component: str,
     replica: str | None = None,
     configuration: Configuration | None = None,
-    secrets: Secrets | None = None,
 ) -> JsonObject:
     """Kill one pod of ``component`` (``replica`` names it; default: the first).
 
@@ -128,7 +124,6 @@ def kill_pod(
 def clear_faults(
     component: str | None = None,
     configuration: Configuration | None = None,
-    secrets: Secrets | None = None,
 ) -> JsonObject:
     """Clear every fault of this run's ledger that is still outstanding (of ``component``
     only, when given). A fault the component already dropped (expired, or a restarted

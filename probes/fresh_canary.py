@@ -43,7 +43,7 @@ def before_experiment_control(
     """
     started = time.time()
     try:
-        outcome: JsonObject = start_fresh_canary(weight, deadline_s, configuration, secrets)
+        outcome: JsonObject = start_fresh_canary(weight, deadline_s, configuration)
     except ActivityFailed as exc:
         write_run_json(
             configuration, STATE_NAME, {"ok": False, "error": str(exc), "started_at": started}

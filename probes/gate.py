@@ -29,7 +29,6 @@ from gameday.run.evidence import as_whole_number
 from probes._context import (
     MAX_WAIT_S,
     Configuration,
-    Secrets,
     deadline_after,
     positive,
     release_phase_now,
@@ -53,7 +52,6 @@ def wait_for_trip(
     deadline_s: float = 30.0,
     poll_s: float = 0.1,
     configuration: Configuration | None = None,
-    secrets: Secrets | None = None,
 ) -> float:
     """Wait until the gate has tripped the release; returns the seconds from the
     reference fault to the trip. Raises after ``deadline_s`` seconds of waiting.
@@ -88,7 +86,6 @@ def gate_did_not_trip(
     observe_s: float = 0.0,
     poll_s: float = 0.5,
     configuration: Configuration | None = None,
-    secrets: Secrets | None = None,
 ) -> bool:
     """True when the release stayed untripped for ``observe_s`` seconds (and no trip
     happened since the experiment's load started); raises at the first trip.
@@ -125,7 +122,6 @@ def wait_for_noise_floor(
     poll_s: float = 0.5,
     min_samples: int = DEFAULT_MIN_SAMPLES,
     configuration: Configuration | None = None,
-    secrets: Secrets | None = None,
 ) -> JsonObject:
     """Wait until the gate's ``all`` noise floor is its own (``min_samples``
     baseline-baseline comparisons, the gate's ``--noise-min-samples``) and above 0;

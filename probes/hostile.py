@@ -17,7 +17,6 @@ from gameday.hostile_pins import PinError, pins_after_trip
 from gameday.run.collect import read_json
 from probes._context import (
     Configuration,
-    Secrets,
     on_target,
     positive,
     reported,
@@ -46,7 +45,6 @@ def flood_pinned_canary(
     rate_per_s: float = 20.0,
     max_requests: int = 2_000,
     configuration: Configuration | None = None,
-    secrets: Secrets | None = None,
 ) -> JsonObject:
     """Flood the router with hostile client input pinned to the canary; returns the
     statuses per input (also in ``hostile.json``). Never raises for what came back: the
@@ -71,9 +69,7 @@ def flood_pinned_canary(
     return out
 
 
-def hostile_input_not_5xx(
-    configuration: Configuration | None = None, secrets: Secrets | None = None
-) -> Slo:
+def hostile_input_not_5xx(configuration: Configuration | None = None) -> Slo:
     """SLO: no hostile request got a 5xx or a broken connection (allowed 0)."""
     return checks.hostile_server_errors(_read(configuration, FLOOD_FILE))
 
@@ -81,7 +77,6 @@ def hostile_input_not_5xx(
 def pin_canary_after_trip(
     count: int = 20,
     configuration: Configuration | None = None,
-    secrets: Secrets | None = None,
 ) -> JsonObject:
     """Send ``count`` well-formed requests pinned to the canary; record who answered.
 
@@ -95,9 +90,7 @@ def pin_canary_after_trip(
     return out
 
 
-def pins_reach_no_canary(
-    configuration: Configuration | None = None, secrets: Secrets | None = None
-) -> Slo:
+def pins_reach_no_canary(configuration: Configuration | None = None) -> Slo:
     """SLO: after a trip, no pinned request reached the canary (allowed 0): none was
     answered by it (``x-served-by``) and its own request counter did not move."""
     return checks.pinned_requests_on_tripped_canary(_read(configuration, PINS_FILE))

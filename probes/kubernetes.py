@@ -71,7 +71,6 @@ def wait_for_ready(
     timeout_s: float = 60.0,
     poll_s: float = 0.5,
     configuration: Configuration | None = None,
-    secrets: Secrets | None = None,
 ) -> Slo:
     """Wait until every workload of ``component`` is whole again: the workload reports
     all its replicas available AND that many of its pods are Running, Ready and not being
@@ -94,7 +93,6 @@ def start_fresh_canary(
     weight: int = 5,
     deadline_s: float = 300.0,
     configuration: Configuration | None = None,
-    secrets: Secrets | None = None,
 ) -> JsonObject:
     """Make the release ``progressing`` with a canary that is not quarantined and the
     canary weight ``weight``: nothing to do when it already is; after a trip, wait for
@@ -125,7 +123,6 @@ def roll_out_bad_canary(
     kernel_fault: str = "fp8-kv-scale:2048",
     deadline_s: float = 120.0,
     configuration: Configuration | None = None,
-    secrets: Secrets | None = None,
 ) -> JsonObject:
     """Roll the canary Deployment out to a known-bad build: its model container's args
     gain ``--kernel-fault KERNEL_FAULT`` (``MODE[:MIN_PROMPT_TOKENS]``, the model server
@@ -147,7 +144,6 @@ def roll_out_bad_canary(
 def undo_canary_rollout(
     deadline_s: float = 120.0,
     configuration: Configuration | None = None,
-    secrets: Secrets | None = None,
 ) -> JsonObject:
     """``kubectl rollout undo deployment/model-canary`` through the API: the Deployment's
     pod template becomes its previous ReplicaSet's (the highest revision below the current

@@ -12,7 +12,7 @@ from __future__ import annotations
 from canary_contract.json import JsonObject
 from gameday.targets import controllers
 from probes._cluster import canary_traffic_after, kubernetes_target
-from probes._context import MAX_WAIT_S, Configuration, Secrets, non_negative, reported
+from probes._context import MAX_WAIT_S, Configuration, non_negative, reported
 from probes._result import Slo
 
 __all__ = ["argo_rollout_aborted", "argo_rollout_status", "flagger_canary_failed",
@@ -31,7 +31,6 @@ def _status(
 def argo_rollout_status(
     rollout: str,
     configuration: Configuration | None = None,
-    secrets: Secrets | None = None,
 ) -> JsonObject:
     """What the Argo Rollout says: phase, abort, the RolloutAborted condition, its time
     (epoch seconds) and the canary weight when traffic routing reports one."""
@@ -48,7 +47,6 @@ def argo_rollout_aborted(
     total_promql: str | None = None,
     prometheus_url: str | None = None,
     configuration: Configuration | None = None,
-    secrets: Secrets | None = None,
 ) -> Slo:
     """The Rollout is aborted — ``status.abort`` true, phase ``Degraded``, condition
     ``Progressing``/``RolloutAborted`` — its canary weight (if reported) is 0, AND at most
@@ -77,7 +75,6 @@ def argo_rollout_aborted(
 def flagger_canary_status(
     canary: str,
     configuration: Configuration | None = None,
-    secrets: Secrets | None = None,
 ) -> JsonObject:
     """What the Flagger Canary says: phase, canaryWeight, failedChecks, when it changed."""
     return _status(controllers.FLAGGER, canary, configuration)
@@ -93,7 +90,6 @@ def flagger_canary_failed(
     total_promql: str | None = None,
     prometheus_url: str | None = None,
     configuration: Configuration | None = None,
-    secrets: Secrets | None = None,
 ) -> Slo:
     """The Flagger Canary has failed — phase ``Failed`` with ``canaryWeight`` 0 — AND at
     most ``max_canary_requests`` canary-served requests started later than ``grace_s``

@@ -14,7 +14,7 @@ from chaoslib.exceptions import ActivityFailed
 from gameday.evidence.promql import bounded, drained, expand
 from probes._cluster import prometheus_url as _url
 from probes._cluster import promql_value
-from probes._context import Configuration, Secrets, get_target, non_negative, reported
+from probes._context import Configuration, get_target, non_negative, reported
 from probes._result import Slo
 
 __all__ = ["canary_drained", "metric_at_least", "metric_at_most", "query_value"]
@@ -47,7 +47,6 @@ def query_value(
     window_s: float | None = None,
     prometheus_url: str | None = None,
     configuration: Configuration | None = None,
-    secrets: Secrets | None = None,
 ) -> float | None:
     """The value of an instant query (a vector is summed); None when no series matched
     or the answer is not a finite number (NaN, +Inf, -Inf).
@@ -91,7 +90,6 @@ def metric_at_most(
     window_s: float | None = None,
     prometheus_url: str | None = None,
     configuration: Configuration | None = None,
-    secrets: Secrets | None = None,
 ) -> Slo:
     """The expression's value is at most ``max_value`` (no series at all fails)."""
     return _bounded(check, promql, max_value, unit, True, window_s, prometheus_url, configuration)
@@ -105,7 +103,6 @@ def metric_at_least(
     window_s: float | None = None,
     prometheus_url: str | None = None,
     configuration: Configuration | None = None,
-    secrets: Secrets | None = None,
 ) -> Slo:
     """The expression's value is at least ``min_value`` (no series at all fails)."""
     return _bounded(check, promql, min_value, unit, False, window_s, prometheus_url, configuration)
@@ -119,7 +116,6 @@ def canary_drained(
     total_promql: str = TOTAL_QUERY,
     prometheus_url: str | None = None,
     configuration: Configuration | None = None,
-    secrets: Secrets | None = None,
 ) -> Slo:
     """Every router reports canary weight 0 AND the routers served at most
     ``max_canary_requests`` canary requests in the last ``window_s`` seconds, while they

@@ -14,7 +14,7 @@ from canary_contract.phases import is_canary_off
 from gameday.api import ApiError
 from gameday.evidence import checks
 from gameday.evidence.slo import Slo, failed_result, not_measured
-from probes._context import Configuration, Secrets, stack_api
+from probes._context import Configuration, stack_api
 from probes._evidence import (
     NOT_YET,
     before_anything,
@@ -42,7 +42,6 @@ __all__ = [
 def slo_met(
     value: Slo | None = None,
     configuration: Configuration | None = None,
-    secrets: Secrets | None = None,
 ) -> bool:
     """Tolerance: the SLO result's ``ok`` is true.
 
@@ -60,7 +59,6 @@ def baseline_ttft_p99_below(
     max_s: float,
     min_requests: int = 20,
     configuration: Configuration | None = None,
-    secrets: Secrets | None = None,
 ) -> Slo:
     """p99 time to first token of successful baseline-served requests is at most
     ``max_s`` (over at least ``min_requests`` requests)."""
@@ -73,7 +71,6 @@ def baseline_ttft_p99_below(
 def error_rate_below(
     max_ratio: float,
     configuration: Configuration | None = None,
-    secrets: Secrets | None = None,
 ) -> Slo:
     """The share of failed requests (any variant) is at most ``max_ratio`` (0 means no
     failed request at all)."""
@@ -84,7 +81,6 @@ def error_rate_below(
 def no_canary_served_after(
     max_s: float,
     configuration: Configuration | None = None,
-    secrets: Secrets | None = None,
 ) -> Slo:
     """No canary-served request started later than ``max_s`` seconds after the
     reference fault (the rollback, as users feel it)."""
@@ -101,7 +97,6 @@ def no_canary_served_after(
 def drifted_responses_at_most(
     max_count: int,
     configuration: Configuration | None = None,
-    secrets: Secrets | None = None,
 ) -> Slo:
     """At most ``max_count`` canary-served requests were exposed to the faulty kernel:
     started after it was injected, with a prompt at or above its token threshold."""
@@ -119,7 +114,6 @@ def drifted_responses_at_most(
 def errors_only_in_flight_at_kill(
     grace_s: float = 1.0,
     configuration: Configuration | None = None,
-    secrets: Secrets | None = None,
 ) -> Slo:
     """Every failed request was in flight when the pod was killed (started before the
     kill, or within ``grace_s`` after it on a stale connection, and not finished before
@@ -153,7 +147,6 @@ def _broker_milestone(configuration: Configuration | None, check: str, max_s: fl
 def trip_within(
     max_s: float,
     configuration: Configuration | None = None,
-    secrets: Secrets | None = None,
 ) -> Slo:
     """The gate tripped the release at most ``max_s`` seconds after the fault."""
     return _broker_milestone(configuration, "detection_s", max_s)
@@ -162,7 +155,6 @@ def trip_within(
 def weights_applied_within(
     max_s: float,
     configuration: Configuration | None = None,
-    secrets: Secrets | None = None,
 ) -> Slo:
     """Canary weight 0 was in force at every live router at most ``max_s`` seconds after
     the fault (``gameday.evidence.milestones.WeightsApplied`` says how that is read;
@@ -173,7 +165,6 @@ def weights_applied_within(
 def rollback_complete_within(
     max_s: float,
     configuration: Configuration | None = None,
-    secrets: Secrets | None = None,
 ) -> Slo:
     """The release reached ``rolled_back`` at most ``max_s`` seconds after the fault."""
     return _broker_milestone(configuration, "rollback_complete_s", max_s)
@@ -181,7 +172,6 @@ def rollback_complete_within(
 
 def no_trip(
     configuration: Configuration | None = None,
-    secrets: Secrets | None = None,
 ) -> Slo:
     """The release was not tripped since this experiment began (its load started, or
     its first fault): measured is the number of trips, allowed 0."""
@@ -201,7 +191,6 @@ def no_trip(
 
 def gate_sees_every_router(
     configuration: Configuration | None = None,
-    secrets: Secrets | None = None,
 ) -> Slo:
     """The gate can see: every live router's samples reach it, and the gate is not
     ``inconclusive`` (no canary sample for its no-data timeout). Measured is the number of

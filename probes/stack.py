@@ -16,7 +16,6 @@ from gameday.targets.health import active_faults, unhealthy
 from gameday.targets.waits import poll
 from probes._context import (
     Configuration,
-    Secrets,
     deadline_after,
     ledger,
     release_phase_now,
@@ -39,7 +38,6 @@ PHASES = tuple(p.value for p in Phase)
 def stack_healthy(
     wait_s: float = 0.0,
     configuration: Configuration | None = None,
-    secrets: Secrets | None = None,
 ) -> bool:
     """True when every replica of every component answers ``/health``; waits up to
     ``wait_s`` seconds for that (a killed pod being restarted), else raises naming the
@@ -58,7 +56,6 @@ def stack_healthy(
 def release_phase(
     expected: str | None = None,
     configuration: Configuration | None = None,
-    secrets: Secrets | None = None,
 ) -> str:
     """The release's phase (``progressing``, ``tripped``, ``rolling_back``,
     ``rolled_back``, ``promoted``); with ``expected``, raises unless it is that.
@@ -90,7 +87,6 @@ def release_phase(
 def canary_weight(
     expected: int | None = None,
     configuration: Configuration | None = None,
-    secrets: Secrets | None = None,
 ) -> int:
     """The canary's traffic weight in percent, as the broker has it; with ``expected``,
     raises unless it is that."""
@@ -114,7 +110,6 @@ def wait_for_release_phase(
     deadline_s: float = 30.0,
     poll_s: float = 0.1,
     configuration: Configuration | None = None,
-    secrets: Secrets | None = None,
 ) -> float:
     """Wait until the release is in ``phase``; returns the seconds waited, raises after
     ``deadline_s`` (Chaos Toolkit does not time out Python activities, so this does)."""
@@ -140,7 +135,6 @@ def wait_for_release_phase(
 def starting_state(
     canary_weight: int | None = None,
     configuration: Configuration | None = None,
-    secrets: Secrets | None = None,
 ) -> bool:
     """Before anything happened in this experiment (no fault in its ledger, no load run):
     True when the release is progressing, gives the canary ``canary_weight`` percent and
@@ -157,7 +151,6 @@ def starting_state(
 
 def no_active_faults(
     configuration: Configuration | None = None,
-    secrets: Secrets | None = None,
 ) -> bool:
     """True when no replica of any component holds a fault (the state an experiment must
     start from); raises listing the leftovers otherwise."""

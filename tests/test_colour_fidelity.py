@@ -229,7 +229,7 @@ EXAMPLES: dict[str, dict[str, Any]] = {
 def test_each_activity_is_what_chaos_toolkit_validates(func: str) -> None:
     fn = getattr(colouring, func)
     params = list(inspect.signature(fn).parameters)
-    assert params[-2:] == ["configuration", "secrets"] and inspect.getdoc(fn)
+    assert params[-1] == "configuration" and inspect.getdoc(fn)
     validate_python_activity(
         {
             "type": "action" if func in ("drop_colour", "send_coloured_requests") else "probe",

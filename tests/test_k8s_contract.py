@@ -1,6 +1,6 @@
 """The cluster activities follow the Chaos Toolkit contract, checked as Chaos Toolkit checks
 it: chaoslib's ``validate_python_activity`` / ``validate_python_control`` on each one,
-flat JSON-friendly arguments, ``configuration``/``secrets`` last, a docstring."""
+flat JSON-friendly arguments, ``configuration`` last, a docstring."""
 
 from __future__ import annotations
 

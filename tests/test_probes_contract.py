@@ -1,6 +1,7 @@
 """Every activity of ``probes/`` follows the Chaos Toolkit contract, checked the way Chaos
 Toolkit checks it: chaoslib's own ``validate_python_activity`` on each one, flat
-JSON-friendly arguments, ``configuration``/``secrets`` last, and discovery."""
+JSON-friendly arguments, ``configuration`` last (no ``secrets``: no activity reads them), and
+discovery."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from typing import Any, get_type_hints
 import pytest
 from chaoslib.control.python import validate_python_control
 from chaoslib.exceptions import InvalidActivity
-from chaoslib.provider.python import validate_python_activity
+from chaoslib.provider.python import run_python_activity, validate_python_activity
 
 import probes
 
@@ -109,22 +110,44 @@ def test_chaoslib_validates_the_activity(module: str, func: str) -> None:
 
 
 @pytest.mark.parametrize(("module", "func"), _activities())
-def test_signature_is_flat_with_configuration_and_secrets_last(module: str, func: str) -> None:
+def test_signature_is_flat_with_configuration_last(module: str, func: str) -> None:
     assert_flat_signature(module, func)
 
 
 def assert_flat_signature(module: str, func: str) -> None:
     """A Chaos Toolkit activity: JSON-friendly plain arguments, then ``configuration``
-    and ``secrets`` (both default None), and a docstring."""
+    (default None), and a docstring. No ``secrets``: credentials come from the target file,
+    and chaoslib hands ``secrets`` only to a function that declares it (as chaostoolkit-
+    kubernetes' activities declare only what they read)."""
     fn = getattr(importlib.import_module(module), func)
     params = list(inspect.signature(fn).parameters.values())
-    assert [p.name for p in params[-2:]] == ["configuration", "secrets"]
-    assert all(p.default is None for p in params[-2:])
+    assert params[-1].name == "configuration" and params[-1].default is None
+    assert "secrets" not in {p.name for p in params}
     hints = get_type_hints(fn)
-    for p in params[:-2]:
+    for p in params[:-1]:
         assert p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD, p
         assert _types_of(hints[p.name]) <= JSON_FRIENDLY, (func, p.name, hints[p.name])
     assert inspect.getdoc(fn), f"{func} needs a docstring (chaos discover shows it)"
+
+
+def test_an_experiment_that_declares_secrets_still_runs_an_activity() -> None:
+    """An experiment may name secrets on any provider (a shared template does): chaoslib
+    then hands them only to a function that declares ``secrets``, so the activity runs with
+    its arguments and its configuration, and the secret goes nowhere."""
+    activity = {
+        "type": "probe",
+        "name": "slo-met",
+        "provider": {
+            "type": "python",
+            "module": "probes.slo",
+            "func": "slo_met",
+            "secrets": ["vault"],
+            "arguments": {"value": {"ok": True}},
+        },
+    }
+    validate_python_activity(activity)
+    secrets = {"vault": {"token": "not-for-activities"}}
+    assert run_python_activity(activity, {"gameday_target": "t.yaml"}, secrets) is True
 
 
 def test_a_wrong_argument_is_refused_with_its_name() -> None:
