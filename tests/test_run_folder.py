@@ -78,3 +78,21 @@ def test_traffic_of_a_running_load_says_how_to_get_evidence(tmp_path: Path) -> N
     write_load_state(tmp_path, state="running")
     with pytest.raises(RecordsError, match=r"is 'running', not stopped.*canary_promql"):
         RunFolder(tmp_path).records_traffic(T0, None)
+
+
+def test_traffic_by_version_counts_the_canary_rows_and_needs_their_column(
+    tmp_path: Path,
+) -> None:
+    write_load_state(tmp_path)
+    rows = [
+        record(start_time=T0 + i, served_by="", model_version="v2" if i % 2 else "v1")
+        for i in range(4)
+    ]
+    write_records(tmp_path, rows)
+    traffic = RunFolder(tmp_path).records_traffic(T0 + 1, "v2")
+    assert traffic["canary"] == 2 and traffic["total"] == 3
+    assert traffic["canary_rule"] == "model_version == 'v2'"
+    # Records from a writer that has no model_version column: no evidence by version.
+    pd.DataFrame(rows).drop(columns=["model_version"]).to_parquet(tmp_path / "records.parquet")
+    with pytest.raises(RecordsError, match=r"cannot read the load records .*model_version"):
+        RunFolder(tmp_path).records_traffic(T0, "v2")

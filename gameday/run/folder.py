@@ -40,13 +40,18 @@ class RecordsError(GamedayError, RuntimeError):
     """No load records to read: the message is whole and says how to get them."""
 
 
-def read_records(path: str | Path) -> pd.DataFrame:
-    """The load records with the columns the checks use (absent ones all-null)."""
+def read_records(path: str | Path, extra: tuple[str, ...] = ()) -> pd.DataFrame:
+    """The load records with the columns the checks use (absent ones all-null), plus the
+    ``extra`` columns asked for (ValueError naming one the file does not have)."""
     import pyarrow.parquet as pq
 
     pfile = pq.ParquetFile(path)
-    present = [c for c in RECORD_COLUMNS if c in pfile.schema_arrow.names]
-    return record_frame(pfile.read(columns=present).to_pandas())  # the file opened once
+    names = pfile.schema_arrow.names
+    missing = [c for c in extra if c not in names]
+    if missing:
+        raise ValueError(f"the records have no column {', '.join(missing)}")
+    present = [c for c in RECORD_COLUMNS if c in names]
+    return record_frame(pfile.read(columns=[*present, *extra]).to_pandas())  # opened once
 
 
 @dataclass(frozen=True)
@@ -141,14 +146,9 @@ class RunFolder:
             )
         path = str(state.get("records"))
         try:
-            frame = read_records(path)
-            versions = None
-            if canary_version:
-                import pyarrow.parquet as pq
-
-                table = pq.read_table(path, columns=["model_version", "start_time"])
-                versions = table.to_pandas()
+            frame = read_records(path, ("model_version",) if canary_version else ())
         except Exception as exc:  # an unreadable file is no evidence, never a crash
             raise RecordsError(f"cannot read the load records {path}: {exc}") from None
+        versions = frame[["model_version", "start_time"]] if canary_version else None
         traffic = records_traffic(frame, since, canary_version, versions)
         return {"source": "records", "records": path, **traffic}
