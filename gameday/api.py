@@ -57,6 +57,15 @@ class ApiError(RuntimeError):
         self.cause = cause  # the transport's exception class, when there was no answer
 
 
+def error_text(resp: requests.Response) -> str:
+    """A component's error message in ``resp`` (OpenAI-shaped ``error.message``), else the
+    start of its body."""
+    try:
+        return str(resp.json()["error"]["message"])
+    except (ValueError, KeyError, TypeError):
+        return resp.text[:300]
+
+
 class StackApi:
     """The broker, router, gate and replica APIs of one target, over ``session``.
 

@@ -16,7 +16,7 @@ import requests
 
 from canary_contract.faults import FaultAction
 from canary_contract.json import JsonObject
-from gameday.api import ANNOTATION_TIMEOUT_S, STATE_TIMEOUT_S
+from gameday.api import ANNOTATION_TIMEOUT_S, STATE_TIMEOUT_S, error_text
 from gameday.errors import GamedayError
 from gameday.sessions import given_or_own
 from gameday.targets import Target, TargetError
@@ -126,15 +126,6 @@ def annotate(
         return resp.status_code == 201
     except (requests.RequestException, TargetError):
         return False
-
-
-def error_text(resp: requests.Response) -> str:
-    """A component's error message in ``resp`` (OpenAI-shaped ``error.message``), else the
-    start of its body."""
-    try:
-        return str(resp.json()["error"]["message"])
-    except (ValueError, KeyError, TypeError):
-        return resp.text[:300]
 
 
 RESERVED_PARAMS = ("kind", "ttl_s")

@@ -18,9 +18,8 @@ import requests
 
 from canary_contract.digest import manifest_digest
 from canary_contract.json import JsonObject
-from gameday.api import BROKER_WRITE_TIMEOUT_S, ApiError, StackApi
+from gameday.api import BROKER_WRITE_TIMEOUT_S, ApiError, StackApi, error_text
 from gameday.evidence.rollouts import RolloutError
-from gameday.faults import error_text
 from gameday.sessions import given_or_own
 from gameday.targets.base import Target
 from gameday.targets.rollout import Broker
