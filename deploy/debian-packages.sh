@@ -6,6 +6,7 @@ set -euo pipefail
 want=()
 command -v redis-server >/dev/null 2>&1 || want+=(redis-server)
 command -v promtool >/dev/null 2>&1 || want+=(prometheus)
+command -v prometheus-alertmanager >/dev/null 2>&1 || want+=(prometheus-alertmanager)  # deploy/foreign
 [ ${#want[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then
   echo "missing Debian packages: ${want[*]}: install them (apt-get install ${want[*]})" >&2
