@@ -11,6 +11,7 @@ from typing import Any
 import requests
 
 from canary_contract.json import JsonObject
+from gameday.observers import GateObserver, history, release_now
 from gameday.oracle.wire import loads
 from gameday.targets import Target
 from gameday.targets.history import HISTORY_TIMEOUT_S, HistoryError, read_events
@@ -154,8 +155,22 @@ class StackApi:
             404,
         )
 
+    # --- a foreign gate (kind: external): read through its observer ---------------------
+    def observed(self) -> GateObserver | None:
+        """The gate observer of a target whose gate is not canarystack's (None: ours)."""
+        observer = getattr(self.target, "observer", None)
+        return observer() if callable(observer) else None
+
+    def _observed_release(self, observer: GateObserver) -> JsonObject:
+        snap = observer.snapshot(self.session)
+        return release_now(observer.log.snapshots(), snap, self.target.release)
+
     def release(self) -> JsonObject:
-        """The release as the broker has it."""
+        """The release as the broker has it (a foreign gate: as its observer sees it,
+        ``gameday.observers.release_now``)."""
+        observer = self.observed()
+        if observer is not None:
+            return self._observed_release(observer)
         url = f"{self.broker_url()}/v1/releases/{self.target.release}"
         try:
             return self.get_json(url)
@@ -166,7 +181,16 @@ class StackApi:
 
     def events(self, after_seq: int = 0) -> list[JsonObject]:
         """The release's whole event history after ``after_seq``, oldest first: every
-        page (a long-lived broker holds more than one, and the first is the oldest)."""
+        page (a long-lived broker holds more than one, and the first is the oldest). A
+        foreign gate's history is what its observer saw (``gameday.observers.history``)."""
+        observer = self.observed()
+        if observer is not None:
+            observer.snapshot(self.session)
+            return [
+                e
+                for e in history(observer.log.snapshots(), observer.name)
+                if int(e["seq"]) > after_seq
+            ]
         broker = self.broker_url()
         url = f"{broker}/v1/releases/{self.target.release}/events"
         try:
@@ -187,7 +211,10 @@ class StackApi:
         return self._get(f"{self.broker_url()}/v1/versions/{version}").status_code != 404
 
     def routers(self) -> list[JsonObject]:
-        """The live routers the broker knows for the release (their heartbeats)."""
+        """The live routers the broker knows for the release (their heartbeats); none for
+        a foreign gate (its observer reads every entry point's weight itself)."""
+        if self.observed() is not None:
+            return []
         url = f"{self.broker_url()}/v1/routers"
         body = self.get_json(url, params={"release": self.target.release})
         routers = body.get("routers")
@@ -198,13 +225,24 @@ class StackApi:
         return f"{self.target.service_url('gate')}/v1/gate/{self.target.release}"
 
     def gate_state(self) -> JsonObject:
-        """The gate's state and counters for the release."""
+        """The gate's state and counters for the release (canarystack's gate API only)."""
+        if self.observed() is not None:
+            raise ApiError(
+                f"not applicable: target {self.target.name!r} has no canarystack gate API "
+                "(its gate is read through an observer)",
+                self.target.name,
+                404,
+            )
         return self.get_json(self.gate_url())
 
     # --- any replica ------------------------------------------------------------------
     def health_status(self, replica_url: str) -> int:
         """The HTTP status of a replica's ``/health``."""
-        return self._get(f"{replica_url}/health").status_code
+        return self.get_status(f"{replica_url}/health")
+
+    def get_status(self, url: str) -> int:
+        """The HTTP status of a GET of ``url`` (a foreign part's own health URL)."""
+        return self._get(url).status_code
 
     def health(self, replica_url: str) -> JsonObject:
         """A replica's ``/health`` body (a router's says whether the gate hears it)."""

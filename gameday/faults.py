@@ -11,6 +11,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import requests
 
@@ -20,6 +21,9 @@ from gameday.api import ANNOTATION_TIMEOUT_S, STATE_TIMEOUT_S, error_text
 from gameday.errors import GamedayError
 from gameday.sessions import given_or_own
 from gameday.targets import Target, TargetError
+
+if TYPE_CHECKING:
+    from gameday.targets.envoy_faults import EnvoyFaults
 
 
 class FaultError(GamedayError, RuntimeError, ValueError):
@@ -129,6 +133,15 @@ def annotate(
 
 
 RESERVED_PARAMS = ("kind", "ttl_s")
+# The ledger's url of a fault another Chaos Toolkit extension made (record_external).
+EXTERNAL_PREFIX = "external:"
+
+
+def _backend(target: Target, role: str) -> EnvoyFaults | None:
+    """The fault backend of ``role`` when it is not an ``/admin/faults`` API (Envoy on a
+    foreign stack); None: the role's replicas take faults on their admin API."""
+    chooser = getattr(target, "fault_backend", None)
+    return chooser(role) if callable(chooser) else None
 
 
 def fault_body(kind: str, ttl_s: float, params: JsonObject | None = None) -> JsonObject:
@@ -197,6 +210,28 @@ def inject(
     failures: list[str] = []
     with given_or_own(session) as http:
         for role in roles:
+            backend = _backend(target, role)
+            if backend is not None:  # Envoy's fault filter (a foreign stack's router)
+                try:
+                    fault_id = backend.inject(kind, ttl_s, params, http)
+                except TargetError as exc:
+                    failures.append(f"{role} (Envoy {backend.admin_url}): {exc}")
+                    continue
+                entry = FaultEntry(
+                    action=FaultAction.INJECT,
+                    time=time.time(),
+                    component=role,
+                    replica=f"{role}-envoy",
+                    url=backend.admin_url,
+                    kind=kind,
+                    fault_id=fault_id,
+                    ttl_s=ttl_s,
+                    params=params,
+                )
+                if ledger is not None:
+                    ledger.append(entry)
+                done.append(entry)
+                continue
             replicas = target.replicas(role)
             if not replicas:
                 failures.append(f"{role}: no replicas found")
@@ -267,6 +302,26 @@ def clear_injected(
             if component is not None and component not in (e.component, "model"):
                 continue
             if component == "model" and not e.component.startswith("model-"):
+                continue
+            if e.url.startswith(EXTERNAL_PREFIX):  # another extension's: its own rollback
+                entry = e.cleared({"external": True, "note": "made by another extension"})
+                ledger.append(entry)
+                cleared.append(entry)
+                continue
+            try:
+                backend = _backend(target, e.component)
+            except TargetError as exc:
+                errors.append(f"{e.replica}: {exc}")
+                continue
+            if backend is not None:
+                try:
+                    present = backend.clear(str(e.fault_id), http)
+                except TargetError as exc:
+                    errors.append(f"{e.replica}: {exc}")
+                    continue
+                entry = e.cleared({"already_gone": not present})
+                ledger.append(entry)
+                cleared.append(entry)
                 continue
             try:
                 resp = http.delete(
@@ -343,4 +398,41 @@ def kill_pod(
         reason=f"gameday killed {killed.name}",
         session=session,
     )
+    return entry
+
+
+def record_external(
+    target: Target,
+    component: str,
+    kind: str,
+    ledger: FaultLedger,
+    source: str,
+    at: float | None = None,
+    params: JsonObject | None = None,
+) -> FaultEntry:
+    """A fault made by another Chaos Toolkit extension (chaostoolkit-kubernetes, -istio,
+    plain ``http``) into the run's ledger, so the fault-relative checks measure from it.
+    ``component`` is checked against the blast radius like any fault of ours; ``kind``
+    ``pod-kill`` is recorded as a kill. Clearing it is the extension's own rollback."""
+    roles = target.check_allowed(component)
+    if not kind or not isinstance(kind, str):
+        raise FaultError(f"external fault: kind is {kind!r}: name it (e.g. kernel, pod-kill)")
+    when = time.time() if at is None else float(at)
+    if not math.isfinite(when) or abs(when - time.time()) > 3600:
+        raise FaultError(
+            f"external fault: at is {at!r}: give the epoch seconds it happened (within the "
+            "last hour), or leave it out for now"
+        )
+    entry = FaultEntry(
+        action=FaultAction.KILL if kind == "pod-kill" else FaultAction.INJECT,
+        time=when,
+        component=roles[0] if len(roles) == 1 else component,
+        replica=source,
+        url=f"{EXTERNAL_PREFIX}{source}",
+        kind=kind,
+        fault_id=f"{EXTERNAL_PREFIX}{source}:{when:.3f}",
+        params=dict(params or {}),
+        detail={"external": True, "source": source},
+    )
+    ledger.append(entry)
     return entry

@@ -145,6 +145,16 @@ def stack_api(configuration: Configuration | None, what: str) -> Iterator[StackA
         yield StackApi(session, target)
 
 
+def foreign_gate(configuration: Configuration | None) -> str | None:
+    """Why canarystack-only checks do not apply (the target's gate is foreign, read
+    through an observer: ``kind: external``), else None."""
+    with reported(TargetError):
+        target = get_target(configuration)
+    if getattr(target, "observer", None) is None:
+        return None
+    return f"not applicable: target {target.name!r} is a stack the project did not build"
+
+
 def deadline_after(seconds: float) -> float:
     """The ``time.monotonic()`` deadline ``seconds`` from now: below 0 is now, and no
     wait is longer than ``MAX_WAIT_S``."""

@@ -29,11 +29,12 @@ from gameday.evidence.colouring import (
     log_read,
 )
 from gameday.evidence.colouring import HOP_RULES as HOP_RULES  # experiments' tests read it
-from gameday.evidence.slo import Slo, failed_result, not_measured
+from gameday.evidence.slo import Slo, failed_result, not_applicable, not_measured
 from gameday.targets import Target
 from probes._context import (
     Configuration,
     append_run_json_lines,
+    foreign_gate,
     inject_fault,
     on_target,
     positive,
@@ -115,6 +116,9 @@ def colouring_fidelity_at_least(
     example request ids."""
     if not 0 < float(ratio) <= 1:
         raise ActivityFailed(f"argument ratio must be above 0 and at most 1, got {ratio!r}")
+    foreign = foreign_gate(configuration)
+    if foreign:
+        return not_applicable(CHECK, ratio, UNIT, f"{foreign}: no colour hop logs to read")
     if before_anything(configuration):
         return not_measured(CHECK, ratio, UNIT, NOT_YET)
     try:

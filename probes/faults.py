@@ -19,6 +19,7 @@ __all__ = [
     "inject_latency",
     "kill_pod",
     "make_canary_faulty",
+    "record_external_fault",
 ]
 
 MAX_TTL_S = 600.0
@@ -142,4 +143,41 @@ def clear_faults(
             }
             for e in cleared
         ],
+    }
+
+
+def record_external_fault(
+    component: str,
+    kind: str,
+    source: str = "external",
+    at: float | None = None,
+    params: JsonObject | None = None,
+    configuration: Configuration | None = None,
+) -> JsonObject:
+    """Record a fault that another Chaos Toolkit extension made (chaostoolkit-kubernetes'
+    ``terminate_pods``, chaostoolkit-istio's fault injection, a plain ``http`` action) in
+    this run's fault ledger, so the trip, rollback and drift checks measure from it. Put
+    it right after that action (``at``: when it happened, default now)::
+
+        - type: action
+          name: canary-rollout-of-a-bad-build
+          provider: {type: python, module: chaosk8s.deployment.actions, func: ...}
+        - type: action
+          name: record-the-bad-build
+          provider:
+            type: python
+            module: probes.faults
+            func: record_external_fault
+            arguments: {component: model-canary, kind: kernel, source: chaosk8s,
+                        params: {min_prompt_tokens: 0}}
+    """
+    with on_target(configuration, f"recording an external {kind} fault") as target:
+        entry = gd_faults.record_external(
+            target, component, kind, ledger(configuration), source, at, params
+        )
+    return {
+        "component": entry.component,
+        "kind": entry.kind,
+        "recorded_at": entry.time,
+        "fault_id": entry.fault_id,
     }

@@ -146,6 +146,14 @@ def wait_for_noise_floor(
     reading: FloorReading | None = None
     error = ""
     with stack_api(configuration, "waiting for the gate's noise floor") as api:
+        if api.observed() is not None:
+            why = (
+                f"not applicable: target {api.target.name!r} has a foreign gate, whose noise "
+                "floor (if it has one) the harness cannot read"
+            )
+            doc = {"measured": False, "not_applicable": why, "waited_s": 0.0}
+            write_run_json(configuration, NOISE_WAIT_NAME, doc)
+            return doc
         while True:
             try:
                 reading = floor_reading(api.gate_state())

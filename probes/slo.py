@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from canary_contract.json import JsonObject
 from canary_contract.phases import is_canary_off
-from gameday.api import ApiError
+from gameday.api import ApiError, StackApi
 from gameday.evidence import checks
-from gameday.evidence.slo import Slo, failed_result, not_measured
+from gameday.evidence.slo import Slo, failed_result, not_measured, result
 from probes._context import Configuration, stack_api
 from probes._evidence import (
     NOT_YET,
@@ -198,6 +198,8 @@ def gate_sees_every_router(
     A blind gate never trips, so a run without this check could pass quietly."""
     try:
         with stack_api(configuration, "finding the routers and the gate") as api:
+            if api.observed() is not None:
+                return _foreign_gate_sees(api)
             health: dict[str, JsonObject | None] = {}
             routers = api.target.replicas("router")
             for router in routers:
@@ -214,3 +216,15 @@ def gate_sees_every_router(
         why = f"cannot find the routers and the gate: {exc}"
         return failed_result("gate_blind", 0.0, "routers", why)
     return checks.gate_blind(health, gate_state, len(routers))
+
+
+def _foreign_gate_sees(api: StackApi) -> Slo:
+    """A foreign gate can see when its observer says so: its rules loaded and healthy, the
+    stack's metrics scraped (``gameday.observers``). Measured: the problems found."""
+    observer = api.observed()
+    assert observer is not None
+    snap = observer.snapshot(api.session)
+    if snap.sees:
+        return result("gate_blind", 0.0, 0.0, "problems", True, observer=observer.name)
+    why = "; ".join(snap.why) or "the observer could not tell"
+    return failed_result("gate_blind", 0.0, "problems", f"the gate cannot see: {why}")

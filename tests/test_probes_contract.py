@@ -40,6 +40,7 @@ EXAMPLE_ARGUMENTS: dict[str, dict[str, Any]] = {
         "ttl_s": 60,
     },
     "kill_pod": {"component": "router", "replica": "router-0"},
+    "record_external_fault": {"component": "model-canary", "kind": "kernel", "source": "chaosk8s"},
     "clear_faults": {"component": "router"},
     "stack_healthy": {"wait_s": 10},
     "release_phase": {"expected": "progressing"},

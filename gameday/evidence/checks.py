@@ -325,15 +325,21 @@ def pinned_requests_on_tripped_canary(data: JsonObject | None) -> Slo:
         data.get("canary_requests_before", 0)
     )
     refused = sum(1 for a in answers if a.get("status") == 409 and a.get("code") == "canary_off")
+    # A router that sends the pin to the baseline instead (Envoy whose pin route was turned
+    # off) protects the user too; only the canary answering, or its counter moving, fails.
+    rerouted = sum(
+        1 for a in answers if a.get("status") == 200 and a.get("served_by") == "baseline"
+    )
     reached = max(served, int(moved))
     return result(
         check,
         reached,
         0,
         unit,
-        reached == 0 and refused == len(answers),
+        reached == 0 and refused + rerouted == len(answers),
         sent=len(answers),
         refused_canary_off=refused,
+        served_by_baseline=rerouted,
         served_by_canary=served,
         canary_request_counter_delta=moved,
     )

@@ -143,8 +143,8 @@ def noise_wait_reasons(doc: JsonObject | None) -> list[str]:
     one that cannot be read counts as unmeasured (fail-closed)."""
     if doc is None:
         return []
-    if doc.get("measured") is True:
-        return []
+    if doc.get("measured") is True or doc.get("not_applicable"):
+        return []  # (not applicable: a foreign gate has no noise floor the harness can read)
     message = doc.get("message")
     if isinstance(message, str) and message.strip():
         return [message]

@@ -15,6 +15,7 @@ from canary_contract.json import JsonObject
 Slo = JsonObject
 SLO_KEYS = frozenset({"check", "measured", "allowed", "ok"})
 NOT_MEASURED = "not_measured"
+NOT_APPLICABLE = "not_applicable"
 
 
 def result(
@@ -48,6 +49,19 @@ def not_measured(check: str, allowed: float, unit: str, why: str) -> Slo:
     }
 
 
+def not_applicable(check: str, allowed: float, unit: str, why: str) -> Slo:
+    """The target cannot answer this check (a foreign stack lacks the part it reads): not
+    a pass and not a failure, said with ``why`` (``detail.status`` ``not_applicable``)."""
+    return {
+        "check": check,
+        "measured": None,
+        "allowed": float(allowed),
+        "unit": unit,
+        "ok": True,
+        "detail": {"status": NOT_APPLICABLE, "why": why},
+    }
+
+
 def is_slo(output: Any) -> TypeGuard[Slo]:
     """Whether a probe's output is an SLO result."""
     return isinstance(output, dict) and set(output) >= SLO_KEYS
@@ -55,4 +69,4 @@ def is_slo(output: Any) -> TypeGuard[Slo]:
 
 def is_not_measured(output: Slo) -> bool:
     detail = output.get("detail")
-    return isinstance(detail, dict) and detail.get("status") == NOT_MEASURED
+    return isinstance(detail, dict) and detail.get("status") in (NOT_MEASURED, NOT_APPLICABLE)

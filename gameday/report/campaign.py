@@ -283,7 +283,9 @@ class CampaignCell:
 
     @property
     def verdict(self) -> str:
-        verdicts = {e.verdict for e in self.runs}
+        verdicts = {e.verdict for e in self.runs} - {"not_applicable"}
+        if not verdicts and self.runs:
+            return "not_applicable"
         if not self.runs or verdicts - {"pass", "inconclusive"}:
             return "fail"
         if "inconclusive" in verdicts:

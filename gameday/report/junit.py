@@ -54,7 +54,10 @@ def _experiment_case(exp: ExperimentSummary) -> ET.Element:
         )
         err.text = _clean("\n".join(m.sentence() for m in incomplete))
     others = [r for r in exp.reasons if not r.startswith("incomplete:")]
-    if exp.verdict == "inconclusive" and others:
+    if exp.verdict == "not_applicable":
+        skip = ET.SubElement(case, "skipped", message=_clean(others[0] if others else "n/a"))
+        skip.text = _clean("\n".join(others))
+    elif exp.verdict == "inconclusive" and others:
         err = ET.SubElement(case, "error", type="Inconclusive", message=_clean(others[0]))
         err.text = _clean("inconclusive:\n" + "\n".join(others))
     elif others:

@@ -312,6 +312,9 @@ def load_experiment(name: str, path: Path) -> ExperimentData:
         effect="no drift heatmap; first drifted sample taken from the gate's evidence",
         quiet_when_absent=not needs_oracle,
     )
+    if (exp.result or {}).get("verdict") == "not_applicable":
+        # Never run on this target (gameday.run.capabilities): nothing of it is missing.
+        exp.missing = []
     return exp
 
 

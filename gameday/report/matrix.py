@@ -17,7 +17,26 @@ from gameday.report.verdict import ExperimentSummary
 
 ROWS = ("router", "broker", "rollback", "dependency", "control")
 COLUMNS = ("latency", "pod-kill", "faulty-kernel", "none")
-COLOURS = {"pass": "#2da44e", "fail": "#cf222e", "not run": "#d0d7de", "inconclusive": "#bf8700"}
+COLOURS = {
+    "pass": "#2da44e",
+    "fail": "#cf222e",
+    "not run": "#d0d7de",
+    "inconclusive": "#bf8700",
+    "not_applicable": "#8c959f",
+}
+
+
+def combine(verdicts: set[str]) -> str:
+    """A cell's verdict from its experiments': fail wins, then inconclusive; not
+    applicable only when nothing in it ran."""
+    ran = verdicts - {"not_applicable"}
+    if not ran:
+        return "not_applicable"
+    if ran - {"pass", "inconclusive"}:
+        return "fail"
+    return "inconclusive" if "inconclusive" in ran else "pass"
+
+
 MATRIX_COLUMNS = (
     "component",
     "fault",
@@ -105,10 +124,7 @@ def _with_campaign(frame: pd.DataFrame, campaign: list[CampaignCell]) -> pd.Data
         lines = [(f"{c.name.split('/')[-1]}: " if len(here) > 1 else "") + c.text() for c in here]
         texts.append("\n".join(lines))
         cell_verdicts = {str(row.verdict)} | {c.verdict for c in here}
-        if cell_verdicts - {"pass", "inconclusive"}:
-            verdicts.append("fail")
-        else:
-            verdicts.append("inconclusive" if "inconclusive" in cell_verdicts else "pass")
+        verdicts.append(combine(cell_verdicts))
         extra["runs"].append(sum(d["runs"] for d in docs))
         extra["passes"].append(sum(d["passes"] for d in docs))
         for label in ("p50", "p95"):
@@ -174,11 +190,7 @@ def _cell(component: str, fault: str, here: list[ExperimentSummary]) -> dict[str
         text = "unknown: no timeline"
     if len(here) > 1:
         text += f" ×{len(here)}"
-    verdicts = {e.verdict for e in here}
-    if verdicts - {"pass", "inconclusive"}:
-        verdict = "fail"  # fail wins
-    else:
-        verdict = "inconclusive" if "inconclusive" in verdicts else "pass"
+    verdict = combine({e.verdict for e in here})  # fail wins
     expects = sorted({e.expect for e in here if e.expect})
     return {
         "component": component,
@@ -198,7 +210,7 @@ def render_matrix(matrix: pd.DataFrame, path: Path) -> None:
 
     rows = list(dict.fromkeys(matrix["component"]))
     cols = list(dict.fromkeys(matrix["fault"]))
-    codes = {"pass": 0, "fail": 1, "not run": 2, "inconclusive": 3}
+    codes = {"pass": 0, "fail": 1, "not run": 2, "inconclusive": 3, "not_applicable": 4}
     grid = np.full((len(rows), len(cols)), 2)
     text = [["" for _ in cols] for _ in rows]
     for cell in matrix.itertuples():  # a few cells, not records
@@ -214,9 +226,15 @@ def render_matrix(matrix: pd.DataFrame, path: Path) -> None:
     fig = Figure(figsize=(2.3 * len(cols) + 1.5, row_h * len(rows) + 1.2), layout="constrained")
     ax = fig.subplots()
     cmap = ListedColormap(
-        [COLOURS["pass"], COLOURS["fail"], COLOURS["not run"], COLOURS["inconclusive"]]
+        [
+            COLOURS["pass"],
+            COLOURS["fail"],
+            COLOURS["not run"],
+            COLOURS["inconclusive"],
+            COLOURS["not_applicable"],
+        ]
     )
-    ax.imshow(grid, cmap=cmap, vmin=0, vmax=3, aspect="auto")
+    ax.imshow(grid, cmap=cmap, vmin=0, vmax=4, aspect="auto")
     for i in range(len(rows)):
         for j in range(len(cols)):
             colour = "white" if grid[i, j] in (0, 1, 3) else "#57606a"

@@ -242,7 +242,8 @@ def summarise_experiment(
     """
     reasons: list[str] = []
     inconclusive: list[str] = []
-    if exp.result is not None:
+    not_applicable = (exp.result or {}).get("verdict") == "not_applicable"
+    if exp.result is not None and not not_applicable:
         verdict = exp.result.get("verdict")
         if verdict == "inconclusive":
             inconclusive = [str(r) for r in exp.result.get("reasons") or []] or [
@@ -272,6 +273,8 @@ def summarise_experiment(
     for check in checks:
         if check.ok is False:
             reasons.append(check.sentence())
+    if not_applicable:  # the target lacks what it needs: said, never run, never a pass
+        reasons = [str(r) for r in (exp.result or {}).get("reasons") or []]
     # What went wrong first, then what could not be checked.
     incomplete = [f"incomplete: {m.piece} {m.problem}" for m in exp.missing if m.required]
     if inconclusive and not incomplete:
@@ -289,6 +292,8 @@ def summarise_experiment(
         reasons.extend(incomplete)
         reasons.extend(f"also inconclusive: {r}" for r in inconclusive)
         verdict_now = "fail" if reasons else "pass"
+    if not_applicable:
+        verdict_now = "not_applicable"
     notes = list(spec.notes) if spec else []
     notes.extend(timeline.notes)
     if findings.not_measured_before:
@@ -323,7 +328,8 @@ def summarise_run(run: RunData, experiments: list[ExperimentSummary]) -> Summary
     """The run passes when it has experiments and all of them pass; it fails when one
     fails (fail wins) or its data is incomplete; else it is inconclusive when one is."""
     reasons = [f"incomplete: {m.piece} {m.problem}" for m in run.missing if m.required]
-    failed = [e for e in experiments if e.verdict not in ("pass", "inconclusive")]
+    failed = [e for e in experiments if e.verdict not in ("pass", "inconclusive", "not_applicable")]
+    skipped = [e for e in experiments if e.verdict == "not_applicable"]
     unsure = [e for e in experiments if e.verdict == "inconclusive"]
     reasons.extend(
         f"{e.name}: {e.reasons[0]}"
@@ -335,6 +341,8 @@ def summarise_run(run: RunData, experiments: list[ExperimentSummary]) -> Summary
     incomplete = any(m.required for m in run.missing)
     if not experiments:
         verdict, headline = "fail", "FAIL — the run has no experiments"
+    elif len(skipped) == n:
+        verdict, headline = "fail", "FAIL — the run has no experiment this target can run"
     elif failed or incomplete:
         verdict = "fail"
         names = ", ".join(e.name for e in failed)
@@ -349,7 +357,12 @@ def summarise_run(run: RunData, experiments: list[ExperimentSummary]) -> Summary
             f"(too little evidence, or the load was not valid): {names}"
         )
     else:
-        verdict, headline = "pass", f"PASS — all {n} experiment{s} passed"
+        ran = n - len(skipped)
+        verdict, headline = "pass", f"PASS — all {ran} experiment{'s' if ran != 1 else ''} passed"
+    if skipped:
+        headline += f"; {len(skipped)} not applicable to this target: " + ", ".join(
+            e.name for e in skipped
+        )
     return Summary(
         run_id=run.run_id,
         run_dir=run.run_dir,

@@ -25,6 +25,7 @@ import yaml
 from canary_contract.json import JsonObject
 from gameday.atomic import write_json
 from gameday.load.runner import ENV_LOAD_SEED
+from gameday.run.capabilities import missing
 from gameday.run.chaos import ChaosRun
 from gameday.run.collect import (
     clear_leftover_faults,
@@ -40,6 +41,7 @@ from gameday.run.evidence import (
     write_gate_evidence,
     write_gate_start,
 )
+from gameday.run.external import OBSERVATIONS_NAME, Sampler, observed_gate_evidence, prepare
 from gameday.run.figures import (
     evidence_brief,
     evidence_figures,
@@ -48,7 +50,7 @@ from gameday.run.figures import (
     inconclusive_reasons,
 )
 from gameday.run.plan import PlannedExperiment, RunPlan, effective_target_data
-from gameday.run.verdict import FAIL, INCONCLUSIVE, PASS, Evidence, decide
+from gameday.run.verdict import FAIL, INCONCLUSIVE, NOT_APPLICABLE, PASS, Evidence, decide
 from gameday.stack import StackCommandError, stack_down, stack_up
 from gameday.targets import Target, TargetError, load_target
 
@@ -308,8 +310,13 @@ class GameDay:
         evidence = Evidence(None, None, None, None)
         target: Target | None = None
         chaos_result = None
+        sampler = Sampler(None)
         try:
             target = self._prepare(exp, folder)
+            not_applicable = missing(target, yaml.safe_load(exp.path.read_text()) or {})
+            if not_applicable:
+                return self._not_applicable(exp, folder, started, not_applicable)
+            prepare(target, folder)  # a foreign stack's own reset, when its file has one
             write_gate_start(target, folder, self.http)  # what the gate had counted before this one
             if self.interrupts.signum:
                 raise _NotStarted(f"interrupted ({self.interrupts.name}) before chaos started")
@@ -323,6 +330,7 @@ class GameDay:
                 cwd=Path.cwd(),
             )
             self.interrupts.chaos = chaos
+            sampler = Sampler(target).__enter__()  # a foreign gate's observer, sampled
             chaos.start()
             deadline = time.monotonic() + self.plan.experiment_timeout_s
             stop_by: float | None = None  # once interrupted: SIGKILL after the grace period
@@ -346,6 +354,7 @@ class GameDay:
         except (StackCommandError, TargetError, OSError) as exc:
             evidence.setup_error = f"could not prepare the experiment: {exc}"
         finally:
+            sampler.__exit__(None, None, None)
             self.interrupts.chaos = None
             if chaos_result is not None and chaos_result.timed_out:
                 evidence.timed_out_s = self.plan.experiment_timeout_s
@@ -411,10 +420,39 @@ class GameDay:
                 extra += ["--config", str(self.plan.stack_config)]
             stack_up(state_dir, extra)
         target_path = folder / "target.yaml"
-        target_path.write_text(
-            yaml.safe_dump(effective_target_data(self.plan, state_dir), sort_keys=False)
-        )
+        data = effective_target_data(self.plan, state_dir)
+        if data.get("kind") == "external":  # the gate observer's snapshots live here
+            data["observations"] = str((folder / OBSERVATIONS_NAME).resolve())
+        target_path.write_text(yaml.safe_dump(data, sort_keys=False))
         return load_target(target_path)
+
+    @staticmethod
+    def _started_at(folder: Path) -> float:
+        """When this experiment's chaos run began (its journal's start, else the folder's
+        experiment.yaml copy): the foreign gate's evidence counts from here."""
+        journal = read_json(folder / "journal.json") or {}
+        start, _ = experiment_window(journal, folder)
+        return float(start)
+
+    def _not_applicable(
+        self, exp: PlannedExperiment, folder: Path, started: float, reasons: list[str]
+    ) -> JsonObject:
+        """The result of an experiment the target cannot run: said out loud, chaos not run."""
+        self.progress.stage(exp.name, "not applicable to this target")
+        result: JsonObject = {
+            "experiment": exp.name,
+            "verdict": NOT_APPLICABLE,
+            "reasons": reasons,
+            "chaos_exit_code": None,
+            "started_at": started,
+            "ended_at": time.time(),
+            "file": str(exp.path),
+            "figures": {},
+            "evidence": {},
+            "stack": {"owned": self.plan.owns_stack},
+        }
+        write_json(folder / "result.json", result)
+        return result
 
     def _after_chaos(
         self, exp: PlannedExperiment, folder: Path, target: Target | None, ev: Evidence
@@ -431,6 +469,8 @@ class GameDay:
                 ).strip()
             )
         ev.faults_left = clear_leftover_faults(target, folder)
+        if target is not None:
+            observed_gate_evidence(target, folder, thresholds(), self._started_at(folder))
         if target is not None and not (folder / GATE_EVIDENCE_NAME).exists():
             # the experiment has no probes.evidence probe: read the gate's counters now,
             # while the stack still runs (they last until a new canary version)
@@ -470,7 +510,7 @@ EXIT_CODES = {PASS: EXIT_PASS, FAIL: EXIT_FAIL, INCONCLUSIVE: EXIT_INCONCLUSIVE}
 def run_verdict(results: list[JsonObject]) -> str:
     """The run's verdict: fail wins, then inconclusive; pass only when every experiment
     passed (and there was at least one)."""
-    verdicts = [r.get("verdict") for r in results]
+    verdicts = [r.get("verdict") for r in results if r.get("verdict") != NOT_APPLICABLE]
     if not verdicts or any(v not in (PASS, INCONCLUSIVE) for v in verdicts):
         return FAIL
     return INCONCLUSIVE if INCONCLUSIVE in verdicts else PASS

@@ -26,6 +26,7 @@ __all__ = [
     "DEVIATED",
     "FAIL",
     "INCONCLUSIVE",
+    "NOT_APPLICABLE",
     "PASS",
     "Evidence",
     "decide",
@@ -40,6 +41,8 @@ COLOUR_CHECK = "colouring_fidelity"
 COLOUR_SLO = f"SLO {COLOUR_CHECK!r} ("
 COLOUR_UNSEEN = "the experiment expects the colouring probe to find the colour lost at hop"
 PASS, FAIL, INCONCLUSIVE = "pass", "fail", "inconclusive"
+# The target lacks what the experiment needs (gameday.run.capabilities): said, not run.
+NOT_APPLICABLE = "not_applicable"
 NOT_JUDGED = "not judged (the evidence is insufficient): "
 # Reasons of journal_reasons that are failures of the run itself, whatever the evidence.
 _HARD_JOURNAL_PREFIXES = (

@@ -1,7 +1,8 @@
 """Targets: where a game day runs, described by a target file (YAML).
 
 ``load_target(path)`` returns a ``Target``: the local stack (``kind: local``, the default)
-or a Kubernetes namespace (``kind: kubernetes``). Every fault and kill goes through
+a Kubernetes namespace (``kind: kubernetes``) or a stack the project did not build
+(``kind: external``). Every fault and kill goes through
 ``Target.check_allowed`` first (``BlastRadiusError``, a ``TargetError``, when outside the
 allowlist).
 """
@@ -33,4 +34,5 @@ __all__ = [
 # isort: off
 from gameday.targets import local as _local  # noqa: F401
 from gameday.targets import kubernetes as _kubernetes  # noqa: F401
+from gameday.targets import external as _external  # noqa: F401
 # isort: on

@@ -11,6 +11,17 @@ def unhealthy(api: StackApi) -> list[str]:
     """One line per replica of any component that does not answer ``/health`` with 200
     (or per component whose replicas cannot be listed); empty when all do."""
     problems: list[str] = []
+    health_urls = getattr(api.target, "health_urls", None)
+    if callable(health_urls):  # a foreign stack: the health URL each part states
+        for name, url in health_urls():
+            try:
+                status = api.get_status(url)
+            except ApiError as exc:
+                problems.append(f"{name}: {exc}")
+                continue
+            if status != 200:
+                problems.append(f"{name} ({url}): health answered HTTP {status}")
+        return problems
     for role in ROLES:
         try:
             replicas = api.target.replicas(role)
@@ -31,7 +42,15 @@ def unhealthy(api: StackApi) -> list[str]:
 def active_faults(api: StackApi) -> list[str]:
     """One line per fault a replica of any component holds: its kind, id and time left."""
     found: list[str] = []
+    backends = getattr(api.target, "fault_kinds", None)
     for role in ROLES:
+        if callable(backends):  # a foreign stack: only the roles it has a fault backend for
+            if not backends(role):
+                continue
+            backend = api.target.fault_backend(role)  # type: ignore[attr-defined]
+            if backend is not None:
+                found.extend(backend.active(api.session))
+                continue
         for rep in api.target.replicas(role):
             for fault in api.faults(rep.url, api.target.fault_headers(role)):
                 found.append(

@@ -1,0 +1,124 @@
+"""What an experiment needs from its target, and what a target lacks: *not applicable*.
+
+An experiment needs what its ``gameday`` extension declares (``requires: [...]``) plus what
+its method and rollbacks do, read from their activities (``NEEDS``): a latency fault on
+the router needs ``faults:router:latency``, a pod kill of the canary ``kill:model-canary``,
+a Redis stall ``dependency``, a pin ``pins``, a canarystack rollout ``broker``. A target
+that lacks one gets the verdict ``not_applicable`` with the reasons, before any fault and
+without running ``chaos run``: never a silent pass, never a crash.
+
+canarystack's targets (``local``, ``kubernetes``) have every capability. Steps that only
+canarystack's gate can answer (its noise floor, its routers' health, colour hops) are not
+requirements: their probes say *not applicable* on a foreign target and the run goes on.
+
+This module only reads experiments and targets.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from canary_contract.json import JsonObject
+from gameday.targets import Target
+
+__all__ = ["missing", "needs", "target_capabilities"]
+
+MODEL_ROLES = ("model-baseline", "model-canary")
+# (module, func) -> a function of the activity's arguments giving the capabilities it needs.
+NEEDS: dict[tuple[str, str], Any] = {
+    ("probes.faults", "inject_latency"): lambda a: [
+        f"faults:{r}:latency" for r in _roles(a.get("component"))
+    ],
+    ("probes.faults", "make_canary_faulty"): lambda a: ["faults:model-canary:kernel"],
+    ("probes.faults", "kill_pod"): lambda a: [f"kill:{r}" for r in _roles(a.get("component"))],
+    ("probes.faults", "break_gate_credential"): lambda a: ["gate_api"],
+    ("probes.hostile", "pin_canary_after_trip"): lambda a: ["pins"],
+    ("probes.hostile", "flood_pinned_canary"): lambda a: ["pins"],
+    ("probes.colouring", "drop_colour"): lambda a: ["colour_hops"],
+}
+# Whole modules that only canarystack's own stack answers.
+MODULE_NEEDS = {
+    "probes.dependency": "dependency",
+    "probes.kubernetes": "broker",
+    "probes.progressive": "broker",
+    "probes.fresh_canary": "broker",
+}
+WHY = {
+    "gate_api": "canarystack's gate API (/v1/gate)",
+    "broker": "canarystack's version broker (releases, versions, rollouts)",
+    "dependency": "the stack's shared Redis (experiments/dependency/)",
+    "pins": "a pin header (pin: in the target file)",
+    "colour_hops": "every component's colour hop log (/v1/colour/hops)",
+    "router_health": "routers that report whether the gate hears them",
+}
+
+
+def _roles(component: Any) -> list[str]:
+    if component == "model":
+        return list(MODEL_ROLES)
+    return [str(component)] if component else []
+
+
+def _activities(experiment: JsonObject) -> list[JsonObject]:
+    out: list[JsonObject] = []
+    for key in ("method", "rollbacks"):
+        for act in experiment.get(key) or []:
+            if isinstance(act, dict) and isinstance(act.get("provider"), dict):
+                out.append(act)
+    return out
+
+
+def needs(experiment: JsonObject) -> dict[str, str]:
+    """Capability -> the activity (or declaration) that needs it."""
+    found: dict[str, str] = {}
+    ext = next(
+        (
+            e
+            for e in experiment.get("extensions") or []
+            if isinstance(e, dict) and e.get("name") == "gameday"
+        ),
+        {},
+    )
+    for cap in ext.get("requires") or []:
+        found.setdefault(str(cap), "declared in the experiment's gameday extension (requires)")
+    for act in _activities(experiment):
+        prov = act["provider"]
+        module, func = str(prov.get("module") or ""), str(prov.get("func") or "")
+        args = prov.get("arguments") if isinstance(prov.get("arguments"), dict) else {}
+        rule = NEEDS.get((module, func))
+        caps = list(rule(args)) if rule else []
+        if module in MODULE_NEEDS:
+            caps.append(MODULE_NEEDS[module])
+        if module.startswith("chaosk8s"):
+            caps.append("kubernetes")
+        for cap in caps:
+            found.setdefault(cap, f"{act.get('type', 'activity')} {act.get('name')!r}")
+    return found
+
+
+def target_capabilities(target: Target) -> frozenset[str] | None:
+    """What the target can do; None: everything (canarystack's own stack)."""
+    caps = getattr(target, "capabilities", None)
+    return caps() if callable(caps) else None
+
+
+def _say(cap: str) -> str:
+    if cap.startswith("faults:"):
+        _, role, kind = [*cap.split(":"), "", ""][:3]
+        return f"a way to inject {kind} into {role} (components.{role}.faults)"
+    if cap.startswith("kill:"):
+        role = cap.split(":", 1)[1]
+        return f"a way to kill a pod of {role} (components.{role}.kill)"
+    return WHY.get(cap, cap)
+
+
+def missing(target: Target, experiment: JsonObject) -> list[str]:
+    """Why the experiment is not applicable to ``target`` (empty: it is)."""
+    have = target_capabilities(target)
+    if have is None:
+        return []
+    return [
+        f"not applicable: target {target.name!r} lacks {_say(cap)}, which {who} needs"
+        for cap, who in needs(experiment).items()
+        if cap not in have
+    ]
