@@ -1,7 +1,7 @@
 """The ``gameday`` command.
 
 Subcommands are registered by their own modules (``gameday stack``, ``gameday run``,
-``gameday report``); this module only builds the group.
+``gameday report``, ``gameday fault-proxy``); this module only builds the group.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ def cli() -> None:
 
 
 def _register() -> None:
+    from gameday.faultproxy.cli import fault_proxy_cmd
     from gameday.report.cli import report_cmd
     from gameday.run.cli import run_cmd
     from gameday.stack import stack_cmd
@@ -30,6 +31,7 @@ def _register() -> None:
     cli.add_command(stack_cmd)
     cli.add_command(report_cmd)
     cli.add_command(run_cmd)
+    cli.add_command(fault_proxy_cmd)
 
 
 def main() -> None:
