@@ -228,6 +228,24 @@ def test_pins_reach_the_variant_they_name(fresh: dict[str, Any]) -> None:
 
 @pytest.mark.foreign
 @needs_stack
+def test_streams_pass_through_with_the_callers_request_id(fresh: dict[str, Any]) -> None:
+    for variant in ("baseline", "canary"):
+        with requests.post(
+            f"{fresh['urls']['listener']}/v1/completions",
+            json={"model": "default", "prompt": "stream", "max_tokens": 4, "stream": True},
+            headers={"x-canary-variant": variant, "x-request-id": f"foreign-{variant}"},
+            stream=True,
+            timeout=10,
+        ) as resp:
+            assert resp.status_code == 200
+            assert resp.headers["x-served-by"] == variant
+            assert resp.headers["x-request-id"] == f"foreign-{variant}"
+            events = [line for line in resp.iter_lines() if line.startswith(b"data: ")]
+        assert len(events) >= 4 and events[-1] == b"data: [DONE]", events
+
+
+@pytest.mark.foreign
+@needs_stack
 def test_runtime_weight_0_stops_unpinned_canary_traffic_but_not_pins(
     fresh: dict[str, Any],
 ) -> None:
