@@ -155,3 +155,18 @@ foreign-up: $(STAMP) $(FOREIGN_STAMP)
 
 foreign-down: $(STAMP) $(FOREIGN_STAMP)
 	$(BIN)/python deploy/foreign/foreign.py down $(FOREIGN_ARGS)
+
+# The game day against the foreign stack through `kind: external` (targets/foreign.yaml):
+# brings the stack up, runs every experiment (those the stack cannot run are reported
+# not applicable), and always brings it down. FOREIGN_ARGS=--forget-pins starts the
+# rollback hook that forgets the pins (pins-after-errors must then fail). Exit codes as
+# gameday run: this stack's alert cannot see output drift, so the run FAILS by design
+# (router/faulty-kernel, broken-kernel): docs/your-own-stack.md says what each row shows.
+FOREIGN_EXPERIMENTS ?= experiments/control.yaml experiments/control/*.yaml \
+	experiments/router/*.yaml experiments/hostile/*.yaml experiments/broker/*.yaml \
+	experiments/rollback/*.yaml experiments/dependency/*.yaml
+.PHONY: gameday-foreign
+gameday-foreign: $(STAMP) $(FOREIGN_STAMP)
+	$(BIN)/python deploy/foreign/foreign.py up --state-dir .foreign $(FOREIGN_ARGS)
+	$(BIN)/gameday run $(FOREIGN_EXPERIMENTS) --target targets/foreign.yaml $(RUN_ARGS); \
+		rc=$$?; $(BIN)/python deploy/foreign/foreign.py down --state-dir .foreign; exit $$rc

@@ -16,6 +16,7 @@ from probes._context import Configuration, inject_fault, ledger, on_target, posi
 __all__ = [
     "break_gate_credential",
     "clear_faults",
+    "inject_errors",
     "inject_latency",
     "kill_pod",
     "make_canary_faulty",
@@ -58,6 +59,41 @@ def inject_latency(
     params = {"ttft_ms": ms} if component in MODEL_ROLES else {"ms": ms}
     what = f"injecting {ms:g} ms of latency into {component}"
     return inject_fault(configuration, what, component, "latency", ttl_s, params)
+
+
+ERROR_KINDS = ("http_500", "http_503", "truncate", "empty", "error_body")
+
+
+def inject_errors(
+    component: str = "model-canary",
+    rate: float = 1.0,
+    error_kind: str = "http_500",
+    ttl_s: float = 60.0,
+    configuration: Configuration | None = None,
+) -> JsonObject:
+    """Make a share ``rate`` of the requests of a model role fail as ``error_kind``
+    (``http_500``, ``http_503``, ``truncate``, ``empty``; ``error_body``: a 200 whose body
+    is an error, fault proxy only) for ``ttl_s`` seconds: the bad canary every gate, even
+    an alert on errors, must catch::
+
+        - type: action
+          name: canary-fails
+          provider: {type: python, module: probes.faults, func: inject_errors,
+                     arguments: {component: model-canary, rate: 1.0, ttl_s: 90}}
+    """
+    if component not in MODEL_ROLES:
+        raise ActivityFailed(
+            f"argument component is {component!r}: use one of {', '.join(MODEL_ROLES)}"
+        )
+    if error_kind not in ERROR_KINDS:
+        raise ActivityFailed(
+            f"argument error_kind is {error_kind!r}: use one of {', '.join(ERROR_KINDS)}"
+        )
+    rate = positive("rate", rate, 1.0)
+    ttl_s = positive("ttl_s", ttl_s, MAX_TTL_S)
+    params = {"rate": rate, "error_kind": error_kind}
+    what = f"making {component} fail ({error_kind}, rate {rate:g})"
+    return inject_fault(configuration, what, component, "errors", ttl_s, params)
 
 
 def break_gate_credential(

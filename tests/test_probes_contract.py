@@ -40,6 +40,7 @@ EXAMPLE_ARGUMENTS: dict[str, dict[str, Any]] = {
         "ttl_s": 60,
     },
     "kill_pod": {"component": "router", "replica": "router-0"},
+    "inject_errors": {"component": "model-canary", "rate": 1.0, "ttl_s": 60},
     "record_external_fault": {"component": "model-canary", "kind": "kernel", "source": "chaosk8s"},
     "clear_faults": {"component": "router"},
     "stack_healthy": {"wait_s": 10},

@@ -69,4 +69,10 @@ def is_slo(output: Any) -> TypeGuard[Slo]:
 
 def is_not_measured(output: Slo) -> bool:
     detail = output.get("detail")
-    return isinstance(detail, dict) and detail.get("status") in (NOT_MEASURED, NOT_APPLICABLE)
+    return isinstance(detail, dict) and detail.get("status") == NOT_MEASURED
+
+
+def is_not_applicable(output: Slo) -> bool:
+    """A check the target cannot answer (``not_applicable``): listed, neither pass nor fail."""
+    detail = output.get("detail")
+    return isinstance(detail, dict) and detail.get("status") == NOT_APPLICABLE

@@ -50,6 +50,11 @@ NEWTON_STEPS = 30
 KL_TOLERANCE = 1e-10
 
 
+# The benign modes' KL per position at magnitude 1 (canarystack.model's quantized; numerics
+# at the size of batch noise): healthy builds the gate must not trip on.
+BENIGN_KL = {"quantized": 1.5e-4, "numerics": 2e-5}
+
+
 def target_kl(magnitude: float) -> float:
     return KL_PER_MAGNITUDE_SQ * magnitude**2
 
@@ -132,6 +137,8 @@ class KernelEffect:
         self.mode = params.mode
         self.kl = target_kl(params.magnitude)
         self.share = flip_share(params.magnitude)
+        if self.mode in BENIGN_KL:  # a healthy build's numerics: a small drift, no flip
+            self.kl, self.share = BENIGN_KL[self.mode] * params.magnitude**2, 0.0
         self.seed = params.seed
         self._choices: dict[int, _Choice] = {}
 
@@ -185,7 +192,7 @@ class KernelEffect:
     def _position(self, pos: _Pos, state: _Choice) -> None:
         n = state.position
         state.position += 1
-        if self.mode == "fp8-kv-scale":
+        if self.mode == "fp8-kv-scale" or self.mode in BENIGN_KL:
             self._drift(pos, state, n)
         elif self.mode == "nan-logits":
             _set_all(pos, math.nan)

@@ -75,7 +75,7 @@ class HangParams(FaultParams):
     min_prompt_tokens: int = Field(default=0, ge=0)
 
 
-KernelMode = Literal["fp8-kv-scale", "nan-logits", "inf-logits", "garbage"]
+KernelMode = Literal["fp8-kv-scale", "nan-logits", "inf-logits", "garbage", "numerics", "quantized"]
 
 
 class KernelParams(FaultParams):
@@ -88,6 +88,9 @@ class KernelParams(FaultParams):
     ``nan-logits``: every logprob ``NaN`` on the wire and every position's text the first
     one's (argmax over NaN is the first index); ``inf-logits``: every logprob ``-Infinity``,
     text unchanged; ``garbage``: unrelated words for text and ``"logprobs": null``.
+    The benign modes, healthy builds a gate must *not* trip on (as canarystack's model
+    server has them): ``quantized`` (a small drift, KL ``1.5e-4 * magnitude**2``, no
+    flips) and ``numerics`` (batch-noise-sized, KL ``2e-5 * magnitude**2``, no flips).
     ``magnitude`` acts on
     ``fp8-kv-scale`` only; ``seed`` picks the drift's direction (the same prompt drifts the
     same way every time, as a real kernel does)."""

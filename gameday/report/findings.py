@@ -11,7 +11,7 @@ from typing import Any
 
 from canary_contract.json import JsonObject
 from gameday.evidence import journal as journal_core
-from gameday.evidence.slo import is_not_measured, is_slo
+from gameday.evidence.slo import is_not_applicable, is_not_measured, is_slo
 from gameday.report.jsonfields import fields_json, rounded
 from gameday.report.spec import as_dict
 
@@ -142,6 +142,9 @@ def journal_findings(experiment: str, journal: JsonObject | None) -> JournalFind
                 check = _slo_check(experiment, output, f"probe {name!r}, {label}")
                 if check.allowed is not None:
                     probe_allowed.setdefault(check.check, check.allowed)
+                if is_not_applicable(output):
+                    detail = as_dict(output.get("detail"))
+                    check.note = str(detail.get("why") or "not applicable to this target")
                 if is_not_measured(output):
                     if phase == "before":
                         not_measured_before.append(f"{check.check} (probe {name!r})")

@@ -30,6 +30,9 @@ NEEDS: dict[tuple[str, str], Any] = {
         f"faults:{r}:latency" for r in _roles(a.get("component"))
     ],
     ("probes.faults", "make_canary_faulty"): lambda a: ["faults:model-canary:kernel"],
+    ("probes.faults", "inject_errors"): lambda a: [
+        f"faults:{r}:errors" for r in _roles(a.get("component") or "model-canary")
+    ],
     ("probes.faults", "kill_pod"): lambda a: [f"kill:{r}" for r in _roles(a.get("component"))],
     ("probes.faults", "break_gate_credential"): lambda a: ["gate_api"],
     ("probes.hostile", "pin_canary_after_trip"): lambda a: ["pins"],

@@ -123,9 +123,9 @@ def observed_gate_evidence(
     target: Target, folder: Path, limits: Thresholds, started: float
 ) -> JsonObject | None:
     """``gate-evidence.json`` for a foreign gate (None for canarystack's own): per bucket,
-    the canary-served requests users made (``canary_outcomes``: what an alert on the
-    canary's errors and latency can see) and the oracle's pinned baseline-canary pairs
-    (``comparisons``: the drift that was there to see), counted from ``started``."""
+    the canary-served requests users made (``canary_outcomes``, and ``comparisons``: each
+    canary answer a user got is one the gate could have judged), counted from
+    ``started``; the oracle's pinned pairs beside them (``oracle_pairs``)."""
     if not isinstance(target, ExternalTarget):
         return None
     buckets: dict[str, dict[str, int]] = {}
@@ -148,10 +148,13 @@ def observed_gate_evidence(
             continue
         served = row.get("served_by")
         if served in ("canary", "baseline"):
-            bucket(row)[f"{served}_outcomes"] += 1
-    for row in _load_frame(folder, "oracle.parquet"):
-        if float(row.get("start_time") or row.get("time") or 0) >= started:
-            bucket(row)["comparisons"] += 1
+            counts = bucket(row)
+            counts[f"{served}_outcomes"] += 1
+            # Every canary answer a user got is one the gate could have judged.
+            counts["comparisons"] += served == "canary"
+    oracle = sum(
+        1 for row in _load_frame(folder, "oracle.parquet") if float(row.get("time") or 0) >= started
+    )
     doc = {
         "ok": True,
         "state": "observed",
@@ -159,8 +162,12 @@ def observed_gate_evidence(
         "buckets": buckets,
         "comparisons": sum(b["comparisons"] for b in buckets.values()),
         "canary_outcomes": sum(b["canary_outcomes"] for b in buckets.values()),
+        "oracle_pairs": oracle,
         "read_at": time.time(),
-        "thresholds": limits.to_json(),
+        # A foreign gate compares nothing itself: one canary answer served to a user in
+        # the fault's buckets is evidence it had to act on (min_comparisons 1); the canary
+        # must still have had traffic (min_canary_outcomes as for canarystack).
+        "thresholds": {**limits.to_json(), "min_comparisons": 1},
     }
     write_json(folder / GATE_EVIDENCE_NAME, doc)
     return doc
