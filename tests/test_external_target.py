@@ -14,14 +14,14 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
 
 from gameday.observers import GateSnapshot, history, release_now
 from gameday.run.capabilities import missing, needs
-from gameday.targets import TargetError, load_target, parse_target
-from gameday.targets import envoy_faults
+from gameday.targets import TargetError, envoy_faults, load_target, parse_target
 from gameday.targets.external import ExternalTarget
 from gameday.targets.local import read_cmdline
 
@@ -121,7 +121,7 @@ def test_needs_reads_the_method_and_the_declared_requirements() -> None:
 
 
 def test_a_bad_external_target_file_gets_a_clear_message() -> None:
-    with pytest.raises(TargetError, match="components.router is required"):
+    with pytest.raises(TargetError, match=r"components\.router is required"):
         parse_target({"kind": "external", "components": {"model-canary": {"url": "x"}}})
     with pytest.raises(TargetError, match="needs credential_file or credential_env"):
         parse_target(
@@ -192,10 +192,15 @@ def test_a_pod_kill_outside_the_blast_radius_is_refused() -> None:
         _target(["--pod", "x"]).kill_pod("router")
 
 
-def _snap(t: float, **kw: object) -> GateSnapshot:
-    base = dict(tripped=False, tripped_since=None, canary_weight=5.0, pins_to_canary=True)
+def _snap(t: float, **kw: Any) -> GateSnapshot:
+    base: dict[str, Any] = {
+        "tripped": False,
+        "tripped_since": None,
+        "canary_weight": 5.0,
+        "pins_to_canary": True,
+    }
     base.update(kw)
-    return GateSnapshot(t, sees=True, **base)  # type: ignore[arg-type]
+    return GateSnapshot(t, sees=True, **base)
 
 
 def test_the_observers_history_reads_like_the_brokers() -> None:
@@ -238,7 +243,7 @@ def test_a_weight_set_to_zero_without_an_alert_is_a_trip_at_that_moment() -> Non
 class _Admin(http.server.BaseHTTPRequestHandler):
     calls: list[tuple[float, str]] = []
 
-    def do_POST(self) -> None:  # noqa: N802 - http.server's name
+    def do_POST(self) -> None:
         _Admin.calls.append((time.time(), self.path))
         self.send_response(200)
         self.end_headers()

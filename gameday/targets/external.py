@@ -107,16 +107,18 @@ class RoleSpec(BaseModel):
     namespace: str | None = None
 
 
+Variant = Literal["baseline", "canary"]
+DEFAULT_VARIANTS: dict[str, Variant] = {"baseline": "baseline", "canary": "canary"}
+
+
 class VariantSpec(BaseModel):
     """How the served variant is read from an answer: ``header`` (its value mapped by
     ``values``), else the answer's ``model`` field mapped by ``model_versions``."""
 
     model_config = ConfigDict(extra="forbid")
     header: str | None = "x-served-by"
-    values: dict[str, Literal["baseline", "canary"]] = Field(
-        default_factory=lambda: {"baseline": "baseline", "canary": "canary"}
-    )
-    model_versions: dict[str, Literal["baseline", "canary"]] = Field(default_factory=dict)
+    values: dict[str, Variant] = Field(default_factory=lambda: dict(DEFAULT_VARIANTS))
+    model_versions: dict[str, Variant] = Field(default_factory=dict)
 
 
 class PinSpec(BaseModel):
