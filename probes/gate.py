@@ -41,7 +41,14 @@ __all__ = ["gate_did_not_trip", "wait_for_noise_floor", "wait_for_trip"]
 
 
 def gate_summary(api: StackApi) -> str:
-    """One line on what the gate has seen (best effort, for failure messages)."""
+    """One line on what the gate has seen (best effort, for failure messages); a foreign
+    gate: what its observer sees."""
+    observer = api.observed()
+    if observer is not None:
+        snap = observer.snapshot(api.session)
+        firing = f"{snap.signal} firing" if snap.tripped else "no alert firing"
+        seen = "it can see" if snap.sees else f"it cannot see ({'; '.join(snap.why)})"
+        return f"the gate ({observer.name}): {firing}, canary weight {snap.canary_weight}%, {seen}"
     try:
         return gate_line(api.gate_state())
     except ApiError as exc:

@@ -20,6 +20,7 @@ import pytest
 import yaml
 
 from gameday.observers import GateSnapshot, history, release_now
+from gameday.observers.kubernetes import ArgoRolloutsObserver, route_share
 from gameday.run.capabilities import missing, needs
 from gameday.targets import TargetError, envoy_faults, load_target, parse_target
 from gameday.targets.external import ExternalTarget
@@ -318,3 +319,54 @@ def test_bad_envoy_fault_params_are_refused_with_the_param_named(admin: str) -> 
     with pytest.raises(TargetError, match="envoy has no fault kind 'hang'"):
         faults.inject("hang", 10.0, {}, None)
     assert _Admin.calls == []
+
+
+def test_route_weights_are_read_as_the_canary_share() -> None:
+    httproute = {
+        "spec": {
+            "rules": [
+                {"backendRefs": [{"name": "b", "weight": 95}, {"name": "c", "weight": 5}]},
+                {"backendRefs": [{"name": "b"}]},  # a rule without the canary: not counted
+            ]
+        }
+    }
+    assert route_share(httproute, "HTTPRoute", "c") == 5.0
+    assert route_share(httproute, "HTTPRoute", "nobody") is None
+    vs = {
+        "spec": {
+            "http": [
+                {"route": [{"destination": {"host": "llm", "subset": "canary"}}]},  # a pin
+                {
+                    "route": [
+                        {"destination": {"host": "llm", "subset": "stable"}, "weight": 80},
+                        {"destination": {"host": "llm", "subset": "canary"}, "weight": 20},
+                    ]
+                },
+            ]
+        }
+    }
+    # The worst rule: a pin route that sends everything to the canary is 100 %.
+    assert route_share(vs, "VirtualService", "canary") == 100.0
+
+
+def test_a_kubernetes_observer_is_built_from_the_target_file(tmp_path: Path) -> None:
+    target = parse_target(
+        {
+            "kind": "external",
+            "components": {"router": {"url": "http://127.0.0.1:1"}},
+            "observations": str(tmp_path / "o.jsonl"),
+            "observer": {"kind": "argo-rollouts", "namespace": "llm", "name": "vllm"},
+        }
+    )
+    assert isinstance(target, ExternalTarget)
+    observer = target.observer()
+    assert isinstance(observer, ArgoRolloutsObserver)
+    assert observer.log.path == tmp_path / "o.jsonl"
+    with pytest.raises(TargetError, match=r"field 'observer\.argo-rollouts\.name'"):
+        parse_target(
+            {
+                "kind": "external",
+                "components": {"router": {"url": "u"}},
+                "observer": {"kind": "argo-rollouts", "namespace": "llm"},
+            }
+        )

@@ -18,9 +18,10 @@ A snapshot's times are as good as its polling: ``gameday run`` samples every
 ``SAMPLE_S`` for the whole experiment, and every probe that waits adds what it saw.
 
 Backends: ``EnvoyAlertObserver`` (an alert in Prometheus is the trip; Envoy's weighted
-clusters and the admin runtime that overrides them are the weights). canarystack's own
-gate is read from its broker (``gameday.api.StackApi``). Argo Rollouts, Flagger and route
-weights on Kubernetes are not built yet.
+clusters and the admin runtime that overrides them are the weights); on the Kubernetes API
+(``gameday.observers.kubernetes``) an Argo Rollouts ``Rollout``, a Flagger ``Canary``, and
+an ``HTTPRoute`` or Istio ``VirtualService``'s weights. canarystack's own gate is read from
+its broker (``gameday.api.StackApi``).
 
 This module only reads: it never changes a weight, an alert or a route.
 """
@@ -40,7 +41,7 @@ import requests
 from canary_contract.json import JsonObject
 
 if TYPE_CHECKING:
-    from gameday.targets.external import ObserverSpec
+    from gameday.targets.external import AlertObserverSpec, ObserverSpec
 
 __all__ = [
     "SAMPLE_S",
@@ -210,7 +211,7 @@ class EnvoyAlertObserver(GateObserver):
     their ``runtime_key_prefix``) are the canary's weight, and a pin route's
     ``runtime_fraction`` key says whether pins still reach the canary."""
 
-    def __init__(self, spec: ObserverSpec, log: ObservationLog) -> None:
+    def __init__(self, spec: AlertObserverSpec, log: ObservationLog) -> None:
         self.spec = spec
         self.log = log
         self.name = f"observer:{spec.kind}"
@@ -356,4 +357,16 @@ def _parse_time(text: Any) -> float | None:
 
 
 def observer_for(spec: ObserverSpec, observations: Path | None) -> GateObserver:
-    return EnvoyAlertObserver(spec, ObservationLog(observations))
+    """The observer a target file's ``observer:`` describes, keeping its snapshots in
+    ``observations`` (None: in memory)."""
+    log = ObservationLog(observations)
+    if spec.kind == "envoy-prometheus-alert":
+        return EnvoyAlertObserver(spec, log)
+    from gameday.observers import kubernetes as k8s
+
+    cls = {
+        "argo-rollouts": k8s.ArgoRolloutsObserver,
+        "flagger": k8s.FlaggerObserver,
+        "k8s-route": k8s.RouteObserver,
+    }[spec.kind]
+    return cls(spec, log)

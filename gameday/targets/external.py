@@ -25,7 +25,7 @@ import shlex
 import signal
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -128,11 +128,11 @@ class PinSpec(BaseModel):
     canary: str = "canary"
 
 
-class ObserverSpec(BaseModel):
-    """The gate observer (``gameday.observers``): where the trip, the canary's weight and
-    the rollback are read. ``trip`` from a Prometheus alert (``prometheus_url``,
-    ``alerts``), ``weights`` from Envoy's admin (``envoy_admin_url``: the weighted
-    clusters of its routes and the runtime that overrides them)."""
+class AlertObserverSpec(BaseModel):
+    """The gate observer (``gameday.observers``) of an alert-driven gate: the trip is a
+    Prometheus alert (``prometheus_url``, ``alerts``), the weights are Envoy's
+    (``envoy_admin_url``: the weighted clusters of its routes and the runtime that
+    overrides them)."""
 
     model_config = ConfigDict(extra="forbid")
     kind: Literal["envoy-prometheus-alert"] = "envoy-prometheus-alert"
@@ -143,6 +143,26 @@ class ObserverSpec(BaseModel):
     canary_cluster: str = "canary"
     pin_runtime_key: str | None = None  # a route's runtime_fraction key for canary pins
     scrape_job: str | None = None  # Prometheus job whose targets must be up for the gate to see
+
+
+class KubernetesObserverSpec(BaseModel):
+    """A gate read from the Kubernetes API (``gameday.observers.kubernetes``): an Argo
+    Rollouts ``Rollout`` (``kind: argo-rollouts``), a Flagger ``Canary`` (``flagger``), or
+    the route's own weights (``k8s-route``: ``route_kind`` HTTPRoute or VirtualService,
+    ``canary_backend`` the canary's backend name, host or subset), by ``namespace`` and
+    ``name``, with ``kubeconfig``/``context`` (default: the current ones)."""
+
+    model_config = ConfigDict(extra="forbid")
+    kind: Literal["argo-rollouts", "flagger", "k8s-route"]
+    namespace: str
+    name: str
+    kubeconfig: str | None = None
+    context: str | None = None
+    route_kind: Literal["HTTPRoute", "VirtualService"] = "HTTPRoute"
+    canary_backend: str = "canary"
+
+
+ObserverSpec = Annotated[AlertObserverSpec | KubernetesObserverSpec, Field(discriminator="kind")]
 
 
 class PrepareSpec(BaseModel):

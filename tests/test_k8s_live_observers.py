@@ -1,0 +1,259 @@
+"""Gate observers on the Kubernetes API, live (#25): an Argo Rollouts ``Rollout``, a Flagger
+``Canary``, a Gateway API ``HTTPRoute`` and an Istio ``VirtualService`` on the real
+kube-apiserver of the loopback cluster, their status and weights changed as the
+controllers would, read by ``kind: external`` targets' observers into the same history the
+harness reads from canarystack's broker.
+
+The controllers cannot run here (no Go module proxy): their CRDs are stand-ins with the
+real group, version, kind and status fields (deploy/loopback/crds/), and the tests write
+the status a controller writes. Skipped unless CANARY_GAMEDAY_K8S_LIVE=1 (``make
+test-k8s``); the module starts the cluster (deploy/loopback/k8s-up.sh, without the stack)
+and stops it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import requests
+
+from gameday.observers import history
+from gameday.targets import parse_target
+from gameday.targets.external import ExternalTarget
+from tests.procs import pid_alive
+from tests.test_k8s_live import (
+    KUBECONFIG,
+    LOOPBACK,
+    admin_call,
+    recorded_pids,
+    recreate,
+    rfc3339,
+    run,
+    write_status,
+)
+
+NS = "observers"
+pytestmark = [
+    pytest.mark.k8s_live,
+    pytest.mark.skipif(
+        __import__("os").environ.get("CANARY_GAMEDAY_K8S_LIVE") != "1",
+        reason="live Kubernetes tests: run `make test-k8s` (sets CANARY_GAMEDAY_K8S_LIVE=1)",
+    ),
+    pytest.mark.timeout(1800),
+]
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[None]:
+    started = not recorded_pids() or not all(pid_alive(p) for p in recorded_pids().values())
+    if started:
+        res = run(str(LOOPBACK / "k8s-up.sh"), timeout=1500)
+        assert res.returncode == 0, res.stderr[-3000:]
+    code, body = admin_call("POST", "/api/v1/namespaces", {"metadata": {"name": NS}})
+    assert code in (201, 409), body
+    yield
+    if started:
+        run(str(LOOPBACK / "k8s-down.sh"), timeout=300)
+
+
+def _observer(kind: str, name: str, **extra: Any):  # type: ignore[no-untyped-def]
+    target = parse_target(
+        {
+            "kind": "external",
+            "components": {"router": {"url": "http://127.0.0.1:1"}},
+            "observer": {
+                "kind": kind,
+                "namespace": NS,
+                "name": name,
+                "kubeconfig": str(KUBECONFIG),
+                **extra,
+            },
+        }
+    )
+    assert isinstance(target, ExternalTarget)
+    return target.observer()
+
+
+ROLLOUTS = f"/apis/argoproj.io/v1alpha1/namespaces/{NS}/rollouts"
+CANARIES = f"/apis/flagger.app/v1beta1/namespaces/{NS}/canaries"
+HTTPROUTES = f"/apis/gateway.networking.k8s.io/v1beta1/namespaces/{NS}/httproutes"
+VIRTUALSERVICES = f"/apis/networking.istio.io/v1beta1/namespaces/{NS}/virtualservices"
+
+
+def test_an_argo_rollout_abort_is_a_trip_at_its_aborted_at(cluster: None) -> None:
+    path = recreate(
+        ROLLOUTS,
+        {
+            "apiVersion": "argoproj.io/v1alpha1",
+            "kind": "Rollout",
+            "metadata": {"name": "llm"},
+            "spec": {"strategy": {"canary": {"steps": [{"setWeight": 5}]}}},
+        },
+    )
+    observer = _observer("argo-rollouts", "llm")
+    with requests.Session() as session:
+        write_status(
+            path,
+            {"phase": "Progressing", "canary": {"weights": {"canary": {"weight": 5}}}},
+        )
+        healthy = observer.snapshot(session)
+        assert (healthy.tripped, healthy.canary_weight, healthy.sees) == (False, 5.0, True)
+        aborted_at = time.time() - 3
+        write_status(
+            path,
+            {
+                "phase": "Degraded",
+                "abort": True,
+                "abortedAt": rfc3339(aborted_at),
+                "message": "RolloutAborted: metric drift failed",
+                "conditions": [
+                    {
+                        "type": "Progressing",
+                        "status": "False",
+                        "reason": "RolloutAborted",
+                        "lastTransitionTime": rfc3339(aborted_at),
+                    }
+                ],
+                "canary": {"weights": {"canary": {"weight": 0}}},
+            },
+        )
+        tripped = observer.snapshot(session)
+    assert tripped.tripped is True
+    assert tripped.canary_weight == 0.0
+    assert abs((tripped.tripped_since or 0) - int(aborted_at)) < 1.0
+    events = history(observer.log.snapshots(), observer.name)
+    phases = [e["change"]["phase"]["new"] for e in events if "phase" in e["change"]]
+    assert phases == ["tripped", "rolled_back"]
+    assert events[0]["time"] == tripped.tripped_since
+
+
+def test_an_argo_analysis_run_in_error_means_the_gate_cannot_see(cluster: None) -> None:
+    path = recreate(
+        ROLLOUTS,
+        {
+            "apiVersion": "argoproj.io/v1alpha1",
+            "kind": "Rollout",
+            "metadata": {"name": "blind"},
+            "spec": {},
+        },
+    )
+    write_status(
+        path,
+        {
+            "phase": "Progressing",
+            "canary": {
+                "weights": {"canary": {"weight": 5}},
+                "currentStepAnalysisRunStatus": {
+                    "name": "blind-drift-1",
+                    "status": "Error",
+                    "message": "Prometheus: no data",
+                },
+            },
+        },
+    )
+    with requests.Session() as session:
+        snap = _observer("argo-rollouts", "blind").snapshot(session)
+    assert snap.sees is False
+    assert snap.why == ["AnalysisRun 'blind-drift-1' is Error: Prometheus: no data"]
+
+
+def test_a_flagger_canary_failed_is_a_trip(cluster: None) -> None:
+    path = recreate(
+        CANARIES,
+        {
+            "apiVersion": "flagger.app/v1beta1",
+            "kind": "Canary",
+            "metadata": {"name": "llm"},
+            "spec": {"targetRef": {"kind": "Deployment", "name": "llm"}},
+        },
+    )
+    observer = _observer("flagger", "llm")
+    with requests.Session() as session:
+        write_status(path, {"phase": "Progressing", "canaryWeight": 10, "failedChecks": 0})
+        assert observer.snapshot(session).tripped is False
+        failed_at = time.time() - 2
+        write_status(
+            path,
+            {
+                "phase": "Failed",
+                "canaryWeight": 0,
+                "failedChecks": 3,
+                "lastTransitionTime": rfc3339(failed_at),
+            },
+        )
+        snap = observer.snapshot(session)
+    assert (snap.tripped, snap.canary_weight) == (True, 0.0)
+    assert abs((snap.tripped_since or 0) - int(failed_at)) < 1.0
+
+
+def _httproute(canary_weight: int) -> dict[str, Any]:
+    return {
+        "apiVersion": "gateway.networking.k8s.io/v1beta1",
+        "kind": "HTTPRoute",
+        "metadata": {"name": "llm"},
+        "spec": {
+            "rules": [
+                {
+                    "backendRefs": [
+                        {"name": "vllm-baseline", "port": 8000, "weight": 100 - canary_weight},
+                        {"name": "vllm-canary", "port": 8000, "weight": canary_weight},
+                    ]
+                }
+            ]
+        },
+    }
+
+
+def test_an_httproute_weight_set_to_zero_is_read_as_the_canary_off(cluster: None) -> None:
+    recreate(HTTPROUTES, _httproute(5))
+    observer = _observer("k8s-route", "llm", route_kind="HTTPRoute", canary_backend="vllm-canary")
+    with requests.Session() as session:
+        assert observer.snapshot(session).canary_weight == 5.0
+        code, body = admin_call(
+            "PUT", f"{HTTPROUTES}/llm", _with_version(HTTPROUTES, _httproute(0))
+        )
+        assert code == 200, body
+        assert observer.snapshot(session).canary_weight == 0.0
+    events = history(observer.log.snapshots(), observer.name)
+    assert [e["change"].get("annotation") for e in events] == [None, None, "routers_applied", None]
+
+
+def _with_version(path: str, obj: dict[str, Any]) -> dict[str, Any]:
+    _, current = admin_call("GET", f"{path}/{obj['metadata']['name']}")
+    obj["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
+    return obj
+
+
+def test_a_virtualservice_subset_weight_is_the_canary_share(cluster: None) -> None:
+    recreate(
+        VIRTUALSERVICES,
+        {
+            "apiVersion": "networking.istio.io/v1beta1",
+            "kind": "VirtualService",
+            "metadata": {"name": "llm"},
+            "spec": {
+                "hosts": ["llm"],
+                "http": [
+                    {
+                        "route": [
+                            {"destination": {"host": "llm", "subset": "stable"}, "weight": 90},
+                            {"destination": {"host": "llm", "subset": "canary"}, "weight": 10},
+                        ]
+                    }
+                ],
+            },
+        },
+    )
+    observer = _observer("k8s-route", "llm", route_kind="VirtualService", canary_backend="canary")
+    with requests.Session() as session:
+        assert observer.snapshot(session).canary_weight == 10.0
+
+
+def test_an_object_that_is_not_there_is_said_not_raised(cluster: None) -> None:
+    with requests.Session() as session:
+        snap = _observer("flagger", "nobody").snapshot(session)
+    assert snap.tripped is None and snap.sees is None
+    assert snap.why == ["the Kubernetes API did not give 'nobody': HTTP 404 Not Found"]
