@@ -62,7 +62,8 @@ def pins_after_trip(api: StackApi, n: int) -> JsonObject:
     before = canary_request_count(api)
     answers: list[JsonObject] = []
     for i in range(n):
-        body = {"model": hostile.MODEL, "prompt": f"pinned {i}", "max_tokens": 4}
+        model = api.target.model_name or hostile.MODEL
+        body = {"model": model, "prompt": f"pinned {i}", "max_tokens": 4}
         try:
             resp = api.completion(body, {hostile.PIN_HEADER: "canary"})
         except ApiError as exc:

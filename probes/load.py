@@ -47,6 +47,16 @@ def _oracle_args(configuration: Configuration | None) -> list[str]:
     return ["--oracle-baseline-host", baseline[0].url, "--oracle-canary-host", canary[0].url]
 
 
+def _model_args(configuration: Configuration | None) -> list[str]:
+    """The model name the target serves, when its file states one (a foreign engine
+    refuses others: vLLM's --served-model-name), and how a foreign router says which
+    variant served and takes a pin (``kind: external``: its ``variant`` and ``pin``)."""
+    target = get_target(configuration)
+    model = target.model_name
+    load_args = getattr(target, "load_args", None)
+    return [*(["--model", model] if model else []), *(load_args() if callable(load_args) else [])]
+
+
 def _seed(seed: Any) -> int | None:
     """The load's seed: the control's ``seed`` argument, else ``$GAMEDAY_LOAD_SEED`` (set by
     ``gameday run --repeat``), else None (the load's default, 0)."""
@@ -102,7 +112,11 @@ def before_method_control(
             max_tokens=int(max_tokens),
             run_id=os.environ.get(ENV_RUN_ID) or folder.name,
             oracle=bool(oracle),
-            extra_args=[*(_oracle_args(configuration) if oracle else []), *(extra_args or [])],
+            extra_args=[
+                *(_oracle_args(configuration) if oracle else []),
+                *_model_args(configuration),
+                *(extra_args or []),
+            ],
             seed=_seed(seed),
         )
     except (ValueError, TypeError, TargetError) as exc:

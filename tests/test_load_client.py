@@ -177,3 +177,24 @@ def test_every_request_is_coloured_with_its_own_trace_and_the_tag(model: Proc) -
     got = [seen[a.request_id] for a in attempts]
     assert [h["tag"] for h in got] == ["gameday", "gameday"]
     assert got[0]["trace_id"] != got[1]["trace_id"]  # a trace per request
+
+
+def test_the_served_variant_is_read_from_the_header_a_target_names(model: Proc) -> None:
+    # A foreign router that says the version, not the variant (kind: external, variant:
+    # {header: x-model-version, values: {v1: baseline}}): the record says baseline.
+    client = OpenAIClient(
+        model.url, timeout_s=10, variant_header="x-model-version", variant_values={"v1": "baseline"}
+    )
+    a = client.new_attempt("/v1/completions", stream=True)
+    client.send(a, body(max_tokens=2))
+    unmapped = OpenAIClient(model.url, timeout_s=10, variant_header="x-model-version")
+    b = unmapped.new_attempt("/v1/completions", stream=True)
+    unmapped.send(b, body(max_tokens=2))
+    absent = OpenAIClient(model.url, timeout_s=10, variant_header="x-no-such-header")
+    c = absent.new_attempt("/v1/completions", stream=True)
+    absent.send(c, body(max_tokens=2))
+    for cl in (client, unmapped, absent):
+        cl.close()
+    assert a.headers["x-served-by"] == "baseline"
+    assert b.headers["x-served-by"] == "v1"  # no map: the header's value as it is
+    assert "x-served-by" not in c.headers  # a router that did not say: unknown

@@ -191,11 +191,26 @@ def test_options_defaults_and_validation() -> None:
         (("--host", "http://h", "--shape", "trace"), "--shape trace needs"),
         (("--host", "http://h", "--bucket-edges", "5,4"), "--bucket-edges"),
         (("--host", "http://h", "--header", "nocolon"), "--header 'nocolon'"),
+        (("--host", "http://h", "--variant-value", "v2=green"), "--variant-value 'v2=green'"),
+        (("--host", "http://h", "--pin-value", "v2"), "--pin-value 'v2': give VARIANT=VALUE"),
+        (("--host", "http://h", "--variant-header", "a b"), "--variant-header 'a b'"),
     ]
     for args, words in bad:
         with pytest.raises(OptionsError, match=words.replace("(", r"\(")):
             LoadOptions.from_namespace(parse(*args))
     assert parse_headers(["a:b", "c: d:e"]) == {"a": "b", "c": "d:e"}
+    o = LoadOptions.from_namespace(
+        parse(
+            "--host", "http://h", "--variant-header", "X-Model-Version",
+            "--variant-value", "v7=baseline", "--variant-value", "v8=canary",
+            "--pin-header", "x-route-to", "--pin-value", "canary=v8",
+        )
+    )  # fmt: skip
+    assert (o.variant_header, o.variant_values) == (
+        "x-model-version",
+        {"v7": "baseline", "v8": "canary"},
+    )
+    assert (o.pin_header, o.pin_values) == ("x-route-to", {"canary": "v8"})
 
 
 def test_buckets_mirror_the_stack_labels() -> None:

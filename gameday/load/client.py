@@ -113,8 +113,13 @@ class OpenAIClient:
         timeout_s: float = 120.0,
         connect_timeout_s: float = CONNECT_TIMEOUT_S,
         traffic_tag: str | None = TRAFFIC_TAG,
+        variant_header: str = "x-served-by",
+        variant_values: dict[str, str] | None = None,
     ) -> None:
         parts = urlsplit(base_url)
+        # How the router names the variant that served: read into x-served-by, mapped.
+        self.variant_header = variant_header
+        self.variant_values = dict(variant_values or {})
         self.prefix = parts.path.rstrip("/")
         self.timeout_s = timeout_s
         self.headers = dict(headers or {})
@@ -183,6 +188,13 @@ class OpenAIClient:
                     value = value[0] if value else None
                 if value is not None:
                     attempt.headers[name] = str(value)
+            if self.variant_header != "x-served-by" or self.variant_values:
+                raw = resp.get(self.variant_header)
+                raw = (raw[0] if raw else None) if isinstance(raw, list) else raw
+                if raw is not None:
+                    attempt.headers["x-served-by"] = self.variant_values.get(str(raw), str(raw))
+                else:
+                    attempt.headers.pop("x-served-by", None)
             if attempt.status >= 400:
                 body = resp.read(MAX_ERROR_BODY_BYTES)
                 attempt.error_code = error_code(body)

@@ -22,6 +22,11 @@ COMPLETIONS = "/v1/completions"
 CHAT = "/v1/chat/completions"
 SHAPES = ("auto", "steady", "ramp", "trace")
 _HEADER_NAME = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")
+# How a router says which variant served, and how a request pins one (canarystack's and
+# the foreign stack's names; a target file of kind external may name others).
+SERVED_BY = "x-served-by"
+PIN_HEADER = "x-canary-variant"
+VARIANTS = ("baseline", "canary")
 
 
 # The fields that take their flag's value as parsed (field ``x_y`` is flag ``--x-y``).
@@ -80,6 +85,34 @@ def add_arguments(parser: Any) -> None:
         default=[],
         metavar="NAME:VALUE",
         help="extra request header, repeatable (e.g. --header x-canary-variant:canary)",
+        **hidden,
+    )
+    a(
+        "--variant-header",
+        default=SERVED_BY,
+        help=f"response header naming the variant that served (default: {SERVED_BY})",
+        **hidden,
+    )
+    a(
+        "--variant-value",
+        action="append",
+        default=[],
+        metavar="VALUE=VARIANT",
+        help="that header's value for a variant, repeatable (e.g. v2=canary)",
+        **hidden,
+    )
+    a(
+        "--pin-header",
+        default=PIN_HEADER,
+        help=f"request header that pins a variant (the oracle's pairs; default: {PIN_HEADER})",
+        **hidden,
+    )
+    a(
+        "--pin-value",
+        action="append",
+        default=[],
+        metavar="VARIANT=VALUE",
+        help="the pin header's value for a variant, repeatable (default: its name)",
         **hidden,
     )
     a(
@@ -262,6 +295,29 @@ def parse_headers(items: list[str]) -> dict[str, str]:
     return headers
 
 
+def parse_pairs(flag: str, items: list[str], variant_side: int) -> dict[str, str]:
+    """``A=B`` items as a mapping (A -> B); the side ``variant_side`` (0 or 1) must name a
+    variant. OptionsError naming the flag otherwise."""
+    out: dict[str, str] = {}
+    for item in items:
+        left, sep, right = (p.strip() for p in item.partition("="))
+        variant = (left, right)[variant_side]
+        if not sep or not left or not right or variant not in VARIANTS:
+            example = "v2=canary" if variant_side else "canary=v2"
+            raise OptionsError(
+                f"{flag} {item!r}: give {'VALUE=VARIANT' if variant_side else 'VARIANT=VALUE'} "
+                f"with a variant of {', '.join(VARIANTS)}, e.g. {flag} {example}"
+            )
+        out[left] = right
+    return out
+
+
+def _header_name(flag: str, name: str) -> str:
+    if not _HEADER_NAME.match(name):
+        raise OptionsError(f"{flag} {name!r}: give a valid header name, e.g. {flag} x-served-by")
+    return name.lower()
+
+
 def _positive(name: str, value: float | None, allow_zero: bool = False) -> None:
     if value is None:
         return
@@ -303,6 +359,10 @@ class LoadOptions:
     oracle_baseline_host: str = ""
     oracle_canary_host: str = ""
     oracle_interval_s: float = 0.5
+    variant_header: str = SERVED_BY
+    variant_values: dict[str, str] = field(default_factory=dict)  # header value -> variant
+    pin_header: str = PIN_HEADER
+    pin_values: dict[str, str] = field(default_factory=dict)  # variant -> header value
 
     @property
     def chat(self) -> bool:
@@ -384,4 +444,8 @@ class LoadOptions:
             oracle_out=oracle_out,
             oracle_baseline_host=ns.oracle_baseline_host.rstrip("/"),
             oracle_canary_host=ns.oracle_canary_host.rstrip("/"),
+            variant_header=_header_name("--variant-header", ns.variant_header),
+            variant_values=parse_pairs("--variant-value", list(ns.variant_value or []), 1),
+            pin_header=_header_name("--pin-header", ns.pin_header),
+            pin_values=parse_pairs("--pin-value", list(ns.pin_value or []), 0),
         )

@@ -29,6 +29,17 @@ class LoadError(GamedayError):
     """A failed request as Locust shows it: ``<error kind>: <detail>``."""
 
 
+def client_for(opts: LoadOptions, host: str) -> OpenAIClient:
+    """A client to ``host`` that reads the served variant as the options say."""
+    return OpenAIClient(
+        host,
+        auth_headers(opts),
+        opts.request_timeout_s,
+        variant_header=opts.variant_header,
+        variant_values=opts.variant_values,
+    )
+
+
 def auth_headers(opts: LoadOptions) -> dict[str, str]:
     headers = dict(opts.headers)
     if opts.api_key:
@@ -78,7 +89,7 @@ class LLMUser(User):
     def on_start(self) -> None:
         opts = self.ctx.options
         assert opts is not None
-        self.client = OpenAIClient(opts.host, auth_headers(opts), opts.request_timeout_s)
+        self.client = client_for(opts, opts.host)
 
     def on_stop(self) -> None:
         if self.client is not None:
@@ -183,7 +194,7 @@ class OracleUser(User):
             ("baseline", opts.oracle_baseline_host or opts.host),
             ("canary", opts.oracle_canary_host or opts.host),
         ):
-            self.sides[variant] = OpenAIClient(host, auth_headers(opts), opts.request_timeout_s)
+            self.sides[variant] = client_for(opts, host)
 
     def on_stop(self) -> None:
         for c in self.sides.values():
@@ -218,7 +229,7 @@ class OracleUser(User):
         jobs = []
         for variant, client in self.sides.items():
             a = attempts[variant] = client.new_attempt(opts.api_path, False, f"{pair_id}-{variant}")
-            headers = {"x-canary-variant": variant}
+            headers = {opts.pin_header: opts.pin_values.get(variant, variant)}
             if req.user_id is not None:
                 headers["x-user-id"] = req.user_id
             jobs.append(gevent.spawn(client.send, a, body, headers))

@@ -210,6 +210,12 @@ class Target(ABC):
         component's /admin/faults needs ``fault_headers(role)``)."""
         return self.operator_headers(actor)
 
+    @property
+    def model_name(self) -> str | None:
+        """The model name requests must name, when the target states one (None: the
+        stack serves any name, as canarystack's model servers do)."""
+        return None
+
     def describe(self) -> JsonObject:
         return {"kind": self.kind, "name": self.name, "release": self.release}
 

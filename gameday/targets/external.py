@@ -112,13 +112,20 @@ DEFAULT_VARIANTS: dict[str, Variant] = {"baseline": "baseline", "canary": "canar
 
 
 class VariantSpec(BaseModel):
-    """How the served variant is read from an answer: ``header`` (its value mapped by
-    ``values``), else the answer's ``model`` field mapped by ``model_versions``."""
+    """How the served variant is read from an answer: the response ``header`` whose value
+    ``values`` maps to a variant (a version header works the same way: ``header:
+    x-model-version``, ``values: {v7: baseline, v8: canary}``)."""
 
     model_config = ConfigDict(extra="forbid")
-    header: str | None = "x-served-by"
+    header: str = "x-served-by"
     values: dict[str, Variant] = Field(default_factory=lambda: dict(DEFAULT_VARIANTS))
-    model_versions: dict[str, Variant] = Field(default_factory=dict)
+
+    def load_args(self) -> list[str]:
+        """The load generator's flags that read the variant this way."""
+        args = ["--variant-header", self.header]
+        for value, variant in self.values.items():
+            args += ["--variant-value", f"{value}={variant}"]
+        return args
 
 
 class PinSpec(BaseModel):
@@ -126,6 +133,17 @@ class PinSpec(BaseModel):
     header: str = "x-canary-variant"
     baseline: str = "baseline"
     canary: str = "canary"
+
+    def load_args(self) -> list[str]:
+        """The load generator's flags that pin this way (the oracle's pairs)."""
+        return [
+            "--pin-header",
+            self.header,
+            "--pin-value",
+            f"baseline={self.baseline}",
+            "--pin-value",
+            f"canary={self.canary}",
+        ]
 
 
 class AlertObserverSpec(BaseModel):
@@ -179,6 +197,7 @@ class ExternalTargetSpec(BaseModel):
     kind: Literal["external"]
     name: str = "external"
     release: str = "default"
+    model: str = "default"  # the model name the stack serves (requests must name it)
     components: dict[str, RoleSpec]
     variant: VariantSpec = Field(default_factory=VariantSpec)
     pin: PinSpec | None = None
@@ -213,6 +232,15 @@ class ExternalTarget(Target):
         self.spec = spec
         self.release = spec.release
         self._observer: GateObserver | None = None
+
+    @property
+    def model_name(self) -> str | None:
+        return self.spec.model
+
+    def load_args(self) -> list[str]:
+        """How the load generator reads the served variant and sends pins on this stack."""
+        pin = self.spec.pin.load_args() if self.spec.pin is not None else []
+        return [*self.spec.variant.load_args(), *pin]
 
     # --- where things are ----------------------------------------------------------------
     def _role(self, role: str) -> RoleSpec | None:
