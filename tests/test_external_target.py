@@ -370,3 +370,46 @@ def test_a_kubernetes_observer_is_built_from_the_target_file(tmp_path: Path) -> 
                 "observer": {"kind": "argo-rollouts", "namespace": "llm"},
             }
         )
+
+
+def _records(folder: Path, rows: list[tuple[float, str, int]]) -> None:
+    from gameday.load.records import LOAD_SCHEMA, ParquetSink
+
+    sink = ParquetSink(folder / "records.parquet", LOAD_SCHEMA)
+    for i, (start, served_by, tokens) in enumerate(rows):
+        sink.add({"request_id": f"r{i}", "start_time": start, "served_by": served_by,
+                  "prompt_tokens": tokens, "ok": True, "status": 200})  # fmt: skip
+    sink.close()
+
+
+def test_exposed_answers_counts_what_the_faulty_canary_served_after_its_fault(
+    tmp_path: Path,
+) -> None:
+    from gameday.faults import FaultEntry, FaultLedger
+    from gameday.run.external import exposed_answers
+
+    assert exposed_answers(tmp_path) is None  # no fault on the canary: nothing to be exposed to
+    FaultLedger(tmp_path / "faults.jsonl").append(
+        FaultEntry(
+            "inject",
+            100.0,
+            "model-canary",
+            "c",
+            "u",
+            "kernel",
+            "f1",
+            60.0,
+            {"min_prompt_tokens": 2048},
+        )
+    )
+    _records(
+        tmp_path,
+        [
+            (99.0, "canary", 4000),  # before the fault
+            (101.0, "canary", 4000),  # exposed
+            (102.0, "canary", 100),  # a short prompt: the kernel fault does not reach it
+            (103.0, "baseline", 4000),
+            (104.0, "canary", 2048),  # exposed
+        ],
+    )
+    assert exposed_answers(tmp_path) == 2

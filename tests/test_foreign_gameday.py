@@ -104,7 +104,10 @@ def test_an_alert_on_errors_and_latency_misses_output_drift(honest_hook: dict[st
     assert result["verdict"] == "fail", honest_hook["log"]
     reasons = " | ".join(result["reasons"])
     assert "the experiment expects a trip; the broker's history shows none" in reasons
-    assert "SLO 'drifted_responses'" in reasons  # drifted answers were served meanwhile
+    # ... while drifted answers were served (how many depends on the load's draw)
+    assert re.search(
+        r"the gate never tripped while [1-9]\d* answers from the faulty canary", reasons
+    )
     assert honest_hook["exit"] == 1
 
 

@@ -165,6 +165,19 @@ def test_the_brokers_history_must_agree_with_what_the_experiment_expects() -> No
     assert result == "fail" and "could not be read" in reasons[0]
 
 
+def test_a_missed_trip_says_how_many_users_the_faulty_canary_served() -> None:
+    _, reasons = decide(assessed(0, passing_journal("trip"), 10, 0, exposed=7))
+    assert reasons == [
+        "the experiment expects a trip; the broker's history shows none",
+        "the gate never tripped while 7 answers from the faulty canary were served to "
+        "users after the fault (canary-served requests the fault reaches, from the load "
+        "records)",
+    ]
+    # None served (or a trip): nothing more to say than the miss itself.
+    assert len(decide(assessed(0, passing_journal("trip"), 10, 0, exposed=0))[1]) == 1
+    assert decide(assessed(0, passing_journal("trip"), 10, 1, exposed=7)) == ("pass", [])
+
+
 def test_records_and_the_extension_are_required() -> None:
     result, reasons = decide(assessed(0, passing_journal("no_trip"), 0, 0))
     assert result == "fail" and any("no load records" in r for r in reasons)

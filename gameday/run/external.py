@@ -31,7 +31,13 @@ from gameday.run.evidence import GATE_EVIDENCE_NAME, Thresholds
 from gameday.targets import Target, TargetError
 from gameday.targets.external import ExternalTarget
 
-__all__ = ["OBSERVATIONS_NAME", "Sampler", "observed_gate_evidence", "prepare"]
+__all__ = [
+    "OBSERVATIONS_NAME",
+    "Sampler",
+    "exposed_answers",
+    "observed_gate_evidence",
+    "prepare",
+]
 
 OBSERVATIONS_NAME = "observations.jsonl"
 
@@ -171,3 +177,39 @@ def observed_gate_evidence(
     }
     write_json(folder / GATE_EVIDENCE_NAME, doc)
     return doc
+
+
+def exposed_answers(folder: Path) -> int | None:
+    """How many answers users got from the faulty canary after its fault (canary-served
+    requests that started after the first canary fault of the run's ledger; for a kernel
+    fault only prompts at or above its ``min_prompt_tokens``, the ones it harms). None when
+    the ledger holds no fault on the canary (nothing to be exposed to)."""
+    from gameday.faults import FaultLedger
+
+    try:
+        entries = FaultLedger(folder / "faults.jsonl").entries()
+    except (OSError, ValueError):
+        return None
+    bad = next(
+        (
+            e
+            for e in entries
+            if e.action == "inject"
+            and e.component == "model-canary"
+            and e.kind in ("kernel", "errors", "hang")
+        ),
+        None,
+    )
+    if bad is None:
+        return None
+    floor = int((bad.params or {}).get("min_prompt_tokens") or 0) if bad.kind == "kernel" else 0
+    count = 0
+    for row in _load_frame(folder, "records.parquet"):
+        tokens = row.get("prompt_tokens") or row.get("planned_prompt_tokens") or 0
+        if (
+            row.get("served_by") == "canary"
+            and float(row.get("start_time") or 0) >= bad.time
+            and int(tokens) >= floor
+        ):
+            count += 1
+    return count

@@ -41,7 +41,13 @@ from gameday.run.evidence import (
     write_gate_evidence,
     write_gate_start,
 )
-from gameday.run.external import OBSERVATIONS_NAME, Sampler, observed_gate_evidence, prepare
+from gameday.run.external import (
+    OBSERVATIONS_NAME,
+    Sampler,
+    exposed_answers,
+    observed_gate_evidence,
+    prepare,
+)
 from gameday.run.figures import (
     evidence_brief,
     evidence_figures,
@@ -364,6 +370,7 @@ class GameDay:
         evidence.interrupted = self.interrupts.name if self.interrupts.signum else None
         evidence.journal = read_json(folder / "journal.json")
         evidence.records_rows = records_rows(folder)
+        evidence.exposed = exposed_answers(folder)
         evidence.inconclusive = inconclusive_reasons(folder, evidence)
         verdict, reasons = decide(evidence)
         seen = evidence_figures(folder)

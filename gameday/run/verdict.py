@@ -75,6 +75,9 @@ class Evidence:
     # Why the gate could not have seen, or the load is not valid (gameday.run.evidence);
     # None: not assessed, which is itself inconclusive (fail-closed).
     inconclusive: list[str] | None = None
+    # Answers users got from the faulty canary after its fault (gameday.run.external);
+    # None: no canary fault in the run.
+    exposed: int | None = None
 
 
 def _hard_journal_reason(reason: str) -> bool:
@@ -203,6 +206,12 @@ def decide(evidence: Evidence) -> tuple[str, list[str]]:
     elif ev.trips_in_window is not None:
         if expect == "trip" and ev.trips_in_window == 0:
             merit.append(MISSED_TRIP)
+            if ev.exposed:
+                merit.append(
+                    f"the gate never tripped while {ev.exposed} answers from the faulty "
+                    "canary were served to users after the fault (canary-served requests "
+                    "the fault reaches, from the load records)"
+                )
         if expect in ("no_trip", "blind", "colour_lost") and ev.trips_in_window > 0:
             merit.append(unexpected_trips(ev.trips_in_window))
     if ev.load_problem:
