@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import requests
 
-from gameday.observers import history
+from gameday.observers import GateObserver, history
 from gameday.targets import parse_target
 from gameday.targets.external import ExternalTarget
 from tests.procs import pid_alive
@@ -59,7 +59,7 @@ def cluster() -> Iterator[None]:
         run(str(LOOPBACK / "k8s-down.sh"), timeout=300)
 
 
-def _observer(kind: str, name: str, **extra: Any):  # type: ignore[no-untyped-def]
+def _observer(kind: str, name: str, **extra: Any) -> GateObserver:
     target = parse_target(
         {
             "kind": "external",
