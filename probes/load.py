@@ -7,6 +7,7 @@ silently without users. Locust is stopped by its PID only. Nothing here imports 
 
 from __future__ import annotations
 
+import contextlib
 import os
 from typing import Any
 
@@ -57,6 +58,32 @@ def _model_args(configuration: Configuration | None) -> list[str]:
     return [*(["--model", model] if model else []), *(load_args() if callable(load_args) else [])]
 
 
+def _start_worker_pods(configuration: Configuration | None) -> tuple[int, int] | None:
+    """Scale the target's Locust worker pods up (``load_workers`` of a Kubernetes target
+    file) before their master starts here: (how many, the master's port), or None when
+    the load runs here alone. They connect to 127.0.0.1 (host network) once it listens."""
+    target = get_target(configuration)
+    scale = getattr(target, "scale_load_workers", None)
+    spec = getattr(getattr(target, "spec", None), "load_workers", None)
+    if not callable(scale) or spec is None:
+        return None
+    scale(spec.replicas)
+    return int(spec.replicas), int(spec.master_port)
+
+
+def _stop_worker_pods(configuration: Configuration | None) -> None:
+    """Scale the worker pods back to 0 (idempotent; best effort: a failure is logged by
+    the caller's journal, the pods hold no fault)."""
+    try:
+        target = get_target(configuration)
+    except Exception:  # an activity that cannot even load its target has nothing to stop
+        return
+    scale = getattr(target, "scale_load_workers", None)
+    if callable(scale):
+        with contextlib.suppress(TargetError):
+            scale(0)
+
+
 def _seed(seed: Any) -> int | None:
     """The load's seed: the control's ``seed`` argument, else ``$GAMEDAY_LOAD_SEED`` (set by
     ``gameday run --repeat``), else None (the load's default, 0)."""
@@ -98,6 +125,7 @@ def before_method_control(
     """
     folder = run_dir(configuration)
     try:
+        workers = _start_worker_pods(configuration)
         n_users = int(users)
         if not 1 <= n_users <= MAX_USERS:
             raise ValueError(f"users must be from 1 to {MAX_USERS}, got {users!r}")
@@ -118,8 +146,11 @@ def before_method_control(
                 *(extra_args or []),
             ],
             seed=_seed(seed),
+            external_workers=workers[0] if workers else None,
+            master_port=workers[1] if workers else None,
         )
     except (ValueError, TypeError, TargetError) as exc:
+        _stop_worker_pods(configuration)
         load_state.mark_failed(folder, str(exc))
         raise InterruptExecution(
             f"the user load could not start, so the experiment stops: {exc}"
@@ -127,6 +158,7 @@ def before_method_control(
     try:
         load_state.start(folder, config)
     except (LoadRunError, ValueError, TypeError, OSError) as exc:
+        _stop_worker_pods(configuration)
         raise InterruptExecution(
             f"the user load could not start, so the experiment stops: {exc}"
         ) from None
@@ -135,8 +167,10 @@ def before_method_control(
 def after_method_control(
     context: Any, configuration: Configuration | None = None, **kwargs: Any
 ) -> None:
-    """Stop Locust (SIGTERM by PID; streams in flight get the stop timeout)."""
+    """Stop Locust (SIGTERM by PID; streams in flight get the stop timeout), then its
+    worker pods, when the target runs the load from them."""
     load_state.stop(run_dir(configuration))
+    _stop_worker_pods(configuration)
 
 
 def after_experiment_control(
@@ -146,6 +180,7 @@ def after_experiment_control(
     stands (records path included) into the journal."""
     folder = run_dir(configuration)
     load_state.stop(folder)
+    _stop_worker_pods(configuration)
     load = load_state.read_state(folder)
     if not load:
         return

@@ -151,3 +151,31 @@ def test_config_is_checked_before_starting(tmp_path: Path) -> None:
     ]:
         with pytest.raises(ValueError, match=words):
             LoadRun(LoadConfig(host="http://x", output_dir=tmp_path, **bad))  # type: ignore[arg-type]
+
+
+def test_a_run_with_worker_pods_is_their_master_on_loopback(tmp_path: Path) -> None:
+    from gameday.load.runner import LoadConfig, LoadRun
+
+    config = LoadConfig(
+        host="http://127.0.0.1:1", output_dir=tmp_path, external_workers=2, master_port=18030
+    )
+    config.validate()
+    argv = LoadRun(config).command()
+    at = argv.index("--master")
+    assert argv[at : at + 9] == [
+        "--master",
+        "--expect-workers",
+        "2",
+        "--expect-workers-max-wait",
+        "120",
+        "--master-bind-host",
+        "127.0.0.1",
+        "--master-bind-port",
+        "18030",
+    ]
+    for bad in (
+        LoadConfig(host="h", output_dir=tmp_path, external_workers=2),  # no port
+        LoadConfig(host="h", output_dir=tmp_path, external_workers=2, master_port=1, processes=2),
+    ):
+        with pytest.raises(ValueError, match="LoadConfig"):
+            bad.validate()

@@ -93,6 +93,7 @@ class Collector:
         self._shipper: gevent.Greenlet | None = None
         self._flusher: gevent.Greenlet | None = None
         self.finals: dict[str, JsonObject] = {}
+        self.records_by_worker: dict[str, int] = {}  # master: load rows each worker shipped
         self.summary: JsonObject = {}
         self._test_start_wall: float | None = None
         self._test_stop_wall: float | None = None
@@ -196,6 +197,7 @@ class Collector:
     # --- test lifecycle -------------------------------------------------------------
     def on_test_start(self) -> None:
         self.finals = {}
+        self.records_by_worker = {}
         self._test_start_wall, self._test_stop_wall = time.time(), None
         self._cpu_start_s = self._cpu_now()
         self._tick, self._max_cpu_percent, self._peak_users = None, 0.0, 0
@@ -236,6 +238,10 @@ class Collector:
         sink = self._sink(data["kind"])
         if sink is not None:
             sink.add_columns(data["cols"])
+        if data["kind"] == "load":  # every worker's records, counted by who shipped them
+            cols = data["cols"]
+            n = len(next(iter(cols.values()), [])) if isinstance(cols, dict) and cols else 0
+            self.records_by_worker[msg.node_id] = self.records_by_worker.get(msg.node_id, 0) + n
 
     def _on_final(self, environment: Any, msg: Any) -> None:
         self.finals[msg.node_id] = dict(msg.data)
@@ -302,6 +308,7 @@ class Collector:
             **totals,
             **self.generator(totals),
             "workers_reported": len(self.finals) if self.role == "master" else 1,
+            "records_by_worker": dict(self.records_by_worker) if self.role == "master" else {},
             "records_written": {k: s.rows_written for k, s in self.sinks.items()},
             "records_out": self.records_out or None,
             "oracle_out": self.oracle_out or None,

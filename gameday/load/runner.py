@@ -29,6 +29,8 @@ from gameday.load.records import LOAD_SCHEMA, ORACLE_SCHEMA, recover, remove_par
 
 DEFAULT_LOCUSTFILE = Path(__file__).resolve().parents[2] / "locustfiles" / "llm.py"
 START_TIMEOUT_S = 60.0
+# How long a master waits for its worker pods to connect (they start in seconds).
+EXTERNAL_WORKERS_WAIT_S = 120.0
 STOP_MARGIN_S = 15.0
 LOG_TAIL_CHARS = 3000
 ENV_EXTRA_ARGS = "GAMEDAY_LOAD_EXTRA_ARGS"
@@ -88,6 +90,10 @@ class LoadConfig:
     duration_s: float | None = None  # None: run until stop()
     stop_timeout_s: float = 30.0
     processes: int | None = None  # Locust --processes (a master and N workers)
+    # Workers that run elsewhere (Locust worker pods): this run is their master, bound to
+    # 127.0.0.1:master_port, and starts once that many have connected.
+    external_workers: int | None = None
+    master_port: int | None = None
     max_tokens: int | None = None
     api_path: str | None = None
     run_id: str | None = None
@@ -111,6 +117,14 @@ class LoadConfig:
             raise ValueError(f"LoadConfig.stop_timeout_s must be >= 0, got {self.stop_timeout_s}")
         if self.processes is not None and self.processes < 1:
             raise ValueError(f"LoadConfig.processes must be >= 1, got {self.processes}")
+        if self.external_workers is not None:
+            if self.processes:
+                raise ValueError("LoadConfig: give processes or external_workers, not both")
+            if not 1 <= self.external_workers <= 64 or not self.master_port:
+                raise ValueError(
+                    "LoadConfig.external_workers must be from 1 to 64, with a master_port "
+                    f"(got {self.external_workers}, {self.master_port})"
+                )
         if self.seed is not None and not 0 <= self.seed <= MAX_LOAD_SEED:
             raise ValueError(f"LoadConfig.seed must be from 0 to {MAX_LOAD_SEED}, got {self.seed}")
         if not Path(self.locustfile).is_file():
@@ -207,6 +221,11 @@ class LoadRun:
             port = self.master_port = self.master_port or free_port()
             cmd += ["--processes", str(c.processes)]
             cmd += ["--master-bind-port", str(port), "--master-port", str(port)]
+        if c.external_workers:
+            # Worker pods connect to 127.0.0.1:master_port (host network, loopback only).
+            cmd += ["--master", "--expect-workers", str(c.external_workers)]
+            cmd += ["--expect-workers-max-wait", f"{EXTERNAL_WORKERS_WAIT_S:g}"]
+            cmd += ["--master-bind-host", "127.0.0.1", "--master-bind-port", str(c.master_port)]
         if c.max_tokens is not None:
             cmd += ["--max-tokens", str(c.max_tokens)]
         if c.api_path:
@@ -369,7 +388,7 @@ class LoadRun:
             self.config.users,
             tolerances,
             self.log_tail(chars=1 << 20),
-            processes=self.config.processes or 1,
+            processes=self.config.processes or self.config.external_workers or 1,
         )
 
     def _kill(self) -> None:

@@ -79,6 +79,8 @@ def evidence_figures(folder: Path) -> JsonObject:
         if gate
         else None,
         "load": generator if isinstance(generator, dict) else None,
+        # Load from worker pods (or processes): every worker's records, by worker.
+        "load_workers": (summary or {}).get("records_by_worker") or None,
     }
 
 

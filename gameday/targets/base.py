@@ -64,6 +64,18 @@ class LocalTargetSpec(BaseModel):
     blast_radius: BlastRadius = Field(default_factory=BlastRadius)
 
 
+class LoadWorkersSpec(BaseModel):
+    """Locust worker pods the harness starts for a game day's load (and stops after it):
+    ``workload`` (a Deployment in the target's namespace, at 0 replicas between runs)
+    scaled to ``replicas``; their master is the harness's own Locust, bound to
+    127.0.0.1:``master_port`` (the workers use the host network on loopback)."""
+
+    model_config = ConfigDict(extra="forbid")
+    workload: str = "deployment/locust-worker"
+    replicas: int = Field(default=2, ge=1, le=64)
+    master_port: int = Field(ge=1024, le=65535)
+
+
 class KubernetesTargetSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
     kind: Literal["kubernetes"]
@@ -89,6 +101,8 @@ class KubernetesTargetSpec(BaseModel):
     credentials_env_prefix: str = "CANARYSTACK_CREDENTIAL_"
     admin_token_env: str = "CANARYSTACK_ADMIN_TOKEN"
     admin_token_file: str | None = None
+    # The game day's load from Locust worker pods (None: Locust runs here, as locally).
+    load_workers: LoadWorkersSpec | None = None
     blast_radius: BlastRadius = Field(default_factory=BlastRadius)
 
 

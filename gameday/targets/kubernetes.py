@@ -425,6 +425,33 @@ class KubernetesTarget(Target):
             "ok": int(ready) >= int(desired),
         }
 
+    def scale_load_workers(self, replicas: int) -> JsonObject | None:
+        """Scale the Locust worker pods (``load_workers`` in the target file) to
+        ``replicas`` in the target's namespace; None when the target has none. Only a
+        Deployment the file names, never another namespace."""
+        spec = self.spec.load_workers
+        if spec is None:
+            return None
+        kind, _, name = spec.workload.partition("/")
+        if kind != "deployment" or not name:
+            raise TargetError(
+                f"kubernetes target {self.name!r}: load_workers.workload is "
+                f"{spec.workload!r}: give deployment/NAME (e.g. deployment/locust-worker)"
+            )
+        from kubernetes import client
+
+        apps = client.AppsV1Api(self.api_client())
+        try:
+            apps.patch_namespaced_deployment_scale(
+                name, self.namespace, {"spec": {"replicas": int(replicas)}}
+            )
+        except Exception as exc:
+            raise TargetError(
+                f"scaling deployment/{name} in namespace {self.namespace!r} to {replicas} "
+                f"failed: {_api_error(exc)}"
+            ) from None
+        return {"workload": spec.workload, "replicas": int(replicas), "time": time.time()}
+
     def describe(self) -> JsonObject:
         return {**super().describe(), "namespace": self.namespace}
 
