@@ -413,3 +413,25 @@ def test_exposed_answers_counts_what_the_faulty_canary_served_after_its_fault(
         ],
     )
     assert exposed_answers(tmp_path) == 2
+
+
+# The docs' examples of users' stacks (targets/examples/): what applies to each.
+EXAMPLE_APPLICABLE = {
+    "control.yaml",
+    "control/benign-noise.yaml",
+    "control/small-drift.yaml",
+    "router/canary-errors.yaml",
+    "hostile/broken-kernel.yaml",
+    "hostile/client-flood.yaml",
+    "hostile/pins-after-trip.yaml",
+    "hostile/pins-after-errors.yaml",
+}
+
+
+@pytest.mark.parametrize("name", ["argo-rollouts-istio-vllm", "flagger-gateway-vllm"])
+def test_the_docs_example_targets_load_and_say_what_applies(name: str) -> None:
+    target = load_target(ROOT / "targets" / "examples" / f"{name}.yaml")
+    assert isinstance(target, ExternalTarget)
+    applicable = {n for n, exp in _experiments().items() if not missing(target, exp)}
+    assert applicable == EXAMPLE_APPLICABLE
+    assert target.model_name == "llama-3-8b-instruct"

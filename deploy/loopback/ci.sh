@@ -64,4 +64,13 @@ rc=0
 "$HERE/gameday-k8s.sh" "$@" || rc=$?
 phase gameday-k8s
 [ "$rc" -eq 0 ] || log "the game days failed (gameday run exited $rc); the report is under reports/latest"
+# The load came from the Locust worker pods (target.yaml's load_workers): every experiment
+# that ran a load counts records from every worker (#25).
+"$REPO/.venv/bin/python" "$HERE/check-load-workers.py" reports/latest || rc=${rc/#0/1}
+phase load-workers
+# Gate observers on this API server: Argo Rollouts, Flagger, HTTPRoute, VirtualService
+# objects read as foreign gates (#25); the module uses the running cluster.
+CANARY_GAMEDAY_K8S_LIVE=1 "$REPO/.venv/bin/python" -m pytest -q -m k8s_live \
+    tests/test_k8s_live_observers.py || rc=${rc/#0/1}
+phase observers
 exit "$rc"
