@@ -208,6 +208,25 @@ def inject(
     roles = target.check_allowed(component)
     done: list[FaultEntry] = []
     failures: list[str] = []
+    role = ""
+
+    def injected(replica: str, url: str, fault_id: str) -> None:
+        """One replica took the fault: into the ledger, and into what is returned."""
+        entry = FaultEntry(
+            action=FaultAction.INJECT,
+            time=time.time(),
+            component=role,
+            replica=replica,
+            url=url,
+            kind=kind,
+            fault_id=fault_id,
+            ttl_s=ttl_s,
+            params=params,
+        )
+        if ledger is not None:
+            ledger.append(entry)
+        done.append(entry)
+
     with given_or_own(session) as http:
         for role in roles:
             backend = _backend(target, role)
@@ -217,20 +236,7 @@ def inject(
                 except TargetError as exc:
                     failures.append(f"{role} (Envoy {backend.admin_url}): {exc}")
                     continue
-                entry = FaultEntry(
-                    action=FaultAction.INJECT,
-                    time=time.time(),
-                    component=role,
-                    replica=f"{role}-envoy",
-                    url=backend.admin_url,
-                    kind=kind,
-                    fault_id=fault_id,
-                    ttl_s=ttl_s,
-                    params=params,
-                )
-                if ledger is not None:
-                    ledger.append(entry)
-                done.append(entry)
+                injected(f"{role}-envoy", backend.admin_url, fault_id)
                 continue
             replicas = target.replicas(role)
             if not replicas:
@@ -249,20 +255,7 @@ def inject(
                 if resp.status_code != 201:
                     failures.append(f"{rep.name}: HTTP {resp.status_code}: {error_text(resp)}")
                     continue
-                entry = FaultEntry(
-                    action=FaultAction.INJECT,
-                    time=time.time(),
-                    component=role,
-                    replica=rep.name,
-                    url=rep.url,
-                    kind=kind,
-                    fault_id=str(resp.json()["id"]),
-                    ttl_s=ttl_s,
-                    params=params,
-                )
-                if ledger is not None:
-                    ledger.append(entry)
-                done.append(entry)
+                injected(rep.name, rep.url, str(resp.json()["id"]))
         if done:
             annotate(
                 target,

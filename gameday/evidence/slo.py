@@ -37,29 +37,26 @@ def failed_result(check: str, allowed: float, unit: str, why: str, **detail: Any
     return result(check, None, allowed, unit, False, why=why, **detail)
 
 
-def not_measured(check: str, allowed: float, unit: str, why: str) -> Slo:
-    """Nothing to measure yet: not a check (the report leaves it out), so ``ok``."""
+def _unjudged(check: str, allowed: float, unit: str, status: str, why: str) -> Slo:
     return {
         "check": check,
         "measured": None,
         "allowed": float(allowed),
         "unit": unit,
         "ok": True,
-        "detail": {"status": NOT_MEASURED, "why": why},
+        "detail": {"status": status, "why": why},
     }
+
+
+def not_measured(check: str, allowed: float, unit: str, why: str) -> Slo:
+    """Nothing to measure yet: not a check (the report leaves it out), so ``ok``."""
+    return _unjudged(check, allowed, unit, NOT_MEASURED, why)
 
 
 def not_applicable(check: str, allowed: float, unit: str, why: str) -> Slo:
     """The target cannot answer this check (a foreign stack lacks the part it reads): not
     a pass and not a failure, said with ``why`` (``detail.status`` ``not_applicable``)."""
-    return {
-        "check": check,
-        "measured": None,
-        "allowed": float(allowed),
-        "unit": unit,
-        "ok": True,
-        "detail": {"status": NOT_APPLICABLE, "why": why},
-    }
+    return _unjudged(check, allowed, unit, NOT_APPLICABLE, why)
 
 
 def is_slo(output: Any) -> TypeGuard[Slo]:
