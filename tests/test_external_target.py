@@ -9,6 +9,7 @@ test is the watchdog's clock, not Envoy (tests/test_foreign_stack.py runs the re
 from __future__ import annotations
 
 import http.server
+import json
 import subprocess
 import sys
 import threading
@@ -435,3 +436,26 @@ def test_the_docs_example_targets_load_and_say_what_applies(name: str) -> None:
     applicable = {n for n, exp in _experiments().items() if not missing(target, exp)}
     assert applicable == EXAMPLE_APPLICABLE
     assert target.model_name == "llama-3-8b-instruct"
+
+
+def test_a_kill_spec_says_what_each_backend_needs() -> None:
+    base = {"kind": "external", "components": {"router": {"url": "u"}, "model-canary": {}}}
+
+    def with_kill(kill: dict[str, Any]) -> Any:
+        data = json.loads(json.dumps(base))
+        data["components"]["model-canary"]["kill"] = kill
+        return parse_target(data)
+
+    with pytest.raises(TargetError, match="a process kill needs match"):
+        with_kill({"backend": "process"})
+    with pytest.raises(TargetError, match="a kubernetes kill needs namespace, selector and"):
+        with_kill({"backend": "kubernetes", "namespace": "llm"})
+    target = with_kill(
+        {
+            "backend": "kubernetes",
+            "namespace": "llm",
+            "selector": "app=x",
+            "workload": "deployment/x",
+        }
+    )
+    assert "kill:model-canary" in target.capabilities()

@@ -21,7 +21,7 @@ import pytest
 import requests
 
 from gameday.observers import GateObserver, history
-from gameday.targets import parse_target
+from gameday.targets import TargetError, parse_target
 from gameday.targets.external import ExternalTarget
 from tests.procs import pid_alive
 from tests.test_k8s_live import (
@@ -257,3 +257,102 @@ def test_an_object_that_is_not_there_is_said_not_raised(cluster: None) -> None:
         snap = _observer("flagger", "nobody").snapshot(session)
     assert snap.tripped is None and snap.sees is None
     assert snap.why == ["the Kubernetes API did not give 'nobody': HTTP 404 Not Found"]
+
+
+DEPLOYMENTS = f"/apis/apps/v1/namespaces/{NS}/deployments"
+
+
+def test_an_external_target_kills_one_pod_of_a_named_workload(cluster: None) -> None:
+    """kind: external with a kubernetes kill backend: one pod of the named Deployment is
+    deleted (grace 0) after the namespace and owner checks; its ReplicaSet replaces it."""
+    labels = {"app": "vllm-canary"}
+    recreate(
+        DEPLOYMENTS,
+        {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {"name": "vllm-canary"},
+            "spec": {
+                "replicas": 1,
+                "selector": {"matchLabels": labels},
+                "template": {
+                    "metadata": {"labels": labels},
+                    "spec": {
+                        "automountServiceAccountToken": False,
+                        "containers": [
+                            {
+                                "name": "engine",
+                                "image": "canarystack:0.1.0",
+                                "imagePullPolicy": "Never",
+                                "args": ["python", "-c", "import time; time.sleep(3600)"],
+                                "resources": {"requests": {"cpu": "10m"}},
+                            }
+                        ],
+                    },
+                },
+            },
+        },
+    )
+
+    def running() -> list[str]:
+        _, pods = admin_call("GET", f"/api/v1/namespaces/{NS}/pods?labelSelector=app%3Dvllm-canary")
+        return [
+            p["metadata"]["name"]
+            for p in pods.get("items", [])
+            if p["status"].get("phase") == "Running" and not p["metadata"].get("deletionTimestamp")
+        ]
+
+    deadline = time.monotonic() + 120
+    while not running():
+        assert time.monotonic() < deadline, "the Deployment's pod never ran"
+        time.sleep(1)
+    (before,) = running()
+    target = parse_target(
+        {
+            "kind": "external",
+            "name": "staging",
+            "components": {
+                "router": {"url": "http://127.0.0.1:1"},
+                "model-canary": {
+                    "url": "http://127.0.0.1:2",
+                    "kill": {
+                        "backend": "kubernetes",
+                        "namespace": NS,
+                        "selector": "app=vllm-canary",
+                        "workload": "deployment/vllm-canary",
+                        "kubeconfig": str(KUBECONFIG),
+                    },
+                },
+            },
+            "blast_radius": {"components": ["model-canary"], "namespaces": [NS]},
+        }
+    )
+    killed = target.kill_pod("model-canary")
+    assert killed.name == before
+    deadline = time.monotonic() + 120
+    while before in running() or not running():
+        assert time.monotonic() < deadline, "no replacement pod ran"
+        time.sleep(1)
+    # Outside blast_radius.namespaces: refused before any call.
+    outside = parse_target(
+        {
+            "kind": "external",
+            "components": {
+                "router": {"url": "http://127.0.0.1:1"},
+                "model-canary": {
+                    "url": "http://127.0.0.1:2",
+                    "kill": {
+                        "backend": "kubernetes",
+                        "namespace": NS,
+                        "selector": "app=vllm-canary",
+                        "workload": "deployment/vllm-canary",
+                        "kubeconfig": str(KUBECONFIG),
+                    },
+                },
+            },
+            "blast_radius": {"components": ["model-canary"], "namespaces": []},
+        }
+    )
+    with pytest.raises(TargetError, match="outside the blast radius"):
+        outside.kill_pod("model-canary")
+    admin_call("DELETE", f"{DEPLOYMENTS}/vllm-canary")

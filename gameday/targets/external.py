@@ -34,6 +34,7 @@ from gameday.targets.base import (
     ROLES,
     BlastRadius,
     KilledPod,
+    KubernetesTargetSpec,
     Replica,
     Target,
     TargetError,
@@ -43,6 +44,7 @@ from gameday.targets.local import _pinned, read_cmdline, send_signal
 if TYPE_CHECKING:
     from gameday.observers import GateObserver
     from gameday.targets.envoy_faults import EnvoyFaults
+    from gameday.targets.kubernetes import KubernetesTarget
 
 # What the harness can do against a foreign stack, per fault backend: kinds per backend.
 FAULT_PROXY_KINDS = ("latency", "errors", "hang", "kernel")
@@ -85,12 +87,34 @@ class KillSpec(BaseModel):
     """How a pod of a role is killed. ``process``: the one process whose command line
     holds every item of ``match`` (as whole arguments, in order) — or the PID in
     ``pidfile``, whose command line must then hold ``match`` too — gets SIGKILL after the
-    check; whatever supervises it (supervisord, systemd, a kubelet) restarts it."""
+    check; whatever supervises it (supervisord, systemd, a kubelet) restarts it.
+    ``kubernetes``: one pod of ``workload`` (KIND/NAME) matching ``selector`` in
+    ``namespace`` is deleted with grace period 0 through chaostoolkit-kubernetes, after
+    the same checks as a ``kind: kubernetes`` target (the namespace in
+    ``blast_radius.namespaces``, the pod owned by that workload)."""
 
     model_config = ConfigDict(extra="forbid")
-    backend: Literal["process"] = "process"
-    match: list[str] = Field(min_length=1)
+    backend: Literal["process", "kubernetes"] = "process"
+    match: list[str] = Field(default_factory=list)
     pidfile: Path | None = None
+    namespace: str | None = None
+    selector: str | None = None
+    workload: str | None = None
+    kubeconfig: str | None = None
+    context: str | None = None
+
+    @model_validator(mode="after")
+    def _complete(self) -> KillSpec:
+        if self.backend == "process" and not self.match:
+            raise ValueError("a process kill needs match: the arguments naming the process")
+        if self.backend == "kubernetes" and not (
+            self.namespace and self.selector and self.workload
+        ):
+            raise ValueError(
+                "a kubernetes kill needs namespace, selector and workload (KIND/NAME, e.g. "
+                "deployment/vllm-canary)"
+            )
+        return self
 
 
 class RoleSpec(BaseModel):
@@ -358,12 +382,32 @@ class ExternalTarget(Target):
                     found.append(int(entry.name))
         return found
 
+    def _cluster(self, role: str, kill: KillSpec) -> KubernetesTarget:
+        """A ``kind: kubernetes`` target for the one role: its checks and kill."""
+        from gameday.targets.kubernetes import KubernetesTarget
+
+        spec = KubernetesTargetSpec(
+            kind="kubernetes",
+            name=self.name,
+            namespace=str(kill.namespace),
+            release=self.release,
+            kubeconfig=kill.kubeconfig,
+            context=kill.context,
+            urls={},
+            selectors={role: str(kill.selector)},
+            workloads={role: str(kill.workload)},
+            blast_radius=self.blast_radius,
+        )
+        return KubernetesTarget(spec)
+
     def kill_pod(self, role: str, replica: str | None = None) -> KilledPod:
         self.check_allowed(role)
         spec = self._role(role)
         if spec is None or spec.kill is None:
             raise self.not_applicable(f"way to kill a pod of {role} (components.{role}.kill)")
         kill = spec.kill
+        if kill.backend == "kubernetes":
+            return self._cluster(role, kill).kill_pod(role, replica)
         pids = self._candidates(kill)
         wanted = shlex.join(kill.match)
         if len(pids) != 1:
