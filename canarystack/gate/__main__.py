@@ -22,6 +22,7 @@ from canarystack.common.cli import (
     parse,
     serve,
 )
+from canarystack.gate.config import GATE_TESTS
 from canarystack.gate.server import build_app
 from canarystack.gate.state import (
     DEFAULT_BUDGET_SAMPLE_RATE_HZ,
@@ -30,6 +31,84 @@ from canarystack.gate.state import (
 )
 
 _D = GateConfig()
+
+
+def _test_name(text: str) -> str:
+    if text not in GATE_TESTS:
+        raise argparse.ArgumentTypeError(
+            f"unknown test {text!r}: choose one of {', '.join(GATE_TESTS)}"
+        )
+    return text
+
+
+_RELEASE = (
+    Flag(
+        "--test",
+        "test",
+        "cusum: one restarting e-CUSUM per detector, thresholds from the budget per "
+        "release-hour (the default, until the release test's validation campaign has run); "
+        "release-eprocess: one anytime-valid test per release, P(any false trip during the "
+        "release) <= alpha + floor delta (default %(default)s)",
+        type=_test_name,
+        default=_D.test,
+    ),
+    Flag(
+        "--alpha",
+        "alpha",
+        "release-eprocess: the release trips when the weighted average of its detectors' "
+        "e-processes reaches 1/alpha (default %(default)s)",
+        default=_D.alpha,
+    ),
+    Flag(
+        "--floor-delta",
+        "floor_delta",
+        "release-eprocess: the noise floors' confidence sequences all cover with "
+        "probability >= 1 - delta, added to alpha (default %(default)s)",
+        default=_D.floor_delta,
+    ),
+    Flag(
+        "--floor-kl-clip",
+        "floor_kl_clip",
+        "release-eprocess: a baseline-baseline KL above this counts as this in the floor; "
+        "also the floor while a scope has too few comparisons (default %(default)s)",
+        default=_D.floor_kl_clip,
+    ),
+    Flag(
+        "--floor-top1-clip",
+        "floor_top1_clip",
+        "release-eprocess: the same for the top-1 disagreement floor (default %(default)s)",
+        default=_D.floor_top1_clip,
+    ),
+    Flag(
+        "--floor-min-samples",
+        "floor_min_samples",
+        "release-eprocess: baseline-baseline comparisons a scope needs before its floor is "
+        "frozen; fewer: the clip (default %(default)s)",
+        type=int,
+        default=_D.floor_min_samples,
+    ),
+    Flag(
+        "--focus-weight",
+        "focus_weight",
+        "release-eprocess: weight of the long-prompt KL detector in the release's average; "
+        "the rest is shared by the other detectors (default %(default)s)",
+        default=_D.focus_weight,
+    ),
+    Flag(
+        "--invalid-weight",
+        "invalid_weight",
+        "release-eprocess: an invalid canary answer counts as this x the KL null mean "
+        "(default %(default)s)",
+        default=_D.invalid_weight,
+    ),
+    Flag(
+        "--session-window-s",
+        "session_window_s",
+        "release-eprocess: at most one comparison per session key (else trace id) every "
+        "this many seconds enters the test (default %(default)s)",
+        default=_D.session_window_s,
+    ),
+)
 
 _BUDGET = (
     Flag(
@@ -206,6 +285,11 @@ TEST_FLAGS = (
     ("latency test (canary vs baseline TTFT, same bucket)", _LATENCY),
     ("errors test (canary vs baseline error rate, same bucket)", _ERRORS),
     ("no data", _NO_DATA),
+    (
+        "the test (release-eprocess: one anytime-valid test per release; see "
+        "canarystack.gate.release_test)",
+        _RELEASE,
+    ),
 )
 _ALL_FLAGS = tuple(flag for _, flags in TEST_FLAGS for flag in flags)
 # GateConfig field -> the flag that sets it (for error messages).
@@ -215,8 +299,9 @@ FLAG_OF = {flag.field: flag.flag for flag in _ALL_FLAGS if flag.type is not None
 def build_parser() -> argparse.ArgumentParser:
     p = base_parser(
         "gate",
-        "The canary gate: sequential tests (e-CUSUM) on the routers' shadow comparisons "
-        "and outcomes, per prompt-length bucket; trips the release in the broker.",
+        "The canary gate: sequential tests (e-CUSUM, or with --test release-eprocess one "
+        "anytime-valid test per release) on the routers' shadow comparisons and outcomes, "
+        "per prompt-length bucket; trips the release in the broker.",
     )
     add_broker_client_flags(
         p,

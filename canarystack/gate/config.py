@@ -13,8 +13,17 @@ from typing import Any
 
 from canary_contract.json import JsonObject
 from canarystack.common.buckets import DEFAULT_EDGES, bucket_labels
+from canarystack.gate.release_weights import DEFAULT_FOCUS_WEIGHT, release_budget_json
+from canarystack.gate.sessions import DEFAULT_SESSION_WINDOW_S
 
 SECONDS_PER_HOUR = 3600.0
+# The gate's tests (``--test``): ``cusum``, the default, one restarting e-CUSUM per
+# detector under a union-bound budget per release-hour; ``release-eprocess``, one
+# anytime-valid test per release (``canarystack.gate.release_test``), selectable until its
+# validation campaign (issue #26) has run on the nine healthy conditions.
+CUSUM = "cusum"
+RELEASE_EPROCESS = "release-eprocess"
+GATE_TESTS = (CUSUM, RELEASE_EPROCESS)
 # The sample rate the budget assumes for every detector: a game day's open loop sends
 # 15 requests/s (bench/gate_detection.py), and no detector sees more than one sample per
 # request (one comparison per shadow copy, one outcome per request).
@@ -108,9 +117,30 @@ class GateConfig:
     # budget they imply)
     budget_sample_rate_hz: float = DEFAULT_BUDGET_SAMPLE_RATE_HZ
     false_trips_per_release_hour: float | None = None
+    # the test, and the parameters of release-eprocess (unused by cusum): the per-release
+    # false-trip level, the floors' confidence level and clips, the weight of the
+    # long-prompt KL detector, an invalid canary answer's weight, the dependence rule
+    test: str = CUSUM
+    alpha: float = 1e-3
+    floor_delta: float = 1e-4
+    floor_kl_clip: float = 0.02
+    floor_top1_clip: float = 0.25
+    floor_min_samples: int = 100
+    focus_weight: float = DEFAULT_FOCUS_WEIGHT
+    invalid_weight: float = 3.0
+    session_window_s: float = DEFAULT_SESSION_WINDOW_S
 
     def __post_init__(self) -> None:
         checks: list[tuple[str, bool, str]] = [
+            ("test", self.test in GATE_TESTS, "one of " + ", ".join(GATE_TESTS)),
+            ("alpha", 0 < self.alpha < 1, "in (0, 1)"),
+            ("floor_delta", 0 < self.floor_delta < 1, "in (0, 1)"),
+            ("floor_kl_clip", 0 < self.floor_kl_clip < math.inf, "> 0 and finite"),
+            ("floor_top1_clip", 0 < self.floor_top1_clip <= 1, "in (0, 1]"),
+            ("floor_min_samples", self.floor_min_samples >= 1, ">= 1"),
+            ("focus_weight", 0 < self.focus_weight < 1, "in (0, 1)"),
+            ("invalid_weight", 1 <= self.invalid_weight < math.inf, ">= 1 and finite"),
+            ("session_window_s", 0 <= self.session_window_s < math.inf, ">= 0 and finite"),
             ("kl_tolerance", self.kl_tolerance > 0, "> 0"),
             ("top1_tolerance", self.top1_tolerance > 0, "> 0"),
             ("kl_clip", self.kl_clip > 0, "> 0"),
@@ -187,8 +217,14 @@ class GateConfig:
             "errors": self.errors_threshold,
         }[test]
 
+    @property
+    def release_test(self) -> bool:
+        """The one-test-per-release mode (``--test release-eprocess``)."""
+        return self.test == RELEASE_EPROCESS
+
     def budget_json(self) -> JsonObject:
-        """The false-alarm budget this configuration runs with.
+        """The false-alarm budget this configuration runs with (``release-eprocess``: the
+        per-release guarantee, ``release_weights.release_budget_json``; ``cusum``: below).
 
         Each e-CUSUM ``M_t`` is bounded by the Shiryaev-Roberts statistic
         ``R_t = (R_{t-1} + 1) e_t``, a nonnegative submartingale with ``E[R_n] <= n`` under
@@ -204,6 +240,19 @@ class GateConfig:
         The bound is for streams *at* the null mean; healthy streams sit below it and trip
         far less often (``bench/gate_false_alarms.py`` measures how much).
         """
+        if self.release_test:
+            return release_budget_json(
+                edges=self.edges,
+                pool_tails=self.pool_tails,
+                alpha=self.alpha,
+                floor_delta=self.floor_delta,
+                focus_weight=self.focus_weight,
+                floor_kl_clip=self.floor_kl_clip,
+                floor_top1_clip=self.floor_top1_clip,
+                floor_min_samples=self.floor_min_samples,
+                invalid_weight=self.invalid_weight,
+                session_window_s=self.session_window_s,
+            )
         counts = detector_counts(self.edges, self.pool_tails)
         r = self.budget_sample_rate_hz
         per_test = {

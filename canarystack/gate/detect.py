@@ -2,6 +2,10 @@
 floors live in its scopes, ``canarystack.gate.scopes``; the method is
 ``canarystack.gate.stats``).
 
+With ``--test release-eprocess`` the same observations go to the release's one test
+(``gate.release_test``, ``canarystack.gate.release_test``) instead of the e-CUSUMs, after
+the dependence rule; the release trips when its weighted average reaches ``1 / alpha``.
+
 This module must never do I/O or read a clock: callers pass ``now`` in.
 """
 
@@ -46,6 +50,8 @@ def comparison(gate: ReleaseGate, c: Comparison, got: Ingested, now_mono: float)
         for scope in gate.scopes_of[c.bucket]:
             scope.noise_kl.add(kl)
             scope.noise_top1.add(disagree)
+        if gate.release_test is not None:
+            gate.release_test.add_noise((s.name for s in gate.scopes_of[c.bucket]), kl, disagree)
         return
     if c.version_b is not None:
         if gate.canary_version is None and gate.release is None:
@@ -53,13 +59,24 @@ def comparison(gate: ReleaseGate, c: Comparison, got: Ingested, now_mono: float)
         elif c.version_b != gate.canary_version:
             got.ignore("other_canary_version")
             return
+    rt = gate.release_test
+    if rt is not None and not rt.admit(c):
+        # The dependence rule: the canary serves, but this session was just tested.
+        gate.last_canary_sample_mono = now_mono
+        got.ignore("same_session")
+        return
     got.comparisons += 1
     bucket.comparisons += 1
     bucket.keep_colour("comparison", c)
     gate.last_canary_sample_mono = now_mono
-    alarms: list[tuple[int, float, DriftScope, ECusum, str, float, float]] = []
     for scope in gate.scopes_of[c.bucket]:
         scope.comparisons += 1
+    if rt is not None:
+        rt.test_comparison(c, (scope.name for scope in gate.scopes_of[c.bucket]))
+        gate.decide_release()
+        return
+    alarms: list[tuple[int, float, DriftScope, ECusum, str, float, float]] = []
+    for scope in gate.scopes_of[c.bucket]:
         if scope.name not in gate.tested:
             continue
         noise_kl, noise_top1, source = gate.noise_of(scope)
@@ -133,7 +150,23 @@ def outcome(gate: ReleaseGate, o: Outcome, got: Ingested, now_mono: float) -> No
     n_ref = len(ref_errors)
     k_ref = int(sum(ref_errors))
     m0 = binomial_upper(k_ref, n_ref, cfg.error_ucb_delta) + cfg.error_tolerance
-    if m0 < 1.0 and bucket.errors.update(1.0 if failed else 0.0, m0, o.time):
+    rt = gate.release_test
+    if rt is not None:
+        if m0 < 1.0:
+            rt.observe(
+                o.bucket,
+                "errors",
+                1.0 if failed else 0.0,
+                m0,
+                o.time,
+                baseline_errors=k_ref,
+                baseline_outcomes=n_ref,
+                tolerance=cfg.error_tolerance,
+                error=o.error,
+            )
+            if gate.decide_release():
+                return
+    elif m0 < 1.0 and bucket.errors.update(1.0 if failed else 0.0, m0, o.time):
         gate.alarm_bucket(
             "errors",
             bucket,
@@ -154,6 +187,19 @@ def outcome(gate: ReleaseGate, o: Outcome, got: Ingested, now_mono: float) -> No
         return
     ref_median = median(ref)
     slow = o.ttft_s > cfg.latency_ratio * ref_median + cfg.latency_slack_s
+    if rt is not None:
+        rt.observe(
+            o.bucket,
+            "latency",
+            1.0 if slow else 0.0,
+            0.5,
+            o.time,
+            source="outcomes",
+            baseline_median_ttft_s=round(ref_median, 6),
+            canary_ttft_s=o.ttft_s,
+        )
+        gate.decide_release()
+        return
     if bucket.latency.update(1.0 if slow else 0.0, 0.5, o.time):
         gate.alarm_bucket(
             "latency",

@@ -34,7 +34,8 @@ class GateCollector(Collector):
         )
         thr = GaugeMetricFamily(
             "canarystack_gate_threshold",
-            "Alarm threshold of each test (average run length bound, samples)",
+            "Alarm threshold of each test (e-CUSUM: average run length bound, samples; "
+            "release test: the wealth that trips the release alone)",
             labels=["release", "scope", "test"],
         )
         n = GaugeMetricFamily(
@@ -73,6 +74,18 @@ class GateCollector(Collector):
             "False-alarm budget the thresholds guarantee (union bound, at the assumed rate)",
             labels=["release"],
         )
+        release_stat = GaugeMetricFamily(
+            "canarystack_gate_release_statistic",
+            "--test release-eprocess: the release's weighted average of e-processes (it "
+            "trips at 1/alpha)",
+            labels=["release"],
+        )
+        release_level = GaugeMetricFamily(
+            "canarystack_gate_false_trip_probability_per_release",
+            "--test release-eprocess: the stated bound on P(any false trip during the "
+            "release), alpha + the floors' delta",
+            labels=["release"],
+        )
         for reason in self.service.degraded_reasons():
             degraded.add_metric([reason], 1.0)
         now = time.monotonic()
@@ -91,8 +104,14 @@ class GateCollector(Collector):
                 noise.add_metric([name, scope, "top1_disagreement"], floor["top1_disagreement"])
             for (scope, source), count in gate.noise_fallbacks.items():
                 fallbacks.add_metric([name, scope, source], count)
-            budget.add_metric([name], gate.config.budget_json()["false_trips_per_release_hour"])
+            rt = gate.release_test
+            if rt is None:
+                budget.add_metric([name], gate.config.budget_json()["false_trips_per_release_hour"])
+            else:
+                release_stat.add_metric([name], rt.statistic())
+                release_level.add_metric([name], gate.config.alpha + gate.config.floor_delta)
             current = gate.state(now)
             for s in STATES:
                 state.add_metric([name, s], 1.0 if s == current else 0.0)
         yield from (stat, thr, n, bucket_samples, noise, fallbacks, budget, state, degraded)
+        yield from (release_stat, release_level)

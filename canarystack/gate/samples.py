@@ -78,6 +78,11 @@ class Comparison(_Coloured):
     version_a: str | None = Field(default=None, max_length=MAX_ID)
     version_b: str | None = Field(default=None, max_length=MAX_ID)
     invalid: str | None = Field(default=None, max_length=MAX_ID)
+    # The comparison's session key, when the router sends one (a hash of its user key or
+    # of the prompt's first tokens): the release test admits one comparison per key every
+    # few seconds (``canarystack.gate.sessions``). Not in the wire contract yet: today's
+    # routers send none, and the rule falls back to ``trace_id``.
+    session: str | None = Field(default=None, pattern=TOKEN_PATTERN)
 
 
 class Outcome(_Coloured):

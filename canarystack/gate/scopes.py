@@ -12,6 +12,7 @@ This module must never do I/O.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Literal
 
@@ -29,6 +30,29 @@ MAX_TRIP_COLOURS = 8
 def tail_label(bucket: str) -> str:
     """``"2k-4k"`` -> ``"2k+"`` (the tail that starts at this bucket)."""
     return bucket.split("-", 1)[0].rstrip("+") + "+"
+
+
+def drift_scopes(labels: Sequence[str], pool_tails: bool) -> list[tuple[str, tuple[str, ...]]]:
+    """(name, member buckets) of every drift scope, in order: each bucket, then (with
+    ``pool_tails``) each tail that pools more than one bucket, then ``all``. ``all`` is
+    always there (a sparse bucket's noise floor falls back to it) but its detectors run
+    only when tails are pooled (``tested_scopes``)."""
+    scopes: list[tuple[str, tuple[str, ...]]] = [(b, (b,)) for b in labels]
+    if pool_tails:
+        # Tails that pool more than one bucket (the last bucket's tail is itself).
+        for i in range(1, len(labels) - 1):
+            scopes.append((tail_label(labels[i]), tuple(labels[i:])))
+    scopes.append((ALL_SCOPE, tuple(labels)))
+    return scopes
+
+
+def tested_scopes(labels: Sequence[str], pool_tails: bool) -> dict[str, tuple[str, ...]]:
+    """The drift scopes whose detectors run (``all`` only when tails are pooled)."""
+    return {
+        name: members
+        for name, members in drift_scopes(labels, pool_tails)
+        if pool_tails or name != ALL_SCOPE
+    }
 
 
 @dataclass

@@ -111,15 +111,30 @@ def build_app(
     service = GateService(comp, config, broker_url, releases, watch_timeout_s=watch_timeout_s)
     comp.health_extra = service.health
     b = config.budget_json()
-    _log.info(
-        "false_alarm_budget",
-        false_trips_per_release_hour=b["false_trips_per_release_hour"],
-        requested=b["requested_false_trips_per_release_hour"],
-        merge=b["merge"],
-        detectors=b["detectors"],
-        per_detector_threshold=b["per_detector_threshold"],
-        sample_rate_hz_assumed=b["sample_rate_hz_assumed"],
-    )
+    if config.release_test:
+        # The per-release guarantee, stated once at start (and in GET /v1/gate).
+        _log.info(
+            "release_test",
+            test=b["test"],
+            alpha=b["alpha"],
+            floor_delta=b["floor_delta"],
+            false_trip_probability_per_release=b["false_trip_probability_per_release"],
+            threshold=b["threshold"],
+            detectors=b["detectors"],
+            focus_detector=b["focus_detector"],
+            focus_weight=b["weights"][b["focus_detector"]],
+            merge=b["merge"],
+        )
+    else:
+        _log.info(
+            "false_alarm_budget",
+            false_trips_per_release_hour=b["false_trips_per_release_hour"],
+            requested=b["requested_false_trips_per_release_hour"],
+            merge=b["merge"],
+            detectors=b["detectors"],
+            per_detector_threshold=b["per_detector_threshold"],
+            sample_rate_hz_assumed=b["sample_rate_hz_assumed"],
+        )
     app = create_app(comp, client_max_size=SAMPLES_BODY_LIMIT)
     app[SERVICE] = service
     set_credentials(app, admin_token, {BROKER_TOKEN: broker_token, SAMPLES_TOKEN: samples_token})

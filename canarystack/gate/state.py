@@ -27,6 +27,7 @@ from canarystack.gate.config import (
     implied_budget,
     threshold_for_budget,
 )
+from canarystack.gate.release_test import ReleaseTest
 from canarystack.gate.samples import (
     BATCH_IDS_PER_ROUTER,
     MAX_BATCH_ITEMS,
@@ -46,9 +47,11 @@ from canarystack.gate.scopes import (
     BucketScope,
     DriftScope,
     Ingested,
+    drift_scopes,
     tail_label,
+    tested_scopes,
 )
-from canarystack.gate.stats import ECusum, MeanWindow, TimeWindow
+from canarystack.gate.stats import Detector, ECusum, MeanWindow, TimeWindow
 
 # The names of the gate's rooms that callers import from here: the tests of one sample
 # (``detect``), a trip's evidence (``evidence``), the JSON views (``views``), the input
@@ -144,14 +147,7 @@ class ReleaseGate:
             )
             for b in labels
         }
-        scopes: list[tuple[str, tuple[str, ...]]] = [(b, (b,)) for b in labels]
-        if cfg.pool_tails:
-            # Tails that pool more than one bucket (the last bucket's tail is itself).
-            for i in range(1, len(labels) - 1):
-                scopes.append((tail_label(labels[i]), tuple(labels[i:])))
-            scopes.append((ALL_SCOPE, tuple(labels)))
-        else:
-            scopes.append((ALL_SCOPE, tuple(labels)))  # for the noise floor fallback only
+        scopes = drift_scopes(labels, cfg.pool_tails)
         self.drift: dict[str, DriftScope] = {
             name: DriftScope(
                 name=name,
@@ -167,11 +163,19 @@ class ReleaseGate:
             old = old_drift.get(name)
             if old is not None:
                 scope.noise_kl, scope.noise_top1 = old.noise_kl, old.noise_top1
+        # --test release-eprocess: one anytime-valid test for this release (its floors'
+        # measurements carried over like the live floor's, frozen anew for the release).
+        old_test = getattr(self, "release_test", None) if keep_noise else None
+        self.release_test: ReleaseTest | None = (
+            ReleaseTest(cfg, old_test.floors if old_test is not None else None)
+            if cfg.release_test
+            else None
+        )
         self.scopes_of: dict[str, list[DriftScope]] = {
             b: [s for s in self.drift.values() if b in s.members] for b in labels
         }
         # Scopes whose drift detectors run (the "all" pool only when tails are pooled).
-        self.tested = {s.name for s in self.drift.values() if cfg.pool_tails or s.name != ALL_SCOPE}
+        self.tested = set(tested_scopes(labels, cfg.pool_tails))
 
     def reset(self, reason: str, now_mono: float, keep_noise: bool = True) -> None:
         """A fresh start for a new canary version. The noise floor is kept unless
@@ -268,6 +272,8 @@ class ReleaseGate:
         for scope in self.drift.values():
             scope.noise_kl = MeanWindow(cfg.noise_window, clip=cfg.kl_clip)
             scope.noise_top1 = MeanWindow(cfg.noise_window, clip=1.0)
+        if self.release_test is not None:
+            self.release_test = ReleaseTest(cfg)
 
     # -- samples ---------------------------------------------------------------------
     def testing(self) -> bool:
@@ -381,6 +387,17 @@ class ReleaseGate:
         colours = evidence.trip_colours(self.buckets, (bucket.name,), kind)
         self._decide(Alarm(test, bucket.name, bucket.name, det, detail, colours))
 
+    def decide_release(self) -> bool:
+        """``--test release-eprocess``: trip when the release's weighted average of
+        e-processes has reached ``1 / alpha`` (True when it did)."""
+        rt = self.release_test
+        if rt is None or self.trip is not None or not rt.tripped():
+            return False
+        self.trip = rt.decision(self)
+        self.trip_status = TripStatus.PENDING
+        self.trip_status_reason = None
+        return True
+
     def _decide(self, alarm: Alarm) -> None:
         self.trip = evidence.alarm_evidence(alarm, self.canary_version, self.stable_version)
         self.trip_status = TripStatus.PENDING
@@ -453,8 +470,11 @@ class ReleaseGate:
             out.append("trip_not_written")
         return out
 
-    def detectors(self) -> Iterable[tuple[str, str, ECusum]]:
+    def detectors(self) -> Iterable[tuple[str, str, Detector]]:
         """(scope, test name, detector) for every running detector (for /metrics)."""
+        if self.release_test is not None:
+            yield from self.release_test.view_detectors()
+            return
         for name, s in self.drift.items():
             if name in self.tested:
                 yield name, "drift_kl", s.kl

@@ -1,6 +1,6 @@
-"""The gate's sequential tests: the e-CUSUM detector (``ECusum``) and the windows and
-bounds its null means come from (``MeanWindow``, ``TimeWindow``, ``median``,
-``binomial_upper``).
+"""The gate's sequential tests: the e-CUSUM detector (``ECusum``), what every detector
+shows (``Detector``), and the windows and bounds its null means come from
+(``MeanWindow``, ``TimeWindow``, ``median``, ``binomial_upper``).
 
 This module must never do I/O, read a clock, or keep anything but counters and bounded
 windows: callers pass the sample times in.
@@ -11,11 +11,33 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from scipy.special import betaincinv
 
 from canary_contract.bounds import bounded, check_bounds
 from canary_contract.json import JsonObject
+
+
+class Detector(Protocol):
+    """What ``/metrics``, ``/v1/gate`` and ``ReleaseGate.problems`` read of any detector:
+    an ``ECusum``, or one detector of the release test
+    (``canarystack.gate.release_test.ReleaseDetector``)."""
+
+    @property
+    def statistic(self) -> float: ...
+
+    @property
+    def threshold(self) -> float: ...
+
+    @property
+    def samples(self) -> int: ...
+
+    def finite(self) -> bool: ...
+
+    def sample_rate_hz(self) -> float | None: ...
+
+    def to_json(self) -> JsonObject: ...
 
 
 @dataclass

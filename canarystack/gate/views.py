@@ -1,5 +1,7 @@
 """What a ``ReleaseGate`` shows: its state and statistics as JSON (``GET /v1/gate/{release}``),
-its noise floors, and its false-alarm budget against the sample rate it sees.
+its noise floors, and its false-alarm budget against the sample rate it sees (with
+``--test release-eprocess``: the release test's alpha, delta, weights, detectors and
+frozen floors, ``canarystack.gate.release_test``).
 
 This module must never change a gate: it only reads one.
 """
@@ -12,9 +14,15 @@ from canary_contract.json import JsonObject
 
 if TYPE_CHECKING:
     from canarystack.gate.state import ReleaseGate
+    from canarystack.gate.stats import Detector
 
 
 def noise_json(gate: ReleaseGate) -> JsonObject:
+    rt = gate.release_test
+    if rt is not None:
+        # The release test's floors (confidence sequences, frozen per release), in the
+        # same keys, so a reader of the default test's floor reads these.
+        return {name: rt.floor_json(name) for name in gate.drift}
     out: JsonObject = {}
     for scope in gate.drift.values():
         kl, top1, source = gate.noise_of(scope)
@@ -34,15 +42,23 @@ def noise_json(gate: ReleaseGate) -> JsonObject:
 
 def budget_json(gate: ReleaseGate) -> JsonObject:
     """The configured budget and whether the observed sample rate keeps within the
-    rate it assumes (if not, the guarantee does not hold at this traffic)."""
+    rate it assumes (if not, the guarantee does not hold at this traffic). The release
+    test assumes no rate: its guarantee holds at any."""
     out = gate.config.budget_json()
     rates = [r for _, _, d in gate.detectors() if (r := d.sample_rate_hz()) is not None]
     observed = max(rates) if rates else None
     out["observed_max_sample_rate_hz"] = round(observed, 3) if observed is not None else None
-    out["within_assumed_rate"] = (
-        None if observed is None else observed <= gate.config.budget_sample_rate_hz
-    )
+    if gate.release_test is None:
+        out["within_assumed_rate"] = (
+            None if observed is None else observed <= gate.config.budget_sample_rate_hz
+        )
     return out
+
+
+def _detector_json(gate: ReleaseGate, scope: str, test: str, det: Detector) -> JsonObject:
+    """A detector's numbers: the release test's when it runs, else the e-CUSUM's."""
+    rt = gate.release_test
+    return rt.detectors[f"{scope}:{test}"].to_json() if rt is not None else det.to_json()
 
 
 def gate_json(gate: ReleaseGate, now_mono: float) -> JsonObject:
@@ -54,15 +70,21 @@ def gate_json(gate: ReleaseGate, now_mono: float) -> JsonObject:
             "noise_comparisons": b.noise_comparisons,
             "outcomes": dict(b.outcomes),
             "errors_seen": dict(b.errors_seen),
-            "drift": {"kl": d.kl.to_json(), "top1_disagreement": d.top1.to_json()},
-            "latency": b.latency.to_json(),
-            "errors": b.errors.to_json(),
+            "drift": {
+                "kl": _detector_json(gate, label, "drift_kl", d.kl),
+                "top1_disagreement": _detector_json(gate, label, "drift_top1", d.top1),
+            },
+            "latency": _detector_json(gate, label, "latency", b.latency),
+            "errors": _detector_json(gate, label, "errors", b.errors),
         }
     tails = {
         name: {
             "buckets": list(s.members),
             "comparisons": s.comparisons,
-            "drift": {"kl": s.kl.to_json(), "top1_disagreement": s.top1.to_json()},
+            "drift": {
+                "kl": _detector_json(gate, name, "drift_kl", s.kl),
+                "top1_disagreement": _detector_json(gate, name, "drift_top1", s.top1),
+            },
         }
         for name, s in gate.drift.items()
         if len(s.members) > 1 and name in gate.tested
@@ -82,6 +104,8 @@ def gate_json(gate: ReleaseGate, now_mono: float) -> JsonObject:
         "tails": tails,
         "noise_floor": noise_json(gate),
         "false_alarm_budget": budget_json(gate),
+        "test": gate.config.test,
+        "release_test": None if gate.release_test is None else gate.release_test.to_json(),
         "trip": gate.trip if gate.trip is not None else gate.broker_trip(),
         "trip_source": "gate"
         if gate.trip is not None
