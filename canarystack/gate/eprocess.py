@@ -142,7 +142,7 @@ class EProcesses:
         # log(1 - f + f r) = log1p(f (r - 1)), for the bet placed and for every candidate.
         step = np.log1p(f * r1)
         self.scores[sel] = self.rule.discount * scores + np.log1p(self._f[None, :] * r1[:, None])
-        before = self.log_wealth[sel]
+        before = self.log_wealth[sel].copy()  # a view when ``sel`` is a slice
         after = np.minimum(before + step, _LOG_CAP)
         self.log_wealth[sel] = after
         self.max_log_wealth[sel] = np.maximum(self.max_log_wealth[sel], after)
