@@ -278,6 +278,9 @@ def test_an_external_target_kills_one_pod_of_a_named_workload(cluster: None) -> 
                 "template": {
                     "metadata": {"labels": labels},
                     "spec": {
+                        # Host network, like every pod here (a pod network sandbox does
+                        # not come up on this node); the process binds nothing.
+                        "hostNetwork": True,
                         "automountServiceAccountToken": False,
                         "containers": [
                             {

@@ -187,9 +187,16 @@ class KubernetesTarget(Target):
 
     def _use_kubeconfig(self) -> None:
         # chaostoolkit-kubernetes reads the kubeconfig path from $KUBECONFIG only; a path
-        # in the target file must win over one inherited from the shell.
+        # in the target file must win over one inherited from the shell. The kubernetes
+        # client reads $KUBECONFIG once, when it is imported, into its default location
+        # (which chaostoolkit-kubernetes' load_kube_config then uses): set that too, or a
+        # second target in one process would reach the first one's cluster.
         if self.spec.kubeconfig:
-            os.environ["KUBECONFIG"] = str(Path(self.spec.kubeconfig).expanduser())
+            path = str(Path(self.spec.kubeconfig).expanduser())
+            os.environ["KUBECONFIG"] = path
+            from kubernetes.config import kube_config
+
+            kube_config.KUBE_CONFIG_DEFAULT_LOCATION = path
 
     def api_client(self) -> Any:
         """A kubernetes ApiClient, configured the way chaostoolkit-kubernetes does it."""
