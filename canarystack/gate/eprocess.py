@@ -126,15 +126,19 @@ class EProcesses:
         log-factor each active copy's wealth was multiplied by (0 where no bet)."""
         sel: slice | npt.NDArray[np.intp]
         xs = _as_array(x, self.n)
-        m0s = _as_array(m0, self.n)
         if active is None:
             sel = slice(None)
         else:
             sel = np.flatnonzero(active)
-            xs, m0s = xs[sel], m0s[sel]
-        if not (np.all(m0s > 0.0) and np.all(np.isfinite(m0s))):
-            raise ValueError("m0 must be > 0 and finite")
-        if not (np.all(xs >= 0.0) and np.all(np.isfinite(xs))):
+            xs = xs[sel]
+        # A scalar m0 (the usual case) is checked once, not per copy.
+        m0s: float | FloatArray = (
+            float(m0) if isinstance(m0, float | int) else _as_array(m0, self.n)[sel]
+        )
+        if not (np.min(m0s) > 0.0 and math.isfinite(float(np.max(m0s)))):
+            raise ValueError(f"m0 must be > 0 and finite, got {m0!r}")
+        # A sum of values >= 0 is finite only when each of them is.
+        if xs.size and not (xs.min() >= 0.0 and math.isfinite(float(xs.sum()))):
             raise ValueError("observations must be >= 0 and finite")
         scores = self.scores[sel]
         f = self._choose(scores)
