@@ -296,8 +296,10 @@ def clear_injected(
                 continue
             if component == "model" and not e.component.startswith("model-"):
                 continue
-            if e.url.startswith(EXTERNAL_PREFIX):  # another extension's: its own rollback
-                entry = e.cleared({"external": True, "note": "made by another extension"})
+            if not e.url or e.url.startswith(EXTERNAL_PREFIX):
+                # another extension's fault, or a foreign engine's bad build: no admin API
+                # holds it; its own rollback (the extension's, the rollout's undo) clears it
+                entry = e.cleared({"external": True, "note": "no fault API holds it"})
                 ledger.append(entry)
                 cleared.append(entry)
                 continue

@@ -18,15 +18,17 @@ from chaoslib.exceptions import ActivityFailed, InterruptExecution
 from canary_contract.json import JsonObject
 from gameday.evidence.rollouts import BUILD_ANNOTATION as BUILD_ANNOTATION  # for the tests
 from gameday.evidence.rollouts import VERSION_ANNOTATION as VERSION_ANNOTATION
-from gameday.evidence.rollouts import RolloutError, parse_kernel_fault
+from gameday.evidence.rollouts import RolloutError, build_patch, parse_kernel_fault
 from gameday.targets import rollout as core
 from gameday.targets.broker_writes import target_broker
-from gameday.targets.rollout import CanaryChange
+from gameday.targets.kubernetes import KubernetesTarget
+from gameday.targets.rollout import CANARY, CanaryChange
 from probes._cluster import kubernetes_target
 from probes._context import (
     MAX_WAIT_S,
     Configuration,
     Secrets,
+    get_target,
     harness_errors,
     ledger,
     non_negative,
@@ -38,6 +40,7 @@ from probes._result import Slo
 __all__ = [
     "before_activity_control",
     "before_experiment_control",
+    "roll_out_bad_build",
     "roll_out_bad_canary",
     "start_fresh_canary",
     "undo_canary_rollout",
@@ -60,9 +63,22 @@ def canary_change(
     """The canary Deployment ``activity`` changes within ``deadline_s``; inside, the
     harness's errors become ``ActivityFailed`` (``rollout_errors``)."""
     wait = min(non_negative("deadline_s", deadline_s), MAX_WAIT_S)
-    target = kubernetes_target(configuration, activity)
     with rollout_errors(doing):
+        target = canary_cluster(configuration, activity)
         yield CanaryChange.begin(target, activity, wait)
+
+
+def canary_cluster(configuration: Configuration | None, activity: str) -> KubernetesTarget:
+    """The cluster the canary's Deployment is on: a Kubernetes target's own, or a foreign
+    stack's (``kind: external``, ``components.model-canary.rollout``)."""
+    target = get_target(configuration)
+    rollout_cluster = getattr(target, "rollout_cluster", None)
+    if callable(rollout_cluster):
+        target.check_allowed(CANARY)
+        cluster: KubernetesTarget = rollout_cluster(CANARY)
+        cluster.check_namespace()
+        return cluster
+    return kubernetes_target(configuration, activity)
 
 
 # --- readiness -------------------------------------------------------------------------
@@ -139,6 +155,55 @@ def roll_out_bad_canary(
         configuration, "roll_out_bad_canary", deadline_s, "rolling out a bad canary build"
     ) as change:
         return core.roll_out_bad_build(change, value, mode, tokens, ledger(configuration))
+
+
+def roll_out_bad_build(
+    args: list[str] | None = None,
+    env: dict[str, str] | None = None,
+    image: str | None = None,
+    container: str | None = None,
+    min_prompt_tokens: int = 0,
+    deadline_s: float = 300.0,
+    configuration: Configuration | None = None,
+) -> JsonObject:
+    """Roll the canary's Deployment out to a bad build of any engine: its engine container
+    gains ``args`` (e.g. vLLM's ``[--kv-cache-dtype, fp8]``), ``env`` and, when given,
+    ``image``, and its pod template the annotation ``canarystack.io/build``. Waits for the
+    rollout (``deadline_s``); the ledger's fault (a ``kernel`` fault on ``model-canary``
+    acting on prompts of at least ``min_prompt_tokens``) is timed when the bad build's
+    first container started. For a Kubernetes target and for a foreign stack whose target
+    file names ``components.model-canary.rollout``. Undo with ``undo_canary_rollout``::
+
+        - type: action
+          name: canary-rolls-out-fp8-kv-cache
+          provider:
+            type: python
+            module: probes.kubernetes
+            func: roll_out_bad_build
+            arguments: {args: [--kv-cache-dtype, fp8], deadline_s: 300}
+    """
+    with rollout_errors("rolling out a bad build"):
+        tokens = int(non_negative("min_prompt_tokens", min_prompt_tokens))
+        if args is not None and not (
+            isinstance(args, list) and all(isinstance(a, str) for a in args)
+        ):
+            raise RolloutError(f"argument args must be a list of strings, got {args!r}")
+        if env is not None and not (
+            isinstance(env, dict) and all(isinstance(v, str) for v in env.values())
+        ):
+            raise RolloutError(f"argument env must map names to strings, got {env!r}")
+    with canary_change(
+        configuration, "roll_out_bad_build", deadline_s, "rolling out a bad build"
+    ) as change:
+        dep = core.read_deployment(change.target, change.apps, change.name)
+        build, patch = build_patch(
+            change.apps, dep, change.name, container, list(args or []), dict(env or {}), image
+        )
+        params = {"mode": "bad-build", "min_prompt_tokens": tokens, "build": build}
+        foreign = get_target(configuration).kind == "external"
+        return core.roll_out_build(
+            change, build, patch, params, ledger(configuration), admin_urls=not foreign
+        )
 
 
 def undo_canary_rollout(

@@ -13,8 +13,10 @@ and stops it.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -359,3 +361,89 @@ def test_an_external_target_kills_one_pod_of_a_named_workload(cluster: None) -> 
     with pytest.raises(TargetError, match="outside the blast radius"):
         outside.kill_pod("model-canary")
     admin_call("DELETE", f"{DEPLOYMENTS}/vllm-canary")
+
+
+def test_an_external_target_rolls_a_bad_build_out_and_back(cluster: None, tmp_path: Path) -> None:
+    """kind: external with components.model-canary.rollout: probes.kubernetes'
+    roll_out_bad_build patches the engine container (vLLM's --kv-cache-dtype fp8 here) and
+    waits for the new ReplicaSet; the ledger holds the bad build as a kernel fault from
+    when its first container started; undo_canary_rollout gives the previous template
+    back and closes those entries."""
+    from probes import kubernetes as pk
+
+    labels = {"app": "vllm-engine"}
+    path = recreate(
+        DEPLOYMENTS,
+        {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {"name": "vllm-engine"},
+            "spec": {
+                "replicas": 1,
+                "selector": {"matchLabels": labels},
+                "template": {
+                    "metadata": {"labels": labels},
+                    "spec": {
+                        "hostNetwork": True,
+                        "automountServiceAccountToken": False,
+                        "containers": [
+                            {
+                                "name": "engine",
+                                "image": "canarystack:0.1.0",
+                                "imagePullPolicy": "Never",
+                                "command": ["python", "-c", "import time; time.sleep(3600)"],
+                                "args": ["--model", "m"],
+                                "resources": {"requests": {"cpu": "10m"}},
+                            }
+                        ],
+                    },
+                },
+            },
+        },
+    )
+    target_file = tmp_path / "target.yaml"
+    target_file.write_text(
+        json.dumps(
+            {
+                "kind": "external",
+                "name": "staging",
+                "components": {
+                    "router": {"url": "http://127.0.0.1:1"},
+                    "model-canary": {
+                        "url": "http://127.0.0.1:2",
+                        "rollout": {
+                            "namespace": NS,
+                            "workload": "deployment/vllm-engine",
+                            "selector": "app=vllm-engine",
+                            "container": "engine",
+                            "kubeconfig": str(KUBECONFIG),
+                        },
+                    },
+                },
+                "blast_radius": {"components": ["model-canary"], "namespaces": [NS]},
+            }
+        )
+    )
+    config = {"gameday_target": str(target_file), "gameday_run_dir": str(tmp_path / "run")}
+    # The first rollout: wait until the original pod is up.
+    pk.undo_canary_rollout(deadline_s=120, configuration=config)  # nothing to undo yet
+    done = pk.roll_out_bad_build(
+        args=["--kv-cache-dtype", "fp8"], min_prompt_tokens=0, deadline_s=180,
+        configuration=config,
+    )  # fmt: skip
+    assert done["build"] == "bad-build: --kv-cache-dtype fp8"
+    _, dep = admin_call("GET", path)
+    container = dep["spec"]["template"]["spec"]["containers"][0]
+    assert container["args"] == ["--model", "m", "--kv-cache-dtype", "fp8"]
+    from gameday.faults import FaultLedger
+
+    book = FaultLedger(tmp_path / "run" / "faults.jsonl")
+    (entry,) = book.outstanding()
+    assert (entry.component, entry.kind, entry.url) == ("model-canary", "kernel", "")
+    assert entry.params["min_prompt_tokens"] == 0
+    undone = pk.undo_canary_rollout(deadline_s=180, configuration=config)
+    assert undone["changed"] is True and undone["closed_ledger_entries"] == 1
+    _, dep = admin_call("GET", path)
+    assert dep["spec"]["template"]["spec"]["containers"][0]["args"] == ["--model", "m"]
+    assert book.outstanding() == []
+    admin_call("DELETE", path)

@@ -161,6 +161,52 @@ def bad_build_patch(apps: Any, dep: Any, name: str, value: str) -> tuple[str, li
     return build, patch
 
 
+def build_patch(
+    apps: Any,
+    dep: Any,
+    name: str,
+    container: str | None,
+    args_add: list[str],
+    env: dict[str, str],
+    image: str | None,
+) -> tuple[str, list[Any]]:
+    """(build, JSON patch) that makes deployment/``name`` a bad build of any engine: its
+    ``container`` (else the model container, ``model_container``) gains ``args_add`` after
+    its own args (e.g. vLLM's ``--kv-cache-dtype fp8``), ``env`` (set or replaced) and,
+    when given, ``image``; the pod template gets ``BUILD_ANNOTATION`` = the build's name.
+    RolloutError when it changes nothing or names no container the template has."""
+    if not (args_add or env or image):
+        raise RolloutError("a bad build changes something: give args, env or image")
+    containers_in = list(dep.spec.template.spec.containers or [])
+    if container is None:
+        index, _ = model_container(dep, name)
+    else:
+        found = [i for i, c in enumerate(containers_in) if c.name == container]
+        if not found:
+            names = ", ".join(str(c.name) for c in containers_in) or "none"
+            raise RolloutError(f"deployment/{name} has no container {container!r} ({names})")
+        index = found[0]
+    containers = apps.api_client.sanitize_for_serialization(containers_in)
+    target = containers[index]
+    target["args"] = [*(target.get("args") or []), *args_add]
+    kept = [e for e in target.get("env") or [] if e.get("name") not in env]
+    target["env"] = [*kept, *({"name": k, "value": v} for k, v in sorted(env.items()))]
+    if image:
+        target["image"] = image
+    parts = [*args_add, *(f"{k}={v}" for k, v in sorted(env.items()))]
+    build = "bad-build: " + " ".join([*parts, *([f"image={image}"] if image else [])])
+    annotations = dep.spec.template.metadata.annotations or {}
+    patch: list[Any] = [
+        {"op": "replace", "path": "/spec/template/spec/containers", "value": containers},
+        {
+            "op": "replace" if annotations else "add",
+            "path": "/spec/template/metadata/annotations",
+            "value": {**annotations, BUILD_ANNOTATION: build[:250]},
+        },
+    ]
+    return build[:250], patch
+
+
 def version_patch(version: str) -> list[Any]:
     """The JSON patch that rolls the pod template out to ``VERSION_ANNOTATION`` =
     ``version``."""

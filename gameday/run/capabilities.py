@@ -38,6 +38,8 @@ NEEDS: dict[tuple[str, str], Any] = {
     ("probes.hostile", "pin_canary_after_trip"): lambda a: ["pins"],
     ("probes.hostile", "flood_pinned_canary"): lambda a: ["pins"],
     ("probes.colouring", "drop_colour"): lambda a: ["colour_hops"],
+    ("probes.kubernetes", "roll_out_bad_build"): lambda a: ["rollout:model-canary"],
+    ("probes.kubernetes", "undo_canary_rollout"): lambda a: ["rollout:model-canary"],
 }
 # Whole modules that only canarystack's own stack answers.
 MODULE_NEEDS = {
@@ -90,7 +92,7 @@ def needs(experiment: JsonObject) -> dict[str, str]:
         args = prov.get("arguments") if isinstance(prov.get("arguments"), dict) else {}
         rule = NEEDS.get((module, func))
         caps = list(rule(args)) if rule else []
-        if module in MODULE_NEEDS:
+        if module in MODULE_NEEDS and rule is None:
             caps.append(MODULE_NEEDS[module])
         if module.startswith("chaosk8s"):
             caps.append("kubernetes")
@@ -109,6 +111,9 @@ def _say(cap: str) -> str:
     if cap.startswith("faults:"):
         _, role, kind = [*cap.split(":"), "", ""][:3]
         return f"a way to inject {kind} into {role} (components.{role}.faults)"
+    if cap.startswith("rollout:"):
+        role = cap.split(":", 1)[1]
+        return f"a workload to roll a bad build out to for {role} (components.{role}.rollout)"
     if cap.startswith("kill:"):
         role = cap.split(":", 1)[1]
         return f"a way to kill a pod of {role} (components.{role}.kill)"

@@ -117,6 +117,20 @@ class KillSpec(BaseModel):
         return self
 
 
+class RolloutSpec(BaseModel):
+    """Where a role's bad build is rolled out: ``workload`` (deployment/NAME) whose pods
+    ``selector`` matches in ``namespace`` (in ``blast_radius.namespaces``), its engine
+    container (default: the one named ``model``, else the only one)."""
+
+    model_config = ConfigDict(extra="forbid")
+    namespace: str
+    workload: str
+    selector: str
+    container: str | None = None
+    kubeconfig: str | None = None
+    context: str | None = None
+
+
 class RoleSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
     replicas: list[ReplicaSpec] = Field(default_factory=list)
@@ -124,6 +138,7 @@ class RoleSpec(BaseModel):
     health_url: str | None = None  # default: <replica url>/health
     faults: FaultBackendSpec | None = None
     kill: KillSpec | None = None
+    rollout: RolloutSpec | None = None  # a bad build rolled out to the role's workload
     # A Kubernetes workload playing the role, for a staging cluster (read by observers
     # and documentation; pod kills there go through chaostoolkit-kubernetes' own actions
     # plus probes.faults.record_external_fault).
@@ -358,6 +373,8 @@ class ExternalTarget(Target):
             caps.update(f"faults:{role}:{kind}" for kind in self.fault_kinds(role))
             if spec.kill is not None:
                 caps.add(f"kill:{role}")
+            if spec.rollout is not None:
+                caps.add(f"rollout:{role}")
         return frozenset(caps)
 
     # --- pod kills ------------------------------------------------------------------------
@@ -382,23 +399,32 @@ class ExternalTarget(Target):
                     found.append(int(entry.name))
         return found
 
-    def _cluster(self, role: str, kill: KillSpec) -> KubernetesTarget:
-        """A ``kind: kubernetes`` target for the one role: its checks and kill."""
+    def _cluster(self, role: str, where: KillSpec | RolloutSpec) -> KubernetesTarget:
+        """A ``kind: kubernetes`` target for the one role: its checks, kill and rollout."""
         from gameday.targets.kubernetes import KubernetesTarget
 
         spec = KubernetesTargetSpec(
             kind="kubernetes",
             name=self.name,
-            namespace=str(kill.namespace),
+            namespace=str(where.namespace),
             release=self.release,
-            kubeconfig=kill.kubeconfig,
-            context=kill.context,
+            kubeconfig=where.kubeconfig,
+            context=where.context,
             urls={},
-            selectors={role: str(kill.selector)},
-            workloads={role: str(kill.workload)},
+            selectors={role: str(where.selector)},
+            workloads={role: str(where.workload)},
             blast_radius=self.blast_radius,
         )
         return KubernetesTarget(spec)
+
+    def rollout_cluster(self, role: str) -> KubernetesTarget:
+        """The cluster the role's bad build is rolled out on (``components.ROLE.rollout``)."""
+        spec = self._role(role)
+        if spec is None or spec.rollout is None:
+            raise self.not_applicable(
+                f"workload to roll a bad build out to for {role} (components.{role}.rollout)"
+            )
+        return self._cluster(role, spec.rollout)
 
     def kill_pod(self, role: str, replica: str | None = None) -> KilledPod:
         self.check_allowed(role)

@@ -294,9 +294,25 @@ def roll_out_bad_build(
     for it; ``book`` gets its entries, timed when its first container started (else when
     the rollout was seen done), and the broker an annotation. What was done, in a JSON
     object."""
+    dep = read_deployment(change.target, change.apps, change.name)
+    build, patch = bad_build_patch(change.apps, dep, change.name, value)
+    return roll_out_build(change, build, patch, bad_build_params(mode, tokens, build), book)
+
+
+def roll_out_build(
+    change: CanaryChange,
+    build: str,
+    patch: list[Any],
+    params: JsonObject,
+    book: FaultLedger,
+    admin_urls: bool = True,
+) -> JsonObject:
+    """Patch the canary Deployment to ``build`` (``patch``: a JSON patch that sets its pod
+    template's ``BUILD_ANNOTATION`` to ``build``) and wait for the rollout; ``book`` gets
+    the bad build's entries (``params``), timed when its first container started (else
+    when the rollout was seen done), and the broker an annotation (best effort). What was
+    done, in a JSON object."""
     target, apps, name = change.target, change.apps, change.name
-    dep = read_deployment(target, apps, name)
-    build, patch = bad_build_patch(apps, dep, name, value)
     patched_at = time.time()
     what = f"patching deployment/{name} in {target.namespace!r}"
     patch_deployment(target, apps, name, patch, what)
@@ -304,8 +320,9 @@ def roll_out_bad_build(
     rolled_out_at = time.time()
     started_at = first_started(pods, patched_at)
     served_at = started_at if started_at is not None else rolled_out_at
-    urls = {r.name: r.url for r in target.replicas(CANARY)}
-    params = bad_build_params(mode, tokens, build)
+    # A foreign engine has no fault API at the pod's address (admin_urls False): the
+    # ledger's entries then name none, and only the rollout's undo clears them.
+    urls = {r.name: r.url for r in target.replicas(CANARY)} if admin_urls else {}
     detail: JsonObject = {
         "rollout": f"deployment/{name}",
         "patched_at": patched_at,
