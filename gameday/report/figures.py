@@ -42,6 +42,9 @@ def key_figures(exp: ExperimentData, timeline: Timeline) -> JsonObject:
     evidence = (exp.result or {}).get("evidence")
     evidence = evidence if isinstance(evidence, dict) else {}
     gate, load = evidence.get("gate"), evidence.get("load")
+    workers = evidence.get("load_workers")
+    if isinstance(workers, dict) and workers:  # the load came from Locust workers (pods)
+        fig["records_by_worker"] = {str(k): int(v) for k, v in sorted(workers.items())}
     if isinstance(gate, dict):
         fig["gate_evidence"] = {
             k: gate.get(k) for k in ("comparisons", "canary_outcomes", "thresholds")
