@@ -257,6 +257,32 @@ def test_a_fault_that_starts_late_is_caught_as_fast_as_an_early_one() -> None:
     assert samples_to_trip(5_000) == samples_to_trip(10)
 
 
+def test_a_new_canary_starts_a_new_test_and_a_new_stable_new_floors() -> None:
+    rng = np.random.default_rng(11)
+    g = release_gate()
+    t = measure_floor(g, rng)
+    drifted = [comparison(t + 0.01 * i, "4k+", 0.06) for i in range(4)]
+    g.ingest(batch(drifted), 2.0, 2.0)
+    rt = g.release_test
+    assert rt is not None and g.trip is None
+    wealth = rt.detectors["2k+:drift_kl"].log_wealth
+    assert wealth > 0 and rt.floors["2k+"].frozen_kl is not None
+    # A new stable version under the same canary: the floors start over, the test goes on.
+    moved = release()
+    moved["stable"] = {"version": "v1-patch"}
+    g.on_release(moved, 3.0)
+    assert g.release_test is rt and rt.detectors["2k+:drift_kl"].log_wealth == wealth
+    assert g.noise_json()["2k+"]["state"] == "too_few"
+    # A new canary: a new release and a fresh test, the floors' measurements kept.
+    t = measure_floor(g, rng, t + 1.0)
+    g.on_release({**moved, "canary": {"version": "v3", "quarantined": False}}, 4.0)
+    fresh = g.release_test
+    assert fresh is not None and fresh is not rt
+    assert fresh.detectors["2k+:drift_kl"].log_wealth == 0.0
+    assert g.noise_json()["2k+"]["state"] == "measured"  # frozen at its first comparison
+    assert fresh.floors["2k+"].samples == rt.floors["2k+"].samples
+
+
 def test_one_invalid_answer_moves_nothing_and_a_sporadic_rate_never_trips() -> None:
     rng = np.random.default_rng(8)
     g = release_gate()

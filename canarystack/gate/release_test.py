@@ -177,21 +177,26 @@ class ReleaseTest:
             self.detectors[name] = ReleaseDetector(
                 name, scope, test, weight, config.alpha, self.merge.detectors[name]
             )
-        delta_each = config.floor_delta / floor_count(config.edges, config.pool_tails)
         old = floors or {}
         self.floors: dict[str, NoiseFloor] = {
-            scope: old[scope].unfrozen()
-            if scope in old
-            else NoiseFloor.empty(
-                config.floor_kl_clip,
-                config.floor_top1_clip,
-                delta_each,
-                config.floor_min_samples,
-            )
+            scope: old[scope].unfrozen() if scope in old else self._empty_floor()
             for scope in self.members
         }
         self.thinning = SessionThinning(config.session_window_s)
         self.invalid_comparisons = 0
+
+    def _empty_floor(self) -> NoiseFloor:
+        cfg = self.config
+        delta_each = cfg.floor_delta / floor_count(cfg.edges, cfg.pool_tails)
+        return NoiseFloor.empty(
+            cfg.floor_kl_clip, cfg.floor_top1_clip, delta_each, cfg.floor_min_samples
+        )
+
+    def drop_floors(self) -> None:
+        """A new stable version: the replicas the floors measured are gone. The floors
+        start over (too few comparisons: the clip); the detectors keep their wealth, as
+        the release and its one test go on."""
+        self.floors = {scope: self._empty_floor() for scope in self.members}
 
     # -- input -----------------------------------------------------------------------
     def add_noise(self, scopes: Iterable[str], kl: float, disagreement: float) -> None:

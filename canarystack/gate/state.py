@@ -273,7 +273,7 @@ class ReleaseGate:
             scope.noise_kl = MeanWindow(cfg.noise_window, clip=cfg.kl_clip)
             scope.noise_top1 = MeanWindow(cfg.noise_window, clip=1.0)
         if self.release_test is not None:
-            self.release_test = ReleaseTest(cfg)
+            self.release_test.drop_floors()
 
     # -- samples ---------------------------------------------------------------------
     def testing(self) -> bool:
