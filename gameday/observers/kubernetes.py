@@ -24,7 +24,7 @@ import requests
 
 from canary_contract.json import JsonObject
 from gameday.evidence import controllers as ctl
-from gameday.observers import GateObserver, GateSnapshot, ObservationLog
+from gameday.observers.base import GateObserver, GateSnapshot, ObservationLog
 
 if TYPE_CHECKING:
     from gameday.targets.external import KubernetesObserverSpec
