@@ -62,7 +62,7 @@ def pins_after_trip(api: StackApi, n: int) -> JsonObject:
     before = canary_request_count(api)
     answers: list[JsonObject] = []
     for i in range(n):
-        model = api.target.model_name or hostile.MODEL
+        model = getattr(api.target, "model_name", None) or hostile.MODEL
         body = {"model": model, "prompt": f"pinned {i}", "max_tokens": 4}
         try:
             resp = api.completion(body, {hostile.PIN_HEADER: "canary"})

@@ -116,11 +116,11 @@ def colouring_fidelity_at_least(
     example request ids."""
     if not 0 < float(ratio) <= 1:
         raise ActivityFailed(f"argument ratio must be above 0 and at most 1, got {ratio!r}")
+    if before_anything(configuration):
+        return not_measured(CHECK, ratio, UNIT, NOT_YET)
     foreign = foreign_gate(configuration)
     if foreign:
         return not_applicable(CHECK, ratio, UNIT, f"{foreign}: no colour hop logs to read")
-    if before_anything(configuration):
-        return not_measured(CHECK, ratio, UNIT, NOT_YET)
     try:
         fid = _read_fidelity(configuration, settle_s)
     except ActivityFailed as exc:

@@ -80,15 +80,20 @@ def test_a_pod_network_replica_is_still_reached_at_its_pod_ip(
     assert reached_at(k8s_target(tmp_path), "gate") == [("gate-a", "http://10.0.3.1:8000")]
 
 
-def test_the_host_side_loopback_target_is_the_runner_pods_but_for_kubeconfig_and_credentials() -> (
-    None
-):
+def test_the_host_side_loopback_target_is_the_runner_pods_but_for_host_side_settings() -> None:
     repo = Path(__file__).resolve().parents[1]
     host = yaml.safe_load((repo / "deploy/loopback/target.yaml").read_text())
     pod_side = yaml.safe_load((repo / "deploy/k8s/overlays/loopback/target.yaml").read_text())
     assert host.pop("kubeconfig") == ".k8s/kubeconfig"
     assert host.pop("credentials_dir") == "deploy/k8s/overlays/loopback/credentials"
     assert pod_side.pop("credentials_dir") == "/var/run/canarystack/credentials"
+    # Only from this machine does the load come from worker pods (their master runs here);
+    # the runner pod runs its Locust in the pod.
+    assert host.pop("load_workers") == {
+        "workload": "deployment/locust-worker",
+        "replicas": 2,
+        "master_port": 18030,
+    }
     assert host == pod_side
     target = load_target(repo / "deploy/loopback/target.yaml")
     assert isinstance(target, KubernetesTarget) and target.namespace == "canarystack-loopback"
