@@ -91,7 +91,9 @@ async def _inject_fault(request: web.Request) -> web.Response:
     )
     actor = request.headers.get("x-actor", "admin")
     fault = comp.faults.inject(body, actor=actor)
-    return json_response(fault.to_json(time.monotonic()), status=201)
+    answer = fault.to_json(time.monotonic())
+    answer["replaced"] = list(fault.replaced)
+    return json_response(answer, status=201)
 
 
 async def _clear_fault(request: web.Request) -> web.Response:

@@ -106,6 +106,13 @@ class Unprocessable(ApiError):
     type = ErrorKind.INVALID_REQUEST
 
 
+class TooManyFaults(ApiError):
+    """A fault admin API's cap on active faults is reached (``faults.FaultRegistry``)."""
+
+    status = 429
+    type = ErrorKind.INVALID_REQUEST
+
+
 class Unavailable(ApiError):
     status = 503
     type = ErrorKind.UNAVAILABLE

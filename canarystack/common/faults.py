@@ -1,6 +1,11 @@
 """Faults with a time-to-live, enforced by the component that holds them (served at
 ``/admin/faults`` by ``canarystack.common.app``).
 
+Two bounds keep a fault admin API from being a way to harm the component: a newer fault of
+a kind replaces the older one of that kind for good (so the older can never come back into
+force when the newer expires), and at most ``max_faults`` faults are active at once (429
+beyond).
+
 This module must never sleep, do I/O, or hold a fault past its TTL.
 """
 
@@ -18,10 +23,15 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from canary_contract.json import JsonObject
-from canarystack.common.errors import BadRequest, NotFound, from_validation_error
+from canarystack.common.errors import BadRequest, NotFound, TooManyFaults, from_validation_error
 from canarystack.common.logs import JsonLogger, get_logger
 
 DEFAULT_MAX_TTL_S = 600.0
+# Most faults active at once in one component. Since a newer fault of a kind replaces the
+# older one, a component holds at most one per kind (no component has more than 5 kinds);
+# 16 leaves room for kinds to come and still bounds what a flood of POSTs can hold (the
+# fault proxy's --max-faults default is the same).
+DEFAULT_MAX_FAULTS = 16
 # The fault admin API's body limit: a fault body is a handful of fields.
 FAULT_BODY_LIMIT = 16 * 1024
 # Names a fault's parameters may not use: they belong to the fault itself.
@@ -76,6 +86,8 @@ class Fault:
     injected_at: float  # wall clock, for people
     expires_mono: float  # monotonic, for enforcement
     seq: int = field(default=0)
+    # The ids of the older faults of its kind this one replaced (cleared for good).
+    replaced: tuple[str, ...] = ()
 
     def remaining_s(self, now_mono: float) -> float:
         return max(0.0, self.expires_mono - now_mono)
@@ -96,7 +108,8 @@ class Fault:
 class FaultRegistry:
     """The faults active in one process, behind every component's admin API:
     ``GET /admin/faults`` -> ``{"faults": [fault, ...]}`` (with ``remaining_s``),
-    ``POST`` ``{"kind": K, "ttl_s": S, ...params}`` -> 201 ``{"id": ...}``,
+    ``POST`` ``{"kind": K, "ttl_s": S, ...params}`` -> 201 ``{"id": ..., "replaced": [id]}``
+    (429 when ``max_faults`` faults of other kinds are active),
     ``DELETE /admin/faults/{id}`` -> ``{"cleared": [fault]}`` (404 if unknown or expired),
     ``DELETE /admin/faults`` -> ``{"cleared": [fault, ...]}``.
 
@@ -105,6 +118,10 @@ class FaultRegistry:
     injected it has died. ``ttl_s`` is required, finite and capped (``max_ttl_s``, itself
     finite and > 0: an infinite cap would make a fault permanent). Faults live in memory
     only: a restarted process comes back clean.
+
+    A newer fault of a kind replaces the active one of that kind: the older is cleared at
+    once (logged ``fault_replaced``) and never comes back, whatever happens to the newer.
+    At most ``max_faults`` (default ``DEFAULT_MAX_FAULTS``) are active at once.
 
     ``kinds`` maps a kind name to its parameter model (a ``FaultParams`` subclass).
     ``clock`` is monotonic time and ``wall`` epoch time; both are parameters so tests
@@ -117,6 +134,7 @@ class FaultRegistry:
         kinds: Mapping[str, type[FaultParams]],
         *,
         max_ttl_s: float = DEFAULT_MAX_TTL_S,
+        max_faults: int = DEFAULT_MAX_FAULTS,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
         log: JsonLogger | None = None,
@@ -131,6 +149,12 @@ class FaultRegistry:
                     f"{', '.join(clash)} (those belong to the fault itself)"
                 )
         self.max_ttl_s = check_max_ttl_s(max_ttl_s)
+        if isinstance(max_faults, bool) or not isinstance(max_faults, int) or max_faults < 1:
+            raise ValueError(
+                f"max_faults of {component} is {max_faults!r}: give a whole number >= 1 "
+                f"(default {DEFAULT_MAX_FAULTS})"
+            )
+        self.max_faults = max_faults
         self._clock = clock
         self._wall = wall
         self._log = log or get_logger(component)
@@ -208,11 +232,25 @@ class FaultRegistry:
 
     # -- operations ---------------------------------------------------------------
     def inject(self, body: Mapping[str, Any], actor: str = "admin") -> Fault:
-        """A new fault from an admin body. Its parameters can never set its ``kind`` or
-        ``ttl_s``: a body whose ``params`` names either is refused (400 naming the field);
-        the admin route also refuses a body that repeats a key, and a kind whose parameter
-        model declares one of those names is a programming error at start."""
+        """A new fault from an admin body; the active fault of its kind, if any, is replaced
+        for good (its id is in the new fault's ``replaced``). Its parameters can never set
+        its ``kind`` or ``ttl_s``: a body whose ``params`` names either is refused (400
+        naming the field); the admin route also refuses a body that repeats a key, and a
+        kind whose parameter model declares one of those names is a programming error at
+        start. 429 when ``max_faults`` faults of other kinds are active."""
         kind, ttl, params = self._parse(body)
+        self._prune()
+        replaced = sorted((f for f in self._faults.values() if f.kind == kind), key=lambda f: f.seq)
+        others = len(self._faults) - len(replaced)
+        if others >= self.max_faults:
+            raise TooManyFaults(
+                f"{self.component} already holds {others} active faults, its cap "
+                f"({self.max_faults}): clear one (DELETE /admin/faults/{{id}}, or DELETE "
+                "/admin/faults for all), wait for one to expire, or replace one by injecting "
+                "a fault of a kind already active."
+            )
+        for old in replaced:
+            del self._faults[old.id]
         now = self._clock()
         fault = Fault(
             id=uuid.uuid4().hex[:12],
@@ -222,8 +260,11 @@ class FaultRegistry:
             injected_at=self._wall(),
             expires_mono=now + ttl,
             seq=next(self._seq),
+            replaced=tuple(old.id for old in replaced),
         )
         self._faults[fault.id] = fault
+        for old in replaced:
+            self._log.info("fault_replaced", fault_id=old.id, kind=kind, by=fault.id, actor=actor)
         self._log.info(
             "fault_injected",
             fault_id=fault.id,
@@ -252,7 +293,7 @@ class FaultRegistry:
         return faults
 
     def get(self, kind: str) -> FaultParams | None:
-        """The parameters of the newest active fault of ``kind``, or None (hot path)."""
+        """The parameters of the active fault of ``kind``, or None (hot path)."""
         if not self._faults:
             return None
         found = self.active(kind)

@@ -136,7 +136,24 @@ def describe_common(spec: ApiSpec, component: Component) -> None:
             f"{component.name.capitalize()}FaultRequest", fault_body_schema(spec, component)
         ),
         params=[Param("x-actor", "header", STRING, "who injects it (logged)")],
-        responses={201: json_body(fault, "injected")},
+        responses={
+            201: json_body(
+                spec.named(
+                    "InjectedFault",
+                    {
+                        **FAULT_SCHEMA,
+                        "properties": {
+                            **FAULT_SCHEMA["properties"],
+                            "replaced": array(STRING),
+                        },
+                        "required": [*FAULT_SCHEMA["required"], "replaced"],
+                    },
+                ),
+                "injected; 'replaced' lists the ids of the older fault of its kind it "
+                "replaced for good",
+            ),
+            429: error_response("the cap on active faults is reached"),
+        },
     )
     fault_routes.delete(
         "/admin/faults",
