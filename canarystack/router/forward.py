@@ -1,7 +1,7 @@
 """Forwarding: send a request to a replica of the chosen pool, and relay its answer.
 
 This module must never buffer a stream, resend a request that was sent, or parse an
-unsampled stream's events.
+unsampled stream's events (but the one that holds ``"error"``, ``error_body``).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from multidict import CIMultiDict
 
 from canarystack.common.errors import Unavailable
 from canarystack.router.collector import Collector
+from canarystack.router.error_body import ERROR_BODY, ErrorEvents, is_error_object
 from canarystack.router.proxy import HOP_BY_HOP, Upstream
 from canarystack.router.routing import PIN_HEADER, Variant
 from canarystack.router.state import Attempt, RequestContext, RouterState
@@ -108,7 +109,9 @@ async def relay(
     non-streaming body on whole; only a request sampled for shadow comparison has its events
     parsed (``shadow.Collector``). A stream that breaks after the headers were sent cannot
     change its status: the client connection is closed without the terminating chunk, so the
-    client sees a broken stream, not a short but "complete" one.
+    client sees a broken stream, not a short but "complete" one. A 2xx whose body is an
+    OpenAI-shaped error (``{"error": ...}`` whole, or a ``data: {"error": ...}`` event in the
+    stream) is relayed as it came but counted as an error (``error_body``), never a success.
     """
     up = attempt.resp
     variant = attempt.variant
@@ -136,12 +139,15 @@ async def relay(
         now = time.perf_counter()
         ctx.ttft_s = now - ctx.t0
         ctx.upstream_ttft_s = now - t_send
+        if 200 <= status < 300 and is_error_object(data):
+            _error_body(st, ctx, variant)
         if collector is not None:
             data = collector.feed_body(data)
         up.release()
         return web.Response(body=data, status=status, headers=headers)
 
     resp = web.StreamResponse(status=status, headers=headers)
+    errors = ErrorEvents() if 200 <= status < 300 else None
     prev = last = b""
     try:
         await _to_client(resp.prepare(request))
@@ -152,6 +158,8 @@ async def relay(
                     ctx.ttft_s = now - ctx.t0
                     ctx.upstream_ttft_s = now - t_send
                 prev, last = last, chunk
+                if errors is not None:
+                    errors.feed(chunk)
                 if collector is not None:
                     chunk = collector.feed_chunk(chunk)
                     if not chunk:
@@ -171,15 +179,24 @@ async def relay(
         up.close()
         return resp
     up.release()
+    if errors is not None and errors.finish():
+        _error_body(st, ctx, variant)
     if status == 200 and not (prev[-16:] + last)[-16:].rstrip().endswith(b"[DONE]"):
-        # The upstream ended the stream cleanly but without its terminator: truncated.
-        ctx.error = "broken_stream"
+        # The upstream ended the stream cleanly but without its terminator: truncated
+        # (an error event before the end stays the outcome's error: it says more).
+        ctx.error = ctx.error or "broken_stream"
         st.metrics.upstream_errors.labels(variant=variant, kind="truncated").inc()
         _break_client(request)
         return resp
     with contextlib.suppress(ConnectionError, RuntimeError):
         await resp.write_eof()
     return resp
+
+
+def _error_body(st: RouterState, ctx: RequestContext, variant: str) -> None:
+    """A 2xx that carried an error: an error outcome, counted, like a 5xx."""
+    ctx.error = ERROR_BODY
+    st.metrics.upstream_errors.labels(variant=variant, kind=ERROR_BODY).inc()
 
 
 class _ClientGone(Exception):
