@@ -144,7 +144,10 @@ def test_the_gameday_extension_says_what_is_expected(name: str) -> None:
     assert all(isinstance(v, int | float) for v in slo.values()), slo
     if ext["expect"] == "trip":
         assert set(slo) >= REPORT_SLO_KEYS
-        assert slo["detection_s"] <= 5, "DESIGN.md §4: detection p95 <= 5 s"
+        errors = any(a["provider"].get("func") == "inject_errors" for a in activities(exp))
+        # DESIGN.md §4: detection p95 <= 5 s for a faulty kernel; an error fault's SLO is
+        # stated in its file (10 s: judged on canary outcomes, not comparisons)
+        assert slo["detection_s"] <= (10 if errors else 5), "DESIGN.md §4"
         if "drifted_max" in slo:  # (an error fault serves no drifted answer to count)
             assert slo["drifted_max"] <= 3, "DESIGN.md §4: <= 3 canary-served bad responses"
 
