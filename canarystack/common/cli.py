@@ -22,6 +22,12 @@ from aiohttp import web
 
 from canarystack.common import logs
 from canarystack.common.auth import describe_admin_flag
+from canarystack.common.deadlines import (
+    BODY_TIMEOUT_S,
+    HEADER_TIMEOUT_S,
+    IDLE_TIMEOUT_S,
+    deadline_runner,
+)
 from canarystack.common.errors import StartupError
 from canarystack.common.faults import DEFAULT_MAX_TTL_S, check_max_ttl_s
 
@@ -54,6 +60,21 @@ def max_ttl_seconds(text: str) -> float:
             f"{DEFAULT_MAX_TTL_S:g}); an infinite or zero cap would make a fault permanent "
             "or impossible"
         ) from None
+
+
+def positive_seconds(text: str) -> float:
+    """argparse type of a read deadline (``--header-timeout-s`` and friends): a finite
+    number of seconds > 0 (no deadline at all is what let slow clients hold connections)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not (value > 0 and value < float("inf")):
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: give a finite number of seconds > 0; without a deadline a client "
+            "that sends slowly holds its connection for good"
+        )
+    return value
 
 
 def port_number(text: str) -> int:
@@ -98,6 +119,24 @@ def base_parser(component: str, description: str) -> argparse.ArgumentParser:
         help="set SO_REUSEPORT so several replicas can share one port",
     )
     p.add_argument("--ready-file", default=None, help="write {port, pid} here once listening")
+    p.add_argument(
+        "--header-timeout-s",
+        type=positive_seconds,
+        default=HEADER_TIMEOUT_S,
+        help="a request's line and headers must arrive within this (default %(default)s)",
+    )
+    p.add_argument(
+        "--idle-timeout-s",
+        type=positive_seconds,
+        default=IDLE_TIMEOUT_S,
+        help="close a kept-alive connection idle this long (default %(default)s)",
+    )
+    p.add_argument(
+        "--body-timeout-s",
+        type=positive_seconds,
+        default=BODY_TIMEOUT_S,
+        help="a request body must arrive within this once read (default %(default)s; 408)",
+    )
     return p
 
 
@@ -199,30 +238,26 @@ def install_uvloop() -> None:
     asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
 
 
-async def _serve(
-    app: web.Application,
-    host: str,
-    port: int,
-    reuse_port: bool,
-    ready_file: str | None,
-    component: str,
-) -> None:
-    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+async def _serve(app: web.Application, args: argparse.Namespace, component: str) -> None:
+    runner = deadline_runner(app, args)
     await runner.setup()
-    site = web.TCPSite(runner, host, port, reuse_port=reuse_port or None, backlog=1024)
+    site = web.TCPSite(
+        runner, args.host, args.port, reuse_port=args.reuse_port or None, backlog=1024
+    )
     await site.start()
-    bound = bound_port(site, port)
-    write_ready_file(ready_file, bound)
-    logs.get_logger(component).info("listening", host=host, port=bound, pid=os.getpid())
+    bound = bound_port(site, args.port)
+    write_ready_file(args.ready_file, bound)
+    logs.get_logger(component).info("listening", host=args.host, port=bound, pid=os.getpid())
     await until_stopped()
     logs.get_logger(component).info("stopping", pid=os.getpid())
     await runner.cleanup()
 
 
 def serve(app: web.Application, args: argparse.Namespace, component: str) -> None:
-    """Run ``app`` until SIGTERM/SIGINT (uvloop when available)."""
+    """Run ``app`` until SIGTERM/SIGINT (uvloop when available), with the read deadlines
+    of ``args`` (``deadlines.deadline_runner``)."""
     install_uvloop()
-    asyncio.run(_serve(app, args.host, args.port, args.reuse_port, args.ready_file, component))
+    asyncio.run(_serve(app, args, component))
 
 
 def parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:

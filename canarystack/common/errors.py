@@ -19,6 +19,7 @@ from pydantic import BaseModel, ValidationError
 from canary_contract import strictjson
 from canary_contract.errors import ErrorKind
 from canary_contract.json import JsonObject
+from canarystack.common.deadlines import body_deadline, close_after_answer
 from canarystack.common.error_fields import ErrorFieldArgs, ErrorFields
 from canarystack.common.logs import get_logger
 
@@ -99,6 +100,13 @@ def body_too_large(message: str, *, extra: JsonObject | None = None) -> PayloadT
     """The 413 of a body over its limit, with code ``body_too_large``: ``message`` says
     the size, the limit and what to send instead."""
     return PayloadTooLarge(message, code="body_too_large", extra=extra)
+
+
+class RequestTimeout(ApiError):
+    """The client sent its request body too slowly (``deadlines``)."""
+
+    status = 408
+    type = ErrorKind.INVALID_REQUEST
 
 
 class Unprocessable(ApiError):
@@ -214,15 +222,26 @@ async def read_capped(
     """The raw body, at most ``limit`` bytes, for every component's body reader: raises
     ``too_large("N bytes (Content-Length)")`` when ``Content-Length`` says more, before a
     byte is read, and ``too_large("more than LIMIT bytes")`` as soon as the bytes read
-    pass the limit (chunked or compressed bodies)."""
+    pass the limit (chunked or compressed bodies); 408 when the whole body takes longer
+    than the body deadline (``deadlines.body_deadline``), and the connection is closed."""
     declared = request.content_length
     if declared is not None and declared > limit:
         raise too_large(f"{declared} bytes (Content-Length)")
     body = bytearray()
-    async for chunk in request.content.iter_chunked(READ_CHUNK_BYTES):
-        body += chunk
-        if len(body) > limit:
-            raise too_large(f"more than {limit} bytes")
+    deadline_s = body_deadline(request)
+    try:
+        async with asyncio.timeout(deadline_s):
+            async for chunk in request.content.iter_chunked(READ_CHUNK_BYTES):
+                body += chunk
+                if len(body) > limit:
+                    raise too_large(f"more than {limit} bytes")
+    except TimeoutError:
+        close_after_answer(request)
+        _log.info("body_timeout", timeout_s=deadline_s, got_bytes=len(body), path=request.path)
+        raise RequestTimeout(
+            f"The request body did not arrive within {deadline_s:g} s (got {len(body)} bytes "
+            "so far): send the whole body at once, on a new connection."
+        ) from None
     return bytes(body)
 
 

@@ -29,6 +29,7 @@ from canarystack.common.cli import (
     until_stopped,
     write_ready_file,
 )
+from canarystack.common.deadlines import deadline_runner
 from canarystack.router.config import WATCH_ERROR_FAILSAFE_S
 from canarystack.router.server import (
     DEFAULT_MAX_BODY_BYTES,
@@ -294,7 +295,7 @@ async def _run(
     ``--instance-port``, on a second port unique to this replica, so a harness can reach
     this replica's ``/admin/faults``, ``/health`` and ``/metrics``. The ready file holds
     ``{"port", "pid", "instance_port"}`` once both listen."""
-    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    runner = deadline_runner(app, args)  # header, idle and body read deadlines
     await runner.setup()
     public = web.TCPSite(
         runner, args.host, args.port, reuse_port=args.reuse_port or None, backlog=1024
