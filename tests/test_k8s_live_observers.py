@@ -264,40 +264,44 @@ def test_an_object_that_is_not_there_is_said_not_raised(cluster: None) -> None:
 DEPLOYMENTS = f"/apis/apps/v1/namespaces/{NS}/deployments"
 
 
-def test_an_external_target_kills_one_pod_of_a_named_workload(cluster: None) -> None:
-    """kind: external with a kubernetes kill backend: one pod of the named Deployment is
-    deleted (grace 0) after the namespace and owner checks; its ReplicaSet replaces it."""
-    labels = {"app": "vllm-canary"}
-    recreate(
-        DEPLOYMENTS,
-        {
-            "apiVersion": "apps/v1",
-            "kind": "Deployment",
-            "metadata": {"name": "vllm-canary"},
-            "spec": {
-                "replicas": 1,
-                "selector": {"matchLabels": labels},
-                "template": {
-                    "metadata": {"labels": labels},
-                    "spec": {
-                        # Host network, like every pod here (a pod network sandbox does
-                        # not come up on this node); the process binds nothing.
-                        "hostNetwork": True,
-                        "automountServiceAccountToken": False,
-                        "containers": [
-                            {
-                                "name": "engine",
-                                "image": "canarystack:0.1.0",
-                                "imagePullPolicy": "Never",
-                                "args": ["python", "-c", "import time; time.sleep(3600)"],
-                                "resources": {"requests": {"cpu": "10m"}},
-                            }
-                        ],
-                    },
+def _sleeper_deployment(name: str, args: list[str] | None) -> dict[str, Any]:
+    """A one-replica Deployment ``name`` (label ``app: NAME``) whose container ``engine``
+    runs the canarystack image's Python asleep (``args`` after it, when given): a pod
+    to kill or roll out. Host network, like every pod here (a pod network sandbox does
+    not come up on this node); the process binds nothing."""
+    labels = {"app": name}
+    container: dict[str, Any] = {
+        "name": "engine",
+        "image": "canarystack:0.1.0",
+        "imagePullPolicy": "Never",
+        "command": ["python", "-c", "import time; time.sleep(3600)"],
+        "resources": {"requests": {"cpu": "10m"}},
+    }
+    if args is not None:
+        container["args"] = args
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": labels},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {
+                    "hostNetwork": True,
+                    "automountServiceAccountToken": False,
+                    "containers": [container],
                 },
             },
         },
-    )
+    }
+
+
+def test_an_external_target_kills_one_pod_of_a_named_workload(cluster: None) -> None:
+    """kind: external with a kubernetes kill backend: one pod of the named Deployment is
+    deleted (grace 0) after the namespace and owner checks; its ReplicaSet replaces it."""
+    recreate(DEPLOYMENTS, _sleeper_deployment("vllm-canary", args=None))
 
     def running() -> list[str]:
         _, pods = admin_call("GET", f"/api/v1/namespaces/{NS}/pods?labelSelector=app%3Dvllm-canary")
@@ -371,36 +375,7 @@ def test_an_external_target_rolls_a_bad_build_out_and_back(cluster: None, tmp_pa
     back and closes those entries."""
     from probes import kubernetes as pk
 
-    labels = {"app": "vllm-engine"}
-    path = recreate(
-        DEPLOYMENTS,
-        {
-            "apiVersion": "apps/v1",
-            "kind": "Deployment",
-            "metadata": {"name": "vllm-engine"},
-            "spec": {
-                "replicas": 1,
-                "selector": {"matchLabels": labels},
-                "template": {
-                    "metadata": {"labels": labels},
-                    "spec": {
-                        "hostNetwork": True,
-                        "automountServiceAccountToken": False,
-                        "containers": [
-                            {
-                                "name": "engine",
-                                "image": "canarystack:0.1.0",
-                                "imagePullPolicy": "Never",
-                                "command": ["python", "-c", "import time; time.sleep(3600)"],
-                                "args": ["--model", "m"],
-                                "resources": {"requests": {"cpu": "10m"}},
-                            }
-                        ],
-                    },
-                },
-            },
-        },
-    )
+    path = recreate(DEPLOYMENTS, _sleeper_deployment("vllm-engine", args=["--model", "m"]))
     target_file = tmp_path / "target.yaml"
     target_file.write_text(
         json.dumps(
