@@ -20,6 +20,9 @@ ACTIVITIES: dict[tuple[str, str], tuple[str, dict[str, Any]]] = {
     ("probes.kubernetes", "roll_out_bad_canary"): (
         "action", {"kernel_fault": "fp8-kv-scale:2048", "deadline_s": 120},
     ),
+    ("probes.kubernetes", "roll_out_bad_build"): (
+        "action", {"args": ["--kv-cache-dtype", "fp8"], "min_prompt_tokens": 0, "deadline_s": 300},
+    ),
     ("probes.kubernetes", "undo_canary_rollout"): ("action", {"deadline_s": 120}),
     ("probes.progressive", "argo_rollout_status"): ("probe", {"rollout": "llm"}),
     ("probes.progressive", "argo_rollout_aborted"): (
