@@ -264,6 +264,33 @@ def test_an_object_that_is_not_there_is_said_not_raised(cluster: None) -> None:
 DEPLOYMENTS = f"/apis/apps/v1/namespaces/{NS}/deployments"
 
 
+def _killing_target(namespaces: list[str]) -> ExternalTarget:
+    """A foreign stack whose canary is deployment/vllm-canary, killed through the API, with
+    ``namespaces`` as its blast radius."""
+    target = parse_target(
+        {
+            "kind": "external",
+            "name": "staging",
+            "components": {
+                "router": {"url": "http://127.0.0.1:1"},
+                "model-canary": {
+                    "url": "http://127.0.0.1:2",
+                    "kill": {
+                        "backend": "kubernetes",
+                        "namespace": NS,
+                        "selector": "app=vllm-canary",
+                        "workload": "deployment/vllm-canary",
+                        "kubeconfig": str(KUBECONFIG),
+                    },
+                },
+            },
+            "blast_radius": {"components": ["model-canary"], "namespaces": namespaces},
+        }
+    )
+    assert isinstance(target, ExternalTarget)
+    return target
+
+
 def _sleeper_deployment(name: str, args: list[str] | None) -> dict[str, Any]:
     """A one-replica Deployment ``name`` (label ``app: NAME``) whose container ``engine``
     runs the canarystack image's Python asleep (``args`` after it, when given): a pod
@@ -316,26 +343,7 @@ def test_an_external_target_kills_one_pod_of_a_named_workload(cluster: None) -> 
         assert time.monotonic() < deadline, "the Deployment's pod never ran"
         time.sleep(1)
     (before,) = running()
-    target = parse_target(
-        {
-            "kind": "external",
-            "name": "staging",
-            "components": {
-                "router": {"url": "http://127.0.0.1:1"},
-                "model-canary": {
-                    "url": "http://127.0.0.1:2",
-                    "kill": {
-                        "backend": "kubernetes",
-                        "namespace": NS,
-                        "selector": "app=vllm-canary",
-                        "workload": "deployment/vllm-canary",
-                        "kubeconfig": str(KUBECONFIG),
-                    },
-                },
-            },
-            "blast_radius": {"components": ["model-canary"], "namespaces": [NS]},
-        }
-    )
+    target = _killing_target([NS])
     killed = target.kill_pod("model-canary")
     assert killed.name == before
     deadline = time.monotonic() + 120
@@ -343,25 +351,7 @@ def test_an_external_target_kills_one_pod_of_a_named_workload(cluster: None) -> 
         assert time.monotonic() < deadline, "no replacement pod ran"
         time.sleep(1)
     # Outside blast_radius.namespaces: refused before any call.
-    outside = parse_target(
-        {
-            "kind": "external",
-            "components": {
-                "router": {"url": "http://127.0.0.1:1"},
-                "model-canary": {
-                    "url": "http://127.0.0.1:2",
-                    "kill": {
-                        "backend": "kubernetes",
-                        "namespace": NS,
-                        "selector": "app=vllm-canary",
-                        "workload": "deployment/vllm-canary",
-                        "kubeconfig": str(KUBECONFIG),
-                    },
-                },
-            },
-            "blast_radius": {"components": ["model-canary"], "namespaces": []},
-        }
-    )
+    outside = _killing_target([])
     with pytest.raises(TargetError, match="outside the blast radius"):
         outside.kill_pod("model-canary")
     admin_call("DELETE", f"{DEPLOYMENTS}/vllm-canary")
