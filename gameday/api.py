@@ -6,15 +6,14 @@ or import ``canarystack``.
 
 from __future__ import annotations
 
-from typing import Any
-
 import requests
 
 from canary_contract.json import JsonObject
-from gameday.observers import GateObserver, history, release_now
+from gameday.observers import GateObserver
 from gameday.oracle.wire import loads
+from gameday.stackhttp import STATE_TIMEOUT_S, ApiError, JsonHttp, error_text
 from gameday.targets import Target
-from gameday.targets.history import HISTORY_TIMEOUT_S, HistoryError, read_events
+from gameday.targets.history import HISTORY_TIMEOUT_S
 
 __all__ = [
     "ANNOTATION_TIMEOUT_S",
@@ -29,10 +28,12 @@ __all__ = [
     "ApiError",
     "PrometheusApi",
     "StackApi",
+    "error_text",
 ]
 
 # The harness's HTTP timeouts, one per kind of call (StackApi's docstring says which):
-STATE_TIMEOUT_S = 3.0  # also a fault's injection and clearing on a component's admin API
+# STATE_TIMEOUT_S (3.0): a read of current state, also a fault's injection and clearing on a
+# component's admin API; defined in gameday.stackhttp, the transport the observers share
 # HISTORY_TIMEOUT_S (5.0): one page of history; defined in gameday.targets.history, which
 # gameday.api imports (so it cannot import gameday.api) and which reads the pages
 REQUEST_TIMEOUT_S = 10.0
@@ -47,28 +48,10 @@ HOPS_PAGE_LIMIT = 10_000
 HOPS_MAX_PAGES = 50
 
 
-class ApiError(RuntimeError):
-    """A stack API could not answer; ``url`` is what was asked, ``status`` its HTTP
-    status (0: no answer at all)."""
-
-    def __init__(self, message: str, url: str, status: int = 0, cause: str = "") -> None:
-        super().__init__(message)
-        self.url = url
-        self.status = status
-        self.cause = cause  # the transport's exception class, when there was no answer
-
-
-def error_text(resp: requests.Response) -> str:
-    """A component's error message in ``resp`` (OpenAI-shaped ``error.message``), else the
-    start of its body."""
-    try:
-        return str(resp.json()["error"]["message"])
-    except (ValueError, KeyError, TypeError):
-        return resp.text[:300]
-
-
-class StackApi:
-    """The broker, router, gate and replica APIs of one target, over ``session``.
+class StackApi(JsonHttp):
+    """The stack's APIs of one target, over ``session``: its gate (through the target's
+    gate observer, ``gameday.observers``: canarystack's broker and gate API, or a foreign
+    gate's parts) and any replica's own API.
 
     The caller passes its ``requests.Session`` in (as ``canarystack/broker/client.py`` takes
     its ``aiohttp`` session), so it owns pooling and lifetime and tests aim it at real
@@ -95,145 +78,39 @@ class StackApi:
     """
 
     def __init__(self, session: requests.Session, target: Target) -> None:
-        self.session = session
+        super().__init__(session)
         self.target = target
 
-    # --- the transport ----------------------------------------------------------------
-    def _get(
-        self,
-        url: str,
-        *,
-        params: dict[str, str] | None = None,
-        headers: dict[str, str] | None = None,
-        timeout_s: float = STATE_TIMEOUT_S,
-    ) -> requests.Response:
-        try:
-            return self.session.get(url, params=params, headers=headers, timeout=timeout_s)
-        except requests.RequestException as exc:
-            raise ApiError(
-                f"cannot reach {url}: {exc.__class__.__name__} (is the component up, and "
-                "does the target file point at it?)",
-                url,
-                cause=exc.__class__.__name__,
-            ) from None
-
-    def _json(self, url: str, resp: requests.Response) -> Any:
-        try:
-            return loads(resp.content)
-        except ValueError as exc:
-            raise ApiError(
-                f"{url} answered HTTP {resp.status_code} with no valid JSON: {exc}", url
-            ) from None
-
-    def get_json(
-        self,
-        url: str,
-        *,
-        params: dict[str, str] | None = None,
-        headers: dict[str, str] | None = None,
-    ) -> JsonObject:
-        """A JSON object from ``url`` (HTTP 200 only)."""
-        return self._object(url, self._get(url, params=params, headers=headers))
-
-    def _object(self, url: str, resp: requests.Response) -> JsonObject:
-        if resp.status_code != 200:
-            raise ApiError(f"{url} answered HTTP {resp.status_code}", url, resp.status_code)
-        body = self._json(url, resp)
-        if not isinstance(body, dict):
-            raise ApiError(f"{url} did not answer a JSON object", url, resp.status_code)
-        return body
-
-    # --- the broker ---------------------------------------------------------------------
-    def broker_url(self) -> str:
-        return self.target.service_url("broker")
-
-    def _no_release(self, url: str) -> ApiError:
-        return ApiError(
-            f"release {self.target.release!r} does not exist on the broker ({url}); "
-            "check 'release' in the target file",
-            url,
-            404,
-        )
-
-    # --- a foreign gate (kind: external): read through its observer ---------------------
-    def observed(self) -> GateObserver | None:
-        """The gate observer of a target whose gate is not canarystack's (None: ours)."""
-        observer = getattr(self.target, "observer", None)
-        return observer() if callable(observer) else None
-
-    def _observed_release(self, observer: GateObserver) -> JsonObject:
-        snap = observer.snapshot(self.session)
-        return release_now(observer.log.snapshots(), snap, self.target.release)
+    # --- the gate, through its observer ---------------------------------------------------
+    def gate(self) -> GateObserver:
+        """The target's gate observer (canarystack's: its broker and gate API)."""
+        return self.target.observer()
 
     def release(self) -> JsonObject:
-        """The release as the broker has it (a foreign gate: as its observer sees it,
-        ``gameday.observers.release_now``)."""
-        observer = self.observed()
-        if observer is not None:
-            return self._observed_release(observer)
-        url = f"{self.broker_url()}/v1/releases/{self.target.release}"
-        try:
-            return self.get_json(url)
-        except ApiError as exc:
-            if exc.status == 404:
-                raise self._no_release(url) from None
-            raise
+        """The release as the gate's record has it (canarystack: the broker's)."""
+        return self.gate().release(self.session, self.target.release)
 
     def events(self, after_seq: int = 0) -> list[JsonObject]:
-        """The release's whole event history after ``after_seq``, oldest first: every
-        page (a long-lived broker holds more than one, and the first is the oldest). A
-        foreign gate's history is what its observer saw (``gameday.observers.history``)."""
-        observer = self.observed()
-        if observer is not None:
-            observer.snapshot(self.session)
-            return [
-                e
-                for e in history(observer.log.snapshots(), observer.name)
-                if int(e["seq"]) > after_seq
-            ]
-        broker = self.broker_url()
-        url = f"{broker}/v1/releases/{self.target.release}/events"
-        try:
-            return read_events(
-                broker,
-                self.target.release,
-                after_seq=after_seq,
-                timeout_s=HISTORY_TIMEOUT_S,
-                session=self.session,
-            )
-        except HistoryError as exc:
-            if exc.status == 404:
-                raise self._no_release(url) from None
-            raise ApiError(f"reading the release's history: {exc}", url, exc.status) from None
+        """The release's whole event history after ``after_seq``, oldest first."""
+        return self.gate().events(self.session, after_seq)
+
+    def routers(self) -> list[JsonObject]:
+        """The entry points that report the weights they applied (canarystack's routers'
+        heartbeats; none for a foreign gate, whose observer reads every weight itself)."""
+        return self.gate().routers(self.session)
+
+    def gate_state(self) -> JsonObject:
+        """canarystack's gate API answer (its state and counters); ApiError 404 for a gate
+        without one (``gate().gate_api``)."""
+        return self.gate().gate_state(self.session)
+
+    # --- the broker's version registry (canarystack only) ---------------------------------
+    def broker_url(self) -> str:
+        return self.target.service_url("broker")
 
     def version_known(self, version: str) -> bool:
         """Whether the broker knows ``version`` (any answer but HTTP 404)."""
         return self._get(f"{self.broker_url()}/v1/versions/{version}").status_code != 404
-
-    def routers(self) -> list[JsonObject]:
-        """The live routers the broker knows for the release (their heartbeats); none for
-        a foreign gate (its observer reads every entry point's weight itself)."""
-        if self.observed() is not None:
-            return []
-        url = f"{self.broker_url()}/v1/routers"
-        body = self.get_json(url, params={"release": self.target.release})
-        routers = body.get("routers")
-        return [r for r in routers if isinstance(r, dict)] if isinstance(routers, list) else []
-
-    # --- the gate -----------------------------------------------------------------------
-    def gate_url(self) -> str:
-        return f"{self.target.service_url('gate')}/v1/gate/{self.target.release}"
-
-    def gate_state(self) -> JsonObject:
-        """The gate's state and counters for the release (canarystack's gate API only)."""
-        if self.observed() is not None:
-            raise ApiError(
-                f"not applicable: target {self.target.name!r} has no canarystack gate API "
-                "(its gate is read through an observer)",
-                self.target.name,
-                404,
-            )
-        return self.get_json(self.gate_url())
 
     # --- any replica ------------------------------------------------------------------
     def health_status(self, replica_url: str) -> int:

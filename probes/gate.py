@@ -24,7 +24,7 @@ from gameday.evidence.noise_floor import (
     unmeasured_message,
     wait_record,
 )
-from gameday.evidence.trips import gate_line, not_tripped_yet, seconds_to_trip, unexpected_trip
+from gameday.evidence.trips import not_tripped_yet, seconds_to_trip, unexpected_trip
 from gameday.run.evidence import as_whole_number
 from probes._context import (
     MAX_WAIT_S,
@@ -43,16 +43,7 @@ __all__ = ["gate_did_not_trip", "wait_for_noise_floor", "wait_for_trip"]
 def gate_summary(api: StackApi) -> str:
     """One line on what the gate has seen (best effort, for failure messages); a foreign
     gate: what its observer sees."""
-    observer = api.observed()
-    if observer is not None:
-        snap = observer.snapshot(api.session)
-        firing = f"{snap.signal} firing" if snap.tripped else "no alert firing"
-        seen = "it can see" if snap.sees else f"it cannot see ({'; '.join(snap.why)})"
-        return f"the gate ({observer.name}): {firing}, canary weight {snap.canary_weight}%, {seen}"
-    try:
-        return gate_line(api.gate_state())
-    except ApiError as exc:
-        return f"the gate's state is unknown ({exc})"
+    return api.gate().summary(api.session)
 
 
 def wait_for_trip(
@@ -153,7 +144,7 @@ def wait_for_noise_floor(
     reading: FloorReading | None = None
     error = ""
     with stack_api(configuration, "waiting for the gate's noise floor") as api:
-        if api.observed() is not None:
+        if not api.gate().gate_api:
             why = (
                 f"not applicable: target {api.target.name!r} has a foreign gate, whose noise "
                 "floor (if it has one) the harness cannot read"

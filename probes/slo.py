@@ -198,7 +198,7 @@ def gate_sees_every_router(
     A blind gate never trips, so a run without this check could pass quietly."""
     try:
         with stack_api(configuration, "finding the routers and the gate") as api:
-            if api.observed() is not None:
+            if not api.gate().gate_api:
                 return _foreign_gate_sees(api)
             health: dict[str, JsonObject | None] = {}
             routers = api.target.replicas("router")
@@ -221,8 +221,7 @@ def gate_sees_every_router(
 def _foreign_gate_sees(api: StackApi) -> Slo:
     """A foreign gate can see when its observer says so: its rules loaded and healthy, the
     stack's metrics scraped (``gameday.observers``). Measured: the problems found."""
-    observer = api.observed()
-    assert observer is not None
+    observer = api.gate()
     snap = observer.snapshot(api.session)
     if snap.sees:
         return result("gate_blind", 0.0, 0.0, "problems", True, observer=observer.name)

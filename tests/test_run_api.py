@@ -12,8 +12,9 @@ import pytest
 import requests
 
 from gameday.api import HOPS_PATH, ApiError, StackApi
+from gameday.observers.broker import BrokerObserver
 from gameday.targets import parse_target
-from tests.broker_support import preload_history, start_broker
+from tests.broker_support import broker_with_versions, drive_to, preload_history, start_broker
 from tests.procs import ADMIN_TOKEN, Spawner, free_port, wait_for
 
 PRELOADED = 10_020  # more than one page of the broker (10,000 events)
@@ -103,3 +104,33 @@ def test_the_gate_state_and_replica_health(spawn: Spawner, broker_url: str, tmp_
     assert len(paged) >= 2 and all(len(p["hops"]) <= 2 for p in paged)
     # Reading on adds the reads' own hops: the pages hold at least the one-page read's.
     assert [h["seq"] for p in paged for h in p["hops"]][: len(seqs)] == seqs
+
+
+def test_canarystack_gate_is_read_through_the_same_observer_interface(
+    spawn: Spawner, tmp_path: Path
+) -> None:
+    """canarystack's gate sits behind the observer interface foreign gates use: its
+    snapshot says progressing at the broker's weight with a gate that can see nothing yet
+    (no canary sample: not inconclusive at first), then tripped at weight 0 once the
+    broker's phase is tripped, and the history every check reads is the broker's own."""
+    proc, broker = broker_with_versions(spawn, tmp_path / "broker")
+    gate = spawn("canarystack.gate", "--broker", proc.url)
+    target = _target(tmp_path, broker_url=proc.url, gate_url=gate.url)
+    observer = target.observer()
+    assert isinstance(observer, BrokerObserver) and observer.gate_api
+    assert target.observer() is observer  # one per target: its log is the experiment's
+    with requests.Session() as session:
+        api = StackApi(session, target)
+        wait_for(lambda: api.gate_state().get("revision"), what="the gate's release")
+        before = observer.snapshot(session)
+        assert before.tripped is False and before.canary_weight == 5.0
+        assert before.pins_to_canary is True and before.why == []
+        drive_to(broker, "default", "tripped")
+        after = observer.snapshot(session)
+        assert after.tripped is True and after.canary_weight == 0.0
+        assert after.signal == "phase tripped" and after.pins_to_canary is False
+        # The checks read the broker's history through the observer, not the snapshots.
+        phases = [e["change"]["phase"]["new"] for e in api.events() if "phase" in e["change"]]
+        assert phases == ["progressing", "tripped"]  # its creation, then the trip
+        assert api.gate().where() == f"{gate.url}/v1/gate/default"
+    assert [s.tripped for s in observer.log.snapshots()] == [False, True]

@@ -20,8 +20,8 @@ A snapshot's times are as good as its polling: ``gameday run`` samples every
 Backends: ``EnvoyAlertObserver`` (an alert in Prometheus is the trip; Envoy's weighted
 clusters and the admin runtime that overrides them are the weights); on the Kubernetes API
 (``gameday.observers.kubernetes``) an Argo Rollouts ``Rollout``, a Flagger ``Canary``, and
-an ``HTTPRoute`` or Istio ``VirtualService``'s weights. canarystack's own gate is read from
-its broker (``gameday.api.StackApi``).
+an ``HTTPRoute`` or Istio ``VirtualService``'s weights; canarystack's own gate from its
+broker's history and its gate API (``gameday.observers.broker``).
 
 This module only reads: it never changes a weight, an alert or a route.
 """
@@ -37,6 +37,7 @@ from pathlib import Path
 import requests
 
 from canary_contract.json import JsonObject
+from gameday.stackhttp import ApiError
 
 __all__ = [
     "READ_TIMEOUT_S",
@@ -75,10 +76,19 @@ class GateSnapshot:
 
 
 class GateObserver(ABC):
-    """Reads a gate's state; ``name`` is what the events' ``actor`` says."""
+    """Reads a gate's state; ``name`` is what the events' ``actor`` says.
+
+    Every check reads a gate through the four broker-shaped reads below (``release``,
+    ``events``, ``routers``, ``gate_state``). A foreign gate answers them from its
+    snapshots (``history``, ``release_now``); canarystack's gate keeps a history of its
+    own, and ``gameday.observers.broker.BrokerObserver`` reads it from the broker.
+    ``gate_api`` says whether the gate also answers canarystack's gate API (its noise
+    floor and counters, ``gate_state``).
+    """
 
     name: str
     log: ObservationLog
+    gate_api: bool = False
 
     @abstractmethod
     def read(self, session: requests.Session) -> GateSnapshot:
@@ -90,6 +100,44 @@ class GateObserver(ABC):
         snap = self.read(session)
         self.log.append(snap)
         return snap
+
+    # --- the broker-shaped reads -----------------------------------------------------
+    def release(self, session: requests.Session, release: str) -> JsonObject:
+        """The release as a broker would show it (phase, weights), from what was seen."""
+        snap = self.snapshot(session)
+        return release_now(self.log.snapshots(), snap, release)
+
+    def events(self, session: requests.Session, after_seq: int = 0) -> list[JsonObject]:
+        """The release's history after ``after_seq``, oldest first (``history``)."""
+        self.snapshot(session)
+        events = history(self.log.snapshots(), self.name)
+        return [e for e in events if int(e["seq"]) > after_seq]
+
+    def routers(self, session: requests.Session) -> list[JsonObject]:
+        """The entry points that report themselves (heartbeats); none here: a foreign
+        gate's snapshot reads every entry point's weight itself."""
+        return []
+
+    def gate_state(self, session: requests.Session) -> JsonObject:
+        """canarystack's gate API answer; ApiError (404, not applicable) for a gate
+        without it."""
+        raise ApiError(
+            f"not applicable: the gate read by {self.name!r} has no canarystack gate API "
+            "(its noise floor and counters)",
+            self.name,
+            404,
+        )
+
+    def where(self) -> str:
+        """Where the gate is read (failure messages): the observer's name, or a URL."""
+        return self.name
+
+    def summary(self, session: requests.Session) -> str:
+        """One line on what the gate shows now (failure messages)."""
+        snap = self.snapshot(session)
+        firing = f"{snap.signal} firing" if snap.tripped else "no alert firing"
+        seen = "it can see" if snap.sees else f"it cannot see ({'; '.join(snap.why)})"
+        return f"the gate ({self.name}): {firing}, canary weight {snap.canary_weight}%, {seen}"
 
 
 class ObservationLog:

@@ -188,7 +188,7 @@ def read_gate(target: Target, session: requests.Session | None = None) -> JsonOb
     try:
         with given_or_own(session) as http:
             api = StackApi(http, target)
-            url = api.gate_url()
+            url = api.gate().where()
             state = api.gate_state()
     except ApiError as exc:
         error = str(exc) if exc.status else f"cannot read the gate at {url}: {exc}"

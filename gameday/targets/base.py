@@ -11,13 +11,16 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Literal, Protocol, Self
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, Self
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from canary_contract.json import JsonObject
 from gameday.errors import GamedayError
+
+if TYPE_CHECKING:
+    from gameday.observers.base import GateObserver
 
 # The roles a component can have; "model" in an action means both model roles.
 ROLES = ("router", "broker", "gate", "rollback", "model-baseline", "model-canary")
@@ -147,6 +150,7 @@ class Target(ABC):
         what every spec gives: the name and the blast radius."""
         self.name = spec.name
         self.blast_radius = spec.blast_radius
+        self._gate_observer: GateObserver | None = None
 
     @classmethod
     def from_spec(cls, spec: TargetSpec) -> Self:
@@ -177,6 +181,15 @@ class Target(ABC):
                 "blast_radius.components in the target file if it may be harmed."
             )
         return roles
+
+    def observer(self) -> GateObserver:
+        """How the harness reads the target's gate: canarystack's own gate (its broker's
+        release, history and routers, and its gate API) unless the kind says otherwise."""
+        if self._gate_observer is None:
+            from gameday.observers.broker import BrokerObserver  # it reads targets' history
+
+            self._gate_observer = BrokerObserver(self)
+        return self._gate_observer
 
     @abstractmethod
     def service_url(self, role: str) -> str:
