@@ -212,6 +212,22 @@ def describe(spec: oa.ApiSpec, app: web.Application) -> None:
         ok=oa.listing("routers", router, ("expiry_s",), expiry_s=oa.NUMBER),
     )
     routes.get(
+        "/v1/store",
+        summary="Whether the store holds every acknowledged write ('ok') or lost some "
+        "('lost': what, and how to recover), and the high-water mark it is held to.",
+        ok=oa.obj(("status", "acknowledged", "carried"), status={"enum": ["ok", "lost"]}),
+    )
+    routes.post(
+        "/v1/store/accept-loss",
+        summary="An operator accepts a store loss: quarantines are kept, each release comes "
+        "back at a new revision with its canary at 0 %, and the broker serves again.",
+        admin=True,
+        params=[actor],
+        body=spec.model(schemas.AcceptLoss),
+        ok=oa.obj(("status", "accepted"), status={"const": "ok"}, accepted=oa.ANY_OBJECT),
+        responses={409: oa.error_response("the store lost nothing")},
+    )
+    routes.get(
         "/v1/whoami",
         summary="Which credential the caller holds and what it may write (403 for a write "
         "it does not grant; docs/ARCHITECTURE.md §8).",

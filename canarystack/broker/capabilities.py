@@ -60,6 +60,7 @@ WRITES: Mapping[str, frozenset[str]] = {
     "patch_release": frozenset({OPERATOR, TRIP, ROLLBACK}),
     "annotate": frozenset({OPERATOR, ROLLBACK}),
     "heartbeat": frozenset({OPERATOR, HEARTBEAT}),
+    "accept_store_loss": frozenset({OPERATOR}),
 }
 
 # What a write is, in words ("it cannot <this>").
@@ -70,6 +71,7 @@ WRITE_WORDS: Mapping[str, str] = {
     "patch_release": "change releases",
     "annotate": "annotate releases",
     "heartbeat": "send router heartbeats",
+    "accept_store_loss": "accept a loss of the broker's store",
 }
 
 # For the credentials that may PATCH but not freely: the phase edges and fields allowed.

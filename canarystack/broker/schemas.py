@@ -128,6 +128,13 @@ class PatchRelease(_Body):
     reason: Reason = ""
 
 
+class AcceptLoss(_Body):
+    """``POST /v1/store/accept-loss``: an operator accepts what the store lost (recorded)."""
+
+    actor: Actor | None = None
+    reason: Annotated[str, Field(min_length=1, max_length=4000)]
+
+
 class Annotation(_Body):
     actor: Actor | None = None
     change: Annotated[JsonObject, _small_json("change")]

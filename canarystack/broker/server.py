@@ -25,6 +25,7 @@ from canarystack.broker import capabilities
 from canarystack.broker.api_spec import install as install_api_spec
 from canarystack.broker.capabilities import Credentials
 from canarystack.broker.changes import ReleasePatch
+from canarystack.broker.custody import recovery_text
 from canarystack.broker.digest import manifest_digest
 from canarystack.broker.errors import BrokerDomainError, Conflicting, Missing, Refused
 from canarystack.broker.keys import BROKER, MAX_EVENTS_PER_PAGE
@@ -33,6 +34,7 @@ from canarystack.broker.schemas import (
     MAX_EVENT_FIELD_BYTES,
     MAX_TRIP_COLOURS,
     NAME_PATTERN,
+    AcceptLoss,
     Annotation,
     CreateRelease,
     Heartbeat,
@@ -159,7 +161,7 @@ async def register_version(request: web.Request) -> web.Response:
         )
     version, created = await broker.write(
         "register_version",
-        broker.store.register_version,
+        broker.custody.register_version,
         body.version,
         body.digest,
         body.manifest,
@@ -242,6 +244,7 @@ async def create_release(request: web.Request) -> web.Response:
         actor,
         body.reason,
         time.time(),
+        broker.custody.first_revision(body.name),
         changed=lambda release: [release],
     )
     _log.info("release_created", release=body.name, actor=actor, revision=release["revision"])
@@ -415,6 +418,97 @@ async def list_routers(request: web.Request) -> web.Response:
     )
 
 
+# -- handlers: the store's custody ------------------------------------------------------------
+async def store_state(request: web.Request) -> web.Response:
+    """``GET /v1/store``: whether the store holds every acknowledged write (``ok``) or lost
+    some (``lost``, with what and how to recover), and the high-water mark it is held to."""
+    broker = _broker(request)
+    custody = broker.custody
+    body: JsonObject = {
+        "status": "lost" if custody.lost else "ok",
+        "acknowledged": custody.mark.acknowledged.to_json(),
+        "carried": custody.mark.carried.to_json(),
+        "mark_unsaved": custody.unsaved,
+    }
+    if custody.lost:
+        body["lost"] = custody.lost.to_json()
+        body["recovery"] = recovery_text(broker.state_dir)
+    return json_response(body)
+
+
+async def accept_loss(request: web.Request) -> web.Response:
+    """``POST /v1/store/accept-loss`` (operator): serve again on the store as it is."""
+    broker, credential = _authorized(request, "accept_store_loss")
+    body = parse_model(AcceptLoss, await read_json_object(request, BROKER_MAX_BODY_BYTES))
+    actor = _actor(body.actor, request)
+    if broker.store_lost is None:
+        raise Conflict(
+            "The store lost nothing (GET /v1/store says ok): there is no loss to accept.",
+            code="no_store_loss",
+        )
+    loss = await broker.accept_loss(actor, body.reason)
+    return json_response({"status": "ok", "accepted": loss.to_json(), "by": credential})
+
+
+# Served while the store is lost: what it is, how to recover, and what routers report.
+_WHILE_LOST = {
+    ("GET", "/v1/store"),
+    ("POST", "/v1/store/accept-loss"),
+    ("GET", "/v1/routers"),
+    ("POST", "/v1/routers/heartbeat"),
+    ("GET", "/v1/whoami"),
+}
+
+
+@web.middleware
+async def store_lost_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """503 ``store_lost`` on every other /v1 call while the store is behind its mark: an
+    older store must not hand out an older release (a quarantine undone, a canary back)."""
+    broker = request.app[BROKER]
+    loss = broker.store_lost
+    if (
+        loss is not None
+        and request.path.startswith("/v1/")
+        and (request.method, request.path) not in _WHILE_LOST
+    ):
+        raise Unavailable(
+            "The broker's store is older than what it acknowledged, so it serves nothing "
+            f"from it; lost: {'; '.join(loss.lines())}. {recovery_text(broker.state_dir)} "
+            "GET /v1/store shows the details.",
+            code="store_lost",
+            extra={"lost": loss.to_json()},
+        )
+    return await handler(request)
+
+
+def _health(broker: Broker) -> JsonObject:
+    out: JsonObject = {
+        "releases": len(broker.releases),
+        "watchers": broker.watchers,
+        # A router checks its --watch-timeout-s against this at start (a longer one would
+        # be refused with 400 on every watch and never apply a trip).
+        "max_watch_s": broker.max_watch_s,
+        "router_expiry_s": broker.router_expiry_s,
+        "store": "ok",
+    }
+    custody = broker.custody
+    if custody.lost:
+        out["store"] = "lost"
+        out["status"] = "store_lost"
+        out["degraded_reasons"] = [
+            f"the store lost acknowledged writes: {'; '.join(custody.lost.lines())}. "
+            + recovery_text(broker.state_dir)
+        ]
+    elif custody.unsaved:
+        out["store"] = "mark_unsaved"
+        out["status"] = "degraded"
+        out["degraded_reasons"] = [
+            f"the high-water mark could not be saved ({custody.unsaved}): a later loss of "
+            "the store would go unnoticed; free the disk or fix the folder's permissions"
+        ]
+    return out
+
+
 # -- app ------------------------------------------------------------------------------------
 _STATUS_OF: dict[type[BrokerDomainError], type[ApiError]] = {
     Missing: NotFound,
@@ -490,16 +584,10 @@ def build_app(
         max_watch_s=max_watch_s,
         credentials=credentials,
     )
-    component.health_extra = lambda: {
-        "releases": len(broker.releases),
-        "watchers": broker.watchers,
-        # A router checks its --watch-timeout-s against this at start (a longer one would
-        # be refused with 400 on every watch and never apply a trip).
-        "max_watch_s": broker.max_watch_s,
-        "router_expiry_s": broker.router_expiry_s,
-    }
+    component.health_extra = lambda: _health(broker)
     app = create_app(component, client_max_size=BROKER_MAX_BODY_BYTES)
     app.middlewares.append(fault_middleware)
+    app.middlewares.append(store_lost_middleware)
     app.middlewares.append(domain_error_middleware)
     app[BROKER] = broker
     app.cleanup_ctx.append(_broker_ctx)
@@ -519,6 +607,8 @@ def build_app(
             web.post("/v1/routers/heartbeat", heartbeat),
             web.get("/v1/routers", list_routers),
             web.get("/v1/whoami", whoami),
+            web.get("/v1/store", store_state),
+            web.post("/v1/store/accept-loss", accept_loss),
         ]
     )
     install_api_spec(app)

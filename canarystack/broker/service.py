@@ -22,6 +22,8 @@ from prometheus_client import Counter, Gauge, Histogram
 from canary_contract.json import JsonObject
 from canarystack.broker import capabilities
 from canarystack.broker.capabilities import Credentials
+from canarystack.broker.custody import Custody, recovery_text
+from canarystack.broker.highwater import Loss
 from canarystack.broker.schemas import Heartbeat
 from canarystack.broker.store import Store
 from canarystack.common.app import Component
@@ -94,6 +96,7 @@ class Broker:
         self._wall = wall
         self._executor: ThreadPoolExecutor | None = None
         self._store: Store | None = None
+        self._custody: Custody | None = None
         self.releases: dict[str, JsonObject] = {}
         self._changed: dict[str, asyncio.Event] = {}
         self._routers: dict[str, RouterBeat] = {}
@@ -130,6 +133,8 @@ class Broker:
     async def start(self) -> None:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="broker-sqlite")
         self._store = await self._db(Store.open, self.state_dir)
+        self._custody = Custody(self._store, self.state_dir)
+        loss = await self._db(self._custody.check)
         for release in await self._db(self.store.list_releases):
             self._publish(release)
         _log.info(
@@ -139,6 +144,38 @@ class Broker:
             journal_mode="wal",
             synchronous="full",
         )
+        if loss is not None:
+            _log.error(
+                "store_lost",
+                lost=loss.lines(),
+                effect="every /v1 call but GET /v1/store, GET /v1/routers, heartbeats and "
+                "POST /v1/store/accept-loss answers 503 store_lost; /health is 503",
+                recovery=recovery_text(self.state_dir),
+            )
+
+    @property
+    def custody(self) -> Custody:
+        if self._custody is None:
+            raise RuntimeError("the broker store is not open (start() has not run)")
+        return self._custody
+
+    @property
+    def store_lost(self) -> Loss | None:
+        """What the store lost against its high-water mark, until an operator accepts it."""
+        return None if self._custody is None else self._custody.lost
+
+    async def accept_loss(self, actor: str, reason: str) -> Loss:
+        """The operator's acceptance of the loss (``Custody.accept``); serve again after."""
+        loss, _ = await self.write(
+            "accept_loss",
+            self.custody.accept,
+            actor,
+            reason,
+            time.time(),
+            changed=lambda result: result[1],
+        )
+        _log.warning("store_loss_accepted", actor=actor, reason=reason, lost=loss.lines())
+        return loss
 
     def wake_all(self) -> None:
         """On shutdown: let every waiting long-poll answer now."""
@@ -185,7 +222,9 @@ class Broker:
         loop = asyncio.get_running_loop()
         if self._executor is None:
             raise RuntimeError("the broker's database thread is not running")
-        future = loop.run_in_executor(self._executor, functools.partial(fn, *args))
+        future = loop.run_in_executor(
+            self._executor, functools.partial(self._write_marked, fn, *args)
+        )
 
         def on_commit(done: asyncio.Future[T]) -> None:
             if done.cancelled() or done.exception() is not None:
@@ -202,6 +241,13 @@ class Broker:
             self._writes.labels(kind=kind, outcome=_OUTCOME_LABEL.get(name, name)).inc()
             raise
         self._writes.labels(kind=kind, outcome="ok").inc()
+        return result
+
+    def _write_marked(self, fn: Callable[..., T], *args: Any) -> T:
+        """On the database thread: the write, then the high-water mark grown to cover it,
+        so no answer is newer than the mark (a failed write changes nothing to mark)."""
+        result = fn(*args)
+        self.custody.after_write()
         return result
 
     async def read(self, fn: Callable[..., T], *args: Any) -> T:

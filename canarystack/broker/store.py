@@ -21,6 +21,7 @@ from canary_contract.json import JsonObject
 from canarystack.broker.changes import ReleasePatch as ReleasePatch  # tests import it here
 from canarystack.broker.changes import diff, number, plan
 from canarystack.broker.errors import Conflicting, Missing, Refused
+from canarystack.broker.highwater import Summary
 from canarystack.broker.phases import Phase
 
 SCHEMA_VERSION = 1
@@ -153,6 +154,17 @@ class Store:
 
     def pragma(self, name: str) -> Any:
         return self._conn.execute(f"PRAGMA {name}").fetchone()[0]
+
+    def summary(self) -> Summary:
+        """What the store holds, for the high-water mark (``highwater``)."""
+        db = self._conn
+        versions = {r["version"]: r["digest"] for r in db.execute("SELECT * FROM versions")}
+        quarantined = frozenset(
+            r["version"] for r in db.execute("SELECT version FROM versions WHERE quarantined")
+        )
+        releases = {r["name"]: r["revision"] for r in db.execute("SELECT * FROM releases")}
+        seq = db.execute("SELECT COALESCE(MAX(seq), 0) FROM events").fetchone()[0]
+        return Summary(releases, versions, quarantined, int(seq))
 
     @contextlib.contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:
@@ -328,7 +340,10 @@ class Store:
         actor: str,
         reason: str,
         now: float,
+        first_revision: int = 1,
     ) -> JsonObject:
+        """A new release at ``first_revision`` (above 1 only for a name whose earlier
+        release a store loss took: its revisions are never reused)."""
         with self._tx() as db:
             if self._release_in_tx(db, name) is not None:
                 raise Conflicting(
@@ -350,12 +365,21 @@ class Store:
             db.execute(
                 "INSERT INTO releases (name, phase, revision, stable_version, canary_version, "
                 "weight_canary, trip, created_at, updated_at) "
-                "VALUES (?, ?, 1, ?, ?, ?, NULL, ?, ?)",
-                (name, Phase.PROGRESSING.value, stable, canary, canary_weight, now, now),
+                "VALUES (?, ?, ?, ?, ?, ?, NULL, ?, ?)",
+                (
+                    name,
+                    Phase.PROGRESSING.value,
+                    first_revision,
+                    stable,
+                    canary,
+                    canary_weight,
+                    now,
+                    now,
+                ),
             )
             release = self._release_in_tx(db, name)
             assert release is not None
-            self._append(db, name, now, 1, actor, diff(None, release), reason)
+            self._append(db, name, now, first_revision, actor, diff(None, release), reason)
             return release
 
     def patch_release(
@@ -404,6 +428,33 @@ class Store:
             assert release is not None and release["revision"] == revision
             self._append(db, name, now, revision, actor, change, reason)
             return release, True
+
+    def skip_past_loss(
+        self, name: str, lost_revision: int, change: JsonObject, actor: str, reason: str, now: float
+    ) -> JsonObject:
+        """After an accepted store loss: move the release to ``lost_revision + 1`` with its
+        canary at 0 % (a revision a router applied before the loss must never look newer
+        than what the store serves now, and what the canary got was lost too), and record
+        ``change`` with the move in an event."""
+        with self._tx() as db:
+            old = self._release_in_tx(db, name)
+            if old is None:
+                raise Missing(f"No release {name!r}: GET /v1/releases lists them.", param="name")
+            revision = max(lost_revision, old["revision"]) + 1
+            db.execute(
+                "UPDATE releases SET revision = ?, weight_canary = 0, updated_at = ? "
+                "WHERE name = ? AND revision = ?",
+                (revision, now, name, old["revision"]),
+            )
+            new = self._release_in_tx(db, name)
+            assert new is not None
+            recorded: JsonObject = {
+                **change,
+                **diff(old, new),
+                "revision": {"old": old["revision"], "new": revision},
+            }
+            self._append(db, name, now, revision, actor, recorded, reason)
+            return new
 
     def _canary_ref(self, db: sqlite3.Connection, version: str) -> JsonObject:
         row = db.execute(
