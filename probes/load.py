@@ -58,17 +58,24 @@ def _model_args(configuration: Configuration | None) -> list[str]:
     return [*(["--model", model] if model else []), *(load_args() if callable(load_args) else [])]
 
 
-def _start_worker_pods(configuration: Configuration | None) -> tuple[int, int] | None:
+def _start_worker_pods(configuration: Configuration | None) -> tuple[int, int, str] | None:
     """Scale the target's Locust worker pods up (``load_workers`` of a Kubernetes target
-    file) before their master starts here: (how many, the master's port), or None when
-    the load runs here alone. They connect to 127.0.0.1 (host network) once it listens."""
+    file) before their master starts: (how many, the master's port, where it binds), or
+    None when the load runs here alone. They connect to the master once it listens."""
     target = get_target(configuration)
     scale = getattr(target, "scale_load_workers", None)
     spec = getattr(getattr(target, "spec", None), "load_workers", None)
     if not callable(scale) or spec is None:
         return None
     scale(spec.replicas)
-    return int(spec.replicas), int(spec.master_port)
+    bind = spec.master.bind_host if spec.master is not None else "127.0.0.1"
+    return int(spec.replicas), int(spec.master_port), bind
+
+
+def _master_pod(configuration: Configuration | None, run_bound_s: float) -> Any:
+    """The pod the master runs in (``load_workers.master``), or None: it runs here."""
+    make = getattr(get_target(configuration), "load_master", None)
+    return make(run_bound_s) if callable(make) else None
 
 
 def _stop_worker_pods(configuration: Configuration | None) -> None:
@@ -148,7 +155,9 @@ def before_method_control(
             seed=_seed(seed),
             external_workers=workers[0] if workers else None,
             master_port=workers[1] if workers else None,
+            master_bind_host=workers[2] if workers else "127.0.0.1",
         )
+        remote = _master_pod(configuration, float(max_duration_s))
     except (ValueError, TypeError, TargetError) as exc:
         _stop_worker_pods(configuration)
         load_state.mark_failed(folder, str(exc))
@@ -156,8 +165,8 @@ def before_method_control(
             f"the user load could not start, so the experiment stops: {exc}"
         ) from None
     try:
-        load_state.start(folder, config)
-    except (LoadRunError, ValueError, TypeError, OSError) as exc:
+        load_state.start(folder, config, remote)
+    except (LoadRunError, TargetError, ValueError, TypeError, OSError) as exc:
         _stop_worker_pods(configuration)
         raise InterruptExecution(
             f"the user load could not start, so the experiment stops: {exc}"

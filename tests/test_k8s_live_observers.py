@@ -22,9 +22,12 @@ from typing import Any
 import pytest
 import requests
 
+from gameday.load.pod_run import PodLoadRun
+from gameday.load.runner import LoadConfig, LoadStartError
 from gameday.observers import GateObserver, history
 from gameday.targets import TargetError, parse_target
 from gameday.targets.external import ExternalTarget
+from gameday.targets.kubernetes import KubernetesTarget
 from tests.procs import pid_alive
 from tests.test_k8s_live import (
     KUBECONFIG,
@@ -412,3 +415,110 @@ def test_an_external_target_rolls_a_bad_build_out_and_back(cluster: None, tmp_pa
     assert dep["spec"]["template"]["spec"]["containers"][0]["args"] == ["--model", "m"]
     assert book.outstanding() == []
     admin_call("DELETE", path)
+
+
+# -- the Locust master as a pod (load_workers.master) ------------------------------------
+def _master_target() -> KubernetesTarget:
+    """A Kubernetes target whose Locust master runs from deployment/locust-master's
+    template in this namespace (0 replicas, the image's entry point, host network)."""
+    labels = {"app": "locust-master"}
+    container = {
+        "name": "locust",
+        "image": "canarystack:0.1.0",
+        "imagePullPolicy": "Never",
+        "args": ["locust-master"],
+        "resources": {"requests": {"cpu": "10m"}},
+        "volumeMounts": [{"name": "records", "mountPath": "/records"}],
+    }
+    spec = {
+        "hostNetwork": True,
+        "automountServiceAccountToken": False,
+        "containers": [container],
+        "volumes": [{"name": "records", "persistentVolumeClaim": {"claimName": "nowhere"}}],
+    }
+    template = {"metadata": {"labels": labels}, "spec": spec}
+    recreate(
+        DEPLOYMENTS,
+        {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {"name": "locust-master"},
+            "spec": {"replicas": 0, "selector": {"matchLabels": labels}, "template": template},
+        },
+    )
+    target = parse_target(
+        {
+            "kind": "kubernetes",
+            "namespace": NS,
+            "kubeconfig": str(KUBECONFIG),
+            "urls": {"router": "http://127.0.0.1:1"},
+            "blast_radius": {"namespaces": [NS]},
+            "load_workers": {
+                "master_port": 18999,
+                "master": {"template": "deployment/locust-master", "bind_host": "127.0.0.1"},
+            },
+        }
+    )
+    assert isinstance(target, KubernetesTarget)
+    return target
+
+
+def test_a_master_pod_runs_stops_by_pid_hands_files_back_and_is_deleted(cluster: None) -> None:
+    """The master pod is made from the template (its claim replaced by an emptyDir, a TTL
+    of the run's bound plus the margin), runs the command given, hands its files back
+    byte for byte, stops it by PID (SIGTERM: exit 143), and is gone once deleted."""
+    master = _master_target().load_master(60.0)
+    assert master is not None
+    payload = "open('/tmp/gameday-load/x.bin','wb').write(bytes(range(256))*40)"
+    master.start(["python", "-c", f"{payload}; import time; time.sleep(600)"])
+    try:
+        code, pod = admin_call("GET", f"/api/v1/namespaces/{NS}/pods/{master.name}")
+        assert code == 200, pod
+        assert pod["spec"]["activeDeadlineSeconds"] == 360  # 60 s run + 300 s margin
+        assert pod["spec"]["restartPolicy"] == "Never"
+        assert [v.get("emptyDir") is not None for v in pod["spec"]["volumes"]] == [True]
+        deadline = time.monotonic() + 30
+        while not master.has("/tmp/gameday-load/x.bin"):
+            assert time.monotonic() < deadline, master.log_tail()
+            time.sleep(0.2)
+        assert master.read("/tmp/gameday-load/x.bin") == bytes(range(256)) * 40
+        assert master.read("/tmp/gameday-load/none") is None
+        assert master.exit_code() is None  # still running
+        master.stop()
+        while (code_now := master.exit_code()) is None:
+            assert time.monotonic() < deadline + 30, master.log_tail()
+            time.sleep(0.2)
+        assert code_now == 143  # SIGTERM, sent to the PID its shell wrote
+    finally:
+        master.delete()
+    deadline = time.monotonic() + 30
+    while admin_call("GET", f"/api/v1/namespaces/{NS}/pods/{master.name}")[0] != 404:
+        assert time.monotonic() < deadline, "the master pod was not deleted"
+        time.sleep(0.2)
+
+
+def test_a_master_pod_whose_locust_cannot_start_is_deleted_and_named(
+    cluster: None, tmp_path: Path
+) -> None:
+    """A load that cannot start (the router is not there: the locustfile's start check
+    fails, so the test never starts) raises LoadStartError naming the pod, and the pod is
+    deleted — nothing of the run is left on the cluster."""
+    target = _master_target()
+    master = target.load_master(60.0)
+    assert master is not None
+    config = LoadConfig(
+        host="http://127.0.0.1:1",
+        output_dir=tmp_path,
+        users=1,
+        spawn_rate=1,
+        duration_s=5,
+        external_workers=1,
+        master_port=18999,
+        extra_args=["--no-such-option"],
+    )
+    with pytest.raises(LoadStartError, match=master.name):
+        PodLoadRun(config, master).start(timeout_s=60)
+    deadline = time.monotonic() + 30
+    while admin_call("GET", f"/api/v1/namespaces/{NS}/pods/{master.name}")[0] != 404:
+        assert time.monotonic() < deadline, "the master pod was not deleted"
+        time.sleep(0.2)

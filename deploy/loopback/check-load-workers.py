@@ -1,5 +1,6 @@
 """Exit 0 when every experiment of a run folder that ran a load got records from each of
-its Locust worker pods (result.json evidence.load_workers); say which did not otherwise.
+its Locust worker pods (result.json evidence.load_workers) through a master that ran as a
+pod (load.json master_pod); say which did not otherwise.
 
     .venv/bin/python deploy/loopback/check-load-workers.py reports/latest [--workers 2]
 """
@@ -25,7 +26,13 @@ def main() -> int:
         seen += 1
         by_worker = (doc.get("evidence") or {}).get("load_workers") or {}
         counts = sorted(int(n) for n in by_worker.values())
-        print(f"{doc.get('experiment')}: records by worker {counts}")
+        try:
+            master = json.loads((path.parent / "load.json").read_text()).get("master_pod")
+        except (OSError, ValueError):
+            master = None
+        print(f"{doc.get('experiment')}: records by worker {counts}, master pod {master}")
+        if not master:
+            problems.append(f"{doc.get('experiment')}: its Locust master did not run as a pod")
         if len(counts) < args.workers or min(counts, default=0) <= 0:
             problems.append(
                 f"{doc.get('experiment')}: records from {len(counts)} worker(s) {counts}, "

@@ -94,6 +94,7 @@ class LoadConfig:
     # 127.0.0.1:master_port, and starts once that many have connected.
     external_workers: int | None = None
     master_port: int | None = None
+    master_bind_host: str = "127.0.0.1"  # where the master listens for its workers
     max_tokens: int | None = None
     api_path: str | None = None
     run_id: str | None = None
@@ -190,11 +191,11 @@ class LoadRun:
     def command(self) -> list[str]:
         c = self.config
         cmd = [
-            c.python,
+            self.python_arg(),
             "-m",
             "locust",
             "-f",
-            str(c.locustfile),
+            self.locustfile_arg(),
             "--headless",
             "--host",
             c.host,
@@ -207,11 +208,11 @@ class LoadRun:
             "--prompt-mix",
             c.prompt_mix,
             "--records-out",
-            str(self.records_path),
+            self.path_arg(self.records_path),
             "--summary-out",
-            str(self.summary_path),
+            self.path_arg(self.summary_path),
             "--ready-file",
-            str(self.ready_path),
+            self.path_arg(self.ready_path),
         ]
         if c.duration_s is not None:
             cmd += ["-t", f"{math.ceil(c.duration_s)}s"]
@@ -225,7 +226,8 @@ class LoadRun:
             # Worker pods connect to 127.0.0.1:master_port (host network, loopback only).
             cmd += ["--master", "--expect-workers", str(c.external_workers)]
             cmd += ["--expect-workers-max-wait", f"{EXTERNAL_WORKERS_WAIT_S:g}"]
-            cmd += ["--master-bind-host", "127.0.0.1", "--master-bind-port", str(c.master_port)]
+            bind = c.master_bind_host
+            cmd += ["--master-bind-host", bind, "--master-bind-port", str(c.master_port)]
         if c.max_tokens is not None:
             cmd += ["--max-tokens", str(c.max_tokens)]
         if c.api_path:
@@ -233,16 +235,27 @@ class LoadRun:
         if c.run_id:
             cmd += ["--run-id", c.run_id]
         if c.oracle:
-            cmd += ["--oracle", "--oracle-out", str(self.oracle_path)]
+            assert self.oracle_path is not None  # set whenever config.oracle is
+            cmd += ["--oracle", "--oracle-out", self.path_arg(self.oracle_path)]
         if c.csv:
-            cmd += ["--csv", str(self.output_dir / "locust")]
+            cmd += ["--csv", self.path_arg(self.output_dir / "locust")]
         if c.html:
-            cmd += ["--html", str(self.output_dir / "locust.html")]
+            cmd += ["--html", self.path_arg(self.output_dir / "locust.html")]
         cmd += env_extra_args()
         cmd += list(c.extra_args)
         if c.seed is not None:  # last: a campaign's per-run seed is never overridden
             cmd += ["--seed", str(c.seed)]
         return cmd
+
+    def python_arg(self) -> str:
+        return self.config.python
+
+    def locustfile_arg(self) -> str:
+        return str(self.config.locustfile)
+
+    def path_arg(self, path: Path) -> str:
+        """How Locust names ``path`` of the output folder (here: the path itself)."""
+        return str(path)
 
     # --- lifecycle -----------------------------------------------------------------
     @property

@@ -16,7 +16,9 @@ from pathlib import Path
 
 from canary_contract.json import JsonObject
 from gameday.atomic import write_json
-from gameday.load.runner import LoadConfig, LoadRun, LoadRunError
+from gameday.errors import GamedayError
+from gameday.load.pod_run import PodLoadRun, RemoteMaster
+from gameday.load.runner import LoadConfig, LoadRun
 
 LOAD_STATE_NAME = "load.json"
 
@@ -37,12 +39,13 @@ def write_state(folder: Path, state: JsonObject) -> None:
     write_json(folder / LOAD_STATE_NAME, state)
 
 
-def start(folder: Path, config: LoadConfig) -> None:
-    """Start Locust for ``folder``'s experiment; raises what stopped it from starting
-    (``load.json`` then says ``failed`` with the error)."""
+def start(folder: Path, config: LoadConfig, remote: RemoteMaster | None = None) -> None:
+    """Start Locust for ``folder``'s experiment (its master in ``remote``, a pod, when
+    given); raises what stopped it from starting (``load.json`` then says ``failed`` with
+    the error)."""
     state: JsonObject = {"state": "starting"}
     try:
-        run = LoadRun(config)
+        run = LoadRun(config) if remote is None else PodLoadRun(config, remote)
         state = {
             "state": "starting",
             "host": config.host,
@@ -59,7 +62,7 @@ def start(folder: Path, config: LoadConfig) -> None:
         # Registered before it starts: a Ctrl-C during the start still stops it after.
         _RUNS[folder] = run
         run.start()
-    except (LoadRunError, ValueError, TypeError, OSError) as exc:
+    except (GamedayError, ValueError, TypeError, OSError) as exc:
         _RUNS.pop(folder, None)
         write_state(folder, {**read_state(folder), "state": "failed", "error": str(exc)})
         raise
@@ -69,6 +72,7 @@ def start(folder: Path, config: LoadConfig) -> None:
             **state,
             "state": "running",
             "pid": run.pid,
+            **({"master_pod": remote.name} if remote is not None else {}),
             "started_at": time.time(),
             "records": str(run.records_path.resolve()),
             "oracle_records": str(run.oracle_path.resolve()) if run.oracle_path else None,
@@ -90,7 +94,7 @@ def stop(folder: Path) -> None:
     state = read_state(folder)
     try:
         result = run.stop()
-    except LoadRunError as exc:
+    except GamedayError as exc:  # LoadRunError, or a TargetError of a master pod
         write_state(
             folder, {**state, "state": "failed", "stopped_at": time.time(), "error": str(exc)}
         )

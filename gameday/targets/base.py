@@ -67,16 +67,31 @@ class LocalTargetSpec(BaseModel):
     blast_radius: BlastRadius = Field(default_factory=BlastRadius)
 
 
+class LoadMasterSpec(BaseModel):
+    """The Locust master as a pod: one per experiment, made from the pod template of
+    ``template`` (a Deployment in the target's namespace, at 0 replicas), bound to
+    ``bind_host``:``master_port`` for its workers, deleted after the run (and at its TTL,
+    the run's bound plus ``ttl_margin_s``, if the harness is gone)."""
+
+    model_config = ConfigDict(extra="forbid")
+    template: str = "deployment/locust-master"
+    bind_host: str = "0.0.0.0"
+    ttl_margin_s: float = Field(default=300.0, ge=60.0, le=3600.0)
+
+
 class LoadWorkersSpec(BaseModel):
     """Locust worker pods the harness starts for a game day's load (and stops after it):
     ``workload`` (a Deployment in the target's namespace, at 0 replicas between runs)
     scaled to ``replicas``; their master is the harness's own Locust, bound to
-    127.0.0.1:``master_port`` (the workers use the host network on loopback)."""
+    127.0.0.1:``master_port`` (the workers use the host network on loopback), or, with
+    ``master``, a pod of its own (``LoadMasterSpec``)."""
 
     model_config = ConfigDict(extra="forbid")
     workload: str = "deployment/locust-worker"
     replicas: int = Field(default=2, ge=1, le=64)
     master_port: int = Field(ge=1024, le=65535)
+    # The master as a pod too (None: the harness's own Locust is the master).
+    master: LoadMasterSpec | None = None
 
 
 class KubernetesTargetSpec(BaseModel):

@@ -23,6 +23,7 @@ from gameday.targets.base import (
     Target,
     TargetError,
 )
+from gameday.targets.locust_master import MasterPod
 
 # Never a blast radius, whatever a target file says.
 FORBIDDEN_NAMESPACES = ("kube-system", "kube-public", "kube-node-lease")
@@ -458,6 +459,15 @@ class KubernetesTarget(Target):
                 f"failed: {_api_error(exc)}"
             ) from None
         return {"workload": spec.workload, "replicas": int(replicas), "time": time.time()}
+
+    def load_master(self, run_bound_s: float) -> MasterPod | None:
+        """The Locust master pod for one experiment's load (``load_workers.master``), with
+        a TTL of the run's bound plus the spec's margin; None when the harness's own Locust
+        is the master."""
+        spec = self.spec.load_workers
+        if spec is None or spec.master is None:
+            return None
+        return MasterPod(self, spec.master.template, run_bound_s + spec.master.ttl_margin_s)
 
     def describe(self) -> JsonObject:
         return {**super().describe(), "namespace": self.namespace}
