@@ -63,10 +63,16 @@ phase deploy-stack
 rc=0
 "$HERE/gameday-k8s.sh" "$@" || rc=$?
 phase gameday-k8s
-[ "$rc" -eq 0 ] || log "the game days failed (gameday run exited $rc); the report is under reports/latest"
+[ "$rc" -eq 0 ] || log "the game days failed (gameday run exited $rc); the report is under the run folder (reports/latest, or --out's)"
 # The load came from the Locust worker pods (target.yaml's load_workers): every experiment
 # that ran a load counts records from every worker (#25).
-"$REPO/.venv/bin/python" "$HERE/check-load-workers.py" reports/latest || rc=${rc/#0/1}
+out=reports prev=""  # gameday run's --out (its run folder is OUT/latest)
+for a in "$@"; do
+    case "$a" in --out=*) out=${a#--out=} ;; esac
+    [ "$prev" = "--out" ] && out=$a
+    prev=$a
+done
+"$REPO/.venv/bin/python" "$HERE/check-load-workers.py" "$out/latest" || rc=${rc/#0/1}
 phase load-workers
 # Gate observers on this API server: Argo Rollouts, Flagger, HTTPRoute, VirtualService
 # objects read as foreign gates (#25); the module uses the running cluster.
