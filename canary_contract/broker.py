@@ -8,7 +8,7 @@ broker.
 from __future__ import annotations
 
 import enum
-from typing import Annotated, ClassVar
+from typing import Annotated, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
@@ -183,13 +183,18 @@ class Heartbeat(Record):
 class RouterBeat(Record):
     """One router as the broker last heard it (``GET /v1/routers``). ``applied_at`` and
     ``canary_off_since`` are the router's clock; ``canary_off_since`` is null while the
-    canary gets traffic."""
+    canary gets traffic. ``identity`` says what vouches for ``router_id``: ``bound`` (a
+    credential minted for that router), ``shared`` (the heartbeat credential any router
+    may hold) or ``operator``; absent from a broker before #27."""
+
+    omitted_when_none: ClassVar[frozenset[str]] = frozenset({"identity"})
 
     router_id: Text
     release: Text
     applied_revision: Count | None
     applied_at: Number | None
     canary_off_since: Number | None
+    identity: Literal["bound", "shared", "operator"] | None = None
     last_seen: Number
     age_s: Number
 

@@ -55,6 +55,11 @@ class ErrorCode(enum.StrEnum):
     REVISION_CONFLICT = "revision_conflict"
     ILLEGAL_TRANSITION = "illegal_transition"
     NO_CANARY = "no_canary"
+    STORE_LOST = "store_lost"  # 503: the store is older than what the broker acknowledged
+    NO_STORE_LOSS = "no_store_loss"
+    REVISION_AHEAD = "revision_ahead"  # a heartbeat claims a revision never issued
+    ROUTER_IDENTITY = "router_identity"  # a heartbeat credential speaks for another router
+    TOO_MANY_ROUTERS = "too_many_routers"
     # rollback executor
     STEP_REFUSED = "step_refused"
     # router

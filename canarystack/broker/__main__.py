@@ -16,6 +16,7 @@ from typing import IO
 
 from canarystack.broker.capabilities import load_credentials_dir
 from canarystack.broker.server import build_app
+from canarystack.broker.service import DEFAULT_MAX_ROUTERS
 from canarystack.broker.store import StateDirError
 from canarystack.common.auth import describe_admin_flag, load_admin_token
 from canarystack.common.cli import base_parser, entry, parse, serve
@@ -42,6 +43,19 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         default=60.0,
         help="longest long-poll a client may ask for with timeout_s (default 60)",
+    )
+    p.add_argument(
+        "--max-routers",
+        type=int,
+        default=DEFAULT_MAX_ROUTERS,
+        help="router ids the shared heartbeat credential may have listed at once (live or "
+        "recent); a new one beyond is refused with 429 (default %(default)s)",
+    )
+    p.add_argument(
+        "--require-router-credentials",
+        action="store_true",
+        help="take heartbeats only from router-bound credentials (python -m "
+        "canarystack.broker.router_token), so no router can speak for another",
     )
     p.add_argument(
         "--credentials-dir",
@@ -98,6 +112,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         parser.error(
             f"--max-watch-s must be a finite number of seconds > 0, got {args.max_watch_s}"
         )
+    if args.max_routers < 1:
+        parser.error(f"--max-routers must be at least 1, got {args.max_routers}")
     state_dir = Path(args.state_dir).resolve()
     try:
         state_dir.mkdir(parents=True, exist_ok=True)
@@ -123,6 +139,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         max_watch_s=args.max_watch_s,
         max_fault_ttl_s=args.max_fault_ttl_s,
         credentials=credentials,
+        max_routers=args.max_routers,
+        require_router_credentials=args.require_router_credentials,
     )
     try:
         serve(app, args, "broker")

@@ -73,6 +73,7 @@ ROUTER_SCHEMA: JsonObject = oa.obj(
     applied_revision=oa.nullable(oa.INTEGER),
     applied_at=oa.nullable(oa.NUMBER),
     canary_off_since=oa.nullable(oa.NUMBER),
+    identity={"enum": ["bound", "shared", "operator"]},
     last_seen=oa.NUMBER,
     age_s=oa.NUMBER,
 )
@@ -200,10 +201,15 @@ def describe(spec: oa.ApiSpec, app: web.Application) -> None:
     )
     routes.post(
         "/v1/routers/heartbeat",
-        summary="A router says which revision it applied.",
+        summary="A router says which revision it applied (as itself only, when its "
+        "credential is bound to it).",
         admin=True,
         body=spec.model(schemas.Heartbeat),
         ok=oa.obj(("ok",), ok={"const": True}),
+        responses={
+            409: oa.error_response("applied_revision above any revision the broker issued"),
+            429: oa.error_response("--max-routers routers are listed already"),
+        },
     )
     routes.get(
         "/v1/routers",

@@ -6,6 +6,9 @@ This module must never do I/O or know about SQLite: it is the pure rule book.
 
 from __future__ import annotations
 
+import base64
+import binascii
+import hashlib
 import hmac
 import os
 from collections.abc import Mapping
@@ -93,6 +96,40 @@ PATCH_FIELDS: Mapping[str, frozenset[str]] = {
 WEIGHT_ONLY: Mapping[str, float] = {ROLLBACK: 0.0}
 
 
+# A router-bound heartbeat credential: ``rt1.<base64url router id>.<hex HMAC-SHA256 of the
+# id under the heartbeat token>``. Whoever holds it may heartbeat as that router only;
+# only a holder of the heartbeat token (the operator) can mint one (``router_token``).
+ROUTER_TOKEN_PREFIX = "rt1."
+
+
+def router_token(heartbeat_token: str, router_id: str) -> str:
+    """The heartbeat credential bound to ``router_id`` (minted from the heartbeat token)."""
+    encoded = base64.urlsafe_b64encode(router_id.encode()).decode().rstrip("=")
+    return f"{ROUTER_TOKEN_PREFIX}{encoded}.{_router_mac(heartbeat_token, router_id)}"
+
+
+def _router_mac(heartbeat_token: str, router_id: str) -> str:
+    key = heartbeat_token.encode()
+    return hmac.new(key, b"router:" + router_id.encode(), hashlib.sha256).hexdigest()
+
+
+def _bound_router(heartbeat_token: str, given: str) -> str | None:
+    """The router id ``given`` is bound to, when it is a router credential minted from
+    ``heartbeat_token``; else None."""
+    if not given.startswith(ROUTER_TOKEN_PREFIX):
+        return None
+    encoded, _, mac = given[len(ROUTER_TOKEN_PREFIX) :].rpartition(".")
+    try:
+        router_id = base64.urlsafe_b64decode(encoded + "=" * (-len(encoded) % 4)).decode()
+    except (binascii.Error, UnicodeDecodeError, ValueError):
+        return None
+    if not router_id or not hmac.compare_digest(
+        mac.encode(), _router_mac(heartbeat_token, router_id).encode()
+    ):
+        return None
+    return router_id
+
+
 @dataclass(frozen=True)
 class Credentials:
     """Token -> credential name. ``single`` is the single-credential mode."""
@@ -111,6 +148,8 @@ class Credentials:
         for name, token in self.tokens.items():
             if hmac.compare_digest(given.encode(), token.encode()):
                 return name
+        if self.bound_router(request) is not None:
+            return HEARTBEAT
         if not self.tokens and self.fault_token is None:
             raise Unauthorized(
                 "The broker's write API is disabled: it was started without credentials. "
@@ -121,6 +160,14 @@ class Credentials:
             "Unknown credential in the Authorization header: this broker knows "
             f"{', '.join(self.names())}; send one of those tokens."
         )
+
+    def bound_router(self, request: web.Request) -> str | None:
+        """The router id the request's credential is bound to (``router_token``), or None
+        for every other credential."""
+        secret = self.tokens.get(HEARTBEAT) or (self.tokens.get(OPERATOR) if self.single else None)
+        if secret is None:
+            return None
+        return _bound_router(secret, presented_token(request, "credential"))
 
     def names(self) -> list[str]:
         return list(self.tokens) + ([FAULTS] if self.fault_token is not None else [])

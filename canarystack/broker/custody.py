@@ -16,7 +16,7 @@ from typing import Any
 from canary_contract.json import JsonObject
 from canarystack.broker import highwater
 from canarystack.broker.highwater import Loss, Mark
-from canarystack.broker.store import Store
+from canarystack.broker.store import StateDirError, Store
 from canarystack.common.logs import get_logger
 
 # Who the broker's own writes during a recovery are recorded as.
@@ -51,7 +51,10 @@ class Custody:
     def check(self) -> Loss | None:
         """Compare the store with the mark; the loss, or None (then the mark is grown to
         the store and the carried quarantines re-applied)."""
-        found = highwater.read_mark(self.state_dir)
+        try:
+            found = highwater.read_mark(self.state_dir)
+        except highwater.MarkFileError as exc:
+            raise StateDirError(str(exc)) from None
         summary = self.store.summary()
         if found is None:  # a new state folder (or a broker from before the mark)
             self._save(Mark(summary))

@@ -30,3 +30,7 @@ class Conflicting(BrokerDomainError):
 class Refused(BrokerDomainError):
     """A well-formed request whose values the broker cannot accept (an unknown or
     quarantined version, a weight without a canary, a digest that does not match)."""
+
+
+class Crowded(BrokerDomainError):
+    """A bounded list is full (e.g. the routers listed): try again once entries expire."""

@@ -27,7 +27,7 @@ from canarystack.broker.capabilities import Credentials
 from canarystack.broker.changes import ReleasePatch
 from canarystack.broker.custody import recovery_text
 from canarystack.broker.digest import manifest_digest
-from canarystack.broker.errors import BrokerDomainError, Conflicting, Missing, Refused
+from canarystack.broker.errors import BrokerDomainError, Conflicting, Crowded, Missing, Refused
 from canarystack.broker.keys import BROKER, MAX_EVENTS_PER_PAGE
 from canarystack.broker.schemas import (
     _NAME_RE,
@@ -43,7 +43,7 @@ from canarystack.broker.schemas import (
     RegisterVersion,
     TripEvidence,
 )
-from canarystack.broker.service import Broker
+from canarystack.broker.service import DEFAULT_MAX_ROUTERS, Broker
 from canarystack.broker.wire import (
     BROKER_MAX_BODY_BYTES,
     header_text,
@@ -397,10 +397,51 @@ async def whoami(request: web.Request) -> web.Response:
 
 # -- handlers: routers ----------------------------------------------------------------------
 async def heartbeat(request: web.Request) -> web.Response:
-    broker = _admin(request, "heartbeat")
+    """A router's heartbeat. The id it claims must be its credential's: a router-bound
+    credential speaks for its own router only, and under ``--require-router-credentials``
+    the shared heartbeat credential speaks for none (403 either way)."""
+    broker, credential = _authorized(request, "heartbeat")
     body = parse_model(Heartbeat, await read_json_object(request, BROKER_MAX_BODY_BYTES))
-    broker.heartbeat(body)
+    identity = _router_identity(request, broker, credential, body.router_id)
+    broker.admit(body, identity)
+    broker.heartbeat(body, identity)
     return json_response({"ok": True})
+
+
+def _router_identity(request: web.Request, broker: Broker, credential: str, claimed: str) -> str:
+    """How the claimed router id is vouched for ("bound", "shared", "operator"), or 403."""
+    if credential != capabilities.HEARTBEAT:
+        return "operator"
+    bound = broker.credentials.bound_router(request)
+    if bound is not None:
+        if bound != claimed:
+            raise Forbidden(
+                f"This heartbeat credential belongs to router {bound!r}; it cannot "
+                f"heartbeat as {claimed!r}. Send router_id {bound!r}, or give router "
+                f"{claimed!r} its own credential (python -m canarystack.broker.router_token).",
+                param="router_id",
+                code="router_identity",
+            )
+        broker.bound_ids.add(bound)
+        return "bound"
+    if broker.require_router_credentials:
+        raise Forbidden(
+            "This broker (--require-router-credentials) takes heartbeats only from "
+            "router-bound credentials, and the shared heartbeat credential could claim any "
+            "router. Mint one per router: python -m canarystack.broker.router_token "
+            f"--credentials-dir DIR {claimed!r}, and give it to that router's "
+            "--broker-token-file.",
+            param="router_id",
+            code="router_identity",
+        )
+    if claimed in broker.bound_ids:
+        raise Forbidden(
+            f"Router {claimed!r} has its own credential: the shared heartbeat credential "
+            "cannot speak for it.",
+            param="router_id",
+            code="router_identity",
+        )
+    return "shared"
 
 
 async def list_routers(request: web.Request) -> web.Response:
@@ -510,16 +551,23 @@ def _health(broker: Broker) -> JsonObject:
 
 
 # -- app ------------------------------------------------------------------------------------
+class TooManyRouters(ApiError):
+    """429: the routers listed are at ``--max-routers``."""
+
+    status = 429
+
+
 _STATUS_OF: dict[type[BrokerDomainError], type[ApiError]] = {
     Missing: NotFound,
     Conflicting: Conflict,
     Refused: Unprocessable,
+    Crowded: TooManyRouters,
 }
 
 
 def to_api_error(exc: BrokerDomainError) -> ApiError:
     """The HTTP error of a domain error (the one place statuses are chosen): ``Missing``
-    404, ``Conflicting`` 409, ``Refused`` 422."""
+    404, ``Conflicting`` 409, ``Refused`` 422, ``Crowded`` 429."""
     cls = next((api for dom, api in _STATUS_OF.items() if isinstance(exc, dom)), Unprocessable)
     return cls(exc.message, param=exc.param, code=exc.code, extra=exc.extra or None)
 
@@ -566,12 +614,16 @@ def build_app(
     max_watch_s: float = 60.0,
     max_fault_ttl_s: float = 600.0,
     credentials: Credentials | None = None,
+    max_routers: int = DEFAULT_MAX_ROUTERS,
+    require_router_credentials: bool = False,
 ) -> web.Application:
     """The broker app; the store opens when the app starts, not here.
 
     ``credentials`` (``--credentials-dir``): one token per capability, and ``admin_token``
     is then the broker's fault credential only. Without them, single-credential mode: the
-    admin token grants every write.
+    admin token grants every write. ``max_routers`` caps the router ids the shared heartbeat
+    credential may have listed; ``require_router_credentials`` refuses it for heartbeats
+    (routers then each hold a credential bound to their id).
     """
     faults = FaultRegistry("broker", FAULT_KINDS, max_ttl_s=max_fault_ttl_s)
     component = Component(
@@ -583,6 +635,8 @@ def build_app(
         router_expiry_s=router_expiry_s,
         max_watch_s=max_watch_s,
         credentials=credentials,
+        max_routers=max_routers,
+        require_router_credentials=require_router_credentials,
     )
     component.health_extra = lambda: _health(broker)
     app = create_app(component, client_max_size=BROKER_MAX_BODY_BYTES)

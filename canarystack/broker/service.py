@@ -23,6 +23,7 @@ from canary_contract.json import JsonObject
 from canarystack.broker import capabilities
 from canarystack.broker.capabilities import Credentials
 from canarystack.broker.custody import Custody, recovery_text
+from canarystack.broker.errors import Conflicting, Crowded
 from canarystack.broker.highwater import Loss
 from canarystack.broker.schemas import Heartbeat
 from canarystack.broker.store import Store
@@ -39,6 +40,10 @@ DROP_WATCH_POLL_S = 0.05
 # A router whose heartbeats stopped stays listed under "recent" this many expiry periods,
 # so the rollback executor can tell "no router exists" from "the routers just went quiet".
 RECENT_ROUTER_FACTOR = 3.0
+# Router ids listed at once (live and recent) from the shared heartbeat credential; a new
+# id beyond it is refused (429). Router-bound credentials are always admitted: only the
+# operator can mint them.
+DEFAULT_MAX_ROUTERS = 256
 
 _log = get_logger("broker")
 # canarystack_broker_writes_total{outcome}: a refused write keeps the label it had when the
@@ -55,6 +60,9 @@ class RouterBeat:
     seen_mono: float  # for expiry
     applied_at: float | None = None  # the router's clock, epoch seconds
     canary_off_since: float | None = None  # the router's clock; None: canary gets traffic
+    # "bound": a router-bound credential proved the id; "shared": the shared heartbeat
+    # credential (any holder could claim it); "operator": the operator credential.
+    identity: str = "shared"
 
 
 class Broker:
@@ -85,8 +93,15 @@ class Broker:
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
         credentials: Credentials | None = None,
+        max_routers: int = DEFAULT_MAX_ROUTERS,
+        require_router_credentials: bool = False,
     ) -> None:
         self.state_dir = Path(state_dir)
+        self.max_routers = max_routers
+        # --require-router-credentials: heartbeats only from router-bound credentials.
+        self.require_router_credentials = require_router_credentials
+        # Router ids a router-bound credential has spoken for: the shared one cannot.
+        self.bound_ids: set[str] = set()
         self.component = component
         self.credentials = credentials or capabilities.single_credential(component.admin_token)
         self.faults = component.faults
@@ -317,7 +332,50 @@ class Broker:
             self.watchers -= 1
 
     # -- routers ------------------------------------------------------------------------
-    def heartbeat(self, beat: Heartbeat) -> None:
+    def _known_revision(self, release: str) -> int | None:
+        """The highest revision of ``release`` this broker ever acknowledged, or None."""
+        seen = [
+            rev
+            for rev in (
+                (self.releases.get(release) or {}).get("revision"),
+                self.custody.mark.acknowledged.releases.get(release),
+                self.custody.mark.carried.release_floors.get(release),
+            )
+            if isinstance(rev, int)
+        ]
+        return max(seen) if seen else None
+
+    def admit(self, beat: Heartbeat, identity: str) -> None:
+        """Refuse a heartbeat whose claims this broker knows to be false: a revision it
+        never issued (409 ``revision_ahead``), or a new router id past ``max_routers``
+        from a credential any holder could use (``Crowded``)."""
+        known = self._known_revision(beat.release)
+        if known is not None and (beat.applied_revision or 0) > known:
+            raise Conflicting(
+                f"Router {beat.router_id!r} claims applied_revision {beat.applied_revision} "
+                f"of release {beat.release!r}, but this broker never issued a revision "
+                f"above {known}: a router reports only what it applied (GET "
+                f"/v1/releases/{beat.release} gives the current one).",
+                param="applied_revision",
+                code="revision_ahead",
+                extra={"known_revision": known},
+            )
+        if identity == "bound" or beat.router_id in self._routers or beat.router_id in self._gone:
+            return
+        self._expire()
+        if len(self._routers) + len(self._gone) >= self.max_routers:
+            raise Crowded(
+                f"Router {beat.router_id!r} is refused: {self.max_routers} routers are "
+                "listed already (live or recent; this broker's --max-routers). Entries "
+                f"leave the list {self.recent_s:g} s after their last heartbeat; give "
+                "each router its own credential (python -m canarystack.broker.router_token) "
+                "to be admitted beyond the cap.",
+                param="router_id",
+                code="too_many_routers",
+                extra={"max_routers": self.max_routers},
+            )
+
+    def heartbeat(self, beat: Heartbeat, identity: str = "shared") -> None:
         self._gone.pop(beat.router_id, None)
         self._routers[beat.router_id] = RouterBeat(
             router_id=beat.router_id,
@@ -327,6 +385,7 @@ class Broker:
             seen_mono=self._clock(),
             applied_at=beat.applied_at,
             canary_off_since=beat.canary_off_since,
+            identity=identity,
         )
 
     def _expire(self) -> float:
@@ -351,6 +410,7 @@ class Broker:
                 "applied_revision": b.applied_revision,
                 "applied_at": b.applied_at,
                 "canary_off_since": b.canary_off_since,
+                "identity": b.identity,
                 "last_seen": b.last_seen,
                 "age_s": round(now - b.seen_mono, 3),
             }
