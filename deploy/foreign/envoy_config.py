@@ -10,6 +10,12 @@ Routes, first match wins:
    under ``routing.llm.<cluster name>`` (``runtime_key_prefix``).
 4. only when every weight is 0: the baseline.
 
+With a judge (``judge_port``), the weighted route also mirrors each request to the drift
+judge (``python -m canarystack.judge``): ``request_mirror_policies`` to the ``judge``
+cluster, fire-and-forget (Envoy drops the mirror's answer and never waits for it), at the
+runtime fraction ``routing.mirror.judge`` (default 100 %). Pinned requests are not
+mirrored: they are the harness's own oracle pairs, the same prompt to both variants already.
+
 Every answer carries ``x-served-by: baseline|canary``. The HTTP fault filter sits in the
 chain with delay and abort configured at 0 %, so it does nothing until a runtime key
 (``fault.http.*`` for every request, ``fault.canary.*`` for the canary cluster only) is
@@ -27,6 +33,8 @@ PIN_HEADER = "x-canary-variant"
 SERVED_BY = "x-served-by"
 WEIGHT_PREFIX = "routing.llm"
 PIN_CANARY_KEY = "routing.pin.canary"
+MIRROR_KEY = "routing.mirror.judge"
+JUDGE_CLUSTER = "judge"
 DEFAULT_WEIGHTS = {"baseline": 95, "canary": 5}
 # The fault filter's default runtime keys (apply to every request) and the canary-only
 # filter's keys (same meaning, only requests routed to the canary cluster).
@@ -109,9 +117,33 @@ def _pin(variant: str) -> dict[str, Any]:
     return {"name": PIN_HEADER, "string_match": {"exact": variant}}
 
 
-def render(*, listen_port: int, admin_port: int, baseline_port: int, canary_port: int) -> dict:
-    """The whole bootstrap: listener, admin, the two clusters, the runtime layers."""
+def _mirror() -> dict[str, Any]:
+    """Every weighted request copied to the judge (the runtime key turns it down)."""
+    return {
+        "request_mirror_policies": [
+            {
+                "cluster": JUDGE_CLUSTER,
+                "runtime_fraction": {
+                    "default_value": {"numerator": 100, "denominator": "HUNDRED"},
+                    "runtime_key": MIRROR_KEY,
+                },
+            }
+        ]
+    }
+
+
+def render(
+    *,
+    listen_port: int,
+    admin_port: int,
+    baseline_port: int,
+    canary_port: int,
+    judge_port: int | None = None,
+) -> dict:
+    """The whole bootstrap: listener, admin, the two clusters (and the judge's, with
+    ``judge_port``), the runtime layers."""
     no_timeout = {"timeout": "0s", "idle_timeout": STREAM_IDLE_TIMEOUT}
+    mirror = _mirror() if judge_port is not None else {}
     routes = [
         {
             "name": "pin-canary",
@@ -148,6 +180,7 @@ def render(*, listen_port: int, admin_port: int, baseline_port: int, canary_port
                     ],
                 },
                 **no_timeout,
+                **mirror,
             },
         },
         # Only reached when every runtime weight is 0: Envoy then logs an ENVOY_BUG ("Sum
@@ -156,10 +189,13 @@ def render(*, listen_port: int, admin_port: int, baseline_port: int, canary_port
         {
             "name": "all-weights-zero",
             "match": {"prefix": "/"},
-            "route": {"cluster": "baseline", **no_timeout},
+            "route": {"cluster": "baseline", **no_timeout, **mirror},
             "response_headers_to_add": _served_by("baseline"),
         },
     ]
+    clusters = [_cluster("baseline", baseline_port), _cluster("canary", canary_port)]
+    if judge_port is not None:
+        clusters.append(_cluster(JUDGE_CLUSTER, judge_port))
     hcm = {
         "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager"
         ".v3.HttpConnectionManager",
@@ -207,7 +243,7 @@ def render(*, listen_port: int, admin_port: int, baseline_port: int, canary_port
                     ],
                 }
             ],
-            "clusters": [_cluster("baseline", baseline_port), _cluster("canary", canary_port)],
+            "clusters": clusters,
         },
         "layered_runtime": {
             "layers": [

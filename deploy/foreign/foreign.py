@@ -2,11 +2,14 @@
 project does not write, for the harness's ``kind: external`` target to be proven against.
 
     .venv/bin/python deploy/foreign/foreign.py up|down|reset|status --state-dir DIR
-        [--base-port B] [--forget-pins]
+        [--base-port B] [--forget-pins] [--judge]
 
 Ports from B (default 18700), all on 127.0.0.1: B+0 Envoy's listener, B+1 Envoy's admin,
 B+2 the baseline engine, B+3 the canary engine, B+4 the fault proxy in front of the
-canary engine, B+5 Prometheus, B+6 Alertmanager, B+7 the rollback hook. The engines are
+canary engine, B+5 Prometheus, B+6 Alertmanager, B+7 the rollback hook, and with
+``--judge`` B+8 the drift judge (``python -m canarystack.judge``): Envoy mirrors the
+weighted traffic to it, Prometheus scrapes its verdict and alerts on it (rules-judge.yml)
+beside the errors and latency rules. The engines are
 the project's simulator run as an opaque binary (``python -m canarystack.model``); every
 long-lived process runs under one supervisord, so a killed engine comes back like a pod.
 
@@ -58,13 +61,21 @@ OFFSETS = {
     "prometheus": 5,
     "alertmanager": 6,
     "hook": 7,
+    "judge": 8,
 }
 MODEL_NAME = "default"
 MODEL_VERSION = "v1"
 # The credential the fault proxy guards /admin/faults with (the canarystack naming,
 # faults-<role>), and each engine's own.
-CREDENTIALS = ("faults-model-canary", "faults-engine-baseline", "faults-engine-canary")
+CREDENTIALS = (
+    "faults-model-canary",
+    "faults-engine-baseline",
+    "faults-engine-canary",
+    "judge-admin",
+)
 ALERTS = ("CanaryErrorRate", "CanaryLatency")
+# With --judge: the alert on the drift judge's verdict (rules-judge.yml).
+JUDGE_ALERTS = ("CanaryOutputDrift",)
 READY_DEADLINE_S = 60.0
 STOP_DEADLINE_S = 20.0
 STOP_WAIT_S = 5  # supervisord: SIGTERM, then SIGKILL after this
@@ -90,6 +101,16 @@ class Layout:
     state_dir: Path
     base_port: int
     forget_pins: bool
+    judge: bool = False
+
+    @property
+    def parts(self) -> list[str]:
+        """The parts this stack runs (the judge only with --judge)."""
+        return [p for p in OFFSETS if p != "judge" or self.judge]
+
+    @property
+    def alerts(self) -> tuple[str, ...]:
+        return ALERTS + (JUDGE_ALERTS if self.judge else ())
 
     def port(self, part: str) -> int:
         return self.base_port + OFFSETS[part]
@@ -208,6 +229,8 @@ def programs(lay: Layout) -> list[Program]:
             port=lay.port("alertmanager"),
         )
     )  # fmt: skip
+    if lay.judge:
+        progs.append(judge_program(lay, py))
     head = [str(HERE / "rollback_hook.py"), "--host", HOST, "--port", str(lay.port("hook"))]
     progs.append(
         Program(
@@ -222,22 +245,43 @@ def programs(lay: Layout) -> list[Program]:
     return progs
 
 
+def judge_program(lay: Layout, py: str) -> Program:
+    """The drift judge: the baseline engine and the canary behind its fault proxy (so a
+    kernel fault reaches the judge's copies as it reaches users'), the gate's defaults."""
+    canary = lay.url("faultproxy" if faultproxy_available() else "canary")
+    head = ["-m", "canarystack.judge", "--host", HOST, "--port", str(lay.port("judge"))]
+    return Program(
+        name="judge",
+        argv=[py, *head, "--release", f"{RELEASE}={lay.url('baseline')},{canary}",
+              "--admin-token-file", str(lay.path("credentials", "judge-admin"))],
+        match=" ".join(head),
+        port=lay.port("judge"),
+    )  # fmt: skip
+
+
 def prometheus_config(lay: Layout) -> dict[str, Any]:
+    scrape: list[dict[str, Any]] = [
+        {
+            "job_name": "envoy",
+            "metrics_path": "/stats/prometheus",
+            "static_configs": [{"targets": [f"{HOST}:{lay.port('envoy-admin')}"]}],
+        }
+    ]
+    rules = [str(lay.path("rules.yml"))]
+    if lay.judge:
+        scrape.append(
+            {"job_name": "judge", "static_configs": [{"targets": [f"{HOST}:{lay.port('judge')}"]}]}
+        )
+        rules.append(str(lay.path("rules-judge.yml")))
     return {
         "global": {"scrape_interval": "1s", "evaluation_interval": "1s", "scrape_timeout": "1s"},
-        "rule_files": [str(lay.path("rules.yml"))],
+        "rule_files": rules,
         "alerting": {
             "alertmanagers": [
                 {"static_configs": [{"targets": [f"{HOST}:{lay.port('alertmanager')}"]}]}
             ]
         },
-        "scrape_configs": [
-            {
-                "job_name": "envoy",
-                "metrics_path": "/stats/prometheus",
-                "static_configs": [{"targets": [f"{HOST}:{lay.port('envoy-admin')}"]}],
-            }
-        ],
+        "scrape_configs": scrape,
     }
 
 
@@ -405,7 +449,7 @@ def _checks(lay: Layout) -> dict[str, Any]:
     def prometheus_rules() -> bool:
         _, _, data = _http("GET", f"{lay.url('prometheus')}/api/v1/rules")
         names = {r["name"] for g in json.loads(data)["data"]["groups"] for r in g["rules"]}
-        return set(ALERTS) <= names
+        return set(lay.alerts) <= names
 
     def alertmanager() -> bool:
         return _http("GET", f"{lay.url('alertmanager')}/-/ready")[0] == 200
@@ -413,13 +457,19 @@ def _checks(lay: Layout) -> dict[str, Any]:
     def hook() -> bool:
         return _http("GET", f"{lay.url('hook')}/healthz")[0] == 200
 
-    return {
+    def judge() -> bool:
+        return _http("GET", f"{lay.url('judge')}/health")[0] == 200
+
+    checks = {
         "envoy serves both pins": envoy_pins,
-        "prometheus scrapes envoy": prometheus_target,
+        "prometheus scrapes its targets": prometheus_target,
         "prometheus has the alert rules": prometheus_rules,
         "alertmanager ready": alertmanager,
         "rollback hook ready": hook,
     }
+    if lay.judge:
+        checks["drift judge ready"] = judge
+    return checks
 
 
 def wait_ready(lay: Layout, deadline_s: float = READY_DEADLINE_S) -> None:
@@ -488,12 +538,15 @@ def write_configs(lay: Layout, progs: list[Program]) -> None:
         admin_port=lay.port("envoy-admin"),
         baseline_port=lay.port("baseline"),
         canary_port=lay.port(canary_upstream),
+        judge_port=lay.port("judge") if lay.judge else None,
     )
     (sd / "envoy.json").write_text(json.dumps(envoy, indent=1))
     # JSON is YAML: Prometheus and Alertmanager read these as written.
     (sd / "prometheus.yml").write_text(json.dumps(prometheus_config(lay), indent=1))
     (sd / "alertmanager.yml").write_text(json.dumps(alertmanager_config(lay), indent=1))
     shutil.copyfile(HERE / "rules.yml", sd / "rules.yml")
+    if lay.judge:
+        shutil.copyfile(HERE / "rules-judge.yml", sd / "rules-judge.yml")
     (sd / "supervisord.conf").write_text(supervisord_conf(lay, progs))
 
 
@@ -505,11 +558,11 @@ def up(lay: Layout) -> dict[str, Any]:
             f"a foreign stack already runs in {lay.state_dir} (supervisord pid {pid}): "
             f"`foreign.py down --state-dir {lay.state_dir}` first, or use `reset`"
         )
-    busy = [f"{part} {lay.port(part)}" for part in OFFSETS if not _port_free(lay.port(part))]
+    busy = [f"{part} {lay.port(part)}" for part in lay.parts if not _port_free(lay.port(part))]
     if busy:
         raise ForeignError(
             f"ports in use on {HOST}: {', '.join(busy)}: pick another --base-port "
-            f"(the stack uses {lay.base_port}..{lay.base_port + len(OFFSETS) - 1})"
+            f"(the stack uses {lay.base_port}..{lay.base_port + len(lay.parts) - 1})"
         )
     progs = programs(lay)
     lay.info_file.unlink(missing_ok=True)
@@ -543,11 +596,12 @@ def describe(lay: Layout, progs: list[Program]) -> dict[str, Any]:
         "state_dir": str(lay.state_dir),
         "base_port": lay.base_port,
         "forget_pins": lay.forget_pins,
+        "judge": lay.judge,
         "release": RELEASE,
         "model": MODEL_NAME,
         "model_version": MODEL_VERSION,
-        "ports": {part: lay.port(part) for part in OFFSETS},
-        "urls": {part: lay.url(part) for part in OFFSETS if part != "faultproxy" or has_proxy},
+        "ports": {part: lay.port(part) for part in lay.parts},
+        "urls": {part: lay.url(part) for part in lay.parts if part != "faultproxy" or has_proxy},
         "faultproxy": has_proxy,
         "canary_upstream": lay.url("faultproxy" if has_proxy else "canary"),
         "supervisord": {
@@ -574,8 +628,9 @@ def describe(lay: Layout, progs: list[Program]) -> dict[str, Any]:
             "pin_canary_key": envoy_config.PIN_CANARY_KEY,
             "fault_keys": envoy_config.FAULT_KEYS_ALL,
             "canary_fault_keys": envoy_config.FAULT_KEYS_CANARY,
+            "mirror_key": envoy_config.MIRROR_KEY if lay.judge else None,
         },
-        "alerts": list(ALERTS),
+        "alerts": list(lay.alerts),
         "hook_log": str(lay.path("logs", "rollback-hook.jsonl")),
     }
 
@@ -655,7 +710,8 @@ def _settings(args: argparse.Namespace, state_dir: Path) -> Layout:
         recorded = json.loads((state_dir / "foreign.json").read_text())
     base = args.base_port if args.base_port is not None else recorded.get("base_port")
     forget = args.forget_pins if args.forget_pins is not None else recorded.get("forget_pins")
-    return Layout(state_dir, int(base or DEFAULT_BASE_PORT), bool(forget))
+    judge = args.judge if args.judge is not None else recorded.get("judge")
+    return Layout(state_dir, int(base or DEFAULT_BASE_PORT), bool(forget), bool(judge))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -669,6 +725,13 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="the rollback hook zeroes the canary weight but leaves canary pins on (the "
         "defect found in real stacks); default off",
+    )
+    p.add_argument(
+        "--judge",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="run the drift judge (B+8): Envoy mirrors weighted traffic to it and an alert "
+        "on its verdict (rules-judge.yml) joins the errors and latency rules; default off",
     )
     args = p.parse_args(argv)
     state_dir = Path(args.state_dir).resolve()
