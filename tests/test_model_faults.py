@@ -106,7 +106,7 @@ def test_listing_remaining_time_gauge_and_logged_changes(server: Proc) -> None:
         ({"kind": "crash", "ttl_s": 5, "min_prompt_token": 5}, "min_prompt_token", "Extra"),
         ({"kind": "crash"}, "ttl_s", "needs 'ttl_s'"),
         ({"kind": "crash", "ttl_s": 10_000}, "ttl_s", "<= 600"),
-        ({"kind": "oom", "ttl_s": 5}, "kind", "crash, drop_colour, errors, kernel, latency"),
+        ({"kind": "oom", "ttl_s": 5}, "kind", "crash, drop_colour, errors, hang, kernel, latency"),
     ],
 )
 def test_bad_fault_bodies_are_400s_naming_the_field(

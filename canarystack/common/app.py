@@ -65,7 +65,10 @@ async def _health(request: web.Request) -> web.Response:
     if reason is not None:
         body["status"] = "degraded"
         body["degraded_reasons"] = [reason]
-    status = 200 if body.get("status") == "ok" else 503
+    # "serving": degraded, yet still answering its users (the router without its gate
+    # serves the baseline): 200, so a readiness probe keeps it in its Service.
+    serving = body.get("serving") is True and reason is None
+    status = 200 if body.get("status") == "ok" or serving else 503
     return json_response(body, status=status)
 
 

@@ -47,6 +47,14 @@ IDLE_TIMEOUT_S = 75.0
 # client, and bounds how long a trickled body holds a request slot.
 BODY_TIMEOUT_S = 30.0
 
+# The response side (#27 finding 1). One write to a client blocked this long means the
+# client stopped reading (a reading client drains aiohttp's 64 KiB write buffer in
+# milliseconds): the router and the model server cut its stream and free what it held.
+WRITE_TIMEOUT_S = 10.0
+# A whole proxied or generated request: a 16k-token generation at ~60 tokens/s takes
+# ~270 s, the longest answer a healthy engine gives; past it the request is cut.
+REQUEST_DEADLINE_S = 300.0
+
 _log = get_logger("http")
 
 

@@ -18,6 +18,7 @@ from typing import get_args
 from canary_contract.json import JsonObject
 from canarystack.common.auth import describe_admin_flag
 from canarystack.common.cli import base_parser, entry, parse
+from canarystack.common.deadlines import REQUEST_DEADLINE_S, WRITE_TIMEOUT_S
 from canarystack.dependency.cli import add_dependency_options, dependency_from_args
 from canarystack.model.body import ADMIN_BODY_BYTES, BYTES_PER_TOKEN, ENVELOPE_BYTES
 from canarystack.model.capacity import CapacityModel
@@ -147,6 +148,21 @@ def build_parser() -> argparse.ArgumentParser:
         default=0.05,
         help="relative jitter of each inter-token gap, in [0, 1) (default %(default)s)",
     )
+    d = p.add_argument_group("deadlines (#27; docs/stack.md says why each default)")
+    d.add_argument(
+        "--write-timeout-s",
+        type=float,
+        default=WRITE_TIMEOUT_S,
+        help="one write to a client blocked this long: it stopped reading, its stream is cut "
+        "and its slot freed (default %(default)s)",
+    )
+    d.add_argument(
+        "--request-deadline-s",
+        type=float,
+        default=REQUEST_DEADLINE_S,
+        help="a request past this many seconds is cut (streamed) or answered 504 (not "
+        "streamed) (default %(default)s)",
+    )
     add_dependency_options(p)
     describe_admin_flag(p)  # a model pod holds only its own faults-model-<variant>
     return p
@@ -183,6 +199,12 @@ def config_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) 
             f"--batch-noise {args.batch_noise}: give a mean KL in [0, {MAX_BATCH_NOISE:g}] "
             f"(e.g. {BATCH_NOISE_KL:g}; 0 turns the batch noise off)"
         )
+    for option, value in (
+        ("--write-timeout-s", args.write_timeout_s),
+        ("--request-deadline-s", args.request_deadline_s),
+    ):
+        if not 0 < value < float("inf"):
+            parser.error(f"{option} {value}: give a finite number of seconds > 0, e.g. 10")
     if args.max_model_len < 2:
         parser.error(f"--max-model-len {args.max_model_len}: give at least 2 tokens")
     if args.max_body_bytes is not None and args.max_body_bytes < MIN_BODY_BYTES:
@@ -205,6 +227,8 @@ def config_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) 
         max_body_bytes=args.max_body_bytes,
         build_kernel_fault=kernel_fault,
         dependency=dependency_from_args(args, parser),
+        write_timeout_s=args.write_timeout_s,
+        request_deadline_s=args.request_deadline_s,
     )
 
 

@@ -86,9 +86,23 @@ class CrashParams(FaultParams):
     min_prompt_tokens: int = Field(default=0, ge=0)
 
 
+class HangParams(FaultParams):
+    """``hang``    (``after_events``, ``interval_s``, ``min_prompt_tokens``): the engine hangs
+    (#27 finding 2). A stream sends its headers and ``after_events`` token events, then
+    nothing (``interval_s`` 0) or one more token event every ``interval_s`` seconds, never
+    ``[DONE]``; a non-streamed request never answers. A hung request resumes when the fault
+    ends (its TTL, or a clear), and ends when its client leaves or its deadline passes.
+    """
+
+    after_events: int = Field(default=1, ge=0, le=10_000)
+    interval_s: float = Field(default=0.0, ge=0, le=3600, allow_inf_nan=False)
+    min_prompt_tokens: int = Field(default=0, ge=0)
+
+
 FAULT_KINDS: dict[str, type[FaultParams]] = {
     "kernel": KernelParams,
     "latency": LatencyParams,
     "errors": ErrorsParams,
     "crash": CrashParams,
+    "hang": HangParams,
 }

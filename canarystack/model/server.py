@@ -22,9 +22,11 @@ from aiohttp import web
 
 from canary_contract.json import JsonObject
 from canarystack.common.app import Component
+from canarystack.common.deadlines import REQUEST_DEADLINE_S, WRITE_TIMEOUT_S
 from canarystack.common.errors import ApiError, BadRequest, Unavailable
 from canarystack.common.faults import FaultParams
 from canarystack.common.logs import get_logger
+from canarystack.common.write_progress import WriteProgress
 from canarystack.dependency.client import DependencyClient, DependencyConfig
 from canarystack.model.api_spec import install as install_api_spec
 from canarystack.model.body import Limits, read_request
@@ -44,6 +46,7 @@ from canarystack.model.faults import (
     CRASH_EXIT_CODE,
     CrashParams,
     ErrorsParams,
+    HangParams,
     KernelParams,
     LatencyParams,
 )
@@ -57,6 +60,9 @@ from canarystack.model.schemas import (
 
 # Non-streaming answers make their tokens in batches of this size, yielding in between.
 GENERATE_BATCH = 64
+# How often a request hung by a ``hang`` fault checks whether the fault ended, its client
+# left or its deadline passed.
+HANG_POLL_S = 0.25
 
 P = TypeVar("P", bound=FaultParams)
 
@@ -77,6 +83,10 @@ class ServerConfig:
     # --redis-url and its options: the shared dependency (canarystack.dependency); None
     # serves without one (no x-dependency header).
     dependency: DependencyConfig | None = None
+    # #27 finding 1: a write blocked this long means the client stopped reading (its stream
+    # is cut and its slot freed); a request past this deadline is cut (common.deadlines).
+    write_timeout_s: float = WRITE_TIMEOUT_S
+    request_deadline_s: float = REQUEST_DEADLINE_S
 
     @property
     def limits(self) -> Limits:
@@ -101,7 +111,14 @@ class _Plan:
 
 
 class _Disconnected(Exception):
-    """The client went away while we were writing."""
+    """The client went away (or stopped reading, or the request's deadline passed): the
+    answer ends here; the message is the request's logged error."""
+
+
+class DeadlinePassed(ApiError):
+    """A non-streamed request ran past the server's request deadline."""
+
+    status = 504
 
 
 class ModelServer:
@@ -334,13 +351,14 @@ class ModelServer:
             headers={**headers, "Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
         )
         await resp.prepare(request)  # headers go out now, as vLLM's StreamingResponse does
+        progress = WriteProgress(request.transport, self.config.write_timeout_s)
         t_admit = await self._admit(rec)
         cap = self.capacity
         sent = 0
         cut_after = max(1, plan.max_tokens // 2)
         try:
             if request.transport is None or request.transport.is_closing():
-                raise _Disconnected("client left while queued")
+                raise _Disconnected("client_disconnected")
             piece = gen.next_piece()
             deadline = t_admit + cap.prefill_s(rec.prompt_tokens) + plan.extra_ttft_s
             await sleep_until(deadline)
@@ -359,7 +377,7 @@ class ModelServer:
                     data += DONE
                 else:
                     data += renderer.token_chunk(piece)
-                await self._write(resp, data)
+                await self._write(request, resp, data, progress)
                 now = time.monotonic()
                 if piece is not None:
                     sent += 1
@@ -370,10 +388,18 @@ class ModelServer:
                     break
                 piece = nxt
                 data = b""
-                deadline += cap.itl_s(self.scheduler.running, self._rng) * itl_mult
+                hang = self._hang(rec, sent)
+                if hang is not None and hang.interval_s > 0:
+                    deadline = max(deadline, now) + hang.interval_s  # one event per interval_s
+                elif hang is not None:
+                    await self._while_hung(request, rec)
+                    deadline = time.monotonic()
+                else:
+                    deadline += cap.itl_s(self.scheduler.running, self._rng) * itl_mult
                 await sleep_until(deadline)
-        except _Disconnected:
-            rec.error = "client_disconnected"
+                self._check_deadline(request, rec)
+        except _Disconnected as gone:
+            rec.error = str(gone) or "client_disconnected"
             rec.finish_reason = "abort"
         finally:
             rec.completion_tokens = sent
@@ -387,6 +413,13 @@ class ModelServer:
         t_admit = await self._admit(rec)
         cap = self.capacity
         try:
+            if self._fault("hang", HangParams, rec.prompt_tokens) is not None:
+                try:
+                    await self._while_hung(request, rec)
+                except _Disconnected as gone:
+                    rec.error, rec.finish_reason = str(gone), "abort"
+                    return web.Response(status=499, headers=headers)
+                t_admit = time.monotonic()
             t_first = t_admit + cap.prefill_s(rec.prompt_tokens) + plan.extra_ttft_s
             pieces = []
             while not gen.finished:
@@ -405,7 +438,15 @@ class ModelServer:
                 t_last += gap
                 if i % GENERATE_BATCH == GENERATE_BATCH - 1:
                     await asyncio.sleep(0)
-            await sleep_until(t_last)
+            end = rec.t_recv + self.config.request_deadline_s
+            await sleep_until(min(t_last, end))
+            if t_last > end:
+                raise DeadlinePassed(
+                    f"The answer would take {t_last - rec.t_recv:.0f} s, past this server's "
+                    f"request deadline ({self.config.request_deadline_s:g} s, "
+                    "--request-deadline-s); ask for fewer max_tokens or stream the answer.",
+                    code="request_deadline",
+                )
             if pieces:
                 rec.ttft_s = t_first - rec.t_recv
                 self.metrics.ttft_s.observe(rec.ttft_s)
@@ -425,7 +466,7 @@ class ModelServer:
                 resp.content_length = len(body)
                 await resp.prepare(request)
                 try:
-                    await self._write(resp, body[: len(body) // 2])
+                    await self._write(request, resp, body[: len(body) // 2])
                 except _Disconnected:
                     pass
                 self._cut(request)
@@ -436,14 +477,54 @@ class ModelServer:
         finally:
             self._finish(rec)
 
-    @staticmethod
-    async def _write(resp: web.StreamResponse, data: bytes) -> None:
+    async def _write(
+        self,
+        request: web.Request,
+        resp: web.StreamResponse,
+        data: bytes,
+        progress: WriteProgress | None = None,
+    ) -> None:
+        """One write; a client that takes nothing for ``write_timeout_s`` (a blocked write,
+        or ``progress`` seeing its bytes wait untaken) stopped reading: its connection is
+        cut, so its slot is freed now, not when the generation ends."""
+        timer = asyncio.timeout(self.config.write_timeout_s)
         try:
-            await resp.write(data)
-        except (ConnectionError, RuntimeError) as exc:
+            async with timer:
+                await resp.write(data)
+        except TimeoutError:
+            if not timer.expired():
+                raise
+            self._cut(request)
+            raise _Disconnected("client_stalled") from None
+        except (ConnectionError, RuntimeError):
             # aiohttp raises ClientConnectionResetError (a ConnectionError) or, on a
             # closing transport, RuntimeError: the client is gone either way.
-            raise _Disconnected(str(exc)) from None
+            raise _Disconnected("client_disconnected") from None
+        if progress is not None and progress.wrote(len(data)):
+            self._cut(request)
+            raise _Disconnected("client_stalled")
+
+    def _hang(self, rec: RequestRecord, sent: int) -> HangParams | None:
+        """The active ``hang`` fault, once this request sent its ``after_events``."""
+        hang = self._fault("hang", HangParams, rec.prompt_tokens)
+        return hang if hang is not None and sent >= hang.after_events else None
+
+    async def _while_hung(self, request: web.Request, rec: RequestRecord) -> None:
+        """Send nothing while a ``hang`` fault lasts (its TTL bounds it); ``_Disconnected``
+        when the client leaves or the request's deadline passes meanwhile."""
+        rec.error = "hung"
+        while self._fault("hang", HangParams, rec.prompt_tokens) is not None:
+            if request.transport is None or request.transport.is_closing():
+                raise _Disconnected("client_disconnected")
+            self._check_deadline(request, rec)
+            await asyncio.sleep(HANG_POLL_S)
+        rec.error = None
+
+    def _check_deadline(self, request: web.Request, rec: RequestRecord) -> None:
+        """Past the request deadline: the stream is cut (no ``[DONE]``)."""
+        if time.monotonic() - rec.t_recv > self.config.request_deadline_s:
+            self._cut(request)
+            raise _Disconnected("request_deadline")
 
     @staticmethod
     def _cut(request: web.Request) -> None:

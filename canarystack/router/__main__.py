@@ -12,7 +12,7 @@ import os
 import sys
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from aiohttp import web
 
@@ -37,6 +37,17 @@ from canarystack.router.server import (
     build_app,
     default_control_session,
     default_upstream_session,
+)
+from canarystack.router.settings import (
+    CLIENT_WRITE_S,
+    GATE_DEADMAN_S,
+    MAX_CLIENT_STREAMS,
+    MAX_POOL_STREAMS,
+    REQUEST_DEADLINE_S,
+    STALL_EVIDENCE_S,
+    UPSTREAM_FIRST_BYTE_S,
+    UPSTREAM_IDLE_S,
+    StreamDeadlines,
 )
 from canarystack.router.shadow import ShadowSettings, parse_shadow_rates
 
@@ -136,7 +147,50 @@ def build_parser() -> argparse.ArgumentParser:
         help="broker watch errors lasting longer than this put the router at 0%% canary "
         "until a watch succeeds (default %(default)s)",
     )
+    _deadline_flags(p)
     return p
+
+
+# (flag, default, help): the deadlines and caps of #27 (settings.py says why each default).
+_DEADLINE_FLAGS = (
+    ("--request-deadline-s", REQUEST_DEADLINE_S, "longest a proxied request may take, "
+     "arrival to last byte; past it the upstream is cancelled (error upstream_deadline)"),
+    ("--upstream-first-byte-s", UPSTREAM_FIRST_BYTE_S, "longest a stream's upstream may "
+     "stay silent before its first body byte (queue wait + prefill)"),
+    ("--upstream-idle-s", UPSTREAM_IDLE_S, "longest a stream's upstream may stay silent "
+     "between two body bytes; past it the stream is cancelled (error upstream_stall)"),
+    ("--client-write-s", CLIENT_WRITE_S, "longest one write to a client may stay blocked; "
+     "past it the client has stopped reading: its stream is cancelled, its upstream released"),
+    ("--stall-evidence-s", STALL_EVIDENCE_S, "a client that leaves while its upstream has "
+     "been silent this long left because of the stall: an upstream_stall outcome"),
+    ("--gate-deadman-s", GATE_DEADMAN_S, "samples the gate has not accepted for this long "
+     "put the canary at 0%% and /health at degraded, until the gate accepts again"),
+)  # fmt: skip
+_CAP_FLAGS = (
+    ("--max-client-streams", MAX_CLIENT_STREAMS, "concurrent proxied requests per client "
+     "(x-user-id, else the peer address); above it 429"),
+    ("--max-pool-streams", MAX_POOL_STREAMS, "concurrent proxied requests per variant pool; "
+     "above it 429"),
+)  # fmt: skip
+
+
+def _deadline_flags(p: argparse.ArgumentParser) -> None:
+    for flag, default, text in _DEADLINE_FLAGS:
+        p.add_argument(flag, type=float, default=default, help=f"{text} (default %(default)s)")
+    for flag, default, text in _CAP_FLAGS:
+        p.add_argument(flag, type=int, default=default, help=f"{text} (default %(default)s)")
+
+
+def _deadlines_from_args(args: argparse.Namespace, fail: Callable[[str], SystemExit]) -> None:
+    """Refuse a deadline that is not a finite number of seconds > 0, or a cap below 1."""
+    for flag, _, _ in _DEADLINE_FLAGS:
+        value = getattr(args, flag[2:].replace("-", "_"))
+        if not 0 < value < float("inf"):
+            raise fail(f"{flag} must be a finite number of seconds > 0, got {value}")
+    for flag, _, _ in _CAP_FLAGS:
+        value = getattr(args, flag[2:].replace("-", "_"))
+        if value < 1:
+            raise fail(f"{flag} must be at least 1, got {value}")
 
 
 def settings_from_args(args: argparse.Namespace) -> RouterSettings:
@@ -185,6 +239,7 @@ def settings_from_args(args: argparse.Namespace) -> RouterSettings:
             "--watch-error-failsafe-s must be a finite number of seconds > 0, "
             f"got {args.watch_error_failsafe_s}"
         )
+    _deadlines_from_args(args, fail)
     return RouterSettings(
         router_id=args.router_id or f"router-{os.getpid()}",
         release=args.release,
@@ -203,6 +258,16 @@ def settings_from_args(args: argparse.Namespace) -> RouterSettings:
         instance_port=args.instance_port,
         max_body_bytes=args.max_body_bytes,
         watch_error_failsafe_s=args.watch_error_failsafe_s,
+        deadlines=StreamDeadlines(
+            request_s=args.request_deadline_s,
+            first_byte_s=args.upstream_first_byte_s,
+            idle_s=args.upstream_idle_s,
+            client_write_s=args.client_write_s,
+            stall_evidence_s=args.stall_evidence_s,
+        ),
+        max_client_streams=args.max_client_streams,
+        max_pool_streams=args.max_pool_streams,
+        gate_deadman_s=args.gate_deadman_s,
     )
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Awaitable
 
 import aiohttp
 from aiohttp import web
@@ -20,6 +19,16 @@ from canarystack.router.error_body import ERROR_BODY, ErrorEvents, is_error_obje
 from canarystack.router.proxy import HOP_BY_HOP, Upstream
 from canarystack.router.routing import PIN_HEADER, Variant
 from canarystack.router.state import Attempt, RequestContext, RouterState
+from canarystack.router.waits import (
+    UPSTREAM_STALL,
+    ClientGone,
+    ClientStalled,
+    RequestWaits,
+    UpstreamStalled,
+)
+
+# The outcome error of a client that stopped reading: its own doing, never evidence.
+CLIENT_STALLED = "client_stalled"
 
 
 def ident_headers(st: RouterState, ctx: RequestContext) -> dict[str, str]:
@@ -39,6 +48,8 @@ async def open_upstream(
     headers: dict[str, str],
     candidates: list[Upstream] | None = None,
     *,
+    waits: RequestWaits,
+    stream: bool,
     may_fall_back: bool = True,
 ) -> Attempt:
     """Send the request to a replica of ``variant``'s pool (below: what happens when the
@@ -49,12 +60,19 @@ async def open_upstream(
     whole pool refused, an unpinned canary request falls back to the baseline, a pinned one
     gets 503 naming the pool, and an unpinned baseline request gets 503 (the router never
     moves all traffic to an unvetted canary on its own).
+
+    The answer's headers are awaited within the request's deadlines (``waits.answer``: a
+    stream's first byte, a non-streamed answer's whole request); a replica that stays
+    silent past them raises ``UpstreamStalled`` and is never retried (the request was sent).
     """
     session = st.upstream_session
     pool = st.pools[variant]
     for ups in candidates if candidates is not None else pool.candidates():
+        waits.sent()
         try:
-            resp = await session.post(ups.url + path, data=payload, headers=headers)
+            resp = await waits.answer(
+                session.post(ups.url + path, data=payload, headers=headers), stream
+            )
         except aiohttp.ClientConnectorError:
             # Nothing was sent: safe to try the next replica.
             pool.mark_down(ups)
@@ -65,7 +83,15 @@ async def open_upstream(
     if may_fall_back and not pinned and variant == "canary" and len(st.pools["baseline"]):
         st.metrics.fallbacks.inc()
         attempt = await open_upstream(
-            st, "baseline", False, path, payload, headers, may_fall_back=False
+            st,
+            "baseline",
+            False,
+            path,
+            payload,
+            headers,
+            waits=waits,
+            stream=stream,
+            may_fall_back=False,
         )
         attempt.fallback = True
         return attempt
@@ -102,6 +128,7 @@ async def relay(
     attempt: Attempt,
     collector: Collector | None,
     t_send: float,
+    waits: RequestWaits,
 ) -> web.StreamResponse:
     """The upstream's answer, relayed to the client.
 
@@ -112,6 +139,12 @@ async def relay(
     client sees a broken stream, not a short but "complete" one. A 2xx whose body is an
     OpenAI-shaped error (``{"error": ...}`` whole, or a ``data: {"error": ...}`` event in the
     stream) is relayed as it came but counted as an error (``error_body``), never a success.
+
+    Every wait has its deadline (``waits``): an upstream silent past one is cancelled and
+    the outcome is ``upstream_stall`` (or ``upstream_deadline``), an error the gate sees; a
+    client that stops reading is cut (``client_stalled``) and its upstream released; a
+    client that leaves while the upstream has been silent ``stall_evidence_s`` left because
+    of the stall (``upstream_stall``), else it is a ``client_abort``.
     """
     up = attempt.resp
     variant = attempt.variant
@@ -126,7 +159,10 @@ async def relay(
     is_sse = up.headers.get("content-type", "").startswith("text/event-stream")
     if not is_sse:
         try:
-            data = await up.read()
+            data = await waits.answer(up.read(), stream=False)
+        except UpstreamStalled as stall:
+            up.close()
+            raise stalled(st, ctx, variant, stall) from None
         except (TimeoutError, aiohttp.ClientError, OSError):
             up.close()
             ctx.error = "broken_stream"
@@ -150,9 +186,9 @@ async def relay(
     errors = ErrorEvents() if 200 <= status < 300 else None
     prev = last = b""
     try:
-        await _to_client(resp.prepare(request))
+        await waits.to_client(resp.prepare(request))
         try:
-            async for chunk in up.content.iter_any():
+            while chunk := await waits.chunk(up.content):
                 if ctx.ttft_s is None:
                     now = time.perf_counter()
                     ctx.ttft_s = now - ctx.t0
@@ -164,19 +200,30 @@ async def relay(
                     chunk = collector.feed_chunk(chunk)
                     if not chunk:
                         continue
-                await _to_client(resp.write(chunk))
+                await waits.to_client(resp.write(chunk), len(chunk))
             rest = collector.flush() if collector is not None else b""
             if rest:
-                await _to_client(resp.write(rest))
+                await waits.to_client(resp.write(rest), len(rest))
+        except UpstreamStalled as stall:
+            up.close()
+            stalled(st, ctx, variant, stall)
+            _break_client(request)
+            return resp
         except (TimeoutError, aiohttp.ClientError, OSError):
             up.close()
             ctx.error = "broken_stream"
             st.metrics.upstream_errors.labels(variant=variant, kind="broken_stream").inc()
             _break_client(request)
             return resp
-    except _ClientGone:
-        ctx.error = "client_abort"
+    except ClientGone as gone:
         up.close()
+        client_left(st, ctx, variant, gone)
+        return resp
+    except ClientStalled:
+        up.close()  # its engine slot is released now, not when the generation ends
+        ctx.error = CLIENT_STALLED
+        st.metrics.client_stalls.inc()
+        _break_client(request)
         return resp
     up.release()
     if errors is not None and errors.finish():
@@ -199,16 +246,30 @@ def _error_body(st: RouterState, ctx: RequestContext, variant: str) -> None:
     st.metrics.upstream_errors.labels(variant=variant, kind=ERROR_BODY).inc()
 
 
-class _ClientGone(Exception):
-    """The client hung up while its answer was being written."""
+def stalled(
+    st: RouterState, ctx: RequestContext, variant: str, stall: UpstreamStalled
+) -> Unavailable:
+    """An upstream silent past a deadline: an error outcome (silence is evidence), and the
+    504 to answer when no header has gone to the client yet."""
+    ctx.error = stall.error
+    st.metrics.upstream_errors.labels(variant=variant, kind=stall.error).inc()
+    return Unavailable(
+        f"The {variant} upstream was silent past the router's {stall.what} deadline "
+        f"({stall.limit_s:g} s) and was cancelled; retry.",
+        status=504,
+        code=stall.error,
+    )
 
 
-async def _to_client(step: Awaitable[object]) -> None:
-    """Await one write to the client; aiohttp's hang-up errors become ``_ClientGone``."""
-    try:
-        await step
-    except (ConnectionError, RuntimeError):
-        raise _ClientGone from None
+def client_left(st: RouterState, ctx: RequestContext, variant: str, gone: ClientGone) -> None:
+    """The client hung up: because of a stall when its upstream had been silent at least
+    ``stall_evidence_s`` (an error outcome), else a client abort (no evidence)."""
+    if gone.silent_s >= st.settings.deadlines.stall_evidence_s:
+        ctx.error = UPSTREAM_STALL
+        ctx.status = ctx.status or 504
+        st.metrics.upstream_errors.labels(variant=variant, kind="client_left_stall").inc()
+    else:
+        ctx.error = "client_abort"
 
 
 def _break_client(request: web.Request) -> None:

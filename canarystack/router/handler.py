@@ -7,6 +7,7 @@ a 5xx.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Mapping
 
@@ -16,7 +17,14 @@ from aiohttp import web
 from canarystack.common.app import Component
 from canarystack.common.colour import COLOUR_KEY, Colour, colour_of
 from canarystack.common.errors import ApiError, Unavailable, error_response
-from canarystack.router.forward import ident_headers, open_upstream, relay
+from canarystack.router.forward import (
+    CLIENT_STALLED,
+    client_left,
+    ident_headers,
+    open_upstream,
+    relay,
+    stalled,
+)
 from canarystack.router.intake import bad_header, read_json_body, refuse_off_canary
 from canarystack.router.proxy import Upstream
 from canarystack.router.routing import (
@@ -32,6 +40,8 @@ from canarystack.router.shadow import DEPENDENCY_HEADER
 from canarystack.router.shadow_session import ShadowSession
 from canarystack.router.snapshot import Snapshot
 from canarystack.router.state import STATE, RequestContext, RouterState
+from canarystack.router.streams import TooManyStreams, client_key
+from canarystack.router.waits import ClientGone, RequestWaits, UpstreamStalled
 
 # Client headers forwarded upstream as they came (the colour's three are the router's own).
 FORWARDED_HEADERS = ("authorization", "tracestate")
@@ -66,6 +76,9 @@ async def handle_proxy(request: web.Request) -> web.StreamResponse:
        the request's colour (``x-request-id``, ``traceparent``, ``x-traffic-tag``);
     4. the answer is relayed chunk by chunk (``forward.relay``);
     5. one JSON log line, metrics, and an outcome record for the gate (``_finish``).
+
+    Each request holds a place under the per-client and per-pool caps (``streams``) until
+    it ends, and every wait on the upstream or the client has a deadline (``waits``).
     """
     st = request.app[STATE]
     t0 = time.perf_counter()
@@ -76,6 +89,13 @@ async def handle_proxy(request: web.Request) -> web.StreamResponse:
         if refusal is not None:
             raise refusal
         return await _proxy(request, st, ctx)
+    except TooManyStreams as err:
+        st.metrics.streams_refused.labels(cap=err.code or "").inc()
+        ctx.status = err.status
+        ctx.error = err.code
+        resp = error_response(err)
+        resp.headers.update(ident_headers(st, ctx))
+        return resp
     except ApiError as err:
         ctx.status = err.status
         ctx.error = ctx.error or err.code or "rejected"
@@ -85,6 +105,8 @@ async def handle_proxy(request: web.Request) -> web.StreamResponse:
             resp.headers["x-served-by"] = ctx.variant
         return resp
     finally:
+        if ctx.place is not None:
+            st.caps.give_back(ctx.place)
         _finish(st, ctx)
 
 
@@ -97,9 +119,10 @@ async def _proxy(request: web.Request, st: RouterState, ctx: RequestContext) -> 
     raw, body, ctx.prompt_tokens = await read_json_body(request, st.settings.max_body_bytes)
     ctx.bucket = st.bucket_of(ctx.prompt_tokens)
     ctx.stream = body.get("stream") is True
-    snap = st.config.current
+    snap = st.snapshot()
     canary_live = snap.weight_pct > 0 and len(st.pools["canary"]) > 0
     ctx.variant = _choose(st, ctx, snap, pin, h.get(USER_HEADER), canary_live)
+    ctx.place = st.caps.take(client_key(h.get(USER_HEADER), request.remote), ctx.variant)
     headers = _upstream_headers(h, ctx.colour)
     candidates = st.pools[ctx.variant].candidates()
     payload = raw
@@ -191,14 +214,28 @@ async def _forward(
     variant = ctx.variant
     relayed = False
     t_send = time.perf_counter()
+    loop = asyncio.get_running_loop()
+    waits = RequestWaits(request, st.settings.deadlines, loop.time() - (t_send - ctx.t0))
     try:
         try:
             attempt = await open_upstream(
-                st, variant, ctx.pinned, request.path, payload, headers, candidates
+                st,
+                variant,
+                ctx.pinned,
+                request.path,
+                payload,
+                headers,
+                candidates,
+                waits=waits,
+                stream=ctx.stream,
             )
         except Unavailable:
             ctx.error = "connect"
             raise
+        except UpstreamStalled as stall:
+            raise stalled(st, ctx, variant, stall) from None
+        except ClientGone as gone:
+            return _client_gone(st, ctx, variant, gone)
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             # The request was sent (or partly): never resend it to another replica.
             ctx.error = "timeout" if isinstance(exc, TimeoutError) else "broken_stream"
@@ -215,7 +252,10 @@ async def _forward(
         ctx.dependency = attempt.resp.headers.get(DEPENDENCY_HEADER)
         collector = ctx.shadow.collector if ctx.shadow is not None else None
         try:
-            resp = await relay(request, st, ctx, attempt, collector, t_send)
+            resp = await relay(request, st, ctx, attempt, collector, t_send, waits)
+        except ClientGone as gone:
+            attempt.resp.close()
+            return _client_gone(st, ctx, attempt.variant, gone)
         except BaseException:
             attempt.resp.close()  # never leave a half-read upstream connection in the pool
             raise
@@ -224,6 +264,16 @@ async def _forward(
     finally:
         if ctx.shadow is not None:
             ctx.shadow.primary_finished(relayed=relayed, t_send=t_send)
+
+
+def _client_gone(
+    st: RouterState, ctx: RequestContext, variant: str, gone: ClientGone
+) -> web.StreamResponse:
+    """The client left before any answer went to it (``forward.client_left`` says whether
+    because of a stall); the answer is for the log, nobody reads it."""
+    client_left(st, ctx, variant, gone)
+    ctx.status = ctx.status or (504 if ctx.error != "client_abort" else 499)
+    return web.Response(status=ctx.status)
 
 
 def _finish(st: RouterState, ctx: RequestContext) -> None:
@@ -256,14 +306,15 @@ def _finish(st: RouterState, ctx: RequestContext) -> None:
         config_revision=st.config.current.revision,
     )
     # Only the models' behaviour goes to the gate: a client's own mistake (4xx), a client
-    # that hung up, the router's injected abort, or a pinned request (any client can pin)
-    # say nothing about baseline vs canary.
+    # that hung up or stopped reading, the router's injected abort, or a pinned request
+    # (any client can pin) say nothing about baseline vs canary. A client that left during
+    # an upstream stall is ``upstream_stall``: silence is evidence.
     if (
         st.queue is None
         or ctx.pinned
         or ctx.variant is None
         or ctx.bucket is None
-        or ctx.error in ("client_abort", "router_abort")
+        or ctx.error in ("client_abort", "router_abort", CLIENT_STALLED)
         or 400 <= ctx.status < 500
     ):
         return

@@ -115,6 +115,21 @@ class RouterMetrics:
             "(dependency_degraded: the answer was made without the shared dependency)",
             "reason",
         )
+        self.client_stalls = m.counter(
+            "router_client_stalls_total",
+            "Streams cancelled because the client stopped reading (a write blocked past "
+            "the client write deadline); their upstreams were released",
+        )
+        self.streams_refused = m.counter(
+            "router_streams_refused_total",
+            "Requests answered 429 above a concurrency cap, by cap (client, pool)",
+            "cap",
+        )
+        self.gate_failsafe = m.gauge(
+            "router_gate_failsafe",
+            "1 while the gate dead-man switch holds the canary at 0 % (the gate has not "
+            "accepted samples for --gate-deadman-s), else 0",
+        )
         # Pre-bound children for the hot path (labels() is a dict lookup plus a lock).
         self._req: dict[tuple[str, int], Any] = {}
         self._ttft = {v: self.ttft.labels(variant=v) for v in ("baseline", "canary")}

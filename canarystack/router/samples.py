@@ -96,6 +96,7 @@ class GatePusher:
         on_drop: Callable[[str], None] | None = None,
         flush_interval_s: float = FLUSH_INTERVAL_S,
         wrong_credential: Callable[[], bool] | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         # admin_token: the samples credential (--gate-token-file, else the admin token).
         # wrong_credential: while it says True (the router's wrong_gate_credential fault,
@@ -124,6 +125,10 @@ class GatePusher:
         self.auth = "ok"  # "ok" | "unauthorized" | "forbidden": the gate's last answer
         self.auth_error: str | None = None
         self.pushed_batches = 0
+        # Since when (monotonic) samples wait that the gate has not accepted: set by the
+        # first failed push (no connection, timeout, 5xx, 401/403), cleared by a success.
+        self.failing_since: float | None = None
+        self.clock = clock
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -170,6 +175,7 @@ class GatePusher:
             "outcomes": outcomes,
             "dropped": self.pending_dropped,
         }
+        started = self.clock()
         try:
             async with self.session.post(
                 self.url,
@@ -179,7 +185,7 @@ class GatePusher:
             ) as resp:
                 text = await resp.text()
                 if resp.status in (401, 403):
-                    self._refused(resp.status, text)
+                    self._refused(resp.status, text, started)
                     return False
                 if 400 <= resp.status < 500:
                     _log.error(
@@ -201,17 +207,31 @@ class GatePusher:
             if error != self.last_error:  # log changes, not every retry
                 _log.warning("gate_push_failed", url=self.url, error=error, batch=len(self.pending))
             self.last_error = error
+            self._failed(started)
             self.on_push("error")
             return False
         if self.last_error is not None:
             _log.info("gate_push_recovered", url=self.url)
         self.last_error = None
+        self.failing_since = None
         self.auth = "ok"
         self.pending = []
         self.pending_dropped = 0
         self.pushed_batches += 1
         self.on_push("ok")
         return True
+
+    def _failed(self, started: float) -> None:
+        """A push begun at ``started`` (monotonic) failed: the gate has not accepted the
+        samples since then, at the latest."""
+        if self.failing_since is None:
+            self.failing_since = started
+
+    def unaccepted_s(self) -> float:
+        """Seconds the gate has not accepted the samples that wait (0 while it does)."""
+        if self.failing_since is None:
+            return 0.0
+        return self.clock() - self.failing_since
 
     def _finite(self, items: list[tuple[str, JsonObject]]) -> list[tuple[str, JsonObject]]:
         """Drop (and count) any record strict JSON cannot write: it must never stall the
@@ -234,7 +254,7 @@ class GatePusher:
             kept.append((kind, record))
         return kept
 
-    def _refused(self, status: int, text: str) -> None:
+    def _refused(self, status: int, text: str, started: float) -> None:
         """401/403: the gate refused the credential. Keep the batch; report; retry."""
         auth = "unauthorized" if status == 401 else "forbidden"
         error = f"gate answered {status}: {text[:200]}"
@@ -251,6 +271,7 @@ class GatePusher:
         self.auth = auth
         self.auth_error = error
         self.last_error = error
+        self._failed(started)
         self.on_auth_error(status)
         self.on_push("auth_error")
 

@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from pydantic import Field
 
 from canary_contract.buckets import DEFAULT_EDGES
+from canarystack.common.deadlines import REQUEST_DEADLINE_S as COMMON_REQUEST_DEADLINE_S
+from canarystack.common.deadlines import WRITE_TIMEOUT_S
 from canarystack.common.faults import FaultParams, NoParams
 from canarystack.router.config import WATCH_ERROR_FAILSAFE_S
 from canarystack.router.routing import PIN_HEADER
@@ -17,9 +19,31 @@ from canarystack.router.shadow import ShadowSettings
 
 ROUTER_VERSION = "0.1.0"
 UPSTREAM_CONNECT_TIMEOUT_S = 5.0
-# Long prompts on a slow engine can take a while before the first byte; a stream that
-# stays silent this long is broken.
-UPSTREAM_READ_TIMEOUT_S = 300.0
+# The deadlines of one proxied request (#27 findings 1 and 2; docs/stack.md, "Timeouts,
+# deadlines and caps", says why each default). The whole request, arrival to last byte
+# (common.deadlines says why 300 s); past it the upstream is cancelled, an error outcome.
+REQUEST_DEADLINE_S = COMMON_REQUEST_DEADLINE_S
+# A stream's first body byte (queue wait + prefill of the longest prompt under load).
+UPSTREAM_FIRST_BYTE_S = 60.0
+# Silence between two body bytes of a stream: inter-token gaps are tens of milliseconds,
+# so 10 s silent is a hung engine, not a slow one.
+UPSTREAM_IDLE_S = 10.0
+# One write to the client blocked this long: the client stopped reading (common.deadlines).
+CLIENT_WRITE_S = WRITE_TIMEOUT_S
+# A client that leaves while its upstream has been silent this long left because of the
+# stall: the outcome is ``upstream_stall`` evidence, not a client abort.
+STALL_EVIDENCE_S = 5.0
+# How often a request waiting on a silent upstream checks whether its client is gone.
+CLIENT_CHECK_S = 0.5
+# Concurrent proxied requests (streamed or not; each holds an engine slot) per client key
+# (x-user-id, else the peer address) and per variant pool; above either, 429.
+MAX_CLIENT_STREAMS = 8
+MAX_POOL_STREAMS = 256
+# Samples the gate has not accepted for this long (posts failing or timing out while
+# samples wait): the canary goes to 0 % and /health says degraded (the dead-man switch).
+GATE_DEADMAN_S = 10.0
+# The upstream session's socket read timeout: a backstop only, the deadlines above act first.
+UPSTREAM_READ_TIMEOUT_S = REQUEST_DEADLINE_S
 PROXIED_PATHS = ("/v1/completions", "/v1/chat/completions")
 # 1 MiB: ~32k tokens of prompt as JSON. Parsing cost grows with the body (a 4 MiB body
 # of small items held the loop ~100 ms, bench/results/event_loop_stall.json), so size it
@@ -63,6 +87,17 @@ FAULT_KINDS: dict[str, type[FaultParams]] = {
 }
 
 
+@dataclass(frozen=True)
+class StreamDeadlines:
+    """The deadlines of one proxied request, in seconds (the constants above)."""
+
+    request_s: float = REQUEST_DEADLINE_S
+    first_byte_s: float = UPSTREAM_FIRST_BYTE_S
+    idle_s: float = UPSTREAM_IDLE_S
+    client_write_s: float = CLIENT_WRITE_S
+    stall_evidence_s: float = STALL_EVIDENCE_S
+
+
 @dataclass
 class RouterSettings:
     router_id: str
@@ -82,3 +117,7 @@ class RouterSettings:
     instance_port: int | None = None
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     watch_error_failsafe_s: float = WATCH_ERROR_FAILSAFE_S
+    deadlines: StreamDeadlines = field(default_factory=StreamDeadlines)
+    max_client_streams: int = MAX_CLIENT_STREAMS
+    max_pool_streams: int = MAX_POOL_STREAMS
+    gate_deadman_s: float = GATE_DEADMAN_S

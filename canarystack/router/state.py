@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import bisect
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import aiohttp
@@ -27,6 +27,8 @@ from canarystack.router.routing import Variant
 from canarystack.router.samples import GatePusher, SampleQueue
 from canarystack.router.settings import RouterSettings
 from canarystack.router.shadow import ShadowManager, ShadowStats
+from canarystack.router.snapshot import Snapshot
+from canarystack.router.streams import Place, StreamCaps
 
 if TYPE_CHECKING:
     from canarystack.router.shadow_session import ShadowSession
@@ -65,6 +67,8 @@ class RequestContext:
     dependency: str | None = None
     # This request's shadow comparisons, when it was sampled (``shadow_session.py``).
     shadow: ShadowSession | None = None
+    # Its place under the concurrency caps (``streams.py``), given back when it ends.
+    place: Place | None = None
 
     @property
     def request_id(self) -> str:
@@ -120,6 +124,8 @@ class RouterState:
             ).inc(),
             failsafe_s=settings.watch_error_failsafe_s,
         )
+        self.caps = StreamCaps(settings.max_client_streams, settings.max_pool_streams)
+        self.gate_off: str | None = None  # why the dead-man switch holds the canary off
         self.rng = random.Random()
         # Same labels as canary_contract.buckets.bucket_of, computed once.
         self.bucket_labels = bucket_labels(settings.edges)
@@ -131,6 +137,42 @@ class RouterState:
     def upstream_session(self) -> aiohttp.ClientSession:
         assert self.session is not None, "router not started"
         return self.session
+
+    def gate_off_reason(self) -> str | None:
+        """The dead-man switch: why the canary is off because the gate has not accepted
+        samples for ``gate_deadman_s`` (posts failing, timing out or refused while samples
+        wait), else None. A change is logged once."""
+        gone_s = self.pusher.unaccepted_s() if self.pusher is not None else 0.0
+        reason = None
+        if gone_s >= self.settings.gate_deadman_s:
+            assert self.pusher is not None
+            reason = (
+                f"gate unreachable: it has not accepted samples for {gone_s:.0f} s (over "
+                f"--gate-deadman-s {self.settings.gate_deadman_s:g}; last error: "
+                f"{self.pusher.last_error})"
+            )
+        if (reason is None) != (self.gate_off is None):
+            self.metrics.gate_failsafe.set(0 if reason is None else 1)
+            if reason is not None:
+                self.log.error("gate_failsafe_on", reason=reason, canary_weight=0.0)
+            else:
+                self.log.info("gate_failsafe_off", reason="the gate accepts samples again")
+        self.gate_off = reason
+        return reason
+
+    def snapshot(self) -> Snapshot:
+        """The config a request sees: the broker's (``config.current``), with the canary
+        at 0 % while the gate dead-man switch holds it off (pins refused, naming why)."""
+        snap = self.config.current
+        reason = self.gate_off_reason()
+        if reason is None:
+            return snap
+        return replace(
+            snap,
+            weight_pct=0.0,
+            canary_off=reason,
+            canary_off_since=snap.canary_off_since or snap.applied_at,
+        )
 
     def health(self) -> JsonObject:
         snap = self.config.current
@@ -158,7 +200,17 @@ class RouterState:
                 "length": len(self.queue),
                 "dropped_total": self.queue.dropped_total,
                 "gate_error": self.pusher.last_error if self.pusher else None,
+                "unaccepted_s": round(self.pusher.unaccepted_s(), 3) if self.pusher else 0.0,
             }
+        out["streams"] = self.caps.to_json()
+        gate_off = self.gate_off_reason()
+        out["gate_failsafe"] = gate_off
+        if gate_off is not None:
+            # Degraded, but serving: the baseline is fine, so HTTP 200 keeps this router in
+            # its Service (a 503 would turn a gate outage into a user outage).
+            out["status"] = "degraded"
+            out["degraded_reasons"] = [gate_off]
+            out["serving"] = True
         return out
 
     def push(self, kind: str, record: JsonObject) -> None:
