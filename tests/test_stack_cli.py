@@ -98,7 +98,7 @@ def test_up_starts_every_component_and_creates_the_release(stack: dict[str, Any]
     assert {p.name for p in creds} == {
         "operator", "trip", "rollback", "heartbeat", "samples", "faults-router",
         "faults-broker", "faults-gate", "faults-rollback", "faults-model-baseline",
-        "faults-model-canary",
+        "faults-model-canary", "router-credential-router-0", "router-credential-router-1",
     }  # fmt: skip
     assert all(stat.S_IMODE(p.stat().st_mode) == 0o600 for p in creds)
     assert len({p.read_text().strip() for p in creds}) == len(creds)
@@ -135,7 +135,8 @@ def test_each_component_holds_only_its_own_credentials(stack: dict[str, Any]) ->
     expected = {
         "model-canary": {"faults-model-canary"},
         "model-baseline": {"faults-model-baseline"},
-        "router": {"faults-router", "heartbeat", "samples"},
+        # Each router its own heartbeat credential, bound to its id (#27, finding 7).
+        "router": {"faults-router", "samples"},
         "gate": {"faults-gate", "trip", "samples"},
         "rollback": {"faults-rollback", "rollback", "operator"},
         "broker": {"faults-broker"},  # and the folder, from which it reads its four
@@ -143,7 +144,17 @@ def test_each_component_holds_only_its_own_credentials(stack: dict[str, Any]) ->
     for comp in status(state_dir)["components"]:
         argv = Path(f"/proc/{comp['pid']}/cmdline").read_bytes().split(b"\0")
         given = {Path(a.decode()).name for a in argv if a.decode().startswith(str(folder) + "/")}
-        assert given == expected[comp["role"]], (comp["name"], given)
+        own = {f"router-credential-{comp['name']}"} if comp["role"] == "router" else set()
+        assert given == expected[comp["role"]] | own, (comp["name"], given)
+    # A router's credential speaks for that router only.
+    beat = {"router_id": "router-1", "release": desc["release"], "applied_revision": 1}
+    resp = requests.post(
+        f"{desc['broker_url']}/v1/routers/heartbeat",
+        json=beat,
+        headers=token("router-credential-router-0"),
+        timeout=5,
+    )
+    assert resp.status_code == 403 and "belongs to router 'router-0'" in resp.text, resp.text
     # The broker knows who is who.
     who = requests.get(f"{desc['broker_url']}/v1/whoami", headers=token("trip"), timeout=5)
     assert who.status_code == 200 and who.json()["capabilities"] == ["trip"], who.text

@@ -185,18 +185,34 @@ def credential_path(spec: StackSpec, name: str) -> Path:
     return spec.abs_state_dir / CREDENTIALS_DIR / name
 
 
-def _credential_flags(spec: StackSpec, role: str) -> list[str]:
+def router_credential(router_id: str) -> str:
+    """The file name of the heartbeat credential bound to one router (#27, finding 7):
+    minted from ``heartbeat`` (``canarystack.broker.capabilities.router_token``) by
+    ``stack up``, so no router holds a credential that could speak for another."""
+    return f"router-credential-{router_id}"
+
+
+def _credential_flags(spec: StackSpec, role: str, instance: str | None = None) -> list[str]:
     flags = ["--admin-token-file", str(credential_path(spec, f"faults-{role}"))]
     for flag, name in ROLE_CREDENTIALS.get(role, ()):
+        if role == "router" and name == "heartbeat" and instance is not None:
+            name = router_credential(instance)
         flags += [flag, str(credential_path(spec, name))]
     if role == "broker":
-        # The broker reads operator, trip, rollback and heartbeat from the folder.
-        flags += ["--credentials-dir", str(spec.abs_state_dir / CREDENTIALS_DIR)]
+        # The broker reads operator, trip, rollback and heartbeat from the folder, and
+        # takes heartbeats only from the router-bound credentials stack up mints.
+        flags += [
+            "--credentials-dir",
+            str(spec.abs_state_dir / CREDENTIALS_DIR),
+            "--require-router-credentials",
+        ]
     return flags
 
 
-def _command(spec: StackSpec, module: str, port: int, role: str, *args: str) -> list[str]:
-    token = _credential_flags(spec, role)
+def _command(
+    spec: StackSpec, module: str, port: int, role: str, *args: str, instance: str | None = None
+) -> list[str]:
+    token = _credential_flags(spec, role, instance)
     return [spec.python, "-m", f"canarystack.{module}", "--host", HOST, "--port", str(port),
             *token, *args]  # fmt: skip
 
@@ -271,6 +287,7 @@ def programs(spec: StackSpec) -> list[Program]:
             "--baseline", ",".join(p.url for p in baseline),
             "--canary", ",".join(p.url for p in canary),
             "--state-dir", sd, *gate, *spec.args.get("router", []),
+            instance=f"router-{i}",
         )  # fmt: skip
         progs.append(Program(f"router-{i}", "router", cmd, f"http://{HOST}:{instance_port}"))
     for role, offset in (("gate", GATE_OFFSET), ("rollback", ROLLBACK_OFFSET)):

@@ -21,6 +21,7 @@ import redis
 import requests
 
 from canary_contract.json import JsonObject
+from canarystack.broker.capabilities import router_token
 from canarystack.cluster import supervisor
 from canarystack.cluster.spec import (
     CREDENTIALS,
@@ -31,6 +32,7 @@ from canarystack.cluster.spec import (
     StackSpec,
     credential_path,
     programs,
+    router_credential,
     stack_description,
 )
 from canarystack.dependency.keys import seed_items
@@ -59,7 +61,16 @@ def write_credentials(spec: StackSpec) -> dict[str, str]:
     """Every credential of the stack (kept if already there), name -> token."""
     folder = spec.abs_state_dir / CREDENTIALS_DIR
     folder.mkdir(mode=0o700, exist_ok=True)
-    return {name: _write_token(credential_path(spec, name)) for name in CREDENTIALS}
+    tokens = {name: _write_token(credential_path(spec, name)) for name in CREDENTIALS}
+    for i in range(spec.router_replicas):
+        # Each router's own heartbeat credential, minted from the shared one (which then
+        # stays with the broker): rewritten each time, since it follows from heartbeat.
+        router_id = f"router-{i}"
+        path = credential_path(spec, router_credential(router_id))
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(router_token(tokens["heartbeat"], router_id) + "\n")
+    return tokens
 
 
 def _port_in_use(port: int) -> bool:
