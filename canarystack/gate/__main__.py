@@ -274,6 +274,14 @@ _NO_DATA = (
         "trip (test no_data) instead of only reporting inconclusive",
         type=None,
     ),
+    Flag(
+        "--blind-failsafe-s",
+        "blind_failsafe_s",
+        "gate blind: no canary sample this long (and at least the no-data timeout) while the "
+        "baseline traffic seen meanwhile should have brought 5 or more -> trip (test "
+        "no_data, reason gate_blind), canary to 0%% (default %(default)s)",
+        default=_D.blind_failsafe_s,
+    ),
 )
 # The test parameters in --help order: each group's title, then its flags.
 TEST_FLAGS = (

@@ -112,6 +112,11 @@ class GateConfig:
     # no data
     no_data_timeout_s: float = 30.0
     trip_on_no_data: bool = False
+    # The gate-blind fail-safe (#27 finding 2): no canary sample for this long while the
+    # baseline traffic seen meanwhile says the canary took its share -> trip, canary to 0 %.
+    # Twice the no-data timeout: a short gap (a router restart, a slow batch) is only
+    # inconclusive; a lasting one never leaves the canary unguarded.
+    blind_failsafe_s: float = 60.0
     # false-alarm budget: the rate the budget assumes, and the budget the thresholds were
     # derived from (None when they were set one by one; ``budget_json`` then shows the
     # budget they imply)
@@ -161,6 +166,11 @@ class GateConfig:
             ("noise_window", self.noise_window >= 1, ">= 1"),
             ("noise_min_samples", self.noise_min_samples >= 1, ">= 1"),
             ("no_data_timeout_s", self.no_data_timeout_s > 0, "> 0"),
+            (
+                "blind_failsafe_s",
+                0 < self.blind_failsafe_s < math.inf,
+                "a finite number of seconds > 0",
+            ),
             (
                 "budget_sample_rate_hz",
                 math.isfinite(self.budget_sample_rate_hz) and self.budget_sample_rate_hz > 0,

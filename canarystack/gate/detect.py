@@ -62,13 +62,13 @@ def comparison(gate: ReleaseGate, c: Comparison, got: Ingested, now_mono: float)
     rt = gate.release_test
     if rt is not None and not rt.admit(c):
         # The dependence rule: the canary serves, but this session was just tested.
-        gate.last_canary_sample_mono = now_mono
+        gate.saw_canary(now_mono)
         got.ignore("same_session")
         return
     got.comparisons += 1
     bucket.comparisons += 1
     bucket.keep_colour("comparison", c)
-    gate.last_canary_sample_mono = now_mono
+    gate.saw_canary(now_mono)
     for scope in gate.scopes_of[c.bucket]:
         scope.comparisons += 1
     if rt is not None:
@@ -140,11 +140,12 @@ def outcome(gate: ReleaseGate, o: Outcome, got: Ingested, now_mono: float) -> No
     if failed:
         bucket.errors_seen[o.variant] += 1
     if o.variant == "baseline":
+        gate.baseline_since_canary += 1
         bucket.baseline_errors.add(o.time, 1.0 if failed else 0.0)
         if not failed and o.ttft_s is not None:
             bucket.baseline_ttft.add(o.time, o.ttft_s)
         return
-    gate.last_canary_sample_mono = now_mono
+    gate.saw_canary(now_mono)
     bucket.keep_colour("error" if failed else "outcome", o)
     ref_errors = bucket.baseline_errors.values(o.time)
     n_ref = len(ref_errors)

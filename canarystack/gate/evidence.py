@@ -137,3 +137,27 @@ def no_data_evidence(
         },
         "colours": [],  # no sample is behind a trip for lack of samples
     }
+
+
+def gate_blind_evidence(
+    waited: float,
+    now_wall: float,
+    failsafe_s: float,
+    canary_weight: float,
+    canary_version: str | None,
+    baseline_outcomes: int,
+    expected: float,
+) -> JsonObject:
+    """The evidence of the gate-blind fail-safe (``--blind-failsafe-s``): the canary took
+    traffic (the baseline's share says so) but no canary sample reached the gate."""
+    out = no_data_evidence(waited, now_wall, failsafe_s, canary_weight, canary_version)
+    out["detail"] = {
+        "reason": "gate_blind",
+        "message": f"gate blind: canary weight {canary_weight:g} % and {baseline_outcomes} "
+        f"baseline outcomes (about {expected:.0f} canary ones expected) but no canary "
+        f"sample for {waited:.1f} s (--blind-failsafe-s {failsafe_s:g}): canary to 0 %",
+        "canary_version": canary_version,
+        "baseline_outcomes": baseline_outcomes,
+        "expected_canary_samples": round(expected, 3),
+    }
+    return out

@@ -419,15 +419,14 @@ class GateService:
         now = time.monotonic()
         for gate in self.gates.values():
             state = gate.state(now)
-            if (
-                state == "inconclusive"
-                and self.config.trip_on_no_data
-                and gate.trip is None
-                and gate.trippable()
-            ):
-                gate.decide_no_data(now, time.time())
-                self._start_trip(gate)
-                state = gate.state(now)
+            if state == "inconclusive" and gate.trip is None and gate.trippable():
+                if self.config.trip_on_no_data:
+                    gate.decide_no_data(now, time.time())
+                elif gate.check_blind(now):
+                    gate.decide_blind(now, time.time())
+                if gate.trip is not None:
+                    self._start_trip(gate)
+                    state = gate.state(now)
             if self._states.get(gate.name) != state:
                 _log.info(
                     "gate_state",

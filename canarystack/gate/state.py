@@ -85,6 +85,10 @@ __all__ = [
 ]
 
 GateState = Literal["idle", "watching", "tripped", "inconclusive"]
+# The gate-blind fail-safe trips only when the baseline outcomes seen since the last canary
+# sample, at the canary's weight, should have brought at least this many canary samples
+# (the chance of seeing none of 5 expected is under 1 %): an idle stack is not blind.
+BLIND_EXPECTED_CANARY = 5.0
 STATES: tuple[GateState, ...] = ("idle", "watching", "tripped", "inconclusive")
 
 
@@ -107,6 +111,9 @@ class ReleaseGate:
         self.trip_revision: int | None = None
         self.watch_start_mono: float | None = None
         self.last_canary_sample_mono: float | None = None
+        # Baseline outcomes since the last canary sample (or the watch start): the traffic
+        # the canary should have had its share of (the gate-blind rule).
+        self.baseline_since_canary = 0
         self.resets = 0
         self.totals = Ingested()
         self.router_dropped = 0
@@ -186,6 +193,7 @@ class ReleaseGate:
         self.trip_status_reason = None
         self.trip_revision = None
         self.last_canary_sample_mono = None
+        self.baseline_since_canary = 0
         self.watch_start_mono = now_mono if self.canary_live() else None
         self.resets += 1
         self.last_reset_reason = reason
@@ -263,6 +271,7 @@ class ReleaseGate:
             self._noise_stable = stable
         if self.canary_live() and not was_live:
             self.watch_start_mono = now_mono
+            self.baseline_since_canary = 0
         if not self.canary_live():
             self.watch_start_mono = None
 
@@ -411,6 +420,44 @@ class ReleaseGate:
         if since is None:
             return False
         return now_mono - since >= self.config.no_data_timeout_s
+
+    def saw_canary(self, now_mono: float) -> None:
+        """A canary sample arrived: the gate is not blind."""
+        self.last_canary_sample_mono = now_mono
+        self.baseline_since_canary = 0
+
+    def expected_canary_samples(self) -> float:
+        """Canary samples the baseline outcomes since the last one imply at its weight."""
+        w = self.canary_weight
+        if not 0 < w < 100:
+            return 0.0
+        return self.baseline_since_canary * w / (100.0 - w)
+
+    def check_blind(self, now_mono: float) -> bool:
+        """The gate-blind fail-safe: inconclusive, no canary sample for
+        ``blind_failsafe_s``, and the baseline traffic meanwhile says the canary had its
+        share (``BLIND_EXPECTED_CANARY``)."""
+        if not self.check_no_data(now_mono):
+            return False
+        since = self.last_canary_sample_mono or self.watch_start_mono
+        if since is None or now_mono - since < self.config.blind_failsafe_s:
+            return False
+        return self.expected_canary_samples() >= BLIND_EXPECTED_CANARY
+
+    def decide_blind(self, now_mono: float, now_wall: float) -> None:
+        """Trip because the gate is blind while the canary takes traffic (fail safe)."""
+        since = self.last_canary_sample_mono or self.watch_start_mono or now_mono
+        self.trip = evidence.gate_blind_evidence(
+            now_mono - since,
+            now_wall,
+            self.config.blind_failsafe_s,
+            self.canary_weight,
+            self.canary_version,
+            self.baseline_since_canary,
+            self.expected_canary_samples(),
+        )
+        self.trip_status = TripStatus.PENDING
+        self.trip_status_reason = None
 
     def decide_no_data(self, now_mono: float, now_wall: float) -> None:
         """Trip for lack of data (only with ``trip_on_no_data``)."""

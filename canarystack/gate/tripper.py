@@ -63,6 +63,18 @@ def is_our_trip(release: JsonObject | None, evidence: JsonObject) -> bool:
     )
 
 
+def trip_reason(evidence: JsonObject) -> str:
+    """The broker event's reason for a trip: the gate-blind fail-safe says so first."""
+    detail = evidence.get("detail") or {}
+    if isinstance(detail, dict) and detail.get("reason") == "gate_blind":
+        return str(detail.get("message"))
+    return (
+        f"gate: {evidence['test']} test tripped in bucket {evidence['bucket']} "
+        f"(statistic {evidence['statistic']:g} >= {evidence['threshold']:g} "
+        f"over {evidence['samples']} samples)"
+    )
+
+
 async def write_trip(
     client: BrokerClient,
     name: str,
@@ -121,11 +133,7 @@ async def write_trip(
                 int(release["revision"]),
                 phase="tripped",
                 trip=evidence,
-                reason=(
-                    f"gate: {evidence['test']} test tripped in bucket {evidence['bucket']} "
-                    f"(statistic {evidence['statistic']:g} >= {evidence['threshold']:g} "
-                    f"over {evidence['samples']} samples)"
-                ),
+                reason=trip_reason(evidence),
             )
         except RevisionConflict as exc:
             log.info("trip_revision_conflict", release=name, current=exc.current_revision)
