@@ -172,6 +172,24 @@ gameday-foreign: $(STAMP) $(FOREIGN_STAMP)
 	$(BIN)/gameday run $(FOREIGN_EXPERIMENTS) --target targets/foreign.yaml $(RUN_ARGS); \
 		rc=$$?; $(BIN)/python deploy/foreign/foreign.py down --state-dir .foreign; exit $$rc
 
+# The three-gate matrix (#29, bench/gate_matrix.py): the controls, the faulty and the broken
+# kernel against canarystack's gate, the foreign stack's alert on errors and latency, and the
+# foreign stack's alert on the drift judge's verdict; writes bench/results/gate_matrix.json
+# and quotes it in README.md (about 20 minutes; brings the foreign stack up and down in
+# .foreign, so none may run there). MATRIX_ARGS="--from-runs reports/gate-matrix-<time>"
+# quotes runs made before.
+.PHONY: gate-matrix test-judge
+MATRIX_ARGS ?=
+gate-matrix: $(STAMP) $(FOREIGN_STAMP)
+	$(BIN)/python bench/gate_matrix.py $(MATRIX_ARGS)
+	$(BIN)/python bench/quote.py
+
+# The drift judge's tests: the service between real engines (part of make test too, ~20 s)
+# and, with the foreign extra, the judge in the foreign stack tripping its alert.
+test-judge: $(STAMP) $(FOREIGN_STAMP)
+	$(BIN)/python -m pytest tests/test_judge.py tests/test_judge_units.py \
+		tests/test_judge_deploy.py tests/test_foreign_judge.py $(PYTEST_ARGS)
+
 # The foreign stack's own tests (deploy/foreign: Envoy, Prometheus, Alertmanager, the hook)
 # and the pinned verdicts of a game day against it (tests/test_foreign_gameday.py: the
 # faulty kernel fails, the failing canary passes, pins after the trip pass, and fail with

@@ -48,6 +48,7 @@ COMMANDS = {
     "gate_null_stress": "nice -n 19 .venv/bin/python bench/gate_null_stress.py",
     "engine_drift": ".venv/bin/python bench/engine_drift.py",
     "certify_campaign": ".venv/bin/python bench/certify_campaign.py --repeat 59",
+    "gate_matrix": "make gate-matrix",
 }
 
 
@@ -400,6 +401,50 @@ def _times_s(stat: JsonObject) -> str:
     return f"{_f(stat['value_s'])} s [{_f(lo)}, {_f(hi) if hi is not None else 'inf'}]"
 
 
+def r_gate_matrix(res: JsonObject) -> list[str]:
+    gates = res["gates"]
+    names = list(gates)
+
+    def cell(gate: str, exp: str, key: str) -> str:
+        row = gates[gate]["experiments"].get(exp, {})
+        verdict = row.get("verdict")
+        if verdict in (None, "not run", "not_applicable"):
+            return "not applicable" if verdict == "not_applicable" else "not run"
+        if key == "time_to_trip_s":
+            t = row.get("time_to_trip_s")
+            return f"{_f(t)} s" if row.get("tripped") and t is not None else "**never tripped**"
+        return _f(row.get(key), 0)
+
+    head = "| | " + " | ".join(gates[g]["label"] for g in names) + " |"
+    rows = [head, "| --- |" + " --- |" * len(names)]
+    for exp in res["faulty"]:
+        rows.append(
+            f"| time to trip, `{exp}` | "
+            + " | ".join(cell(g, exp, "time_to_trip_s") for g in names)
+            + " |"
+        )
+    for exp in res["faulty"]:
+        rows.append(
+            f"| drifted answers served, `{exp}` | "
+            + " | ".join(cell(g, exp, "drifted_served") for g in names)
+            + " |"
+        )
+    rows.append(
+        "| false trips, healthy controls | "
+        + " | ".join(f"{gates[g]['false_trips']} of {gates[g]['controls_run']}" for g in names)
+        + " |"
+    )
+    rows.append("| run verdict | " + " | ".join(f"{gates[g]['verdict']}" for g in names) + " |")
+    controls = ", ".join(f"`{c}`" for c in res["controls"])
+    return [
+        "The same experiments against three gates (time to trip: from the fault to the "
+        "gate's trip; drifted answers served: canary-served requests the kernel fault "
+        f"reached; healthy controls: {controls}):",
+        "",
+        *rows,
+    ]
+
+
 RENDER: dict[str, tuple[Callable[[JsonObject], list[str]], bool]] = {
     # name: (renderer, whether it takes the whole document rather than its "results")
     "router_overhead": (r_router_overhead, False),
@@ -414,6 +459,7 @@ RENDER: dict[str, tuple[Callable[[JsonObject], list[str]], bool]] = {
     "gate_null_stress": (r_gate_null_stress, False),
     "engine_drift": (r_engine_drift, False),
     "certify_campaign": (r_certify_campaign, False),
+    "gate_matrix": (r_gate_matrix, False),
 }
 
 
