@@ -28,8 +28,15 @@ from canarystack.router.snapshot import (
 )
 
 START_TIMEOUT_S = 2.0
+# The fail-safe bound: this long without an answer from the broker (a release, or a watch
+# that timed out on the broker's side: both say "this is the release now") and the router
+# is at 0 % canary. Counted from the last answer, not from the first error, so it holds
+# for a broker that stops answering mid-watch (SIGSTOP, a hung host) too (#27, finding 6).
 WATCH_ERROR_FAILSAFE_S = 10.0
-WATCH_TIMEOUT_S = 10.0  # long-poll length we ask the broker for
+WATCH_TIMEOUT_S = 10.0  # long-poll length we ask the broker for (at most half the bound)
+WATCH_SLACK_MAX_S = 5.0  # how late, at most, a watch answer may come before it counts as hung
+# How often, at least, the router checks the bound (it wakes at the deadline otherwise).
+FAILSAFE_CHECK_MAX_S = 1.0
 STALE_POLL_S = 0.5
 BACKOFF_MIN_S = 0.1
 BACKOFF_MAX_S = 2.0
@@ -63,10 +70,13 @@ class ConfigWatcher:
       canary gets traffic). The router starts with no config, i.e. at 0%, so a router that
       never served the canary reports its own start: an upper bound, never too early.
     - Broker errors are counted by kind and retried with a short, capped backoff; the router
-      keeps serving with the config it has — for at most ``failsafe_s``: watch errors that
-      persist longer put the router on a fail-safe snapshot (source ``"failsafe"``, 0% canary)
-      until a watch succeeds again. 401/403 answers are reported (``broker_auth``), never
-      taken for anything but a refused credential.
+      keeps serving with the config it has — for at most ``failsafe_s`` after the broker's
+      last answer (``last_answer``): past that, whether watches fail or hang, the router is
+      on a fail-safe snapshot (source ``"failsafe"``, 0% canary) until the broker answers
+      again. Long polls last at most half of ``failsafe_s``, so a healthy broker always
+      answers well within it; and the first answer ends the fail-safe for good, since the
+      bound then counts again from that answer (no flapping on recovery). 401/403 answers
+      are reported (``broker_auth``), never taken for anything but a refused credential.
     - Effective canary weight (``snapshot.py``): 0 with no config, no canary version, a
       quarantined canary, or a canary-off phase, whatever ``weights.canary`` says; else
       ``weights.canary``. ``tripped`` takes effect in the same watch round it arrives.
@@ -99,7 +109,6 @@ class ConfigWatcher:
         self.router_id = router_id
         self.cache = cache_path(state_dir, router_id)
         self.heartbeat_s = heartbeat_s
-        self.watch_timeout_s = watch_timeout_s
         self.is_stale = is_stale
         self.on_error = on_error
         self.on_heartbeat_error = on_heartbeat_error
@@ -110,13 +119,14 @@ class ConfigWatcher:
         self.current = Snapshot.of(None, "none")
         self.last_seen_revision = 0
         self.watch_errors = 0
-        self.failing_since: float | None = None  # monotonic, first watch error in a row
-        # The watch call in flight: when it started and how long it may take (monotonic).
-        self._attempt: tuple[float, float] | None = None
+        # Monotonic time of the broker's last answer with the release (the start until then).
+        self.last_answer = clock()
         # Per call ("watch", "heartbeat"): "ok" | "unauthorized" | "forbidden", last error.
         self.auth: dict[str, str] = {"watch": "ok", "heartbeat": "ok"}
         self.auth_error: str | None = None
-        self._poll_s = watch_timeout_s  # the next long poll's length (the follower reads it)
+        # The long poll's length: within half the fail-safe bound (the follower reads it).
+        self.watch_timeout_s = min(watch_timeout_s, failsafe_s / 2)
+        self._poll_s = self.watch_timeout_s
         self._beat_now = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -201,27 +211,21 @@ class ConfigWatcher:
         self.on_error(kind)
         self._auth_result("watch", exc)
         _log.warning("broker_watch_error", kind=kind, error=f"{type(exc).__name__}: {exc}")
-        if self.failing_since is None:
-            self.failing_since = self.clock()
         self.check_failsafe()
 
-    def check_failsafe(self) -> None:
-        """Go fail-safe once watches have failed for ``failsafe_s`` — errors in a row, or a
-        watch overdue past its long-poll length (a broker that accepts and never answers)."""
+    def check_failsafe(self) -> float:
+        """Go fail-safe once the broker's last answer is ``failsafe_s`` old, whatever the
+        watch is doing (failing, hanging, backing off); the seconds left until then."""
+        silent_s = self.clock() - self.last_answer
         if self.current.source == "failsafe" or self.current.release is None:
-            return  # already at 0% (with no config the canary is off anyway)
-        now = self.clock()
-        since = self.failing_since
-        if since is None and self._attempt is not None:
-            started, limit_s = self._attempt
-            overdue_from = started + limit_s + 1.0
-            if now > overdue_from:
-                since = overdue_from
-        if since is not None and now - since >= self.failsafe_s:
-            self.fail_safe(now - since)
+            return self.failsafe_s  # already at 0% (with no config the canary is off anyway)
+        if silent_s >= self.failsafe_s:
+            self.fail_safe(silent_s)
+            return self.failsafe_s
+        return self.failsafe_s - silent_s
 
     def _watch_ok(self) -> None:
-        self.failing_since = None
+        self.last_answer = self.clock()
         self._auth_result("watch", None)
 
     def fail_safe(self, failing_s: float) -> None:
@@ -233,7 +237,8 @@ class ConfigWatcher:
             _log.error,
             "config_failsafe",
             failing_s=round(failing_s, 3),
-            effect="0% canary until a broker watch succeeds",
+            bound_s=self.failsafe_s,
+            effect="0% canary until the broker answers a watch",
         )
         self._beat_now.set()
 
@@ -264,6 +269,7 @@ class ConfigWatcher:
             self._tasks = [
                 asyncio.create_task(self._watch_loop()),
                 asyncio.create_task(self._heartbeat_loop()),
+                asyncio.create_task(self._failsafe_loop()),
             ]
 
     async def stop(self) -> None:
@@ -299,15 +305,16 @@ class ConfigWatcher:
                 limit_s = self._poll_s = (
                     min(self.watch_timeout_s, STALE_POLL_S) if stale else self.watch_timeout_s
                 )
-            self._attempt = (self.clock(), limit_s)
+            # A watch answer may come this late (network, a busy broker); past it the
+            # call counts as hung. A quarter of the bound: a hung long poll is retried as a
+            # plain read well before the fail-safe would fire for it.
+            slack_s = min(WATCH_SLACK_MAX_S, self.failsafe_s / 4)
             try:
-                event = await asyncio.wait_for(anext(follower), limit_s + 5.0)
+                event = await asyncio.wait_for(anext(follower), limit_s + slack_s)
             except TimeoutError as exc:
-                self._attempt = None
                 follower.retry()  # backs off as after any error
                 self._error(_kind(exc), exc)
                 continue
-            self._attempt = None
             if event.kind is FollowKind.RELEASE and event.release is not None:
                 self._offer(event.release)
                 self._watch_ok()
@@ -322,7 +329,6 @@ class ConfigWatcher:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._beat_now.wait(), self.heartbeat_s)
             self._beat_now.clear()
-            self.check_failsafe()  # also while a watch hangs without an error
             snap = self.current
             if snap.release is None:
                 continue  # nothing applied yet: no revision to report
@@ -349,6 +355,13 @@ class ConfigWatcher:
                 if not failing:
                     _log.warning("broker_heartbeat_failed", error=f"{type(exc).__name__}: {exc}")
                 failing = True
+
+    async def _failsafe_loop(self) -> None:
+        """Check the bound at its deadline (and at least every ``FAILSAFE_CHECK_MAX_S``),
+        not only when a watch call returns: a watch may hang for its whole timeout."""
+        while True:
+            left_s = self.check_failsafe()
+            await asyncio.sleep(min(max(left_s, 0.01), FAILSAFE_CHECK_MAX_S))
 
 
 def _kind(exc: BaseException) -> str:
