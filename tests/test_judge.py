@@ -16,6 +16,7 @@ sent the exact requests those controllers send.
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 from collections.abc import Iterator
@@ -108,6 +109,17 @@ def verdict_after_mirroring(judge: Proc, want: str, seed0: int) -> dict[str, Any
     return got
 
 
+@contextlib.contextmanager
+def kernel_fault(proxy: Proc, mode: str) -> Iterator[None]:
+    """A kernel fault on the canary's fault proxy for the block (long prompts only)."""
+    fault = {"kind": "kernel", "mode": mode, "ttl_s": 120}
+    assert requests.post(proxy.url + "/admin/faults", json=fault, headers=AUTH, timeout=10).ok
+    try:
+        yield
+    finally:
+        requests.delete(proxy.url + "/admin/faults", headers=AUTH, timeout=10)
+
+
 def metric(judge: Proc, name: str, **labels: str) -> float | None:
     text = requests.get(judge.url + "/metrics", timeout=10).text
     want = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
@@ -136,12 +148,8 @@ def test_a_healthy_canary_passes_then_a_faulty_kernel_fails_it(stack: dict[str, 
     assert flagger_post(judge).status_code == 200
     assert metric(judge, "canary_judge_verdict", release="default", verdict="pass") == 1.0
 
-    fault = {"kind": "kernel", "mode": "fp8-kv-scale", "ttl_s": 120}
-    assert requests.post(proxy.url + "/admin/faults", json=fault, headers=AUTH, timeout=10).ok
-    try:
+    with kernel_fault(proxy, "fp8-kv-scale"):
         body = verdict_after_mirroring(judge, "fail", seed0=200)
-    finally:
-        requests.delete(proxy.url + "/admin/faults", headers=AUTH, timeout=10)
     assert body["test"] == "drift" and body["bucket"] in ("2k-4k", "4k+")
     assert body["statistic"] >= body["threshold"]
     assert body["samples"] >= 1
@@ -171,12 +179,8 @@ def test_a_broken_kernel_fails_the_canary(stack: dict[str, Proc]) -> None:
         headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
         timeout=10,
     )
-    fault = {"kind": "kernel", "mode": "nan-logits", "ttl_s": 120}
-    assert requests.post(proxy.url + "/admin/faults", json=fault, headers=AUTH, timeout=10).ok
-    try:
+    with kernel_fault(proxy, "nan-logits"):
         body = verdict_after_mirroring(judge, "fail", seed0=400)
-    finally:
-        requests.delete(proxy.url + "/admin/faults", headers=AUTH, timeout=10)
     assert body["trip"]["detail"]["metric"] in ("kl_mean", "top1_disagreement")
     assert metric(judge, "canary_judge_comparisons_total", release="default", bucket="2k-4k",
                   pair="baseline-canary", result="canary_invalid")  # fmt: skip

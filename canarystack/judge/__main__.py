@@ -14,7 +14,15 @@ from collections.abc import Sequence
 
 from canarystack.common.auth import load_admin_token
 from canarystack.common.buckets import parse_edges
-from canarystack.common.cli import add_flags, base_parser, entry, parse, serve
+from canarystack.common.cli import (
+    Flag,
+    add_flags,
+    base_parser,
+    entry,
+    fields_from_args,
+    parse,
+    serve,
+)
 from canarystack.gate.__main__ import TEST_FLAGS, config_from_args
 from canarystack.judge.server import build_app
 from canarystack.judge.settings import (
@@ -25,6 +33,29 @@ from canarystack.judge.settings import (
 )
 
 _D = JudgeSettings(edges=(512,), rates={}, releases=(parse_release("d=http://h,http://h"),))
+# The judge's bounds: each flag sets the JudgeSettings field of its name.
+JUDGE_FLAGS = (
+    Flag("--noise-fraction", "noise_fraction", "judged requests that also get a second "
+         "baseline answer, the noise floor (default %(default)s)", default=_D.noise_fraction),
+    Flag("--max-per-s", "max_per_s", "comparisons started per second at most; more are "
+         "dropped and counted (default %(default)s)", default=_D.max_per_s),
+    Flag("--queue-size", "queue_size", "judged requests waiting at most; more are dropped "
+         "and counted (default %(default)s)", type=int, default=_D.queue_size),
+    Flag("--workers", "workers", "comparisons in flight at once (default %(default)s)",
+         type=int, default=_D.workers),
+    Flag("--queue-deadline-s", "queue_deadline_s", "a request that waited longer is "
+         "dropped as stale (default %(default)s)", default=_D.queue_deadline_s),
+    Flag("--side-timeout-s", "side_timeout_s", "deadline of each engine answer (default "
+         "%(default)s)", default=_D.side_timeout_s),
+    Flag("--max-tokens", "max_tokens", "tokens generated per side (default %(default)s)",
+         type=int, default=_D.max_tokens),
+    Flag("--topk", "topk", "top-k logprobs compared (default %(default)s)", type=int,
+         default=_D.topk),
+    Flag("--min-comparisons", "min_comparisons", "baseline-canary comparisons before a "
+         "verdict can be pass (default %(default)s)", type=int, default=_D.min_comparisons),
+    Flag("--max-body-bytes", "max_body_bytes", "largest mirrored body read; larger ones "
+         "get 413 (default %(default)s)", type=int, default=_D.max_body_bytes),
+)  # fmt: skip
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -53,65 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=DEFAULT_SAMPLE_RATES,
         help="share of mirrored requests judged per bucket, BUCKET=RATE,... (default %(default)s)",
     )
-    j.add_argument(
-        "--noise-fraction",
-        type=float,
-        default=_D.noise_fraction,
-        help="judged requests that also get a second baseline answer, the noise "
-        "floor (default %(default)s)",
-    )
-    j.add_argument(
-        "--max-per-s",
-        type=float,
-        default=_D.max_per_s,
-        help="comparisons started per second at most; more are dropped and "
-        "counted (default %(default)s)",
-    )
-    j.add_argument(
-        "--queue-size",
-        type=int,
-        default=_D.queue_size,
-        help="judged requests waiting at most; more are dropped and counted (default %(default)s)",
-    )
-    j.add_argument(
-        "--workers",
-        type=int,
-        default=_D.workers,
-        help="comparisons in flight at once (default %(default)s)",
-    )
-    j.add_argument(
-        "--queue-deadline-s",
-        type=float,
-        default=_D.queue_deadline_s,
-        help="a request that waited longer is dropped as stale (default %(default)s)",
-    )
-    j.add_argument(
-        "--side-timeout-s",
-        type=float,
-        default=_D.side_timeout_s,
-        help="deadline of each engine answer (default %(default)s)",
-    )
-    j.add_argument(
-        "--max-tokens",
-        type=int,
-        default=_D.max_tokens,
-        help="tokens generated per side (default %(default)s)",
-    )
-    j.add_argument(
-        "--topk", type=int, default=_D.topk, help="top-k logprobs compared (default %(default)s)"
-    )
-    j.add_argument(
-        "--min-comparisons",
-        type=int,
-        default=_D.min_comparisons,
-        help="baseline-canary comparisons before a verdict can be pass (default %(default)s)",
-    )
-    j.add_argument(
-        "--max-body-bytes",
-        type=int,
-        default=_D.max_body_bytes,
-        help="largest mirrored body read; larger ones get 413 (default %(default)s)",
-    )
+    add_flags(j, JUDGE_FLAGS)
     for title, flags in TEST_FLAGS:
         add_flags(p.add_argument_group(title), flags)
     return p
@@ -127,16 +100,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             edges=edges,
             rates=parse_rates(args.sample_rates, edges),
             releases=tuple(parse_release(spec) for spec in args.release),
-            noise_fraction=args.noise_fraction,
-            max_per_s=args.max_per_s,
-            queue_size=args.queue_size,
-            workers=args.workers,
-            queue_deadline_s=args.queue_deadline_s,
-            side_timeout_s=args.side_timeout_s,
-            max_tokens=args.max_tokens,
-            topk=args.topk,
-            min_comparisons=args.min_comparisons,
-            max_body_bytes=args.max_body_bytes,
+            **fields_from_args(args, JUDGE_FLAGS),
         )
     except ValueError as exc:
         parser.error(str(exc))
