@@ -32,6 +32,7 @@ MODULES = (
     "probes.evidence",
     "probes.dependency",
     "probes.colouring",
+    "probes.broker_store",
 )
 ACTIONS = frozenset(
     {
@@ -51,6 +52,10 @@ ACTIONS = frozenset(
         "clear_redis_faults",
         "send_coloured_requests",
         "drop_colour",
+        "mark_broker_before_loss",
+        "lose_broker_store",
+        "accept_store_loss",
+        "restore_broker_store",
     }
 )
 CONTROL_HOOK_SUFFIX = "_control"

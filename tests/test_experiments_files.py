@@ -95,6 +95,7 @@ def test_every_component_gets_every_fault_plus_the_control() -> None:
     expected |= {"control", "router/broken-kernel", "router/canary-errors"}
     expected |= {f"hostile/{f}" for f in HOSTILE}
     expected |= {"control/benign-noise", "control/small-drift"}
+    expected |= {"broker/store-lost"}  # #27: a store that knows when it went backwards
     assert set(BY_NAME) == expected
 
 
