@@ -437,8 +437,15 @@ def completion(lay: Layout, pin: str | None = None, timeout: float = 5.0):
 
 def _checks(lay: Layout) -> dict[str, Any]:
     """name -> a function answering True when that part is ready."""
+    has_proxy = faultproxy_available()
 
     def envoy_pins() -> bool:
+        # The engines first, directly: a completion sent through Envoy to an engine that
+        # is still starting is a canary 503 in Envoy's stats, and enough of those in the
+        # first 10 s fire CanaryErrorRate on a stack nobody has harmed yet.
+        upstreams = (lay.url("baseline"), lay.url("faultproxy" if has_proxy else "canary"))
+        if any(_http("GET", f"{u}/health")[0] != 200 for u in upstreams):
+            return False
         return all(completion(lay, v) == (200, v) for v in ("baseline", "canary"))
 
     def prometheus_target() -> bool:
