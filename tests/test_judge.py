@@ -157,6 +157,7 @@ def test_a_healthy_canary_passes_then_a_faulty_kernel_fails_it(stack: dict[str, 
     answer = flagger_post(judge)
     assert answer.status_code == 412
     assert answer.json()["verdict"] == "fail"
+    assert answer.json()["error"]["code"] == "canary_fail"  # the stack's error shape
     assert metric(judge, "canary_judge_verdict", release="default", verdict="fail") == 1.0
     assert (metric(judge, "canary_judge_drift_kl", release="default", bucket="2k-4k") or 0) > 0.02
     # The verdict stays until the canary changes or an operator resets it.

@@ -21,6 +21,7 @@ from canarystack.judge.metrics import JudgeCollector
 from canarystack.judge.service import Judge
 from canarystack.judge.settings import JudgeSettings, parse_release
 from canarystack.judge.verdict import FAIL, PASS
+from gameday.targets import load_target
 from tests.test_foreign_stack import _load
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -124,3 +125,19 @@ def test_the_flagger_examples_name_the_judges_webhook_and_metric() -> None:
     (metric,) = canary["spec"]["analysis"]["metrics"]
     assert metric["templateRef"]["name"] == mt["metadata"]["name"]
     assert metric["thresholdRange"] == {"max": 0}
+
+
+def test_the_judge_target_is_the_foreign_one_plus_the_judge_alert() -> None:
+    foreign = yaml.safe_load((ROOT / "targets" / "foreign.yaml").read_text())
+    judge = yaml.safe_load((ROOT / "targets" / "foreign-judge.yaml").read_text())
+    assert load_target(ROOT / "targets" / "foreign-judge.yaml").name == "foreign-judge"
+    assert judge["observer"].pop("alerts") == [
+        *foreign["observer"].pop("alerts"),
+        "CanaryOutputDrift",
+    ]
+    assert judge["prepare"]["command"][-1] == "--judge"
+    assert foreign["prepare"]["command"][-1] == "--no-judge"
+    for doc in (foreign, judge):
+        doc["prepare"]["command"].pop()
+        doc.pop("name")
+    assert judge == foreign

@@ -35,6 +35,7 @@ from canarystack.common.errors import (
 )
 from canarystack.common.faults import FaultRegistry
 from canarystack.gate.state import GateConfig
+from canarystack.judge.api_spec import install as install_api_spec
 from canarystack.judge.metrics import JudgeCollector
 from canarystack.judge.service import Judge
 from canarystack.judge.settings import JudgeSettings
@@ -110,7 +111,17 @@ async def _flagger(request: web.Request) -> web.Response:
         "namespace": payload.namespace,
         "phase": payload.phase,
     }
-    return json_response(answer, status=flagger_status(answer, choice == "pass"))
+    status = flagger_status(answer, choice == "pass")
+    if status != 200:
+        # The error shape every 4xx has, the verdict beside it (Flagger logs the body).
+        raise ApiError(
+            f"The drift judge does not pass the canary of release {payload.release!r}: "
+            f"{answer['verdict']}: {answer['reason']}",
+            status=status,
+            code=f"canary_{answer['verdict']}",
+            extra=answer,
+        )
+    return json_response(answer)
 
 
 async def _reset(request: web.Request) -> web.Response:
@@ -163,5 +174,6 @@ def build_app(
     app.router.add_get("/v1/analysis/{release}", _analysis)
     app.router.add_post("/v1/analysis/{release}/reset", _reset)
     app.router.add_post("/v1/flagger", _flagger)
+    install_api_spec(app, judge)
     app.cleanup_ctx.append(_background)
     return app

@@ -6,7 +6,9 @@
   "pass"`` (``GET /v1/analysis/<release>``);
 - a Flagger webhook's answer (``flagger_status``): 200 to let the canary advance, 412
   (any non-2xx halts it and counts a failed check) for ``fail`` and, unless the webhook's
-  metadata says ``inconclusive: pass``, for ``inconclusive``.
+  metadata says ``inconclusive: pass``, for ``inconclusive``; a 412 is the stack's error
+  shape (``error.code`` ``canary_fail`` or ``canary_inconclusive``) with the verdict's
+  fields beside it.
 
 Verdicts:
 
