@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import subprocess
 import sys
 import time
@@ -66,16 +67,31 @@ def _experiment_file(name: str) -> str:
     return f"experiments/{name}.yaml"
 
 
-def run_gate(gate: str, out: Path, run_id: str) -> Path:
+def moved_target(target: str, base: int, out: Path) -> Path:
+    """A foreign target file moved to the ports from ``base`` (its reset too), in ``out``:
+    other stacks on the machine may hold the default 18700..18708."""
+    text = (ROOT / target).read_text()
+    text = re.sub(r"1870(\d)", lambda m: str(base + int(m.group(1))), text)
+    text = text.replace(", reset, ", f", reset, --base-port, '{base}', ")
+    path = out / Path(target).name
+    path.write_text(text)
+    return path
+
+
+def run_gate(gate: str, out: Path, run_id: str, local_base: int, foreign_base: int) -> Path:
     """One gate's run of every experiment with the gameday CLI (the foreign stack brought
     up before and down after); returns its run folder."""
     _, target, up_flags = GATES[gate]
+    out.mkdir(parents=True, exist_ok=True)
+    if up_flags is None:
+        where = ["--target", target, "--base-port", str(local_base)]
+    else:
+        where = ["--target", str(moved_target(target, foreign_base, out))]
     cmd = [
         str(ROOT / ".venv" / "bin" / "gameday"),
         "run",
         *(_experiment_file(e) for e in EXPERIMENTS),
-        "--target",
-        target,
+        *where,
         "--out",
         str(out),
         "--run-id",
@@ -83,12 +99,16 @@ def run_gate(gate: str, out: Path, run_id: str) -> Path:
     ]
     state = ["--state-dir", FOREIGN_STATE]
     if up_flags is not None:
-        up = subprocess.run([*FOREIGN, "up", *state, *up_flags], cwd=ROOT, check=False)
+        up = subprocess.run(
+            [*FOREIGN, "up", *state, "--base-port", str(foreign_base), *up_flags],
+            cwd=ROOT,
+            check=False,
+        )
         if up.returncode != 0:
             raise SystemExit(
                 f"foreign.py up {' '.join(up_flags)} failed (exit {up.returncode}): is a "
-                f"foreign stack already running in {FOREIGN_STATE}? `foreign.py down "
-                f"--state-dir {FOREIGN_STATE}` first"
+                f"foreign stack already running in {FOREIGN_STATE}, or are ports "
+                f"{foreign_base}..{foreign_base + 8} taken? Pick --foreign-base-port"
             )
     try:
         # Exit 1 (an experiment failed, by design for the errors-and-latency alert) still
@@ -152,6 +172,15 @@ def main() -> int:
         help="quote runs made before: DIR/<gate> for each gate (a previous run's folder)",
     )
     p.add_argument("--gates", default=",".join(GATES), help="comma-separated (default: all)")
+    p.add_argument(
+        "--local-base-port", type=int, default=18100, help="canarystack's stack (default 18100)"
+    )
+    p.add_argument(
+        "--foreign-base-port",
+        type=int,
+        default=18700,
+        help="the foreign stack's B (default 18700, the target files'; another moves them)",
+    )
     p.add_argument("--out", type=Path, help=f"results file (default bench/results/{NAME}.json)")
     args = p.parse_args()
     gates = [g.strip() for g in args.gates.split(",") if g.strip()]
@@ -169,7 +198,10 @@ def main() -> int:
     out = args.from_runs or args.reports / f"gate-matrix-{stamp}"
     for gate in gates:
         label, target, _ = GATES[gate]
-        run_dir = out / gate if args.from_runs is not None else run_gate(gate, out, gate)
+        if args.from_runs is not None:
+            run_dir = out / gate
+        else:
+            run_dir = run_gate(gate, out, gate, args.local_base_port, args.foreign_base_port)
         figures["gates"][gate] = {"label": label, "target": target, **gate_figures(run_dir)}
     figures["runs"] = str(out)
     run.write(figures, args.out)
