@@ -1,8 +1,8 @@
 """Every component publishes its API, and a property-based fuzz holds it to it (#12, item 4).
 
 Each component runs as a real process (the router with a real broker and two model servers
-behind it, the gate and the rollback executor with a real broker, the drift judge with two
-model servers). Its ``GET /openapi.json`` must be an OpenAPI 3.1 document that passes the
+behind it, the gate and the rollback executor with a real broker, the drift judge with a
+model server). Its ``GET /openapi.json`` must be an OpenAPI 3.1 document that passes the
 OpenAPI 3.1 meta-schema (the OAI's own, as schemathesis ships it), whose schemas are valid
 JSON Schema 2020-12, and that documents exactly the routes the process serves.
 
@@ -146,10 +146,9 @@ def router_proc(spawner: Spawner, tmp_path_factory: pytest.TempPathFactory) -> P
 
 
 @pytest.fixture(scope="module")
-def judge_proc(spawner: Spawner) -> Proc:
-    baseline = spawner("canarystack.model", "--version", "v1", *MODEL_ARGS)
-    canary = spawner("canarystack.model", "--version", "v2", *MODEL_ARGS)
-    return spawner("canarystack.judge", "--release", f"default={baseline.url},{canary.url}")
+def judge_proc(spawner: Spawner, model_proc: Proc) -> Proc:
+    # One model server plays both variants: the fuzz is about the judge's own API.
+    return spawner("canarystack.judge", "--release", f"default={model_proc.url},{model_proc.url}")
 
 
 COMPONENTS = {

@@ -1,6 +1,6 @@
-"""The drift judge (``python -m canarystack.judge``) as a real process between two real
-simulators, the canary behind the real fault proxy, all on loopback ports and stopped by
-PID: mirrored requests in, a verdict out in the shapes Argo Rollouts and Flagger read,
+"""The drift judge (``python -m canarystack.judge``) as a real process in front of a real
+simulator, asked directly as the baseline and through the real fault proxy as the canary,
+all on loopback ports and stopped by PID: mirrored requests in, a verdict out in the shapes Argo Rollouts and Flagger read,
 sent the exact requests those controllers send.
 
 - Argo Rollouts' ``web`` metric provider (argo-rollouts ``metricproviders/webmetric``,
@@ -38,18 +38,18 @@ ENGINE = ("--version", "v1", "--family-seed", "0", "--batch-noise", "0", *FAST)
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Proc]]:
-    """baseline and canary engines, the fault proxy in front of the canary, the judge."""
+    """One engine, asked directly as the baseline and through the fault proxy as the canary
+    (the same healthy model until a fault says otherwise), and the judge."""
     with stopping(Spawner(tmp_path_factory.mktemp("judge"))) as spawn:
         baseline = spawn("canarystack.model", *ENGINE)
-        canary = spawn("canarystack.model", *ENGINE)
-        proxy = start_proxy(spawn, canary.url)
+        proxy = start_proxy(spawn, baseline.url)
         judge = spawn(
             "canarystack.judge",
             "--release", f"default={baseline.url},{proxy.url}",
             "--min-comparisons", "5",
             "--noise-fraction", "0.5",
         )  # fmt: skip
-        yield {"baseline": baseline, "canary": canary, "proxy": proxy, "judge": judge}
+        yield {"baseline": baseline, "proxy": proxy, "judge": judge}
 
 
 def mirror(
