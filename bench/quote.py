@@ -49,6 +49,8 @@ COMMANDS = {
     "engine_drift": ".venv/bin/python bench/engine_drift.py",
     "certify_campaign": ".venv/bin/python bench/certify_campaign.py --repeat 59",
     "gate_matrix": "make gate-matrix",
+    "broker_failsafe": ".venv/bin/python bench/broker_failsafe.py --trials 3 --stop-s 20",
+    "broker_failsafe_before": "the same, on the router before #27 (git worktree of f4e7a0b)",
 }
 
 
@@ -445,6 +447,24 @@ def r_gate_matrix(res: JsonObject) -> list[str]:
     ]
 
 
+def r_broker_failsafe(res: JsonObject) -> list[str]:
+    rows = [
+        f"| {i} | {_f(t['failsafe_after_stop_s'])} | "
+        f"{', '.join(_f(s, 1) for s in t['router_silent_s']) or '–'} | "
+        f"{_f(t['back_after_cont_s'])} | {t['failsafe_entries']} |"
+        for i, t in enumerate(res["trials"], 1)
+    ]
+    return [
+        f"The broker SIGSTOPped for {_f(res['stop_s'], 0)} s, {len(rows)} times (fail-safe "
+        f"bound {_f(res['failsafe_bound_s'], 0)} s; – : not while the broker was stopped):",
+        "",
+        "| stop | SIGSTOP → 0 % canary, s | router silent when it went, s | SIGCONT → "
+        "broker config, s | fail-safe entries |",
+        "| --- | --- | --- | --- | --- |",
+        *rows,
+    ]
+
+
 RENDER: dict[str, tuple[Callable[[JsonObject], list[str]], bool]] = {
     # name: (renderer, whether it takes the whole document rather than its "results")
     "router_overhead": (r_router_overhead, False),
@@ -460,6 +480,8 @@ RENDER: dict[str, tuple[Callable[[JsonObject], list[str]], bool]] = {
     "engine_drift": (r_engine_drift, False),
     "certify_campaign": (r_certify_campaign, False),
     "gate_matrix": (r_gate_matrix, False),
+    "broker_failsafe": (r_broker_failsafe, False),
+    "broker_failsafe_before": (r_broker_failsafe, False),
 }
 
 

@@ -1,0 +1,163 @@
+"""Benchmark: how long a router keeps its canary after the broker stops answering, and
+whether it flaps when the broker comes back (#27, finding 6).
+
+Starts a model server, a broker and a router with their default timings (fail-safe bound
+10 s, long polls of at most half that), creates a release at 5 % canary, then per trial:
+waits a random part of a long poll, SIGSTOPs the broker by its PID for ``--stop-s``,
+polls the router's ``/health`` every 20 ms, SIGCONTs it, and watches ``--after-s`` more.
+Prints one JSON object:
+
+- ``failsafe_after_stop_s``: from SIGSTOP to the router at 0 % (``config.source`` is
+  ``failsafe``), per trial and the max; at most the bound, since the broker's last answer
+  came at or before the SIGSTOP;
+- ``router_silent_s``: the router's own ``failing_s`` when it went fail-safe (time since
+  the broker's last answer), per trial;
+- ``back_after_cont_s``: from SIGCONT to the router back on the broker's config;
+- ``failsafe_entries``: fail-safe entries seen per trial (1: no flapping).
+
+    .venv/bin/python bench/broker_failsafe.py --trials 3 --stop-s 20
+
+Loopback only; every process it starts is stopped by its PID. It never asserts on timings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import random
+import shutil
+import signal
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import requests
+from _procs import ADMIN, launch, stop, wait_port
+from _results import Run
+
+POLL_S = 0.02
+
+
+def _digest(manifest: str) -> str:
+    return "sha256:" + hashlib.sha256(manifest.encode()).hexdigest()
+
+
+def _config(router_url: str) -> dict[str, Any]:
+    return dict(requests.get(router_url + "/health", timeout=2).json()["config"])
+
+
+def _failsafe_logs(log: Path) -> list[float]:
+    out = []
+    for line in log.read_text().splitlines():
+        if '"config_failsafe"' in line:
+            out.append(float(json.loads(line)["failing_s"]))
+    return out
+
+
+def _start(tmp: Path, name: str, module: str, args: list[str]) -> tuple[Any, str]:
+    """A component on a free port; the process and its URL."""
+    ready, log = tmp / f"{name}.ready", tmp / f"{name}.log"
+    proc = launch(module, args, ready=ready, log=log)
+    return proc, f"http://127.0.0.1:{wait_port(proc, ready, log, name)}"
+
+
+def trial(
+    broker_pid: int, router_url: str, router_log: Path, stop_s: float, after_s: float
+) -> dict[str, Any]:
+    """One SIGSTOP/SIGCONT; the figures of it."""
+    before = len(_failsafe_logs(router_log))
+    time.sleep(random.uniform(0.0, 5.0))  # anywhere in a long poll
+    entries, failsafe_at, back_at, was = 0, None, None, False
+    stopped = time.monotonic()
+    os.kill(broker_pid, signal.SIGSTOP)
+    try:
+        while time.monotonic() - stopped < stop_s:
+            now_failsafe = _config(router_url)["source"] == "failsafe"
+            if now_failsafe and not was:
+                entries += 1
+                failsafe_at = failsafe_at or time.monotonic()
+            was = now_failsafe
+            time.sleep(POLL_S)
+    finally:
+        os.kill(broker_pid, signal.SIGCONT)
+    resumed = time.monotonic()
+    while time.monotonic() - resumed < after_s:
+        now_failsafe = _config(router_url)["source"] == "failsafe"
+        if now_failsafe and not was:
+            entries += 1
+        if was and not now_failsafe and back_at is None:
+            back_at = time.monotonic()
+        was = now_failsafe
+        time.sleep(POLL_S)
+    return {
+        "failsafe_after_stop_s": None if failsafe_at is None else round(failsafe_at - stopped, 2),
+        "router_silent_s": _failsafe_logs(router_log)[before:],
+        "back_after_cont_s": None if back_at is None else round(back_at - resumed, 2),
+        "failsafe_entries": entries,
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--trials", type=int, default=3)
+    p.add_argument("--stop-s", type=float, default=20.0)
+    p.add_argument("--after-s", type=float, default=15.0)
+    p.add_argument("--out", type=Path, default=None)
+    args = p.parse_args()
+    run = Run("broker_failsafe")
+    tmp = Path(tempfile.mkdtemp(prefix="bench-failsafe-"))
+    procs = []
+    try:
+        model, model_url = _start(tmp, "model", "canarystack.model", ["--version", "v1"])
+        procs.append(model)
+        broker, broker_url = _start(
+            tmp, "broker", "canarystack.broker", ["--state-dir", str(tmp / "broker")]
+        )
+        procs.append(broker)
+        for v in ("v1", "v2"):
+            body = {"version": v, "manifest": v, "digest": _digest(v)}
+            requests.post(broker_url + "/v1/versions", json=body, headers=ADMIN, timeout=5)
+        created = requests.post(
+            broker_url + "/v1/releases",
+            json={"name": "default", "stable": "v1", "canary": "v2", "weights": {"canary": 5}},
+            headers=ADMIN,
+            timeout=5,
+        ).json()
+        router, router_url = _start(
+            tmp, "router", "canarystack.router",
+            ["--router-id", "router-0", "--state-dir", str(tmp / "router"), "--baseline",
+             model_url, "--canary", model_url, "--broker", broker_url, "--no-shadow"],
+        )  # fmt: skip
+        procs.append(router)
+        router_log = tmp / "router.log"
+        deadline = time.monotonic() + 20
+        while _config(router_url).get("revision") != created["revision"]:
+            if time.monotonic() > deadline:
+                raise SystemExit("the router never applied the release")
+            time.sleep(0.1)
+        trials = [
+            trial(broker.pid, router_url, router_log, args.stop_s, args.after_s)
+            for _ in range(args.trials)
+        ]
+    finally:
+        for proc in reversed(procs):
+            stop(proc)
+        shutil.rmtree(tmp, ignore_errors=True)
+    delays = [t["failsafe_after_stop_s"] for t in trials if t["failsafe_after_stop_s"] is not None]
+    figures = {
+        "failsafe_bound_s": 10.0,
+        "stop_s": args.stop_s,
+        "trials": trials,
+        "failsafe_after_stop_max_s": max(delays) if delays else None,
+        "never_failsafe": sum(t["failsafe_after_stop_s"] is None for t in trials),
+        "flapped": sum(t["failsafe_entries"] > 1 for t in trials),
+    }
+    print(json.dumps(figures, indent=1))
+    run.write(figures, args.out)
+
+
+if __name__ == "__main__":
+    main()
