@@ -14,9 +14,9 @@ from tests.broker_support import Api
 from tests.procs import Proc, Spawner, free_port
 
 
-def restartable(spawn: Spawner, state: Path) -> tuple[Proc, Callable[[], Proc]]:
-    """A broker on a port of its own, and how to start it again there; a restart does not
-    wait for /health 200 (a broker on a lost store answers 503 on purpose)."""
+def restartable(spawn: Spawner, state: Path) -> tuple[Proc, Callable[[], Proc], Api]:
+    """A broker on a port of its own, how to start it again there (a restart does not
+    wait for /health 200: a broker on a lost store answers 503 on purpose), and its API."""
     port = free_port()
 
     def start(wait_health: bool) -> Proc:
@@ -24,16 +24,22 @@ def restartable(spawn: Spawner, state: Path) -> tuple[Proc, Callable[[], Proc]]:
             "canarystack.broker", "--state-dir", str(state), port=port, wait_health=wait_health
         )
 
-    return start(True), lambda: start(False)
+    first = start(True)
+    return first, lambda: start(False), Api(first.url)
 
 
-def _truncate_wal_and_kill(proc_kill: Callable[[], None], state: Path) -> None:
-    """What the issue did: the committed writes sit in the WAL; empty it, then SIGKILL."""
+def lost_wal(spawn: Spawner, state: Path) -> tuple[Proc, Callable[[], Proc], Api, int]:
+    """What the issue did: a history (``_history``) whose committed writes sit in the WAL;
+    the WAL emptied, the broker SIGKILLed and restarted. The restarted broker, how to
+    restart it again, its API and the revision acknowledged before the loss."""
+    proc, restart, api = restartable(spawn, state)
+    acked = _history(api)["revision"]
     wal = state / "broker.sqlite-wal"
     assert wal.exists() and wal.stat().st_size > 0
     with open(wal, "r+b") as f:
         f.truncate(0)
-    proc_kill()
+    proc.kill()
+    return restart(), restart, api, acked
 
 
 def _history(api: Api) -> dict[str, int]:
@@ -51,13 +57,7 @@ def _history(api: Api) -> dict[str, int]:
 def test_a_store_that_lost_its_wal_refuses_to_serve_and_says_what_was_lost(
     spawn: Spawner, tmp_path: Path
 ) -> None:
-    state = tmp_path / "state"
-    proc, restart = restartable(spawn, state)
-    api = Api(proc.url)
-    acked = _history(api)["revision"]
-    _truncate_wal_and_kill(proc.kill, state)
-
-    proc = restart()
+    proc, restart, api, acked = lost_wal(spawn, tmp_path / "state")
     health = api.get("/health")
     assert health.status_code == 503, health.text
     assert health.json()["status"] == "store_lost"
@@ -88,13 +88,7 @@ def test_a_store_that_lost_its_wal_refuses_to_serve_and_says_what_was_lost(
 def test_an_accepted_loss_keeps_the_quarantine_and_never_reuses_a_revision(
     spawn: Spawner, tmp_path: Path
 ) -> None:
-    state = tmp_path / "state"
-    proc, restart = restartable(spawn, state)
-    api = Api(proc.url)
-    acked = _history(api)["revision"]
-    _truncate_wal_and_kill(proc.kill, state)
-    proc = restart()
-
+    proc, restart, api, acked = lost_wal(spawn, tmp_path / "state")
     missing_reason = api.write("POST", "/v1/store/accept-loss", {"actor": "ops"})
     assert missing_reason.status_code == 400, missing_reason.text
     assert "reason" in missing_reason.text
@@ -143,8 +137,7 @@ def test_an_old_copy_put_back_is_refused_and_accepting_it_bumps_past_the_loss(
     spawn: Spawner, tmp_path: Path
 ) -> None:
     state = tmp_path / "state"
-    proc, restart = restartable(spawn, state)
-    api = Api(proc.url)
+    proc, restart, api = restartable(spawn, state)
     api.register("v1")
     api.register("v2")
     api.create("default", weight=5)
@@ -183,8 +176,7 @@ def test_a_fresh_state_folder_and_an_ordinary_restart_are_not_a_loss(
     spawn: Spawner, tmp_path: Path
 ) -> None:
     state = tmp_path / "state"
-    proc, restart = restartable(spawn, state)
-    api = Api(proc.url)
+    proc, restart, api = restartable(spawn, state)
     assert api.get("/v1/store").json()["status"] == "ok"
     _history(api)
     proc.kill()  # SIGKILL keeps every acknowledged write: nothing is lost
