@@ -83,6 +83,22 @@ def _outcomes(gate: rs.GateReceiver, error: str) -> list[dict[str, Any]]:
 STALLING = {"stream": True, "max_tokens": 16000, "logprobs": 5}
 
 
+def _stall_until_cut(port: int, model: Proc, who: str) -> None:
+    """A never-read stream to ``port``: it holds a slot of ``model`` until ``who`` cuts
+    it (the slot is free again and the connection closed)."""
+    sock = _post_raw(port, STALLING)
+    try:
+        wait_for(lambda: _running(model) == 1, what="the stalled stream to hold a slot")
+        wait_for(
+            lambda: _running(model) == 0,
+            timeout=30,
+            what=f"{who} to cut the stream of a client that stopped reading",
+        )
+        assert _closed_by_peer(sock), f"{who} left the stalled client's stream open"
+    finally:
+        sock.close()
+
+
 # ------------------------------------------------------------------ finding 1
 
 
@@ -94,17 +110,7 @@ def test_the_router_cuts_a_stream_its_client_stopped_reading_and_frees_the_slot(
     router = rs.start_router(
         spawn, tmp_path, [baseline.url], None, "--client-write-s", "1", gate=gate.url
     )
-    sock = _post_raw(_port(router.url), STALLING)
-    try:
-        wait_for(lambda: _running(baseline) == 1, what="the stalled stream to hold a slot")
-        wait_for(
-            lambda: _running(baseline) == 0,
-            timeout=30,
-            what="the router to cut the stalled stream and release its upstream",
-        )
-        assert _closed_by_peer(sock), "the router left the stalled client's stream open"
-    finally:
-        sock.close()
+    _stall_until_cut(_port(router.url), baseline, "the router")
     assert rs.metric(router, "router_client_stalls_total") == 1
     # A client that stopped reading is its own doing: no outcome for the gate.
     assert not [o for o in gate.records("outcomes") if o.get("error") == "client_stalled"]
@@ -114,17 +120,7 @@ def test_the_model_server_frees_the_slot_of_a_client_that_stopped_reading(
     spawn: Spawner,
 ) -> None:
     model = rs.start_model(spawn, "v1", "--itl-ms", "5", "--write-timeout-s", "1")
-    sock = _post_raw(_port(model.url), STALLING)
-    try:
-        wait_for(lambda: _running(model) == 1, what="the stalled stream to hold a slot")
-        wait_for(
-            lambda: _running(model) == 0,
-            timeout=30,
-            what="the model server to cut the stream of a client that stopped reading",
-        )
-        assert _closed_by_peer(sock)
-    finally:
-        sock.close()
+    _stall_until_cut(_port(model.url), model, "the model server")
     done = [e for e in model.log_events() if e.get("event") == "request_done"]
     assert [e.get("error") for e in done] == ["client_stalled"]
 

@@ -1,12 +1,16 @@
-"""Whether a client still takes what a server writes to it (#27 finding 1).
+"""Whether a client still takes what a server writes to it (#27 finding 1), and
+backpressure when it does not.
 
 A write deadline alone does not see a client that stopped reading: the kernel's send
 buffer autotunes up to 4 MiB on Linux, so a never-read stream of tokens is absorbed for
-tens of seconds before a write blocks, while the request holds an engine slot. So the
-server also watches progress: the bytes written minus those still waiting for the client
-(the transport's buffer plus the kernel's send queue, ``SIOCOUTQ``) are the bytes it took;
-when that has not grown for the write deadline while bytes wait, the client stopped
-reading. A slow client that reads at all keeps making progress and is never cut.
+tens of seconds before a write blocks, while the request holds an engine slot and the
+engine keeps generating for nobody. So a stream's send buffer is bounded
+(``SEND_BUFFER_BYTES``: a write then blocks within a few hundred KiB, and the generation
+behind it waits), and the server also watches progress: the bytes written minus those
+still waiting for the client (the transport's buffer plus the kernel's send queue,
+``SIOCOUTQ``) are the bytes it took; when that has not grown for the write deadline while
+bytes wait, the client stopped reading. A slow client that reads at all keeps making
+progress and is never cut.
 
 This module must never block or do I/O but the one ``ioctl`` that reads the send queue;
 where that is not available (not Linux), ``stalled`` says False and only the blocked-write
@@ -16,7 +20,9 @@ deadline acts.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import fcntl
+import socket
 import struct
 import termios
 import time
@@ -24,6 +30,9 @@ from collections.abc import Callable
 
 # TIOCOUTQ is SIOCOUTQ on Linux: a TCP socket's bytes not yet acknowledged by the peer.
 _OUTQ = getattr(termios, "TIOCOUTQ", None)
+# A stream's kernel send buffer (Linux doubles it): token streams run at tens of KiB/s,
+# and 128 KiB per round trip carries over 1 MiB/s at 100 ms, so no reader is slowed.
+SEND_BUFFER_BYTES = 64 * 1024
 
 
 def _fd_of(transport: asyncio.BaseTransport | None) -> int | None:
@@ -47,6 +56,10 @@ class WriteProgress:
     ) -> None:
         self.transport = transport
         self.fd = _fd_of(transport)
+        if transport is not None:
+            sock = transport.get_extra_info("socket")
+            with contextlib.suppress(OSError, AttributeError):
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER_BYTES)
         self.timeout_s = timeout_s
         self.clock = clock
         self.written = 0

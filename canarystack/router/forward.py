@@ -223,7 +223,8 @@ async def relay(
         up.close()  # its engine slot is released now, not when the generation ends
         ctx.error = CLIENT_STALLED
         st.metrics.client_stalls.inc()
-        _break_client(request)
+        if request.transport is not None:
+            request.transport.abort()  # its buffered answer goes too: it reads nothing
         return resp
     up.release()
     if errors is not None and errors.finish():

@@ -128,6 +128,10 @@ class GatePusher:
         # Since when (monotonic) samples wait that the gate has not accepted: set by the
         # first failed push (no connection, timeout, 5xx, 401/403), cleared by a success.
         self.failing_since: float | None = None
+        # The last outage: how long it lasted and when it ended (monotonic), for the
+        # dead-man switch's hold after the gate comes back.
+        self.last_outage_s = 0.0
+        self.recovered_at: float | None = None
         self.clock = clock
         self._task: asyncio.Task[None] | None = None
 
@@ -203,7 +207,7 @@ class GatePusher:
                 if resp.status >= 300:
                     raise RuntimeError(f"gate answered {resp.status}: {text[:200]}")
         except Exception as exc:
-            error = f"{type(exc).__name__}: {exc}"
+            error = f"{type(exc).__name__}: {exc or f'no answer within {PUSH_TIMEOUT_S:g} s'}"
             if error != self.last_error:  # log changes, not every retry
                 _log.warning("gate_push_failed", url=self.url, error=error, batch=len(self.pending))
             self.last_error = error
@@ -213,6 +217,9 @@ class GatePusher:
         if self.last_error is not None:
             _log.info("gate_push_recovered", url=self.url)
         self.last_error = None
+        if self.failing_since is not None:
+            self.recovered_at = self.clock()
+            self.last_outage_s = self.recovered_at - self.failing_since
         self.failing_since = None
         self.auth = "ok"
         self.pending = []
@@ -232,6 +239,13 @@ class GatePusher:
         if self.failing_since is None:
             return 0.0
         return self.clock() - self.failing_since
+
+    def accepting_s(self) -> float | None:
+        """Seconds since the gate accepted samples again after its last outage (None:
+        no outage ended yet, or one is going on)."""
+        if self.failing_since is not None or self.recovered_at is None:
+            return None
+        return self.clock() - self.recovered_at
 
     def _finite(self, items: list[tuple[str, JsonObject]]) -> list[tuple[str, JsonObject]]:
         """Drop (and count) any record strict JSON cannot write: it must never stall the

@@ -42,6 +42,10 @@ MAX_POOL_STREAMS = 256
 # Samples the gate has not accepted for this long (posts failing or timing out while
 # samples wait): the canary goes to 0 % and /health says degraded (the dead-man switch).
 GATE_DEADMAN_S = 10.0
+# After such an outage the canary stays off this long once the gate accepts again, so a
+# trip the backlog holds (the gate tests it first) reaches the routers before the canary
+# takes traffic again: no flap back to a broken canary.
+GATE_RECOVERY_S = 2.0
 # The upstream session's socket read timeout: a backstop only, the deadlines above act first.
 UPSTREAM_READ_TIMEOUT_S = REQUEST_DEADLINE_S
 PROXIED_PATHS = ("/v1/completions", "/v1/chat/completions")

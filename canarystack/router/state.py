@@ -25,7 +25,7 @@ from canarystack.router.metrics import RouterMetrics
 from canarystack.router.proxy import Pool, Upstream
 from canarystack.router.routing import Variant
 from canarystack.router.samples import GatePusher, SampleQueue
-from canarystack.router.settings import RouterSettings
+from canarystack.router.settings import GATE_RECOVERY_S, RouterSettings
 from canarystack.router.shadow import ShadowManager, ShadowStats
 from canarystack.router.snapshot import Snapshot
 from canarystack.router.streams import Place, StreamCaps
@@ -142,15 +142,22 @@ class RouterState:
         """The dead-man switch: why the canary is off because the gate has not accepted
         samples for ``gate_deadman_s`` (posts failing, timing out or refused while samples
         wait), else None. A change is logged once."""
-        gone_s = self.pusher.unaccepted_s() if self.pusher is not None else 0.0
         reason = None
-        if gone_s >= self.settings.gate_deadman_s:
-            assert self.pusher is not None
+        pusher, limit_s = self.pusher, self.settings.gate_deadman_s
+        if pusher is not None and pusher.unaccepted_s() >= limit_s:
             reason = (
-                f"gate unreachable: it has not accepted samples for {gone_s:.0f} s (over "
-                f"--gate-deadman-s {self.settings.gate_deadman_s:g}; last error: "
-                f"{self.pusher.last_error})"
+                f"gate unreachable: it has not accepted samples for "
+                f"{pusher.unaccepted_s():.0f} s (over --gate-deadman-s {limit_s:g}; last "
+                f"error: {pusher.last_error})"
             )
+        elif pusher is not None and pusher.last_outage_s >= limit_s:
+            back_s = pusher.accepting_s()
+            if back_s is not None and back_s < GATE_RECOVERY_S:
+                reason = (
+                    f"gate unreachable for {pusher.last_outage_s:.0f} s, accepting again for "
+                    f"{back_s:.1f} s: the canary stays off {GATE_RECOVERY_S:g} s more, so a "
+                    "trip in the samples it missed lands first"
+                )
         if (reason is None) != (self.gate_off is None):
             self.metrics.gate_failsafe.set(0 if reason is None else 1)
             if reason is not None:
