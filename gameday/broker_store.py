@@ -10,7 +10,7 @@ The steps, in order:
    the release) in the run folder, then register a marker version and quarantine it —
    the acknowledged write the loss must not undo.
 2. ``lose_store``: the broker's SQLite files (database, WAL) are emptied and the broker
-   SIGKILLed (stopped first, so it writes nothing in between); supervisord restarts it on
+   SIGKILLed (stopped first where the target can); supervisord restarts it on
    an empty store, as a volume that came back blank would. Local target only.
 3. ``loss_reported``: the restarted broker's ``/health`` must not say ``ok``.
 4. ``routers_canary_off``: every router at 0 % canary within the fail-safe bound.
@@ -123,14 +123,16 @@ def _snapshot(run_dir: Path) -> JsonObject:
 def lose_store(target: Target, ledger: FaultLedger | None) -> JsonObject:
     """Empty the broker's SQLite files and SIGKILL it (local target: stopped first)."""
     target.check_allowed("broker")
-    stop = getattr(target, "stop_pod", None)
     state_dir = getattr(target, "state_dir", None)
-    if not callable(stop) or not isinstance(state_dir, Path):
+    if not isinstance(state_dir, Path):
         raise TargetError(
             f"{target.kind} target: emptying the broker's store needs the local target (its "
             "state folder holds broker.sqlite); run this experiment against targets/local.yaml."
         )
-    stopped = stop("broker")
+    # Stopped first where the target can (SIGSTOP by PID), so the broker writes nothing
+    # between the emptying and the kill; else the kill follows at once.
+    stop = getattr(target, "stop_pod", None)
+    stopped = stop("broker") if callable(stop) else {"pid": None}
     emptied = []
     for name in STORE_FILES:
         path = state_dir / name
