@@ -9,6 +9,7 @@ import json
 import math
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -394,6 +395,43 @@ def kill_pod(
         session=session,
     )
     return entry
+
+
+def pause_pod(
+    target: Target,
+    component: str,
+    seconds: float,
+    replica: str | None = None,
+    on_stopped: Callable[[JsonObject], None] | None = None,
+) -> JsonObject:
+    """SIGSTOP one pod of ``component`` for ``seconds``, then SIGCONT it (always, also when
+    interrupted), by PID; annotated on the release's history both times. ``on_stopped``
+    gets the record as soon as the pod is stopped (so a rollback can resume it if this
+    process dies meanwhile). A hung process, not a dead one: its port still accepts
+    connections and nothing answers; supervisord does not restart it."""
+    roles = target.check_allowed(component)
+    if len(roles) != 1:
+        raise TargetError(
+            f"pause which pod? {component!r} stands for {', '.join(roles)}: name one role."
+        )
+    stop, resume = getattr(target, "stop_pod", None), getattr(target, "resume_pod", None)
+    if not callable(stop) or not callable(resume):
+        raise TargetError(
+            f"{target.kind} target: pausing a pod (SIGSTOP by PID) needs the local target; "
+            "run this experiment against the embedded stack (targets/local.yaml)."
+        )
+    stopped: JsonObject = stop(roles[0], replica)
+    if on_stopped is not None:
+        on_stopped(stopped)
+    what = {"component": roles[0], "replica": stopped["name"], "pid": stopped["pid"]}
+    annotate(target, {"annotation": "pod_paused", **what, "seconds": seconds}, "gameday paused it")
+    try:
+        time.sleep(seconds)
+    finally:
+        stopped["resumed"] = resume(stopped)
+        stopped["resumed_at"] = time.time()
+    annotate(target, {"annotation": "pod_resumed", **what}, "gameday resumed it")
+    return stopped
 
 
 def record_external(

@@ -11,23 +11,42 @@ from chaoslib.exceptions import ActivityFailed
 
 from canary_contract.json import JsonObject
 from gameday import faults as gd_faults
-from probes._context import Configuration, inject_fault, ledger, on_target, positive
+from gameday.run.collect import read_json
+from probes._context import (
+    Configuration,
+    inject_fault,
+    ledger,
+    on_target,
+    positive,
+    run_dir,
+    write_run_json,
+)
 
 __all__ = [
     "break_gate_credential",
     "clear_faults",
+    "hang_canary",
     "inject_errors",
     "inject_latency",
     "kill_pod",
     "make_canary_faulty",
+    "pause_pod",
     "record_external_fault",
+    "resume_paused_pods",
 ]
+
+# What ``pause_pod`` stopped (and whether it resumed it), in the run folder.
+PAUSED_FILE = "paused_pods.json"
 
 MAX_TTL_S = 600.0
 MAX_LATENCY_MS = 60_000.0
 # fp8-kv-scale: drift; nan-logits / inf-logits / garbage: a broken kernel; numerics /
 # quantized: benign builds the gate must not trip on (canarystack.model.faults).
-KERNEL_MODES = ("fp8-kv-scale", "nan-logits", "inf-logits", "garbage", "numerics", "quantized")
+# A real engine's builds (canarystack.engine): kv-quant (llama.cpp), fp8-kv and bf16 (vLLM).
+KERNEL_MODES = (
+    *("fp8-kv-scale", "nan-logits", "inf-logits", "garbage", "numerics", "quantized"),
+    *("kv-quant", "fp8-kv", "bf16"),
+)
 MODEL_ROLES = ("model", "model-baseline", "model-canary")
 
 
@@ -94,6 +113,79 @@ def inject_errors(
     params = {"rate": rate, "error_kind": error_kind}
     what = f"making {component} fail ({error_kind}, rate {rate:g})"
     return inject_fault(configuration, what, component, "errors", ttl_s, params)
+
+
+def hang_canary(
+    after_events: int = 1,
+    interval_s: float = 0.0,
+    ttl_s: float = 60.0,
+    configuration: Configuration | None = None,
+) -> JsonObject:
+    """Hang the canary's engine (the model server's ``hang`` fault): a stream sends its
+    headers and ``after_events`` events, then nothing (``interval_s`` 0) or one event every
+    ``interval_s`` seconds, never ``[DONE]``; a non-streamed request never answers. The
+    silence the router's deadlines must cut and the gate must see::
+
+        - type: action
+          name: canary-hangs
+          provider: {type: python, module: probes.faults, func: hang_canary,
+                     arguments: {after_events: 1, interval_s: 15, ttl_s: 120}}
+    """
+    try:
+        events = int(after_events)
+    except (TypeError, ValueError):
+        raise ActivityFailed(
+            f"argument after_events must be an integer, got {after_events!r}"
+        ) from None
+    if not 0 <= events <= 10_000:
+        raise ActivityFailed(f"argument after_events must be from 0 to 10000, got {events}")
+    interval = float(interval_s)
+    if not 0 <= interval <= 3600:
+        raise ActivityFailed(f"argument interval_s must be from 0 to 3600 s, got {interval_s!r}")
+    ttl_s = positive("ttl_s", ttl_s, MAX_TTL_S)
+    params = {"after_events": events, "interval_s": interval}
+    return inject_fault(configuration, "hanging the canary", "model-canary", "hang", ttl_s, params)
+
+
+def pause_pod(
+    component: str,
+    seconds: float = 30.0,
+    replica: str | None = None,
+    configuration: Configuration | None = None,
+) -> JsonObject:
+    """SIGSTOP one pod of ``component`` (by PID) for ``seconds``, then SIGCONT it: a hung
+    process (its port accepts, nothing answers). Blocks for ``seconds``: run it with
+    ``background: true`` to act meanwhile; ``resume_paused_pods`` as a rollback resumes it
+    if the run is interrupted::
+
+        - type: action
+          name: gate-hangs
+          background: true
+          provider: {type: python, module: probes.faults, func: pause_pod,
+                     arguments: {component: gate, seconds: 30}}
+    """
+    seconds = positive("seconds", seconds, MAX_TTL_S)
+
+    def record(stopped: JsonObject) -> None:
+        write_run_json(configuration, PAUSED_FILE, {"pods": [stopped]})
+
+    with on_target(configuration, f"pausing a pod of {component}") as target:
+        out = gd_faults.pause_pod(target, component, seconds, replica, on_stopped=record)
+    record(out)
+    return out
+
+
+def resume_paused_pods(configuration: Configuration | None = None) -> JsonObject:
+    """SIGCONT every pod ``pause_pod`` stopped and did not resume (by PID, when it still
+    runs the same command). Idempotent: safe as a rollback after any failure."""
+    data = read_json(run_dir(configuration) / PAUSED_FILE) or {}
+    resumed = []
+    with on_target(configuration, "resuming paused pods") as target:
+        resume = getattr(target, "resume_pod", None)
+        for pod in data.get("pods") or []:
+            if pod.get("resumed_at") is None and callable(resume) and resume(pod):
+                resumed.append(pod["name"])
+    return {"resumed": resumed}
 
 
 def break_gate_credential(

@@ -37,7 +37,14 @@ from probes._context import (
 )
 from probes._evidence import experiment_began, reference
 
-__all__ = ["gate_did_not_trip", "wait_for_noise_floor", "wait_for_trip"]
+__all__ = [
+    "gate_did_not_trip",
+    "routers_fail_safe_without_gate",
+    "wait_for_noise_floor",
+    "wait_for_trip",
+]
+
+GATE_GONE_FILE = "routers_without_gate.json"
 
 
 def gate_summary(api: StackApi) -> str:
@@ -172,3 +179,56 @@ def wait_for_noise_floor(
     doc = wait_record(reading, need, waited, time.time(), message)
     write_run_json(configuration, NOISE_WAIT_NAME, doc)
     raise ActivityFailed(message)
+
+
+def _router_health(api: StackApi) -> dict[str, JsonObject]:
+    """Each router replica's /health body (or what went wrong reading it)."""
+    out: dict[str, JsonObject] = {}
+    for rep in api.target.replicas("router"):
+        try:
+            resp = api.session.get(rep.url + "/health", timeout=5)
+            body = resp.json()
+            out[rep.name] = body if isinstance(body, dict) else {"error": "not an object"}
+        except (OSError, ValueError) as exc:
+            out[rep.name] = {"error": f"{type(exc).__name__}: {exc}"}
+    return out
+
+
+def routers_fail_safe_without_gate(
+    deadline_s: float = 20.0,
+    configuration: Configuration | None = None,
+) -> float:
+    """While the gate is gone (stopped, unreachable, refusing samples): wait until every
+    router reports its gate dead-man switch on (``/health`` status ``degraded`` with
+    ``gate_failsafe``: canary at 0 %); returns the seconds it took from this probe's
+    start. Raises after ``deadline_s`` naming what each router said (a router that stays
+    ``ok`` while its samples pile up leaves a broken canary unguarded)::
+
+        - type: probe
+          name: routers-fail-safe
+          provider: {type: python, module: probes.gate, func: routers_fail_safe_without_gate,
+                     arguments: {deadline_s: 20}}
+    """
+    began = time.monotonic()
+    deadline = deadline_after(deadline_s)
+    with stack_api(configuration, "reading the routers' health") as api:
+        while True:
+            health = _router_health(api)
+            off = {n: h.get("gate_failsafe") for n, h in health.items() if h.get("gate_failsafe")}
+            if health and len(off) == len(health):
+                took = time.monotonic() - began
+                write_run_json(configuration, GATE_GONE_FILE, {"took_s": took, "routers": off})
+                return round(took, 3)
+            if time.monotonic() >= deadline:
+                said = "; ".join(
+                    f"{n}: status {h.get('status')!r}, sample queue "
+                    f"{(h.get('sample_queue') or {}).get('length')}"
+                    for n, h in health.items()
+                    if n not in off
+                )
+                raise ActivityFailed(
+                    f"expected every router to put the canary at 0 % and say degraded within "
+                    f"{float(deadline_s):g} s of the gate going away (its dead-man switch), "
+                    f"but {len(health) - len(off)} of {len(health)} did not: {said}"
+                )
+            time.sleep(0.25)

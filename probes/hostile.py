@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 
 from canary_contract.json import JsonObject
-from gameday import hostile
+from gameday import hostile, stalled_readers
 from gameday.evidence import checks
 from gameday.evidence.slo import Slo
 from gameday.hostile_pins import PinError, pins_after_trip
@@ -30,10 +30,13 @@ __all__ = [
     "hostile_input_not_5xx",
     "pin_canary_after_trip",
     "pins_reach_no_canary",
+    "stall_readers",
+    "stalled_streams_cut",
 ]
 
 FLOOD_FILE = "hostile.json"
 PINS_FILE = "pins_after_trip.json"
+STALLED_FILE = "stalled_readers.json"
 
 
 def _read(configuration: Configuration | None, name: str) -> JsonObject | None:
@@ -94,3 +97,37 @@ def pins_reach_no_canary(configuration: Configuration | None = None) -> Slo:
     """SLO: after a trip, no pinned request reached the canary (allowed 0): none was
     answered by it (``x-served-by``) and its own request counter did not move."""
     return checks.pinned_requests_on_tripped_canary(_read(configuration, PINS_FILE))
+
+
+def stall_readers(
+    streams: int = 72,
+    max_tokens: int = 4000,
+    hold_s: float = 40.0,
+    configuration: Configuration | None = None,
+) -> JsonObject:
+    """Open ``streams`` streaming completions to the router that are never read (small
+    receive buffer, ``max_tokens`` each), hold them ``hold_s`` seconds, then
+    record what each got and whether the stack cut it (``stalled_readers.json``). Never
+    raises for what came back: ``stalled_streams_cut`` and the users' SLOs judge it::
+
+        - type: action
+          name: clients-that-never-read
+          provider: {type: python, module: probes.hostile, func: stall_readers,
+                     arguments: {streams: 72, max_tokens: 4000, hold_s: 40}}
+    """
+    n = int(positive("streams", streams, 1_000))
+    tokens = int(positive("max_tokens", max_tokens, 100_000))
+    hold = positive("hold_s", hold_s, 600.0)
+    with on_target(configuration, "opening streams that are never read") as target:
+        url = target.service_url("router")
+    started = time.time()
+    res = stalled_readers.stall(url, streams=n, max_tokens=tokens, hold_s=hold)
+    out = {"started_at": started, **res.to_json()}
+    write_run_json(configuration, STALLED_FILE, out)
+    return out
+
+
+def stalled_streams_cut(configuration: Configuration | None = None) -> Slo:
+    """SLO: every admitted stream whose client never read was cut by the stack within the
+    hold (allowed 0 left open)."""
+    return stalled_readers.stalled_streams_cut(_read(configuration, STALLED_FILE))

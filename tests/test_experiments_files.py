@@ -46,6 +46,10 @@ HOSTILE = (
     "pins-after-errors",
     "wrong-credential",
     "colour-dropped",
+    # No user waits on a broken part (#27): the stack's deadlines, caps and dead-man switch.
+    "stalled-readers",
+    "hung-canary",
+    "gate-stopped",
 )
 # What each fault must do to a healthy gate: trip, or not.
 EXPECT = {
@@ -62,11 +66,25 @@ EXPECT = {
     "wrong-credential": "blind",
     # Traffic colouring (#16): the tag dropped at the model servers must be found there.
     "colour-dropped": "colour_lost",
+    "stalled-readers": "no_trip",
+    "hung-canary": "trip",
+    "gate-stopped": "trip",
     # Benign negative controls (#14): a healthy build the gate must not trip on.
     "benign-noise": "no_trip",
     "small-drift": "no_trip",
 }
 FAULT_ACTIONS = {"inject_latency", "make_canary_faulty", "kill_pod", "inject_errors"}
+# #27's fail-safe experiments state their own detection SLO in their file: a hung stream
+# is evidence only at the router's 10 s idle deadline; a stopped gate trips only once it
+# runs again (30 s). Users are protected there by the deadline and the routers' dead-man
+# switch (rollback_s), which is what they judge.
+OWN_DETECTION_S = {"hung-canary": 30, "gate-stopped": 40}
+# gate-stopped: the broken canary serves its 5 % until the routers' 10 s dead-man time.
+OWN_DRIFTED_MAX = {"gate-stopped": 15}
+# Actions that make the canary bad (the trip experiments' faults); those that serve no
+# drifted answer to count (an error, a hang) need no drifted-responses check.
+BAD_CANARY = {"make_canary_faulty", "inject_errors", "hang_canary"}
+NOT_DRIFT = {"inject_errors", "hang_canary"}
 REPORT_SLO_KEYS = {"detection_s", "weights_applied_s", "rollback_s", "rollback_complete_s"}
 STACK_START_S, STACK_STOP_S, LOAD_STOP_S, CHAOS_START_S = 8, 8, 4, 2
 BUDGET_S = 90
@@ -148,9 +166,11 @@ def test_the_gameday_extension_says_what_is_expected(name: str) -> None:
         errors = any(a["provider"].get("func") == "inject_errors" for a in activities(exp))
         # DESIGN.md §4: detection p95 <= 5 s for a faulty kernel; an error fault's SLO is
         # stated in its file (10 s: judged on canary outcomes, not comparisons)
-        assert slo["detection_s"] <= (10 if errors else 5), "DESIGN.md §4"
+        limit = OWN_DETECTION_S.get(fault, 10 if errors else 5)
+        assert slo["detection_s"] <= limit, "DESIGN.md §4"
         if "drifted_max" in slo:  # (an error fault serves no drifted answer to count)
-            assert slo["drifted_max"] <= 3, "DESIGN.md §4: <= 3 canary-served bad responses"
+            most = OWN_DRIFTED_MAX.get(fault, 3)
+            assert slo["drifted_max"] <= most, "DESIGN.md §4: <= 3 canary-served bad responses"
 
 
 @pytest.mark.parametrize("name", sorted(BY_NAME))
@@ -195,13 +215,12 @@ def test_the_load_runs_and_slos_are_checked_after_it(name: str) -> None:
     assert {"baseline_ttft_p99_below", "error_rate_below"} <= funcs
     if EXPECT.get(name.partition("/")[2]) == "trip":
         assert {"trip_within", "no_canary_served_after"} <= funcs
-        injects_errors = any(
-            a["provider"].get("func") == "inject_errors" for a in activities(exp)
-        )  # an error fault serves no drifted answer to count
-        assert injects_errors or "drifted_responses_at_most" in funcs
+        no_drift = any(
+            a["provider"].get("func") in NOT_DRIFT for a in activities(exp)
+        )  # an error or a hang serves no drifted answer to count
+        assert no_drift or "drifted_responses_at_most" in funcs
         method = [a["provider"]["func"] for a in exp["method"]]
-        bad_canary = {"make_canary_faulty", "inject_errors"}
-        assert bad_canary & set(method) and "wait_for_trip" in method
+        assert BAD_CANARY & set(method) and "wait_for_trip" in method
     else:
         assert "no_trip" in funcs
         assert "gate_did_not_trip" in [a["provider"]["func"] for a in exp["method"]]
@@ -271,9 +290,9 @@ def test_faults_stay_inside_the_default_blast_radius(name: str) -> None:
     for act in activities(exp):
         func = act["provider"]["func"]
         args = act["provider"].get("arguments", {})
-        if func in ("inject_latency", "kill_pod", "drop_colour"):
+        if func in ("inject_latency", "kill_pod", "drop_colour", "pause_pod"):
             assert args["component"] in allowed
-        if func == "make_canary_faulty":
+        if func in ("make_canary_faulty", "hang_canary"):
             assert "model-canary" in allowed
 
 
@@ -281,7 +300,14 @@ def test_the_target_file_and_its_kubernetes_example_load() -> None:
     path = REPO / "targets" / "local.yaml"
     target = parse_target(load(path))
     assert target.kind == "local"
-    assert "gate" not in target.blast_radius.components
+    # The gate may be paused (hostile/gate-stopped: SIGSTOP, always resumed), nothing else:
+    # no experiment kills it or injects a fault into it.
+    assert "gate" in target.blast_radius.components
+    for experiment in EXPERIMENTS:
+        for act in activities(load(experiment)):
+            args = act["provider"].get("arguments", {})
+            if args.get("component") == "gate":
+                assert act["provider"]["func"] == "pause_pod", experiment
     example = path.read_text().split("# kind: kubernetes", 1)[1]
     uncommented = "kind: kubernetes\n" + "\n".join(
         line[2:] if line.startswith("# ") else line.lstrip("#") for line in example.splitlines()

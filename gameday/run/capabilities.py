@@ -35,6 +35,10 @@ NEEDS: dict[tuple[str, str], Any] = {
     ],
     ("probes.faults", "kill_pod"): lambda a: [f"kill:{r}" for r in _roles(a.get("component"))],
     ("probes.faults", "break_gate_credential"): lambda a: ["gate_api"],
+    ("probes.faults", "hang_canary"): lambda a: ["faults:model-canary:hang"],
+    ("probes.faults", "pause_pod"): lambda a: [f"pause:{r}" for r in _roles(a.get("component"))],
+    ("probes.gate", "routers_fail_safe_without_gate"): lambda a: ["router_health"],
+    ("probes.hostile", "stall_readers"): lambda a: ["router_deadlines"],
     ("probes.hostile", "pin_canary_after_trip"): lambda a: ["pins"],
     ("probes.hostile", "flood_pinned_canary"): lambda a: ["pins"],
     ("probes.colouring", "drop_colour"): lambda a: ["colour_hops"],
@@ -55,6 +59,7 @@ WHY = {
     "pins": "a pin header (pin: in the target file)",
     "colour_hops": "every component's colour hop log (/v1/colour/hops)",
     "router_health": "routers that report whether the gate hears them",
+    "router_deadlines": "canarystack's router deadlines and stream caps (#27)",
 }
 
 
@@ -114,6 +119,9 @@ def _say(cap: str) -> str:
     if cap.startswith("rollout:"):
         role = cap.split(":", 1)[1]
         return f"a workload to roll a bad build out to for {role} (components.{role}.rollout)"
+    if cap.startswith("pause:"):
+        role = cap.split(":", 1)[1]
+        return f"a way to pause a pod of {role} (SIGSTOP by PID: the local target)"
     if cap.startswith("kill:"):
         role = cap.split(":", 1)[1]
         return f"a way to kill a pod of {role} (components.{role}.kill)"

@@ -261,7 +261,9 @@ class LocalTarget(Target):
                 f"configured command `{shlex.join(argv)[:300]}`."
             )
 
-    def kill_pod(self, role: str, replica: str | None = None) -> KilledPod:
+    def _pod_to_signal(self, role: str, replica: str | None) -> tuple[Replica, list[str]]:
+        """The pod of ``role`` to signal (``replica`` names it; default: the first) and
+        its configured argv, after the blast-radius and program checks."""
         self.check_allowed(role)
         pods = self.replicas(role)
         if not pods:
@@ -274,7 +276,32 @@ class LocalTarget(Target):
                 names = ", ".join(p.name for p in pods)
                 raise TargetError(f"no replica {replica!r} of {role}: use one of {names}.")
             pod = matches[0]
-        argv = self.verify_program(role, pod, self.program_config(pod.name))
+        return pod, self.verify_program(role, pod, self.program_config(pod.name))
+
+    def stop_pod(self, role: str, replica: str | None = None) -> JsonObject:
+        """SIGSTOP one pod of ``role`` (a hung process: its port still accepts connections,
+        nothing answers; supervisord does not restart it). ``resume_pod`` with what this
+        returns sends SIGCONT to the same process."""
+        pod, argv = self._pod_to_signal(role, replica)
+        pid = self.pid_of(pod.name)
+        with _pinned(pid) as fd:
+            self.verify_process(pod, pid, argv)
+            send_signal(pid, fd, signal.SIGSTOP)
+        return {"name": pod.name, "role": role, "pid": pid, "argv": argv, "stopped_at": time.time()}
+
+    def resume_pod(self, stopped: JsonObject) -> bool:
+        """SIGCONT to the process ``stop_pod`` stopped, when it still runs that command;
+        False when it is gone (nothing to resume)."""
+        pid, argv = int(stopped["pid"]), list(stopped["argv"])
+        with contextlib.suppress(TargetError), _pinned(pid) as fd:
+            if read_cmdline(pid) != argv:
+                return False
+            send_signal(pid, fd, signal.SIGCONT)
+            return True
+        return False
+
+    def kill_pod(self, role: str, replica: str | None = None) -> KilledPod:
+        pod, argv = self._pod_to_signal(role, replica)
         pid = self.pid_of(pod.name)
         with _pinned(pid) as fd:
             self.verify_process(pod, pid, argv)
