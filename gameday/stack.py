@@ -46,7 +46,9 @@ def stack_status(state_dir: Path) -> JsonObject | None:
     return dict(json.loads(res.stdout))
 
 
-def stack_up(state_dir: Path, extra: Sequence[str] = (), timeout_s: float = 180) -> JsonObject:
+def stack_up(state_dir: Path, extra: Sequence[str] = (), timeout_s: float = 900) -> JsonObject:
+    """``gameday stack up`` (a bound of ``timeout_s``; the stack's own health wait, its
+    config's ``health_timeout_s``, is what decides: 60 s, a vLLM stack's 420 s)."""
     res = _run(["up", "--state-dir", str(state_dir), "--json", *extra], timeout_s=timeout_s)
     if res.returncode != 0:
         raise StackCommandError(

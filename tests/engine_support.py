@@ -96,17 +96,19 @@ def engine_config(tmp_path: Path, extra_args: Mapping[str, Sequence[str]]) -> Pa
 
 
 @contextmanager
-def engine_stack(tmp_path: Path, config: Path | None = None) -> Iterator[Stack]:
-    """``gameday stack up --engine llamacpp`` on free ports (with ``config``, a stack
-    config); stopped at the end."""
+def engine_stack(
+    tmp_path: Path, config: Path | None = None, engine: str = "llamacpp", up_s: float = 120
+) -> Iterator[Stack]:
+    """``gameday stack up --engine ENGINE`` on free ports (with ``config``, a stack
+    config; ``up_s`` bounds the start); stopped at the end."""
     state_dir = tmp_path / "stack"
     config_args = ["--config", str(config)] if config else []
     last = ""
     for _ in range(5):
         base = (free_port() // 100) * 100 % 40000 + 20000  # a block of 40 ports
         res = _cluster(
-            "up", "--engine", "llamacpp", "--state-dir", str(state_dir),
-            "--base-port", str(base), "--json", *config_args,
+            "up", "--engine", engine, "--state-dir", str(state_dir),
+            "--base-port", str(base), "--json", *config_args, timeout_s=up_s,
         )  # fmt: skip
         if res.returncode == 0:
             break

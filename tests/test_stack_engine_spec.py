@@ -8,6 +8,7 @@ short prompt mix `make chaos-router ENGINE=llamacpp` passes through the environm
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -119,3 +120,60 @@ def test_a_stack_without_redis_server_on_path_refuses_to_start(tmp_path: Path) -
     assert "'no-such-redis-server-w3' is not on PATH" in message
     assert "deploy/debian-packages.sh" in message and "apt-get install redis-server" in message
     assert not (tmp_path / "s" / "supervisord.conf").exists()  # nothing was started
+
+
+def test_vllm_engine_pods_serve_one_generated_model_each_on_a_core_of_its_own(
+    tmp_path: Path,
+) -> None:
+    """--engine vllm: engine pods with vLLM children on one model folder (written from the
+    seed on first start), their OpenMP threads spread over the cores, the canary holding
+    its bad builds warm, and the stack's health wait long enough for a vLLM start."""
+    spec = load_stack_config(None, state_dir=tmp_path, engine="vllm")
+    assert spec.health_timeout_s >= 300
+    cmds = {p.name: p.command for p in programs(spec)}
+    pods = [n for n in cmds if n.startswith("model-")]
+    assert pods == ["model-baseline-0", "model-baseline-1", "model-canary-0"]
+    folders, cores = set(), []
+    for name in pods:
+        cmd = cmds[name]
+        assert cmd[cmd.index("-m") + 1] == "canarystack.engine"
+        assert cmd[cmd.index("--engine-kind") + 1] == "vllm"
+        assert cmd[cmd.index("--model-seed") + 1] == "0"
+        folders.add(cmd[cmd.index("--model") + 1])
+        cores.append(cmd[cmd.index("--omp-bind") + 1])
+    assert folders == {str(tmp_path.resolve() / "vllm-model-seed0")}
+    if (os.cpu_count() or 1) > 1:
+        assert cores[0] != cores[1]  # the two baselines never share a core
+    assert cmds["model-canary-0"][cmds["model-canary-0"].index("--standby") + 1] == "fp8,bf16"
+    assert "--standby" not in cmds["model-baseline-0"]
+    assert "--drift-kl-tolerance=0.0001" in cmds["gate"]
+
+
+def test_vllm_kernel_faults_are_real_builds_and_say_what_a_cpu_cannot_build(
+    tmp_path: Path,
+) -> None:
+    """The vLLM pod's kernel fault takes its own modes (an FP8 KV cache, bfloat16) and the
+    harness's fp8-kv-scale; simulator-only modes and sizes are refused with the reason;
+    FP8 on a CPU without AVX-512 or AMX is refused naming the bf16 build to use."""
+    from pydantic import ValidationError
+
+    from canarystack.engine import vllm
+
+    assert vllm.VllmKernelParams(mode="bf16").variant == "bf16"
+    with pytest.raises(ValidationError, match="not a build of a real vLLM"):
+        vllm.VllmKernelParams(mode="garbage")
+    with pytest.raises(ValidationError, match="acts on every prompt"):
+        vllm.VllmKernelParams(mode="bf16", min_prompt_tokens=2048)
+    avx2 = tmp_path / "cpuinfo-avx2"
+    avx2.write_text("flags\t: fpu sse2 avx avx2 fma\n")
+    avx512 = tmp_path / "cpuinfo-avx512"
+    avx512.write_text("flags\t: fpu sse2 avx avx2 avx512f avx512bw\n")
+    assert not vllm.fp8_kv_supported(avx2) and vllm.fp8_kv_supported(avx512)
+    assert not vllm.fp8_kv_supported(tmp_path / "missing")
+    if not vllm.fp8_kv_supported():
+        with pytest.raises(ValidationError, match="AVX-512 or AMX"):
+            vllm.VllmKernelParams(mode="fp8-kv-scale")
+        assert vllm.usable_variants(("fp8", "bf16"))[0] == ("bf16",)
+    else:
+        assert vllm.VllmKernelParams(mode="fp8-kv-scale").variant == "fp8"
+        assert vllm.usable_variants(("fp8", "bf16"))[0] == ("fp8", "bf16")

@@ -39,7 +39,7 @@ def _parser() -> argparse.ArgumentParser:
     up.add_argument("--config", default=None, help="stack config YAML (see README)")
     up.add_argument("--canary-weight", type=int, default=None, help="initial canary %% (5)")
     up.add_argument(
-        "--engine", default=None, choices=["sim", "llamacpp"], help="model engine (sim)"
+        "--engine", default=None, choices=["sim", "llamacpp", "vllm"], help="model engine (sim)"
     )
     up.add_argument("--json", action="store_true", help="print the status as JSON")
 

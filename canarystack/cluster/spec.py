@@ -8,6 +8,7 @@ reading a config file.
 
 from __future__ import annotations
 
+import os
 import shlex
 import sys
 from dataclasses import dataclass, field
@@ -60,10 +61,13 @@ class StackSpec(BaseModel):
     router_replicas: int = Field(2, ge=1, le=9)
     baseline_replicas: int = Field(2, ge=1, le=9)
     canary_replicas: int = Field(1, ge=1, le=9)
-    engine: str = Field("sim", pattern=r"^(sim|llamacpp)$")
+    engine: str = Field("sim", pattern=r"^(sim|llamacpp|vllm)$")
     # llamacpp: the seed of the random-weight GGUF the model pods write into the state
     # folder on first start (canarystack.engine.gguf_gen); every pod serves the same file.
+    # vllm: the seed of the random-weight model folder (canarystack/engine/vllm_model.py).
     engine_seed: int = Field(0, ge=0)
+    # How long `stack up` waits for every component's /health (a vLLM starts in ~1-2 min).
+    health_timeout_s: float = Field(60.0, gt=0, le=1800)
     # Extra command-line arguments per role, e.g. {"gate": ["--drift-kl-tolerance", "50"]}.
     args: dict[str, list[str]] = Field(default_factory=dict)
     # Roles left out of the stack (e.g. ["gate"] to watch an unguarded canary).
@@ -125,7 +129,10 @@ class Program:
 
 # Settings for the llama.cpp engine on a small CPU (replicas, router and gate flags
 # calibrated against it); a stack config's own values win, role by role under 'args'.
-ENGINE_DEFAULTS = {"llamacpp": Path(__file__).with_name("llamacpp.yaml")}
+ENGINE_DEFAULTS = {
+    "llamacpp": Path(__file__).with_name("llamacpp.yaml"),
+    "vllm": Path(__file__).with_name("vllm.yaml"),
+}
 
 
 def _read_yaml(p: Path) -> JsonObject:
@@ -236,6 +243,17 @@ def _model_programs(
                            "--served-model-name", spec.model_name,
                            "--model", str(gguf), "--gguf-seed", str(spec.engine_seed),
                            "--engine-log", str(engine_log), *dependency,
+                           *extra)  # fmt: skip
+        elif spec.engine == "vllm":
+            # An engine pod with vLLM children (canarystack.engine.vllm) on the generated
+            # model; each pod's OpenMP threads on a core of their own, round robin.
+            folder = spec.abs_state_dir / f"vllm-model-seed{spec.engine_seed}"
+            engine_log = spec.abs_state_dir / "logs" / f"{name}-engine.log"
+            core = str(port % max(os.cpu_count() or 1, 1))
+            cmd = _command(spec, "engine", port, role, "--version", version,
+                           "--served-model-name", spec.model_name, "--engine-kind", "vllm",
+                           "--model", str(folder), "--model-seed", str(spec.engine_seed),
+                           "--omp-bind", core, "--engine-log", str(engine_log), *dependency,
                            *extra)  # fmt: skip
         else:
             # Real engines are not batch-invariant: every simulated pod runs with the

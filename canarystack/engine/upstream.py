@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from canary_contract.json import JsonObject
 from canarystack.common.errors import BadRequest
-from canarystack.engine.tokens import PromptCounter
+from canarystack.engine.tokens import TokenCounter
 from canarystack.model.body import Parsed
 from canarystack.model.contract import RequestRecord, check_model_name, resolve_max_tokens
 from canarystack.model.schemas import ChatCompletionRequest, CompletionRequest
@@ -17,7 +17,7 @@ def upstream_body(
     parsed: Parsed,
     chat: bool,
     rec: RequestRecord,
-    counter: PromptCounter,
+    counter: TokenCounter,
     *,
     served: str,
     n_ctx: int,
@@ -60,7 +60,7 @@ def add_context(
     upstream: JsonObject,
     req: CompletionRequest | ChatCompletionRequest,
     context: str,
-    counter: PromptCounter,
+    counter: TokenCounter,
     n_ctx: int,
 ) -> int | None:
     """Put a retrieved ``context`` in front of what the engine gets — the system message
