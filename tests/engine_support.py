@@ -14,7 +14,7 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,7 +24,7 @@ import numpy as np
 import requests
 
 from canarystack.tokenizer import make_prompt
-from tests.procs import free_port
+from tests.procs import free_port, wait_for
 
 # Prompt lengths (words) the engine tests send: short, so three single-threaded engines
 # on two cores answer in tens of milliseconds.
@@ -249,3 +249,43 @@ class DirectEngine:
 def full_kl(p_logprobs: np.ndarray, q_logprobs: np.ndarray) -> float:
     """KL(P‖Q) over the whole vocabulary, in nats."""
     return float(np.sum(np.exp(p_logprobs) * (p_logprobs - q_logprobs)))
+
+
+@dataclass
+class DriftTrip:
+    """What ``drive_to_rollback`` saw: the release after it, the traffic, and the wall
+    times of the fault and of the rollback."""
+
+    release: dict[str, Any]
+    traffic: Traffic
+    t_fault: float
+    t_rolled_back: float
+
+
+def drive_to_rollback(
+    stack: Stack, inject: Callable[[], object], max_s: float = 150, seen_s: float = 60
+) -> DriftTrip:
+    """Two users through the router; once the gate has 20 comparisons, ``inject`` the
+    canary's fault, wait until the release is rolled back, and keep the traffic 2 s more
+    (none of it may reach the canary)."""
+    traffic = Traffic(stack.desc["router_url"], users=2, max_s=max_s).start()
+    try:
+        wait_for(
+            lambda: sum(b["comparisons"] for b in stack.gate()["buckets"].values()) >= 20,
+            timeout=seen_s,
+            interval=0.5,
+            what="the gate to see the canary",
+        )
+        t_fault = time.time()
+        inject()
+        wait_for(
+            lambda: stack.release()["phase"] == "rolled_back",
+            timeout=max(90.0, max_s / 2),
+            interval=0.2,
+            what="the rollback",
+        )
+        t_rolled_back = time.time()
+        time.sleep(2)
+    finally:
+        traffic.stop()
+    return DriftTrip(stack.release(), traffic, t_fault, t_rolled_back)

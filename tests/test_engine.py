@@ -34,6 +34,7 @@ from tests.engine_support import (
     DirectEngine,
     Stack,
     Traffic,
+    drive_to_rollback,
     engine_config,
     engine_stack,
     full_kl,
@@ -642,27 +643,10 @@ def test_a_q4_0_canary_trips_on_drift_and_is_rolled_back(tmp_path: Path) -> None
     config = engine_config(tmp_path, {"gate": ["--latency-ratio=1000"]})
     with engine_stack(tmp_path, config) as stack:
         canary = stack.url("model-canary-0")
-        traffic = Traffic(stack.desc["router_url"], users=2, max_s=150).start()
-        try:
-            wait_for(
-                lambda: sum(b["comparisons"] for b in stack.gate()["buckets"].values()) >= 20,
-                timeout=60,
-                interval=0.5,
-                what="the gate to see the canary",
-            )
-            t_fault = time.time()
-            inject_kernel(canary, stack.fault_headers("model-canary"), "q4_0", ttl_s=300)
-            wait_for(
-                lambda: stack.release()["phase"] == "rolled_back",
-                timeout=90,
-                interval=0.2,
-                what="the rollback",
-            )
-            t_rolled_back = time.time()
-            time.sleep(2)  # traffic after the rollback: none of it may reach the canary
-        finally:
-            traffic.stop()
-        release = stack.release()
+        headers = stack.fault_headers("model-canary")
+        run = drive_to_rollback(stack, lambda: inject_kernel(canary, headers, "q4_0", 300))
+        release, traffic = run.release, run.traffic
+        t_fault, t_rolled_back = run.t_fault, run.t_rolled_back
         trip = release["trip"]
         assert trip["test"] == "drift", trip
         assert trip["tripped_at"] > t_fault

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import statistics
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -30,7 +29,7 @@ import yaml
 
 from canarystack.engine import vllm
 from gameday.oracle import compare_positions, parse_logprobs
-from tests.engine_support import Stack, Traffic, engine_stack, prompt
+from tests.engine_support import Stack, drive_to_rollback, engine_stack, prompt
 from tests.procs import wait_for
 
 pytestmark = [
@@ -186,36 +185,17 @@ def test_the_bad_build_trips_the_gate_on_drift_and_is_rolled_back(stack: Stack) 
     """Runs last: it leaves the release rolled back."""
     canary = stack.url("model-canary-0")
     _standby_ready(stack)
-    traffic = Traffic(stack.desc["router_url"], users=2, max_s=240).start()
-    try:
-        wait_for(
-            lambda: sum(b["comparisons"] for b in stack.gate()["buckets"].values()) >= 20,
-            timeout=120,
-            interval=0.5,
-            what="the gate to see the canary",
-        )
-        t_fault = time.time()
-        assert _fault(stack, BAD_MODE).status_code == 201
-        wait_for(
-            lambda: stack.release()["phase"] == "rolled_back",
-            timeout=120,
-            interval=0.2,
-            what="the rollback",
-        )
-        t_rolled_back = time.time()
-        time.sleep(2)
-    finally:
-        traffic.stop()
-    release = stack.release()
+    run = drive_to_rollback(stack, lambda: _fault(stack, BAD_MODE), max_s=240, seen_s=120)
+    release, traffic, t_fault = run.release, run.traffic, run.t_fault
     trip = release["trip"]
     assert trip["test"] == "drift", trip
     assert trip["tripped_at"] > t_fault
     assert release["canary"]["quarantined"] is True
     assert _health(canary)["kv_cache_type"] == BAD_VARIANT  # the gate, not a TTL
-    assert not [t for t in traffic.canary_starts if t > t_rolled_back]
+    assert not [t for t in traffic.canary_starts if t > run.t_rolled_back]
     assert not traffic.errors, traffic.errors[:3]
     print(
         f"{BAD_VARIANT} canary: tripped {trip['tripped_at'] - t_fault:.2f}s after the fault "
         f"({trip['test']}, bucket {trip['bucket']}, {trip['samples']} samples), rolled back "
-        f"{t_rolled_back - t_fault:.2f}s after it"
+        f"{run.t_rolled_back - t_fault:.2f}s after it"
     )

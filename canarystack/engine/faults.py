@@ -7,9 +7,8 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, field_validator, model_validator
-
 from canarystack.common.faults import FaultParams
+from canarystack.engine.build_fault import RealBuildParams
 from canarystack.engine.vllm import VllmKernelParams
 
 CacheType = Literal["f16", "q8_0", "q4_0"]
@@ -21,7 +20,7 @@ ENGINE_MODES = ("kv-quant", "fp8-kv-scale")
 SIMULATOR_ONLY_MODES = ("nan-logits", "inf-logits", "garbage", "numerics", "quantized")
 
 
-class EngineKernelParams(FaultParams):
+class EngineKernelParams(RealBuildParams):
     """The ``kernel`` fault of the engine pod: a quantized KV cache.
 
     ``{"kind": "kernel", "ttl_s": 60, "mode": "kv-quant", "cache_type": "q4_0"}`` rolls the
@@ -42,36 +41,14 @@ class EngineKernelParams(FaultParams):
     experiments against the simulator (``canarystack.model``).
     """
 
+    ENGINE = "llama.cpp"
+    MODES = ENGINE_MODES
+    WHAT = "a quantized KV cache"
+    REFUSED = SIMULATOR_ONLY_MODES
+    SIZE = "its cache_type: q8_0 small, q4_0 large"
+
     mode: Literal["kv-quant", "fp8-kv-scale"] = "kv-quant"
     cache_type: Literal["q8_0", "q4_0"] = "q4_0"
-    min_prompt_tokens: int = Field(default=0, ge=0)
-    magnitude: float = Field(default=1.0, allow_inf_nan=False)
-
-    @field_validator("mode", mode="before")
-    @classmethod
-    def _engine_mode(cls, value: object) -> object:
-        if isinstance(value, str) and value in SIMULATOR_ONLY_MODES:
-            raise ValueError(
-                f"mode {value!r} is a kernel mode of the simulator only (canarystack.model); "
-                f"the llama.cpp engine pod has the modes {', '.join(ENGINE_MODES)} (a "
-                "quantized KV cache). Run broken-kernel experiments against the simulator"
-            )
-        return value
-
-    @model_validator(mode="after")
-    def _whole_engine(self) -> EngineKernelParams:
-        if self.min_prompt_tokens != 0:
-            raise ValueError(
-                f"min_prompt_tokens={self.min_prompt_tokens}: a quantized KV cache on the "
-                "llama.cpp engine acts on every prompt; send 0 (for gameday experiments: "
-                "GAMEDAY_KERNEL_MIN_PROMPT_TOKENS=0)"
-            )
-        if self.magnitude != 1.0:
-            raise ValueError(
-                f"magnitude={self.magnitude}: the llama.cpp engine's fault size is its "
-                "cache_type (q8_0 small, q4_0 large); send magnitude 1 or leave it out"
-            )
-        return self
 
 
 FAULT_KINDS: dict[str, type[FaultParams]] = {"kernel": EngineKernelParams}

@@ -22,9 +22,9 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import model_validator
 
-from canarystack.common.faults import FaultParams
+from canarystack.engine.build_fault import RealBuildParams
 
 if TYPE_CHECKING:
     from canarystack.engine.child import EngineSettings
@@ -98,7 +98,7 @@ def child_env(settings: EngineSettings) -> dict[str, str]:
     return env
 
 
-class VllmKernelParams(FaultParams):
+class VllmKernelParams(RealBuildParams):
     """The ``kernel`` fault of a vLLM engine pod: a rollout of a bad build.
 
     ``{"kind": "kernel", "ttl_s": 120, "mode": "fp8-kv"}`` rolls the pod's vLLM over to one
@@ -111,34 +111,13 @@ class VllmKernelParams(FaultParams):
     400 that names the modes this pod has.
     """
 
+    ENGINE = "vLLM"
+    MODES = MODES
+    WHAT = "an FP8 KV cache, bfloat16 weights"
+    REFUSED = SIMULATOR_ONLY_MODES
+    SIZE = "fp8-kv large, bf16 small"
+
     mode: Literal["fp8-kv", "fp8-kv-scale", "bf16"] = "fp8-kv"
-    min_prompt_tokens: int = Field(default=0, ge=0)
-    magnitude: float = Field(default=1.0, allow_inf_nan=False)
-
-    @field_validator("mode", mode="before")
-    @classmethod
-    def _engine_mode(cls, value: object) -> object:
-        if isinstance(value, str) and value in SIMULATOR_ONLY_MODES:
-            raise ValueError(
-                f"mode {value!r} is not a build of a real vLLM: the vLLM engine pod has the "
-                f"modes {', '.join(MODES)} (an FP8 KV cache, bfloat16 weights). Run "
-                "broken-kernel and benign-numerics experiments against the simulator"
-            )
-        return value
-
-    @model_validator(mode="after")
-    def _whole_engine(self) -> VllmKernelParams:
-        if self.min_prompt_tokens != 0:
-            raise ValueError(
-                f"min_prompt_tokens={self.min_prompt_tokens}: a vLLM build acts on every "
-                "prompt; send 0 (for gameday experiments: GAMEDAY_KERNEL_MIN_PROMPT_TOKENS=0)"
-            )
-        if self.magnitude != 1.0:
-            raise ValueError(
-                f"magnitude={self.magnitude}: a real build's drift is what it is (fp8-kv "
-                "large, bf16 small); send magnitude 1 or leave it out"
-            )
-        return self
 
     @model_validator(mode="after")
     def _cpu_can(self) -> VllmKernelParams:
