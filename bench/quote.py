@@ -51,6 +51,7 @@ COMMANDS = {
     "gate_matrix": "make gate-matrix",
     "broker_failsafe": ".venv/bin/python bench/broker_failsafe.py --trials 3 --stop-s 20",
     "broker_failsafe_before": "the same, on the router before #27 (git worktree of f4e7a0b)",
+    "gate_deadman": ".venv/bin/python bench/gate_deadman.py --trials 2 --stop-s 20",
 }
 
 
@@ -403,6 +404,14 @@ def _times_s(stat: JsonObject) -> str:
     return f"{_f(stat['value_s'])} s [{_f(lo)}, {_f(hi) if hi is not None else 'inf'}]"
 
 
+def _passed(gate: JsonObject) -> str:
+    """``n of m``, naming those that did not pass and their verdict."""
+    verdicts = {name: row.get("verdict") for name, row in gate["experiments"].items()}
+    others = [f"`{name}` {v}" for name, v in verdicts.items() if v != "pass"]
+    passed = f"{len(verdicts) - len(others)} of {len(verdicts)}"
+    return f"{passed} ({', '.join(others)})" if others else passed
+
+
 def r_gate_matrix(res: JsonObject) -> list[str]:
     gates = res["gates"]
     names = list(gates)
@@ -436,7 +445,7 @@ def r_gate_matrix(res: JsonObject) -> list[str]:
         + " | ".join(f"{gates[g]['false_trips']} of {gates[g]['controls_run']}" for g in names)
         + " |"
     )
-    rows.append("| run verdict | " + " | ".join(f"{gates[g]['verdict']}" for g in names) + " |")
+    rows.append("| experiments passed | " + " | ".join(_passed(gates[g]) for g in names) + " |")
     controls = ", ".join(f"`{c}`" for c in res["controls"])
     return [
         "The same experiments against three gates (time to trip: from the fault to the "
@@ -465,6 +474,23 @@ def r_broker_failsafe(res: JsonObject) -> list[str]:
     ]
 
 
+def r_gate_deadman(res: JsonObject) -> list[str]:
+    rows = [
+        f"| {i} | {_f(t['failsafe_after_stop_s'])} | {_f(t['back_after_cont_s'])} | "
+        f"{t['failsafe_entries']} |"
+        for i, t in enumerate(res["trials"], 1)
+    ]
+    return [
+        f"The gate SIGSTOPped for {_f(res['stop_s'], 0)} s, {len(rows)} times (dead-man time "
+        f"{_f(res['deadman_s'], 0)} s, recovery hold {_f(res['recovery_hold_s'], 0)} s; – : "
+        "not while the gate was stopped):",
+        "",
+        "| stop | SIGSTOP → 0 % canary, s | SIGCONT → canary back, s | fail-safe entries |",
+        "| --- | --- | --- | --- |",
+        *rows,
+    ]
+
+
 RENDER: dict[str, tuple[Callable[[JsonObject], list[str]], bool]] = {
     # name: (renderer, whether it takes the whole document rather than its "results")
     "router_overhead": (r_router_overhead, False),
@@ -482,6 +508,7 @@ RENDER: dict[str, tuple[Callable[[JsonObject], list[str]], bool]] = {
     "gate_matrix": (r_gate_matrix, False),
     "broker_failsafe": (r_broker_failsafe, False),
     "broker_failsafe_before": (r_broker_failsafe, False),
+    "gate_deadman": (r_gate_deadman, False),
 }
 
 

@@ -65,3 +65,6 @@ def test_the_matrix_has_a_column_per_gate_and_says_never_tripped() -> None:
     assert "| not run |" in table["time to trip, `router/broken-kernel`"]
     assert table["drifted answers served, `router/faulty-kernel`"].endswith("| 0 | 40 |")
     assert table["false trips, healthy controls"].endswith("| 0 of 3 | 1 of 3 |")
+    passed = table["experiments passed"]
+    assert "| 1 of 2 (`router/broken-kernel` not run) |" in passed
+    assert passed.endswith("| 0 of 2 (`router/faulty-kernel` fail, `router/broken-kernel` fail) |")
