@@ -1,7 +1,7 @@
 """The drift judge (``python -m canarystack.judge``) as a real process in front of a real
 simulator, asked directly as the baseline and through the real fault proxy as the canary,
-all on loopback ports and stopped by PID: mirrored requests in, a verdict out in the shapes Argo Rollouts and Flagger read,
-sent the exact requests those controllers send.
+all on loopback ports and stopped by PID: mirrored requests in, a verdict out in the shapes
+Argo Rollouts and Flagger read, sent the exact requests those controllers send.
 
 - Argo Rollouts' ``web`` metric provider (argo-rollouts ``metricproviders/webmetric``,
   documented at argo-rollouts.readthedocs.io/en/stable/analysis/web/): ``GET`` the
