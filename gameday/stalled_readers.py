@@ -30,6 +30,7 @@ HEAD_BYTES = 4096
 # After the hold: how long the harness reads, all sockets at once, to see which the stack
 # closed (a cut stream still holds what the kernels buffered), and with what buffer.
 DRAIN_S = 15.0
+HEAD_WAIT_S = 2.0
 DRAIN_RCVBUF_BYTES = 1024 * 1024
 PROMPT = "a stalled reader asks for a very long answer and never reads it"
 
@@ -103,37 +104,54 @@ def _status(head: bytes) -> int:
     return int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else 0
 
 
+def _head(sock: socket.socket) -> bytes:
+    """The first bytes the socket holds (its answer's status line), or b""."""
+    sock.settimeout(HEAD_WAIT_S)
+    try:
+        return sock.recv(HEAD_BYTES)
+    except OSError:
+        return b""
+
+
 def _drain(socks: list[socket.socket | None], drain_s: float) -> list[tuple[bytes, bool]]:
     """Read every socket at once for at most ``drain_s``: (its first bytes, whether the
-    stack closed it: EOF or reset). A cut stream may still hold a few hundred KiB in the
-    kernels' buffers, sent slowly after a long zero window; a bigger receive buffer and
-    reading them all together lets them reach their end within the drain."""
+    stack closed it: EOF or reset).
+
+    A cut stream may still hold a few hundred KiB in the kernels' buffers, which the
+    server's kernel resends only at its zero-window probes (backed off to tens of seconds
+    after a long stall). So, once its status line is read, each socket gets a bigger
+    receive buffer and sends an empty line (which HTTP lets a server ignore between
+    requests): a connection the stack still holds takes it, one it closed answers with a
+    reset at once."""
     out: list[tuple[bytes, bool]] = [(b"", False) for _ in socks]
     sel = selectors.DefaultSelector()
     for i, sock in enumerate(socks):
-        if sock is not None:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, DRAIN_RCVBUF_BYTES)
-            sock.setblocking(False)
-            sel.register(sock, selectors.EVENT_READ, i)
+        if sock is None:
+            continue
+        head = _head(sock)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, DRAIN_RCVBUF_BYTES)
+        try:
+            sock.sendall(b"\r\n")
+        except OSError:
+            out[i] = (head, True)
+            continue
+        out[i] = (head, False)
+        sock.setblocking(False)
+        sel.register(sock, selectors.EVENT_READ, i)
     end = time.monotonic() + drain_s
     while sel.get_map() and (left := end - time.monotonic()) > 0:
         for key, _ in sel.select(timeout=left):
             i = key.data
             conn = socks[i]
             assert conn is not None
-            head, _ = out[i]
             try:
-                data = conn.recv(65536)
+                closed = not conn.recv(65536)
             except BlockingIOError:
                 continue
-            except OSError:  # reset: the stack cut it
-                data, closed = b"", True
-            else:
-                closed = not data
-            if len(head) < HEAD_BYTES:
-                head += data[: HEAD_BYTES - len(head)]
-            out[i] = (head, closed)
+            except OSError:  # reset: the stack closed it
+                closed = True
             if closed:
+                out[i] = (out[i][0], True)
                 sel.unregister(conn)
     sel.close()
     return out
