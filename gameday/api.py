@@ -10,6 +10,7 @@ import requests
 
 from canary_contract.json import JsonObject
 from gameday.observers import GateObserver
+from gameday.observers.broker import BrokerObserver
 from gameday.oracle.wire import loads
 from gameday.stackhttp import STATE_TIMEOUT_S, ApiError, JsonHttp, error_text
 from gameday.targets import Target
@@ -80,11 +81,15 @@ class StackApi(JsonHttp):
     def __init__(self, session: requests.Session, target: Target) -> None:
         super().__init__(session)
         self.target = target
+        self._gate: GateObserver | None = None
 
     # --- the gate, through its observer ---------------------------------------------------
     def gate(self) -> GateObserver:
-        """The target's gate observer (canarystack's: its broker and gate API)."""
-        return self.target.observer()
+        """The target's gate observer: the one its file describes, else canarystack's
+        (``BrokerObserver``: its broker and gate API)."""
+        if self._gate is None:
+            self._gate = self.target.observer() or BrokerObserver(self.target)
+        return self._gate
 
     def release(self) -> JsonObject:
         """The release as the gate's record has it (canarystack: the broker's)."""

@@ -19,7 +19,6 @@ import requests
 from canary_contract.digest import manifest_digest
 from gameday.api import ApiError
 from gameday.evidence.rollouts import RolloutError
-from gameday.observers.broker import BrokerObserver
 from gameday.targets import broker_writes as bw
 
 BROKER = "http://broker.test"
@@ -35,8 +34,8 @@ class FakeTarget:
     def operator_headers(self) -> dict[str, str]:
         return {"Authorization": "Bearer op"}
 
-    def observer(self) -> BrokerObserver:
-        return BrokerObserver(self)  # type: ignore[arg-type]  # the parts it reads
+    def observer(self) -> None:
+        return None  # canarystack's gate: StackApi reads it from the broker
 
 
 def response(status: int, body: object) -> requests.Response:

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from canary_contract.json import JsonObject
 from gameday.evidence.faults import ReferenceFault
-from gameday.evidence.trips import gate_line, not_tripped_yet, seconds_to_trip, unexpected_trip
+from gameday.evidence.trips import not_tripped_yet, seconds_to_trip, unexpected_trip
+from gameday.observers.broker import gate_line
 
 TRIP: JsonObject = {
     "time": 112.5,

@@ -116,11 +116,12 @@ def test_canarystack_gate_is_read_through_the_same_observer_interface(
     proc, broker = broker_with_versions(spawn, tmp_path / "broker")
     gate = spawn("canarystack.gate", "--broker", proc.url)
     target = _target(tmp_path, broker_url=proc.url, gate_url=gate.url)
-    observer = target.observer()
-    assert isinstance(observer, BrokerObserver) and observer.gate_api
-    assert target.observer() is observer  # one per target: its log is the experiment's
+    assert target.observer() is None  # no observer in the file: canarystack's own gate
     with requests.Session() as session:
         api = StackApi(session, target)
+        observer = api.gate()
+        assert isinstance(observer, BrokerObserver) and observer.gate_api
+        assert api.gate() is observer  # one per client: its log is what that client saw
         wait_for(lambda: api.gate_state().get("revision"), what="the gate's release")
         before = observer.snapshot(session)
         assert before.tripped is False and before.canary_weight == 5.0

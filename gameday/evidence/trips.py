@@ -13,18 +13,6 @@ from gameday.evidence.events import trip_evidence_text
 from gameday.evidence.faults import ReferenceFault
 
 
-def gate_line(state: JsonObject) -> str:
-    """One line on what the gate has seen: its state, its comparisons per bucket and its
-    trip status (from its ``GET /v1/gate/{release}`` answer)."""
-    buckets = state.get("buckets")
-    held = buckets.items() if isinstance(buckets, dict) else []
-    comparisons = {name: b.get("comparisons") for name, b in held if isinstance(b, dict)}
-    return (
-        f"the gate is {state.get('state')!r} with comparisons per bucket {comparisons}, "
-        f"trip_status {state.get('trip_status')!r}"
-    )
-
-
 def seconds_to_trip(trip: JsonObject | None, fault_time: float, now: float) -> float:
     """Seconds from the fault to the event that tripped the release, to the millisecond
     (to ``now`` when the release is off but its history holds no trip since the fault)."""
@@ -36,7 +24,7 @@ def not_tripped_yet(
     deadline_s: float, release: str, phase: str, fault: ReferenceFault, now: float, gate: str
 ) -> str:
     """Why a release that had to trip within ``deadline_s`` has not: its phase ``now``,
-    the fault it had to trip on and ``gate`` (``gate_line``, or why there is none)."""
+    the fault it had to trip on and ``gate`` (``GateObserver.summary``, or why there is none)."""
     return (
         f"expected the gate to trip within {float(deadline_s):g} s, but release "
         f"{release!r} is still {phase!r} {now - fault.time:.1f} s "

@@ -20,7 +20,6 @@ import requests
 from canary_contract.gate import GateState
 from canary_contract.json import JsonObject
 from canary_contract.phases import is_canary_off
-from gameday.evidence.trips import gate_line
 from gameday.observers.base import GateObserver, GateSnapshot, ObservationLog
 from gameday.stackhttp import ApiError, JsonHttp
 from gameday.targets.history import HISTORY_TIMEOUT_S, HistoryError, read_events
@@ -28,7 +27,7 @@ from gameday.targets.history import HISTORY_TIMEOUT_S, HistoryError, read_events
 if TYPE_CHECKING:
     from gameday.targets.base import Target
 
-__all__ = ["BrokerObserver"]
+__all__ = ["BrokerObserver", "gate_line"]
 
 
 class BrokerObserver(GateObserver):
@@ -134,6 +133,18 @@ class BrokerObserver(GateObserver):
         except ApiError as exc:
             snap.why.append(f"the gate: {exc}")
         return snap
+
+
+def gate_line(state: JsonObject) -> str:
+    """One line on what the gate has seen: its state, its comparisons per bucket and its
+    trip status (from its ``GET /v1/gate/{release}`` answer)."""
+    buckets = state.get("buckets")
+    held = buckets.items() if isinstance(buckets, dict) else []
+    comparisons = {name: b.get("comparisons") for name, b in held if isinstance(b, dict)}
+    return (
+        f"the gate is {state.get('state')!r} with comparisons per bucket {comparisons}, "
+        f"trip_status {state.get('trip_status')!r}"
+    )
 
 
 def _number(value: object) -> float | None:

@@ -165,7 +165,6 @@ class Target(ABC):
         what every spec gives: the name and the blast radius."""
         self.name = spec.name
         self.blast_radius = spec.blast_radius
-        self._gate_observer: GateObserver | None = None
 
     @classmethod
     def from_spec(cls, spec: TargetSpec) -> Self:
@@ -197,14 +196,10 @@ class Target(ABC):
             )
         return roles
 
-    def observer(self) -> GateObserver:
-        """How the harness reads the target's gate: canarystack's own gate (its broker's
-        release, history and routers, and its gate API) unless the kind says otherwise."""
-        if self._gate_observer is None:
-            from gameday.observers.broker import BrokerObserver  # it reads targets' history
-
-            self._gate_observer = BrokerObserver(self)
-        return self._gate_observer
+    def observer(self) -> GateObserver | None:
+        """How the harness reads the target's gate when it is not canarystack's own (None:
+        canarystack's, read from its broker and gate API: ``gameday.api.StackApi.gate``)."""
+        return None
 
     @abstractmethod
     def service_url(self, role: str) -> str:

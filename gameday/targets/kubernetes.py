@@ -467,7 +467,8 @@ class KubernetesTarget(Target):
         spec = self.spec.load_workers
         if spec is None or spec.master is None:
             return None
-        return MasterPod(self, spec.master.template, run_bound_s + spec.master.ttl_margin_s)
+        ttl_s = run_bound_s + spec.master.ttl_margin_s
+        return MasterPod(self, spec.master.template, ttl_s, api_error=_api_error)
 
     def describe(self) -> JsonObject:
         return {**super().describe(), "namespace": self.namespace}

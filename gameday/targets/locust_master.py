@@ -23,6 +23,7 @@ import copy
 import shlex
 import time
 import uuid
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from gameday.targets.base import TargetError
@@ -46,7 +47,13 @@ class MasterPod:
     """One experiment's Locust master in a pod of ``target``'s namespace (module
     docstring). ``template`` is ``deployment/NAME``; ``ttl_s`` bounds the pod's life."""
 
-    def __init__(self, target: KubernetesTarget, template: str, ttl_s: float) -> None:
+    def __init__(
+        self,
+        target: KubernetesTarget,
+        template: str,
+        ttl_s: float,
+        api_error: Callable[[Exception], str] = str,
+    ) -> None:
         kind, _, name = template.partition("/")
         if kind != "deployment" or not name:
             raise TargetError(
@@ -54,6 +61,7 @@ class MasterPod:
                 f"{template!r}: give deployment/NAME (e.g. deployment/locust-master)"
             )
         self.target = target
+        self.api_error = api_error  # how the target words an API server's refusal
         self.template = name
         self.ttl_s = int(ttl_s)
         self.name = f"{name}-run-{uuid.uuid4().hex[:8]}"
@@ -69,11 +77,9 @@ class MasterPod:
         return client.CoreV1Api(self.target.api_client())
 
     def _fail(self, what: str, exc: Exception) -> TargetError:
-        from gameday.targets.kubernetes import _api_error
-
         return TargetError(
             f"the Locust master pod {self.name!r} in namespace {self.target.namespace!r}: "
-            f"{what} failed: {_api_error(exc)}"
+            f"{what} failed: {self.api_error(exc)}"
         )
 
     def _pod_spec(self, command: list[str]) -> Any:
