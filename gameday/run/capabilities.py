@@ -51,6 +51,7 @@ MODULE_NEEDS = {
     "probes.kubernetes": "broker",
     "probes.progressive": "broker",
     "probes.fresh_canary": "broker",
+    "probes.broker_store": "broker",  # the broker's own store and its loss (#27)
 }
 WHY = {
     "gate_api": "canarystack's gate API (/v1/gate)",
