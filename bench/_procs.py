@@ -18,8 +18,9 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 from _results import percentile
@@ -97,6 +98,42 @@ def stop(proc: subprocess.Popen[bytes], grace_s: float = 5.0) -> None:
     except subprocess.TimeoutExpired:
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=5)
+
+
+def stop_and_watch(
+    pid: int, fail_safe: Callable[[], bool], stop_s: float, after_s: float, poll_s: float = 0.02
+) -> dict[str, Any]:
+    """SIGSTOP ``pid`` for ``stop_s`` (SIGCONT always), polling ``fail_safe()`` meanwhile
+    and ``after_s`` after: seconds from SIGSTOP to the first fail-safe
+    (``failsafe_after_stop_s``), from SIGCONT to its end (``back_after_cont_s``), and how
+    many times it was entered (``failsafe_entries``; 1: no flapping)."""
+    entries, failsafe_at, back_at, was = 0, None, None, False
+    stopped = time.monotonic()
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        while time.monotonic() - stopped < stop_s:
+            now = fail_safe()
+            if now and not was:
+                entries += 1
+                failsafe_at = failsafe_at or time.monotonic()
+            was = now
+            time.sleep(poll_s)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    resumed = time.monotonic()
+    while time.monotonic() - resumed < after_s:
+        now = fail_safe()
+        if now and not was:
+            entries += 1
+        if was and not now and back_at is None:
+            back_at = time.monotonic()
+        was = now
+        time.sleep(poll_s)
+    return {
+        "failsafe_after_stop_s": None if failsafe_at is None else round(failsafe_at - stopped, 2),
+        "back_after_cont_s": None if back_at is None else round(back_at - resumed, 2),
+        "failsafe_entries": entries,
+    }
 
 
 async def wait_healthy(url: str, what: str, timeout_s: float = 20.0) -> None:

@@ -25,17 +25,15 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
 import random
 import shutil
-import signal
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import requests
-from _procs import ADMIN, launch, stop, wait_port
+from _procs import ADMIN, launch, stop, stop_and_watch, wait_port
 from _results import Run
 
 POLL_S = 0.02
@@ -70,34 +68,10 @@ def trial(
     """One SIGSTOP/SIGCONT; the figures of it."""
     before = len(_failsafe_logs(router_log))
     time.sleep(random.uniform(0.0, 5.0))  # anywhere in a long poll
-    entries, failsafe_at, back_at, was = 0, None, None, False
-    stopped = time.monotonic()
-    os.kill(broker_pid, signal.SIGSTOP)
-    try:
-        while time.monotonic() - stopped < stop_s:
-            now_failsafe = _config(router_url)["source"] == "failsafe"
-            if now_failsafe and not was:
-                entries += 1
-                failsafe_at = failsafe_at or time.monotonic()
-            was = now_failsafe
-            time.sleep(POLL_S)
-    finally:
-        os.kill(broker_pid, signal.SIGCONT)
-    resumed = time.monotonic()
-    while time.monotonic() - resumed < after_s:
-        now_failsafe = _config(router_url)["source"] == "failsafe"
-        if now_failsafe and not was:
-            entries += 1
-        if was and not now_failsafe and back_at is None:
-            back_at = time.monotonic()
-        was = now_failsafe
-        time.sleep(POLL_S)
-    return {
-        "failsafe_after_stop_s": None if failsafe_at is None else round(failsafe_at - stopped, 2),
-        "router_silent_s": _failsafe_logs(router_log)[before:],
-        "back_after_cont_s": None if back_at is None else round(back_at - resumed, 2),
-        "failsafe_entries": entries,
-    }
+    figures = stop_and_watch(
+        broker_pid, lambda: _config(router_url)["source"] == "failsafe", stop_s, after_s, POLL_S
+    )
+    return {**figures, "router_silent_s": _failsafe_logs(router_log)[before:]}
 
 
 def main() -> None:

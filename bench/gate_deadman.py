@@ -1,0 +1,127 @@
+"""Benchmark: how long a router keeps its canary after the gate stops answering, and how
+long it holds the canary off after the gate comes back (#27, finding 4).
+
+Starts two model servers (baseline, canary), a broker, a gate and a router with their
+default timings (the router's dead-man switch ``--gate-deadman-s`` 10 s, its recovery
+hold 2 s), creates a release at 5 % canary and keeps a few requests a second flowing (so
+the router has samples to push). Per trial: SIGSTOPs the gate by its PID for ``--stop-s``,
+polls the router's ``/health`` every 20 ms, SIGCONTs it, and watches ``--after-s`` more.
+Prints one JSON object:
+
+- ``failsafe_after_stop_s``: from SIGSTOP to the router's ``gate_failsafe`` (canary 0 %,
+  ``/health`` degraded), per trial and the max;
+- ``back_after_cont_s``: from SIGCONT to the router's canary back (``gate_failsafe`` null);
+- ``failsafe_entries``: fail-safe entries seen per trial (1: no flapping).
+
+    .venv/bin/python bench/gate_deadman.py --trials 2 --stop-s 20
+
+Loopback only; every process it starts is stopped by its PID. It never asserts on timings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import shutil
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import requests
+from _procs import ADMIN, launch, stop, stop_and_watch, wait_port
+from _results import Run
+
+POLL_S = 0.02
+REQUESTS_PER_S = 5.0
+
+
+def _digest(manifest: str) -> str:
+    return "sha256:" + hashlib.sha256(manifest.encode()).hexdigest()
+
+
+def _start(tmp: Path, name: str, module: str, args: list[str]) -> tuple[Any, str]:
+    """A component on a free port; the process and its URL."""
+    ready, log = tmp / f"{name}.ready", tmp / f"{name}.log"
+    proc = launch(module, args, ready=ready, log=log)
+    return proc, f"http://127.0.0.1:{wait_port(proc, ready, log, name)}"
+
+
+def _fail_safe(router_url: str) -> bool:
+    return requests.get(router_url + "/health", timeout=2).json().get("gate_failsafe") is not None
+
+
+def _traffic(router_url: str, done: threading.Event) -> None:
+    """A few completions a second, so the router always has samples for the gate."""
+    body = {"model": "default", "prompt": "the gate must see this", "max_tokens": 4}
+    while not done.wait(1.0 / REQUESTS_PER_S):
+        try:
+            requests.post(router_url + "/v1/completions", json=body, timeout=10)
+        except requests.RequestException:
+            pass
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--trials", type=int, default=2)
+    p.add_argument("--stop-s", type=float, default=20.0)
+    p.add_argument("--after-s", type=float, default=8.0)
+    p.add_argument("--out", type=Path, default=None)
+    args = p.parse_args()
+    run = Run("gate_deadman")
+    tmp = Path(tempfile.mkdtemp(prefix="bench-deadman-"))
+    procs, done = [], threading.Event()
+    try:
+        base, base_url = _start(tmp, "baseline", "canarystack.model", ["--version", "v1"])
+        canary, canary_url = _start(tmp, "canary", "canarystack.model", ["--version", "v2"])
+        broker, broker_url = _start(
+            tmp, "broker", "canarystack.broker", ["--state-dir", str(tmp / "broker")]
+        )
+        procs += [base, canary, broker]
+        for v in ("v1", "v2"):
+            body = {"version": v, "manifest": v, "digest": _digest(v)}
+            requests.post(broker_url + "/v1/versions", json=body, headers=ADMIN, timeout=5)
+        requests.post(
+            broker_url + "/v1/releases",
+            json={"name": "default", "stable": "v1", "canary": "v2", "weights": {"canary": 5}},
+            headers=ADMIN,
+            timeout=5,
+        ).raise_for_status()
+        gate, gate_url = _start(tmp, "gate", "canarystack.gate", ["--broker", broker_url])
+        procs.append(gate)
+        router, router_url = _start(
+            tmp, "router", "canarystack.router",
+            ["--router-id", "router-0", "--state-dir", str(tmp / "router"), "--baseline",
+             base_url, "--canary", canary_url, "--broker", broker_url, "--gate", gate_url],
+        )  # fmt: skip
+        procs.append(router)
+        pusher = threading.Thread(target=_traffic, args=(router_url, done), daemon=True)
+        pusher.start()
+        time.sleep(3.0)  # the first samples reach the gate
+        trials = [
+            stop_and_watch(gate.pid, lambda: _fail_safe(router_url), args.stop_s, args.after_s)
+            for _ in range(args.trials)
+        ]
+    finally:
+        done.set()
+        for proc in reversed(procs):
+            stop(proc)
+        shutil.rmtree(tmp, ignore_errors=True)
+    delays = [t["failsafe_after_stop_s"] for t in trials if t["failsafe_after_stop_s"] is not None]
+    figures = {
+        "deadman_s": 10.0,
+        "recovery_hold_s": 2.0,
+        "stop_s": args.stop_s,
+        "trials": trials,
+        "failsafe_after_stop_max_s": max(delays) if delays else None,
+        "never_failsafe": sum(t["failsafe_after_stop_s"] is None for t in trials),
+        "flapped": sum(t["failsafe_entries"] > 1 for t in trials),
+    }
+    print(json.dumps(figures, indent=1))
+    run.write(figures, args.out)
+
+
+if __name__ == "__main__":
+    main()
