@@ -75,8 +75,10 @@ done
 "$REPO/.venv/bin/python" "$HERE/check-load-workers.py" "$out/latest" || rc=${rc/#0/1}
 phase load-workers
 # Gate observers on this API server: Argo Rollouts, Flagger, HTTPRoute, VirtualService
-# objects read as foreign gates (#25); the module uses the running cluster.
+# objects read as foreign gates, and the Locust master pod (#25); the drift judge's Argo
+# AnalysisTemplate and Flagger MetricTemplate/Canary stored by their CRDs and driving a
+# real judge (#29, 4 tests in ~4 s). The modules use the running cluster.
 CANARY_GAMEDAY_K8S_LIVE=1 "$REPO/.venv/bin/python" -m pytest -q -m k8s_live \
-    tests/test_k8s_live_observers.py || rc=${rc/#0/1}
+    tests/test_k8s_live_observers.py tests/test_judge_k8s_live.py || rc=${rc/#0/1}
 phase observers
 exit "$rc"
