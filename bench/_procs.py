@@ -136,6 +136,18 @@ def stop_and_watch(
     }
 
 
+def stop_figures(trials: list[dict[str, Any]]) -> dict[str, Any]:
+    """The trials of ``stop_and_watch`` and what they add up to: the longest delay to the
+    fail-safe, the stops that never reached it, the ones that flapped."""
+    delays = [t["failsafe_after_stop_s"] for t in trials if t["failsafe_after_stop_s"] is not None]
+    return {
+        "trials": trials,
+        "failsafe_after_stop_max_s": max(delays) if delays else None,
+        "never_failsafe": sum(t["failsafe_after_stop_s"] is None for t in trials),
+        "flapped": sum(t["failsafe_entries"] > 1 for t in trials),
+    }
+
+
 async def wait_healthy(url: str, what: str, timeout_s: float = 20.0) -> None:
     """Poll ``URL/health`` until it answers 200; exit naming ``what`` after ``timeout_s``."""
     deadline = time.monotonic() + timeout_s

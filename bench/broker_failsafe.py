@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import requests
-from _procs import ADMIN, launch, stop, stop_and_watch, wait_port
+from _procs import ADMIN, launch, stop, stop_and_watch, stop_figures, wait_port
 from _results import Run
 
 POLL_S = 0.02
@@ -120,15 +120,7 @@ def main() -> None:
         for proc in reversed(procs):
             stop(proc)
         shutil.rmtree(tmp, ignore_errors=True)
-    delays = [t["failsafe_after_stop_s"] for t in trials if t["failsafe_after_stop_s"] is not None]
-    figures = {
-        "failsafe_bound_s": 10.0,
-        "stop_s": args.stop_s,
-        "trials": trials,
-        "failsafe_after_stop_max_s": max(delays) if delays else None,
-        "never_failsafe": sum(t["failsafe_after_stop_s"] is None for t in trials),
-        "flapped": sum(t["failsafe_entries"] > 1 for t in trials),
-    }
+    figures = {"failsafe_bound_s": 10.0, "stop_s": args.stop_s, **stop_figures(trials)}
     print(json.dumps(figures, indent=1))
     run.write(figures, args.out)
 
