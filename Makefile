@@ -230,4 +230,4 @@ test-judge: $(STAMP) $(FOREIGN_STAMP)
 .PHONY: test-foreign
 test-foreign: $(STAMP) $(FOREIGN_STAMP)
 	$(BIN)/python -m pytest -m foreign tests/test_foreign_stack.py tests/test_foreign_gameday.py \
-		$(PYTEST_ARGS)
+		tests/test_foreign_judge.py $(PYTEST_ARGS)
