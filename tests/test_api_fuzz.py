@@ -236,7 +236,7 @@ def test_the_fault_body_follows_the_registry(model_proc: Proc) -> None:
     doc = published_spec(model_proc)
     variants = doc["components"]["schemas"]["ModelFaultRequest"]["anyOf"]
     kinds = {v["properties"]["kind"]["const"] for v in variants}
-    assert kinds == {"kernel", "latency", "errors", "crash", "drop_colour"}
+    assert kinds == {"kernel", "latency", "errors", "crash", "drop_colour", "hang"}
     assert all(v["properties"]["ttl_s"]["maximum"] == 600 for v in variants)
     validator = jsonschema.Draft202012Validator(
         {"$ref": "#/components/schemas/ModelFaultRequest", "components": doc["components"]}
