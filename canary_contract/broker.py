@@ -115,8 +115,21 @@ class Weights(Record):
     canary: Annotated[IntOrNumber, Field(ge=0, le=100)]
 
 
+class RollbackOverdue(Record):
+    """A release tripped or rolling back with no phase change for the broker's
+    ``--rollback-overdue-s``: the rollback executor is not moving it."""
+
+    phase: Phase
+    revision: Count
+    for_s: Number
+    limit_s: Number
+    reason: Text
+
+
 class Release(Record):
     """A release as the broker answers it (``GET /v1/releases/{name}``, a watch, a PATCH)."""
+
+    omitted_when_none: ClassVar[frozenset[str]] = frozenset({"rollback_overdue"})
 
     name: Text
     phase: Phase
@@ -127,6 +140,8 @@ class Release(Record):
     trip: TripEvidence | None
     created_at: Number
     updated_at: Number
+    # Only while the rollback is overdue (the broker leaves it out otherwise).
+    rollback_overdue: RollbackOverdue | None = None
 
     @property
     def canary_off(self) -> bool:

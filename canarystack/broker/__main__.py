@@ -1,5 +1,5 @@
 """``python -m canarystack.broker --state-dir DIR [--credentials-dir DIR] [--router-expiry-s 3]
-[--max-watch-s 60]``.
+[--max-watch-s 60] [--rollback-overdue-s 60]``.
 
 This module must never start serving when the state folder is unusable or already in use.
 """
@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import IO
 
 from canarystack.broker.capabilities import load_credentials_dir
+from canarystack.broker.overdue import DEFAULT_ROLLBACK_OVERDUE_S
 from canarystack.broker.server import build_app
 from canarystack.broker.service import DEFAULT_MAX_ROUTERS
 from canarystack.broker.store import StateDirError
@@ -50,6 +51,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=DEFAULT_MAX_ROUTERS,
         help="router ids the shared heartbeat credential may have listed at once (live or "
         "recent); a new one beyond is refused with 429 (default %(default)s)",
+    )
+    p.add_argument(
+        "--rollback-overdue-s",
+        type=float,
+        default=DEFAULT_ROLLBACK_OVERDUE_S,
+        help="a release tripped or rolling back with no phase change this long makes "
+        "/health degraded, naming it (the rollback executor is not moving it; default "
+        "%(default)g)",
     )
     p.add_argument(
         "--require-router-credentials",
@@ -112,6 +121,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         parser.error(
             f"--max-watch-s must be a finite number of seconds > 0, got {args.max_watch_s}"
         )
+    if not 0 < args.rollback_overdue_s < math.inf:
+        parser.error(
+            "--rollback-overdue-s must be a finite number of seconds > 0, got "
+            f"{args.rollback_overdue_s}"
+        )
     if args.max_routers < 1:
         parser.error(f"--max-routers must be at least 1, got {args.max_routers}")
     state_dir = Path(args.state_dir).resolve()
@@ -141,6 +155,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         credentials=credentials,
         max_routers=args.max_routers,
         require_router_credentials=args.require_router_credentials,
+        rollback_overdue_s=args.rollback_overdue_s,
     )
     try:
         serve(app, args, "broker")

@@ -12,6 +12,7 @@ from aiohttp import web
 from canary_contract.json import JsonObject
 from canarystack.broker import schemas
 from canarystack.broker.keys import BROKER, MAX_EVENTS_PER_PAGE
+from canarystack.broker.overdue import AWAITING_ROLLBACK
 from canarystack.broker.phases import Phase
 from canarystack.common import apispec as oa
 from canarystack.common.openapi import add_describer
@@ -52,6 +53,16 @@ def _release_schema(phases: list[str]) -> JsonObject:
         trip=oa.nullable(oa.ANY_OBJECT),
         created_at=oa.NUMBER,
         updated_at=oa.NUMBER,
+        # The rollback executor's dead-man switch (``overdue.Overdue.to_json``): present
+        # only while the release's rollback is overdue.
+        rollback_overdue=oa.obj(
+            ("phase", "revision", "for_s", "limit_s", "reason"),
+            phase={"type": "string", "enum": sorted(AWAITING_ROLLBACK)},
+            revision=oa.INTEGER,
+            for_s=oa.NUMBER,
+            limit_s=oa.NUMBER,
+            reason=oa.STRING,
+        ),
     )
 
 

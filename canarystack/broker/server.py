@@ -29,6 +29,7 @@ from canarystack.broker.custody import recovery_text
 from canarystack.broker.digest import manifest_digest
 from canarystack.broker.errors import BrokerDomainError, Conflicting, Crowded, Missing, Refused
 from canarystack.broker.keys import BROKER, MAX_EVENTS_PER_PAGE
+from canarystack.broker.overdue import DEFAULT_ROLLBACK_OVERDUE_S
 from canarystack.broker.schemas import (
     _NAME_RE,
     MAX_EVENT_FIELD_BYTES,
@@ -227,7 +228,8 @@ async def quarantine_version(request: web.Request) -> web.Response:
 # -- handlers: releases ---------------------------------------------------------------------
 async def list_releases(request: web.Request) -> web.Response:
     broker = _broker(request)
-    return json_response({"releases": [broker.releases[n] for n in sorted(broker.releases)]})
+    releases = [broker.with_overdue(broker.releases[n]) for n in sorted(broker.releases)]
+    return json_response({"releases": releases})
 
 
 async def create_release(request: web.Request) -> web.Response:
@@ -248,7 +250,7 @@ async def create_release(request: web.Request) -> web.Response:
         changed=lambda release: [release],
     )
     _log.info("release_created", release=body.name, actor=actor, revision=release["revision"])
-    return json_response(release, status=201)
+    return json_response(broker.with_overdue(release), status=201)
 
 
 async def get_release(request: web.Request) -> web.Response:
@@ -268,7 +270,7 @@ async def get_release(request: web.Request) -> web.Response:
         release = broker.releases.get(name)
         if release is None:
             raise NotFound(f"No release {name!r}: GET /v1/releases lists them.", param="name")
-        return json_response(release)
+        return json_response(broker.with_overdue(release))
     after = query_int(request, "after", None)
     timeout_s = _watch_timeout(request, broker.max_watch_s)
     release, timed_out = await broker.watch(name, after, timeout_s, lambda: _client_gone(request))
@@ -278,7 +280,7 @@ async def get_release(request: web.Request) -> web.Response:
             param="name",
         )
     headers = {"x-watch-timeout": "true"} if timed_out else {}
-    return json_response(release, headers=headers)
+    return json_response(broker.with_overdue(release), headers=headers)
 
 
 def _trip_json(trip: TripEvidence) -> JsonObject:
@@ -349,7 +351,7 @@ async def patch_release(request: web.Request) -> web.Response:
             canary_weight=release["weights"]["canary"],
             actor=actor,
         )
-    return json_response(release)
+    return json_response(broker.with_overdue(release))
 
 
 # -- handlers: events -----------------------------------------------------------------------
@@ -547,6 +549,15 @@ def _health(broker: Broker) -> JsonObject:
             f"the high-water mark could not be saved ({custody.unsaved}): a later loss of "
             "the store would go unnoticed; free the disk or fix the folder's permissions"
         ]
+    # The rollback executor's dead-man switch: degraded, but serving (HTTP 200, so a
+    # readiness or liveness probe does not take away the broker the executor needs).
+    late = broker.overdue_rollbacks()
+    out["rollbacks_overdue"] = {o.release: o.to_json() for o in late}
+    if late:
+        if "status" not in out:  # a store problem keeps its own status (and its 503)
+            out["status"] = "degraded"
+            out["serving"] = True
+        out["degraded_reasons"] = [*out.get("degraded_reasons", []), *(o.reason() for o in late)]
     return out
 
 
@@ -616,6 +627,7 @@ def build_app(
     credentials: Credentials | None = None,
     max_routers: int = DEFAULT_MAX_ROUTERS,
     require_router_credentials: bool = False,
+    rollback_overdue_s: float = DEFAULT_ROLLBACK_OVERDUE_S,
 ) -> web.Application:
     """The broker app; the store opens when the app starts, not here.
 
@@ -623,7 +635,8 @@ def build_app(
     is then the broker's fault credential only. Without them, single-credential mode: the
     admin token grants every write. ``max_routers`` caps the router ids the shared heartbeat
     credential may have listed; ``require_router_credentials`` refuses it for heartbeats
-    (routers then each hold a credential bound to their id).
+    (routers then each hold a credential bound to their id). A release tripped or rolling
+    back with no phase change for ``rollback_overdue_s`` makes ``/health`` degraded.
     """
     faults = FaultRegistry("broker", FAULT_KINDS, max_ttl_s=max_fault_ttl_s)
     component = Component(
@@ -637,6 +650,7 @@ def build_app(
         credentials=credentials,
         max_routers=max_routers,
         require_router_credentials=require_router_credentials,
+        rollback_overdue_s=rollback_overdue_s,
     )
     component.health_extra = lambda: _health(broker)
     app = create_app(component, client_max_size=BROKER_MAX_BODY_BYTES)

@@ -25,6 +25,7 @@ from canarystack.broker.capabilities import Credentials
 from canarystack.broker.custody import Custody, recovery_text
 from canarystack.broker.errors import Conflicting, Crowded
 from canarystack.broker.highwater import Loss
+from canarystack.broker.overdue import DEFAULT_ROLLBACK_OVERDUE_S, Overdue, all_overdue, overdue
 from canarystack.broker.schemas import Heartbeat
 from canarystack.broker.store import Store
 from canarystack.common.app import Component
@@ -95,8 +96,14 @@ class Broker:
         credentials: Credentials | None = None,
         max_routers: int = DEFAULT_MAX_ROUTERS,
         require_router_credentials: bool = False,
+        rollback_overdue_s: float = DEFAULT_ROLLBACK_OVERDUE_S,
     ) -> None:
         self.state_dir = Path(state_dir)
+        # The rollback executor's dead-man switch (``overdue``): a release tripped or
+        # rolling back with no phase change for this long is reported.
+        self.rollback_overdue_s = rollback_overdue_s
+        # When each release entered its phase, on ``clock`` (memory only).
+        self._phase_since: dict[str, float] = {}
         self.max_routers = max_routers
         # --require-router-credentials: heartbeats only from router-bound credentials.
         self.require_router_credentials = require_router_credentials
@@ -128,6 +135,12 @@ class Broker:
         Gauge(
             "canarystack_broker_live_routers", "Routers with a live heartbeat", registry=reg
         ).set_function(lambda: float(len(self.live_routers())))
+        Gauge(
+            "canarystack_broker_rollbacks_overdue",
+            "Releases tripped or rolling back with no phase change for --rollback-overdue-s "
+            "(the rollback executor is not moving them)",
+            registry=reg,
+        ).set_function(lambda: float(len(self.overdue_rollbacks())))
         self._revision = Gauge(
             "canarystack_broker_release_revision", "Current revision", ["release"], registry=reg
         )
@@ -152,6 +165,10 @@ class Broker:
         loss = await self._db(self._custody.check)
         for release in await self._db(self.store.list_releases):
             self._publish(release)
+            # The phase began at or before the last update: counting from there never
+            # reports a rollback early, and a restart does not hide one that is overdue.
+            age = max(0.0, self._wall() - float(release["updated_at"]))
+            self._phase_since[release["name"]] = self._clock() - age
         _log.info(
             "store_opened",
             path=str(self.store.path),
@@ -276,6 +293,8 @@ class Broker:
         if cached is not None and cached["revision"] >= release["revision"]:
             return
         self.releases[name] = release
+        if cached is None or cached["phase"] != release["phase"]:
+            self._phase_since[name] = self._clock()
         self._revision.labels(release=name).set(release["revision"])
         event = self._changed.pop(name, None)
         if event is not None:
@@ -284,6 +303,21 @@ class Broker:
     def publish_all(self, releases: list[JsonObject]) -> None:
         for release in releases:
             self._publish(release)
+
+    def overdue_rollbacks(self) -> list[Overdue]:
+        """The releases whose rollback has not moved for ``rollback_overdue_s``."""
+        return all_overdue(self.releases, self._phase_since, self._clock(), self.rollback_overdue_s)
+
+    def with_overdue(self, release: JsonObject) -> JsonObject:
+        """``release`` as answered: with ``rollback_overdue`` while its rollback is overdue
+        (left out otherwise, as the contract's ``Release`` writes it)."""
+        found = overdue(
+            release,
+            self._phase_since.get(release["name"]),
+            self._clock(),
+            self.rollback_overdue_s,
+        )
+        return release if found is None else {**release, "rollback_overdue": found.to_json()}
 
     async def _hang_while_dropped(self, gone: Callable[[], bool]) -> bool:
         """Under drop_watch, answer nothing until the fault ends; False if the client left."""
