@@ -68,6 +68,9 @@ class ErrorCode(enum.StrEnum):
     POOL_DOWN = "pool_down"
     UPSTREAM_FAILED = "upstream_failed"
     BROKEN_STREAM = "broken_stream"
+    REQUEST_DEADLINE = "request_deadline"  # 504: the whole request outlived its deadline
+    TOO_MANY_CLIENT_STREAMS = "too_many_client_streams"  # 429: one client's cap
+    TOO_MANY_POOL_STREAMS = "too_many_pool_streams"  # 429: a model pool's cap
     # model server / engine pod
     MODEL_NOT_FOUND = "model_not_found"
     PROMPT_TOO_LARGE = "prompt_too_large"

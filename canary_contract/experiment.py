@@ -40,6 +40,7 @@ class GamedayExtension(Record):
       slo:
         ttft_p99_s: ${ttft_p99_s}   # a number, or ${key} of the configuration
       target: kubernetes     # optional: the experiment needs this target kind
+      requires: [pins]       # optional: capabilities the target must have
     """
 
     name: Literal["gameday"]
@@ -50,8 +51,11 @@ class GamedayExtension(Record):
     drift_kl: Number | Text | None = None
     target: TargetKind | None = None
     lost_at: Text | None = None  # expect colour_lost: the hop that drops the colour
+    # Capabilities the target must have beyond what the method's activities show
+    # (gameday.run.capabilities: a target without one gets "not applicable").
+    requires: list[Text] | None = None
 
-    omitted_when_none = frozenset({"drift_kl", "target", "lost_at"})
+    omitted_when_none = frozenset({"drift_kl", "target", "lost_at", "requires"})
 
     @field_validator("slo")
     @classmethod
