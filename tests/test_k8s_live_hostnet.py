@@ -87,12 +87,13 @@ def test_the_host_side_loopback_target_is_the_runner_pods_but_for_host_side_sett
     assert host.pop("kubeconfig") == ".k8s/kubeconfig"
     assert host.pop("credentials_dir") == "deploy/k8s/overlays/loopback/credentials"
     assert pod_side.pop("credentials_dir") == "/var/run/canarystack/credentials"
-    # Only from this machine does the load come from worker pods (their master runs here);
-    # the runner pod runs its Locust in the pod.
+    # Only from this machine does the load come from Locust pods (workers, and a master
+    # pod made from locust-master's template); the runner pod runs its Locust in the pod.
     assert host.pop("load_workers") == {
         "workload": "deployment/locust-worker",
         "replicas": 2,
         "master_port": 18030,
+        "master": {"template": "deployment/locust-master", "bind_host": "127.0.0.1"},
     }
     assert host == pod_side
     target = load_target(repo / "deploy/loopback/target.yaml")
