@@ -150,7 +150,7 @@ def foreign_gate(configuration: Configuration | None) -> str | None:
     through an observer: ``kind: external``), else None."""
     with reported(TargetError):
         target = get_target(configuration)
-    if getattr(target, "observer", None) is None:
+    if target.kind != "external":  # canarystack's own stack, local or on Kubernetes
         return None
     return f"not applicable: target {target.name!r} is a stack the project did not build"
 

@@ -277,3 +277,31 @@ def test_a_load_that_cannot_start_interrupts_the_experiment(tmp_path: Path, run_
     load.after_method_control(None, configuration=cfg)  # nothing left to stop
     with pytest.raises(InterruptExecution, match="users must be from 1"):
         load.before_method_control(None, users=0, configuration=cfg)
+
+
+def test_only_an_external_target_makes_the_canarystack_only_checks_not_applicable(
+    tmp_path: Path, run_dir: Path
+) -> None:
+    """canarystack's own stack (local, and its Kubernetes kind) answers every check; only a
+    stack the project did not build (kind: external) turns them into not applicable."""
+    import yaml
+
+    from probes._context import foreign_gate
+
+    stack = tmp_path / "stack"
+    stack.mkdir()
+    (stack / "stack.json").write_text(json.dumps({"release": "default", "components": []}))
+    local = write_target(tmp_path / "local.yaml", stack)
+    assert foreign_gate(config(run_dir, local)) is None
+    external = tmp_path / "external.yaml"
+    external.write_text(
+        yaml.safe_dump(
+            {
+                "kind": "external",
+                "name": "theirs",
+                "components": {"router": {"url": "http://127.0.0.1:1"}},
+            }
+        )
+    )
+    why = foreign_gate(config(run_dir, external))
+    assert why is not None and "'theirs' is a stack the project did not build" in why
