@@ -18,7 +18,7 @@ import json
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import pytest
 import requests
@@ -248,8 +248,53 @@ def wait_revision(router: Proc, revision: int, timeout: float = 15) -> dict[str,
 # ---------------------------------------------------------------------- gate stub
 
 
-class GateReceiver:
+class ThreadedApp:
+    """A real aiohttp server on a free loopback port, in a background thread: a subclass
+    adds its routes (``routes``); ``start`` returns once it listens, ``stop`` ends it."""
+
+    what = "threaded app"
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._loop = asyncio.new_event_loop()
+        self._runner: web.AppRunner | None = None
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def routes(self, app: web.Application) -> None:
+        raise NotImplementedError
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        app = web.Application()
+        self.routes(app)
+        self._runner = web.AppRunner(app, access_log=None)
+        self._loop.run_until_complete(self._runner.setup())
+        site = web.TCPSite(self._runner, "127.0.0.1", self.port)
+        self._loop.run_until_complete(site.start())
+        self._ready.set()
+        self._loop.run_forever()
+
+    def start(self) -> Self:
+        self._thread.start()
+        assert self._ready.wait(10), f"{self.what} did not start"
+        return self
+
+    def stop(self) -> None:
+        async def _cleanup() -> None:
+            if self._runner is not None:
+                await self._runner.cleanup()
+
+        asyncio.run_coroutine_threadsafe(_cleanup(), self._loop).result(timeout=10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=10)
+
+
+class GateReceiver(ThreadedApp):
     """A real HTTP receiver for ``POST /v1/samples`` in a background thread."""
+
+    what = "gate receiver"
 
     def __init__(self) -> None:
         self.batches: list[dict[str, Any]] = []
@@ -258,12 +303,7 @@ class GateReceiver:
         self.rejected: list[dict[str, Any]] = []
         self.refuse_auth = 0  # while 401 or 403: answer every batch with it (wrong token)
         self.refused: list[dict[str, Any]] = []
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self._loop = asyncio.new_event_loop()
-        self._runner: web.AppRunner | None = None
-        self._ready = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
+        super().__init__()
 
     async def _samples(self, request: web.Request) -> web.Response:
         if self.refuse_auth:
@@ -279,31 +319,8 @@ class GateReceiver:
         self.batches.append(await request.json())
         return web.json_response({"accepted": True}, status=202)
 
-    def _run(self) -> None:
-        asyncio.set_event_loop(self._loop)
-        app = web.Application()
+    def routes(self, app: web.Application) -> None:
         app.router.add_post("/v1/samples", self._samples)
-        self._runner = web.AppRunner(app, access_log=None)
-        self._loop.run_until_complete(self._runner.setup())
-        site = web.TCPSite(self._runner, "127.0.0.1", self.port)
-        self._loop.run_until_complete(site.start())
-        self._ready.set()
-        self._loop.run_forever()
-
-    def start(self) -> GateReceiver:
-        self._thread.start()
-        assert self._ready.wait(10), "gate receiver did not start"
-        return self
-
-    def stop(self) -> None:
-        async def _cleanup() -> None:
-            if self._runner is not None:
-                await self._runner.cleanup()
-
-        fut = asyncio.run_coroutine_threadsafe(_cleanup(), self._loop)
-        fut.result(timeout=10)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(timeout=10)
 
     def records(self, kind: str) -> list[dict[str, Any]]:
         return [r for b in list(self.batches) for r in b.get(kind, [])]

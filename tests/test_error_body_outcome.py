@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,7 @@ from aiohttp import web
 
 from canarystack.router.error_body import MAX_EVENT_BYTES, ErrorEvents
 from tests import router_support as rs
-from tests.procs import Spawner, free_port, wait_for
+from tests.procs import Spawner, wait_for
 
 ERROR = {
     "error": {
@@ -56,18 +55,12 @@ def _event(data: dict[str, Any]) -> bytes:
     return b"data: " + json.dumps(data).encode() + b"\n\n"
 
 
-class FakeUpstream:
+class FakeUpstream(rs.ThreadedApp):
     """A model server that answers by prompt: ``error-body`` gives 200 with an error body
     (streamed: one good event, then an error event, then ``[DONE]``); anything else a
     healthy answer whose text says ``{"error": ...}`` (escaped, as JSON writes it)."""
 
-    def __init__(self) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self._loop = asyncio.new_event_loop()
-        self._runner: web.AppRunner | None = None
-        self._ready = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
+    what = "fake upstream"
 
     async def _complete(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
@@ -88,30 +81,8 @@ class FakeUpstream:
         await resp.write_eof()
         return resp
 
-    def _run(self) -> None:
-        asyncio.set_event_loop(self._loop)
-        app = web.Application()
+    def routes(self, app: web.Application) -> None:
         app.router.add_post("/v1/completions", self._complete)
-        self._runner = web.AppRunner(app, access_log=None)
-        self._loop.run_until_complete(self._runner.setup())
-        site = web.TCPSite(self._runner, "127.0.0.1", self.port)
-        self._loop.run_until_complete(site.start())
-        self._ready.set()
-        self._loop.run_forever()
-
-    def start(self) -> FakeUpstream:
-        self._thread.start()
-        assert self._ready.wait(10), "fake upstream did not start"
-        return self
-
-    def stop(self) -> None:
-        async def _cleanup() -> None:
-            if self._runner is not None:
-                await self._runner.cleanup()
-
-        asyncio.run_coroutine_threadsafe(_cleanup(), self._loop).result(timeout=10)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(timeout=10)
 
 
 @pytest.fixture
