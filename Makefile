@@ -163,7 +163,8 @@ k8s-down:
 
 test-k8s: $(STAMP)
 	CANARY_GAMEDAY_K8S_LIVE=1 $(BIN)/python -m pytest -m k8s_live tests/test_k8s_live.py \
-		tests/test_k8s_live_observers.py tests/test_judge_k8s_live.py $(PYTEST_ARGS)
+		tests/test_k8s_live_observers.py tests/test_judge_k8s_live.py \
+		tests/test_k8s_live_identity.py $(PYTEST_ARGS)
 
 # The Kubernetes game days (all five of experiments/k8s/: the control, the router, broker
 # and rollback pod kills, the faulty canary as a rollout of a bad build) against the

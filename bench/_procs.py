@@ -10,8 +10,10 @@ does) and never signal a process it did not start.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
+import hashlib
 import json
 import os
 import signal
@@ -23,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import requests
 from _results import percentile
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -63,6 +66,43 @@ def launch(
     env = {**os.environ, "CANARYSTACK_ADMIN_TOKEN": TOKEN, "PYTHONUNBUFFERED": "1"}
     with log.open("ab" if append else "wb") as out:
         return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+
+
+def start(
+    tmp: Path, name: str, module: str, args: Sequence[str]
+) -> tuple[subprocess.Popen[bytes], str]:
+    """``launch`` a component on a free port (its ready file and log in ``tmp``, named
+    after ``name``) and wait for it to be listening: the process and its URL."""
+    ready, log = tmp / f"{name}.ready", tmp / f"{name}.log"
+    proc = launch(module, args, ready=ready, log=log)
+    return proc, f"http://127.0.0.1:{wait_port(proc, ready, log, name)}"
+
+
+def manifest_digest(manifest: str) -> str:
+    """The digest a benchmark registers a version with: sha256 of its manifest string."""
+    return "sha256:" + hashlib.sha256(manifest.encode()).hexdigest()
+
+
+def create_release(broker_url: str, canary_weight: float = 5) -> dict[str, Any]:
+    """Register versions v1 and v2 with the broker (each its own name as manifest) and
+    create release ``default``, v1 stable and v2 canary at ``canary_weight`` %: the
+    release's JSON."""
+    for v in ("v1", "v2"):
+        body = {"version": v, "manifest": v, "digest": manifest_digest(v)}
+        requests.post(broker_url + "/v1/versions", json=body, headers=ADMIN, timeout=5)
+    created = requests.post(
+        broker_url + "/v1/releases",
+        json={
+            "name": "default",
+            "stable": "v1",
+            "canary": "v2",
+            "weights": {"canary": canary_weight},
+        },
+        headers=ADMIN,
+        timeout=5,
+    )
+    created.raise_for_status()
+    return dict(created.json())
 
 
 def port_if_ready(
@@ -134,6 +174,17 @@ def stop_and_watch(
         "back_after_cont_s": None if back_at is None else round(back_at - resumed, 2),
         "failsafe_entries": entries,
     }
+
+
+def stop_trial_args(description: str, *, trials: int, after_s: float) -> argparse.Namespace:
+    """The flags of a benchmark that runs ``stop_and_watch`` per trial: ``--trials``,
+    ``--stop-s`` (20 s), ``--after-s`` and ``--out`` (the results file)."""
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--trials", type=int, default=trials)
+    p.add_argument("--stop-s", type=float, default=20.0)
+    p.add_argument("--after-s", type=float, default=after_s)
+    p.add_argument("--out", type=Path, default=None)
+    return p.parse_args()
 
 
 def stop_figures(trials: list[dict[str, Any]]) -> dict[str, Any]:

@@ -22,8 +22,6 @@ Loopback only; every process it starts is stopped by its PID. It never asserts o
 
 from __future__ import annotations
 
-import argparse
-import hashlib
 import json
 import random
 import shutil
@@ -33,14 +31,10 @@ from pathlib import Path
 from typing import Any
 
 import requests
-from _procs import ADMIN, launch, stop, stop_and_watch, stop_figures, wait_port
+from _procs import create_release, start, stop, stop_and_watch, stop_figures, stop_trial_args
 from _results import Run
 
 POLL_S = 0.02
-
-
-def _digest(manifest: str) -> str:
-    return "sha256:" + hashlib.sha256(manifest.encode()).hexdigest()
 
 
 def _config(router_url: str) -> dict[str, Any]:
@@ -53,13 +47,6 @@ def _failsafe_logs(log: Path) -> list[float]:
         if '"config_failsafe"' in line:
             out.append(float(json.loads(line)["failing_s"]))
     return out
-
-
-def _start(tmp: Path, name: str, module: str, args: list[str]) -> tuple[Any, str]:
-    """A component on a free port; the process and its URL."""
-    ready, log = tmp / f"{name}.ready", tmp / f"{name}.log"
-    proc = launch(module, args, ready=ready, log=log)
-    return proc, f"http://127.0.0.1:{wait_port(proc, ready, log, name)}"
 
 
 def trial(
@@ -75,32 +62,19 @@ def trial(
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--trials", type=int, default=3)
-    p.add_argument("--stop-s", type=float, default=20.0)
-    p.add_argument("--after-s", type=float, default=15.0)
-    p.add_argument("--out", type=Path, default=None)
-    args = p.parse_args()
+    args = stop_trial_args(__doc__.split("\n\n")[0], trials=3, after_s=15.0)
     run = Run("broker_failsafe")
     tmp = Path(tempfile.mkdtemp(prefix="bench-failsafe-"))
     procs = []
     try:
-        model, model_url = _start(tmp, "model", "canarystack.model", ["--version", "v1"])
+        model, model_url = start(tmp, "model", "canarystack.model", ["--version", "v1"])
         procs.append(model)
-        broker, broker_url = _start(
+        broker, broker_url = start(
             tmp, "broker", "canarystack.broker", ["--state-dir", str(tmp / "broker")]
         )
         procs.append(broker)
-        for v in ("v1", "v2"):
-            body = {"version": v, "manifest": v, "digest": _digest(v)}
-            requests.post(broker_url + "/v1/versions", json=body, headers=ADMIN, timeout=5)
-        created = requests.post(
-            broker_url + "/v1/releases",
-            json={"name": "default", "stable": "v1", "canary": "v2", "weights": {"canary": 5}},
-            headers=ADMIN,
-            timeout=5,
-        ).json()
-        router, router_url = _start(
+        created = create_release(broker_url)
+        router, router_url = start(
             tmp, "router", "canarystack.router",
             ["--router-id", "router-0", "--state-dir", str(tmp / "router"), "--baseline",
              model_url, "--canary", model_url, "--broker", broker_url, "--no-shadow"],

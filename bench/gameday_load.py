@@ -137,7 +137,7 @@ def main() -> int:
     results = []
     try:
         stack_up(state_dir, ["--base-port", str(free_base_port())])
-        status = stack_status(state_dir) or {}
+        status: JsonObject = dict(stack_status(state_dir) or {})
         for users in levels:
             results.append(one_level(status, users, args.duration_s, work / f"u{users}"))
     finally:

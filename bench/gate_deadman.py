@@ -20,33 +20,19 @@ Loopback only; every process it starts is stopped by its PID. It never asserts o
 
 from __future__ import annotations
 
-import argparse
-import hashlib
 import json
 import shutil
 import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any
 
 import requests
-from _procs import ADMIN, launch, stop, stop_and_watch, stop_figures, wait_port
+from _procs import create_release, start, stop, stop_and_watch, stop_figures, stop_trial_args
 from _results import Run
 
 POLL_S = 0.02
 REQUESTS_PER_S = 5.0
-
-
-def _digest(manifest: str) -> str:
-    return "sha256:" + hashlib.sha256(manifest.encode()).hexdigest()
-
-
-def _start(tmp: Path, name: str, module: str, args: list[str]) -> tuple[Any, str]:
-    """A component on a free port; the process and its URL."""
-    ready, log = tmp / f"{name}.ready", tmp / f"{name}.log"
-    proc = launch(module, args, ready=ready, log=log)
-    return proc, f"http://127.0.0.1:{wait_port(proc, ready, log, name)}"
 
 
 def _fail_safe(router_url: str) -> bool:
@@ -64,34 +50,21 @@ def _traffic(router_url: str, done: threading.Event) -> None:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--trials", type=int, default=2)
-    p.add_argument("--stop-s", type=float, default=20.0)
-    p.add_argument("--after-s", type=float, default=8.0)
-    p.add_argument("--out", type=Path, default=None)
-    args = p.parse_args()
+    args = stop_trial_args(__doc__.split("\n\n")[0], trials=2, after_s=8.0)
     run = Run("gate_deadman")
     tmp = Path(tempfile.mkdtemp(prefix="bench-deadman-"))
     procs, done = [], threading.Event()
     try:
-        base, base_url = _start(tmp, "baseline", "canarystack.model", ["--version", "v1"])
-        canary, canary_url = _start(tmp, "canary", "canarystack.model", ["--version", "v2"])
-        broker, broker_url = _start(
+        base, base_url = start(tmp, "baseline", "canarystack.model", ["--version", "v1"])
+        canary, canary_url = start(tmp, "canary", "canarystack.model", ["--version", "v2"])
+        broker, broker_url = start(
             tmp, "broker", "canarystack.broker", ["--state-dir", str(tmp / "broker")]
         )
         procs += [base, canary, broker]
-        for v in ("v1", "v2"):
-            body = {"version": v, "manifest": v, "digest": _digest(v)}
-            requests.post(broker_url + "/v1/versions", json=body, headers=ADMIN, timeout=5)
-        requests.post(
-            broker_url + "/v1/releases",
-            json={"name": "default", "stable": "v1", "canary": "v2", "weights": {"canary": 5}},
-            headers=ADMIN,
-            timeout=5,
-        ).raise_for_status()
-        gate, gate_url = _start(tmp, "gate", "canarystack.gate", ["--broker", broker_url])
+        create_release(broker_url)
+        gate, gate_url = start(tmp, "gate", "canarystack.gate", ["--broker", broker_url])
         procs.append(gate)
-        router, router_url = _start(
+        router, router_url = start(
             tmp, "router", "canarystack.router",
             ["--router-id", "router-0", "--state-dir", str(tmp / "router"), "--baseline",
              base_url, "--canary", canary_url, "--broker", broker_url, "--gate", gate_url],

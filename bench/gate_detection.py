@@ -57,6 +57,11 @@ from detection.traffic import GAMEDAY_USERS, Traffic
 
 from canary_contract.json import JsonObject
 
+# The Azure LLM inference trace (conversation) beside the repository (../shared/traces).
+TRACE = (
+    Path(__file__).resolve().parents[2] / "shared" / "traces" / "AzureLLMInferenceTrace_conv.csv"
+)
+
 BLIND_GATE = (
     *("--drift-kl-tolerance", "1000", "--drift-top1-tolerance", "1000"),
     *("--latency-ratio", "1000", "--error-tolerance", "1"),
@@ -76,8 +81,11 @@ async def main_async(args: argparse.Namespace) -> JsonObject:
     try:
         async with aiohttp.ClientSession() as session:
             try:
-                stack = await start_stack(tmp, session, args.canary_weight, procs)
-                traffic = Traffic(stack.router_url, users=args.users, seed=args.seed)
+                gate_args = ("--test", args.gate_test)
+                stack = await start_stack(tmp, session, args.canary_weight, procs, gate_args)
+                traffic = Traffic(
+                    stack.router_url, users=args.users, seed=args.seed, **summary.lengths_of(args)
+                )
                 load_task = asyncio.create_task(traffic.run(stop))
                 bench = Bench(args, stack, session, lambda: traffic.records)
                 floor = await wait_until(bench.floor_measured, args.stack_warmup_s)
@@ -103,7 +111,7 @@ async def main_async(args: argparse.Namespace) -> JsonObject:
                             log("healthy_run", healthy[-1])
                 if args.open_runs and time_left():
                     broker_url = procs.url("broker")
-                    await procs.restart("gate", "--broker", broker_url, *BLIND_GATE)
+                    await procs.restart("gate", "--broker", broker_url, *gate_args, *BLIND_GATE)
                     for i in range(args.open_runs):
                         if time_left():
                             open_runs.append(await bench.open_run(i))
@@ -186,6 +194,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     a("--flagger-interval-s", type=float, default=10.0)
     a("--flagger-threshold", type=int, default=3)
     a("--seed", type=int, default=1, help="seed of the prompt mix")
+    a(
+        "--output-lengths",
+        choices=("gameday", "trace"),
+        default="gameday",
+        help="gameday: max_tokens from the mix capped at the game day's 48; trace: max_tokens "
+        "drawn per request from --trace's GeneratedTokens (real answer lengths)",
+    )
+    a(
+        "--trace",
+        type=Path,
+        default=TRACE,
+        help="an Azure LLM inference trace CSV for --output-lengths trace (default %(default)s)",
+    )
+    a(
+        "--gate-test",
+        choices=("cusum", "release-eprocess"),
+        default="cusum",
+        help="the gate's --test (default %(default)s, the gate's own default)",
+    )
     a("--max-total-s", type=float, default=8 * 3600.0, help="bound on the whole bench")
     a("--out", default=None, help="write the results here instead of bench/results/")
     a(

@@ -54,6 +54,7 @@ from typing import Any
 import numpy as np
 from scipy.stats import beta
 
+from canary_contract.broker import Release
 from canary_contract.json import JsonObject
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -61,7 +62,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from _results import machine
 
 from canarystack.common.buckets import bucket_labels, bucket_of
-from canarystack.gate.state import GateConfig, ReleaseGate, SampleBatch
+from canarystack.gate.state import GateConfig, ReleaseGate, SampleBatch, release_record
+from canarystack.gate.stats import ECusum
 from canarystack.model.engine import BATCH_NOISE_KL, NextTokenModel, next_context
 from canarystack.router.shadow import kl_topk, top1
 
@@ -78,16 +80,8 @@ MAX_BATCH = 500
 HOUR_S = 3600.0
 
 
-def release_json() -> JsonObject:
-    return {
-        "name": "default",
-        "phase": "progressing",
-        "revision": 1,
-        "stable": {"version": "v1"},
-        "canary": {"version": "v2", "quarantined": False},
-        "weights": {"canary": 5},
-        "trip": None,
-    }
+def release() -> Release:
+    return release_record("default", 1, "v1", "v2", 5)
 
 
 def schedule(rng: np.random.Generator, hour_s: float) -> tuple[np.ndarray, list[str], np.ndarray]:
@@ -248,7 +242,7 @@ def replay(source: str, pairs: Any, min_comparisons: int, hour_s: float, seed: i
     while bc < min_comparisons:
         times, labels, noise = schedule(rng, hour_s)
         gate = ReleaseGate("default", cfg)
-        gate.on_release(release_json(), 0.0)
+        gate.on_release(release(), 0.0)
         for b in batches(times, labels, noise, pairs, kls, positions):
             got = gate.ingest(b, 0.0, 0.0)
             bc += got.comparisons
@@ -266,7 +260,7 @@ def replay(source: str, pairs: Any, min_comparisons: int, hour_s: float, seed: i
                 )
                 break
         for scope, test, det in gate.detectors():
-            if test.startswith("drift"):
+            if test.startswith("drift") and isinstance(det, ECusum):  # the default test
                 key = f"{scope}:{test}"
                 max_stat[key] = max(max_stat.get(key, 0.0), det.max_log_m)
         hours += 1

@@ -45,7 +45,11 @@ COMMANDS = {
     "event_loop_stall": ".venv/bin/python bench/event_loop_stall.py",
     "gate_false_alarms": ".venv/bin/python bench/gate_false_alarms.py",
     "gate_detection": ".venv/bin/python bench/gate_detection.py --runs 59 --healthy-runs 59",
+    "gate_detection_curve": (
+        ".venv/bin/python bench/gate_detection_curve.py --levels 16,32,48 --runs 72"
+    ),
     "gate_null_stress": "nice -n 19 .venv/bin/python bench/gate_null_stress.py",
+    "gate_null_outcomes": "nice -n 19 .venv/bin/python bench/gate_null_outcomes.py",
     "engine_drift": ".venv/bin/python bench/engine_drift.py",
     "certify_campaign": ".venv/bin/python bench/certify_campaign.py --repeat 59",
     "gate_matrix": "make gate-matrix",
@@ -61,6 +65,12 @@ def _f(v: Any, nd: int = 2) -> str:
     if isinstance(v, float):
         return f"{v:.{nd}f}"
     return str(v)
+
+
+def _table(intro: str, header: str, rows: list[str]) -> list[str]:
+    """A paragraph ``intro``, then a Markdown table: its column titles ``header`` ("| a |
+    b |") and ``rows``."""
+    return [intro, "", header, "|" + " --- |" * (header.count("|") - 1), *rows]
 
 
 def provenance(doc: JsonObject) -> str:
@@ -109,14 +119,12 @@ def r_router_overhead(res: JsonObject) -> list[str]:
 def r_model_server(res: JsonObject) -> list[str]:
     keys = [k for k in res if k.endswith(("_per_s", "_p50", "_p99")) or "cpu" in k]
     rows = [f"| {k} | {_f(res[k])} |" for k in keys if not isinstance(res[k], dict | list)]
-    return [
+    return _table(
         f"Model server, concurrency {res.get('concurrency')}, {res.get('max_tokens')}-token "
         f"streams, {res.get('duration_s')} s:",
-        "",
         "| figure | value |",
-        "| --- | --- |",
-        *rows,
-    ]
+        rows,
+    )
 
 
 def r_broker_api(res: JsonObject) -> list[str]:
@@ -160,14 +168,12 @@ def r_gameday_load(res: JsonObject) -> list[str]:
             )
             + " |"
         )
-    return [
+    return _table(
         f"The game-day load on the whole local stack, {res['duration_s']} s per level:",
-        "",
         "| users | requests/s | stack cores | Locust cores | baseline TTFT p99 s "
         "| ≥ 2048-token share |",
-        "| --- | --- | --- | --- | --- | --- |",
-        *rows,
-    ]
+        rows,
+    )
 
 
 def r_load_capacity(res: JsonObject) -> list[str]:
@@ -180,14 +186,12 @@ def r_load_capacity(res: JsonObject) -> list[str]:
                 f"| {lv['users']} | {client} | {_f(c.get('requests_per_s'), 1)} | "
                 f"{_f(bias.get('p50'))} | {_f(bias.get('p99'))} |"
             )
-    return [
+    return _table(
         f"Locust beside a plain aiohttp+uvloop client against one model server, "
         f"{res['duration_s_per_phase']} s per level:",
-        "",
         "| users | client | requests/s | TTFT bias p50 ms | p99 ms |",
-        "| --- | --- | --- | --- | --- |",
-        *rows,
-    ]
+        rows,
+    )
 
 
 def r_event_loop_stall(doc: JsonObject) -> list[str]:
@@ -201,14 +205,12 @@ def r_event_loop_stall(doc: JsonObject) -> list[str]:
             f"{worst_label} | {worst['stall_ms']} | {worst['stall_ms_median']} / "
             f"{worst['stall_ms_max']} | {'yes' if worst['meets_goal'] else 'no'} |"
         )
-    return [
+    return _table(
         f"Goal < {doc['goal_ms']} ms (least of the tries; every input got a 4xx):",
-        "",
         "| component (request) | body limit | worst input | stall ms "
         "| median / largest ms | meets goal |",
-        "| --- | --- | --- | --- | --- | --- |",
-        *rows,
-    ]
+        rows,
+    )
 
 
 def r_gate_false_alarms(doc: JsonObject) -> list[str]:
@@ -219,19 +221,17 @@ def r_gate_false_alarms(doc: JsonObject) -> list[str]:
         f"{r['false_trips']} | {r['false_trips_per_release_hour_cp95_upper']:.3f} |"
         for r in doc["results"]
     ]
-    return [
+    return _table(
         f"Healthy comparisons replayed through the gate's statistics at its default "
         f"thresholds ({b['per_detector_threshold']:g} per detector, {b['detectors']} "
         f"detectors). The guarantee those thresholds give by themselves ({b['merge']}, at "
         f"an assumed {b['sample_rate_hz_assumed']:g} samples/s per detector) is at most "
         f"{b['false_trips_per_release_hour']:g} false trips per release-hour: a worst case, "
         "far above what is measured here:",
-        "",
         "| source | releases | comparisons | KL p50 / p99 | false trips "
         "| per release-hour, 95 % upper bound |",
-        "| --- | --- | --- | --- | --- | --- |",
-        *rows,
-    ]
+        rows,
+    )
 
 
 def r_gate_null_stress(res: JsonObject) -> list[str]:
@@ -287,6 +287,32 @@ def r_gate_null_stress(res: JsonObject) -> list[str]:
         f"heavy-tailed observations (lognormal, m0/10), whose spikes left log-wealth "
         f"{drained['p5']:.1f} at the 5th percentile (worst {drained['min']:.1f}).",
     ]
+
+
+def r_gate_null_outcomes(res: JsonObject) -> list[str]:
+    cfg = res["config"]
+    rows = [
+        f"| `{r['stream']}` | {r['test']} | {r['what']} | "
+        f"{r['false_trips']:,} / {r['releases']:,} | {r['upper_95']:.2e} | "
+        f"{r['false_trips_at_default_weight']:,} ({r['default_weight']:g}) | "
+        f"{r['upper_95_at_default_weight']:.2e} |"
+        for r in res["null_stress"]
+    ]
+    return _table(
+        f"{res['null_stress'][0]['release_hours']:,.0f} simulated release-hours per stream "
+        f"in steps of {cfg['step_s']:g} s (baseline outcomes {cfg['baseline_outcomes_per_s']:g}"
+        f"/s, canary outcomes {cfg['canary_outcomes_per_s']:g}/s, paired comparisons "
+        f"{cfg['paired_comparisons_per_s']:g}/s; TTFT lognormal, median "
+        f"{cfg['ttft']['median_s']:g} s, sigma {cfg['ttft']['lognormal_sigma']:g}), each "
+        "release one detector in the gate's own `ReleaseEProcess`: alone at weight 1 "
+        f"(trips at 1/α = {cfg['threshold']:g}), and at its weight in the default average "
+        "(trips alone at 1/(α w)); errors window "
+        f"{cfg['error_window_s']:g} s, tolerance {cfg['error_tolerance']:g}, shared-surge "
+        f"rule {cfg['error_surge_s']:g} s unless the row says otherwise:",
+        "| stream | detector | what | false trips at weight 1 | 95 % upper bound "
+        "| false trips at the default weight (w) | 95 % upper bound |",
+        rows,
+    )
 
 
 def _interval(v: Any) -> str:
@@ -369,6 +395,40 @@ def r_gate_detection(res: JsonObject) -> list[str]:
                 f"{part['faulty_runs']} faulty runs; "
                 + (f"healthy runs {runs}" if runs else "no healthy runs")  # "none" is a condition
             )
+    return out
+
+
+def r_gate_detection_curve(res: JsonObject) -> list[str]:
+    """Detection at the trace's output lengths, per traffic level, and the fitted curve."""
+    fit = res["p95_fit"]
+    out = [
+        f"Fault: {res['fault']}; output lengths: {res['output_lengths']} (max_tokens drawn "
+        f"from the Azure conversation trace); scoring: {res['scoring']}; gate test "
+        f"`{res['gate_test']}`.",
+        "",
+        "| users | req/s | not 200 | tripped | affected comparisons/s, p50 | "
+        "comparisons to trip, p50 / p95 | fault → trip decision, s | "
+        "fault → weight 0 at every router, p95 s | canary-served after the fault, p95 |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for lv in res["levels"]:
+        aff = lv["affected_comparisons_to_trip"]
+        out.append(
+            f"| {lv['users']} | {_f(lv['requests_per_s'], 1)} | {lv['non_200']} | "
+            f"{lv['tripped']}/{lv['runs']} | {_f(lv['affected_comparisons_per_s']['p50'])} | "
+            f"{_f(aff['p50'], 0)} / {_f(aff['p95'], 0)} | "
+            f"{_times(lv['fault_to_trip_decision_s'])} | "
+            f"{_f(lv['fault_to_weight0_at_every_router_s']['p95'])} | "
+            f"{_f(lv['canary_served_after_fault']['p95'], 1)} |"
+        )
+    pts = ", ".join(f"{_f(p['affected_per_s'])}/s → {_f(p['p95_s'])} s" for p in fit["points"])
+    out += [
+        "",
+        f"Fitted {fit['model']}: a = {_f(fit['a_s'])} s, b = {_f(fit['b_comparisons'])} "
+        f"comparisons ({pts}); p95 ≤ 2 s needs about {_f(fit['rate_for_p95_2s'], 1)} "
+        f"affected comparisons per second ({fit['note']}). All {res['all_detect_s']['n']} "
+        f"runs pooled: {_times(res['all_detect_s'])}.",
+    ]
     return out
 
 
@@ -463,15 +523,13 @@ def r_broker_failsafe(res: JsonObject) -> list[str]:
         f"{_f(t['back_after_cont_s'])} | {t['failsafe_entries']} |"
         for i, t in enumerate(res["trials"], 1)
     ]
-    return [
+    return _table(
         f"The broker SIGSTOPped for {_f(res['stop_s'], 0)} s, {len(rows)} times (fail-safe "
         f"bound {_f(res['failsafe_bound_s'], 0)} s; – : not while the broker was stopped):",
-        "",
         "| stop | SIGSTOP → 0 % canary, s | router silent when it went, s | SIGCONT → "
         "broker config, s | fail-safe entries |",
-        "| --- | --- | --- | --- | --- |",
-        *rows,
-    ]
+        rows,
+    )
 
 
 def r_gate_deadman(res: JsonObject) -> list[str]:
@@ -480,15 +538,13 @@ def r_gate_deadman(res: JsonObject) -> list[str]:
         f"{t['failsafe_entries']} |"
         for i, t in enumerate(res["trials"], 1)
     ]
-    return [
+    return _table(
         f"The gate SIGSTOPped for {_f(res['stop_s'], 0)} s, {len(rows)} times (dead-man time "
         f"{_f(res['deadman_s'], 0)} s, recovery hold {_f(res['recovery_hold_s'], 0)} s; – : "
         "not while the gate was stopped):",
-        "",
         "| stop | SIGSTOP → 0 % canary, s | SIGCONT → canary back, s | fail-safe entries |",
-        "| --- | --- | --- | --- |",
-        *rows,
-    ]
+        rows,
+    )
 
 
 RENDER: dict[str, tuple[Callable[[JsonObject], list[str]], bool]] = {
@@ -502,7 +558,9 @@ RENDER: dict[str, tuple[Callable[[JsonObject], list[str]], bool]] = {
     "event_loop_stall": (r_event_loop_stall, True),
     "gate_false_alarms": (r_gate_false_alarms, True),
     "gate_detection": (r_gate_detection, False),
+    "gate_detection_curve": (r_gate_detection_curve, False),
     "gate_null_stress": (r_gate_null_stress, False),
+    "gate_null_outcomes": (r_gate_null_outcomes, False),
     "engine_drift": (r_engine_drift, False),
     "certify_campaign": (r_certify_campaign, False),
     "gate_matrix": (r_gate_matrix, False),

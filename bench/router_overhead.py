@@ -31,17 +31,14 @@ import contextlib
 import hashlib
 import json
 import os
-import random
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 
 import aiohttp
-from _procs import ADMIN, command, cpu_seconds, launch, pct, stop, wait_healthy, wait_port
+from _overhead import add_load_args, drive, install_uvloop, load_figures, model_args
+from _procs import ADMIN, command, launch, pct, stop, wait_healthy, wait_port
 from _results import Run
-
-from canary_contract.json import JsonObject
 
 
 class Procs:
@@ -85,6 +82,10 @@ async def setup_release(broker_url: str, canary_weight: float) -> None:
             assert r.status == 201, await r.text()
 
 
+# Every benchmark request is one user's (the router keys sessions and pins on it).
+BENCH_USER = {"x-user-id": "bench"}
+
+
 # What the router did besides relaying (its own /metrics): the proof that --path real
 # exercised shadow copies, comparisons and gate pushes.
 WORK_METRICS = (
@@ -104,123 +105,6 @@ async def router_work(router_url: str) -> dict[str, float]:
         if name in totals:
             totals[name] += float(line.rsplit(" ", 1)[1])
     return totals
-
-
-async def drive(
-    targets: dict[str, str],
-    args: argparse.Namespace,
-    router_pid: int,
-) -> JsonObject:
-    body = {
-        "model": "default",
-        "prompt": " ".join(f"w{i % 97}" for i in range(args.prompt_tokens)),
-        "max_tokens": args.max_tokens,
-        "temperature": 0,
-        "stream": True,
-    }
-    payload = json.dumps(body).encode()
-    results: dict[str, list[tuple[float, float]]] = {k: [] for k in targets}
-    errors = dict.fromkeys(targets, 0)
-    rng = random.Random(1)
-    t_start = time.monotonic()
-    t_measure = t_start + args.warmup_s
-    t_end = t_measure + args.duration_s
-    cpu: dict[str, float] = {}
-    sent = 0
-
-    connector = aiohttp.TCPConnector(limit=0)
-    timeout = aiohttp.ClientTimeout(total=60)
-    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
-
-        async def one(path: str, url: str, measured: bool) -> None:
-            t0 = time.perf_counter()
-            ttft = -1.0
-            ok = False
-            try:
-                async with session.post(
-                    url,
-                    data=payload,
-                    headers={"content-type": "application/json", "x-user-id": "bench"},
-                ) as resp:
-                    if resp.status == 200:
-                        tail = b""
-                        async for chunk in resp.content.iter_any():
-                            if ttft < 0 and b'"text"' in chunk:
-                                ttft = time.perf_counter() - t0
-                            tail = (tail + chunk)[-32:]
-                        ok = tail.rstrip().endswith(b"[DONE]")
-                    else:
-                        await resp.read()
-            except (TimeoutError, aiohttp.ClientError):
-                ok = False
-            e2e = time.perf_counter() - t0
-            if measured:
-                if ok and ttft >= 0:
-                    results[path].append((ttft, e2e))
-                else:
-                    errors[path] += 1
-
-        async def worker() -> None:
-            nonlocal sent
-            while time.monotonic() < t_end and sent < args.max_requests:
-                sent += 1
-                path = rng.choice(list(targets))
-                measured = time.monotonic() >= t_measure
-                await one(path, targets[path], measured)
-
-        async def cpu_marks() -> None:
-            await asyncio.sleep(max(0.0, t_measure - time.monotonic()))
-            cpu["start"] = cpu_seconds(router_pid)
-            cpu["t_start"] = time.monotonic()
-            await asyncio.sleep(max(0.0, t_end - time.monotonic()))
-            cpu["end"] = cpu_seconds(router_pid)
-            cpu["t_end"] = time.monotonic()
-
-        marks = asyncio.create_task(cpu_marks())
-        await asyncio.gather(*(worker() for _ in range(args.concurrency)))
-        if "end" not in cpu:  # stopped early by --max-requests
-            marks.cancel()
-            cpu["end"] = cpu_seconds(router_pid)
-            cpu["t_end"] = time.monotonic()
-            cpu.setdefault("start", cpu["end"])
-
-    def ms(values: list[float], q: float) -> float | None:
-        v = pct(values, q)
-        return None if v is None else round(v * 1000.0, 3)
-
-    def summary(path: str) -> JsonObject:
-        ttfts = [t for t, _ in results[path]]
-        e2es = [e for _, e in results[path]]
-        return {
-            "requests": len(results[path]),
-            "errors": errors[path],
-            "ttft_p50_ms": ms(ttfts, 0.5),
-            "ttft_p99_ms": ms(ttfts, 0.99),
-            "e2e_p50_ms": ms(e2es, 0.5),
-            "e2e_p99_ms": ms(e2es, 0.99),
-        }
-
-    direct, routed = summary("direct"), summary("routed")
-    added = {
-        k: (
-            round(routed[k] - direct[k], 3)
-            if routed[k] is not None and direct[k] is not None
-            else None
-        )
-        for k in ("ttft_p50_ms", "ttft_p99_ms", "e2e_p50_ms", "e2e_p99_ms")
-    }
-    routed_n = routed["requests"] + routed["errors"]
-    cpu_s = cpu["end"] - cpu["start"]
-    window_s = cpu["t_end"] - cpu["t_start"]
-    return {
-        "direct": direct,
-        "routed": routed,
-        "added_by_router": added,
-        "router_cpu_s": round(cpu_s, 3),
-        "router_cpu_s_per_1000_streams": round(1000 * cpu_s / routed_n, 3) if routed_n else None,
-        "router_cpu_share_of_one_core": round(cpu_s / window_s, 3) if window_s > 0 else None,
-        "routed_streams_per_s": round(routed_n / window_s, 1) if window_s > 0 else None,
-    }
 
 
 def pre_forward_ms(log_path: Path) -> dict[str, float | None]:
@@ -244,14 +128,7 @@ def main() -> None:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    p.add_argument("--concurrency", type=int, default=16)
-    p.add_argument("--duration-s", type=float, default=20.0)
-    p.add_argument("--warmup-s", type=float, default=2.0)
-    p.add_argument("--max-requests", type=int, default=50_000)
-    p.add_argument("--max-tokens", type=int, default=64, help="tokens per streamed answer")
-    p.add_argument("--prompt-tokens", type=int, default=100)
-    p.add_argument("--ttft-base-ms", type=float, default=20.0, help="model server TTFT floor")
-    p.add_argument("--itl-ms", type=float, default=2.0, help="model server decode time/token")
+    add_load_args(p)
     p.add_argument("--router-arg", action="append", default=[], help="extra router flag(s)")
     p.add_argument(
         "--path",
@@ -270,17 +147,8 @@ def main() -> None:
         tmp = Path(tmp_s)
         procs = Procs(tmp)
         try:
-            model_args = [
-                "--version", "v1",
-                "--ttft-base-ms", str(args.ttft_base_ms),
-                "--itl-ms", str(args.itl_ms),
-                "--itl-jitter", "0",
-                "--slots", "256",
-            ]  # fmt: skip
-            model_port, model_pid = procs.start("model", "canarystack.model", *model_args)
-            canary_port, _ = procs.start(
-                "canary", "canarystack.model", *model_args[:1], "v2", *model_args[2:]
-            )
+            model_port, model_pid = procs.start("model", "canarystack.model", *model_args(args))
+            canary_port, _ = procs.start("canary", "canarystack.model", *model_args(args, "v2"))
             broker_port, broker_pid = procs.start(
                 "broker", "canarystack.broker", "--state-dir", str(tmp / "broker")
             )
@@ -310,37 +178,28 @@ def main() -> None:
             router_url = f"http://127.0.0.1:{router_port}"
             for url, name in ((model_url, "model"), (router_url, "router")):
                 asyncio.run(wait_healthy(url, name))
-            try:
-                import uvloop
-
-                uvloop.install()
-            except ImportError:  # pragma: no cover
-                pass
+            install_uvloop()
             targets = {
                 "direct": model_url + "/v1/completions",
                 "routed": router_url + "/v1/completions",
             }
-            figures = asyncio.run(drive(targets, args, router_pid))
+            figures = asyncio.run(
+                drive(targets, args, router_pid, hop="router", via="routed", headers=BENCH_USER)
+            )
             figures["router_work"] = asyncio.run(router_work(router_url))
         finally:
             procs.stop_all()
         figures["router_pre_forward_ms"] = pre_forward_ms(tmp / "router.log")
     out = {
         "benchmark": "router_overhead",
-        "load": {
-            "concurrency": args.concurrency,
-            "duration_s": args.duration_s,
-            "warmup_s": args.warmup_s,
-            "max_tokens": args.max_tokens,
-            "prompt_tokens": args.prompt_tokens,
-            "mix": "each request direct or routed by coin flip, same model server",
-            "path": args.path,
-            "canary_weight_pct": args.canary_weight if args.path == "real" else 0.0,
-            "shadow": args.path == "real",
-            "gate": args.path == "real",
-            "model_ttft_base_ms": args.ttft_base_ms,
-            "model_itl_ms": args.itl_ms,
-        },
+        "load": load_figures(
+            args,
+            "each request direct or routed by coin flip, same model server",
+            path=args.path,
+            canary_weight_pct=args.canary_weight if args.path == "real" else 0.0,
+            shadow=args.path == "real",
+            gate=args.path == "real",
+        ),
         **figures,
         "target": {"added_ttft_p50_ms": 1.0, "added_ttft_p99_ms": 5.0},
         "cpu_count": os.cpu_count(),

@@ -14,7 +14,7 @@ from pydantic import Field, model_validator
 
 from canary_contract._record import Flag, Int, IntOrNumber, Number, Record, Text
 from canary_contract.json import JsonObject, JsonValue
-from canary_contract.phases import CANARY_OFF, Phase
+from canary_contract.phases import CANARY_OFF, Phase, canary_live
 from canary_contract.samples import TOKEN_PATTERN, TraceId
 
 Count = Annotated[Int, Field(ge=0, le=2**63 - 1)]
@@ -50,10 +50,18 @@ class TripColour(Record):
 
 
 class TripEvidence(Record):
-    """The gate's evidence for a trip, as the broker stores and serves it (``colours`` only
-    when the gate sent them: older gates send none)."""
+    """The gate's evidence for a trip: THE one definition of its fields, which the gate
+    builds (``canarystack.gate.trip_record``), the broker takes in a PATCH (its body model
+    subclasses this one, refusing unknown fields) and stores, and every reader reads
+    (``colours`` only when the gate sent them: older gates send none)."""
 
     omitted_when_none: ClassVar[frozenset[str]] = frozenset({"colours"})
+    # What a reader is told when the window's times come out of order (a subclass that
+    # speaks to a sender names the fields as the sender wrote them).
+    order_message: ClassVar[str] = (
+        "last_sample_time is before first_sample_time; the window's first and last "
+        "sample times come in order"
+    )
 
     test: TripTest
     bucket: Annotated[Text, Field(min_length=1, max_length=64)]
@@ -68,12 +76,7 @@ class TripEvidence(Record):
 
     @model_validator(mode="after")
     def _ordered(self) -> TripEvidence:
-        check_sample_order(
-            self.first_sample_time,
-            self.last_sample_time,
-            "last_sample_time is before first_sample_time; the window's first and last "
-            "sample times come in order",
-        )
+        check_sample_order(self.first_sample_time, self.last_sample_time, self.order_message)
         return self
 
 
@@ -149,6 +152,11 @@ class Release(Record):
         return self.phase in CANARY_OFF
 
     @property
+    def canary_live(self) -> bool:
+        """Whether this release sends its canary any traffic (``phases.canary_live``)."""
+        return canary_live(self.to_wire())
+
+    @property
     def canary_weight(self) -> float:
         return float(self.weights.canary)
 
@@ -199,8 +207,9 @@ class RouterBeat(Record):
     """One router as the broker last heard it (``GET /v1/routers``). ``applied_at`` and
     ``canary_off_since`` are the router's clock; ``canary_off_since`` is null while the
     canary gets traffic. ``identity`` says what vouches for ``router_id``: ``bound`` (a
-    credential minted for that router), ``shared`` (the heartbeat credential any router
-    may hold) or ``operator``; absent from a broker before #27."""
+    credential minted for that router), ``pod`` (the router pod's own Kubernetes
+    service-account token, reviewed by the API server), ``shared`` (the heartbeat
+    credential any router may hold) or ``operator``; absent from a broker before #27."""
 
     omitted_when_none: ClassVar[frozenset[str]] = frozenset({"identity"})
 
@@ -209,7 +218,7 @@ class RouterBeat(Record):
     applied_revision: Count | None
     applied_at: Number | None
     canary_off_since: Number | None
-    identity: Literal["bound", "shared", "operator"] | None = None
+    identity: Literal["bound", "pod", "shared", "operator"] | None = None
     last_seen: Number
     age_s: Number
 

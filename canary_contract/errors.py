@@ -60,6 +60,9 @@ class ErrorCode(enum.StrEnum):
     REVISION_AHEAD = "revision_ahead"  # a heartbeat claims a revision never issued
     ROUTER_IDENTITY = "router_identity"  # a heartbeat credential speaks for another router
     TOO_MANY_ROUTERS = "too_many_routers"
+    IDENTITY_UNAVAILABLE = (
+        "identity_unavailable"  # 503: the API server's TokenReview did not answer
+    )
     # rollback executor
     STEP_REFUSED = "step_refused"
     # router

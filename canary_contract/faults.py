@@ -11,5 +11,5 @@ class FaultAction(enum.StrEnum):
     INJECT = "inject"  # POST /admin/faults on a component
     CLEAR = "clear"  # DELETE /admin/faults/{id}
     KILL = "kill"  # a process or pod killed on purpose
-    DEPENDENCY = "dependency"  # the shared dependency (Redis) harmed (gameday.dependency)
+    DEPENDENCY = "dependency"  # the shared dependency (Redis) harmed (gameday.redis_faults)
     DEPENDENCY_CLEAR = "dependency-clear"  # that harm undone

@@ -1,14 +1,17 @@
 """The release phase and the transition table, written down once for both halves.
 
 ``CANARY_OFF`` names the phases in which routers send the canary nothing; it is THE answer
-to "which phases mean the canary is off?" for the stack and the harness alike. The broker
-applies the table (``canarystack/broker/phases.py``: the checks and their messages).
+to "which phases mean the canary is off?" for the stack and the harness alike, and
+``canary_share`` / ``canary_live`` THE answer to "does this release send its canary
+traffic, and how much?" (router, gate, rollback executor and harness read it here). The
+broker applies the table (``canarystack/broker/phases.py``: the checks and their messages).
 """
 
 from __future__ import annotations
 
 import enum
 from collections.abc import Mapping
+from typing import Any
 
 
 class Phase(enum.StrEnum):
@@ -62,3 +65,26 @@ def is_canary_off(phase: str | None) -> bool:
 
 # The same set as plain strings, for code that reads phases off the wire.
 CANARY_OFF_VALUES: frozenset[str] = frozenset(p.value for p in CANARY_OFF)
+
+
+def canary_share(release: Mapping[str, Any] | None) -> float:
+    """The share of traffic (percent, 0-100) a release sends its canary, as read off the
+    wire: 0 with no release, in a canary-off phase (``CANARY_OFF``), with no canary version
+    or a quarantined one, or a weight that is not a number; else ``weights.canary``,
+    clamped to 0-100. (A promoted release has no canary, so only ``progressing`` can give
+    more than 0.)"""
+    if not release or is_canary_off(release.get("phase")):
+        return 0.0
+    canary = release.get("canary")
+    if not isinstance(canary, Mapping) or not canary.get("version") or canary.get("quarantined"):
+        return 0.0
+    weights = release.get("weights")
+    w = weights.get("canary") if isinstance(weights, Mapping) else None
+    if isinstance(w, bool) or not isinstance(w, int | float) or w != w:
+        return 0.0
+    return float(min(100.0, max(0.0, w)))
+
+
+def canary_live(release: Mapping[str, Any] | None) -> bool:
+    """Whether a release sends its canary any traffic (``canary_share`` above 0)."""
+    return canary_share(release) > 0.0

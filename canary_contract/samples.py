@@ -42,7 +42,7 @@ class Comparison(Record):
     ``kl_first`` may be any finite value >= 0 (the gate clips them). ``invalid`` is the
     router's reason when one side's answer was broken (left out while null)."""
 
-    omitted_when_none: ClassVar[frozenset[str]] = frozenset({"invalid"})
+    omitted_when_none: ClassVar[frozenset[str]] = frozenset({"invalid", "session"})
 
     time: SampleTime
     pair: Pair
@@ -60,6 +60,9 @@ class Comparison(Record):
     trace_id: TraceId | None = None
     tag: Tag | None = None
     invalid: Id | None = None
+    # The request's session key (``canarystack.router.session_key``: a hash of its user or
+    # of its prompt's opening); the gate's dependence rule groups comparisons by it.
+    session: Tag | None = None
 
 
 class Outcome(Record):

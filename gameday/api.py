@@ -6,6 +6,8 @@ or import ``canarystack``.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+
 import requests
 
 from canary_contract.json import JsonObject
@@ -91,20 +93,20 @@ class StackApi(JsonHttp):
             self._gate = self.target.observer() or BrokerObserver(self.target)
         return self._gate
 
-    def release(self) -> JsonObject:
+    def release(self) -> Mapping[str, object]:
         """The release as the gate's record has it (canarystack: the broker's)."""
         return self.gate().release(self.session, self.target.release)
 
-    def events(self, after_seq: int = 0) -> list[JsonObject]:
+    def events(self, after_seq: int = 0) -> Sequence[Mapping[str, object]]:
         """The release's whole event history after ``after_seq``, oldest first."""
         return self.gate().events(self.session, after_seq)
 
-    def routers(self) -> list[JsonObject]:
+    def routers(self) -> Sequence[Mapping[str, object]]:
         """The entry points that report the weights they applied (canarystack's routers'
         heartbeats; none for a foreign gate, whose observer reads every weight itself)."""
         return self.gate().routers(self.session)
 
-    def gate_state(self) -> JsonObject:
+    def gate_state(self) -> Mapping[str, object]:
         """canarystack's gate API answer (its state and counters); ApiError 404 for a gate
         without one (``gate().gate_api``)."""
         return self.gate().gate_state(self.session)
@@ -169,7 +171,7 @@ class StackApi(JsonHttp):
         return resp.text
 
     # --- the router, as a user ----------------------------------------------------------
-    def completion(self, body: JsonObject, headers: dict[str, str]) -> requests.Response:
+    def completion(self, body: Mapping[str, object], headers: dict[str, str]) -> requests.Response:
         """``POST /v1/completions`` through the router; any answer comes back as it is."""
         url = f"{self.target.service_url('router')}/v1/completions"
         try:

@@ -28,8 +28,9 @@ anything but the marker, the scratch release and what ``restore`` puts back.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, NotRequired, TypedDict, cast
 
 import requests
 
@@ -49,6 +50,75 @@ POLL_S = 0.25
 STORE_FILES = ("broker.sqlite", "broker.sqlite-wal")
 
 
+class MarkerManifest(TypedDict):
+    gameday: str
+    release: str
+
+
+class MarkerVersion(TypedDict):
+    """The marker version as ``mark_before_loss`` registers it (and ``restore`` again)."""
+
+    version: str
+    manifest: MarkerManifest
+    digest: str
+
+
+class StoreSnapshot(TypedDict):
+    """``store_lost.json``: what the broker held before the loss, as it answered it."""
+
+    versions: list[JsonObject]
+    release: JsonObject
+    marker: MarkerVersion
+    broker_pid: object  # the broker's PID as its /health gave it
+    at: float
+
+
+# What each step answers (the activities' outputs to chaos run).
+class Marked(TypedDict):
+    marker: str
+    release_revision: object  # as the broker gave it
+
+
+class StoreLost(TypedDict):
+    stopped_pid: object  # the stopped broker's PID, None where the target cannot stop it
+    emptied: list[str]
+    killed_at: float
+
+
+class LossReported(TypedDict):
+    health_status: int
+    status: object
+    reasons: str
+
+
+class RoutersOff(TypedDict):
+    after_s: float
+    routers: dict[str, object]  # each router's effective canary weight (0), by replica
+
+
+class LossAccepted(TypedDict):
+    """``why`` when nothing was accepted, ``lost`` (as the broker said) when it was."""
+
+    accepted: bool
+    why: NotRequired[str]
+    lost: NotRequired[object]
+
+
+class QuarantineHeld(TypedDict):
+    quarantined: Literal[True]
+    as_canary: int  # the HTTP status of the release that named it as canary
+    code: object  # the refusal's error code, as the broker gave it
+
+
+class Restored(TypedDict):
+    """``why`` when there was nothing to restore; else what was accepted and the revision."""
+
+    restored: bool
+    why: NotRequired[str]
+    accepted: NotRequired[LossAccepted]
+    revision: NotRequired[object]
+
+
 class StoreCheckFailed(GamedayError):
     """What the broker did after the loss is not what a store that knows it lost data does
     (the message says expected and actual)."""
@@ -63,7 +133,7 @@ def _get(http: requests.Session, url: str) -> requests.Response:
 
 
 def _write(
-    http: requests.Session, target: Target, method: str, path: str, body: JsonObject
+    http: requests.Session, target: Target, method: str, path: str, body: Mapping[str, object]
 ) -> requests.Response:
     return http.request(
         method,
@@ -82,15 +152,19 @@ def _ok(resp: requests.Response, what: str) -> JsonObject:
 
 
 # -- 1. before the loss -------------------------------------------------------------------
-def mark_before_loss(target: Target, run_dir: Path, http: requests.Session) -> JsonObject:
+def mark_before_loss(target: Target, run_dir: Path, http: requests.Session) -> Marked:
     """Snapshot the broker, then register and quarantine a marker version."""
     versions = _ok(_get(http, _broker(target) + "/v1/versions"), "listing versions")
     release = _ok(
         _get(http, f"{_broker(target)}/v1/releases/{target.release}"), "reading the release"
     )
     marker = f"gameday-quarantined-{int(time.time())}"
-    manifest: JsonObject = {"gameday": "store-lost marker", "release": target.release}
-    registered = {"version": marker, "manifest": manifest, "digest": manifest_digest(manifest)}
+    manifest: MarkerManifest = {"gameday": "store-lost marker", "release": target.release}
+    registered: MarkerVersion = {
+        "version": marker,
+        "manifest": manifest,
+        "digest": manifest_digest(manifest),
+    }
     _ok(_write(http, target, "POST", "/v1/versions", registered), f"registering {marker}")
     quarantine = {"reason": "gameday store-lost: must survive the loss"}
     _ok(
@@ -98,7 +172,7 @@ def mark_before_loss(target: Target, run_dir: Path, http: requests.Session) -> J
         f"quarantining {marker}",
     )
     health = _ok(_get(http, _broker(target) + "/health"), "reading the broker's /health")
-    snapshot: JsonObject = {
+    snapshot: StoreSnapshot = {
         "versions": versions.get("versions", []),
         "release": release,
         "marker": registered,
@@ -109,18 +183,18 @@ def mark_before_loss(target: Target, run_dir: Path, http: requests.Session) -> J
     return {"marker": marker, "release_revision": release.get("revision")}
 
 
-def _snapshot(run_dir: Path) -> JsonObject:
+def _snapshot(run_dir: Path) -> StoreSnapshot:
     found = read_json(run_dir / SNAPSHOT_FILE)
     if not isinstance(found, dict):
         raise StoreCheckFailed(
             f"no {SNAPSHOT_FILE} in {run_dir}: run probes.broker_store.mark_before_loss "
             "before the loss"
         )
-    return found
+    return cast(StoreSnapshot, found)
 
 
 # -- 2. the loss ----------------------------------------------------------------------------
-def lose_store(target: Target, ledger: FaultLedger | None) -> JsonObject:
+def lose_store(target: Target, ledger: FaultLedger | None) -> StoreLost:
     """Empty the broker's SQLite files and SIGKILL it (local target: stopped first)."""
     target.check_allowed("broker")
     state_dir = getattr(target, "state_dir", None)
@@ -166,7 +240,7 @@ def _restarted_health(
 
 def loss_reported(
     target: Target, run_dir: Path, http: requests.Session, deadline_s: float
-) -> JsonObject:
+) -> LossReported:
     """The restarted broker's /health must not be ok, and must say the store lost data."""
     snap = _snapshot(run_dir)
     status, body = _restarted_health(
@@ -194,12 +268,12 @@ def loss_reported(
 
 
 # -- 4. routers ----------------------------------------------------------------------------
-def routers_canary_off(target: Target, http: requests.Session, deadline_s: float) -> JsonObject:
+def routers_canary_off(target: Target, http: requests.Session, deadline_s: float) -> RoutersOff:
     """Every router replica at 0 % canary (its /health ``config``) before ``deadline_s``."""
     deadline = time.monotonic() + deadline_s
     started = time.monotonic()
     while True:
-        weights: dict[str, Any] = {}
+        weights: dict[str, object] = {}
         for replica in target.replicas("router"):
             try:
                 config = _get(http, replica.url + "/health").json().get("config") or {}
@@ -217,7 +291,7 @@ def routers_canary_off(target: Target, http: requests.Session, deadline_s: float
 
 
 # -- 5. the operator's acceptance -----------------------------------------------------------
-def accept_loss(target: Target, http: requests.Session) -> JsonObject:
+def accept_loss(target: Target, http: requests.Session) -> LossAccepted:
     """``POST /v1/store/accept-loss`` when the broker reports a loss; says what it did."""
     store = _get(http, _broker(target) + "/v1/store")
     if store.status_code == 404:
@@ -233,10 +307,10 @@ def accept_loss(target: Target, http: requests.Session) -> JsonObject:
 
 
 # -- 6. the quarantine ----------------------------------------------------------------------
-def quarantine_holds(target: Target, run_dir: Path, http: requests.Session) -> JsonObject:
+def quarantine_holds(target: Target, run_dir: Path, http: requests.Session) -> QuarantineHeld:
     """The marker, registered again, is quarantined; as a canary it is refused (422)."""
     snap = _snapshot(run_dir)
-    marker: JsonObject = snap["marker"]
+    marker = snap["marker"]
     name = marker["version"]
     _restore_versions(target, snap, http, requarantine=False)
     version = _ok(_get(http, f"{_broker(target)}/v1/versions/{name}"), f"reading {name}")
@@ -261,9 +335,9 @@ def quarantine_holds(target: Target, run_dir: Path, http: requests.Session) -> J
 
 # -- 7. putting it back ---------------------------------------------------------------------
 def _restore_versions(
-    target: Target, snap: JsonObject, http: requests.Session, *, requarantine: bool
+    target: Target, snap: StoreSnapshot, http: requests.Session, *, requarantine: bool
 ) -> None:
-    wanted: list[JsonObject] = [*snap.get("versions", []), snap["marker"]]
+    wanted: list[Mapping[str, object]] = [*snap.get("versions", []), snap["marker"]]
     for v in wanted:
         body = {"version": v["version"], "manifest": v["manifest"], "digest": v["digest"]}
         resp = _write(http, target, "POST", "/v1/versions", body)
@@ -275,13 +349,13 @@ def _restore_versions(
             _write(http, target, "POST", path, {"reason": "gameday store-lost: restored"})
 
 
-def restore(target: Target, run_dir: Path, http: requests.Session) -> JsonObject:
+def restore(target: Target, run_dir: Path, http: requests.Session) -> Restored:
     """Put the versions and the release back as the snapshot has them (idempotent)."""
     snap = read_json(run_dir / SNAPSHOT_FILE)
     if not isinstance(snap, dict):
         return {"restored": False, "why": f"no {SNAPSHOT_FILE}: nothing was changed"}
     accepted = accept_loss(target, http)
-    _restore_versions(target, snap, http, requarantine=True)
+    _restore_versions(target, cast(StoreSnapshot, snap), http, requarantine=True)
     before: JsonObject = snap.get("release") or {}
     url = f"{_broker(target)}/v1/releases/{target.release}"
     weight = (before.get("weights") or {}).get("canary", 0)

@@ -10,64 +10,22 @@ import math
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NotRequired
 
 import requests
 
 from canary_contract.faults import FaultAction
 from canary_contract.json import JsonObject
 from gameday.api import ANNOTATION_TIMEOUT_S, STATE_TIMEOUT_S, error_text
-from gameday.errors import GamedayError
+from gameday.evidence.ledger import FaultEntry, FaultError
 from gameday.sessions import given_or_own
 from gameday.targets import Target, TargetError
+from gameday.targets.local import StoppedPod
 
 if TYPE_CHECKING:
     from gameday.targets.envoy_faults import EnvoyFaults
-
-
-class FaultError(GamedayError, RuntimeError, ValueError):
-    """A fault could not be injected or cleared, or its arguments are wrong; the message
-    names the replica or the argument."""
-
-
-@dataclass
-class FaultEntry:
-    # Always a FaultAction once built; a str is taken (and checked) for callers that have
-    # not switched to the enum yet.
-    action: FaultAction | str
-    time: float
-    component: str
-    replica: str
-    url: str
-    kind: str
-    fault_id: str | None = None
-    ttl_s: float | None = None
-    params: JsonObject = field(default_factory=dict)
-    detail: JsonObject = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        try:
-            self.action = FaultAction(self.action)
-        except ValueError:
-            raise FaultError(
-                f"fault ledger entry: action {self.action!r} is not one of "
-                f"{', '.join(a.value for a in FaultAction)}"
-            ) from None
-
-    def cleared(self, detail: JsonObject) -> FaultEntry:
-        """The ledger's record that this injection was cleared now, with ``detail``."""
-        return FaultEntry(
-            action=FaultAction.CLEAR,
-            time=time.time(),
-            component=self.component,
-            replica=self.replica,
-            url=self.url,
-            kind=self.kind,
-            fault_id=self.fault_id,
-            detail=detail,
-        )
 
 
 class FaultLedger:
@@ -397,13 +355,21 @@ def kill_pod(
     return entry
 
 
+class PausedPod(StoppedPod):
+    """A pod ``pause_pod`` stopped; ``resumed`` (whether SIGCONT reached the same process)
+    and ``resumed_at`` once it was resumed."""
+
+    resumed: NotRequired[bool]
+    resumed_at: NotRequired[float]
+
+
 def pause_pod(
     target: Target,
     component: str,
     seconds: float,
     replica: str | None = None,
-    on_stopped: Callable[[JsonObject], None] | None = None,
-) -> JsonObject:
+    on_stopped: Callable[[PausedPod], None] | None = None,
+) -> PausedPod:
     """SIGSTOP one pod of ``component`` for ``seconds``, then SIGCONT it (always, also when
     interrupted), by PID; annotated on the release's history both times. ``on_stopped``
     gets the record as soon as the pod is stopped (so a rollback can resume it if this
@@ -420,7 +386,7 @@ def pause_pod(
             f"{target.kind} target: pausing a pod (SIGSTOP by PID) needs the local target; "
             "run this experiment against the embedded stack (targets/local.yaml)."
         )
-    stopped: JsonObject = stop(roles[0], replica)
+    stopped: PausedPod = stop(roles[0], replica)
     if on_stopped is not None:
         on_stopped(stopped)
     what = {"component": roles[0], "replica": stopped["name"], "pid": stopped["pid"]}

@@ -11,10 +11,10 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import TypedDict
 
 import requests
 
-from canary_contract.json import JsonObject
 from gameday.api import REQUEST_TIMEOUT_S
 
 PIN_HEADER = "x-canary-variant"
@@ -124,11 +124,37 @@ def send(
     return resp.status_code, resp.text[:200]
 
 
+class ServerError(TypedDict):
+    """A hostile request answered with a 5xx or a broken connection (``status`` None)."""
+
+    input: str
+    status: int | None
+    detail: str
+
+
+class FloodJson(TypedDict):
+    """What a flood got: its statuses per input, and the first server errors."""
+
+    sent: int
+    elapsed_s: float
+    by_input: dict[str, dict[str, int]]
+    server_errors: list[ServerError]
+
+
+class HostileFlood(FloodJson):
+    """``hostile.json`` (and ``flood_pinned_canary``'s answer): where the flood went
+    (written first), then ``FloodJson``'s keys."""
+
+    started_at: float
+    router: str
+    pin: str
+
+
 @dataclass
 class FloodResult:
     sent: int = 0
     by_input: dict[str, Counter[str]] = field(default_factory=dict)
-    server_errors: list[JsonObject] = field(default_factory=list)
+    server_errors: list[ServerError] = field(default_factory=list)
     elapsed_s: float = 0.0
 
     def note(self, name: str, status: int | None, detail: str) -> None:
@@ -138,7 +164,7 @@ class FloodResult:
         if (status is None or status >= 500) and len(self.server_errors) < 50:
             self.server_errors.append({"input": name, "status": status, "detail": detail})
 
-    def to_json(self) -> JsonObject:
+    def to_json(self) -> FloodJson:
         return {
             "sent": self.sent,
             "elapsed_s": round(self.elapsed_s, 3),

@@ -9,8 +9,8 @@ reads the canary replicas' ``/metrics``.
 from __future__ import annotations
 
 import time
+from typing import TypedDict
 
-from canary_contract.json import JsonObject
 from gameday import hostile
 from gameday.api import ApiError, StackApi
 from gameday.errors import GamedayError
@@ -55,12 +55,22 @@ def canary_request_count(api: StackApi) -> float:
     return canary_metric(api, (REQUEST_COUNT_METRIC,))
 
 
-def pins_after_trip(api: StackApi, n: int) -> JsonObject:
+class PinsAfterTrip(TypedDict):
+    """``pins_after_trip.json``: what answered each pinned request, and the canary's
+    request count before and after."""
+
+    sent: int
+    answers: list[checks.PinAnswer | checks.PinUnanswered]
+    canary_requests_before: float
+    canary_requests_after: float
+
+
+def pins_after_trip(api: StackApi, n: int) -> PinsAfterTrip:
     """Send ``n`` well-formed requests pinned to the canary: what answered each, and the
     canary's request count before and after. ``ApiError`` when a replica cannot be read,
     ``PinError`` when its counters are not numbers."""
     before = canary_request_count(api)
-    answers: list[JsonObject] = []
+    answers: list[checks.PinAnswer | checks.PinUnanswered] = []
     for i in range(n):
         model = getattr(api.target, "model_name", None) or hostile.MODEL
         body = {"model": model, "prompt": f"pinned {i}", "max_tokens": 4}

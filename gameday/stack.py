@@ -12,10 +12,11 @@ import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import cast
 
 import click
 
-from canary_contract.json import JsonObject
+from canary_contract.stack import StackStatus
 from gameday.errors import GamedayError
 
 CLUSTER = [sys.executable, "-m", "canarystack.cluster"]
@@ -36,17 +37,17 @@ def _run(args: Sequence[str], timeout_s: float) -> subprocess.CompletedProcess[s
     )
 
 
-def stack_status(state_dir: Path) -> JsonObject | None:
+def stack_status(state_dir: Path) -> StackStatus | None:
     """The stack's status JSON, or None when no stack was ever started there."""
     if not (state_dir / "stack.json").exists():
         return None
     res = _run(["status", "--state-dir", str(state_dir), "--json"], timeout_s=30)
     if res.returncode not in (0, 3):
         raise StackCommandError(res.stderr.strip() or res.stdout.strip())
-    return dict(json.loads(res.stdout))
+    return cast(StackStatus, dict(json.loads(res.stdout)))
 
 
-def stack_up(state_dir: Path, extra: Sequence[str] = (), timeout_s: float = 900) -> JsonObject:
+def stack_up(state_dir: Path, extra: Sequence[str] = (), timeout_s: float = 900) -> StackStatus:
     """``gameday stack up`` (a bound of ``timeout_s``; the stack's own health wait, its
     config's ``health_timeout_s``, is what decides: 60 s, a vLLM stack's 420 s)."""
     res = _run(["up", "--state-dir", str(state_dir), "--json", *extra], timeout_s=timeout_s)
@@ -55,7 +56,7 @@ def stack_up(state_dir: Path, extra: Sequence[str] = (), timeout_s: float = 900)
             f"`gameday stack up` failed (exit {res.returncode}):\n"
             f"{(res.stderr or res.stdout).strip()}"
         )
-    return dict(json.loads(res.stdout))
+    return cast(StackStatus, dict(json.loads(res.stdout)))
 
 
 def stack_down(state_dir: Path, timeout_s: float = 60) -> None:

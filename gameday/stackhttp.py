@@ -13,6 +13,7 @@ from typing import Any
 import requests
 
 from canary_contract.json import JsonObject
+from gameday.errors import GamedayError
 from gameday.oracle.wire import loads
 
 __all__ = ["STATE_TIMEOUT_S", "ApiError", "JsonHttp", "error_text"]
@@ -20,7 +21,7 @@ __all__ = ["STATE_TIMEOUT_S", "ApiError", "JsonHttp", "error_text"]
 STATE_TIMEOUT_S = 3.0  # a read of current state; also a fault's injection and clearing
 
 
-class ApiError(RuntimeError):
+class ApiError(GamedayError, RuntimeError):
     """A stack API could not answer; ``url`` is what was asked, ``status`` its HTTP
     status (0: no answer at all)."""
 

@@ -20,6 +20,7 @@ import selectors
 import socket
 import time
 from dataclasses import dataclass, field
+from typing import TypedDict
 from urllib.parse import urlsplit
 
 from canary_contract.json import JsonObject
@@ -35,6 +36,27 @@ DRAIN_RCVBUF_BYTES = 1024 * 1024
 PROMPT = "a stalled reader asks for a very long answer and never reads it"
 
 
+class StalledStreamJson(TypedDict):
+    status: int
+    cut: bool
+    error: str | None
+
+
+class StalledReadersJson(TypedDict):
+    """``stalled_readers.json``: what ``stall`` sent and what the stack did with it (the
+    first 100 streams listed)."""
+
+    router: str
+    hold_s: float
+    sent: int
+    admitted: int
+    refused_429: int
+    admitted_cut: int
+    drain_s: float
+    other: list[int]
+    streams: list[StalledStreamJson]
+
+
 @dataclass
 class StalledStream:
     """One stalled stream: the status it got (0: none read) and whether the stack closed
@@ -44,7 +66,7 @@ class StalledStream:
     cut: bool = False
     error: str | None = None
 
-    def to_json(self) -> JsonObject:
+    def to_json(self) -> StalledStreamJson:
         return {"status": self.status, "cut": self.cut, "error": self.error}
 
 
@@ -54,7 +76,7 @@ class StalledReaders:
     hold_s: float
     streams: list[StalledStream] = field(default_factory=list)
 
-    def to_json(self) -> JsonObject:
+    def to_json(self) -> StalledReadersJson:
         admitted = [s for s in self.streams if s.status == 200]
         return {
             "router": self.router,

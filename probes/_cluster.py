@@ -15,9 +15,8 @@ from functools import partial
 import requests
 from chaoslib.exceptions import ActivityFailed
 
-from canary_contract.json import JsonObject
 from gameday.api import ApiError, PrometheusApi
-from gameday.evidence.canary_traffic import promql_traffic
+from gameday.evidence.canary_traffic import TrafficEvidence, promql_traffic
 from gameday.evidence.controllers import epoch_s
 from gameday.evidence.promql import instant_value
 from gameday.run.folder import RecordsError
@@ -90,7 +89,7 @@ def canary_traffic_after(
     canary_promql: str | None = None,
     total_promql: str | None = None,
     prometheus: str | None = None,
-) -> JsonObject:
+) -> TrafficEvidence:
     """Requests started after ``since``: ``{"source", "canary", "total", ...}``; ``total``
     None when the source cannot tell. ActivityFailed when there is no evidence to read.
 

@@ -12,10 +12,10 @@ import json
 import math
 import os
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import requests
 from chaoslib.exceptions import ActivityFailed
@@ -23,7 +23,8 @@ from chaoslib.exceptions import ActivityFailed
 from canary_contract.json import JsonObject
 from gameday.api import ApiError, StackApi
 from gameday.atomic import write_json
-from gameday.faults import FaultError, FaultLedger, inject
+from gameday.evidence.ledger import FaultError
+from gameday.faults import FaultLedger, inject
 from gameday.run.folder import RunFolder
 from gameday.targets import Target, TargetError, load_target
 
@@ -42,6 +43,18 @@ MAX_WAIT_S = 600.0
 # Chaos Toolkit's control signature, and those that resolve arguments read both.
 Configuration = JsonObject
 Secrets = JsonObject
+
+
+class InjectedFault(TypedDict):
+    """What ``inject_fault`` did, as the injecting action returns it to ``chaos run``."""
+
+    component: str  # "model" when it went to both model roles
+    kind: str
+    params: JsonObject
+    ttl_s: float | None
+    injected_at: float
+    replicas: list[str]
+    fault_ids: list[str | None]
 
 
 def target_path(configuration: Configuration | None) -> str | None:
@@ -82,14 +95,16 @@ def run_dir(configuration: Configuration | None) -> Path:
     return Path(chosen) if chosen else DEFAULT_RUN_DIR
 
 
-def write_run_json(configuration: Configuration | None, name: str, doc: JsonObject) -> Path:
+def write_run_json(
+    configuration: Configuration | None, name: str, doc: Mapping[str, object]
+) -> Path:
     """``doc`` as the run folder's JSON file ``name`` (what an activity found, for the
     report), replaced whole: a reader never sees half of it."""
     return write_json(run_dir(configuration) / name, doc)
 
 
 def append_run_json_lines(
-    configuration: Configuration | None, name: str, rows: Iterable[JsonObject]
+    configuration: Configuration | None, name: str, rows: Iterable[Mapping[str, object]]
 ) -> Path:
     """``rows`` added to the run folder's JSON-lines file ``name``, one object a line."""
     folder = run_dir(configuration)
@@ -177,7 +192,7 @@ def inject_fault(
     kind: str,
     ttl_s: float,
     params: JsonObject,
-) -> JsonObject:
+) -> InjectedFault:
     """Inject on every replica of ``component`` (ledger and broker annotation included)
     and say what was done: the replicas, fault ids and the injection time.
 
@@ -190,15 +205,15 @@ def inject_fault(
     with on_target(configuration, what) as target:
         entries = inject(target, component, kind, ttl_s, params, ledger(configuration))
     first = entries[0]
-    return {
-        "component": first.component if len({e.component for e in entries}) == 1 else "model",
-        "kind": first.kind,
-        "params": first.params,
-        "ttl_s": first.ttl_s,
-        "injected_at": min(e.time for e in entries),
-        "replicas": [e.replica for e in entries],
-        "fault_ids": [e.fault_id for e in entries],
-    }
+    return InjectedFault(
+        component=first.component if len({e.component for e in entries}) == 1 else "model",
+        kind=first.kind,
+        params=first.params,
+        ttl_s=first.ttl_s,
+        injected_at=min(e.time for e in entries),
+        replicas=[e.replica for e in entries],
+        fault_ids=[e.fault_id for e in entries],
+    )
 
 
 def _number(name: str, value: Any) -> float:

@@ -13,7 +13,6 @@ from contextlib import contextmanager
 
 import requests
 
-from canary_contract.json import JsonObject
 from gameday import broker_store
 from gameday.targets import Target
 from probes._context import (
@@ -52,14 +51,14 @@ def _checking(
         yield target, http
 
 
-def mark_broker_before_loss(configuration: Configuration | None = None) -> JsonObject:
+def mark_broker_before_loss(configuration: Configuration | None = None) -> broker_store.Marked:
     """Record the broker's versions and release in the run folder, then register a marker
     version and quarantine it: the acknowledged write the loss must not undo."""
     with _checking(configuration, "marking the broker") as (target, http):
         return broker_store.mark_before_loss(target, run_dir(configuration), http)
 
 
-def lose_broker_store(configuration: Configuration | None = None) -> JsonObject:
+def lose_broker_store(configuration: Configuration | None = None) -> broker_store.StoreLost:
     """Empty the broker's SQLite files and SIGKILL it (local target): it restarts on an
     empty store, as a volume that came back blank. Recorded in the fault ledger."""
     with on_target(configuration, "emptying the broker's store") as target:
@@ -68,7 +67,7 @@ def lose_broker_store(configuration: Configuration | None = None) -> JsonObject:
 
 def broker_reports_store_lost(
     deadline_s: float = 30.0, configuration: Configuration | None = None
-) -> JsonObject:
+) -> broker_store.LossReported:
     """The restarted broker's /health is not ok and names what the store lost."""
     wait = non_negative("deadline_s", deadline_s)
     with _checking(configuration, "reading the broker's /health") as (target, http):
@@ -79,27 +78,29 @@ def broker_reports_store_lost(
 
 def routers_canary_off(
     deadline_s: float = 15.0, configuration: Configuration | None = None
-) -> JsonObject:
+) -> broker_store.RoutersOff:
     """Every router at 0 % canary within ``deadline_s`` (its fail-safe bound and slack)."""
     wait = non_negative("deadline_s", deadline_s)
     with _checking(configuration, "reading the routers") as (target, http):
         return broker_store.routers_canary_off(target, http, wait)
 
 
-def accept_store_loss(configuration: Configuration | None = None) -> JsonObject:
+def accept_store_loss(configuration: Configuration | None = None) -> broker_store.LossAccepted:
     """The operator accepts the loss the broker reports (nothing when it reports none)."""
     with _checking(configuration, "accepting the store loss") as (target, http):
         return broker_store.accept_loss(target, http)
 
 
-def quarantine_survives_store_loss(configuration: Configuration | None = None) -> JsonObject:
+def quarantine_survives_store_loss(
+    configuration: Configuration | None = None,
+) -> broker_store.QuarantineHeld:
     """The marker version, registered again after the loss, is still quarantined and is
     refused as a canary."""
     with _checking(configuration, "checking the quarantine") as (target, http):
         return broker_store.quarantine_holds(target, run_dir(configuration), http)
 
 
-def restore_broker_store(configuration: Configuration | None = None) -> JsonObject:
+def restore_broker_store(configuration: Configuration | None = None) -> broker_store.Restored:
     """Put the versions and the release back as they were before the loss (idempotent:
     the experiment's rollback)."""
     with _checking(configuration, "restoring the broker") as (target, http):

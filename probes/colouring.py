@@ -10,19 +10,23 @@ from __future__ import annotations
 
 import secrets as _secrets
 import time
+from collections.abc import Mapping
+from typing import TypedDict
 
 import requests
 from chaoslib.exceptions import ActivityFailed
 
-from canary_contract.json import JsonObject
 from gameday.api import ApiError, StackApi
 from gameday.evidence.colouring import (
     CHECK,
     DEFAULT_SETTLE_S,
     MODEL_ROLES,
     UNIT,
+    Colour,
     Fidelity,
+    FidelityJson,
     LogRead,
+    SentColour,
     colour_headers,
     fidelity,
     fidelity_result,
@@ -33,6 +37,7 @@ from gameday.evidence.slo import Slo, failed_result, not_applicable, not_measure
 from gameday.targets import Target
 from probes._context import (
     Configuration,
+    InjectedFault,
     append_run_json_lines,
     foreign_gate,
     inject_fault,
@@ -41,7 +46,7 @@ from probes._context import (
     stack_api,
 )
 from probes._context import get_target as get_target  # the live colouring test reads it
-from probes._evidence import NOT_YET, before_anything, load_state, run_json_lines
+from probes._run_records import NOT_YET, before_anything, load_state, run_json_lines
 
 __all__ = [
     "colouring_fidelity",
@@ -57,6 +62,16 @@ MAX_TTL_S = 600.0
 SENT_NAME = "coloured_requests.jsonl"
 
 
+class ColouredSent(TypedDict):
+    """What ``send_coloured_requests`` did: how many it sent and saw completed, the tag,
+    and the first failures."""
+
+    sent: int
+    completed: int
+    tag: str
+    failures: list[str]
+
+
 # -- reading the logs ------------------------------------------------------------------------
 def read_logs(target: Target) -> list[LogRead]:
     """Every hop log of the target's components as read now (each paged, with its role's
@@ -70,7 +85,7 @@ def read_logs(target: Target) -> list[LogRead]:
         ]
 
 
-def read_sent(configuration: Configuration | None) -> list[JsonObject]:
+def read_sent(configuration: Configuration | None) -> list[Mapping[str, object]]:
     """The coloured requests this run's ``send_coloured_requests`` saw completed."""
     rows = run_json_lines(configuration, SENT_NAME)
     return [row for row in rows if isinstance(row.get("request_id"), str)]
@@ -79,7 +94,7 @@ def read_sent(configuration: Configuration | None) -> list[JsonObject]:
 def colouring_fidelity(
     settle_s: float = DEFAULT_SETTLE_S,
     configuration: Configuration | None = None,
-) -> JsonObject:
+) -> FidelityJson:
     """Per hop, how many requests completed at the router kept their colour there (the
     figures ``colouring_fidelity_at_least`` judges).
 
@@ -134,7 +149,7 @@ def send_coloured_requests(
     tag: str = DEFAULT_TAG,
     max_tokens: int = 4,
     configuration: Configuration | None = None,
-) -> JsonObject:
+) -> ColouredSent:
     """Send ``count`` small completions through the router, each with its own
     ``x-request-id``, a new W3C ``traceparent`` and ``x-traffic-tag: tag``, one at a time.
     Returns how many completed; none completing is a failure."""
@@ -143,13 +158,13 @@ def send_coloured_requests(
     if not isinstance(tag, str) or not tag or len(tag) > 128:
         raise ActivityFailed(f"argument tag must be a non-empty string, got {tag!r}")
     failures: list[str] = []
-    completed: list[JsonObject] = []
+    completed: list[SentColour] = []
     with stack_api(configuration, "sending coloured requests") as api:
         url = api.target.service_url("router") + "/v1/completions"
         for i in range(n):
             rid = f"colour-{_secrets.token_hex(6)}-{i}"
-            colour: JsonObject = {"request_id": rid, "trace_id": _secrets.token_hex(16), "tag": tag}
-            body: JsonObject = {"prompt": f"colouring check {i}", "max_tokens": tokens}
+            colour = Colour(request_id=rid, trace_id=_secrets.token_hex(16), tag=tag)
+            body = {"prompt": f"colouring check {i}", "max_tokens": tokens}
             started = time.time()
             try:
                 resp = api.completion(body, colour_headers(colour, _secrets.token_hex(8)))
@@ -172,7 +187,7 @@ def drop_colour(
     component: str,
     ttl_s: float = 60.0,
     configuration: Configuration | None = None,
-) -> JsonObject:
+) -> InjectedFault:
     """Make every replica of ``component`` treat incoming requests as untagged for
     ``ttl_s`` seconds (the ``drop_colour`` fault): the colouring probe must then name
     that hop."""

@@ -1,23 +1,24 @@
 """Chaos Toolkit activities for the shared-dependency game days (issue #16): Redis
 stalled, full or killed, and what users saw meanwhile.
 
-The figures are ``gameday.evidence.dependency``'s; each SLO check writes the experiment's
+The figures are ``gameday.evidence.redis_outage``'s; each SLO check writes the experiment's
 summary, ``dependency.json`` (the report's section). Redis is harmed only through
-``gameday.dependency``, inside the blast radius; ``clear_redis_faults`` undoes it all.
+``gameday.redis_faults``, inside the blast radius; ``clear_redis_faults`` undoes it all.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TypedDict
 
 import pandas as pd
 from chaoslib.exceptions import ActivityFailed
 
 from canary_contract.json import JsonObject
-from gameday import dependency as dep
-from gameday import dependency_watch as watching
-from gameday.evidence import dependency as ev
-from gameday.faults import FaultEntry
+from gameday import redis_faults as dep
+from gameday import redis_watch as watching
+from gameday.evidence import redis_outage as ev
+from gameday.evidence.ledger import FaultEntry
 from probes._context import (
     Configuration,
     append_run_json_lines,
@@ -27,8 +28,8 @@ from probes._context import (
     positive,
     write_run_json,
 )
-from probes._evidence import load_state, read_records, run_json_lines
 from probes._result import Slo, not_measured
+from probes._run_records import load_state, read_records, run_json_lines
 
 __all__ = [
     "clear_redis_faults",
@@ -48,13 +49,36 @@ SUMMARY_NAME = "dependency.json"
 MAX_WATCH_S = 600.0
 
 
-def _entry_json(e: FaultEntry) -> JsonObject:
-    return {"component": e.component, "kind": e.kind, "time": e.time, "ttl_s": e.ttl_s,
-            "params": e.params, "fault_id": e.fault_id}  # fmt: skip
+# What the actions below return to ``chaos run`` (the journal keeps it).
+class RedisFault(TypedDict):
+    """A ledger entry of a Redis pause or exhaustion."""
+
+    component: str
+    kind: str
+    time: float
+    ttl_s: float | None
+    params: JsonObject
+    fault_id: str | None
+
+
+class RedisKilled(TypedDict):
+    component: str
+    killed_at: float
+    detail: JsonObject
+
+
+class RedisCleared(TypedDict):
+    cleared: int
+    faults: list[str | None]  # their fault ids
+
+
+def _entry_json(e: FaultEntry) -> RedisFault:
+    return RedisFault(component=e.component, kind=e.kind, time=e.time, ttl_s=e.ttl_s,
+                      params=e.params, fault_id=e.fault_id)  # fmt: skip
 
 
 # -- actions ------------------------------------------------------------------------------
-def pause_redis(ms: float, configuration: Configuration | None = None) -> JsonObject:
+def pause_redis(ms: float, configuration: Configuration | None = None) -> RedisFault:
     """Stall every Redis client for ``ms`` milliseconds (``CLIENT PAUSE ms ALL``).
 
     Redis ends the pause itself::
@@ -78,7 +102,7 @@ def exhaust_redis(
     ttl_s: float,
     connections: int = 4,
     configuration: Configuration | None = None,
-) -> JsonObject:
+) -> RedisFault:
     """Fill Redis for ``ttl_s`` seconds: ``connections`` held, ``maxclients`` lowered to
     them, everyone else disconnected and refused.
 
@@ -89,19 +113,19 @@ def exhaust_redis(
         return _entry_json(dep.exhaust(target, ttl_s, int(connections), ledger(configuration)))
 
 
-def kill_redis(configuration: Configuration | None = None) -> JsonObject:
+def kill_redis(configuration: Configuration | None = None) -> RedisKilled:
     """SIGKILL the stack's redis-server (supervisord restarts it, empty)."""
     with on_target(configuration, "killing redis") as target:
         entry = dep.kill(target, ledger(configuration))
-    return {"component": "redis", "killed_at": entry.time, "detail": entry.detail}
+    return RedisKilled(component="redis", killed_at=entry.time, detail=entry.detail)
 
 
-def clear_redis_faults(configuration: Configuration | None = None) -> JsonObject:
+def clear_redis_faults(configuration: Configuration | None = None) -> RedisCleared:
     """End every Redis fault of this run (pause, holder) and restore ``maxclients``.
     Idempotent: safe as a rollback after any failure."""
     with on_target(configuration, "clearing redis faults") as target:
         cleared = dep.clear(target, ledger(configuration))
-    return {"cleared": len(cleared), "faults": [c.fault_id for c in cleared]}
+    return RedisCleared(cleared=len(cleared), faults=[c.fault_id for c in cleared])
 
 
 # -- probes -------------------------------------------------------------------------------
@@ -122,7 +146,7 @@ def watch(
     duration_s: float,
     interval_s: float = 0.25,
     configuration: Configuration | None = None,
-) -> JsonObject:
+) -> ev.WatchCounts:
     """For ``duration_s`` seconds, every ``interval_s``: each router replica's and the
     broker's ``/health`` and whether Redis answers PING, one line each in
     ``dependency_watch.jsonl``. Returns the counts of unhealthy ticks."""
@@ -138,8 +162,8 @@ def watch(
 
 
 # -- the summary --------------------------------------------------------------------------
-def summarise(configuration: Configuration | None) -> JsonObject:
-    """The experiment's dependency summary (``gameday.evidence.dependency.summary``), also
+def summarise(configuration: Configuration | None) -> ev.Summary:
+    """The experiment's dependency summary (``gameday.evidence.redis_outage.summary``), also
     written to ``dependency.json``."""
     state = load_state(configuration) or {}
     frame: pd.DataFrame | None = None
@@ -160,9 +184,9 @@ def _judged(
     configuration: Configuration | None,
     name_unit: tuple[str, str],
     allowed: float,
-    judge: Callable[[JsonObject], Slo],
+    judge: Callable[[ev.Summary], Slo],
 ) -> Slo:
-    """``judge`` over the experiment's dependency summary (``gameday.evidence.dependency.
+    """``judge`` over the experiment's dependency summary (``gameday.evidence.redis_outage.
     judged``); not measured before the method."""
     check, unit = name_unit
     if load_state(configuration) is None and not ledger(configuration).entries():
@@ -185,7 +209,7 @@ def no_request_past_deadline(max_s: float, configuration: Configuration | None =
 
 def recovered_within(max_s: float, configuration: Configuration | None = None) -> Slo:
     """Users are served as before the fault (error rate and TTFT) within ``max_s``
-    seconds of its end (``gameday.evidence.dependency.recovery_s`` says how)."""
+    seconds of its end (``gameday.evidence.redis_outage.recovery_s`` says how)."""
     allowed = float(max_s)
     return _judged(configuration, ev.RECOVERY, allowed, lambda d: ev.recovered(d, allowed))
 

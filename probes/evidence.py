@@ -1,13 +1,13 @@
 """The evidence probe: what the gate saw, read at the end of the method (issue #14).
 
 It never fails the experiment itself: an unreadable gate is written down as such, and
-the verdict (``gameday.run.evidence``) makes it inconclusive. It only reads the target.
+the verdict (``gameday.run.sufficiency``) makes it inconclusive. It only reads the target.
 """
 
 from __future__ import annotations
 
 from canary_contract.json import JsonObject
-from gameday.run.evidence import GATE_EVIDENCE_NAME, thresholds, write_gate_evidence
+from gameday.run.sufficiency import GATE_EVIDENCE_NAME, thresholds, write_gate_evidence
 from probes._context import Configuration, get_target, reported, run_dir
 
 __all__ = ["gate_evidence"]

@@ -7,6 +7,8 @@ actions never kill by name and never act outside the target's blast radius.
 
 from __future__ import annotations
 
+from typing import TypedDict
+
 from chaoslib.exceptions import ActivityFailed
 
 from canary_contract.json import JsonObject
@@ -14,6 +16,7 @@ from gameday import faults as gd_faults
 from gameday.run.collect import read_json
 from probes._context import (
     Configuration,
+    InjectedFault,
     inject_fault,
     ledger,
     on_target,
@@ -50,12 +53,44 @@ KERNEL_MODES = (
 MODEL_ROLES = ("model", "model-baseline", "model-canary")
 
 
+# What the actions below return to ``chaos run`` (the journal keeps it).
+class Resumed(TypedDict):
+    resumed: list[str]  # the pods' names
+
+
+class KilledPod(TypedDict):
+    component: str
+    replica: str
+    killed_at: float
+    detail: JsonObject
+
+
+class ClearedFault(TypedDict):
+    component: str
+    replica: str
+    kind: str
+    fault_id: str | None
+    already_gone: bool  # the component had dropped it already (expired, or restarted)
+
+
+class ClearedFaults(TypedDict):
+    cleared: int
+    faults: list[ClearedFault]
+
+
+class RecordedFault(TypedDict):
+    component: str
+    kind: str
+    recorded_at: float
+    fault_id: str | None
+
+
 def inject_latency(
     component: str,
     ms: float,
     ttl_s: float = 60.0,
     configuration: Configuration | None = None,
-) -> JsonObject:
+) -> InjectedFault:
     """Slow every replica of ``component`` by ``ms`` milliseconds for ``ttl_s`` seconds.
 
     Router, broker, gate: ``ms`` before each request is handled; rollback executor:
@@ -89,7 +124,7 @@ def inject_errors(
     error_kind: str = "http_500",
     ttl_s: float = 60.0,
     configuration: Configuration | None = None,
-) -> JsonObject:
+) -> InjectedFault:
     """Make a share ``rate`` of the requests of a model role fail as ``error_kind``
     (``http_500``, ``http_503``, ``truncate``, ``empty``; ``error_body``: a 200 whose body
     is an error, fault proxy only) for ``ttl_s`` seconds: the bad canary every gate, even
@@ -120,7 +155,7 @@ def hang_canary(
     interval_s: float = 0.0,
     ttl_s: float = 60.0,
     configuration: Configuration | None = None,
-) -> JsonObject:
+) -> InjectedFault:
     """Hang the canary's engine (the model server's ``hang`` fault): a stream sends its
     headers and ``after_events`` events, then nothing (``interval_s`` 0) or one event every
     ``interval_s`` seconds, never ``[DONE]``; a non-streamed request never answers. The
@@ -152,7 +187,7 @@ def pause_pod(
     seconds: float = 30.0,
     replica: str | None = None,
     configuration: Configuration | None = None,
-) -> JsonObject:
+) -> gd_faults.PausedPod:
     """SIGSTOP one pod of ``component`` (by PID) for ``seconds``, then SIGCONT it: a hung
     process (its port accepts, nothing answers). Blocks for ``seconds``: run it with
     ``background: true`` to act meanwhile; ``resume_paused_pods`` as a rollback resumes it
@@ -166,7 +201,7 @@ def pause_pod(
     """
     seconds = positive("seconds", seconds, MAX_TTL_S)
 
-    def record(stopped: JsonObject) -> None:
+    def record(stopped: gd_faults.PausedPod) -> None:
         write_run_json(configuration, PAUSED_FILE, {"pods": [stopped]})
 
     with on_target(configuration, f"pausing a pod of {component}") as target:
@@ -175,7 +210,7 @@ def pause_pod(
     return out
 
 
-def resume_paused_pods(configuration: Configuration | None = None) -> JsonObject:
+def resume_paused_pods(configuration: Configuration | None = None) -> Resumed:
     """SIGCONT every pod ``pause_pod`` stopped and did not resume (by PID, when it still
     runs the same command). Idempotent: safe as a rollback after any failure."""
     data = read_json(run_dir(configuration) / PAUSED_FILE) or {}
@@ -185,13 +220,13 @@ def resume_paused_pods(configuration: Configuration | None = None) -> JsonObject
         for pod in data.get("pods") or []:
             if pod.get("resumed_at") is None and callable(resume) and resume(pod):
                 resumed.append(pod["name"])
-    return {"resumed": resumed}
+    return Resumed(resumed=resumed)
 
 
 def break_gate_credential(
     ttl_s: float = 60.0,
     configuration: Configuration | None = None,
-) -> JsonObject:
+) -> InjectedFault:
     """Make every router push its samples to the gate with a wrong credential for
     ``ttl_s`` seconds (the router's ``wrong_gate_credential`` fault): what a botched
     secret rotation does. The gate then sees nothing from them; the harness must say so
@@ -207,7 +242,7 @@ def make_canary_faulty(
     magnitude: float = 1.0,
     ttl_s: float = 60.0,
     configuration: Configuration | None = None,
-) -> JsonObject:
+) -> InjectedFault:
     """Give the canary a faulty kernel: its next-token distributions drift (and top tokens
     can flip) for prompts of at least ``min_prompt_tokens`` tokens, growing with
     ``magnitude`` and with the prompt's length. This is what the gate must catch."""
@@ -233,7 +268,7 @@ def kill_pod(
     component: str,
     replica: str | None = None,
     configuration: Configuration | None = None,
-) -> JsonObject:
+) -> KilledPod:
     """Kill one pod of ``component`` (``replica`` names it; default: the first).
 
     Local target: SIGKILL to the process supervisord runs (by PID; supervisord restarts
@@ -242,36 +277,36 @@ def kill_pod(
     """
     with on_target(configuration, f"killing a pod of {component}") as target:
         entry = gd_faults.kill_pod(target, component, replica, ledger(configuration))
-    return {
-        "component": entry.component,
-        "replica": entry.replica,
-        "killed_at": entry.time,
-        "detail": entry.detail,
-    }
+    return KilledPod(
+        component=entry.component,
+        replica=entry.replica,
+        killed_at=entry.time,
+        detail=entry.detail,
+    )
 
 
 def clear_faults(
     component: str | None = None,
     configuration: Configuration | None = None,
-) -> JsonObject:
+) -> ClearedFaults:
     """Clear every fault of this run's ledger that is still outstanding (of ``component``
     only, when given). A fault the component already dropped (expired, or a restarted
     pod) counts as cleared. Idempotent: safe as a rollback after any failure."""
     with on_target(configuration, "clearing faults") as target:
         cleared = gd_faults.clear_injected(target, ledger(configuration), component)
-    return {
-        "cleared": len(cleared),
-        "faults": [
-            {
-                "component": e.component,
-                "replica": e.replica,
-                "kind": e.kind,
-                "fault_id": e.fault_id,
-                "already_gone": bool(e.detail.get("already_gone")),
-            }
+    return ClearedFaults(
+        cleared=len(cleared),
+        faults=[
+            ClearedFault(
+                component=e.component,
+                replica=e.replica,
+                kind=e.kind,
+                fault_id=e.fault_id,
+                already_gone=bool(e.detail.get("already_gone")),
+            )
             for e in cleared
         ],
-    }
+    )
 
 
 def record_external_fault(
@@ -281,7 +316,7 @@ def record_external_fault(
     at: float | None = None,
     params: JsonObject | None = None,
     configuration: Configuration | None = None,
-) -> JsonObject:
+) -> RecordedFault:
     """Record a fault that another Chaos Toolkit extension made (chaostoolkit-kubernetes'
     ``terminate_pods``, chaostoolkit-istio's fault injection, a plain ``http`` action) in
     this run's fault ledger, so the trip, rollback and drift checks measure from it. Put
@@ -303,9 +338,9 @@ def record_external_fault(
         entry = gd_faults.record_external(
             target, component, kind, ledger(configuration), source, at, params
         )
-    return {
-        "component": entry.component,
-        "kind": entry.kind,
-        "recorded_at": entry.time,
-        "fault_id": entry.fault_id,
-    }
+    return RecordedFault(
+        component=entry.component,
+        kind=entry.kind,
+        recorded_at=entry.time,
+        fault_id=entry.fault_id,
+    )

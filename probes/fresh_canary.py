@@ -12,7 +12,6 @@ from typing import Any
 
 from chaoslib.exceptions import ActivityFailed, InterruptExecution
 
-from canary_contract.json import JsonObject
 from probes._context import Configuration, Secrets, write_run_json
 from probes.kubernetes import start_fresh_canary
 
@@ -43,7 +42,7 @@ def before_experiment_control(
     """
     started = time.time()
     try:
-        outcome: JsonObject = start_fresh_canary(weight, deadline_s, configuration)
+        outcome = start_fresh_canary(weight, deadline_s, configuration)
     except ActivityFailed as exc:
         write_run_json(
             configuration, STATE_NAME, {"ok": False, "error": str(exc), "started_at": started}

@@ -20,12 +20,13 @@ from gameday.evidence.noise_floor import (
     DEFAULT_MIN_SAMPLES,
     NOISE_WAIT_NAME,
     FloorReading,
+    NoiseWait,
     floor_reading,
     unmeasured_message,
     wait_record,
 )
 from gameday.evidence.trips import not_tripped_yet, seconds_to_trip, unexpected_trip
-from gameday.run.evidence import as_whole_number
+from gameday.run.sufficiency import as_whole_number
 from probes._context import (
     MAX_WAIT_S,
     Configuration,
@@ -35,7 +36,7 @@ from probes._context import (
     stack_api,
     write_run_json,
 )
-from probes._evidence import experiment_began, reference
+from probes._run_records import experiment_began, reference
 
 __all__ = [
     "gate_did_not_trip",
@@ -127,7 +128,7 @@ def wait_for_noise_floor(
     poll_s: float = 0.5,
     min_samples: int = DEFAULT_MIN_SAMPLES,
     configuration: Configuration | None = None,
-) -> JsonObject:
+) -> NoiseWait:
     """Wait until the gate's ``all`` noise floor is its own (``min_samples``
     baseline-baseline comparisons, the gate's ``--noise-min-samples``) and above 0;
     returns ``{"measured": True, "samples", "kl", "kl_mean", "waited_s", ...}``.
@@ -156,9 +157,9 @@ def wait_for_noise_floor(
                 f"not applicable: target {api.target.name!r} has a foreign gate, whose noise "
                 "floor (if it has one) the harness cannot read"
             )
-            doc = {"measured": False, "not_applicable": why, "waited_s": 0.0}
-            write_run_json(configuration, NOISE_WAIT_NAME, doc)
-            return doc
+            foreign = NoiseWait(measured=False, not_applicable=why, waited_s=0.0)
+            write_run_json(configuration, NOISE_WAIT_NAME, foreign)
+            return foreign
         while True:
             try:
                 reading = floor_reading(api.gate_state())

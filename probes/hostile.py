@@ -13,7 +13,7 @@ from canary_contract.json import JsonObject
 from gameday import hostile, stalled_readers
 from gameday.evidence import checks
 from gameday.evidence.slo import Slo
-from gameday.hostile_pins import PinError, pins_after_trip
+from gameday.hostile_pins import PinError, PinsAfterTrip, pins_after_trip
 from gameday.run.collect import read_json
 from probes._context import (
     Configuration,
@@ -48,7 +48,7 @@ def flood_pinned_canary(
     rate_per_s: float = 20.0,
     max_requests: int = 2_000,
     configuration: Configuration | None = None,
-) -> JsonObject:
+) -> hostile.HostileFlood:
     """Flood the router with hostile client input pinned to the canary; returns the
     statuses per input (also in ``hostile.json``). Never raises for what came back: the
     SLO probe ``hostile_input_not_5xx`` judges it.
@@ -67,7 +67,8 @@ def flood_pinned_canary(
         url = target.service_url("router")
     started = time.time()
     res = hostile.flood(url, duration_s=duration, rate_per_s=rate, max_requests=count)
-    out = {"started_at": started, "router": url, "pin": "canary", **res.to_json()}
+    out: hostile.HostileFlood = {"started_at": started, "router": url, "pin": "canary",
+                                 **res.to_json()}  # fmt: skip
     write_run_json(configuration, FLOOD_FILE, out)
     return out
 
@@ -80,7 +81,7 @@ def hostile_input_not_5xx(configuration: Configuration | None = None) -> Slo:
 def pin_canary_after_trip(
     count: int = 20,
     configuration: Configuration | None = None,
-) -> JsonObject:
+) -> PinsAfterTrip:
     """Send ``count`` well-formed requests pinned to the canary; record who answered.
 
     ``pins_after_trip.json`` holds what answered them, and the canary's own request count

@@ -109,7 +109,7 @@ def start_fresh_canary(
     weight: int = 5,
     deadline_s: float = 300.0,
     configuration: Configuration | None = None,
-) -> JsonObject:
+) -> core.FreshCanary:
     """Make the release ``progressing`` with a canary that is not quarantined and the
     canary weight ``weight``: nothing to do when it already is; after a trip, wait for
     the rollback to finish, then roll out a new canary version (``<version>-g<epoch ms>``)
@@ -139,14 +139,16 @@ def roll_out_bad_canary(
     kernel_fault: str = "fp8-kv-scale:2048",
     deadline_s: float = 120.0,
     configuration: Configuration | None = None,
-) -> JsonObject:
+) -> core.BuildRolledOut:
     """Roll the canary Deployment out to a known-bad build: its model container's args
     gain ``--kernel-fault KERNEL_FAULT`` (``MODE[:MIN_PROMPT_TOKENS]``, the model server
     validates it) and its pod template the annotation ``canarystack.io/build``. Waits for
-    the rollout (``deadline_s``); the ledger's fault time is when the bad build's first
-    container started (the earliest moment it could serve users: with host networking and
-    a shared port a pod takes connections before its readiness is seen), else when the
-    rollout was seen done; the patch time and both others are in the detail.
+    the rollout (``deadline_s``); the ledger's fault time is when the bad build's server
+    could first take a request (its ``/health`` ``uptime_s`` back from when it answered:
+    with host networking and a shared port a pod takes connections before its readiness
+    is seen), else when its first container started (whole seconds, before the
+    interpreter's start-up), else when the rollout was seen done; the patch time and the
+    others are in the detail.
     The canary version the broker knows is unchanged: the same version, a bad build of it,
     as a rebuilt image under the same tag. Undo with ``undo_canary_rollout``."""
     with rollout_errors("rolling out a bad canary build"):
@@ -165,14 +167,15 @@ def roll_out_bad_build(
     min_prompt_tokens: int = 0,
     deadline_s: float = 300.0,
     configuration: Configuration | None = None,
-) -> JsonObject:
+) -> core.BuildRolledOut:
     """Roll the canary's Deployment out to a bad build of any engine: its engine container
     gains ``args`` (e.g. vLLM's ``[--kv-cache-dtype, fp8]``), ``env`` and, when given,
     ``image``, and its pod template the annotation ``canarystack.io/build``. Waits for the
     rollout (``deadline_s``); the ledger's fault (a ``kernel`` fault on ``model-canary``
     acting on prompts of at least ``min_prompt_tokens``) is timed when the bad build's
-    first container started. For a Kubernetes target and for a foreign stack whose target
-    file names ``components.model-canary.rollout``. Undo with ``undo_canary_rollout``::
+    server could first take a request (as ``roll_out_bad_canary``). For a Kubernetes
+    target and for a foreign stack whose target file names
+    ``components.model-canary.rollout``. Undo with ``undo_canary_rollout``::
 
         - type: action
           name: canary-rolls-out-fp8-kv-cache
@@ -209,7 +212,7 @@ def roll_out_bad_build(
 def undo_canary_rollout(
     deadline_s: float = 120.0,
     configuration: Configuration | None = None,
-) -> JsonObject:
+) -> core.BuildKept | core.BuildUndone:
     """``kubectl rollout undo deployment/model-canary`` through the API: the Deployment's
     pod template becomes its previous ReplicaSet's (the highest revision below the current
     one, among the ReplicaSets the Deployment owns); waits for that rollout. Nothing to do

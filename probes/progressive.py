@@ -9,7 +9,10 @@ never change anything in the cluster.
 
 from __future__ import annotations
 
-from canary_contract.json import JsonObject
+from collections.abc import Mapping
+from typing import TypedDict, TypeVar
+
+from gameday.evidence.controllers import ArgoView, FlaggerView
 from gameday.targets import controllers
 from probes._cluster import canary_traffic_after, kubernetes_target
 from probes._context import MAX_WAIT_S, Configuration, non_negative, reported
@@ -19,9 +22,21 @@ __all__ = ["argo_rollout_aborted", "argo_rollout_status", "flagger_canary_failed
            "flagger_canary_status"]  # fmt: skip
 
 
+View = TypeVar("View", bound=Mapping[str, object])
+
+
+class _TrafficArgs(TypedDict):
+    """The probes' traffic arguments as ``canary_traffic_after`` takes them."""
+
+    canary_version: str | None
+    canary_promql: str | None
+    total_promql: str | None
+    prometheus: str | None
+
+
 def _status(
-    controller: controllers.Controller, name: str, configuration: Configuration | None
-) -> JsonObject:
+    controller: controllers.Controller[View], name: str, configuration: Configuration | None
+) -> View:
     target = kubernetes_target(configuration, controller.status_probe)
     with reported(controllers.ControllerError):
         return controller.view(controllers.read_object(target, controller.crd, name))
@@ -31,7 +46,7 @@ def _status(
 def argo_rollout_status(
     rollout: str,
     configuration: Configuration | None = None,
-) -> JsonObject:
+) -> ArgoView:
     """What the Argo Rollout says: phase, abort, the RolloutAborted condition, its time
     (epoch seconds) and the canary weight when traffic routing reports one."""
     return _status(controllers.ARGO, rollout, configuration)
@@ -75,7 +90,7 @@ def argo_rollout_aborted(
 def flagger_canary_status(
     canary: str,
     configuration: Configuration | None = None,
-) -> JsonObject:
+) -> FlaggerView:
     """What the Flagger Canary says: phase, canaryWeight, failedChecks, when it changed."""
     return _status(controllers.FLAGGER, canary, configuration)
 
@@ -106,7 +121,7 @@ def _traffic(
     canary_promql: str | None,
     total_promql: str | None,
     prometheus_url: str | None,
-) -> JsonObject:
+) -> _TrafficArgs:
     """The probes' traffic arguments as ``canary_traffic_after`` takes them."""
     return {
         "canary_version": canary_version,
@@ -117,12 +132,12 @@ def _traffic(
 
 
 def _paired(
-    controller: controllers.Controller,
+    controller: controllers.Controller[View],
     name: str,
     grace_s: float,
     max_canary_requests: int,
     timeout_s: float,
-    traffic: JsonObject,
+    traffic: _TrafficArgs,
     configuration: Configuration | None,
 ) -> Slo:
     """The controller's check (``stopped_check``) with the activity's arguments."""

@@ -9,13 +9,15 @@ a probe says ``not_measured``; once a fault was injected, missing records fail t
 
 from __future__ import annotations
 
+import pandas as pd
+
 from canary_contract.json import JsonObject
 from canary_contract.phases import is_canary_off
 from gameday.api import ApiError, StackApi
 from gameday.evidence import checks
 from gameday.evidence.slo import Slo, failed_result, not_measured, result
 from probes._context import Configuration, stack_api
-from probes._evidence import (
+from probes._run_records import (
     NOT_YET,
     before_anything,
     experiment_began,
@@ -40,10 +42,11 @@ __all__ = [
 
 
 def slo_met(
-    value: Slo | None = None,
+    value: dict[str, object] | None = None,
     configuration: Configuration | None = None,
 ) -> bool:
-    """Tolerance: the SLO result's ``ok`` is true.
+    """Tolerance: the SLO result's ``ok`` is true (``value`` is what the probe gave
+    ``chaos run``: anything but an SLO result with ``ok`` true fails).
 
     As a probe's tolerance::
 
@@ -63,9 +66,9 @@ def baseline_ttft_p99_below(
     """p99 time to first token of successful baseline-served requests is at most
     ``max_s`` (over at least ``min_requests`` requests)."""
     frame = records(configuration, "baseline_ttft_p99_s", float(max_s), "s")
-    return (
-        frame if isinstance(frame, dict) else checks.baseline_ttft_p99(frame, max_s, min_requests)
-    )
+    if not isinstance(frame, pd.DataFrame):
+        return frame
+    return checks.baseline_ttft_p99(frame, max_s, min_requests)
 
 
 def error_rate_below(
@@ -75,7 +78,7 @@ def error_rate_below(
     """The share of failed requests (any variant) is at most ``max_ratio`` (0 means no
     failed request at all)."""
     frame = records(configuration, "error_rate", float(max_ratio), "ratio")
-    return frame if isinstance(frame, dict) else checks.error_rate(frame, max_ratio)
+    return frame if not isinstance(frame, pd.DataFrame) else checks.error_rate(frame, max_ratio)
 
 
 def no_canary_served_after(
@@ -86,7 +89,7 @@ def no_canary_served_after(
     reference fault (the rollback, as users feel it)."""
     check, allowed = "rollback_s", float(max_s)
     frame = records(configuration, check, allowed, "s")
-    if isinstance(frame, dict):
+    if not isinstance(frame, pd.DataFrame):
         return frame
     ref = reference(configuration)
     if ref is None:
@@ -102,7 +105,7 @@ def drifted_responses_at_most(
     started after it was injected, with a prompt at or above its token threshold."""
     check, allowed = "drifted_responses", float(max_count)
     frame = records(configuration, check, allowed, "count")
-    if isinstance(frame, dict):
+    if not isinstance(frame, pd.DataFrame):
         return frame
     kernel = first_fault(configuration, "inject", "kernel")
     if kernel is None:
@@ -120,7 +123,7 @@ def errors_only_in_flight_at_kill(
     it). Measured: the failed requests the kill does not explain; allowed: 0."""
     check = "errors_not_in_flight_at_kill"
     frame = records(configuration, check, 0.0, "count")
-    if isinstance(frame, dict):
+    if not isinstance(frame, pd.DataFrame):
         return frame
     kill = first_fault(configuration, "kill")
     if kill is None:

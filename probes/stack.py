@@ -21,7 +21,7 @@ from probes._context import (
     release_phase_now,
     stack_api,
 )
-from probes._evidence import load_state
+from probes._run_records import load_state
 
 __all__ = [
     "canary_weight",
@@ -95,7 +95,9 @@ def canary_weight(
 
 def _weight(expected: int | None, configuration: Configuration | None) -> int:
     with stack_api(configuration, "reading the canary weight") as api:
-        weight, target = int((api.release().get("weights") or {}).get("canary") or 0), api.target
+        weights, target = api.release().get("weights"), api.target
+    canary = weights.get("canary") if isinstance(weights, dict) else None
+    weight = int(canary) if isinstance(canary, int | float) else 0
     if expected is not None and weight != int(expected):
         raise ActivityFailed(
             f"release {target.release!r} gives the canary {weight}% of traffic but the "

@@ -153,6 +153,9 @@ class FakeApi:
     # a PATCHed Deployment rolls out at once: status caught up, its pods replaced by pods
     # of the new template (what the Deployment controller and kubelets would do)
     auto_rollout: bool = True
+    # the rolled-out pods use the host's network (their servers on 127.0.0.1, as on the
+    # loopback cluster), so a harness call to them reaches a loopback test server
+    rollout_host_network: bool = False
     # (method, path prefix) answered 403 Forbidden, as an API server does for what RBAC denies
     forbidden: set[tuple[str, str]] = field(default_factory=set)
     _server: ThreadingHTTPServer | None = None
@@ -347,6 +350,8 @@ class FakeApi:
                 new = pod(f"{name}-g{meta['generation']}-{i}", dict(labels), f"10.9.0.{i + 1}",
                           namespace=ns)  # fmt: skip
                 new["metadata"]["annotations"] = dict(template.get("annotations", {}))
+                if self.rollout_host_network:
+                    new["spec"]["hostNetwork"] = True
                 # the new pod's container started now (whole seconds, as the API says)
                 started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
                 new["status"]["containerStatuses"] = [

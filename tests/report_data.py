@@ -15,17 +15,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from gameday.report.synthetic import (
-    broker_event,
-    changed,
-    fault_injected,
-    iso,
-    journal,
-    routers_applied,
-    slo_output,
-    write_oracle,
-    write_records,
-)
+from gameday.report.synthetic import iso, routers_applied
+from gameday.report.synthetic_events import BrokerEvent, broker_event, changed, fault_injected
+from gameday.report.synthetic_files import journal, slo_output, write_oracle, write_records
 
 FAULT = 1_700_000_100.0
 START = FAULT - 30.0
@@ -41,7 +33,7 @@ EXPECTED_SINCE_FAULT = {
 }
 
 
-def hand_made_events(plain: bool = False) -> list[dict[str, Any]]:
+def hand_made_events(plain: bool = False) -> list[BrokerEvent]:
     """Broker events; ``plain`` writes changes as ``{"phase": "tripped"}`` instead."""
 
     def change(key: str, old: Any, new: Any) -> dict[str, Any]:
@@ -112,7 +104,7 @@ def hand_made_experiment(
     fault: str = "faulty-kernel",
     expect: str = "trip",
     slo: dict[str, float] | None = None,
-    events: list[dict[str, Any]] | None = None,
+    events: list[BrokerEvent] | None = None,
     status: str = "completed",
     verdict: str = "pass",
     outputs: list[dict[str, Any]] | None = None,

@@ -10,7 +10,7 @@ from typing import Any
 
 from chaoslib.exceptions import ActivityFailed
 
-from gameday.report.synthetic import slo_output
+from gameday.report.synthetic_files import slo_output
 
 
 def slo(check: str, measured: float, allowed: float, unit: str = "s") -> dict[str, Any]:

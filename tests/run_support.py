@@ -21,7 +21,8 @@ import pyarrow.parquet as pq
 import requests
 import yaml
 
-from gameday.faults import FaultEntry, FaultLedger
+from gameday.evidence.ledger import FaultEntry
+from gameday.faults import FaultLedger
 from gameday.load.records import LOAD_SCHEMA
 from gameday.stack import stack_down, stack_up
 

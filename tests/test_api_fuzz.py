@@ -35,7 +35,7 @@ from schemathesis.checks import not_a_server_error
 from schemathesis.core.result import Err
 from schemathesis.specs.openapi.checks import response_schema_conformance
 
-from canarystack.common import openapi
+from canarystack.common import apispec, openapi
 from canarystack.common.app import Component, create_app
 from canarystack.common.faults import FaultRegistry, LatencyMs
 from tests.broker_support import Api, start_broker
@@ -263,9 +263,9 @@ def test_a_route_without_a_description_is_listed() -> None:
 
     app.router.add_get("/v1/extra", handler)
 
-    def describe(spec: openapi.ApiSpec, _app: web.Application) -> None:
+    def describe(spec: apispec.ApiSpec, _app: web.Application) -> None:
         spec.add(
-            "post", "/v1/gone", summary="not routed", responses={200: openapi.text_response("x")}
+            "post", "/v1/gone", summary="not routed", responses={200: apispec.text_response("x")}
         )
 
     openapi.add_describer(app, describe)

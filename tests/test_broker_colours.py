@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from canarystack.broker.schemas import MAX_TRIP_COLOURS
+from canary_contract.broker import MAX_TRIP_COLOURS
 from canarystack.broker.server import build_app
 from canarystack.common.app import COMPONENT
 from canarystack.common.colour import HopLog

@@ -58,20 +58,20 @@ def test_follow_reads_then_long_polls_and_says_what_changed(
                 assert first.kind is FollowKind.NOT_FOUND
                 first = await step(follower)
             assert first.kind is FollowKind.RELEASE
-            assert first.release is not None and first.release["revision"] == 1
+            assert first.release is not None and first.release.revision == 1
             assert (first.long_poll, first.changed) == (False, True)
             assert follower.after == 1
             # A long poll that times out: the same release, nothing changed.
             same = await step(follower)
             assert same.kind is FollowKind.RELEASE and same.release is not None
-            assert (same.long_poll, same.changed, same.release["revision"]) == (True, False, 1)
+            assert (same.long_poll, same.changed, same.release.revision) == (True, False, 1)
             # A change while it waits.
             timeout["s"] = 20.0
             waiting = asyncio.create_task(step(follower))
             await asyncio.sleep(0.05)
             await asyncio.to_thread(api.patch_ok, "default", weights={"canary": 30})
             changed = await waiting
-            assert changed.release is not None and changed.release["revision"] == 2
+            assert changed.release is not None and changed.release.revision == 2
             assert (changed.long_poll, changed.changed) == (True, True)
 
     asyncio.run(scenario())

@@ -19,6 +19,7 @@ import aiohttp
 import pytest
 import requests
 
+from canary_contract.broker import Event
 from canarystack.broker.client import BrokerClient, BrokerRequestError
 from tests.broker_support import (
     Api,
@@ -299,15 +300,15 @@ def test_the_client_reads_every_page_of_a_long_history(spawn: Spawner, tmp_path:
     first = api.events_page("default")
     assert len(first["events"]) == 10_000 and first["limit"] == 10_000
 
-    async def read() -> list[dict[str, Any]]:
+    async def read() -> list[Event]:
         async with aiohttp.ClientSession() as session:
             client = BrokerClient(session, proc.url, ADMIN_TOKEN, actor="t")
             return await client.events("default")
 
     events = asyncio.run(read())
     assert len(events) == 1 + 10_050 + 1
-    assert events[-1]["reason"] == "the newest event"
-    seqs = [e["seq"] for e in events]
+    assert events[-1].reason == "the newest event"
+    seqs = [e.seq for e in events]
     assert seqs == sorted(set(seqs))
 
 

@@ -154,7 +154,8 @@ def test_store_quarantine_bumps_releases_using_it(store: Store) -> None:
     version, changed = store.quarantine_version("v2", "rollback", "drift", 3.0)
     assert version["quarantined"] and version["quarantine"]["reason"] == "drift"
     assert [r["name"] for r in changed] == ["r"]
-    assert changed[0]["canary"]["quarantined"] is True
+    canary = changed[0]["canary"]
+    assert canary is not None and canary["quarantined"] is True
     assert changed[0]["revision"] == 2
     assert store.events("r")[-1]["change"] == {"canary.quarantined": {"old": False, "new": True}}
     again, changed = store.quarantine_version("v2", "rollback", "drift", 4.0)
@@ -175,5 +176,5 @@ def test_store_trip_evidence_kept_then_cleared(store: Store) -> None:
         "r", ReleasePatch(4, phase=Phase.PROGRESSING, canary_set=True, canary="v3"), "a", "", 6
     )
     assert r["trip"] is None
-    assert r["canary"]["version"] == "v3"
+    assert r["canary"] is not None and r["canary"]["version"] == "v3"
     assert r["weights"]["canary"] == 0

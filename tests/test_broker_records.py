@@ -1,6 +1,7 @@
-"""``BrokerClient``'s typed reads (issue #13 item 3): the same answers as the dict methods,
-as the contract's frozen records (``canary_contract.broker``), against a real broker; an
-answer that is not a record is ``BadBrokerAnswer`` naming the field."""
+"""``BrokerClient``'s typed reads (issue #13 item 3; ``get_release`` since #30): the same
+answers as the broker's JSON, as the contract's frozen records (``canary_contract.broker``),
+against a real broker; an answer that is not a record is ``BadBrokerAnswer`` naming the
+field."""
 
 from __future__ import annotations
 
@@ -24,9 +25,9 @@ def test_typed_reads_match_the_dict_answers(spawn: Spawner, tmp_path: Path) -> N
     async def scenario() -> None:
         async with aiohttp.ClientSession() as session:
             client = BrokerClient(session, proc.url, ADMIN_TOKEN, actor="records-test")
-            release = await client.release_record("default")
+            release = await client.get_release("default")
             assert isinstance(release, Release)
-            assert release.to_wire() == await client.get_release("default")
+            assert release.to_wire() == await asyncio.to_thread(api.release, "default")
             assert release.phase is Phase.TRIPPED and release.canary_off
             assert release.trip is not None and release.trip.test is TripTest.DRIFT
             assert release.trip.bucket == "4k+" and release.canary_weight == 5.0
@@ -41,7 +42,7 @@ def test_typed_reads_match_the_dict_answers(spawn: Spawner, tmp_path: Path) -> N
             routers = await client.router_records("default")
             assert [(r.router_id, r.applied_revision) for r in routers.routers] == [("r1", 2)]
             with pytest.raises(BrokerNotFound):
-                await client.release_record("nope")
+                await client.get_release("nope")
 
     asyncio.run(scenario())
 
@@ -54,7 +55,7 @@ def test_an_answer_that_is_not_a_release_is_a_bad_answer_naming_the_field(
         async def scenario() -> None:
             async with aiohttp.ClientSession() as session:
                 with pytest.raises(BadBrokerAnswer) as err:
-                    await BrokerClient(session, url, actor="t").release_record("default")
+                    await BrokerClient(session, url, actor="t").get_release("default")
                 assert "Not a valid Release: field 'phase'" in err.value.message
                 assert err.value.url == url + "/v1/releases/default"
 

@@ -11,14 +11,16 @@ import inspect
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from chaoslib.exceptions import ActivityFailed
 from chaoslib.provider.python import validate_python_activity
 
 from gameday.evidence.colouring import HOP_RULES, LogRead, fidelity
+from gameday.evidence.slo import Slo
 from probes import colouring, faults
+from probes._context import InjectedFault
 from tests.procs import wait_for
 from tests.run_support import local_stack, write_load_state, write_target
 
@@ -265,8 +267,8 @@ def live(live_target: Path, tmp_path: Path) -> Iterator[dict[str, Any]]:
         faults.clear_faults(configuration=cfg)
 
 
-def _settled(cfg: dict[str, Any], want_ok: bool) -> dict[str, Any]:
-    def probe() -> dict[str, Any] | None:
+def _settled(cfg: dict[str, Any], want_ok: bool) -> Slo:
+    def probe() -> Slo | None:
         out = colouring.colouring_fidelity_at_least(
             min_requests=20, settle_s=0.5, configuration=cfg
         )
@@ -274,12 +276,10 @@ def _settled(cfg: dict[str, Any], want_ok: bool) -> dict[str, Any]:
 
     got = wait_for(probe, timeout=30, interval=0.5, what=f"the colouring probe to say ok={want_ok}")
     assert isinstance(got, dict)
-    return got
+    return cast(Slo, got)
 
 
-def _colour_dropped_at(
-    component: str, cfg: dict[str, Any]
-) -> tuple[dict[str, Any], dict[str, Any]]:
+def _colour_dropped_at(component: str, cfg: dict[str, Any]) -> tuple[InjectedFault, Slo]:
     """``drop_colour`` at ``component``, 25 coloured requests, and the probe once it has
     settled on a failure (the faults are cleared after): the action's answer and the
     probe's."""
@@ -329,4 +329,4 @@ def test_drop_colour_at_the_model_servers_fails_the_probe_naming_the_hop(
     assert out["detail"]["lost_at"] == "model"
     why = out["detail"]["why"]
     assert why.startswith("hop 'model'") and "tag 'gameday' -> None" in why and "colour-" in why
-    assert out["measured"] < 1.0
+    assert out["measured"] is not None and out["measured"] < 1.0

@@ -231,7 +231,8 @@ def test_a_fault_delay_ends_when_its_fault_is_cleared() -> None:
 
 # -- #13: one error root; a token error still reads as its message alone, exit 1 ----------
 def test_startup_and_api_errors_share_the_stack_root() -> None:
-    from canarystack.common.errors import CanaryStackError, StartupError
+    from canarystack.common.error_fields import CanaryStackError
+    from canarystack.common.errors import StartupError
 
     assert issubclass(TokenFileError, StartupError)
     assert issubclass(StartupError, CanaryStackError)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import ast
 import math
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -54,7 +55,7 @@ from tests.shadow_support import noise_router
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _same(record_type: Any, answer: dict[str, Any]) -> Any:
+def _same(record_type: Any, answer: Mapping[str, object]) -> Any:
     """``answer`` read as ``record_type``; written back it is the same JSON."""
     record = record_type.from_wire(answer)
     assert record.to_wire() == answer
@@ -457,7 +458,7 @@ def test_one_bucket_vocabulary_for_both_halves() -> None:
 
 def test_the_harness_errors_share_one_root() -> None:
     from gameday.errors import GamedayError
-    from gameday.faults import FaultError
+    from gameday.evidence.ledger import FaultError
     from gameday.load.options import OptionsError
     from gameday.load.prompts import MixSpecError, PromptFileError
     from gameday.load.runner import LoadRunError, LoadStartError

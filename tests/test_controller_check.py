@@ -11,14 +11,16 @@ from typing import Any
 import pytest
 
 from canary_contract.json import JsonObject
+from gameday.evidence.controllers import ArgoView
 from gameday.targets import controllers
 
-STOPPED = {"phase": "Degraded", "abort": True, "aborted_condition": True, "aborted_at": 100.0,
-           "canary_weight": 0}  # fmt: skip
-RUNNING = {"phase": "Progressing", "abort": False, "aborted_condition": False}
+STOPPED = ArgoView(phase="Degraded", abort=True, aborted_condition=True, aborted_at=100.0,
+                   message=None, canary_weight=0)  # fmt: skip
+RUNNING = ArgoView(phase="Progressing", abort=False, aborted_condition=False, aborted_at=None,
+                   message=None, canary_weight=None)  # fmt: skip
 
 
-def _check(views: list[JsonObject], wait: float, traffic: JsonObject) -> tuple[Any, list[float]]:
+def _check(views: list[ArgoView], wait: float, traffic: JsonObject) -> tuple[Any, list[float]]:
     asked: list[float] = []
 
     def traffic_after(since: float) -> JsonObject:
@@ -33,21 +35,21 @@ def _check(views: list[JsonObject], wait: float, traffic: JsonObject) -> tuple[A
 
 
 def test_a_status_that_never_says_stopped_is_refused_without_reading_traffic() -> None:
-    out, asked = _check([dict(RUNNING)], 0.0, {})
+    out, asked = _check([RUNNING.copy()], 0.0, {})
     assert (out["ok"], out["measured"], asked) == (False, None, [])
     assert "should be aborted" in out["detail"]["why"]
 
 
 def test_the_status_is_read_again_until_it_says_stopped(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(controllers, "POLL_S", 0.0)
-    views = [dict(RUNNING), dict(STOPPED)]
+    views = [RUNNING.copy(), STOPPED.copy()]
     out, asked = _check(views, 30.0, {"canary": 0, "total": 40})
     assert asked == [105.0]  # the abort + grace_s
     assert (out["check"], out["ok"], out["measured"]) == ("argo_rollout_aborted", True, 0.0)
 
 
 def test_canary_traffic_after_the_abort_is_a_controller_that_failed_open() -> None:
-    out, _ = _check([dict(STOPPED)], 0.0, {"canary": 3, "total": 40})
+    out, _ = _check([STOPPED.copy()], 0.0, {"canary": 3, "total": 40})
     assert (out["ok"], out["measured"]) == (False, 3.0)
     assert "failed open" in out["detail"]["why"]
 

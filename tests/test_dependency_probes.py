@@ -7,7 +7,8 @@ import pandas as pd
 import pytest
 
 from gameday.evidence.checks import record_frame
-from gameday.evidence.dependency import (
+from gameday.evidence.ledger import FaultEntry
+from gameday.evidence.redis_outage import (
     ERROR_RATE,
     RECOVERY,
     errors_below,
@@ -17,7 +18,6 @@ from gameday.evidence.dependency import (
     recovery_s,
     summary,
 )
-from gameday.faults import FaultEntry
 
 
 def entry(

@@ -15,7 +15,7 @@ import redis
 import requests
 
 from canarystack.cluster.spec import REDIS_OFFSET
-from gameday import dependency as dep
+from gameday import redis_faults as dep
 from gameday.faults import FaultLedger
 from gameday.targets.base import BlastRadiusError, parse_target
 from tests.procs import wait_for

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
+from canary_contract.faults import FaultAction
 from gameday.evidence.faults import bad_build_entries, is_bad_build, reference_fault
-from gameday.faults import FaultAction, FaultEntry
+from gameday.evidence.ledger import FaultEntry
 
 PARAMS = {"mode": "fp8-kv-scale", "min_prompt_tokens": 2048, "build": "kernel-fault=fp8-kv-scale"}
 

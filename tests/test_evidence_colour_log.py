@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from canary_contract.json import JsonObject
 from canarystack.common.colour import colour_of
-from gameday.evidence.colouring import LogRead, colour_headers, log_read
+from gameday.evidence.colouring import Colour, LogRead, colour_headers, log_read
 
 
 def _hop(seq: int, at: float) -> JsonObject:
@@ -36,7 +36,7 @@ def test_no_pages_is_an_empty_log_started_at_0() -> None:
 
 
 def test_the_headers_sent_are_read_by_the_stack_as_the_colour_the_probe_expects() -> None:
-    colour: JsonObject = {"request_id": "colour-ab12-3", "trace_id": "0af7" * 8, "tag": "gameday"}
+    colour = Colour(request_id="colour-ab12-3", trace_id="0af7" * 8, tag="gameday")
     headers = colour_headers(colour, "b7ad6b7169203331")
     assert headers["traceparent"] == f"00-{'0af7' * 8}-b7ad6b7169203331-01"
     seen = colour_of(headers)

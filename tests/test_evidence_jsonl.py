@@ -9,7 +9,7 @@ from pathlib import Path
 
 from gameday.evidence.jsonl import json_objects
 from probes import colouring, dependency
-from probes._evidence import run_json_lines
+from probes._run_records import run_json_lines
 
 
 def test_objects_in_file_order_and_every_other_line_passed_over() -> None:

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -237,7 +238,7 @@ def test_a_healthy_gate_has_no_history_and_a_progressing_release() -> None:
 
 
 def test_a_weight_set_to_zero_without_an_alert_is_a_trip_at_that_moment() -> None:
-    events = history([_snap(1.0), _snap(2.0, canary_weight=0.0)], "o")
+    events: Sequence[Mapping[str, Any]] = history([_snap(1.0), _snap(2.0, canary_weight=0.0)], "o")
     assert events[0]["time"] == 2.0
     assert events[0]["change"]["phase"]["new"] == "tripped"
 
@@ -386,7 +387,8 @@ def _records(folder: Path, rows: list[tuple[float, str, int]]) -> None:
 def test_exposed_answers_counts_what_the_faulty_canary_served_after_its_fault(
     tmp_path: Path,
 ) -> None:
-    from gameday.faults import FaultEntry, FaultLedger
+    from gameday.evidence.ledger import FaultEntry
+    from gameday.faults import FaultLedger
     from gameday.run.external import exposed_answers
 
     assert exposed_answers(tmp_path) is None  # no fault on the canary: nothing to be exposed to

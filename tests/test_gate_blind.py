@@ -14,23 +14,16 @@ from pathlib import Path
 from typing import Any
 
 from canarystack.gate.samples import SampleBatch
-from canarystack.gate.state import GateConfig, ReleaseGate
+from canarystack.gate.state import GateConfig, ReleaseGate, release_record
 from tests.procs import Spawner, wait_for
 from tests.test_gate_service import batch, outcome, post, setup_stack
 
-RELEASE = {
-    "name": "default",
-    "revision": 3,
-    "phase": "progressing",
-    "stable": {"version": "v1"},
-    "canary": {"version": "v2"},
-    "weights": {"canary": 5},
-}
+RELEASE = release_record("default", 3, "v1", "v2", 5)
 
 
 def _gate() -> ReleaseGate:
     gate = ReleaseGate("default", GateConfig(no_data_timeout_s=10, blind_failsafe_s=20))
-    gate.on_release(dict(RELEASE), now_mono=0.0)
+    gate.on_release(RELEASE, now_mono=0.0)
     return gate
 
 

@@ -217,7 +217,7 @@ def test_a_release_gate_trips_on_long_prompt_drift_at_one_over_alpha() -> None:
     rt = g.release_test
     assert rt is not None and g.trip is None
     assert rt.statistic() == pytest.approx(1.0)
-    assert g.noise_json()["2k+"]["state"] == "frozen"
+    assert rt.floor_json("2k+")["state"] == "frozen"
     seen = []
     for i in range(100):
         t += 0.01
@@ -268,18 +268,17 @@ def test_a_new_canary_starts_a_new_test_and_a_new_stable_new_floors() -> None:
     wealth = rt.detectors["2k+:drift_kl"].log_wealth
     assert wealth > 0 and rt.floors["2k+"].frozen_kl is not None
     # A new stable version under the same canary: the floors start over, the test goes on.
-    moved = release()
-    moved["stable"] = {"version": "v1-patch"}
+    moved = release(stable="v1-patch")
     g.on_release(moved, 3.0)
     assert g.release_test is rt and rt.detectors["2k+:drift_kl"].log_wealth == wealth
-    assert g.noise_json()["2k+"]["state"] == "too_few"
+    assert rt.floor_json("2k+")["state"] == "too_few"
     # A new canary: a new release and a fresh test, the floors' measurements kept.
     t = measure_floor(g, rng, t + 1.0)
-    g.on_release({**moved, "canary": {"version": "v3", "quarantined": False}}, 4.0)
+    g.on_release(release(version="v3", stable="v1-patch"), 4.0)
     fresh = g.release_test
     assert fresh is not None and fresh is not rt
     assert fresh.detectors["2k+:drift_kl"].log_wealth == 0.0
-    assert g.noise_json()["2k+"]["state"] == "measured"  # frozen at its first comparison
+    assert fresh.floor_json("2k+")["state"] == "measured"  # frozen at its first comparison
     assert fresh.floors["2k+"].samples == rt.floors["2k+"].samples
 
 
@@ -382,7 +381,8 @@ def test_the_cli_selects_the_test_and_refuses_what_it_cannot_honour() -> None:
     assert cli().test == "cusum" and not cli().release_test
     cfg = cli("--test", RELEASE, "--alpha", "0.01", "--floor-delta", "0.001")
     assert cfg.release_test and cfg.alpha == 0.01 and cfg.floor_delta == 0.001
-    budget = cfg.budget_json()
+    budget = cfg.release_budget()
+    assert cfg.budget_json() == budget
     assert budget["false_trip_probability_per_release"] == pytest.approx(0.011)
     assert budget["noise_floor"]["delta_each"] == pytest.approx(0.001 / 18)
     with pytest.raises(ValueError, match=re.escape("--alpha must be in (0, 1), got 2.0")):

@@ -19,6 +19,7 @@ from typing import Any
 import aiohttp
 import requests
 
+from canary_contract.broker import Release
 from canarystack.broker.client import BrokerClient
 from canarystack.common.auth import ENV_VAR
 from canarystack.gate.server import SAMPLES_BODY_LIMIT, SERVICE, GateService, build_app
@@ -243,7 +244,7 @@ def test_the_watch_loop_survives_an_error_and_says_so_until_it_recovers(
         real = gate.on_release
         calls = {"n": 0}
 
-        def flaky(release: dict[str, Any] | None, now_mono: float) -> None:
+        def flaky(release: Release | None, now_mono: float) -> None:
             calls["n"] += 1
             if calls["n"] == 2:
                 raise RuntimeError("a bug in the gate's handling of a broker answer")
@@ -302,11 +303,13 @@ def test_an_error_while_writing_a_trip_is_retried_not_lost(spawn: Spawner, tmp_p
     async def scenario() -> None:
         service = _service(broker.url)
         gate = service.gates["default"]
-        gate.on_release(await asyncio.to_thread(api.release, "default"), time.monotonic())
+        gate.on_release(
+            Release.from_wire(await asyncio.to_thread(api.release, "default")), time.monotonic()
+        )
         real = gate.on_release
         calls = {"n": 0}
 
-        def flaky(release: dict[str, Any] | None, now_mono: float) -> None:
+        def flaky(release: Release | None, now_mono: float) -> None:
             calls["n"] += 1
             if calls["n"] == 1:  # the writer's first look at the broker's answer
                 raise RuntimeError("a bug in the gate's handling of the written release")

@@ -13,7 +13,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from canarystack.gate.state import GateConfig, ReleaseGate, SampleBatch
+from canary_contract.broker import Release
+from canary_contract.phases import Phase
+from canarystack.gate.state import GateConfig, ReleaseGate, SampleBatch, release_record
 from canarystack.gate.stats import ECusum, MeanWindow, TimeWindow, binomial_upper, median
 
 
@@ -136,16 +138,10 @@ def test_references() -> None:
 # ----------------------------------------------------------------------- ReleaseGate
 
 
-def release(version: str = "v2", phase: str = "progressing", weight: float = 5) -> dict[str, Any]:
-    return {
-        "name": "default",
-        "phase": phase,
-        "revision": 3,
-        "stable": {"version": "v1"},
-        "canary": {"version": version, "quarantined": False},
-        "weights": {"canary": weight},
-        "trip": None,
-    }
+def release(
+    version: str = "v2", phase: str = "progressing", weight: float = 5, stable: str = "v1"
+) -> Release:
+    return release_record("default", 3, stable, version, weight, phase=Phase(phase))
 
 
 def comparison(
@@ -249,7 +245,8 @@ def test_noise_floor_raises_the_drift_threshold() -> None:
     assert g.trip is None
     floor = g.noise_json()["2k-4k"]
     assert floor["source"] == "2k-4k"
-    assert floor["kl"] >= 0.1
+    kl = floor["kl"]
+    assert kl is not None and kl >= 0.1
     # Without the floor (fresh gate), the same canary stream trips.
     g2 = gate()
     g2.ingest(batch(bc), 2.0, 2.0)

@@ -28,7 +28,7 @@ def test_stalled_readers_are_capped_and_cut_by_the_stack(spawn: Spawner, tmp_pat
     res = stalled_readers.stall(router.url, streams=3, max_tokens=16000, hold_s=8).to_json()
     assert (res["sent"], res["admitted"], res["refused_429"]) == (3, 2, 1)
     assert res["admitted_cut"] == 2
-    assert stalled_readers.stalled_streams_cut(res)["ok"] is True
+    assert stalled_readers.stalled_streams_cut(dict(res))["ok"] is True
 
 
 def test_the_slo_names_the_streams_left_open() -> None:

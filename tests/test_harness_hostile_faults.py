@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from gameday.faults import FaultError, fault_body, inject
+from gameday.evidence.ledger import FaultError
+from gameday.faults import fault_body, inject
 from gameday.targets.base import parse_target
 
 
@@ -43,7 +44,8 @@ def test_inject_refuses_bad_params_before_touching_the_target(tmp_path: Path) ->
 
 def test_the_ledger_reads_its_actions_as_the_contracts_and_refuses_others(tmp_path: Path) -> None:
     from canary_contract.faults import FaultAction
-    from gameday.faults import FaultEntry, FaultLedger
+    from gameday.evidence.ledger import FaultEntry
+    from gameday.faults import FaultLedger
 
     ledger = FaultLedger(tmp_path / "faults.jsonl")
     for action in ("inject", "dependency", "clear"):  # as older callers still write them

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -62,7 +63,7 @@ def long_history(spawn: Spawner, tmp_path: Path) -> tuple[str, str, Path]:
     return broker.url, "long", stack
 
 
-def assert_whole(events: list[dict[str, Any]]) -> None:
+def assert_whole(events: Sequence[Mapping[str, Any]]) -> None:
     seqs = [e["seq"] for e in events]
     assert len(events) > SEEDED and seqs == sorted(set(seqs))
     assert events[-1]["reason"] == "the newest event: a trip"

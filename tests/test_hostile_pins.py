@@ -9,12 +9,14 @@
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 import requests
 
+from gameday import hostile
 from gameday import hostile_pins as pins
 from gameday.api import ApiError
 
@@ -64,7 +66,7 @@ def test_each_pin_is_recorded_and_the_counter_read_once_drained(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(pins, "LAND_S", 0.0)
-    monkeypatch.setattr(pins.time, "sleep", lambda s: None)
+    monkeypatch.setattr(time, "sleep", lambda s: None)
     # in flight at first (drained on the next read), then the counters before and after
     api = FakeApi([counters(1, 5), counters(0, 5), counters(0, 5), counters(0, 5)],
                   [200, None, 503])  # fmt: skip
@@ -73,7 +75,7 @@ def test_each_pin_is_recorded_and_the_counter_read_once_drained(
     assert out["answers"][1] == {"status": None, "error": "ConnectTimeout"}
     assert out["canary_requests_before"] == out["canary_requests_after"] == 5.0
     body, headers = api.sent[0]
-    assert headers == {pins.hostile.PIN_HEADER: "canary"} and body["prompt"] == "pinned 0"
+    assert headers == {hostile.PIN_HEADER: "canary"} and body["prompt"] == "pinned 0"
 
 
 def test_a_counter_that_is_no_number_names_the_canary() -> None:

@@ -1,5 +1,9 @@
-"""The import graph of the project, read from the source with ``ast`` (module-level and
-function-local imports, and ``importlib.import_module("...")`` with a literal name):
+"""The import graph of the project, read from the source with ``ast`` (module-level,
+function-local and ``if TYPE_CHECKING:`` imports, and ``importlib.import_module("...")``
+with a literal name). A type-only import is an edge like any other: it never runs, but a
+circle of annotations is still two modules that cannot be understood one without the
+other (break it with a ``typing.Protocol`` in the lower module, or a shared type moved
+down):
 
 - the harness (``gameday``, ``probes``, ``locustfiles``) never imports ``canarystack``;
 - ``canary_contract`` imports only the standard library and pydantic;
@@ -27,9 +31,12 @@ class Import:
     imported: str  # the dotted name as written (resolved for relative imports)
     line: int
     local: bool  # inside a function
+    type_only: bool = False  # under ``if TYPE_CHECKING:``
 
     def where(self) -> str:
         kind = "function-local import" if self.local else "import"
+        if self.type_only:
+            kind = f"TYPE_CHECKING {kind}"
         return f"{module_path(self.importer)}:{self.line} ({kind} of {self.imported})"
 
 
@@ -59,10 +66,12 @@ class _Visitor(ast.NodeVisitor):
         self.name = name
         self.package = name if is_package else name.rpartition(".")[0]
         self.depth = 0
+        self.type_only = 0
         self.found: list[Import] = []
 
     def _add(self, imported: str, node: ast.stmt | ast.expr) -> None:
-        self.found.append(Import(self.name, imported, node.lineno, self.depth > 0))
+        found = Import(self.name, imported, node.lineno, self.depth > 0, self.type_only > 0)
+        self.found.append(found)
 
     def _function(self, node: ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda) -> None:
         self.depth += 1
@@ -72,14 +81,19 @@ class _Visitor(ast.NodeVisitor):
     visit_FunctionDef = visit_AsyncFunctionDef = visit_Lambda = _function
 
     def visit_If(self, node: ast.If) -> None:
-        # ``if TYPE_CHECKING:`` imports are for the type checker only: they never run.
+        # ``if TYPE_CHECKING:`` imports are seen like the others, only marked type-only.
         test = node.test
         name = test.attr if isinstance(test, ast.Attribute) else getattr(test, "id", None)
-        if name == "TYPE_CHECKING":
-            for child in node.orelse:
-                self.visit(child)
+        if name != "TYPE_CHECKING":
+            self.generic_visit(node)
             return
-        self.generic_visit(node)
+        self.visit(test)
+        self.type_only += 1
+        for child in node.body:
+            self.visit(child)
+        self.type_only -= 1
+        for child in node.orelse:
+            self.visit(child)
 
     def visit_Import(self, node: ast.Import) -> None:
         for alias in node.names:
@@ -238,7 +252,31 @@ def test_the_scan_sees_the_imports_it_judges() -> None:
     assert "gameday.load.records" in edges["gameday.load.runner"]
     assert any(i.local for i in imports() if i.importer == "gameday.run.plan")
     assert "gameday.targets.local" in edges["gameday.targets"]
+    assert any(i.type_only for i in imports())
     assert len(modules()) > 150
+
+
+def test_type_checking_imports_are_edges() -> None:
+    source = (
+        "import typing\n"
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n"
+        "    from gameday.targets.base import Target\n"
+        "else:\n"
+        "    import gameday.errors\n"
+        "if typing.TYPE_CHECKING:\n"
+        "    import gameday.targets.local\n"
+    )
+    visitor = _Visitor("gameday.observers.broker", is_package=False)
+    visitor.visit(ast.parse(source))
+    seen = {i.imported: i.type_only for i in visitor.found}
+    assert seen == {
+        "typing": False,
+        "gameday.targets.base": True,
+        "gameday.errors": False,
+        "gameday.targets.local": True,
+    }
+    assert "TYPE_CHECKING import" in visitor.found[2].where()
 
 
 def _harness_imports_of_canarystack() -> Iterator[Import]:
@@ -273,6 +311,24 @@ def test_the_contract_imports_only_the_standard_library_and_pydantic() -> None:
 
 def test_no_import_cycle() -> None:
     found = cycles()
-    assert not found, "import cycles (break them; never hide one behind a local import):\n" + (
-        "\n".join(found.values())
+    assert not found, (
+        "import cycles (break them; never hide one behind a local import or a TYPE_CHECKING "
+        "block):\n" + "\n".join(found.values())
     )
+
+
+# The evidence core's own project imports: itself, the harness's error root and wire reader.
+EVIDENCE_CORE_MAY_IMPORT = ("gameday.evidence", "gameday.errors", "gameday.oracle.wire")
+
+
+def test_the_evidence_core_never_imports_the_injectors_or_the_runner() -> None:
+    """The pure evidence core sits below everything that acts on a target: the ledger's
+    entries and roles live in it (``gameday.evidence.ledger``), not in the injectors."""
+    found = [
+        imp.where()
+        for imp in imports()
+        if in_package(imp.importer, ("gameday.evidence",))
+        and in_package(imp.imported, ("gameday", "probes"))
+        and not in_package(imp.imported, EVIDENCE_CORE_MAY_IMPORT)
+    ]
+    assert not found, "the evidence core imports the harness above it:\n" + "\n".join(found)

@@ -17,10 +17,11 @@ from typing import Any
 import pytest
 import xmlschema
 
-from gameday.load.runner import LoadTolerances, load_problems
+from gameday.load.generator import LoadTolerances, load_problems
 from gameday.report import build_report
 from gameday.report.synthetic import write_run
-from gameday.run.evidence import (
+from gameday.run.runner import EXIT_CODES, EXIT_INCONCLUSIVE, run_verdict
+from gameday.run.sufficiency import (
     buckets_at_or_above,
     gate_reasons,
     load_reasons,
@@ -28,7 +29,6 @@ from gameday.run.evidence import (
     summarise_gate,
     thresholds,
 )
-from gameday.run.runner import EXIT_CODES, EXIT_INCONCLUSIVE, run_verdict
 from gameday.run.verdict import NOT_JUDGED, Evidence, decide
 from tests.short_run_support import gameday_run
 from tests.verdict_support import passing_journal

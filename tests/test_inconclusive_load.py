@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from gameday.load.runner import LoadConfig, LoadRun
-from gameday.run.evidence import load_reasons
+from gameday.run.sufficiency import load_reasons
 from tests.load_support import short_load
 from tests.procs import Spawner
 from tests.test_load_locust import write_trace

@@ -17,10 +17,10 @@ import pytest
 import yaml
 
 from canarystack.gate.state import GateConfig
+from canarystack.judge.answers import FAIL, PASS
 from canarystack.judge.metrics import JudgeCollector
 from canarystack.judge.service import Judge
 from canarystack.judge.settings import JudgeSettings, parse_release
-from canarystack.judge.verdict import FAIL, PASS
 from gameday.targets import load_target
 from tests.test_foreign_stack import _load
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import http.client
 import json
-import os
 import re
 import time
 from collections.abc import Iterator
@@ -35,7 +34,7 @@ import yaml
 
 from tests.procs import Proc, Spawner, pid_alive, stopping
 from tests.test_judge import ENGINE, flagger_post
-from tests.test_k8s_live import LOOPBACK, admin_call, recorded_pids, recreate
+from tests.test_k8s_live import LOOPBACK, admin_call, live_marks, recorded_pids, recreate
 
 ROOT = Path(__file__).resolve().parent.parent
 JUDGE_DIR = ROOT / "deploy" / "judge"
@@ -49,14 +48,7 @@ ANALYSIS = f"/apis/argoproj.io/v1alpha1/namespaces/{NS}/analysistemplates"
 METRICS = f"/apis/flagger.app/v1beta1/namespaces/{NS}/metrictemplates"
 CANARIES = f"/apis/flagger.app/v1beta1/namespaces/{NS}/canaries"
 
-pytestmark = [
-    pytest.mark.k8s_live,
-    pytest.mark.skipif(
-        os.environ.get("CANARY_GAMEDAY_K8S_LIVE") != "1",
-        reason="live Kubernetes tests: CANARY_GAMEDAY_K8S_LIVE=1 with the cluster up",
-    ),
-    pytest.mark.timeout(300),
-]
+pytestmark = live_marks(300, "CANARY_GAMEDAY_K8S_LIVE=1 with the cluster up")
 
 
 def _doc(name: str) -> dict[str, Any]:

@@ -11,9 +11,9 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from canarystack.gate.state import GateConfig
+from canarystack.judge.answers import FlaggerPayload, flagger_status
 from canarystack.judge.service import Judge, TokenBucket
 from canarystack.judge.settings import JudgeSettings, parse_rates, parse_release
-from canarystack.judge.verdict import FlaggerPayload, flagger_status
 from canarystack.router.divergence import Position, SideResult
 
 EDGES = (512, 1024, 2048, 4096)

@@ -8,6 +8,13 @@ does. Only what a pod gets from the cluster is swapped for loopback: listen addr
 port, the Service URLs, the volumes' paths, the token file. Then a request goes through
 the router (pinned to each variant) and comes back served by the version the Deployment's
 annotation names. What this does not cover: images, DNS, kube-proxy, volumes, probes.
+
+Without a cluster there is no API server to review the router pod's projected
+service-account token (``--router-identity kubernetes``), so the broker runs with the
+per-router credentials that stand for it off a cluster (``--router-identity tokens
+--require-router-credentials``: one credential per router id, the shared one refused), and
+the router's projected ``broker-token`` is a credential bound to its pod name. The live
+cluster runs the TokenReview path (tests/test_k8s_live_identity.py).
 """
 
 from __future__ import annotations
@@ -88,6 +95,28 @@ def pods(tmp_path: Path) -> Iterator[Pods]:
 
 
 CREDENTIALS_MOUNT = "/var/run/canarystack/credentials"
+ROUTER_POD = "router-7f9c-abcde"
+
+
+def without_cluster_identity(args: list[str]) -> list[str]:
+    """``--router-identity kubernetes`` as it stands off a cluster: per-router credentials."""
+    out = list(args)
+    if "--router-identity" in out:
+        i = out.index("--router-identity")
+        assert out[i + 1] == "kubernetes", out
+        out[i : i + 2] = ["--router-identity", "tokens", "--require-router-credentials"]
+    return out
+
+
+def bound_router_token(creds: Path, router_id: str) -> None:
+    """The router pod's ``broker-token`` (a projected service-account token on a cluster):
+    here the heartbeat credential bound to its pod name, minted as an operator would."""
+    done = subprocess.run(
+        [sys.executable, "-m", "canarystack.broker.router_token", "--credentials-dir",
+         str(creds), router_id], capture_output=True, text=True, timeout=30, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    (creds / "broker-token").write_text(done.stdout)
 
 
 def localize_credential(arg: str, creds: Path) -> str:
@@ -122,6 +151,7 @@ def test_the_rendered_commands_start_a_stack_that_serves_both_variants(
     creds.mkdir()
     for cred in CREDENTIALS:
         (creds / cred).write_text(credential_token(TOKEN, cred) + "\n")
+    bound_router_token(creds, ROUTER_POD)
     ports = {name: free_port() for _, name in ORDER}
     url = {name: f"http://127.0.0.1:{port}" for name, port in ports.items()}
     loopback = {  # the Services, as loopback URLs
@@ -141,8 +171,8 @@ def test_the_rendered_commands_start_a_stack_that_serves_both_variants(
         if name.startswith("model"):
             versions[name] = env["MODEL_VERSION"]
         (container,) = pod_spec(doc)["containers"]
-        args = localize(expand(container["args"], env), ports[name], tmp_path / name,
-                        tmp_path / f"{name}.ready", creds)  # fmt: skip
+        args = localize(without_cluster_identity(expand(container["args"], env)), ports[name],
+                        tmp_path / name, tmp_path / f"{name}.ready", creds)  # fmt: skip
         assert not [a for a in args if "$(" in a], args  # every variable is defined
         pods.start(name, args, {**base_env, **env})
     for _, name in ORDER:
@@ -188,7 +218,7 @@ def test_the_rendered_commands_start_a_stack_that_serves_both_variants(
         assert got == {"served_by": variant, "version": versions[role]}
     # the router identifies itself to the broker by the pod name (downward API)
     routers = requests.get(f"{url['broker']}/v1/routers", timeout=5).json()["routers"]
-    assert [r["router_id"] for r in routers] == ["router-7f9c-abcde"]
+    assert [r["router_id"] for r in routers] == [ROUTER_POD]
     health = json.loads(requests.get(f"{url['rollback']}/health", timeout=5).text)
     assert health["status"] == "ok"
 

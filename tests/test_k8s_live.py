@@ -11,6 +11,7 @@ and its last test stops it (k8s-down.sh) and checks that nothing is left.
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import re
@@ -27,6 +28,7 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.k8s_render import LOOPBACK_PORTS
 from tests.procs import pid_alive
 
 REPO = Path(__file__).resolve().parents[1]
@@ -36,23 +38,24 @@ KUBECONFIG = STATE / "kubeconfig"
 KUBECTL = str(REPO / ".venv" / "bin" / "kubectl")
 NS = "canarystack-loopback"
 APISERVER = "https://127.0.0.1:" + os.environ.get("K8S_APISERVER_PORT", "16443")
-STACK_PORTS = {
-    "router": 18000,
-    "broker": 18001,
-    "gate": 18002,
-    "rollback": 18003,
-    "model-baseline": 18010,
-    "model-canary": 18011,
-}
 
-pytestmark = [
-    pytest.mark.k8s_live,
-    pytest.mark.skipif(
-        os.environ.get("CANARY_GAMEDAY_K8S_LIVE") != "1",
-        reason="live Kubernetes tests: run `make test-k8s` (sets CANARY_GAMEDAY_K8S_LIVE=1)",
-    ),
-    pytest.mark.timeout(1800),
-]
+RUN_LIVE = "run `make test-k8s` (sets CANARY_GAMEDAY_K8S_LIVE=1)"
+
+
+def live_marks(timeout_s: int, how: str = RUN_LIVE) -> list[pytest.MarkDecorator]:
+    """A live Kubernetes module's marks: ``k8s_live``, skipped unless
+    CANARY_GAMEDAY_K8S_LIVE=1 (``how`` says how to run it), and its timeout."""
+    return [
+        pytest.mark.k8s_live,
+        pytest.mark.skipif(
+            os.environ.get("CANARY_GAMEDAY_K8S_LIVE") != "1",
+            reason=f"live Kubernetes tests: {how}",
+        ),
+        pytest.mark.timeout(timeout_s),
+    ]
+
+
+pytestmark = live_marks(1800)
 
 
 def run(*cmd: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
@@ -125,6 +128,19 @@ def listening_sockets(pid: int) -> list[str]:
 
 
 LOOPBACK_ADDRS = {"0100007F", "00000000000000000000000001000000"}  # 127.0.0.1, ::1
+
+
+@contextlib.contextmanager
+def cluster_unless_up() -> Iterator[bool]:
+    """The loopback cluster for a module that does not own it: started, and stopped
+    after, only when it is not up already; whether this started it."""
+    started = not recorded_pids() or not all(pid_alive(p) for p in recorded_pids().values())
+    if started:
+        res = run(str(LOOPBACK / "k8s-up.sh"), timeout=1500)
+        assert res.returncode == 0, res.stderr[-3000:]
+    yield started
+    if started:
+        run(str(LOOPBACK / "k8s-down.sh"), timeout=300)
 
 
 @pytest.fixture(scope="module")
@@ -214,7 +230,7 @@ def test_stack_pods_run_the_local_image_and_are_ready(stack: None) -> None:
     for p in pods:
         comp = p["metadata"]["labels"].get("app.kubernetes.io/component", "")
         by_component.setdefault(comp, []).append(p)
-    for comp in [*STACK_PORTS, "redis"]:
+    for comp in [*LOOPBACK_PORTS, "redis"]:
         running = [p for p in by_component.get(comp, []) if p["status"]["phase"] == "Running"]
         # Two routers: the Deployments router and router-b (one node, host ports).
         assert len(running) == (2 if comp == "router" else 1), (
@@ -236,7 +252,7 @@ def test_stack_pods_run_the_local_image_and_are_ready(stack: None) -> None:
 
 
 def test_stack_answers_on_its_loopback_ports(stack: None) -> None:
-    for comp, port in STACK_PORTS.items():
+    for comp, port in LOOPBACK_PORTS.items():
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=10) as resp:
             assert resp.status == 200, comp
             body = json.loads(resp.read())

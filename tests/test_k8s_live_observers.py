@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,40 +28,26 @@ from gameday.observers import GateObserver, history
 from gameday.targets import TargetError, parse_target
 from gameday.targets.external import ExternalTarget
 from gameday.targets.kubernetes import KubernetesTarget
-from tests.procs import pid_alive
 from tests.test_k8s_live import (
     KUBECONFIG,
-    LOOPBACK,
     admin_call,
-    recorded_pids,
+    cluster_unless_up,
+    live_marks,
     recreate,
     rfc3339,
-    run,
     write_status,
 )
 
 NS = "observers"
-pytestmark = [
-    pytest.mark.k8s_live,
-    pytest.mark.skipif(
-        __import__("os").environ.get("CANARY_GAMEDAY_K8S_LIVE") != "1",
-        reason="live Kubernetes tests: run `make test-k8s` (sets CANARY_GAMEDAY_K8S_LIVE=1)",
-    ),
-    pytest.mark.timeout(1800),
-]
+pytestmark = live_marks(1800)
 
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[None]:
-    started = not recorded_pids() or not all(pid_alive(p) for p in recorded_pids().values())
-    if started:
-        res = run(str(LOOPBACK / "k8s-up.sh"), timeout=1500)
-        assert res.returncode == 0, res.stderr[-3000:]
-    code, body = admin_call("POST", "/api/v1/namespaces", {"metadata": {"name": NS}})
-    assert code in (201, 409), body
-    yield
-    if started:
-        run(str(LOOPBACK / "k8s-down.sh"), timeout=300)
+    with cluster_unless_up():
+        code, body = admin_call("POST", "/api/v1/namespaces", {"metadata": {"name": NS}})
+        assert code in (201, 409), body
+        yield
 
 
 def _observer(kind: str, name: str, **extra: Any) -> GateObserver:
@@ -86,17 +72,27 @@ ROLLOUTS = f"/apis/argoproj.io/v1alpha1/namespaces/{NS}/rollouts"
 CANARIES = f"/apis/flagger.app/v1beta1/namespaces/{NS}/canaries"
 HTTPROUTES = f"/apis/gateway.networking.k8s.io/v1beta1/namespaces/{NS}/httproutes"
 VIRTUALSERVICES = f"/apis/networking.istio.io/v1beta1/namespaces/{NS}/virtualservices"
+DEPLOYMENTS = f"/apis/apps/v1/namespaces/{NS}/deployments"
+# The apiVersion and kind of the objects each collection holds.
+KINDS = {
+    ROLLOUTS: ("argoproj.io/v1alpha1", "Rollout"),
+    CANARIES: ("flagger.app/v1beta1", "Canary"),
+    HTTPROUTES: ("gateway.networking.k8s.io/v1beta1", "HTTPRoute"),
+    VIRTUALSERVICES: ("networking.istio.io/v1beta1", "VirtualService"),
+    DEPLOYMENTS: ("apps/v1", "Deployment"),
+}
+
+
+def _manifest(collection: str, name: str, spec: dict[str, Any]) -> dict[str, Any]:
+    """The object ``name`` of ``collection``'s kind, with ``spec``."""
+    api_version, kind = KINDS[collection]
+    return {"apiVersion": api_version, "kind": kind, "metadata": {"name": name}, "spec": spec}
 
 
 def test_an_argo_rollout_abort_is_a_trip_at_its_aborted_at(cluster: None) -> None:
     path = recreate(
         ROLLOUTS,
-        {
-            "apiVersion": "argoproj.io/v1alpha1",
-            "kind": "Rollout",
-            "metadata": {"name": "llm"},
-            "spec": {"strategy": {"canary": {"steps": [{"setWeight": 5}]}}},
-        },
+        _manifest(ROLLOUTS, "llm", {"strategy": {"canary": {"steps": [{"setWeight": 5}]}}}),
     )
     observer = _observer("argo-rollouts", "llm")
     with requests.Session() as session:
@@ -129,7 +125,7 @@ def test_an_argo_rollout_abort_is_a_trip_at_its_aborted_at(cluster: None) -> Non
     assert tripped.tripped is True
     assert tripped.canary_weight == 0.0
     assert abs((tripped.tripped_since or 0) - int(aborted_at)) < 1.0
-    events = history(observer.log.snapshots(), observer.name)
+    events: Sequence[Mapping[str, Any]] = history(observer.log.snapshots(), observer.name)
     phases = [e["change"]["phase"]["new"] for e in events if "phase" in e["change"]]
     assert phases == ["tripped", "rolled_back"]
     assert events[0]["time"] == tripped.tripped_since
@@ -138,12 +134,7 @@ def test_an_argo_rollout_abort_is_a_trip_at_its_aborted_at(cluster: None) -> Non
 def test_an_argo_analysis_run_in_error_means_the_gate_cannot_see(cluster: None) -> None:
     path = recreate(
         ROLLOUTS,
-        {
-            "apiVersion": "argoproj.io/v1alpha1",
-            "kind": "Rollout",
-            "metadata": {"name": "blind"},
-            "spec": {},
-        },
+        _manifest(ROLLOUTS, "blind", {}),
     )
     write_status(
         path,
@@ -168,12 +159,7 @@ def test_an_argo_analysis_run_in_error_means_the_gate_cannot_see(cluster: None) 
 def test_a_flagger_canary_failed_is_a_trip(cluster: None) -> None:
     path = recreate(
         CANARIES,
-        {
-            "apiVersion": "flagger.app/v1beta1",
-            "kind": "Canary",
-            "metadata": {"name": "llm"},
-            "spec": {"targetRef": {"kind": "Deployment", "name": "llm"}},
-        },
+        _manifest(CANARIES, "llm", {"targetRef": {"kind": "Deployment", "name": "llm"}}),
     )
     observer = _observer("flagger", "llm")
     with requests.Session() as session:
@@ -195,11 +181,10 @@ def test_a_flagger_canary_failed_is_a_trip(cluster: None) -> None:
 
 
 def _httproute(canary_weight: int) -> dict[str, Any]:
-    return {
-        "apiVersion": "gateway.networking.k8s.io/v1beta1",
-        "kind": "HTTPRoute",
-        "metadata": {"name": "llm"},
-        "spec": {
+    return _manifest(
+        HTTPROUTES,
+        "llm",
+        {
             "rules": [
                 {
                     "backendRefs": [
@@ -209,7 +194,7 @@ def _httproute(canary_weight: int) -> dict[str, Any]:
                 }
             ]
         },
-    }
+    )
 
 
 def test_an_httproute_weight_set_to_zero_is_read_as_the_canary_off(cluster: None) -> None:
@@ -235,11 +220,10 @@ def _with_version(path: str, obj: dict[str, Any]) -> dict[str, Any]:
 def test_a_virtualservice_subset_weight_is_the_canary_share(cluster: None) -> None:
     recreate(
         VIRTUALSERVICES,
-        {
-            "apiVersion": "networking.istio.io/v1beta1",
-            "kind": "VirtualService",
-            "metadata": {"name": "llm"},
-            "spec": {
+        _manifest(
+            VIRTUALSERVICES,
+            "llm",
+            {
                 "hosts": ["llm"],
                 "http": [
                     {
@@ -250,7 +234,7 @@ def test_a_virtualservice_subset_weight_is_the_canary_share(cluster: None) -> No
                     }
                 ],
             },
-        },
+        ),
     )
     observer = _observer("k8s-route", "llm", route_kind="VirtualService", canary_backend="canary")
     with requests.Session() as session:
@@ -264,32 +248,32 @@ def test_an_object_that_is_not_there_is_said_not_raised(cluster: None) -> None:
     assert snap.why == ["the Kubernetes API did not give 'nobody': HTTP 404 Not Found"]
 
 
-DEPLOYMENTS = f"/apis/apps/v1/namespaces/{NS}/deployments"
+def _staging(canary: dict[str, Any], namespaces: list[str]) -> dict[str, Any]:
+    """The target file of a foreign stack "staging" (its router and model-canary on
+    ports nothing listens on) whose model-canary has ``canary`` (how to harm it) and only
+    it in the blast radius, in ``namespaces``."""
+    return {
+        "kind": "external",
+        "name": "staging",
+        "components": {
+            "router": {"url": "http://127.0.0.1:1"},
+            "model-canary": {"url": "http://127.0.0.1:2", **canary},
+        },
+        "blast_radius": {"components": ["model-canary"], "namespaces": namespaces},
+    }
 
 
 def _killing_target(namespaces: list[str]) -> ExternalTarget:
     """A foreign stack whose canary is deployment/vllm-canary, killed through the API, with
     ``namespaces`` as its blast radius."""
-    target = parse_target(
-        {
-            "kind": "external",
-            "name": "staging",
-            "components": {
-                "router": {"url": "http://127.0.0.1:1"},
-                "model-canary": {
-                    "url": "http://127.0.0.1:2",
-                    "kill": {
-                        "backend": "kubernetes",
-                        "namespace": NS,
-                        "selector": "app=vllm-canary",
-                        "workload": "deployment/vllm-canary",
-                        "kubeconfig": str(KUBECONFIG),
-                    },
-                },
-            },
-            "blast_radius": {"components": ["model-canary"], "namespaces": namespaces},
-        }
-    )
+    kill = {
+        "backend": "kubernetes",
+        "namespace": NS,
+        "selector": "app=vllm-canary",
+        "workload": "deployment/vllm-canary",
+        "kubeconfig": str(KUBECONFIG),
+    }
+    target = parse_target(_staging({"kill": kill}, namespaces))
     assert isinstance(target, ExternalTarget)
     return target
 
@@ -309,11 +293,10 @@ def _sleeper_deployment(name: str, args: list[str] | None) -> dict[str, Any]:
     }
     if args is not None:
         container["args"] = args
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": name},
-        "spec": {
+    return _manifest(
+        DEPLOYMENTS,
+        name,
+        {
             "replicas": 1,
             "selector": {"matchLabels": labels},
             "template": {
@@ -325,7 +308,7 @@ def _sleeper_deployment(name: str, args: list[str] | None) -> dict[str, Any]:
                 },
             },
         },
-    }
+    )
 
 
 def test_an_external_target_kills_one_pod_of_a_named_workload(cluster: None) -> None:
@@ -370,28 +353,14 @@ def test_an_external_target_rolls_a_bad_build_out_and_back(cluster: None, tmp_pa
 
     path = recreate(DEPLOYMENTS, _sleeper_deployment("vllm-engine", args=["--model", "m"]))
     target_file = tmp_path / "target.yaml"
-    target_file.write_text(
-        json.dumps(
-            {
-                "kind": "external",
-                "name": "staging",
-                "components": {
-                    "router": {"url": "http://127.0.0.1:1"},
-                    "model-canary": {
-                        "url": "http://127.0.0.1:2",
-                        "rollout": {
-                            "namespace": NS,
-                            "workload": "deployment/vllm-engine",
-                            "selector": "app=vllm-engine",
-                            "container": "engine",
-                            "kubeconfig": str(KUBECONFIG),
-                        },
-                    },
-                },
-                "blast_radius": {"components": ["model-canary"], "namespaces": [NS]},
-            }
-        )
-    )
+    rollout = {
+        "namespace": NS,
+        "workload": "deployment/vllm-engine",
+        "selector": "app=vllm-engine",
+        "container": "engine",
+        "kubeconfig": str(KUBECONFIG),
+    }
+    target_file.write_text(json.dumps(_staging({"rollout": rollout}, [NS])))
     config = {"gameday_target": str(target_file), "gameday_run_dir": str(tmp_path / "run")}
     # The first rollout: wait until the original pod is up.
     pk.undo_canary_rollout(deadline_s=120, configuration=config)  # nothing to undo yet
@@ -439,12 +408,11 @@ def _master_target() -> KubernetesTarget:
     template = {"metadata": {"labels": labels}, "spec": spec}
     recreate(
         DEPLOYMENTS,
-        {
-            "apiVersion": "apps/v1",
-            "kind": "Deployment",
-            "metadata": {"name": "locust-master"},
-            "spec": {"replicas": 0, "selector": {"matchLabels": labels}, "template": template},
-        },
+        _manifest(
+            DEPLOYMENTS,
+            "locust-master",
+            {"replicas": 0, "selector": {"matchLabels": labels}, "template": template},
+        ),
     )
     target = parse_target(
         {

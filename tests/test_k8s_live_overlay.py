@@ -8,24 +8,30 @@ on the live cluster otherwise.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from tests.k8s_render import K8S, NO_KUBECTL, by_kind, copy_with_token, kubectl, pod_spec, render
+from tests.k8s_render import (
+    K8S,
+    LOOPBACK_PORTS,
+    NO_KUBECTL,
+    REPO,
+    STACK,
+    by_kind,
+    copy_with_token,
+    kubectl,
+    pod_spec,
+    render,
+)
 
 pytestmark = pytest.mark.skipif(kubectl() is None, reason=NO_KUBECTL)
 
-SERVERS = {
-    "router": ("Deployment", 18000),
-    "broker": ("StatefulSet", 18001),
-    "gate": ("Deployment", 18002),
-    "rollback": ("Deployment", 18003),
-    "model-baseline": ("Deployment", 18010),
-    "model-canary": ("Deployment", 18011),
-}
+# Each server's workload kind and its port.
+SERVERS = {role: (STACK[role][0], port) for role, port in LOOPBACK_PORTS.items()}
 # The two router Deployments' own admin (instance) ports; both serve users on 18000.
 ROUTER_ADMIN_PORTS = {"router": 18004, "router-b": 18005}
 # API versions a 1.20 API server serves for the kinds the overlay renders.
@@ -34,6 +40,7 @@ V120 = {
     "ServiceAccount": "v1",
     "Role": "rbac.authorization.k8s.io/v1",
     "RoleBinding": "rbac.authorization.k8s.io/v1",
+    "ClusterRoleBinding": "rbac.authorization.k8s.io/v1",
     "ConfigMap": "v1",
     "Secret": "v1",
     "Service": "v1",
@@ -63,6 +70,19 @@ def server(docs: list[dict[str, Any]], component: str) -> dict[str, Any]:
     ]
     assert len(found) == 1, component
     return found[0]
+
+
+def test_the_broker_reviews_router_tokens_at_the_loopback_api_server(
+    docs: list[dict[str, Any]],
+) -> None:
+    # No kube-proxy: the broker reaches the API server where k8s-up.sh starts it.
+    common = (REPO / "deploy" / "loopback" / "common.sh").read_text()
+    port = re.search(r"APISERVER_PORT=\$\{K8S_APISERVER_PORT:-(\d+)\}", common)
+    assert port is not None
+    (container,) = server(docs, "broker")["spec"]["template"]["spec"]["containers"]
+    args = container["args"]
+    assert args[args.index("--router-identity") + 1] == "kubernetes"
+    assert args[args.index("--kube-api") + 1] == f"https://127.0.0.1:{port.group(1)}"
 
 
 def test_every_object_uses_an_api_version_kubernetes_1_20_serves(

@@ -15,7 +15,11 @@ its undo for real; the fake serves no ReplicaSet list, so the undo is checked th
 
 from __future__ import annotations
 
+import json
+import threading
+import time
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -24,12 +28,42 @@ import yaml
 from chaoslib.exceptions import ActivityFailed
 
 from gameday.faults import FaultLedger
+from gameday.targets.rollout import first_of, serving_since
 from probes.kubernetes import BUILD_ANNOTATION, VERSION_ANNOTATION, roll_out_bad_canary
 from tests.k8s_fake import FakeApi, pod, serve_fake, workload
 
 NS = "stack"
 LABELS = {"app.kubernetes.io/part-of": "canarystack", "app.kubernetes.io/component": "model-canary"}
 ARGS = ["serve", "model", "--port", "18011", "--kernel-fault", "garbage:1"]
+
+
+class _Health(BaseHTTPRequestHandler):
+    """The bad build's server as the harness sees it once its pod is Ready: ``/health``
+    saying it has been up ``uptime_s``."""
+
+    uptime_s = 0.0
+
+    def do_GET(self) -> None:
+        body = json.dumps({"status": "ok", "uptime_s": self.uptime_s}).encode()
+        self.send_response(200 if self.path == "/health" else 404)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def health_port() -> Iterator[int]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Health)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server.server_address[1]
+    server.shutdown()
+    server.server_close()
+    thread.join(5)
 
 
 @pytest.fixture
@@ -47,12 +81,12 @@ def fake(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[FakeApi]:
     yield from serve_fake(api, tmp_path, monkeypatch)
 
 
-def config(tmp_path: Path, components: list[str]) -> dict[str, Any]:
+def config(tmp_path: Path, components: list[str], port: int = 18011) -> dict[str, Any]:
     target = {
         "kind": "kubernetes",
         "namespace": NS,
         "urls": {"broker": "http://127.0.0.1:9"},  # nothing listens: annotations are best effort
-        "ports": {"model-canary": 18011},
+        "ports": {"model-canary": port},
         "blast_radius": {"namespaces": [NS], "components": components},
     }
     path = tmp_path / "target.yaml"
@@ -84,9 +118,52 @@ def test_the_bad_build_is_rolled_out_by_one_patch_and_ledgered_when_it_serves(
     assert entry.params == {"mode": "nan-logits", "min_prompt_tokens": 100, "build": build}
     assert entry.time >= entry.detail["patched_at"] == out["patched_at"]
     # the fault time is when the bad build's container started (it may serve before its
-    # readiness is seen), not when the whole rollout was seen done
+    # readiness is seen), not when the whole rollout was seen done; its pod's address
+    # (10.9.0.1) is never called here: no /health says when its server began
+    assert entry.detail["listening_at"] is None
     assert entry.time == entry.detail["container_started_at"] <= entry.detail["rolled_out_at"]
     assert entry.url == "http://10.9.0.1:18011"
+
+
+def test_the_fault_time_is_when_the_bad_builds_server_could_first_serve(
+    fake: FakeApi, health_port: int, tmp_path: Path
+) -> None:
+    """The API's container start is whole seconds and precedes the interpreter's start-up
+    (the loopback cluster's router first sent the bad build users ~3 s after it): the
+    ledger times the fault by the server's own /health uptime, read once it is Ready (the
+    fake rolls out at once, so a server up since just now)."""
+    fake.rollout_host_network = True  # its server on 127.0.0.1:health_port
+    cfg = config(tmp_path, ["model-canary"], port=health_port)
+    out = roll_out_bad_canary(kernel_fault="nan-logits:100", deadline_s=20, configuration=cfg)
+    after = time.time()
+    (entry,) = FaultLedger(tmp_path / "run" / "faults.jsonl").entries()
+    listening = entry.detail["listening_at"]
+    assert entry.url == f"http://127.0.0.1:{health_port}"
+    assert entry.detail["patched_at"] <= listening <= after
+    assert entry.detail["container_started_at"] <= listening
+    # a server up since just now answered after the rollout was seen done: never later
+    assert entry.time == min(listening, entry.detail["rolled_out_at"]) == out["serving_at"]
+
+
+def test_the_fault_time_prefers_the_servers_word_then_the_container_then_the_rollout() -> None:
+    assert first_of(10.5, 10.0, 12.0) == 10.5  # the server could serve from 10.5
+    assert first_of(None, 10.0, 12.0) == 10.0  # no /health uptime: the container start
+    assert first_of(None, None, 12.0) == 12.0  # neither: when the rollout was seen done
+    assert first_of(13.0, 10.0, 12.0) == 12.0  # Ready (so serving) by 12 whatever it says
+
+
+def test_serving_since_is_the_answer_time_less_the_uptime_never_before_the_bound(
+    health_port: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_Health, "uptime_s", 0.75)
+    url = f"http://127.0.0.1:{health_port}"
+    before = time.time()
+    since = serving_since([url], not_before=0.0)
+    after = time.time()
+    assert since is not None and before - 0.75 <= since <= after - 0.75
+    assert serving_since([url], not_before=after) == after  # a server cannot predate its pod
+    # nothing answers (a port nothing listens on): no estimate, the caller falls back
+    assert serving_since(["http://127.0.0.1:9"], not_before=0.0) is None
 
 
 @pytest.mark.parametrize("value", ["", "nan logits", ":100", "nan-logits:many"])

@@ -32,6 +32,7 @@ from tests.k8s_render import (
     CREDENTIALS,
     K8S,
     NO_KUBECTL,
+    STACK,
     by_kind,
     copy_with_token,
     credential_token,
@@ -62,14 +63,6 @@ PROGRESSIVE_RULES = [
     {"apiGroups": ["argoproj.io"], "resources": ["rollouts"], "verbs": ["get"]},
     {"apiGroups": ["flagger.app"], "resources": ["canaries"], "verbs": ["get"]},
 ]
-STACK = {  # role -> (workload kind, replicas)
-    "router": ("Deployment", 2),
-    "model-baseline": ("Deployment", 2),
-    "model-canary": ("Deployment", 1),
-    "gate": ("Deployment", 1),
-    "rollback": ("Deployment", 1),
-    "broker": ("StatefulSet", 1),
-}
 
 
 @pytest.fixture(scope="module")
@@ -96,7 +89,16 @@ def test_renders_and_staging_needs_its_token_file(
     assert namespace_of(rendered["staging"]) == "canarystack-staging"
     for docs in rendered.values():
         ns = namespace_of(docs)
-        assert all(d["metadata"].get("namespace") == ns for d in docs if d["kind"] != "Namespace")
+        cluster_scoped = ("Namespace", "ClusterRoleBinding")
+        assert all(
+            d["metadata"].get("namespace") == ns for d in docs if d["kind"] not in cluster_scoped
+        )
+        # The broker's token-review grant names the ServiceAccount of this build's namespace.
+        (review,) = [d for d in docs if d["kind"] == "ClusterRoleBinding"]
+        assert review["roleRef"]["name"] == "system:auth-delegator"
+        assert review["subjects"] == [
+            {"kind": "ServiceAccount", "name": "canarystack-broker", "namespace": ns}
+        ]
     # as on a fresh checkout (the token file is git-ignored): staging does not render
     k8s = copy_with_token(tmp_path, TEST_TOKEN)
     (k8s / "overlays" / "staging" / "admin-token").unlink()
@@ -126,7 +128,13 @@ def test_rbac_is_one_namespaced_role_with_exactly_the_listed_rules(
     docs = rendered[env]
     ns = namespace_of(docs)
     kinds = {d["kind"] for d in docs}
-    assert not kinds & {"ClusterRole", "ClusterRoleBinding"}
+    assert "ClusterRole" not in kinds
+    # One cluster-wide grant: the broker may create TokenReviews (router identity, #27).
+    (review,) = by_kind(docs, "ClusterRoleBinding")
+    assert review["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                                 "name": "system:auth-delegator"}  # fmt: skip
+    assert review["subjects"] == [{"kind": "ServiceAccount", "name": "canarystack-broker",
+                                   "namespace": ns}]  # fmt: skip
     (role,) = by_kind(docs, "Role")
     expected = ROLE_RULES + (PROGRESSIVE_RULES if env == "staging" else [])
     assert role["rules"] == expected
@@ -140,13 +148,20 @@ def test_rbac_is_one_namespaced_role_with_exactly_the_listed_rules(
                                   "name": role["metadata"]["name"]}  # fmt: skip
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "chaos-runner",
                                     "namespace": ns}]  # fmt: skip
-    # only the chaos runner's pods get an API token; every other pod has none
+    # only the chaos runner's pods and the broker get an API token; the routers run as
+    # canarystack-router with no API token (only their projected broker token); every
+    # other pod has none
+    accounts = {"chaos-runner": "chaos-runner", "broker": "canarystack-broker"}
     for doc in docs:
         if doc["kind"] in ("Deployment", "StatefulSet", "Job", "CronJob"):
             spec = pod_spec(doc)
-            runner = pod_labels(doc).get("app.kubernetes.io/component") == "chaos-runner"
-            assert spec.get("automountServiceAccountToken") is runner, doc["metadata"]["name"]
-            assert spec.get("serviceAccountName") == ("chaos-runner" if runner else None)
+            component = pod_labels(doc).get("app.kubernetes.io/component")
+            api = component in accounts
+            assert spec.get("automountServiceAccountToken") is api, doc["metadata"]["name"]
+            account = accounts.get(str(component))
+            if component == "router":
+                account = "canarystack-router"
+            assert spec.get("serviceAccountName") == account, doc["metadata"]["name"]
 
 
 def test_workloads_carry_the_labels_replicas_probes_and_limits(
@@ -338,7 +353,9 @@ def test_versions_secrets_and_the_one_off_job_agree(
 # the credentials of its role, nothing else.
 POD_CREDENTIALS = {
     ("StatefulSet", "broker"): {"faults-broker", "operator", "trip", "rollback", "heartbeat"},
-    ("Deployment", "router"): {"faults-router", "heartbeat", "samples"},
+    # The router's heartbeat credential is its own service-account token (below), not the
+    # shared heartbeat Secret.
+    ("Deployment", "router"): {"faults-router", "samples"},
     ("Deployment", "gate"): {"faults-gate", "trip", "samples"},
     ("Deployment", "rollback"): {"faults-rollback", "rollback", "operator"},
     ("Deployment", "model-baseline"): {"faults-model-baseline"},
@@ -370,6 +387,21 @@ def test_each_stack_pod_mounts_only_its_own_credentials(
         doc = one(docs, kind, name)
         names, secrets = _mounted_credentials(doc)
         assert names == expected, (name, names)
+        tokens = [
+            src["serviceAccountToken"]
+            for vol in pod_spec(doc).get("volumes", [])
+            for src in vol.get("projected", {}).get("sources", [])
+            if "serviceAccountToken" in src
+        ]
+        if name == "router":
+            assert tokens == [{"audience": "canarystack-broker", "expirationSeconds": 3600,
+                               "path": "broker-token"}]  # fmt: skip
+            (container,) = pod_spec(doc)["containers"]
+            args = container["args"]
+            token_file = args[args.index("--broker-token-file") + 1]
+            assert token_file == "/var/run/canarystack/credentials/broker-token"
+        else:
+            assert tokens == [], name
         assert secrets == {f"canarystack-{n}" for n in expected}, (name, secrets)
         (container,) = pod_spec(doc)["containers"]
         env_vars = {e["name"]: e.get("value") for e in container.get("env", [])}
@@ -378,7 +410,8 @@ def test_each_stack_pod_mounts_only_its_own_credentials(
         # Every credential path in the args is one the pod mounts.
         for arg in container["args"]:
             if str(arg).startswith("/var/run/canarystack/credentials/"):
-                assert str(arg).rsplit("/", 1)[1] in expected, (name, arg)
+                mounted = expected | ({"broker-token"} if tokens else set())
+                assert str(arg).rsplit("/", 1)[1] in mounted, (name, arg)
     if env == "staging":
         generated = {s["metadata"]["name"] for s in by_kind(docs, "Secret")}
         assert {f"canarystack-{n}" for n in CREDENTIALS} <= generated

@@ -24,7 +24,8 @@ import pytest
 import yaml
 from chaoslib.exceptions import ActivityFailed, InterruptExecution
 
-from gameday.faults import FaultEntry, FaultLedger
+from gameday.evidence.ledger import FaultEntry
+from gameday.faults import FaultLedger
 from gameday.load.records import LOAD_SCHEMA, ParquetSink
 from probes import kubernetes as k8s_probes
 from probes import progressive, prometheus
@@ -408,7 +409,7 @@ def test_wait_for_ready_measures_recovery_from_the_pod_kill(fake: FakeApi, tmp_p
     threading.Thread(target=recover, daemon=True).start()
     out = k8s_probes.wait_for_ready("router", timeout_s=30, poll_s=0.05, configuration=cfg)
     assert out["ok"] is True and out["detail"]["measured_from"] == "pod kill"
-    assert 0.3 <= out["measured"] < 30
+    assert out["measured"] is not None and 0.3 <= out["measured"] < 30
     assert out["detail"]["workloads"][0]["ready_pods"] == ["router-b", "router-c"]
 
 

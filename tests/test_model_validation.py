@@ -37,7 +37,12 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Proc]:
         ("/v1/completions", {"prompt": "a", "temperature": -0.5}, "temperature", "greater"),
         ("/v1/completions", {"prompt": "a", "top_p": 0}, "top_p", "greater than"),
         ("/v1/completions", {"prompt": "a", "n": 2}, "n", "n=2 is not supported"),
-        ("/v1/completions", {"prompt": "a", "echo": True}, "echo", "echo is not supported"),
+        (
+            "/v1/completions",
+            {"prompt": "a", "echo": True, "stream": True},
+            "echo",
+            "without streaming",
+        ),
         ("/v1/completions", {"prompt": "a", "stop": [1]}, "stop", "list of strings"),
         ("/v1/completions", {"prompt": "a", "stream": "yes"}, "stream", "boolean"),
         ("/v1/completions", {"prompt": "a", "seed": 1.5}, "seed", "integer"),

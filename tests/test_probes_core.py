@@ -11,7 +11,7 @@ from gameday.evidence import checks
 from gameday.report.loader import load_experiment
 from gameday.report.timeline import find_fault
 from probes._context import append_run_json_lines
-from probes._evidence import reference, run_json_lines
+from probes._run_records import reference, run_json_lines
 from tests.report_data import FAULT, hand_made_experiment
 from tests.run_support import ledger_entry
 

@@ -18,9 +18,9 @@ from click.testing import CliRunner
 from gameday.load.records import part_path, part_paths
 from gameday.report import ReportInputError, build_report
 from gameday.report.cli import report_cmd
-from gameday.report.loader import Missing
+from gameday.report.missing import Missing
+from gameday.report.summary import Summary
 from gameday.report.synthetic import LOAD_SCHEMA, Scenario, game_day, write_run
-from gameday.report.verdict import Summary
 from tests.report_data import hand_made_experiment
 
 XSD = Path(__file__).parent / "data" / "junit.xsd"
@@ -345,11 +345,9 @@ def test_an_unreadable_part_is_named_and_fails_the_verdict(
 def test_a_folder_holding_only_parts_is_an_experiment_and_its_rows_are_read(
     tmp_path: Path,
 ) -> None:
+    from gameday.report.frames import LOAD_COLUMNS, LOAD_KEY_COLUMNS, read_parquet
     from gameday.report.loader import (
-        LOAD_COLUMNS,
-        LOAD_KEY_COLUMNS,
         _is_experiment_dir,
-        read_parquet,
     )
 
     source = hand_made_experiment(tmp_path / "made")

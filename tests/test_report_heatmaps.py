@@ -9,9 +9,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from gameday.report.frames import LOAD_COLUMNS, ORACLE_COLUMNS, read_parquet
 from gameday.report.heatmaps import bucket_order, choose_bin_s, heatmap_cells, render_heatmaps
-from gameday.report.loader import LOAD_COLUMNS, ORACLE_COLUMNS, ExperimentData, read_parquet
-from gameday.report.synthetic import write_oracle, write_records
+from gameday.report.loader import ExperimentData
+from gameday.report.synthetic_files import write_oracle, write_records
 
 REF = 1_700_000_000.0
 NAN = math.nan

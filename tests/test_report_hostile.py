@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from gameday.report.findings import SloCheck
 from gameday.report.loader import discover_experiments
-from gameday.report.verdict import SloCheck, _expect_blind
+from gameday.report.summary import _expect_blind
 
 
 def test_an_experiment_folder_inside_another_is_found(tmp_path: Path) -> None:

@@ -14,8 +14,8 @@ import pytest
 
 from gameday.report import build_report
 from gameday.report.loader import parse_time
+from gameday.report.summary import journal_findings
 from gameday.report.synthetic import Scenario, write_experiment
-from gameday.report.verdict import journal_findings
 
 REPO = Path(__file__).resolve().parents[1]
 CHAOS = Path(sys.executable).parent / "chaos"
@@ -261,7 +261,8 @@ def test_the_run_verdict_and_the_report_give_the_same_reasons_for_one_journal(
 
 
 def test_expect_colour_lost_in_the_report_needs_the_probe_to_name_that_hop() -> None:
-    from gameday.report.verdict import SloCheck, _expect_colour_lost
+    from gameday.report.findings import SloCheck
+    from gameday.report.summary import _expect_colour_lost
 
     def check(lost_at: str) -> SloCheck:
         return SloCheck(

@@ -1,7 +1,7 @@
 """The noise floor the gate measured, in every game day's report (#14, "Done when" item 1).
 
 Each experiment's folder holds the gate's answer saved at its end (``gate-evidence.json``,
-``gameday.run.evidence``). Here the answers come from a real ``ReleaseGate`` fed
+``gameday.run.sufficiency``). Here the answers come from a real ``ReleaseGate`` fed
 baseline-baseline comparisons (batch noise on: KL around 1e-3; off: bit-identical
 replicas, KL 0), and the report must show the gate's own figures per bucket, the game
 day's line "noise floor > 0 in N/N experiments", and say "noise floor not measured"
@@ -23,7 +23,7 @@ import pytest
 from canarystack.gate.state import GateConfig, ReleaseGate
 from gameday.report import build_report
 from gameday.report.noise import NOT_MEASURED
-from gameday.run.evidence import summarise_gate
+from gameday.run.sufficiency import summarise_gate
 from tests.report_data import hand_made_experiment
 from tests.test_gate_stats import batch, comparison, release
 
@@ -49,7 +49,7 @@ def gate_answer(per_bucket: dict[str, int], kl: float | None = 1e-3, seed: int =
 
 
 def save_answer(folder: Path, answer: Any) -> dict[str, Any]:
-    """gate-evidence.json as ``gameday.run.evidence.write_gate_evidence`` writes it (the
+    """gate-evidence.json as ``gameday.run.sufficiency.write_gate_evidence`` writes it (the
     gate's noise floor kept by ``summarise_gate``)."""
     doc = {"ok": True, "url": "http://127.0.0.1:1/v1/gate/default", **summarise_gate(answer)}
     assert doc["noise_floor"] == answer["noise_floor"]

@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 from gameday.report.loader import ExperimentData, load_experiment
+from gameday.report.summary import journal_findings, summarise_experiment
+from gameday.report.synthetic_events import BrokerEvent
 from gameday.report.timeline import DEFAULT_SLO_S, Timeline, build_timeline
-from gameday.report.verdict import journal_findings, summarise_experiment
 from tests.report_data import (
     EXPECTED_SINCE_FAULT,
     FAULT,
@@ -150,7 +151,7 @@ def test_expected_trip_that_never_came(tmp_path: Path) -> None:
 
 
 def test_no_canary_request_after_the_fault_meets_the_rollback_slo(tmp_path: Path) -> None:
-    from gameday.report.synthetic import write_records
+    from gameday.report.synthetic_files import write_records
 
     folder = hand_made_experiment(tmp_path)
     write_records(
@@ -220,11 +221,11 @@ def test_the_probes_and_the_report_time_one_history_alike(tmp_path: Path) -> Non
     is not weight 0 for this trip, for either of them."""
     from gameday.evidence import checks
     from gameday.evidence.faults import reference_fault
-    from probes._evidence import read_records
+    from probes._run_records import read_records
     from tests.report_data import hand_made_faults
 
     events = hand_made_events()
-    stale = {
+    stale: BrokerEvent = {
         "seq": 35,
         "time": FAULT + 1.0,
         "revision": 5,
@@ -239,7 +240,7 @@ def test_the_probes_and_the_report_time_one_history_alike(tmp_path: Path) -> Non
     ref = reference_fault(hand_made_faults())
     assert ref is not None and ref.time == FAULT
     for check in ("detection_s", "weights_applied_s", "rollback_complete_s"):
-        probe = checks.broker_milestone(check, events, ref.entry, 10.0)
+        probe = checks.broker_milestone(check, [dict(e) for e in events], ref.entry, 10.0)
         assert probe["measured"] == pytest.approx(report[check]), check
     assert report["weights_applied_s"] == pytest.approx(3.4)  # the annotation after the trip
     frame = read_records(folder / "records.parquet")

@@ -14,6 +14,7 @@ from typing import Any
 
 import requests
 
+from canarystack.rollback.service import RollbackHealth
 from tests.broker_support import (
     Api,
     broker_with_versions,
@@ -256,7 +257,7 @@ def test_a_loop_that_ends_makes_health_degraded() -> None:
     from canarystack.rollback.executor import ExecutorConfig
     from canarystack.rollback.server import FAULT_KINDS, RollbackService
 
-    async def scenario() -> dict[str, Any]:
+    async def scenario() -> RollbackHealth:
         comp = Component(
             name="rollback",
             version="test",

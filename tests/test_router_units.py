@@ -18,6 +18,7 @@ from canarystack.router import shadow
 from canarystack.router.__main__ import build_parser, settings_from_args
 from canarystack.router.config import effective_weight
 from canarystack.router.proxy import DOWN_S, Pool
+from canarystack.router.records import ComparisonRecord
 from canarystack.router.routing import (
     COUNT_SLICE_CHARS,
     canary_threshold,
@@ -407,7 +408,7 @@ def _side(top: dict[str, float] | None = None, invalid: str | None = None) -> sh
 
 def _result(
     pair: str, a: shadow.SideResult, b: shadow.SideResult, **over: Any
-) -> tuple[str, dict[str, object] | None]:
+) -> tuple[str, ComparisonRecord | None]:
     """``comparison_result`` of a short-prompt pair; ``over`` replaces any field."""
     fields: dict[str, Any] = {
         "bucket": "0-512",

@@ -5,6 +5,7 @@ stack's answer, and names the URL and what to do when it cannot read."""
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -36,8 +37,8 @@ def broker_url(spawn: Spawner, tmp_path: Path) -> str:
 def test_the_history_is_read_past_the_first_page(broker_url: str, tmp_path: Path) -> None:
     with requests.Session() as session:
         api = StackApi(session, _target(tmp_path, broker_url=broker_url))
-        events = api.events()
-        release = api.release()
+        events: Sequence[Mapping[str, Any]] = api.events()
+        release: Mapping[str, Any] = api.release()
         assert api.routers() == []  # no router has sent a heartbeat
     # Every event once, oldest first, the newest included (one request holds 10,000).
     seqs = [e["seq"] for e in events]
@@ -131,7 +132,8 @@ def test_canarystack_gate_is_read_through_the_same_observer_interface(
         assert after.tripped is True and after.canary_weight == 0.0
         assert after.signal == "phase tripped" and after.pins_to_canary is False
         # The checks read the broker's history through the observer, not the snapshots.
-        phases = [e["change"]["phase"]["new"] for e in api.events() if "phase" in e["change"]]
+        history: Sequence[Mapping[str, Any]] = api.events()
+        phases = [e["change"]["phase"]["new"] for e in history if "phase" in e["change"]]
         assert phases == ["progressing", "tripped"]  # its creation, then the trip
         assert api.gate().where() == f"{gate.url}/v1/gate/default"
     assert [s.tripped for s in observer.log.snapshots()] == [False, True]

@@ -144,7 +144,8 @@ def test_ctrl_c_clears_every_fault_and_stops_the_load(tmp_path: Path) -> None:
             not Path(f"/proc/{load['pid']}").exists()
             or b"locust" not in Path(f"/proc/{load['pid']}/cmdline").read_bytes()
         )
-        assert (stack_status(tmp_path / "stack") or {}).get("running") is True
+        after = stack_status(tmp_path / "stack")
+        assert after is not None and after.get("running") is True
         result = result_of(out / "ctrlc", "router/latency")
         assert result["verdict"] == "fail"
         assert any("interrupted (SIGINT)" in r for r in result["reasons"])

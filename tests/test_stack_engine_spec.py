@@ -161,7 +161,7 @@ def test_vllm_kernel_faults_are_real_builds_and_say_what_a_cpu_cannot_build(
 
     assert vllm.VllmKernelParams(mode="bf16").variant == "bf16"
     with pytest.raises(ValidationError, match="not a build of a real vLLM"):
-        vllm.VllmKernelParams(mode="garbage")
+        vllm.VllmKernelParams(mode="garbage")  # type: ignore[arg-type]
     with pytest.raises(ValidationError, match="acts on every prompt"):
         vllm.VllmKernelParams(mode="bf16", min_prompt_tokens=2048)
     avx2 = tmp_path / "cpuinfo-avx2"

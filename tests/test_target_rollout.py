@@ -6,6 +6,7 @@ tests/test_k8s_fresh_canary.py."""
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from canary_contract.json import JsonObject
@@ -13,7 +14,7 @@ from gameday.targets.rollout import Broker, CanaryChange, fresh_canary
 
 
 def _broker(release: JsonObject, writes: list[Any]) -> Broker:
-    def patch(change: JsonObject, reason: str) -> JsonObject:
+    def patch(change: Mapping[str, object], reason: str) -> JsonObject:
         writes.append((change, reason))
         return {**release, **change}
 

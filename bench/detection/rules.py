@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse
 
 from canary_contract.json import JsonObject
-from canarystack.gate.state import GateConfig, ReleaseGate, SampleBatch
+from canarystack.gate.state import GateConfig, ReleaseGate, SampleBatch, release_record
 from detection.stack import Batches
 
 SEED_KL_WINDOW = 100
@@ -103,16 +103,7 @@ def flagger_rule(
 def our_rule_offline(batches: Batches, version: str) -> float | None:
     """Our gate's decision on a recorded stream (the gate's own code, its defaults)."""
     gate = ReleaseGate("default", GateConfig.from_budget())  # as the gate process
-    gate.on_release(
-        {
-            "phase": "progressing",
-            "revision": 1,
-            "stable": {"version": "v1"},
-            "canary": {"version": version},
-            "weights": {"canary": 5},
-        },
-        0.0,
-    )
+    gate.on_release(release_record("default", 1, "v1", version, 5), 0.0)
     for t, b in batches:
         try:
             batch = SampleBatch.model_validate(b)

@@ -29,7 +29,7 @@ from canary_contract.json import JsonObject
 from canarystack.broker.client import BrokerError
 from canarystack.broker.client_errors import IllegalTransition, RevisionConflict
 from detection import conditions, rules
-from detection.stack import RELEASE, Stack, model_args
+from detection.stack import RELEASE, Batches, Stack, model_args
 from detection.traffic import Record
 
 POLL_S = 0.02
@@ -50,6 +50,36 @@ async def wait_until(pred: Callable[[], Awaitable[T | None]], timeout_s: float) 
     return None
 
 
+# The fault acts on prompts of at least this many tokens (``faulty_kernel``).
+FAULT_MIN_PROMPT_TOKENS = 2048
+
+
+def affected_comparisons(
+    batches: Batches, version: str, start: float, fault: float, until: float
+) -> JsonObject:
+    """Baseline-canary comparisons the fault acts on (this canary, a prompt of at least
+    ``FAULT_MIN_PROMPT_TOKENS``), by the time they reached the gate: how many arrived per
+    second before the fault (the rate the traffic gives the gate) and how many between the
+    fault and ``until`` (the trip, or the run's end)."""
+
+    def count(t0: float, t1: float) -> int:
+        return sum(
+            1
+            for t, batch in batches
+            if t0 <= t <= t1
+            for c in batch.get("comparisons", ())
+            if c.get("pair") == "baseline-canary"
+            and c.get("version_b") == version
+            and int(c.get("prompt_tokens", 0)) >= FAULT_MIN_PROMPT_TOKENS
+        )
+
+    before_s = max(fault - start, 1e-9)
+    return {
+        "affected_per_s_before_fault": round(count(start, fault) / before_s, 3),
+        "affected_to_trip": count(fault, until),
+    }
+
+
 def faulty_kernel(ttl_s: float) -> JsonObject:
     return conditions.kernel_fault("fp8-kv-scale", 1.0, ttl_s)
 
@@ -64,17 +94,19 @@ class Bench:
 
     # -- the broker, through its client (None / [] while it cannot be reached) -----------
     async def release(self) -> JsonObject | None:
+        """The release in its wire form (the bench reads it by key), None while the
+        broker cannot be reached."""
         try:
-            return await self.stack.broker.get_release(RELEASE)
+            return (await self.stack.broker.get_release(RELEASE)).to_wire()
         except UNREACHABLE:
             return None
 
     async def all_applied(self, revision: int) -> float | None:
         try:
-            routers = await self.stack.broker.routers(RELEASE)
+            routers = (await self.stack.broker.router_records(RELEASE)).routers
         except UNREACHABLE:
             return None
-        if routers and all((r.get("applied_revision") or 0) >= revision for r in routers):
+        if routers and all((r.applied_revision or 0) >= revision for r in routers):
             return time.time()
         return None
 
@@ -92,9 +124,9 @@ class Bench:
         except UNREACHABLE:
             events = []
         for ev in reversed(events):
-            phase = (ev.get("change") or {}).get("phase") or {}
+            phase = ev.change.get("phase") or {}
             if phase.get("new") == "tripped":
-                return int(ev["revision"])
+                return ev.revision
         rel = await self.release()
         return int(rel["revision"]) if rel else 0
 
@@ -124,7 +156,7 @@ class Bench:
             except (RevisionConflict, IllegalTransition):
                 await asyncio.sleep(0.1)
                 continue
-            revision = int(done["revision"])
+            revision = done.revision
             break
         if revision is None:
             raise SystemExit(f"could not make {version} the progressing canary")
@@ -183,6 +215,8 @@ class Bench:
         result["canary_served_after_fault"] = len(after)
         result["canary_served_long_after_fault"] = sum(1 for r in after if r.prompt_tokens >= 2048)
         batches = self.stack.tap.between(start, end)
+        until = fault + float(result.get("detect_s") or args.max_detect_s)
+        result.update(affected_comparisons(batches, version, start, fault, until))
         result["reference"] = rules.replay(batches, version, start, fault, args)
         result["wall_s"] = round(end - start, 1)
         return result

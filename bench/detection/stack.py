@@ -138,9 +138,14 @@ def model_args(version: str, seed: int) -> tuple[str, ...]:
 
 
 async def start_stack(
-    tmp: Path, session: aiohttp.ClientSession, canary_weight: float, procs: Procs
+    tmp: Path,
+    session: aiohttp.ClientSession,
+    canary_weight: float,
+    procs: Procs,
+    gate_args: tuple[str, ...] = (),
 ) -> Stack:
-    """Start every part (into ``procs``, so the caller stops them whatever happens)."""
+    """Start every part (into ``procs``, so the caller stops them whatever happens);
+    ``gate_args``: the gate's flags beyond its broker (e.g. ``--test release-eprocess``)."""
     await procs.start("broker", "canarystack.broker", "--state-dir", str(tmp / "broker"))
     broker_url = procs.url("broker")
     broker = BrokerClient(session, broker_url, TOKEN, actor="bench")
@@ -150,7 +155,7 @@ async def start_stack(
     for i, name in enumerate(BASELINES):
         await procs.start(name, "canarystack.model", *model_args("v1", 1000 + i))
     await procs.start("canary", "canarystack.model", *model_args("v2", 2000))
-    await procs.start("gate", "canarystack.gate", "--broker", broker_url)
+    await procs.start("gate", "canarystack.gate", "--broker", broker_url, *gate_args)
     await procs.start("rollback", "canarystack.rollback", "--broker", broker_url)
     tap = Tap(gate_url=procs.url("gate"), session=session)
     app = web.Application(client_max_size=64 * 1024**2)

@@ -22,7 +22,7 @@ from _results import percentile
 
 from canary_contract.json import JsonObject
 from detection.conditions import CONDITIONS
-from detection.traffic import Traffic
+from detection.traffic import Traffic, trace_output_lengths
 from gameday.report.campaign import CONFIDENCE, exceedance_upper_bound, quantile_interval
 
 
@@ -67,6 +67,20 @@ STACK = (
     "2 routers (SO_REUSEPORT, default shadow rates), 2 baseline + 1 canary simulated model "
     "servers with the calibrated batch noise, gate and rollback at their defaults"
 )
+
+
+def lengths_of(args: argparse.Namespace) -> JsonObject:
+    """``Traffic``'s answer-length settings from ``--output-lengths`` / ``--trace``."""
+    if args.output_lengths == "gameday":
+        return {}
+    return {"output_lengths": trace_output_lengths(args.trace), "trace_name": args.trace.name}
+
+
+def stack_of(args: argparse.Namespace) -> str:
+    """The stack the runs ran on: ``STACK``, and the gate's test when not its default."""
+    if args.gate_test == "cusum":
+        return STACK
+    return f"{STACK}; the gate with --test {args.gate_test}"
 
 
 def load_of(traffic: Traffic, canary_weight: float) -> JsonObject:
@@ -123,7 +137,7 @@ def report(
     return {
         "bench": "gate_detection",
         "load": load,
-        "stack": STACK,
+        "stack": stack_of(args),
         "seconds_each": seconds_each(args),
         "faulty_runs": {
             "n": len(faulty),
@@ -142,6 +156,12 @@ def report(
             ),
             "canary_served_long_prompt_after_fault": times(
                 [float(r["canary_served_long_after_fault"]) for r in faulty]
+            ),
+            "affected_comparisons_per_s_before_fault": times(
+                [float(r["affected_per_s_before_fault"]) for r in faulty if "affected_to_trip" in r]
+            ),
+            "affected_comparisons_to_trip": times(
+                [float(r["affected_to_trip"]) for r in tripped if "affected_to_trip" in r]
             ),
             "wall_s_per_run": times([r["wall_s"] for r in faulty]),
             "runs": faulty,
@@ -207,13 +227,13 @@ def settings_of(res: JsonObject) -> JsonObject:
 
 def settings_for(args: argparse.Namespace) -> JsonObject:
     """The settings a part run with ``args`` will have (checked before it starts)."""
-    traffic = Traffic("http://127.0.0.1:9", users=args.users, seed=args.seed)
+    traffic = Traffic("http://127.0.0.1:9", users=args.users, seed=args.seed, **lengths_of(args))
     return settings_of(
         {
             "seconds_each": seconds_each(args),
             "healthy_runs": {"min_comparisons_for_evidence": args.min_comparisons},
             "load": load_of(traffic, args.canary_weight),
-            "stack": STACK,
+            "stack": stack_of(args),
         }
     )
 

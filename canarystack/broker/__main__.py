@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import IO
 
+from canarystack.broker import kube_identity
 from canarystack.broker.capabilities import load_credentials_dir
 from canarystack.broker.overdue import DEFAULT_ROLLBACK_OVERDUE_S
 from canarystack.broker.server import build_app
@@ -66,6 +67,33 @@ def build_parser() -> argparse.ArgumentParser:
         help="take heartbeats only from router-bound credentials (python -m "
         "canarystack.broker.router_token), so no router can speak for another",
     )
+    k = p.add_argument_group(
+        "router identity on Kubernetes",
+        "--router-identity kubernetes: each router pod heartbeats with its own projected "
+        "service-account token (audience --router-audience), which the API server reviews "
+        "(TokenReview; the broker's service account needs system:auth-delegator); the "
+        "shared heartbeat credential is then refused for heartbeats, as with "
+        "--require-router-credentials, and only live router pods can be listed",
+    )
+    k.add_argument("--router-identity", choices=("tokens", "kubernetes"), default="tokens")
+    k.add_argument(
+        "--kube-api",
+        default=None,
+        help="the API server's URL (default: the pod's KUBERNETES_SERVICE_HOST/PORT)",
+    )
+    k.add_argument("--kube-ca-file", default=str(kube_identity.SA_DIR / "ca.crt"))
+    k.add_argument(
+        "--kube-token-file",
+        default=str(kube_identity.SA_DIR / "token"),
+        help="the broker's own service-account token, read afresh for every review",
+    )
+    k.add_argument("--router-audience", default=kube_identity.DEFAULT_AUDIENCE)
+    k.add_argument(
+        "--router-service-account",
+        default=kube_identity.DEFAULT_ROUTER_SERVICE_ACCOUNT,
+        help="the routers' service account, NAME (in the broker's namespace) or "
+        "NAMESPACE:NAME (default %(default)s)",
+    )
     p.add_argument(
         "--credentials-dir",
         default=None,
@@ -75,6 +103,37 @@ def build_parser() -> argparse.ArgumentParser:
     )
     describe_admin_flag(p)
     return p
+
+
+def router_identity(
+    parser: argparse.ArgumentParser, args: argparse.Namespace
+) -> kube_identity.KubeRouterIdentity | None:
+    """The Kubernetes router identity ``--router-identity kubernetes`` asks for, checked:
+    an API server URL and a namespace for the routers' service account."""
+    if args.router_identity != "kubernetes":
+        return None
+    api = args.kube_api or kube_identity.in_cluster_api()
+    if not api or not api.startswith(("https://", "http://")):
+        parser.error(
+            "--router-identity kubernetes: no API server URL: give --kube-api "
+            "https://HOST:PORT (outside a pod there is no KUBERNETES_SERVICE_HOST)"
+        )
+    namespace, _, name = args.router_service_account.rpartition(":")
+    namespace = namespace or kube_identity.namespace_of() or ""
+    if not namespace or not name:
+        parser.error(
+            f"--router-service-account {args.router_service_account!r}: give NAMESPACE:NAME "
+            "(outside a pod the broker's own namespace is unknown)"
+        )
+    ca = Path(args.kube_ca_file)
+    return kube_identity.KubeRouterIdentity(
+        api_url=api,
+        namespace=namespace,
+        service_account=name,
+        audience=args.router_audience,
+        token_file=Path(args.kube_token_file),
+        ca_file=ca if ca.exists() else None,
+    )
 
 
 def lock_state_dir(state_dir: Path) -> IO[str]:
@@ -146,6 +205,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             message="no --credentials-dir: single-credential mode, the admin token grants "
             "every broker write; give --credentials-dir for one credential per capability",
         )
+    identity = router_identity(parser, args)
     app = build_app(
         state_dir,
         token,
@@ -154,8 +214,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         max_fault_ttl_s=args.max_fault_ttl_s,
         credentials=credentials,
         max_routers=args.max_routers,
-        require_router_credentials=args.require_router_credentials,
+        require_router_credentials=args.require_router_credentials or identity is not None,
         rollback_overdue_s=args.rollback_overdue_s,
+        kube_identity=identity,
     )
     try:
         serve(app, args, "broker")

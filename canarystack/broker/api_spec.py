@@ -91,6 +91,8 @@ ROUTER_SCHEMA: JsonObject = oa.obj(
 
 
 def describe(spec: oa.ApiSpec, app: web.Application) -> None:
+    """The broker's operations: versions, releases and their events, routers, the store
+    and the caller's credential."""
     broker = app[BROKER]
     version = spec.named("Version", VERSION_SCHEMA)
     release = spec.named("Release", _release_schema([p.value for p in Phase]))
@@ -99,10 +101,21 @@ def describe(spec: oa.ApiSpec, app: web.Application) -> None:
     actor = oa.Param(
         "x-actor", "header", oa.STRING, "who makes the change, when the body has no actor"
     )
-    version_name = oa.path_str("version", "a registered version", schemas.NAME_PATTERN)
     release_name = oa.path_str("name", "a release", schemas.NAME_PATTERN)
 
     routes = spec.routes(TAG)
+    _describe_versions(spec, routes, version, actor)
+    _describe_releases(spec, routes, release, release_name, actor, broker.max_watch_s)
+    _describe_events(spec, routes, event, release_name, actor)
+    _describe_routers(spec, routes, router)
+    _describe_store_and_credential(spec, routes, actor)
+
+
+def _describe_versions(
+    spec: oa.ApiSpec, routes: oa.TaggedRoutes, version: JsonObject, actor: oa.Param
+) -> None:
+    """``/v1/versions``: register, list, read and quarantine a version."""
+    version_name = oa.path_str("version", "a registered version", schemas.NAME_PATTERN)
     routes.post(
         "/v1/versions",
         summary="Register a version and its manifest digest (idempotent for the same digest).",
@@ -138,6 +151,18 @@ def describe(spec: oa.ApiSpec, app: web.Application) -> None:
         ok=version,
         responses={404: oa.error_response("no such version")},
     )
+
+
+def _describe_releases(
+    spec: oa.ApiSpec,
+    routes: oa.TaggedRoutes,
+    release: JsonObject,
+    release_name: oa.Param,
+    actor: oa.Param,
+    max_watch_s: float,
+) -> None:
+    """``/v1/releases``: list, create, read (or watch, up to ``max_watch_s``) and change a
+    release."""
     routes.get(
         "/v1/releases",
         summary="Every release.",
@@ -156,7 +181,7 @@ def describe(spec: oa.ApiSpec, app: web.Application) -> None:
             422: oa.error_response("the release cannot be created like this"),
         },
     )
-    timeout: JsonObject = {"type": "number", "exclusiveMinimum": 0, "maximum": broker.max_watch_s}
+    timeout: JsonObject = {"type": "number", "exclusiveMinimum": 0, "maximum": max_watch_s}
     routes.get(
         "/v1/releases/{name}",
         summary="A release; with 'after' a long-poll until its revision differs from 'after'.",
@@ -192,6 +217,16 @@ def describe(spec: oa.ApiSpec, app: web.Application) -> None:
             422: oa.error_response("a transition or value the release does not allow"),
         },
     )
+
+
+def _describe_events(
+    spec: oa.ApiSpec,
+    routes: oa.TaggedRoutes,
+    event: JsonObject,
+    release_name: oa.Param,
+    actor: oa.Param,
+) -> None:
+    """``/v1/releases/{name}/events``: a release's history, and annotations added to it."""
     routes.get(
         "/v1/releases/{name}/events",
         summary="The release's event history, oldest first after after_seq.",
@@ -210,6 +245,10 @@ def describe(spec: oa.ApiSpec, app: web.Application) -> None:
         body=spec.model(schemas.Annotation),
         responses={201: oa.json_body(event, "recorded"), 404: oa.error_response("no such release")},
     )
+
+
+def _describe_routers(spec: oa.ApiSpec, routes: oa.TaggedRoutes, router: JsonObject) -> None:
+    """``/v1/routers``: a router's heartbeat, and the routers with a live one."""
     routes.post(
         "/v1/routers/heartbeat",
         summary="A router says which revision it applied (as itself only, when its "
@@ -228,6 +267,13 @@ def describe(spec: oa.ApiSpec, app: web.Application) -> None:
         params=[oa.Param("release", "query", oa.STRING, "only the routers of this release")],
         ok=oa.listing("routers", router, ("expiry_s",), expiry_s=oa.NUMBER),
     )
+
+
+def _describe_store_and_credential(
+    spec: oa.ApiSpec, routes: oa.TaggedRoutes, actor: oa.Param
+) -> None:
+    """``/v1/store``: whether the store lost writes, and an operator accepting a loss;
+    ``/v1/whoami``: the caller's credential."""
     routes.get(
         "/v1/store",
         summary="Whether the store holds every acknowledged write ('ok') or lost some "

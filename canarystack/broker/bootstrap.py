@@ -13,9 +13,10 @@ import requests
 
 from canary_contract.json import JsonObject
 from canarystack.broker.digest import manifest_digest
+from canarystack.common.error_fields import CanaryStackError
 
 
-class ReleaseSetupError(RuntimeError):
+class ReleaseSetupError(CanaryStackError, RuntimeError):
     """The broker refused a call; the message names the call and its answer."""
 
 

@@ -14,6 +14,7 @@ from canary_contract.json import JsonObject, JsonValue
 from canarystack.broker import phases
 from canarystack.broker.errors import Conflicting, Refused
 from canarystack.broker.phases import Phase
+from canarystack.broker.records import CanaryJson, ReleaseJson, StableJson
 
 
 @dataclass(frozen=True)
@@ -40,24 +41,24 @@ class FieldChange(TypedDict):
     new: JsonValue
 
 
-def _flat(release: JsonObject | None) -> JsonObject:
+def _flat(release: ReleaseJson | None) -> dict[str, JsonValue]:
     """The fields an event's ``change`` compares, flattened (``weights.canary``)."""
     if release is None:
         return {}
-    canary = release["canary"] or {}
+    canary = release["canary"]
     return {
         "phase": release["phase"],
         "stable.version": release["stable"]["version"],
         "stable.digest": release["stable"]["digest"],
-        "canary.version": canary.get("version"),
-        "canary.digest": canary.get("digest"),
-        "canary.quarantined": canary.get("quarantined"),
+        "canary.version": None if canary is None else canary["version"],
+        "canary.digest": None if canary is None else canary["digest"],
+        "canary.quarantined": None if canary is None else canary["quarantined"],
         "weights.canary": release["weights"]["canary"],
         "trip": release["trip"],
     }
 
 
-def diff(old: JsonObject | None, new: JsonObject) -> dict[str, FieldChange]:
+def diff(old: ReleaseJson | None, new: ReleaseJson) -> dict[str, FieldChange]:
     """``{field: {"old": a, "new": b}}`` for every field that differs."""
     before, after = _flat(old), _flat(new)
     return {
@@ -68,12 +69,12 @@ def diff(old: JsonObject | None, new: JsonObject) -> dict[str, FieldChange]:
 
 
 def plan(
-    old: JsonObject,
+    old: ReleaseJson,
     patch: ReleasePatch,
     *,
     check_canary: Callable[[str], None],
-    canary_ref: Callable[[str], JsonObject],
-) -> JsonObject:
+    canary_ref: Callable[[str], CanaryJson],
+) -> ReleaseJson:
     """The release after ``patch``, or a domain error saying why it is refused.
 
     ``check_canary(version)`` refuses a version that cannot become the canary (unknown or
@@ -109,7 +110,7 @@ def plan(
 
     weight = old["weights"]["canary"] if patch.canary_weight is None else patch.canary_weight
     trip = old["trip"]
-    stable = dict(old["stable"])
+    stable: StableJson = old["stable"].copy()
     if (current, target) in phases.NEEDS_NEW_CANARY:
         # A fresh start: the old evidence belongs to the old canary, and traffic
         # starts at the weight this change gives (0 unless it says otherwise).

@@ -11,12 +11,20 @@ from __future__ import annotations
 
 import enum
 from collections.abc import AsyncIterator, Callable, Mapping
-from typing import Any, TypeVar
+from typing import Any, NotRequired, TypedDict, TypeVar
 
 import aiohttp
 
 from canary_contract import strictjson
-from canary_contract.broker import EventPage, Release, ReleaseList, RouterList, Version
+from canary_contract.broker import (
+    Event,
+    EventPage,
+    Release,
+    ReleaseList,
+    RouterList,
+    Version,
+    VersionList,
+)
 from canary_contract.errors import ContractError
 from canary_contract.json import JsonObject
 from canarystack.broker.client_errors import (
@@ -31,6 +39,7 @@ from canarystack.broker.client_errors import (
 )
 from canarystack.broker.digest import manifest_digest
 from canarystack.broker.follow import FollowEvent, FollowKind, ReleaseFollower
+from canarystack.broker.records import WeightsJson
 
 __all__ = [
     "UNSET",
@@ -48,7 +57,7 @@ __all__ = [
     "manifest_digest",
 ]
 
-R = TypeVar("R", Release, ReleaseList, Version, EventPage, RouterList)
+R = TypeVar("R", Release, ReleaseList, Version, VersionList, Event, EventPage, RouterList)
 
 # Module-level so callers and tests can change them.
 DEFAULT_TIMEOUT_S = 10.0
@@ -65,6 +74,29 @@ class _Unset(enum.Enum):
 
 
 UNSET = _Unset.UNSET
+
+
+class ReleasePatch(TypedDict):
+    """The body of ``PATCH /v1/releases/{name}`` (``patch_release``): each change only
+    when asked for (``actor`` added by ``_write``)."""
+
+    expected_revision: int
+    reason: str
+    weights: NotRequired[WeightsJson]
+    phase: NotRequired[str]
+    canary: NotRequired[str | None]
+    trip: NotRequired[dict[str, object]]
+
+
+class RouterHeartbeat(TypedDict):
+    """The body of ``POST /v1/routers/heartbeat`` (``heartbeat``); the times only when
+    given."""
+
+    router_id: str
+    release: str
+    applied_revision: int | None
+    applied_at: NotRequired[float]
+    canary_off_since: NotRequired[float]
 
 
 def _typed(record: type[R], data: JsonObject, method: str, url: str) -> R:
@@ -84,23 +116,24 @@ class BrokerClient:
         async with aiohttp.ClientSession() as session:
             broker = BrokerClient(session, "http://127.0.0.1:18100", token, actor="rollback")
             release = await broker.get_release("default")
-            release = await broker.watch("default", after=release["revision"], timeout_s=30)
-            await broker.patch_release("default", release["revision"], canary_weight=0)
+            release = await broker.watch("default", after=release.revision, timeout_s=30)
+            await broker.patch_release("default", release.revision, canary_weight=0)
 
-    Releases, versions, events and routers come back as the JSON objects of the API
-    (docs/ARCHITECTURE.md §2), as plain dicts; the ``*_record`` methods (``release_record``,
-    ``release_records``, ``version_record``, ``events_page_record``, ``router_records``)
-    read the same answers as the contract's typed, frozen records
-    (``canary_contract.broker``), and an answer that is not one is ``BadBrokerAnswer``
-    naming the field. ``events()`` reads every page of the history (``iter_events``
-    yields them page by page; ``events_page`` is one request).
+    Every answer is the contract's typed, frozen record (``canary_contract.broker``):
+    ``Release`` (``get_release``, ``watch``, ``create_release``, ``patch_release``,
+    ``release_records``), ``Version`` (``register_version``, ``version_record``,
+    ``quarantine_version``, ``list_versions``), ``Event`` (``annotate``, ``events``),
+    ``EventPage`` (``events_page_record``) and ``RouterList`` (``router_records``). An
+    answer that is not the record is ``BadBrokerAnswer`` naming the field. ``events()``
+    reads every page of the history (``iter_event_records`` yields them page by page;
+    ``events_page_record`` is one request).
     """
 
     def __init__(
         self,
         session: aiohttp.ClientSession,
         base_url: str,
-        admin_token: str | None = None,
+        admin_token: str | Callable[[], str] | None = None,
         actor: str = "unknown",
         *,
         timeout_s: float = DEFAULT_TIMEOUT_S,
@@ -108,7 +141,8 @@ class BrokerClient:
     ) -> None:
         # admin_token: the credential sent on writes (the gate's trip, the executor's
         # rollback, a router's heartbeat, the harness's operator credential); capability:
-        # what check_credential requires the broker to say it grants.
+        # what check_credential requires the broker to say it grants. A callable token is
+        # asked on every request (``common.auth.FileToken``: a rotated token file).
         self._session = session
         self.base_url = base_url.rstrip("/")
         self._admin_token = admin_token
@@ -122,7 +156,7 @@ class BrokerClient:
         method: str,
         path: str,
         *,
-        body: JsonObject | None = None,
+        body: Mapping[str, object] | None = None,
         params: Mapping[str, str] | None = None,
         admin: bool = False,
         timeout_s: float | None = None,
@@ -140,8 +174,9 @@ class BrokerClient:
         """
         url = self.base_url + path
         headers = {"x-actor": self.actor}
-        if admin and self._admin_token is not None:
-            headers["Authorization"] = f"Bearer {self._admin_token}"
+        token = self._admin_token() if callable(self._admin_token) else self._admin_token
+        if admin and token is not None:
+            headers["Authorization"] = f"Bearer {token}"
         data_out: bytes | None = None
         if body is not None:
             try:
@@ -198,7 +233,7 @@ class BrokerClient:
         return dict(data)
 
     async def _write(
-        self, method: str, path: str, body: JsonObject, *, with_actor: bool = True
+        self, method: str, path: str, body: Mapping[str, object], *, with_actor: bool = True
     ) -> JsonObject:
         if with_actor:
             body = {"actor": self.actor, **body}
@@ -206,27 +241,41 @@ class BrokerClient:
         return dict(data)
 
     # -- releases ---------------------------------------------------------------------------
-    async def get_release(self, name: str) -> JsonObject:
-        return await self._get(f"/v1/releases/{name}")
+    async def get_release(self, name: str) -> Release:
+        """The release as the broker answers it now (``BadBrokerAnswer`` when the answer is
+        not a release)."""
+        path = f"/v1/releases/{name}"
+        return self._release(name, await self._get(path), path)
 
-    async def watch(self, name: str, after: int, timeout_s: float = 30.0) -> JsonObject:
+    async def watch(self, name: str, after: int, timeout_s: float = 30.0) -> Release:
         """The release once its revision differs from ``after`` (newer; or older, when
         ``after`` came from another broker database), or, after ``timeout_s``, the current
         one unchanged (compare ``revision`` to tell). A release that does not exist yet is
         waited for; if it still does not exist at the timeout, ``BrokerNotFound``."""
+        path = f"/v1/releases/{name}"
         data, _, _ = await self._call(
             "GET",
-            f"/v1/releases/{name}",
+            path,
             params={"after": str(int(after)), "timeout_s": f"{timeout_s:g}"},
             timeout_s=timeout_s + WATCH_GRACE_S,
         )
-        return dict(data)
+        return self._release(name, dict(data), path)
+
+    def _release(self, name: str, data: JsonObject, path: str) -> Release:
+        """``data`` as a ``Release``; an answer without an integer ``revision`` is named
+        as one that may not come from a broker at all (a wrong ``--broker``)."""
+        url = self.base_url + path
+        revision = data.get("revision")
+        if isinstance(revision, bool) or not isinstance(revision, int):
+            raise BadBrokerAnswer(
+                f"the broker's answer for release {name!r} has no integer 'revision' "
+                f"(got {revision!r}); is --broker {self.base_url} a broker?",
+                method="GET",
+                url=url,
+            )
+        return _typed(Release, data, "GET", url)
 
     # -- typed reads (the contract's records) ----------------------------------------------
-    async def release_record(self, name: str) -> Release:
-        path = f"/v1/releases/{name}"
-        return _typed(Release, await self._get(path), "GET", self.base_url + path)
-
     async def release_records(self) -> tuple[Release, ...]:
         path = "/v1/releases"
         return _typed(ReleaseList, await self._get(path), "GET", self.base_url + path).releases
@@ -277,9 +326,6 @@ class BrokerClient:
             missing_retry_s=missing_retry_s,
         )
 
-    async def list_releases(self) -> list[JsonObject]:
-        return list((await self._get("/v1/releases"))["releases"])
-
     async def create_release(
         self,
         name: str,
@@ -287,10 +333,11 @@ class BrokerClient:
         canary: str | None = None,
         canary_weight: float = 0,
         reason: str = "",
-    ) -> JsonObject:
-        return await self._write(
+    ) -> Release:
+        path = "/v1/releases"
+        answer = await self._write(
             "POST",
-            "/v1/releases",
+            path,
             {
                 "name": name,
                 "stable": stable,
@@ -299,6 +346,7 @@ class BrokerClient:
                 "reason": reason,
             },
         )
+        return _typed(Release, answer, "POST", self.base_url + path)
 
     async def patch_release(
         self,
@@ -308,14 +356,16 @@ class BrokerClient:
         canary_weight: float | None = None,
         phase: str | None = None,
         canary: str | _Unset | None = UNSET,
-        trip: Mapping[str, Any] | None = None,
+        trip: Mapping[str, object] | None = None,
         reason: str = "",
-    ) -> JsonObject:
-        """Compare-and-set change; raises ``RevisionConflict`` or ``IllegalTransition``.
+    ) -> Release:
+        """Compare-and-set change; raises ``RevisionConflict`` or ``IllegalTransition``;
+        answers the release as written (``BadBrokerAnswer`` when the answer is not one: the
+        write may have landed, so read the release before writing again).
 
         ``canary=None`` removes the canary; leave it unset to keep it.
         """
-        body: JsonObject = {"expected_revision": expected_revision, "reason": reason}
+        body: ReleasePatch = {"expected_revision": expected_revision, "reason": reason}
         if canary_weight is not None:
             body["weights"] = {"canary": canary_weight}
         if phase is not None:
@@ -324,16 +374,19 @@ class BrokerClient:
             body["canary"] = canary
         if trip is not None:
             body["trip"] = dict(trip)
-        return await self._write("PATCH", f"/v1/releases/{name}", body)
+        path = f"/v1/releases/{name}"
+        answer = await self._write("PATCH", path, body)
+        return _typed(Release, answer, "PATCH", self.base_url + path)
 
     # -- versions ---------------------------------------------------------------------------
     async def register_version(
         self, version: str, manifest: Any, digest: str | None = None
-    ) -> JsonObject:
+    ) -> Version:
         """Register a version; ``digest`` defaults to ``manifest_digest(manifest)``."""
-        return await self._write(
+        path = "/v1/versions"
+        answer = await self._write(
             "POST",
-            "/v1/versions",
+            path,
             {
                 "version": version,
                 "manifest": manifest,
@@ -341,72 +394,59 @@ class BrokerClient:
             },
             with_actor=False,  # the contract's body has no actor; the x-actor header names it
         )
+        return _typed(Version, answer, "POST", self.base_url + path)
 
-    async def get_version(self, version: str) -> JsonObject:
-        return await self._get(f"/v1/versions/{version}")
+    async def list_versions(self) -> tuple[Version, ...]:
+        path = "/v1/versions"
+        return _typed(VersionList, await self._get(path), "GET", self.base_url + path).versions
 
-    async def list_versions(self) -> list[JsonObject]:
-        return list((await self._get("/v1/versions"))["versions"])
-
-    async def quarantine_version(self, version: str, reason: str = "") -> JsonObject:
-        return await self._write("POST", f"/v1/versions/{version}/quarantine", {"reason": reason})
+    async def quarantine_version(self, version: str, reason: str = "") -> Version:
+        path = f"/v1/versions/{version}/quarantine"
+        answer = await self._write("POST", path, {"reason": reason})
+        return _typed(Version, answer, "POST", self.base_url + path)
 
     # -- events -----------------------------------------------------------------------------
-    async def events_page(
-        self, name: str, after_seq: int = 0, limit: int | None = None
-    ) -> tuple[list[JsonObject], int]:
-        """One page of events after ``after_seq`` (oldest first) and the ``after_seq`` of
-        the next page. A page shorter than ``limit`` is the last one."""
-        limit = EVENTS_PAGE_SIZE if limit is None else limit
+    async def iter_event_records(
+        self, name: str, after_seq: int = 0
+    ) -> AsyncIterator[tuple[Event, ...]]:
+        """Every event after ``after_seq`` as the contract's ``Event`` records, page by page,
+        to the end of the history (``BadBrokerAnswer`` for an answer that is not a page of
+        them)."""
         path = f"/v1/releases/{name}/events"
-        data = await self._get(path, {"after_seq": str(int(after_seq)), "limit": str(limit)})
-        events = data.get("events")
-        if not isinstance(events, list):
-            raise BrokerUnavailable(
-                f"GET {self.base_url}{path}: the answer has no 'events' list",
-                method="GET",
-                url=self.base_url + path,
-            )
-        nxt = data.get("next_after_seq")
-        if isinstance(nxt, bool) or not isinstance(nxt, int):  # an older broker
-            nxt = int(events[-1]["seq"]) if events else int(after_seq)
-        if events and nxt <= after_seq:
-            raise BrokerUnavailable(
-                f"GET {self.base_url}{path}: next_after_seq {nxt} does not move past "
-                f"after_seq {after_seq}; the broker's answer is inconsistent",
-                method="GET",
-                url=self.base_url + path,
-            )
-        return [dict(e) for e in events], nxt
-
-    async def iter_events(self, name: str, after_seq: int = 0) -> AsyncIterator[list[JsonObject]]:
-        """Every event after ``after_seq``, page by page, to the end of the history."""
         limit = EVENTS_PAGE_SIZE
         for _ in range(MAX_EVENT_PAGES):
-            events, after_seq = await self.events_page(name, after_seq, limit)
-            if events:
-                yield events
-            if len(events) < limit:
+            page = await self.events_page_record(name, after_seq, limit)
+            if page.events and page.next_after_seq <= after_seq:
+                raise BrokerUnavailable(
+                    f"GET {self.base_url}{path}: next_after_seq {page.next_after_seq} does "
+                    f"not move past after_seq {after_seq}; the broker's answer is inconsistent",
+                    method="GET",
+                    url=self.base_url + path,
+                )
+            after_seq = page.next_after_seq
+            if page.events:
+                yield page.events
+            if len(page.events) < limit:
                 return
         raise BrokerUnavailable(
-            f"GET {self.base_url}/v1/releases/{name}/events: still more after "
-            f"{MAX_EVENT_PAGES} pages of {limit}; giving up",
+            f"GET {self.base_url}{path}: still more after {MAX_EVENT_PAGES} pages of "
+            f"{limit}; giving up",
             method="GET",
-            url=f"{self.base_url}/v1/releases/{name}/events",
+            url=self.base_url + path,
         )
 
-    async def events(self, name: str, after_seq: int = 0) -> list[JsonObject]:
+    async def events(self, name: str, after_seq: int = 0) -> list[Event]:
         """Every event after ``after_seq`` (oldest first): all pages, not just the first."""
-        out: list[JsonObject] = []
-        async for page in self.iter_events(name, after_seq):
+        out: list[Event] = []
+        async for page in self.iter_event_records(name, after_seq):
             out.extend(page)
         return out
 
-    async def annotate(self, name: str, change: Mapping[str, Any], reason: str = "") -> JsonObject:
+    async def annotate(self, name: str, change: Mapping[str, object], reason: str = "") -> Event:
         """Append an annotation event (``change`` needs an ``annotation`` key)."""
-        return await self._write(
-            "POST", f"/v1/releases/{name}/events", {"change": dict(change), "reason": reason}
-        )
+        path = f"/v1/releases/{name}/events"
+        answer = await self._write("POST", path, {"change": dict(change), "reason": reason})
+        return _typed(Event, answer, "POST", self.base_url + path)
 
     # -- routers ----------------------------------------------------------------------------
     async def heartbeat(
@@ -420,7 +460,7 @@ class BrokerClient:
     ) -> None:
         """Report the revision applied; ``applied_at`` (when) and ``canary_off_since`` (since
         when the effective canary weight is 0) are sent only when given."""
-        body: JsonObject = {
+        body: RouterHeartbeat = {
             "router_id": router_id,
             "release": release,
             "applied_revision": applied_revision,
@@ -430,29 +470,6 @@ class BrokerClient:
         if canary_off_since is not None:
             body["canary_off_since"] = canary_off_since
         await self._call("POST", "/v1/routers/heartbeat", body=body, admin=True)
-
-    async def routers(self, release: str | None = None) -> list[JsonObject]:
-        """Live routers (optionally of one release)."""
-        return (await self.router_listing(release))["routers"]
-
-    async def router_listing(self, release: str | None = None) -> dict[str, list[JsonObject]]:
-        """``{"routers": live routers, "recent": routers whose heartbeats stopped a moment
-        ago}`` (optionally of one release); ``recent`` is empty from an older broker."""
-        params = {"release": release} if release else None
-        data = await self._get("/v1/routers", params)
-        out: dict[str, list[JsonObject]] = {}
-        for key in ("routers", "recent"):
-            items = data.get(key, [] if key == "recent" else None)
-            if not isinstance(items, list) or not all(
-                isinstance(r, dict) and isinstance(r.get("router_id"), str) for r in items
-            ):
-                raise BrokerUnavailable(
-                    f"GET {self.base_url}/v1/routers: '{key}' is not a list of routers",
-                    method="GET",
-                    url=self.base_url + "/v1/routers",
-                )
-            out[key] = [dict(r) for r in items]
-        return out
 
     async def check_credential(self) -> list[str]:
         """Prove the credential without changing anything (``GET /v1/whoami``); its

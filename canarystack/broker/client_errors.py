@@ -8,9 +8,10 @@ from __future__ import annotations
 from typing import Any
 
 from canary_contract.json import JsonObject
+from canarystack.common.error_fields import CanaryStackError
 
 
-class BrokerError(Exception):
+class BrokerError(CanaryStackError):
     """Base of every error this client raises; every one carries ``method`` and ``url`` of
     the request::
 

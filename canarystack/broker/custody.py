@@ -13,9 +13,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from canary_contract.json import JsonObject
 from canarystack.broker import highwater
 from canarystack.broker.highwater import Loss, Mark
+from canarystack.broker.records import ReleaseJson, VersionJson
 from canarystack.broker.store import StateDirError, Store
 from canarystack.common.logs import get_logger
 
@@ -90,7 +90,7 @@ class Custody:
 
     def register_version(
         self, version: str, digest: str, manifest: Any, now: float
-    ) -> tuple[JsonObject, bool]:
+    ) -> tuple[VersionJson, bool]:
         """Register; a version quarantined before an accepted loss comes back quarantined."""
         registered, created = self.store.register_version(version, digest, manifest, now)
         if created and version in self.mark.carried.quarantined:
@@ -99,10 +99,10 @@ class Custody:
             )
         return registered, created
 
-    def _reapply_quarantines(self, now: float) -> list[JsonObject]:
+    def _reapply_quarantines(self, now: float) -> list[ReleaseJson]:
         """Quarantine again every carried version the store has unquarantined (a broker
         killed between a registration and its quarantine)."""
-        changed: list[JsonObject] = []
+        changed: list[ReleaseJson] = []
         for version in sorted(self.mark.carried.quarantined):
             found = self.store.get_version(version)
             if found is not None and not found["quarantined"]:
@@ -113,14 +113,14 @@ class Custody:
         return changed
 
     # -- accepting a loss -----------------------------------------------------------------
-    def accept(self, actor: str, reason: str, now: float) -> tuple[Loss, list[JsonObject]]:
+    def accept(self, actor: str, reason: str, now: float) -> tuple[Loss, list[ReleaseJson]]:
         """The operator accepts ``self.lost``: restore what the store can still hold, carry
         the rest in the mark, and serve again. Returns the loss and the changed releases."""
         loss = self.lost
         assert loss is not None
         summary = self.store.summary()
-        changed: list[JsonObject] = []
-        note: JsonObject = {
+        changed: list[ReleaseJson] = []
+        note: dict[str, object] = {
             "annotation": "store_loss_accepted",
             "lost": loss.lines(),
             "accepted_by": actor,

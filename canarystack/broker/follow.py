@@ -9,9 +9,9 @@ import asyncio
 import enum
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from canary_contract.json import JsonObject
+from canary_contract.broker import Release
 from canarystack.broker.client_errors import (
     BadBrokerAnswer,
     BrokerError,
@@ -20,14 +20,21 @@ from canarystack.broker.client_errors import (
     BrokerUnavailable,
 )
 
-if TYPE_CHECKING:
-    from canarystack.broker.client import BrokerClient
-
 # follow(): the first wait after an error, its cap (it doubles per error in a row), and
 # the wait after a 404 (the release does not exist yet: an answer, not a failure).
 FOLLOW_BACKOFF_S = 0.1
 FOLLOW_MAX_BACKOFF_S = 2.0
 FOLLOW_MISSING_RETRY_S = 1.0
+
+
+class ReleaseReader(Protocol):
+    """What the follower uses of ``BrokerClient`` (which defines ``follow`` on top of this
+    module): a plain read and a long poll, each answering the contract's ``Release`` (an
+    answer that is not one is ``BadBrokerAnswer``)."""
+
+    async def get_release(self, name: str) -> Release: ...
+
+    async def watch(self, name: str, after: int, timeout_s: float = 30.0) -> Release: ...
 
 
 class FollowKind(enum.StrEnum):
@@ -44,7 +51,7 @@ class FollowKind(enum.StrEnum):
 @dataclass(frozen=True)
 class FollowEvent:
     kind: FollowKind
-    release: JsonObject | None = None  # the release (kind RELEASE), else None
+    release: Release | None = None  # the release (kind RELEASE), else None
     # The answer came from a long poll (a watch), not a plain read: only then does it say
     # that the watch itself works.
     long_poll: bool = False
@@ -68,7 +75,7 @@ class ReleaseFollower:
 
     def __init__(
         self,
-        client: BrokerClient,
+        client: ReleaseReader,
         name: str,
         timeout_s: float | Callable[[], float],
         *,
@@ -113,12 +120,7 @@ class ReleaseFollower:
                 release = await self.client.get_release(self.name)
             else:
                 release = await self.client.watch(self.name, previous, self.timeout_s)
-            revision = release.get("revision")
-            if isinstance(revision, bool) or not isinstance(revision, int):
-                raise BadBrokerAnswer(
-                    f"the broker's answer for release {self.name!r} has no integer 'revision' "
-                    f"(got {revision!r}); is --broker {self.client.base_url} a broker?"
-                )
+            revision = release.revision
         except BrokerNotFound as exc:
             self.after = None
             self._wait = self.missing_retry_s

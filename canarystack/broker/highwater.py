@@ -24,15 +24,62 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypedDict
 
 from canary_contract.json import JsonObject
+from canarystack.common.error_fields import CanaryStackError
 
 MARK_FILE = "broker.highwater.json"
 FORMAT = 1
 
 
-class MarkFileError(Exception):
+class MarkFileError(CanaryStackError):
     """The mark file exists but cannot be read as one (the message says what to do)."""
+
+
+class SummaryJson(TypedDict):
+    """What a store held when the broker acknowledged it (the mark file's
+    ``acknowledged``)."""
+
+    releases: dict[str, int]
+    versions: dict[str, str]
+    quarantined: list[str]
+    events_seq: int
+
+
+class CarriedJson(TypedDict):
+    """What accepted losses left behind (the mark file's ``carried``)."""
+
+    release_floors: dict[str, int]
+    quarantined: dict[str, str]
+
+
+class MarkJson(TypedDict):
+    """The high-water mark file."""
+
+    format: int
+    acknowledged: SummaryJson
+    carried: CarriedJson
+
+
+class LostRevisions(TypedDict):
+    store_revision: int
+    acknowledged_revision: int
+
+
+class LostEvents(TypedDict):
+    store_seq: int
+    acknowledged_seq: int
+
+
+class LossJson(TypedDict):
+    """What a store lost against the mark, as the API shows it."""
+
+    releases: dict[str, LostRevisions]
+    versions: list[str]
+    quarantines: list[str]
+    events: LostEvents | None
+    lost: list[str]
 
 
 @dataclass(frozen=True)
@@ -44,7 +91,7 @@ class Summary:
     quarantined: frozenset[str] = frozenset()
     events_seq: int = 0
 
-    def to_json(self) -> JsonObject:
+    def to_json(self) -> SummaryJson:
         return {
             "releases": dict(sorted(self.releases.items())),
             "versions": dict(sorted(self.versions.items())),
@@ -69,7 +116,7 @@ class Carried:
     release_floors: dict[str, int] = field(default_factory=dict)  # name -> lost revision
     quarantined: dict[str, str] = field(default_factory=dict)  # version -> digest
 
-    def to_json(self) -> JsonObject:
+    def to_json(self) -> CarriedJson:
         return {
             "release_floors": dict(sorted(self.release_floors.items())),
             "quarantined": dict(sorted(self.quarantined.items())),
@@ -88,7 +135,7 @@ class Mark:
     acknowledged: Summary = field(default_factory=Summary)
     carried: Carried = field(default_factory=Carried)
 
-    def to_json(self) -> JsonObject:
+    def to_json(self) -> MarkJson:
         return {
             "format": FORMAT,
             "acknowledged": self.acknowledged.to_json(),
@@ -122,7 +169,7 @@ class Loss:
             out.append(f"events: seq {have + 1}..{had}")
         return out
 
-    def to_json(self) -> JsonObject:
+    def to_json(self) -> LossJson:
         return {
             "releases": {
                 n: {"store_revision": have, "acknowledged_revision": had}

@@ -6,8 +6,11 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from canarystack.broker.kube_identity import KubeRouterIdentity
 from canarystack.broker.service import Broker
 
 BROKER: web.AppKey[Broker] = web.AppKey("broker", Broker)
+# Router identity by the Kubernetes API server (``--router-identity kubernetes``), if on.
+KUBE_IDENTITY: web.AppKey[KubeRouterIdentity] = web.AppKey("kube_identity", KubeRouterIdentity)
 # Events per page of history, at most (the HTTP layer's limit, which the spec publishes).
 MAX_EVENTS_PER_PAGE = 10_000

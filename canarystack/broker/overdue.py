@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from canary_contract.json import JsonObject
 from canarystack.broker.phases import Phase
+from canarystack.broker.records import OverdueJson, ReleaseJson
 
 # The executor moves a release out of these phases (tripped -> rolling_back -> rolled_back).
 AWAITING_ROLLBACK: frozenset[str] = frozenset({Phase.TRIPPED.value, Phase.ROLLING_BACK.value})
@@ -41,7 +41,7 @@ class Overdue:
             f"/v1/rollbacks/{self.release} say why it waits), or start it"
         )
 
-    def to_json(self) -> JsonObject:
+    def to_json(self) -> OverdueJson:
         return {
             "phase": self.phase,
             "revision": self.revision,
@@ -52,7 +52,7 @@ class Overdue:
 
 
 def overdue(
-    release: JsonObject, phase_since: float | None, now: float, limit_s: float
+    release: ReleaseJson, phase_since: float | None, now: float, limit_s: float
 ) -> Overdue | None:
     """``release``'s overdue rollback, or None; ``phase_since`` is when it entered its phase
     (on the same clock as ``now``; None: unknown, never overdue)."""
@@ -65,7 +65,10 @@ def overdue(
 
 
 def all_overdue(
-    releases: Mapping[str, JsonObject], phase_since: Mapping[str, float], now: float, limit_s: float
+    releases: Mapping[str, ReleaseJson],
+    phase_since: Mapping[str, float],
+    now: float,
+    limit_s: float,
 ) -> list[Overdue]:
     """Every release's overdue rollback, by name."""
     found = (overdue(releases[n], phase_since.get(n), now, limit_s) for n in sorted(releases))

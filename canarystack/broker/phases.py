@@ -17,6 +17,7 @@ from canary_contract.phases import (
     WEIGHTS_ALLOWED_IN,
     Phase,
 )
+from canarystack.common.error_fields import CanaryStackError
 
 __all__ = [
     "CANARY_CHANGE_ALLOWED_IN",
@@ -35,7 +36,7 @@ __all__ = [
 ]
 
 
-class IllegalTransition(Exception):
+class IllegalTransition(CanaryStackError):
     """A change the phase rules refuse; carries the current phase and the allowed moves."""
 
     def __init__(self, current: Phase, allowed: list[str], message: str) -> None:

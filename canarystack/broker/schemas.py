@@ -8,14 +8,14 @@ This module must never do I/O.
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictInt, model_validator
 
+from canary_contract import broker as contract_broker
 from canary_contract import strictjson
-from canary_contract.broker import MAX_TRIP_COLOURS, check_sample_order
+from canary_contract.broker import MAX_TRIP_COLOURS
 from canary_contract.json import JsonObject
-from canary_contract.samples import TOKEN_PATTERN, TRACE_ID_PATTERN
 from canarystack.broker.phases import Phase
 from canarystack.broker.wire import MAX_INT64
 
@@ -63,39 +63,26 @@ class Weights(_Body):
     canary: Annotated[float, Field(strict=True, ge=0, le=100, allow_inf_nan=False)]
 
 
-# A trip's example colours (``canarystack.common.colour``): at most MAX_TRIP_COLOURS, each
-# a request id and trace id the gate saw in the samples behind the trip, and their tag.
-Token = Annotated[str, Field(pattern=TOKEN_PATTERN)]
+class TripColour(contract_broker.TripColour):
+    """The contract's ``TripColour`` as a sender writes it: unknown fields refused."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
 
-class TripColour(_Body):
-    request_id: Token
-    trace_id: Annotated[str, Field(pattern=TRACE_ID_PATTERN)]
-    tag: Token | None = None
+class TripEvidence(contract_broker.TripEvidence):
+    """The contract's ``TripEvidence`` (its fields are defined there, once) as the gate
+    sends it in a PATCH: unknown fields refused, ``detail`` kept small (it is stored in
+    the history), ``colours`` (at most MAX_TRIP_COLOURS request and trace ids behind the
+    trip) refusing unknown fields too."""
 
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    order_message: ClassVar[str] = (
+        "trip.last_sample_time is before trip.first_sample_time; send the window's first "
+        "and last sample times in order"
+    )
 
-class TripEvidence(_Body):
-    test: Literal["drift", "latency", "errors", "no_data"]
-    bucket: Annotated[str, Field(min_length=1, max_length=64)]
-    statistic: Number
-    threshold: Number
-    samples: Count
-    first_sample_time: Number
-    last_sample_time: Number
-    tripped_at: Number
     detail: Annotated[JsonObject, _small_json("trip.detail")] = Field(default_factory=dict)
-    # Optional (older gates send none): stored only when sent.
-    colours: Annotated[list[TripColour], Field(max_length=MAX_TRIP_COLOURS)] | None = None
-
-    @model_validator(mode="after")
-    def _ordered(self) -> TripEvidence:
-        check_sample_order(
-            self.first_sample_time,
-            self.last_sample_time,
-            "trip.last_sample_time is before trip.first_sample_time; send the window's "
-            "first and last sample times in order",
-        )
-        return self
+    colours: Annotated[tuple[TripColour, ...], Field(max_length=MAX_TRIP_COLOURS)] | None = None
 
 
 class RegisterVersion(_Body):

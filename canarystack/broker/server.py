@@ -15,11 +15,13 @@ import secrets
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Literal, NotRequired, TypedDict
 
 from aiohttp import web
 
 import canarystack
 from canary_contract import strictjson
+from canary_contract.broker import MAX_TRIP_COLOURS
 from canary_contract.json import JsonObject
 from canarystack.broker import capabilities
 from canarystack.broker.api_spec import install as install_api_spec
@@ -28,12 +30,18 @@ from canarystack.broker.changes import ReleasePatch
 from canarystack.broker.custody import recovery_text
 from canarystack.broker.digest import manifest_digest
 from canarystack.broker.errors import BrokerDomainError, Conflicting, Crowded, Missing, Refused
-from canarystack.broker.keys import BROKER, MAX_EVENTS_PER_PAGE
+from canarystack.broker.highwater import CarriedJson, LossJson, SummaryJson
+from canarystack.broker.keys import BROKER, KUBE_IDENTITY, MAX_EVENTS_PER_PAGE
+from canarystack.broker.kube_identity import (
+    KubeRouterIdentity,
+    ReviewUnavailable,
+    looks_like_service_account_token,
+)
 from canarystack.broker.overdue import DEFAULT_ROLLBACK_OVERDUE_S
+from canarystack.broker.records import OverdueJson
 from canarystack.broker.schemas import (
     _NAME_RE,
     MAX_EVENT_FIELD_BYTES,
-    MAX_TRIP_COLOURS,
     NAME_PATTERN,
     AcceptLoss,
     Annotation,
@@ -55,7 +63,7 @@ from canarystack.broker.wire import (
     read_optional_object,
 )
 from canarystack.common.app import COMPONENT, Component, create_app
-from canarystack.common.auth import Forbidden
+from canarystack.common.auth import Forbidden, presented_token
 from canarystack.common.colour import Colour
 from canarystack.common.errors import (
     ApiError,
@@ -63,6 +71,7 @@ from canarystack.common.errors import (
     Conflict,
     Handler,
     NotFound,
+    Unauthorized,
     Unavailable,
     Unprocessable,
     parse_model,
@@ -199,7 +208,8 @@ async def quarantine_version(request: web.Request) -> web.Response:
     broker, credential = _authorized(request, "quarantine_version")
     name = _name(request, "version")
     if credential == capabilities.ROLLBACK and not any(
-        (rel.get("canary") or {}).get("version") == name for rel in broker.releases.values()
+        rel["canary"] is not None and rel["canary"]["version"] == name
+        for rel in broker.releases.values()
     ):
         raise Forbidden(
             f"The rollback credential may only quarantine a release's canary version; "
@@ -284,10 +294,8 @@ async def get_release(request: web.Request) -> web.Response:
 
 
 def _trip_json(trip: TripEvidence) -> JsonObject:
-    out = trip.model_dump()
-    if out["colours"] is None:  # not sent: the stored trip stays as the gate wrote it
-        del out["colours"]
-    return out
+    # Colours not sent stay out: the stored trip stays as the gate wrote it.
+    return trip.to_wire()
 
 
 def _watch_timeout(request: web.Request, max_watch_s: float) -> float:
@@ -400,14 +408,59 @@ async def whoami(request: web.Request) -> web.Response:
 # -- handlers: routers ----------------------------------------------------------------------
 async def heartbeat(request: web.Request) -> web.Response:
     """A router's heartbeat. The id it claims must be its credential's: a router-bound
-    credential speaks for its own router only, and under ``--require-router-credentials``
-    the shared heartbeat credential speaks for none (403 either way)."""
-    broker, credential = _authorized(request, "heartbeat")
-    body = parse_model(Heartbeat, await read_json_object(request, BROKER_MAX_BODY_BYTES))
-    identity = _router_identity(request, broker, credential, body.router_id)
+    credential speaks for its own router only, a router pod's service-account token
+    (``--router-identity kubernetes``) for its own pod only, and under
+    ``--require-router-credentials`` the shared heartbeat credential speaks for none (403
+    either way)."""
+    kube = request.app.get(KUBE_IDENTITY)
+    given = presented_token(request, "credential")
+    if kube is not None and looks_like_service_account_token(given):
+        broker = _broker(request)
+        pod = await _reviewed_pod(kube, given)
+        body = parse_model(Heartbeat, await read_json_object(request, BROKER_MAX_BODY_BYTES))
+        identity = _pod_identity(broker, pod, body.router_id)
+    else:
+        broker, credential = _authorized(request, "heartbeat")
+        body = parse_model(Heartbeat, await read_json_object(request, BROKER_MAX_BODY_BYTES))
+        identity = _router_identity(request, broker, credential, body.router_id)
     broker.admit(body, identity)
     broker.heartbeat(body, identity)
     return json_response({"ok": True})
+
+
+async def _reviewed_pod(kube: KubeRouterIdentity, token: str) -> str:
+    """The router pod a service-account token speaks for (the API server's review), or
+    401 (not a router's token), or 503 (the API server cannot review it now)."""
+    try:
+        pod = await kube.router_of(token)
+    except ReviewUnavailable as exc:
+        raise Unavailable(
+            f"This broker checks router identity with the Kubernetes API server "
+            f"(--router-identity kubernetes) and cannot now: {exc}. Retry.",
+            code="identity_unavailable",
+        ) from None
+    if pod is None:
+        raise Unauthorized(
+            "This service-account token is not a router pod's: the API server does not "
+            f"accept it for audience {kube.audience!r} as {kube.username}, bound to a pod. "
+            "Mount the router's projected token (deploy/k8s/base/stack/router.yaml) as its "
+            "--broker-token-file."
+        )
+    return pod
+
+
+def _pod_identity(broker: Broker, pod: str, claimed: str) -> str:
+    """A router pod heartbeats as itself only (403 otherwise)."""
+    if pod != claimed:
+        raise Forbidden(
+            f"This service-account token belongs to router pod {pod!r}; it cannot "
+            f"heartbeat as {claimed!r}. Start the router with --router-id set to its pod "
+            "name (the downward API's metadata.name).",
+            param="router_id",
+            code="router_identity",
+        )
+    broker.bound_ids.add(pod)
+    return "pod"
 
 
 def _router_identity(request: web.Request, broker: Broker, credential: str, claimed: str) -> str:
@@ -461,13 +514,39 @@ async def list_routers(request: web.Request) -> web.Response:
     )
 
 
+class StoreState(TypedDict):
+    """``GET /v1/store``; ``lost`` and ``recovery`` only while the store lost writes."""
+
+    status: Literal["ok", "lost"]
+    acknowledged: SummaryJson
+    carried: CarriedJson
+    mark_unsaved: str | None
+    lost: NotRequired[LossJson]
+    recovery: NotRequired[str]
+
+
+class BrokerHealth(TypedDict):
+    """The broker's fields of ``/health`` (``status`` and the rest only while degraded)."""
+
+    releases: int
+    watchers: int
+    max_watch_s: float
+    router_expiry_s: float
+    store: Literal["ok", "lost", "mark_unsaved"]
+    status: NotRequired[str]
+    degraded_reasons: NotRequired[list[str]]
+    # Always there, set after the store's keys above (so NotRequired where built).
+    rollbacks_overdue: NotRequired[dict[str, OverdueJson]]
+    serving: NotRequired[bool]
+
+
 # -- handlers: the store's custody ------------------------------------------------------------
 async def store_state(request: web.Request) -> web.Response:
     """``GET /v1/store``: whether the store holds every acknowledged write (``ok``) or lost
     some (``lost``, with what and how to recover), and the high-water mark it is held to."""
     broker = _broker(request)
     custody = broker.custody
-    body: JsonObject = {
+    body: StoreState = {
         "status": "lost" if custody.lost else "ok",
         "acknowledged": custody.mark.acknowledged.to_json(),
         "carried": custody.mark.carried.to_json(),
@@ -524,8 +603,8 @@ async def store_lost_middleware(request: web.Request, handler: Handler) -> web.S
     return await handler(request)
 
 
-def _health(broker: Broker) -> JsonObject:
-    out: JsonObject = {
+def _health(broker: Broker) -> BrokerHealth:
+    out: BrokerHealth = {
         "releases": len(broker.releases),
         "watchers": broker.watchers,
         # A router checks its --watch-timeout-s against this at start (a longer one would
@@ -628,6 +707,7 @@ def build_app(
     max_routers: int = DEFAULT_MAX_ROUTERS,
     require_router_credentials: bool = False,
     rollback_overdue_s: float = DEFAULT_ROLLBACK_OVERDUE_S,
+    kube_identity: KubeRouterIdentity | None = None,
 ) -> web.Application:
     """The broker app; the store opens when the app starts, not here.
 
@@ -635,8 +715,10 @@ def build_app(
     is then the broker's fault credential only. Without them, single-credential mode: the
     admin token grants every write. ``max_routers`` caps the router ids the shared heartbeat
     credential may have listed; ``require_router_credentials`` refuses it for heartbeats
-    (routers then each hold a credential bound to their id). A release tripped or rolling
-    back with no phase change for ``rollback_overdue_s`` makes ``/health`` degraded.
+    (routers then each hold a credential bound to their id). ``kube_identity``: router
+    pods heartbeat with their own service-account tokens, reviewed by the API server. A
+    release tripped or rolling back with no phase change for ``rollback_overdue_s`` makes
+    ``/health`` degraded.
     """
     faults = FaultRegistry("broker", FAULT_KINDS, max_ttl_s=max_fault_ttl_s)
     component = Component(
@@ -658,6 +740,13 @@ def build_app(
     app.middlewares.append(store_lost_middleware)
     app.middlewares.append(domain_error_middleware)
     app[BROKER] = broker
+    if kube_identity is not None:
+        app[KUBE_IDENTITY] = kube_identity
+
+        async def close_identity(_app: web.Application) -> None:
+            await kube_identity.close()
+
+        app.on_cleanup.append(close_identity)
     app.cleanup_ctx.append(_broker_ctx)
     app.on_shutdown.append(_on_shutdown)
     app.router.add_routes(

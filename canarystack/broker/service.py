@@ -19,13 +19,13 @@ from typing import Any, TypeVar
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from canary_contract.json import JsonObject
 from canarystack.broker import capabilities
 from canarystack.broker.capabilities import Credentials
 from canarystack.broker.custody import Custody, recovery_text
 from canarystack.broker.errors import Conflicting, Crowded
 from canarystack.broker.highwater import Loss
 from canarystack.broker.overdue import DEFAULT_ROLLBACK_OVERDUE_S, Overdue, all_overdue, overdue
+from canarystack.broker.records import ReleaseJson, RouterBeatJson
 from canarystack.broker.schemas import Heartbeat
 from canarystack.broker.store import Store
 from canarystack.common.app import Component
@@ -119,7 +119,7 @@ class Broker:
         self._executor: ThreadPoolExecutor | None = None
         self._store: Store | None = None
         self._custody: Custody | None = None
-        self.releases: dict[str, JsonObject] = {}
+        self.releases: dict[str, ReleaseJson] = {}
         self._changed: dict[str, asyncio.Event] = {}
         self._routers: dict[str, RouterBeat] = {}
         # Routers whose heartbeats stopped less than recent_s ago (memory only, as beats).
@@ -241,7 +241,7 @@ class Broker:
         kind: str,
         fn: Callable[..., T],
         *args: Any,
-        changed: Callable[[T], list[JsonObject]] | None = None,
+        changed: Callable[[T], list[ReleaseJson]] | None = None,
     ) -> T:
         """Run a write on the database thread; it has committed when this returns.
 
@@ -286,7 +286,7 @@ class Broker:
         return await self._db(fn, *args)
 
     # -- releases and watches -------------------------------------------------------------
-    def _publish(self, release: JsonObject) -> None:
+    def _publish(self, release: ReleaseJson) -> None:
         name = release["name"]
         cached = self.releases.get(name)
         # Commits can resume on the loop out of order; never go back to an older revision.
@@ -300,7 +300,7 @@ class Broker:
         if event is not None:
             event.set()
 
-    def publish_all(self, releases: list[JsonObject]) -> None:
+    def publish_all(self, releases: list[ReleaseJson]) -> None:
         for release in releases:
             self._publish(release)
 
@@ -308,7 +308,7 @@ class Broker:
         """The releases whose rollback has not moved for ``rollback_overdue_s``."""
         return all_overdue(self.releases, self._phase_since, self._clock(), self.rollback_overdue_s)
 
-    def with_overdue(self, release: JsonObject) -> JsonObject:
+    def with_overdue(self, release: ReleaseJson) -> ReleaseJson:
         """``release`` as answered: with ``rollback_overdue`` while its rollback is overdue
         (left out otherwise, as the contract's ``Release`` writes it)."""
         found = overdue(
@@ -329,7 +329,7 @@ class Broker:
 
     async def watch(
         self, name: str, after: int, timeout_s: float, gone: Callable[[], bool]
-    ) -> tuple[JsonObject | None, bool]:
+    ) -> tuple[ReleaseJson | None, bool]:
         """The release once its revision differs from ``after``: ``(release, timed_out)``.
         ``gone()`` says whether the client went away (then ``(None, True)``).
 
@@ -368,10 +368,11 @@ class Broker:
     # -- routers ------------------------------------------------------------------------
     def _known_revision(self, release: str) -> int | None:
         """The highest revision of ``release`` this broker ever acknowledged, or None."""
+        cached = self.releases.get(release)
         seen = [
             rev
             for rev in (
-                (self.releases.get(release) or {}).get("revision"),
+                None if cached is None else cached["revision"],
                 self.custody.mark.acknowledged.releases.get(release),
                 self.custody.mark.carried.release_floors.get(release),
             )
@@ -394,7 +395,11 @@ class Broker:
                 code="revision_ahead",
                 extra={"known_revision": known},
             )
-        if identity == "bound" or beat.router_id in self._routers or beat.router_id in self._gone:
+        if (
+            identity in ("bound", "pod")
+            or beat.router_id in self._routers
+            or beat.router_id in self._gone
+        ):
             return
         self._expire()
         if len(self._routers) + len(self._gone) >= self.max_routers:
@@ -436,7 +441,7 @@ class Broker:
     @staticmethod
     def _beats_json(
         beats: dict[str, RouterBeat], now: float, release: str | None
-    ) -> list[JsonObject]:
+    ) -> list[RouterBeatJson]:
         return [
             {
                 "router_id": b.router_id,
@@ -452,11 +457,11 @@ class Broker:
             if release is None or b.release == release
         ]
 
-    def live_routers(self, release: str | None = None) -> list[JsonObject]:
+    def live_routers(self, release: str | None = None) -> list[RouterBeatJson]:
         now = self._expire()
         return self._beats_json(self._routers, now, release)
 
-    def recent_routers(self, release: str | None = None) -> list[JsonObject]:
+    def recent_routers(self, release: str | None = None) -> list[RouterBeatJson]:
         """Routers no longer live whose last heartbeat is less than ``recent_s`` old."""
         now = self._expire()
         return self._beats_json(self._gone, now, release)

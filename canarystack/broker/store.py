@@ -12,17 +12,18 @@ from __future__ import annotations
 import contextlib
 import json
 import sqlite3
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 from canary_contract import strictjson
-from canary_contract.json import JsonObject
 from canarystack.broker.changes import ReleasePatch as ReleasePatch  # tests import it here
 from canarystack.broker.changes import diff, number, plan
 from canarystack.broker.errors import Conflicting, Missing, Refused
 from canarystack.broker.highwater import Summary
 from canarystack.broker.phases import Phase
+from canarystack.broker.records import CanaryJson, EventJson, ReleaseJson, VersionJson
+from canarystack.common.error_fields import CanaryStackError
 
 SCHEMA_VERSION = 1
 DB_FILE = "broker.sqlite"
@@ -79,11 +80,11 @@ LEFT JOIN versions cv ON cv.version = r.canary_version
 """
 
 
-class StateDirError(Exception):
+class StateDirError(CanaryStackError):
     """The state folder or its database cannot be used (the message says why and what to do)."""
 
 
-def _dumps_change(change: JsonObject) -> str:
+def _dumps_change(change: Mapping[str, object]) -> str:
     """An event's change as strict JSON: a non-finite number is refused, never stored."""
     return json.dumps(change, default=str, separators=(",", ":"), allow_nan=False)
 
@@ -185,8 +186,8 @@ class Store:
 
     # -- versions ---------------------------------------------------------------------
     @staticmethod
-    def _version_json(row: sqlite3.Row) -> JsonObject:
-        out: JsonObject = {
+    def _version_json(row: sqlite3.Row) -> VersionJson:
+        out: VersionJson = {
             "version": row["version"],
             "digest": row["digest"],
             "manifest": json.loads(row["manifest"]),
@@ -201,17 +202,17 @@ class Store:
             }
         return out
 
-    def get_version(self, version: str) -> JsonObject | None:
+    def get_version(self, version: str) -> VersionJson | None:
         row = self._conn.execute("SELECT * FROM versions WHERE version = ?", (version,)).fetchone()
         return None if row is None else self._version_json(row)
 
-    def list_versions(self) -> list[JsonObject]:
+    def list_versions(self) -> list[VersionJson]:
         rows = self._conn.execute("SELECT * FROM versions ORDER BY registered_at, version")
         return [self._version_json(r) for r in rows]
 
     def register_version(
         self, version: str, digest: str, manifest: Any, now: float
-    ) -> tuple[JsonObject, bool]:
+    ) -> tuple[VersionJson, bool]:
         """Insert a version; ``(version, False)`` for an identical re-registration.
 
         The caller has already checked that ``digest`` matches ``manifest``.
@@ -238,7 +239,7 @@ class Store:
 
     def quarantine_version(
         self, version: str, actor: str, reason: str, now: float
-    ) -> tuple[JsonObject, list[JsonObject]]:
+    ) -> tuple[VersionJson, list[ReleaseJson]]:
         """Mark a version quarantined (idempotent).
 
         Returns the version and the releases whose canary it is: their JSON shows
@@ -279,8 +280,8 @@ class Store:
 
     # -- releases ---------------------------------------------------------------------
     @staticmethod
-    def _release_json(row: sqlite3.Row) -> JsonObject:
-        canary = None
+    def _release_json(row: sqlite3.Row) -> ReleaseJson:
+        canary: CanaryJson | None = None
         if row["canary_version"] is not None:
             canary = {
                 "version": row["canary_version"],
@@ -299,14 +300,14 @@ class Store:
             "updated_at": row["updated_at"],
         }
 
-    def _release_in_tx(self, db: sqlite3.Connection, name: str) -> JsonObject | None:
+    def _release_in_tx(self, db: sqlite3.Connection, name: str) -> ReleaseJson | None:
         row = db.execute(_RELEASE_SELECT + " WHERE r.name = ?", (name,)).fetchone()
         return None if row is None else self._release_json(row)
 
-    def get_release(self, name: str) -> JsonObject | None:
+    def get_release(self, name: str) -> ReleaseJson | None:
         return self._release_in_tx(self._conn, name)
 
-    def list_releases(self) -> list[JsonObject]:
+    def list_releases(self) -> list[ReleaseJson]:
         rows = self._conn.execute(_RELEASE_SELECT + " ORDER BY r.name")
         return [self._release_json(r) for r in rows]
 
@@ -341,7 +342,7 @@ class Store:
         reason: str,
         now: float,
         first_revision: int = 1,
-    ) -> JsonObject:
+    ) -> ReleaseJson:
         """A new release at ``first_revision`` (above 1 only for a name whose earlier
         release a store loss took: its revisions are never reused)."""
         with self._tx() as db:
@@ -390,7 +391,7 @@ class Store:
         reason: str,
         now: float,
         authorize: Callable[[Phase, Phase], None] | None = None,
-    ) -> tuple[JsonObject, bool]:
+    ) -> tuple[ReleaseJson, bool]:
         """Apply a PATCH with compare-and-set; ``(release, changed)``.
 
         A PATCH whose values equal the current ones changes nothing: no new revision and
@@ -430,8 +431,14 @@ class Store:
             return release, True
 
     def skip_past_loss(
-        self, name: str, lost_revision: int, change: JsonObject, actor: str, reason: str, now: float
-    ) -> JsonObject:
+        self,
+        name: str,
+        lost_revision: int,
+        change: Mapping[str, object],
+        actor: str,
+        reason: str,
+        now: float,
+    ) -> ReleaseJson:
         """After an accepted store loss: move the release to ``lost_revision + 1`` with its
         canary at 0 % (a revision a router applied before the loss must never look newer
         than what the store serves now, and what the canary got was lost too), and record
@@ -448,7 +455,7 @@ class Store:
             )
             new = self._release_in_tx(db, name)
             assert new is not None
-            recorded: JsonObject = {
+            recorded: dict[str, object] = {
                 **change,
                 **diff(old, new),
                 "revision": {"old": old["revision"], "new": revision},
@@ -456,7 +463,7 @@ class Store:
             self._append(db, name, now, revision, actor, recorded, reason)
             return new
 
-    def _canary_ref(self, db: sqlite3.Connection, version: str) -> JsonObject:
+    def _canary_ref(self, db: sqlite3.Connection, version: str) -> CanaryJson:
         row = db.execute(
             "SELECT digest, quarantined FROM versions WHERE version = ?", (version,)
         ).fetchone()
@@ -472,7 +479,7 @@ class Store:
         name: str,
         expected: int,
         now: float,
-        new: JsonObject | None = None,
+        new: ReleaseJson | None = None,
     ) -> int:
         """Write revision+1 (and ``new``'s fields) guarded by the revision read."""
         if new is None:
@@ -503,7 +510,7 @@ class Store:
 
     # -- events -----------------------------------------------------------------------
     @staticmethod
-    def _event_json(row: sqlite3.Row) -> JsonObject:
+    def _event_json(row: sqlite3.Row) -> EventJson:
         return {
             "seq": row["seq"],
             "release": row["release"],
@@ -521,9 +528,9 @@ class Store:
         now: float,
         revision: int,
         actor: str,
-        change: JsonObject,
+        change: Mapping[str, object],
         reason: str,
-    ) -> JsonObject:
+    ) -> EventJson:
         cur = db.execute(
             "INSERT INTO events (release, time, revision, actor, change, reason) "
             "VALUES (?, ?, ?, ?, ?, ?)",
@@ -533,8 +540,8 @@ class Store:
         return self._event_json(row)
 
     def annotate(
-        self, name: str, change: JsonObject, actor: str, reason: str, now: float
-    ) -> JsonObject:
+        self, name: str, change: Mapping[str, object], actor: str, reason: str, now: float
+    ) -> EventJson:
         """Append an annotation event; the release's revision does not change."""
         with self._tx() as db:
             release = self._release_in_tx(db, name)
@@ -542,7 +549,7 @@ class Store:
                 raise Missing(f"No release {name!r}: GET /v1/releases lists them.", param="name")
             return self._append(db, name, now, release["revision"], actor, change, reason)
 
-    def events(self, name: str, after_seq: int = 0, limit: int = 10_000) -> list[JsonObject]:
+    def events(self, name: str, after_seq: int = 0, limit: int = 10_000) -> list[EventJson]:
         if self.get_release(name) is None:
             raise Missing(f"No release {name!r}: GET /v1/releases lists them.", param="name")
         rows = self._conn.execute(

@@ -12,9 +12,9 @@ from rich.console import Console
 from rich.table import Table
 
 from canary_contract.json import JsonObject
+from canary_contract.stack import StackStatus
 from canarystack.cluster import stack
 from canarystack.cluster.spec import StackConfigError, load_stack_config
-from canarystack.cluster.stack import StackStatus
 from canarystack.common.cli import entry
 
 DEFAULT_STATE_DIR = ".stack"

@@ -19,6 +19,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from canary_contract.json import JsonObject
+from canary_contract.stack import StackDescription
+from canarystack.common.error_fields import CanaryStackError
 from canarystack.model.engine import BATCH_NOISE_KL
 
 ROLES = ("broker", "router", "gate", "rollback", "model-baseline", "model-canary")
@@ -42,7 +44,7 @@ CANARY_OFFSET = 30
 HOST = "127.0.0.1"
 
 
-class StackConfigError(ValueError):
+class StackConfigError(CanaryStackError, ValueError):
     """A stack config file or flag is wrong; the message names it and says what to do."""
 
 
@@ -317,7 +319,7 @@ def programs(spec: StackSpec) -> list[Program]:
     return progs
 
 
-def stack_description(spec: StackSpec, progs: list[Program]) -> JsonObject:
+def stack_description(spec: StackSpec, progs: list[Program]) -> StackDescription:
     """The content of ``stack.json`` (docs/ARCHITECTURE.md §6)."""
     sd = spec.abs_state_dir
     return {

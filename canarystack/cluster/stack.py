@@ -15,13 +15,14 @@ import time
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from typing import TypedDict
+from typing import NotRequired, TypedDict, cast
 
 import redis
 import requests
 
-from canary_contract.json import JsonObject
+from canary_contract.stack import ComponentEntry, ProcessStatus, StackDescription, StackStatus
 from canarystack.broker.capabilities import router_token
+from canarystack.broker.records import EventJson
 from canarystack.cluster import supervisor
 from canarystack.cluster.spec import (
     CREDENTIALS,
@@ -35,6 +36,7 @@ from canarystack.cluster.spec import (
     router_credential,
     stack_description,
 )
+from canarystack.common.error_fields import CanaryStackError
 from canarystack.dependency.keys import seed_items
 
 HTTP_TIMEOUT_S = 2.0
@@ -42,7 +44,7 @@ EVENT_PAGE_LIMIT = 10_000  # the broker's largest page
 MAX_EVENT_PAGES = 10_000  # a bound on the loop: 10^8 events
 
 
-class StackError(RuntimeError):
+class StackError(CanaryStackError, RuntimeError):
     """Something a person must act on; the message says what."""
 
 
@@ -147,7 +149,16 @@ def _wait_healthy(spec: StackSpec, progs: list[Program], timeout_s: float) -> No
         )
 
 
-def _manifest(spec: StackSpec, version: str) -> JsonObject:
+class ManifestJson(TypedDict):
+    """A version's manifest as ``up`` registers it."""
+
+    name: str
+    version: str
+    engine: str
+    args: list[str]
+
+
+def _manifest(spec: StackSpec, version: str) -> ManifestJson:
     return {
         "name": spec.model_name,
         "version": version,
@@ -156,11 +167,11 @@ def _manifest(spec: StackSpec, version: str) -> JsonObject:
     }
 
 
-def _bootstrap_release(spec: StackSpec, token: str) -> JsonObject:
+def _bootstrap_release(spec: StackSpec, token: str) -> None:
     from canarystack.broker.bootstrap import ReleaseSetupError, ensure_release
 
     try:
-        _, release = ensure_release(
+        ensure_release(
             spec.url(0),
             token,
             release=spec.release,
@@ -174,7 +185,6 @@ def _bootstrap_release(spec: StackSpec, token: str) -> JsonObject:
         )
     except ReleaseSetupError as exc:
         raise StackError(f"setting up release {spec.release}: {exc}") from None
-    return release
 
 
 def resolve_redis_server(spec: StackSpec) -> StackSpec:
@@ -234,9 +244,10 @@ def up(spec: StackSpec, health_timeout_s: float | None = None) -> tuple[bool, St
     return True, status(sd)
 
 
-def read_description(state_dir: Path) -> JsonObject:
+def read_description(state_dir: Path) -> StackDescription:
+    """``stack.json`` as ``up`` wrote it (``stack_description``)."""
     try:
-        return dict(json.loads((state_dir / "stack.json").read_text()))
+        return cast(StackDescription, dict(json.loads((state_dir / "stack.json").read_text())))
     except OSError:
         raise StackError(
             f"no stack in {state_dir}: stack.json is missing. Start one with "
@@ -244,44 +255,25 @@ def read_description(state_dir: Path) -> JsonObject:
         ) from None
 
 
-class ProcessStatus(TypedDict):
-    """One supervised program in ``status``: a component or a dependency (Redis)."""
+class SupervisedInfo(TypedDict, total=False):
+    """What ``status`` reads of supervisord's ``getAllProcessInfo`` entry for a program."""
 
     name: str
-    role: str
-    pid: int | None
-    url: str
-    state: str
-    restarts: int
-    healthy: bool
-
-
-class StackStatus(TypedDict):
-    """``stack status``: supervisord, the stack's URLs and every program's row."""
-
-    running: bool
-    supervisord_pid: int | None
-    dependencies: list[ProcessStatus]
-    router_url: str
-    broker_url: str
-    gate_url: str
-    rollback_url: str
-    state_dir: str
-    release: str
-    components: list[ProcessStatus]
+    statename: str
+    pid: int
 
 
 def status(state_dir: Path) -> StackStatus:
     sd = state_dir.resolve()
     desc = read_description(sd)
     running = supervisor.is_running(sd)
-    infos: dict[str, JsonObject] = {}
+    infos: dict[str, SupervisedInfo] = {}
     if running:
         for info in supervisor.rpc(sd).supervisor.getAllProcessInfo():
             infos[info["name"]] = info
     restarts = supervisor.restart_counts(sd) if running else {}
 
-    def row(entry: JsonObject, program: str, healthy: Callable[[], bool]) -> ProcessStatus:
+    def row(entry: ComponentEntry, program: str, healthy: Callable[[], bool]) -> ProcessStatus:
         info = infos.get(program, {})
         state = info.get("statename", "STOPPED")
         return {
@@ -334,11 +326,11 @@ def log_paths(state_dir: Path, component: str) -> list[Path]:
 
 def read_events(
     broker_url: str, release: str, *, page_limit: int = EVENT_PAGE_LIMIT
-) -> list[JsonObject]:
+) -> list[TimelineEvent]:
     """Every event of ``release``, oldest first, read page by page (``after_seq`` =
     ``next_after_seq`` until a page is shorter than its limit), so a long history is never
     cut at the broker's page size."""
-    events: list[JsonObject] = []
+    events: list[TimelineEvent] = []
     after_seq = 0
     for _ in range(MAX_EVENT_PAGES):
         url = f"{broker_url}/v1/releases/{release}/events"
@@ -366,6 +358,12 @@ def read_events(
     )
 
 
+class TimelineEvent(EventJson):
+    """An event as ``timeline`` lists it: ``t_rel_s`` once ``timeline`` added it."""
+
+    t_rel_s: NotRequired[float]
+
+
 class Timeline(TypedDict):
     """``stack timeline``: the release's events, ``t_rel_s`` from ``t0`` (the first
     injected fault, else the first event)."""
@@ -373,7 +371,7 @@ class Timeline(TypedDict):
     release: str
     t0: float
     t0_is_fault: bool
-    events: list[JsonObject]
+    events: list[TimelineEvent]
 
 
 def timeline(state_dir: Path, release: str | None = None) -> Timeline:

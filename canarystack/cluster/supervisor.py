@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 import xmlrpc.client
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -31,9 +32,18 @@ def render_conf(state_dir: Path, progs: list[Program]) -> str:
     ``startretries``, FATAL) and a large ``startretries``. supervisord's main loop polls
     once a second, so SIGKILL to serving again takes ~1-2.5 s; a second replica covers
     that gap."""
+    lines = daemon_conf(state_dir, "canarystack.cluster — regenerated on every `stack up`")
+    for p in progs:
+        lines += program_conf(state_dir, p.name, p.command_line(), p.env)
+    return "\n".join(lines)
+
+
+def daemon_conf(state_dir: Path, written_by: str) -> list[str]:
+    """The lines of supervisord's own sections for ``state_dir`` (its socket, 0700, its
+    log, pidfile and the programs' logs there), after a comment naming ``written_by``."""
     sd = state_dir
-    lines = [
-        "; written by canarystack.cluster — regenerated on every `stack up`",
+    return [
+        f"; written by {written_by}",
         "[unix_http_server]",
         f"file={sd / 'supervisor.sock'}",
         "chmod=0700",
@@ -54,29 +64,41 @@ def render_conf(state_dir: Path, progs: list[Program]) -> str:
         f"serverurl=unix://{sd / 'supervisor.sock'}",
         "",
     ]
-    for p in progs:
-        env = {"PYTHONUNBUFFERED": "1", **p.env}
-        env_line = ",".join(f'{k}="{v}"' for k, v in env.items())
-        lines += [
-            f"[program:{p.name}]",
-            # supervisord expands %(...)s in commands: escape literal percent signs.
-            f"command={p.command_line().replace('%', '%%')}",
-            "autostart=true",
-            "autorestart=true",
-            "startsecs=0",
-            "startretries=1000",
-            "stopsignal=TERM",
-            f"stopwaitsecs={STOP_WAIT_S}",
-            "stopasgroup=true",
-            "killasgroup=true",
-            "redirect_stderr=true",
-            f"stdout_logfile={sd / 'logs' / (p.name + '.log')}",
-            "stdout_logfile_maxbytes=50MB",
-            "stdout_logfile_backups=1",
-            f"environment={env_line}",
-            "",
-        ]
-    return "\n".join(lines)
+
+
+def program_conf(
+    state_dir: Path,
+    name: str,
+    command: str,
+    env: Mapping[str, str],
+    *,
+    stop_wait_s: int = STOP_WAIT_S,
+    log_max: str = "50MB",
+) -> list[str]:
+    """The lines of program ``name``'s section: ``command`` (a shell-quoted line) restarted
+    always, at once (``render_conf``), stopped as a group by SIGTERM then SIGKILL after
+    ``stop_wait_s``, its output to ``logs/NAME.log`` (at most ``log_max``), ``env`` on top
+    of ``PYTHONUNBUFFERED=1``."""
+    full_env = {"PYTHONUNBUFFERED": "1", **env}
+    return [
+        f"[program:{name}]",
+        # supervisord expands %(...)s in commands: escape literal percent signs.
+        f"command={command.replace('%', '%%')}",
+        "autostart=true",
+        "autorestart=true",
+        "startsecs=0",
+        "startretries=1000",
+        "stopsignal=TERM",
+        f"stopwaitsecs={stop_wait_s}",
+        "stopasgroup=true",
+        "killasgroup=true",
+        "redirect_stderr=true",
+        f"stdout_logfile={state_dir / 'logs' / (name + '.log')}",
+        f"stdout_logfile_maxbytes={log_max}",
+        "stdout_logfile_backups=1",
+        "environment=" + ",".join(f'{k}="{v}"' for k, v in full_env.items()),
+        "",
+    ]
 
 
 def rpc(state_dir: Path) -> Any:

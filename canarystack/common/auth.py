@@ -123,6 +123,36 @@ def load_token_file(flag: str, token_file: str) -> str:
     return _checked(token, f"{flag} {token_file}")
 
 
+class FileToken:
+    """A credential file read again whenever it changes (its modification time, inode or
+    size): a Kubernetes projected service-account token is rotated by the kubelet, which
+    swaps the file in. A change that cannot be read (mid-swap, emptied) keeps the last good
+    token; the next call tries again."""
+
+    def __init__(self, flag: str, token_file: str) -> None:
+        self.flag = flag
+        self.path = Path(token_file)
+        self._stamp = self._stat()
+        self._token = load_token_file(flag, token_file)
+
+    def _stat(self) -> tuple[int, int, int] | None:
+        try:
+            st = self.path.stat()
+        except OSError:
+            return None
+        return (st.st_mtime_ns, st.st_ino, st.st_size)
+
+    def __call__(self) -> str:
+        stamp = self._stat()
+        if stamp is not None and stamp != self._stamp:
+            try:
+                self._token = load_token_file(self.flag, os.fspath(self.path))
+                self._stamp = stamp
+            except TokenFileError:
+                pass
+        return self._token
+
+
 def token_or_admin(flag: str, token_file: str | None, admin_token: str | None) -> str | None:
     """The credential given with ``flag``, else the admin token (single-credential mode)."""
     return load_token_file(flag, token_file) if token_file else admin_token

@@ -7,13 +7,12 @@ This module must never serve anything: ``canarystack.common.app`` builds the app
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from canary_contract.json import JsonObject
 from canarystack.common.auth import check_admin
 from canarystack.common.colour import HopLog
 from canarystack.common.faults import FaultRegistry, NoParams
@@ -36,7 +35,8 @@ class Component:
     faults: FaultRegistry
     registry: CollectorRegistry = field(default_factory=CollectorRegistry)
     log: JsonLogger | None = None
-    health_extra: Callable[[], JsonObject] | None = None
+    # Any JSON object with its keys (a TypedDict): ``/health`` copies its fields in.
+    health_extra: Callable[[], Mapping[str, object]] | None = None
     started_mono: float = field(default_factory=time.monotonic)
     # The coloured requests this component saw (canarystack.common.colour; the probe reads it).
     hops: HopLog = field(default_factory=HopLog)

@@ -11,6 +11,11 @@ from typing import TypedDict
 from canary_contract.json import JsonObject
 
 
+class CanaryStackError(Exception):
+    """The stack's one error root: every error a component raises on purpose, and every
+    signal it raises to itself (re-exported by ``canarystack.common.errors``)."""
+
+
 class ErrorFieldArgs(TypedDict, total=False):
     """``ErrorFields``' keyword arguments, for a subclass that takes its own and passes
     these on unchanged (``**fields: Unpack[ErrorFieldArgs]``, as ``ApiError`` does)."""
@@ -20,7 +25,7 @@ class ErrorFieldArgs(TypedDict, total=False):
     extra: JsonObject | None
 
 
-class ErrorFields(Exception):
+class ErrorFields(CanaryStackError):
     """An error with what its JSON answer says: the message a person reads (what was
     wrong, what to do), the field it is about (``param``), a machine-readable ``code`` and
     any ``extra`` top-level fields (e.g. the current revision of a conflict)."""

@@ -11,7 +11,7 @@ import asyncio
 import json
 import math
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from typing import Any, TypeVar, Unpack
+from typing import Any, TypedDict, TypeVar, Unpack
 
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
@@ -20,7 +20,7 @@ from canary_contract import strictjson
 from canary_contract.errors import ErrorKind
 from canary_contract.json import JsonObject
 from canarystack.common.deadlines import body_deadline, close_after_answer
-from canarystack.common.error_fields import ErrorFieldArgs, ErrorFields
+from canarystack.common.error_fields import CanaryStackError, ErrorFieldArgs, ErrorFields
 from canarystack.common.logs import get_logger
 
 _log = get_logger("http")
@@ -40,16 +40,21 @@ PARSE_IN_THREAD_ITEMS = 2048
 READ_CHUNK_BYTES = 64 * 1024
 
 
-class CanaryStackError(Exception):
-    """The stack's one error root: every error a component raises on purpose."""
-
-
 class StartupError(CanaryStackError):
     """A component cannot start (a flag, a file, a folder): the message names the input
     and says what to do. Entry points print it and exit 1 (``cli.entry``)."""
 
 
-class ApiError(CanaryStackError, ErrorFields):
+class ErrorDetailJson(TypedDict):
+    """The ``error`` object of an answer (``canary_contract.error_answer.ErrorDetail``)."""
+
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class ApiError(ErrorFields):
     """An error a client can cause or must see, with its HTTP status."""
 
     status = 400
@@ -63,7 +68,7 @@ class ApiError(CanaryStackError, ErrorFields):
             self.status = status
 
     def body(self) -> JsonObject:
-        err: JsonObject = {
+        err: ErrorDetailJson = {
             "message": self.message,
             "type": self.type,
             "param": self.param,

@@ -18,7 +18,7 @@ import time
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Annotated, Any
+from typing import Annotated, Any, NotRequired, TypedDict
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -77,6 +77,20 @@ class LatencyMs(FaultParams):
     ms: Annotated[float, Field(ge=0, le=60_000)] = 100.0
 
 
+class FaultJson(TypedDict):
+    """A fault as ``/admin/faults`` lists it (``params``: its kind's own settings)."""
+
+    id: str
+    kind: str
+    params: JsonObject
+    ttl_s: float
+    injected_at: float
+    expires_at: float
+    remaining_s: float
+    # In the answer to an injection only: the faults of its kind it replaced.
+    replaced: NotRequired[list[str]]
+
+
 @dataclass
 class Fault:
     id: str
@@ -92,7 +106,7 @@ class Fault:
     def remaining_s(self, now_mono: float) -> float:
         return max(0.0, self.expires_mono - now_mono)
 
-    def to_json(self, now_mono: float) -> JsonObject:
+    def to_json(self, now_mono: float) -> FaultJson:
         remaining = self.remaining_s(now_mono)
         return {
             "id": self.id,
@@ -332,6 +346,6 @@ class FaultRegistry:
     def count(self, kind: str) -> int:
         return len(self.active(kind))
 
-    def to_json(self) -> list[JsonObject]:
+    def to_json(self) -> list[FaultJson]:
         now = self._clock()
         return [f.to_json(now) for f in self.active()]

@@ -10,7 +10,6 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from aiohttp import web
 
@@ -33,9 +32,7 @@ from canarystack.common.apispec import (
     path_str,
     text_response,
 )
-
-if TYPE_CHECKING:
-    from canarystack.common.app import Component
+from canarystack.common.component import Component
 
 # -- the shared routes (canarystack.common.app) ------------------------------------------
 HEALTH_SCHEMA: JsonObject = obj(

@@ -74,7 +74,8 @@ class WriteProgress:
             raw = fcntl.ioctl(self.fd, _OUTQ, b"\0\0\0\0")  # type: ignore[arg-type]
         except OSError:
             return None
-        return int(self.transport.get_write_buffer_size()) + struct.unpack("i", raw)[0]
+        queued: int = struct.unpack("i", raw)[0]
+        return int(self.transport.get_write_buffer_size()) + queued
 
     def wrote(self, n: int) -> bool:
         """``n`` more bytes were written; True when the client has taken none of what waits

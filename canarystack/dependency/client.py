@@ -12,7 +12,7 @@ import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, TypedDict
 from urllib.parse import urlsplit
 
 import redis.asyncio as aioredis
@@ -24,7 +24,7 @@ from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from canary_contract.bounds import bounded, check_bounds
-from canary_contract.json import JsonObject
+from canarystack.common.error_fields import CanaryStackError
 from canarystack.dependency.breaker import STATES, CircuitBreaker
 from canarystack.dependency.keys import cache_key, context_key
 
@@ -37,7 +37,7 @@ MAX_ERROR_CHARS = 300
 _MS_FIELDS = frozenset({"socket_timeout_s", "connect_timeout_s", "pool_timeout_s", "deadline_s"})
 
 
-class DependencyConfigError(ValueError):
+class DependencyConfigError(CanaryStackError, ValueError):
     """A dependency option is wrong; the message names it."""
 
 
@@ -85,6 +85,15 @@ class Lookup:
     def header(self) -> str:
         """The ``x-dependency`` value of the answer."""
         return "degraded" if self.degraded else "ok"
+
+
+class DependencyHealth(TypedDict):
+    """What ``/health`` says about the dependency (its ``dependency`` field)."""
+
+    name: str
+    state: str
+    last_error: str | None
+    last_error_at: float | None
 
 
 class DependencyClient:
@@ -160,7 +169,7 @@ class DependencyClient:
     def _is_state(self, state: str) -> Callable[[], float]:
         return lambda: 1.0 if self.breaker.state == state else 0.0
 
-    def health(self) -> JsonObject:
+    def health(self) -> DependencyHealth:
         """What ``/health`` says about the dependency (the model still serves)."""
         return {
             "name": "redis",

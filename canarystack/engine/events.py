@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from typing import TypedDict
 
 from canary_contract import strictjson
 from canary_contract.json import JsonObject
@@ -54,10 +55,27 @@ def take_events(buf: bytes, state: StreamState) -> tuple[bytes, bool, bytes]:
         content = content or has_content
 
 
+class Usage(TypedDict):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class UsageChunk(TypedDict):
+    """The ``usage`` chunk of a stream (OpenAI's shape: no choices, the counts)."""
+
+    id: str | None
+    object: str
+    created: int | None
+    model: str | None
+    choices: list[object]
+    usage: Usage
+
+
 def _usage_chunk(state: StreamState) -> bytes:
     """The ``usage`` chunk llama.cpp's server does not send (prompt tokens counted by the
     pod, completion tokens = the content events relayed)."""
-    usage: JsonObject = {
+    usage: UsageChunk = {
         "id": state.first_id,
         "object": "chat.completion.chunk" if state.chat else "text_completion",
         "created": state.created,

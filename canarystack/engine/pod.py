@@ -17,6 +17,7 @@ import contextlib
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import NotRequired, TypedDict
 
 import aiohttp
 from aiohttp import web
@@ -24,9 +25,10 @@ from aiohttp import web
 from canary_contract import strictjson
 from canary_contract.json import JsonObject
 from canarystack.common.app import Component
+from canarystack.common.error_fields import CanaryStackError
 from canarystack.common.errors import Unavailable, json_response
 from canarystack.common.logs import get_logger
-from canarystack.dependency.client import DependencyClient, DependencyConfig
+from canarystack.dependency.client import DependencyClient, DependencyConfig, DependencyHealth
 from canarystack.engine.child import EngineChild, EngineSettings
 from canarystack.engine.events import (
     ENGINE_INVALID_JSON,
@@ -63,6 +65,31 @@ LOG_BODY_CHARS = 500
 _StreamState = StreamState
 
 
+class EngineFields(TypedDict):
+    """What an engine pod adds to a ``request_done`` line."""
+
+    kv_cache_type: str | None
+    engine_pid: int | None
+
+
+class EngineHealth(TypedDict):
+    """The engine pod's fields of ``/health``: ``dependency`` only with ``--redis-url``,
+    ``status`` only while no engine serves."""
+
+    model: str
+    engine: str
+    kv_cache_type: str | None
+    standby: list[str]
+    desired_kv_cache_type: str
+    rolling_out_to: str | None
+    rollouts: int
+    engine_pid: int | None
+    inflight: int
+    last_error: str | None
+    dependency: NotRequired[DependencyHealth]
+    status: NotRequired[str]
+
+
 @dataclass
 class _Record(RequestRecord):
     """The shared request_done record plus the engine that served the request
@@ -73,11 +100,11 @@ class _Record(RequestRecord):
     kv_cache_type: str | None = None
     engine_pid: int | None = None
 
-    def extra_fields(self) -> JsonObject:
+    def extra_fields(self) -> EngineFields:
         return {"kv_cache_type": self.kv_cache_type, "engine_pid": self.engine_pid}
 
 
-class _ClientGone(Exception):
+class _ClientGone(CanaryStackError):
     pass
 
 
@@ -172,10 +199,10 @@ class EnginePod:
         if self.dependency is not None:
             await self.dependency.close()
 
-    def health_extra(self) -> JsonObject:
+    def health_extra(self) -> EngineHealth:
         children = self.children
         active = children.active
-        extra: JsonObject = {
+        extra: EngineHealth = {
             "model": self.settings.served_model_name,
             "engine": self._engine(),
             "kv_cache_type": active.cache_type if active else None,

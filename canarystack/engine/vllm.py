@@ -20,14 +20,11 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import Literal, Protocol
 
 from pydantic import model_validator
 
 from canarystack.engine.build_fault import RealBuildParams
-
-if TYPE_CHECKING:
-    from canarystack.engine.child import EngineSettings
 
 HEALTHY_VARIANT = "fp32"
 VARIANTS = ("fp32", "fp8", "bf16")
@@ -41,6 +38,22 @@ DEFAULT_PYTHON = str(Path.home() / ".cache" / "canary-gameday" / "vllm" / "venv"
 ENV_PYTHON = "CANARY_GAMEDAY_VLLM_PYTHON"
 MODES = ("fp8-kv", "fp8-kv-scale", "bf16")
 SIMULATOR_ONLY_MODES = ("nan-logits", "inf-logits", "garbage", "numerics", "quantized", "kv-quant")
+
+
+class VllmSettings(Protocol):
+    """What the command line and environment read of the pod's settings
+    (``canarystack.engine.child.EngineSettings``, which imports this module)."""
+
+    @property
+    def python(self) -> str: ...
+    @property
+    def model_path(self) -> Path: ...
+    @property
+    def served_model_name(self) -> str: ...
+    @property
+    def n_ctx(self) -> int: ...
+    @property
+    def omp_bind(self) -> str | None: ...
 
 
 def fp8_kv_supported(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
@@ -59,7 +72,7 @@ def default_python() -> str:
     return os.environ.get(ENV_PYTHON) or DEFAULT_PYTHON
 
 
-def command(settings: EngineSettings, variant: str, port: int) -> list[str]:
+def command(settings: VllmSettings, variant: str, port: int) -> list[str]:
     """The vLLM server's command line for ``variant``.
 
     Settings that matter (../shared/MEASURED.md):
@@ -89,7 +102,7 @@ def command(settings: EngineSettings, variant: str, port: int) -> list[str]:
     ]  # fmt: skip
 
 
-def child_env(settings: EngineSettings) -> dict[str, str]:
+def child_env(settings: VllmSettings) -> dict[str, str]:
     """The environment vLLM needs here: a 1 GiB KV cache, no hub, and the cores its
     OpenMP threads are bound to (``--omp-bind``; default: vLLM's own choice)."""
     env = {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"}

@@ -259,6 +259,14 @@ _ERRORS = (
         "the baseline rate's upper bound has level 1 - delta (default %(default)s)",
         default=_D.error_ucb_delta,
     ),
+    Flag(
+        "--error-surge-s",
+        "error_surge_s",
+        "canary outcomes are not tested for errors while the baseline's error rate over "
+        "the last N seconds is surely above its window's bound: a shared incident the "
+        "window has not caught up with (0: always tested; default %(default)s)",
+        default=_D.error_surge_s,
+    ),
 )
 _NO_DATA = (
     Flag(

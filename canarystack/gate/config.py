@@ -9,11 +9,15 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NotRequired, TypeAlias, TypedDict
 
 from canary_contract.json import JsonObject
 from canarystack.common.buckets import DEFAULT_EDGES, bucket_labels
-from canarystack.gate.release_weights import DEFAULT_FOCUS_WEIGHT, release_budget_json
+from canarystack.gate.release_weights import (
+    DEFAULT_FOCUS_WEIGHT,
+    ReleaseBudget,
+    release_budget_json,
+)
 from canarystack.gate.sessions import DEFAULT_SESSION_WINDOW_S
 
 SECONDS_PER_HOUR = 3600.0
@@ -81,6 +85,34 @@ def implied_budget(thresholds: Iterable[tuple[int, float]], rate_hz: float) -> f
 DEFAULT_FALSE_TRIPS_PER_RELEASE_HOUR = 1512.0
 
 
+class CusumTestBudget(TypedDict):
+    detectors: int
+    threshold: float
+    false_trips_per_release_hour: float
+
+
+class CusumBudget(TypedDict):
+    """The e-CUSUM's false-alarm budget (``GateConfig.cusum_budget``); the observed rate
+    and whether it keeps within the assumed one once a gate adds them
+    (``views.budget_json``)."""
+
+    false_trips_per_release_hour: float
+    requested_false_trips_per_release_hour: float | None
+    merge: str
+    detectors: int
+    per_detector_threshold: float | None
+    per_detector_false_trips_per_release_hour: float
+    sample_rate_hz_assumed: float
+    per_test: dict[str, CusumTestBudget]
+    guarantee: str
+    observed_max_sample_rate_hz: NotRequired[float | None]
+    within_assumed_rate: NotRequired[bool | None]
+
+
+# ``/v1/gate``'s ``false_alarm_budget``: the one of the configured test.
+FalseAlarmBudget: TypeAlias = ReleaseBudget | CusumBudget
+
+
 @dataclass(frozen=True)
 class GateConfig:
     """Every threshold of the gate (each one is a CLI flag; see ``__main__``)."""
@@ -109,6 +141,11 @@ class GateConfig:
     errors_bet: float = 0.8
     error_window_s: float = 10.0
     error_ucb_delta: float = 0.01
+    # A shared error surge (a dependency both variants use fails): while the baseline's
+    # error rate over the last error_surge_s is surely above its window's upper bound
+    # (Clopper-Pearson, both at error_ucb_delta), the window lags behind the incident and
+    # canary outcomes are not tested for errors (0: always tested).
+    error_surge_s: float = 2.0
     # no data
     no_data_timeout_s: float = 30.0
     trip_on_no_data: bool = False
@@ -163,6 +200,11 @@ class GateConfig:
             ("error_tolerance", self.error_tolerance > 0, "> 0"),
             ("error_window_s", self.error_window_s > 0, "> 0"),
             ("error_ucb_delta", 0 < self.error_ucb_delta < 1, "in (0, 1)"),
+            (
+                "error_surge_s",
+                0 <= self.error_surge_s < self.error_window_s,
+                ">= 0 and shorter than error_window_s",
+            ),
             ("noise_window", self.noise_window >= 1, ">= 1"),
             ("noise_min_samples", self.noise_min_samples >= 1, ">= 1"),
             ("no_data_timeout_s", self.no_data_timeout_s > 0, "> 0"),
@@ -232,9 +274,28 @@ class GateConfig:
         """The one-test-per-release mode (``--test release-eprocess``)."""
         return self.test == RELEASE_EPROCESS
 
-    def budget_json(self) -> JsonObject:
+    def budget_json(self) -> FalseAlarmBudget:
         """The false-alarm budget this configuration runs with (``release-eprocess``: the
-        per-release guarantee, ``release_weights.release_budget_json``; ``cusum``: below).
+        per-release guarantee, ``release_budget``; ``cusum``: ``cusum_budget``)."""
+        return self.release_budget() if self.release_test else self.cusum_budget()
+
+    def release_budget(self) -> ReleaseBudget:
+        """The release test's per-release guarantee (``release_weights.release_budget_json``)."""
+        return release_budget_json(
+            edges=self.edges,
+            pool_tails=self.pool_tails,
+            alpha=self.alpha,
+            floor_delta=self.floor_delta,
+            focus_weight=self.focus_weight,
+            floor_kl_clip=self.floor_kl_clip,
+            floor_top1_clip=self.floor_top1_clip,
+            floor_min_samples=self.floor_min_samples,
+            invalid_weight=self.invalid_weight,
+            session_window_s=self.session_window_s,
+        )
+
+    def cusum_budget(self) -> CusumBudget:
+        """The e-CUSUM's false-alarm budget (``--test cusum``).
 
         Each e-CUSUM ``M_t`` is bounded by the Shiryaev-Roberts statistic
         ``R_t = (R_{t-1} + 1) e_t``, a nonnegative submartingale with ``E[R_n] <= n`` under
@@ -250,22 +311,9 @@ class GateConfig:
         The bound is for streams *at* the null mean; healthy streams sit below it and trip
         far less often (``bench/gate_false_alarms.py`` measures how much).
         """
-        if self.release_test:
-            return release_budget_json(
-                edges=self.edges,
-                pool_tails=self.pool_tails,
-                alpha=self.alpha,
-                floor_delta=self.floor_delta,
-                focus_weight=self.focus_weight,
-                floor_kl_clip=self.floor_kl_clip,
-                floor_top1_clip=self.floor_top1_clip,
-                floor_min_samples=self.floor_min_samples,
-                invalid_weight=self.invalid_weight,
-                session_window_s=self.session_window_s,
-            )
         counts = detector_counts(self.edges, self.pool_tails)
         r = self.budget_sample_rate_hz
-        per_test = {
+        per_test: dict[str, CusumTestBudget] = {
             test: {
                 "detectors": n,
                 "threshold": self.threshold_of(test),

@@ -11,17 +11,59 @@ This module must never do I/O or read a clock: callers pass ``now`` in.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Mapping, Set
+from typing import Any, Literal, Protocol
 
+from canary_contract.broker import Release
+from canarystack.gate.config import GateConfig
+from canarystack.gate.release_test import ReleaseTest
 from canarystack.gate.samples import Comparison, Outcome
-from canarystack.gate.scopes import DriftScope, Ingested
-from canarystack.gate.stats import ECusum, binomial_upper, median
-
-if TYPE_CHECKING:
-    from canarystack.gate.state import ReleaseGate
+from canarystack.gate.scopes import BucketScope, DriftScope, Ingested
+from canarystack.gate.stats import ECusum, binomial_lower, binomial_upper, median
 
 
-def comparison(gate: ReleaseGate, c: Comparison, got: Ingested, now_mono: float) -> None:
+class Gate(Protocol):
+    """What the tests of one sample read and write of a ``ReleaseGate``
+    (``canarystack.gate.state``, which calls them from ``ingest``): its scopes and release
+    test, the canary version it follows, the gate-blind counter and its decisions."""
+
+    canary_version: str | None  # adopted from the samples while the broker is unheard
+    baseline_since_canary: int
+
+    @property
+    def config(self) -> GateConfig: ...
+    @property
+    def release(self) -> Release | None: ...
+    @property
+    def buckets(self) -> Mapping[str, BucketScope]: ...
+    @property
+    def scopes_of(self) -> Mapping[str, list[DriftScope]]: ...
+    @property
+    def tested(self) -> Set[str]: ...
+    @property
+    def release_test(self) -> ReleaseTest | None: ...
+    @property
+    def noise_fallbacks(self) -> dict[tuple[str, str], int]: ...
+
+    def noise_of(self, scope: DriftScope) -> tuple[float, float, str]: ...
+    def saw_canary(self, now_mono: float) -> None: ...
+    def decide_release(self) -> bool: ...
+    def alarm(
+        self,
+        test: Literal["drift"],
+        scope: DriftScope,
+        det: ECusum,
+        *,
+        metric: str,
+        noise: float,
+        tolerance: float,
+    ) -> None: ...
+    def alarm_bucket(
+        self, test: Literal["latency", "errors"], bucket: BucketScope, det: ECusum, **extra: Any
+    ) -> None: ...
+
+
+def comparison(gate: Gate, c: Comparison, got: Ingested, now_mono: float) -> None:
     """Count and test one comparison (a baseline-baseline one feeds the noise floor).
 
     drift/kl: the comparison's ``kl_mean`` (clipped at ``kl_clip``) against ``m0 = noise_kl
@@ -121,7 +163,26 @@ def comparison(gate: ReleaseGate, c: Comparison, got: Ingested, now_mono: float)
             gate.alarm_bucket("latency", bucket, bucket.latency, source="paired_shadow")
 
 
-def outcome(gate: ReleaseGate, o: Outcome, got: Ingested, now_mono: float) -> None:
+def error_surge(gate: Gate, bucket: BucketScope, t: float, upper: float) -> bool:
+    """Whether the baseline's errors of the last ``error_surge_s`` surge above ``upper``,
+    its window's upper bound: the lower Clopper-Pearson bound of the recent rate is above it
+    (a dependency both variants share is failing, and the window has not caught up). The
+    canary's outcome is then not tested for errors (counted in ``error_surge_skips``): its
+    errors are no evidence against it until the reference sees the incident too. Decided
+    from baseline outcomes before the canary's, so the test stays valid (a skipped
+    observation is a bet of zero)."""
+    cfg = gate.config
+    if cfg.error_surge_s <= 0:
+        return False
+    recent = bucket.baseline_errors.recent(t, cfg.error_surge_s)
+    k = int(sum(recent))
+    if binomial_lower(k, len(recent), cfg.error_ucb_delta) <= upper:
+        return False
+    bucket.error_surge_skips += 1
+    return True
+
+
+def outcome(gate: Gate, o: Outcome, got: Ingested, now_mono: float) -> None:
     """Count and test one outcome (a baseline one feeds the reference windows).
 
     latency: 1 when the canary's TTFT exceeds ``latency_ratio`` x the median of the last
@@ -150,10 +211,13 @@ def outcome(gate: ReleaseGate, o: Outcome, got: Ingested, now_mono: float) -> No
     ref_errors = bucket.baseline_errors.values(o.time)
     n_ref = len(ref_errors)
     k_ref = int(sum(ref_errors))
-    m0 = binomial_upper(k_ref, n_ref, cfg.error_ucb_delta) + cfg.error_tolerance
+    upper = binomial_upper(k_ref, n_ref, cfg.error_ucb_delta)
+    m0 = upper + cfg.error_tolerance
+    surge = error_surge(gate, bucket, o.time, upper)
+    tested = m0 < 1.0 and not surge
     rt = gate.release_test
     if rt is not None:
-        if m0 < 1.0:
+        if tested:
             rt.observe(
                 o.bucket,
                 "errors",
@@ -167,7 +231,7 @@ def outcome(gate: ReleaseGate, o: Outcome, got: Ingested, now_mono: float) -> No
             )
             if gate.decide_release():
                 return
-    elif m0 < 1.0 and bucket.errors.update(1.0 if failed else 0.0, m0, o.time):
+    elif tested and bucket.errors.update(1.0 if failed else 0.0, m0, o.time):
         gate.alarm_bucket(
             "errors",
             bucket,

@@ -30,10 +30,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Literal, TypedDict
 
 import numpy as np
 
-from canary_contract.json import JsonObject
 from canarystack.gate.eprocess import BoolArray, FloatArray
 
 # The cap on each bet of the confidence sequence (WSR 2024 use 1/2 or 3/4).
@@ -109,6 +109,29 @@ class UpperConfidenceSequence:
         return out
 
 
+FloorState = Literal["frozen", "measured", "too_few"]
+
+
+class FloorJson(TypedDict):
+    """A release test's noise floor as ``GET /v1/gate/{release}`` shows it
+    (``NoiseFloor.to_json``)."""
+
+    state: FloorState
+    kl: float | None
+    top1_disagreement: float | None
+    samples: int
+    min_samples: int
+    frozen_at_samples: int | None
+    kl_upper_bound_now: float | None
+    top1_upper_bound_now: float | None
+    kl_mean: float | None
+    kl_clip: float
+    top1_clip: float
+    kl_clipped: int
+    delta: float
+    fallback_comparisons: int
+
+
 @dataclass
 class NoiseFloor:
     """The KL and top-1 disagreement floors of one scope for the release test.
@@ -165,11 +188,12 @@ class NoiseFloor:
         self._fallback_uses += 1
         return self.kl.clip, self.top1.clip, "too_few"
 
-    def to_json(self) -> JsonObject:
+    def to_json(self) -> FloorJson:
         """The floor as ``/v1/gate`` shows it: what a canary comparison would be tested
         against now (without freezing it), and the measurement behind it."""
         frozen = self.frozen_kl is not None
         too_few = not frozen and self.samples < self.min_samples
+        state: FloorState
         if frozen:
             state = "frozen"
         elif too_few:

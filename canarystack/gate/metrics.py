@@ -7,23 +7,30 @@ This module must never change a gate.
 
 from __future__ import annotations
 
+import math
 import time
-from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from collections.abc import Iterator, Mapping
+from typing import Protocol
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from canarystack.gate.state import STATES
+from canarystack.gate.state import STATES, ReleaseGate
 
-if TYPE_CHECKING:
-    from canarystack.gate.service import GateService
+
+class GateSource(Protocol):
+    """What the collector reads of the gate service (``canarystack.gate.service``'s
+    ``GateService``, which registers it): its gates and why its health is degraded."""
+
+    @property
+    def gates(self) -> Mapping[str, ReleaseGate]: ...
+    def degraded_reasons(self) -> list[str]: ...
 
 
 class GateCollector(Collector):
     """Reads the gates' current statistics at scrape time."""
 
-    def __init__(self, service: GateService) -> None:
+    def __init__(self, service: GateSource) -> None:
         self.service = service
 
     def collect(self) -> Iterator[Metric]:
@@ -99,14 +106,23 @@ class GateCollector(Collector):
                 bucket_samples.add_metric([name, label, "noise_comparisons"], b.noise_comparisons)
                 for variant, count in b.outcomes.items():
                     bucket_samples.add_metric([name, label, f"outcomes_{variant}"], count)
+                bucket_samples.add_metric(
+                    [name, label, "canary_outcomes_untested_error_surge"], b.error_surge_skips
+                )
             for scope, floor in gate.noise_json().items():
-                noise.add_metric([name, scope, "kl"], floor["kl"])
-                noise.add_metric([name, scope, "top1_disagreement"], floor["top1_disagreement"])
+                # A release test's floor that is not finite reads null: NaN here.
+                kl, top1 = floor["kl"], floor["top1_disagreement"]
+                noise.add_metric([name, scope, "kl"], math.nan if kl is None else kl)
+                noise.add_metric(
+                    [name, scope, "top1_disagreement"], math.nan if top1 is None else top1
+                )
             for (scope, source), count in gate.noise_fallbacks.items():
                 fallbacks.add_metric([name, scope, source], count)
             rt = gate.release_test
             if rt is None:
-                budget.add_metric([name], gate.config.budget_json()["false_trips_per_release_hour"])
+                budget.add_metric(
+                    [name], gate.config.cusum_budget()["false_trips_per_release_hour"]
+                )
             else:
                 release_stat.add_metric([name], rt.statistic())
                 release_level.add_metric([name], gate.config.alpha + gate.config.floor_delta)

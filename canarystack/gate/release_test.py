@@ -31,13 +31,13 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, TypedDict
 
 from canary_contract.json import JsonObject
-from canarystack.gate import evidence
+from canarystack.gate import trip_record
 from canarystack.gate.config import GateConfig
 from canarystack.gate.eprocess import BetRule, EProcesses, ReleaseEProcess, alone_threshold
-from canarystack.gate.floor import NoiseFloor
+from canarystack.gate.floor import FloorJson, NoiseFloor
 from canarystack.gate.release_weights import (
     detector_name,
     floor_count,
@@ -46,11 +46,9 @@ from canarystack.gate.release_weights import (
     weights_by_test,
 )
 from canarystack.gate.samples import Comparison
-from canarystack.gate.scopes import drift_scopes, tested_scopes
-from canarystack.gate.sessions import SessionThinning
-
-if TYPE_CHECKING:
-    from canarystack.gate.state import ReleaseGate
+from canarystack.gate.scopes import BucketScope, drift_scopes, tested_scopes
+from canarystack.gate.sessions import SessionThinning, ThinningJson
+from canarystack.gate.stats import EProcessJson
 
 # The metric each test's observations measure (a trip's ``detail.metric``).
 METRICS = {
@@ -67,6 +65,29 @@ MAX_CONTRIBUTIONS = 5
 
 def _r(x: float | None) -> float | None:
     return None if x is None or not math.isfinite(x) else round(x, 6)
+
+
+class ReleaseFloorJson(FloorJson):
+    """A release test's floor in the keys of the default test's ``noise_floor`` too."""
+
+    source: str
+    borrowed_from: str | None
+
+
+class ReleaseTestJson(TypedDict):
+    """``--test release-eprocess``'s test as ``GET /v1/gate/{release}`` shows it."""
+
+    test: str
+    alpha: float
+    floor_delta: float
+    false_trip_probability_per_release: float
+    statistic: float | None
+    threshold: float
+    focus_detector: str
+    weights_by_test: dict[str, float]
+    invalid_weight: float
+    invalid_comparisons: int
+    dependence: ThinningJson
 
 
 @dataclass
@@ -137,7 +158,7 @@ class ReleaseDetector:
         span = self.last_time - self.first_time
         return self.samples / span if span >= 1.0 else None
 
-    def to_json(self) -> JsonObject:
+    def to_json(self) -> EProcessJson:
         n = self.samples
         run = self.run_samples
         return {
@@ -253,9 +274,15 @@ class ReleaseTest:
     def statistic(self) -> float:
         return float(self.merge.value()[0])
 
-    def decision(self, gate: ReleaseGate) -> JsonObject:
+    def decision(
+        self,
+        buckets: Mapping[str, BucketScope],
+        canary_version: str | None,
+        stable_version: str | None,
+    ) -> trip_record.TripRecord:
         """The trip's evidence (``tripped_at`` still 0): the merged statistic against
-        ``1 / alpha``, named after the detector holding the largest share of it."""
+        ``1 / alpha``, named after the detector holding the largest share of it; the
+        colours come from the gate's ``buckets``, the versions are the gate's."""
         cfg = self.config
         parts = self.merge.contributions()
         total = math.fsum(p.weighted for p in parts)
@@ -294,22 +321,24 @@ class ReleaseTest:
                 for p in parts[:MAX_CONTRIBUTIONS]
             ],
             "invalid_comparisons": self.invalid_comparisons,
-            "canary_version": gate.canary_version,
-            "stable_version": gate.stable_version,
+            "canary_version": canary_version,
+            "stable_version": stable_version,
             **top.extra,
         }
-        return {
-            "test": TRIP_TESTS[top.test],
-            "bucket": bucket,
-            "statistic": round(self.statistic(), 6),
-            "threshold": 1.0 / cfg.alpha,
-            "samples": top.run_samples,
-            "first_sample_time": first,
-            "last_sample_time": max(first, last),
-            "tripped_at": 0.0,
-            "detail": detail,
-            "colours": evidence.trip_colours(gate.buckets, members, kind),
-        }
+        return trip_record.trip_record(
+            {
+                "test": TRIP_TESTS[top.test],
+                "bucket": bucket,
+                "statistic": round(self.statistic(), 6),
+                "threshold": 1.0 / cfg.alpha,
+                "samples": top.run_samples,
+                "first_sample_time": first,
+                "last_sample_time": max(first, last),
+                "tripped_at": 0.0,
+                "detail": detail,
+                "colours": trip_record.trip_colours(buckets, members, kind),
+            }
+        )
 
     def _strongest_member(self, top: ReleaseDetector) -> str:
         """The member bucket of ``top``'s scope whose own detector of the same test holds
@@ -335,16 +364,18 @@ class ReleaseTest:
             for test in ("latency", "errors"):
                 yield label, test, self.detectors[detector_name(label, test)]
 
-    def floor_json(self, scope: str) -> JsonObject:
+    def floor_json(self, scope: str) -> ReleaseFloorJson:
         """A scope's floor in the keys of the default test's ``noise_floor`` (``source``:
         the scope itself once measured, ``fallback`` while it has too few comparisons)."""
-        out = self.floors[scope].to_json()
-        too_few = out["state"] == "too_few"
-        out["source"] = "fallback" if too_few else scope
-        out["borrowed_from"] = "fallback" if too_few else None
-        return out
+        floor = self.floors[scope].to_json()
+        too_few = floor["state"] == "too_few"
+        return {
+            **floor,
+            "source": "fallback" if too_few else scope,
+            "borrowed_from": "fallback" if too_few else None,
+        }
 
-    def to_json(self) -> JsonObject:
+    def to_json(self) -> ReleaseTestJson:
         cfg = self.config
         return {
             "test": "release-eprocess",

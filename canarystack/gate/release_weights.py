@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from typing import NotRequired, TypedDict
 
-from canary_contract.json import JsonObject
 from canarystack.common.buckets import bucket_labels
 from canarystack.gate.eprocess import DEFAULT_BET_DISCOUNT, DEFAULT_BET_FRACTIONS, alone_threshold
 from canarystack.gate.scopes import tested_scopes
@@ -92,6 +92,61 @@ def floor_count(edges: Sequence[int], pool_tails: bool) -> int:
     return 2 * len(tested_scopes(bucket_labels(edges), pool_tails))
 
 
+class TestCount(TypedDict):
+    detectors: int
+
+
+class BetJson(TypedDict):
+    fractions: list[float]
+    discount: float
+    rule: str
+
+
+class FloorBudgetJson(TypedDict):
+    method: str
+    confidence_sequences: int
+    delta_each: float
+    kl_clip: float
+    top1_clip: float
+    min_samples: int
+    fallback: str
+
+
+class DependenceJson(TypedDict):
+    rule: str
+    key: str
+    session_window_s: float
+
+
+class InvalidAnswerJson(TypedDict):
+    weight: float
+    rule: str
+
+
+class ReleaseBudget(TypedDict):
+    """The release test's false-alarm budget (``release_budget_json``);
+    ``observed_max_sample_rate_hz`` once a gate adds what it sees
+    (``views.budget_json``)."""
+
+    test: str
+    merge: str
+    alpha: float
+    floor_delta: float
+    false_trip_probability_per_release: float
+    threshold: float
+    detectors: int
+    per_test: dict[str, TestCount]
+    focus_detector: str
+    focus_alone_threshold: float
+    weights: dict[str, float]
+    bet: BetJson
+    noise_floor: FloorBudgetJson
+    dependence: DependenceJson
+    invalid_answer: InvalidAnswerJson
+    guarantee: str
+    observed_max_sample_rate_hz: NotRequired[float | None]
+
+
 def release_budget_json(
     *,
     edges: Sequence[int],
@@ -104,7 +159,7 @@ def release_budget_json(
     floor_min_samples: int,
     invalid_weight: float,
     session_window_s: float,
-) -> JsonObject:
+) -> ReleaseBudget:
     """What the release test guarantees and how (``/v1/gate``'s ``false_alarm_budget``,
     the start-up log line)."""
     weights = release_weights(edges, pool_tails, focus_weight)

@@ -30,11 +30,7 @@ from canary_contract.samples import (
     TOKEN_PATTERN,
     TRACE_ID_PATTERN,
 )
-
-# Colours kept per bucket and kind of sample (the most recent ones), and how many of them
-# a trip's evidence carries.
-COLOURS_PER_BUCKET = 16
-MAX_TRIP_COLOURS = 8
+from canarystack.common.error_fields import CanaryStackError
 
 
 class _Sample(BaseModel):
@@ -78,10 +74,10 @@ class Comparison(_Coloured):
     version_a: str | None = Field(default=None, max_length=MAX_ID)
     version_b: str | None = Field(default=None, max_length=MAX_ID)
     invalid: str | None = Field(default=None, max_length=MAX_ID)
-    # The comparison's session key, when the router sends one (a hash of its user key or
-    # of the prompt's first tokens): the release test admits one comparison per key every
-    # few seconds (``canarystack.gate.sessions``). Not in the wire contract yet: today's
-    # routers send none, and the rule falls back to ``trace_id``.
+    # The comparison's session key (``canarystack.router.session_key``: a hash of the
+    # request's user or of its prompt's opening): the release test admits one comparison
+    # per key every few seconds (``canarystack.gate.sessions``); without one it falls back
+    # to ``trace_id``.
     session: str | None = Field(default=None, pattern=TOKEN_PATTERN)
 
 
@@ -115,7 +111,7 @@ class SampleBatch(_Sample):
     dropped: int = Field(default=0, ge=0, le=10**12)
 
 
-class BatchRefused(ValueError):
+class BatchRefused(CanaryStackError, ValueError):
     """A batch the gate refuses as a whole (nothing of it was counted); names the field."""
 
     def __init__(self, param: str, message: str) -> None:

@@ -13,18 +13,17 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
-from typing import Literal
+from dataclasses import dataclass, field
+from typing import Literal, TypedDict
 
-from canary_contract.json import JsonObject
+from canary_contract.json import JsonObject, record_json
 from canarystack.gate.samples import Comparison, Outcome
 from canarystack.gate.stats import ECusum, MeanWindow, TimeWindow
 
 ALL_SCOPE = "all"
-# Colours kept per bucket and kind of sample (the most recent ones), and how many of them
-# a trip's evidence carries.
+# Colours kept per bucket and kind of sample (the most recent ones); a trip's evidence
+# carries at most the contract's MAX_TRIP_COLOURS of them.
 COLOURS_PER_BUCKET = 16
-MAX_TRIP_COLOURS = 8
 
 
 def tail_label(bucket: str) -> str:
@@ -80,6 +79,8 @@ class BucketScope:
     baseline_errors: TimeWindow
     comparisons: int = 0
     noise_comparisons: int = 0
+    # Canary outcomes not tested for errors during a shared error surge (detect.error_surge).
+    error_surge_skips: int = 0
     outcomes: dict[str, int] = field(default_factory=lambda: {"baseline": 0, "canary": 0})
     errors_seen: dict[str, int] = field(default_factory=lambda: {"baseline": 0, "canary": 0})
     # The colours of the most recent coloured canary samples, by kind ("comparison": a
@@ -109,6 +110,16 @@ class Alarm:
     colours: list[dict[str, str | None]] = field(default_factory=list)
 
 
+class IngestedJson(TypedDict):
+    """A batch's (or the gate's total) counts as ``/v1/gate`` and ``/v1/samples`` show them."""
+
+    comparisons: int
+    noise_comparisons: int
+    outcomes: int
+    ignored: dict[str, int]
+    duplicate: bool
+
+
 @dataclass
 class Ingested:
     comparisons: int = 0
@@ -120,5 +131,5 @@ class Ingested:
     def ignore(self, reason: str, n: int = 1) -> None:
         self.ignored[reason] = self.ignored.get(reason, 0) + n
 
-    def to_json(self) -> JsonObject:
-        return asdict(self)
+    def to_json(self) -> IngestedJson:
+        return record_json(self, IngestedJson, ignored=dict(self.ignored))

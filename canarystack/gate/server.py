@@ -110,30 +110,31 @@ def build_app(
     comp = Component(name="gate", version="0.1.0", admin_token=admin_token, faults=faults)
     service = GateService(comp, config, broker_url, releases, watch_timeout_s=watch_timeout_s)
     comp.health_extra = service.health
-    b = config.budget_json()
     if config.release_test:
+        r = config.release_budget()
         # The per-release guarantee, stated once at start (and in GET /v1/gate).
         _log.info(
             "release_test",
-            test=b["test"],
-            alpha=b["alpha"],
-            floor_delta=b["floor_delta"],
-            false_trip_probability_per_release=b["false_trip_probability_per_release"],
-            threshold=b["threshold"],
-            detectors=b["detectors"],
-            focus_detector=b["focus_detector"],
-            focus_weight=b["weights"][b["focus_detector"]],
-            merge=b["merge"],
+            test=r["test"],
+            alpha=r["alpha"],
+            floor_delta=r["floor_delta"],
+            false_trip_probability_per_release=r["false_trip_probability_per_release"],
+            threshold=r["threshold"],
+            detectors=r["detectors"],
+            focus_detector=r["focus_detector"],
+            focus_weight=r["weights"][r["focus_detector"]],
+            merge=r["merge"],
         )
     else:
+        c = config.cusum_budget()
         _log.info(
             "false_alarm_budget",
-            false_trips_per_release_hour=b["false_trips_per_release_hour"],
-            requested=b["requested_false_trips_per_release_hour"],
-            merge=b["merge"],
-            detectors=b["detectors"],
-            per_detector_threshold=b["per_detector_threshold"],
-            sample_rate_hz_assumed=b["sample_rate_hz_assumed"],
+            false_trips_per_release_hour=c["false_trips_per_release_hour"],
+            requested=c["requested_false_trips_per_release_hour"],
+            merge=c["merge"],
+            detectors=c["detectors"],
+            per_detector_threshold=c["per_detector_threshold"],
+            sample_rate_hz_assumed=c["sample_rate_hz_assumed"],
         )
     app = create_app(comp, client_max_size=SAMPLES_BODY_LIMIT)
     app[SERVICE] = service

@@ -13,9 +13,11 @@ import asyncio
 import secrets
 import time
 from collections.abc import Sequence
+from typing import NotRequired, TypedDict
 
 import aiohttp
 
+from canary_contract.broker import Release
 from canary_contract.json import JsonObject
 from canarystack.broker.client import (
     BrokerClient,
@@ -29,13 +31,17 @@ from canarystack.common.errors import BadRequest, parse_model, release_not_serve
 from canarystack.common.logs import get_logger
 from canarystack.common.metrics import Metrics
 from canarystack.gate.metrics import GateCollector
+from canarystack.gate.scopes import Ingested
 from canarystack.gate.state import (
     BatchRefused,
     GateConfig,
+    GateJson,
+    GateState,
     ReleaseGate,
     SampleBatch,
     TripStatus,
 )
+from canarystack.gate.trip_record import TripRecord
 from canarystack.gate.tripper import write_trip
 
 # Module-level so tests can shorten them.
@@ -48,6 +54,37 @@ MIN_WATCH_TIMEOUT_S = 1.0
 CREDENTIAL_CHECK_S = 30.0
 
 _log = get_logger("gate")
+
+
+class Accepted(TypedDict):
+    comparisons: int
+    noise_comparisons: int
+    outcomes: int
+
+
+class SamplesAnswer(TypedDict):
+    """``POST /v1/samples``'s answer: what the batch added, and the gate's state after."""
+
+    release: str
+    accepted: Accepted
+    ignored: dict[str, int]
+    duplicate: bool
+    batch_id: str | None
+    state: GateState
+
+
+class GateHealth(TypedDict):
+    """The gate's fields of ``/health``; ``watch_timeout_lowered_from`` only when the
+    watch timeout was lowered, ``status`` and ``degraded_reasons`` only while degraded."""
+
+    releases: dict[str, GateState]
+    broker_auth: str
+    broker_auth_error: str | None
+    watch_timeout_s: float
+    loop_errors: dict[str, str]
+    watch_timeout_lowered_from: NotRequired[float]
+    status: NotRequired[str]
+    degraded_reasons: NotRequired[list[str]]
 
 
 class GateService:
@@ -125,7 +162,7 @@ class GateService:
         reg.register(GateCollector(self))
 
     # -- intake ----------------------------------------------------------------------
-    async def ingest(self, body: JsonObject) -> JsonObject:
+    async def ingest(self, body: JsonObject) -> SamplesAnswer:
         batch = parse_model(SampleBatch, body, what="sample batch")
         gate = self.gates.get(batch.release)
         if gate is None:
@@ -150,7 +187,7 @@ class GateService:
                 "batch_id": batch.batch_id,
                 "state": gate.state(time.monotonic()),
             }
-        self._count(batch, got.to_json())
+        self._count(batch, got)
         self._record_hops(batch)
         if gate.trip is not None and gate.trip_status is TripStatus.PENDING:
             self._start_trip(gate)
@@ -184,13 +221,18 @@ class GateService:
             )
             hops.record("gate_sample", colour, now)
 
-    def _count(self, batch: SampleBatch, got: JsonObject) -> None:
+    def _count(self, batch: SampleBatch, got: Ingested) -> None:
         name = batch.release
         self.batches_total.labels(result="accepted").inc()
-        for kind in ("comparisons", "noise_comparisons", "outcomes"):
-            if got[kind]:
-                self.samples_total.labels(release=name, kind=kind).inc(got[kind])
-        for reason, n in got["ignored"].items():
+        counts = (
+            ("comparisons", got.comparisons),
+            ("noise_comparisons", got.noise_comparisons),
+            ("outcomes", got.outcomes),
+        )
+        for kind, count in counts:
+            if count:
+                self.samples_total.labels(release=name, kind=kind).inc(count)
+        for reason, n in got.ignored.items():
             self.ignored_total.labels(release=name, reason=reason).inc(n)
         if batch.dropped:
             self.router_dropped_total.labels(release=name).inc(batch.dropped)
@@ -248,7 +290,7 @@ class GateService:
             self._on_auth(gate, evidence, None)
             gate.trip_status = TripStatus.WRITTEN
             gate.trip_status_reason = None
-            gate.trip_revision = None if result.release is None else result.release["revision"]
+            gate.trip_revision = None if result.release is None else result.release.revision
             self.trips_total.labels(
                 release=gate.name, test=evidence["test"], bucket=evidence["bucket"]
             ).inc()
@@ -264,7 +306,7 @@ class GateService:
             _log.warning("trip_abandoned", release=gate.name, reason=result.reason)
 
     def _on_auth(
-        self, gate: ReleaseGate, evidence: JsonObject, exc: BrokerRequestError | None
+        self, gate: ReleaseGate, evidence: TripRecord, exc: BrokerRequestError | None
     ) -> None:
         """The broker accepted (None) or refused (401/403) the gate's credential."""
         if exc is None:
@@ -283,7 +325,7 @@ class GateService:
             )
 
     # -- broker watch ----------------------------------------------------------------
-    def _on_release(self, gate: ReleaseGate, release: JsonObject | None) -> None:
+    def _on_release(self, gate: ReleaseGate, release: Release | None) -> None:
         gate.on_release(release, time.monotonic())
         if gate.trip is not None and gate.trip_status is TripStatus.PENDING:
             self._start_trip(gate)
@@ -459,10 +501,10 @@ class GateService:
         self._last_reasons = current
         return reasons
 
-    def health(self) -> JsonObject:
+    def health(self) -> GateHealth:
         reasons = self.degraded_reasons()
         now = time.monotonic()
-        body: JsonObject = {
+        body: GateHealth = {
             "releases": {name: gate.state(now) for name, gate in self.gates.items()},
             "broker_auth": self.broker_auth,
             "broker_auth_error": self.broker_auth_error,
@@ -476,7 +518,7 @@ class GateService:
             body["degraded_reasons"] = reasons
         return body
 
-    def status(self, name: str) -> JsonObject:
+    def status(self, name: str) -> GateJson:
         gate = self.gates.get(name)
         if gate is None:
             raise release_not_served(

@@ -23,13 +23,25 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass, field
-
-from canary_contract.json import JsonObject
+from typing import TypedDict
 
 DEFAULT_SESSION_WINDOW_S = 5.0
 # Keys remembered at most; past it the least recently admitted is forgotten (a repeat of it
 # within its window is then admitted: bounded memory wins, and it is counted).
 MAX_SESSION_KEYS = 100_000
+
+
+class ThinningJson(TypedDict):
+    """The dependence rule's counters as ``GET /v1/gate/{release}`` shows them."""
+
+    rule: str
+    key: str
+    window_s: float
+    admitted: int
+    thinned: int
+    without_key: int
+    keys_remembered: int
+    keys_forgotten: int
 
 
 @dataclass
@@ -79,7 +91,7 @@ class SessionThinning:
             else:
                 break
 
-    def to_json(self) -> JsonObject:
+    def to_json(self) -> ThinningJson:
         return {
             "rule": f"at most one comparison per session key every {self.window_s:g} s",
             "key": "the comparison's session, else its trace_id; none: admitted",

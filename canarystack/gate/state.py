@@ -1,7 +1,7 @@
 """Per-release gate state (``ReleaseGate``): the detectors per scope, the live noise
 floor, the no-data rule, and the decision to trip. Over 400 lines because ``ReleaseGate``
 is one state machine whose parts read and write the same fields; what could stand alone
-(input, config, scopes, per-sample tests, evidence, views) already does.
+(input, config, scopes, per-sample tests, trip record, views) already does.
 
 This module must never do I/O or read a clock: callers pass ``now`` in, so tests drive
 time. It never decides to trip a release the broker does not show as progressing.
@@ -12,22 +12,23 @@ from __future__ import annotations
 import math
 from collections import OrderedDict
 from collections.abc import Iterable
-from typing import Any, Literal
+from typing import Any, Literal, TypedDict
 
-from canary_contract.json import JsonObject
-from canary_contract.phases import is_canary_off
+from canary_contract.broker import MAX_TRIP_COLOURS, CanaryRef, Release, StableRef, Weights
+from canary_contract.phases import Phase, is_canary_off
 from canary_contract.trip import TripStatus
-from canarystack.gate import detect, evidence, views
+from canarystack.gate import detect, trip_record, views
 from canarystack.gate.config import (
     DEFAULT_BUDGET_SAMPLE_RATE_HZ,
     DEFAULT_FALSE_TRIPS_PER_RELEASE_HOUR,
     SECONDS_PER_HOUR,
+    FalseAlarmBudget,
     GateConfig,
     detector_counts,
     implied_budget,
     threshold_for_budget,
 )
-from canarystack.gate.release_test import ReleaseTest
+from canarystack.gate.release_test import ReleaseFloorJson, ReleaseTest, ReleaseTestJson
 from canarystack.gate.samples import (
     BATCH_IDS_PER_ROUTER,
     MAX_BATCH_ITEMS,
@@ -42,11 +43,11 @@ from canarystack.gate.samples import (
 from canarystack.gate.scopes import (
     ALL_SCOPE,
     COLOURS_PER_BUCKET,
-    MAX_TRIP_COLOURS,
     Alarm,
     BucketScope,
     DriftScope,
     Ingested,
+    IngestedJson,
     drift_scopes,
     tail_label,
     tested_scopes,
@@ -54,7 +55,7 @@ from canarystack.gate.scopes import (
 from canarystack.gate.stats import Detector, ECusum, MeanWindow, TimeWindow
 
 # The names of the gate's rooms that callers import from here: the tests of one sample
-# (``detect``), a trip's evidence (``evidence``), the JSON views (``views``), the input
+# (``detect``), a trip's record (``trip_record``), the JSON views (``views``), the input
 # (``samples``), the thresholds and budget (``config``), the scopes (``scopes``) and the
 # method (``stats``).
 __all__ = [
@@ -92,10 +93,66 @@ BLIND_EXPECTED_CANARY = 5.0
 STATES: tuple[GateState, ...] = ("idle", "watching", "tripped", "inconclusive")
 
 
+class GateJson(TypedDict):
+    """``GET /v1/gate/{release}``: the gate's fields and its parts' views."""
+
+    release: str
+    state: GateState
+    revision: int | None
+    phase: str | None
+    canary_version: str | None
+    canary_weight: float
+    buckets: dict[str, views.BucketJson]
+    tails: dict[str, views.TailJson]
+    noise_floor: dict[str, views.NoiseFloorJson] | dict[str, ReleaseFloorJson]
+    false_alarm_budget: FalseAlarmBudget
+    test: str
+    release_test: ReleaseTestJson | None
+    trip: trip_record.TripRecord | None
+    trip_source: Literal["gate", "broker"] | None
+    trip_status: str | None
+    trip_status_reason: str | None
+    trip_revision: int | None
+    seconds_since_canary_sample: float | None
+    samples: IngestedJson
+    router_dropped: int
+    duplicate_batches: int
+    resets: int
+    problems: list[str]
+
+
+def release_record(
+    name: str,
+    revision: int,
+    stable: str,
+    canary: str | None,
+    weight: float,
+    *,
+    phase: Phase = Phase.PROGRESSING,
+    quarantined: bool = False,
+) -> Release:
+    """A release as a broker would answer it, for a gate fed by something else than a
+    broker (the drift judge, benchmarks, tests): digests unknown (empty), no trip, created
+    and updated at 0."""
+    return Release(
+        name=name,
+        phase=phase,
+        revision=revision,
+        stable=StableRef(version=stable, digest=""),
+        canary=None
+        if canary is None
+        else CanaryRef(version=canary, digest="", quarantined=quarantined),
+        weights=Weights(canary=weight),
+        trip=None,
+        created_at=0.0,
+        updated_at=0.0,
+    )
+
+
 class ReleaseGate:
     """The gate's view of one release. Feed it releases and batches; ask it for a trip.
 
-    ``on_release`` takes the broker's release JSON (or None while unknown); ``ingest``
+    ``on_release`` takes the broker's release (or None while unknown); ``ingest``
     takes a validated batch and returns the evidence of a new trip decision, if any.
     Samples that name another canary version than the broker's are ignored.
     """
@@ -103,9 +160,9 @@ class ReleaseGate:
     def __init__(self, name: str, config: GateConfig) -> None:
         self.name = name
         self.config = config
-        self.release: JsonObject | None = None
+        self.release: Release | None = None
         self.canary_version: str | None = None
-        self.trip: JsonObject | None = None  # this gate's decision (evidence)
+        self.trip: trip_record.TripRecord | None = None  # this gate's decision (evidence)
         self.trip_status: TripStatus | None = None
         self.trip_status_reason: str | None = None  # why abandoned, or why still writing
         self.trip_revision: int | None = None
@@ -201,38 +258,29 @@ class ReleaseGate:
     # -- broker view -----------------------------------------------------------------
     @property
     def phase(self) -> str | None:
-        return None if self.release is None else str(self.release.get("phase"))
+        return None if self.release is None else self.release.phase.value
 
     @property
     def revision(self) -> int | None:
-        return None if self.release is None else int(self.release.get("revision", 0))
+        return None if self.release is None else self.release.revision
 
     @property
     def canary_weight(self) -> float:
-        if self.release is None:
-            return 0.0
-        weights = self.release.get("weights") or {}
-        return float(weights.get("canary") or 0)
+        return 0.0 if self.release is None else self.release.canary_weight
 
     @property
     def stable_version(self) -> str | None:
-        if self.release is None:
-            return None
-        stable = self.release.get("stable") or {}
-        return stable.get("version")
+        return None if self.release is None else self.release.stable.version
 
     def _release_canary(self) -> str | None:
-        if self.release is None:
+        if self.release is None or self.release.canary is None:
             return None
-        canary = self.release.get("canary") or {}
-        return canary.get("version")
+        return self.release.canary.version
 
     def canary_live(self) -> bool:
-        return (
-            self.phase == "progressing"
-            and self._release_canary() is not None
-            and self.canary_weight > 0
-        )
+        """The contract's rule (``canary_contract.phases.canary_live``): a quarantined
+        canary is not live, whatever its phase and weight."""
+        return self.release is not None and self.release.canary_live
 
     def trippable(self) -> bool:
         """The broker shows this release progressing with the canary we tested."""
@@ -242,7 +290,7 @@ class ReleaseGate:
             and self._release_canary() == self.canary_version
         )
 
-    def on_release(self, release: JsonObject | None, now_mono: float) -> None:
+    def on_release(self, release: Release | None, now_mono: float) -> None:
         """The broker's release (None while unknown).
 
         A new canary version resets every detector and counter, but *keeps the noise
@@ -377,9 +425,9 @@ class ReleaseGate:
         noise: float,
         tolerance: float,
     ) -> None:
-        detail = evidence.drift_detail(scope, metric, noise, self.noise_of(scope)[2], tolerance)
-        bucket = evidence.strongest_member(self.drift, scope, metric)
-        colours = evidence.trip_colours(self.buckets, scope.members, "comparison")
+        detail = trip_record.drift_detail(scope, metric, noise, self.noise_of(scope)[2], tolerance)
+        bucket = trip_record.strongest_member(self.drift, scope, metric)
+        colours = trip_record.trip_colours(self.buckets, scope.members, "comparison")
         self._decide(Alarm(test, scope.name, bucket, det, detail, colours))
 
     def alarm_bucket(
@@ -389,11 +437,11 @@ class ReleaseGate:
         det: ECusum,
         **extra: Any,
     ) -> None:
-        detail = evidence.bucket_detail(test, bucket.name, self.config, extra)
+        detail = trip_record.bucket_detail(test, bucket.name, self.config, extra)
         kind = "error" if test == "errors" else "outcome"
         if extra.get("source") == "paired_shadow":
             kind = "comparison"
-        colours = evidence.trip_colours(self.buckets, (bucket.name,), kind)
+        colours = trip_record.trip_colours(self.buckets, (bucket.name,), kind)
         self._decide(Alarm(test, bucket.name, bucket.name, det, detail, colours))
 
     def decide_release(self) -> bool:
@@ -402,13 +450,13 @@ class ReleaseGate:
         rt = self.release_test
         if rt is None or self.trip is not None or not rt.tripped():
             return False
-        self.trip = rt.decision(self)
+        self.trip = rt.decision(self.buckets, self.canary_version, self.stable_version)
         self.trip_status = TripStatus.PENDING
         self.trip_status_reason = None
         return True
 
     def _decide(self, alarm: Alarm) -> None:
-        self.trip = evidence.alarm_evidence(alarm, self.canary_version, self.stable_version)
+        self.trip = trip_record.alarm_evidence(alarm, self.canary_version, self.stable_version)
         self.trip_status = TripStatus.PENDING
         self.trip_status_reason = None
 
@@ -447,7 +495,7 @@ class ReleaseGate:
     def decide_blind(self, now_mono: float, now_wall: float) -> None:
         """Trip because the gate is blind while the canary takes traffic (fail safe)."""
         since = self.last_canary_sample_mono or self.watch_start_mono or now_mono
-        self.trip = evidence.gate_blind_evidence(
+        self.trip = trip_record.gate_blind_evidence(
             now_mono - since,
             now_wall,
             self.config.blind_failsafe_s,
@@ -463,7 +511,7 @@ class ReleaseGate:
         """Trip for lack of data (only with ``trip_on_no_data``)."""
         since = self.last_canary_sample_mono or self.watch_start_mono or now_mono
         waited = now_mono - since
-        self.trip = evidence.no_data_evidence(
+        self.trip = trip_record.no_data_evidence(
             waited, now_wall, self.config.no_data_timeout_s, self.canary_weight, self.canary_version
         )
         self.trip_status = TripStatus.PENDING
@@ -489,17 +537,53 @@ class ReleaseGate:
             return "inconclusive"
         return "watching"
 
-    def broker_trip(self) -> JsonObject | None:
-        return None if self.release is None else self.release.get("trip")
+    def broker_trip(self) -> trip_record.TripRecord | None:
+        """The trip the broker's release carries (whoever wrote it), as the gate serves it."""
+        if self.release is None or self.release.trip is None:
+            return None
+        return trip_record.trip_json(self.release.trip)
 
-    def noise_json(self) -> JsonObject:
-        return views.noise_json(self)
+    def noise_json(self) -> dict[str, views.NoiseFloorJson] | dict[str, ReleaseFloorJson]:
+        return views.noise_json(self.drift, self.release_test, self.noise_of)
 
-    def budget_json(self) -> JsonObject:
-        return views.budget_json(self)
+    def budget_json(self) -> FalseAlarmBudget:
+        return views.budget_json(self.config, self.detectors(), self.release_test)
 
-    def to_json(self, now_mono: float) -> JsonObject:
-        return views.gate_json(self, now_mono)
+    def to_json(self, now_mono: float) -> GateJson:
+        """``GET /v1/gate/{release}``: the gate's fields, and its parts' views
+        (``canarystack.gate.views``)."""
+        rt = self.release_test
+        no_data_for = None
+        since = self.last_canary_sample_mono or self.watch_start_mono
+        if since is not None and self.canary_live():
+            no_data_for = round(now_mono - since, 3)
+        return {
+            "release": self.name,
+            "state": self.state(now_mono),
+            "revision": self.revision,
+            "phase": self.phase,
+            "canary_version": self.canary_version,
+            "canary_weight": self.canary_weight,
+            "buckets": views.buckets_json(self.buckets, self.drift, rt),
+            "tails": views.tails_json(self.drift, self.tested, rt),
+            "noise_floor": self.noise_json(),
+            "false_alarm_budget": self.budget_json(),
+            "test": self.config.test,
+            "release_test": None if rt is None else rt.to_json(),
+            "trip": self.trip if self.trip is not None else self.broker_trip(),
+            "trip_source": "gate"
+            if self.trip is not None
+            else ("broker" if self.broker_trip() is not None else None),
+            "trip_status": None if self.trip_status is None else self.trip_status.value,
+            "trip_status_reason": self.trip_status_reason,
+            "trip_revision": self.trip_revision,
+            "seconds_since_canary_sample": no_data_for,
+            "samples": self.totals.to_json(),
+            "router_dropped": self.router_dropped,
+            "duplicate_batches": self.duplicate_batches,
+            "resets": self.resets,
+            "problems": self.problems(),
+        }
 
     def problems(self) -> list[str]:
         """Why this gate's statistics cannot be trusted (empty when they can): a detector

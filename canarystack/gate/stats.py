@@ -11,12 +11,11 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, TypedDict
 
 from scipy.special import betaincinv
 
 from canary_contract.bounds import bounded, check_bounds
-from canary_contract.json import JsonObject
 
 
 class Detector(Protocol):
@@ -37,7 +36,38 @@ class Detector(Protocol):
 
     def sample_rate_hz(self) -> float | None: ...
 
-    def to_json(self) -> JsonObject: ...
+    def to_json(self) -> ECusumJson | EProcessJson: ...
+
+
+class ECusumJson(TypedDict):
+    """An e-CUSUM detector's numbers as ``GET /v1/gate/{release}`` shows them (a number
+    that is not finite is null)."""
+
+    statistic: float | None
+    threshold: float
+    samples: int
+    mean: float | None
+    null_mean: float | None
+    run_samples: int
+    run_mean: float | None
+    max_statistic: float | None
+
+
+class EProcessJson(TypedDict):
+    """A release test's detector (``--test release-eprocess``,
+    ``canarystack.gate.release_test``) as ``GET /v1/gate/{release}`` shows it."""
+
+    statistic: float | None
+    threshold: float | None
+    weight: float
+    samples: int
+    bets: int
+    last_bet_fraction: float
+    mean: float | None
+    null_mean: float | None
+    run_samples: int
+    run_mean: float | None
+    max_statistic: float | None
 
 
 @dataclass
@@ -158,7 +188,7 @@ class ECusum:
         span = self.run_last_time - self.first_time
         return self.samples / span if span >= 1.0 else None
 
-    def to_json(self) -> JsonObject:
+    def to_json(self) -> ECusumJson:
         """The detector's numbers for the API; a number that is not finite is written as
         None (JSON has no NaN; ``ReleaseGate.problems`` reports it)."""
         return {
@@ -278,6 +308,12 @@ class TimeWindow:
         self.prune(now_t)
         return [v for _, v in self.items]
 
+    def recent(self, now_t: float, seconds: float) -> list[float]:
+        """The values of the last ``seconds`` (at most the window's)."""
+        self.prune(now_t)
+        cutoff = now_t - seconds
+        return [v for t, v in self.items if t >= cutoff]
+
 
 def median(values: list[float]) -> float:
     s = sorted(values)
@@ -297,3 +333,11 @@ def binomial_upper(errors: int, n: int, delta: float) -> float:
     if errors >= n:
         return 1.0
     return float(betaincinv(errors + 1, n - errors, 1.0 - delta))
+
+
+def binomial_lower(errors: int, n: int, delta: float) -> float:
+    """One-sided Clopper-Pearson lower confidence bound (level 1 - delta) on a rate; 0.0
+    when there is no data or no error."""
+    if n <= 0 or errors <= 0:
+        return 0.0
+    return float(betaincinv(errors, n - errors + 1, delta))

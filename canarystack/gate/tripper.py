@@ -11,8 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from canary_contract.json import JsonObject
-from canary_contract.phases import is_canary_off
+from canary_contract.broker import Release
+from canary_contract.phases import Phase, is_canary_off
 from canarystack.broker.client import (
     BrokerClient,
     BrokerNotFound,
@@ -22,6 +22,7 @@ from canarystack.broker.client import (
     RevisionConflict,
 )
 from canarystack.common.logs import JsonLogger, get_logger
+from canarystack.gate.trip_record import TripRecord
 
 BACKOFF_S = 0.05
 MAX_BACKOFF_S = 1.0
@@ -32,41 +33,41 @@ AUTH_STATUSES = (401, 403)
 @dataclass
 class TripResult:
     written: bool
-    release: JsonObject | None
+    release: Release | None
     reason: str
     attempts: int
 
 
-def progressing_with(release: JsonObject | None, canary_version: str | None) -> str | None:
+def progressing_with(release: Release | None, canary_version: str | None) -> str | None:
     """None when the release may be tripped for ``canary_version``; else why not."""
     if release is None:
         return "release not found"
-    if release.get("phase") != "progressing":
-        return f"release is {release.get('phase')}, not progressing"
-    canary = (release.get("canary") or {}).get("version")
-    if canary is None:
+    if release.phase is not Phase.PROGRESSING:
+        return f"release is {release.phase.value}, not progressing"
+    if release.canary is None:
         return "release has no canary"
+    canary = release.canary.version
     if canary != canary_version:
         return f"canary is now {canary}, the evidence is about {canary_version}"
     return None
 
 
-def is_our_trip(release: JsonObject | None, evidence: JsonObject) -> bool:
+def is_our_trip(release: Release | None, evidence: TripRecord) -> bool:
     """The release already carries this very evidence (an earlier attempt landed)."""
-    if release is None or not is_canary_off(release.get("phase")):
+    if release is None or not is_canary_off(release.phase) or release.trip is None:
         return False
-    trip = release.get("trip") or {}
+    trip = release.trip
     return bool(
-        trip.get("tripped_at") == evidence.get("tripped_at")
-        and trip.get("test") == evidence.get("test")
-        and trip.get("bucket") == evidence.get("bucket")
+        trip.tripped_at == evidence["tripped_at"]
+        and trip.test.value == evidence["test"]
+        and trip.bucket == evidence["bucket"]
     )
 
 
-def trip_reason(evidence: JsonObject) -> str:
+def trip_reason(evidence: TripRecord) -> str:
     """The broker event's reason for a trip: the gate-blind fail-safe says so first."""
-    detail = evidence.get("detail") or {}
-    if isinstance(detail, dict) and detail.get("reason") == "gate_blind":
+    detail = evidence["detail"]
+    if detail.get("reason") == "gate_blind":
         return str(detail.get("message"))
     return (
         f"gate: {evidence['test']} test tripped in bucket {evidence['bucket']} "
@@ -78,11 +79,11 @@ def trip_reason(evidence: JsonObject) -> str:
 async def write_trip(
     client: BrokerClient,
     name: str,
-    evidence: JsonObject,
+    evidence: TripRecord,
     canary_version: str | None,
-    known: JsonObject | None,
+    known: Release | None,
     *,
-    on_release: Callable[[JsonObject | None], None] | None = None,
+    on_release: Callable[[Release], None] | None = None,
     on_auth: Callable[[BrokerRequestError | None], None] | None = None,
     log: JsonLogger | None = None,
     sleep: Callable[[float], Any] = asyncio.sleep,
@@ -116,8 +117,7 @@ async def write_trip(
                 return TripResult(False, None, "release not found", attempts)
             except BrokerUnavailable as exc:
                 log.warning("trip_broker_unavailable", release=name, error=str(exc))
-                await sleep(backoff)
-                backoff = min(MAX_BACKOFF_S, backoff * 2)
+                backoff = await _back_off(sleep, backoff, MAX_BACKOFF_S)
                 continue
             if on_release is not None:
                 on_release(release)
@@ -130,7 +130,7 @@ async def write_trip(
         try:
             new = await client.patch_release(
                 name,
-                int(release["revision"]),
+                release.revision,
                 phase="tripped",
                 trip=evidence,
                 reason=trip_reason(evidence),
@@ -140,42 +140,67 @@ async def write_trip(
             release = None
             continue
         except IllegalTransition as exc:
-            release = None
-            try:
-                release = await client.get_release(name)
-            except (BrokerUnavailable, BrokerRequestError):
-                pass
-            if on_release is not None and release is not None:
-                on_release(release)
+            release = await _read_after_refusal(client, name, on_release)
             return TripResult(False, release, f"refused: {exc.message}", attempts)
         except BrokerUnavailable as exc:
             log.warning("trip_broker_unavailable", release=name, error=str(exc))
-            await sleep(backoff)
-            backoff = min(MAX_BACKOFF_S, backoff * 2)
+            backoff = await _back_off(sleep, backoff, MAX_BACKOFF_S)
             # The write may have landed before the connection broke: read before retrying.
             release = None
             continue
         except BrokerRequestError as exc:
-            if exc.status in AUTH_STATUSES:
-                log.error(
-                    "trip_unauthorized",
-                    release=name,
-                    status=exc.status,
-                    error=exc.message,
-                    retry_in_s=backoff,
-                    hint="the broker refuses this gate's token: give the gate the broker's "
-                    "admin token (--admin-token-file); the trip is written once it works",
-                )
-                if on_auth is not None:
-                    on_auth(exc)
-                await sleep(backoff)
-                backoff = min(AUTH_MAX_BACKOFF_S, backoff * 2)
-                release = None
-                continue
-            log.error("trip_refused", release=name, error=exc.message, status=exc.status)
-            return TripResult(False, release, f"refused: {exc.message}", attempts)
+            if exc.status not in AUTH_STATUSES:
+                log.error("trip_refused", release=name, error=exc.message, status=exc.status)
+                return TripResult(False, release, f"refused: {exc.message}", attempts)
+            _report_unauthorized(log, name, exc, backoff, on_auth)
+            backoff = await _back_off(sleep, backoff, AUTH_MAX_BACKOFF_S)
+            release = None
+            continue
         if on_auth is not None:
             on_auth(None)
         if on_release is not None:
             on_release(new)
         return TripResult(True, new, "written", attempts)
+
+
+async def _back_off(sleep: Callable[[float], Any], backoff: float, cap: float) -> float:
+    """Sleep ``backoff`` seconds; the next backoff: doubled, at most ``cap``."""
+    await sleep(backoff)
+    return min(cap, backoff * 2)
+
+
+async def _read_after_refusal(
+    client: BrokerClient, name: str, on_release: Callable[[Release], None] | None
+) -> Release | None:
+    """The release as it is after the broker refused the transition (None when it cannot
+    be read), passed to ``on_release`` when read."""
+    release = None
+    try:
+        release = await client.get_release(name)
+    except (BrokerUnavailable, BrokerRequestError):
+        pass
+    if on_release is not None and release is not None:
+        on_release(release)
+    return release
+
+
+def _report_unauthorized(
+    log: JsonLogger,
+    name: str,
+    exc: BrokerRequestError,
+    backoff: float,
+    on_auth: Callable[[BrokerRequestError | None], None] | None,
+) -> None:
+    """The broker refuses the gate's credential (401/403): an error log line saying what
+    to do and when the write is tried again, and ``on_auth(exc)``."""
+    log.error(
+        "trip_unauthorized",
+        release=name,
+        status=exc.status,
+        error=exc.message,
+        retry_in_s=backoff,
+        hint="the broker refuses this gate's token: give the gate the broker's "
+        "admin token (--admin-token-file); the trip is written once it works",
+    )
+    if on_auth is not None:
+        on_auth(exc)

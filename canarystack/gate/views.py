@@ -1,31 +1,76 @@
-"""What a ``ReleaseGate`` shows: its state and statistics as JSON (``GET /v1/gate/{release}``),
+"""What a ``ReleaseGate``'s parts show (``GET /v1/gate/{release}``): its scopes' detectors,
 its noise floors, and its false-alarm budget against the sample rate it sees (with
 ``--test release-eprocess``: the release test's alpha, delta, weights, detectors and
-frozen floors, ``canarystack.gate.release_test``).
+frozen floors, ``canarystack.gate.release_test``). ``ReleaseGate.to_json``
+(``canarystack.gate.state``) puts them together with the gate's own fields.
 
-This module must never change a gate: it only reads one.
+This module must never change a gate: it only reads the parts it is given.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterable, Mapping, Set
+from typing import TypedDict
 
-from canary_contract.json import JsonObject
+from canarystack.gate.config import FalseAlarmBudget, GateConfig
+from canarystack.gate.release_test import ReleaseFloorJson, ReleaseTest
+from canarystack.gate.scopes import BucketScope, DriftScope
+from canarystack.gate.stats import Detector, ECusumJson, EProcessJson
 
-if TYPE_CHECKING:
-    from canarystack.gate.state import ReleaseGate
-    from canarystack.gate.stats import Detector
+# ``ReleaseGate.noise_of``: a scope's (kl floor, top-1 floor, the scope it came from).
+NoiseOf = Callable[[DriftScope], tuple[float, float, str]]
+# A detector's numbers: the release test's when it runs, else the e-CUSUM's.
+DetectorJson = ECusumJson | EProcessJson
 
 
-def noise_json(gate: ReleaseGate) -> JsonObject:
-    rt = gate.release_test
+class NoiseFloorJson(TypedDict):
+    """A scope's live noise floor (the default test)."""
+
+    kl: float
+    top1_disagreement: float
+    source: str
+    borrowed_from: str | None
+    fallback_comparisons: int
+    samples: int
+    kl_mean: float
+
+
+class DriftJson(TypedDict):
+    kl: DetectorJson
+    top1_disagreement: DetectorJson
+
+
+class BucketJson(TypedDict):
+    """A bucket's sample counts and detectors (drift from its own scope)."""
+
+    comparisons: int
+    noise_comparisons: int
+    outcomes: dict[str, int]
+    errors_seen: dict[str, int]
+    error_surge_skips: int
+    drift: DriftJson
+    latency: DetectorJson
+    errors: DetectorJson
+
+
+class TailJson(TypedDict):
+    """A tested pooled scope (a tail, ``all``): its buckets, comparisons and detectors."""
+
+    buckets: list[str]
+    comparisons: int
+    drift: DriftJson
+
+
+def noise_json(
+    drift: Mapping[str, DriftScope], rt: ReleaseTest | None, noise_of: NoiseOf
+) -> dict[str, NoiseFloorJson] | dict[str, ReleaseFloorJson]:
     if rt is not None:
         # The release test's floors (confidence sequences, frozen per release), in the
         # same keys, so a reader of the default test's floor reads these.
-        return {name: rt.floor_json(name) for name in gate.drift}
-    out: JsonObject = {}
-    for scope in gate.drift.values():
-        kl, top1, source = gate.noise_of(scope)
+        return {name: rt.floor_json(name) for name in drift}
+    out: dict[str, NoiseFloorJson] = {}
+    for scope in drift.values():
+        kl, top1, source = noise_of(scope)
         out[scope.name] = {
             "kl": round(kl, 6),
             "top1_disagreement": round(top1, 6),
@@ -40,83 +85,69 @@ def noise_json(gate: ReleaseGate) -> JsonObject:
     return out
 
 
-def budget_json(gate: ReleaseGate) -> JsonObject:
-    """The configured budget and whether the observed sample rate keeps within the
-    rate it assumes (if not, the guarantee does not hold at this traffic). The release
-    test assumes no rate: its guarantee holds at any."""
-    out = gate.config.budget_json()
-    rates = [r for _, _, d in gate.detectors() if (r := d.sample_rate_hz()) is not None]
+def budget_json(
+    config: GateConfig, detectors: Iterable[tuple[str, str, Detector]], rt: ReleaseTest | None
+) -> FalseAlarmBudget:
+    """The configured budget and whether the observed sample rate (of the running
+    ``detectors``) keeps within the rate it assumes (if not, the guarantee does not hold at
+    this traffic). The release test assumes no rate: its guarantee holds at any (``rt`` is
+    None exactly when the configuration runs the e-CUSUM)."""
+    rates = [r for _, _, d in detectors if (r := d.sample_rate_hz()) is not None]
     observed = max(rates) if rates else None
-    out["observed_max_sample_rate_hz"] = round(observed, 3) if observed is not None else None
-    if gate.release_test is None:
-        out["within_assumed_rate"] = (
-            None if observed is None else observed <= gate.config.budget_sample_rate_hz
-        )
-    return out
+    shown = round(observed, 3) if observed is not None else None
+    if rt is not None:
+        release = config.release_budget()
+        release["observed_max_sample_rate_hz"] = shown
+        return release
+    cusum = config.cusum_budget()
+    cusum["observed_max_sample_rate_hz"] = shown
+    cusum["within_assumed_rate"] = (
+        None if observed is None else observed <= config.budget_sample_rate_hz
+    )
+    return cusum
 
 
-def _detector_json(gate: ReleaseGate, scope: str, test: str, det: Detector) -> JsonObject:
+def _detector_json(rt: ReleaseTest | None, scope: str, test: str, det: Detector) -> DetectorJson:
     """A detector's numbers: the release test's when it runs, else the e-CUSUM's."""
-    rt = gate.release_test
     return rt.detectors[f"{scope}:{test}"].to_json() if rt is not None else det.to_json()
 
 
-def gate_json(gate: ReleaseGate, now_mono: float) -> JsonObject:
-    buckets: JsonObject = {}
-    for label, b in gate.buckets.items():
-        d = gate.drift[label]
-        buckets[label] = {
+def buckets_json(
+    buckets: Mapping[str, BucketScope], drift: Mapping[str, DriftScope], rt: ReleaseTest | None
+) -> dict[str, BucketJson]:
+    """Per bucket: its sample counts and its detectors (drift from its own scope)."""
+    out: dict[str, BucketJson] = {}
+    for label, b in buckets.items():
+        d = drift[label]
+        out[label] = {
             "comparisons": b.comparisons,
             "noise_comparisons": b.noise_comparisons,
             "outcomes": dict(b.outcomes),
             "errors_seen": dict(b.errors_seen),
+            "error_surge_skips": b.error_surge_skips,
             "drift": {
-                "kl": _detector_json(gate, label, "drift_kl", d.kl),
-                "top1_disagreement": _detector_json(gate, label, "drift_top1", d.top1),
+                "kl": _detector_json(rt, label, "drift_kl", d.kl),
+                "top1_disagreement": _detector_json(rt, label, "drift_top1", d.top1),
             },
-            "latency": _detector_json(gate, label, "latency", b.latency),
-            "errors": _detector_json(gate, label, "errors", b.errors),
+            "latency": _detector_json(rt, label, "latency", b.latency),
+            "errors": _detector_json(rt, label, "errors", b.errors),
         }
-    tails = {
+    return out
+
+
+def tails_json(
+    drift: Mapping[str, DriftScope], tested: Set[str], rt: ReleaseTest | None
+) -> dict[str, TailJson]:
+    """Per tested pooled scope (a tail, ``all``): its buckets, comparisons and detectors."""
+    return {
         name: {
             "buckets": list(s.members),
             "comparisons": s.comparisons,
             "drift": {
-                "kl": _detector_json(gate, name, "drift_kl", s.kl),
-                "top1_disagreement": _detector_json(gate, name, "drift_top1", s.top1),
+                "kl": _detector_json(rt, name, "drift_kl", s.kl),
+                "top1_disagreement": _detector_json(rt, name, "drift_top1", s.top1),
             },
         }
-        for name, s in gate.drift.items()
-        if len(s.members) > 1 and name in gate.tested
-    }
-    no_data_for = None
-    since = gate.last_canary_sample_mono or gate.watch_start_mono
-    if since is not None and gate.canary_live():
-        no_data_for = round(now_mono - since, 3)
-    return {
-        "release": gate.name,
-        "state": gate.state(now_mono),
-        "revision": gate.revision,
-        "phase": gate.phase,
-        "canary_version": gate.canary_version,
-        "canary_weight": gate.canary_weight,
-        "buckets": buckets,
-        "tails": tails,
-        "noise_floor": noise_json(gate),
-        "false_alarm_budget": budget_json(gate),
-        "test": gate.config.test,
-        "release_test": None if gate.release_test is None else gate.release_test.to_json(),
-        "trip": gate.trip if gate.trip is not None else gate.broker_trip(),
-        "trip_source": "gate"
-        if gate.trip is not None
-        else ("broker" if gate.broker_trip() is not None else None),
-        "trip_status": None if gate.trip_status is None else gate.trip_status.value,
-        "trip_status_reason": gate.trip_status_reason,
-        "trip_revision": gate.trip_revision,
-        "seconds_since_canary_sample": no_data_for,
-        "samples": gate.totals.to_json(),
-        "router_dropped": gate.router_dropped,
-        "duplicate_batches": gate.duplicate_batches,
-        "resets": gate.resets,
-        "problems": gate.problems(),
+        for name, s in drift.items()
+        if len(s.members) > 1 and name in tested
     }

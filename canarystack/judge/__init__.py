@@ -10,6 +10,6 @@ Rollouts ``web`` metric, a Flagger webhook, Prometheus metrics (docs/drift-judge
 
 ``settings`` holds the judge's own parameters (releases, sampling, bounds), ``intake`` the
 bounded queue in front of the engines, ``service`` the comparisons and the gates,
-``verdict`` the answers (pure), ``metrics`` the scrape-time metrics, ``server`` the HTTP
+``answers`` the verdicts (pure), ``metrics`` the scrape-time metrics, ``server`` the HTTP
 service. Nothing here writes to a broker: the judge decides, the release engine acts.
 """

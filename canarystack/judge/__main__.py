@@ -55,6 +55,11 @@ JUDGE_FLAGS = (
          "verdict can be pass (default %(default)s)", type=int, default=_D.min_comparisons),
     Flag("--max-body-bytes", "max_body_bytes", "largest mirrored body read; larger ones "
          "get 413 (default %(default)s)", type=int, default=_D.max_body_bytes),
+    Flag("--scoring", "scoring", "auto: completions scored teacher-forced (every side "
+         "scores the baseline's answer, echo with logprobs) while the engines support it, "
+         "else free-running, said in the verdict; teacher-forced: no drift comparison "
+         "without it; free: free-running comparisons only (default %(default)s)",
+         type=str, default=_D.scoring),
 )  # fmt: skip
 
 

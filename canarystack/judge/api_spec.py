@@ -1,7 +1,7 @@
 """The judge's OpenAPI description (``GET /openapi.json``; docs/drift-judge.md).
 
 A mirrored request is any JSON object (the user's request as it came); the Flagger payload
-is ``canarystack.judge.verdict.FlaggerPayload``, the model that validates it. This module
+is ``canarystack.judge.answers.FlaggerPayload``, the model that validates it. This module
 must never change how a request is handled.
 """
 
@@ -12,8 +12,8 @@ from aiohttp import web
 from canary_contract.json import JsonObject
 from canarystack.common import apispec as oa
 from canarystack.common.openapi import add_describer
+from canarystack.judge.answers import VERDICTS, FlaggerPayload
 from canarystack.judge.service import OFFER_RESULTS, Judge
-from canarystack.judge.verdict import VERDICTS, FlaggerPayload
 
 TAG = "judge"
 
@@ -31,6 +31,13 @@ def _verdict_schema(releases: list[str]) -> JsonObject:
         threshold=oa.nullable(oa.NUMBER),
         samples=oa.nullable(oa.INTEGER),
         drift=oa.ANY_OBJECT,
+        scoring=oa.nullable(
+            oa.obj(
+                ("mode", "why"),
+                mode={"type": "string", "enum": ["teacher-forced", "free"]},
+                why=oa.nullable(oa.STRING),
+            )
+        ),
         trip=oa.nullable(oa.ANY_OBJECT),
     )
 

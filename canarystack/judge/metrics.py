@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from canarystack.judge.verdict import VERDICTS
+from canarystack.judge.answers import VERDICTS
 
 if TYPE_CHECKING:
     from canarystack.judge.service import Judge

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
+from typing import TypedDict
 
 import aiohttp
 from aiohttp import web
@@ -35,11 +36,11 @@ from canarystack.common.errors import (
 )
 from canarystack.common.faults import FaultRegistry
 from canarystack.gate.state import GateConfig
+from canarystack.judge.answers import FlaggerPayload, FlaggerVerdict, flagger_status
 from canarystack.judge.api_spec import install as install_api_spec
 from canarystack.judge.metrics import JudgeCollector
 from canarystack.judge.service import Judge
 from canarystack.judge.settings import JudgeSettings
-from canarystack.judge.verdict import FlaggerPayload, flagger_status
 from canarystack.model.body import json_object
 from canarystack.router.routing import prompt_tokens_of
 
@@ -49,6 +50,14 @@ OFF_LOOP_BYTES = 256 * 1024
 FLAGGER_BODY_LIMIT = 64 * 1024
 
 JUDGE: web.AppKey[Judge] = web.AppKey("judge", Judge)
+
+
+class JudgeHealth(TypedDict):
+    """The judge's fields of ``/health``: each release's verdict, the queue, in flight."""
+
+    releases: dict[str, str]
+    queue_depth: int
+    inflight: int
 
 
 def _parse(raw: bytes) -> tuple[JsonObject, int]:
@@ -105,11 +114,9 @@ async def _flagger(request: web.Request) -> web.Response:
             "canary while the judge cannot vouch for it, the default) or 'pass'.",
             param="metadata.inconclusive",
         )
-    answer = request.app[JUDGE].verdict(payload.release)
-    answer["flagger"] = {
-        "name": payload.name,
-        "namespace": payload.namespace,
-        "phase": payload.phase,
+    answer: FlaggerVerdict = {
+        **request.app[JUDGE].verdict(payload.release),
+        "flagger": {"name": payload.name, "namespace": payload.namespace, "phase": payload.phase},
     }
     status = flagger_status(answer, choice == "pass")
     if status != 200:
@@ -119,7 +126,7 @@ async def _flagger(request: web.Request) -> web.Response:
             f"{answer['verdict']}: {answer['reason']}",
             status=status,
             code=f"canary_{answer['verdict']}",
-            extra=answer,
+            extra=dict(answer),
         )
     return json_response(answer)
 
@@ -158,7 +165,7 @@ def build_app(
     judge = Judge(config, settings, comp.registry)
     comp.registry.register(JudgeCollector(judge))
 
-    def health() -> JsonObject:
+    def health() -> JudgeHealth:
         return {
             "releases": {name: judge.verdict(name)["verdict"] for name in judge.gates},
             "queue_depth": judge.queue.qsize(),

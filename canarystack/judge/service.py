@@ -42,9 +42,10 @@ from canarystack.common.logs import get_logger
 from canarystack.common.metrics import Metrics
 from canarystack.gate.state import GateConfig, ReleaseGate, SampleBatch
 from canarystack.gate.stats import MeanWindow
-from canarystack.judge import verdict
+from canarystack.judge import answers, forced
 from canarystack.judge.settings import JudgeSettings, ReleaseTarget
 from canarystack.router.divergence import SideResult, comparison_result
+from canarystack.router.records import ComparisonRecord, OutcomeRecord
 from canarystack.router.shadow import coupled_body, fetch_side, shadow_body
 
 _log = get_logger("judge")
@@ -103,6 +104,14 @@ class Drift:
     )
 
 
+def initial_scoring(mode: str) -> answers.Scoring:
+    """How a release's comparisons are scored before any engine answered: teacher-forced
+    unless ``--scoring free``."""
+    if mode == "free":
+        return {"mode": "free", "why": "--scoring free"}
+    return {"mode": "teacher-forced", "why": None}
+
+
 class Judge:
     """The judged releases' gates, the queue in front of the engines, and the workers."""
 
@@ -143,6 +152,25 @@ class Judge:
             "bucket",
             "pair",
             "result",
+        )
+        self.positions_total = m.counter(
+            "canary_judge_compared_positions_total",
+            "Answer positions the comparisons read, by pair (divided by the comparisons: "
+            "how much of each answer is compared; teacher-forced scoring reads all of it)",
+            "release",
+            "pair",
+        )
+        # How each release's comparisons are scored now, and why not teacher-forced.
+        self.scoring: dict[str, answers.Scoring] = {
+            name: initial_scoring(settings.scoring) for name in self.gates
+        }
+        self.scoring_total = m.counter(
+            "canary_judge_scoring_total",
+            "Comparisons by how they were scored (teacher_forced, free, chat_free: a chat "
+            "request, free-running) or why teacher forcing gave none (unsupported, "
+            "forced_error)",
+            "release",
+            "scoring",
         )
         self.side_errors_total = m.counter(
             "canary_judge_side_errors_total",
@@ -240,21 +268,110 @@ class Judge:
         urls = [job.release.baseline_url, job.release.canary_url]
         if job.noise:
             urls.append(job.release.baseline_url)
-        sides = await asyncio.gather(
+        sides = list(
+            await asyncio.gather(
+                *(
+                    fetch_side(session, u + path, body, headers, s.max_tokens, s.side_timeout_s)
+                    for u in urls
+                )
+            )
+        )
+        forced = await self.teacher_forced(session, job, sides, urls, headers)
+        if forced is None:
+            self.ingest(job, sides, comparisons=False)
+        else:
+            self.ingest(job, sides, forced)
+
+    async def teacher_forced(
+        self,
+        session: aiohttp.ClientSession,
+        job: Job,
+        sides: list[SideResult],
+        urls: list[str],
+        headers: dict[str, str],
+    ) -> list[SideResult] | None:
+        """The sides to compare: every side's scoring of the baseline's answer when the
+        release is scored teacher-forced; ``sides`` unchanged when scored free-running;
+        None when this job gives no comparison (teacher forcing required and unavailable,
+        or a scoring request failed).
+
+        Every side gets the same scoring request, the baseline included: each engine pays
+        the same extra prefill per judged prompt, so the scoring load slows neither variant's
+        answers more than the other's (the latency test reads those answers), and each
+        comparison reads two prefills of the same text, not one engine's decode against the
+        other's prefill."""
+        name, s = job.release.name, self.settings
+        mode = self.scoring[name]["mode"]
+        label = "chat_free" if job.chat and mode == "teacher-forced" else mode.replace("-", "_")
+        base = sides[0]
+        answer = None
+        if mode == "teacher-forced" and not job.chat and base.error is None:
+            answer = forced.answer_text(base.positions)
+        body = None if answer is None else forced.forced_body(job.body, answer, s.topk)
+        if answer is None or body is None:
+            self.scoring_total.labels(release=name, scoring=label).inc()
+            return sides
+        prompt_chars = len(str(body["prompt"])) - len(answer)
+        scored = await asyncio.gather(
             *(
-                fetch_side(session, u + path, body, headers, s.max_tokens, s.side_timeout_s)
+                forced.fetch_forced(
+                    session,
+                    u + "/v1/completions",
+                    body,
+                    headers,
+                    prompt_chars,
+                    base.positions,
+                    s.side_timeout_s,
+                )
                 for u in urls
             )
         )
-        self.ingest(job, list(sides))
+        why = next((f.unsupported for f in scored if f.unsupported is not None), None)
+        if why is not None:
+            self.scoring_total.labels(release=name, scoring="unsupported").inc()
+            return self._forcing_unsupported(name, why, sides)
+        out = []
+        for free_side, f in zip(sides, scored, strict=True):
+            if free_side.error is not None:
+                out.append(free_side)  # the answer failed: its outcome says so
+            elif f.error is not None:
+                self.scoring_total.labels(release=name, scoring="forced_error").inc()
+                return None
+            else:
+                out.append(forced.as_side(f, free_side))
+        self.scoring_total.labels(release=name, scoring="teacher_forced").inc()
+        return out
 
-    def ingest(self, job: Job, sides: list[SideResult]) -> None:
-        """``sides`` = [baseline, canary, (second baseline)] answers to ``job``'s prompt."""
+    def _forcing_unsupported(
+        self, name: str, why: str, sides: list[SideResult]
+    ) -> list[SideResult] | None:
+        """An engine of ``name`` does not score an echoed prompt: under ``auto`` the
+        release is scored free-running from now on (said in its verdict), else this job
+        gives no comparison."""
+        if self.settings.scoring == "auto":
+            self.scoring[name] = {"mode": "free", "why": why}
+            _log.warning("teacher_forcing_unsupported", release=name, why=why)
+            return sides
+        self.scoring[name] = {"mode": "teacher-forced", "why": why}
+        return None
+
+    def ingest(
+        self,
+        job: Job,
+        sides: list[SideResult],
+        compared: list[SideResult] | None = None,
+        *,
+        comparisons: bool = True,
+    ) -> None:
+        """``sides`` = [baseline, canary, (second baseline)] answers to ``job``'s prompt,
+        whose outcomes the gate gets; ``compared`` the sides the comparisons read (the
+        teacher-forced ones; default ``sides``); ``comparisons=False``: outcomes only."""
         name = job.release.name
         gate = self.gates[name]
         base, canary = sides[0], sides[1]
+        compared = compared or sides
         wall = self.wall()
-        outcomes: list[JsonObject] = []
+        outcomes: list[OutcomeRecord] = []
         for variant, side in (("baseline", base), ("canary", canary)):
             if side.error is not None:
                 self.side_errors_total.labels(release=name, variant=variant, error=side.error).inc()
@@ -268,11 +385,11 @@ class Judge:
                     "error": side.error,
                 }
             )
-        pairs = [("baseline-canary", base, canary)]
-        if len(sides) > 2:
-            pairs.append(("baseline-baseline", base, sides[2]))
-        comparisons: list[JsonObject] = []
-        for pair, a, b in pairs:
+        pairs = [("baseline-canary", compared[0], compared[1])]
+        if len(compared) > 2:
+            pairs.append(("baseline-baseline", compared[0], compared[2]))
+        records: list[ComparisonRecord] = []
+        for pair, a, b in pairs if comparisons else ():
             if a.error is not None or b.error is not None:
                 result, record = "side_error", None
             else:
@@ -289,13 +406,14 @@ class Judge:
                 release=name, bucket=job.bucket, pair=pair, result=result
             ).inc()
             if record is not None:
+                self.positions_total.labels(release=name, pair=pair).inc(record["positions"])
                 record["version_a"] = record["version_a"] or UNKNOWN_VERSION
                 record["version_b"] = record["version_b"] or UNKNOWN_VERSION
-                comparisons.append(record)
+                records.append(record)
         now = self.clock()
         if base.error is None and canary.error is None:
             self._follow_versions(gate, base.version, canary.version, now)
-        for c in comparisons:
+        for c in records:
             if c["pair"] == "baseline-canary":
                 d = self.drift[name].setdefault(job.bucket, Drift())
                 d.kl.add(min(float(c["kl_mean"]), self.config.kl_clip))
@@ -304,7 +422,7 @@ class Judge:
             {
                 "router_id": "judge",
                 "release": name,
-                "comparisons": comparisons,
+                "comparisons": records,
                 "outcomes": outcomes,
             }
         )
@@ -334,10 +452,10 @@ class Judge:
             self.drift[gate.name].clear()
         self._revisions[gate.name] += 1
         gate.on_release(
-            verdict.release_json(gate.name, self._revisions[gate.name], stable, canary), now
+            answers.release_record(gate.name, self._revisions[gate.name], stable, canary), now
         )
 
-    def reset(self, name: str) -> JsonObject:
+    def reset(self, name: str) -> answers.Verdict:
         """An operator's fresh start for ``name``'s canary (the noise floor is kept)."""
         gate = self.gates[name]
         gate.reset("operator reset", self.clock())
@@ -345,14 +463,16 @@ class Judge:
         return self.verdict(name)
 
     # -- reading ---------------------------------------------------------------------
-    def verdict(self, name: str) -> JsonObject:
+    def verdict(self, name: str) -> answers.Verdict:
         gate = self.gates.get(name)
         if gate is None:
             raise release_not_served(
                 name, self.gates, "judged here", "ask for one of the judged releases."
             )
-        drift = {
+        drift: dict[str, answers.DriftMeans] = {
             bucket: {"kl_mean": d.kl.mean(), "top1_disagreement": d.top1_disagreement.mean()}
             for bucket, d in sorted(self.drift[name].items())
         }
-        return verdict.verdict_json(gate, self.clock(), self.settings.min_comparisons, drift)
+        return answers.verdict_json(
+            gate, self.clock(), self.settings.min_comparisons, drift, self.scoring[name]
+        )

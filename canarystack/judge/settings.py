@@ -15,6 +15,9 @@ from urllib.parse import urlsplit
 from canarystack.common.buckets import bucket_labels
 from canarystack.router.shadow import parse_shadow_rates
 
+# How the judge scores a comparison (``JudgeSettings.scoring``; canarystack.judge.forced).
+SCORING_MODES = ("auto", "teacher-forced", "free")
+
 __all__ = ["DEFAULT_SAMPLE_RATES", "JudgeSettings", "ReleaseTarget", "parse_rates", "parse_release"]
 
 # Every long-prompt bucket is judged; short prompts are sampled (they are most of the
@@ -79,7 +82,10 @@ class JudgeSettings:
     at once; ``queue_deadline_s``: a request that waited longer is dropped (stale);
     ``side_timeout_s``: each engine answer's deadline; ``max_tokens``/``topk``: the size of
     each side's answer; ``min_comparisons``: baseline-canary comparisons a release needs
-    before its verdict can be ``pass``.
+    before its verdict can be ``pass``; ``scoring``: ``auto`` (the default: teacher-forced
+    for completions while the engines answer ``echo`` with logprobs, else free-running,
+    said in the verdict), ``teacher-forced`` (no drift comparison without it) or ``free``
+    (never forced) (``canarystack.judge.forced``).
     """
 
     edges: tuple[int, ...]
@@ -95,6 +101,7 @@ class JudgeSettings:
     topk: int = 5
     min_comparisons: int = 20
     max_body_bytes: int = 1024 * 1024
+    scoring: str = "auto"
 
     def __post_init__(self) -> None:
         checks = [
@@ -108,6 +115,7 @@ class JudgeSettings:
             ("--topk", 1 <= self.topk <= 20, "from 1 to 20"),
             ("--min-comparisons", self.min_comparisons >= 1, ">= 1"),
             ("--max-body-bytes", self.max_body_bytes >= 1024, ">= 1024"),
+            ("--scoring", self.scoring in SCORING_MODES, "one of " + ", ".join(SCORING_MODES)),
             (
                 "--release",
                 1 <= len(self.releases) <= MAX_RELEASES,

@@ -15,7 +15,6 @@ import socket
 from collections.abc import Sequence
 from typing import get_args
 
-from canary_contract.json import JsonObject
 from canarystack.common.auth import describe_admin_flag
 from canarystack.common.cli import base_parser, entry, parse
 from canarystack.common.deadlines import REQUEST_DEADLINE_S, WRITE_TIMEOUT_S
@@ -31,7 +30,7 @@ from canarystack.model.contract import (
 )
 from canarystack.model.engine import BATCH_NOISE_KL, MAX_BATCH_NOISE, KernelFault, NextTokenModel
 from canarystack.model.faults import FAULT_KINDS, KernelParams
-from canarystack.model.server import ModelServer, ServerConfig
+from canarystack.model.server import ModelHealth, ModelServer, ServerConfig
 
 MIN_BODY_BYTES = 4096
 # The modes of the injectable ``kernel`` fault, which --kernel-fault builds in.
@@ -259,6 +258,13 @@ def default_noise_seed(port: int) -> int:
     return int.from_bytes(hashlib.blake2b(where.encode(), digest_size=8).digest(), "little")
 
 
+class SimulatorHealth(ModelHealth):
+    """``/health``'s fields of ``canarystack.model``: the server's, and its batch noise."""
+
+    batch_noise: float
+    noise_seed: int
+
+
 def with_batch_noise(server: ModelServer, batch_noise: float, noise_seed: int) -> ModelServer:
     """Give ``server`` an engine with batch noise keyed by its own running count at
     admission, and show the noise in ``/health``. (``ServerConfig`` has no noise fields:
@@ -274,7 +280,7 @@ def with_batch_noise(server: ModelServer, batch_noise: float, noise_seed: int) -
     )
     health = server.health_extra
 
-    def health_extra() -> JsonObject:
+    def health_extra() -> SimulatorHealth:
         return {**health(), "batch_noise": batch_noise, "noise_seed": noise_seed}
 
     server.health_extra = health_extra  # type: ignore[method-assign]

@@ -211,7 +211,15 @@ def describe_generation(
         spec.refine(name, "best_of", {"anyOf": [{"const": 1}, {"type": "null"}]})
         spec.refine(name, "max_tokens", oa.nullable(tokens))
     spec.refine("ChatCompletionRequest", "max_completion_tokens", oa.nullable(tokens))
-    spec.refine("CompletionRequest", "echo", {"anyOf": [{"const": False}, {"type": "null"}]})
+    spec.refine(
+        "CompletionRequest",
+        "echo",
+        {
+            "anyOf": [{"type": "boolean"}, {"type": "null"}],
+            "description": "true: the prompt, with its tokens' logprobs when logprobs is "
+            "set (teacher-forced scoring), comes before the answer; not with stream true",
+        },
+    )
     routes = spec.routes(TAG)
     params = [*request_headers(), *(extra_params or [])]
     errors: dict[int | str, JsonObject] = {

@@ -17,7 +17,6 @@ from typing import Any, Protocol, Self
 
 from aiohttp import web
 
-from canary_contract.json import JsonObject
 from canarystack.common.app import COMPONENT as COMPONENT_KEY
 from canarystack.common.app import Component, create_app
 from canarystack.common.auth import load_admin_token
@@ -64,7 +63,7 @@ def check_shared_options(args: argparse.Namespace, parser: argparse.ArgumentPars
 
 
 class ModelServerApp(Protocol):
-    def health_extra(self) -> JsonObject: ...
+    def health_extra(self) -> Mapping[str, object]: ...
 
     def add_routes(self, app: web.Application) -> None: ...
 
@@ -189,8 +188,9 @@ class RequestRecord:
             t_recv=time.monotonic(),
         )
 
-    def extra_fields(self) -> JsonObject:
-        """Fields a model server adds to the line (after the shared ones)."""
+    def extra_fields(self) -> Mapping[str, object]:
+        """Fields a model server adds to the line (after the shared ones): its own keys
+        (a TypedDict), none here."""
         return {}
 
 

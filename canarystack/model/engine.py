@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from canarystack.tokenizer import VOCAB_SIZE
+from canarystack.tokenizer import VOCAB_SIZE, vocab
 
 CANDIDATES = 8
 TABLE_ROWS = 4096
@@ -69,14 +69,40 @@ def _key_of_text(text: str) -> int:
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little")
 
 
+# The context key of the empty prefix; each token then folds its word into the key.
+_EMPTY_CONTEXT = 0x636F_6E74_6578_7430
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _word_key(word: str) -> int:
+    return _key_of_text(word)
+
+
+@functools.cache
+def _vocab_keys() -> tuple[int, ...]:
+    return tuple(_word_key(w) for w in vocab())
+
+
+def extend_context(ctx: int, word: str) -> int:
+    """The context key after the token ``word`` (any text, in the vocabulary or not)."""
+    return mix64(ctx ^ _word_key(word))
+
+
 def prompt_context(prompt_words: Sequence[str]) -> int:
-    """The context key of a prompt, from its tokens (whitespace does not matter)."""
-    return _key_of_text("\x1f".join(prompt_words))
+    """The context key of a prompt, from its tokens (whitespace does not matter): a fold
+    of ``extend_context`` over the words, so a prompt that ends with an answer's tokens
+    has the very context the answer's generation reached (what teacher-forced scoring,
+    ``echo`` with logprobs, relies on)."""
+    ctx = _EMPTY_CONTEXT
+    for word in prompt_words:
+        ctx = mix64(ctx ^ _word_key(word))
+    return ctx
 
 
 def next_context(ctx: int, token_id: int) -> int:
-    """The context key after ``token_id`` was generated in context ``ctx``."""
-    return mix64(ctx ^ (((token_id + 1) * _GOLDEN) & _M64))
+    """The context key after ``token_id`` was generated in context ``ctx`` (the same as
+    after that token's word in a prompt)."""
+    return mix64(ctx ^ _vocab_keys()[token_id])
 
 
 @dataclass(frozen=True)

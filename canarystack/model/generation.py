@@ -8,17 +8,75 @@ from __future__ import annotations
 
 import functools
 import random
-from collections.abc import Sequence
+import re
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from canarystack.model.engine import NextTokenModel, Step, next_context, prompt_context
+from canarystack.model.engine import (
+    Distribution,
+    NextTokenModel,
+    Step,
+    extend_context,
+    next_context,
+    prompt_context,
+)
 from canarystack.tokenizer import vocab
+
+# A prompt token as echoed: the whitespace before a word, and the word.
+_PROMPT_TOKEN = re.compile(r"\s*\S+")
 
 
 @functools.cache
 def token_texts() -> tuple[str, ...]:
     """The text of each token id: the word with one leading space."""
     return tuple(" " + w for w in vocab())
+
+
+@functools.cache
+def token_ids() -> dict[str, int]:
+    """The id of each vocabulary word."""
+    return {w: i for i, w in enumerate(vocab())}
+
+
+@dataclass(frozen=True)
+class EchoPosition:
+    """One prompt token as ``echo`` returns it: its text (with the whitespace before it),
+    where it starts in the prompt, and the distribution it was drawn from given the tokens
+    before it (None for the first prompt token, which nothing predicts, as vLLM)."""
+
+    text: str
+    offset: int
+    word: str
+    dist: Distribution | None
+
+    @property
+    def logprob(self) -> float | None:
+        """The token's logprob (a word outside the vocabulary is one of the tail)."""
+        if self.dist is None:
+            return None
+        tid = token_ids().get(self.word)
+        return self.dist.tail_token_logprob if tid is None else self.dist.logprob_of(tid)
+
+
+def echo_positions(
+    model: NextTokenModel,
+    prompt: str,
+    context_words: Sequence[str] = (),
+    *,
+    kernel_scale: float = 0.0,
+    batch: int = 0,
+) -> Iterator[EchoPosition]:
+    """The prompt's tokens with the distributions the model gives each one after the
+    tokens before it (``context_words``, e.g. a retrieved context, come first): the
+    teacher-forced scoring of a text. Their contexts are the ones a generation reaches, so
+    a prompt ending in an answer scores the answer's positions as its generation drew them.
+    One distribution per token: the caller takes them in batches."""
+    ctx = prompt_context(context_words)
+    for i, m in enumerate(_PROMPT_TOKEN.finditer(prompt)):
+        word = m.group().lstrip()
+        dist = None if i == 0 else model.distribution(ctx, kernel_scale, batch)
+        yield EchoPosition(m.group(), m.start(), word, dist)
+        ctx = extend_context(ctx, word)
 
 
 @dataclass(frozen=True)

@@ -9,9 +9,9 @@ from __future__ import annotations
 import functools
 import json
 import math
-from collections.abc import Generator
+from collections.abc import Generator, Iterable
 
-from canarystack.model.generation import Output, Piece, token_texts
+from canarystack.model.generation import EchoPosition, Output, Piece, token_ids, token_texts
 
 DONE = b"data: [DONE]\n\n"
 _dumps = functools.partial(json.dumps, separators=(",", ":"), allow_nan=False)
@@ -100,15 +100,20 @@ class Renderer:
         logprobs: int | None,
         include_usage: bool = False,
         broken: str | None = None,
+        echo: tuple[str, Iterable[EchoPosition]] | None = None,
     ) -> None:
         self.kind = kind
+        # ``echo`` (completions, not streamed): the prompt and its scored tokens, which
+        # come before the answer in the text and in every logprobs column, as vLLM's.
+        self._echo_text = echo[0] if echo is not None else ""
+        self._echo: Iterable[EchoPosition] | None = echo[1] if echo is not None else None
         self.logprobs = logprobs
         self.broken = broken
         # garbage: no logprobs at all, whatever was asked; NaN/-inf: every value replaced.
         self._no_logprobs = logprobs is None or broken == "garbage"
         self._bad_value = BROKEN_LOGPROB.get(broken or "")
         self.include_usage = include_usage
-        self._offset = 0
+        self._offset = len(self._echo_text)
 
         def head(obj: str) -> str:
             return (
@@ -150,6 +155,24 @@ class Renderer:
             str(self._offset),
             self._num(self._value(chosen)),
             tj[piece.token_id],
+            top_json + "}",
+        )
+
+    def _echo_parts(self, pos: EchoPosition) -> tuple[str, str, str, str]:
+        """(text_offset, token_logprob, token, top_logprobs) of one echoed prompt token;
+        the first has null logprobs (nothing predicts it), as vLLM's echo."""
+        chosen = pos.logprob
+        if pos.dist is None or chosen is None:
+            return str(pos.offset), "null", _dumps(pos.text), "null"
+        tj = token_json()
+        top = {tj[t]: v for t, v in pos.dist.top(self.logprobs or 0)}
+        own = _dumps(" " + pos.word) if pos.word not in token_ids() else tj[token_ids()[pos.word]]
+        top.setdefault(own, chosen)
+        top_json = "{" + ",".join(t + ":" + self._num(self._value(v)) for t, v in top.items())
+        return (
+            str(pos.offset),
+            self._num(self._value(chosen)),
+            _dumps(pos.text),
             top_json + "}",
         )
 
@@ -230,7 +253,7 @@ class Renderer:
         """The whole answer's bytes (the generator's return value), built ``batch``
         positions at a time and encoded per batch (one copy of a big answer at the end,
         not several): the caller yields to the event loop at each step."""
-        text = _dumps("".join(p.text for p in out.pieces))
+        text = _dumps(self._echo_text + "".join(p.text for p in out.pieces))
         fr = _dumps(out.finish_reason)
         if self.kind == "completion":
             head = f'"choices":[{{"index":0,"text":{text},"logprobs":'
@@ -248,6 +271,18 @@ class Renderer:
         elif self.kind == "completion":
             names = ("text_offset", "token_logprobs", "tokens", "top_logprobs")
             columns: tuple[list[bytes], ...] = ([], [], [], [])
+            echoed: tuple[list[str], ...] = ([], [], [], [])
+            for pos in self._echo or ():
+                for row, part in zip(echoed, self._echo_parts(pos), strict=True):
+                    row.append(part)
+                if len(echoed[0]) == batch:
+                    for column, row in zip(columns, echoed, strict=True):
+                        column.append(",".join(row).encode())
+                        row.clear()
+                    yield
+            if echoed[0]:
+                for column, row in zip(columns, echoed, strict=True):
+                    column.append(",".join(row).encode())
             for i in range(0, len(out.pieces), batch):
                 rows: tuple[list[str], ...] = ([], [], [], [])
                 for piece in out.pieces[i : i + batch]:

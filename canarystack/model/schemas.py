@@ -30,8 +30,8 @@ class StreamOptions(_Body):
 class _Request(_Body):
     """Unknown fields are accepted and ignored (clients send many); known fields are checked
     strictly, and a wrong one becomes a 400 that names it (``canarystack.common.errors``).
-    Fields the simulated engine cannot honour (``n`` > 1, ``echo``, ``best_of`` > 1) are
-    refused with a message that says so rather than silently ignored.
+    Fields the simulated engine cannot honour (``n`` > 1, ``best_of`` > 1, a streamed
+    ``echo``) are refused with a message that says so rather than silently ignored.
     """
 
     model: str | None = None
@@ -46,7 +46,10 @@ class _Request(_Body):
     n: int = 1
     best_of: int | None = None
 
-    @field_validator("temperature", "top_p", "stream", "n", mode="before")
+    # ``echo`` and ``logprobs`` are fields of one kind of request each (hence not checked).
+    @field_validator(
+        "temperature", "top_p", "stream", "n", "echo", "logprobs", mode="before", check_fields=False
+    )
     @classmethod
     def _null_is_default(cls, value: Any, info: ValidationInfo) -> Any:
         # Some OpenAI clients send null for "use the default".
@@ -124,13 +127,15 @@ class CompletionRequest(_Request):
             "batched prompts and token-id prompts are not supported"
         )
 
-    @field_validator("echo", mode="before")
+    @field_validator("echo")
     @classmethod
-    def _no_echo(cls, value: Any) -> Any:
-        if value is None:
-            return False
-        if value is True:
-            raise ValueError("echo is not supported by the simulated engine; leave it out")
+    def _echo_not_streamed(cls, value: bool, info: ValidationInfo) -> bool:
+        # echo answers the prompt's own logprobs (teacher-forced scoring): one JSON answer.
+        if value and info.data.get("stream"):
+            raise ValueError(
+                "echo is answered without streaming by the simulated engine; send "
+                '"stream": false with "echo": true'
+            )
         return value
 
     def prompt_text(self) -> str:
@@ -169,11 +174,6 @@ class ChatCompletionRequest(_Request):
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
     max_completion_tokens: int | None = Field(default=None, ge=1)
-
-    @field_validator("logprobs", mode="before")
-    @classmethod
-    def _null_logprobs(cls, value: Any) -> Any:
-        return False if value is None else value
 
     @field_validator("top_logprobs")
     @classmethod

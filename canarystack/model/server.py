@@ -16,18 +16,18 @@ import os
 import random
 import time
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import NotRequired, TypedDict, TypeVar
 
 from aiohttp import web
 
-from canary_contract.json import JsonObject
 from canarystack.common.app import Component
 from canarystack.common.deadlines import REQUEST_DEADLINE_S, WRITE_TIMEOUT_S
+from canarystack.common.error_fields import CanaryStackError
 from canarystack.common.errors import ApiError, BadRequest, Unavailable
 from canarystack.common.faults import FaultParams
 from canarystack.common.logs import get_logger
 from canarystack.common.write_progress import WriteProgress
-from canarystack.dependency.client import DependencyClient, DependencyConfig
+from canarystack.dependency.client import DependencyClient, DependencyConfig, DependencyHealth
 from canarystack.model.api_spec import install as install_api_spec
 from canarystack.model.body import Limits, read_request
 from canarystack.model.capacity import CapacityModel, SlotScheduler, sleep_until
@@ -50,7 +50,7 @@ from canarystack.model.faults import (
     KernelParams,
     LatencyParams,
 )
-from canarystack.model.generation import Generation, Output
+from canarystack.model.generation import Generation, Output, echo_positions
 from canarystack.model.metrics import ModelMetrics
 from canarystack.model.render import DONE, Renderer
 from canarystack.model.schemas import (
@@ -65,6 +65,24 @@ GENERATE_BATCH = 64
 HANG_POLL_S = 0.25
 
 P = TypeVar("P", bound=FaultParams)
+
+
+class DependencyField(TypedDict, total=False):
+    """``dependency``, only when the server has one."""
+
+    dependency: DependencyHealth
+
+
+class ModelHealth(TypedDict):
+    """The simulator's fields of ``/health`` (``dependency`` only with ``--redis-url``)."""
+
+    dependency: NotRequired[DependencyHealth]
+    model: str
+    running: int
+    waiting: int
+    slots: int
+    max_body_bytes: int
+    build_kernel_fault: str | None
 
 
 @dataclass(frozen=True)
@@ -110,7 +128,7 @@ class _Plan:
     max_tokens: int
 
 
-class _Disconnected(Exception):
+class _Disconnected(CanaryStackError):
     """The client went away (or stopped reading, or the request's deadline passed): the
     answer ends here; the message is the request's logged error."""
 
@@ -173,10 +191,12 @@ class ModelServer:
         if self.dependency is not None:
             await self.dependency.close()
 
-    def health_extra(self) -> JsonObject:
+    def health_extra(self) -> ModelHealth:
         # The model serves without its dependency: /health stays "ok" and says how the
         # dependency is (a degraded dependency is shared, not this server's failure).
-        extra = {} if self.dependency is None else {"dependency": self.dependency.health()}
+        extra: DependencyField = (
+            {} if self.dependency is None else {"dependency": self.dependency.health()}
+        )
         return {
             **extra,
             "model": self.config.served_model_name,
@@ -287,6 +307,18 @@ class ModelServer:
         broken = self.model.broken_mode(n_prompt, kernel_fault)
 
         rng = random.Random(req.seed if req.seed is not None else self._rng.getrandbits(64))
+        echo = None
+        batch = None
+        if isinstance(req, CompletionRequest) and req.echo:
+            # The prompt scored as the engine reads it (a retrieved context first), in the
+            # batch the answer runs in.
+            batch = self.model.batch_key()
+            prompt = req.prompt_text()
+            context = words[: len(words) - len(prompt.split())]
+            echo = (
+                prompt,
+                echo_positions(self.model, prompt, context, kernel_scale=kernel_scale, batch=batch),
+            )
         gen = Generation(
             self.model,
             words,
@@ -297,6 +329,7 @@ class ModelServer:
             kernel_scale=kernel_scale,
             broken=broken,
             stop=req.stop_sequences,
+            batch=batch,
         )
         if error_kind == "empty":
             gen.finish_reason = "stop"
@@ -309,6 +342,7 @@ class ModelServer:
             logprobs=top_n,
             include_usage=req.include_usage,
             broken=broken,
+            echo=echo,
         )
         plan = _Plan(gen, renderer, extra_ttft_s, itl_mult, error_kind == "truncate", max_tokens)
         if req.stream:

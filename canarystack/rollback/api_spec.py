@@ -24,6 +24,7 @@ STATUS_SCHEMA: JsonObject = oa.obj(
     state=oa.STRING,
     phase=oa.nullable(oa.STRING),
     revision=oa.nullable(oa.INTEGER),
+    canary_live=oa.nullable(oa.BOOLEAN),
     steps=oa.array({"type": "object"}),
     manual_requested=oa.BOOLEAN,
     running=oa.BOOLEAN,

@@ -14,11 +14,11 @@ import os
 import sys
 import time
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Any, Literal, NotRequired, TypedDict
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from canary_contract.json import JsonObject
+from canary_contract.phases import Phase
 from canarystack.broker.client import (
     BrokerClient,
     BrokerError,
@@ -38,6 +38,7 @@ from canarystack.rollback.executor import (
     Observed,
     RollbackError,
     RollbackRunner,
+    RollbackStatus,
     Step,
     StepHooks,
     auth_state,
@@ -73,6 +74,27 @@ class ManualRollback(BaseModel):
     reason: str = Field(default="", max_length=4000)
 
 
+class LoopJson(TypedDict):
+    """One loop as ``/health`` shows it (``loops``)."""
+
+    running: bool
+    errors: int
+    failing: bool
+    last_error: str | None
+    last_error_kind: str | None
+    ended: str | None
+
+
+class RollbackHealth(TypedDict):
+    """The executor's fields of ``/health``; ``status`` only while degraded."""
+
+    releases: list[str]
+    broker_auth: str
+    loops: dict[str, LoopJson]
+    degraded_reasons: list[str]
+    status: NotRequired[str]
+
+
 class LoopState:
     """How one background loop is doing, for /health."""
 
@@ -93,7 +115,7 @@ class LoopState:
         self.last_kind = kind
         self.last_error = error
 
-    def to_json(self) -> JsonObject:
+    def to_json(self) -> LoopJson:
         return {
             "running": self.ended is None,
             "errors": self.errors,
@@ -233,9 +255,9 @@ class RollbackService:
                 reasons.append(f"loop {name} failing ({state.last_kind}): {state.last_error}")
         return reasons
 
-    def health(self) -> JsonObject:
+    def health(self) -> RollbackHealth:
         reasons = self.degraded_reasons()
-        body: JsonObject = {
+        body: RollbackHealth = {
             "releases": self.releases,
             "broker_auth": self.broker_auth(),
             "loops": {name: state.to_json() for name, state in sorted(self.loops.items())},
@@ -310,7 +332,7 @@ class RollbackService:
                 continue
             self.loops[loop].ok()
             if sit.observed is Observed.DONE:
-                _log.debug("rollback_done", release=name, revision=sit.release["revision"])
+                _log.debug("rollback_done", release=name, revision=sit.release.revision)
 
     async def watch(self, name: str, client: BrokerClient) -> None:
         loop = f"watch:{name}"
@@ -362,7 +384,7 @@ class RollbackService:
                 self._loop_failed(loop, "error", f"{type(exc).__name__}: {exc}", exc_info=True)
             await asyncio.sleep(CREDENTIAL_CHECK_S)
 
-    async def manual(self, name: str, reason: str) -> tuple[int, JsonObject]:
+    async def manual(self, name: str, reason: str) -> tuple[int, RollbackStatus]:
         runner = self.runner(name)
         try:
             sit = await runner.situation()
@@ -372,17 +394,17 @@ class RollbackService:
             raise Unavailable(
                 f"The broker is unavailable ({exc.message}); retry the rollback shortly."
             ) from None
-        phase = sit.release.get("phase")
+        phase = sit.release.phase
         if sit.observed is Observed.DONE:
             return 200, runner.status(sit)
         if sit.observed is Observed.IDLE:
-            if phase != "progressing":
+            if phase is not Phase.PROGRESSING:
                 raise Conflict(
                     f"Release {name!r} is {phase}: there is nothing to roll back "
                     "(only a progressing, tripped or rolling-back release can be).",
                     param="release",
                 )
-            if not (sit.release.get("canary") or {}).get("version"):
+            if sit.release.canary is None or not sit.release.canary.version:
                 raise Conflict(
                     f"Release {name!r} has no canary version to roll back.", param="release"
                 )

@@ -9,10 +9,14 @@ This module must never do I/O.
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Literal, NotRequired, TypedDict, TypeVar, cast, get_args
 
 from canary_contract import strictjson
-from canary_contract.json import JsonObject
+from canary_contract.broker import Event, Release, RouterBeat
+from canary_contract.json import JsonValue
+from canary_contract.phases import Phase
 
 # The broker's limits on what a step writes (canarystack/broker/server.py: ``Reason`` and
 # ``MAX_EVENT_FIELD_BYTES``); a test checks they agree.
@@ -30,11 +34,15 @@ def fit_reason(reason: str, limit: int = BROKER_MAX_REASON_CHARS) -> str:
     return reason[: max(0, limit - len(mark))] + mark
 
 
-def _change_size(change: JsonObject) -> int:
+# An annotation's change: the TypedDict of its step (its keys kept, ``cut`` added).
+Change = TypeVar("Change", bound=Mapping[str, object])
+
+
+def _change_size(change: Mapping[str, object]) -> int:
     return len(strictjson.dumps(change).encode())
 
 
-def fit_change(change: JsonObject, limit: int = BROKER_MAX_CHANGE_BYTES) -> JsonObject:
+def fit_change(change: Change, limit: int = BROKER_MAX_CHANGE_BYTES) -> Change:
     """``change`` if it fits the broker's limit, else a copy whose router lists keep
     their first entries, with ``cut`` saying how many each had."""
     if _change_size(change) <= limit:
@@ -52,9 +60,9 @@ def fit_change(change: JsonObject, limit: int = BROKER_MAX_CHANGE_BYTES) -> Json
             out[key] = items[:keep]
             out["cut"] = dict(cut)
             if _change_size(out) <= limit:
-                return out
+                return cast(Change, out)
     out["cut"] = dict(cut)
-    return out
+    return cast(Change, out)
 
 
 class Observed(enum.Enum):
@@ -110,35 +118,68 @@ STEP_NAMES = {
 }
 
 
+class RouterState(TypedDict):
+    """What a router last reported, as a ``routers_applied`` annotation lists it."""
+
+    router_id: str
+    applied_revision: int | None
+    applied_at: float | None
+    canary_off_since: float | None
+
+
+# What a ``routers_applied`` step copies from its annotation's change, in this order.
+AppliedKey = Literal[
+    "routers", "waited_s", "retries", "lagging", "timed_out", "canary_off_at", "quiet"
+]
+APPLIED_KEYS: tuple[AppliedKey, ...] = get_args(AppliedKey)
+
+
+class StepRecord(TypedDict):
+    """One step the broker's history shows (``GET /v1/rollbacks/{release}``'s ``steps``);
+    a ``routers_applied`` step also carries what its annotation recorded (when it did)."""
+
+    step: int
+    name: str
+    time: float
+    revision: int
+    actor: str
+    seq: int
+    routers: NotRequired[JsonValue]
+    waited_s: NotRequired[JsonValue]
+    retries: NotRequired[JsonValue]
+    lagging: NotRequired[JsonValue]
+    timed_out: NotRequired[JsonValue]
+    canary_off_at: NotRequired[JsonValue]
+    quiet: NotRequired[JsonValue]
+
+
 @dataclass
 class Situation:
     """What the broker shows: the release, the rollback's events, the observed state."""
 
-    release: JsonObject
+    release: Release
     observed: Observed
-    rolling_back_event: JsonObject | None = None
-    applied_event: JsonObject | None = None
-    steps: list[JsonObject] = field(default_factory=list)
+    rolling_back_event: Event | None = None
+    applied_event: Event | None = None
+    steps: list[StepRecord] = field(default_factory=list)
 
     @property
     def rollback_revision(self) -> int | None:
         ev = self.rolling_back_event
-        return None if ev is None else int(ev["revision"])
+        return None if ev is None else ev.revision
 
 
-def phase_moved_to(event: JsonObject, phase: str) -> bool:
-    change = event.get("change") or {}
-    moved = change.get("phase")
+def phase_moved_to(event: Event, phase: str) -> bool:
+    moved = event.change.get("phase")
     return isinstance(moved, dict) and moved.get("new") == phase
 
 
-def _quarantined(event: JsonObject) -> bool:
-    change = event.get("change") or {}
-    q = change.get("canary.quarantined")
+def _quarantined(event: Event) -> bool:
+    q = event.change.get("canary.quarantined")
     return isinstance(q, dict) and q.get("new") is True
 
 
-def classify(release: JsonObject, events: list[JsonObject], manual: bool = False) -> Situation:
+def classify(release: Release, events: Sequence[Event], manual: bool = False) -> Situation:
     """The observed state of the latest rollback, from the release and the events since
     its latest move to ``rolling_back``.
 
@@ -148,22 +189,22 @@ def classify(release: JsonObject, events: list[JsonObject], manual: bool = False
     and no side effect happens twice (each step's write is a compare-and-set, or is
     skipped when the broker already shows it). Pure: tests call it directly.
     """
-    phase = release.get("phase")
+    phase = release.phase
     start = None
     for ev in events:
         if phase_moved_to(ev, "rolling_back"):
             start = ev
     applied = None
-    steps: list[JsonObject] = []
+    steps: list[StepRecord] = []
     if start is not None:
         steps.append(step_record(Step.WEIGHTS_ZERO, "weights_zero", start))
         for ev in events:
-            if ev["seq"] <= start["seq"]:
+            if ev.seq <= start.seq:
                 continue
-            change = ev.get("change") or {}
+            change = ev.change
             if (
                 change.get("annotation") == "routers_applied"
-                and int(change.get("revision", -1)) >= int(start["revision"])
+                and int(change.get("revision", -1)) >= start.revision
                 and applied is None
             ):
                 applied = ev
@@ -172,61 +213,53 @@ def classify(release: JsonObject, events: list[JsonObject], manual: bool = False
                 steps.append(step_record(Step.QUARANTINE, "quarantined", ev))
             elif phase_moved_to(ev, "rolled_back"):
                 steps.append(step_record(Step.QUARANTINE, "rolled_back", ev))
-    if phase == "tripped" or (phase == "progressing" and manual):
+    if phase is Phase.TRIPPED or (phase is Phase.PROGRESSING and manual):
         observed = Observed.NEEDS_ROLLBACK
-        if phase == "tripped":
+        if phase is Phase.TRIPPED:
             steps = []  # a new trip: the steps of an older rollback are history
-    elif phase == "rolling_back":
+    elif phase is Phase.ROLLING_BACK:
         observed = Observed.WAITING_ROUTERS if applied is None else Observed.ROUTERS_APPLIED
-    elif phase == "rolled_back":
+    elif phase is Phase.ROLLED_BACK:
         observed = Observed.DONE
     else:
         observed = Observed.IDLE
     return Situation(release, observed, start, applied, steps)
 
 
-def canary_off_at(routers: list[JsonObject]) -> float | None:
+def canary_off_at(routers: Sequence[RouterBeat]) -> float | None:
     """The latest ``canary_off_since`` over ``routers`` (GET /v1/routers entries): when the
     last of them stopped sending canary traffic. None when any of them reports none, or
     there are none."""
     off: list[float] = []
     for r in routers:
-        since = r.get("canary_off_since")
-        if isinstance(since, bool) or not isinstance(since, int | float):
+        if r.canary_off_since is None:
             return None
-        off.append(float(since))
+        off.append(r.canary_off_since)
     return max(off) if off else None
 
 
-def router_state(r: JsonObject) -> JsonObject:
+def router_state(r: RouterBeat) -> RouterState:
     return {
-        "router_id": r.get("router_id"),
-        "applied_revision": r.get("applied_revision"),
-        "applied_at": r.get("applied_at"),
-        "canary_off_since": r.get("canary_off_since"),
+        "router_id": r.router_id,
+        "applied_revision": r.applied_revision,
+        "applied_at": r.applied_at,
+        "canary_off_since": r.canary_off_since,
     }
 
 
-def step_record(step: Step, name: str, ev: JsonObject) -> JsonObject:
-    rec: JsonObject = {
+def step_record(step: Step, name: str, ev: Event) -> StepRecord:
+    rec: StepRecord = {
         "step": int(step),
         "name": name,
-        "time": ev["time"],
-        "revision": ev["revision"],
-        "actor": ev.get("actor"),
-        "seq": ev["seq"],
+        "time": ev.time,
+        "revision": ev.revision,
+        "actor": ev.actor,
+        "seq": ev.seq,
     }
-    change = ev.get("change") or {}
+    change = ev.change
     if name == "routers_applied":
-        for k in (
-            "routers",
-            "waited_s",
-            "retries",
-            "lagging",
-            "timed_out",
-            "canary_off_at",
-            "quiet",
-        ):
-            if k in change:
-                rec[k] = change[k]
+        # What the annotation recorded, in the order it is listed (keys it lacks left out).
+        for key in APPLIED_KEYS:
+            if key in change:
+                rec[key] = change[key]
     return rec

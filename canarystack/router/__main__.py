@@ -125,6 +125,13 @@ def build_parser() -> argparse.ArgumentParser:
         "(needs 2+ baseline replicas; 0 disables; default %(default)s)",
     )
     p.add_argument("--shadow-max-inflight", type=int, default=8, help="cap on shadow copies")
+    p.add_argument(
+        "--shadow-reserved-long",
+        type=int,
+        default=None,
+        help="of --shadow-max-inflight, the slots only the long-prompt buckets (those at the "
+        "highest --shadow-rates rate) may take (default: half, rounded down)",
+    )
     p.add_argument("--shadow-max-tokens", type=int, default=8, help="max_tokens of a shadow copy")
     p.add_argument("--shadow-topk", type=int, default=5, help="top-k logprobs compared")
     p.add_argument("--no-shadow", action="store_true", help="turn shadow comparison off")
@@ -219,10 +226,20 @@ def settings_from_args(args: argparse.Namespace) -> RouterSettings:
         ):
             if value < 1:
                 raise fail(f"{flag} must be at least 1, got {value}")
+        reserved = args.shadow_reserved_long
+        if reserved is None:
+            reserved = args.shadow_max_inflight // 2
+        if not 0 <= reserved < args.shadow_max_inflight:
+            raise fail(
+                f"--shadow-reserved-long must be from 0 to --shadow-max-inflight - 1 "
+                f"({args.shadow_max_inflight - 1}), got {reserved}: the short "
+                "buckets need at least one slot"
+            )
         shadow = ShadowSettings(
             rates=rates,
             noise_fraction=args.shadow_noise_fraction,
             max_inflight=args.shadow_max_inflight,
+            reserved_long=reserved,
             max_tokens=args.shadow_max_tokens,
             topk=args.shadow_topk,
         )
@@ -346,6 +363,7 @@ async def _serve(
             token,
             max_fault_ttl_s=args.max_fault_ttl_s,
             broker_token=broker_token,
+            broker_token_file=args.broker_token_file,
             gate_token=gate_token,
             upstream=upstream,
             control=control,

@@ -248,6 +248,9 @@ class Collector:
         self.invalid: str | None = None
         self._content_events = 0
         self._missing_events = 0
+        # Called once when ``max_positions`` positions are in (the shadow session scores its
+        # comparison then, without waiting for the rest of the stream).
+        self.on_full: Callable[[], None] | None = None
 
     def _mark(self, reason: str) -> None:
         if self.invalid is None:
@@ -300,6 +303,9 @@ class Collector:
                     self._mark(why)
                 if len(self.positions) < self.max_positions:
                     self.positions.extend(got[: self.max_positions - len(self.positions)])
+                    if len(self.positions) >= self.max_positions and self.on_full is not None:
+                        on_full, self.on_full = self.on_full, None
+                        on_full()
             if self.lp.rewrite and choice.get("logprobs") is not None:
                 choice["logprobs"] = _trim_logprobs(choice["logprobs"], self.keep_k)
                 changed = True

@@ -14,6 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from canary_contract.broker import Release
 from canary_contract.json import JsonObject
 from canarystack.broker.client import BrokerClient, FollowKind
 from canarystack.common.logs import get_logger
@@ -161,9 +162,8 @@ class ConfigWatcher:
                 _log.error("config_cache_write_failed", path=str(self.cache), error=str(exc))
             self._beat_now.set()
 
-    def _offer(self, release: JsonObject) -> None:
-        rev = release.get("revision")
-        rev = rev if isinstance(rev, int) else 0
+    def _offer(self, release: Release) -> None:
+        rev = release.revision
         self.last_seen_revision = rev
         if self.is_stale():
             if rev != self.current.revision:
@@ -171,7 +171,8 @@ class ConfigWatcher:
             return
         if self.current.source == "broker" and rev == self.current.revision:
             return
-        self.apply(release, "broker")
+        # The snapshot and the cache file keep the release as the broker's JSON.
+        self.apply(release.to_wire(), "broker")
 
     @property
     def broker_auth(self) -> str:

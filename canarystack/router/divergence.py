@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from canary_contract.json import JsonObject
+from canarystack.router.records import ComparisonRecord
 
 FLOOR_EPS = 1e-6
 # Maximal divergence: what a comparison against a broken canary side counts as. The gate
@@ -173,7 +173,9 @@ class _Pairing:
     request_id: str
     topk: int
 
-    def record(self, positions: int, kl_mean: float, kl_first: float, agree: float) -> JsonObject:
+    def record(
+        self, positions: int, kl_mean: float, kl_first: float, agree: float
+    ) -> ComparisonRecord:
         """The comparison record (docs/ARCHITECTURE.md §3) with these scores."""
         return {
             "time": time.time(),
@@ -191,7 +193,7 @@ class _Pairing:
             "request_id": self.request_id,
         }
 
-    def compared(self) -> JsonObject | None:
+    def compared(self) -> ComparisonRecord | None:
         """The scored comparison, or None when nothing is comparable."""
         scores = compare_positions(self.a.positions, self.b.positions, self.topk)
         if not scores:
@@ -200,7 +202,7 @@ class _Pairing:
         agree = sum(1 for s in scores if s.top1_agree) / len(scores)
         return self.record(len(scores), sum(kls) / len(kls), kls[0], agree)
 
-    def broken(self, reason: str) -> JsonObject:
+    def broken(self, reason: str) -> ComparisonRecord:
         """A comparison of maximal divergence against a broken side ``b`` (finite values)."""
         out = self.record(max(1, len(self.a.positions)), KL_MAX_NATS, KL_MAX_NATS, 0.0)
         out["invalid"] = reason
@@ -216,7 +218,7 @@ def comparison_result(
     prompt_tokens: int,
     request_id: str,
     topk: int,
-) -> tuple[str, JsonObject | None]:
+) -> tuple[str, ComparisonRecord | None]:
     """(result for the metric, record for the gate or None) for two sides that answered.
 
     ``a`` is a baseline side; ``b`` the canary (baseline-canary) or a second baseline.

@@ -27,6 +27,7 @@ from canarystack.router.forward import (
 )
 from canarystack.router.intake import bad_header, read_json_body, refuse_off_canary
 from canarystack.router.proxy import Upstream
+from canarystack.router.records import coloured
 from canarystack.router.routing import (
     PIN_HEADER,
     USER_HEADER,
@@ -135,6 +136,7 @@ async def _proxy(request: web.Request, st: RouterState, ctx: RequestContext) -> 
         headers=headers,
         canary_live=canary_live,
         candidates=candidates,
+        user=h.get(USER_HEADER),
     )
     if shadow is not None:
         payload = shadow.payload
@@ -250,7 +252,10 @@ async def _forward(
         ctx.upstream = attempt.upstream.url
         ctx.model_version = attempt.resp.headers.get("x-model-version", "")
         ctx.dependency = attempt.resp.headers.get(DEPENDENCY_HEADER)
-        collector = ctx.shadow.collector if ctx.shadow is not None else None
+        collector = None
+        if ctx.shadow is not None:
+            collector = ctx.shadow.collector
+            ctx.shadow.answer_started(t_send)
         try:
             resp = await relay(request, st, ctx, attempt, collector, t_send, waits)
         except ClientGone as gone:
@@ -331,7 +336,7 @@ def _finish(st: RouterState, ctx: RequestContext) -> None:
         error=ctx.error,
         request_id=ctx.request_id,
     )
-    record.update(ctx.colour.as_record())
+    coloured(record, ctx.colour)
     if ctx.shadow is not None:
         ctx.shadow.outcome(record)  # an error may wait for the shadow copy's verdict
     else:

@@ -16,10 +16,13 @@ from collections.abc import Callable
 import aiohttp
 
 from canary_contract import strictjson
-from canary_contract.json import JsonObject
 from canarystack.common.logs import get_logger
+from canarystack.router.records import OutcomeRecord, SampleRecord
 
 FLUSH_INTERVAL_S = 0.2
+# A comparison wakes the pusher: it goes to the gate within this long (what comes in the
+# meantime rides along), not at the next FLUSH_INTERVAL_S tick. Outcomes wait for the tick.
+COMPARISON_FLUSH_S = 0.05
 MAX_BATCH = 500
 PUSH_TIMEOUT_S = 2.0
 BACKOFF_MIN_S = 0.2
@@ -33,13 +36,13 @@ class SampleQueue:
 
     def __init__(self, maxsize: int, on_drop: Callable[[str], None] | None = None) -> None:
         self.maxsize = maxsize
-        self.items: deque[tuple[str, JsonObject]] = deque()
+        self.items: deque[tuple[str, SampleRecord]] = deque()
         self.dropped_total = 0
         self.dropped_unreported = 0
         self._on_drop = on_drop
         self.wakeup = asyncio.Event()
 
-    def put(self, kind: str, record: JsonObject) -> bool:
+    def put(self, kind: str, record: SampleRecord) -> bool:
         if len(self.items) >= self.maxsize:
             self.dropped_total += 1
             self.dropped_unreported += 1
@@ -47,12 +50,12 @@ class SampleQueue:
                 self._on_drop(kind)
             return False
         self.items.append((kind, record))
-        if len(self.items) >= MAX_BATCH:
+        if kind == "comparison" or len(self.items) >= MAX_BATCH:
             self.wakeup.set()
         return True
 
-    def take(self, n: int) -> list[tuple[str, JsonObject]]:
-        out: list[tuple[str, JsonObject]] = []
+    def take(self, n: int) -> list[tuple[str, SampleRecord]]:
+        out: list[tuple[str, SampleRecord]] = []
         items = self.items
         while items and len(out) < n:
             out.append(items.popleft())
@@ -118,7 +121,7 @@ class GatePusher:
         self.on_auth_error = on_auth_error or (lambda status: None)
         self.on_drop = on_drop or (lambda kind: None)
         self.flush_interval_s = flush_interval_s
-        self.pending: list[tuple[str, JsonObject]] = []
+        self.pending: list[tuple[str, SampleRecord]] = []
         self.pending_id = ""
         self.pending_dropped = 0
         self.last_error: str | None = None
@@ -150,8 +153,12 @@ class GatePusher:
     async def _run(self) -> None:
         backoff = BACKOFF_MIN_S
         while True:
+            woken = False
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self.queue.wakeup.wait(), self.flush_interval_s)
+                woken = True
+            if woken and len(self.queue.items) < MAX_BATCH:
+                await asyncio.sleep(min(COMPARISON_FLUSH_S, self.flush_interval_s))
             self.queue.wakeup.clear()
             ok = await self.push_once()
             if ok:
@@ -247,7 +254,7 @@ class GatePusher:
             return None
         return self.clock() - self.recovered_at
 
-    def _finite(self, items: list[tuple[str, JsonObject]]) -> list[tuple[str, JsonObject]]:
+    def _finite(self, items: list[tuple[str, SampleRecord]]) -> list[tuple[str, SampleRecord]]:
         """Drop (and count) any record strict JSON cannot write: it must never stall the
         whole queue, and a non-finite value must never reach the gate."""
         try:
@@ -255,7 +262,7 @@ class GatePusher:
             return items
         except ValueError:
             pass
-        kept: list[tuple[str, JsonObject]] = []
+        kept: list[tuple[str, SampleRecord]] = []
         for kind, record in items:
             try:
                 strictjson.dumps(record)
@@ -298,7 +305,7 @@ def outcome_record(
     ttft_s: float | None,
     error: str | None,
     request_id: str,
-) -> JsonObject:
+) -> OutcomeRecord:
     return {
         "time": time.time(),
         "variant": variant,

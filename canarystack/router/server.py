@@ -12,7 +12,7 @@ from aiohttp import web
 
 from canarystack.broker.client import BrokerClient
 from canarystack.common.app import COMPONENT, Component, create_app
-from canarystack.common.auth import set_credentials
+from canarystack.common.auth import FileToken, set_credentials
 from canarystack.common.faults import FaultRegistry
 from canarystack.common.logs import get_logger
 from canarystack.router.api_spec import install as install_api_spec
@@ -32,6 +32,8 @@ from canarystack.router.state import STATE, RouterState
 __all__ = ["DEFAULT_MAX_BODY_BYTES", "RouterSettings", "build_app"]
 
 BROKER_TOKEN: web.AppKey[str | None] = web.AppKey("router_broker_token", str)
+# The heartbeat credential's file, read again when it changes (a rotated Kubernetes token).
+BROKER_TOKEN_FILE: web.AppKey[str | None] = web.AppKey("router_broker_token_file", str)
 GATE_TOKEN: web.AppKey[str | None] = web.AppKey("router_gate_token", str)
 UPSTREAM_SESSION: web.AppKey[aiohttp.ClientSession | None] = web.AppKey(
     "router_upstream_session", aiohttp.ClientSession
@@ -93,10 +95,11 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     st.session = given_upstream or default_upstream_session()
     st.control = given_control or default_control_session()
     if settings.broker_url:
+        token_file = app.get(BROKER_TOKEN_FILE)
         st.config.broker = BrokerClient(
             st.control,
             settings.broker_url,
-            app[BROKER_TOKEN],
+            FileToken("--broker-token-file", token_file) if token_file else app[BROKER_TOKEN],
             actor=settings.router_id,
             capability="heartbeat",
         )
@@ -121,6 +124,7 @@ def build_app(
     max_fault_ttl_s: float = 600.0,
     *,
     broker_token: str | None = None,
+    broker_token_file: str | None = None,
     gate_token: str | None = None,
     upstream: aiohttp.ClientSession | None = None,
     control: aiohttp.ClientSession | None = None,
@@ -152,6 +156,7 @@ def build_app(
     app = create_app(comp, client_max_size=settings.max_body_bytes)
     app[STATE] = state
     set_credentials(app, admin_token, {BROKER_TOKEN: broker_token, GATE_TOKEN: gate_token})
+    app[BROKER_TOKEN_FILE] = broker_token_file
     app[UPSTREAM_SESSION] = upstream
     app[CONTROL_SESSION] = control
     for path in PROXIED_PATHS:

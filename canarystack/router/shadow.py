@@ -6,8 +6,8 @@ are re-exported here for the callers that import them from this module.
 
 Shadow work must never delay or break the user's response: copies run as fire-and-forget
 tasks, every error is counted and swallowed, and the comparison waits for the user's
-stream to finish rather than the other way round. A record sent to the gate must never
-hold a non-finite number.
+answer to hold the positions it compares (not for its whole stream), never the other way
+round. A record sent to the gate must never hold a non-finite number.
 """
 
 from __future__ import annotations
@@ -32,7 +32,6 @@ from canarystack.router.collector import (
     parse_positions,
     positions_from_logprobs,
     shadow_safe,
-    truncate_top,
     user_logprobs_k,
     with_logprobs,
 )
@@ -49,6 +48,7 @@ from canarystack.router.divergence import (
     comparison_result,
     kl_topk,
     top1,
+    truncate_top,
 )
 
 __all__ = [
@@ -131,6 +131,21 @@ class ShadowSettings:
     max_inflight: int = 8
     max_tokens: int = 8
     topk: int = DEFAULT_TOPK
+    # In-flight slots only the long-prompt buckets (those at the highest shadow rate) may
+    # take: their comparisons carry most of the detection power (a long prompt is
+    # shadowed at rate 1), so a burst of short prompts must not use every slot.
+    reserved_long: int = 4
+
+    def long_bucket(self, bucket: str) -> bool:
+        """Whether ``bucket`` is a long-prompt one: shadowed at the highest rate."""
+        top = max(self.rates.values(), default=0.0)
+        return top > 0.0 and self.rates.get(bucket, 0.0) >= top
+
+    def slots_for(self, bucket: str) -> int:
+        """The in-flight copies a request of ``bucket`` may find running and still start."""
+        if self.long_bucket(bucket):
+            return self.max_inflight
+        return max(0, self.max_inflight - self.reserved_long)
 
 
 def is_greedy(body: Mapping[str, Any]) -> bool:
@@ -194,8 +209,11 @@ class ShadowManager:
     goes to the variant that did not serve the user) while the canary is live; with
     probability ``rate × noise_fraction`` a request served by the baseline also gets a
     *baseline-baseline* comparison against another baseline replica — the live noise floor.
-    At most ``max_inflight`` shadow copies run at once; beyond that the sample is dropped and
-    counted, so shadow load never grows without bound.
+    At most ``max_inflight`` shadow copies run at once, and the last ``reserved_long`` of
+    them only for the long-prompt buckets; beyond that the sample is dropped and counted
+    (``dropped_cap``), so shadow load never grows without bound. A copy holds its slot until
+    its comparison is scored: once both sides have ``max_tokens`` positions, not when the
+    user's whole answer has been relayed (``shadow_session``).
     """
 
     def __init__(
@@ -225,8 +243,9 @@ class ShadowManager:
         ):
             pairs.append("baseline-baseline")
         kept: list[str] = []
+        slots = self.settings.slots_for(bucket)
         for pair in pairs:
-            if self.inflight + len(kept) >= self.settings.max_inflight:
+            if self.inflight + len(kept) >= slots:
                 self.stats.on_request(pair, "dropped_cap")
                 continue
             kept.append(pair)
@@ -252,6 +271,23 @@ class ShadowManager:
                 await task
 
 
+def post_json(
+    session: aiohttp.ClientSession,
+    url: str,
+    body: JsonObject,
+    headers: Mapping[str, str],
+    timeout_s: float,
+) -> Any:
+    """``session.post`` of ``body`` as strict JSON within ``timeout_s`` (a context manager:
+    the answer), as every shadow and judge request to an engine is sent."""
+    return session.post(
+        url,
+        data=strictjson.dumps_bytes(body),
+        headers=headers,
+        timeout=aiohttp.ClientTimeout(total=timeout_s),
+    )
+
+
 async def fetch_side(
     session: aiohttp.ClientSession,
     url: str,
@@ -266,12 +302,7 @@ async def fetch_side(
     t_send = clock()
     result = SideResult()
     try:
-        async with session.post(
-            url,
-            data=strictjson.dumps_bytes(body),
-            headers=headers,
-            timeout=aiohttp.ClientTimeout(total=timeout_s),
-        ) as resp:
+        async with post_json(session, url, body, headers, timeout_s) as resp:
             result.version = resp.headers.get("x-model-version", "")
             result.dependency = resp.headers.get(DEPENDENCY_HEADER)
             if resp.status >= 400:

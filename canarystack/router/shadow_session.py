@@ -1,7 +1,9 @@
 """One sampled request's shadow comparisons, from plan to outcome.
 
 This module must never delay or fail the user's request: every copy's error is counted
-and swallowed, and a copy waits for the user's answer, never the other way round.
+and swallowed, and a copy waits for the user's answer, never the other way round. A copy
+waits only until the user's answer holds the positions it compares (``max_tokens``), not
+for the whole stream: the rest is relayed, not held.
 """
 
 from __future__ import annotations
@@ -21,7 +23,9 @@ from canarystack.router.collector import (
 )
 from canarystack.router.divergence import SideResult, comparison_result
 from canarystack.router.proxy import Upstream
+from canarystack.router.records import OutcomeRecord, coloured
 from canarystack.router.routing import Variant
+from canarystack.router.session_key import session_key
 from canarystack.router.settings import DEPENDENCY_DEGRADED
 from canarystack.router.shadow import PRIMARY_WAIT_S, coupled_body, fetch_side, shadow_body
 from canarystack.router.state import RequestContext, RouterState
@@ -42,9 +46,14 @@ class ShadowSession:
     request's copies need: the upstream body with the logprobs the comparison reads, the
     ``Collector`` that reads the user's own answer as it is relayed, and the shadow copy's
     body. ``start`` sends one copy per planned pair (detached tasks, the in-flight cap is the
-    ``ShadowManager``'s); the request path says when the user's answer is done
-    (``primary_finished``) and hands over the user's outcome record (``outcome``). Each copy
-    then waits for the user's side, compares the two and pushes the comparison to the gate.
+    ``ShadowManager``'s); the request path says when the user's answer started
+    (``answer_started``) and when it is done (``primary_finished``), and hands over the
+    user's outcome record (``outcome``). Each copy waits for the user's side to be *ready*,
+    compares the two and pushes the comparison to the gate. The user's side is ready as
+    soon as the collector holds ``max_tokens`` positions (early scoring: a long answer no
+    longer holds an in-flight slot, and the gate hears of it, for its whole length), or when
+    the answer ends before that. What the answer does after it was scored (an error, a
+    broken event) is the outcome's evidence, not the comparison's.
 
     The user's error outcome waits for the baseline-canary copy's verdict: when the other
     variant also failed on the same input, the input is at fault, not the canary, and the
@@ -68,6 +77,7 @@ class ShadowSession:
         path: str,
         headers: Mapping[str, str],
         candidates: list[Upstream],
+        user: str | None = None,
     ) -> None:
         assert st.shadow is not None and ctx.variant is not None and ctx.bucket is not None
         self.st = st
@@ -78,6 +88,8 @@ class ShadowSession:
         settings = st.shadow.settings
         # Both sides draw with one seed (sampled requests): more positions are comparable.
         body = coupled_body(body)
+        # What the gate's dependence rule groups this request's comparisons by.
+        self.session = session_key(body, chat, user)
         user_k = user_logprobs_k(body, chat)
         k = max(user_k or 0, settings.topk)
         self.topk = k  # what both sides are asked for: the comparison reads no more
@@ -90,11 +102,14 @@ class ShadowSession:
         self.copy_body = shadow_body(body, chat, k, settings.max_tokens)
         self.headers = dict(headers)
         self.primary = SideResult()
-        self._primary_done = asyncio.Event()
+        # Set when the user's side can be compared: early, or at the answer's end.
+        self._primary_ready = asyncio.Event()
+        self.scored_early = False
+        self._t_send = 0.0
         # The baseline-canary verdict: None until the copy says whether both variants
         # failed on this input; the user's error outcome waits for it in ``_held``.
         self._verdict: bool | None = None
-        self._held: JsonObject | None = None
+        self._held: OutcomeRecord | None = None
 
     @classmethod
     def plan(
@@ -108,6 +123,7 @@ class ShadowSession:
         headers: Mapping[str, str],
         canary_live: bool,
         candidates: list[Upstream],
+        user: str | None = None,
     ) -> ShadowSession | None:
         """A session when the request is sampled for any pair, else None. A pinned
         request is never sampled (any client can pin), nor one whose logprob fields are
@@ -127,6 +143,7 @@ class ShadowSession:
             path=path,
             headers=headers,
             candidates=candidates,
+            user=user,
         )
 
     # ----------------------------------------------------------- the request's side
@@ -146,29 +163,55 @@ class ShadowSession:
                 exclude = self.candidates[0].url if self.candidates else None
             self.st.shadow.launch(self._run(pair, target, exclude, primary_is_a))
 
+    def answer_started(self, t_send: float) -> None:
+        """The user's answer started (its headers came; ``t_send``: when the request went
+        upstream): from here the collector reads it, and once it holds the positions the
+        comparison reads, the copies may score (``_positions_in``)."""
+        self._t_send = t_send
+        self.collector.on_full = self._positions_in
+
+    def _read_primary(self, t_send: float) -> None:
+        primary, collector = self.primary, self.collector
+        primary.version = self.ctx.model_version
+        primary.dependency = self.ctx.dependency
+        primary.positions = collector.positions
+        primary.invalid = collector.broken
+        if collector.first_content_t is not None:
+            primary.ttft_s = collector.first_content_t - t_send
+
+    def _positions_in(self) -> None:
+        """The collector holds ``max_tokens`` positions of the user's answer: score now."""
+        if self._primary_ready.is_set() or self.ctx.error is not None:
+            return
+        self._read_primary(self._t_send)
+        self.scored_early = True
+        self._primary_ready.set()
+
     def primary_finished(self, *, relayed: bool, t_send: float) -> None:
         """The user's answer is done (``relayed``: sent on whole, not broken off; ``t_send``:
-        when it went upstream). Reads
-        what the collector saw; an answer with a broken body is the variant's error
-        (``bad_output``) for the gate, while the comparison still sees it as answered."""
+        when it went upstream). An answer with a broken body is the variant's error
+        (``bad_output``) for the gate, while the comparison still sees it as answered. When
+        the comparison was scored early, only the outcome learns how the answer ended."""
         ctx, primary, collector = self.ctx, self.primary, self.collector
-        primary.version = ctx.model_version
-        primary.dependency = ctx.dependency
-        if relayed and ctx.error is None:
-            primary.positions = collector.positions
-            primary.invalid = collector.broken
-            if collector.first_content_t is not None:
-                primary.ttft_s = collector.first_content_t - t_send
-            if collector.invalid is not None:
-                ctx.error = "bad_output"
-                variant = ctx.variant or "baseline"
-                self.st.metrics.upstream_errors.labels(variant=variant, kind="bad_output").inc()
+        answered = relayed and ctx.error is None
+        if answered and collector.invalid is not None:
+            ctx.error = "bad_output"
+            variant = ctx.variant or "baseline"
+            self.st.metrics.upstream_errors.labels(variant=variant, kind="bad_output").inc()
+        collector.on_full = None
+        if self._primary_ready.is_set():
+            return
+        if answered:
+            self._read_primary(t_send)
+        else:
+            primary.version = ctx.model_version
+            primary.dependency = ctx.dependency
         primary.error = ctx.error
         if primary.error is None and ctx.status != 200:
             primary.error = f"http_{ctx.status}"
-        self._primary_done.set()
+        self._primary_ready.set()
 
-    def outcome(self, record: JsonObject) -> None:
+    def outcome(self, record: OutcomeRecord) -> None:
         """The user's outcome record: pushed now, or, an error while the baseline-canary
         verdict is pending, held until the copy says whether both variants failed."""
         if record.get("error") is None or BASELINE_CANARY not in self.pairs:
@@ -188,7 +231,7 @@ class ShadowSession:
         if held is not None:
             self._decide(held, both_failed)
 
-    def _decide(self, record: JsonObject, both_failed: bool) -> None:
+    def _decide(self, record: OutcomeRecord, both_failed: bool) -> None:
         if both_failed:
             self.st.metrics.both_failed.inc()
             self.st.log.info(
@@ -243,7 +286,7 @@ class ShadowSession:
         stats = st.shadow.stats
         side = await self._fetch(pair, target, exclude)
         try:
-            await asyncio.wait_for(self._primary_done.wait(), PRIMARY_WAIT_S)
+            await asyncio.wait_for(self._primary_ready.wait(), PRIMARY_WAIT_S)
         except TimeoutError:
             stats.on_request(pair, "primary_timeout")
             return
@@ -304,5 +347,7 @@ class ShadowSession:
                 "shadow_canary_invalid", request_id=ctx.request_id, reason=record.get("invalid")
             )
         stats.on_comparison(pair, ctx.bucket)
-        record.update(ctx.colour.as_record())
+        coloured(record, ctx.colour)
+        if self.session is not None:
+            record["session"] = self.session
         st.push("comparison", record)

@@ -12,9 +12,10 @@ import os
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TypedDict
 
-from canary_contract.json import JsonObject
-from canary_contract.phases import is_canary_off
+from canary_contract.json import JsonObject, record_json
+from canary_contract.phases import canary_share, is_canary_off
 from canarystack.common.logs import get_logger
 
 _log = get_logger("router")
@@ -27,18 +28,7 @@ def effective_weight(release: JsonObject | None) -> float:
     phase in which the canary is off (``canary_contract.phases.CANARY_OFF``: tripped,
     rolling back, rolled back), whatever ``weights.canary`` says; else ``weights.canary``.
     """
-    if not release:
-        return 0.0
-    if is_canary_off(release.get("phase")):
-        return 0.0
-    canary = release.get("canary")
-    if not isinstance(canary, dict) or not canary.get("version") or canary.get("quarantined"):
-        return 0.0
-    weights = release.get("weights")
-    w = weights.get("canary") if isinstance(weights, dict) else None
-    if isinstance(w, bool) or not isinstance(w, int | float):
-        return 0.0
-    return float(min(100.0, max(0.0, w)))
+    return canary_share(release)
 
 
 def canary_off_reason(release: JsonObject | None, source: str = "broker") -> str | None:
@@ -63,6 +53,20 @@ def canary_off_reason(release: JsonObject | None, source: str = "broker") -> str
 def auth_status(status: int | None) -> str:
     """``ok`` | ``unauthorized`` (401) | ``forbidden`` (403)."""
     return {401: "unauthorized", 403: "forbidden"}.get(status or 0, "ok")
+
+
+class SnapshotJson(TypedDict):
+    """The config a router serves with, as its ``/health`` shows it (``config``)."""
+
+    revision: int
+    phase: str | None
+    effective_canary_weight: float
+    source: str
+    stable_version: str | None
+    canary_version: str | None
+    applied_at: float
+    canary_off_since: float | None
+    canary_off: str | None
 
 
 @dataclass(frozen=True)
@@ -118,18 +122,8 @@ class Snapshot:
             canary_off=canary_off_reason(self.release, "failsafe"),
         )
 
-    def to_json(self) -> JsonObject:
-        return {
-            "revision": self.revision,
-            "phase": self.phase,
-            "effective_canary_weight": self.weight_pct,
-            "source": self.source,
-            "stable_version": self.stable_version,
-            "canary_version": self.canary_version,
-            "applied_at": self.applied_at,
-            "canary_off_since": self.canary_off_since,
-            "canary_off": self.canary_off,
-        }
+    def to_json(self) -> SnapshotJson:
+        return record_json(self, SnapshotJson, effective_canary_weight=self.weight_pct)
 
 
 def cache_path(state_dir: str | Path, router_id: str) -> Path:

@@ -10,28 +10,73 @@ from __future__ import annotations
 import bisect
 import random
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import NotRequired, Protocol, TypedDict
 
 import aiohttp
 from aiohttp import web
 
 from canary_contract.buckets import bucket_labels
-from canary_contract.json import JsonObject
 from canarystack.common.app import Component
 from canarystack.common.colour import Colour
 from canarystack.common.logs import JsonLogger
+from canarystack.router.collector import Collector
 from canarystack.router.config import ConfigWatcher
 from canarystack.router.metrics import RouterMetrics
 from canarystack.router.proxy import Pool, Upstream
+from canarystack.router.records import OutcomeRecord, SampleRecord
 from canarystack.router.routing import Variant
 from canarystack.router.samples import GatePusher, SampleQueue
 from canarystack.router.settings import GATE_RECOVERY_S, RouterSettings
 from canarystack.router.shadow import ShadowManager, ShadowStats
-from canarystack.router.snapshot import Snapshot
+from canarystack.router.snapshot import Snapshot, SnapshotJson
 from canarystack.router.streams import Place, StreamCaps
 
-if TYPE_CHECKING:
-    from canarystack.router.shadow_session import ShadowSession
+
+class RequestShadow(Protocol):
+    """What the request path uses of a sampled request's shadow comparisons
+    (``canarystack.router.shadow_session``'s ``ShadowSession``, which imports this module):
+    its pairs, the collector that reads the user's answer, and the three moments it hears of.
+    """
+
+    @property
+    def pairs(self) -> list[str]: ...
+    @property
+    def collector(self) -> Collector: ...
+    def answer_started(self, t_send: float) -> None: ...
+    def primary_finished(self, *, relayed: bool, t_send: float) -> None: ...
+    def outcome(self, record: OutcomeRecord) -> None: ...
+
+
+class SampleQueueHealth(TypedDict):
+    length: int
+    dropped_total: int
+    gate_error: str | None
+    unaccepted_s: float
+
+
+class RouterHealth(TypedDict):
+    """A router's ``/health``: the keys after ``instance_port`` only where they apply (a
+    broker, a gate, shadowing, a sample queue; ``status`` and the rest while degraded)."""
+
+    router_id: str
+    release: str
+    config: SnapshotJson
+    last_seen_revision: int
+    broker_watch_errors: int
+    pools: dict[str, list[dict[str, object]]]
+    instance_port: int | None
+    broker_auth: NotRequired[str]
+    broker_auth_error: NotRequired[str | None]
+    gate_auth: NotRequired[str]
+    gate_auth_error: NotRequired[str | None]
+    shadow_inflight: NotRequired[int]
+    sample_queue: NotRequired[SampleQueueHealth]
+    # Always there, set after the optional keys above (so NotRequired where built).
+    streams: NotRequired[dict[str, object]]
+    gate_failsafe: NotRequired[str | None]
+    status: NotRequired[str]
+    degraded_reasons: NotRequired[list[str]]
+    serving: NotRequired[bool]
 
 
 @dataclass
@@ -66,7 +111,7 @@ class RequestContext:
     model_version: str = ""
     dependency: str | None = None
     # This request's shadow comparisons, when it was sampled (``shadow_session.py``).
-    shadow: ShadowSession | None = None
+    shadow: RequestShadow | None = None
     # Its place under the concurrency caps (``streams.py``), given back when it ends.
     place: Place | None = None
 
@@ -181,9 +226,9 @@ class RouterState:
             canary_off_since=snap.canary_off_since or snap.applied_at,
         )
 
-    def health(self) -> JsonObject:
+    def health(self) -> RouterHealth:
         snap = self.config.current
-        out: JsonObject = {
+        out: RouterHealth = {
             "router_id": self.settings.router_id,
             "release": self.settings.release,
             "config": snap.to_json(),
@@ -220,7 +265,7 @@ class RouterState:
             out["serving"] = True
         return out
 
-    def push(self, kind: str, record: JsonObject) -> None:
+    def push(self, kind: str, record: SampleRecord) -> None:
         if self.queue is not None:
             self.queue.put(kind, record)
 

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from canarystack.common.errors import ApiError, ErrorKind
+from canary_contract.errors import ErrorKind
+from canarystack.common.errors import ApiError
 from canarystack.router.routing import USER_HEADER
 
 

@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 
 from aiohttp import StreamReader, web
 
+from canarystack.common.error_fields import CanaryStackError
 from canarystack.common.write_progress import WriteProgress
 from canarystack.router.settings import CLIENT_CHECK_S, StreamDeadlines
 
@@ -31,7 +32,7 @@ UPSTREAM_STALL = "upstream_stall"
 UPSTREAM_DEADLINE = "upstream_deadline"
 
 
-class UpstreamStalled(Exception):
+class UpstreamStalled(CanaryStackError):
     """The upstream was silent past a deadline: ``what`` names it, ``limit_s`` its length."""
 
     def __init__(self, what: str, limit_s: float) -> None:
@@ -45,7 +46,7 @@ class UpstreamStalled(Exception):
         return UPSTREAM_DEADLINE if self.what == "request" else UPSTREAM_STALL
 
 
-class ClientGone(Exception):
+class ClientGone(CanaryStackError):
     """The client hung up; ``silent_s``: how long the upstream had been silent then."""
 
     def __init__(self, silent_s: float) -> None:
@@ -53,7 +54,7 @@ class ClientGone(Exception):
         self.silent_s = silent_s
 
 
-class ClientStalled(Exception):
+class ClientStalled(CanaryStackError):
     """The client took nothing of its answer for the write deadline (a blocked write, or
     bytes waiting in the buffers it never drains: ``common.write_progress``)."""
 

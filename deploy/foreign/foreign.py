@@ -48,6 +48,8 @@ sys.path.insert(0, str(HERE))
 
 import envoy_config  # noqa: E402 - a sibling file, not a package
 
+from canarystack.cluster.supervisor import daemon_conf, program_conf  # noqa: E402
+
 HOST = "127.0.0.1"
 DEFAULT_BASE_PORT = 18700
 DEFAULT_STATE_DIR = ".foreign"
@@ -205,28 +207,11 @@ def programs(lay: Layout) -> list[Program]:
             port=lay.port("listener"),
         )
     )  # fmt: skip
-    prom_listen = f"--web.listen-address={HOST}:{lay.port('prometheus')}"
+    progs.append(prometheus_program(lay, "prometheus", "prometheus", "--storage.tsdb.path"))
     progs.append(
-        Program(
-            name="prometheus",
-            argv=[debian_binary("prometheus", "prometheus"),
-                  f"--config.file={lay.path('prometheus.yml')}",
-                  f"--storage.tsdb.path={lay.path('prometheus-data')}",
-                  prom_listen, "--log.level=warn"],
-            match=prom_listen,
-            port=lay.port("prometheus"),
-        )
-    )  # fmt: skip
-    am_listen = f"--web.listen-address={HOST}:{lay.port('alertmanager')}"
-    progs.append(
-        Program(
-            name="alertmanager",
-            argv=[debian_binary("prometheus-alertmanager", "prometheus-alertmanager"),
-                  f"--config.file={lay.path('alertmanager.yml')}",
-                  f"--storage.path={lay.path('alertmanager-data')}",
-                  am_listen, "--cluster.listen-address=", "--log.level=warn"],
-            match=am_listen,
-            port=lay.port("alertmanager"),
+        prometheus_program(
+            lay, "alertmanager", "prometheus-alertmanager", "--storage.path",
+            "--cluster.listen-address=",
         )
     )  # fmt: skip
     if lay.judge:
@@ -243,6 +228,22 @@ def programs(lay: Layout) -> list[Program]:
         )
     )  # fmt: skip
     return progs
+
+
+def prometheus_program(
+    lay: Layout, part: str, binary: str, storage_flag: str, *flags: str
+) -> Program:
+    """Prometheus or Alertmanager (``binary``, of the Debian package of that name) as
+    ``part``: its config ``PART.yml`` and its storage ``PART-data`` in the state folder,
+    listening on the part's port, warnings only; ``flags`` before the log level."""
+    listen = f"--web.listen-address={HOST}:{lay.port(part)}"
+    return Program(
+        name=part,
+        argv=[debian_binary(binary, binary), f"--config.file={lay.path(part + '.yml')}",
+              f"{storage_flag}={lay.path(part + '-data')}", listen, *flags, "--log.level=warn"],
+        match=listen,
+        port=lay.port(part),
+    )  # fmt: skip
 
 
 def judge_program(lay: Layout, py: str) -> Program:
@@ -305,52 +306,15 @@ def alertmanager_config(lay: Layout) -> dict[str, Any]:
 
 
 def supervisord_conf(lay: Layout, progs: list[Program]) -> str:
-    """Restart settings for quick pod-kill recovery, as canarystack's local stack: restart
-    always, ``startsecs=0`` (never BACKOFF into FATAL), many retries."""
+    """Restart settings for quick pod-kill recovery, canarystack's local stack's own
+    (``canarystack.cluster.supervisor``): restart always, ``startsecs=0`` (never BACKOFF
+    into FATAL), many retries."""
     sd = lay.state_dir
-    lines = [
-        "; written by deploy/foreign/foreign.py on every `up`",
-        "[unix_http_server]",
-        f"file={sd / 'supervisor.sock'}",
-        "chmod=0700",
-        "",
-        "[supervisord]",
-        f"logfile={sd / 'logs' / 'supervisord.log'}",
-        "logfile_maxbytes=10MB",
-        "logfile_backups=1",
-        f"pidfile={sd / 'supervisord.pid'}",
-        f"childlogdir={sd / 'logs'}",
-        f"directory={sd}",
-        "loglevel=info",
-        "",
-        "[rpcinterface:supervisor]",
-        "supervisor.rpcinterface_factory = supervisor.rpcinterface:make_main_rpcinterface",
-        "",
-        "[supervisorctl]",
-        f"serverurl=unix://{sd / 'supervisor.sock'}",
-        "",
-    ]
+    lines = daemon_conf(sd, "deploy/foreign/foreign.py on every `up`")
     for p in progs:
-        env = {"PYTHONUNBUFFERED": "1", **p.env}
-        lines += [
-            f"[program:{p.name}]",
-            # supervisord expands %(...)s; an empty argument must stay one argument.
-            "command=" + " ".join(_quote(a) for a in p.argv).replace("%", "%%"),
-            "autostart=true",
-            "autorestart=true",
-            "startsecs=0",
-            "startretries=1000",
-            "stopsignal=TERM",
-            f"stopwaitsecs={STOP_WAIT_S}",
-            "stopasgroup=true",
-            "killasgroup=true",
-            "redirect_stderr=true",
-            f"stdout_logfile={sd / 'logs' / (p.name + '.log')}",
-            "stdout_logfile_maxbytes=20MB",
-            "stdout_logfile_backups=1",
-            "environment=" + ",".join(f'{k}="{v}"' for k, v in env.items()),
-            "",
-        ]
+        # An empty argument must stay one argument.
+        command = " ".join(_quote(a) for a in p.argv)
+        lines += program_conf(sd, p.name, command, p.env, stop_wait_s=STOP_WAIT_S, log_max="20MB")
     return "\n".join(lines)
 
 

@@ -24,6 +24,8 @@ for c in "${COMPONENTS[@]}"; do
 done
 
 t0=$(date +%s)
+GAMEDAY_LOG=$(mktemp /tmp/ci-k8s-gameday.XXXXXX)
+WHY_FILE=$(mktemp /tmp/ci-k8s-why.XXXXXX)
 phase_start=$t0
 phases=()
 phase() { # phase NAME: records how long the previous phase took
@@ -40,6 +42,11 @@ teardown() {
     "$HERE/k8s-down.sh" || down=$?
     phase k8s-down
     log "times: ${phases[*]}; total $(($(date +%s) - t0))s"
+    if [ -s "$WHY_FILE" ]; then
+        log "why the game days failed (repeated from above):"
+        cat "$WHY_FILE"
+    fi
+    rm -f "$GAMEDAY_LOG" "$WHY_FILE"
     if [ "$down" -ne 0 ]; then
         log "k8s-down.sh failed ($down): something may be left running or mounted under $STATE"
         [ "$rc" -ne 0 ] || rc=$down
@@ -61,9 +68,22 @@ phase k8s-up
 "$HERE/deploy-stack.sh"
 phase deploy-stack
 rc=0
-"$HERE/gameday-k8s.sh" "$@" || rc=$?
+"$HERE/gameday-k8s.sh" "$@" 2>&1 | tee "$GAMEDAY_LOG" || rc=$?
 phase gameday-k8s
-[ "$rc" -eq 0 ] || log "the game days failed (gameday run exited $rc); the report is under the run folder (reports/latest, or --out's)"
+if [ "$rc" -ne 0 ]; then
+    log "the game days failed (gameday run exited $rc); the report is under the run folder (reports/latest, or --out's)"
+    # A CI log keeps only its tail and the cluster goes down below, so teardown prints
+    # this last: why each experiment did not pass (gameday run's lines under its table),
+    # and what each pod said that was not routine (errors, refusals, degraded health).
+    {
+        sed -n '/^[^ ].* (fail):$\|^[^ ].* (inconclusive):$/,/^report: /p' "$GAMEDAY_LOG" | grep -v '^report: '
+        for dir in /var/log/pods/"${GAMEDAY_K8S_NAMESPACE:-canarystack-loopback}"_*; do
+            [ -d "$dir" ] || continue
+            lines=$(cat "$dir"/*/*.log 2>/dev/null | grep -E '"level": *"(warning|error|critical)"|Traceback|refused|overdue' | tail -n 8 | cut -c1-400) || true
+            [ -z "$lines" ] || printf '%s said:\n%s\n' "$(basename "$dir")" "$lines"
+        done
+    } >"$WHY_FILE" || true
+fi
 # The load came from the Locust worker pods (target.yaml's load_workers): every experiment
 # that ran a load counts records from every worker (#25).
 out=reports prev=""  # gameday run's --out (its run folder is OUT/latest)
@@ -77,8 +97,11 @@ phase load-workers
 # Gate observers on this API server: Argo Rollouts, Flagger, HTTPRoute, VirtualService
 # objects read as foreign gates, and the Locust master pod (#25); the drift judge's Argo
 # AnalysisTemplate and Flagger MetricTemplate/Canary stored by their CRDs and driving a
-# real judge (#29, 4 tests in ~4 s). The modules use the running cluster.
+# real judge (#29, 4 tests in ~4 s); router identity by the API server's TokenReview:
+# every router pod listed as itself, no other credential lists one (#27). The modules use
+# the running cluster.
 CANARY_GAMEDAY_K8S_LIVE=1 "$REPO/.venv/bin/python" -m pytest -q -m k8s_live \
-    tests/test_k8s_live_observers.py tests/test_judge_k8s_live.py || rc=${rc/#0/1}
+    tests/test_k8s_live_observers.py tests/test_judge_k8s_live.py \
+    tests/test_k8s_live_identity.py || rc=${rc/#0/1}
 phase observers
 exit "$rc"

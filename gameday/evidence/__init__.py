@@ -2,6 +2,6 @@
 
 Used live by ``probes/`` and offline by ``gameday/report/``, so both measure the same way
 (one module per piece of evidence: events, faults, milestones, slo, journal, checks,
-traffic, controllers, dependency, colouring, noise_floor). Nothing here reads files, talks
+traffic, controllers, redis_outage, colouring, noise_floor). Nothing here reads files, talks
 to a component or imports ``canarystack``.
 """

@@ -6,9 +6,26 @@ over the window since the status change (the load records' count is
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TypeAlias, TypedDict
 
-from canary_contract.json import JsonObject
 from gameday.evidence.promql import range_window
+from gameday.evidence.traffic import RecordsEvidence
+
+
+class PromqlTraffic(TypedDict):
+    """Traffic evidence from PromQL (``promql_traffic``); ``canary`` and ``total`` None
+    where no series matched."""
+
+    source: str
+    prometheus_url: str
+    canary_query: str
+    total_query: str | None
+    canary: float | None
+    total: float | None
+
+
+# What a controller's status is paired with: PromQL's counts or the load records'.
+TrafficEvidence: TypeAlias = PromqlTraffic | RecordsEvidence
 
 
 def promql_traffic(
@@ -18,7 +35,7 @@ def promql_traffic(
     since: float,
     now: float,
     value: Callable[[str, float], float | None],
-) -> JsonObject:
+) -> PromqlTraffic:
     """Traffic evidence from PromQL: ``canary_promql`` (and ``total_promql``, if given)
     with ``{window}`` the seconds since ``since`` (``[{window}]`` -> ``[37s]``), each
     answered by ``value(expr, now)`` (None: no series matched)."""

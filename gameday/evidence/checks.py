@@ -9,7 +9,7 @@ the inputs and call these; a missing input is theirs to say.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 import pandas as pd
@@ -52,7 +52,7 @@ def record_frame(frame: pd.DataFrame) -> pd.DataFrame:
     return frame
 
 
-def fault_detail(fault: FaultRow) -> JsonObject:
+def fault_detail(fault: FaultRow) -> dict[str, dict[str, object]]:
     keys = ("kind", "component", "time", "params")
     return {"fault": {k: fault.get(k) for k in keys}}
 
@@ -164,10 +164,10 @@ def errors_not_in_flight_at_kill(frame: pd.DataFrame, kill: FaultRow, grace_s: f
 
 def broker_milestone(
     check: str,
-    events: Sequence[JsonObject],
+    events: Sequence[Mapping[str, object]],
     fault: FaultRow,
     max_s: float,
-    routers: Sequence[JsonObject] = (),
+    routers: Sequence[Mapping[str, object]] = (),
 ) -> Slo:
     """A milestone of the broker's history, timed from the fault: ``detection_s`` (the
     trip), ``weights_applied_s`` (weight 0 at every router, ``WeightsApplied``: the
@@ -176,7 +176,7 @@ def broker_milestone(
     allowed, t0 = float(max_s), float(fault["time"])
     since = t0 - CLOCK_SLACK_S
     trip = first_phase(events, "tripped", since)
-    about: JsonObject = {}
+    about: dict[str, object] = {}
     when: float | None = None
     if check == "detection_s":
         hit, what = trip, "trip"
@@ -205,7 +205,7 @@ def broker_milestone(
     )
 
 
-def trips_since(events: Sequence[JsonObject], since: float | None) -> Slo:
+def trips_since(events: Sequence[Mapping[str, object]], since: float | None) -> Slo:
     """``no_trip``: the trips since the experiment began; allowed 0."""
     trips = phase_events(events, "tripped", since)
     return result(
@@ -304,7 +304,22 @@ def metric_total(metrics_text: str, names: tuple[str, ...]) -> float:
     return total
 
 
-def pin_answer(status: int, body: object, served_by: str | None) -> JsonObject:
+class PinAnswer(TypedDict):
+    """A row of ``pins_after_trip.json``: a pinned request the router answered."""
+
+    status: int
+    served_by: str | None
+    code: object  # the answer's error code, as it gave it
+
+
+class PinUnanswered(TypedDict):
+    """A row of ``pins_after_trip.json``: a pinned request that got no answer."""
+
+    status: None
+    error: str  # the transport's exception class
+
+
+def pin_answer(status: int, body: object, served_by: str | None) -> PinAnswer:
     """What answered a request pinned to the canary (a row of ``pins_after_trip.json``):
     its HTTP status, who served it (``x-served-by``) and its error ``code``, if any."""
     error = body.get("error") if isinstance(body, dict) else None

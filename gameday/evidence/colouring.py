@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TypedDict
 
-from canary_contract.json import JsonObject
+from canary_contract.json import record_json
 from gameday.evidence.slo import Slo, failed_result, result
 
 DEFAULT_SETTLE_S = 3.0
@@ -66,6 +66,53 @@ HOP_RULES: tuple[HopRule, ...] = (
 )
 
 
+# A hop as a component's ``GET /v1/colour/hops`` gives it (``seq``, ``hop``, ``request_id``,
+# ``trace_id``, ``tag``, ``at``, ``status``, ``path``), every value narrowed where it is read.
+Hop = Mapping[str, object]
+
+
+class Colour(TypedDict):
+    """A request's colour as the harness sends it."""
+
+    request_id: str
+    trace_id: str
+    tag: str
+
+
+class SentColour(Colour):
+    """A coloured request the harness sent and saw completed, and when it sent it."""
+
+    at: float
+
+
+class HopFigureJson(TypedDict):
+    judged: int
+    faithful: int
+    ratio: float | None
+    examples: list[str]
+
+
+class FidelityJson(TypedDict):
+    """``Fidelity`` as the colouring probe answers it (and its SLO's detail holds)."""
+
+    completed: int
+    judged: int
+    faithful: int
+    tagged: int
+    not_checkable: int
+    hops: dict[str, HopFigureJson]
+
+
+def _time(value: object) -> float:
+    """A time of a hop log (0.0 when it gives none)."""
+    return float(value) if isinstance(value, int | float) else 0.0
+
+
+def _hops(value: object) -> list[Hop]:
+    """The hops of a page that are objects."""
+    return [h for h in value if isinstance(h, dict)] if isinstance(value, list) else []
+
+
 @dataclass
 class LogRead:
     """One replica's hop log as read: its hops, when the process started, and the time
@@ -73,12 +120,12 @@ class LogRead:
 
     role: str
     replica: str
-    hops: list[JsonObject]
+    hops: Sequence[Hop]
     started_at: float
     lost_before: float | None = None
 
 
-def colour_headers(colour: JsonObject, span_id: str) -> dict[str, str]:
+def colour_headers(colour: Colour, span_id: str) -> dict[str, str]:
     """The headers that send ``colour`` (its ``request_id``, ``trace_id`` and ``tag``):
     ``x-request-id``, a sampled W3C ``traceparent`` (parent span ``span_id``) and
     ``x-traffic-tag``. ``colour`` is what the router must then see."""
@@ -89,18 +136,18 @@ def colour_headers(colour: JsonObject, span_id: str) -> dict[str, str]:
     }
 
 
-def log_read(role: str, replica: str, pages: Sequence[JsonObject]) -> LogRead:
+def log_read(role: str, replica: str, pages: Sequence[Mapping[str, object]]) -> LogRead:
     """One replica's ``LogRead`` from the pages of its ``GET /v1/colour/hops``, oldest
     first: the hops that are objects, its start from the first page and, when that page
     says older hops were overwritten (``lost``), the time of its oldest held hop."""
     first = pages[0] if pages else {}
-    held = first.get("hops") or []
+    held = first.get("hops")
     lost_before = None
-    if first.get("lost") and held:
+    if first.get("lost") and isinstance(held, list) and held:
         oldest = held[0] if isinstance(held[0], dict) else {}
-        lost_before = float(oldest.get("at") or 0.0)
-    hops = [h for page in pages for h in page.get("hops") or [] if isinstance(h, dict)]
-    return LogRead(role, replica, hops, float(first.get("started_at") or 0.0), lost_before)
+        lost_before = _time(oldest.get("at"))
+    hops = [h for page in pages for h in _hops(page.get("hops"))]
+    return LogRead(role, replica, hops, _time(first.get("started_at")), lost_before)
 
 
 @dataclass
@@ -114,7 +161,7 @@ class HopFigure:
     def ratio(self) -> float | None:
         return self.faithful / self.judged if self.judged else None
 
-    def as_json(self) -> JsonObject:
+    def as_json(self) -> HopFigureJson:
         return {
             "judged": self.judged,
             "faithful": self.faithful,
@@ -144,26 +191,22 @@ class Fidelity:
                 return fig
         return None
 
-    def as_json(self) -> JsonObject:
-        return {
-            "completed": self.completed,
-            "judged": self.judged,
-            "faithful": self.faithful,
-            "tagged": self.tagged,
-            "not_checkable": self.not_checkable,
-            "hops": {name: fig.as_json() for name, fig in self.hops.items()},
-        }
+    def as_json(self) -> FidelityJson:
+        hops = {name: fig.as_json() for name, fig in self.hops.items()}
+        return record_json(self, FidelityJson, hops=hops)
 
 
 def _covers(log: LogRead, at: float) -> bool:
     return log.started_at <= at and (log.lost_before is None or log.lost_before <= at)
 
 
-def _same(hop: Mapping[str, Any], router_hop: Mapping[str, Any]) -> bool:
-    return hop.get("trace_id") == router_hop["trace_id"] and hop.get("tag") == router_hop["tag"]
+def _same(hop: Hop, router_hop: Hop) -> bool:
+    return bool(
+        hop.get("trace_id") == router_hop["trace_id"] and hop.get("tag") == router_hop["tag"]
+    )
 
 
-def _describe(router_hop: Mapping[str, Any], seen: Sequence[Mapping[str, Any]]) -> str:
+def _describe(router_hop: Hop, seen: Sequence[Hop]) -> str:
     rid = router_hop["request_id"]
     if not seen:
         return f"{rid} (never seen there)"
@@ -177,20 +220,21 @@ def _describe(router_hop: Mapping[str, Any], seen: Sequence[Mapping[str, Any]]) 
 
 
 def _router_figure(
-    logs: Sequence[LogRead], sent: Sequence[Mapping[str, Any]], fig: HopFigure
+    logs: Sequence[LogRead], sent: Sequence[Mapping[str, object]], fig: HopFigure
 ) -> int:
     """The ``router`` rule: each request the harness sent (and saw completed) is a router
     hop with the request id, trace id and tag it was sent with. Returns how many could
     not be checked (a router that restarted or overwrote hops since)."""
     routers = [lg for lg in logs if lg.role == "router"]
-    at_router: dict[str, list[JsonObject]] = defaultdict(list)
+    at_router: dict[str, list[Hop]] = defaultdict(list)
     for log in routers:
         for hop in log.hops:
-            if hop.get("hop") == "router" and isinstance(hop.get("request_id"), str):
-                at_router[hop["request_id"]].append(hop)
+            rid = hop.get("request_id")
+            if hop.get("hop") == "router" and isinstance(rid, str):
+                at_router[rid].append(hop)
     unchecked = 0
     for want in sent:
-        at = float(want.get("at") or 0.0)
+        at = _time(want.get("at"))
         if not routers or not all(_covers(lg, at) for lg in routers):
             unchecked += 1
             continue
@@ -204,13 +248,32 @@ def _router_figure(
     return unchecked
 
 
+def _completed(routers: Sequence[LogRead], since: float | None) -> list[tuple[LogRead, Hop, str]]:
+    """The requests completed at a router (a 2xx of an inference path, since ``since``):
+    each with its router's log and its request id (a hop without one cannot be judged)."""
+    completed: list[tuple[LogRead, Hop, str]] = []
+    for log in routers:
+        for hop in log.hops:
+            status, rid = hop.get("status"), hop.get("request_id")
+            if (
+                hop.get("hop") == "router"
+                and hop.get("path") in INFERENCE_PATHS
+                and isinstance(status, int)
+                and 200 <= status < 300
+                and isinstance(rid, str)
+                and (since is None or _time(hop.get("at")) >= since)
+            ):
+                completed.append((log, hop, rid))
+    return completed
+
+
 def fidelity(
     logs: Sequence[LogRead],
     *,
     read_at: float,
     settle_s: float = DEFAULT_SETTLE_S,
     since: float | None = None,
-    sent: Sequence[Mapping[str, Any]] = (),
+    sent: Sequence[Mapping[str, object]] = (),
 ) -> Fidelity:
     """Per hop of ``HOP_RULES``, the share of requests completed at the router whose
     colour that hop saw unchanged (pure: ``logs`` as read at ``read_at``; requests that
@@ -220,33 +283,21 @@ def fidelity(
     for log in logs:
         by_role[log.role].append(log)
     # request id -> hop name -> sightings (with the role that saw each)
-    seen: dict[str, dict[str, list[JsonObject]]] = defaultdict(lambda: defaultdict(list))
+    seen: dict[str, dict[str, list[Hop]]] = defaultdict(lambda: defaultdict(list))
     for log in logs:
         for hop in log.hops:
             rid = hop.get("request_id")
             if isinstance(rid, str):
                 seen[rid][str(hop.get("hop"))].append(hop)
-    completed: list[tuple[LogRead, JsonObject]] = []
-    for log in by_role.get("router", []):
-        for hop in log.hops:
-            status = hop.get("status")
-            if (
-                hop.get("hop") == "router"
-                and hop.get("path") in INFERENCE_PATHS
-                and isinstance(status, int)
-                and 200 <= status < 300
-                and (since is None or float(hop.get("at") or 0.0) >= since)
-            ):
-                completed.append((log, hop))
+    completed = _completed(by_role.get("router", []), since)
     per_id: dict[str, int] = defaultdict(int)
-    for _, rhop in completed:
-        per_id[rhop["request_id"]] += 1
+    for _, _, rid in completed:
+        per_id[rid] += 1
     figures = {rule.hop: HopFigure(rule.hop) for rule in HOP_RULES}
     judged = faithful = tagged = 0
     not_checkable = _router_figure(logs, sent, figures["router"])
-    for router_log, rhop in completed:
-        at = float(rhop.get("at") or 0.0)
-        rid = rhop["request_id"]
+    for router_log, rhop, rid in completed:
+        at = _time(rhop.get("at"))
         reach_logs = [lg for role in MODEL_ROLES for lg in by_role.get(role, [])]
         if (
             at + settle_s > read_at

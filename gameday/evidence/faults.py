@@ -8,7 +8,7 @@ from typing import Any
 
 from canary_contract.faults import FaultAction
 from canary_contract.json import JsonObject
-from gameday.faults import FaultEntry
+from gameday.evidence.ledger import FaultEntry
 
 FaultRow = Mapping[str, Any]  # one line of faults.jsonl (``gameday.faults.FaultEntry``)
 BAD_BUILD_PREFIX = "build-"  # the fault id of a bad-build entry: build-<pod uid>

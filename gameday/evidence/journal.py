@@ -3,13 +3,13 @@
 Chaos Toolkit's own status is not enough (``chaos run`` exits 0 when the steady state was
 not met before the method, or when a method activity raised), so every reason a journal
 gives to fail an experiment is found here, as a sentence a person can act on, for both
-the run verdict (``gameday.run.verdict``) and the report (``gameday.report.verdict``).
+the run verdict (``gameday.run.verdict``) and the report (``gameday.report.summary``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from canary_contract.json import JsonObject
 from gameday.evidence.slo import is_not_measured, is_slo
@@ -29,18 +29,18 @@ class Finding:
     """One reason the journal gives; ``slo`` is the SLO result it is about, if any."""
 
     sentence: str
-    slo: JsonObject | None = None
+    slo: Mapping[str, object] | None = None
 
 
-def _list(value: Any) -> list[Any]:
+def _list(value: object) -> list[object]:
     return value if isinstance(value, list) else []
 
 
-def _dict(value: Any) -> JsonObject:
+def _dict(value: object) -> Mapping[str, object]:
     return value if isinstance(value, dict) else {}
 
 
-def last_error(run: JsonObject) -> str | None:
+def last_error(run: Mapping[str, object]) -> str | None:
     """The last line of an activity's exception, without chaoslib's ActivityFailed
     wrapping (it wraps an activity's exception, sometimes twice); None without one."""
     exc = run.get("exception")
@@ -54,19 +54,20 @@ def last_error(run: JsonObject) -> str | None:
     return line[:500]
 
 
-def activity_name(run: JsonObject) -> str:
+def activity_name(run: Mapping[str, object]) -> str:
     return str(_dict(run.get("activity")).get("name") or "?")
 
 
-def gameday_extension(experiment: JsonObject | None) -> JsonObject | None:
-    """The experiment's ``gameday`` extension (what it expects, its SLOs), if any."""
+def gameday_extension(experiment: Mapping[str, object] | None) -> JsonObject | None:
+    """The experiment's ``gameday`` extension (what it expects, its SLOs), if any: the
+    journal's JSON object as it is."""
     for ext in _list(_dict(experiment).get("extensions")):
         if isinstance(ext, dict) and ext.get("name") == "gameday":
             return ext
     return None
 
 
-def slo_sentence(where: str, output: JsonObject) -> str:
+def slo_sentence(where: str, output: Mapping[str, object]) -> str:
     """Why an SLO result fails, in one sentence (a blind gate says so first)."""
     detail = _dict(output.get("detail"))
     measured = output.get("measured")
@@ -82,7 +83,7 @@ def slo_sentence(where: str, output: JsonObject) -> str:
     )
 
 
-def _hypothesis(state: Any, when: str) -> list[Finding]:
+def _hypothesis(state: object, when: str) -> list[Finding]:
     found: list[Finding] = []
     for run in _list(_dict(state).get("probes")):
         if not isinstance(run, dict):
@@ -105,7 +106,7 @@ def _hypothesis(state: Any, when: str) -> list[Finding]:
     return found
 
 
-def journal_findings(journal: JsonObject | None) -> list[Finding]:
+def journal_findings(journal: Mapping[str, object] | None) -> list[Finding]:
     """Why Chaos Toolkit's own record says the experiment did not pass (empty: it did)."""
     if journal is None:
         return [Finding("no journal.json: Chaos Toolkit did not finish the experiment")]
@@ -165,8 +166,9 @@ def journal_findings(journal: JsonObject | None) -> list[Finding]:
             )
     # SLO results anywhere (a method probe has no tolerance; its result still counts).
     for label, items in (("method", runs), ("after the method", _list(_dict(after).get("probes")))):
-        for run in items:
-            out = run.get("output") if isinstance(run, dict) else None
+        for item in items:
+            run = _dict(item)
+            out = run.get("output")
             if not is_slo(out):
                 continue
             where = f"probe {activity_name(run)!r}, {label}"
@@ -191,6 +193,6 @@ def unexpected_trips(trips: int) -> str:
     return f"the experiment expects no trip; the broker's history shows {trips} trip(s)"
 
 
-def journal_reasons(journal: JsonObject | None) -> list[str]:
+def journal_reasons(journal: Mapping[str, object] | None) -> list[str]:
     """Every finding's sentence, in order."""
     return [f.sentence for f in journal_findings(journal)]

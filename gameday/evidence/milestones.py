@@ -8,13 +8,12 @@ the report draws them from the run's files (``gameday.report.timeline``); both c
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from canary_contract.json import JsonObject
 from gameday.evidence.events import annotation_events, event_time
 
 ROUTERS_APPLIED = "routers_applied"
@@ -50,7 +49,7 @@ class WeightsApplied:
 
     time: float
     source: str
-    annotation: JsonObject | None
+    annotation: Mapping[str, object] | None  # the broker's routers_applied event
     routers: int = 0  # how many routers reported, for source "routers"
 
     @property
@@ -74,11 +73,11 @@ class WeightsApplied:
             "report when its canary weight became 0)"
         )
 
-    def detail(self) -> JsonObject:
+    def detail(self) -> dict[str, object]:
         change = (self.annotation or {}).get("change")
         change = change if isinstance(change, dict) else {}
         keys = ("revision", "routers", "waited_s", "retries")
-        out: JsonObject = {k: change.get(k) for k in keys}
+        out: dict[str, object] = {k: change.get(k) for k in keys}
         out.update(
             source=self.source,
             time_source=self.source,
@@ -95,9 +94,9 @@ class WeightsApplied:
 
 
 def weights_applied(
-    events: Iterable[JsonObject],
+    events: Iterable[Mapping[str, object]],
     after: float | None,
-    routers: Sequence[JsonObject] = (),
+    routers: Sequence[Mapping[str, object]] = (),
 ) -> WeightsApplied | None:
     """The first ``routers_applied`` annotation at or after ``after`` (the trip, when it
     is known; else the fault), else the ``routers`` the broker lists (their heartbeats),

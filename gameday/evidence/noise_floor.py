@@ -10,16 +10,17 @@ makes the experiment inconclusive. Pure: nothing here reads files or talks to a 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
-from typing import Any
-
-from canary_contract.json import JsonObject
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, NotRequired, Required, TypedDict
 
 __all__ = [
     "ALL_SCOPE",
     "DEFAULT_MIN_SAMPLES",
     "NOISE_WAIT_NAME",
+    "FloorJson",
     "FloorReading",
+    "NoiseWait",
     "floor_reading",
     "noise_wait_reasons",
     "unmeasured_message",
@@ -42,6 +43,38 @@ def _figure(value: Any) -> float | None:
     return float(value) if math.isfinite(value) and value >= 0 else None
 
 
+class FloorJson(TypedDict):
+    """A ``FloorReading`` under its wire names (the release test's two only with it)."""
+
+    samples: int
+    source: str | None
+    kl: float | None
+    kl_mean: float | None
+    noise_comparisons: int
+    floor_state: NotRequired[str]
+    gate_min_samples: NotRequired[int]
+
+
+class NoiseWait(TypedDict, total=False):
+    """``NOISE_WAIT_NAME``: what a wait for the noise floor found (``wait_record``), or
+    that it does not apply to a foreign gate (``not_applicable``); the last reading's
+    fields (``FloorJson``) with it, when there was one."""
+
+    measured: Required[bool]
+    waited_s: Required[float]
+    min_samples: int
+    read_at: float
+    message: str
+    not_applicable: str
+    samples: int
+    source: str | None
+    kl: float | None
+    kl_mean: float | None
+    noise_comparisons: int
+    floor_state: str
+    gate_min_samples: int
+
+
 @dataclass(frozen=True)
 class FloorReading:
     """The ``all`` scope's noise floor in one gate answer (``GET /v1/gate/<release>``).
@@ -58,26 +91,43 @@ class FloorReading:
     kl: float | None
     kl_mean: float | None
     noise_comparisons: int
+    # The release test's own word (``--test release-eprocess``): its floor's ``state``
+    # (``too_few``, ``measured``: frozen at the next canary comparison, ``frozen``) and the
+    # comparisons it needs; None under the default test.
+    floor_state: str | None = None
+    gate_min_samples: int | None = None
 
     def measured(self, min_samples: int) -> bool:
-        """A floor of the ``all`` scope's own, from at least ``min_samples`` comparisons,
-        above 0 (a floor of exactly 0 is bit-identical replicas: nothing calibrated)."""
-        return (
-            self.source == ALL_SCOPE
-            and self.samples >= min_samples
-            and self.kl is not None
-            and self.kl > 0
+        """A floor of the ``all`` scope's own, above 0 (a floor of exactly 0 is
+        bit-identical replicas: nothing calibrated): under the release test, when the test
+        says its floor is measured or frozen (its own count, which it freezes for the
+        release, decides); else from at least ``min_samples`` comparisons."""
+        if self.kl is None or self.kl <= 0 or self.source != ALL_SCOPE:
+            return False
+        if self.floor_state is not None:
+            return self.floor_state in ("measured", "frozen")
+        return self.samples >= min_samples
+
+    def to_json(self) -> FloorJson:
+        out = FloorJson(
+            samples=self.samples,
+            source=self.source,
+            kl=self.kl,
+            kl_mean=self.kl_mean,
+            noise_comparisons=self.noise_comparisons,
         )
+        if self.floor_state is not None:
+            out["floor_state"] = self.floor_state
+        if self.gate_min_samples is not None:
+            out["gate_min_samples"] = self.gate_min_samples
+        return out
 
-    def to_json(self) -> JsonObject:
-        return asdict(self)
 
-
-def floor_reading(state: JsonObject) -> FloorReading:
+def floor_reading(state: Mapping[str, object]) -> FloorReading:
     """The ``all`` scope's floor from the gate's answer (missing fields read as none)."""
     floors = state.get("noise_floor")
     raw = floors.get(ALL_SCOPE) if isinstance(floors, dict) else None
-    scope: JsonObject = raw if isinstance(raw, dict) else {}
+    scope: Mapping[str, object] = raw if isinstance(raw, dict) else {}
     buckets = state.get("buckets")
     counted = sum(
         _count(b.get("noise_comparisons"))
@@ -85,12 +135,15 @@ def floor_reading(state: JsonObject) -> FloorReading:
         if isinstance(b, dict)
     )
     source = scope.get("source")
+    floor_state = scope.get("state")
     return FloorReading(
         samples=_count(scope.get("samples")),
         source=source if isinstance(source, str) else None,
         kl=_figure(scope.get("kl")),
         kl_mean=_figure(scope.get("kl_mean")),
         noise_comparisons=counted,
+        floor_state=floor_state if isinstance(floor_state, str) else None,
+        gate_min_samples=_count(scope.get("min_samples")) if "min_samples" in scope else None,
     )
 
 
@@ -100,24 +153,33 @@ def wait_record(
     waited_s: float,
     read_at: float,
     message: str | None = None,
-) -> JsonObject:
+) -> NoiseWait:
     """What a wait for the noise floor found (``NOISE_WAIT_NAME`` in the run folder): the
     floor measured, or not with ``message`` saying why, and the last reading."""
-    doc: JsonObject = {
-        "measured": message is None,
-        "min_samples": min_samples,
-        "waited_s": round(waited_s, 3),
-        "read_at": read_at,
-    }
+    doc = NoiseWait(
+        measured=message is None,
+        min_samples=min_samples,
+        waited_s=round(waited_s, 3),
+        read_at=read_at,
+    )
     if message is not None:
         doc["message"] = message
-    return {**doc, **(reading.to_json() if reading is not None else {})}
+    if reading is not None:
+        doc = {**doc, **reading.to_json()}
+    return doc
 
 
 def unmeasured_message(reading: FloorReading | None, min_samples: int, waited_s: float) -> str:
     """Why the floor is not measured after ``waited_s`` seconds, and what to do."""
     if reading is None:
         seen = "the gate could not be read"
+    elif reading.floor_state == "too_few":
+        seen = (
+            f"the release test's '{ALL_SCOPE}' floor is still too_few: "
+            f"{reading.samples} baseline-baseline comparisons of the "
+            f"{reading.gate_min_samples} it needs to freeze one (the gate's "
+            "--noise-min-samples)"
+        )
     elif reading.samples >= min_samples and reading.source == ALL_SCOPE:
         seen = (
             f"the gate's floor is {reading.kl!r} over {reading.samples} baseline-baseline "
@@ -137,7 +199,7 @@ def unmeasured_message(reading: FloorReading | None, min_samples: int, waited_s:
     )
 
 
-def noise_wait_reasons(doc: JsonObject | None) -> list[str]:
+def noise_wait_reasons(doc: Mapping[str, object] | None) -> list[str]:
     """Why the gate had no noise floor before the fault (empty: it had one, or the
     experiment did not wait for one). ``doc`` is ``NOISE_WAIT_NAME`` as the probe wrote it;
     one that cannot be read counts as unmeasured (fail-closed)."""

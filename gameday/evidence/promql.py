@@ -75,7 +75,12 @@ def not_finite(value: float) -> str:
 
 
 def bounded(
-    check: str, value: float | None, allowed: float, unit: str, at_most: bool, detail: JsonObject
+    check: str,
+    value: float | None,
+    allowed: float,
+    unit: str,
+    at_most: bool,
+    detail: dict[str, object],
 ) -> Slo:
     """``value`` at most (``at_most``) or at least ``allowed``; no series at all fails."""
     sign = "<=" if at_most else ">="
@@ -106,7 +111,7 @@ def drained(
     among some."""
     odd = {k: v for k, v in raw.items() if v is not None and not math.isfinite(v)}
     values = {k: (None if k in odd else v) for k, v in raw.items()}
-    detail: JsonObject = {"queries": queries, "values": values, "prometheus_url": url}
+    detail: dict[str, object] = {"queries": queries, "values": values, "prometheus_url": url}
     if odd:
         detail["why"] = "; ".join(f"{k} query: {not_finite(v)}" for k, v in odd.items())
         return result(DRAINED, None, allowed, "count", False, **detail)

@@ -8,18 +8,31 @@ Built here for every probe and read here by both verdicts, so the shape is writt
 
 from __future__ import annotations
 
-from typing import Any, TypeGuard
+from collections.abc import Mapping
+from typing import TypedDict, TypeGuard
 
 from canary_contract.json import JsonObject
 
-Slo = JsonObject
+
+class Slo(TypedDict):
+    """One SLO result as a probe returns it to ``chaos run`` (and the journal keeps it)."""
+
+    check: str
+    measured: float | None
+    allowed: float
+    unit: str
+    ok: bool
+    # ``status`` and ``why`` and whatever figures the probe adds: open by design.
+    detail: JsonObject
+
+
 SLO_KEYS = frozenset({"check", "measured", "allowed", "ok"})
 NOT_MEASURED = "not_measured"
 NOT_APPLICABLE = "not_applicable"
 
 
 def result(
-    check: str, measured: float | None, allowed: float, unit: str, ok: bool, **detail: Any
+    check: str, measured: float | None, allowed: float, unit: str, ok: bool, **detail: object
 ) -> Slo:
     """A measured result; without a figure (``measured`` None) it is a failed one."""
     return {
@@ -32,7 +45,7 @@ def result(
     }
 
 
-def failed_result(check: str, allowed: float, unit: str, why: str, **detail: Any) -> Slo:
+def failed_result(check: str, allowed: float, unit: str, why: str, **detail: object) -> Slo:
     """No figure, and ``why`` not."""
     return result(check, None, allowed, unit, False, why=why, **detail)
 
@@ -59,17 +72,17 @@ def not_applicable(check: str, allowed: float, unit: str, why: str) -> Slo:
     return _unjudged(check, allowed, unit, NOT_APPLICABLE, why)
 
 
-def is_slo(output: Any) -> TypeGuard[Slo]:
-    """Whether a probe's output is an SLO result."""
+def is_slo(output: object) -> TypeGuard[JsonObject]:
+    """Whether a probe's output (decoded JSON) is an SLO result: its keys, not their types."""
     return isinstance(output, dict) and set(output) >= SLO_KEYS
 
 
-def is_not_measured(output: Slo) -> bool:
+def is_not_measured(output: Mapping[str, object]) -> bool:
     detail = output.get("detail")
     return isinstance(detail, dict) and detail.get("status") == NOT_MEASURED
 
 
-def is_not_applicable(output: Slo) -> bool:
+def is_not_applicable(output: Mapping[str, object]) -> bool:
     """A check the target cannot answer (``not_applicable``): listed, neither pass nor fail."""
     detail = output.get("detail")
     return isinstance(detail, dict) and detail.get("status") == NOT_APPLICABLE

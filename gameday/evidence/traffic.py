@@ -7,9 +7,27 @@ No traffic at all is *not* evidence that the canary stopped serving: fail-closed
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import TypedDict
+
 import pandas as pd
 
-from canary_contract.json import JsonObject
+
+class RecordsTraffic(TypedDict):
+    """Traffic evidence from the load records (``records_traffic``)."""
+
+    canary_rule: str
+    canary: int
+    total: int
+    failed: int
+
+
+class RecordsEvidence(RecordsTraffic):
+    """``RecordsTraffic`` with where it came from: ``source`` ``records`` and the records'
+    file (``gameday.run.folder.RunFolder.records_traffic``)."""
+
+    source: str
+    records: str
 
 
 def records_traffic(
@@ -17,7 +35,7 @@ def records_traffic(
     since: float,
     canary_version: str | None = None,
     versions: pd.DataFrame | None = None,
-) -> JsonObject:
+) -> RecordsTraffic:
     """Traffic evidence from the load records: the requests that started at or after
     ``since`` (``total``, ``failed``) and the canary-served ones among them (``canary``,
     by ``canary_rule``): ``served_by == "canary"``, or, for stacks whose router does not say
@@ -41,9 +59,21 @@ def records_traffic(
     }
 
 
-def judge_traffic(evidence: JsonObject, allowed: float) -> tuple[float | None, bool, str | None]:
+def _count(value: object) -> float | None:
+    """A count of the evidence (None: the source cannot tell); TypeError for anything but
+    a number, never read as no traffic."""
+    if value is None:
+        return None
+    if not isinstance(value, int | float):
+        raise TypeError(f"traffic evidence holds {value!r} where a count belongs")
+    return float(value)
+
+
+def judge_traffic(
+    evidence: Mapping[str, object], allowed: float
+) -> tuple[float | None, bool, str | None]:
     """(measured canary requests, ok, why-not) for traffic evidence; fail-closed."""
-    canary, total = evidence.get("canary"), evidence.get("total")
+    canary, total = _count(evidence.get("canary")), _count(evidence.get("total"))
     if total is not None and total <= 0:
         why = (
             "no request at all after the status change: nothing shows whether the canary "

@@ -7,16 +7,17 @@ Pure: the broker's events and phase and the gate's state in, figures and sentenc
 
 from __future__ import annotations
 
-from canary_contract.json import JsonObject
+from collections.abc import Mapping
+
 from canary_contract.phases import is_canary_off
-from gameday.evidence.events import trip_evidence_text
+from gameday.evidence.events import event_time, trip_evidence_text
 from gameday.evidence.faults import ReferenceFault
 
 
-def seconds_to_trip(trip: JsonObject | None, fault_time: float, now: float) -> float:
+def seconds_to_trip(trip: Mapping[str, object] | None, fault_time: float, now: float) -> float:
     """Seconds from the fault to the event that tripped the release, to the millisecond
     (to ``now`` when the release is off but its history holds no trip since the fault)."""
-    trip_time = float(trip["time"]) if trip else now
+    trip_time = event_time(trip) if trip else now
     return round(trip_time - fault_time, 3)
 
 
@@ -33,7 +34,7 @@ def not_tripped_yet(
 
 
 def unexpected_trip(
-    release: str, phase: str, trip: JsonObject | None, fault_time: float | None
+    release: str, phase: str, trip: Mapping[str, object] | None, fault_time: float | None
 ) -> str | None:
     """Why a release that must not trip did (None: it did not): ``trip``, the first trip
     event since the experiment began, named with the gate's evidence (and its time from
@@ -42,7 +43,7 @@ def unexpected_trip(
         return None
     when = ""
     if trip and fault_time is not None:
-        when = f" {float(trip['time']) - fault_time:+.2f} s from the fault,"
+        when = f" {event_time(trip) - fault_time:+.2f} s from the fault,"
     evidence = trip_evidence_text(trip) if trip else f"phase is {phase!r}"
     return (
         "expected no trip (a fault shared by both variants must not look like a "

@@ -9,14 +9,33 @@ of its pods are Ready.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import NotRequired, TypedDict
 
-from canary_contract.json import JsonObject
 from gameday.evidence.slo import Slo, result
 
 CHECK = "k8s_ready_s"
 
 
-def is_whole(state: JsonObject) -> bool:
+class WorkloadStatus(TypedDict):
+    """Desired and ready replicas of a role's workload (``KubernetesTarget.workload_status``);
+    for a role of several workloads, their sums and each one's (``workloads``)."""
+
+    kind: str
+    name: str
+    namespace: str
+    desired: int
+    ready: int
+    ok: bool
+    workloads: NotRequired[list[WorkloadStatus]]
+
+
+class WorkloadState(WorkloadStatus):
+    """A workload's status and the names of its pods seen Running and Ready."""
+
+    ready_pods: list[str]
+
+
+def is_whole(state: WorkloadState) -> bool:
     """All replicas available AND that many pods Running, Ready and not being deleted
     (right after a kill the controller may not have counted the loss yet)."""
     return bool(state["ok"] and len(state["ready_pods"]) >= state["desired"])
@@ -24,7 +43,7 @@ def is_whole(state: JsonObject) -> bool:
 
 def ready_within(
     component: str,
-    states: Sequence[JsonObject],
+    states: Sequence[WorkloadState],
     allowed: float,
     took: float | None,
     measured_from: str,

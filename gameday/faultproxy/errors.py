@@ -24,9 +24,10 @@ from aiohttp import web
 from pydantic import ValidationError
 
 from canary_contract.errors import ErrorKind
+from gameday.errors import GamedayError
 
 
-class ProxyError(Exception):
+class ProxyError(GamedayError):
     status = 400
     type: str = ErrorKind.INVALID_REQUEST.value
 

@@ -30,6 +30,9 @@ class RequestFacts:
     max_tokens: int
     model: str
     prompt_tokens: int
+    # An ``echo`` completions request: the length of its prompt in characters (its echoed
+    # tokens are the prompt, scored, not generated); 0 otherwise.
+    echo_chars: int = 0
 
 
 def _words(text: Any) -> int:
@@ -81,4 +84,14 @@ def read_request(route: str, raw: bytes) -> RequestFacts | None:
         max_tokens=max_tokens,
         model=model if isinstance(model, str) else "unknown",
         prompt_tokens=estimate_prompt_tokens(route, body),
+        echo_chars=_echo_chars(route, body),
     )
+
+
+def _echo_chars(route: str, body: dict[str, Any]) -> int:
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1:
+        prompt = prompt[0]
+    if route != "completion" or body.get("echo") is not True or not isinstance(prompt, str):
+        return 0
+    return len(prompt)

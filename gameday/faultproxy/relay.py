@@ -135,6 +135,23 @@ def _plain_encoding(up: aiohttp.ClientResponse) -> bool:
     return up.headers.get("Content-Encoding", "identity").lower() in ("", "identity")
 
 
+# Answers larger than this are rewritten in a worker thread (Relay._body).
+_INLINE_BODY_BYTES = 64 * 1024
+
+
+def _rewritten(body: bytes, kernel: KernelParams | None, echo_chars: int) -> tuple[Any, bytes]:
+    """(the answer parsed, or None when it is not JSON; the body to send): rewritten by
+    ``kernel`` when it is a JSON object."""
+    try:
+        obj = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        return None, body
+    if isinstance(obj, dict) and kernel is not None:
+        KernelEffect(kernel, echo_chars).apply(obj)
+        body = json.dumps(obj, separators=(",", ":"), allow_nan=True).encode()
+    return obj, body
+
+
 class Relay:
     """The catch-all handler: every path the proxy does not own goes upstream."""
 
@@ -184,7 +201,9 @@ class Relay:
         self.st.metrics.upstream_errors.labels(reason="broken").inc()
         cut(request)
 
-    async def _send_back(self, request: web.Request, up: aiohttp.ClientResponse) -> Any:
+    async def _send_back(
+        self, request: web.Request, up: aiohttp.ClientResponse
+    ) -> web.StreamResponse:
         """The upstream's answer, untouched: a stream chunk by chunk, a body whole."""
         headers = response_headers(up)
         if not _streams(up):
@@ -245,11 +264,13 @@ class Relay:
                 return await self._send_back(request, up)
             if up.content_type == "text/event-stream":
                 return await self._events(request, up, facts, plan)
-            return await self._body(request, up, plan)
+            return await self._body(request, up, plan, facts.echo_chars)
         finally:
             up.release()
 
-    async def _made_up(self, request: web.Request, facts: RequestFacts, kind: str) -> Any:
+    async def _made_up(
+        self, request: web.Request, facts: RequestFacts, kind: str
+    ) -> web.StreamResponse:
         if kind == "empty":
             body = answers.empty_answer(facts)
         else:
@@ -335,7 +356,7 @@ class Relay:
         return resp
 
     async def _body(
-        self, request: web.Request, up: aiohttp.ClientResponse, plan: Plan
+        self, request: web.Request, up: aiohttp.ClientResponse, plan: Plan, echo_chars: int = 0
     ) -> web.StreamResponse:
         """A whole answer: rewritten by a kernel fault, delayed by ``itl_ms`` per token
         after the first, cut half way by a truncating errors fault."""
@@ -348,15 +369,18 @@ class Relay:
                 f"The upstream {st.upstream} broke off its answer; retry.", code="broken_stream"
             ) from None
         obj: Any = None
-        if plan.kernel is not None or plan.latency is not None:
-            try:
-                obj = json.loads(body)
-            except (ValueError, UnicodeDecodeError):
-                obj = None
-        if isinstance(obj, dict) and plan.kernel is not None:
-            assert isinstance(plan.kernel.params, KernelParams)
-            KernelEffect(plan.kernel.params).apply(obj)
-            body = json.dumps(obj, separators=(",", ":"), allow_nan=True).encode()
+        kernel = plan.kernel.params if plan.kernel is not None else None
+        assert kernel is None or isinstance(kernel, KernelParams)
+        if kernel is not None or plan.latency is not None:
+            # A large answer (an echoed prompt's thousands of positions: ~50-90 ms of
+            # Python) is parsed and rewritten off the event loop, so the other answers this
+            # proxy relays meanwhile (users' canary streams) are not held up behind it: a
+            # real kernel fault costs its engine nothing per answer, and this stand-in must
+            # not either.
+            if len(body) > _INLINE_BODY_BYTES:
+                obj, body = await asyncio.to_thread(_rewritten, body, kernel, echo_chars)
+            else:
+                obj, body = _rewritten(body, kernel, echo_chars)
         if isinstance(obj, dict) and plan.latency is not None:
             assert isinstance(plan.latency.params, LatencyParams)
             usage = obj.get("usage")

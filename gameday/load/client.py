@@ -9,14 +9,14 @@ import json
 import secrets
 import time
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 from urllib.parse import urlsplit
 
 import gevent
 from geventhttpclient import HTTPClient
 
-from canary_contract.json import JsonObject
 from gameday.load.sse import SSEDecoder, StreamMeasurement, parse_full_response
 from gameday.oracle.wire import loads as wire_loads
 
@@ -28,6 +28,27 @@ MAX_ERROR_BODY_BYTES = 64 * 1024
 
 # headers a router adds (docs/ARCHITECTURE.md §3); the model server adds the version
 ROUTING_HEADERS = ("x-served-by", "x-model-version", "x-config-revision", "x-router-id")
+
+
+class StreamOptions(TypedDict):
+    include_usage: bool
+
+
+class CompletionBody(TypedDict):
+    """A request the load sends (``rows.build_body``, the oracle's ``_body``): OpenAI's
+    completions or chat completions body, with only the fields the load sets."""
+
+    model: str
+    max_tokens: int
+    stream: bool
+    prompt: NotRequired[str]
+    messages: NotRequired[list[Mapping[str, Any]]]
+    stream_options: NotRequired[StreamOptions]
+    temperature: NotRequired[float]
+    seed: NotRequired[int]
+    user: NotRequired[str]
+    logprobs: NotRequired[bool | int]  # chat: a flag; completions: how many
+    top_logprobs: NotRequired[int]
 
 
 @dataclass
@@ -139,9 +160,13 @@ class OpenAIClient:
         return Attempt(request_id=request_id or uuid.uuid4().hex, path=path, stream=stream)
 
     def send(
-        self, attempt: Attempt, body: JsonObject, headers: dict[str, str] | None = None
+        self,
+        attempt: Attempt,
+        body: Mapping[str, object],
+        headers: dict[str, str] | None = None,
     ) -> None:
-        """Send ``body`` and fill ``attempt``; never raises for network or server trouble."""
+        """Send ``body`` (a ``CompletionBody``; any JSON object, only serialised) and fill
+        ``attempt``; never raises for network or server trouble."""
         payload = json.dumps(body, allow_nan=False).encode()
         # Coloured as a traced client would: a trace of its own per request and the game
         # day's traffic tag, which every hop of the stack must carry (#16; probes.colouring).

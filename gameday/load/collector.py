@@ -9,7 +9,7 @@ import resource
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import gevent
 from locust.runners import MasterRunner, WorkerRunner
@@ -25,6 +25,7 @@ from gameday.load.records import (
     ParquetSink,
     rows_to_columns,
 )
+from gameday.load.rows import LoadRow, OracleRow
 
 log = logging.getLogger("gameday.load")
 
@@ -39,6 +40,41 @@ CPU_TICK_MIN_S = 0.4
 MSG_RECORDS = "gameday_records"
 MSG_FINAL = "gameday_final"
 MSG_FLUSH = "gameday_flush"
+
+
+class LoadCounters(TypedDict):
+    """One process's counters (``gameday.load.context.LoadContext.counters``), summed over
+    the workers into ``load-summary.json``."""
+
+    requests_sent: int
+    records: int
+    oracle_pairs: int
+    oracle_canary_off: int
+    oracle_canary_broken: int
+    trace_requests: int
+    trace_late_starts: int
+    max_trace_lag_s: float
+    trace_abandoned: int
+
+
+class GeneratorUsage(TypedDict):
+    """One process's own figures (summed, or maxed for ``max_*``, over the workers)."""
+
+    cpu_s: float
+    max_cpu_percent: float
+    cpu_warnings: int
+    peak_users: int
+
+
+class GeneratorFigures(TypedDict, total=False):
+    """The whole test's figures beside the totals: its wall time and rate (once it
+    started), on a master its own CPU and the CPU warnings of all."""
+
+    test_wall_s: float
+    achieved_rps: float
+    master_cpu_s: float
+    max_cpu_percent: float
+    cpu_warnings: int
 
 
 class Collector:
@@ -75,7 +111,7 @@ class Collector:
     ``gameday.load.generator.load_problems`` judges them.
     """
 
-    def __init__(self, environment: Any, counters: Callable[[], JsonObject]) -> None:
+    def __init__(self, environment: Any, counters: Callable[[], LoadCounters]) -> None:
         self.environment = environment
         self.runner = environment.runner
         self.counters = counters  # this process's counters, shipped with the final message
@@ -89,7 +125,7 @@ class Collector:
         self.oracle_out = ""
         self.summary_out = ""
         self.sinks: dict[str, ParquetSink] = {}
-        self._pending: dict[str, list[JsonObject]] = {"load": [], "oracle": []}
+        self._pending: dict[str, list[LoadRow | OracleRow]] = {"load": [], "oracle": []}
         self._shipper: gevent.Greenlet | None = None
         self._flusher: gevent.Greenlet | None = None
         self.finals: dict[str, JsonObject] = {}
@@ -125,7 +161,7 @@ class Collector:
         return sink
 
     # --- rows ---------------------------------------------------------------------
-    def add(self, kind: str, row: JsonObject) -> None:
+    def add(self, kind: str, row: LoadRow | OracleRow) -> None:
         if self.role == "worker":
             self._pending[kind].append(row)
             if len(self._pending[kind]) >= SHIP_MAX_ROWS:
@@ -184,7 +220,7 @@ class Collector:
         if isinstance(users, int):
             self._peak_users = max(self._peak_users, users)
 
-    def usage(self) -> JsonObject:
+    def usage(self) -> GeneratorUsage:
         """This process's generator figures (summed or maxed over workers by ``totals``)."""
         warned = bool(getattr(self.runner, "cpu_warning_emitted", False))
         return {
@@ -264,13 +300,13 @@ class Collector:
                 ", ".join(sorted(missing)),
             )
 
-    def totals(self) -> JsonObject:
-        parts = (
+    def totals(self) -> dict[str, float]:
+        parts: list[JsonObject] = (
             list(self.finals.values())
             if self.role == "master"
             else [{**self.counters(), **self.usage()}]
         )
-        total: JsonObject = {}
+        total: dict[str, float] = {}
         for part in parts:
             for k, v in part.items():
                 if k == "pid":
@@ -281,10 +317,10 @@ class Collector:
                     total[k] = total.get(k, 0) + v
         return total
 
-    def generator(self, totals: JsonObject) -> JsonObject:
+    def generator(self, totals: dict[str, float]) -> GeneratorFigures:
         """The test's wall time and achieved rate; on a master, its own CPU beside the
         workers' and whether it saw a worker warn about CPU."""
-        out: JsonObject = {}
+        out: GeneratorFigures = {}
         if self._test_start_wall is not None:
             end = self._test_stop_wall or time.time()
             wall = max(0.0, end - self._test_start_wall)

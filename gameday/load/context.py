@@ -16,8 +16,7 @@ import gevent
 import gevent.event
 from locust.stats import CSV_STATS_INTERVAL_SEC
 
-from canary_contract.json import JsonObject
-from gameday.load.collector import Collector
+from gameday.load.collector import Collector, LoadCounters
 from gameday.load.options import LoadOptions, OptionsError, add_arguments, new_run_id
 from gameday.load.pacing import Slot, TraceSchedule
 from gameday.load.prompt_files import JsonlMix
@@ -93,7 +92,7 @@ class LoadContext:
         )
         return opts
 
-    def counters(self) -> JsonObject:
+    def counters(self) -> LoadCounters:
         s = self.schedule
         return {
             "requests_sent": self.requests_sent,
@@ -182,7 +181,7 @@ class LoadContext:
         """All trace requests started, in this process or (master) in every worker."""
         if self.collector.role == "master":
             workers = self.environment.runner.worker_count
-            return workers > 0 and len(self.trace_done_nodes) >= workers
+            return bool(workers > 0 and len(self.trace_done_nodes) >= workers)
         return self.schedule is not None and self.schedule.finished
 
     # --- lifecycle -----------------------------------------------------------------
@@ -356,29 +355,32 @@ def install(events: Any, *, oracle_user: type, shape: type) -> None:
     - ``quit``: close the Parquet files.
     """
 
-    @events.init_command_line_parser.add_listener
     def _parser(parser: Any, **_kw: Any) -> None:
         add_arguments(parser)
 
-    @events.init.add_listener
     def _init(environment: Any, **_kw: Any) -> None:
         ctx = _contexts[environment] = LoadContext(environment)
         _enable_oracle(environment, ctx.collector.role, oracle_user)
         ctx.on_init()
         _handle_sigterm(ctx, shape)
 
-        @events.quit.add_listener
         def _quit(**_kw: Any) -> None:
             ctx.on_quit()
 
-    @events.test_start.add_listener
+        events.quit.add_listener(_quit)
+
     def _start(environment: Any, **_kw: Any) -> None:
         context_for(environment).on_test_start()
 
-    @events.test_stopping.add_listener
     def _stopping(environment: Any, **_kw: Any) -> None:
         context_for(environment).on_test_stopping()
 
-    @events.test_stop.add_listener
     def _stop(environment: Any, **_kw: Any) -> None:
         context_for(environment).on_test_stop()
+
+    # Locust's EventHook.add_listener, called (not as a decorator: Locust's is untyped).
+    events.init_command_line_parser.add_listener(_parser)
+    events.init.add_listener(_init)
+    events.test_start.add_listener(_start)
+    events.test_stopping.add_listener(_stopping)
+    events.test_stop.add_listener(_stop)

@@ -9,11 +9,9 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar
-
-from canary_contract.json import JsonObject
+from typing import Literal, TypedDict, TypeVar
 
 CPU_WARNING_TEXT = "CPU usage above"  # Locust's own warning (locust.runners)
 ENV_TARGET_RPS = "GAMEDAY_LOAD_TARGET_RPS"
@@ -82,19 +80,59 @@ class LoadTolerances:
         return cls(rps, ratio, cpu, late)
 
 
-def _number(value: Any) -> float | None:
+class ToleranceFigures(TypedDict):
+    min_rate_ratio: float
+    max_cpu_fraction: float
+    max_late_fraction: float
+
+
+class LoadFigures(TypedDict):
+    """How the generator did (``load_problems``), as ``load.json`` and ``result.json``
+    show it (None where the summary lacks the figure)."""
+
+    achieved_rps: float | None
+    target_rps: float | None
+    requests_sent: float | None
+    test_wall_s: float | None
+    cpu_fraction: float | None
+    max_cpu_percent: float | None
+    cpu_warning: bool
+    open_loop: bool
+    late_starts: int | None
+    late_fraction: float | None
+    max_lag_s: float | None
+    users: int
+    peak_users: float | None
+    tolerances: ToleranceFigures
+
+
+class LoadCheck(LoadFigures):
+    """The figures and the verdict on them: valid, else one sentence per shortfall."""
+
+    valid: bool
+    problems: list[str]
+
+
+class LoadUnchecked(TypedDict):
+    """No figures judged: the tolerances themselves were bad (the problem says which)."""
+
+    valid: Literal[False]
+    problems: list[str]
+
+
+def _number(value: object) -> float | None:
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
     return float(value) if math.isfinite(value) else None
 
 
 def load_problems(
-    summary: JsonObject,
+    summary: Mapping[str, object],
     users: int,
     tolerances: LoadTolerances,
     log_text: str = "",
     processes: int = 1,
-) -> JsonObject:
+) -> LoadCheck:
     """Whether the generator kept up: its figures and one sentence per shortfall.
 
     Checked: Locust's own "CPU usage above 90%" warning, its mean CPU over the test,
@@ -123,7 +161,7 @@ def load_problems(
     abandoned = int(_number(summary.get("trace_abandoned")) or 0)
     late_fraction = round(late / trace_n, 4) if trace_n else None
     peak_users = _number(summary.get("peak_users"))
-    figures: JsonObject = {
+    figures: LoadFigures = {
         "achieved_rps": rps,
         "target_rps": t.target_rps,
         "requests_sent": sent,

@@ -9,6 +9,7 @@ import argparse
 import math
 import re
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -70,6 +71,33 @@ def add_arguments(parser: Any) -> None:
     """
     a = parser.add_argument
     hidden = {"include_in_web_ui": False}
+    _add_server_options(a, hidden)
+    _add_request_options(a, hidden)
+    _add_mix_options(a, hidden)
+    # load shape
+    a(
+        "--shape",
+        default="auto",
+        choices=SHAPES,
+        help="auto (trace for azure-trace, else steady) | steady | ramp | trace",
+    )
+    a("--ramp-start-users", type=int, default=1, help="ramp: users at the start", **hidden)
+    a(
+        "--ramp-s",
+        type=float,
+        default=None,
+        help="ramp: seconds to reach -u users (default: the run time)",
+        **hidden,
+    )
+    # outputs: paths and names, empty when not given
+    for flag, what in _OUTPUT_FLAGS:
+        a(flag, default="", help=what, **hidden)
+    _add_oracle_options(a, hidden)
+
+
+def _add_server_options(a: Callable[..., Any], hidden: dict[str, bool]) -> None:
+    """Where requests go, with which credential and headers, and how a response names (and
+    a request pins) the variant."""
     a("--api-path", default=COMPLETIONS, help=f"endpoint path: {COMPLETIONS} (default) or {CHAT}")
     a("--model", default="default", help="model name sent in each request (default: default)")
     a(
@@ -115,6 +143,11 @@ def add_arguments(parser: Any) -> None:
         help="the pin header's value for a variant, repeatable (default: its name)",
         **hidden,
     )
+
+
+def _add_request_options(a: Callable[..., Any], hidden: dict[str, bool]) -> None:
+    """What each request asks for (prompt mix, token caps, temperature, streaming) and how
+    a user paces them."""
     a(
         "--prompt-mix",
         default="synthetic",
@@ -163,6 +196,10 @@ def add_arguments(parser: Any) -> None:
         help="deadline of one request (error kind timeout)",
         **hidden,
     )
+
+
+def _add_mix_options(a: Callable[..., Any], hidden: dict[str, bool]) -> None:
+    """The seeds, the prompt-length buckets, the synthetic mix's parameters and the trace replay."""
     a("--seed", type=int, default=0, help="seed of prompt lengths, texts and user ids", **hidden)
     a(
         "--user-id-pool",
@@ -210,25 +247,10 @@ def add_arguments(parser: Any) -> None:
         help="trace: a start later than this counts as late",
         **hidden,
     )
-    # load shape
-    a(
-        "--shape",
-        default="auto",
-        choices=SHAPES,
-        help="auto (trace for azure-trace, else steady) | steady | ramp | trace",
-    )
-    a("--ramp-start-users", type=int, default=1, help="ramp: users at the start", **hidden)
-    a(
-        "--ramp-s",
-        type=float,
-        default=None,
-        help="ramp: seconds to reach -u users (default: the run time)",
-        **hidden,
-    )
-    # outputs: paths and names, empty when not given
-    for flag, what in _OUTPUT_FLAGS:
-        a(flag, default="", help=what, **hidden)
-    # oracle
+
+
+def _add_oracle_options(a: Callable[..., Any], hidden: dict[str, bool]) -> None:
+    """The oracle users (pinned baseline/canary pairs)."""
     a(
         "--oracle",
         action="store_true",

@@ -9,8 +9,8 @@ from __future__ import annotations
 import logging
 
 from canary_contract.errors import ErrorCode
-from canary_contract.json import JsonObject
 from gameday.load.client import Attempt
+from gameday.load.rows import PairFields
 from gameday.oracle import BrokenBaseline, compare_responses
 
 log = logging.getLogger("gameday.load")
@@ -20,7 +20,7 @@ CANARY_OFF_CODE = ErrorCode.CANARY_OFF
 CANARY_OFF_PREFIX = f"{ErrorCode.CANARY_OFF.value}: "
 
 
-def judge_pair(base: Attempt, can: Attempt) -> tuple[JsonObject, str | None, str]:
+def judge_pair(base: Attempt, can: Attempt) -> tuple[PairFields, str | None, str]:
     """What one pinned pair says: (row fields, error, outcome).
 
     Outcomes (``OracleUser``): ``pair`` (both sound), ``canary_broken`` (maximal
@@ -46,7 +46,7 @@ def judge_pair(base: Attempt, can: Attempt) -> tuple[JsonObject, str | None, str
         cmp = compare_responses(base.body_json, can.body_json)
     except BrokenBaseline as exc:
         return {}, f"baseline broken: {exc}", "baseline_broken"
-    fields = {
+    fields: PairFields = {
         "positions": cmp.positions,
         "kl_mean": cmp.kl_mean,
         "kl_first": cmp.kl_first,

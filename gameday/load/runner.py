@@ -16,7 +16,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -24,7 +24,13 @@ from typing import Any
 
 from canary_contract.json import JsonObject
 from gameday.errors import GamedayError
-from gameday.load.generator import LoadTolerances, env_number, load_problems
+from gameday.load.generator import (
+    LoadCheck,
+    LoadTolerances,
+    LoadUnchecked,
+    env_number,
+    load_problems,
+)
 from gameday.load.records import LOAD_SCHEMA, ORACLE_SCHEMA, recover, remove_parts
 
 DEFAULT_LOCUSTFILE = Path(__file__).resolve().parents[2] / "locustfiles" / "llm.py"
@@ -389,7 +395,7 @@ class LoadRun:
         self.result = LoadResult(code, self.records_path, self.oracle_path, summary, tail)
         return self.result
 
-    def check_generator(self, summary: JsonObject) -> JsonObject:
+    def check_generator(self, summary: Mapping[str, object]) -> LoadCheck | LoadUnchecked:
         """``load_problems`` for this run, with the tolerances of the environment (a bad
         tolerance is itself a problem: the run cannot say whether the load was valid)."""
         try:

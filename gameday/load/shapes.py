@@ -40,7 +40,7 @@ class GamedayShape(LoadTestShape):
             return None
         ns = env.parsed_options
         opts = context_for(env).options
-        t = self.get_run_time()
+        t = self.get_run_time()  # type: ignore[no-untyped-call]  # Locust's, untyped
         users = int(getattr(ns, "num_users", None) or 1)
         rate = float(getattr(ns, "spawn_rate", None) or 1.0)
         run_time = getattr(ns, "run_time", None)

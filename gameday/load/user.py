@@ -11,14 +11,13 @@ import gevent
 from locust import User, task
 
 from canary_contract.buckets import bucket_of
-from canary_contract.json import JsonObject
 from gameday.errors import GamedayError
-from gameday.load.client import Attempt, OpenAIClient
+from gameday.load.client import Attempt, CompletionBody, OpenAIClient
 from gameday.load.context import context_for
 from gameday.load.options import LoadOptions
 from gameday.load.pairs import CANARY_OFF_PREFIX, judge_pair
 from gameday.load.prompts import PromptRequest
-from gameday.load.rows import build_body, record_row
+from gameday.load.rows import OracleRow, build_body, record_row
 
 log = logging.getLogger("gameday.load")
 
@@ -200,8 +199,8 @@ class OracleUser(User):
         for c in self.sides.values():
             c.close()
 
-    def _body(self, opts: LoadOptions, req: PromptRequest) -> JsonObject:
-        body: JsonObject = {
+    def _body(self, opts: LoadOptions, req: PromptRequest) -> CompletionBody:
+        body: CompletionBody = {
             "model": opts.model,
             "max_tokens": opts.oracle_positions,
             "temperature": 0,
@@ -234,8 +233,8 @@ class OracleUser(User):
                 headers["x-user-id"] = req.user_id
             jobs.append(gevent.spawn(client.send, a, body, headers))
         gevent.joinall(jobs, raise_error=True)
-        row, error = self._compare(opts, req, attempts)
-        row.update(run_id=opts.run_id, time=started, request_id=pair_id, error=error)
+        row = self._compare(opts, req, attempts, started, pair_id)
+        error = row["error"]
         canary_off = error is not None and error.startswith(CANARY_OFF_PREFIX)  # judge_pair
         if canary_off:
             self.ctx.oracle_canary_off += 1
@@ -254,23 +253,30 @@ class OracleUser(User):
         )
 
     def _compare(
-        self, opts: LoadOptions, req: PromptRequest, attempts: dict[str, Attempt]
-    ) -> tuple[JsonObject, str | None]:
+        self,
+        opts: LoadOptions,
+        req: PromptRequest,
+        attempts: dict[str, Attempt],
+        started: float,
+        pair_id: str,
+    ) -> OracleRow:
         base, can = attempts["baseline"], attempts["canary"]
         pt = base.measurement.prompt_tokens if base.measurement is not None else None
         tokens = pt if pt is not None else req.planned_prompt_tokens
-        row: JsonObject = {
-            "bucket": bucket_of(tokens, opts.bucket_edges),
-            "prompt_tokens": tokens,
-            "positions": 0,
-            "kl_mean": None,
-            "kl_first": None,
-            "top1_agree": None,
-            "baseline_version": base.headers.get("x-model-version"),
-            "canary_version": can.headers.get("x-model-version"),
-        }
         fields, error, outcome = judge_pair(base, can)
         if outcome == "canary_broken":
             self.ctx.oracle_canary_broken += 1
-        row.update(fields)
-        return row, error
+        return {
+            "run_id": opts.run_id,
+            "time": started,
+            "request_id": pair_id,
+            "bucket": bucket_of(tokens, opts.bucket_edges),
+            "prompt_tokens": tokens,
+            "positions": fields.get("positions", 0),
+            "kl_mean": fields.get("kl_mean"),
+            "kl_first": fields.get("kl_first"),
+            "top1_agree": fields.get("top1_agree"),
+            "baseline_version": base.headers.get("x-model-version"),
+            "canary_version": can.headers.get("x-model-version"),
+            "error": error,
+        }

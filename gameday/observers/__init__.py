@@ -4,13 +4,13 @@
 ``ObservationLog`` and how snapshots become broker-shaped ``history``; the backends are
 ``gameday.observers.alert`` (a Prometheus alert and Envoy's weights) and
 ``gameday.observers.kubernetes`` (Argo Rollouts, Flagger, HTTPRoute/VirtualService
-weights). ``observer_for`` builds the one a target file describes.
+weights). ``observer_for`` builds the one a target file describes
+(``gameday.observers.specs``).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from gameday.observers.alert import EnvoyAlertObserver
 from gameday.observers.base import (
@@ -22,9 +22,7 @@ from gameday.observers.base import (
     release_now,
 )
 from gameday.observers.kubernetes import ArgoRolloutsObserver, FlaggerObserver, RouteObserver
-
-if TYPE_CHECKING:
-    from gameday.targets.external import ObserverSpec
+from gameday.observers.specs import ObserverSpec
 
 __all__ = [
     "SAMPLE_S",

@@ -5,15 +5,13 @@ Envoy's weighted clusters (overridden by its admin runtime) are the canary's wei
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from typing import Any
 
 import requests
 
-from canary_contract.json import JsonObject
 from gameday.observers.base import READ_TIMEOUT_S, GateObserver, GateSnapshot, ObservationLog
-
-if TYPE_CHECKING:
-    from gameday.targets.external import AlertObserverSpec
+from gameday.observers.specs import AlertObserverSpec
 
 __all__ = ["EnvoyAlertObserver"]
 
@@ -101,7 +99,7 @@ class EnvoyAlertObserver(GateObserver):
             pins = (value(self.spec.pin_runtime_key, self._pin_default) or 0.0) > 0
         return (max(shares) if shares else None), pins
 
-    def _labels_match(self, labels: JsonObject) -> bool:
+    def _labels_match(self, labels: Mapping[str, object]) -> bool:
         return all(labels.get(k) == v for k, v in self.spec.alert_labels.items())
 
     def alert(self, session: requests.Session) -> tuple[bool, float | None, str]:

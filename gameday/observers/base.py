@@ -31,12 +31,14 @@ from __future__ import annotations
 import json
 import threading
 from abc import ABC, abstractmethod
-from dataclasses import asdict, dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NotRequired, TypedDict
 
 import requests
 
-from canary_contract.json import JsonObject
+from canary_contract.json import JsonObject, record_json
 from gameday.stackhttp import ApiError
 
 __all__ = [
@@ -53,6 +55,46 @@ SAMPLE_S = 0.1
 READ_TIMEOUT_S = 2.0
 
 
+class SnapshotJson(TypedDict):
+    """A ``GateSnapshot`` as the observation log's lines hold it."""
+
+    time: float
+    tripped: bool | None
+    tripped_since: float | None
+    canary_weight: float | None
+    pins_to_canary: bool | None
+    sees: bool | None
+    why: list[str]
+    signal: str
+
+
+class ObservedEvent(TypedDict):
+    """A snapshot history's event, shaped like the broker's (``history``): ``change`` is
+    ``{"phase": {"old", "new"}, "trip": ...}``, ``{"weights": ...}`` or an annotation."""
+
+    seq: int
+    time: float
+    actor: str
+    change: Mapping[str, object]
+    reason: str
+
+
+class ObservedWeights(TypedDict):
+    canary: float
+    stable: float
+
+
+class ObservedRelease(TypedDict):
+    """The release as a broker would show it, from a gate's snapshots (``release_now``):
+    ``weights`` when the weight was read, and the latest snapshot (``observed``)."""
+
+    name: str
+    phase: str
+    revision: int
+    weights: NotRequired[ObservedWeights]
+    observed: SnapshotJson
+
+
 @dataclass
 class GateSnapshot:
     """What the gate's parts showed at ``time``. ``None``: that part did not answer."""
@@ -66,8 +108,8 @@ class GateSnapshot:
     why: list[str] = field(default_factory=list)  # what could not be read, or why blind
     signal: str = ""  # which alert (or signal) fired
 
-    def to_json(self) -> JsonObject:
-        return asdict(self)
+    def to_json(self) -> SnapshotJson:
+        return record_json(self, SnapshotJson, why=list(self.why))
 
     @classmethod
     def from_json(cls, doc: JsonObject) -> GateSnapshot:
@@ -102,23 +144,25 @@ class GateObserver(ABC):
         return snap
 
     # --- the broker-shaped reads -----------------------------------------------------
-    def release(self, session: requests.Session, release: str) -> JsonObject:
+    def release(self, session: requests.Session, release: str) -> Mapping[str, object]:
         """The release as a broker would show it (phase, weights), from what was seen."""
         snap = self.snapshot(session)
         return release_now(self.log.snapshots(), snap, release)
 
-    def events(self, session: requests.Session, after_seq: int = 0) -> list[JsonObject]:
+    def events(
+        self, session: requests.Session, after_seq: int = 0
+    ) -> Sequence[Mapping[str, object]]:
         """The release's history after ``after_seq``, oldest first (``history``)."""
         self.snapshot(session)
         events = history(self.log.snapshots(), self.name)
-        return [e for e in events if int(e["seq"]) > after_seq]
+        return [e for e in events if e["seq"] > after_seq]
 
-    def routers(self, session: requests.Session) -> list[JsonObject]:
+    def routers(self, session: requests.Session) -> Sequence[Mapping[str, object]]:
         """The entry points that report themselves (heartbeats); none here: a foreign
         gate's snapshot reads every entry point's weight itself."""
         return []
 
-    def gate_state(self, session: requests.Session) -> JsonObject:
+    def gate_state(self, session: requests.Session) -> Mapping[str, object]:
         """canarystack's gate API answer; ApiError (404, not applicable) for a gate
         without it."""
         raise ApiError(
@@ -176,13 +220,15 @@ class ObservationLog:
         return sorted(out, key=lambda s: s.time)
 
 
-def _event(seq: int, t: float, actor: str, change: JsonObject, reason: str) -> JsonObject:
+def _event(
+    seq: int, t: float, actor: str, change: Mapping[str, object], reason: str
+) -> ObservedEvent:
     return {"seq": seq, "time": t, "actor": actor, "change": change, "reason": reason}
 
 
-def history(snaps: list[GateSnapshot], actor: str) -> list[JsonObject]:
+def history(snaps: list[GateSnapshot], actor: str) -> list[ObservedEvent]:
     """The snapshots as broker-shaped events, oldest first (module docstring)."""
-    events: list[JsonObject] = []
+    events: list[ObservedEvent] = []
     trip_t: float | None = None
     trip_signal = ""
     off_t: float | None = None
@@ -199,25 +245,33 @@ def history(snaps: list[GateSnapshot], actor: str) -> list[JsonObject]:
         change = {"phase": {"old": "progressing", "new": "tripped"}, "trip": trip}
         events.append(_event(0, trip_t, actor, change, f"{trip_signal} fired"))
     if off_t is not None:
-        routers: JsonObject = {"annotation": "routers_applied", "canary_off_at": off_t}
+        routers = {"annotation": "routers_applied", "canary_off_at": off_t}
         events.append(_event(0, off_t, actor, {"weights": {"canary": 0}}, "canary weight 0"))
         events.append(_event(0, off_t, actor, routers, "every entry point gives the canary 0"))
         done = {"phase": {"old": "tripped", "new": "rolled_back"}}
         events.append(_event(0, off_t, actor, done, "canary weight 0 after the trip"))
-    events.sort(key=lambda e: float(e["time"]))
+    events.sort(key=lambda e: e["time"])
     for i, e in enumerate(events, start=1):
         e["seq"] = i
     return events
 
 
-def release_now(snaps: list[GateSnapshot], latest: GateSnapshot, release: str) -> JsonObject:
+def _new_phase(event: ObservedEvent) -> str | None:
+    """The phase an event of ``history`` sets, if any."""
+    change = event["change"].get("phase")
+    new = change.get("new") if isinstance(change, dict) else None
+    return new if isinstance(new, str) else None
+
+
+def release_now(snaps: list[GateSnapshot], latest: GateSnapshot, release: str) -> ObservedRelease:
     """The release as the broker would show it: phase and weights, from the log."""
     events = history([*snaps, latest], "observer")
-    phases = [e["change"]["phase"]["new"] for e in events if "phase" in e["change"]]
+    phases = [p for p in map(_new_phase, events) if p is not None]
     phase = phases[-1] if phases else "progressing"
     weight = latest.canary_weight
-    doc: JsonObject = {"name": release, "phase": phase, "revision": len(events)}
-    if weight is not None:
-        doc["weights"] = {"canary": weight, "stable": 100 - weight}
-    doc["observed"] = latest.to_json()
-    return doc
+    observed = latest.to_json()
+    if weight is None:
+        return {"name": release, "phase": phase, "revision": len(events), "observed": observed}
+    weights: ObservedWeights = {"canary": weight, "stable": 100 - weight}
+    return {"name": release, "phase": phase, "revision": len(events), "weights": weights,
+            "observed": observed}  # fmt: skip

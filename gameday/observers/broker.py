@@ -13,13 +13,14 @@ It only reads: it never writes to the broker.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 import requests
 
 from canary_contract.gate import GateState
 from canary_contract.json import JsonObject
-from canary_contract.phases import is_canary_off
+from canary_contract.phases import canary_share, is_canary_off
 from gameday.observers.base import GateObserver, GateSnapshot, ObservationLog
 from gameday.stackhttp import ApiError, JsonHttp
 from gameday.targets.history import HISTORY_TIMEOUT_S, HistoryError, read_events
@@ -119,9 +120,8 @@ class BrokerObserver(GateObserver):
             off = is_canary_off(phase)
             snap.tripped = off
             snap.signal = f"phase {phase}" if off else ""
-            weights = rel.get("weights")
-            weight = weights.get("canary") if isinstance(weights, dict) else None
-            snap.canary_weight = 0.0 if off else _number(weight)
+            # The contract's rule: 0 in a canary-off phase and for a quarantined canary.
+            snap.canary_weight = canary_share(rel)
             snap.pins_to_canary = not off
         except ApiError as exc:
             snap.why.append(f"the broker: {exc}")
@@ -135,7 +135,7 @@ class BrokerObserver(GateObserver):
         return snap
 
 
-def gate_line(state: JsonObject) -> str:
+def gate_line(state: Mapping[str, object]) -> str:
     """One line on what the gate has seen: its state, its comparisons per bucket and its
     trip status (from its ``GET /v1/gate/{release}`` answer)."""
     buckets = state.get("buckets")
@@ -145,7 +145,3 @@ def gate_line(state: JsonObject) -> str:
         f"the gate is {state.get('state')!r} with comparisons per bucket {comparisons}, "
         f"trip_status {state.get('trip_status')!r}"
     )
-
-
-def _number(value: object) -> float | None:
-    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None

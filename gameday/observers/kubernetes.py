@@ -18,16 +18,15 @@ the cluster.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from typing import Any
 
 import requests
 
 from canary_contract.json import JsonObject
 from gameday.evidence import controllers as ctl
 from gameday.observers.base import GateObserver, GateSnapshot, ObservationLog
-
-if TYPE_CHECKING:
-    from gameday.targets.external import KubernetesObserverSpec
+from gameday.observers.specs import KubernetesObserverSpec
 
 __all__ = ["ArgoRolloutsObserver", "FlaggerObserver", "RouteObserver", "route_share"]
 
@@ -40,33 +39,42 @@ CRDS = {
 BLIND_ANALYSIS = ("Error", "Inconclusive")
 
 
-def route_share(obj: JsonObject, kind: str, canary: str) -> float | None:
+def _weight(ref: Mapping[str, object], default: float) -> float:
+    """A backend's weight (``default`` when it gives none); ValueError when it is not a
+    number (the snapshot says so)."""
+    weight = ref.get("weight", default)
+    if not isinstance(weight, int | float):
+        raise ValueError(f"a route's weight is {weight!r}, not a number")
+    return float(weight)
+
+
+def route_share(obj: Mapping[str, object], kind: str, canary: str) -> float | None:
     """The canary backend's share (percent) of the worst weighted rule of a route; None
     when no rule names it. HTTPRoute: ``spec.rules[].backendRefs[]`` (``name``, ``weight``,
     default 1); VirtualService: ``spec.http[].route[]`` (``destination.host`` or
     ``.subset``, ``weight``, default 100 for a single destination)."""
-    spec = obj.get("spec") or {}
+    spec = ctl.as_object(obj.get("spec"))
     shares: list[float] = []
     if kind == "HTTPRoute":
-        for rule in spec.get("rules") or []:
-            refs = rule.get("backendRefs") or []
-            total = sum(float(r.get("weight", 1)) for r in refs)
-            mine = sum(float(r.get("weight", 1)) for r in refs if r.get("name") == canary)
+        for rule in ctl.objects_of(spec.get("rules")):
+            refs = ctl.objects_of(rule.get("backendRefs"))
+            total = sum(_weight(r, 1) for r in refs)
+            mine = sum(_weight(r, 1) for r in refs if r.get("name") == canary)
             if any(r.get("name") == canary for r in refs):
                 shares.append(100.0 * mine / total if total > 0 else 0.0)
     else:
-        for http in spec.get("http") or []:
-            routes = http.get("route") or []
+        for http in ctl.objects_of(spec.get("http")):
+            routes = ctl.objects_of(http.get("route"))
             default = 100.0 if len(routes) == 1 else 0.0
 
-            def names(r: JsonObject) -> tuple[Any, Any]:
-                dest = r.get("destination") or {}
+            def names(r: Mapping[str, object]) -> tuple[object, object]:
+                dest = ctl.as_object(r.get("destination"))
                 return dest.get("subset"), dest.get("host")
 
-            total = sum(float(r.get("weight", default)) for r in routes)
+            total = sum(_weight(r, default) for r in routes)
             hit = [r for r in routes if canary in names(r)]
             if hit:
-                mine = sum(float(r.get("weight", default)) for r in hit)
+                mine = sum(_weight(r, default) for r in hit)
                 shares.append(100.0 * mine / total if total > 0 else 0.0)
     return max(shares) if shares else None
 
@@ -120,11 +128,10 @@ class ArgoRolloutsObserver(_KubernetesObserver):
         view = ctl.argo_view(obj)
         weight = view["canary_weight"]
         tripped = bool(view["abort"])
-        status = obj.get("status") or {}
-        canary = status.get("canary") or {}
+        canary = ctl.as_object(ctl.as_object(obj.get("status")).get("canary"))
         why = []
         for key in ("currentStepAnalysisRunStatus", "currentBackgroundAnalysisRunStatus"):
-            run = canary.get(key) or {}
+            run = ctl.as_object(canary.get(key))
             if run.get("status") in BLIND_ANALYSIS:
                 why.append(
                     f"AnalysisRun {run.get('name')!r} is {run.get('status')}: "

@@ -19,6 +19,7 @@ import yaml
 
 from canary_contract.json import JsonObject
 from gameday.api import POLL_TIMEOUT_S, PROMETHEUS_TIMEOUT_S
+from gameday.errors import GamedayError
 from gameday.sessions import given_or_own
 from gameday.targets import Target, TargetError
 
@@ -39,7 +40,7 @@ ROLE_JOBS: dict[str, tuple[str, str | None]] = {
 }
 
 
-class PrometheusError(RuntimeError):
+class PrometheusError(GamedayError, RuntimeError):
     """Prometheus could not be found, configured, started or reached."""
 
 

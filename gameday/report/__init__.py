@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from gameday.report.verdict import Summary
+    from gameday.report.summary import Summary
 
 __all__ = ["ReportInputError", "Summary", "build_report"]
 
@@ -28,7 +28,7 @@ def __getattr__(name: str) -> Any:
 
         return ReportInputError
     if name == "Summary":
-        from gameday.report.verdict import Summary
+        from gameday.report.summary import Summary
 
         return Summary
     raise AttributeError(name)

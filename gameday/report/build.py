@@ -13,16 +13,16 @@ import json
 import math
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import NotRequired, TypedDict
 
-from canary_contract.json import JsonObject
 from gameday.atomic import replace_whole, write_text
 from gameday.report.campaign import (
     HTML_MARKER,
     CampaignCell,
+    CampaignDocJson,
     campaign_cells,
     campaign_doc,
     render_campaign_html,
@@ -35,15 +35,21 @@ from gameday.report.jsonfields import dumps_json
 from gameday.report.junit import write_junit
 from gameday.report.loader import ExperimentData, RunData, load_run
 from gameday.report.matrix import build_matrix, render_matrix
-from gameday.report.noise import ExperimentNoise, experiment_noise, noise_section
-from gameday.report.timeline import build_timeline
-from gameday.report.timeline_figure import render_timeline
-from gameday.report.verdict import (
+from gameday.report.noise import (
+    ExperimentNoise,
+    NoiseSectionJson,
+    experiment_noise,
+    noise_section,
+)
+from gameday.report.summary import (
     ExperimentSummary,
     Summary,
+    SummaryJson,
     summarise_experiment,
     summarise_run,
 )
+from gameday.report.timeline import build_timeline
+from gameday.report.timeline_figure import render_timeline
 
 
 def slug(name: str) -> str:
@@ -90,26 +96,85 @@ PHASES = ("before", "during", "after")
 VARIANTS = ("baseline", "canary")
 
 
-def _finite(value: Any) -> float | None:
+class PhaseStatsJson(TypedDict):
+    """What users of one variant saw in one phase of a dependency fault."""
+
+    requests: int | None
+    errors: int | None
+    error_rate: float | None
+    ttft_p50_s: float | None
+    ttft_p99_s: float | None
+
+
+class DependencyJson(TypedDict):
+    """One dependency experiment in summary.json's ``dependency``: the verdict's side,
+    then ``problem`` when dependency.json cannot be read, else what it says (its open
+    parts, ticks and the model's results, copied as probes.dependency wrote them)."""
+
+    name: str
+    fault: str | None
+    expect: str | None
+    tripped: bool
+    time_to_trip_s: float | None
+    gate_as_expected: bool | None
+    verdict: str
+    problem: NotRequired[str]
+    dependency_fault: NotRequired[object]
+    fault_s: NotRequired[float | None]
+    recovery_s: NotRequired[float | None]
+    recovery_rule: NotRequired[object]
+    max_e2e_s: NotRequired[float | None]
+    unhealthy_ticks: NotRequired[object]
+    watch_ticks: NotRequired[object]
+    model_dependency_results: NotRequired[object]
+    phases: NotRequired[dict[str, dict[str, PhaseStatsJson]]]
+
+
+class NoiseLineJson(TypedDict):
+    """summary.json's ``noise_floor`` (``noise.noise_section`` less its experiments, which
+    each experiment's figures hold)."""
+
+    line: str
+    measured: int
+    experiments_count: int
+    not_measured: list[str]
+
+
+class FullSummaryJson(SummaryJson):
+    """summary.json as written: the summary, the noise floor's line, the campaign (if
+    any), the dependency experiments (if any)."""
+
+    noise_floor: NoiseLineJson
+    campaign: NotRequired[CampaignDocJson]
+    dependency: NotRequired[list[DependencyJson]]
+
+
+def _finite(value: object) -> float | None:
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
     return float(value) if math.isfinite(value) else None
 
 
-def _phase_stats(doc: JsonObject, phase: str, variant: str) -> JsonObject:
-    stats = (doc.get(phase) or {}).get(variant) or {}
-    if not isinstance(stats, dict):
-        stats = {}
+def _whole(value: object) -> int | None:
+    return value if isinstance(value, int) else None
+
+
+def _object(value: object) -> Mapping[str, object]:
+    return value if isinstance(value, dict) else {}
+
+
+def _phase_stats(doc: Mapping[str, object], phase: str, variant: str) -> PhaseStatsJson:
+    stats = _object(_object(doc.get(phase)).get(variant))
     return {
-        "requests": stats.get("requests") if isinstance(stats.get("requests"), int) else None,
-        "errors": stats.get("errors") if isinstance(stats.get("errors"), int) else None,
+        "requests": _whole(stats.get("requests")),
+        "errors": _whole(stats.get("errors")),
         "error_rate": _finite(stats.get("error_rate")),
         "ttft_p50_s": _finite(stats.get("ttft_p50_s")),
         "ttft_p99_s": _finite(stats.get("ttft_p99_s")),
     }
 
 
-def dependency_section(run: RunData, experiments: list[ExperimentSummary]) -> list[JsonObject]:
+def dependency_section(run: RunData, experiments: list[ExperimentSummary]) -> list[DependencyJson]:
     """Per dependency experiment: errors and TTFT per variant before, during and after the
     fault, the time to recover, and whether the gate stayed quiet or tripped as the
     experiment expects. An experiment whose dependency.json is missing or unreadable is
@@ -119,7 +184,7 @@ def dependency_section(run: RunData, experiments: list[ExperimentSummary]) -> li
     for e in experiments:
         if e.component != DEPENDENCY_COMPONENT:
             continue
-        entry: JsonObject = {
+        entry: DependencyJson = {
             "name": e.name,
             "fault": e.fault,
             "expect": e.expect,
@@ -140,22 +205,17 @@ def dependency_section(run: RunData, experiments: list[ExperimentSummary]) -> li
             entry.setdefault("problem", f"{DEPENDENCY_FILE} is missing or not an object")
             out.append(entry)
             continue
-        raw_fault = doc.get("fault")
-        fault: JsonObject = raw_fault if isinstance(raw_fault, dict) else {}
+        fault = _object(doc.get("fault"))
         start, end = _finite(fault.get("start")), _finite(fault.get("end"))
-        entry.update(
-            {
-                "dependency_fault": fault.get("kind"),
-                "fault_s": round(end - start, 3) if start is not None and end is not None else None,
-                "recovery_s": _finite(doc.get("recovery_s")),
-                "recovery_rule": doc.get("recovery_rule"),
-                "max_e2e_s": _finite(doc.get("max_e2e_s")),
-                "unhealthy_ticks": doc.get("unhealthy_ticks") or {},
-                "watch_ticks": doc.get("watch_ticks"),
-                "model_dependency_results": doc.get("model_dependency_results") or {},
-                "phases": {ph: {v: _phase_stats(doc, ph, v) for v in VARIANTS} for ph in PHASES},
-            }
-        )
+        entry["dependency_fault"] = fault.get("kind")
+        entry["fault_s"] = round(end - start, 3) if start is not None and end is not None else None
+        entry["recovery_s"] = _finite(doc.get("recovery_s"))
+        entry["recovery_rule"] = doc.get("recovery_rule")
+        entry["max_e2e_s"] = _finite(doc.get("max_e2e_s"))
+        entry["unhealthy_ticks"] = doc.get("unhealthy_ticks") or {}
+        entry["watch_ticks"] = doc.get("watch_ticks")
+        entry["model_dependency_results"] = doc.get("model_dependency_results") or {}
+        entry["phases"] = {ph: {v: _phase_stats(doc, ph, v) for v in VARIANTS} for ph in PHASES}
         out.append(entry)
     return out
 
@@ -206,58 +266,14 @@ def build_report(
     noise_doc = noise_section(noise)
     for e, n in zip(experiments, noise, strict=True):
         e.figures["noise_floor"] = n.to_json()
-    images: dict[str, Path] = {}
     campaign = _campaign(run.run_info, experiments)
     if campaign is not None:
         _campaign_verdict(summary, campaign)
 
     with _phase(timings, "figures"):
-        for e in experiments:
-            name = slug(e.name)
-            tl_png = root / f"timeline-{name}.png"
-            replace_whole(tl_png, partial(render_timeline, e.timeline, title=f"{e.name}: timeline"))
-            images[f"timeline:{e.name}"] = tl_png
-            e.files["timeline_png"] = tl_png.name
-            if e.heatmap is not None:
-                hm_png = root / f"heatmap-{name}.png"
-                title = f"{e.name}: {e.title}"
-                replace_whole(hm_png, partial(render_heatmaps, e.heatmap, title=title))
-                images[f"heatmap:{e.name}"] = hm_png
-                e.files["heatmap_png"] = hm_png.name
-        if campaign is not None:
-            for cell in campaign:
-                ecdf_png = root / f"ecdf-{slug(cell.name)}.png"
-                replace_whole(ecdf_png, partial(render_ecdf, cell))
-                images[f"ecdf:{cell.name}"] = ecdf_png
-                summary.files[f"ecdf_png:{cell.name}"] = ecdf_png.name
-        if experiments:
-            matrix = build_matrix(experiments, campaign, noise={n.name: n for n in noise})
-            replace_whole(root / "matrix.png", partial(render_matrix, matrix))
-            replace_whole(root / "matrix.csv", partial(matrix.to_csv, index=False))
-            images["matrix"] = root / "matrix.png"
-            summary.files.update({"matrix_png": "matrix.png", "matrix_csv": "matrix.csv"})
-
+        images = _draw_figures(root, summary, experiments, campaign, noise)
     with _phase(timings, "data_files"):
-        for e in experiments:
-            if e.heatmap is not None:
-                csv = root / f"heatmap-{slug(e.name)}.csv"
-                replace_whole(
-                    csv, partial(e.heatmap.cells.to_csv, index=False, float_format="%.6g")
-                )
-                e.files["heatmap_csv"] = csv.name
-        timeline_doc = {
-            "run_id": summary.run_id,
-            "experiments": {e.name: e.timeline.to_json() for e in experiments},
-        }
-        write_text(root / "timeline.json", dumps_json(timeline_doc))
-        summary.files.update(
-            {
-                "timeline_json": "timeline.json",
-                "summary_json": "summary.json",
-                "junit_xml": "junit.xml",
-                "report_html": "report.html",
-            }
-        )
+        _write_data_files(root, summary, experiments)
 
     doc = None if campaign is None else _campaign_json(run.run_info, campaign)
     with _phase(timings, "junit"):
@@ -270,23 +286,103 @@ def build_report(
         )
     timings["total"] = time.perf_counter() - started
     summary.timings_s = timings
-    full = summary.to_json()
-    full["noise_floor"] = {k: v for k, v in noise_doc.items() if k != "experiments"}
-    if doc is not None:
-        full["campaign"] = doc
+    _write_summary_json(root, summary, noise_doc, doc, dependency)
+    return summary
+
+
+def _draw_figures(
+    root: Path,
+    summary: Summary,
+    experiments: list[ExperimentSummary],
+    campaign: list[CampaignCell] | None,
+    noise: list[ExperimentNoise],
+) -> dict[str, Path]:
+    """Every figure into ``root`` (each experiment's timeline and heatmap, a campaign
+    cell's ECDF, the game day matrix and its CSV), named in ``files``; the figures by
+    key (``timeline:<name>``, ``heatmap:<name>``, ``ecdf:<cell>``, ``matrix``)."""
+    images: dict[str, Path] = {}
+    for e in experiments:
+        name = slug(e.name)
+        tl_png = root / f"timeline-{name}.png"
+        replace_whole(tl_png, partial(render_timeline, e.timeline, title=f"{e.name}: timeline"))
+        images[f"timeline:{e.name}"] = tl_png
+        e.files["timeline_png"] = tl_png.name
+        if e.heatmap is not None:
+            hm_png = root / f"heatmap-{name}.png"
+            title = f"{e.name}: {e.title}"
+            replace_whole(hm_png, partial(render_heatmaps, e.heatmap, title=title))
+            images[f"heatmap:{e.name}"] = hm_png
+            e.files["heatmap_png"] = hm_png.name
+    if campaign is not None:
+        for cell in campaign:
+            ecdf_png = root / f"ecdf-{slug(cell.name)}.png"
+            replace_whole(ecdf_png, partial(render_ecdf, cell))
+            images[f"ecdf:{cell.name}"] = ecdf_png
+            summary.files[f"ecdf_png:{cell.name}"] = ecdf_png.name
+    if experiments:
+        matrix = build_matrix(experiments, campaign, noise={n.name: n for n in noise})
+        replace_whole(root / "matrix.png", partial(render_matrix, matrix))
+        replace_whole(root / "matrix.csv", partial(matrix.to_csv, index=False))
+        images["matrix"] = root / "matrix.png"
+        summary.files.update({"matrix_png": "matrix.png", "matrix_csv": "matrix.csv"})
+    return images
+
+
+def _write_data_files(root: Path, summary: Summary, experiments: list[ExperimentSummary]) -> None:
+    """Each heatmap's cells as CSV and every experiment's ``timeline.json`` into ``root``;
+    ``files`` names them and the files written after (summary, JUnit, HTML)."""
+    for e in experiments:
+        if e.heatmap is not None:
+            csv = root / f"heatmap-{slug(e.name)}.csv"
+            replace_whole(csv, partial(e.heatmap.cells.to_csv, index=False, float_format="%.6g"))
+            e.files["heatmap_csv"] = csv.name
+    timeline_doc = {
+        "run_id": summary.run_id,
+        "experiments": {e.name: e.timeline.to_json() for e in experiments},
+    }
+    write_text(root / "timeline.json", dumps_json(timeline_doc))
+    summary.files.update(
+        {
+            "timeline_json": "timeline.json",
+            "summary_json": "summary.json",
+            "junit_xml": "junit.xml",
+            "report_html": "report.html",
+        }
+    )
+
+
+def _write_summary_json(
+    root: Path,
+    summary: Summary,
+    noise_doc: NoiseSectionJson,
+    campaign: CampaignDocJson | None,
+    dependency: list[DependencyJson],
+) -> None:
+    """``summary.json``: the summary with the noise floor, the campaign (if any) and the
+    dependency experiments (if any)."""
+    full: FullSummaryJson = {
+        **summary.to_json(),
+        "noise_floor": {  # each experiment's floor is in its figures
+            "line": noise_doc["line"],
+            "measured": noise_doc["measured"],
+            "experiments_count": noise_doc["experiments_count"],
+            "not_measured": noise_doc["not_measured"],
+        },
+    }
+    if campaign is not None:
+        full["campaign"] = campaign
     if dependency:
         full["dependency"] = dependency
     write_text(root / "summary.json", dumps_json(full))
-    return summary
 
 
 def _render_html(
     summary: Summary,
     images: dict[str, Path],
-    campaign: JsonObject | None,
-    dependency: list[JsonObject],
+    campaign: CampaignDocJson | None,
+    dependency: list[DependencyJson],
     noise: list[ExperimentNoise],
-    noise_doc: JsonObject,
+    noise_doc: NoiseSectionJson,
     path: Path,
 ) -> None:
     """report.html, with the campaign section (if any) where the template marks it."""
@@ -297,13 +393,13 @@ def _render_html(
     path.write_text(html.replace(HTML_MARKER + "\n", section, 1), encoding="utf-8")
 
 
-def _campaign_info(run_info: JsonObject | None) -> JsonObject | None:
+def _campaign_info(run_info: Mapping[str, object] | None) -> Mapping[str, object] | None:
     info = (run_info or {}).get("campaign")
     return info if isinstance(info, dict) else None
 
 
 def _campaign(
-    run_info: JsonObject | None, experiments: list[ExperimentSummary]
+    run_info: Mapping[str, object] | None, experiments: list[ExperimentSummary]
 ) -> list[CampaignCell] | None:
     """The campaign's cells, when run.json says the run was one (``gameday run --repeat``
     or ``--certify``); None for a plain run, whose report stays as it was."""
@@ -319,7 +415,9 @@ def _campaign(
     return campaign_cells(experiments, seeds, certify_slo=info.get("certify") is True)
 
 
-def _campaign_json(run_info: JsonObject | None, cells: list[CampaignCell]) -> JsonObject:
+def _campaign_json(
+    run_info: Mapping[str, object] | None, cells: list[CampaignCell]
+) -> CampaignDocJson:
     info = _campaign_info(run_info) or {}
     repeat = info.get("repeat")
     return campaign_doc(

@@ -13,12 +13,10 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
-
-from canary_contract.json import JsonObject
+from typing import TYPE_CHECKING, Literal, NotRequired, TypedDict
 
 if TYPE_CHECKING:  # (gameday.run.plan imports this module: keep it light)
-    from gameday.report.verdict import ExperimentSummary
+    from gameday.report.summary import ExperimentSummary
 
 CONFIDENCE = 0.95
 CERTIFY_QUANTILE = 0.95
@@ -26,6 +24,83 @@ DEFAULT_DETECTION_SLO_S = 5.0  # experiments' GAMEDAY_SLO_DETECTION_S default
 PERCENTILE_METHOD = "linear (numpy default, Hyndman-Fan type 7)"
 INTERVAL_METHOD = "distribution-free order-statistic interval (binomial ranks), 95 %"
 RUN_SUFFIX = re.compile(r"^(?P<base>.+)@r(?P<index>[0-9]+)$")
+# The quantiles of time to trip a cell reports, by their key in ``TimeToTripJson``.
+QUANTILES: tuple[tuple[Literal["p50"], float], tuple[Literal["p95"], float]] = (
+    ("p50", 0.5),
+    ("p95", 0.95),
+)
+
+
+class CertificationJson(TypedDict):
+    claim: str
+    certified: bool
+    runs: int
+    exceedances: int
+    inconclusive_runs: int
+    runs_needed_without_exceedance: int
+    proven_quantile: float
+    sentence: str
+    method: str
+
+
+class QuantileJson(TypedDict):
+    """One quantile of time to trip with its 95 % interval (None: unbounded or none)."""
+
+    value_s: float | None
+    ci95_s: list[float | None]  # [low, high]
+    ci95_unbounded: list[bool]  # [low, high]
+
+
+class TimeToTripJson(TypedDict):
+    n: int
+    p50: QuantileJson
+    p95: QuantileJson
+
+
+class WorstRunJson(TypedDict):
+    name: str
+    verdict: str
+    time_to_trip_s: float | None
+    tripped: bool
+    load_seed: int | None
+
+
+class CampaignCellJson(TypedDict):
+    """One cell of summary.json's ``campaign``; a cell expecting a trip has
+    ``certification``, any other ``false_trip_probability_upper_95``."""
+
+    experiment: str
+    component: str | None
+    fault: str | None
+    expect: str | None
+    verdict: str
+    runs: int
+    passes: int
+    passes_text: str
+    inconclusive_runs: int
+    tripped_runs: int
+    missed_trips: int
+    time_to_trip: TimeToTripJson
+    worst_run: WorstRunJson | None
+    ecdf: list[list[float]]  # [time to trip, share of runs]
+    run_names: list[str]
+    load_seeds: list[int | None]
+    certification: NotRequired[CertificationJson | None]  # None: not --certify
+    false_trip_probability_upper_95: NotRequired[float | None]
+
+
+class CampaignDocJson(TypedDict):
+    """summary.json's ``campaign`` section."""
+
+    repeat: int
+    certify: bool
+    percentile_method: str
+    interval_method: str
+    missed_trip_counts_as: str
+    inconclusive_runs: str
+    seeds: str
+    cells: list[CampaignCellJson]
+    certification: list[str]  # each certified cell's sentence
 
 
 def run_folder_name(base: str, index: int) -> str:
@@ -156,7 +231,7 @@ class Certification:
     sentence: str
     inconclusive_runs: int = 0
 
-    def to_json(self) -> JsonObject:
+    def to_json(self) -> CertificationJson:
         return {
             "claim": f"p{CERTIFY_QUANTILE * 100:g} <= {self.slo_s:g} s at "
             f"{CONFIDENCE * 100:g} % confidence",
@@ -326,18 +401,15 @@ class CampaignCell:
         failed = [e for e in self.runs if e.verdict == "fail"]
         return failed[0] if failed else (self.runs[0] if self.runs else None)
 
-    def to_json(self) -> JsonObject:
+    def to_json(self) -> CampaignCellJson:
         times = self.times()
-        stats: JsonObject = {"n": len(times)}
-        for label, q in (("p50", 0.5), ("p95", 0.95)):
-            lo, hi = quantile_interval(times, q) if times else (None, None)
-            stats[label] = {
-                "value_s": _num(percentile(times, q)) if times else None,
-                "ci95_s": [_num(lo), _num(hi)],
-                "ci95_unbounded": [lo is None, hi is None or math.isinf(hi)],
-            }
+        stats: TimeToTripJson = {
+            "n": len(times),
+            "p50": _quantile_json(times, 0.5),
+            "p95": _quantile_json(times, 0.95),
+        }
         worst = self.worst()
-        doc: JsonObject = {
+        doc: CampaignCellJson = {
             "experiment": self.name,
             "component": self.component,
             "fault": self.fault,
@@ -379,13 +451,22 @@ class CampaignCell:
         parts = [f"{doc['passes_text']} pass"]
         st = doc["time_to_trip"]
         if self.expect == "trip" and st["n"]:
-            for label in ("p50", "p95"):
+            for label, _ in QUANTILES:
                 v = st[label]["value_s"]
                 lo, hi = st[label]["ci95_s"]
                 parts.append(f"{label} {_fmt_s(v)} [{_fmt_s(lo, '-inf')}, {_fmt_s(hi, 'inf')}]")
         elif self.expect != "trip":
             parts.append(f"{doc['tripped_runs']} trip(s)")
         return "\n".join(parts)
+
+
+def _quantile_json(times: list[float], q: float) -> QuantileJson:
+    lo, hi = quantile_interval(times, q) if times else (None, None)
+    return {
+        "value_s": _num(percentile(times, q)) if times else None,
+        "ci95_s": [_num(lo), _num(hi)],
+        "ci95_unbounded": [lo is None, hi is None or math.isinf(hi)],
+    }
 
 
 def _fmt_s(value: float | None, missing: str = "missed") -> str:
@@ -412,7 +493,7 @@ def campaign_cells(
 
 def campaign_doc(
     cells: list[CampaignCell], repeat: int, certify_slo: bool, seeds_note: str = ""
-) -> JsonObject:
+) -> CampaignDocJson:
     """summary.json's ``campaign`` section."""
     docs = [c.to_json() for c in cells]
     return {
@@ -425,7 +506,7 @@ def campaign_doc(
         "seeds": seeds_note,
         "cells": docs,
         "certification": [
-            d["certification"]["sentence"] for d in docs if d.get("certification") is not None
+            cert["sentence"] for d in docs if (cert := d.get("certification")) is not None
         ],
     }
 
@@ -456,7 +537,7 @@ def render_ecdf(cell: CampaignCell, path: Path) -> None:
 HTML_MARKER = "<!--gameday:campaign-->"  # in report.html.j2, where the campaign section goes
 
 
-def render_campaign_html(doc: JsonObject | None, images: dict[str, Path]) -> str:
+def render_campaign_html(doc: CampaignDocJson | None, images: dict[str, Path]) -> str:
     """The report's campaign section (``""`` for a plain run); ``images``: experiment ->
     its ECDF PNG, embedded as ``data:`` URIs. Autoescaped: names are never HTML."""
     if doc is None:

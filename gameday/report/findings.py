@@ -6,13 +6,14 @@ Must never trust the journal's shape: every field is checked, and an SLO output 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
-from canary_contract.json import JsonObject
+from canary_contract.json import JsonObject, record_json
 from gameday.evidence import journal as journal_core
 from gameday.evidence.slo import is_not_applicable, is_not_measured, is_slo
-from gameday.report.jsonfields import fields_json, rounded
+from gameday.report.jsonfields import rounded
 from gameday.report.spec import as_dict
 
 JOURNAL_PHASES = (
@@ -21,6 +22,20 @@ JOURNAL_PHASES = (
     ("after", "hypothesis after"),
     ("rollbacks", "rollbacks"),
 )
+
+
+class SloCheckJson(TypedDict):
+    """An SLO check in summary.json (``SloCheck``'s fields)."""
+
+    experiment: str
+    check: str
+    source: str
+    measured: float | None
+    allowed: float | None
+    unit: str
+    ok: bool | None
+    note: str
+    detail: Mapping[str, object]
 
 
 @dataclass
@@ -33,7 +48,7 @@ class SloCheck:
     unit: str
     ok: bool | None  # None: could not be measured
     note: str = ""
-    detail: JsonObject = field(default_factory=dict)
+    detail: Mapping[str, object] = field(default_factory=dict)  # the probe output's
 
     @property
     def name(self) -> str:
@@ -52,8 +67,9 @@ class SloCheck:
             + (f" — {self.note}" if self.note and not self.ok else "")
         )
 
-    def to_json(self) -> JsonObject:
-        return fields_json(self, convert={"measured": rounded, "allowed": rounded})
+    def to_json(self) -> SloCheckJson:
+        measured, allowed = rounded(self.measured), rounded(self.allowed)
+        return record_json(self, SloCheckJson, measured=measured, allowed=allowed)
 
 
 @dataclass
@@ -158,7 +174,7 @@ def journal_findings(experiment: str, journal: JsonObject | None) -> JournalFind
     return JournalFindings(status, reasons, checks, activities, probe_allowed, not_measured_before)
 
 
-def _slo_check(experiment: str, output: JsonObject, source: str) -> SloCheck:
+def _slo_check(experiment: str, output: Mapping[str, object], source: str) -> SloCheck:
     measured, allowed = rounded(output.get("measured")), rounded(output.get("allowed"))
     ok = output.get("ok")
     detail = as_dict(output.get("detail"))

@@ -6,13 +6,13 @@ must never decide anything.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from canary_contract.json import JsonObject
 from gameday.report import jinja
-from gameday.report.noise import ExperimentNoise, noise_section, show
-from gameday.report.verdict import Summary
+from gameday.report.noise import ExperimentNoise, NoiseSectionJson, noise_section, show
+from gameday.report.summary import Summary
 
 TEMPLATE = "report.html.j2"
 # The banner colours; the browser test looks for these exact pixels.
@@ -35,9 +35,9 @@ def render_html(
     images: dict[str, Path],
     path: Path,
     *,
-    dependency: list[JsonObject] | None = None,
+    dependency: Sequence[Mapping[str, object]] | None = None,
     noise: list[ExperimentNoise] | None = None,
-    noise_doc: JsonObject | None = None,
+    noise_doc: NoiseSectionJson | None = None,
 ) -> None:
     """``images``: names (``matrix``, ``timeline:<exp>``, ``heatmap:<exp>``) -> PNG paths;
     ``dependency``: the dependency experiments' section (``build.dependency_section``);

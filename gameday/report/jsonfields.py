@@ -1,51 +1,17 @@
-"""A report dataclass as the JSON object summary.json holds: its fields, in order.
+"""summary.json's numbers and text: figures rounded, any value made JSON every parser reads.
 
-Must never invent a key: every key is a field (or its ``rename``), so the shape of
-summary.json is the dataclass's shape.
+The shapes are the report's TypedDicts (``*Json``, each built by its record's
+``to_json``, in the TypedDict's key order: ``canary_contract.json.record_json``); this
+module only makes values safe.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
-from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 import numpy as np
-
-from canary_contract.json import JsonObject
-
-
-def fields_json(
-    obj: Any,
-    *,
-    rename: Mapping[str, str] | None = None,
-    convert: Mapping[str, Callable[[Any], Any]] | None = None,
-    skip: Collection[str] = (),
-) -> JsonObject:
-    """The fields of the dataclass ``obj`` in declaration order, as a JSON object.
-
-    ``rename``: field -> the key it is written under; ``convert``: field -> what makes
-    its value JSON (rounding, ``each_json`` for a list of records); ``skip``: fields left
-    out (what only the HTML or the text shows). Other values are written as they are.
-    """
-    rename = rename or {}
-    convert = convert or {}
-    out: JsonObject = {}
-    for f in dataclasses.fields(obj):
-        if f.name in skip:
-            continue
-        value = getattr(obj, f.name)
-        if f.name in convert:
-            value = convert[f.name](value)
-        out[rename.get(f.name, f.name)] = value
-    return out
-
-
-def each_json(items: list[Any]) -> list[JsonObject]:
-    """A list of records (each with ``to_json()``) as a list of JSON objects."""
-    return [item.to_json() for item in items]
 
 
 def rounded(x: Any) -> float | None:

@@ -13,9 +13,9 @@ import xml.etree.ElementTree as ET
 from datetime import UTC, datetime
 from pathlib import Path
 
-from canary_contract.json import JsonObject
+from gameday.report.campaign import CampaignDocJson
 from gameday.report.findings import SloCheck
-from gameday.report.verdict import ExperimentSummary, Summary
+from gameday.report.summary import ExperimentSummary, Summary
 
 # XML 1.0 cannot carry most control characters, not even escaped.
 _ILLEGAL_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff]")
@@ -111,43 +111,49 @@ def _suite(
     return suite
 
 
-def _campaign_suite(campaign: JsonObject, timestamp: str, hostname: str) -> ET.Element:
+def _campaign_suite(campaign: CampaignDocJson, timestamp: str, hostname: str) -> ET.Element:
     """One test case per campaign cell: ``<failure>`` when a run failed or (--certify) a
     run went over the SLO, ``<error type="Inconclusive">`` when the runs do not suffice."""
     cases = []
-    for cell in campaign.get("cells") or []:
-        name = str(cell.get("experiment"))
+    for cell in campaign["cells"]:
+        name = cell["experiment"]
         case = ET.Element(
             "testcase", name=f"campaign {name}", classname=_classname(name) + ".campaign"
         )
         case.set("time", "0.000")
-        cert = cell.get("certification") or {}
-        st = cell.get("time_to_trip") or {}
-        p50, p95 = st.get("p50") or {}, st.get("p95") or {}
+        cert = cell.get("certification")
+        sentence = cert["sentence"] if cert else ""
+        p50, p95 = cell["time_to_trip"]["p50"], cell["time_to_trip"]["p95"]
+        worst = cell["worst_run"]
         line = (
-            f"{cell.get('passes_text')} passed; time to trip p50 {p50.get('value_s')} s "
-            f"95 % CI {p50.get('ci95_s')}, p95 {p95.get('value_s')} s 95 % CI "
-            f"{p95.get('ci95_s')}; worst run {(cell.get('worst_run') or {}).get('name')}"
+            f"{cell['passes_text']} passed; time to trip p50 {p50['value_s']} s "
+            f"95 % CI {p50['ci95_s']}, p95 {p95['value_s']} s 95 % CI "
+            f"{p95['ci95_s']}; worst run {worst['name'] if worst else None}"
         )
-        message = cert.get("sentence") or line
-        if cell.get("verdict") == "fail":
+        message = sentence or line
+        if cell["verdict"] == "fail":
             fail = ET.SubElement(case, "failure", type="CampaignFailed", message=_clean(message))
             fail.text = _clean(line)
-        elif cell.get("verdict") == "inconclusive":
+        elif cell["verdict"] == "inconclusive":
             err = ET.SubElement(case, "error", type="Inconclusive", message=_clean(message))
             err.text = _clean(line)
         out = ET.SubElement(case, "system-out")
-        out.text = _clean(line + ("\n" + cert["sentence"] if cert.get("sentence") else ""))
+        out.text = _clean(line + ("\n" + sentence if sentence else ""))
         cases.append(case)
     suite = _suite("campaign", cases, timestamp, hostname, 0.0)
     props = ET.SubElement(suite, "properties")
-    for key in ("repeat", "certify", "percentile_method", "interval_method"):
-        ET.SubElement(props, "property", name=key, value=str(campaign.get(key)))
+    for key, value in (
+        ("repeat", campaign["repeat"]),
+        ("certify", campaign["certify"]),
+        ("percentile_method", campaign["percentile_method"]),
+        ("interval_method", campaign["interval_method"]),
+    ):
+        ET.SubElement(props, "property", name=key, value=str(value))
     suite.extend(cases)
     return suite
 
 
-def junit_tree(summary: Summary, campaign: JsonObject | None = None) -> ET.ElementTree:
+def junit_tree(summary: Summary, campaign: CampaignDocJson | None = None) -> ET.ElementTree:
     """One ``<testsuite>`` per experiment, holding one ``<testcase>`` for the experiment
     itself (``<failure>`` listing every reason it failed; ``<error>`` when data it needs
     is missing) and one per SLO check (``<failure>`` with measured vs allowed;
@@ -201,5 +207,5 @@ def junit_tree(summary: Summary, campaign: JsonObject | None = None) -> ET.Eleme
     return ET.ElementTree(root)
 
 
-def write_junit(summary: Summary, path: Path, campaign: JsonObject | None = None) -> None:
+def write_junit(summary: Summary, path: Path, campaign: CampaignDocJson | None = None) -> None:
     junit_tree(summary, campaign).write(path, encoding="utf-8", xml_declaration=True)

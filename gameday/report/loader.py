@@ -19,6 +19,7 @@ import pandas as pd
 import yaml
 
 from canary_contract.json import JsonObject
+from gameday.errors import GamedayError
 from gameday.load.records import part_paths
 from gameday.report.frames import (
     LOAD_COLUMNS,
@@ -47,7 +48,7 @@ EXPERIMENT_FILES = (
 UNKNOWN_BUCKET = "unknown"
 
 
-class ReportInputError(ValueError):
+class ReportInputError(GamedayError, ValueError):
     """RUN_DIR is not something a report can be built from (a usage error)."""
 
 

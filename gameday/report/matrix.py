@@ -11,9 +11,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from gameday.report.campaign import CampaignCell
+from gameday.report.campaign import QUANTILES, CampaignCell
 from gameday.report.noise import NOT_MEASURED, ExperimentNoise
-from gameday.report.verdict import ExperimentSummary
+from gameday.report.summary import ExperimentSummary
 
 ROWS = ("router", "broker", "rollback", "dependency", "control")
 COLUMNS = ("latency", "pod-kill", "faulty-kernel", "none")
@@ -127,14 +127,14 @@ def _with_campaign(frame: pd.DataFrame, campaign: list[CampaignCell]) -> pd.Data
         verdicts.append(combine(cell_verdicts))
         extra["runs"].append(sum(d["runs"] for d in docs))
         extra["passes"].append(sum(d["passes"] for d in docs))
-        for label in ("p50", "p95"):
+        for label, _ in QUANTILES:
             st = [d["time_to_trip"][label] for d in docs]
             extra[f"{label}_s"].append("; ".join(_s(x["value_s"]) for x in st))
             extra[f"{label}_ci95_s"].append(
                 "; ".join(f"[{_s(x['ci95_s'][0])}, {_s(x['ci95_s'][1])}]" for x in st)
             )
         extra["worst_run"].append(
-            "; ".join(str((d["worst_run"] or {}).get("name") or "") for d in docs)
+            "; ".join(d["worst_run"]["name"] if d["worst_run"] else "" for d in docs)
         )
     out = frame.copy()
     out["text"] = texts

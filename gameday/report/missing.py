@@ -7,9 +7,19 @@ verdict fails because of it (fail-closed).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TypedDict
 
-from canary_contract.json import JsonObject
-from gameday.report.jsonfields import fields_json
+from canary_contract.json import record_json
+
+
+class MissingJson(TypedDict):
+    """A ``Missing`` in summary.json (``required`` as ``fails_verdict``)."""
+
+    experiment: str | None
+    piece: str
+    problem: str
+    effect: str
+    fails_verdict: bool
 
 
 @dataclass(frozen=True)
@@ -22,8 +32,8 @@ class Missing:
     effect: str
     required: bool  # True: the experiment's verdict fails because of it (fail-closed)
 
-    def to_json(self) -> JsonObject:
-        return fields_json(self, rename={"required": "fails_verdict"})
+    def to_json(self) -> MissingJson:
+        return record_json(self, MissingJson, fails_verdict=self.required)
 
     def sentence(self) -> str:
         where = f"{self.experiment}/{self.piece}" if self.experiment else self.piece

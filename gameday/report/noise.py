@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
-from canary_contract.json import JsonObject
-from gameday.report.jsonfields import fields_json
+from canary_contract.json import record_json
 
 NOISE_FILE = "gate-evidence.json"
 ALL_SCOPE = "all"
@@ -25,13 +25,13 @@ def _refuse_constant(name: str) -> float:
     raise ValueError(f"{name} is not a number")
 
 
-def _count(value: Any) -> int | None:
+def _count(value: object) -> int | None:
     if isinstance(value, bool) or not isinstance(value, int):
         return None
     return value if value >= 0 else None
 
 
-def _figure(value: Any) -> float | None:
+def _figure(value: object) -> float | None:
     """A finite number >= 0, else None (a bool, a string, NaN or a negative is no figure)."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
@@ -41,6 +41,39 @@ def _figure(value: Any) -> float | None:
 def show(value: float | int | None) -> str:
     """The gate's figure as the gate wrote it (no rounding of our own); None is '—'."""
     return "—" if value is None else str(value)
+
+
+class ScopeNoiseJson(TypedDict):
+    """One scope's floor in summary.json (``ScopeNoise``'s fields less ``problem``)."""
+
+    scope: str
+    noise_comparisons: int | None
+    samples: int | None
+    kl_mean: float | None
+    kl_floor: float | None
+    top1_floor: float | None
+    source: str | None
+    borrowed_from: str | None
+    measured: bool
+    text: str
+
+
+class ExperimentNoiseJson(TypedDict):
+    measured: bool
+    reason: str | None
+    text: str
+    all: ScopeNoiseJson | None
+    buckets: dict[str, ScopeNoiseJson]
+
+
+class NoiseSectionJson(TypedDict):
+    """summary.json's ``noise_floor``."""
+
+    line: str
+    measured: int
+    experiments_count: int
+    not_measured: list[str]
+    experiments: dict[str, ExperimentNoiseJson]
 
 
 @dataclass(frozen=True)
@@ -95,13 +128,9 @@ class ScopeNoise:
             )
         return f"mean KL {show(self.kl_mean)} over {self.samples}, floor {show(self.kl_floor)}"
 
-    def to_json(self) -> JsonObject:
+    def to_json(self) -> ScopeNoiseJson:
         # The problem is said in the text.
-        return {
-            **fields_json(self, skip={"problem"}),
-            "measured": self.measured,
-            "text": self.text(),
-        }
+        return record_json(self, ScopeNoiseJson, text=self.text())
 
 
 @dataclass(frozen=True)
@@ -146,7 +175,7 @@ class ExperimentNoise:
             f"over {o.samples} comparisons)"
         )
 
-    def to_json(self) -> JsonObject:
+    def to_json(self) -> ExperimentNoiseJson:
         return {
             "measured": self.measured,
             "reason": self.reason or None,
@@ -156,9 +185,11 @@ class ExperimentNoise:
         }
 
 
-def _scope(label: str, floor: Any, bucket: JsonObject | None, *, is_bucket: bool) -> ScopeNoise:
+def _scope(
+    label: str, floor: object, bucket: Mapping[str, object] | None, *, is_bucket: bool
+) -> ScopeNoise:
     problems = []
-    raw: JsonObject = floor if isinstance(floor, dict) else {}
+    raw: Mapping[str, object] = floor if isinstance(floor, dict) else {}
     if not isinstance(floor, dict):
         problems.append(f"noise_floor.{label} is missing")
     counter = None
@@ -190,7 +221,7 @@ def _scope(label: str, floor: Any, bucket: JsonObject | None, *, is_bucket: bool
 def experiment_noise(name: str, folder: Path) -> ExperimentNoise:
     """The noise floor from ``folder/gate-evidence.json`` (or why there is none): the
     gate's answer (``GET /v1/gate/<release>``) saved at the end of the experiment by
-    ``gameday.run.evidence``, read at ``buckets.<b>.noise_comparisons`` and
+    ``gameday.run.sufficiency``, read at ``buckets.<b>.noise_comparisons`` and
     ``noise_floor.<scope>``."""
     path = folder / NOISE_FILE
     try:
@@ -210,7 +241,7 @@ def experiment_noise(name: str, folder: Path) -> ExperimentNoise:
             f"{NOISE_FILE} holds no noise_floor (the gate's answer was saved without it)",
         )
     raw_buckets = doc.get("buckets")
-    buckets: JsonObject = raw_buckets if isinstance(raw_buckets, dict) else {}
+    buckets: Mapping[str, object] = raw_buckets if isinstance(raw_buckets, dict) else {}
     per_bucket = [
         _scope(str(label), floors.get(label), b if isinstance(b, dict) else None, is_bucket=True)
         for label, b in buckets.items()
@@ -232,7 +263,7 @@ def experiment_noise(name: str, folder: Path) -> ExperimentNoise:
     return ExperimentNoise(name, reason, overall, per_bucket)
 
 
-def noise_section(noise: list[ExperimentNoise]) -> JsonObject:
+def noise_section(noise: list[ExperimentNoise]) -> NoiseSectionJson:
     """summary.json's ``noise_floor``: the game day's line and each experiment's floor."""
     measured = [n for n in noise if n.measured]
     return {

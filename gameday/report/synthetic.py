@@ -1,9 +1,9 @@
 """Synthetic run folders that follow the contracts (docs/ARCHITECTURE.md §7, §7.1).
 
-For the report's tests and ``bench/report_speed.py``. Over 400 lines because a game day's
-scenarios, each file of an experiment included, are one idea. Generated from a seed (the
-same arguments give the same files); it must never write outside the folder it is given
-nor talk to anything.
+For the report's tests and ``bench/report_speed.py``; the records' writers live in
+``synthetic_files``, the broker's events and the fault ledger in ``synthetic_events``.
+Generated from a seed (the same arguments give the same files); it must never write
+outside the folder it is given nor talk to anything.
 """
 
 from __future__ import annotations
@@ -15,13 +15,23 @@ from pathlib import Path
 
 import numpy as np
 
-from canary_contract.json import JsonObject
 from gameday.load.buckets import DEFAULT_EDGES
 from gameday.load.records import LOAD_SCHEMA as LOAD_SCHEMA
+from gameday.report.synthetic_events import (
+    BrokerEvent,
+    LedgerLine,
+    broker_event,
+    changed,
+    fault_injected,
+    fault_ledger,
+    trip_events,
+)
+from gameday.report.synthetic_events import routers_applied as routers_applied
 from gameday.report.synthetic_files import (
     BUCKET_WEIGHTS,
     KERNEL_MIN_TOKENS,
     LABELS,
+    SloOutput,
     journal,
     slo_output,
     write_oracle,
@@ -84,41 +94,6 @@ def game_day() -> list[Scenario]:
 SLO = {"detection_s": 5.0, "weights_applied_s": 5.0, "rollback_s": 5.0, "rollback_complete_s": 30.0}
 
 
-def broker_event(
-    seq: int, t: float, revision: int, actor: str, reason: str, change: JsonObject
-) -> JsonObject:
-    """One event of a broker timeline (``timeline.json``'s ``events``)."""
-    return {
-        "seq": seq,
-        "time": t,
-        "revision": revision,
-        "actor": actor,
-        "reason": reason,
-        "change": change,
-    }
-
-
-def changed(key: str, old: object, new: object) -> JsonObject:
-    """A field's change in the broker's ``{"old", "new"}`` form."""
-    return {key: {"old": old, "new": new}}
-
-
-def fault_injected(component: str, kind: str) -> JsonObject:
-    """The harness's annotation of a fault it injected."""
-    return {"annotation": "fault_injected", "component": component, "kind": kind}
-
-
-def routers_applied(revision: int, waited_s: float, retries: int) -> JsonObject:
-    """The rollback executor's annotation: both routers applied ``revision``."""
-    return {
-        "annotation": "routers_applied",
-        "revision": revision,
-        "routers": ["router-0", "router-1"],
-        "waited_s": waited_s,
-        "retries": retries,
-    }
-
-
 def write_experiment(
     folder: Path,
     sc: Scenario,
@@ -130,6 +105,8 @@ def write_experiment(
     duration_s: float = 90.0,
     fault_after_s: float = 30.0,
 ) -> None:
+    """One experiment's folder: load and oracle records, fault ledger, broker timeline,
+    journal and result.json."""
     folder.mkdir(parents=True, exist_ok=True)
     end = start + duration_s
     fault_t = start + fault_after_s if sc.fault != "none" else None
@@ -140,6 +117,66 @@ def write_experiment(
 
     # Load records.
     n = n_requests
+    ok = _write_load_records(folder, sc.fault, start, end, fault_t, applied_t, n, rng, run_id)
+
+    # Oracle pairs.
+    m = max(int(n * oracle_share), 1)
+    ot = np.sort(rng.uniform(start, end, m))
+    otok = rng.integers(64, 8192, m)
+    kl = rng.gamma(4.0, 0.0025, m)
+    if kernel and fault_t is not None:
+        kl = kl + np.where((ot >= fault_t) & (otok >= KERNEL_MIN_TOKENS), 0.15 * otok / 4096, 0.0)
+    write_oracle(
+        folder / "oracle.parquet", {"time": ot, "prompt_tokens": otok, "kl_mean": kl}, run_id
+    )
+
+    # Fault ledger.
+    ledger: list[LedgerLine] = []
+    if fault_t is not None:
+        ledger = fault_ledger(sc.fault, sc.component, fault_t, end, kernel)
+    (folder / "faults.jsonl").write_text("".join(json.dumps(e) + "\n" for e in ledger))
+
+    # Broker timeline.
+    events: list[BrokerEvent] = [
+        broker_event(
+            1, start - 600, 1, "setup", "an earlier run", changed("phase", None, "progressing")
+        ),
+        broker_event(
+            2, start - 590, 2, "gate", "an earlier run", changed("phase", "progressing", "tripped")
+        ),
+    ]
+    if fault_t is not None:
+        component, kind = ("model-canary", "kernel") if kernel else (sc.component, "latency")
+        events.append(
+            broker_event(3, fault_t, 5, "gameday", "fault", fault_injected(component, kind))
+        )
+    if trip_t is not None and applied_t is not None:
+        events += trip_events(trip_t, applied_t, sc.detection_s)
+    (folder / "timeline.json").write_text(
+        json.dumps({"release": "default", "events": events, "routers": [], "collected_at": end})
+    )
+
+    outputs = []
+    if sc.expect == "trip" and trip_t is not None and fault_t is not None:
+        outputs.append(slo_output("detection_s", trip_t - fault_t, SLO["detection_s"]))
+    outputs.append(slo_output("error_rate", float((~ok).mean()), 0.02, "ratio"))
+    _write_journal(folder, sc, start, end, outputs)
+
+
+def _write_load_records(
+    folder: Path,
+    fault: str,
+    start: float,
+    end: float,
+    fault_t: float | None,
+    applied_t: float | None,
+    n: int,
+    rng: np.random.Generator,
+    run_id: str,
+) -> np.ndarray:
+    """``records.parquet``: ``n`` requests from ``start`` to ``end``, 5 % to the canary
+    until the routers applied the rollback (``applied_t``), slowed for 30 s after a latency
+    fault; returns which requests were ok."""
     t = np.sort(rng.uniform(start, end, n))
     b = rng.choice(len(LABELS), size=n, p=BUCKET_WEIGHTS)
     lo = np.array([1, *DEFAULT_EDGES])[b]
@@ -152,7 +189,7 @@ def write_experiment(
     served = np.where(canary, "canary", "baseline").astype(object)
     served[~ok & (rng.random(n) < 0.3)] = ""
     ttft = 0.03 + tokens * 1.5e-4 + rng.lognormal(-4, 0.5, n)
-    if sc.fault == "latency" and fault_t is not None:
+    if fault == "latency" and fault_t is not None:
         ttft = ttft + np.where((t >= fault_t) & (t < fault_t + 30), 0.2, 0.0)
     write_records(
         folder / "records.parquet",
@@ -167,105 +204,14 @@ def write_experiment(
         },
         run_id=run_id,
     )
+    return ok
 
-    # Oracle pairs.
-    m = max(int(n * oracle_share), 1)
-    ot = np.sort(rng.uniform(start, end, m))
-    otok = rng.integers(64, 8192, m)
-    kl = rng.gamma(4.0, 0.0025, m)
-    if kernel and fault_t is not None:
-        kl = kl + np.where((ot >= fault_t) & (otok >= KERNEL_MIN_TOKENS), 0.15 * otok / 4096, 0.0)
-    write_oracle(
-        folder / "oracle.parquet", {"time": ot, "prompt_tokens": otok, "kl_mean": kl}, run_id
-    )
 
-    # Fault ledger.
-    ledger: list[JsonObject] = []
-    if fault_t is not None:
-
-        def entry(
-            action: str, when: float, component: str, kind: str, params: JsonObject
-        ) -> JsonObject:
-            return {
-                "action": action,
-                "time": when,
-                "component": component,
-                "replica": f"{component}-0",
-                "url": "http://127.0.0.1:1",
-                "kind": kind,
-                "fault_id": f"f-{len(ledger)}",
-                "ttl_s": 60.0,
-                "params": params,
-                "detail": {},
-            }
-
-        if sc.fault in ("latency", "faulty-kernel"):
-            ledger.append(
-                entry(
-                    "inject", fault_t - (0.5 if kernel else 0), sc.component, "latency", {"ms": 200}
-                )
-            )
-        if kernel:
-            ledger.append(
-                entry("inject", fault_t, "model-canary", "kernel", {"min_prompt_tokens": 2048})
-            )
-        if sc.fault == "pod-kill":
-            ledger.append(entry("kill", fault_t + 0.5, sc.component, "pod-kill", {}))
-        ledger.append(entry("clear", end - 5, sc.component, "latency", {}))
-    (folder / "faults.jsonl").write_text("".join(json.dumps(e) + "\n" for e in ledger))
-
-    # Broker timeline.
-    events: list[JsonObject] = [
-        broker_event(
-            1, start - 600, 1, "setup", "an earlier run", changed("phase", None, "progressing")
-        ),
-        broker_event(
-            2, start - 590, 2, "gate", "an earlier run", changed("phase", "progressing", "tripped")
-        ),
-    ]
-    if fault_t is not None:
-        component, kind = ("model-canary", "kernel") if kernel else (sc.component, "latency")
-        events.append(
-            broker_event(3, fault_t, 5, "gameday", "fault", fault_injected(component, kind))
-        )
-    if trip_t is not None and applied_t is not None:
-        evidence = {
-            "test": "drift",
-            "bucket": "2k-4k",
-            "statistic": 0.09,
-            "threshold": 0.03,
-            "samples": 12,
-            "first_sample_time": trip_t - sc.detection_s + 0.3,
-            "last_sample_time": trip_t - 0.1,
-            "tripped_at": trip_t,
-            "detail": {},
-        }
-        tripped = {**changed("phase", "progressing", "tripped"), **changed("trip", None, evidence)}
-        zeroed = {**changed("phase", "tripped", "rolling_back"), **changed("weights.canary", 5, 0)}
-        events += [
-            broker_event(4, trip_t, 6, "gate", "drift", tripped),
-            broker_event(5, trip_t + 0.1, 7, "rollback", "rollback", zeroed),
-            broker_event(6, applied_t, 7, "rollback", "applied", routers_applied(7, 0.5, 0)),
-            broker_event(
-                7, applied_t + 0.2, 8, "rollback", "q", changed("canary.quarantined", False, True)
-            ),
-            broker_event(
-                8,
-                applied_t + 0.3,
-                9,
-                "rollback",
-                "done",
-                changed("phase", "rolling_back", "rolled_back"),
-            ),
-        ]
-    (folder / "timeline.json").write_text(
-        json.dumps({"release": "default", "events": events, "routers": [], "collected_at": end})
-    )
-
-    outputs = []
-    if sc.expect == "trip" and trip_t is not None and fault_t is not None:
-        outputs.append(slo_output("detection_s", trip_t - fault_t, SLO["detection_s"]))
-    outputs.append(slo_output("error_rate", float((~ok).mean()), 0.02, "ratio"))
+def _write_journal(
+    folder: Path, sc: Scenario, start: float, end: float, outputs: list[SloOutput]
+) -> None:
+    """The Chaos-Toolkit-shaped ``journal.json`` (with the SLO ``outputs``) and
+    ``result.json`` of scenario ``sc``, run from ``start`` to ``end``."""
     (folder / "journal.json").write_text(
         json.dumps(
             journal(

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 import pyarrow as pa
@@ -105,7 +105,18 @@ def iso(t: float) -> str:
     return datetime.fromtimestamp(t, tz=UTC).isoformat()
 
 
-def slo_output(check: str, measured: float, allowed: float, unit: str = "s") -> JsonObject:
+class SloOutput(TypedDict):
+    """An SLO probe's output in a synthetic journal (docs/ARCHITECTURE.md §7.1)."""
+
+    check: str
+    measured: float
+    allowed: float
+    unit: str
+    ok: bool
+    detail: dict[str, object]
+
+
+def slo_output(check: str, measured: float, allowed: float, unit: str = "s") -> SloOutput:
     return {
         "check": check,
         "measured": measured,
@@ -124,7 +135,7 @@ def journal(
     start: float,
     end: float,
     slo: Mapping[str, float],
-    outputs: Sequence[JsonObject] = (),
+    outputs: Sequence[Mapping[str, object]] = (),
     status: str = "completed",
     deviated: bool = False,
     description: str = "",

@@ -6,16 +6,23 @@ SLO checks measured on them. It computes; it must never read files or draw.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import TypedDict
 
 import numpy as np
 import pandas as pd
 
-from canary_contract.json import JsonObject
-from gameday.evidence.events import annotation_events, first_phase, new_value, phase_events
+from canary_contract.json import record_json
+from gameday.evidence.events import (
+    annotation_events,
+    event_time,
+    first_phase,
+    new_value,
+    phase_events,
+)
 from gameday.evidence.faults import reference_fault
 from gameday.evidence.milestones import last_canary_request, weights_applied
-from gameday.report.jsonfields import each_json, fields_json
 from gameday.report.loader import ExperimentData, parse_time
 
 DEFAULT_DRIFT_KL = 0.05  # nats; a healthy canary of the reference stack shows ~0.01
@@ -37,6 +44,63 @@ MILESTONES: tuple[tuple[str, str, str | None], ...] = (
     ("last_canary_request", "last canary-served request", "rollback_s"),
     ("rollback_complete", "rollback complete", "rollback_complete_s"),
 )
+
+
+# A broker event of timeline.json as decoded, its ``time`` parsed to epoch seconds.
+Event = Mapping[str, object]
+# Where a milestone's time came from, beyond its source sentence (open keys: the
+# routers_applied annotation's, the oracle record's, the trip evidence).
+Detail = Mapping[str, object]
+# A milestone's time, the sentence saying where it came from, and its detail.
+Found = tuple[float | None, str, Detail]
+
+
+class MilestoneJson(TypedDict):
+    """A milestone in timeline.json (``Milestone``'s fields, ``slo_key`` as ``slo``)."""
+
+    name: str
+    label: str
+    time: float | None
+    since_fault_s: float | None
+    step_s: float | None
+    source: str
+    slo: str | None
+    allowed_s: float | None
+    slo_source: str | None
+    ok: bool | None
+    detail: Detail
+
+
+class TimelineCheckJson(TypedDict):
+    check: str
+    measured: float | None
+    allowed: float
+    unit: str
+    ok: bool
+    note: str
+
+
+class MarkerJson(TypedDict):
+    label: str
+    time: float
+    kind: str
+    since_reference_s: float | None
+
+
+class TimelineJson(TypedDict):
+    """One experiment's entry of summary.json's timelines (``Timeline``'s fields)."""
+
+    experiment: str
+    reference: str
+    reference_time: float | None
+    tripped: bool
+    trips: int
+    trip: Mapping[str, object] | None
+    drift_kl_threshold: float
+    milestones: list[MilestoneJson]
+    checks: list[TimelineCheckJson]
+    markers: list[MarkerJson]
+    notes: list[str]
 
 
 @dataclass
@@ -67,13 +131,15 @@ class Milestone:
     allowed_s: float | None = None
     slo_source: str | None = None
     ok: bool | None = None
-    detail: JsonObject = field(default_factory=dict)
+    detail: Detail = field(default_factory=dict)
 
-    def to_json(self) -> JsonObject:
-        return fields_json(
+    def to_json(self) -> MilestoneJson:
+        return record_json(
             self,
-            rename={"slo_key": "slo"},
-            convert={"since_fault_s": _round, "step_s": _round},
+            MilestoneJson,
+            since_fault_s=_round(self.since_fault_s),
+            step_s=_round(self.step_s),
+            slo=self.slo_key,
         )
 
 
@@ -86,8 +152,8 @@ class TimelineCheck:
     ok: bool
     note: str
 
-    def to_json(self) -> JsonObject:
-        return fields_json(self, convert={"measured": _round})
+    def to_json(self) -> TimelineCheckJson:
+        return record_json(self, TimelineCheckJson, measured=_round(self.measured))
 
 
 @dataclass
@@ -96,8 +162,9 @@ class Marker:
     time: float
     kind: str  # milestone | fault | clear | kill | phase
 
-    def to_json(self, reference_time: float | None) -> JsonObject:
-        return {**fields_json(self), "since_reference_s": _since(self.time, reference_time)}
+    def to_json(self, reference_time: float | None) -> MarkerJson:
+        since = _since(self.time, reference_time)
+        return record_json(self, MarkerJson, since_reference_s=since)
 
 
 @dataclass
@@ -107,7 +174,7 @@ class Timeline:
     reference_time: float | None  # the fault, else the experiment's start
     tripped: bool
     trips: int
-    trip: JsonObject | None
+    trip: Mapping[str, object] | None  # the trip event's evidence, as timeline.json has it
     drift_kl: float
     milestones: list[Milestone]
     checks: list[TimelineCheck]
@@ -127,15 +194,14 @@ class Timeline:
         t = self.milestone("gate_tripped").time
         return None if t is None or self.reference_time is None else t - self.reference_time
 
-    def to_json(self) -> JsonObject:
-        return fields_json(
+    def to_json(self) -> TimelineJson:
+        return record_json(
             self,
-            rename={"drift_kl": "drift_kl_threshold"},
-            convert={
-                "milestones": each_json,
-                "checks": each_json,
-                "markers": lambda markers: [m.to_json(self.reference_time) for m in markers],
-            },
+            TimelineJson,
+            drift_kl_threshold=self.drift_kl,
+            milestones=[m.to_json() for m in self.milestones],
+            checks=[c.to_json() for c in self.checks],
+            markers=[m.to_json(self.reference_time) for m in self.markers],
         )
 
 
@@ -151,7 +217,7 @@ def _since(t: float | None, ref: float | None) -> float | None:
 # Broker events
 
 
-def window_events(exp: ExperimentData) -> list[JsonObject]:
+def window_events(exp: ExperimentData) -> list[Event]:
     """The broker events of this experiment, in order (those before its start dropped).
 
     Only events inside the experiment's window count, since the broker keeps the history
@@ -161,22 +227,35 @@ def window_events(exp: ExperimentData) -> list[JsonObject]:
     """
     if exp.timeline is None:
         return []
-    events = [e for e in exp.timeline.get("events") or [] if isinstance(e, dict)]
-    for e in events:
+    decoded: list[dict[str, object]] = [
+        e for e in exp.timeline.get("events") or [] if isinstance(e, dict)
+    ]
+    for e in decoded:
         e["time"] = parse_time(e.get("time"))
-    events = [e for e in events if e["time"] is not None]
+    events: list[Event] = [e for e in decoded if e["time"] is not None]
     start = exp.window_start()
     if start is not None:
-        events = [e for e in events if e["time"] >= start - WINDOW_SLACK_S]
-    events.sort(key=lambda e: (e["time"], e.get("seq") or 0))
+        events = [e for e in events if event_time(e) >= start - WINDOW_SLACK_S]
+    events.sort(key=lambda e: (event_time(e), _seq(e)))
     return events
+
+
+def _seq(event: Event) -> float:
+    """An event's ``seq`` for ordering events of the same time (0 when it has none)."""
+    seq = event.get("seq")
+    return seq if isinstance(seq, int | float) and not isinstance(seq, bool) else 0
+
+
+def _change(event: Event) -> Mapping[str, object]:
+    change = event.get("change")
+    return change if isinstance(change, dict) else {}
 
 
 # ---------------------------------------------------------------------------------------
 # The fault
 
 
-def find_fault(exp: ExperimentData, events: list[JsonObject]) -> tuple[float | None, str]:
+def find_fault(exp: ExperimentData, events: list[Event]) -> tuple[float | None, str]:
     """The reference fault's time and a sentence saying where it came from."""
     spec = exp.spec
     if spec and spec.fault == "none":
@@ -188,14 +267,14 @@ def find_fault(exp: ExperimentData, events: list[JsonObject]) -> tuple[float | N
         return ref.time, f"faults.jsonl: {ref.describe()}"
     # No ledger: the broker's annotations.
     annotated = annotation_events(events, "fault_injected")
-    kernel = [e for e in annotated if e["change"].get("kind") == "kernel"]
+    kernel = [e for e in annotated if _change(e).get("kind") == "kernel"]
     for group, why in (
         (kernel, "kernel fault_injected annotation"),
         (annotated, "fault_injected annotation"),
         (annotation_events(events, "pod_killed"), "pod_killed annotation"),
     ):
         if group:
-            return float(group[0]["time"]), f"timeline.json: {why}"
+            return event_time(group[0]), f"timeline.json: {why}"
     return None, "no fault found in faults.jsonl or timeline.json"
 
 
@@ -227,9 +306,9 @@ def build_timeline(exp: ExperimentData, probe_allowed: dict[str, float] | None =
     if trip_event is not None:
         evidence = new_value(trip_event.get("change"), "trip")
         trip = evidence if isinstance(evidence, dict) else None
-    trip_time = trip_event["time"] if trip_event else None
+    trip_time = event_time(trip_event) if trip_event else None
 
-    times: dict[str, tuple[float | None, str, JsonObject]] = {}
+    times: dict[str, Found] = {}
     times["fault_injected"] = (fault_time, fault_source, {})
     times["first_drifted_sample"] = _first_drift(exp, fault_time, drift_kl, trip)
     times["gate_tripped"] = (
@@ -255,7 +334,7 @@ def build_timeline(exp: ExperimentData, probe_allowed: dict[str, float] | None =
     times["last_canary_request"] = _last_canary(exp, fault_time)
     done = first_phase(events, "rolled_back", since=trip_time)
     times["rollback_complete"] = (
-        (done["time"], f"timeline.json: event seq {done.get('seq')} sets phase rolled_back", {})
+        (event_time(done), f"timeline.json: event seq {done.get('seq')} sets phase rolled_back", {})
         if done
         else (None, "no event sets phase rolled_back", {})
     )
@@ -305,7 +384,7 @@ def build_timeline(exp: ExperimentData, probe_allowed: dict[str, float] | None =
     )
 
 
-def _routers_without_annotation(exp: ExperimentData, events: list[JsonObject]) -> str:
+def _routers_without_annotation(exp: ExperimentData, events: list[Event]) -> str:
     """What the router list says when the rollback executor wrote no routers_applied."""
     zero = [e for e in events if new_value(e.get("change"), "weights.canary") == 0]
     routers = [r for r in (exp.timeline or {}).get("routers") or [] if isinstance(r, dict)]
@@ -322,8 +401,11 @@ def _routers_without_annotation(exp: ExperimentData, events: list[JsonObject]) -
 
 
 def _first_drift(
-    exp: ExperimentData, fault_time: float | None, threshold: float, trip: JsonObject | None
-) -> tuple[float | None, str, JsonObject]:
+    exp: ExperimentData,
+    fault_time: float | None,
+    threshold: float,
+    trip: Mapping[str, object] | None,
+) -> Found:
     gate_first = parse_time(trip.get("first_sample_time")) if trip else None
     oracle = exp.oracle
     if fault_time is not None and len(oracle):
@@ -347,9 +429,7 @@ def _first_drift(
     return None, why, {"threshold": threshold}
 
 
-def _last_canary(
-    exp: ExperimentData, fault_time: float | None
-) -> tuple[float | None, str, JsonObject]:
+def _last_canary(exp: ExperimentData, fault_time: float | None) -> Found:
     rec = exp.records
     if fault_time is None:
         return None, "unknown without a fault time", {}
@@ -439,9 +519,7 @@ def _checks(
     return checks
 
 
-def _markers(
-    exp: ExperimentData, events: list[JsonObject], milestones: list[Milestone]
-) -> list[Marker]:
+def _markers(exp: ExperimentData, events: list[Event], milestones: list[Milestone]) -> list[Marker]:
     markers = [Marker(m.label, m.time, "milestone") for m in milestones if m.time is not None]
     for f in exp.faults:
         action = str(f.get("action"))
@@ -452,11 +530,11 @@ def _markers(
         for e in annotation_events(events, "fault_injected") + annotation_events(
             events, "pod_killed"
         ):
-            ch = e["change"]
+            ch = _change(e)
             markers.append(
                 Marker(
                     f"{ch.get('annotation')} {ch.get('kind') or ''} on {ch.get('component')}",
-                    float(e["time"]),
+                    event_time(e),
                     "fault",
                 )
             )

@@ -12,8 +12,8 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from canary_contract.json import JsonObject
 from gameday.run.plan import PlanError, RunPlan, plan_run
+from gameday.run.result import ExperimentResult
 from gameday.run.runner import EXIT_INCONCLUSIVE, EXIT_PASS, GameDay, RunOutcome
 
 EXIT_USAGE = 2
@@ -87,8 +87,8 @@ class TerminalProgress:
         self.console.print(f"{self._stamp()} [dim]chaos +{elapsed_s:5.1f}s[/dim] {text}",
                            markup=True, highlight=False)  # fmt: skip
 
-    def experiment_done(self, name: str, result: JsonObject) -> None:
-        verdict = str(result["verdict"])
+    def experiment_done(self, name: str, result: ExperimentResult) -> None:
+        verdict = result["verdict"]
         took = result["ended_at"] - result["started_at"]
         colour = VERDICT_COLOURS.get(verdict, "red")
         head = f"[bold {colour}]{verdict.upper()}[/bold {colour}]"
@@ -102,11 +102,18 @@ class TerminalProgress:
         for col in ("experiment", "verdict", "figures"):
             table.add_column(col, overflow="fold")
         for r in outcome.results:
-            colour = VERDICT_COLOURS.get(str(r["verdict"]), "red")
+            colour = VERDICT_COLOURS.get(r["verdict"], "red")
             table.add_row(r["experiment"], f"[{colour}]{r['verdict']}[/{colour}]", _figures(r))
         for name in outcome.not_run:
             table.add_row(name, "[yellow]not run[/yellow]", "")
         self.console.print(table)
+        # Why each experiment did not pass, again under the table: a CI log shows its tail.
+        for r in outcome.results:
+            if r["verdict"] in ("fail", "inconclusive") and r["reasons"]:
+                colour = VERDICT_COLOURS.get(r["verdict"], "red")
+                self.console.print(f"[{colour}]{r['experiment']} ({r['verdict']}):[/{colour}]")
+                for reason in r["reasons"]:
+                    self.console.print(f"    - {reason}", highlight=False)
         if outcome.interrupted:
             self.console.print(
                 f"[bold red]interrupted by {outcome.interrupted}[/bold red]: faults in the "
@@ -127,8 +134,8 @@ class TerminalProgress:
         )
 
 
-def _figures(result: JsonObject) -> str:
-    figs = result.get("figures") or {}
+def _figures(result: ExperimentResult) -> str:
+    figs = result["figures"]
     parts = []
     for key, fmt in FIGURES:
         value = figs.get(key)

@@ -19,6 +19,7 @@ import json
 import os
 import signal
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import requests
@@ -27,7 +28,8 @@ from canary_contract.json import JsonObject
 from gameday.api import ApiError, StackApi
 from gameday.atomic import write_json
 from gameday.evidence import events as evidence_events
-from gameday.faults import FaultError, FaultLedger, clear_injected
+from gameday.evidence.ledger import FaultError
+from gameday.faults import FaultLedger, clear_injected
 from gameday.load.records import LOAD_SCHEMA, ORACLE_SCHEMA, recover
 from gameday.sessions import given_or_own
 from gameday.targets import Target, TargetError
@@ -46,7 +48,7 @@ def read_json(path: Path) -> JsonObject | None:
 
 def collect_timeline(
     target: Target, folder: Path, session: requests.Session | None = None
-) -> tuple[list[JsonObject] | None, str]:
+) -> tuple[Sequence[Mapping[str, object]] | None, str]:
     """Write ``timeline.json``; returns the events (None when the broker did not answer).
     Over ``session`` when given, else one of its own."""
     try:
@@ -68,7 +70,7 @@ def collect_timeline(
     return events, ""
 
 
-def trips_between(events: list[JsonObject], start: float, end: float) -> int:
+def trips_between(events: Sequence[Mapping[str, object]], start: float, end: float) -> int:
     """Events inside [start - slack, end + slack] that set the phase to ``tripped``."""
     return evidence_events.trips_between(events, start - WINDOW_SLACK_S, end + WINDOW_SLACK_S)
 

@@ -27,7 +27,7 @@ from canary_contract.buckets import bucket_of
 from canary_contract.json import JsonObject
 from gameday.atomic import write_json
 from gameday.observers import SAMPLE_S
-from gameday.run.evidence import GATE_EVIDENCE_NAME, Thresholds
+from gameday.run.sufficiency import GATE_EVIDENCE_NAME, Thresholds
 from gameday.targets import Target, TargetError
 from gameday.targets.external import ExternalTarget
 

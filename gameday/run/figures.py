@@ -10,10 +10,11 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, TypedDict
 
-from canary_contract.json import JsonObject, JsonValue
+from canary_contract.json import JsonObject
 from gameday.evidence.noise_floor import NOISE_WAIT_NAME, noise_wait_reasons
 from gameday.run.collect import read_json
-from gameday.run.evidence import (
+from gameday.run.result import EvidenceFigures, GateFigures
+from gameday.run.sufficiency import (
     GATE_EVIDENCE_NAME,
     GATE_START_NAME,
     gate_reasons,
@@ -55,7 +56,7 @@ def inconclusive_reasons(folder: Path, ev: Evidence) -> list[str]:
     return [*reasons, *load_reasons(read_json(folder / "load.json"))]
 
 
-def evidence_figures(folder: Path) -> JsonObject:
+def evidence_figures(folder: Path) -> EvidenceFigures:
     """What the report shows beside the verdict: the gate's counters and the load's check."""
     gate = read_json(folder / GATE_EVIDENCE_NAME) or {}
     if gate:
@@ -63,21 +64,19 @@ def evidence_figures(folder: Path) -> JsonObject:
     load = read_json(folder / "load.json") or {}
     summary = load.get("summary") if isinstance(load.get("summary"), dict) else {}
     generator = (summary or {}).get("generator")
-    return {
-        "gate": {
-            k: gate.get(k)
-            for k in (
-                "ok",
-                "comparisons",
-                "canary_outcomes",
-                "thresholds",
-                "source",
-                "error",
-                "counted_from",
-            )
+    gate_figures: GateFigures | None = None
+    if gate:
+        gate_figures = {
+            "ok": gate.get("ok"),
+            "comparisons": gate.get("comparisons"),
+            "canary_outcomes": gate.get("canary_outcomes"),
+            "thresholds": gate.get("thresholds"),
+            "source": gate.get("source"),
+            "error": gate.get("error"),
+            "counted_from": gate.get("counted_from"),
         }
-        if gate
-        else None,
+    return {
+        "gate": gate_figures,
         "load": generator if isinstance(generator, dict) else None,
         # Load from worker pods (or processes): every worker's records, by worker.
         "load_workers": (summary or {}).get("records_by_worker") or None,
@@ -88,19 +87,19 @@ class EvidenceBrief(TypedDict):
     """The evidence's headline numbers in ``result.json``, as the gate and Locust wrote
     them (None where not read)."""
 
-    gate_comparisons: JsonValue
-    gate_canary_outcomes: JsonValue
-    load_rps: JsonValue
-    load_cpu: JsonValue
+    gate_comparisons: object
+    gate_canary_outcomes: object
+    load_rps: object
+    load_cpu: object
 
 
-def evidence_brief(evidence: JsonObject) -> EvidenceBrief:
+def evidence_brief(evidence: EvidenceFigures) -> EvidenceBrief:
     """The evidence's headline numbers for the terminal (gameday.run.cli FIGURES)."""
-    gate = evidence.get("gate") or {}
-    load = evidence.get("load") or {}
+    gate = evidence["gate"]
+    load = evidence["load"] or {}
     return {
-        "gate_comparisons": gate.get("comparisons"),
-        "gate_canary_outcomes": gate.get("canary_outcomes"),
+        "gate_comparisons": gate["comparisons"] if gate else None,
+        "gate_canary_outcomes": gate["canary_outcomes"] if gate else None,
         "load_rps": load.get("achieved_rps"),
         "load_cpu": load.get("cpu_fraction"),
     }
@@ -124,9 +123,9 @@ def experiment_window(journal: JsonObject, folder: Path) -> tuple[float, float]:
     return float(start), float(end if end is not None else time.time())
 
 
-def figures(journal: JsonObject | None, rows: int | None) -> JsonObject:
+def figures(journal: JsonObject | None, rows: int | None) -> dict[str, object]:
     """Key figures for the terminal: every SLO result after the method, and trip time."""
-    out: JsonObject = {"requests": rows}
+    out: dict[str, object] = {"requests": rows}
     if not journal:
         return out
     after = (journal.get("steady_states") or {}).get("after") or {}

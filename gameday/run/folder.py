@@ -23,9 +23,9 @@ from gameday.evidence.faults import ReferenceFault, reference_fault
 from gameday.evidence.jsonl import json_objects
 from gameday.evidence.milestones import CLOCK_SLACK_S
 from gameday.evidence.slo import Slo, failed_result, not_measured
-from gameday.evidence.traffic import records_traffic
+from gameday.evidence.traffic import RecordsEvidence, records_traffic
 from gameday.faults import FaultLedger
-from gameday.run.load_state import read_state
+from gameday.run.load_state import LoadState, read_state
 
 __all__ = ["LEDGER_NAME", "NOT_YET", "RecordsError", "RunFolder", "read_records"]
 
@@ -60,7 +60,7 @@ class RunFolder:
 
     path: Path
 
-    def load_state(self) -> JsonObject | None:
+    def load_state(self) -> LoadState | None:
         """``load.json`` (None: no load has run in this experiment)."""
         return read_state(self.path) or None
 
@@ -132,7 +132,7 @@ class RunFolder:
             return failed_result(check, allowed, unit, why, records=path)
         return frame
 
-    def records_traffic(self, since: float, canary_version: str | None) -> JsonObject:
+    def records_traffic(self, since: float, canary_version: str | None) -> RecordsEvidence:
         """The requests of the stopped load that started after ``since``
         (``gameday.evidence.traffic.records_traffic``), with ``source`` and ``records``;
         RecordsError when there are no records to read."""

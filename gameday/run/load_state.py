@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from typing import TypedDict, cast
 
 from canary_contract.json import JsonObject
 from gameday.atomic import write_json
@@ -26,16 +27,43 @@ LOAD_STATE_NAME = "load.json"
 _RUNS: dict[Path, LoadRun] = {}
 
 
-def read_state(folder: Path) -> JsonObject:
+class LoadState(TypedDict, total=False):
+    """``load.json``: each key from the step that writes it on (``start``: the load's
+    settings and command; running: ``pid``, ``started_at``, the records' paths;
+    ``stop``: how it ended; ``failed``: ``error``)."""
+
+    state: str  # starting | running | stopped | failed
+    host: str
+    users: int
+    spawn_rate: float
+    max_tokens: int | None
+    prompt_mix: str
+    oracle: bool
+    stop_timeout_s: float
+    seed: int
+    command: list[str]
+    pid: int | None
+    master_pod: str
+    started_at: float
+    records: str
+    oracle_records: str | None
+    error: str
+    stopped_at: float
+    exit_code: int
+    failed_requests: bool
+    summary: JsonObject  # Locust's own summary (``gameday.load.collector``)
+
+
+def read_state(folder: Path) -> LoadState:
     """``load.json`` of ``folder`` ({} when there is none, or it is unreadable)."""
     try:
         value = json.loads((folder / LOAD_STATE_NAME).read_text())
     except (OSError, ValueError):
         return {}
-    return value if isinstance(value, dict) else {}
+    return cast(LoadState, value) if isinstance(value, dict) else {}
 
 
-def write_state(folder: Path, state: JsonObject) -> None:
+def write_state(folder: Path, state: LoadState) -> None:
     write_json(folder / LOAD_STATE_NAME, state)
 
 
@@ -43,7 +71,7 @@ def start(folder: Path, config: LoadConfig, remote: RemoteMaster | None = None) 
     """Start Locust for ``folder``'s experiment (its master in ``remote``, a pod, when
     given); raises what stopped it from starting (``load.json`` then says ``failed`` with
     the error)."""
-    state: JsonObject = {"state": "starting"}
+    state: LoadState = {"state": "starting"}
     try:
         run = LoadRun(config) if remote is None else PodLoadRun(config, remote)
         state = {

@@ -9,29 +9,85 @@ import os
 import re
 import secrets
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import NotRequired, TypedDict
 
 import yaml
 
-from canary_contract.json import JsonObject
+from gameday.errors import GamedayError
 from gameday.load.generator import LoadTolerances
 from gameday.report.campaign import run_folder_name, runs_needed
-from gameday.run.evidence import thresholds
+from gameday.run.sufficiency import thresholds
 from gameday.stack import StackCommandError, stack_status
 from gameday.targets import Target, TargetError, load_target
-from gameday.targets.base import DEFAULT_TARGET_ENV
+from gameday.targets.base import DEFAULT_TARGET_ENV, TargetDescription
 from gameday.targets.local import LocalTarget
 
 DEFAULT_TARGET_FILE = Path("targets/local.yaml")
 CERTIFY_RUNS = runs_needed()  # 59: p95 <= SLO at 95 % confidence, no exceedance
 
 
-class PlanError(ValueError):
+class PlanError(GamedayError, ValueError):
     """A wrong input; the message names it and says what to do."""
 
 
 MAX_REPEAT = 1000
+
+
+class StackJson(TypedDict):
+    owned: bool
+    fresh_per_experiment: bool
+    config: str | None
+    base_port: int | None
+
+
+class CampaignPlanJson(TypedDict):
+    """run.json's ``campaign`` (the report reads its seeds and order)."""
+
+    repeat: int
+    certify: bool
+    first_load_seed: int | None
+    load_seeds: dict[str, int | None]
+    order: str
+
+
+class PlanJson(TypedDict):
+    """What run.json says of the plan: the target, the stack, the campaign (if any)."""
+
+    target: TargetDescription  # Target.describe(): its kind's own keys
+    target_file: str | None
+    stack: StackJson
+    campaign: NotRequired[CampaignPlanJson]
+
+
+class PlannedJson(TypedDict):
+    name: str
+    file: str
+
+
+class RunOutcomeJson(TypedDict):
+    experiment: str
+    verdict: str
+    reasons: list[str]
+
+
+class RunJson(PlanJson):
+    """run.json: the run's id and times, its experiments, the plan, how it was started;
+    once it has ended, its verdict and each experiment's (the report reads it)."""
+
+    run_id: str
+    started_at: float
+    ended_at: float | None
+    experiments: list[PlannedJson]
+    argv: list[str]
+    versions: dict[str, str]
+    notes: list[str]
+    verdict: NotRequired[str]
+    interrupted: NotRequired[str | None]
+    not_run: NotRequired[list[str]]
+    results: NotRequired[list[RunOutcomeJson]]
 
 
 @dataclass(frozen=True)
@@ -51,7 +107,7 @@ class RunPlan:
     experiments: list[PlannedExperiment]
     target: Target
     target_file: Path | None
-    target_data: JsonObject
+    target_data: Mapping[str, object]  # the target file as read (its kind's own keys)
     owns_stack: bool
     stack_config: Path | None
     base_port: int | None
@@ -66,7 +122,7 @@ class RunPlan:
     def is_campaign(self) -> bool:
         return self.repeat > 1 or self.certify
 
-    def describe(self) -> JsonObject:
+    def describe(self) -> PlanJson:
         doc = self._describe()
         if self.is_campaign:  # (a plain run's run.json stays as it was)
             doc["campaign"] = {
@@ -79,7 +135,7 @@ class RunPlan:
             }
         return doc
 
-    def _describe(self) -> JsonObject:
+    def _describe(self) -> PlanJson:
         return {
             "target": self.target.describe(),
             "target_file": str(self.target_file) if self.target_file else None,
@@ -137,7 +193,7 @@ def _target_file(given: Path | None) -> Path | None:
     return DEFAULT_TARGET_FILE if DEFAULT_TARGET_FILE.is_file() else None
 
 
-def _target_data(path: Path | None) -> JsonObject:
+def _target_data(path: Path | None) -> dict[str, object]:
     if path is None:
         return {"kind": "local"}
     try:
@@ -174,6 +230,57 @@ def plan_run(
     """
     if prometheus_url is not None:
         prometheus_url = _loopback_url(prometheus_url, "--prometheus")
+    planned = _planned_experiments(experiments, repeat, certify, load_seed)
+    chosen = _target_file(target_file)
+    try:
+        target = load_target(chosen) if chosen else load_target(None)
+    except TargetError as exc:
+        raise PlanError(str(exc)) from None
+    data = _target_data(chosen)
+    owns, notes = _stack_ownership(target, stack_config, base_port)
+    if certify and repeat < CERTIFY_RUNS:
+        notes.append(
+            f"--certify with --repeat {repeat}: p95 <= SLO at 95 % confidence needs "
+            f">= {CERTIFY_RUNS} runs without an exceedance, so this campaign can only say "
+            "what fewer runs prove (the verdict is inconclusive unless a run fails)"
+        )
+    if experiment_timeout_s <= 0:
+        raise PlanError(f"--experiment-timeout-s must be above 0, got {experiment_timeout_s}")
+    # The evidence an inconclusive verdict rests on: a bad threshold stops the run here,
+    # before any stack starts, naming the variable (gameday.run.sufficiency, LoadTolerances).
+    try:
+        thresholds()
+        LoadTolerances.from_env()
+    except ValueError as exc:
+        raise PlanError(f"{exc}") from None
+    rid, run_dir = _run_folder(out_dir, run_id)
+    return RunPlan(
+        run_id=rid,
+        run_dir=run_dir,
+        out_dir=out_dir,
+        experiments=planned,
+        target=target,
+        target_file=chosen.resolve() if chosen else None,
+        target_data=data,
+        owns_stack=owns,
+        stack_config=stack_config.resolve() if stack_config else None,
+        base_port=base_port,
+        experiment_timeout_s=experiment_timeout_s,
+        notes=notes,
+        repeat=repeat,
+        certify=certify,
+        load_seed=planned[0].load_seed if planned else None,
+        prometheus_url=prometheus_url,
+    )
+
+
+def _planned_experiments(
+    experiments: list[Path], repeat: int, certify: bool, load_seed: int | None
+) -> list[PlannedExperiment]:
+    """The experiments the run holds, in order: each file checked, named after its path
+    (a second file of the same name gets ``-2``), then repeated (``campaign_runs``).
+    PlanError for no experiment, a wrong ``--repeat`` or ``--load-seed``, or a file that is
+    not a valid experiment."""
     if not experiments:
         raise PlanError("no experiment given: e.g. gameday run experiments/router/*.yaml")
     if isinstance(repeat, bool) or not isinstance(repeat, int) or not 1 <= repeat <= MAX_REPEAT:
@@ -195,13 +302,16 @@ def plan_run(
         if seen[name] > 1:
             name = f"{name}-{seen[name]}"
         planned.append(PlannedExperiment(name, path.resolve()))
-    planned = campaign_runs(planned, repeat, certify, load_seed)
-    chosen = _target_file(target_file)
-    try:
-        target = load_target(chosen) if chosen else load_target(None)
-    except TargetError as exc:
-        raise PlanError(str(exc)) from None
-    data = _target_data(chosen)
+    return campaign_runs(planned, repeat, certify, load_seed)
+
+
+def _stack_ownership(
+    target: Target, stack_config: Path | None, base_port: int | None
+) -> tuple[bool, list[str]]:
+    """Whether the run owns the stack (a local target with no stack running in its
+    ``state_dir``), and the notes saying it uses one already running. PlanError when
+    ``--stack-config`` or ``--base-port`` cannot apply (no such file, a stack already
+    running, a target that is not local) or whether a stack runs cannot be told."""
     if stack_config is not None and not stack_config.is_file():
         raise PlanError(f"--stack-config {stack_config}: no such file")
     owns = False
@@ -231,45 +341,19 @@ def plan_run(
             f"--stack-config and --base-port apply to a local target only; the target "
             f"is {target.kind!r}"
         )
-    if certify and repeat < CERTIFY_RUNS:
-        notes.append(
-            f"--certify with --repeat {repeat}: p95 <= SLO at 95 % confidence needs "
-            f">= {CERTIFY_RUNS} runs without an exceedance, so this campaign can only say "
-            "what fewer runs prove (the verdict is inconclusive unless a run fails)"
-        )
-    if experiment_timeout_s <= 0:
-        raise PlanError(f"--experiment-timeout-s must be above 0, got {experiment_timeout_s}")
-    # The evidence an inconclusive verdict rests on: a bad threshold stops the run here,
-    # before any stack starts, naming the variable (gameday.run.evidence, LoadTolerances).
-    try:
-        thresholds()
-        LoadTolerances.from_env()
-    except ValueError as exc:
-        raise PlanError(f"{exc}") from None
+    return owns, notes
+
+
+def _run_folder(out_dir: Path, run_id: str | None) -> tuple[str, Path]:
+    """The run's id (``run_id``, else a new one) and its folder under ``out_dir``, which
+    must not exist yet; PlanError for an id that is not a plain name."""
     rid = run_id or new_run_id()
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}", rid) or rid == "latest":
         raise PlanError(f"--run-id {rid!r}: use letters, digits, '.', '_' and '-' only")
     run_dir = out_dir / rid
     if run_dir.exists():
         raise PlanError(f"run folder {run_dir} exists already: pick another --run-id")
-    return RunPlan(
-        run_id=rid,
-        run_dir=run_dir,
-        out_dir=out_dir,
-        experiments=planned,
-        target=target,
-        target_file=chosen.resolve() if chosen else None,
-        target_data=data,
-        owns_stack=owns,
-        stack_config=stack_config.resolve() if stack_config else None,
-        base_port=base_port,
-        experiment_timeout_s=experiment_timeout_s,
-        notes=notes,
-        repeat=repeat,
-        certify=certify,
-        load_seed=planned[0].load_seed if planned else None,
-        prometheus_url=prometheus_url,
-    )
+    return rid, run_dir
 
 
 def _loopback_url(url: str, option: str) -> str:
@@ -311,7 +395,7 @@ def campaign_runs(
     ]
 
 
-def effective_target_data(plan: RunPlan, state_dir: Path | None) -> JsonObject:
+def effective_target_data(plan: RunPlan, state_dir: Path | None) -> dict[str, object]:
     """The target file an experiment's activities read: the user's, with the local state
     folder made absolute (or replaced by the fresh stack's)."""
     data = dict(plan.target_data)

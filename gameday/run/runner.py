@@ -13,7 +13,7 @@ import signal
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
@@ -22,8 +22,8 @@ from typing import Protocol
 import requests
 import yaml
 
-from canary_contract.json import JsonObject
 from gameday.atomic import write_json
+from gameday.errors import GamedayError
 from gameday.load.runner import ENV_LOAD_SEED
 from gameday.run.capabilities import missing
 from gameday.run.chaos import ChaosRun
@@ -34,12 +34,6 @@ from gameday.run.collect import (
     records_rows,
     stop_orphan_locust,
     trips_between,
-)
-from gameday.run.evidence import (
-    GATE_EVIDENCE_NAME,
-    thresholds,
-    write_gate_evidence,
-    write_gate_start,
 )
 from gameday.run.external import (
     OBSERVATIONS_NAME,
@@ -55,7 +49,14 @@ from gameday.run.figures import (
     figures,
     inconclusive_reasons,
 )
-from gameday.run.plan import PlannedExperiment, RunPlan, effective_target_data
+from gameday.run.plan import PlannedExperiment, RunJson, RunPlan, effective_target_data
+from gameday.run.result import ExperimentResult
+from gameday.run.sufficiency import (
+    GATE_EVIDENCE_NAME,
+    thresholds,
+    write_gate_evidence,
+    write_gate_start,
+)
 from gameday.run.verdict import FAIL, INCONCLUSIVE, NOT_APPLICABLE, PASS, Evidence, decide
 from gameday.stack import StackCommandError, stack_down, stack_up
 from gameday.targets import Target, TargetError, load_target
@@ -65,7 +66,7 @@ CHAOS_GRACE_S = 60.0  # rollbacks + the load's stop timeout + margin
 POLL_S = 0.2
 
 
-class _NotStarted(Exception):
+class _NotStarted(GamedayError):
     pass
 
 
@@ -76,7 +77,7 @@ class Progress(Protocol):
     def experiment_started(self, index: int, total: int, name: str) -> None: ...
     def stage(self, name: str, text: str) -> None: ...
     def chaos_line(self, name: str, level: str, message: str, elapsed_s: float) -> None: ...
-    def experiment_done(self, name: str, result: JsonObject) -> None: ...
+    def experiment_done(self, name: str, result: ExperimentResult) -> None: ...
     def run_done(self, outcome: RunOutcome) -> None: ...
 
 
@@ -93,7 +94,7 @@ class SilentProgress:
     def chaos_line(self, name: str, level: str, message: str, elapsed_s: float) -> None:
         pass
 
-    def experiment_done(self, name: str, result: JsonObject) -> None:
+    def experiment_done(self, name: str, result: ExperimentResult) -> None:
         pass
 
     def run_done(self, outcome: RunOutcome) -> None:
@@ -104,7 +105,7 @@ class SilentProgress:
 class RunOutcome:
     run_dir: Path
     exit_code: int
-    results: list[JsonObject]
+    results: list[ExperimentResult]
     interrupted: str | None = None
     report_headline: str | None = None
     report_html: Path | None = None
@@ -185,9 +186,9 @@ class GameDay:
        ledger (``faults.jsonl``), the load records and ``load.json``;
     3. safety nets (a Locust left running, faults left in the ledger), ``timeline.json``
        from the broker, the stack's logs (``stack/``) when the run owned the stack;
-    4. the evidence (``gameday.run.evidence``): ``gate-evidence.json`` (the gate's counters;
-       read here, before the stack stops, when the experiment's own probe did not) and the
-       load generator's check in ``load.json``;
+    4. could the gate have seen (``gameday.run.sufficiency``): ``gate-evidence.json``
+       (the gate's counters; read here, before the stack stops, when the experiment's own
+       probe did not) and the load generator's check in ``load.json``;
     5. the verdict (``gameday.run.verdict``) in ``result.json``: pass, fail or inconclusive.
 
     A campaign (``--repeat N``, ``gameday.run.plan.campaign_runs``) is the same loop over N
@@ -211,7 +212,7 @@ class GameDay:
         self.plan = plan
         self.progress = progress or SilentProgress()
         self.interrupts = Interrupts()
-        self.results: list[JsonObject] = []
+        self.results: list[ExperimentResult] = []
         self.started_at = time.time()
         self._stack_dir: Path | None = None  # the stack this run started and has not stopped
         # The harness's HTTP to the stack (gameday.api) goes over this one session.
@@ -288,7 +289,7 @@ class GameDay:
         self, final: bool, verdict: str | None = None, not_run: list[str] | None = None
     ) -> None:
         plan = self.plan
-        doc: JsonObject = {
+        doc: RunJson = {
             "run_id": plan.run_id,
             "started_at": self.started_at,
             "ended_at": time.time() if final else None,
@@ -303,12 +304,13 @@ class GameDay:
             doc["interrupted"] = self.interrupts.name
             doc["not_run"] = not_run or []
             doc["results"] = [
-                {k: r.get(k) for k in ("experiment", "verdict", "reasons")} for r in self.results
+                {"experiment": r["experiment"], "verdict": r["verdict"], "reasons": r["reasons"]}
+                for r in self.results
             ]
         write_json(plan.run_dir / "run.json", doc)
 
     # -- one experiment ------------------------------------------------------------
-    def _experiment(self, exp: PlannedExperiment) -> JsonObject:
+    def _experiment(self, exp: PlannedExperiment) -> ExperimentResult:
         folder = self.plan.run_dir / exp.name
         folder.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(exp.path, folder / "experiment.yaml")
@@ -374,7 +376,7 @@ class GameDay:
         evidence.inconclusive = inconclusive_reasons(folder, evidence)
         verdict, reasons = decide(evidence)
         seen = evidence_figures(folder)
-        result = {
+        result: ExperimentResult = {
             "experiment": exp.name,
             "verdict": verdict,
             "reasons": reasons,
@@ -443,10 +445,10 @@ class GameDay:
 
     def _not_applicable(
         self, exp: PlannedExperiment, folder: Path, started: float, reasons: list[str]
-    ) -> JsonObject:
+    ) -> ExperimentResult:
         """The result of an experiment the target cannot run: said out loud, chaos not run."""
         self.progress.stage(exp.name, "not applicable to this target")
-        result: JsonObject = {
+        result: ExperimentResult = {
             "experiment": exp.name,
             "verdict": NOT_APPLICABLE,
             "reasons": reasons,
@@ -514,7 +516,7 @@ class GameDay:
 EXIT_CODES = {PASS: EXIT_PASS, FAIL: EXIT_FAIL, INCONCLUSIVE: EXIT_INCONCLUSIVE}
 
 
-def run_verdict(results: list[JsonObject]) -> str:
+def run_verdict(results: Iterable[Mapping[str, object]]) -> str:
     """The run's verdict: fail wins, then inconclusive; pass only when every experiment
     passed (and there was at least one)."""
     verdicts = [r.get("verdict") for r in results if r.get("verdict") != NOT_APPLICABLE]

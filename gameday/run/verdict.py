@@ -72,7 +72,7 @@ class Evidence:
     setup_error: str | None = None  # the stack did not start, the target is wrong...
     faults_left: list[str] = field(default_factory=list)
     load_problem: str | None = None
-    # Why the gate could not have seen, or the load is not valid (gameday.run.evidence);
+    # Why the gate could not have seen, or the load is not valid (gameday.run.sufficiency);
     # None: not assessed, which is itself inconclusive (fail-closed).
     inconclusive: list[str] | None = None
     # Answers users got from the faulty canary after its fault (gameday.run.external);
@@ -141,7 +141,7 @@ def decide(evidence: Evidence) -> tuple[str, list[str]]:
 
     An experiment is ``inconclusive`` (never a pass; ``gameday run`` exits 3) when the gate
     could not have seen the fault or the load generator's run is not valid
-    (``Evidence.inconclusive``, from ``gameday.run.evidence``): too few baseline-canary
+    (``Evidence.inconclusive``, from ``gameday.run.sufficiency``): too few baseline-canary
     comparisons or canary outcomes, a starved or late Locust. Then the gate's merits — a
     trip or none, the SLOs, a deviation, Chaos Toolkit's exit code after one — are not
     judged (they are listed as "not judged: ..."). Failures of the run itself still fail it
@@ -153,9 +153,30 @@ def decide(evidence: Evidence) -> tuple[str, list[str]]:
     Each reason is a sentence a person can act on (the journal's come from
     ``gameday.evidence.journal``, which the report uses too).
     """
-    hard: list[str] = []  # failures of the run itself: they fail it whatever the evidence
-    merit: list[str] = []  # the gate's merits: judged only when the gate could have seen
     ev = evidence
+    # hard: failures of the run itself, they fail it whatever the evidence; merit: the
+    # gate's merits, judged only when the gate could have seen.
+    hard, merit = _run_reasons(ev)
+    journal: list[str] = []
+    if not ev.setup_error or ev.journal is not None:
+        journal = journal_reasons(ev.journal)
+    ext, expect, problems = _expectation(ev)
+    hard += problems
+    journal, merit = _expected_findings(ev, ext, expect, journal, merit)
+    for reason in journal:
+        (hard if _hard_journal_reason(reason) else merit).append(reason)
+    history_hard, history_merit = _trip_reasons(ev, expect)
+    hard += [*history_hard, *_leftover_reasons(ev)]
+    merit += history_merit
+    return _verdict(ev, hard, merit)
+
+
+def _run_reasons(ev: Evidence) -> tuple[list[str], list[str]]:
+    """How the run itself went, as (hard, merit) reasons: the setup, an interruption, a
+    timeout, a killed ``chaos run`` or its exit code (a merit when it is 1 after a completed
+    experiment: a deviation or a failed activity)."""
+    hard: list[str] = []
+    merit: list[str] = []
     if ev.setup_error:
         hard.append(ev.setup_error)
     if ev.interrupted:
@@ -173,21 +194,34 @@ def decide(evidence: Evidence) -> tuple[str, list[str]]:
         (merit if completed and ev.chaos_exit_code == 1 else hard).append(
             f"chaos run exited with code {ev.chaos_exit_code}"
         )
-    journal: list[str] = []
-    if not ev.setup_error or ev.journal is not None:
-        journal = journal_reasons(ev.journal)
+    return hard, merit
+
+
+def _expectation(ev: Evidence) -> tuple[JsonObject | None, Any, list[str]]:
+    """The experiment's ``gameday`` extension, what it expects, and the hard reasons when
+    a journal has no extension or the extension expects something unknown."""
+    problems: list[str] = []
     experiment = _dict(ev.journal.get("experiment")) if ev.journal else None
     ext = gameday_extension(experiment) if experiment is not None else None
     if ev.journal is not None and ext is None:
-        hard.append(
+        problems.append(
             "the experiment has no 'gameday' extension saying what it expects "
             "(docs/ARCHITECTURE.md §7.1)"
         )
     expect = ext.get("expect") if ext else None
     if ext is not None and expect not in EXPECTS:
-        hard.append(
+        problems.append(
             f"the gameday extension's expect is {expect!r}: use one of {', '.join(EXPECTS)}"
         )
+    return ext, expect, problems
+
+
+def _expected_findings(
+    ev: Evidence, ext: JsonObject | None, expect: Any, journal: list[str], merit: list[str]
+) -> tuple[list[str], list[str]]:
+    """For ``expect: blind`` and ``expect: colour_lost``: the journal's reasons without the
+    findings the experiment expects (``_blind_expected``, ``_colour_lost_expected``), and
+    the merits without chaos's exit code 1 for the deviation those findings caused."""
     if expect == "blind":
         blind_found = any(r.startswith(BLIND_PREFIX) for r in journal)
         journal = _blind_expected(journal)
@@ -199,8 +233,15 @@ def decide(evidence: Evidence) -> tuple[str, list[str]]:
         journal = _colour_lost_expected(journal, str(_dict(ext).get("lost_at") or ""))
         if lost_found and ev.journal is not None and ev.journal.get("deviated") is True:
             merit = [r for r in merit if r != "chaos run exited with code 1"]
-    for reason in journal:
-        (hard if _hard_journal_reason(reason) else merit).append(reason)
+    return journal, merit
+
+
+def _trip_reasons(ev: Evidence, expect: Any) -> tuple[list[str], list[str]]:
+    """What the broker's history says, as (hard, merit) reasons: unreadable (hard), or a
+    trip the experiment expected and did not get (with the users the faulty canary
+    answered meanwhile) or one it did not expect."""
+    hard: list[str] = []
+    merit: list[str] = []
     if ev.journal is not None and ev.trips_in_window is None:
         hard.append("the broker's history could not be read: trip or no trip is unknown")
     elif ev.trips_in_window is not None:
@@ -214,6 +255,13 @@ def decide(evidence: Evidence) -> tuple[str, list[str]]:
                 )
         if expect in ("no_trip", "blind", "colour_lost") and ev.trips_in_window > 0:
             merit.append(unexpected_trips(ev.trips_in_window))
+    return hard, merit
+
+
+def _leftover_reasons(ev: Evidence) -> list[str]:
+    """Hard reasons about the load and the faults: the load's problem, no load records,
+    a fault still active after the experiment."""
+    hard: list[str] = []
     if ev.load_problem:
         hard.append(ev.load_problem)
     if ev.journal is not None and not ev.records_rows:
@@ -222,6 +270,13 @@ def decide(evidence: Evidence) -> tuple[str, list[str]]:
         )
     for fault in ev.faults_left:
         hard.append(f"a fault is still active after the experiment: {fault}")
+    return hard
+
+
+def _verdict(ev: Evidence, hard: list[str], merit: list[str]) -> tuple[str, list[str]]:
+    """Fail when there is a hard reason (the merits listed too); else inconclusive when the
+    gate could not have seen or the evidence was not assessed (the merits not judged);
+    else fail on a merit, pass without one. Each reason once, in order."""
     if ev.inconclusive is None and ev.journal is not None:
         unknown = ["the evidence (what the gate saw, whether the load was valid) was not assessed"]
     else:

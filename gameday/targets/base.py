@@ -11,7 +11,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, Self
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, NotRequired, Protocol, Self, TypedDict
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -43,6 +43,19 @@ class Replica:
     name: str
     role: str
     url: str
+
+
+class TargetDescription(TypedDict):
+    """A target in a run's plan: its kind, name and release, and what its kind adds
+    (a Kubernetes target's namespace, a local one's state folder, a foreign stack's
+    capabilities)."""
+
+    kind: str
+    name: str
+    release: str
+    namespace: NotRequired[str]
+    state_dir: NotRequired[str]
+    capabilities: NotRequired[list[str]]
 
 
 @dataclass(frozen=True)
@@ -253,7 +266,7 @@ class Target(ABC):
         stack serves any name, as canarystack's model servers do)."""
         return None
 
-    def describe(self) -> JsonObject:
+    def describe(self) -> TargetDescription:
         return {"kind": self.kind, "name": self.name, "release": self.release}
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TypeVar
 
 import requests
@@ -51,7 +51,7 @@ def _read(
         raise RolloutError(str(exc)) from None
 
 
-def release(target: Target, *, session: requests.Session | None = None) -> JsonObject:
+def release(target: Target, *, session: requests.Session | None = None) -> Mapping[str, object]:
     """The release as the broker has it."""
     return _read(target, StackApi.release, session)
 
@@ -60,7 +60,7 @@ def broker_write(
     target: Target,
     method: str,
     path: str,
-    body: JsonObject,
+    body: Mapping[str, object],
     *,
     session: requests.Session | None = None,
 ) -> requests.Response:
@@ -82,7 +82,11 @@ def broker_write(
 
 
 def patch_release(
-    target: Target, change: JsonObject, reason: str, *, session: requests.Session | None = None
+    target: Target,
+    change: Mapping[str, object],
+    reason: str,
+    *,
+    session: requests.Session | None = None,
 ) -> JsonObject:
     """A compare-and-set PATCH of the release, retried on a revision conflict."""
     for _ in range(CAS_TRIES):
@@ -120,7 +124,11 @@ def unused_version(
 
 
 def register_version(
-    target: Target, version: str, manifest: JsonObject, *, session: requests.Session | None = None
+    target: Target,
+    version: str,
+    manifest: Mapping[str, object],
+    *,
+    session: requests.Session | None = None,
 ) -> None:
     """Register ``version`` with ``manifest`` (and its digest) on the broker."""
     body = {"version": version, "manifest": manifest, "digest": manifest_digest(manifest)}

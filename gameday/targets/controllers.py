@@ -9,8 +9,9 @@ This module never changes anything in the cluster. What a status means is
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 from canary_contract.json import JsonObject
 from gameday.errors import GamedayError
@@ -23,22 +24,24 @@ Crd = tuple[str, str, str]  # (group, version, plural)
 ARGO_ROLLOUTS: Crd = ("argoproj.io", "v1alpha1", "rollouts")
 FLAGGER_CANARIES: Crd = ("flagger.app", "v1beta1", "canaries")
 POLL_S = 1.0
+# What a controller's status says (``ctl.ArgoView``, ``ctl.FlaggerView``).
+View = TypeVar("View", bound=Mapping[str, object])
 
 
 @dataclass(frozen=True)
-class Controller:
+class Controller(Generic[View]):
     """A controller's object, and the status its failed-canary check waits for."""
 
     crd: Crd
     status_probe: str  # the activity that reads it (named in a wrong target's error)
     check: str  # the activity that pairs its status with the traffic: the SLO's check
-    view: Callable[[JsonObject], JsonObject]  # what its status says
-    is_done: Callable[[JsonObject], bool]  # says the canary was stopped
+    view: Callable[[Mapping[str, object]], View]  # what its status says
+    is_done: Callable[[View], bool]  # says the canary was stopped
     expected: str  # that status in words
     since_key: str  # the view's time of that status
 
 
-ARGO = Controller(
+ARGO: Controller[ctl.ArgoView] = Controller(
     ARGO_ROLLOUTS,
     "argo_rollout_status",
     "argo_rollout_aborted",
@@ -47,7 +50,7 @@ ARGO = Controller(
     "aborted (status.abort true, phase Degraded, condition RolloutAborted)",
     "aborted_at",
 )
-FLAGGER = Controller(
+FLAGGER: Controller[ctl.FlaggerView] = Controller(
     FLAGGER_CANARIES,
     "flagger_canary_status",
     "flagger_canary_failed",
@@ -93,22 +96,20 @@ def read_object(target: KubernetesTarget, crd: Crd, name: str) -> JsonObject:
     return obj
 
 
-def wait_for_status(
-    read: Callable[[], JsonObject], is_done: Callable[[JsonObject], bool], wait: float
-) -> JsonObject:
+def wait_for_status(read: Callable[[], View], is_done: Callable[[View], bool], wait: float) -> View:
     """What ``read`` gives once ``is_done`` says so, or its last answer after ``wait``
     seconds (read every ``POLL_S``)."""
     return poll(read, is_done, time.monotonic() + wait, POLL_S)[0]
 
 
 def stopped_check(
-    controller: Controller,
+    controller: Controller[View],
     name: str,
-    read: Callable[[], JsonObject],
+    read: Callable[[], View],
     grace: float,
     allowed: float,
     wait: float,
-    traffic_after: Callable[[float], JsonObject],
+    traffic_after: Callable[[float], Mapping[str, object]],
 ) -> Slo:
     """The controller's check: its status (``read``, its view) once it says the canary
     was stopped, waiting up to ``wait`` seconds, paired with the canary traffic served
@@ -120,6 +121,8 @@ def stopped_check(
     refused = ctl.status_refusal(check, name, view, done, expected, since_key, allowed, wait)
     if refused is not None:
         return refused
-    since = float(view[since_key]) + grace
+    at = ctl.status_time(view, since_key)
+    assert at is not None  # status_refusal refuses a status without its time
+    since = at + grace
     evidence = traffic_after(since)
     return ctl.paired(check, name, expected, view, since, grace, evidence, allowed)

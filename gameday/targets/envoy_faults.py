@@ -31,6 +31,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Mapping
 from pathlib import Path
 
 import requests
@@ -67,7 +68,7 @@ def _modify(admin_url: str, values: dict[str, str], session: requests.Session | 
         )
 
 
-def fault_values(kind: str, params: JsonObject) -> dict[str, str]:
+def fault_values(kind: str, params: Mapping[str, object]) -> dict[str, str]:
     """The runtime keys that turn fault ``kind`` on; TargetError naming a bad param."""
     if kind == "latency":
         ms = params.get("ms", params.get("ttft_ms"))
@@ -108,7 +109,11 @@ class EnvoyFaults:
         return out
 
     def inject(
-        self, kind: str, ttl_s: float, params: JsonObject, session: requests.Session | None
+        self,
+        kind: str,
+        ttl_s: float,
+        params: Mapping[str, object],
+        session: requests.Session | None,
     ) -> str:
         """Turn ``kind`` on for ``ttl_s`` seconds; returns the fault id."""
         values = fault_values(kind, params)

@@ -25,11 +25,11 @@ import shlex
 import signal
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from canary_contract.json import JsonObject
+from gameday.observers.specs import ObserverSpec
 from gameday.targets.base import (
     ROLES,
     BlastRadius,
@@ -37,6 +37,7 @@ from gameday.targets.base import (
     KubernetesTargetSpec,
     Replica,
     Target,
+    TargetDescription,
     TargetError,
 )
 from gameday.targets.local import _pinned, read_cmdline, send_signal
@@ -183,43 +184,6 @@ class PinSpec(BaseModel):
             "--pin-value",
             f"canary={self.canary}",
         ]
-
-
-class AlertObserverSpec(BaseModel):
-    """The gate observer (``gameday.observers``) of an alert-driven gate: the trip is a
-    Prometheus alert (``prometheus_url``, ``alerts``), the weights are Envoy's
-    (``envoy_admin_url``: the weighted clusters of its routes and the runtime that
-    overrides them)."""
-
-    model_config = ConfigDict(extra="forbid")
-    kind: Literal["envoy-prometheus-alert"] = "envoy-prometheus-alert"
-    prometheus_url: str
-    alerts: list[str] = Field(min_length=1)
-    alert_labels: dict[str, str] = Field(default_factory=dict)
-    envoy_admin_url: str
-    canary_cluster: str = "canary"
-    pin_runtime_key: str | None = None  # a route's runtime_fraction key for canary pins
-    scrape_job: str | None = None  # Prometheus job whose targets must be up for the gate to see
-
-
-class KubernetesObserverSpec(BaseModel):
-    """A gate read from the Kubernetes API (``gameday.observers.kubernetes``): an Argo
-    Rollouts ``Rollout`` (``kind: argo-rollouts``), a Flagger ``Canary`` (``flagger``), or
-    the route's own weights (``k8s-route``: ``route_kind`` HTTPRoute or VirtualService,
-    ``canary_backend`` the canary's backend name, host or subset), by ``namespace`` and
-    ``name``, with ``kubeconfig``/``context`` (default: the current ones)."""
-
-    model_config = ConfigDict(extra="forbid")
-    kind: Literal["argo-rollouts", "flagger", "k8s-route"]
-    namespace: str
-    name: str
-    kubeconfig: str | None = None
-    context: str | None = None
-    route_kind: Literal["HTTPRoute", "VirtualService"] = "HTTPRoute"
-    canary_backend: str = "canary"
-
-
-ObserverSpec = Annotated[AlertObserverSpec | KubernetesObserverSpec, Field(discriminator="kind")]
 
 
 class PrepareSpec(BaseModel):
@@ -480,5 +444,5 @@ class ExternalTarget(Target):
             self._observer = observer_for(self.spec.observer, self.spec.observations)
         return self._observer
 
-    def describe(self) -> JsonObject:
+    def describe(self) -> TargetDescription:
         return {**super().describe(), "capabilities": sorted(self.capabilities())}

@@ -11,9 +11,9 @@ import os
 import re
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
-from canary_contract.json import JsonObject
+from gameday.evidence.workloads import WorkloadStatus
 from gameday.targets.base import (
     ROLES,
     BlastRadiusError,
@@ -21,9 +21,19 @@ from gameday.targets.base import (
     KubernetesTargetSpec,
     Replica,
     Target,
+    TargetDescription,
     TargetError,
 )
 from gameday.targets.locust_master import MasterPod
+
+
+class ScaledWorkers(TypedDict):
+    """The Locust worker Deployment a target scaled, to how many, and when."""
+
+    workload: str
+    replicas: int
+    time: float
+
 
 # Never a blast radius, whatever a target file says.
 FORBIDDEN_NAMESPACES = ("kube-system", "kube-public", "kube-node-lease")
@@ -179,9 +189,9 @@ class KubernetesTarget(Target):
                 "in the target file (e.g. http://router.NAMESPACE.svc:8000)."
             ) from None
 
-    def secrets(self) -> JsonObject:
+    def secrets(self) -> dict[str, str]:
         """What chaostoolkit-kubernetes reads besides the environment."""
-        out: JsonObject = {}
+        out: dict[str, str] = {}
         if self.spec.context:
             out["KUBERNETES_CONTEXT"] = self.spec.context
         return out
@@ -391,23 +401,23 @@ class KubernetesTarget(Target):
             raise refuse(f"its ReplicaSet {ref.name} belongs to another Deployment/{rs_ref.name}")
         return f"deployment/{rs_ref.name}"
 
-    def workload_status(self, role: str) -> JsonObject:
+    def workload_status(self, role: str) -> WorkloadStatus:
         """Desired and ready replicas of the workloads that own ``role``'s pods (summed
         when there are several; ``ok`` only when every one of them is ready)."""
         parts = [self._one_workload_status(kind, name) for kind, name in self.workloads(role)]
         if len(parts) == 1:
             return parts[0]
         return {
-            "kind": ",".join(str(p["kind"]) for p in parts),
-            "name": ",".join(str(p["name"]) for p in parts),
+            "kind": ",".join(p["kind"] for p in parts),
+            "name": ",".join(p["name"] for p in parts),
             "namespace": self.namespace,
-            "desired": sum(int(p["desired"]) for p in parts),
-            "ready": sum(int(p["ready"]) for p in parts),
-            "ok": all(bool(p["ok"]) for p in parts),
+            "desired": sum(p["desired"] for p in parts),
+            "ready": sum(p["ready"] for p in parts),
+            "ok": all(p["ok"] for p in parts),
             "workloads": list(parts),
         }
 
-    def _one_workload_status(self, kind: str, name: str) -> JsonObject:
+    def _one_workload_status(self, kind: str, name: str) -> WorkloadStatus:
         from kubernetes import client
 
         apps = client.AppsV1Api(self.api_client())
@@ -433,7 +443,7 @@ class KubernetesTarget(Target):
             "ok": int(ready) >= int(desired),
         }
 
-    def scale_load_workers(self, replicas: int) -> JsonObject | None:
+    def scale_load_workers(self, replicas: int) -> ScaledWorkers | None:
         """Scale the Locust worker pods (``load_workers`` in the target file) to
         ``replicas`` in the target's namespace; None when the target has none. Only a
         Deployment the file names, never another namespace."""
@@ -470,7 +480,7 @@ class KubernetesTarget(Target):
         ttl_s = run_bound_s + spec.master.ttl_margin_s
         return MasterPod(self, spec.master.template, ttl_s, api_error=_api_error)
 
-    def describe(self) -> JsonObject:
+    def describe(self) -> TargetDescription:
         return {**super().describe(), "namespace": self.namespace}
 
 

@@ -9,15 +9,23 @@ import shlex
 import signal
 import time
 import xmlrpc.client
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict, cast
 from urllib.parse import urlsplit
 
 from supervisor.xmlrpc import SupervisorTransport
 
 from canary_contract.json import JsonObject
-from gameday.targets.base import KilledPod, LocalTargetSpec, Replica, Target, TargetError
+from canary_contract.stack import StackDescription
+from gameday.targets.base import (
+    KilledPod,
+    LocalTargetSpec,
+    Replica,
+    Target,
+    TargetDescription,
+    TargetError,
+)
 
 # The module each role's program runs (``python -m MODULE``): canarystack.cluster's programs.
 ROLE_MODULES: dict[str, tuple[str, ...]] = {
@@ -85,6 +93,16 @@ def send_signal(pid: int, fd: int | None, sig: signal.Signals) -> None:
         os.kill(pid, sig)
 
 
+class StoppedPod(TypedDict):
+    """A pod ``stop_pod`` stopped: what ``resume_pod`` needs to resume the same process."""
+
+    name: str
+    role: str
+    pid: int
+    argv: list[str]
+    stopped_at: float
+
+
 class LocalTarget(Target):
     """The stack ``gameday.stack`` runs under supervisord, in ``state_dir``.
 
@@ -107,17 +125,18 @@ class LocalTarget(Target):
     def __init__(self, spec: LocalTargetSpec) -> None:
         super().__init__(spec)
         self.spec = spec
-        self._desc: JsonObject | None = None
+        self._desc: StackDescription | None = None
 
     @property
     def state_dir(self) -> Path:
         return self.spec.state_dir.resolve()
 
-    def description(self, refresh: bool = False) -> JsonObject:
+    def description(self, refresh: bool = False) -> StackDescription:
+        """``stack.json`` as the stack wrote it (read once, again with ``refresh``)."""
         if self._desc is None or refresh:
             path = self.state_dir / "stack.json"
             try:
-                self._desc = dict(json.loads(path.read_text()))
+                self._desc = cast(StackDescription, dict(json.loads(path.read_text())))
             except OSError:
                 raise TargetError(
                     f"local target: no stack in {self.state_dir} ({path.name} is missing). "
@@ -136,7 +155,7 @@ class LocalTarget(Target):
             return "default"
 
     def service_url(self, role: str) -> str:
-        desc = self.description()
+        desc: Mapping[str, object] = self.description()
         key = f"{role}_url"
         if key not in desc:
             raise TargetError(f"local target: no service URL for {role!r}.")
@@ -215,7 +234,7 @@ class LocalTarget(Target):
             "supervisord. Is state_dir the stack's own folder?"
         )
 
-    def verify_program(self, role: str, pod: Replica, info: JsonObject) -> list[str]:
+    def verify_program(self, role: str, pod: Replica, info: Mapping[str, object]) -> list[str]:
         """The program's configured argv, when it is ``role``'s; TargetError otherwise."""
         command = str(info.get("command") or "")
         try:
@@ -240,7 +259,8 @@ class LocalTarget(Target):
             )
         key = MODEL_VERSION_KEY.get(role)
         if key is not None:
-            want = (self.description().get("versions") or {}).get(key)
+            versions = self.description().get("versions")
+            want = versions.get(key) if isinstance(versions, dict) else None
             got = _flag(argv, "--version")
             if want is not None and got != want:
                 raise TargetError(
@@ -278,7 +298,7 @@ class LocalTarget(Target):
             pod = matches[0]
         return pod, self.verify_program(role, pod, self.program_config(pod.name))
 
-    def stop_pod(self, role: str, replica: str | None = None) -> JsonObject:
+    def stop_pod(self, role: str, replica: str | None = None) -> StoppedPod:
         """SIGSTOP one pod of ``role`` (a hung process: its port still accepts connections,
         nothing answers; supervisord does not restart it). ``resume_pod`` with what this
         returns sends SIGCONT to the same process."""
@@ -289,10 +309,12 @@ class LocalTarget(Target):
             send_signal(pid, fd, signal.SIGSTOP)
         return {"name": pod.name, "role": role, "pid": pid, "argv": argv, "stopped_at": time.time()}
 
-    def resume_pod(self, stopped: JsonObject) -> bool:
+    def resume_pod(self, stopped: Mapping[str, object]) -> bool:
         """SIGCONT to the process ``stop_pod`` stopped, when it still runs that command;
-        False when it is gone (nothing to resume)."""
-        pid, argv = int(stopped["pid"]), list(stopped["argv"])
+        False when it is gone (nothing to resume) or the record names no process."""
+        pid, argv = stopped.get("pid"), stopped.get("argv")
+        if not isinstance(pid, int) or not isinstance(argv, list):
+            return False
         with contextlib.suppress(TargetError), _pinned(pid) as fd:
             if read_cmdline(pid) != argv:
                 return False
@@ -324,5 +346,5 @@ class LocalTarget(Target):
             },
         )
 
-    def describe(self) -> JsonObject:
+    def describe(self) -> TargetDescription:
         return {**super().describe(), "state_dir": str(self.state_dir)}

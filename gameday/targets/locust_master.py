@@ -24,12 +24,9 @@ import shlex
 import time
 import uuid
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from gameday.targets.base import TargetError
-
-if TYPE_CHECKING:
-    from gameday.targets.kubernetes import KubernetesTarget
 
 __all__ = ["REMOTE_DIR", "MasterPod"]
 
@@ -43,13 +40,24 @@ POD_START_S = 120.0  # scheduling, and the image already on the node
 LABEL = "canarystack.io/gameday-load"
 
 
+class Cluster(Protocol):
+    """What a ``MasterPod`` uses of its target (``gameday.targets.kubernetes``'s
+    ``KubernetesTarget``, which imports this module): its name, namespace and API client."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def namespace(self) -> str: ...
+    def api_client(self) -> Any: ...
+
+
 class MasterPod:
     """One experiment's Locust master in a pod of ``target``'s namespace (module
     docstring). ``template`` is ``deployment/NAME``; ``ttl_s`` bounds the pod's life."""
 
     def __init__(
         self,
-        target: KubernetesTarget,
+        target: Cluster,
         template: str,
         ttl_s: float,
         api_error: Callable[[Exception], str] = str,
@@ -213,7 +221,7 @@ class MasterPod:
         """Delete the pod now (idempotent; a pod already gone is fine)."""
         if not self.started:
             return
-        from kubernetes.client.rest import ApiException
+        from kubernetes.client.exceptions import ApiException
 
         try:
             self._core().delete_namespaced_pod(

@@ -10,9 +10,11 @@ for the target, ``RolloutError`` (whole messages) for the rollout.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, NotRequired, TypedDict
+
+import requests
 
 from canary_contract.json import JsonObject
 from gameday import faults as gd_faults
@@ -34,14 +36,69 @@ from gameday.evidence.rollouts import (
     version_patch,
 )
 from gameday.evidence.slo import Slo
-from gameday.evidence.workloads import is_whole, ready_within
+from gameday.evidence.workloads import WorkloadState, is_whole, ready_within
 from gameday.faults import FaultLedger
+from gameday.stackhttp import ApiError, JsonHttp
 from gameday.targets.base import TargetError
 from gameday.targets.kubernetes import KubernetesTarget
 from gameday.targets.waits import poll
 
 POLL_S = 1.0
 CANARY = "model-canary"
+
+
+class FreshCanary(TypedDict):
+    """What ``fresh_canary`` did (start_fresh_canary's answer; fresh-canary.json holds it
+    with the control's keys): ``weight`` once it set the weight, the ``previous_*`` and
+    ``took_s`` once it rolled out, registered and switched to a new canary version."""
+
+    changed: bool
+    phase: str
+    canary_version: str
+    weight: NotRequired[int]
+    previous_phase: NotRequired[str | None]
+    previous_canary_version: NotRequired[str]
+    took_s: NotRequired[float]
+
+
+class FreshManifest(TypedDict):
+    """The manifest a fresh canary version is registered with."""
+
+    name: str
+    version: str
+    engine: str
+    previous: str
+
+
+class BuildRolledOut(TypedDict):
+    """``roll_out_build``'s answer: the Deployment, the build and its pods, and when."""
+
+    deployment: str
+    build: str
+    pods: list[str]
+    patched_at: float
+    serving_at: float
+    rollout_s: float
+
+
+class BuildKept(TypedDict):
+    """``undo_bad_build``'s answer when the canary was no bad build."""
+
+    changed: Literal[False]
+    deployment: str
+    why: str
+
+
+class BuildUndone(TypedDict):
+    """``undo_bad_build``'s answer when it rolled the canary back."""
+
+    changed: Literal[True]
+    deployment: str
+    undone_build: str
+    to_replicaset: str
+    to_revision: int
+    closed_ledger_entries: int
+    took_s: float
 
 
 def api_failed(what: str, exc: Exception) -> RolloutError:
@@ -73,7 +130,7 @@ def wait_whole(
     since = "pod kill" if kills else "probe start"
     deadline = time.monotonic() + allowed
 
-    def read() -> list[JsonObject]:
+    def read() -> list[WorkloadState]:
         return [
             {**target.workload_status(role), "ready_pods": ready_pods(target, role)}
             for role in roles
@@ -207,7 +264,9 @@ def wait_rolled_out(
 
 
 # --- the changes an activity makes -------------------------------------------------------
-def settled_release(change: CanaryChange, read_release: Callable[[], JsonObject]) -> JsonObject:
+def settled_release(
+    change: CanaryChange, read_release: Callable[[], Mapping[str, object]]
+) -> Mapping[str, object]:
     """The release (``read_release``) once no rollback is pending or running
     (``tripped``/``rolling_back`` end with the rollback executor); RolloutError at the
     change's deadline."""
@@ -230,38 +289,43 @@ class Broker:
     """The release reads and operator writes a fresh canary needs, as the caller makes
     them (their errors are the caller's)."""
 
-    release: Callable[[], JsonObject]
-    patch: Callable[[JsonObject, str], JsonObject]  # (change, reason): the release after
+    release: Callable[[], Mapping[str, object]]
+    # (change, reason): the release after
+    patch: Callable[[Mapping[str, object], str], JsonObject]
     new_version: Callable[[str], str]  # a version the broker has not seen, after this one
-    register: Callable[[str, JsonObject], None]  # (version, manifest)
+    register: Callable[[str, FreshManifest], None]  # (version, manifest)
 
 
-def fresh_canary(change: CanaryChange, wanted: int, broker: Broker) -> JsonObject:
+def _object(value: object) -> Mapping[str, object]:
+    """A JSON object of the broker's release (empty for anything else: none)."""
+    return value if isinstance(value, dict) else {}
+
+
+def fresh_canary(change: CanaryChange, wanted: int, broker: Broker) -> FreshCanary:
     """A release ``progressing`` with a canary that is not quarantined and the canary
     weight ``wanted``: nothing to do when it already is; else, once no rollback is pending
     (``settled_release``), a new canary version rolled out on the canary Deployment,
     registered and switched to. What was done, in a JSON object."""
     release = settled_release(change, broker.release)
-    canary = release.get("canary") or {}
+    canary, stable = _object(release.get("canary")), _object(release.get("stable"))
     phase = release.get("phase")
-    weights = release.get("weights") or {}
     if phase == "progressing" and canary and not canary.get("quarantined"):
-        if weights.get("canary") == wanted:
-            return {"changed": False, "phase": phase, "canary_version": canary["version"]}
+        if _object(release.get("weights")).get("canary") == wanted:
+            return {"changed": False, "phase": phase, "canary_version": str(canary["version"])}
         patched = broker.patch(
             {"weights": {"canary": wanted}}, "gameday: canary weight for the run"
         )
         return {
             "changed": True,
             "phase": patched["phase"],
-            "canary_version": canary["version"],
+            "canary_version": str(canary["version"]),
             "weight": wanted,
         }
-    previous = str(canary.get("version") or (release.get("stable") or {}).get("version"))
+    previous = str(canary.get("version") or stable.get("version"))
     version = broker.new_version(previous)
     roll_out_version(change, version)
-    manifest = {"name": release.get("name"), "version": version, "engine": "sim",
-                "previous": previous}  # fmt: skip
+    manifest: FreshManifest = {"name": str(release.get("name")), "version": version,
+                               "engine": "sim", "previous": previous}  # fmt: skip
     broker.register(version, manifest)
     patched = broker.patch(
         {"phase": "progressing", "canary": version, "weights": {"canary": wanted}},
@@ -270,7 +334,7 @@ def fresh_canary(change: CanaryChange, wanted: int, broker: Broker) -> JsonObjec
     return {
         "changed": True,
         "phase": patched["phase"],
-        "previous_phase": phase,
+        "previous_phase": phase if isinstance(phase, str) else None,
         "previous_canary_version": previous,
         "canary_version": version,
         "weight": wanted,
@@ -287,13 +351,43 @@ def roll_out_version(change: CanaryChange, version: str) -> None:
     wait_for_version(target, name, version, change.deadline, change.wait)
 
 
+def serving_since(urls: Iterable[str], not_before: float) -> float | None:
+    """When the earliest of the new pods' servers could first take a request, by its own
+    word: the time this asked its ``/health`` minus the ``uptime_s`` it answered (the
+    server's age since it set itself up, sub-second; the API's container ``startedAt`` is
+    whole seconds and precedes the interpreter's start-up). Not before ``not_before``;
+    None when no pod answers with an ``uptime_s`` (a foreign engine, an older server)."""
+    times: list[float] = []
+    with requests.Session() as session:
+        http = JsonHttp(session)
+        for url in urls:
+            asked = time.time()  # before the answer: the estimate errs early (fail-closed)
+            try:
+                uptime = http.get_json(f"{url}/health").get("uptime_s")
+            except ApiError:
+                continue
+            if isinstance(uptime, int | float) and not isinstance(uptime, bool) and uptime >= 0:
+                times.append(asked - float(uptime))
+    return max(min(times), not_before) if times else None
+
+
+def first_of(listening_at: float | None, started_at: float | None, rolled_out_at: float) -> float:
+    """The bad build's fault time: when its server could first serve (``listening_at``),
+    else when its container started, else when the rollout was seen done; never after
+    that (the pods were Ready, so serving, by then)."""
+    for candidate in (listening_at, started_at):
+        if candidate is not None:
+            return min(candidate, rolled_out_at)
+    return rolled_out_at
+
+
 def roll_out_bad_build(
     change: CanaryChange, value: str, mode: str, tokens: str, book: FaultLedger
-) -> JsonObject:
+) -> BuildRolledOut:
     """Roll the canary Deployment out to the bad build ``--kernel-fault VALUE`` and wait
-    for it; ``book`` gets its entries, timed when its first container started (else when
-    the rollout was seen done), and the broker an annotation. What was done, in a JSON
-    object."""
+    for it; ``book`` gets its entries, timed when its server could first serve
+    (``serving_since``; else when its first container started, else when the rollout was
+    seen done), and the broker an annotation. What was done, in a JSON object."""
     dep = read_deployment(change.target, change.apps, change.name)
     build, patch = bad_build_patch(change.apps, dep, change.name, value)
     return roll_out_build(change, build, patch, bad_build_params(mode, tokens, build), book)
@@ -306,12 +400,12 @@ def roll_out_build(
     params: JsonObject,
     book: FaultLedger,
     admin_urls: bool = True,
-) -> JsonObject:
+) -> BuildRolledOut:
     """Patch the canary Deployment to ``build`` (``patch``: a JSON patch that sets its pod
     template's ``BUILD_ANNOTATION`` to ``build``) and wait for the rollout; ``book`` gets
-    the bad build's entries (``params``), timed when its first container started (else
-    when the rollout was seen done), and the broker an annotation (best effort). What was
-    done, in a JSON object."""
+    the bad build's entries (``params``), timed when its server could first serve
+    (``first_of``), and the broker an annotation (best effort). What was done, in a JSON
+    object."""
     target, apps, name = change.target, change.apps, change.name
     patched_at = time.time()
     what = f"patching deployment/{name} in {target.namespace!r}"
@@ -319,14 +413,16 @@ def roll_out_build(
     pods = wait_rolled_out(target, apps, name, build, change.deadline, change.wait)
     rolled_out_at = time.time()
     started_at = first_started(pods, patched_at)
-    served_at = started_at if started_at is not None else rolled_out_at
     # A foreign engine has no fault API at the pod's address (admin_urls False): the
     # ledger's entries then name none, and only the rollout's undo clears them.
     urls = {r.name: r.url for r in target.replicas(CANARY)} if admin_urls else {}
+    listening_at = serving_since(urls.values(), started_at if started_at else patched_at)
+    served_at = first_of(listening_at, started_at, rolled_out_at)
     detail: JsonObject = {
         "rollout": f"deployment/{name}",
         "patched_at": patched_at,
         "container_started_at": started_at,
+        "listening_at": listening_at,
         "rolled_out_at": rolled_out_at,
         "rollout_s": round(rolled_out_at - patched_at, 3),
     }
@@ -356,7 +452,7 @@ def roll_out_build(
     }
 
 
-def undo_bad_build(change: CanaryChange, book: FaultLedger) -> JsonObject:
+def undo_bad_build(change: CanaryChange, book: FaultLedger) -> BuildKept | BuildUndone:
     """Give the canary Deployment back the pod template of its previous good ReplicaSet
     (``previous_good``) and wait for that rollout; nothing when it is no bad build. Closes
     ``book``'s bad-build entries either way. What was done, in a JSON object."""

@@ -26,11 +26,14 @@ This module must never do I/O or read a clock: callers pass ``now`` in.
 from __future__ import annotations
 
 import math
+from typing import Literal, TypedDict
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from canary_contract.json import JsonObject
+from canary_contract.broker import Release
+from canarystack.gate import state
 from canarystack.gate.state import ReleaseGate
+from canarystack.gate.trip_record import TripRecord
 
 PASS, FAIL, INCONCLUSIVE = "pass", "fail", "inconclusive"
 VERDICTS = (PASS, FAIL, INCONCLUSIVE)
@@ -38,17 +41,10 @@ VERDICTS = (PASS, FAIL, INCONCLUSIVE)
 FLAGGER_FAIL_STATUS = 412
 
 
-def release_json(name: str, revision: int, stable: str, canary: str) -> JsonObject:
+def release_record(name: str, revision: int, stable: str, canary: str) -> Release:
     """The release a broker would show for what the judge sees: progressing, these
     versions (the judge compares every mirrored prompt, whatever the traffic split)."""
-    return {
-        "name": name,
-        "phase": "progressing",
-        "revision": revision,
-        "stable": {"version": stable},
-        "canary": {"version": canary},
-        "weights": {"baseline": 50, "canary": 50},
-    }
+    return state.release_record(name, revision, stable, canary, 50)
 
 
 def _progress(statistic: float, threshold: float) -> float:
@@ -58,15 +54,75 @@ def _progress(statistic: float, threshold: float) -> float:
     return math.log(statistic) / math.log(threshold)
 
 
-def strongest(gate: ReleaseGate) -> JsonObject | None:
+class Strongest(TypedDict):
+    """The detector closest to its threshold (``strongest``)."""
+
+    scope: str
+    test: str
+    statistic: float | None
+    threshold: float | None
+    samples: int
+
+
+class DriftMeans(TypedDict):
+    """A bucket's recent baseline-canary divergence (the judge's gauges)."""
+
+    kl_mean: float
+    top1_disagreement: float
+
+
+class Scoring(TypedDict):
+    """How a release's comparisons are scored (``mode``) and why not teacher-forced."""
+
+    mode: Literal["teacher-forced", "free"]
+    why: str | None
+
+
+class Verdict(TypedDict):
+    """``GET /v1/analysis/{release}``: the verdict and the evidence behind it."""
+
+    release: str
+    stable_version: str | None
+    canary_version: str | None
+    comparisons: int
+    noise_comparisons: int
+    min_comparisons: int
+    test: str | None
+    bucket: str | None
+    statistic: float | None
+    threshold: float | None
+    samples: int | None
+    strongest: Strongest | None
+    drift: dict[str, DriftMeans]
+    scoring: Scoring | None
+    trip: TripRecord | None
+    verdict: str
+    reason: str
+
+
+class FlaggerCanary(TypedDict):
+    """The canary Flagger asked about (its webhook payload's)."""
+
+    name: str
+    namespace: str
+    phase: str | None
+
+
+class FlaggerVerdict(Verdict):
+    """The Flagger webhook's answer: the verdict and the canary that asked."""
+
+    flagger: FlaggerCanary
+
+
+def strongest(gate: ReleaseGate) -> Strongest | None:
     """The detector closest to its threshold: its scope, test, statistic (the e-value),
     threshold and samples (None before any detector has a sample)."""
-    best: tuple[float, int, JsonObject] | None = None
+    best: tuple[float, int, Strongest] | None = None
     for scope, test, det in gate.detectors():
         if det.samples == 0:
             continue
         key = (_progress(det.statistic, det.threshold), det.samples)
-        entry: JsonObject = {
+        entry: Strongest = {
             "scope": scope,
             "test": test,
             "statistic": _r(det.statistic),
@@ -82,72 +138,86 @@ def _r(x: float) -> float | None:
     return round(x, 6) if math.isfinite(x) else None
 
 
+def _decision(
+    gate: ReleaseGate,
+    now_mono: float,
+    comparisons: int,
+    min_comparisons: int,
+    top: Strongest | None,
+) -> tuple[str, str]:
+    """(verdict, reason) of a gate that has not tripped."""
+    if comparisons < min_comparisons:
+        return INCONCLUSIVE, (
+            f"{comparisons} baseline-canary comparisons so far, fewer than the "
+            f"{min_comparisons} a verdict needs: mirror more traffic to the judge, or wait"
+        )
+    if gate.check_no_data(now_mono):
+        return INCONCLUSIVE, (
+            f"no baseline-canary comparison for {gate.config.no_data_timeout_s:g} s: is the "
+            "mirror still sending, and do both engines answer?"
+        )
+    return PASS, (
+        f"{comparisons} comparisons, no test tripped (strongest: "
+        f"{top['test'] if top else '-'} in {top['scope'] if top else '-'})"
+    )
+
+
 def verdict_json(
-    gate: ReleaseGate, now_mono: float, min_comparisons: int, drift: dict[str, JsonObject]
-) -> JsonObject:
-    """The release's verdict with the evidence behind it (module docstring)."""
+    gate: ReleaseGate,
+    now_mono: float,
+    min_comparisons: int,
+    drift: dict[str, DriftMeans],
+    scoring: Scoring | None = None,
+) -> Verdict:
+    """The release's verdict with the evidence behind it (module docstring); ``scoring``:
+    how its comparisons are scored (``mode``) and why not teacher-forced (``why``)."""
     # Since the canary version was set (or the last reset): the buckets start afresh.
     comparisons = sum(b.comparisons for b in gate.buckets.values())
     top = strongest(gate)
-    out: JsonObject = {
+    trip = gate.trip
+    # What the verdict names: the trip's test, else the strongest detector (or nothing).
+    named: tuple[str | None, str | None, float | None, float | None, int | None]
+    if trip is not None:
+        named = (
+            trip["test"],
+            trip["bucket"],
+            trip["statistic"],
+            trip["threshold"],
+            trip["samples"],
+        )
+        decided = (
+            FAIL,
+            (
+                f"the {trip['test']} test tripped in bucket {trip['bucket']}: "
+                f"statistic {trip['statistic']} reached {trip['threshold']} over "
+                f"{trip['samples']} samples"
+            ),
+        )
+    else:
+        named = (None, None, None, None, None)
+        if top is not None:
+            named = (top["test"], top["scope"], top["statistic"], top["threshold"], top["samples"])
+        decided = _decision(gate, now_mono, comparisons, min_comparisons, top)
+    test, bucket, statistic, threshold, samples = named
+    return {
         "release": gate.name,
         "stable_version": gate.stable_version,
         "canary_version": gate.canary_version,
         "comparisons": comparisons,
         "noise_comparisons": sum(b.noise_comparisons for b in gate.buckets.values()),
         "min_comparisons": min_comparisons,
-        "test": None,
-        "bucket": None,
-        "statistic": None,
-        "threshold": None,
-        "samples": None,
+        "test": test,
+        "bucket": bucket,
+        "statistic": statistic,
+        "threshold": threshold,
+        "samples": samples,
         "strongest": top,
         "drift": drift,
-        "trip": gate.trip,
+        "scoring": scoring,
+        "trip": trip,
+        "verdict": decided[0],
+        "reason": decided[1],
     }
-    if gate.trip is not None:
-        trip = gate.trip
-        out.update(
-            verdict=FAIL,
-            test=trip.get("test"),
-            bucket=trip.get("bucket"),
-            statistic=trip.get("statistic"),
-            threshold=trip.get("threshold"),
-            samples=trip.get("samples"),
-            reason=(
-                f"the {trip.get('test')} test tripped in bucket {trip.get('bucket')}: "
-                f"statistic {trip.get('statistic')} reached {trip.get('threshold')} over "
-                f"{trip.get('samples')} samples"
-            ),
-        )
-        return out
-    if top is not None:
-        out.update(
-            test=top["test"],
-            bucket=top["scope"],
-            statistic=top["statistic"],
-            threshold=top["threshold"],
-            samples=top["samples"],
-        )
-    if comparisons < min_comparisons:
-        out["verdict"] = INCONCLUSIVE
-        out["reason"] = (
-            f"{comparisons} baseline-canary comparisons so far, fewer than the "
-            f"{min_comparisons} a verdict needs: mirror more traffic to the judge, or wait"
-        )
-    elif gate.check_no_data(now_mono):
-        out["verdict"] = INCONCLUSIVE
-        out["reason"] = (
-            f"no baseline-canary comparison for {gate.config.no_data_timeout_s:g} s: is the "
-            "mirror still sending, and do both engines answer?"
-        )
-    else:
-        out["verdict"] = PASS
-        out["reason"] = (
-            f"{comparisons} comparisons, no test tripped (strongest: "
-            f"{top['test'] if top else '-'} in {top['scope'] if top else '-'})"
-        )
-    return out
 
 
 class FlaggerPayload(BaseModel):
@@ -174,7 +244,7 @@ class FlaggerPayload(BaseModel):
         return (self.metadata or {}).get("inconclusive", "fail") == "pass"
 
 
-def flagger_status(answer: JsonObject, inconclusive_passes: bool) -> int:
+def flagger_status(answer: Verdict, inconclusive_passes: bool) -> int:
     """200 (advance) or ``FLAGGER_FAIL_STATUS`` (halt, count a failed check)."""
     v = answer["verdict"]
     if v == PASS or (v == INCONCLUSIVE and inconclusive_passes):

@@ -3,7 +3,7 @@ router replica's and the broker's ``/health`` and whether Redis answers PING, ti
 tick; and the model servers' dependency results from their ``/metrics``.
 
 It only reads: a service that does not answer is an unhealthy tick, never an error. The
-figures over the ticks are ``gameday.evidence.dependency``'s.
+figures over the ticks are ``gameday.evidence.redis_outage``'s.
 """
 
 from __future__ import annotations
@@ -14,11 +14,10 @@ from collections.abc import Callable
 
 import requests
 
-from canary_contract.json import JsonObject
-from gameday import dependency as dep
+from gameday import redis_faults as dep
 from gameday.api import POLL_TIMEOUT_S
-from gameday.evidence import dependency as ev
-from gameday.faults import FaultError
+from gameday.evidence import redis_outage as ev
+from gameday.evidence.ledger import FaultError
 from gameday.sessions import given_or_own
 from gameday.targets import Target, TargetError
 
@@ -49,10 +48,10 @@ def watch(
     target: Target,
     duration_s: float,
     interval_s: float,
-    on_tick: Callable[[JsonObject], object],
+    on_tick: Callable[[ev.WatchTick], object],
     *,
     session: requests.Session | None = None,
-) -> JsonObject:
+) -> ev.WatchCounts:
     """For ``duration_s`` seconds, every ``interval_s``: one tick ``{"time", "health":
     {service: bool}, "redis": bool}`` given to ``on_tick`` as it is taken. Returns the
     counts of ticks and of unhealthy ticks per service. TargetError (FaultError) when the
@@ -61,7 +60,7 @@ def watch(
     ep = dep.endpoint(target)
     urls = {r.name: r.url for r in target.replicas("router")}
     urls["broker"] = target.service_url("broker")
-    ticks: list[JsonObject] = []
+    ticks: list[ev.WatchTick] = []
     end = time.monotonic() + duration_s
     with given_or_own(session) as http:
         while time.monotonic() < end:

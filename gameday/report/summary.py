@@ -1,4 +1,5 @@
-"""The verdict: every check an experiment has, why it passed or failed, and summary.json.
+"""The report's summary: every check an experiment has, why it passed or failed, and its
+verdict, in summary.json.
 
 Must never pass quietly (fail-closed, DESIGN.md §3): a missing piece, a journal Chaos
 Toolkit would accept but a release gate must not, or an unmet SLO fails the experiment.
@@ -8,22 +9,83 @@ This module decides and serialises; it never reads files or draws.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypedDict
 
-from canary_contract.json import JsonObject
+from canary_contract.json import record_json
 from gameday.evidence import journal as journal_core
 from gameday.evidence.journal import BLIND_CHECK, DEVIATED
-from gameday.report.figures import key_figures
-from gameday.report.findings import Activity, JournalFindings, SloCheck
+from gameday.report.figures import KeyFigures, key_figures
+from gameday.report.findings import Activity, JournalFindings, SloCheck, SloCheckJson
 from gameday.report.findings import journal_findings as journal_findings
 from gameday.report.heatmaps import HeatmapData
-from gameday.report.jsonfields import dumps_json, each_json, fields_json, rounded
-from gameday.report.loader import ExperimentData, Missing, RunData
+from gameday.report.jsonfields import dumps_json, rounded
+from gameday.report.loader import ExperimentData, RunData
+from gameday.report.missing import Missing, MissingJson
 from gameday.report.timeline import Timeline
 
-# What only the HTML shows of an experiment (summary.json has the timeline's trip).
-_HTML_ONLY = frozenset({"description", "activities", "timeline", "heatmap", "result"})
+
+class ExperimentSummaryJson(TypedDict):
+    """An experiment in summary.json: ``ExperimentSummary``'s fields up to ``files``, then
+    the timeline's trip (the rest only the HTML shows)."""
+
+    name: str
+    title: str
+    component: str | None
+    fault: str | None
+    expect: str | None
+    verdict: str
+    reasons: list[str]
+    journal_status: str | None
+    checks: list[SloCheckJson]
+    not_measured_before_method: list[str]
+    missing: list[MissingJson]
+    figures: KeyFigures
+    notes: list[str]
+    files: dict[str, str]
+    tripped: bool
+    time_to_trip_s: float | None
+
+
+class CountsJson(TypedDict):
+    experiments: int
+    experiments_passed: int
+    experiments_inconclusive: int
+    checks: int
+    checks_failed: int
+    checks_not_measured: int
+
+
+class RunFiguresJson(TypedDict):
+    """summary.json's ``key_figures``: the run's, over its experiments."""
+
+    requests: int
+    failed_requests: int
+    time_to_trip_s: dict[str, float | None]
+    worst_time_to_trip_s: float | None
+    unexpected_trips: list[str]
+    missed_trips: list[str]
+    canary_requests_after_trip: int
+
+
+class SummaryJson(TypedDict):
+    """summary.json as ``Summary.to_json`` has it (``gameday.report.build`` adds more)."""
+
+    run_id: str
+    run_dir: str
+    verdict: str
+    headline: str
+    reasons: list[str]
+    generated_at: float
+    counts: CountsJson
+    key_figures: RunFiguresJson
+    checks: list[SloCheckJson]
+    experiments: list[ExperimentSummaryJson]
+    missing: list[MissingJson]
+    files: dict[str, str]
+    report_build_s: dict[str, float]
 
 
 @dataclass(kw_only=True)
@@ -42,30 +104,29 @@ class ExperimentSummary:
     checks: list[SloCheck]
     not_measured_before: list[str] = field(default_factory=list)
     missing: list[Missing]
-    figures: JsonObject
+    figures: KeyFigures
     notes: list[str] = field(default_factory=list)
     files: dict[str, str] = field(default_factory=dict)
     description: str
     activities: list[Activity]
     timeline: Timeline
     heatmap: HeatmapData | None
-    result: JsonObject | None
+    result: Mapping[str, object] | None  # result.json as read
 
     @property
     def passed(self) -> bool:
         return self.verdict == "pass"
 
-    def to_json(self) -> JsonObject:
-        return {
-            **fields_json(
-                self,
-                rename={"not_measured_before": "not_measured_before_method"},
-                convert={"checks": each_json, "missing": each_json},
-                skip=_HTML_ONLY,
-            ),
-            "tripped": self.timeline.tripped,
-            "time_to_trip_s": rounded(self.timeline.time_to_trip_s),
-        }
+    def to_json(self) -> ExperimentSummaryJson:
+        return record_json(
+            self,
+            ExperimentSummaryJson,
+            checks=[c.to_json() for c in self.checks],
+            not_measured_before_method=self.not_measured_before,
+            missing=[m.to_json() for m in self.missing],
+            tripped=self.timeline.tripped,
+            time_to_trip_s=rounded(self.timeline.time_to_trip_s),
+        )
 
 
 @dataclass
@@ -96,7 +157,7 @@ class Summary:
     def all_missing(self) -> list[Missing]:
         return self.missing + [m for e in self.experiments for m in e.missing]
 
-    def to_json(self) -> JsonObject:
+    def to_json(self) -> SummaryJson:
         checks = self.checks
         return {
             "run_id": self.run_id,
@@ -123,17 +184,15 @@ class Summary:
             "report_build_s": {k: round(v, 4) for k, v in self.timings_s.items()},
         }
 
-    def key_figures(self) -> JsonObject:
+    def key_figures(self) -> RunFiguresJson:
         trips = [
             e.timeline.time_to_trip_s
             for e in self.experiments
             if e.expect == "trip" and e.timeline.time_to_trip_s is not None
         ]
         return {
-            "requests": sum(int(e.figures.get("requests", 0)) for e in self.experiments),
-            "failed_requests": sum(
-                int(e.figures.get("failed_requests", 0)) for e in self.experiments
-            ),
+            "requests": sum(e.figures["requests"] for e in self.experiments),
+            "failed_requests": sum(e.figures["failed_requests"] for e in self.experiments),
             "time_to_trip_s": {
                 e.name: rounded(e.timeline.time_to_trip_s)
                 for e in self.experiments
@@ -147,7 +206,7 @@ class Summary:
                 e.name for e in self.experiments if e.expect == "trip" and not e.timeline.tripped
             ],
             "canary_requests_after_trip": sum(
-                int(e.figures.get("canary_requests_after_trip", 0)) for e in self.experiments
+                e.figures["canary_requests_after_trip"] for e in self.experiments
             ),
         }
 
@@ -235,7 +294,7 @@ def summarise_experiment(
       rollback within their SLOs when a trip is expected, no trip when none is.
 
     An experiment whose ``result.json`` says ``inconclusive`` (the gate could not have
-    seen the fault, or the load generator was not valid: ``gameday.run.evidence``) is
+    seen the fault, or the load generator was not valid: ``gameday.run.sufficiency``) is
     ``inconclusive`` here too, with gameday run's reasons, unless a piece the report needs
     is missing (that fails it); the report's own findings on the gate's merits (journal,
     SLO checks, timeline) are then listed as "not judged", never as the reason it failed.

@@ -1,4 +1,4 @@
-"""A trip's evidence: what the gate writes to the broker when a detector reaches its
+"""A trip's record: the evidence the gate writes to the broker when a detector reaches its
 threshold (or, with ``--trip-on-no-data``, when no canary sample came), and the example
 colours of the samples behind it.
 
@@ -8,17 +8,71 @@ This module must never do I/O or read a clock: the caller stamps ``tripped_at``.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
+from canary_contract.broker import MAX_TRIP_COLOURS, TripColour, TripEvidence
 from canary_contract.json import JsonObject
 from canarystack.gate.config import GateConfig
 from canarystack.gate.scopes import (
     ALL_SCOPE,
-    MAX_TRIP_COLOURS,
     Alarm,
     BucketScope,
     DriftScope,
 )
+
+
+class TripColourJson(TypedDict):
+    """One example colour of a trip as the gate keeps and sends it (``TripColour``)."""
+
+    request_id: str
+    trace_id: str
+    tag: str | None
+
+
+class TripRecord(TypedDict):
+    """A trip's evidence as the gate keeps, serves (``GET /v1/gate/{release}``) and sends
+    it (the PATCH's ``trip``): ``TripEvidence.to_wire()``'s keys in its order, ``colours``
+    only when the evidence has them. ``tripped_at`` is 0 until the service stamps it."""
+
+    test: str
+    bucket: str
+    statistic: float
+    threshold: float
+    samples: int
+    first_sample_time: float
+    last_sample_time: float
+    tripped_at: float
+    detail: JsonObject
+    colours: NotRequired[list[TripColourJson]]
+
+
+def _colour_json(colour: TripColour) -> TripColourJson:
+    return {"request_id": colour.request_id, "trace_id": colour.trace_id, "tag": colour.tag}
+
+
+def trip_json(trip: TripEvidence) -> TripRecord:
+    """``trip`` as the JSON the gate keeps (what ``trip.to_wire()`` gives, key by key)."""
+    out: TripRecord = {
+        "test": trip.test.value,
+        "bucket": trip.bucket,
+        "statistic": trip.statistic,
+        "threshold": trip.threshold,
+        "samples": trip.samples,
+        "first_sample_time": trip.first_sample_time,
+        "last_sample_time": trip.last_sample_time,
+        "tripped_at": trip.tripped_at,
+        "detail": trip.to_wire()["detail"],
+    }
+    if trip.colours is not None:
+        out["colours"] = [_colour_json(c) for c in trip.colours]
+    return out
+
+
+def trip_record(fields: Mapping[str, object]) -> TripRecord:
+    """A trip's evidence built as the contract's ``TripEvidence`` (so the gate never holds
+    or sends a trip the broker's PATCH would refuse, and every builder below gives the same
+    shape), written back as the JSON the gate keeps, serves and sends."""
+    return trip_json(TripEvidence.from_wire(dict(fields)))
 
 
 def drift_detail(
@@ -81,7 +135,7 @@ def trip_colours(
 
 def alarm_evidence(
     alarm: Alarm, canary_version: str | None, stable_version: str | None
-) -> JsonObject:
+) -> TripRecord:
     """The evidence of a detector that reached its threshold (``tripped_at`` still 0)."""
     det = alarm.detector
     first = det.run_first_time if det.run_first_time is not None else 0.0
@@ -98,18 +152,20 @@ def alarm_evidence(
         "stable_version": stable_version,
         **alarm.detail,
     }
-    return {
-        "test": alarm.test,
-        "bucket": alarm.bucket,
-        "statistic": round(det.statistic, 6),
-        "threshold": float(det.threshold),
-        "samples": det.run_samples,
-        "first_sample_time": first,
-        "last_sample_time": max(first, last),
-        "tripped_at": 0.0,  # set by the caller with its wall clock
-        "detail": detail,
-        "colours": alarm.colours,
-    }
+    return trip_record(
+        {
+            "test": alarm.test,
+            "bucket": alarm.bucket,
+            "statistic": round(det.statistic, 6),
+            "threshold": float(det.threshold),
+            "samples": det.run_samples,
+            "first_sample_time": first,
+            "last_sample_time": max(first, last),
+            "tripped_at": 0.0,  # set by the caller with its wall clock
+            "detail": detail,
+            "colours": alarm.colours,
+        }
+    )
 
 
 def no_data_evidence(
@@ -118,25 +174,27 @@ def no_data_evidence(
     timeout_s: float,
     canary_weight: float,
     canary_version: str | None,
-) -> JsonObject:
+) -> TripRecord:
     """The evidence of a trip for lack of data (``--trip-on-no-data``)."""
-    return {
-        "test": "no_data",
-        "bucket": ALL_SCOPE,
-        "statistic": round(waited, 3),
-        "threshold": timeout_s,
-        "samples": 0,
-        "first_sample_time": now_wall - waited,
-        "last_sample_time": now_wall,
-        "tripped_at": now_wall,
-        "detail": {
-            "reason": "no_data",
-            "message": f"canary weight {canary_weight:g} but no canary sample for "
-            f"{waited:.1f} s (--trip-on-no-data)",
-            "canary_version": canary_version,
-        },
-        "colours": [],  # no sample is behind a trip for lack of samples
-    }
+    return trip_record(
+        {
+            "test": "no_data",
+            "bucket": ALL_SCOPE,
+            "statistic": round(waited, 3),
+            "threshold": timeout_s,
+            "samples": 0,
+            "first_sample_time": now_wall - waited,
+            "last_sample_time": now_wall,
+            "tripped_at": now_wall,
+            "detail": {
+                "reason": "no_data",
+                "message": f"canary weight {canary_weight:g} but no canary sample for "
+                f"{waited:.1f} s (--trip-on-no-data)",
+                "canary_version": canary_version,
+            },
+            "colours": [],  # no sample is behind a trip for lack of samples
+        }
+    )
 
 
 def gate_blind_evidence(
@@ -147,7 +205,7 @@ def gate_blind_evidence(
     canary_version: str | None,
     baseline_outcomes: int,
     expected: float,
-) -> JsonObject:
+) -> TripRecord:
     """The evidence of the gate-blind fail-safe (``--blind-failsafe-s``): the canary took
     traffic (the baseline's share says so) but no canary sample reached the gate."""
     out = no_data_evidence(waited, now_wall, failsafe_s, canary_weight, canary_version)

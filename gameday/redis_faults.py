@@ -24,12 +24,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gameday.faults import FaultEntry, FaultError, FaultLedger, annotate
+from gameday.evidence.ledger import DEPENDENCY_ROLE, FaultEntry, FaultError
+from gameday.faults import FaultLedger, annotate
 from gameday.targets import Target, TargetError
 from gameday.targets.base import BlastRadiusError
 from gameday.targets.local import LocalTarget, _pinned, read_cmdline, send_signal
 
-ROLE = "redis"
+ROLE = DEPENDENCY_ROLE  # the ledger's component name (gameday.evidence.ledger)
 TIMEOUT_S = 2.0
 HOLDER_NAME = "gameday-holder"
 MAX_PAUSE_MS = 600_000
@@ -196,7 +197,7 @@ def exhaust(
     """Fill Redis: ``connections`` held connections and ``maxclients`` lowered to them,
     every other client disconnected, for ``ttl_s`` seconds (the holder's deadline).
 
-    A holder child process (``python -m gameday.dependency hold``) holds them, so the
+    A holder child process (``python -m gameday.redis_faults hold``) holds them, so the
     model pools' reconnects are refused ("max number of clients reached"). At its
     deadline, or on SIGTERM, it restores ``maxclients`` and exits; ``clear`` stops it (by
     PID, checked) and restores the setting itself when the holder could not.
@@ -211,7 +212,7 @@ def exhaust(
         )
     ep = endpoint(target)
     ready = Path(f"/tmp/gameday-holder-{uuid.uuid4().hex}.ready")
-    cmd = [sys.executable, "-m", "gameday.dependency", "hold", "--port", str(ep.port),
+    cmd = [sys.executable, "-m", "gameday.redis_faults", "hold", "--port", str(ep.port),
            "--connections", str(connections), "--restore-maxclients", str(ep.maxclients),
            "--deadline-s", f"{ttl_s:g}", "--ready-file", str(ready)]  # fmt: skip
     proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
@@ -281,7 +282,7 @@ def kill(target: Target, ledger: FaultLedger | None = None) -> FaultEntry:
 
 def _is_holder(pid: int) -> bool:
     argv = read_cmdline(pid) or []
-    return "gameday.dependency" in argv and "hold" in argv
+    return "gameday.redis_faults" in argv and "hold" in argv
 
 
 def _stop_holder(pid: int) -> bool:
@@ -432,7 +433,7 @@ def hold(port: int, connections: int, restore_maxclients: int, deadline_s: float
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m gameday.dependency")
+    p = argparse.ArgumentParser(prog="python -m gameday.redis_faults")
     sub = p.add_subparsers(dest="cmd", required=True)
     h = sub.add_parser("hold", help="hold Redis full until a deadline (a pool-exhaustion fault)")
     h.add_argument("--port", type=int, required=True)

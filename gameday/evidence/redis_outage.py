@@ -9,16 +9,15 @@ on a summary that lacks what it measures: it fails naming what is missing.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
-from typing import TypedDict
+from collections.abc import Callable, Mapping, Sequence
+from typing import NotRequired, TypedDict
 
 import pandas as pd
 
 from canary_contract.faults import FaultAction
 from canary_contract.json import JsonObject
-from gameday.dependency import ROLE
+from gameday.evidence.ledger import DEPENDENCY_ROLE, FaultEntry
 from gameday.evidence.slo import Slo, failed_result, result
-from gameday.faults import FaultEntry
 
 # The checks: (name, unit) of each SLO result below.
 ERROR_RATE = ("dependency_error_rate", "ratio")
@@ -42,8 +41,76 @@ class FaultWindow(TypedDict):
     params: JsonObject
 
 
+class Stats(TypedDict):
+    """Requests, errors, error rate and TTFT p50/p99 (of the answered ones) of some rows."""
+
+    requests: int
+    errors: int
+    error_rate: float | None
+    ttft_p50_s: float | None
+    ttft_p99_s: float | None
+
+
+class PerVariant(TypedDict):
+    all: Stats
+    baseline: Stats
+    canary: Stats
+
+
+class TrafficSummary(TypedDict):
+    """What users saw around the fault (``traffic_summary``)."""
+
+    before: PerVariant
+    during: PerVariant
+    after: PerVariant
+    recovery_s: float | None
+    recovery_rule: str
+    max_e2e_s: float | None
+    error_kinds: dict[str, int]
+
+
+class Summary(TypedDict):
+    """``dependency.json``: the fault, the watch's ticks, the model servers' dependency
+    results (per variant, per ``result``) and, once the records were read around a fault,
+    the ``TrafficSummary``'s keys as well."""
+
+    fault: FaultWindow | None
+    watch_ticks: int
+    unhealthy_ticks: dict[str, int]
+    model_dependency_results: dict[str, dict[str, float]]
+    records_error: NotRequired[str]
+    before: NotRequired[PerVariant]
+    during: NotRequired[PerVariant]
+    after: NotRequired[PerVariant]
+    recovery_s: NotRequired[float | None]
+    recovery_rule: NotRequired[str]
+    max_e2e_s: NotRequired[float | None]
+    error_kinds: NotRequired[dict[str, int]]
+
+
+class WatchTick(TypedDict):
+    """A line of ``dependency_watch.jsonl``: when, each service's health and whether Redis
+    answered PING."""
+
+    time: float
+    health: dict[str, bool]
+    redis: bool
+
+
+class WatchCounts(TypedDict):
+    """What a watch saw: its ticks, and per service the ones that found it unhealthy."""
+
+    ticks: int
+    unhealthy_ticks: dict[str, int]
+
+
+def _tick_time(line: Mapping[str, object]) -> float | None:
+    at = line.get("time")
+    return float(at) if isinstance(at, int | float) else None
+
+
 def fault_window(
-    entries: Sequence[FaultEntry], watch_lines: Sequence[JsonObject]
+    entries: Sequence[FaultEntry], watch_lines: Sequence[Mapping[str, object]]
 ) -> FaultWindow | None:
     """The dependency fault of the ledger and when it began and ended (None: no fault).
 
@@ -53,7 +120,7 @@ def fault_window(
     faults = [
         e
         for e in entries
-        if e.component == ROLE and e.action in (FaultAction.DEPENDENCY, FaultAction.KILL)
+        if e.component == DEPENDENCY_ROLE and e.action in (FaultAction.DEPENDENCY, FaultAction.KILL)
     ]
     if not faults:
         return None
@@ -61,7 +128,8 @@ def fault_window(
     start = f.time
     end: float | None
     if f.action == FaultAction.KILL:
-        ups = [w["time"] for w in watch_lines if w.get("redis") and w["time"] > start]
+        times = [_tick_time(w) for w in watch_lines if w.get("redis")]
+        ups = [t for t in times if t is not None and t > start]
         end = min(ups) if ups else None
     else:
         end = start + float(f.ttl_s or 0.0)
@@ -73,26 +141,24 @@ def fault_window(
     return FaultWindow(kind=kind, start=start, end=end, params=f.params)
 
 
-def stats(frame: pd.DataFrame) -> JsonObject:
+def stats(frame: pd.DataFrame) -> Stats:
     """Requests, errors, error rate and TTFT p50/p99 (of the answered ones) of ``frame``."""
     n = len(frame)
     failed = int((~frame["ok"]).sum()) if n else 0
     ttft = frame.loc[frame["ok"] & frame["ttft_s"].notna(), "ttft_s"]
-    return {
-        "requests": n,
-        "errors": failed,
-        "error_rate": round(failed / n, 6) if n else None,
-        "ttft_p50_s": round(float(ttft.quantile(0.5)), 6) if len(ttft) else None,
-        "ttft_p99_s": round(float(ttft.quantile(0.99)), 6) if len(ttft) else None,
-    }
+    return Stats(
+        requests=n,
+        errors=failed,
+        error_rate=round(failed / n, 6) if n else None,
+        ttft_p50_s=round(float(ttft.quantile(0.5)), 6) if len(ttft) else None,
+        ttft_p99_s=round(float(ttft.quantile(0.99)), 6) if len(ttft) else None,
+    )
 
 
-def per_variant(frame: pd.DataFrame) -> JsonObject:
+def per_variant(frame: pd.DataFrame) -> PerVariant:
     """``stats`` of all of ``frame`` and of each variant's share of it."""
-    out = {"all": stats(frame)}
-    for v in VARIANTS:
-        out[v] = stats(frame[frame["served_by"] == v])
-    return out
+    baseline, canary = (stats(frame[frame["served_by"] == v]) for v in VARIANTS)
+    return PerVariant(all=stats(frame), baseline=baseline, canary=canary)
 
 
 def recovery_s(frame: pd.DataFrame, start: float, end: float) -> tuple[float | None, str]:
@@ -127,11 +193,12 @@ def recovery_s(frame: pd.DataFrame, start: float, end: float) -> tuple[float | N
     return None, rule
 
 
-def unhealthy_ticks(watch_lines: Sequence[JsonObject]) -> dict[str, int]:
+def unhealthy_ticks(watch_lines: Sequence[Mapping[str, object]]) -> dict[str, int]:
     """Per service, the watch ticks that found it unhealthy."""
     unhealthy: dict[str, int] = {}
     for w in watch_lines:
-        for name, ok in (w.get("health") or {}).items():
+        health = w.get("health")
+        for name, ok in health.items() if isinstance(health, dict) else ():
             unhealthy[name] = unhealthy.get(name, 0) + (0 if ok else 1)
     return unhealthy
 
@@ -146,54 +213,57 @@ def add_dependency_results(metrics_text: str, counts: dict[str, float]) -> None:
             counts[res] = counts.get(res, 0.0) + float(value)
 
 
-def traffic_summary(frame: pd.DataFrame, window: FaultWindow) -> JsonObject:
+def traffic_summary(frame: pd.DataFrame, window: FaultWindow) -> TrafficSummary:
     """What users saw around the fault ``window``: ``before``/``during``/``after`` per
     variant, ``recovery_s`` and its rule, ``max_e2e_s``, ``error_kinds``."""
-    doc: JsonObject = {}
     start = float(window["start"])
     end = float(window["end"]) if window["end"] is not None else math.inf
-    doc["before"] = per_variant(frame[frame["start_time"] < start])
-    doc["during"] = per_variant(frame[(frame["start_time"] >= start)
-                                      & (frame["start_time"] < end)])  # fmt: skip
-    doc["after"] = per_variant(frame[frame["start_time"] >= end])
     rec, rule = (
         (None, "the fault never ended") if end == math.inf else recovery_s(frame, start, end)
     )
-    doc["recovery_s"], doc["recovery_rule"] = rec, rule
     e2e = frame["e2e_s"].dropna()
-    doc["max_e2e_s"] = round(float(e2e.max()), 6) if len(e2e) else None
     kinds = frame.loc[~frame["ok"], "error_kind"].fillna("unknown").astype(str)
-    doc["error_kinds"] = {str(k): int(v) for k, v in kinds.value_counts().items()}
-    return doc
+    return TrafficSummary(
+        before=per_variant(frame[frame["start_time"] < start]),
+        during=per_variant(frame[(frame["start_time"] >= start) & (frame["start_time"] < end)]),
+        after=per_variant(frame[frame["start_time"] >= end]),
+        recovery_s=rec,
+        recovery_rule=rule,
+        max_e2e_s=round(float(e2e.max()), 6) if len(e2e) else None,
+        error_kinds={str(k): int(v) for k, v in kinds.value_counts().items()},
+    )
 
 
 def summary(
     entries: Sequence[FaultEntry],
-    watch_lines: Sequence[JsonObject],
-    model_results: JsonObject,
+    watch_lines: Sequence[Mapping[str, object]],
+    model_results: dict[str, dict[str, float]],
     frame: pd.DataFrame | None,
     records_error: str | None = None,
-) -> JsonObject:
+) -> Summary:
     """The experiment's dependency summary (``dependency.json``): its fault window, the
     watch's ticks, the model servers' dependency results and, when the load's records
     (``frame``) hold rows and there was a fault, ``traffic_summary`` of them;
     ``records_error`` says why the records could not be read."""
     window = fault_window(entries, watch_lines)
-    doc: JsonObject = {"fault": window, "watch_ticks": len(watch_lines)}
-    doc["unhealthy_ticks"] = unhealthy_ticks(watch_lines)
-    doc["model_dependency_results"] = model_results
+    doc = Summary(
+        fault=window,
+        watch_ticks=len(watch_lines),
+        unhealthy_ticks=unhealthy_ticks(watch_lines),
+        model_dependency_results=model_results,
+    )
     if records_error is not None:
         doc["records_error"] = records_error
     if frame is not None and len(frame) and window is not None:
-        doc.update(traffic_summary(frame, window))
+        doc = {**doc, **traffic_summary(frame, window)}
     return doc
 
 
 def judged(
-    doc: JsonObject,
+    doc: Summary,
     name_unit: tuple[str, str],
     allowed: float,
-    judge: Callable[[JsonObject], Slo],
+    judge: Callable[[Summary], Slo],
 ) -> Slo:
     """``judge`` (a check below) over the summary ``doc``, or the failed result naming
     what it lacks: a fault, or the records of the traffic around it."""
@@ -207,7 +277,7 @@ def judged(
 
 
 # -- the SLO checks over a summary (each given one that has a fault and its traffic) ------
-def errors_below(doc: JsonObject, max_ratio: float) -> Slo:
+def errors_below(doc: Summary, max_ratio: float) -> Slo:
     """Failed requests among those that started during the fault or after it: at most
     ``max_ratio`` (the dependency degrades answers; it must not fail them)."""
     (check, unit), allowed = ERROR_RATE, float(max_ratio)
@@ -220,7 +290,7 @@ def errors_below(doc: JsonObject, max_ratio: float) -> Slo:
                   during=doc["during"]["all"], after=doc["after"]["all"])  # fmt: skip
 
 
-def within_deadline(doc: JsonObject, max_s: float) -> Slo:
+def within_deadline(doc: Summary, max_s: float) -> Slo:
     """No request took longer than ``max_s`` end to end, and none timed out."""
     (check, unit), allowed = MAX_E2E, float(max_s)
     worst = doc.get("max_e2e_s")
@@ -231,7 +301,7 @@ def within_deadline(doc: JsonObject, max_s: float) -> Slo:
     return result(check, worst, allowed, unit, ok, timed_out=timeouts)
 
 
-def recovered(doc: JsonObject, max_s: float) -> Slo:
+def recovered(doc: Summary, max_s: float) -> Slo:
     """Users are served as before the fault within ``max_s`` seconds of its end."""
     (check, unit), allowed = RECOVERY, float(max_s)
     rec = doc.get("recovery_s")
@@ -241,7 +311,7 @@ def recovered(doc: JsonObject, max_s: float) -> Slo:
                   fault=doc["fault"])  # fmt: skip
 
 
-def stayed_healthy(doc: JsonObject) -> Slo:
+def stayed_healthy(doc: Summary) -> Slo:
     """Every watch tick found every router replica and the broker healthy."""
     check, unit = UNHEALTHY
     if not doc["watch_ticks"]:

@@ -1,4 +1,4 @@
-"""``gameday.dependency_watch``: the services watched while Redis is harmed, against a
+"""``gameday.redis_watch``: the services watched while Redis is harmed, against a
 tiny HTTP server standing in for a router, the broker and two model servers.
 
 - a tick per interval, each given to the caller as it is taken; a service that does not
@@ -20,9 +20,10 @@ from typing import Any
 import pytest
 import requests
 
-from canary_contract.json import JsonObject
-from gameday import dependency_watch as watching
-from gameday.dependency import Endpoint
+from gameday import redis_faults as dep
+from gameday import redis_watch as watching
+from gameday.evidence.redis_outage import WatchTick
+from gameday.redis_faults import Endpoint
 
 METRICS = (
     "# TYPE canarystack_dependency_requests_total counter\n"
@@ -74,10 +75,10 @@ def test_every_tick_is_handed_over_and_unhealthy_ones_counted(
     server: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     closed = Endpoint("127.0.0.1", 1, "redis-server", "redis://127.0.0.1:1", 10)
-    monkeypatch.setattr(watching.dep, "endpoint", lambda target: closed)
+    monkeypatch.setattr(dep, "endpoint", lambda target: closed)
     routers = [Rep("router-0", f"{server}/ok"), Rep("router-1", f"{server}/sick")]
     target = FakeTarget({"router": routers}, f"{server}/ok")
-    seen: list[JsonObject] = []
+    seen: list[WatchTick] = []
     got = watching.watch(target, 0.3, 0.1, seen.append)  # type: ignore[arg-type]
     assert got["ticks"] == len(seen) >= 2
     assert got["unhealthy_ticks"] == {"router-0": 0, "router-1": len(seen), "broker": 0}

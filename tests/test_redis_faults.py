@@ -1,4 +1,4 @@
-"""The harness's Redis faults (gameday.dependency, issue #16 item 4) against a real
+"""The harness's Redis faults (gameday.redis_faults, issue #16 item 4) against a real
 ``redis-server``: a stall Redis ends itself, pool exhaustion by a holder child that
 restores ``maxclients`` at its deadline, the rollback that ends both (also after the
 holder was killed), the starting-state check, and the blast radius."""
@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 import redis
 
-from gameday import dependency as dep
-from gameday.faults import FaultError, FaultLedger
+from gameday import redis_faults as dep
+from gameday.evidence.ledger import FaultError
+from gameday.faults import FaultLedger
 from gameday.targets.base import BlastRadiusError, Target, parse_target
 from tests.procs import free_port, wait_for
 from tests.test_dependency_support import RedisServer, needs_redis, redis_server

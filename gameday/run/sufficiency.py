@@ -17,7 +17,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, TypedDict
 
 import requests
 
@@ -115,10 +115,15 @@ def thresholds(
     return Thresholds(**out)
 
 
-def _count(value: Any) -> int:
+def _count(value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int | float):
         return 0
     return int(value) if math.isfinite(value) and value > 0 else 0
+
+
+def _counter(bucket: object, key: str) -> int:
+    """A bucket's counter ``key`` (0 when the bucket is not a JSON object)."""
+    return _count(bucket.get(key)) if isinstance(bucket, dict) else 0
 
 
 def bucket_range(label: str) -> tuple[int, int | None] | None:
@@ -151,20 +156,56 @@ def buckets_at_or_above(labels: list[str], min_prompt_tokens: int) -> list[str]:
     return out
 
 
-def summarise_gate(state: JsonObject) -> JsonObject:
+class BucketCounts(TypedDict):
+    """One bucket's counters in ``gate-evidence.json``."""
+
+    comparisons: int
+    noise_comparisons: int
+    canary_outcomes: int
+    baseline_outcomes: int
+
+
+class GateSummary(TypedDict):
+    """What ``gate-evidence.json`` keeps of the gate's status (its values as the gate
+    gave them, the counters summed per bucket)."""
+
+    state: object
+    phase: object
+    canary_version: object
+    canary_weight: object
+    resets: object
+    buckets: dict[str, BucketCounts]
+    comparisons: int
+    canary_outcomes: int
+    noise_floor: dict[str, object] | None  # the gate's noise floor per scope
+
+
+class GateRead(GateSummary):
+    ok: Literal[True]
+    url: str
+
+
+class GateUnread(TypedDict):
+    ok: Literal[False]
+    url: str
+    error: str
+
+
+def summarise_gate(state: Mapping[str, object]) -> GateSummary:
     """The counters of the gate's status that the evidence needs, per bucket."""
-    buckets: dict[str, dict[str, int]] = {}
+    buckets: dict[str, BucketCounts] = {}
     raw = state.get("buckets")
     for label, b in (raw if isinstance(raw, dict) else {}).items():
         b = b if isinstance(b, dict) else {}
         found = b.get("outcomes")
-        outcomes: JsonObject = found if isinstance(found, dict) else {}
+        outcomes: Mapping[str, object] = found if isinstance(found, dict) else {}
         buckets[str(label)] = {
             "comparisons": _count(b.get("comparisons")),
             "noise_comparisons": _count(b.get("noise_comparisons")),
             "canary_outcomes": _count(outcomes.get("canary")),
             "baseline_outcomes": _count(outcomes.get("baseline")),
         }
+    noise_floor = state.get("noise_floor")
     return {
         "state": state.get("state"),
         "phase": state.get("phase"),
@@ -175,13 +216,11 @@ def summarise_gate(state: JsonObject) -> JsonObject:
         "comparisons": sum(b["comparisons"] for b in buckets.values()),
         "canary_outcomes": sum(b["canary_outcomes"] for b in buckets.values()),
         # The noise floor the gate measured per scope (the report shows it, #14).
-        "noise_floor": state.get("noise_floor")
-        if isinstance(state.get("noise_floor"), dict)
-        else None,
+        "noise_floor": noise_floor if isinstance(noise_floor, dict) else None,
     }
 
 
-def read_gate(target: Target, session: requests.Session | None = None) -> JsonObject:
+def read_gate(target: Target, session: requests.Session | None = None) -> GateRead | GateUnread:
     """The gate's counters now: ``{"ok": True, ...summarise_gate}`` or ``{"ok": False,
     "error": why}`` (never raises). Over ``session`` when given, else one of its own."""
     url = "?"
@@ -280,7 +319,10 @@ def kernel_min_prompt_tokens(folder: Path) -> int | None:
 
 
 def gate_reasons(
-    doc: JsonObject | None, expect: str | None, tripped: bool, min_prompt_tokens: int | None
+    doc: Mapping[str, object] | None,
+    expect: str | None,
+    tripped: bool,
+    min_prompt_tokens: int | None,
 ) -> list[str]:
     """Why the gate could not have seen (empty: it could). ``doc`` is gate-evidence.json.
 
@@ -303,7 +345,7 @@ def gate_reasons(
             f"the gate's counters could not be read ({doc.get('error')}): what it saw is unknown"
         ]
     found = doc.get("thresholds")
-    given: JsonObject = found if isinstance(found, dict) else {}
+    given: Mapping[str, object] = found if isinstance(found, dict) else {}
     try:
         limits = thresholds(
             given.get("min_comparisons"), given.get("min_canary_outcomes"), environ={}
@@ -311,7 +353,7 @@ def gate_reasons(
     except ValueError as exc:
         return [f"{GATE_EVIDENCE_NAME} holds a bad threshold ({exc}): the evidence is unjudged"]
     raw = doc.get("buckets")
-    buckets: dict[str, JsonObject] = raw if isinstance(raw, dict) else {}
+    buckets: dict[str, object] = raw if isinstance(raw, dict) else {}
     if min_prompt_tokens is not None:
         where = buckets_at_or_above(list(buckets), min_prompt_tokens)
         scope = (
@@ -321,8 +363,8 @@ def gate_reasons(
     else:
         where = list(buckets)
         scope = "all buckets"
-    comparisons = sum(_count((buckets.get(b) or {}).get("comparisons")) for b in where)
-    canary = sum(_count(b.get("canary_outcomes")) for b in buckets.values() if isinstance(b, dict))
+    comparisons = sum(_counter(buckets.get(b), "comparisons") for b in where)
+    canary = sum(_counter(b, "canary_outcomes") for b in buckets.values())
     reasons = []
     verb = "missed trip" if expect == "trip" else "'no trip'"
     if comparisons < limits.min_comparisons:
@@ -340,7 +382,7 @@ def gate_reasons(
     return reasons
 
 
-def load_reasons(load: JsonObject | None) -> list[str]:
+def load_reasons(load: Mapping[str, object] | None) -> list[str]:
     """Why the load generator's run says nothing about the gate (empty: it was valid).
 
     ``load.json`` holds Locust's summary with ``generator`` (``gameday.load.generator``): a

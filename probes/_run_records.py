@@ -10,6 +10,7 @@ import pandas as pd
 from canary_contract.json import JsonObject
 from gameday.evidence.faults import ReferenceFault
 from gameday.run.folder import NOT_YET, read_records
+from gameday.run.load_state import LoadState
 from probes._context import Configuration, run_folder
 from probes._result import Slo
 
@@ -26,7 +27,7 @@ __all__ = [
 ]
 
 
-def load_state(configuration: Configuration | None) -> JsonObject | None:
+def load_state(configuration: Configuration | None) -> LoadState | None:
     """``load.json`` of the run folder (None: no load has run in this experiment)."""
     return run_folder(configuration).load_state()
 
