@@ -132,7 +132,7 @@ class StackApi(JsonHttp):
         """A replica's ``/health`` body (a router's says whether the gate hears it)."""
         return self.get_json(f"{replica_url}/health")
 
-    def faults(self, replica_url: str, headers: dict[str, str]) -> list[JsonObject]:
+    def faults(self, replica_url: str, headers: dict[str, str]) -> list[Mapping[str, object]]:
         """The faults a replica holds now (``GET /admin/faults``)."""
         body = self.get_json(f"{replica_url}/admin/faults", headers=headers)
         found = body.get("faults", [])
@@ -140,12 +140,12 @@ class StackApi(JsonHttp):
 
     def colour_hop_pages(
         self, replica_url: str, headers: dict[str, str], limit: int = HOPS_PAGE_LIMIT
-    ) -> list[JsonObject]:
+    ) -> list[Mapping[str, object]]:
         """Every page of a replica's colour hop log (``GET /v1/colour/hops``, ``headers``
         holding its admin credential), oldest first, up to the first page that brings no
         hop or no later ``next_after_seq`` (at most ``HOPS_MAX_PAGES``)."""
         url = f"{replica_url}{HOPS_PATH}"
-        pages: list[JsonObject] = []
+        pages: list[Mapping[str, object]] = []
         after = 0
         for _ in range(HOPS_MAX_PAGES):
             params = {"after_seq": str(after), "limit": str(limit)}

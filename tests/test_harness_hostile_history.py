@@ -76,10 +76,12 @@ def test_every_harness_reader_sees_past_the_first_page(
     events = read_events(url, release)
     assert_whole(events)
     # small pages give the same history, page by page
-    tail = read_events(url, release, after_seq=events[-40]["seq"], limit=7)
+    after = events[-40]["seq"]
+    assert isinstance(after, int)
+    tail = read_events(url, release, after_seq=after, limit=7)
     assert tail == events[-39:]
     # the same history as the contract's records, the trip last
-    records = read_event_records(url, release, after_seq=events[-40]["seq"], limit=7)
+    records = read_event_records(url, release, after_seq=after, limit=7)
     assert [r.to_wire() for r in records] == tail
     assert records[-1].change == {"phase": {"old": "canary", "new": "tripped"}}
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import requests
@@ -100,11 +100,14 @@ def test_the_gate_state_and_replica_health(spawn: Spawner, broker_url: str, tmp_
         with pytest.raises(ApiError, match="answered HTTP 401") as e:
             api.colour_hop_pages(gate.url, {"Authorization": "Bearer wrong"})
     assert e.value.url == f"{gate.url}{HOPS_PATH}"
-    seqs = [h["seq"] for h in whole[0]["hops"]]
+    hops = [p["hops"] for p in whole[:1] + paged]
+    assert all(isinstance(h, list) for h in hops)
+    first, *pages = cast(list[list[dict[str, int]]], hops)
+    seqs = [h["seq"] for h in first]
     assert len(seqs) >= 3 and seqs == sorted(set(seqs))
-    assert len(paged) >= 2 and all(len(p["hops"]) <= 2 for p in paged)
+    assert len(pages) >= 2 and all(len(p) <= 2 for p in pages)
     # Reading on adds the reads' own hops: the pages hold at least the one-page read's.
-    assert [h["seq"] for p in paged for h in p["hops"]][: len(seqs)] == seqs
+    assert [h["seq"] for p in pages for h in p][: len(seqs)] == seqs
 
 
 def test_canarystack_gate_is_read_through_the_same_observer_interface(

@@ -13,13 +13,12 @@ It only reads: it never writes to the broker.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import requests
 
 from canary_contract.gate import GateState
-from canary_contract.json import JsonObject
 from canary_contract.phases import canary_share, is_canary_off
 from gameday.observers.base import GateObserver, GateSnapshot, ObservationLog
 from gameday.stackhttp import ApiError, JsonHttp
@@ -53,7 +52,7 @@ class BrokerObserver(GateObserver):
             404,
         )
 
-    def release(self, session: requests.Session, release: str) -> JsonObject:
+    def release(self, session: requests.Session, release: str) -> Mapping[str, object]:
         """The release as the broker has it."""
         url = f"{self._broker()}/v1/releases/{release}"
         try:
@@ -63,7 +62,9 @@ class BrokerObserver(GateObserver):
                 raise self._no_release(url) from None
             raise
 
-    def events(self, session: requests.Session, after_seq: int = 0) -> list[JsonObject]:
+    def events(
+        self, session: requests.Session, after_seq: int = 0
+    ) -> Sequence[Mapping[str, object]]:
         """The release's whole event history after ``after_seq``, oldest first: every page
         (a long-lived broker holds more than one, and the first is the oldest)."""
         broker = self._broker()
@@ -81,7 +82,7 @@ class BrokerObserver(GateObserver):
                 raise self._no_release(url) from None
             raise ApiError(f"reading the release's history: {exc}", url, exc.status) from None
 
-    def routers(self, session: requests.Session) -> list[JsonObject]:
+    def routers(self, session: requests.Session) -> Sequence[Mapping[str, object]]:
         """The live routers the broker knows for the release (their heartbeats)."""
         url = f"{self._broker()}/v1/routers"
         body = JsonHttp(session).get_json(url, params={"release": self.target.release})
@@ -95,7 +96,7 @@ class BrokerObserver(GateObserver):
     def where(self) -> str:
         return self.gate_url()
 
-    def gate_state(self, session: requests.Session) -> JsonObject:
+    def gate_state(self, session: requests.Session) -> Mapping[str, object]:
         """The gate's state and counters for the release."""
         return JsonHttp(session).get_json(self.gate_url())
 

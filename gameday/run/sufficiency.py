@@ -180,12 +180,21 @@ class GateSummary(TypedDict):
     noise_floor: dict[str, object] | None  # the gate's noise floor per scope
 
 
-class GateRead(GateSummary):
+class GateStamp(TypedDict, total=False):
+    """What the written documents add to a read: when (``gate-evidence-start.json`` and
+    ``gate-evidence.json``), and who read it against which thresholds (the latter)."""
+
+    read_at: float
+    source: str
+    thresholds: dict[str, int]
+
+
+class GateRead(GateSummary, GateStamp):
     ok: Literal[True]
     url: str
 
 
-class GateUnread(TypedDict):
+class GateUnread(GateStamp):
     ok: Literal[False]
     url: str
     error: str
@@ -273,9 +282,10 @@ def since_start(end: JsonObject, start: JsonObject | None) -> JsonObject:
 
 def write_gate_start(
     target: Target, folder: Path, session: requests.Session | None = None
-) -> JsonObject:
+) -> GateRead | GateUnread:
     """Before chaos starts: the gate's counters now, into ``gate-evidence-start.json``."""
-    doc = {**read_gate(target, session), "read_at": time.time()}
+    doc = read_gate(target, session)
+    doc["read_at"] = time.time()
     folder.mkdir(parents=True, exist_ok=True)
     (folder / GATE_START_NAME).write_text(json.dumps(doc, indent=2, default=str) + "\n")
     return doc
@@ -287,7 +297,7 @@ def write_gate_evidence(
     limits: Thresholds,
     source: str,
     session: requests.Session | None = None,
-) -> JsonObject:
+) -> GateRead | GateUnread:
     """Read the gate and write ``gate-evidence.json`` into ``folder``; returns the document.
 
     The gate's own counters (``GET /v1/gate/<release>``, over HTTP only, as against any
@@ -295,12 +305,10 @@ def write_gate_evidence(
     ``probes.evidence.gate_evidence``, or by ``gameday run`` right after ``chaos run`` when
     the experiment has no such probe (the counters live until a new canary version).
     """
-    doc = {
-        **read_gate(target, session),
-        "read_at": time.time(),
-        "source": source,
-        "thresholds": limits.to_json(),
-    }
+    doc = read_gate(target, session)
+    doc["read_at"] = time.time()
+    doc["source"] = source
+    doc["thresholds"] = limits.to_json()
     write_json(folder / GATE_EVIDENCE_NAME, doc)
     return doc
 

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TypedDict, Unpack
 
 import requests
 
 from canary_contract.broker import Event
 from canary_contract.errors import ContractError
-from canary_contract.json import JsonObject
 from gameday.errors import GamedayError
 from gameday.oracle.wire import loads
 from gameday.sessions import given_or_own
@@ -28,7 +28,7 @@ class HistoryError(GamedayError, RuntimeError):
 
 def _page(
     session: requests.Session, url: str, after_seq: int, limit: int, timeout_s: float
-) -> tuple[list[JsonObject], int | None]:
+) -> tuple[list[object], int | None]:
     params = {"after_seq": str(after_seq), "limit": str(limit)}
     try:
         resp = session.get(url, params=params, timeout=timeout_s)
@@ -58,7 +58,7 @@ def read_events(
     timeout_s: float = HISTORY_TIMEOUT_S,
     max_pages: int = MAX_PAGES,
     session: requests.Session | None = None,
-) -> list[JsonObject]:
+) -> list[Mapping[str, object]]:
     """Every event of ``release`` after ``after_seq``, oldest first (all pages).
 
     Raises HistoryError when a page cannot be read, or when the history does not end
@@ -80,7 +80,7 @@ def read_events(
         raise ValueError(f"limit is {limit}: give 1 to {MAX_PAGE} events per page")
     url = f"{broker_url.rstrip('/')}/v1/releases/{release}/events"
     with given_or_own(session) as http:
-        out: list[JsonObject] = []
+        out: list[Mapping[str, object]] = []
         cursor = after_seq
         for _ in range(max_pages):
             page, nxt = _page(http, url, cursor, limit, timeout_s)
