@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from canary_contract.json import JsonObject
 from gameday.evidence.slo import is_not_measured, is_slo
 
 # The check of probes.slo.gate_sees_every_router: a gate that cannot see never trips.
@@ -58,7 +57,7 @@ def activity_name(run: Mapping[str, object]) -> str:
     return str(_dict(run.get("activity")).get("name") or "?")
 
 
-def gameday_extension(experiment: Mapping[str, object] | None) -> JsonObject | None:
+def gameday_extension(experiment: object) -> Mapping[str, object] | None:
     """The experiment's ``gameday`` extension (what it expects, its SLOs), if any: the
     journal's JSON object as it is."""
     for ext in _list(_dict(experiment).get("extensions")):

@@ -8,9 +8,9 @@ import json
 import re
 import signal
 from collections import deque
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, TextIO, TypedDict
 
 from aiohttp import web
 from google.protobuf.message import DecodeError
@@ -20,12 +20,26 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 )
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
-from canary_contract.json import JsonObject
+from canary_contract.json import record_json
 
 MAX_BODY_BYTES = 8 * 1024 * 1024
 DEFAULT_MAX_SPANS = 100_000
 PROTOBUF = "application/x-protobuf"
 _HEX32 = re.compile(r"^[0-9a-f]{32}$")
+
+
+class SpanJson(TypedDict):
+    """A ``Span`` as ``GET /v1/spans`` answers it and the spans file holds it."""
+
+    service: str | None
+    name: str
+    kind: int
+    trace_id: str
+    span_id: str
+    parent_span_id: str | None
+    start_ns: int
+    end_ns: int
+    attributes: dict[str, object]
 
 
 @dataclass(frozen=True)
@@ -38,10 +52,10 @@ class Span:
     parent_span_id: str | None
     start_ns: int
     end_ns: int
-    attributes: JsonObject
+    attributes: dict[str, object]  # the span's own, as OTLP's AnyValues decode
 
-    def as_json(self) -> JsonObject:
-        return asdict(self)
+    def as_json(self) -> SpanJson:
+        return record_json(self, SpanJson)
 
 
 def _value(v: AnyValue) -> Any:

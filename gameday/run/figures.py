@@ -6,6 +6,7 @@ This module only reads the folder; it must never write into it or reach the stac
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from datetime import datetime
 from pathlib import Path
 from typing import Any, TypedDict
@@ -114,7 +115,7 @@ def _epoch(value: Any) -> float | None:
         return None
 
 
-def experiment_window(journal: JsonObject, folder: Path) -> tuple[float, float]:
+def experiment_window(journal: Mapping[str, object], folder: Path) -> tuple[float, float]:
     """The experiment's time window, from its journal (else the folder's creation)."""
     start = _epoch(journal.get("start"))
     end = _epoch(journal.get("end"))

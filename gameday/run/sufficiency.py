@@ -328,7 +328,7 @@ def kernel_min_prompt_tokens(folder: Path) -> int | None:
 
 def gate_reasons(
     doc: Mapping[str, object] | None,
-    expect: str | None,
+    expect: object,  # the gameday extension's, as the journal has it
     tripped: bool,
     min_prompt_tokens: int | None,
 ) -> list[str]:

@@ -6,10 +6,10 @@ This module decides; it reads nothing from disk and talks to nothing
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from canary_contract.json import JsonObject
 from gameday.evidence.journal import (
     BLIND_CHECK,
     BLIND_PREFIX,
@@ -64,7 +64,7 @@ class Evidence:
     """Everything the verdict of one experiment looks at."""
 
     chaos_exit_code: int | None  # None: chaos never started or was killed
-    journal: JsonObject | None
+    journal: Mapping[str, object] | None  # journal.json as chaos wrote it
     records_rows: int | None  # None: no records file, or unreadable
     trips_in_window: int | None  # None: the broker's history could not be read
     interrupted: str | None = None  # "SIGINT" etc. when the run was interrupted
@@ -84,7 +84,7 @@ def _hard_journal_reason(reason: str) -> bool:
     return reason.startswith(_HARD_JOURNAL_PREFIXES) or "before the method" in reason
 
 
-def _dict(value: Any) -> JsonObject:
+def _dict(value: object) -> Mapping[str, object]:
     return value if isinstance(value, dict) else {}
 
 
@@ -197,7 +197,7 @@ def _run_reasons(ev: Evidence) -> tuple[list[str], list[str]]:
     return hard, merit
 
 
-def _expectation(ev: Evidence) -> tuple[JsonObject | None, Any, list[str]]:
+def _expectation(ev: Evidence) -> tuple[Mapping[str, object] | None, Any, list[str]]:
     """The experiment's ``gameday`` extension, what it expects, and the hard reasons when
     a journal has no extension or the extension expects something unknown."""
     problems: list[str] = []
@@ -217,7 +217,11 @@ def _expectation(ev: Evidence) -> tuple[JsonObject | None, Any, list[str]]:
 
 
 def _expected_findings(
-    ev: Evidence, ext: JsonObject | None, expect: Any, journal: list[str], merit: list[str]
+    ev: Evidence,
+    ext: Mapping[str, object] | None,
+    expect: Any,
+    journal: list[str],
+    merit: list[str],
 ) -> tuple[list[str], list[str]]:
     """For ``expect: blind`` and ``expect: colour_lost``: the journal's reasons without the
     findings the experiment expects (``_blind_expected``, ``_colour_lost_expected``), and
