@@ -20,6 +20,7 @@ import subprocess
 import threading
 import time
 from pathlib import Path
+from typing import Literal, TypedDict
 
 import requests
 
@@ -27,7 +28,7 @@ from canary_contract.buckets import bucket_of
 from canary_contract.json import JsonObject
 from gameday.atomic import write_json
 from gameday.observers import SAMPLE_S
-from gameday.run.sufficiency import GATE_EVIDENCE_NAME, Thresholds
+from gameday.run.sufficiency import GATE_EVIDENCE_NAME, BucketCounts, Thresholds
 from gameday.targets import Target, TargetError
 from gameday.targets.external import ExternalTarget
 
@@ -125,18 +126,32 @@ def _load_frame(folder: Path, name: str) -> list[JsonObject]:
         return []
 
 
+class ObservedEvidence(TypedDict):
+    """``gate-evidence.json`` as ``observed_gate_evidence`` writes it for a foreign gate."""
+
+    ok: Literal[True]
+    state: str
+    source: str
+    buckets: dict[str, BucketCounts]
+    comparisons: int
+    canary_outcomes: int
+    oracle_pairs: int
+    read_at: float
+    thresholds: dict[str, int]
+
+
 def observed_gate_evidence(
     target: Target, folder: Path, limits: Thresholds, started: float
-) -> JsonObject | None:
+) -> ObservedEvidence | None:
     """``gate-evidence.json`` for a foreign gate (None for canarystack's own): per bucket,
     the canary-served requests users made (``canary_outcomes``, and ``comparisons``: each
     canary answer a user got is one the gate could have judged), counted from
     ``started``; the oracle's pinned pairs beside them (``oracle_pairs``)."""
     if not isinstance(target, ExternalTarget):
         return None
-    buckets: dict[str, dict[str, int]] = {}
+    buckets: dict[str, BucketCounts] = {}
 
-    def bucket(row: JsonObject) -> dict[str, int]:
+    def bucket(row: JsonObject) -> BucketCounts:
         tokens = row.get("prompt_tokens") or row.get("planned_prompt_tokens") or 0
         label = str(row.get("bucket") or bucket_of(int(tokens or 0)))
         return buckets.setdefault(
@@ -155,13 +170,16 @@ def observed_gate_evidence(
         served = row.get("served_by")
         if served in ("canary", "baseline"):
             counts = bucket(row)
-            counts[f"{served}_outcomes"] += 1
+            if served == "canary":
+                counts["canary_outcomes"] += 1
+            else:
+                counts["baseline_outcomes"] += 1
             # Every canary answer a user got is one the gate could have judged.
             counts["comparisons"] += served == "canary"
     oracle = sum(
         1 for row in _load_frame(folder, "oracle.parquet") if float(row.get("time") or 0) >= started
     )
-    doc = {
+    doc: ObservedEvidence = {
         "ok": True,
         "state": "observed",
         "source": "gameday run (the harness's own records: a foreign gate keeps no counters)",
