@@ -12,10 +12,11 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import requests
 
+from canary_contract.broker import TripRecord
 from tests.procs import ADMIN_TOKEN, Proc, Spawner, free_port, wait_for
 
 _names = itertools.count(1)
@@ -73,6 +74,12 @@ def trip_evidence(**over: Any) -> dict[str, Any]:
     }
     evidence.update(over)
     return evidence
+
+
+def trip_record(**over: Any) -> TripRecord:
+    """``trip_evidence`` as the ``TripRecord`` the stack's code takes (unchecked: a test
+    may give it values the broker must refuse)."""
+    return cast(TripRecord, trip_evidence(**over))
 
 
 class Api:
