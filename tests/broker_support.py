@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import secrets
 import subprocess
 import sys
 import time
@@ -57,6 +58,18 @@ def digest_of(manifest: Any) -> str:
     else:
         raw = json.dumps(manifest, sort_keys=True, separators=(",", ":")).encode("utf-8")
     return "sha256:" + hashlib.sha256(raw).hexdigest()
+
+
+# The credentials a broker's ``--credentials-dir`` holds (the ``creds`` fixture writes them).
+CREDENTIALS = ("operator", "trip", "rollback", "heartbeat", "faults-broker", "faults-rollback")
+
+
+def credentials_dir(folder: Path) -> Path:
+    """``folder`` made a broker's ``--credentials-dir``: a fresh token per credential."""
+    folder.mkdir()
+    for name in CREDENTIALS:
+        (folder / name).write_text(secrets.token_urlsafe(24) + "\n")
+    return folder
 
 
 def trip_evidence(**over: Any) -> dict[str, Any]:
