@@ -8,7 +8,7 @@ broker.
 from __future__ import annotations
 
 import enum
-from typing import Annotated, ClassVar, Literal
+from typing import Annotated, ClassVar, Literal, NotRequired, TypedDict
 
 from pydantic import Field, model_validator
 
@@ -78,6 +78,54 @@ class TripEvidence(Record):
     def _ordered(self) -> TripEvidence:
         check_sample_order(self.first_sample_time, self.last_sample_time, self.order_message)
         return self
+
+
+class TripColourJson(TypedDict):
+    """One example colour of a trip as JSON (``TripColour.to_wire()``)."""
+
+    request_id: str
+    trace_id: str
+    tag: str | None
+
+
+class TripRecord(TypedDict):
+    """A trip's evidence as JSON: ``TripEvidence.to_wire()``'s keys in its order,
+    ``colours`` only when the evidence has them. The gate keeps, serves and sends it, the
+    broker stores and answers it, the executor and the judge show it. ``tripped_at`` is 0
+    until the gate's service stamps it; ``detail`` is the test's own free-form evidence."""
+
+    test: str
+    bucket: str
+    statistic: float
+    threshold: float
+    samples: int
+    first_sample_time: float
+    last_sample_time: float
+    tripped_at: float
+    detail: JsonObject
+    colours: NotRequired[list[TripColourJson]]
+
+
+def _colour_json(colour: TripColour) -> TripColourJson:
+    return {"request_id": colour.request_id, "trace_id": colour.trace_id, "tag": colour.tag}
+
+
+def trip_json(trip: TripEvidence) -> TripRecord:
+    """``trip`` as JSON (what ``trip.to_wire()`` gives, key by key, typed)."""
+    out: TripRecord = {
+        "test": trip.test.value,
+        "bucket": trip.bucket,
+        "statistic": trip.statistic,
+        "threshold": trip.threshold,
+        "samples": trip.samples,
+        "first_sample_time": trip.first_sample_time,
+        "last_sample_time": trip.last_sample_time,
+        "tripped_at": trip.tripped_at,
+        "detail": trip.to_wire()["detail"],
+    }
+    if trip.colours is not None:
+        out["colours"] = [_colour_json(c) for c in trip.colours]
+    return out
 
 
 class Quarantine(Record):

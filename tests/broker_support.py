@@ -6,16 +6,18 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import secrets
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import requests
 
+from canary_contract.broker import TripRecord
 from tests.procs import ADMIN_TOKEN, Proc, Spawner, free_port, wait_for
 
 _names = itertools.count(1)
@@ -58,6 +60,18 @@ def digest_of(manifest: Any) -> str:
     return "sha256:" + hashlib.sha256(raw).hexdigest()
 
 
+# The credentials a broker's ``--credentials-dir`` holds (the ``creds`` fixture writes them).
+CREDENTIALS = ("operator", "trip", "rollback", "heartbeat", "faults-broker", "faults-rollback")
+
+
+def credentials_dir(folder: Path) -> Path:
+    """``folder`` made a broker's ``--credentials-dir``: a fresh token per credential."""
+    folder.mkdir()
+    for name in CREDENTIALS:
+        (folder / name).write_text(secrets.token_urlsafe(24) + "\n")
+    return folder
+
+
 def trip_evidence(**over: Any) -> dict[str, Any]:
     now = time.time()
     evidence: dict[str, Any] = {
@@ -73,6 +87,12 @@ def trip_evidence(**over: Any) -> dict[str, Any]:
     }
     evidence.update(over)
     return evidence
+
+
+def trip_record(**over: Any) -> TripRecord:
+    """``trip_evidence`` as the ``TripRecord`` the stack's code takes (unchecked: a test
+    may give it values the broker must refuse)."""
+    return cast(TripRecord, trip_evidence(**over))
 
 
 class Api:

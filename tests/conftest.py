@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.broker_support import credentials_dir
 from tests.procs import ADMIN_TOKEN, Spawner, stopping
 from tests.router_support import GateReceiver, gate_receiver
 
@@ -19,6 +20,12 @@ def spawn(tmp_path: Path) -> Iterator[Spawner]:
 @pytest.fixture
 def admin_headers() -> dict[str, str]:
     return {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+
+
+@pytest.fixture
+def creds(tmp_path: Path) -> Path:
+    """A broker's ``--credentials-dir`` (``tests.broker_support.credentials_dir``)."""
+    return credentials_dir(tmp_path / "credentials")
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ import pytest
 
 from canary_contract.broker import Release
 from canarystack.broker import client as client_mod
-from tests.broker_support import Api, digest_of, start_broker, trip_evidence
+from tests.broker_support import Api, digest_of, start_broker, trip_record
 from tests.procs import ADMIN_TOKEN, Spawner, free_port
 
 
@@ -87,7 +87,7 @@ def test_client_against_a_real_broker(
                 await broker.patch_release("default", 2, canary_weight=150)
             assert bad.value.status == 400 and bad.value.param == "weights.canary"
             tripped = await broker.patch_release(
-                "default", 2, phase="tripped", trip=trip_evidence(), reason="gate"
+                "default", 2, phase="tripped", trip=trip_record(), reason="gate"
             )
             assert tripped.trip is not None and tripped.trip.test == "drift"
             rb = await broker.patch_release("default", 3, phase="rolling_back", canary_weight=0)

@@ -27,6 +27,7 @@ from tests.broker_support import (
     preload_history,
     start_broker,
     trip_evidence,
+    trip_record,
 )
 from tests.procs import ADMIN_TOKEN, Spawner, wait_for
 
@@ -358,7 +359,7 @@ def test_the_client_refuses_to_send_nan(api: Api) -> None:
                     name,
                     1,
                     phase="tripped",
-                    trip=trip_evidence(statistic=float("nan"), tripped_at=time.time()),
+                    trip=trip_record(statistic=float("nan"), tripped_at=time.time()),
                 )
             return refused.value
 

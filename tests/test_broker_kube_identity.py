@@ -26,7 +26,7 @@ from canarystack.common.auth import FileToken
 from tests.broker_support import Api
 from tests.procs import Spawner
 from tests.router_support import ThreadedApp
-from tests.test_broker_router_identity import CREDENTIALS, beat, broker, listed
+from tests.test_broker_router_identity import beat, broker, listed
 
 NAMESPACE = "canarystack"
 ROUTER_SA = f"system:serviceaccount:{NAMESPACE}:canarystack-router"
@@ -81,15 +81,6 @@ def api_server(tmp_path: Path) -> Any:
     server = FakeApiServer(own).start()
     yield server
     server.stop()
-
-
-@pytest.fixture
-def creds(tmp_path: Path) -> Path:
-    folder = tmp_path / "credentials"
-    folder.mkdir()
-    for name in CREDENTIALS:
-        (folder / name).write_text(secrets.token_urlsafe(24) + "\n")
-    return folder
 
 
 def kube_broker(

@@ -13,7 +13,7 @@ from canarystack.broker.errors import BrokerDomainError, Conflicting, Missing, R
 from canarystack.broker.phases import Phase
 from canarystack.broker.store import ReleasePatch, Store
 from canarystack.common.errors import ApiError
-from tests.broker_support import digest_of, trip_evidence
+from tests.broker_support import digest_of, trip_record
 
 # The table as docs/ARCHITECTURE.md §2 writes it; phases.py must say exactly this.
 CONTRACT_EDGES = {
@@ -164,7 +164,7 @@ def test_store_quarantine_bumps_releases_using_it(store: Store) -> None:
 
 
 def test_store_trip_evidence_kept_then_cleared(store: Store) -> None:
-    trip = trip_evidence()
+    trip = trip_record()
     r, _ = store.patch_release("r", ReleasePatch(1, phase=Phase.TRIPPED, trip=trip), "gate", "", 3)
     assert r["trip"] == trip
     r, _ = store.patch_release(

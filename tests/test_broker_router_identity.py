@@ -4,29 +4,16 @@ capped, and a flood of phantom router ids never delays a rollback."""
 
 from __future__ import annotations
 
-import secrets
 import subprocess
 import sys
 import threading
 from pathlib import Path
 from typing import Any
 
-import pytest
 import requests
 
 from tests.broker_support import Api, start_broker, trip_evidence
 from tests.procs import Proc, Spawner, wait_for
-
-CREDENTIALS = ("operator", "trip", "rollback", "heartbeat", "faults-broker", "faults-rollback")
-
-
-@pytest.fixture
-def creds(tmp_path: Path) -> Path:
-    folder = tmp_path / "credentials"
-    folder.mkdir()
-    for name in CREDENTIALS:
-        (folder / name).write_text(secrets.token_urlsafe(24) + "\n")
-    return folder
 
 
 def mint(creds: Path, router_id: str) -> str:

@@ -10,7 +10,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypedDict
 
-from canary_contract.json import JsonObject, JsonValue
+from canary_contract.broker import TripRecord
+from canary_contract.json import JsonValue
 from canarystack.broker import phases
 from canarystack.broker.errors import Conflicting, Refused
 from canarystack.broker.phases import Phase
@@ -26,7 +27,7 @@ class ReleasePatch:
     phase: Phase | None = None
     canary_set: bool = False
     canary: str | None = None
-    trip: JsonObject | None = None
+    trip: TripRecord | None = None
 
 
 def number(x: float) -> float | int:

@@ -22,6 +22,7 @@ from canary_contract.broker import (
     Release,
     ReleaseList,
     RouterList,
+    TripRecord,
     Version,
     VersionList,
 )
@@ -85,7 +86,7 @@ class ReleasePatch(TypedDict):
     weights: NotRequired[WeightsJson]
     phase: NotRequired[str]
     canary: NotRequired[str | None]
-    trip: NotRequired[dict[str, object]]
+    trip: NotRequired[TripRecord]
 
 
 class RouterHeartbeat(TypedDict):
@@ -356,7 +357,7 @@ class BrokerClient:
         canary_weight: float | None = None,
         phase: str | None = None,
         canary: str | _Unset | None = UNSET,
-        trip: Mapping[str, object] | None = None,
+        trip: TripRecord | None = None,
         reason: str = "",
     ) -> Release:
         """Compare-and-set change; raises ``RevisionConflict`` or ``IllegalTransition``;
@@ -373,7 +374,7 @@ class BrokerClient:
         if canary is not UNSET:
             body["canary"] = canary
         if trip is not None:
-            body["trip"] = dict(trip)
+            body["trip"] = trip.copy()
         path = f"/v1/releases/{name}"
         answer = await self._write("PATCH", path, body)
         return _typed(Release, answer, "PATCH", self.base_url + path)

@@ -4,8 +4,9 @@ answer them: the keys of each are fixed, so mypy checks every read and write of 
 They are the dict form of the contract's records (``canary_contract.broker``: ``Release``,
 ``Version``, ``Event``, ``RouterBeat``), which read the same answers on the other side of
 the wire; the broker keeps dicts because it answers them as they are, without a round trip
-through pydantic on every watch. A trip and an event's change stay JSON objects: the store
-keeps them as the sender wrote them.
+through pydantic on every watch. A trip is the contract's ``TripRecord`` (the gate's
+evidence as ``TripEvidence`` validated and wrote it); an event's change stays a JSON
+object: the store keeps it as the sender wrote it.
 
 This module must never do I/O or import anything of the broker.
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 from typing import NotRequired, TypedDict
 
+from canary_contract.broker import TripRecord
 from canary_contract.json import JsonObject, JsonValue
 
 
@@ -52,8 +54,8 @@ class ReleaseJson(TypedDict):
     stable: StableJson
     canary: CanaryJson | None
     weights: WeightsJson
-    # The gate's evidence as it sent it (``schemas.TripEvidence.to_wire``), stored as JSON.
-    trip: JsonObject | None
+    # The gate's evidence as it sent it (``trip_json`` of the PATCH's ``TripEvidence``).
+    trip: TripRecord | None
     created_at: float
     updated_at: float
     rollback_overdue: NotRequired[OverdueJson]

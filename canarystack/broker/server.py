@@ -21,8 +21,7 @@ from aiohttp import web
 
 import canarystack
 from canary_contract import strictjson
-from canary_contract.broker import MAX_TRIP_COLOURS
-from canary_contract.json import JsonObject
+from canary_contract.broker import MAX_TRIP_COLOURS, trip_json
 from canarystack.broker import capabilities
 from canarystack.broker.api_spec import install as install_api_spec
 from canarystack.broker.capabilities import Credentials
@@ -50,7 +49,6 @@ from canarystack.broker.schemas import (
     PatchRelease,
     QuarantineVersion,
     RegisterVersion,
-    TripEvidence,
 )
 from canarystack.broker.service import DEFAULT_MAX_ROUTERS, Broker
 from canarystack.broker.wire import (
@@ -293,11 +291,6 @@ async def get_release(request: web.Request) -> web.Response:
     return json_response(broker.with_overdue(release), headers=headers)
 
 
-def _trip_json(trip: TripEvidence) -> JsonObject:
-    # Colours not sent stay out: the stored trip stays as the gate wrote it.
-    return trip.to_wire()
-
-
 def _watch_timeout(request: web.Request, max_watch_s: float) -> float:
     raw = request.query.get("timeout_s")
     if raw is None:
@@ -325,7 +318,8 @@ async def patch_release(request: web.Request) -> web.Response:
         phase=body.phase,
         canary_set="canary" in body.model_fields_set,
         canary=body.canary,
-        trip=None if body.trip is None else _trip_json(body.trip),
+        # Colours not sent stay out: the stored trip stays as the gate wrote it.
+        trip=None if body.trip is None else trip_json(body.trip),
     )
     fields = frozenset(body.model_fields_set & {"phase", "weights", "canary", "trip"})
     authorize = functools.partial(

@@ -295,6 +295,7 @@ class Store:
             "stable": {"version": row["stable_version"], "digest": row["stable_digest"]},
             "canary": canary,
             "weights": {"canary": number(row["weight_canary"])},
+            # Stored as ``trip_json`` wrote it from the PATCH's validated ``TripEvidence``.
             "trip": None if row["trip"] is None else json.loads(row["trip"]),
             "created_at": row["created_at"],
             "updated_at": row["updated_at"],

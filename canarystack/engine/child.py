@@ -16,11 +16,10 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, NotRequired, TypedDict
 
 import aiohttp
 
-from canary_contract.json import JsonObject
 from canarystack.engine import vllm
 from canarystack.engine.faults import GGML_TYPE_ID, HEALTHY_CACHE
 
@@ -31,6 +30,15 @@ READY_POLL_S = 0.1
 # reuses a matching prompt prefix, which would make the next request's TTFT look low.
 WARMUP_PROMPT = "0 1 2 3 4 5 6 7 8 9"
 WARMUP_TIMEOUT_S = 120.0  # a fresh vLLM on a busy 2-core machine: its first request ~20 s
+
+
+class WarmUpBody(TypedDict):
+    """A warm-up request's own fields (the model and temperature 0 are added to each)."""
+
+    max_tokens: int
+    prompt: NotRequired[str]
+    logprobs: NotRequired[int]
+    messages: NotRequired[list[dict[str, str]]]
 
 
 @dataclass(frozen=True)
@@ -191,7 +199,7 @@ class EngineChild:
         """Short requests, so the first real one does not pay first-use costs (a fresh
         vLLM's first chat request took ~16 s here: its chat path is warmed too)."""
         model = self.settings.served_model_name
-        warm: list[tuple[str, JsonObject]] = [
+        warm: list[tuple[str, WarmUpBody]] = [
             ("/v1/completions", {"prompt": WARMUP_PROMPT, "max_tokens": 2, "logprobs": 5}),
         ]
         if self.settings.kind == "vllm":

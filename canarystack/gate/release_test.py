@@ -33,6 +33,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
+from canary_contract.broker import TripRecord
 from canary_contract.json import JsonObject
 from canarystack.gate import trip_record
 from canarystack.gate.config import GateConfig
@@ -279,7 +280,7 @@ class ReleaseTest:
         buckets: Mapping[str, BucketScope],
         canary_version: str | None,
         stable_version: str | None,
-    ) -> trip_record.TripRecord:
+    ) -> TripRecord:
         """The trip's evidence (``tripped_at`` still 0): the merged statistic against
         ``1 / alpha``, named after the detector holding the largest share of it; the
         colours come from the gate's ``buckets``, the versions are the gate's."""

@@ -17,7 +17,7 @@ from typing import NotRequired, TypedDict
 
 import aiohttp
 
-from canary_contract.broker import Release
+from canary_contract.broker import Release, TripRecord
 from canary_contract.json import JsonObject
 from canarystack.broker.client import (
     BrokerClient,
@@ -41,7 +41,6 @@ from canarystack.gate.state import (
     SampleBatch,
     TripStatus,
 )
-from canarystack.gate.trip_record import TripRecord
 from canarystack.gate.tripper import write_trip
 
 # Module-level so tests can shorten them.

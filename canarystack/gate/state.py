@@ -14,7 +14,15 @@ from collections import OrderedDict
 from collections.abc import Iterable
 from typing import Any, Literal, TypedDict
 
-from canary_contract.broker import MAX_TRIP_COLOURS, CanaryRef, Release, StableRef, Weights
+from canary_contract.broker import (
+    MAX_TRIP_COLOURS,
+    CanaryRef,
+    Release,
+    StableRef,
+    TripRecord,
+    Weights,
+    trip_json,
+)
 from canary_contract.phases import Phase, is_canary_off
 from canary_contract.trip import TripStatus
 from canarystack.gate import detect, trip_record, views
@@ -108,7 +116,7 @@ class GateJson(TypedDict):
     false_alarm_budget: FalseAlarmBudget
     test: str
     release_test: ReleaseTestJson | None
-    trip: trip_record.TripRecord | None
+    trip: TripRecord | None
     trip_source: Literal["gate", "broker"] | None
     trip_status: str | None
     trip_status_reason: str | None
@@ -162,7 +170,7 @@ class ReleaseGate:
         self.config = config
         self.release: Release | None = None
         self.canary_version: str | None = None
-        self.trip: trip_record.TripRecord | None = None  # this gate's decision (evidence)
+        self.trip: TripRecord | None = None  # this gate's decision (evidence)
         self.trip_status: TripStatus | None = None
         self.trip_status_reason: str | None = None  # why abandoned, or why still writing
         self.trip_revision: int | None = None
@@ -537,11 +545,11 @@ class ReleaseGate:
             return "inconclusive"
         return "watching"
 
-    def broker_trip(self) -> trip_record.TripRecord | None:
+    def broker_trip(self) -> TripRecord | None:
         """The trip the broker's release carries (whoever wrote it), as the gate serves it."""
         if self.release is None or self.release.trip is None:
             return None
-        return trip_record.trip_json(self.release.trip)
+        return trip_json(self.release.trip)
 
     def noise_json(self) -> dict[str, views.NoiseFloorJson] | dict[str, ReleaseFloorJson]:
         return views.noise_json(self.drift, self.release_test, self.noise_of)

@@ -8,9 +8,9 @@ This module must never do I/O or read a clock: the caller stamps ``tripped_at``.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, NotRequired, TypedDict
+from typing import Any
 
-from canary_contract.broker import MAX_TRIP_COLOURS, TripColour, TripEvidence
+from canary_contract.broker import MAX_TRIP_COLOURS, TripEvidence, TripRecord, trip_json
 from canary_contract.json import JsonObject
 from canarystack.gate.config import GateConfig
 from canarystack.gate.scopes import (
@@ -19,53 +19,6 @@ from canarystack.gate.scopes import (
     BucketScope,
     DriftScope,
 )
-
-
-class TripColourJson(TypedDict):
-    """One example colour of a trip as the gate keeps and sends it (``TripColour``)."""
-
-    request_id: str
-    trace_id: str
-    tag: str | None
-
-
-class TripRecord(TypedDict):
-    """A trip's evidence as the gate keeps, serves (``GET /v1/gate/{release}``) and sends
-    it (the PATCH's ``trip``): ``TripEvidence.to_wire()``'s keys in its order, ``colours``
-    only when the evidence has them. ``tripped_at`` is 0 until the service stamps it."""
-
-    test: str
-    bucket: str
-    statistic: float
-    threshold: float
-    samples: int
-    first_sample_time: float
-    last_sample_time: float
-    tripped_at: float
-    detail: JsonObject
-    colours: NotRequired[list[TripColourJson]]
-
-
-def _colour_json(colour: TripColour) -> TripColourJson:
-    return {"request_id": colour.request_id, "trace_id": colour.trace_id, "tag": colour.tag}
-
-
-def trip_json(trip: TripEvidence) -> TripRecord:
-    """``trip`` as the JSON the gate keeps (what ``trip.to_wire()`` gives, key by key)."""
-    out: TripRecord = {
-        "test": trip.test.value,
-        "bucket": trip.bucket,
-        "statistic": trip.statistic,
-        "threshold": trip.threshold,
-        "samples": trip.samples,
-        "first_sample_time": trip.first_sample_time,
-        "last_sample_time": trip.last_sample_time,
-        "tripped_at": trip.tripped_at,
-        "detail": trip.to_wire()["detail"],
-    }
-    if trip.colours is not None:
-        out["colours"] = [_colour_json(c) for c in trip.colours]
-    return out
 
 
 def trip_record(fields: Mapping[str, object]) -> TripRecord:

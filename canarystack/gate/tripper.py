@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from canary_contract.broker import Release
+from canary_contract.broker import Release, TripRecord
 from canary_contract.phases import Phase, is_canary_off
 from canarystack.broker.client import (
     BrokerClient,
@@ -22,7 +22,6 @@ from canarystack.broker.client import (
     RevisionConflict,
 )
 from canarystack.common.logs import JsonLogger, get_logger
-from canarystack.gate.trip_record import TripRecord
 
 BACKOFF_S = 0.05
 MAX_BACKOFF_S = 1.0

@@ -30,10 +30,9 @@ from typing import Literal, TypedDict
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from canary_contract.broker import Release
+from canary_contract.broker import Release, TripRecord
 from canarystack.gate import state
 from canarystack.gate.state import ReleaseGate
-from canarystack.gate.trip_record import TripRecord
 
 PASS, FAIL, INCONCLUSIVE = "pass", "fail", "inconclusive"
 VERDICTS = (PASS, FAIL, INCONCLUSIVE)

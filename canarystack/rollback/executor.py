@@ -17,8 +17,7 @@ from dataclasses import dataclass
 from typing import NotRequired, TypedDict
 
 from canary_contract.bounds import bounded, check_bounds
-from canary_contract.broker import Event, Release, RouterBeat, RouterList
-from canary_contract.json import JsonObject
+from canary_contract.broker import Event, Release, RouterBeat, RouterList, TripRecord, trip_json
 from canary_contract.phases import Phase
 from canarystack.broker import client as broker_client
 from canarystack.common.error_fields import CanaryStackError
@@ -226,7 +225,7 @@ class RollbackStatus(TypedDict):
     waiting: ApplyProgress | None
     refused_step: RefusedStep | None
     running: bool
-    trip: NotRequired[JsonObject | None]
+    trip: NotRequired[TripRecord | None]
     rollback_revision: NotRequired[int | None]
     broker: NotRequired[str]
 
@@ -598,6 +597,6 @@ class RollbackRunner:
             body["revision"] = rel.revision
             body["canary_live"] = rel.canary_live
             body["steps"] = sit.steps
-            body["trip"] = None if rel.trip is None else rel.trip.to_wire()
+            body["trip"] = None if rel.trip is None else trip_json(rel.trip)
             body["rollback_revision"] = sit.rollback_revision
         return body

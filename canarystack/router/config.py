@@ -218,7 +218,7 @@ class ConfigWatcher:
         """Go fail-safe once the broker's last answer is ``failsafe_s`` old, whatever the
         watch is doing (failing, hanging, backing off); the seconds left until then."""
         silent_s = self.clock() - self.last_answer
-        if self.current.source == "failsafe" or self.current.release is None:
+        if self.current.source == "failsafe" or not self.current.configured:
             return self.failsafe_s  # already at 0% (with no config the canary is off anyway)
         if silent_s >= self.failsafe_s:
             self.fail_safe(silent_s)
@@ -331,7 +331,7 @@ class ConfigWatcher:
                 await asyncio.wait_for(self._beat_now.wait(), self.heartbeat_s)
             self._beat_now.clear()
             snap = self.current
-            if snap.release is None:
+            if not snap.configured:
                 continue  # nothing applied yet: no revision to report
             try:
                 await asyncio.wait_for(

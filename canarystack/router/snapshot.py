@@ -31,12 +31,17 @@ def effective_weight(release: JsonObject | None) -> float:
     return canary_share(release)
 
 
+def _failsafe_reason(phase: str | None) -> str:
+    return f"fail-safe: the broker has not answered the watch (last phase {phase})"
+
+
 def canary_off_reason(release: JsonObject | None, source: str = "broker") -> str | None:
     """Why the canary is off whatever a pin asks (phase, quarantine, no config, fail-safe),
-    or None while an operator's weight (0 included) decides. Names the release phase."""
+    or None while an operator's weight (0 included) decides. Names the release phase.
+    ``release`` is the release's JSON as the broker answered it or the cache file holds
+    it (read key by key here, each key checked: a cache file may be partial)."""
     if source == "failsafe":
-        phase = release.get("phase") if release else None
-        return f"fail-safe: the broker has not answered the watch (last phase {phase})"
+        return _failsafe_reason(release.get("phase") if release else None)
     if not release:
         return "no release config (phase unknown): the router has not seen the release"
     phase = release.get("phase")
@@ -71,9 +76,9 @@ class SnapshotJson(TypedDict):
 
 @dataclass(frozen=True)
 class Snapshot:
-    """The config one request sees."""
+    """The config one request sees: what ``of`` read off the release's JSON."""
 
-    release: JsonObject | None
+    configured: bool  # whether a release was applied (False: no config, 0% canary)
     revision: int
     phase: str | None
     weight_pct: float
@@ -89,15 +94,16 @@ class Snapshot:
 
     @classmethod
     def of(cls, release: JsonObject | None, source: str) -> Snapshot:
+        """The snapshot of ``release`` (the broker's JSON of it, or the cache file's)."""
         now = time.time()
         if release is None:
-            return cls(None, 0, None, 0.0, "none", None, None, now, now, canary_off_reason(None))
+            return cls(False, 0, None, 0.0, "none", None, None, now, now, canary_off_reason(None))
         stable = release.get("stable") if isinstance(release.get("stable"), dict) else {}
         canary = release.get("canary") if isinstance(release.get("canary"), dict) else {}
         rev = release.get("revision")
         weight_pct = effective_weight(release)
         return cls(
-            release=release,
+            configured=True,
             revision=rev if isinstance(rev, int) else 0,
             phase=release.get("phase"),
             weight_pct=weight_pct,
@@ -119,7 +125,7 @@ class Snapshot:
             source="failsafe",
             applied_at=now,
             canary_off_since=self.canary_off_since if self.weight_pct == 0 else now,
-            canary_off=canary_off_reason(self.release, "failsafe"),
+            canary_off=_failsafe_reason(self.phase),
         )
 
     def to_json(self) -> SnapshotJson:
