@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from aiohttp import web
 
 from canary_contract import strictjson
-from canary_contract.json import JsonObject
 from canarystack.common.apispec import (
     ANY_OBJECT,
     INTEGER,
@@ -23,19 +22,23 @@ from canarystack.common.apispec import (
     REF_PREFIX,
     STRING,
     ApiSpec,
+    OpenApiDocument,
     Param,
+    SchemaObject,
     array,
     error_response,
     json_body,
     listing,
     obj,
     path_str,
+    schema_required,
+    sub_schema,
     text_response,
 )
 from canarystack.common.component import Component
 
 # -- the shared routes (canarystack.common.app) ------------------------------------------
-HEALTH_SCHEMA: JsonObject = obj(
+HEALTH_SCHEMA: SchemaObject = obj(
     ("status", "component", "version", "pid", "uptime_s"),
     status={"type": "string", "enum": ["ok", "degraded"]},
     component=STRING,
@@ -44,32 +47,34 @@ HEALTH_SCHEMA: JsonObject = obj(
     uptime_s=NUMBER,
     degraded_reasons=array(STRING),
 )
-FAULT_SCHEMA: JsonObject = obj(
-    ("id", "kind", "params", "ttl_s", "injected_at", "expires_at", "remaining_s"),
-    id=STRING,
-    kind=STRING,
-    params=ANY_OBJECT,
-    ttl_s=NUMBER,
-    injected_at=NUMBER,
-    expires_at=NUMBER,
-    remaining_s={"type": "number", "minimum": 0},
-)
+# A fault as /admin/faults lists it; POST's answer (InjectedFault) adds "replaced".
+FAULT_REQUIRED = ("id", "kind", "params", "ttl_s", "injected_at", "expires_at", "remaining_s")
+FAULT_PROPERTIES: dict[str, SchemaObject] = {
+    "id": STRING,
+    "kind": STRING,
+    "params": ANY_OBJECT,
+    "ttl_s": NUMBER,
+    "injected_at": NUMBER,
+    "expires_at": NUMBER,
+    "remaining_s": {"type": "number", "minimum": 0},
+}
+FAULT_SCHEMA = obj(FAULT_REQUIRED, **FAULT_PROPERTIES)
 
 
-def fault_body_schema(spec: ApiSpec, component: Component) -> JsonObject:
+def fault_body_schema(spec: ApiSpec, component: Component) -> SchemaObject:
     """The body of ``POST /admin/faults``: one variant per kind, with its parameters flat
     (``{"kind", "ttl_s", ...params}``) or under ``params`` (``canarystack.common.faults``)."""
     faults = component.faults
-    ttl: JsonObject = {"type": "number", "exclusiveMinimum": 0}
+    ttl: SchemaObject = {"type": "number", "exclusiveMinimum": 0}
     if math.isfinite(faults.max_ttl_s):
         ttl["maximum"] = faults.max_ttl_s
     ttl["description"] = "seconds until the fault ends by itself (required, capped)"
-    variants: list[JsonObject] = []
+    variants: list[SchemaObject] = []
     for kind in sorted(faults.kinds):
         params = spec.model_schema(faults.kinds[kind])
-        props = dict(params.get("properties", {}))
-        required = list(params.get("required", []))
-        head = {"kind": {"const": kind}, "ttl_s": ttl}
+        props = dict(sub_schema(params, "properties"))
+        required = schema_required(params)
+        head: dict[str, SchemaObject] = {"kind": {"const": kind}, "ttl_s": ttl}
         variants.append(
             {
                 "type": "object",
@@ -79,7 +84,11 @@ def fault_body_schema(spec: ApiSpec, component: Component) -> JsonObject:
                 "additionalProperties": False,
             }
         )
-        nested: JsonObject = {"type": "object", "properties": props, "additionalProperties": False}
+        nested: SchemaObject = {
+            "type": "object",
+            "properties": props,
+            "additionalProperties": False,
+        }
         if required:
             nested["required"] = required
         variants.append(
@@ -137,14 +146,11 @@ def describe_common(spec: ApiSpec, component: Component) -> None:
             201: json_body(
                 spec.named(
                     "InjectedFault",
-                    {
-                        **FAULT_SCHEMA,
-                        "properties": {
-                            **FAULT_SCHEMA["properties"],
-                            "replaced": array(STRING),
-                        },
-                        "required": [*FAULT_SCHEMA["required"], "replaced"],
-                    },
+                    obj(
+                        (*FAULT_REQUIRED, "replaced"),
+                        **FAULT_PROPERTIES,
+                        replaced=array(STRING),
+                    ),
                 ),
                 "injected; 'replaced' lists the ids of the older fault of its kind it "
                 "replaced for good",
@@ -209,7 +215,7 @@ def live_routes(app: web.Application) -> set[tuple[str, str]]:
     return routes
 
 
-def build_document(app: web.Application) -> JsonObject:
+def build_document(app: web.Application) -> OpenApiDocument:
     """The document: the shared routes, then every describer's operations. Each route the
     live aiohttp router serves that no describer documented is listed under
     ``x-undocumented-routes``, each documented operation it does not serve under

@@ -41,7 +41,7 @@ def describe(spec: oa.ApiSpec, app: web.Application) -> None:
     # What the handler checks by hand: the release must be one this gate watches (else
     # 404) and every bucket one of its --bucket-edges labels (else 400).
     spec.refine("SampleBatch", "release", {"type": "string", "enum": watched})
-    buckets = {"type": "string", "enum": list(service.config.labels)}
+    buckets: oa.SchemaObject = {"type": "string", "enum": list(service.config.labels)}
     spec.refine("Comparison", "bucket", buckets)
     spec.refine("Outcome", "bucket", buckets)
     count = {"type": "integer", "minimum": 0}

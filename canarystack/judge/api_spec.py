@@ -70,7 +70,7 @@ def describe(spec: oa.ApiSpec, app: web.Application, judge: Judge) -> None:
             },
         )
     release = oa.Param("release", "path", {"type": "string"}, required=True)
-    not_judged: dict[int | str, JsonObject] = {404: oa.error_response("not judged here")}
+    not_judged: dict[int | str, oa.ResponseObject] = {404: oa.error_response("not judged here")}
     routes.get(
         "/v1/analysis",
         summary="Every judged release's verdict.",

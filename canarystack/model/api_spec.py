@@ -104,7 +104,7 @@ MODELS_SCHEMA: JsonObject = oa.obj(
 )
 
 
-def _sse(chunk_object: str) -> JsonObject:
+def _sse(chunk_object: str) -> oa.MediaTypeObject:
     """One server-sent event of a stream (OpenAPI 3.1: the schema describes each event):
     ``data`` is a chunk's JSON, or ``[DONE]`` at the end."""
     chunk = _completion(chunk_object, oa.obj(("index",), index=oa.INTEGER))
@@ -160,7 +160,7 @@ def describe_generation(
     *,
     max_model_len: int | None,
     extra_params: list[oa.Param] | None = None,
-    extra_responses: dict[int | str, JsonObject] | None = None,
+    extra_responses: dict[int | str, oa.ResponseObject] | None = None,
 ) -> None:
     """``POST /v1/completions`` and ``POST /v1/chat/completions``. Request bodies are
     ``canarystack.model.schemas`` (the pydantic models that validate them), with the
@@ -222,7 +222,7 @@ def describe_generation(
     )
     routes = spec.routes(TAG)
     params = [*request_headers(), *(extra_params or [])]
-    errors: dict[int | str, JsonObject] = {
+    errors: dict[int | str, oa.ResponseObject] = {
         404: oa.error_response("'model' names a model this server does not serve"),
         **(extra_responses or {}),
     }

@@ -33,7 +33,7 @@ STATUS_SCHEMA: JsonObject = oa.obj(
 
 def describe(spec: oa.ApiSpec, app: web.Application) -> None:
     status = spec.named("RollbackStatus", STATUS_SCHEMA)
-    watched = {"type": "string", "enum": sorted(app[SERVICE].releases)}
+    watched: oa.SchemaObject = {"type": "string", "enum": sorted(app[SERVICE].releases)}
     release = oa.Param("release", "path", watched, "a release this executor watches", True)
     routes = spec.routes(TAG)
     routes.post(
