@@ -6,18 +6,15 @@ This module must never change how a request is handled.
 
 from __future__ import annotations
 
-import copy
-
 from aiohttp import web
 
-from canary_contract.json import JsonObject
 from canarystack.common import apispec as oa
 from canarystack.common.openapi import add_describer
 
 TAG = "openai"
 
-_LOGPROB_ENTRY: JsonObject = oa.obj(("token", "logprob"), token=oa.STRING, logprob=oa.NUMBER)
-USAGE_SCHEMA: JsonObject = oa.obj(
+_LOGPROB_ENTRY: oa.SchemaObject = oa.obj(("token", "logprob"), token=oa.STRING, logprob=oa.NUMBER)
+USAGE_SCHEMA: oa.SchemaObject = oa.obj(
     ("prompt_tokens", "completion_tokens", "total_tokens"),
     prompt_tokens=oa.INTEGER,
     completion_tokens=oa.INTEGER,
@@ -25,7 +22,7 @@ USAGE_SCHEMA: JsonObject = oa.obj(
 )
 
 
-def _completion(object_name: str, choice: JsonObject) -> JsonObject:
+def _completion(object_name: str, choice: oa.SchemaObject) -> oa.SchemaObject:
     """An OpenAI completion answer, chat answer or stream chunk: ``object`` is
     ``object_name``, each of ``choices`` is ``choice``."""
     return oa.obj(
@@ -39,7 +36,7 @@ def _completion(object_name: str, choice: JsonObject) -> JsonObject:
     )
 
 
-COMPLETION_SCHEMA: JsonObject = _completion(
+COMPLETION_SCHEMA: oa.SchemaObject = _completion(
     "text_completion",
     oa.obj(
         ("index", "text", "logprobs", "finish_reason"),
@@ -61,7 +58,7 @@ COMPLETION_SCHEMA: JsonObject = _completion(
         stop_reason=oa.nullable(oa.STRING),
     ),
 )
-CHAT_COMPLETION_SCHEMA: JsonObject = _completion(
+CHAT_COMPLETION_SCHEMA: oa.SchemaObject = _completion(
     "chat.completion",
     oa.obj(
         ("index", "message", "finish_reason"),
@@ -84,7 +81,7 @@ CHAT_COMPLETION_SCHEMA: JsonObject = _completion(
         finish_reason=oa.nullable(oa.STRING),
     ),
 )
-MODELS_SCHEMA: JsonObject = oa.obj(
+MODELS_SCHEMA: oa.SchemaObject = oa.obj(
     ("object", "data"),
     object={"const": "list"},
     data={
@@ -129,19 +126,23 @@ def _sse(chunk_object: str) -> oa.MediaTypeObject:
     }
 
 
-_TEXT_PART: JsonObject = {
+_TEXT_PART: oa.SchemaObject = {
     "type": "object",
     "required": ["type", "text"],
     "properties": {"type": {"const": "text"}, "text": oa.STRING},
 }
-_STOP: JsonObject = {
-    "anyOf": [
-        {"type": "null"},
-        {"type": "string", "minLength": 1},
-        {"type": "array", "items": {"type": "string", "minLength": 1}, "maxItems": 16},
-    ],
-    "description": "a stop string or a list of them (non-empty strings)",
-}
+
+
+def _stop(max_items: int) -> oa.SchemaObject:
+    """``stop``: a string or a list of at most ``max_items`` (non-empty strings)."""
+    return {
+        "anyOf": [
+            {"type": "null"},
+            {"type": "string", "minLength": 1},
+            {"type": "array", "items": {"type": "string", "minLength": 1}, "maxItems": max_items},
+        ],
+        "description": "a stop string or a list of them (non-empty strings)",
+    }
 
 
 def request_headers() -> list[oa.Param]:
@@ -173,9 +174,8 @@ def describe_generation(
         CompletionRequest,
     )
 
-    stop = copy.deepcopy(_STOP)
-    stop["anyOf"][2]["maxItems"] = MAX_STOP_SEQUENCES
-    tokens: JsonObject = {"type": "integer", "minimum": 1}
+    stop = _stop(MAX_STOP_SEQUENCES)
+    tokens: oa.SchemaObject = {"type": "integer", "minimum": 1}
     if max_model_len is not None:
         tokens["maximum"] = max_model_len
     completion = spec.model(CompletionRequest)
