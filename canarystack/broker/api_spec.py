@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from canary_contract.json import JsonObject
 from canarystack.broker import schemas
 from canarystack.broker.keys import BROKER, MAX_EVENTS_PER_PAGE
 from canarystack.broker.overdue import AWAITING_ROLLBACK
@@ -21,7 +20,7 @@ from canarystack.common.openapi import add_describer
 MAX_INT64 = 2**63 - 1
 TAG = "broker"
 
-VERSION_SCHEMA: JsonObject = oa.obj(
+VERSION_SCHEMA: oa.SchemaObject = oa.obj(
     ("version", "digest", "manifest", "quarantined", "registered_at"),
     version=oa.STRING,
     digest={"type": "string", "pattern": r"^sha256:[0-9a-f]{64}$"},
@@ -34,7 +33,7 @@ VERSION_SCHEMA: JsonObject = oa.obj(
 )
 
 
-def _release_schema(phases: list[str]) -> JsonObject:
+def _release_schema(phases: list[str]) -> oa.SchemaObject:
     return oa.obj(
         ("name", "phase", "revision", "stable", "canary", "weights", "trip"),
         name=oa.STRING,
@@ -66,7 +65,7 @@ def _release_schema(phases: list[str]) -> JsonObject:
     )
 
 
-EVENT_SCHEMA: JsonObject = oa.obj(
+EVENT_SCHEMA: oa.SchemaObject = oa.obj(
     ("seq", "release", "time", "revision", "actor", "change", "reason"),
     seq=oa.INTEGER,
     release=oa.STRING,
@@ -77,7 +76,7 @@ EVENT_SCHEMA: JsonObject = oa.obj(
     reason=oa.STRING,
 )
 
-ROUTER_SCHEMA: JsonObject = oa.obj(
+ROUTER_SCHEMA: oa.SchemaObject = oa.obj(
     ("router_id", "release", "applied_revision", "last_seen", "age_s"),
     router_id=oa.STRING,
     release=oa.STRING,
@@ -112,7 +111,7 @@ def describe(spec: oa.ApiSpec, app: web.Application) -> None:
 
 
 def _describe_versions(
-    spec: oa.ApiSpec, routes: oa.TaggedRoutes, version: JsonObject, actor: oa.Param
+    spec: oa.ApiSpec, routes: oa.TaggedRoutes, version: oa.SchemaObject, actor: oa.Param
 ) -> None:
     """``/v1/versions``: register, list, read and quarantine a version."""
     version_name = oa.path_str("version", "a registered version", schemas.NAME_PATTERN)
@@ -156,7 +155,7 @@ def _describe_versions(
 def _describe_releases(
     spec: oa.ApiSpec,
     routes: oa.TaggedRoutes,
-    release: JsonObject,
+    release: oa.SchemaObject,
     release_name: oa.Param,
     actor: oa.Param,
     max_watch_s: float,
@@ -181,7 +180,7 @@ def _describe_releases(
             422: oa.error_response("the release cannot be created like this"),
         },
     )
-    timeout: JsonObject = {"type": "number", "exclusiveMinimum": 0, "maximum": max_watch_s}
+    timeout: oa.SchemaObject = {"type": "number", "exclusiveMinimum": 0, "maximum": max_watch_s}
     routes.get(
         "/v1/releases/{name}",
         summary="A release; with 'after' a long-poll until its revision differs from 'after'.",
@@ -222,7 +221,7 @@ def _describe_releases(
 def _describe_events(
     spec: oa.ApiSpec,
     routes: oa.TaggedRoutes,
-    event: JsonObject,
+    event: oa.SchemaObject,
     release_name: oa.Param,
     actor: oa.Param,
 ) -> None:
@@ -247,7 +246,7 @@ def _describe_events(
     )
 
 
-def _describe_routers(spec: oa.ApiSpec, routes: oa.TaggedRoutes, router: JsonObject) -> None:
+def _describe_routers(spec: oa.ApiSpec, routes: oa.TaggedRoutes, router: oa.SchemaObject) -> None:
     """``/v1/routers``: a router's heartbeat, and the routers with a live one."""
     routes.post(
         "/v1/routers/heartbeat",

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from canary_contract.json import JsonObject
 from canarystack.common import apispec as oa
 from canarystack.common.openapi import add_describer
 from canarystack.gate.keys import SERVICE
@@ -19,7 +18,7 @@ from canarystack.gate.state import STATES, SampleBatch
 TAG = "gate"
 
 
-def _gate_schema(states: list[str]) -> JsonObject:
+def _gate_schema(states: list[str]) -> oa.SchemaObject:
     return oa.obj(
         ("release", "state"),
         release=oa.STRING,

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from canary_contract.json import JsonObject
 from canarystack.common import apispec as oa
 from canarystack.common.openapi import add_describer
 from canarystack.judge.answers import VERDICTS, FlaggerPayload
@@ -18,7 +17,7 @@ from canarystack.judge.service import OFFER_RESULTS, Judge
 TAG = "judge"
 
 
-def _verdict_schema(releases: list[str]) -> JsonObject:
+def _verdict_schema(releases: list[str]) -> oa.SchemaObject:
     return oa.obj(
         ("release", "verdict", "reason", "comparisons"),
         release={"type": "string", "enum": releases},

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from canary_contract.json import JsonObject
 from canarystack.common import apispec as oa
 from canarystack.common.openapi import add_describer
 from canarystack.rollback.keys import SERVICE
@@ -18,7 +17,7 @@ from canarystack.rollback.service import ManualRollback
 
 TAG = "rollback"
 
-STATUS_SCHEMA: JsonObject = oa.obj(
+STATUS_SCHEMA: oa.SchemaObject = oa.obj(
     ("release", "state", "phase", "revision", "steps"),
     release=oa.STRING,
     state=oa.STRING,
