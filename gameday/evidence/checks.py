@@ -9,7 +9,7 @@ the inputs and call these; a missing input is theirs to say.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, TypedDict
+from typing import TypedDict
 
 import numpy as np
 import pandas as pd
@@ -219,7 +219,7 @@ def trips_since(events: Sequence[Mapping[str, object]], since: float | None) -> 
     )
 
 
-def router_blindness(health: Mapping[str, Any]) -> str | None:
+def router_blindness(health: Mapping[str, object]) -> str | None:
     """Why a router's samples do not reach the gate (from its /health), or None."""
     auth = health.get("gate_auth")
     if isinstance(auth, dict):
@@ -234,7 +234,7 @@ def router_blindness(health: Mapping[str, Any]) -> str | None:
 
 
 def gate_blind(
-    health: Mapping[str, Mapping[str, Any] | None], gate_state: Any, routers: int
+    health: Mapping[str, Mapping[str, object] | None], gate_state: object, routers: int
 ) -> Slo:
     """``gate_blind``: the routers (and the gate itself, when inconclusive) that leave the
     gate blind; allowed 0. ``health`` is each router's /health (None: it did not answer)."""
