@@ -16,6 +16,7 @@ from gameday.run.capabilities import missing, needs
 from gameday.targets import load_target
 from tests import router_support as rs
 from tests.procs import Spawner
+from tests.run_support import slo_detail
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -35,7 +36,7 @@ def test_the_slo_names_the_streams_left_open() -> None:
     data = {"sent": 72, "admitted": 72, "admitted_cut": 0, "refused_429": 0, "hold_s": 40}
     slo = stalled_readers.stalled_streams_cut(data)
     assert (slo["ok"], slo["measured"], slo["allowed"]) == (False, 72.0, 0.0)
-    assert slo["detail"]["why"].startswith("72 of 72 admitted streams were still open after 40")
+    assert slo_detail(slo)["why"].startswith("72 of 72 admitted streams were still open after 40")
     assert stalled_readers.stalled_streams_cut(None)["detail"]["status"] == "not_measured"
 
 
