@@ -128,7 +128,7 @@ class StackApi(JsonHttp):
         """The HTTP status of a GET of ``url`` (a foreign part's own health URL)."""
         return self._get(url).status_code
 
-    def health(self, replica_url: str) -> JsonObject:
+    def health(self, replica_url: str) -> Mapping[str, object]:
         """A replica's ``/health`` body (a router's says whether the gate hears it)."""
         return self.get_json(f"{replica_url}/health")
 

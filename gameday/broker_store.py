@@ -35,7 +35,7 @@ from typing import Any, Literal, NotRequired, TypedDict, cast
 import requests
 
 from canary_contract.digest import manifest_digest
-from canary_contract.json import JsonObject
+from canary_contract.json import JsonObject, JsonValue
 from gameday.atomic import write_json
 from gameday.errors import GamedayError
 from gameday.faults import FaultLedger, kill_pod
@@ -66,8 +66,8 @@ class MarkerVersion(TypedDict):
 class StoreSnapshot(TypedDict):
     """``store_lost.json``: what the broker held before the loss, as it answered it."""
 
-    versions: list[JsonObject]
-    release: JsonObject
+    versions: list[Mapping[str, object]]  # each as the broker listed it
+    release: Mapping[str, object]
     marker: MarkerVersion
     broker_pid: object  # the broker's PID as its /health gave it
     at: float
@@ -314,7 +314,9 @@ def quarantine_holds(target: Target, run_dir: Path, http: requests.Session) -> Q
     name = marker["version"]
     _restore_versions(target, snap, http, requarantine=False)
     version = _ok(_get(http, f"{_broker(target)}/v1/versions/{name}"), f"reading {name}")
-    stable = ((snap.get("release") or {}).get("stable") or {}).get("version")
+    # the release's stable part as the broker gave it (read as it always was)
+    stable_ref: JsonValue = (snap.get("release") or {}).get("stable")
+    stable = (stable_ref or {}).get("version")
     resp = _write(
         http,
         target,

@@ -9,7 +9,7 @@ import json
 import math
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, NotRequired
@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, NotRequired
 import requests
 
 from canary_contract.faults import FaultAction
-from canary_contract.json import JsonObject
 from gameday.api import ANNOTATION_TIMEOUT_S, STATE_TIMEOUT_S, error_text
 from gameday.evidence.ledger import FaultEntry, FaultError
 from gameday.sessions import given_or_own
@@ -73,7 +72,11 @@ class FaultLedger:
 
 
 def annotate(
-    target: Target, change: JsonObject, reason: str, *, session: requests.Session | None = None
+    target: Target,
+    change: Mapping[str, object],
+    reason: str,
+    *,
+    session: requests.Session | None = None,
 ) -> bool:
     """Best effort: add an event to the release's history on the broker (over ``session``,
     else a short-lived one of its own)."""
@@ -103,7 +106,9 @@ def _backend(target: Target, role: str) -> EnvoyFaults | None:
     return chooser(role) if callable(chooser) else None
 
 
-def fault_body(kind: str, ttl_s: float, params: JsonObject | None = None) -> JsonObject:
+def fault_body(
+    kind: str, ttl_s: float, params: Mapping[str, object] | None = None
+) -> dict[str, object]:
     """The ``/admin/faults`` body; ValueError (FaultError) for a bad ``ttl_s`` or ``params``.
 
     ``params`` are the fault's own settings: they can never override the fault's ``kind``
@@ -140,7 +145,7 @@ def inject(
     component: str,
     kind: str,
     ttl_s: float,
-    params: JsonObject | None = None,
+    params: Mapping[str, object] | None = None,
     ledger: FaultLedger | None = None,
     *,
     session: requests.Session | None = None,
@@ -407,7 +412,7 @@ def record_external(
     ledger: FaultLedger,
     source: str,
     at: float | None = None,
-    params: JsonObject | None = None,
+    params: Mapping[str, object] | None = None,
 ) -> FaultEntry:
     """A fault made by another Chaos Toolkit extension (chaostoolkit-kubernetes, -istio,
     plain ``http``) into the run's ledger, so the fault-relative checks measure from it.

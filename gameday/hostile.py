@@ -11,11 +11,11 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import TypedDict
 
 import requests
 
 from gameday.api import REQUEST_TIMEOUT_S
+from gameday.evidence.checks import FloodJson, ServerError
 
 PIN_HEADER = "x-canary-variant"
 
@@ -122,23 +122,6 @@ def send(
     except requests.RequestException as exc:
         return None, f"{type(exc).__name__}: {str(exc)[:200]}"
     return resp.status_code, resp.text[:200]
-
-
-class ServerError(TypedDict):
-    """A hostile request answered with a 5xx or a broken connection (``status`` None)."""
-
-    input: str
-    status: int | None
-    detail: str
-
-
-class FloodJson(TypedDict):
-    """What a flood got: its statuses per input, and the first server errors."""
-
-    sent: int
-    elapsed_s: float
-    by_input: dict[str, dict[str, int]]
-    server_errors: list[ServerError]
 
 
 class HostileFlood(FloodJson):

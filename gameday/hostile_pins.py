@@ -9,7 +9,6 @@ reads the canary replicas' ``/metrics``.
 from __future__ import annotations
 
 import time
-from typing import TypedDict
 
 from gameday import hostile
 from gameday.api import ApiError, StackApi
@@ -55,17 +54,7 @@ def canary_request_count(api: StackApi) -> float:
     return canary_metric(api, (REQUEST_COUNT_METRIC,))
 
 
-class PinsAfterTrip(TypedDict):
-    """``pins_after_trip.json``: what answered each pinned request, and the canary's
-    request count before and after."""
-
-    sent: int
-    answers: list[checks.PinAnswer | checks.PinUnanswered]
-    canary_requests_before: float
-    canary_requests_after: float
-
-
-def pins_after_trip(api: StackApi, n: int) -> PinsAfterTrip:
+def pins_after_trip(api: StackApi, n: int) -> checks.PinsAfterTrip:
     """Send ``n`` well-formed requests pinned to the canary: what answered each, and the
     canary's request count before and after. ``ApiError`` when a replica cannot be read,
     ``PinError`` when its counters are not numbers."""

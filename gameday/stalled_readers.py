@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 from typing import TypedDict
 from urllib.parse import urlsplit
 
-from canary_contract.json import JsonObject
 from gameday.evidence.slo import Slo, failed_result, not_measured, result
 
 RCVBUF_BYTES = 4096
@@ -55,6 +54,13 @@ class StalledReadersJson(TypedDict):
     drain_s: float
     other: list[int]
     streams: list[StalledStreamJson]
+
+
+class StalledReadersRun(StalledReadersJson):
+    """``stalled_readers.json`` as ``stall_readers`` writes it (and answers): when it
+    began (written first), then ``StalledReadersJson``'s keys."""
+
+    started_at: float
 
 
 @dataclass
@@ -203,7 +209,7 @@ def stall(router_url: str, streams: int, max_tokens: int, hold_s: float) -> Stal
     return out
 
 
-def stalled_streams_cut(data: JsonObject | None) -> Slo:
+def stalled_streams_cut(data: StalledReadersJson | None) -> Slo:
     """``stalled_streams_left_open``: admitted stalled streams the stack had not cut after
     the hold (from ``stalled_readers.json``); allowed 0. A stack that cuts none of them
     leaves their engine slots to a client that reads nothing."""

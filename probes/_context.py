@@ -50,7 +50,7 @@ class InjectedFault(TypedDict):
 
     component: str  # "model" when it went to both model roles
     kind: str
-    params: JsonObject
+    params: Mapping[str, object]
     ttl_s: float | None
     injected_at: float
     replicas: list[str]
@@ -191,7 +191,7 @@ def inject_fault(
     component: str,
     kind: str,
     ttl_s: float,
-    params: JsonObject,
+    params: Mapping[str, object],
 ) -> InjectedFault:
     """Inject on every replica of ``component`` (ledger and broker annotation included)
     and say what was done: the replicas, fault ids and the injection time.

@@ -5,9 +5,10 @@ configuration names (``probes._context.run_folder``). This module only reads.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import pandas as pd
 
-from canary_contract.json import JsonObject
 from gameday.evidence.faults import ReferenceFault
 from gameday.run.folder import NOT_YET, read_records
 from gameday.run.load_state import LoadState
@@ -32,7 +33,7 @@ def load_state(configuration: Configuration | None) -> LoadState | None:
     return run_folder(configuration).load_state()
 
 
-def run_json_lines(configuration: Configuration | None, name: str) -> list[JsonObject]:
+def run_json_lines(configuration: Configuration | None, name: str) -> list[Mapping[str, object]]:
     """The JSON objects of the run folder's JSON-lines file ``name`` (``[]``: none yet)."""
     return run_folder(configuration).json_lines(name)
 
@@ -43,7 +44,7 @@ def reference(configuration: Configuration | None) -> ReferenceFault | None:
 
 def first_fault(
     configuration: Configuration | None, action: str, kind: str | None = None
-) -> JsonObject | None:
+) -> Mapping[str, object] | None:
     return run_folder(configuration).first_fault(action, kind)
 
 

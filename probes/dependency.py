@@ -8,13 +8,12 @@ summary, ``dependency.json`` (the report's section). Redis is harmed only throug
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TypedDict
 
 import pandas as pd
 from chaoslib.exceptions import ActivityFailed
 
-from canary_contract.json import JsonObject
 from gameday import redis_faults as dep
 from gameday import redis_watch as watching
 from gameday.evidence import redis_outage as ev
@@ -57,14 +56,14 @@ class RedisFault(TypedDict):
     kind: str
     time: float
     ttl_s: float | None
-    params: JsonObject
+    params: Mapping[str, object]
     fault_id: str | None
 
 
 class RedisKilled(TypedDict):
     component: str
     killed_at: float
-    detail: JsonObject
+    detail: Mapping[str, object]
 
 
 class RedisCleared(TypedDict):

@@ -6,7 +6,6 @@ the verdict (``gameday.run.sufficiency``) makes it inconclusive. It only reads t
 
 from __future__ import annotations
 
-from canary_contract.json import JsonObject
 from gameday.run.sufficiency import GATE_EVIDENCE_NAME, thresholds, write_gate_evidence
 from probes._context import Configuration, get_target, reported, run_dir
 
@@ -17,7 +16,7 @@ def gate_evidence(
     min_comparisons: int | None = None,
     min_canary_outcomes: int | None = None,
     configuration: Configuration | None = None,
-) -> JsonObject:
+) -> dict[str, object]:
     """Write the gate's counters to gate-evidence.json; returns what was written.
 
     It reads the gate's counters (``GET /v1/gate/<release>``, over HTTP only) — baseline-canary

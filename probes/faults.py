@@ -7,11 +7,11 @@ actions never kill by name and never act outside the target's blast radius.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TypedDict
 
 from chaoslib.exceptions import ActivityFailed
 
-from canary_contract.json import JsonObject
 from gameday import faults as gd_faults
 from gameday.run.collect import read_json
 from probes._context import (
@@ -62,7 +62,7 @@ class KilledPod(TypedDict):
     component: str
     replica: str
     killed_at: float
-    detail: JsonObject
+    detail: Mapping[str, object]
 
 
 class ClearedFault(TypedDict):
@@ -314,7 +314,7 @@ def record_external_fault(
     kind: str,
     source: str = "external",
     at: float | None = None,
-    params: JsonObject | None = None,
+    params: dict[str, object] | None = None,
     configuration: Configuration | None = None,
 ) -> RecordedFault:
     """Record a fault that another Chaos Toolkit extension made (chaostoolkit-kubernetes'

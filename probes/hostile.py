@@ -8,12 +8,12 @@ The work is in ``gameday.hostile`` and ``gameday.hostile_pins``; these are thin 
 from __future__ import annotations
 
 import time
+from typing import TypeVar, cast
 
-from canary_contract.json import JsonObject
 from gameday import hostile, stalled_readers
 from gameday.evidence import checks
 from gameday.evidence.slo import Slo
-from gameday.hostile_pins import PinError, PinsAfterTrip, pins_after_trip
+from gameday.hostile_pins import PinError, pins_after_trip
 from gameday.run.collect import read_json
 from probes._context import (
     Configuration,
@@ -39,8 +39,14 @@ PINS_FILE = "pins_after_trip.json"
 STALLED_FILE = "stalled_readers.json"
 
 
-def _read(configuration: Configuration | None, name: str) -> JsonObject | None:
-    return read_json(run_dir(configuration) / name)
+# The document an action of this module writes, read back by its SLO probe.
+_Doc = TypeVar("_Doc")
+
+
+def _read(configuration: Configuration | None, name: str, shape: type[_Doc]) -> _Doc | None:
+    """The run folder's JSON file ``name``, which this module's action wrote as ``shape``
+    (None: not written yet, or not a JSON object); read as it is, the probe judges it."""
+    return cast("_Doc | None", read_json(run_dir(configuration) / name))
 
 
 def flood_pinned_canary(
@@ -75,13 +81,13 @@ def flood_pinned_canary(
 
 def hostile_input_not_5xx(configuration: Configuration | None = None) -> Slo:
     """SLO: no hostile request got a 5xx or a broken connection (allowed 0)."""
-    return checks.hostile_server_errors(_read(configuration, FLOOD_FILE))
+    return checks.hostile_server_errors(_read(configuration, FLOOD_FILE, checks.FloodJson))
 
 
 def pin_canary_after_trip(
     count: int = 20,
     configuration: Configuration | None = None,
-) -> PinsAfterTrip:
+) -> checks.PinsAfterTrip:
     """Send ``count`` well-formed requests pinned to the canary; record who answered.
 
     ``pins_after_trip.json`` holds what answered them, and the canary's own request count
@@ -97,7 +103,9 @@ def pin_canary_after_trip(
 def pins_reach_no_canary(configuration: Configuration | None = None) -> Slo:
     """SLO: after a trip, no pinned request reached the canary (allowed 0): none was
     answered by it (``x-served-by``) and its own request counter did not move."""
-    return checks.pinned_requests_on_tripped_canary(_read(configuration, PINS_FILE))
+    return checks.pinned_requests_on_tripped_canary(
+        _read(configuration, PINS_FILE, checks.PinsAfterTrip)
+    )
 
 
 def stall_readers(
@@ -105,7 +113,7 @@ def stall_readers(
     max_tokens: int = 4000,
     hold_s: float = 40.0,
     configuration: Configuration | None = None,
-) -> JsonObject:
+) -> stalled_readers.StalledReadersRun:
     """Open ``streams`` streaming completions to the router that are never read (small
     receive buffer, ``max_tokens`` each), hold them ``hold_s`` seconds, then
     record what each got and whether the stack cut it (``stalled_readers.json``). Never
@@ -123,7 +131,7 @@ def stall_readers(
         url = target.service_url("router")
     started = time.time()
     res = stalled_readers.stall(url, streams=n, max_tokens=tokens, hold_s=hold)
-    out = {"started_at": started, **res.to_json()}
+    out: stalled_readers.StalledReadersRun = {"started_at": started, **res.to_json()}
     write_run_json(configuration, STALLED_FILE, out)
     return out
 
@@ -131,4 +139,6 @@ def stall_readers(
 def stalled_streams_cut(configuration: Configuration | None = None) -> Slo:
     """SLO: every admitted stream whose client never read was cut by the stack within the
     hold (allowed 0 left open)."""
-    return stalled_readers.stalled_streams_cut(_read(configuration, STALLED_FILE))
+    return stalled_readers.stalled_streams_cut(
+        _read(configuration, STALLED_FILE, stalled_readers.StalledReadersJson)
+    )

@@ -18,7 +18,7 @@ from chaoslib.exceptions import ActivityFailed, InterruptExecution
 from canary_contract.json import JsonObject
 from gameday.evidence.rollouts import BUILD_ANNOTATION as BUILD_ANNOTATION  # for the tests
 from gameday.evidence.rollouts import VERSION_ANNOTATION as VERSION_ANNOTATION
-from gameday.evidence.rollouts import RolloutError, build_patch, parse_kernel_fault
+from gameday.evidence.rollouts import BadBuildParams, RolloutError, build_patch, parse_kernel_fault
 from gameday.targets import rollout as core
 from gameday.targets.broker_writes import target_broker
 from gameday.targets.kubernetes import KubernetesTarget
@@ -202,7 +202,7 @@ def roll_out_bad_build(
         build, patch = build_patch(
             change.apps, dep, change.name, container, list(args or []), dict(env or {}), image
         )
-        params = {"mode": "bad-build", "min_prompt_tokens": tokens, "build": build}
+        params = BadBuildParams(mode="bad-build", min_prompt_tokens=tokens, build=build)
         foreign = get_target(configuration).kind == "external"
         return core.roll_out_build(
             change, build, patch, params, ledger(configuration), admin_urls=not foreign

@@ -9,9 +9,10 @@ a probe says ``not_measured``; once a fault was injected, missing records fail t
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import pandas as pd
 
-from canary_contract.json import JsonObject
 from canary_contract.phases import is_canary_off
 from gameday.api import ApiError, StackApi
 from gameday.evidence import checks
@@ -203,7 +204,7 @@ def gate_sees_every_router(
         with stack_api(configuration, "finding the routers and the gate") as api:
             if not api.gate().gate_api:
                 return _foreign_gate_sees(api)
-            health: dict[str, JsonObject | None] = {}
+            health: dict[str, Mapping[str, object] | None] = {}
             routers = api.target.replicas("router")
             for router in routers:
                 try:

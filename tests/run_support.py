@@ -11,7 +11,7 @@ import json
 import random
 import socket
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -169,6 +169,14 @@ def ledger_entry(folder: Path, **fields: Any) -> FaultEntry:
     )
     FaultLedger(folder / "faults.jsonl").append(entry)
     return entry
+
+
+def slo_detail(out: Mapping[str, object]) -> dict[str, Any]:
+    """An SLO result's ``detail`` (``status``, ``why`` and the probe's own figures) as a
+    test reads it: JSON, each figure as the probe put it."""
+    detail = out["detail"]
+    assert isinstance(detail, dict), out
+    return detail
 
 
 # --------------------------------------------------------------------------- tiny chaos

@@ -22,7 +22,7 @@ from gameday.evidence.slo import Slo
 from probes import colouring, faults
 from probes._context import InjectedFault
 from tests.procs import wait_for
-from tests.run_support import local_stack, write_load_state, write_target
+from tests.run_support import local_stack, slo_detail, write_load_state, write_target
 
 T0 = 1000.0
 TRACE = "a" * 32
@@ -296,7 +296,7 @@ def test_a_live_stack_keeps_the_colour_at_every_hop_the_table_names(live: dict[s
     sent = colouring.send_coloured_requests(count=30, configuration=live)
     assert sent["completed"] == 30
     out = _settled(live, want_ok=True)
-    detail = out["detail"]
+    detail = slo_detail(out)
     assert out["measured"] == 1.0 and detail["judged"] >= 30 and detail["tagged"] >= 30
     # What the stack records is what the table expects: each request at a model server,
     # its Redis calls, and its samples at the gate.
@@ -315,8 +315,8 @@ def test_drop_colour_at_the_routers_fails_the_probe_naming_the_router(
     dropped, out = _colour_dropped_at("router", live)
     assert sorted(dropped["replicas"]) == ["router-0", "router-1"]
     assert out["detail"]["lost_at"] == "router"
-    assert out["detail"]["hops"]["router"]["judged"] >= 25
-    why = out["detail"]["why"]
+    assert slo_detail(out)["hops"]["router"]["judged"] >= 25
+    why = slo_detail(out)["why"]
     assert why.startswith("hop 'router'") and "tag 'gameday' -> None" in why
 
 
@@ -327,6 +327,6 @@ def test_drop_colour_at_the_model_servers_fails_the_probe_naming_the_hop(
     dropped, out = _colour_dropped_at("model", live)
     assert len(dropped["fault_ids"]) == len(dropped["replicas"]) >= 2
     assert out["detail"]["lost_at"] == "model"
-    why = out["detail"]["why"]
+    why = slo_detail(out)["why"]
     assert why.startswith("hop 'model'") and "tag 'gameday' -> None" in why and "colour-" in why
     assert out["measured"] is not None and out["measured"] < 1.0

@@ -18,6 +18,7 @@ from gameday.evidence.redis_outage import (
     recovery_s,
     summary,
 )
+from tests.run_support import slo_detail
 
 
 def entry(
@@ -97,9 +98,9 @@ def test_the_summary_and_what_each_check_is_given() -> None:
     failed = judged(unread, ERROR_RATE, 0.5, lambda d: errors_below(d, 0.5))
     assert failed["ok"] is False and failed["detail"]["why"] == "cannot read records.parquet"
     why = judged(summary(pause, watch, {}, None), RECOVERY, 1.0, lambda d: recovered(d, 1.0))
-    assert "no load records" in why["detail"]["why"]
+    assert "no load records" in slo_detail(why)["why"]
     # No fault in the ledger: nothing to judge, whatever the records say.
     unfaulted = summary([], watch, {}, record_frame(frame(before)))
     assert unfaulted["fault"] is None and "during" not in unfaulted
     none = judged(unfaulted, ERROR_RATE, 0.5, lambda d: errors_below(d, 0.5))
-    assert none["ok"] is False and "no redis fault" in none["detail"]["why"]
+    assert none["ok"] is False and "no redis fault" in slo_detail(none)["why"]

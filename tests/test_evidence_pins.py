@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from gameday.evidence.checks import pin_answer, pinned_requests_on_tripped_canary
+from gameday.evidence.checks import PinsAfterTrip, pin_answer, pinned_requests_on_tripped_canary
 
 REFUSED: dict[str, Any] = {"error": {"code": "canary_off", "message": "the canary is off"}}
 
@@ -30,10 +30,12 @@ def test_an_answers_error_code_is_read_when_it_has_one(body: object, code: str |
 
 def test_every_pin_must_be_refused_and_none_reach_the_canary() -> None:
     refused = [pin_answer(409, REFUSED, None) for _ in range(3)]
-    doc = {"answers": refused, "canary_requests_before": 5, "canary_requests_after": 5}
+    doc: PinsAfterTrip = {
+        "sent": 3, "answers": [*refused], "canary_requests_before": 5, "canary_requests_after": 5
+    }  # fmt: skip
     ok = pinned_requests_on_tripped_canary(doc)
     assert ok["ok"] is True and ok["measured"] == 0
-    served = [*refused, pin_answer(200, {"choices": []}, "canary")]
+    served = [*doc["answers"], pin_answer(200, {"choices": []}, "canary")]
     bad = pinned_requests_on_tripped_canary({**doc, "answers": served})
     assert bad["ok"] is False and bad["measured"] == 1
     moved = pinned_requests_on_tripped_canary({**doc, "canary_requests_after": 7})

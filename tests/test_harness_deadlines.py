@@ -16,6 +16,7 @@ from gameday.run.capabilities import missing, needs
 from gameday.targets import load_target
 from tests import router_support as rs
 from tests.procs import Spawner
+from tests.run_support import slo_detail
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -28,14 +29,17 @@ def test_stalled_readers_are_capped_and_cut_by_the_stack(spawn: Spawner, tmp_pat
     res = stalled_readers.stall(router.url, streams=3, max_tokens=16000, hold_s=8).to_json()
     assert (res["sent"], res["admitted"], res["refused_429"]) == (3, 2, 1)
     assert res["admitted_cut"] == 2
-    assert stalled_readers.stalled_streams_cut(dict(res))["ok"] is True
+    assert stalled_readers.stalled_streams_cut(res)["ok"] is True
 
 
 def test_the_slo_names_the_streams_left_open() -> None:
-    data = {"sent": 72, "admitted": 72, "admitted_cut": 0, "refused_429": 0, "hold_s": 40}
+    data: stalled_readers.StalledReadersJson = {
+        "router": "http://127.0.0.1:1", "hold_s": 40, "sent": 72, "admitted": 72,
+        "refused_429": 0, "admitted_cut": 0, "drain_s": 2.0, "other": [], "streams": [],
+    }  # fmt: skip
     slo = stalled_readers.stalled_streams_cut(data)
     assert (slo["ok"], slo["measured"], slo["allowed"]) == (False, 72.0, 0.0)
-    assert slo["detail"]["why"].startswith("72 of 72 admitted streams were still open after 40")
+    assert slo_detail(slo)["why"].startswith("72 of 72 admitted streams were still open after 40")
     assert stalled_readers.stalled_streams_cut(None)["detail"]["status"] == "not_measured"
 
 

@@ -307,7 +307,8 @@ def test_a_stack_that_outlives_an_experiment_is_counted_from_its_start() -> None
     end = _gate_doc({"0-512": (103, 52), "2k-4k": (41, 40), "4k+": (2, 1)})
     mine = since_start(end, start)
     assert (mine["comparisons"], mine["canary_outcomes"]) == (6, 3)
-    assert mine["buckets"]["2k-4k"]["comparisons"] == 1
+    buckets = mine["buckets"]
+    assert isinstance(buckets, dict) and buckets["2k-4k"]["comparisons"] == 1
     assert gate_reasons(end, "no_trip", False, None) == []  # the whole history would pass
     assert len(gate_reasons(mine, "no_trip", False, None)) == 2  # this experiment's does not
     # a reset in between (a new canary version): the end's counters are all this one's

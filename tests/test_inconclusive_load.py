@@ -7,6 +7,7 @@ is marked invalid with the reason — which makes the verdict inconclusive
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -31,7 +32,7 @@ def test_a_load_below_its_target_rate_is_invalid_and_says_why(
         env={"GAMEDAY_LOAD_TARGET_RPS": "100000"},  # no 2 users on 2 cores get there
     )
     result = LoadRun(config).start().wait(90)
-    summary = result.summary
+    summary: dict[str, Any] = result.summary  # load-summary.json, read as JSON
     gen = summary["generator"]
     assert gen["valid"] is False
     assert gen["target_rps"] == 100000.0 and 0 < gen["achieved_rps"] < 80000
@@ -67,9 +68,10 @@ def test_an_open_loop_that_started_late_is_invalid_and_says_why(
         extra_args=("--trace-late-tolerance-s", "0.02"),
     )
     result = LoadRun(config).start().wait(90)
-    gen = result.summary["generator"]
+    summary: dict[str, Any] = result.summary  # load-summary.json, read as JSON
+    gen = summary["generator"]
     assert gen["open_loop"] is True and gen["valid"] is False
-    late = result.summary["trace_late_starts"]
+    late = summary["trace_late_starts"]
     assert late >= 4 and gen["late_starts"] == late and gen["late_fraction"] == round(late / 6, 4)
     (problem,) = [p for p in gen["problems"] if "trace requests started late" in p]
     assert problem.startswith(f"{late} of 6 trace requests started late")
@@ -82,7 +84,7 @@ def test_the_generators_measured_cpu_is_judged_against_its_tolerance(
     model = spawn("canarystack.model", "--version", "v1")
     config = short_load(model.url, tmp_path, env={"GAMEDAY_LOAD_MAX_CPU_FRACTION": "0.01"})
     result = LoadRun(config).start().wait(90)
-    gen = result.summary["generator"]
+    gen: Any = result.summary["generator"]  # load-summary.json's check, read as JSON
     assert gen["valid"] is False and gen["cpu_fraction"] > 0.01
     assert gen["tolerances"]["max_cpu_fraction"] == 0.01
     assert (

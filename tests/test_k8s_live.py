@@ -30,6 +30,7 @@ import yaml
 
 from tests.k8s_render import LOOPBACK_PORTS
 from tests.procs import pid_alive
+from tests.run_support import slo_detail
 
 REPO = Path(__file__).resolve().parents[1]
 LOOPBACK = REPO / "deploy" / "loopback"
@@ -652,7 +653,7 @@ def test_argo_rollout_probe_reads_live_rollouts_and_pairs_them_with_traffic(
         "canary": {"weights": {"canary": {"weight": 20}, "stable": {"weight": 80}}},
     })  # fmt: skip
     out = progressive.argo_rollout_aborted("llm-server", timeout_s=0, configuration=cfg)
-    assert out["ok"] is False and "'Progressing'" in out["detail"]["why"], out
+    assert out["ok"] is False and "'Progressing'" in slo_detail(out)["why"], out
     # The real API server validates the status against the CRD's schema.
     code, body = admin_call(
         "PATCH",
@@ -673,8 +674,8 @@ def test_argo_rollout_probe_reads_live_rollouts_and_pairs_them_with_traffic(
     out = progressive.argo_rollout_aborted("llm-server", configuration=cfg)
     assert (
         out["ok"] is False
-        and "weight 20" in out["detail"]["why"]
-        and "failed open" in out["detail"]["why"]
+        and "weight 20" in slo_detail(out)["why"]
+        and "failed open" in slo_detail(out)["why"]
     ), out
     # Aborted with weight 0; the canary served only before the abort plus grace: a pass.
     aborted["canary"]["weights"] = {"canary": {"weight": 0}, "stable": {"weight": 100}}
@@ -683,13 +684,13 @@ def test_argo_rollout_probe_reads_live_rollouts_and_pairs_them_with_traffic(
                         (aborted_at + 6, "baseline"), (aborted_at + 8, "baseline")])  # fmt: skip
     out = progressive.argo_rollout_aborted("llm-server", grace_s=5, configuration=cfg)
     assert out["ok"] is True and out["measured"] == 0, out
-    assert out["detail"]["controller"]["aborted_at"] == aborted_at
+    assert slo_detail(out)["controller"]["aborted_at"] == aborted_at
     # The same status, but a canary-served request 10 s after the abort: failed open.
     write_records(run, [(aborted_at + 6, "baseline"), (aborted_at + 10, "canary")])
     out = progressive.argo_rollout_aborted("llm-server", grace_s=5, configuration=cfg)
-    assert out["ok"] is False and out["measured"] == 1 and "failed open" in out["detail"]["why"], (
-        out
-    )
+    assert (
+        out["ok"] is False and out["measured"] == 1 and "failed open" in slo_detail(out)["why"]
+    ), out
     # The probes only read: the chaos runner may not write a Rollout's status or spec.
     token = runner_config["token"]
     assert api_call_json("PATCH", f"{path}/status", token, {"status": {"abort": False}})[0] == 403
@@ -722,7 +723,7 @@ def test_flagger_canary_probe_reads_live_canaries_and_pairs_them_with_traffic(
     view = progressive.flagger_canary_status("llm", cfg)
     assert (view["phase"], view["canary_weight"], view["failed_checks"]) == ("Progressing", 10, 1)
     out = progressive.flagger_canary_failed("llm", timeout_s=0, configuration=cfg)
-    assert out["ok"] is False and "'Progressing'" in out["detail"]["why"], out
+    assert out["ok"] is False and "'Progressing'" in slo_detail(out)["why"], out
     # Flagger's phases are an enum in its CRD: the real API server refuses another.
     code, body = admin_call("PATCH", f"{path}/status", {"status": {"phase": "Exploded"}})
     assert code == 422 and body["reason"] == "Invalid", body
@@ -737,7 +738,7 @@ def test_flagger_canary_probe_reads_live_canaries_and_pairs_them_with_traffic(
     }  # fmt: skip
     write_status(path, failed)
     out = progressive.flagger_canary_failed("llm", configuration=cfg)
-    assert out["ok"] is False and "weight 10" in out["detail"]["why"], out
+    assert out["ok"] is False and "weight 10" in slo_detail(out)["why"], out
     failed["canaryWeight"] = 0
     write_status(path, failed)
     write_records(run, [(failed_at + 1, "canary"), (failed_at + 7, "baseline")])
@@ -747,7 +748,7 @@ def test_flagger_canary_probe_reads_live_canaries_and_pairs_them_with_traffic(
     write_records(run, [(failed_at - 1, "baseline")])
     out = progressive.flagger_canary_failed("llm", grace_s=5, configuration=cfg)
     assert (
-        out["ok"] is False and out["measured"] is None and "no request" in out["detail"]["why"]
+        out["ok"] is False and out["measured"] is None and "no request" in slo_detail(out)["why"]
     ), out
     token = runner_config["token"]
     assert (

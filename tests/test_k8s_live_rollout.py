@@ -21,14 +21,14 @@ import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import yaml
 from chaoslib.exceptions import ActivityFailed
 
 from gameday.faults import FaultLedger
-from gameday.targets.rollout import first_of, serving_since
+from gameday.targets.rollout import BuildRolloutDetail, first_of, serving_since
 from probes.kubernetes import BUILD_ANNOTATION, VERSION_ANNOTATION, roll_out_bad_canary
 from tests.k8s_fake import FakeApi, pod, serve_fake, workload
 
@@ -116,12 +116,14 @@ def test_the_bad_build_is_rolled_out_by_one_patch_and_ledgered_when_it_serves(
     assert (entry.action, entry.kind, entry.component) == ("inject", "kernel", "model-canary")
     assert entry.replica == pods[0]["metadata"]["name"]
     assert entry.params == {"mode": "nan-logits", "min_prompt_tokens": 100, "build": build}
-    assert entry.time >= entry.detail["patched_at"] == out["patched_at"]
+    detail = cast(BuildRolloutDetail, entry.detail)  # what roll_out_build booked
+    assert entry.time >= detail["patched_at"] == out["patched_at"]
     # the fault time is when the bad build's container started (it may serve before its
     # readiness is seen), not when the whole rollout was seen done; its pod's address
     # (10.9.0.1) is never called here: no /health says when its server began
-    assert entry.detail["listening_at"] is None
-    assert entry.time == entry.detail["container_started_at"] <= entry.detail["rolled_out_at"]
+    assert detail["listening_at"] is None
+    started = detail["container_started_at"]
+    assert started is not None and entry.time == started <= detail["rolled_out_at"]
     assert entry.url == "http://10.9.0.1:18011"
 
 
@@ -137,12 +139,14 @@ def test_the_fault_time_is_when_the_bad_builds_server_could_first_serve(
     out = roll_out_bad_canary(kernel_fault="nan-logits:100", deadline_s=20, configuration=cfg)
     after = time.time()
     (entry,) = FaultLedger(tmp_path / "run" / "faults.jsonl").entries()
-    listening = entry.detail["listening_at"]
+    detail = cast(BuildRolloutDetail, entry.detail)  # what roll_out_build booked
+    listening = detail["listening_at"]
     assert entry.url == f"http://127.0.0.1:{health_port}"
-    assert entry.detail["patched_at"] <= listening <= after
-    assert entry.detail["container_started_at"] <= listening
+    assert listening is not None and detail["patched_at"] <= listening <= after
+    assert detail["container_started_at"] is not None
+    assert detail["container_started_at"] <= listening
     # a server up since just now answered after the rollout was seen done: never later
-    assert entry.time == min(listening, entry.detail["rolled_out_at"]) == out["serving_at"]
+    assert entry.time == min(listening, detail["rolled_out_at"]) == out["serving_at"]
 
 
 def test_the_fault_time_prefers_the_servers_word_then_the_container_then_the_rollout() -> None:

@@ -30,6 +30,7 @@ from gameday.load.records import LOAD_SCHEMA, ParquetSink
 from probes import kubernetes as k8s_probes
 from probes import progressive, prometheus
 from tests.k8s_fake import FakeApi, pod, prom_vector, serve_fake, workload
+from tests.run_support import slo_detail
 
 NS = "stack"
 T_ABORT = 1_700_000_100.0  # when the controllers below changed status
@@ -137,8 +138,8 @@ def test_argo_aborted_and_no_canary_traffic_after_grace_passes(
     assert (out["check"], out["measured"], out["allowed"], out["unit"]) == (
         "argo_rollout_aborted", 0.0, 0.0, "count",
     )  # fmt: skip
-    assert out["detail"]["controller"]["aborted_at"] == T_ABORT
-    assert out["detail"]["traffic"]["total"] == 5
+    assert slo_detail(out)["controller"]["aborted_at"] == T_ABORT
+    assert slo_detail(out)["traffic"]["total"] == 5
     (req,) = fake.api_requests()
     assert req.path == f"/apis/argoproj.io/v1alpha1/namespaces/{NS}/rollouts/llm"
 
@@ -151,8 +152,8 @@ def test_argo_says_aborted_but_the_canary_kept_serving_is_a_fail_open(
                              (T_ABORT + 9, "baseline", "v1")])  # fmt: skip
     out = progressive.argo_rollout_aborted("llm", grace_s=5, configuration=config(tmp_path))
     assert out["ok"] is False and out["measured"] == 2.0
-    assert "says aborted" in out["detail"]["why"] and "failed open" in out["detail"]["why"]
-    assert "expected at most 0 canary-served requests" in out["detail"]["why"]
+    assert "says aborted" in slo_detail(out)["why"] and "failed open" in slo_detail(out)["why"]
+    assert "expected at most 0 canary-served requests" in slo_detail(out)["why"]
 
 
 def test_argo_canary_by_model_version_when_the_router_does_not_say(
@@ -176,7 +177,7 @@ def test_argo_aborted_with_the_canary_weight_still_up_is_a_fail_open(
     write_records(tmp_path, [(T_ABORT + 9, "baseline", "v1")])
     out = progressive.argo_rollout_aborted("llm", configuration=config(tmp_path))
     assert out["ok"] is False and out["measured"] is None
-    assert "canary weight 20 (expected 0)" in out["detail"]["why"]
+    assert "canary weight 20 (expected 0)" in slo_detail(out)["why"]
 
 
 def test_argo_not_aborted_names_expected_and_actual(fake: FakeApi, tmp_path: Path) -> None:
@@ -185,7 +186,7 @@ def test_argo_not_aborted_names_expected_and_actual(fake: FakeApi, tmp_path: Pat
     write_records(tmp_path, [(T_ABORT + 9, "baseline", "v1")])
     out = progressive.argo_rollout_aborted("llm", timeout_s=0, configuration=config(tmp_path))
     assert out["ok"] is False
-    why = out["detail"]["why"]
+    why = slo_detail(out)["why"]
     assert "'llm' should be aborted (status.abort true, phase Degraded" in why
     assert "but it is phase 'Progressing'" in why
 
@@ -237,7 +238,7 @@ def test_argo_paired_with_promql_traffic_over_the_window_since_the_abort(
               "total_promql": "sum(increase(reqs[{window}]))", "grace_s": 5}  # fmt: skip
     out = progressive.argo_rollout_aborted("llm", configuration=cfg, **kwargs)
     assert out["ok"] is True and out["measured"] == 0.0, out
-    assert out["detail"]["traffic"]["total"] == 42.0
+    assert slo_detail(out)["traffic"]["total"] == 42.0
     # the window starts at abort + grace
     window_s = int(re.search(r"\[(\d+)s\]", fake.prometheus_queries()[0]).group(1))  # type: ignore[union-attr]
     assert abs(window_s - (time.time() - (T_ABORT + 5))) < 60
@@ -248,7 +249,7 @@ def test_argo_paired_with_promql_traffic_over_the_window_since_the_abort(
     kwargs.pop("total_promql")
     answers["canary"] = prom_vector()
     out = progressive.argo_rollout_aborted("llm", configuration=cfg, **kwargs)
-    assert out["ok"] is False and "matched no series" in out["detail"]["why"]
+    assert out["ok"] is False and "matched no series" in slo_detail(out)["why"]
 
 
 def test_missing_or_forbidden_rollout_is_a_clear_error(fake: FakeApi, tmp_path: Path) -> None:
@@ -268,7 +269,7 @@ def test_flagger_failed_with_weight_0_and_drained_traffic_passes(
     write_records(tmp_path, [(T_ABORT + 1, "canary", "v2"), (T_ABORT + 7, "baseline", "v1")])
     out = progressive.flagger_canary_failed("llm", grace_s=5, configuration=config(tmp_path))
     assert out["ok"] is True and out["measured"] == 0.0, out
-    assert out["detail"]["controller"]["failed_checks"] == 5
+    assert slo_detail(out)["controller"]["failed_checks"] == 5
     (req,) = fake.api_requests()
     assert req.path == f"/apis/flagger.app/v1beta1/namespaces/{NS}/canaries/llm"
 
@@ -292,7 +293,7 @@ def test_flagger_failed_status_without_drained_traffic_fails(
     fake.add_custom("flagger.app", "v1beta1", "canaries", canary_failed(phase, weight))
     write_records(tmp_path, rows)
     out = progressive.flagger_canary_failed("llm", configuration=config(tmp_path))
-    assert out["ok"] is False and why in out["detail"]["why"], out
+    assert out["ok"] is False and why in slo_detail(out)["why"], out
 
 
 def test_progressive_probes_refuse_kube_system_before_any_request(
@@ -349,7 +350,7 @@ def test_canary_drained_pairs_router_weights_with_served_traffic(
     assert (out["ok"], out["measured"]) == (ok, measured), out
     assert out["check"] == "canary_drained" and out["unit"] == "count"
     if why:
-        assert why in out["detail"]["why"]
+        assert why in slo_detail(out)["why"]
     assert sorted(fake.prometheus_queries()) == sorted([WEIGHT, CANARY, TOTAL])
     assert all(s.method == "POST" and s.path == "/api/v1/query" for s in fake.seen)
 
@@ -364,7 +365,7 @@ def test_metric_bounds_and_prometheus_errors(fake: FakeApi, tmp_path: Path) -> N
     out = prometheus.metric_at_most("sum(canarystack_gate_trips_total)", 0, configuration=cfg)
     assert out["ok"] is False and out["detail"]["why"] == "expected <= 0, got 1"
     out = prometheus.metric_at_most("absent_metric", 0, configuration=cfg)
-    assert out["ok"] is False and "matched no series" in out["detail"]["why"]
+    assert out["ok"] is False and "matched no series" in slo_detail(out)["why"]
     assert prometheus.query_value("sum(canarystack_gate_trips_total)", configuration=cfg) == 1.0
     with pytest.raises(ActivityFailed, match=r"Prometheus refused the query 'up\{': HTTP 400"):
         prometheus.query_value("up{", configuration=cfg)
@@ -394,12 +395,12 @@ def test_wait_for_ready_measures_recovery_from_the_pod_kill(fake: FakeApi, tmp_p
     )
     out = k8s_probes.wait_for_ready("router", timeout_s=0.3, poll_s=0.05, configuration=cfg)
     assert out["ok"] is False
-    assert "deployment/router 2/2 available, 1 pods Ready" in out["detail"]["why"]
+    assert "deployment/router 2/2 available, 1 pods Ready" in slo_detail(out)["why"]
     # then it counts it, and the new pod starts (not Ready yet) ...
     fake.workloads[key] = workload("Deployment", "router", desired=2, ready=1, namespace=NS)
     fake.add_pod(pod("router-c", labels, "10.0.0.3", phase="Pending", namespace=NS))
     out = k8s_probes.wait_for_ready("router", timeout_s=0.3, poll_s=0.05, configuration=cfg)
-    assert out["ok"] is False and "1/2 available, 1 pods Ready" in out["detail"]["why"]
+    assert out["ok"] is False and "1/2 available, 1 pods Ready" in slo_detail(out)["why"]
 
     def recover() -> None:  # ... and becomes Ready
         time.sleep(0.3)
@@ -410,7 +411,7 @@ def test_wait_for_ready_measures_recovery_from_the_pod_kill(fake: FakeApi, tmp_p
     out = k8s_probes.wait_for_ready("router", timeout_s=30, poll_s=0.05, configuration=cfg)
     assert out["ok"] is True and out["detail"]["measured_from"] == "pod kill"
     assert out["measured"] is not None and 0.3 <= out["measured"] < 30
-    assert out["detail"]["workloads"][0]["ready_pods"] == ["router-b", "router-c"]
+    assert slo_detail(out)["workloads"][0]["ready_pods"] == ["router-b", "router-c"]
 
 
 # --- the namespace guard ---------------------------------------------------------------

@@ -95,7 +95,8 @@ def test_stop_timeout_cuts_streams_but_keeps_their_rows(
     wait_for(lambda: running(model) >= 4, timeout=15, what="4 streams in flight")
     result = run.stop()
     records = pd.read_parquet(result.records_path)
-    assert len(records) == result.summary["requests_sent"] >= 4
+    sent = result.summary["requests_sent"]
+    assert isinstance(sent, int) and len(records) == sent >= 4
     cut = records[records.error_kind == "timeout"]
     assert len(cut) >= 4 and not cut.ok.any()
     assert cut.ttft_s.notna().all()  # streams had started: what was measured is kept

@@ -13,7 +13,7 @@ from gameday.report.timeline import find_fault
 from probes._context import append_run_json_lines
 from probes._run_records import reference, run_json_lines
 from tests.report_data import FAULT, hand_made_experiment
-from tests.run_support import ledger_entry
+from tests.run_support import ledger_entry, slo_detail
 
 
 def test_the_probes_and_the_report_pick_the_same_reference_fault(tmp_path: Path) -> None:
@@ -44,21 +44,22 @@ def test_the_blind_gate_check_names_every_router_that_leaves_it_blind() -> None:
     }
     out = checks.gate_blind(health, "watching", 4)
     assert (out["check"], out["measured"], out["allowed"], out["ok"]) == ("gate_blind", 2, 0, False)
-    assert set(out["detail"]["blind"]) == {"router-0", "router-1"}
+    assert set(slo_detail(out)["blind"]) == {"router-0", "router-1"}
     assert out["detail"]["unreachable"] == ["router-3"]
     assert (
-        "router-0: its sample pushes are refused by the gate (unauthorized)" in out["detail"]["why"]
+        "router-0: its sample pushes are refused by the gate (unauthorized)"
+        in slo_detail(out)["why"]
     )
     # An inconclusive gate (no canary sample for its no-data timeout) is blind itself.
     quiet = checks.gate_blind({"router-2": {"gate_auth": "ok"}}, "inconclusive", 1)
-    assert (quiet["measured"], quiet["ok"]) == (1, False) and "gate" in quiet["detail"]["blind"]
+    assert (quiet["measured"], quiet["ok"]) == (1, False) and "gate" in slo_detail(quiet)["blind"]
     # Every router can see and the gate is watching: the gate can see.
     seen = checks.gate_blind({"router-2": {"gate_auth": "ok"}}, "watching", 1)
     assert (seen["measured"], seen["ok"]) == (0, True)
     # No router answered: whether the gate can see is unknown, which fails (fail-closed).
     unknown = checks.gate_blind({"router-3": None}, "watching", 1)
     assert unknown["ok"] is False and unknown["measured"] is None
-    assert "no router answered /health" in unknown["detail"]["why"]
+    assert "no router answered /health" in slo_detail(unknown)["why"]
 
 
 def test_rows_added_to_a_run_file_are_read_back_in_order(tmp_path: Path) -> None:

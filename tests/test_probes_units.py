@@ -22,6 +22,7 @@ from tests.procs import Spawner
 from tests.run_support import (
     ledger_entry,
     record,
+    slo_detail,
     write_load_state,
     write_records,
     write_target,
@@ -59,21 +60,21 @@ def test_before_anything_the_slo_probes_say_not_measured(run_dir: Path) -> None:
 def test_a_fault_without_load_records_fails_closed(run_dir: Path) -> None:
     ledger_entry(run_dir, time=T0)
     result = slo.error_rate_below(0.0, configuration=config(run_dir))
-    assert result["ok"] is False and "probes.load control" in result["detail"]["why"]
+    assert result["ok"] is False and "probes.load control" in slo_detail(result)["why"]
     assert not slo.slo_met(dict(result))
 
 
 def test_a_load_that_did_not_stop_fails_closed(run_dir: Path) -> None:
     write_load_state(run_dir, state="running")
     result = slo.error_rate_below(0.0, configuration=config(run_dir))
-    assert result["ok"] is False and "'running'" in result["detail"]["why"]
+    assert result["ok"] is False and "'running'" in slo_detail(result)["why"]
 
 
 def test_empty_records_fail_closed(run_dir: Path) -> None:
     write_load_state(run_dir)
     write_records(run_dir, [])
     result = slo.baseline_ttft_p99_below(1.0, configuration=config(run_dir))
-    assert result["ok"] is False and "no rows" in result["detail"]["why"]
+    assert result["ok"] is False and "no rows" in slo_detail(result)["why"]
 
 
 def test_baseline_ttft_p99(run_dir: Path) -> None:
@@ -91,7 +92,7 @@ def test_baseline_ttft_p99(run_dir: Path) -> None:
     tight = slo.baseline_ttft_p99_below(ok["measured"] - 0.01, configuration=cfg)
     assert tight["ok"] is False
     few = slo.baseline_ttft_p99_below(5.0, min_requests=500, configuration=cfg)
-    assert few["ok"] is False and "fewer than the 500" in few["detail"]["why"]
+    assert few["ok"] is False and "fewer than the 500" in slo_detail(few)["why"]
 
 
 def test_error_rate(run_dir: Path) -> None:

@@ -46,7 +46,13 @@ from gameday.targets import load_target
 from probes import prometheus
 from tests.procs import wait_for
 from tests.router_support import completion
-from tests.run_support import admin_headers, local_stack, stack_description, write_target
+from tests.run_support import (
+    admin_headers,
+    local_stack,
+    slo_detail,
+    stack_description,
+    write_target,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -226,7 +232,7 @@ def test_a_query_the_real_prometheus_refuses_is_named(live: dict[str, Any]) -> N
     with pytest.raises(ActivityFailed, match=r"with a 'matrix' result.*wrap the expression"):
         q(live, "up[5s]")
     out = prometheus.metric_at_most('sum(up{job="no-such-job"})', 0, configuration=live["cfg"])
-    assert out["ok"] is False and "matched no series" in out["detail"]["why"]
+    assert out["ok"] is False and "matched no series" in slo_detail(out)["why"]
 
 
 def test_metric_bounds_on_live_ttft(live: dict[str, Any], traffic: dict[str, Any]) -> None:
@@ -258,7 +264,7 @@ def test_a_quantile_over_no_traffic_is_no_figure_not_nan(live: dict[str, Any]) -
     out = prometheus.metric_at_most(p99, 1.0, unit="s", window_s=30, configuration=live["cfg"])
     assert out["ok"] is False and out["measured"] is None, out
     assert out["detail"]["status"] == "failed"
-    assert "answered NaN" in out["detail"]["why"]
+    assert "answered NaN" in slo_detail(out)["why"]
     strictjson.dumps(out)  # the result is a journal-safe JSON document
     assert prometheus.query_value(p99, window_s=30, configuration=live["cfg"]) is None
 
@@ -287,10 +293,10 @@ def test_canary_drained_on_a_live_local_target(
     window = time.time() - traffic["started"] + 5
     out = prometheus.canary_drained(window_s=window, configuration=cfg)
     assert out["ok"] is False, out
-    assert "still reports canary weight 5" in out["detail"]["why"]
+    assert "still reports canary weight 5" in slo_detail(out)["why"]
     # the second half's canary requests, at least
     assert out["measured"] is not None and out["measured"] >= 3
-    assert out["detail"]["queries"]["weight"] == "max(router_canary_weight_percent)"
+    assert slo_detail(out)["queries"]["weight"] == "max(router_canary_weight_percent)"
 
     # Drain: weight 0 at the broker; both routers apply it and Prometheus scrapes it.
     _set_canary_weight(live, 0)
@@ -315,8 +321,8 @@ def test_canary_drained_on_a_live_local_target(
         stop.set()
         flowing.join(timeout=15)
     assert out["ok"] is True, out
-    assert out["measured"] == 0 and out["detail"]["values"]["weight"] == 0
-    assert out["detail"]["values"]["total"] > 0
+    assert out["measured"] == 0 and slo_detail(out)["values"]["weight"] == 0
+    assert slo_detail(out)["values"]["total"] > 0
 
 
 def test_prometheus_is_started_and_stopped_by_its_pid_from_the_cli(

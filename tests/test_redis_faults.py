@@ -112,7 +112,7 @@ def test_pool_exhaustion_refuses_new_clients_until_the_rollback(
     before.ping()  # an existing client: the holder disconnects it
     entry = dep.exhaust(target, 120, 3, book)
     holder = entry.detail["holder_pid"]
-    assert alive(holder)
+    assert isinstance(holder, int) and alive(holder)
     assert refused(rds)
     assert any("max number of clients" in p for p in dep.problems(target))
     with pytest.raises(redis.ConnectionError):
@@ -128,7 +128,9 @@ def test_the_holder_restores_maxclients_and_exits_at_its_deadline(
 ) -> None:
     target = target_for(tmp_path, rds, ["redis"])
     entry = dep.exhaust(target, 1, 2, FaultLedger(tmp_path / "faults.jsonl"))
-    wait_for(lambda: not alive(entry.detail["holder_pid"]), timeout=15, what="the holder exits")
+    holder = entry.detail["holder_pid"]
+    assert isinstance(holder, int)
+    wait_for(lambda: not alive(holder), timeout=15, what="the holder exits")
     assert dep.problems(target) == []
 
 
@@ -138,8 +140,10 @@ def test_the_rollback_restores_maxclients_after_the_holder_was_killed(
     target = target_for(tmp_path, rds, ["redis"])
     book = FaultLedger(tmp_path / "faults.jsonl")
     entry = dep.exhaust(target, 120, 2, book)
-    os.kill(entry.detail["holder_pid"], signal.SIGKILL)  # no chance to restore
-    wait_for(lambda: not alive(entry.detail["holder_pid"]), timeout=10, what="holder gone")
+    holder = entry.detail["holder_pid"]
+    assert isinstance(holder, int)
+    os.kill(holder, signal.SIGKILL)  # no chance to restore
+    wait_for(lambda: not alive(holder), timeout=10, what="holder gone")
     # Redis closes the dead holder's connections on its own schedule; until it has, a new
     # client is refused ("max number of clients reached") and that is what problems says.
     wait_for(

@@ -18,7 +18,7 @@ import pytest
 
 from gameday.evidence.milestones import CLOCK_SLACK_S
 from gameday.run.folder import NOT_YET, RecordsError, RunFolder
-from tests.run_support import ledger_entry, record, write_load_state, write_records
+from tests.run_support import ledger_entry, record, slo_detail, write_load_state, write_records
 
 T0 = 1_800_000_000.0
 
@@ -40,7 +40,7 @@ def test_a_fault_without_records_fails_closed(tmp_path: Path) -> None:
     assert folder.first_fault("kill") is None
     result = folder.records("error_rate", 0.01, "ratio")
     assert isinstance(result, dict) and result["ok"] is False
-    assert "probes.load control" in result["detail"]["why"]
+    assert "probes.load control" in slo_detail(result)["why"]
 
 
 def test_unreadable_records_fail_closed_naming_the_file(tmp_path: Path) -> None:
@@ -48,7 +48,7 @@ def test_unreadable_records_fail_closed_naming_the_file(tmp_path: Path) -> None:
     (tmp_path / "records.parquet").write_text("not parquet")
     result = RunFolder(tmp_path).records("error_rate", 0.01, "ratio")
     assert isinstance(result, dict) and result["ok"] is False
-    assert result["detail"]["why"].startswith("cannot read the load records ")
+    assert slo_detail(result)["why"].startswith("cannot read the load records ")
     with pytest.raises(RecordsError, match="cannot read the load records"):
         RunFolder(tmp_path).records_traffic(T0, None)
 

@@ -9,12 +9,11 @@ the inputs and call these; a missing input is theirs to say.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, TypedDict
+from typing import TypedDict
 
 import numpy as np
 import pandas as pd
 
-from canary_contract.json import JsonObject
 from gameday.evidence.events import event_time, first_phase, phase_events
 from gameday.evidence.faults import FaultRow
 from gameday.evidence.milestones import CLOCK_SLACK_S, last_canary_request, weights_applied
@@ -219,7 +218,7 @@ def trips_since(events: Sequence[Mapping[str, object]], since: float | None) -> 
     )
 
 
-def router_blindness(health: Mapping[str, Any]) -> str | None:
+def router_blindness(health: Mapping[str, object]) -> str | None:
     """Why a router's samples do not reach the gate (from its /health), or None."""
     auth = health.get("gate_auth")
     if isinstance(auth, dict):
@@ -234,7 +233,7 @@ def router_blindness(health: Mapping[str, Any]) -> str | None:
 
 
 def gate_blind(
-    health: Mapping[str, Mapping[str, Any] | None], gate_state: Any, routers: int
+    health: Mapping[str, Mapping[str, object] | None], gate_state: object, routers: int
 ) -> Slo:
     """``gate_blind``: the routers (and the gate itself, when inconclusive) that leave the
     gate blind; allowed 0. ``health`` is each router's /health (None: it did not answer)."""
@@ -263,7 +262,24 @@ def gate_blind(
     )
 
 
-def hostile_server_errors(data: JsonObject | None) -> Slo:
+class ServerError(TypedDict):
+    """A hostile request answered with a 5xx or a broken connection (``status`` None)."""
+
+    input: str
+    status: int | None
+    detail: str
+
+
+class FloodJson(TypedDict):
+    """What a flood got: its statuses per input, and the first server errors."""
+
+    sent: int
+    elapsed_s: float
+    by_input: dict[str, dict[str, int]]
+    server_errors: list[ServerError]
+
+
+def hostile_server_errors(data: FloodJson | None) -> Slo:
     """``hostile_server_errors``: hostile requests answered with a 5xx or a broken
     connection (from ``hostile.json``); allowed 0."""
     check, unit = "hostile_server_errors", "requests"
@@ -319,6 +335,16 @@ class PinUnanswered(TypedDict):
     error: str  # the transport's exception class
 
 
+class PinsAfterTrip(TypedDict):
+    """``pins_after_trip.json``: what answered each pinned request, and the canary's
+    request count before and after."""
+
+    sent: int
+    answers: list[PinAnswer | PinUnanswered]
+    canary_requests_before: float
+    canary_requests_after: float
+
+
 def pin_answer(status: int, body: object, served_by: str | None) -> PinAnswer:
     """What answered a request pinned to the canary (a row of ``pins_after_trip.json``):
     its HTTP status, who served it (``x-served-by``) and its error ``code``, if any."""
@@ -327,7 +353,7 @@ def pin_answer(status: int, body: object, served_by: str | None) -> PinAnswer:
     return {"status": status, "served_by": served_by, "code": code}
 
 
-def pinned_requests_on_tripped_canary(data: JsonObject | None) -> Slo:
+def pinned_requests_on_tripped_canary(data: PinsAfterTrip | None) -> Slo:
     """After a trip, pinned requests that reached the canary (``pins_after_trip.json``):
     answered by it (``x-served-by``) or moving its own request counter; allowed 0, and
     every one must be refused as ``canary_off``."""

@@ -7,7 +7,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from canary_contract.faults import FaultAction
-from canary_contract.json import JsonObject
 from gameday.evidence.ledger import FaultEntry
 
 FaultRow = Mapping[str, Any]  # one line of faults.jsonl (``gameday.faults.FaultEntry``)
@@ -79,8 +78,8 @@ def reference_fault(
 def bad_build_entries(
     pods: Sequence[tuple[str, str]],
     urls: Mapping[str, str],
-    params: JsonObject,
-    detail: JsonObject,
+    params: Mapping[str, object],
+    detail: Mapping[str, object],
     served_at: float,
 ) -> list[FaultEntry]:
     """The ledger's entries for a canary rolled out to a bad build, one per ``(pod name,

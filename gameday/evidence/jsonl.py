@@ -7,14 +7,15 @@ A line that is not one strict JSON object (blank, torn by a kill mid-write, not 
 
 from __future__ import annotations
 
-from canary_contract.json import JsonObject
+from collections.abc import Mapping
+
 from gameday.oracle.wire import loads
 
 
-def json_objects(raw: bytes) -> list[JsonObject]:
+def json_objects(raw: bytes) -> list[Mapping[str, object]]:
     """The lines of ``raw`` (a file's bytes) that are JSON objects, parsed strictly, in
     file order."""
-    out: list[JsonObject] = []
+    out: list[Mapping[str, object]] = []
     for line in raw.splitlines():
         if not line.strip():
             continue

@@ -9,10 +9,10 @@ core never imports the injectors. This module must never do I/O.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from canary_contract.faults import FaultAction
-from canary_contract.json import JsonObject
 from gameday.errors import GamedayError
 
 # The ledger's ``component`` for the shared dependency (Redis) the dependency injector harms.
@@ -36,8 +36,10 @@ class FaultEntry:
     kind: str
     fault_id: str | None = None
     ttl_s: float | None = None
-    params: JsonObject = field(default_factory=dict)
-    detail: JsonObject = field(default_factory=dict)
+    # The fault's settings and what its injector saw (the kill's PID, the rollout's times);
+    # their keys differ per kind, and the readers narrow them.
+    params: Mapping[str, object] = field(default_factory=dict)
+    detail: Mapping[str, object] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         try:
@@ -48,7 +50,7 @@ class FaultEntry:
                 f"{', '.join(a.value for a in FaultAction)}"
             ) from None
 
-    def cleared(self, detail: JsonObject) -> FaultEntry:
+    def cleared(self, detail: Mapping[str, object]) -> FaultEntry:
         """The ledger's record that this injection was cleared now, with ``detail``."""
         return FaultEntry(
             action=FaultAction.CLEAR,

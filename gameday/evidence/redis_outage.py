@@ -15,7 +15,6 @@ from typing import NotRequired, TypedDict
 import pandas as pd
 
 from canary_contract.faults import FaultAction
-from canary_contract.json import JsonObject
 from gameday.evidence.ledger import DEPENDENCY_ROLE, FaultEntry
 from gameday.evidence.slo import Slo, failed_result, result
 
@@ -38,7 +37,7 @@ class FaultWindow(TypedDict):
     kind: str
     start: float
     end: float | None
-    params: JsonObject
+    params: Mapping[str, object]  # the ledger entry's
 
 
 class Stats(TypedDict):

@@ -10,9 +10,8 @@ client's serializer. A bad build is always marked on its pod template
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
-from canary_contract.json import JsonObject
 from gameday.errors import GamedayError
 
 VERSION_ANNOTATION = "canarystack.io/model-version"
@@ -25,6 +24,15 @@ DEFAULT_BUILD_MIN_PROMPT_TOKENS = 2048  # --kernel-fault MODE without :MIN_PROMP
 class RolloutError(GamedayError, RuntimeError):
     """A canary rollout that cannot be made or did not finish; the message is whole (an
     activity reports it as it is)."""
+
+
+class BadBuildParams(TypedDict):
+    """The ledger's params of a bad build: its mode, the prompt length it starts at and
+    the build (its ``BUILD_ANNOTATION``)."""
+
+    mode: str
+    min_prompt_tokens: int
+    build: str
 
 
 def pod_ready(p: Any) -> bool:
@@ -129,7 +137,7 @@ def parse_kernel_fault(raw: Any) -> tuple[str, str, str]:
     return value, mode, tokens
 
 
-def bad_build_params(mode: str, tokens: str, build: str) -> JsonObject:
+def bad_build_params(mode: str, tokens: str, build: str) -> BadBuildParams:
     """The ledger's params of a bad build: its mode and the prompt length it starts at
     (the model server's default threshold when the value names none)."""
     threshold = int(tokens) if tokens else DEFAULT_BUILD_MIN_PROMPT_TOKENS

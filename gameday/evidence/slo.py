@@ -11,8 +11,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TypedDict, TypeGuard
 
-from canary_contract.json import JsonObject
-
 
 class Slo(TypedDict):
     """One SLO result as a probe returns it to ``chaos run`` (and the journal keeps it)."""
@@ -23,7 +21,7 @@ class Slo(TypedDict):
     unit: str
     ok: bool
     # ``status`` and ``why`` and whatever figures the probe adds: open by design.
-    detail: JsonObject
+    detail: dict[str, object]
 
 
 SLO_KEYS = frozenset({"check", "measured", "allowed", "ok"})
@@ -72,7 +70,7 @@ def not_applicable(check: str, allowed: float, unit: str, why: str) -> Slo:
     return _unjudged(check, allowed, unit, NOT_APPLICABLE, why)
 
 
-def is_slo(output: object) -> TypeGuard[JsonObject]:
+def is_slo(output: object) -> TypeGuard[Mapping[str, object]]:
     """Whether a probe's output (decoded JSON) is an SLO result: its keys, not their types."""
     return isinstance(output, dict) and set(output) >= SLO_KEYS
 

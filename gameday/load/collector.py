@@ -7,14 +7,13 @@ import logging
 import os
 import resource
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any, TypedDict, cast
 
 import gevent
 from locust.runners import MasterRunner, WorkerRunner
 
-from canary_contract.json import JsonObject
 from gameday.atomic import write_text
 from gameday.load.records import (
     FLUSH_INTERVAL_S,
@@ -128,9 +127,9 @@ class Collector:
         self._pending: dict[str, list[LoadRow | OracleRow]] = {"load": [], "oracle": []}
         self._shipper: gevent.Greenlet | None = None
         self._flusher: gevent.Greenlet | None = None
-        self.finals: dict[str, JsonObject] = {}
+        self.finals: dict[str, Mapping[str, object]] = {}  # each worker's last counters
         self.records_by_worker: dict[str, int] = {}  # master: load rows each worker shipped
-        self.summary: JsonObject = {}
+        self.summary: dict[str, object] = {}
         self._test_start_wall: float | None = None
         self._test_stop_wall: float | None = None
         self._cpu_start_s = 0.0
@@ -301,7 +300,7 @@ class Collector:
             )
 
     def totals(self) -> dict[str, float]:
-        parts: list[JsonObject] = (
+        parts: list[Mapping[str, object]] = (
             list(self.finals.values())
             if self.role == "master"
             else [{**self.counters(), **self.usage()}]
@@ -312,7 +311,9 @@ class Collector:
                 if k == "pid":
                     continue
                 if k.startswith("max_"):
-                    total[k] = max(total.get(k, 0.0), v)
+                    # a number in every part (LoadCounters, GeneratorUsage); anything else
+                    # raises here, as it always has
+                    total[k] = max(total.get(k, 0.0), cast(float, v))
                 elif isinstance(v, int | float):
                     total[k] = total.get(k, 0) + v
         return total

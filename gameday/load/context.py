@@ -263,10 +263,11 @@ class LoadContext:
         self.collector.on_test_stop()
         if self.collector.role != "worker":
             s = self.collector.summary
+            written = s.get("records_written")  # the collector's dict, per kind of row
             log.info(
                 "gameday.load: %s requests sent, %s records written%s",
                 s.get("requests_sent", 0),
-                s.get("records_written", {}).get("load", 0),
+                written.get("load", 0) if isinstance(written, dict) else 0,
                 f", {s['trace_late_starts']} trace requests started late"
                 if s.get("trace_late_starts")
                 else "",

@@ -22,7 +22,6 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from canary_contract.json import JsonObject
 from gameday.errors import GamedayError
 from gameday.load.generator import (
     LoadCheck,
@@ -143,7 +142,8 @@ class LoadResult:
     exit_code: int
     records_path: Path
     oracle_path: Path | None
-    summary: JsonObject
+    # load-summary.json (``gameday.load.collector``) with ``generator``, its check
+    summary: dict[str, object]
     log_tail: str
 
     @property

@@ -99,7 +99,7 @@ def render_config(
                         ("evaluation_interval_s", evaluation_interval_s)):  # fmt: skip
         if not 0 < value <= 3600:
             raise PrometheusError(f"{name} must be in (0, 3600] seconds, got {value!r}")
-    jobs: dict[str, list[JsonObject]] = {}
+    jobs: dict[str, list[dict[str, object]]] = {}
     for t in targets:
         jobs.setdefault(t.job, []).append({"targets": [t.address], "labels": dict(t.labels)})
     interval = f"{round(scrape_interval_s * 1000)}ms"

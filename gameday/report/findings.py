@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypedDict
+from typing import TypedDict
 
-from canary_contract.json import JsonObject, record_json
+from canary_contract.json import record_json
 from gameday.evidence import journal as journal_core
 from gameday.evidence.slo import is_not_applicable, is_not_measured, is_slo
 from gameday.report.jsonfields import rounded
@@ -100,11 +100,11 @@ def _fmt(x: float | None) -> str:
     return f"{x:.3g}" if abs(x) < 100 else f"{x:.1f}"
 
 
-def _list(value: Any) -> list[Any]:
+def _list(value: object) -> list[object]:
     return value if isinstance(value, list) else []
 
 
-def journal_findings(experiment: str, journal: JsonObject | None) -> JournalFindings:
+def journal_findings(experiment: str, journal: Mapping[str, object] | None) -> JournalFindings:
     """The journal's activities and SLO checks; its reasons are ``gameday.evidence.journal``'s
     (the run verdict's, word for word) less those about an SLO result, which become the
     checks instead (each with its own sentence).
@@ -121,10 +121,11 @@ def journal_findings(experiment: str, journal: JsonObject | None) -> JournalFind
     if journal is None:
         return JournalFindings(None, [], [], [], {})
     reasons = [f.sentence for f in journal_core.journal_findings(journal) if f.slo is None]
-    status = journal.get("status") if isinstance(journal.get("status"), str) else None
+    status = journal.get("status")
+    status = status if isinstance(status, str) else None
     states = as_dict(journal.get("steady_states"))
     before, after = as_dict(states.get("before")), as_dict(states.get("after"))
-    entries: dict[str, list[Any]] = {
+    entries: dict[str, list[object]] = {
         "before": _list(before.get("probes")),
         "method": _list(journal.get("run")),
         "after": _list(after.get("probes")),

@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
-from canary_contract.json import JsonObject
+from canary_contract.json import JsonValue
 from gameday.report.missing import Missing
 
 
-def as_dict(value: Any) -> JsonObject:
+def as_dict(value: object) -> Mapping[str, object]:
     """``value`` when it is a JSON object, else an empty one (input is never trusted)."""
     return value if isinstance(value, dict) else {}
 
@@ -67,11 +67,13 @@ def spec_from_name(name: str) -> GamedaySpec:
 
 
 def spec_from_definition(
-    definition: JsonObject | None, name: str, missing: list[Missing]
+    definition: Mapping[str, object] | None, name: str, missing: list[Missing]
 ) -> GamedaySpec:
     ext = None
     if definition is not None:
-        for item in definition.get("extensions") or []:
+        # as decoded, iterated as it always was (a number or true there raises)
+        extensions: JsonValue = definition.get("extensions")
+        for item in extensions or []:
             if isinstance(item, dict) and item.get("name") == "gameday":
                 ext = item
                 break
@@ -124,7 +126,7 @@ def spec_from_definition(
 _VAR = re.compile(r"^\$\{([^}]+)\}$")
 
 
-def _resolve_number(value: Any, configuration: Any) -> float | None:
+def _resolve_number(value: object, configuration: object) -> float | None:
     """A number, a numeric string, or ``${key}`` from the experiment's configuration.
 
     The journal keeps the experiment as written, so ``${detection_s}`` arrives

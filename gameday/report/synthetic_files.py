@@ -15,7 +15,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from canary_contract.json import JsonObject
 from gameday.load.buckets import DEFAULT_EDGES, bucket_labels
 from gameday.load.records import LOAD_SCHEMA, ORACLE_SCHEMA
 
@@ -139,10 +138,10 @@ def journal(
     status: str = "completed",
     deviated: bool = False,
     description: str = "",
-) -> JsonObject:
+) -> dict[str, object]:
     """A journal shaped like chaoslib's (``run.py: initialize_run_journal`` and after)."""
 
-    def run_entry(name: str, output: Any, kind: str = "probe") -> JsonObject:
+    def run_entry(name: str, output: object, kind: str = "probe") -> dict[str, object]:
         return {
             "activity": {
                 "type": kind,

@@ -20,7 +20,7 @@ import subprocess
 import threading
 import time
 from pathlib import Path
-from typing import Literal, TypedDict
+from typing import Literal, TypedDict, cast
 
 import requests
 
@@ -220,7 +220,12 @@ def exposed_answers(folder: Path) -> int | None:
     )
     if bad is None:
         return None
-    floor = int((bad.params or {}).get("min_prompt_tokens") or 0) if bad.kind == "kernel" else 0
+    # int() of what the ledger holds, as ever (a value it cannot take raises)
+    floor = (
+        int(cast("str | float", (bad.params or {}).get("min_prompt_tokens") or 0))
+        if bad.kind == "kernel"
+        else 0
+    )
     count = 0
     for row in _load_frame(folder, "records.parquet"):
         tokens = row.get("prompt_tokens") or row.get("planned_prompt_tokens") or 0

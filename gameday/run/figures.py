@@ -11,7 +11,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, TypedDict
 
-from canary_contract.json import JsonObject
+from canary_contract.json import JsonValue
 from gameday.evidence.noise_floor import NOISE_WAIT_NAME, noise_wait_reasons
 from gameday.run.collect import read_json
 from gameday.run.result import EvidenceFigures, GateFigures
@@ -47,7 +47,7 @@ def inconclusive_reasons(folder: Path, ev: Evidence) -> list[str]:
     expect = ext.get("expect")
     tripped = bool(ev.trips_in_window)
     try:
-        gate_doc = read_json(folder / GATE_EVIDENCE_NAME)
+        gate_doc: Mapping[str, object] | None = read_json(folder / GATE_EVIDENCE_NAME)
         if gate_doc is not None:
             gate_doc = since_start(gate_doc, read_json(folder / GATE_START_NAME))
         reasons = gate_reasons(gate_doc, expect, tripped, kernel_min_prompt_tokens(folder))
@@ -59,12 +59,13 @@ def inconclusive_reasons(folder: Path, ev: Evidence) -> list[str]:
 
 def evidence_figures(folder: Path) -> EvidenceFigures:
     """What the report shows beside the verdict: the gate's counters and the load's check."""
-    gate = read_json(folder / GATE_EVIDENCE_NAME) or {}
+    gate: Mapping[str, object] = read_json(folder / GATE_EVIDENCE_NAME) or {}
     if gate:
         gate = since_start(gate, read_json(folder / GATE_START_NAME))
-    load = read_json(folder / "load.json") or {}
-    summary = load.get("summary") if isinstance(load.get("summary"), dict) else {}
-    generator = (summary or {}).get("generator")
+    load: Mapping[str, object] = read_json(folder / "load.json") or {}
+    summary = load.get("summary")
+    summary = summary if isinstance(summary, dict) else {}
+    generator = summary.get("generator")
     gate_figures: GateFigures | None = None
     if gate:
         gate_figures = {
@@ -80,7 +81,7 @@ def evidence_figures(folder: Path) -> EvidenceFigures:
         "gate": gate_figures,
         "load": generator if isinstance(generator, dict) else None,
         # Load from worker pods (or processes): every worker's records, by worker.
-        "load_workers": (summary or {}).get("records_by_worker") or None,
+        "load_workers": summary.get("records_by_worker") or None,
     }
 
 
@@ -124,12 +125,15 @@ def experiment_window(journal: Mapping[str, object], folder: Path) -> tuple[floa
     return float(start), float(end if end is not None else time.time())
 
 
-def figures(journal: JsonObject | None, rows: int | None) -> dict[str, object]:
+def figures(journal: Mapping[str, object] | None, rows: int | None) -> dict[str, object]:
     """Key figures for the terminal: every SLO result after the method, and trip time."""
     out: dict[str, object] = {"requests": rows}
     if not journal:
         return out
-    after = (journal.get("steady_states") or {}).get("after") or {}
+    # journal.json's parts as decoded, read as they always were (a part of another type
+    # than chaos writes raises here)
+    steady_states: JsonValue = journal.get("steady_states")
+    after = (steady_states or {}).get("after") or {}
     for run in after.get("probes") or []:
         o = run.get("output") if isinstance(run, dict) else None
         if isinstance(o, dict) and {"check", "measured"} <= set(o):
@@ -139,7 +143,8 @@ def figures(journal: JsonObject | None, rows: int | None) -> dict[str, object]:
                 out["failed_requests"] = detail.get("failed")
             if o["check"] == "rollback_s":
                 out["canary_requests_after_fault"] = detail.get("canary_requests_after_fault")
-    for run in journal.get("run") or []:
+    runs: JsonValue = journal.get("run")
+    for run in runs or []:
         act = (run or {}).get("activity") or {}
         if (act.get("provider") or {}).get("func") == "wait_for_trip" and isinstance(
             run.get("output"), int | float

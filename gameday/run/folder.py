@@ -11,12 +11,12 @@ the check fails and says why (fail-closed). This module only reads.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import pandas as pd
 
-from canary_contract.json import JsonObject
 from gameday.errors import GamedayError
 from gameday.evidence.checks import RECORD_COLUMNS, record_frame
 from gameday.evidence.faults import ReferenceFault, reference_fault
@@ -64,7 +64,7 @@ class RunFolder:
         """``load.json`` (None: no load has run in this experiment)."""
         return read_state(self.path) or None
 
-    def json_lines(self, name: str) -> list[JsonObject]:
+    def json_lines(self, name: str) -> list[Mapping[str, object]]:
         """The JSON objects of the JSON-lines file ``name`` (``[]`` when there is none
         yet); ``gameday.evidence.jsonl`` says which lines count."""
         try:
@@ -76,14 +76,14 @@ class RunFolder:
     def ledger(self) -> FaultLedger:
         return FaultLedger(self.path / LEDGER_NAME)
 
-    def fault_rows(self) -> list[JsonObject]:
+    def fault_rows(self) -> list[dict[str, object]]:
         """The fault ledger, one dict per line, oldest first."""
         return [asdict(e) for e in self.ledger().entries()]
 
     def reference(self) -> ReferenceFault | None:
         return reference_fault(self.fault_rows())
 
-    def first_fault(self, action: str, kind: str | None = None) -> JsonObject | None:
+    def first_fault(self, action: str, kind: str | None = None) -> Mapping[str, object] | None:
         rows = self.fault_rows()
         return next((r for r in rows if r["action"] == action and kind in (None, r["kind"])), None)
 

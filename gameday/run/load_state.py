@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TypedDict, cast
 
-from canary_contract.json import JsonObject
 from gameday.atomic import write_json
 from gameday.errors import GamedayError
 from gameday.load.pod_run import PodLoadRun, RemoteMaster
@@ -51,7 +51,7 @@ class LoadState(TypedDict, total=False):
     stopped_at: float
     exit_code: int
     failed_requests: bool
-    summary: JsonObject  # Locust's own summary (``gameday.load.collector``)
+    summary: Mapping[str, object]  # Locust's own summary (``gameday.load.collector``)
 
 
 def read_state(folder: Path) -> LoadState:

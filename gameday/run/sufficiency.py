@@ -21,7 +21,6 @@ from typing import Any, Literal, TypedDict
 
 import requests
 
-from canary_contract.json import JsonObject
 from gameday.api import ApiError, StackApi
 from gameday.atomic import write_json
 from gameday.faults import FaultLedger
@@ -246,7 +245,9 @@ def read_gate(target: Target, session: requests.Session | None = None) -> GateRe
     return {"ok": True, "url": url, **summarise_gate(state)}
 
 
-def since_start(end: JsonObject, start: JsonObject | None) -> JsonObject:
+def since_start(
+    end: Mapping[str, object], start: Mapping[str, object] | None
+) -> Mapping[str, object]:
     """The counters this experiment added: ``end`` minus ``start`` per bucket, when both
     were read and the gate did not reset in between; else ``end`` as it is.
 
@@ -263,7 +264,8 @@ def since_start(end: JsonObject, start: JsonObject | None) -> JsonObject:
     if not same:
         return {**end, "counted_from": "the gate reset during the experiment: its counters are all"}
     buckets: dict[str, dict[str, int]] = {}
-    before = start.get("buckets") if isinstance(start.get("buckets"), dict) else {}
+    before = start.get("buckets")
+    before = before if isinstance(before, dict) else {}
     raw = end.get("buckets")
     for label, b in (raw if isinstance(raw, dict) else {}).items():
         b0 = (before or {}).get(label)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, NotRequired, Protocol, Self, TypedDict
@@ -62,7 +62,7 @@ class TargetDescription(TypedDict):
 class KilledPod:
     name: str
     role: str
-    detail: JsonObject
+    detail: Mapping[str, object]  # what the target did and checked (its keys differ per kind)
 
 
 class BlastRadius(BaseModel):

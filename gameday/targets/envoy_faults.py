@@ -33,10 +33,10 @@ import time
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
+from typing import TypedDict
 
 import requests
 
-from canary_contract.json import JsonObject
 from gameday.targets.base import TargetError
 from gameday.targets.local import _pinned, read_cmdline, send_signal
 
@@ -49,6 +49,25 @@ KEYS = {
 }
 ADMIN_TIMEOUT_S = 3.0
 MAX_TTL_S = 3600.0
+
+
+class FaultState(TypedDict):
+    """A fault's state file (``<fault id>.json`` in ``state_dir``): its watchdog's PID,
+    the runtime keys it set and those that reset it, and when it expires."""
+
+    fault_id: str
+    kind: str
+    admin_url: str
+    pid: int
+    expires_at: float
+    values: dict[str, str]
+    reset: dict[str, str]
+
+
+class HeldFault(FaultState):
+    """A ``FaultState`` as read back, with the file it was read from."""
+
+    path: str
 
 
 def state_dir() -> Path:
@@ -99,11 +118,11 @@ class EnvoyFaults:
         self.admin_url = admin_url.rstrip("/")
         self.role = role
 
-    def _states(self) -> list[JsonObject]:
-        out = []
+    def _states(self) -> list[HeldFault]:
+        out: list[HeldFault] = []
         for path in sorted(state_dir().glob("*.json")):
             with contextlib.suppress(OSError, ValueError):
-                doc = json.loads(path.read_text())
+                doc: FaultState = json.loads(path.read_text())  # as inject wrote it
                 if doc.get("admin_url") == self.admin_url:
                     out.append({**doc, "path": str(path)})
         return out
@@ -151,7 +170,7 @@ class EnvoyFaults:
             stderr=subprocess.DEVNULL,
             start_new_session=True,
         )
-        doc = {
+        doc: FaultState = {
             "fault_id": fault_id,
             "kind": kind,
             "admin_url": self.admin_url,
@@ -168,7 +187,7 @@ class EnvoyFaults:
             raise TargetError(f"injecting {kind} into Envoy at {self.admin_url}: {exc}") from None
         return fault_id
 
-    def _stop_watchdog(self, doc: JsonObject) -> None:
+    def _stop_watchdog(self, doc: HeldFault) -> None:
         pid = int(doc.get("pid") or 0)
         argv = read_cmdline(pid) if pid > 0 else None
         if argv is not None and str(doc.get("fault_id")) in argv and "watchdog" in argv:

@@ -22,6 +22,7 @@ from gameday.evidence.faults import bad_build_entries, is_bad_build
 from gameday.evidence.rollouts import (
     BUILD_ANNOTATION,
     VERSION_ANNOTATION,
+    BadBuildParams,
     BuildRollout,
     RolloutError,
     bad_build_params,
@@ -78,6 +79,18 @@ class BuildRolledOut(TypedDict):
     pods: list[str]
     patched_at: float
     serving_at: float
+    rollout_s: float
+
+
+class BuildRolloutDetail(TypedDict):
+    """The ledger's detail of a bad build's entries: its rollout and when each step of it
+    was seen (``container_started_at``/``listening_at`` None: not known)."""
+
+    rollout: str
+    patched_at: float
+    container_started_at: float | None
+    listening_at: float | None
+    rolled_out_at: float
     rollout_s: float
 
 
@@ -397,7 +410,7 @@ def roll_out_build(
     change: CanaryChange,
     build: str,
     patch: list[Any],
-    params: JsonObject,
+    params: BadBuildParams,
     book: FaultLedger,
     admin_urls: bool = True,
 ) -> BuildRolledOut:
@@ -418,7 +431,7 @@ def roll_out_build(
     urls = {r.name: r.url for r in target.replicas(CANARY)} if admin_urls else {}
     listening_at = serving_since(urls.values(), started_at if started_at else patched_at)
     served_at = first_of(listening_at, started_at, rolled_out_at)
-    detail: JsonObject = {
+    detail: BuildRolloutDetail = {
         "rollout": f"deployment/{name}",
         "patched_at": patched_at,
         "container_started_at": started_at,
