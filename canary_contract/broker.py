@@ -71,7 +71,7 @@ class TripEvidence(Record):
     first_sample_time: Number
     last_sample_time: Number
     tripped_at: Number
-    detail: JsonObject = Field(default_factory=dict)
+    detail: dict[str, object] = Field(default_factory=dict)
     colours: Annotated[tuple[TripColour, ...], Field(max_length=MAX_TRIP_COLOURS)] | None = None
 
     @model_validator(mode="after")
@@ -102,7 +102,7 @@ class TripRecord(TypedDict):
     first_sample_time: float
     last_sample_time: float
     tripped_at: float
-    detail: JsonObject
+    detail: dict[str, object]
     colours: NotRequired[list[TripColourJson]]
 
 

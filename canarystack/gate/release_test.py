@@ -31,10 +31,9 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypedDict
+from typing import TypedDict
 
 from canary_contract.broker import TripRecord
-from canary_contract.json import JsonObject
 from canarystack.gate import trip_record
 from canarystack.gate.config import GateConfig
 from canarystack.gate.eprocess import BetRule, EProcesses, ReleaseEProcess, alone_threshold
@@ -113,7 +112,7 @@ class ReleaseDetector:
     last_m0: float | None = None
     total: float = 0.0
     run_total: float = 0.0
-    extra: JsonObject = field(default_factory=dict)
+    extra: dict[str, object] = field(default_factory=dict)
 
     @property
     def log_wealth(self) -> float:
@@ -138,7 +137,7 @@ class ReleaseDetector:
     def finite(self) -> bool:
         return math.isfinite(self.log_wealth) and math.isfinite(self.total)
 
-    def observe(self, x: float, m0: float, t: float, **extra: Any) -> None:
+    def observe(self, x: float, m0: float, t: float, **extra: object) -> None:
         """One observation at sample time ``t`` (the process bets before it looks)."""
         was_positive = self.log_wealth > 0
         self.process.update(x, m0)
@@ -264,7 +263,9 @@ class ReleaseTest:
             slow = c.ttft_b_s > cfg.latency_ratio * c.ttft_a_s + cfg.latency_slack_s
             self.observe(c.bucket, "latency", 1.0 if slow else 0.0, 0.5, c.time, source="paired")
 
-    def observe(self, bucket: str, test: str, x: float, m0: float, t: float, **extra: Any) -> None:
+    def observe(
+        self, bucket: str, test: str, x: float, m0: float, t: float, **extra: object
+    ) -> None:
         """One latency or errors observation of ``bucket``."""
         self.detectors[detector_name(bucket, test)].observe(x, m0, t, **extra)
 
@@ -297,7 +298,7 @@ class ReleaseTest:
             kind = "comparison"
         first = top.run_first_time if top.run_first_time is not None else 0.0
         last = top.last_time if top.last_time is not None else first
-        detail: JsonObject = {
+        detail: dict[str, object] = {
             "method": "release e-process (weighted average of betting e-processes)",
             "alpha": cfg.alpha,
             "floor_delta": cfg.floor_delta,

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal, TypedDict
 
-from canary_contract.json import JsonObject, record_json
+from canary_contract.json import record_json
 from canarystack.gate.samples import Comparison, Outcome
 from canarystack.gate.stats import ECusum, MeanWindow, TimeWindow
 
@@ -106,7 +106,7 @@ class Alarm:
     scope: str
     bucket: str
     detector: ECusum
-    detail: JsonObject
+    detail: dict[str, object]
     colours: list[dict[str, str | None]] = field(default_factory=list)
 
 

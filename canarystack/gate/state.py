@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from collections import OrderedDict
 from collections.abc import Iterable
-from typing import Any, Literal, TypedDict
+from typing import Literal, TypedDict
 
 from canary_contract.broker import (
     MAX_TRIP_COLOURS,
@@ -443,7 +443,7 @@ class ReleaseGate:
         test: Literal["latency", "errors"],
         bucket: BucketScope,
         det: ECusum,
-        **extra: Any,
+        **extra: object,
     ) -> None:
         detail = trip_record.bucket_detail(test, bucket.name, self.config, extra)
         kind = "error" if test == "errors" else "outcome"

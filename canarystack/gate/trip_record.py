@@ -8,10 +8,8 @@ This module must never do I/O or read a clock: the caller stamps ``tripped_at``.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 from canary_contract.broker import MAX_TRIP_COLOURS, TripEvidence, TripRecord, trip_json
-from canary_contract.json import JsonObject
 from canarystack.gate.config import GateConfig
 from canarystack.gate.scopes import (
     ALL_SCOPE,
@@ -30,7 +28,7 @@ def trip_record(fields: Mapping[str, object]) -> TripRecord:
 
 def drift_detail(
     scope: DriftScope, metric: str, noise: float, noise_source: str, tolerance: float
-) -> JsonObject:
+) -> dict[str, object]:
     return {
         "metric": metric,
         "scope": scope.name,
@@ -42,9 +40,9 @@ def drift_detail(
 
 
 def bucket_detail(
-    test: str, bucket: str, config: GateConfig, extra: Mapping[str, Any]
-) -> JsonObject:
-    detail: JsonObject = {"scope": bucket, "pooled_buckets": [bucket]}
+    test: str, bucket: str, config: GateConfig, extra: Mapping[str, object]
+) -> dict[str, object]:
+    detail: dict[str, object] = {"scope": bucket, "pooled_buckets": [bucket]}
     if test == "latency":
         detail.update(
             metric="canary_slower_share",
