@@ -16,7 +16,6 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from canary_contract import strictjson
-from canary_contract.json import JsonObject
 from canarystack.common import otel
 from canarystack.common.colour_http import (
     HOPS_PATH,
@@ -44,7 +43,7 @@ FAULT_SWEEP_INTERVAL_S = 0.5
 
 async def _health(request: web.Request) -> web.Response:
     comp = request.app[COMPONENT]
-    body: JsonObject = {
+    body: dict[str, object] = {
         "status": "ok",
         "component": comp.name,
         "version": comp.version,

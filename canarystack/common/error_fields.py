@@ -6,9 +6,8 @@ This module must never import aiohttp or the HTTP layer.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TypedDict
-
-from canary_contract.json import JsonObject
 
 
 class CanaryStackError(Exception):
@@ -22,7 +21,7 @@ class ErrorFieldArgs(TypedDict, total=False):
 
     param: str | None
     code: str | None
-    extra: JsonObject | None
+    extra: Mapping[str, object] | None
 
 
 class ErrorFields(CanaryStackError):
@@ -36,10 +35,10 @@ class ErrorFields(CanaryStackError):
         *,
         param: str | None = None,
         code: str | None = None,
-        extra: JsonObject | None = None,
+        extra: Mapping[str, object] | None = None,
     ) -> None:
         super().__init__(message)
         self.message = message
         self.param = param
         self.code = code
-        self.extra = dict(extra or {})
+        self.extra: dict[str, object] = dict(extra or {})

@@ -67,7 +67,7 @@ class ApiError(ErrorFields):
         if status is not None:
             self.status = status
 
-    def body(self) -> JsonObject:
+    def body(self) -> dict[str, object]:
         err: ErrorDetailJson = {
             "message": self.message,
             "type": self.type,
@@ -101,7 +101,7 @@ class PayloadTooLarge(ApiError):
     type = ErrorKind.INVALID_REQUEST
 
 
-def body_too_large(message: str, *, extra: JsonObject | None = None) -> PayloadTooLarge:
+def body_too_large(message: str, *, extra: Mapping[str, object] | None = None) -> PayloadTooLarge:
     """The 413 of a body over its limit, with code ``body_too_large``: ``message`` says
     the size, the limit and what to send instead."""
     return PayloadTooLarge(message, code="body_too_large", extra=extra)
@@ -288,8 +288,8 @@ def _costly(raw: bytes) -> bool:
     return raw.count(b",") + raw.count(b":") > PARSE_IN_THREAD_ITEMS
 
 
-def _refuse_duplicates(pairs: list[tuple[str, Any]]) -> JsonObject:
-    seen: JsonObject = {}
+def _refuse_duplicates(pairs: list[tuple[str, object]]) -> dict[str, object]:
+    seen: dict[str, object] = {}
     for key, value in pairs:
         if key in seen:
             raise BadRequest(
@@ -349,7 +349,7 @@ def _json_type(value: Any) -> str:
     return "a number"
 
 
-def parse_model(model: type[M], data: JsonObject, what: str = "request body") -> M:
+def parse_model(model: type[M], data: Mapping[str, object], what: str = "request body") -> M:
     try:
         return model.model_validate(data)
     except ValidationError as exc:

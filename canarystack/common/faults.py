@@ -22,7 +22,6 @@ from typing import Annotated, Any, NotRequired, TypedDict
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from canary_contract.json import JsonObject
 from canarystack.common.errors import BadRequest, NotFound, TooManyFaults, from_validation_error
 from canarystack.common.logs import JsonLogger, get_logger
 
@@ -82,7 +81,7 @@ class FaultJson(TypedDict):
 
     id: str
     kind: str
-    params: JsonObject
+    params: dict[str, object]
     ttl_s: float
     injected_at: float
     expires_at: float

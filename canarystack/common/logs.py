@@ -14,12 +14,10 @@ import sys
 import time
 from typing import Any
 
-from canary_contract.json import JsonObject
-
 
 class _JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
-        payload: JsonObject = {
+        payload: dict[str, object] = {
             "ts": round(record.created, 6),
             "level": record.levelname.lower(),
             "component": getattr(record, "component", record.name),
