@@ -11,7 +11,6 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, NotRequired, TypeAlias, TypedDict
 
-from canary_contract.json import JsonObject
 from canarystack.common.buckets import DEFAULT_EDGES, bucket_labels
 from canarystack.gate.release_weights import (
     DEFAULT_FOCUS_WEIGHT,
@@ -236,7 +235,7 @@ class GateConfig:
     def labels(self) -> list[str]:
         return bucket_labels(self.edges)
 
-    def to_json(self) -> JsonObject:
+    def to_json(self) -> dict[str, object]:
         return {k: (list(v) if isinstance(v, tuple) else v) for k, v in self.__dict__.items()}
 
     @classmethod

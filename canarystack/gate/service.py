@@ -12,13 +12,12 @@ from __future__ import annotations
 import asyncio
 import secrets
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import NotRequired, TypedDict
 
 import aiohttp
 
 from canary_contract.broker import Release, TripRecord
-from canary_contract.json import JsonObject
 from canarystack.broker.client import (
     BrokerClient,
     BrokerRequestError,
@@ -161,7 +160,7 @@ class GateService:
         reg.register(GateCollector(self))
 
     # -- intake ----------------------------------------------------------------------
-    async def ingest(self, body: JsonObject) -> SamplesAnswer:
+    async def ingest(self, body: Mapping[str, object]) -> SamplesAnswer:
         batch = parse_model(SampleBatch, body, what="sample batch")
         gate = self.gates.get(batch.release)
         if gate is None:

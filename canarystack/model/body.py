@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from aiohttp import web
@@ -135,7 +136,9 @@ def json_object(raw: bytes) -> JsonObject:
     return data
 
 
-def _cap_list(data: JsonObject, field: str, unit: str, cap: int, advice: str = "") -> None:
+def _cap_list(
+    data: Mapping[str, object], field: str, unit: str, cap: int, advice: str = ""
+) -> None:
     """A 400 when ``data[field]`` is a list of more than ``cap`` items."""
     value = data.get(field)
     if isinstance(value, list) and len(value) > cap:
@@ -146,7 +149,7 @@ def _cap_list(data: JsonObject, field: str, unit: str, cap: int, advice: str = "
         )
 
 
-def _precheck(data: JsonObject) -> None:
+def _precheck(data: Mapping[str, object]) -> None:
     """Caps that must hold before pydantic walks the body."""
     _cap_list(data, "messages", "messages", MAX_MESSAGES, " Merge or drop messages.")
     _cap_list(data, "stop", "sequences", MAX_STOP_SEQUENCES)
