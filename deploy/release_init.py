@@ -106,7 +106,7 @@ def init_release(
     weight: int,
     model_name: str = "default",
     engine: str = "sim",
-) -> tuple[bool, dict[str, Any]]:
+) -> tuple[bool, dict[str, object]]:
     """(created, release): creates the release unless it exists."""
     return ensure_release(
         base,

@@ -7,11 +7,9 @@ URL it is given (synchronously, with ``requests``).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 import requests
 
-from canary_contract.json import JsonObject
 from canarystack.broker.digest import manifest_digest
 from canarystack.common.error_fields import CanaryStackError
 
@@ -25,14 +23,14 @@ def ensure_release(
     token: str,
     *,
     release: str,
-    manifests: Mapping[str, Any],
+    manifests: Mapping[str, object],
     stable: str,
     canary: str,
     weight: float,
     actor: str,
     reason: str,
     timeout_s: float,
-) -> tuple[bool, JsonObject]:
+) -> tuple[bool, dict[str, object]]:
     """(created, release). ``manifests`` maps each version to register (stable and canary)
     to its manifest. Raises ``ReleaseSetupError`` on a refusal and lets
     ``requests.RequestException`` through when the broker does not answer.

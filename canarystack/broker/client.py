@@ -27,7 +27,6 @@ from canary_contract.broker import (
     VersionList,
 )
 from canary_contract.errors import ContractError
-from canary_contract.json import JsonObject
 from canarystack.broker.client_errors import (
     BadBrokerAnswer,
     BrokerError,
@@ -100,7 +99,7 @@ class RouterHeartbeat(TypedDict):
     canary_off_since: NotRequired[float]
 
 
-def _typed(record: type[R], data: JsonObject, method: str, url: str) -> R:
+def _typed(record: type[R], data: Mapping[str, object], method: str, url: str) -> R:
     """``data`` as the contract's ``record``, or ``BadBrokerAnswer`` naming the field."""
     try:
         return record.from_wire(data)
@@ -229,13 +228,13 @@ class BrokerClient:
             )
         return data, status, resp_headers
 
-    async def _get(self, path: str, params: Mapping[str, str] | None = None) -> JsonObject:
+    async def _get(self, path: str, params: Mapping[str, str] | None = None) -> dict[str, object]:
         data, _, _ = await self._call("GET", path, params=params)
         return dict(data)
 
     async def _write(
         self, method: str, path: str, body: Mapping[str, object], *, with_actor: bool = True
-    ) -> JsonObject:
+    ) -> dict[str, object]:
         if with_actor:
             body = {"actor": self.actor, **body}
         data, _, _ = await self._call(method, path, body=body, admin=True)
@@ -262,7 +261,7 @@ class BrokerClient:
         )
         return self._release(name, dict(data), path)
 
-    def _release(self, name: str, data: JsonObject, path: str) -> Release:
+    def _release(self, name: str, data: Mapping[str, object], path: str) -> Release:
         """``data`` as a ``Release``; an answer without an integer ``revision`` is named
         as one that may not come from a broker at all (a wrong ``--broker``)."""
         url = self.base_url + path

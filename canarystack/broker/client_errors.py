@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from canary_contract.json import JsonObject
 from canarystack.common.error_fields import CanaryStackError
 
 
@@ -62,14 +61,14 @@ class BrokerRequestError(BrokerError):
         *,
         param: str | None = None,
         code: str | None = None,
-        body: JsonObject | None = None,
+        body: dict[str, object] | None = None,
         **kw: str,
     ) -> None:
         super().__init__(message, **kw)
         self.status = status
         self.param = param
         self.code = code
-        self.body = body or {}
+        self.body: dict[str, object] = body or {}
 
 
 class BrokerNotFound(BrokerRequestError):

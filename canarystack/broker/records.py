@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import NotRequired, TypedDict
 
 from canary_contract.broker import TripRecord
-from canary_contract.json import JsonObject, JsonValue
+from canary_contract.json import JsonValue
 
 
 class StableJson(TypedDict):
@@ -87,7 +87,7 @@ class EventJson(TypedDict):
     time: float
     revision: int
     actor: str
-    change: JsonObject
+    change: dict[str, object]
     reason: str
 
 

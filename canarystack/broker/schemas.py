@@ -15,7 +15,6 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictInt, mo
 from canary_contract import broker as contract_broker
 from canary_contract import strictjson
 from canary_contract.broker import MAX_TRIP_COLOURS
-from canary_contract.json import JsonObject
 from canarystack.broker.phases import Phase
 from canarystack.broker.wire import MAX_INT64
 
@@ -41,7 +40,7 @@ MAX_EVENT_FIELD_BYTES = 16 * 1024
 def _small_json(field: str) -> AfterValidator:
     """A validator refusing a JSON object over ``MAX_EVENT_FIELD_BYTES``, naming ``field``."""
 
-    def check(value: JsonObject) -> JsonObject:
+    def check(value: dict[str, object]) -> dict[str, object]:
         size = len(strictjson.dumps(value))
         if size > MAX_EVENT_FIELD_BYTES:
             raise ValueError(
@@ -81,7 +80,7 @@ class TripEvidence(contract_broker.TripEvidence):
         "and last sample times in order"
     )
 
-    detail: Annotated[JsonObject, _small_json("trip.detail")] = Field(default_factory=dict)
+    detail: Annotated[dict[str, object], _small_json("trip.detail")] = Field(default_factory=dict)
     colours: Annotated[tuple[TripColour, ...], Field(max_length=MAX_TRIP_COLOURS)] | None = None
 
 
@@ -124,7 +123,7 @@ class AcceptLoss(_Body):
 
 class Annotation(_Body):
     actor: Actor | None = None
-    change: Annotated[JsonObject, _small_json("change")]
+    change: Annotated[dict[str, object], _small_json("change")]
     reason: Reason = ""
 
     @model_validator(mode="after")

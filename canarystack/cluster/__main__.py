@@ -5,13 +5,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
-from canary_contract.json import JsonObject
 from canary_contract.stack import StackStatus
 from canarystack.cluster import stack
 from canarystack.cluster.spec import StackConfigError, load_stack_config
@@ -80,7 +79,7 @@ def _print_status(console: Console, st: StackStatus) -> None:
     console.print(f"router: {st['router_url']}   broker: {st['broker_url']}")
 
 
-def _summarise_change(change: JsonObject) -> str:
+def _summarise_change(change: Mapping[str, object]) -> str:
     if "annotation" in change:
         rest = {k: v for k, v in change.items() if k != "annotation"}
         return f"{change['annotation']} {json.dumps(rest, default=str)}"
