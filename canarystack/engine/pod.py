@@ -23,7 +23,6 @@ import aiohttp
 from aiohttp import web
 
 from canary_contract import strictjson
-from canary_contract.json import JsonObject
 from canarystack.common.app import Component
 from canarystack.common.error_fields import CanaryStackError
 from canarystack.common.errors import Unavailable, json_response
@@ -329,7 +328,7 @@ class EnginePod:
         self,
         request: web.Request,
         parsed: Parsed,
-        upstream: JsonObject,
+        upstream: dict[str, object],
         rec: _Record,
         headers: dict[str, str],
     ) -> None:

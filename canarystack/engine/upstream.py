@@ -5,7 +5,6 @@ This module must never pass a field to the engine that the contract did not vali
 
 from __future__ import annotations
 
-from canary_contract.json import JsonObject
 from canarystack.common.errors import BadRequest
 from canarystack.engine.tokens import TokenCounter
 from canarystack.model.body import Parsed
@@ -22,7 +21,7 @@ def upstream_body(
     served: str,
     n_ctx: int,
     default_max_tokens: int,
-) -> tuple[JsonObject, bool, bool]:
+) -> tuple[dict[str, object], bool, bool]:
     """Count and build what the engine gets from a validated request: (body, stream,
     include_usage). Only the fields the contract validates are forwarded; unknown
     fields are dropped here, never passed to the engine unchecked."""
@@ -57,7 +56,7 @@ def upstream_body(
 
 
 def add_context(
-    upstream: JsonObject,
+    upstream: dict[str, object],
     req: CompletionRequest | ChatCompletionRequest,
     context: str,
     counter: TokenCounter,
@@ -67,13 +66,15 @@ def add_context(
     of a chat (before its own system text, if any), a line before a completion's prompt —
     and return the prompt's new token count; None (``upstream`` unchanged) when it would
     not fit ``n_ctx`` with the answer."""
-    changed: JsonObject
+    changed: dict[str, object]
     if isinstance(req, CompletionRequest):
         prompt = f"{context}\n{upstream['prompt']}"
         tokens = counter.completion(prompt)
         changed = {"prompt": prompt}
     else:
-        messages: list[dict[str, str]] = list(upstream["messages"])
+        given = upstream["messages"]
+        assert isinstance(given, list)  # upstream_body put the chat's messages there
+        messages: list[dict[str, str]] = list(given)
         if messages and messages[0]["role"] == "system":
             # llama-2's template keeps one system text: the context joins it.
             first = messages[0]
@@ -82,7 +83,9 @@ def add_context(
             messages.insert(0, {"role": "system", "content": context})
         tokens = counter.chat(messages)
         changed = {"messages": messages}
-    if tokens + int(upstream["max_tokens"]) > n_ctx:
+    max_tokens = upstream["max_tokens"]
+    assert isinstance(max_tokens, int)  # upstream_body resolved it
+    if tokens + max_tokens > n_ctx:
         return None
     upstream.update(changed)
     return tokens

@@ -36,7 +36,6 @@ from typing import Any
 import aiohttp
 
 from canary_contract import strictjson
-from canary_contract.json import JsonObject
 from canarystack.router.collector import parse_positions
 from canarystack.router.divergence import BAD_JSON, MALFORMED, MISSING, Position, SideResult
 from canarystack.router.shadow import post_json
@@ -54,7 +53,7 @@ def answer_text(positions: list[Position]) -> str | None:
     return "".join(t for t in tokens if t is not None)
 
 
-def forced_body(body: Mapping[str, Any], answer: str, k: int) -> JsonObject | None:
+def forced_body(body: Mapping[str, object], answer: str, k: int) -> dict[str, object] | None:
     """The scoring request: the user's prompt followed by ``answer``, echoed with ``k``
     logprobs, greedy, one new token (which is ignored). None when the prompt is not one
     string (a batch or token ids: nothing to append the answer to)."""
@@ -126,7 +125,7 @@ def forced_positions(
 async def fetch_forced(
     session: aiohttp.ClientSession,
     url: str,
-    body: JsonObject,
+    body: Mapping[str, object],
     headers: Mapping[str, str],
     prompt_chars: int,
     answer: list[Position],

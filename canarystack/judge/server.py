@@ -24,7 +24,6 @@ from typing import TypedDict
 import aiohttp
 from aiohttp import web
 
-from canary_contract.json import JsonObject
 from canarystack.common.app import COMPONENT, Component, create_app
 from canarystack.common.errors import (
     ApiError,
@@ -60,7 +59,7 @@ class JudgeHealth(TypedDict):
     inflight: int
 
 
-def _parse(raw: bytes) -> tuple[JsonObject, int]:
+def _parse(raw: bytes) -> tuple[dict[str, object], int]:
     body = json_object(raw)
     return body, prompt_tokens_of(body)
 

@@ -29,13 +29,12 @@ import random
 import re
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import aiohttp
 from prometheus_client import CollectorRegistry
 
-from canary_contract.json import JsonObject
 from canarystack.common.buckets import bucket_of
 from canarystack.common.errors import release_not_served
 from canarystack.common.logs import get_logger
@@ -85,7 +84,7 @@ class Job:
     """One judged request: the user's body, as mirrored."""
 
     release: ReleaseTarget
-    body: JsonObject
+    body: Mapping[str, object]
     chat: bool
     prompt_tokens: int
     bucket: str
@@ -197,7 +196,7 @@ class Judge:
     def offer(
         self,
         target: ReleaseTarget,
-        body: JsonObject,
+        body: Mapping[str, object],
         *,
         chat: bool,
         prompt_tokens: int,

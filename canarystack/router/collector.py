@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from canary_contract import strictjson
-from canary_contract.json import JsonObject
 from canarystack.router.divergence import (
     BAD_JSON,
     BAD_TEXT,
@@ -210,7 +209,7 @@ def shadow_safe(body: Mapping[str, Any], chat: bool) -> bool:
     return lp is None or (isinstance(lp, int) and not isinstance(lp, bool) and lp >= 0)
 
 
-def with_logprobs(body: JsonObject, chat: bool, k: int) -> JsonObject:
+def with_logprobs(body: Mapping[str, object], chat: bool, k: int) -> dict[str, object]:
     out = dict(body)
     if chat:
         out["logprobs"] = True

@@ -12,7 +12,6 @@ from typing import Any
 
 from aiohttp import web
 
-from canary_contract.json import JsonObject
 from canarystack.common.errors import BadRequest, Conflict, PayloadTooLarge, read_body
 from canarystack.model.body import json_object
 from canarystack.router.routing import PIN_HEADER, prompt_tokens_of
@@ -44,14 +43,14 @@ def bad_header(headers: Any) -> BadRequest | None:
     return None
 
 
-def _parse_body(raw: bytes) -> tuple[JsonObject, int]:
+def _parse_body(raw: bytes) -> tuple[dict[str, object], int]:
     """(strict JSON object, prompt tokens) or a 400 naming what is wrong. Plain
     synchronous work, so a big body can be parsed and counted off the event loop."""
     body = json_object(raw)
     return body, prompt_tokens_of(body)
 
 
-async def read_json_body(request: web.Request, limit: int) -> tuple[bytes, JsonObject, int]:
+async def read_json_body(request: web.Request, limit: int) -> tuple[bytes, dict[str, object], int]:
     """The request body (bytes, strict JSON object, prompt tokens): 413 above ``limit``
     bytes (``--max-body-bytes``), 400 naming what is wrong otherwise; a body above
     ``OFF_LOOP_BYTES`` is parsed and counted in a worker thread."""

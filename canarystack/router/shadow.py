@@ -25,7 +25,6 @@ import aiohttp
 
 from canary_contract import strictjson
 from canary_contract.buckets import bucket_labels
-from canary_contract.json import JsonObject
 from canarystack.router.collector import (
     Collector,
     LogprobRequest,
@@ -148,7 +147,7 @@ class ShadowSettings:
         return max(0, self.max_inflight - self.reserved_long)
 
 
-def is_greedy(body: Mapping[str, Any]) -> bool:
+def is_greedy(body: Mapping[str, object]) -> bool:
     t = body.get("temperature")
     return isinstance(t, int | float) and not isinstance(t, bool) and t == 0
 
@@ -157,7 +156,7 @@ def is_greedy(body: Mapping[str, Any]) -> bool:
 SEED_RANGE = 2**31
 
 
-def coupled_body(body: JsonObject) -> JsonObject:
+def coupled_body(body: Mapping[str, object]) -> Mapping[str, object]:
     """The request with a seed both sides of a comparison share (coupled sampling).
 
     A sampled request (temperature > 0) that carries no ``seed`` gets a fresh random one;
@@ -174,7 +173,9 @@ def coupled_body(body: JsonObject) -> JsonObject:
     return {**body, "seed": secrets.randbelow(SEED_RANGE)}
 
 
-def shadow_body(body: Mapping[str, Any], chat: bool, k: int, max_tokens: int) -> JsonObject:
+def shadow_body(
+    body: Mapping[str, object], chat: bool, k: int, max_tokens: int
+) -> dict[str, object]:
     """The shadow copy: same prompt and sampling params (seed included), streamed, n=1,
     few tokens."""
     out = {k_: v for k_, v in body.items() if k_ not in ("stream_options", "best_of", "echo")}
@@ -274,7 +275,7 @@ class ShadowManager:
 def post_json(
     session: aiohttp.ClientSession,
     url: str,
-    body: JsonObject,
+    body: Mapping[str, object],
     headers: Mapping[str, str],
     timeout_s: float,
 ) -> Any:
@@ -291,7 +292,7 @@ def post_json(
 async def fetch_side(
     session: aiohttp.ClientSession,
     url: str,
-    body: JsonObject,
+    body: Mapping[str, object],
     headers: Mapping[str, str],
     max_positions: int,
     timeout_s: float = SHADOW_TIMEOUT_S,

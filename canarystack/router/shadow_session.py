@@ -13,7 +13,6 @@ import time
 from collections.abc import Mapping
 
 from canary_contract import strictjson
-from canary_contract.json import JsonObject
 from canarystack.router.collector import (
     Collector,
     LogprobRequest,
@@ -72,7 +71,7 @@ class ShadowSession:
         ctx: RequestContext,
         *,
         pairs: list[str],
-        body: JsonObject,
+        body: Mapping[str, object],
         chat: bool,
         path: str,
         headers: Mapping[str, str],
@@ -117,7 +116,7 @@ class ShadowSession:
         st: RouterState,
         ctx: RequestContext,
         *,
-        body: JsonObject,
+        body: Mapping[str, object],
         chat: bool,
         path: str,
         headers: Mapping[str, str],
