@@ -58,7 +58,7 @@ CANARY_CHANGE_ALLOWED_IN: frozenset[Phase] = frozenset({Phase.PROGRESSING})
 CANARY_OFF: frozenset[Phase] = frozenset({Phase.TRIPPED, Phase.ROLLING_BACK, Phase.ROLLED_BACK})
 
 
-def is_canary_off(phase: str | None) -> bool:
+def is_canary_off(phase: object) -> bool:
     """Whether a release in ``phase`` (as read off the wire) sends the canary nothing."""
     return phase in CANARY_OFF_VALUES
 

@@ -152,7 +152,7 @@ def _read_yaml(p: Path) -> JsonObject:
 def load_stack_config(path: str | Path | None, **overrides: Any) -> StackSpec:
     """Defaults, then the engine's defaults (``ENGINE_DEFAULTS``), then the YAML file (if
     any), then non-None ``overrides``."""
-    data: JsonObject = {}
+    data: dict[str, object] = {}
     if path:
         data.update(_read_yaml(Path(path)))
     data.update({k: v for k, v in overrides.items() if v is not None})
@@ -160,8 +160,9 @@ def load_stack_config(path: str | Path | None, **overrides: Any) -> StackSpec:
     if defaults_file is not None:
         defaults = _read_yaml(defaults_file)
         args = dict(defaults.get("args") or {})
-        if isinstance(data.get("args"), dict):
-            args.update(data["args"])
+        given = data.get("args")
+        if isinstance(given, dict):
+            args.update(given)
         data = {**defaults, **data, "args": args}
     try:
         return StackSpec.model_validate(data)

@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from typing import TypedDict
 
 from canary_contract import strictjson
-from canary_contract.json import JsonObject
 
 SEPARATORS = (b"\r\n\r\n", b"\n\n")
 # What request_done says of an engine answer that is not strict JSON (a NaN or Infinity
@@ -137,7 +136,7 @@ def translate_event(event: bytes, state: StreamState) -> tuple[bytes, bool]:
     return event, has_token
 
 
-def engine_error_body(status: int, raw: bytes) -> JsonObject:
+def engine_error_body(status: int, raw: bytes) -> dict[str, object]:
     """The engine's error answer as the client gets it: its own JSON object, or one
     that says the engine's body was not a JSON object."""
     try:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TypedDict
@@ -21,7 +22,7 @@ from canarystack.common.logs import get_logger
 _log = get_logger("router")
 
 
-def effective_weight(release: JsonObject | None) -> float:
+def effective_weight(release: Mapping[str, object] | None) -> float:
     """The canary share (percent) the router applies for a release.
 
     Effective canary weight: 0 with no config, no canary version, a quarantined canary, or a
@@ -31,11 +32,11 @@ def effective_weight(release: JsonObject | None) -> float:
     return canary_share(release)
 
 
-def _failsafe_reason(phase: str | None) -> str:
+def _failsafe_reason(phase: object) -> str:
     return f"fail-safe: the broker has not answered the watch (last phase {phase})"
 
 
-def canary_off_reason(release: JsonObject | None, source: str = "broker") -> str | None:
+def canary_off_reason(release: Mapping[str, object] | None, source: str = "broker") -> str | None:
     """Why the canary is off whatever a pin asks (phase, quarantine, no config, fail-safe),
     or None while an operator's weight (0 included) decides. Names the release phase.
     ``release`` is the release's JSON as the broker answered it or the cache file holds
@@ -94,7 +95,8 @@ class Snapshot:
 
     @classmethod
     def of(cls, release: JsonObject | None, source: str) -> Snapshot:
-        """The snapshot of ``release`` (the broker's JSON of it, or the cache file's)."""
+        """The snapshot of ``release`` (the broker's JSON of it, or the cache file's), as
+        decoded: ``phase`` and the versions are taken as they come, unchecked."""
         now = time.time()
         if release is None:
             return cls(False, 0, None, 0.0, "none", None, None, now, now, canary_off_reason(None))
@@ -136,7 +138,7 @@ def cache_path(state_dir: str | Path, router_id: str) -> Path:
     return Path(state_dir) / f"router-{router_id}.json"
 
 
-def write_cache(path: Path, release: JsonObject) -> None:
+def write_cache(path: Path, release: Mapping[str, object]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
     with open(tmp, "w") as f:
