@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from canary_contract.json import JsonObject
 from gameday.oracle.wire import loads as wire_loads
 
 ERROR_KINDS = ("connect", "http_status", "broken_stream", "empty_completion", "timeout")
@@ -48,9 +48,12 @@ class SSEDecoder:
         return payload
 
 
-def _content_of(event: JsonObject) -> str:
+def _content_of(event: Mapping[str, object]) -> str:
     parts: list[str] = []
-    for choice in event.get("choices") or ():
+    choices = event.get("choices") or ()
+    if not isinstance(choices, Iterable):  # what the loop over a number raised
+        raise TypeError(f"{type(choices).__name__!r} object is not iterable")
+    for choice in choices:
         if not isinstance(choice, dict):
             continue
         text = choice.get("text")
@@ -177,7 +180,7 @@ def parse_full_response(body: bytes) -> tuple[str, int | None, int | None]:
         if isinstance(msg, dict) and isinstance(msg.get("content"), str):
             parts.append(msg["content"])
     raw_usage = obj.get("usage")
-    usage: JsonObject = raw_usage if isinstance(raw_usage, dict) else {}
+    usage: Mapping[str, object] = raw_usage if isinstance(raw_usage, dict) else {}
     pt, ct = usage.get("prompt_tokens"), usage.get("completion_tokens")
     return (
         "".join(parts),

@@ -23,7 +23,6 @@ from typing import Any
 
 import requests
 
-from canary_contract.json import JsonObject
 from gameday.evidence import controllers as ctl
 from gameday.observers.base import GateObserver, GateSnapshot, ObservationLog
 from gameday.observers.specs import KubernetesObserverSpec
@@ -98,9 +97,9 @@ class _KubernetesObserver(GateObserver):
             self._api = client.CustomObjectsApi(api_client)
         return self._api
 
-    def _get(self, crd_key: str, name: str) -> JsonObject:
+    def _get(self, crd_key: str, name: str) -> Mapping[str, object]:
         group, version, plural = CRDS[crd_key]
-        obj: JsonObject = self._custom().get_namespaced_custom_object(
+        obj: Mapping[str, object] = self._custom().get_namespaced_custom_object(
             group, version, self.spec.namespace, plural, name
         )
         return obj

@@ -13,7 +13,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from canary_contract.json import JsonObject
 from gameday.errors import GamedayError
 from gameday.evidence import controllers as ctl
 from gameday.evidence.slo import Slo
@@ -66,7 +65,7 @@ class ControllerError(GamedayError, RuntimeError):
     reports it as it is)."""
 
 
-def read_object(target: KubernetesTarget, crd: Crd, name: str) -> JsonObject:
+def read_object(target: KubernetesTarget, crd: Crd, name: str) -> Mapping[str, object]:
     """The custom object ``name`` of ``crd`` in the target's namespace, as the API gives it;
     ControllerError saying what to check when it is missing, forbidden or unreadable."""
     from kubernetes import client
