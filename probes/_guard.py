@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from chaoslib import substitute
 from chaoslib.exceptions import ActivityFailed
+from chaoslib.types import Activity
 
-from canary_contract.json import JsonObject
 from gameday.targets.guard import activities, namespace_refusals
 from probes._context import Configuration, Secrets, get_target
 
@@ -20,7 +20,7 @@ CHAOSK8S_DEFAULT_NS = "default"
 
 
 def _namespace_of(
-    activity: JsonObject, configuration: Configuration | None, secrets: Secrets | None
+    activity: Activity, configuration: Configuration | None, secrets: Secrets | None
 ) -> str | None:
     """The namespace a chaosk8s activity acts on, or None for other activities."""
     provider = activity.get("provider") or {}
@@ -34,7 +34,7 @@ def _namespace_of(
 
 
 def refused_namespaces(
-    activities: list[JsonObject],
+    activities: list[Activity],
     configuration: Configuration | None,
     secrets: Secrets | None = None,
 ) -> list[str]:

@@ -14,8 +14,8 @@ from contextlib import contextmanager
 from typing import Any
 
 from chaoslib.exceptions import ActivityFailed, InterruptExecution
+from chaoslib.types import Activity, Experiment
 
-from canary_contract.json import JsonObject
 from gameday.evidence.rollouts import BUILD_ANNOTATION as BUILD_ANNOTATION  # for the tests
 from gameday.evidence.rollouts import VERSION_ANNOTATION as VERSION_ANNOTATION
 from gameday.evidence.rollouts import BadBuildParams, RolloutError, build_patch, parse_kernel_fault
@@ -226,7 +226,7 @@ def undo_canary_rollout(
 
 # --- the namespace guard (Chaos Toolkit controls; the rule is gameday.targets.guard) ---
 def before_experiment_control(
-    context: JsonObject,
+    context: Experiment,
     configuration: Configuration | None = None,
     secrets: Secrets | None = None,
     **kwargs: Any,
@@ -244,7 +244,7 @@ def before_experiment_control(
 
 
 def before_activity_control(
-    context: JsonObject,
+    context: Activity,
     configuration: Configuration | None = None,
     secrets: Secrets | None = None,
     **kwargs: Any,
@@ -254,7 +254,7 @@ def before_activity_control(
 
 
 def _guard(
-    guarded: list[JsonObject], configuration: Configuration | None, secrets: Secrets | None
+    guarded: list[Activity], configuration: Configuration | None, secrets: Secrets | None
 ) -> None:
     """InterruptExecution naming every chaosk8s activity the blast radius refuses."""
     problems = refused_namespaces(guarded, configuration, secrets)

@@ -16,10 +16,12 @@ This module only reads experiments and targets.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from canary_contract.json import JsonObject
 from gameday.targets import Target
+
+if TYPE_CHECKING:  # an experiment as Chaos Toolkit declares it
+    from chaoslib.types import Activity, Experiment
 
 __all__ = ["missing", "needs", "target_capabilities"]
 
@@ -70,8 +72,8 @@ def _roles(component: Any) -> list[str]:
     return [str(component)] if component else []
 
 
-def _activities(experiment: JsonObject) -> list[JsonObject]:
-    out: list[JsonObject] = []
+def _activities(experiment: Experiment) -> list[Activity]:
+    out: list[Activity] = []
     for key in ("method", "rollbacks"):
         for act in experiment.get(key) or []:
             if isinstance(act, dict) and isinstance(act.get("provider"), dict):
@@ -79,7 +81,7 @@ def _activities(experiment: JsonObject) -> list[JsonObject]:
     return out
 
 
-def needs(experiment: JsonObject) -> dict[str, str]:
+def needs(experiment: Experiment) -> dict[str, str]:
     """Capability -> the activity (or declaration) that needs it."""
     found: dict[str, str] = {}
     ext = next(
@@ -129,7 +131,7 @@ def _say(cap: str) -> str:
     return WHY.get(cap, cap)
 
 
-def missing(target: Target, experiment: JsonObject) -> list[str]:
+def missing(target: Target, experiment: Experiment) -> list[str]:
     """Why the experiment is not applicable to ``target`` (empty: it is)."""
     have = target_capabilities(target)
     if have is None:

@@ -6,14 +6,17 @@ It must never let one through: a target that is not Kubernetes refuses every one
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
-from canary_contract.json import JsonObject
 from gameday.targets.base import Target
 from gameday.targets.kubernetes import FORBIDDEN_NAMESPACES, KubernetesTarget
 
+if TYPE_CHECKING:  # an experiment as Chaos Toolkit declares it
+    from chaoslib.types import Activity, Experiment
 
-def activities(experiment: JsonObject) -> list[JsonObject]:
+
+def activities(experiment: Experiment) -> list[Activity]:
     """Every activity of an experiment: its hypothesis's probes, method and rollbacks."""
     found = list((experiment.get("steady-state-hypothesis") or {}).get("probes") or [])
     found += list(experiment.get("method") or [])
@@ -21,7 +24,9 @@ def activities(experiment: JsonObject) -> list[JsonObject]:
     return [a for a in found if isinstance(a, dict)]
 
 
-def namespace_refusals(uses: Sequence[tuple[JsonObject, str]], target: Target) -> list[str]:
+def namespace_refusals(
+    uses: Sequence[tuple[Mapping[str, object], str]], target: Target
+) -> list[str]:
     """One line per (activity, the namespace it acts on) that ``target`` does not allow:
     ``kube-system`` and its siblings always, anything not in ``blast_radius.namespaces``,
     and a namespace other than the target's own; every one when the target is not
