@@ -10,7 +10,10 @@ and nothing imports ``canarystack``.
 
 from __future__ import annotations
 
-from canary_contract.json import JsonObject
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # Chaos Toolkit's discovery format, as chaoslib declares it
+    from chaoslib.types import Discovery
 
 __version__ = "0.1.0"
 __all__ = ["__version__", "discover"]
@@ -67,7 +70,7 @@ def _kind(name: str) -> str:
     return "action" if name in ACTIONS else "probe"
 
 
-def discover(discover_system: bool = True) -> JsonObject:
+def discover(discover_system: bool = True) -> Discovery:
     """What this extension offers, in Chaos Toolkit's discovery format.
 
     ``chaos discover --no-install chaostoolkit-canary-gameday`` calls this (the
