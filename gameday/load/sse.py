@@ -9,6 +9,7 @@ import itertools
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import cast
 
 from gameday.oracle.wire import loads as wire_loads
 
@@ -50,10 +51,8 @@ class SSEDecoder:
 
 def _content_of(event: Mapping[str, object]) -> str:
     parts: list[str] = []
-    choices = event.get("choices") or ()
-    if not isinstance(choices, Iterable):  # what the loop over a number raised
-        raise TypeError(f"{type(choices).__name__!r} object is not iterable")
-    for choice in choices:
+    # Not checked here: the loop raises TypeError on a non-iterable, as it always did.
+    for choice in cast("Iterable[object]", event.get("choices") or ()):
         if not isinstance(choice, dict):
             continue
         text = choice.get("text")
