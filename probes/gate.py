@@ -19,6 +19,8 @@ from gameday.evidence.milestones import CLOCK_SLACK_S
 from gameday.evidence.noise_floor import (
     DEFAULT_MIN_SAMPLES,
     NOISE_WAIT_NAME,
+    ZERO_FLOOR_CHOICES,
+    ZERO_FLOOR_ENV,
     FloorReading,
     NoiseWait,
     floor_reading,
@@ -123,15 +125,29 @@ def _min_samples(value: object) -> int:
     return value
 
 
+def _zero_floor(value: object) -> bool:
+    if value not in ZERO_FLOOR_CHOICES:
+        raise ActivityFailed(
+            f"argument zero_floor must be one of {', '.join(ZERO_FLOOR_CHOICES)} "
+            f"({ZERO_FLOOR_ENV}), got {value!r}: 'accept' only for an engine "
+            'whose healthy replicas are bit-identical by nature (docs/engine.md, "vLLM")'
+        )
+    return value == "accept"
+
+
 def wait_for_noise_floor(
     deadline_s: float = 30.0,
     poll_s: float = 0.5,
     min_samples: int = DEFAULT_MIN_SAMPLES,
+    zero_floor: str = "refuse",
     configuration: Configuration | None = None,
 ) -> NoiseWait:
     """Wait until the gate's ``all`` noise floor is its own (``min_samples``
     baseline-baseline comparisons, the gate's ``--noise-min-samples``) and above 0;
     returns ``{"measured": True, "samples", "kl", "kl_mean", "waited_s", ...}``.
+    ``zero_floor: accept`` (``GAMEDAY_ZERO_FLOOR=accept``) takes a floor of exactly 0 as
+    measured, for an engine whose healthy replicas are bit-identical by nature (vLLM on a
+    CPU); the record then says ``zero_floor: accepted``.
 
     Put it just before the fault, after the load's warm-up: a faulty kernel judged against
     a floor of 0 tests nothing, and a control's "no trip" must come with a gate that had
@@ -148,6 +164,7 @@ def wait_for_noise_floor(
     wait_s = positive("deadline_s", deadline_s, MAX_WAIT_S)
     every_s = positive("poll_s", poll_s, 60.0)
     need = _min_samples(min_samples)
+    zero_ok = _zero_floor(zero_floor)
     start = time.monotonic()
     reading: FloorReading | None = None
     error = ""
@@ -167,8 +184,10 @@ def wait_for_noise_floor(
             except ApiError as exc:  # a gate being restarted: keep waiting
                 error = str(exc)
             waited = time.monotonic() - start
-            if reading is not None and reading.measured(need):
+            if reading is not None and reading.measured(need, zero_ok=zero_ok):
                 doc = wait_record(reading, need, waited, time.time())
+                if reading.kl == 0:
+                    doc["zero_floor"] = "accepted"
                 write_run_json(configuration, NOISE_WAIT_NAME, doc)
                 return doc
             if waited >= wait_s:

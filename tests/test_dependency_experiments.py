@@ -98,7 +98,10 @@ def test_the_gate_has_its_noise_floor_before_the_redis_fault(name: str) -> None:
     assert wait_at == 0 < first_fault
     wait = method[wait_at]
     assert wait["type"] == "probe" and wait["provider"]["module"] == "probes.gate"
-    assert wait["provider"]["arguments"] == {"deadline_s": "${noise_wait_s}"}
+    assert wait["provider"]["arguments"] == {
+        "deadline_s": "${noise_wait_s}",
+        "zero_floor": "${zero_floor}",
+    }
     assert wait["pauses"] == {"before": "${warmup_s}"}  # after the load's warm-up
     assert all("pauses" not in a for a in method[wait_at + 1 : first_fault + 1])
     entry = exp["configuration"]["noise_wait_s"]

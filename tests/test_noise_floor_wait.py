@@ -106,6 +106,26 @@ def test_a_floor_of_exactly_zero_is_not_a_measured_floor(spawn: Spawner, tmp_pat
     assert written(cfg)["measured"] is False
 
 
+def test_a_floor_of_exactly_zero_is_measured_only_where_the_experiment_accepts_it(
+    spawn: Spawner, tmp_path: Path
+) -> None:
+    """vLLM on a CPU: replicas bit-identical by nature (GAMEDAY_ZERO_FLOOR=accept). The
+    count still decides: too few comparisons at floor 0 is still no floor."""
+    broker, _, gate = setup_stack(spawn, tmp_path, "--noise-min-samples", "20")
+    cfg = config_for(gate, broker, tmp_path)
+    assert post(gate, noise(12, kl=0.0)).status_code == 200
+    with pytest.raises(ActivityFailed, match="fewer than the 20"):
+        wait_for_noise_floor(
+            deadline_s=1.0, poll_s=0.2, min_samples=20, zero_floor="accept", configuration=cfg
+        )
+    assert post(gate, noise(13, kl=0.0)).status_code == 200
+    doc = wait_for_noise_floor(
+        deadline_s=5.0, poll_s=0.2, min_samples=20, zero_floor="accept", configuration=cfg
+    )
+    assert doc["measured"] is True and doc["kl"] == 0.0 and doc["zero_floor"] == "accepted"
+    assert written(cfg) == doc and noise_wait_reasons(doc) == []
+
+
 def test_an_unreadable_gate_fails_at_the_deadline_and_says_so(tmp_path: Path) -> None:
     state = tmp_path / "stack"
     state.mkdir()
@@ -124,7 +144,13 @@ def test_an_unreadable_gate_fails_at_the_deadline_and_says_so(tmp_path: Path) ->
 
 @pytest.mark.parametrize(
     ("argument", "value"),
-    [("deadline_s", 0), ("poll_s", "soon"), ("min_samples", 0), ("min_samples", 2.5)],
+    [
+        ("deadline_s", 0),
+        ("poll_s", "soon"),
+        ("min_samples", 0),
+        ("min_samples", 2.5),
+        ("zero_floor", "yes"),
+    ],
 )
 def test_a_bad_argument_is_named(tmp_path: Path, argument: str, value: Any) -> None:
     cfg = {"gameday_target": str(tmp_path / "none.yaml"), "gameday_run_dir": str(tmp_path)}

@@ -18,6 +18,8 @@ __all__ = [
     "ALL_SCOPE",
     "DEFAULT_MIN_SAMPLES",
     "NOISE_WAIT_NAME",
+    "ZERO_FLOOR_CHOICES",
+    "ZERO_FLOOR_ENV",
     "FloorJson",
     "FloorReading",
     "NoiseWait",
@@ -29,6 +31,12 @@ __all__ = [
 NOISE_WAIT_NAME = "noise-floor-wait.json"
 ALL_SCOPE = "all"  # every bucket pooled: the floor a sparse bucket falls back to
 DEFAULT_MIN_SAMPLES = 20  # the gate's --noise-min-samples default
+# The experiments' zero_floor setting: "refuse" (the default) or "accept" a measured floor
+# of exactly 0. Accept it only for an engine whose healthy replicas are bit-identical by
+# nature (vLLM on a CPU, one OpenMP thread each: docs/engine.md, "vLLM"); the drift test's
+# margin is then its tolerance alone, and the control experiment is what shows it holds.
+ZERO_FLOOR_ENV = "GAMEDAY_ZERO_FLOOR"
+ZERO_FLOOR_CHOICES = ("refuse", "accept")
 
 
 def _count(value: Any) -> int:
@@ -73,6 +81,7 @@ class NoiseWait(TypedDict, total=False):
     noise_comparisons: int
     floor_state: str
     gate_min_samples: int
+    zero_floor: str
 
 
 @dataclass(frozen=True)
@@ -97,12 +106,14 @@ class FloorReading:
     floor_state: str | None = None
     gate_min_samples: int | None = None
 
-    def measured(self, min_samples: int) -> bool:
+    def measured(self, min_samples: int, *, zero_ok: bool = False) -> bool:
         """A floor of the ``all`` scope's own, above 0 (a floor of exactly 0 is
-        bit-identical replicas: nothing calibrated): under the release test, when the test
-        says its floor is measured or frozen (its own count, which it freezes for the
-        release, decides); else from at least ``min_samples`` comparisons."""
-        if self.kl is None or self.kl <= 0 or self.source != ALL_SCOPE:
+        bit-identical replicas: nothing calibrated, unless ``zero_ok`` says the engine's
+        replicas are bit-identical by nature, as vLLM's on a CPU are): under the release
+        test, when the test says its floor is measured or frozen (its own count, which it
+        freezes for the release, decides); else from at least ``min_samples``
+        comparisons."""
+        if self.kl is None or self.source != ALL_SCOPE or (self.kl <= 0 and not zero_ok):
             return False
         if self.floor_state is not None:
             return self.floor_state in ("measured", "frozen")
@@ -183,7 +194,8 @@ def unmeasured_message(reading: FloorReading | None, min_samples: int, waited_s:
     elif reading.samples >= min_samples and reading.source == ALL_SCOPE:
         seen = (
             f"the gate's floor is {reading.kl!r} over {reading.samples} baseline-baseline "
-            "comparisons: bit-identical replicas (is the model servers' --batch-noise off?)"
+            "comparisons: bit-identical replicas (is the model servers' --batch-noise off? "
+            f"An engine whose replicas are bit-identical by nature: {ZERO_FLOOR_ENV}=accept)"
         )
     else:
         seen = (
