@@ -155,6 +155,7 @@ def test_engine_pod_keeps_the_model_server_contract(
     pod = start_pod(spawn, gguf_path, tmp_path, version="v7")
     health = requests.get(pod.url + "/health", timeout=5).json()
     assert health["engine"] == "llama.cpp" and health["kv_cache_type"] == "f16"
+    assert health["kernel_modes"] == ["kv-quant", "fp8-kv-scale"]  # the builds it can make
     models = requests.get(pod.url + "/v1/models", timeout=5).json()
     assert models["data"][0]["id"] == "default" and models["data"][0]["max_model_len"] == 8192
     # The pod publishes the same API as the simulator, every route described.

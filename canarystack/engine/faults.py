@@ -9,7 +9,7 @@ from typing import Literal
 
 from canarystack.common.faults import FaultParams
 from canarystack.engine.build_fault import RealBuildParams
-from canarystack.engine.vllm import VllmKernelParams
+from canarystack.engine.vllm import VllmKernelParams, fp8_kv_supported
 
 CacheType = Literal["f16", "q8_0", "q4_0"]
 # ggml_type ids that llama_cpp.server's --type_k/--type_v take (ggml.h).
@@ -58,3 +58,12 @@ FAULT_KINDS_BY_ENGINE: dict[str, dict[str, type[FaultParams]]] = {
     "llamacpp": FAULT_KINDS,
     "vllm": {"kernel": VllmKernelParams},
 }
+
+
+def kernel_modes(engine_kind: str) -> list[str]:
+    """The ``kernel`` fault's modes a pod of ``engine_kind`` can build on this machine (its
+    ``/health`` ``kernel_modes``): the harness says *not applicable* to an experiment that
+    needs another, before any fault (a simulator pod has every mode and says nothing)."""
+    if engine_kind == "vllm":
+        return [m for m in VllmKernelParams.MODES if "fp8" not in m or fp8_kv_supported()]
+    return list(EngineKernelParams.MODES)

@@ -16,9 +16,11 @@ This module only reads experiments and targets.
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Any
 
 from gameday.targets import Target
+from gameday.targets.health import StatedFaults
 
 if TYPE_CHECKING:  # an experiment as Chaos Toolkit declares it
     from chaoslib.types import Activity, Experiment
@@ -26,12 +28,19 @@ if TYPE_CHECKING:  # an experiment as Chaos Toolkit declares it
 __all__ = ["missing", "needs", "target_capabilities"]
 
 MODEL_ROLES = ("model-baseline", "model-canary")
+# A kernel fault's mode is a capability of the canary's engine: a real engine's pod states
+# the builds it can make (/health kernel_modes, read by the runner), the simulator has all.
+KERNEL_MODE = "kernel-mode:"
+DEFAULT_KERNEL_MODE = "fp8-kv-scale"  # probes.faults.make_canary_faulty's default
 # (module, func) -> a function of the activity's arguments giving the capabilities it needs.
 NEEDS: dict[tuple[str, str], Any] = {
     ("probes.faults", "inject_latency"): lambda a: [
         f"faults:{r}:latency" for r in _roles(a.get("component"))
     ],
-    ("probes.faults", "make_canary_faulty"): lambda a: ["faults:model-canary:kernel"],
+    ("probes.faults", "make_canary_faulty"): lambda a: [
+        "faults:model-canary:kernel",
+        f"{KERNEL_MODE}{a.get('mode') or DEFAULT_KERNEL_MODE}",
+    ],
     ("probes.faults", "inject_errors"): lambda a: [
         f"faults:{r}:errors" for r in _roles(a.get("component") or "model-canary")
     ],
@@ -81,6 +90,18 @@ def _activities(experiment: Experiment) -> list[Activity]:
     return out
 
 
+def _resolved(value: Any, config: dict[str, Any]) -> Any:
+    """An argument ``"${name}"`` as ``chaos run`` will see it: the configuration's value,
+    an ``env`` entry's variable (from this process's environment, which ``gameday run``
+    passes on) or its default; anything else as written."""
+    if not (isinstance(value, str) and value.startswith("${") and value.endswith("}")):
+        return value
+    entry = config.get(value[2:-1], value)
+    if isinstance(entry, dict) and entry.get("type") == "env":
+        return os.environ.get(str(entry.get("key")), entry.get("default", value))
+    return entry
+
+
 def needs(experiment: Experiment) -> dict[str, str]:
     """Capability -> the activity (or declaration) that needs it."""
     found: dict[str, str] = {}
@@ -94,10 +115,12 @@ def needs(experiment: Experiment) -> dict[str, str]:
     )
     for cap in ext.get("requires") or []:
         found.setdefault(str(cap), "declared in the experiment's gameday extension (requires)")
+    config = experiment.get("configuration")
     for act in _activities(experiment):
         prov = act["provider"]
         module, func = str(prov.get("module") or ""), str(prov.get("func") or "")
-        args = prov.get("arguments") if isinstance(prov.get("arguments"), dict) else {}
+        raw = prov.get("arguments") if isinstance(prov.get("arguments"), dict) else {}
+        args = {k: _resolved(v, config if isinstance(config, dict) else {}) for k, v in raw.items()}
         rule = NEEDS.get((module, func))
         caps = list(rule(args)) if rule else []
         if module in MODULE_NEEDS and rule is None:
@@ -131,13 +154,48 @@ def _say(cap: str) -> str:
     return WHY.get(cap, cap)
 
 
-def missing(target: Target, experiment: Experiment) -> list[str]:
-    """Why the experiment is not applicable to ``target`` (empty: it is)."""
+def missing(
+    target: Target, experiment: Experiment, stated: StatedFaults | None = None
+) -> list[str]:
+    """Why the experiment is not applicable to ``target`` (empty: it is). ``stated``: the
+    faults the target's parts say they can be given (``/health``, read by the runner)."""
     have = target_capabilities(target)
-    if have is None:
-        return []
-    return [
-        f"not applicable: target {target.name!r} lacks {_say(cap)}, which {who} needs"
-        for cap, who in needs(experiment).items()
-        if cap not in have
-    ]
+    stated = stated or StatedFaults()
+    out = []
+    for cap, who in needs(experiment).items():
+        why = _unstated(cap, stated)
+        # (a kernel mode is only ever what a part states: a target file names fault kinds)
+        if why is None and have is not None and cap not in have and not is_mode(cap):
+            why = f"lacks {_say(cap)}"
+        if why is not None:
+            out.append(f"not applicable: target {target.name!r} {why}, which {who} needs")
+    return out
+
+
+def is_mode(cap: str) -> bool:
+    return cap.startswith(KERNEL_MODE)
+
+
+def _unstated(cap: str, stated: StatedFaults) -> str | None:
+    """Why ``cap`` is outside what the target's parts state they can be given (None: it
+    is not, or they state nothing)."""
+    if is_mode(cap):
+        modes, mode = stated.kernel_modes, cap.removeprefix(KERNEL_MODE)
+        if modes is None or mode in modes:
+            return None
+        return (
+            f"has a canary whose engine builds the kernel modes "
+            f"{', '.join(sorted(modes)) or 'none'} (its /health kernel_modes), not {mode!r} "
+            "(a real engine makes builds, not NaN or garbage on request: run it against the "
+            "simulator, or set the experiment's mode, GAMEDAY_KERNEL_MODE, to one of those)"
+        )
+    if cap.startswith("faults:"):
+        _, role, kind = [*cap.split(":"), "", ""][:3]
+        kinds = stated.kinds.get(role)
+        if kinds is None or kind in kinds:
+            return None
+        return (
+            f"has a {role} that takes the faults {', '.join(sorted(kinds)) or 'none'} (its "
+            f"/health fault_kinds), not {kind}"
+        )
+    return None

@@ -22,6 +22,7 @@ from typing import Protocol
 import requests
 import yaml
 
+from gameday.api import StackApi
 from gameday.atomic import write_json
 from gameday.errors import GamedayError
 from gameday.load.runner import ENV_LOAD_SEED
@@ -60,6 +61,7 @@ from gameday.run.sufficiency import (
 from gameday.run.verdict import FAIL, INCONCLUSIVE, NOT_APPLICABLE, PASS, Evidence, decide
 from gameday.stack import StackCommandError, stack_down, stack_up
 from gameday.targets import Target, TargetError, load_target
+from gameday.targets.health import stated_faults
 
 EXIT_PASS, EXIT_FAIL, EXIT_INCONCLUSIVE = 0, 1, 3
 CHAOS_GRACE_S = 60.0  # rollbacks + the load's stop timeout + margin
@@ -321,7 +323,9 @@ class GameDay:
         sampler = Sampler(None)
         try:
             target = self._prepare(exp, folder)
-            not_applicable = missing(target, yaml.safe_load(exp.path.read_text()) or {})
+            experiment = yaml.safe_load(exp.path.read_text()) or {}
+            stated = stated_faults(StackApi(self.http, target))
+            not_applicable = missing(target, experiment, stated)
             if not_applicable:
                 return self._not_applicable(exp, folder, started, not_applicable)
             prepare(target, folder)  # a foreign stack's own reset, when its file has one
