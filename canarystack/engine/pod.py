@@ -36,6 +36,7 @@ from canarystack.engine.events import (
     take_events,
     translate_event,
 )
+from canarystack.engine.faults import kernel_modes
 from canarystack.engine.rollout import (
     DEFAULT_DRAIN_TIMEOUT_S,
     DEFAULT_RETRY_S,
@@ -77,6 +78,8 @@ class EngineHealth(TypedDict):
 
     model: str
     engine: str
+    fault_kinds: list[str]
+    kernel_modes: list[str]
     kv_cache_type: str | None
     standby: list[str]
     desired_kv_cache_type: str
@@ -86,6 +89,7 @@ class EngineHealth(TypedDict):
     inflight: int
     last_error: str | None
     dependency: NotRequired[DependencyHealth]
+    standby_pending: NotRequired[list[str]]
     status: NotRequired[str]
 
 
@@ -204,6 +208,8 @@ class EnginePod:
         extra: EngineHealth = {
             "model": self.settings.served_model_name,
             "engine": self._engine(),
+            "fault_kinds": sorted(self.component.faults.kinds),
+            "kernel_modes": kernel_modes(self.settings.kind),
             "kv_cache_type": active.cache_type if active else None,
             "standby": sorted(children.warm),
             "desired_kv_cache_type": children.desired_cache_type(),
@@ -217,7 +223,10 @@ class EnginePod:
         # dependency is shared, not this pod's failure), as the simulator's does.
         if self.dependency is not None:
             extra["dependency"] = self.dependency.health()
-        if active is None:
+        pending = children.standby_pending()
+        if pending:  # not ready until its standby builds are warm (Rollouts)
+            extra["standby_pending"] = pending
+        if active is None or pending:
             extra["status"] = "starting"
         return extra
 
@@ -275,6 +284,12 @@ class EnginePod:
             n_ctx=self.settings.n_ctx,
             default_max_tokens=self.default_max_tokens,
         )
+        if self.settings.kind == "vllm":
+            # The generated model's weights are random, so its end-of-sequence token means
+            # nothing; drawn first (about 1 request in 160 here), vLLM answers with no
+            # content, which the load generator rightly counts as an error. At least one
+            # token (vLLM's min_tokens); later, EOS still ends an answer as it would.
+            upstream.setdefault("min_tokens", 1)
         child = self._serving_child(rec)
         if self.dependency is not None:
             # Bounded by the dependency's deadline; a rollout may switch children meanwhile.

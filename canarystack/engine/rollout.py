@@ -46,7 +46,9 @@ class Rollouts:
     longer than a fault's detection SLO, so a canary pod can hold its bad build ready, as
     a node holds an image already pulled, and a rollout to it is a switch of new requests
     (``rollout_done`` with ``from_standby``). The child it leaves stays warm, for the way
-    back.
+    back. Until each standby build has been warm once (or failed to start), the pod is
+    not ready (``standby_pending``; ``/health`` says ``starting``): a fault injected before
+    would meet a cold start instead of the switch, as a pod whose image is still pulling.
     """
 
     settings: EngineSettings
@@ -61,6 +63,7 @@ class Rollouts:
     warm: dict[str, EngineChild] = field(default_factory=dict, init=False)
     _warming: set[str] = field(default_factory=set, init=False)
     _standby_retry_at: dict[str, float] = field(default_factory=dict, init=False)
+    _standby_settled: set[str] = field(default_factory=set, init=False)  # warm once, or failed
     rolling_to: str | None = field(default=None, init=False)
     retiring: set[EngineChild] = field(default_factory=set, init=False)
     rollouts: int = field(default=0, init=False)
@@ -124,6 +127,10 @@ class Rollouts:
         await self._rollout(desired)
 
     # --- the standby children ------------------------------------------------------------
+    def standby_pending(self) -> list[str]:
+        """The standby builds that have not yet been warm once nor failed to start."""
+        return sorted(set(self.standby) - self._standby_settled)
+
     def _kept_warm(self) -> set[str]:
         return {*self.standby, self.settings.healthy} if self.standby else set()
 
@@ -159,6 +166,7 @@ class Rollouts:
             return
         finally:
             self._warming.discard(variant)
+            self._standby_settled.add(variant)
         if variant in self.warm or (self.active is not None and self.active.cache_type == variant):
             await child.stop()  # another start got there first
             return
