@@ -45,10 +45,11 @@ MAX_TTL_S = 600.0
 MAX_LATENCY_MS = 60_000.0
 # fp8-kv-scale: drift; nan-logits / inf-logits / garbage: a broken kernel; numerics /
 # quantized: benign builds the gate must not trip on (canarystack.model.faults).
-# A real engine's builds (canarystack.engine): kv-quant (llama.cpp), fp8-kv and bf16 (vLLM).
+# A real engine's builds (canarystack.engine): kv-quant (llama.cpp), fp8-kv and bf16 (vLLM),
+# and vLLM's benign one, threads (two OpenMP threads).
 KERNEL_MODES = (
     *("fp8-kv-scale", "nan-logits", "inf-logits", "garbage", "numerics", "quantized"),
-    *("kv-quant", "fp8-kv", "bf16"),
+    *("kv-quant", "fp8-kv", "bf16", "threads"),
 )
 MODEL_ROLES = ("model", "model-baseline", "model-canary")
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -144,7 +145,8 @@ def test_vllm_engine_pods_serve_one_generated_model_each_on_a_core_of_its_own(
     assert folders == {str(tmp_path.resolve() / "vllm-model-seed0")}
     if (os.cpu_count() or 1) > 1:
         assert cores[0] != cores[1]  # the two baselines never share a core
-    assert cmds["model-canary-0"][cmds["model-canary-0"].index("--standby") + 1] == "fp8,bf16"
+    standby = cmds["model-canary-0"][cmds["model-canary-0"].index("--standby") + 1]
+    assert standby == "fp8,bf16,fp32-2t"
     assert "--standby" not in cmds["model-baseline-0"]
     assert "--drift-kl-tolerance=0.0001" in cmds["gate"]
 
@@ -160,6 +162,13 @@ def test_vllm_kernel_faults_are_real_builds_and_say_what_a_cpu_cannot_build(
     from canarystack.engine import vllm
 
     assert vllm.VllmKernelParams(mode="bf16").variant == "bf16"
+    # The benign build: float32 as the baseline, its OpenMP threads on two cores.
+    threads = vllm.VllmKernelParams(mode="threads")
+    assert threads.variant == "fp32-2t"
+    assert vllm.VARIANT_FLAGS["fp32-2t"] == vllm.VARIANT_FLAGS["fp32"]
+    pod = SimpleNamespace(omp_bind="1")
+    assert vllm.child_env(pod)["VLLM_CPU_OMP_THREADS_BIND"] == "1"
+    assert vllm.child_env(pod, "fp32-2t")["VLLM_CPU_OMP_THREADS_BIND"] == "0-1"
     with pytest.raises(ValidationError, match="not a build of a real vLLM"):
         vllm.VllmKernelParams(mode="garbage")  # type: ignore[arg-type]
     with pytest.raises(ValidationError, match="acts on every prompt"):

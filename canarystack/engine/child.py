@@ -169,7 +169,9 @@ class EngineChild:
         )
 
     def _env(self) -> dict[str, str]:
-        return vllm.child_env(self.settings) if self.settings.kind == "vllm" else {}
+        if self.settings.kind != "vllm":
+            return {}
+        return vllm.child_env(self.settings, self.cache_type)
 
     async def wait_ready(self, session: aiohttp.ClientSession, timeout_s: float) -> None:
         """Until ``/v1/models`` answers 200; raises RuntimeError if the child exits or

@@ -27,16 +27,23 @@ from pydantic import model_validator
 from canarystack.engine.build_fault import RealBuildParams
 
 HEALTHY_VARIANT = "fp32"
-VARIANTS = ("fp32", "fp8", "bf16")
+VARIANTS = ("fp32", "fp8", "bf16", "fp32-2t")
 # What each variant changes on the command line (fp32 is the baseline build).
 VARIANT_FLAGS: dict[str, list[str]] = {
     "fp32": ["--dtype", "float32"],
     "fp8": ["--dtype", "float32", "--kv-cache-dtype", "fp8"],
     "bf16": ["--dtype", "bfloat16"],
+    "fp32-2t": ["--dtype", "float32"],
 }
+# The benign build (kernel mode "threads"): the same float32 build with two OpenMP threads
+# (cores 0-1) instead of the pod's one, as a node with another CPU layout would run it.
+# Its reductions split differently, so its numbers may move in the last bits; it must
+# never trip the gate (experiments/control/benign-noise.yaml, GAMEDAY_BENIGN_MODE=threads).
+TWO_THREAD_VARIANT = "fp32-2t"
+TWO_THREAD_BIND = "0-1"
 DEFAULT_PYTHON = str(Path.home() / ".cache" / "canary-gameday" / "vllm" / "venv" / "bin" / "python")
 ENV_PYTHON = "CANARY_GAMEDAY_VLLM_PYTHON"
-MODES = ("fp8-kv", "fp8-kv-scale", "bf16")
+MODES = ("fp8-kv", "fp8-kv-scale", "bf16", "threads")
 SIMULATOR_ONLY_MODES = ("nan-logits", "inf-logits", "garbage", "numerics", "quantized", "kv-quant")
 
 
@@ -102,12 +109,14 @@ def command(settings: VllmSettings, variant: str, port: int) -> list[str]:
     ]  # fmt: skip
 
 
-def child_env(settings: VllmSettings) -> dict[str, str]:
+def child_env(settings: VllmSettings, variant: str = HEALTHY_VARIANT) -> dict[str, str]:
     """The environment vLLM needs here: a 1 GiB KV cache, no hub, and the cores its
-    OpenMP threads are bound to (``--omp-bind``; default: vLLM's own choice)."""
+    OpenMP threads are bound to (``--omp-bind``; default: vLLM's own choice; the
+    two-thread build: cores 0-1)."""
     env = {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"}
-    if settings.omp_bind:
-        env["VLLM_CPU_OMP_THREADS_BIND"] = settings.omp_bind
+    bind = TWO_THREAD_BIND if variant == TWO_THREAD_VARIANT else settings.omp_bind
+    if bind:
+        env["VLLM_CPU_OMP_THREADS_BIND"] = bind
     return env
 
 
@@ -126,11 +135,11 @@ class VllmKernelParams(RealBuildParams):
 
     ENGINE = "vLLM"
     MODES = MODES
-    WHAT = "an FP8 KV cache, bfloat16 weights"
+    WHAT = "an FP8 KV cache, bfloat16 weights; threads: benign, two OpenMP threads"
     REFUSED = SIMULATOR_ONLY_MODES
-    SIZE = "fp8-kv large, bf16 small"
+    SIZE = "fp8-kv large, bf16 small, threads benign"
 
-    mode: Literal["fp8-kv", "fp8-kv-scale", "bf16"] = "fp8-kv"
+    mode: Literal["fp8-kv", "fp8-kv-scale", "bf16", "threads"] = "fp8-kv"
 
     @model_validator(mode="after")
     def _cpu_can(self) -> VllmKernelParams:
@@ -145,7 +154,7 @@ class VllmKernelParams(RealBuildParams):
 
     @property
     def variant(self) -> str:
-        return "bf16" if self.mode == "bf16" else "fp8"
+        return {"bf16": "bf16", "threads": TWO_THREAD_VARIANT}.get(self.mode, "fp8")
 
 
 def usable_variants(variants: tuple[str, ...]) -> tuple[tuple[str, ...], list[str]]:
