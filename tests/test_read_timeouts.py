@@ -137,3 +137,31 @@ def test_a_kept_alive_connection_may_wait_between_requests(component: Proc) -> N
     # The same pooled connection served both (it was not closed as a slow one).
     events = [e for e in component.log_events() if e.get("event") == "header_timeout"]
     assert events == []
+
+
+def test_a_client_that_hangs_up_mid_body_is_its_own_doing_not_a_server_error(
+    component: Proc,
+) -> None:
+    """A mirror that drops its copy (Envoy's request mirroring, seen against the drift
+    judge), a user's Ctrl-C: the body stops and the connection closes. That is logged as
+    ``body_cut`` (a 400 nobody reads), never ``unhandled_error``, and the next request is
+    served."""
+    body = b'{"kind": "latency", "ttl_s": 5}' + b" " * 100
+    head = (
+        b"POST /admin/faults HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        + f"Authorization: Bearer {ADMIN_TOKEN}\r\nContent-Type: application/json\r\n".encode()
+        + f"Content-Length: {len(body)}\r\n\r\n".encode()
+    )
+    sock = _connect(component)
+    sock.sendall(head + body[:10])
+    time.sleep(0.3)  # the handler is reading the body
+    sock.close()
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        if any(e.get("event") == "body_cut" for e in component.log_events()):
+            break
+        time.sleep(0.05)
+    events = [e.get("event") for e in component.log_events()]
+    assert "body_cut" in events
+    assert "unhandled_error" not in events
+    assert requests.get(component.url + "/health", timeout=5).status_code == 200

@@ -247,6 +247,13 @@ async def read_capped(
             f"The request body did not arrive within {deadline_s:g} s (got {len(body)} bytes "
             "so far): send the whole body at once, on a new connection."
         ) from None
+    except ConnectionResetError:  # the client hung up mid-body: its doing, not a 500
+        close_after_answer(request)
+        _log.info("body_cut", got_bytes=len(body), path=request.path)
+        raise BadRequest(
+            f"The connection closed before the whole request body arrived (got {len(body)} "
+            "bytes): send the whole body, and keep the connection open for the answer."
+        ) from None
     return bytes(body)
 
 
