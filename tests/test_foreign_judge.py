@@ -7,11 +7,13 @@ Marked ``foreign`` and ``slow`` (``make test-judge``, ``make test-foreign``).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -85,47 +87,67 @@ def test_envoy_mirrors_weighted_requests_to_the_judge_and_not_pins(
     assert jobs.get("judge") == "up", jobs
 
 
-def test_a_faulty_kernel_fires_the_judge_alert_and_the_hook_zeroes_the_weight(
-    stack: dict[str, Any],
-) -> None:
-    proxy = stack["urls"]["faultproxy"]
-    token = Path(stack["credentials"]["faults-model-canary"]).read_text().strip()
-    auth = {"Authorization": f"Bearer {token}"}
+@contextmanager
+def users(
+    info: dict[str, Any], complete: Callable[[dict[str, Any], int], object]
+) -> Iterator[None]:
+    """Two closed-loop users through Envoy while the block runs (their errors ignored);
+    then every fault on the fault proxy is cleared."""
     stop = threading.Event()
 
-    def traffic(offset: int) -> None:
-        seed = offset
+    def traffic(seed: int) -> None:
         while not stop.is_set():
-            try:
-                _complete(stack, seed)
-            except requests.RequestException:
-                pass
+            with contextlib.suppress(requests.RequestException):
+                complete(info, seed)
             seed += 2
 
     threads = [threading.Thread(target=traffic, args=(1000 + i,), daemon=True) for i in (0, 1)]
     for t in threads:
         t.start()
     try:
-        assert _runtime(stack)["routing.llm.canary"] == "5"
-        fault = {"kind": "kernel", "mode": "fp8-kv-scale", "ttl_s": 120}
-        resp = requests.post(f"{proxy}/admin/faults", json=fault, headers=auth, timeout=5)
-        assert resp.status_code == 201, resp.text
-        fault_at = time.monotonic()
-        wait_for(
-            lambda: _runtime(stack)["routing.llm.canary"] == "0",
-            timeout=90,
-            interval=0.1,
-            what="the hook to set the canary's weight to 0",
-        )
-        print(f"\nkernel fault -> canary weight 0 in {time.monotonic() - fault_at:.2f}s")
-        alerts = requests.get(f"{stack['urls']['prometheus']}/api/v1/alerts", timeout=5).json()
-        names = {a["labels"]["alertname"] for a in alerts["data"]["alerts"]}
-        assert "CanaryOutputDrift" in names, alerts
-        assert "CanaryErrorRate" not in names  # every answer was a fast 200
-        verdict = requests.get(f"{stack['urls']['judge']}/v1/analysis/default", timeout=5).json()
-        assert verdict["verdict"] == "fail" and verdict["test"] == "drift"
+        yield
     finally:
         stop.set()
         for t in threads:
-            t.join(timeout=30)
-        requests.delete(f"{proxy}/admin/faults", headers=auth, timeout=5)
+            t.join(timeout=60)
+        requests.delete(
+            f"{info['urls']['faultproxy']}/admin/faults", headers=_auth(info), timeout=5
+        )
+
+
+def _auth(info: dict[str, Any]) -> dict[str, str]:
+    token = Path(info["credentials"]["faults-model-canary"]).read_text().strip()
+    return {"Authorization": f"Bearer {token}"}
+
+
+def fault_zeroes_the_weight(
+    info: dict[str, Any], fault: dict[str, Any], timeout_s: float
+) -> set[str]:
+    """Inject ``fault`` on the fault proxy, wait for the hook to set the canary's weight to
+    0, and return the alerts firing then."""
+    assert _runtime(info)["routing.llm.canary"] == "5"
+    url = f"{info['urls']['faultproxy']}/admin/faults"
+    resp = requests.post(url, json=fault, headers=_auth(info), timeout=5)
+    assert resp.status_code == 201, resp.text
+    fault_at = time.monotonic()
+    wait_for(
+        lambda: _runtime(info)["routing.llm.canary"] == "0",
+        timeout=timeout_s,
+        interval=0.1,
+        what="the hook to set the canary's weight to 0",
+    )
+    print(f"\nkernel fault -> canary weight 0 in {time.monotonic() - fault_at:.2f}s")
+    alerts = requests.get(f"{info['urls']['prometheus']}/api/v1/alerts", timeout=5).json()
+    return {a["labels"]["alertname"] for a in alerts["data"]["alerts"]}
+
+
+def test_a_faulty_kernel_fires_the_judge_alert_and_the_hook_zeroes_the_weight(
+    stack: dict[str, Any],
+) -> None:
+    with users(stack, _complete):
+        fault = {"kind": "kernel", "mode": "fp8-kv-scale", "ttl_s": 120}
+        names = fault_zeroes_the_weight(stack, fault, timeout_s=90)
+        assert "CanaryOutputDrift" in names
+        assert "CanaryErrorRate" not in names  # every answer was a fast 200
+        verdict = requests.get(f"{stack['urls']['judge']}/v1/analysis/default", timeout=5).json()
+        assert verdict["verdict"] == "fail" and verdict["test"] == "drift"

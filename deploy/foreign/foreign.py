@@ -2,7 +2,7 @@
 project does not write, for the harness's ``kind: external`` target to be proven against.
 
     .venv/bin/python deploy/foreign/foreign.py up|down|reset|status --state-dir DIR
-        [--base-port B] [--forget-pins] [--judge]
+        [--base-port B] [--forget-pins] [--judge] [--engine sim|vllm]
 
 Ports from B (default 18700), all on 127.0.0.1: B+0 Envoy's listener, B+1 Envoy's admin,
 B+2 the baseline engine, B+3 the canary engine, B+4 the fault proxy in front of the
@@ -10,7 +10,9 @@ canary engine, B+5 Prometheus, B+6 Alertmanager, B+7 the rollback hook, and with
 ``--judge`` B+8 the drift judge (``python -m canarystack.judge``): Envoy mirrors the
 weighted traffic to it, Prometheus scrapes its verdict and alerts on it (rules-judge.yml)
 beside the errors and latency rules. The engines are
-the project's simulator run as an opaque binary (``python -m canarystack.model``); every
+the project's simulator run as an opaque binary (``python -m canarystack.model``), or with
+``--engine vllm`` two real vLLM OpenAI servers on a generated model (float32, one core
+each: the command line of ``canarystack.engine.vllm``, no engine pod around them); every
 long-lived process runs under one supervisord, so a killed engine comes back like a pod.
 
 ``up`` writes every config and fresh credentials into the state folder, starts
@@ -49,6 +51,7 @@ sys.path.insert(0, str(HERE))
 import envoy_config  # noqa: E402 - a sibling file, not a package
 
 from canarystack.cluster.supervisor import daemon_conf, program_conf  # noqa: E402
+from canarystack.engine import vllm  # noqa: E402
 
 HOST = "127.0.0.1"
 DEFAULT_BASE_PORT = 18700
@@ -79,6 +82,11 @@ ALERTS = ("CanaryErrorRate", "CanaryLatency")
 # With --judge: the alert on the drift judge's verdict (rules-judge.yml).
 JUDGE_ALERTS = ("CanaryOutputDrift",)
 READY_DEADLINE_S = 60.0
+# --engine vllm: two vLLM servers start in ~1-2 min on 2 cores, over 5 min on a loaded
+# machine (docs/engine.md, "vLLM"): a bound, not an expectation.
+VLLM_READY_DEADLINE_S = 900.0
+ENGINES = ("sim", "vllm")
+VLLM_MODEL_SEED = 0
 STOP_DEADLINE_S = 20.0
 STOP_WAIT_S = 5  # supervisord: SIGTERM, then SIGKILL after this
 POLL_S = 0.05
@@ -104,6 +112,7 @@ class Layout:
     base_port: int
     forget_pins: bool
     judge: bool = False
+    engine: str = "sim"  # ENGINES: the simulator, or real vLLM servers
 
     @property
     def parts(self) -> list[str]:
@@ -167,24 +176,79 @@ def faultproxy_available() -> bool:
     return (repo / "gameday" / "faultproxy" / "__main__.py").is_file()
 
 
+@dataclass(frozen=True)
+class VllmEngine:
+    """What ``canarystack.engine.vllm.command`` and ``child_env`` read of an engine's
+    settings: the baseline and the canary serve one generated model, float32, each on a
+    core of its own."""
+
+    python: str
+    model_path: Path
+    omp_bind: str | None
+    served_model_name: str = MODEL_NAME
+    n_ctx: int = 2048
+
+
+def vllm_python() -> str:
+    python = vllm.default_python()
+    if not Path(python).is_file():
+        raise ForeignError(
+            f"--engine vllm: no vLLM environment at {python}: build it with `make vllm-venv` "
+            f"(or name another with ${vllm.ENV_PYTHON})"
+        )
+    return python
+
+
+def engine_program(lay: Layout, variant: str) -> Program:
+    """The ``variant`` engine (baseline or canary) as an opaque binary: the simulator
+    (``python -m canarystack.model``) or a vLLM OpenAI server (``--engine vllm``)."""
+    port = lay.port(variant)
+    if lay.engine == "vllm":
+        cores = "0" if variant == "baseline" else "1"
+        eng = VllmEngine(vllm_python(), lay.path("vllm-model"), cores)
+        return Program(
+            name=f"engine-{variant}",
+            argv=vllm.command(eng, vllm.HEALTHY_VARIANT, port),
+            match=f"--served-model-name {MODEL_NAME} --host {HOST} --port {port}",
+            port=port,
+            env=vllm.child_env(eng),
+        )
+    head = ["-m", "canarystack.model", "--host", HOST, "--port", str(port)]
+    creds = lay.path("credentials")
+    return Program(
+        name=f"engine-{variant}",
+        # The same version, family seed and no batch noise: healthy engines agree.
+        argv=[sys.executable, *head, "--version", MODEL_VERSION, "--served-model-name",
+              MODEL_NAME, "--family-seed", "0", "--batch-noise", "0",
+              "--admin-token-file", str(creds / f"faults-engine-{variant}")],
+        match=" ".join(head),
+        port=port,
+    )  # fmt: skip
+
+
+def write_vllm_model(lay: Layout) -> None:
+    """The generated model both vLLM engines serve (``canarystack/engine/vllm_model.py``,
+    in the vLLM environment; kept across ``reset``, skipped when already complete)."""
+    script = Path(vllm.__file__).with_name("vllm_model.py")
+    out = lay.path("vllm-model")
+    result = subprocess.run(
+        [vllm_python(), str(script), "--out", str(out), "--seed", str(VLLM_MODEL_SEED)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
+    if result.returncode != 0:
+        raise ForeignError(
+            f"--engine vllm: writing the model into {out} failed (exit {result.returncode}): "
+            f"{(result.stderr or result.stdout).strip()[-2000:]}"
+        )
+
+
 def programs(lay: Layout) -> list[Program]:
     py = sys.executable
     creds = lay.path("credentials")
-    progs = []
-    for variant in ("baseline", "canary"):
-        port = lay.port(variant)
-        head = ["-m", "canarystack.model", "--host", HOST, "--port", str(port)]
-        progs.append(
-            Program(
-                name=f"engine-{variant}",
-                # The same version, family seed and no batch noise: healthy engines agree.
-                argv=[py, *head, "--version", MODEL_VERSION, "--served-model-name",
-                      MODEL_NAME, "--family-seed", "0", "--batch-noise", "0",
-                      "--admin-token-file", str(creds / f"faults-engine-{variant}")],
-                match=" ".join(head),
-                port=port,
-            )
-        )  # fmt: skip
+    progs = [engine_program(lay, variant) for variant in ("baseline", "canary")]
     if faultproxy_available():
         head = ["-m", "gameday.faultproxy", "--upstream", lay.url("canary"),
                 "--listen", f"{HOST}:{lay.port('faultproxy')}"]  # fmt: skip
@@ -538,6 +602,8 @@ def up(lay: Layout) -> dict[str, Any]:
     progs = programs(lay)
     lay.info_file.unlink(missing_ok=True)
     write_configs(lay, progs)
+    if lay.engine == "vllm":
+        write_vllm_model(lay)
     result = subprocess.run(
         [sys.executable, "-m", "supervisor.supervisord", "-c", str(lay.path("supervisord.conf"))],
         capture_output=True,
@@ -550,7 +616,7 @@ def up(lay: Layout) -> dict[str, Any]:
             f"{(result.stderr or result.stdout).strip()[-2000:]}"
         )
     try:
-        wait_ready(lay)
+        wait_ready(lay, VLLM_READY_DEADLINE_S if lay.engine == "vllm" else READY_DEADLINE_S)
     except ForeignError:
         down(lay, quiet=True)
         raise
@@ -568,6 +634,7 @@ def describe(lay: Layout, progs: list[Program]) -> dict[str, Any]:
         "base_port": lay.base_port,
         "forget_pins": lay.forget_pins,
         "judge": lay.judge,
+        "engine": lay.engine,
         "release": RELEASE,
         "model": MODEL_NAME,
         "model_version": MODEL_VERSION,
@@ -682,7 +749,8 @@ def _settings(args: argparse.Namespace, state_dir: Path) -> Layout:
     base = args.base_port if args.base_port is not None else recorded.get("base_port")
     forget = args.forget_pins if args.forget_pins is not None else recorded.get("forget_pins")
     judge = args.judge if args.judge is not None else recorded.get("judge")
-    return Layout(state_dir, int(base or DEFAULT_BASE_PORT), bool(forget), bool(judge))
+    engine = args.engine or recorded.get("engine") or "sim"
+    return Layout(state_dir, int(base or DEFAULT_BASE_PORT), bool(forget), bool(judge), engine)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -703,6 +771,13 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="run the drift judge (B+8): Envoy mirrors weighted traffic to it and an alert "
         "on its verdict (rules-judge.yml) joins the errors and latency rules; default off",
+    )
+    p.add_argument(
+        "--engine",
+        choices=ENGINES,
+        default=None,
+        help="the engines: sim (the simulator, default) or vllm (real vLLM servers on a "
+        "generated model: make vllm-venv first; docs/engine.md)",
     )
     args = p.parse_args(argv)
     state_dir = Path(args.state_dir).resolve()
