@@ -141,7 +141,8 @@ def test_a_build_this_engine_cannot_make_is_refused_with_the_reason(stack: Stack
         assert resp.status_code == 400
         assert "AVX-512 or AMX" in resp.text and "GAMEDAY_KERNEL_MODE=bf16" in resp.text
     # ... and its /health states the builds it can make (gameday run's "not applicable").
-    modes = ["fp8-kv", "fp8-kv-scale", "bf16"] if vllm.fp8_kv_supported() else ["bf16"]
+    fp8 = ["fp8-kv", "fp8-kv-scale"] if vllm.fp8_kv_supported() else []
+    modes = [*fp8, "bf16", "threads"]
     health = _health(stack.url("model-canary-0"))
     assert health["kernel_modes"] == modes
     # Ready (the stack's health wait passed) means its bad build is already warm: a fault
