@@ -27,7 +27,7 @@ from gameday.evidence.noise_floor import (
     unmeasured_message,
     wait_record,
 )
-from gameday.evidence.trips import not_tripped_yet, seconds_to_trip, unexpected_trip
+from gameday.evidence.trips import not_tripped_yet, seconds_to_trip, unexpected_trip, wrong_test
 from gameday.run.sufficiency import as_whole_number
 from probes._context import (
     MAX_WAIT_S,
@@ -59,10 +59,13 @@ def gate_summary(api: StackApi) -> str:
 def wait_for_trip(
     deadline_s: float = 30.0,
     poll_s: float = 0.1,
+    test: str = "",
     configuration: Configuration | None = None,
 ) -> float:
     """Wait until the gate has tripped the release; returns the seconds from the
-    reference fault to the trip. Raises after ``deadline_s`` seconds of waiting.
+    reference fault to the trip. Raises after ``deadline_s`` seconds of waiting, and, with
+    ``test`` (e.g. ``drift``: a bad build must be caught on its answers, not on latency
+    by luck), when the trip event names another test or none.
 
     The seconds are from the experiment's reference fault (``gameday.evidence.faults``) to
     the broker event that set the phase to ``tripped``; it gives up at its deadline, because
@@ -87,7 +90,11 @@ def wait_for_trip(
                 raise ActivityFailed(not_tripped_yet(deadline_s, release, phase, fault, now, gate))
             time.sleep(max(0.02, float(poll_s)))
         trip = first_phase(api.events(), "tripped", since=fault.time - CLOCK_SLACK_S)
-    return seconds_to_trip(trip, fault.time, time.time())
+    took = seconds_to_trip(trip, fault.time, time.time())
+    why = wrong_test(trip, test, took)
+    if why:
+        raise ActivityFailed(why)
+    return took
 
 
 def gate_did_not_trip(

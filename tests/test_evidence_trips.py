@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from canary_contract.json import JsonObject
 from gameday.evidence.faults import ReferenceFault
-from gameday.evidence.trips import not_tripped_yet, seconds_to_trip, unexpected_trip
+from gameday.evidence.trips import not_tripped_yet, seconds_to_trip, unexpected_trip, wrong_test
 from gameday.observers.broker import gate_line
 
 TRIP: JsonObject = {
@@ -61,3 +61,16 @@ def test_an_unexpected_trip_names_the_gates_evidence_and_when() -> None:
     assert "release 'default' on test drift" in str(unexpected_trip("default", "x", TRIP, None))
     off = unexpected_trip("default", "rolled_back", None, 100.0)
     assert off is not None and off.endswith("tripped release 'default' on phase is 'rolled_back'")
+
+
+def test_a_trip_on_another_test_than_the_one_required_does_not_count() -> None:
+    """vLLM's bad build must be caught on its answers (GAMEDAY_TRIP_TEST=drift, #28)."""
+    assert wrong_test(TRIP, "drift", 12.5) is None
+    assert wrong_test(TRIP, "", 12.5) is None  # nothing required: any test
+    latency: JsonObject = {**TRIP, "change": {"trip": {"test": "latency", "bucket": "0-2k"}}}
+    assert wrong_test(latency, "drift", 3.25) == (
+        "the gate tripped 3.25 s after the fault, but on the 'latency' test, not 'drift' as "
+        "this experiment requires (its trip_test, GAMEDAY_TRIP_TEST): test latency, bucket "
+        "0-2k, statistic None vs threshold None, None samples"
+    )
+    assert "on the None test" in (wrong_test(None, "drift", 1.0) or "")

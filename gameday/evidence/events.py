@@ -67,6 +67,13 @@ def trips_between(events: Iterable[Mapping[str, object]], start: float, end: flo
     return sum(1 for e in phase_events(events, "tripped", start) if event_time(e) <= end)
 
 
+def trip_test(event: Mapping[str, object] | None) -> str | None:
+    """The test a trip event names (``drift``, ``latency``, ``errors``...), or None."""
+    trip = new_value(event.get("change"), "trip") if event else None
+    test = trip.get("test") if isinstance(trip, dict) else None
+    return test if isinstance(test, str) else None
+
+
 def trip_evidence_text(event: Mapping[str, object]) -> str:
     """What a trip event says the gate saw: test, bucket, statistic vs threshold, samples."""
     trip = new_value(event.get("change"), "trip")

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from canary_contract.phases import is_canary_off
-from gameday.evidence.events import event_time, trip_evidence_text
+from gameday.evidence.events import event_time, trip_evidence_text, trip_test
 from gameday.evidence.faults import ReferenceFault
 
 
@@ -19,6 +19,22 @@ def seconds_to_trip(trip: Mapping[str, object] | None, fault_time: float, now: f
     (to ``now`` when the release is off but its history holds no trip since the fault)."""
     trip_time = event_time(trip) if trip else now
     return round(trip_time - fault_time, 3)
+
+
+def wrong_test(trip: Mapping[str, object] | None, test: str, took: float) -> str | None:
+    """Why a trip ``took`` seconds after the fault does not count when the experiment
+    requires the ``test`` (e.g. ``drift``: a bad build caught on its answers, not on
+    latency by luck); None when it counts or nothing is required."""
+    if not test:
+        return None
+    tripped_on = trip_test(trip)
+    if tripped_on == test:
+        return None
+    return (
+        f"the gate tripped {took:g} s after the fault, but on the {tripped_on!r} test, not "
+        f"{test!r} as this experiment requires (its trip_test, GAMEDAY_TRIP_TEST): "
+        f"{trip_evidence_text(trip) if trip else 'no trip event since the fault'}"
+    )
 
 
 def not_tripped_yet(
