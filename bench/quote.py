@@ -56,6 +56,7 @@ COMMANDS = {
     "broker_failsafe": ".venv/bin/python bench/broker_failsafe.py --trials 3 --stop-s 20",
     "broker_failsafe_before": "the same, on the router before #27 (git worktree of f4e7a0b)",
     "gate_deadman": ".venv/bin/python bench/gate_deadman.py --trials 2 --stop-s 20",
+    "vllm_noise": ".venv/bin/python bench/vllm_noise.py",
 }
 
 
@@ -547,6 +548,24 @@ def r_gate_deadman(res: JsonObject) -> list[str]:
     )
 
 
+def r_vllm_noise(res: JsonObject) -> list[str]:
+    rec, rep = res["recorded"], res["replay"]
+    return _table(
+        f"Two healthy vLLMs ({res['engine']}): A {res['layouts']['A']}, B "
+        f"{res['layouts']['B']}; {res['sampling']}. Recorded, then drawn with replacement "
+        "through the gate's statistics at the game day's schedule:",
+        "| comparisons | bit-identical | KL mean / p95 / max | top-1 disagreement "
+        "| replayed | false trips | per release-hour, 95 % upper bound |",
+        [
+            f"| {rec['comparisons']} | {rec['identical_share']:.0%} | {rec['kl_mean']:.1e} / "
+            f"{rec['kl_p95']:.1e} / {rec['kl_max']:.1e} | {rec['top1_disagreement']:g} | "
+            f"{rep['release_hours']:g} release-hours, {rep['baseline_canary_comparisons']:,} "
+            f"comparisons | {rep['false_trips']} | "
+            f"{rep['false_trips_per_release_hour_cp95_upper']:.3f} |"
+        ],
+    )
+
+
 RENDER: dict[str, tuple[Callable[[JsonObject], list[str]], bool]] = {
     # name: (renderer, whether it takes the whole document rather than its "results")
     "router_overhead": (r_router_overhead, False),
@@ -567,6 +586,7 @@ RENDER: dict[str, tuple[Callable[[JsonObject], list[str]], bool]] = {
     "broker_failsafe": (r_broker_failsafe, False),
     "broker_failsafe_before": (r_broker_failsafe, False),
     "gate_deadman": (r_gate_deadman, False),
+    "vllm_noise": (r_vllm_noise, False),
 }
 
 
