@@ -76,6 +76,18 @@ def _trickle_until_closed(sock: socket.socket, data: bytes, limit_s: float) -> t
     raise AssertionError(f"the server kept a slow connection open for {limit_s} s: {got[:200]!r}")
 
 
+FAULT_BODY = b'{"kind": "latency", "ttl_s": 5}' + b" " * 100
+
+
+def _fault_head(body: bytes) -> bytes:
+    """The request line and headers of a POST /admin/faults carrying ``body``."""
+    return (
+        b"POST /admin/faults HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        + f"Authorization: Bearer {ADMIN_TOKEN}\r\nContent-Type: application/json\r\n".encode()
+        + f"Content-Length: {len(body)}\r\n\r\n".encode()
+    )
+
+
 def test_the_defaults_are_stated() -> None:
     assert (HEADER_TIMEOUT_S, IDLE_TIMEOUT_S, BODY_TIMEOUT_S) == (10.0, 75.0, 30.0)
 
@@ -112,12 +124,8 @@ def test_slow_headers_are_closed_while_a_normal_request_is_answered(component: P
 
 
 def test_a_slow_body_gets_408_and_is_closed(component: Proc) -> None:
-    body = b'{"kind": "latency", "ttl_s": 5}' + b" " * 100
-    head = (
-        b"POST /admin/faults HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-        + f"Authorization: Bearer {ADMIN_TOKEN}\r\nContent-Type: application/json\r\n".encode()
-        + f"Content-Length: {len(body)}\r\n\r\n".encode()
-    )
+    body = FAULT_BODY
+    head = _fault_head(body)
     sock = _connect(component)
     sock.sendall(head)
     took, answer = _trickle_until_closed(sock, body, 10)
@@ -146,12 +154,8 @@ def test_a_client_that_hangs_up_mid_body_is_its_own_doing_not_a_server_error(
     judge), a user's Ctrl-C: the body stops and the connection closes. That is logged as
     ``body_cut`` (a 400 nobody reads), never ``unhandled_error``, and the next request is
     served."""
-    body = b'{"kind": "latency", "ttl_s": 5}' + b" " * 100
-    head = (
-        b"POST /admin/faults HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-        + f"Authorization: Bearer {ADMIN_TOKEN}\r\nContent-Type: application/json\r\n".encode()
-        + f"Content-Length: {len(body)}\r\n\r\n".encode()
-    )
+    body = FAULT_BODY
+    head = _fault_head(body)
     sock = _connect(component)
     sock.sendall(head + body[:10])
     time.sleep(0.3)  # the handler is reading the body
