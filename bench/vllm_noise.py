@@ -51,7 +51,6 @@ import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 
 import requests
@@ -59,7 +58,7 @@ from _results import Run
 from gate_false_alarms import Score, replay
 
 from canary_contract.json import JsonObject
-from canarystack.engine.vllm import child_env, command, default_python
+from canarystack.engine.vllm import BareServer, child_env, command, default_python
 from canarystack.tokenizer import make_prompt
 from gameday.oracle import compare_positions, parse_logprobs
 
@@ -70,17 +69,6 @@ TOPK = 5
 GROUP = 4  # B's requests at once
 START_S = 600.0  # a vLLM starts in ~1-2 min here, over 5 min on a loaded machine
 LAYOUTS = {"A": ("0", 1), "B": ("0-1", GROUP)}  # OpenMP cores, requests at once
-
-
-@dataclass(frozen=True)
-class Server:
-    """What ``canarystack.engine.vllm.command`` and ``child_env`` read of a pod's settings."""
-
-    python: str
-    model_path: Path
-    omp_bind: str | None
-    served_model_name: str = "canary-llm"
-    n_ctx: int = 2048
 
 
 def free_port() -> int:
@@ -99,7 +87,7 @@ def servers(python: str, model: Path, folder: Path) -> Iterator[dict[str, str]]:
     try:
         for name, (cores, _) in LAYOUTS.items():
             port = free_port()
-            settings = Server(python, model, cores)
+            settings = BareServer(python, model, cores, "canary-llm")
             log = (folder / f"vllm-{name}.log").open("wb")
             procs[name] = subprocess.Popen(
                 command(settings, "fp32", port),

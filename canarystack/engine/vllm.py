@@ -19,6 +19,7 @@ This module never starts or stops a process; ``canarystack.engine.child`` does.
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Protocol
 
@@ -61,6 +62,18 @@ class VllmSettings(Protocol):
     def n_ctx(self) -> int: ...
     @property
     def omp_bind(self) -> str | None: ...
+
+
+@dataclass(frozen=True)
+class BareServer:
+    """``VllmSettings`` for a vLLM started on its own, with no engine pod around it (the
+    foreign stack's engines, ``bench/vllm_noise.py``): one generated model, float32."""
+
+    python: str
+    model_path: Path
+    omp_bind: str | None
+    served_model_name: str
+    n_ctx: int = 2048
 
 
 def fp8_kv_supported(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:

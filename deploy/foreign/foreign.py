@@ -176,19 +176,6 @@ def faultproxy_available() -> bool:
     return (repo / "gameday" / "faultproxy" / "__main__.py").is_file()
 
 
-@dataclass(frozen=True)
-class VllmEngine:
-    """What ``canarystack.engine.vllm.command`` and ``child_env`` read of an engine's
-    settings: the baseline and the canary serve one generated model, float32, each on a
-    core of its own."""
-
-    python: str
-    model_path: Path
-    omp_bind: str | None
-    served_model_name: str = MODEL_NAME
-    n_ctx: int = 2048
-
-
 def vllm_python() -> str:
     python = vllm.default_python()
     if not Path(python).is_file():
@@ -205,7 +192,7 @@ def engine_program(lay: Layout, variant: str) -> Program:
     port = lay.port(variant)
     if lay.engine == "vllm":
         cores = "0" if variant == "baseline" else "1"
-        eng = VllmEngine(vllm_python(), lay.path("vllm-model"), cores)
+        eng = vllm.BareServer(vllm_python(), lay.path("vllm-model"), cores, MODEL_NAME)
         return Program(
             name=f"engine-{variant}",
             argv=vllm.command(eng, vllm.HEALTHY_VARIANT, port),
