@@ -115,12 +115,13 @@ def needs(experiment: Experiment) -> dict[str, str]:
     )
     for cap in ext.get("requires") or []:
         found.setdefault(str(cap), "declared in the experiment's gameday extension (requires)")
-    config = experiment.get("configuration")
+    raw_config = experiment.get("configuration")
+    config = raw_config if isinstance(raw_config, dict) else {}
     for act in _activities(experiment):
         prov = act["provider"]
         module, func = str(prov.get("module") or ""), str(prov.get("func") or "")
         raw = prov.get("arguments") if isinstance(prov.get("arguments"), dict) else {}
-        args = {k: _resolved(v, config if isinstance(config, dict) else {}) for k, v in raw.items()}
+        args = {k: _resolved(v, config) for k, v in raw.items()}
         rule = NEEDS.get((module, func))
         caps = list(rule(args)) if rule else []
         if module in MODULE_NEEDS and rule is None:
@@ -138,9 +139,15 @@ def target_capabilities(target: Target) -> frozenset[str] | None:
     return caps() if callable(caps) else None
 
 
+def _fault_cap(cap: str) -> tuple[str, str]:
+    """(role, kind) of a ``faults:ROLE:KIND`` capability."""
+    _, role, kind = [*cap.split(":"), "", ""][:3]
+    return role, kind
+
+
 def _say(cap: str) -> str:
     if cap.startswith("faults:"):
-        _, role, kind = [*cap.split(":"), "", ""][:3]
+        role, kind = _fault_cap(cap)
         return f"a way to inject {kind} into {role} (components.{role}.faults)"
     if cap.startswith("rollout:"):
         role = cap.split(":", 1)[1]
@@ -165,21 +172,21 @@ def missing(
     for cap, who in needs(experiment).items():
         why = _unstated(cap, stated)
         # (a kernel mode is only ever what a part states: a target file names fault kinds)
-        if why is None and have is not None and cap not in have and not is_mode(cap):
+        if why is None and have is not None and cap not in have and not _is_mode(cap):
             why = f"lacks {_say(cap)}"
         if why is not None:
             out.append(f"not applicable: target {target.name!r} {why}, which {who} needs")
     return out
 
 
-def is_mode(cap: str) -> bool:
+def _is_mode(cap: str) -> bool:
     return cap.startswith(KERNEL_MODE)
 
 
 def _unstated(cap: str, stated: StatedFaults) -> str | None:
     """Why ``cap`` is outside what the target's parts state they can be given (None: it
     is not, or they state nothing)."""
-    if is_mode(cap):
+    if _is_mode(cap):
         modes, mode = stated.kernel_modes, cap.removeprefix(KERNEL_MODE)
         if modes is None or mode in modes:
             return None
@@ -190,7 +197,7 @@ def _unstated(cap: str, stated: StatedFaults) -> str | None:
             "simulator, or set the experiment's mode, GAMEDAY_KERNEL_MODE, to one of those)"
         )
     if cap.startswith("faults:"):
-        _, role, kind = [*cap.split(":"), "", ""][:3]
+        role, kind = _fault_cap(cap)
         kinds = stated.kinds.get(role)
         if kinds is None or kind in kinds:
             return None
