@@ -430,6 +430,52 @@ def test_kernel_fault_rolls_over_to_a_quantized_cache_and_back(
     assert "rollout_failed" not in events()
 
 
+def test_a_pod_started_as_a_bad_build_serves_it_for_its_life(
+    spawn: Spawner, gguf_path: Path, tmp_path: Path
+) -> None:
+    """--kernel-fault (the Kubernetes rollout of a bad build, as the simulator's): the pod
+    serves the build the kernel fault's mode rolls out to from its start, /health says so
+    and how long its engine has served (the harness times the fault from then), and
+    clearing faults does not heal it: only a pod started without the flag does."""
+    healthy = start_pod(spawn, gguf_path, tmp_path, "v1")
+    bad = start_pod(spawn, gguf_path, tmp_path, "v2", "--kernel-fault", "kv-quant:0")
+    health = requests.get(bad.url + "/health", timeout=5).json()
+    assert health["build_kernel_fault"] == "kv-quant:0"
+    assert health["kv_cache_type"] == "q4_0"
+    assert 0 <= health["serving_s"] <= health["uptime_s"]
+    good = requests.get(healthy.url + "/health", timeout=5).json()
+    assert (good["build_kernel_fault"], good["kv_cache_type"]) == (None, "f16")
+    text = prompt(100, 64)
+    got = [parse_logprobs(complete(p.url, text, max_tokens=1).json())[0].top for p in (healthy, bad)]
+    assert kl_topk(*got) > 1e-3  # the bad build drifts, as the q4_0 fault does
+    assert complete(bad.url, text).headers["x-engine-kv-cache"] == "q4_0"
+    # no injected fault to clear: the build stays what it is
+    assert requests.delete(bad.url + "/admin/faults", headers=ADMIN, timeout=5).ok
+    time.sleep(1.0)
+    assert requests.get(bad.url + "/health", timeout=5).json()["kv_cache_type"] == "q4_0"
+
+
+@pytest.mark.parametrize(
+    ("value", "says"),
+    [
+        ("kv-quant:2048", "acts on every prompt"),
+        ("nan-logits", "simulator only"),
+        ("kv-quant:many", "not a whole number"),
+        ("bogus", "mode:"),
+    ],
+)
+def test_a_bad_build_the_engine_cannot_make_is_refused_at_start(
+    gguf_path: Path, value: str, says: str
+) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "canarystack.engine", "--model", str(gguf_path),
+         "--kernel-fault", value],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert f"--kernel-fault {value!r}" in done.stderr and says in done.stderr
+
+
 def _process_gone(pid: int) -> bool:
     try:
         status = Path(f"/proc/{pid}/status").read_text()

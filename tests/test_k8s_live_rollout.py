@@ -42,9 +42,13 @@ class _Health(BaseHTTPRequestHandler):
     saying it has been up ``uptime_s``."""
 
     uptime_s = 0.0
+    serving_s: float | None = None  # an engine pod's: since its engine could serve
 
     def do_GET(self) -> None:
-        body = json.dumps({"status": "ok", "uptime_s": self.uptime_s}).encode()
+        health: dict[str, Any] = {"status": "ok", "uptime_s": self.uptime_s}
+        if self.serving_s is not None:
+            health["serving_s"] = self.serving_s
+        body = json.dumps(health).encode()
         self.send_response(200 if self.path == "/health" else 404)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
@@ -168,6 +172,19 @@ def test_serving_since_is_the_answer_time_less_the_uptime_never_before_the_bound
     assert serving_since([url], not_before=after) == after  # a server cannot predate its pod
     # nothing answers (a port nothing listens on): no estimate, the caller falls back
     assert serving_since(["http://127.0.0.1:9"], not_before=0.0) is None
+
+
+def test_an_engine_pod_is_serving_since_its_engine_could_not_since_its_wrapper_started(
+    health_port: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A vLLM pod's wrapper answers a minute before its engine serves: the fault time is
+    the engine's (serving_s), else the bad build's minute of start-up counts as detection
+    time."""
+    monkeypatch.setattr(_Health, "uptime_s", 90.0)
+    monkeypatch.setattr(_Health, "serving_s", 2.5)
+    before = time.time()
+    since = serving_since([f"http://127.0.0.1:{health_port}"], not_before=0.0)
+    assert since is not None and before - 2.5 <= since <= time.time() - 2.5
 
 
 @pytest.mark.parametrize("value", ["", "nan logits", ":100", "nan-logits:many"])

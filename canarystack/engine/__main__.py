@@ -70,6 +70,18 @@ def build_parser() -> argparse.ArgumentParser:
         "(e.g. fp8: a rollout to it is a switch, not a one-minute start)",
     )
     g.add_argument(
+        "--kernel-fault",
+        metavar="MODE[:MIN_PROMPT_TOKENS]",
+        default=None,
+        help="start as a known-bad BUILD, as the simulator's --kernel-fault: the pod serves, "
+        "for its life, the build the kernel fault MODE rolls out to (vLLM: fp8-kv and "
+        "fp8-kv-scale an FP8 KV cache, bf16 bfloat16 weights, threads the two-thread "
+        "build; llama.cpp: kv-quant and fp8-kv-scale a q4_0 cache). A real build acts on "
+        "every prompt, so MIN_PROMPT_TOKENS may only be 0. No TTL: clearing faults does not "
+        "heal it, only a pod started without the flag (a rollback). /health shows it as "
+        "build_kernel_fault. Default: none, a healthy build",
+    )
+    g.add_argument(
         "--omp-bind",
         default=None,
         help="vllm: the CPU cores its OpenMP threads use (VLLM_CPU_OMP_THREADS_BIND, e.g. 1)",
@@ -197,6 +209,38 @@ def _vllm_args(
     return python, usable
 
 
+def own_build(value: str, kind: str, parser: argparse.ArgumentParser) -> str:
+    """The variant ``--kernel-fault VALUE`` (``MODE[:MIN_PROMPT_TOKENS]``) makes the pod
+    serve: what the ``kernel`` fault of that mode rolls out to, checked as the fault is
+    (``FAULT_KINDS_BY_ENGINE``); a usage error naming the value otherwise."""
+    from pydantic import ValidationError
+
+    from canarystack.engine.faults import FAULT_KINDS_BY_ENGINE, EngineKernelParams
+    from canarystack.engine.vllm import VllmKernelParams
+
+    mode, sep, tokens = value.partition(":")
+    if sep and not (tokens.isascii() and tokens.isdigit() and len(tokens) <= 9):
+        parser.error(
+            f"--kernel-fault {value!r}: MIN_PROMPT_TOKENS {tokens!r} is not a whole number "
+            "of tokens (a real build acts on every prompt: give 0, or leave it out)"
+        )
+    raw = {"mode": mode, "min_prompt_tokens": int(tokens) if sep else 0}
+    try:
+        params = FAULT_KINDS_BY_ENGINE[kind]["kernel"].model_validate(raw)
+    except ValidationError as exc:
+        why = "; ".join(
+            ":".join(map(str, e["loc"])) + ": " + e["msg"].removeprefix("Value error, ")
+            if e["loc"] and e["type"] != "value_error"
+            else e["msg"].removeprefix("Value error, ")
+            for e in exc.errors()
+        )
+        parser.error(f"--kernel-fault {value!r}: {why}")
+    if isinstance(params, VllmKernelParams):
+        return params.variant
+    assert isinstance(params, EngineKernelParams)
+    return params.cache_type
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = build_parser()
     args = parse(parser, argv)
@@ -220,6 +264,11 @@ def main(argv: Sequence[str] | None = None) -> None:
             parser.error(f"{flag} {value}: give a number of seconds > 0")
     check_shared_options(args, parser)
     dependency = dependency_from_args(args, parser)
+    build = (
+        own_build(args.kernel_fault, args.engine_kind, parser)
+        if args.kernel_fault is not None
+        else None
+    )
 
     from canarystack.engine.child import EngineSettings
     from canarystack.engine.faults import FAULT_KINDS_BY_ENGINE
@@ -236,6 +285,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         python=engine_python,
         kind=args.engine_kind,
         omp_bind=args.omp_bind,
+        build=build,
     )
     run_model_server(
         args,
@@ -250,6 +300,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             drain_timeout_s=args.drain_timeout_s,
             dependency=dependency,
             standby=standby,
+            build_kernel_fault=args.kernel_fault,
         ),
         client_max_size=ADMIN_BODY_BYTES,  # the model routes read with model.body
     )

@@ -58,10 +58,16 @@ class EngineSettings:
     # vLLM (its OpenAI server, in ``python`` = the vLLM environment's; canarystack.engine.vllm).
     kind: str = "llamacpp"
     omp_bind: str | None = None  # vLLM: the cores its OpenMP threads use (e.g. "0" or "1")
+    # The pod's own build (``--kernel-fault``: a known-bad build rolled out as a new pod):
+    # the variant it serves for its life when no fault asks for another. None: healthy.
+    build: str | None = None
 
     @property
-    def healthy(self) -> str:
-        """The variant the pod serves with no fault: f16 cache (llama.cpp), fp32 (vLLM)."""
+    def own_build(self) -> str:
+        """The variant the pod serves with no injected fault: its ``build``, else the
+        healthy one, f16 cache (llama.cpp) or fp32 (vLLM)."""
+        if self.build is not None:
+            return self.build
         return vllm.HEALTHY_VARIANT if self.kind == "vllm" else HEALTHY_CACHE
 
     @property

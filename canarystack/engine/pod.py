@@ -80,7 +80,9 @@ class EngineHealth(TypedDict):
     engine: str
     fault_kinds: list[str]
     kernel_modes: list[str]
+    build_kernel_fault: str | None
     kv_cache_type: str | None
+    serving_s: float | None
     standby: list[str]
     desired_kv_cache_type: str
     rolling_out_to: str | None
@@ -144,8 +146,11 @@ class EnginePod:
         retry_s: float = DEFAULT_RETRY_S,
         dependency: DependencyConfig | None = None,
         standby: tuple[str, ...] = (),
+        build_kernel_fault: str | None = None,
     ) -> None:
         self.settings = settings
+        # --kernel-fault as given (its variant is settings.build): /health says it.
+        self.build_kernel_fault = build_kernel_fault
         self.version = version
         self.component = component
         self.log = component.log or get_logger(component.name)
@@ -205,12 +210,17 @@ class EnginePod:
     def health_extra(self) -> EngineHealth:
         children = self.children
         active = children.active
+        since = children.serving_since_mono
         extra: EngineHealth = {
             "model": self.settings.served_model_name,
             "engine": self._engine(),
             "fault_kinds": sorted(self.component.faults.kinds),
             "kernel_modes": kernel_modes(self.settings.kind),
+            "build_kernel_fault": self.build_kernel_fault,
             "kv_cache_type": active.cache_type if active else None,
+            # Seconds since its first engine could take a request (a new pod's bad build:
+            # the harness times the fault from then, not from this wrapper's start).
+            "serving_s": None if since is None else round(time.monotonic() - since, 3),
             "standby": sorted(children.warm),
             "desired_kv_cache_type": children.desired_cache_type(),
             "rolling_out_to": children.rolling_to,

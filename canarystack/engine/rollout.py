@@ -67,6 +67,8 @@ class Rollouts:
     rolling_to: str | None = field(default=None, init=False)
     retiring: set[EngineChild] = field(default_factory=set, init=False)
     rollouts: int = field(default=0, init=False)
+    # When the first serving child took over (monotonic): the pod could serve from then.
+    serving_since_mono: float | None = field(default=None, init=False)
     last_error: str | None = field(default=None, init=False)
     session: aiohttp.ClientSession | None = field(default=None, init=False)
     _retry_at: float = field(default=0.0, init=False)
@@ -78,7 +80,7 @@ class Rollouts:
             return params.cache_type
         if isinstance(params, VllmKernelParams):
             return params.variant
-        return self.settings.healthy
+        return self.settings.own_build
 
     async def run(self, session: aiohttp.ClientSession) -> None:
         """Reconcile every ``RECONCILE_S`` until cancelled (then call ``stop_all``)."""
@@ -132,7 +134,7 @@ class Rollouts:
         return sorted(set(self.standby) - self._standby_settled)
 
     def _kept_warm(self) -> set[str]:
-        return {*self.standby, self.settings.healthy} if self.standby else set()
+        return {*self.standby, self.settings.own_build} if self.standby else set()
 
     def _keep_warm(self) -> None:
         """Start (in the background) each kept-warm variant that has no live child."""
@@ -218,6 +220,8 @@ class Rollouts:
         old = self.active
         self.active = new
         self.rollouts += 1
+        if self.serving_since_mono is None:
+            self.serving_since_mono = time.monotonic()
         self.last_error = None
         self.log.info(
             "rollout_done",

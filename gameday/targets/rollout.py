@@ -366,19 +366,23 @@ def roll_out_version(change: CanaryChange, version: str) -> None:
 
 def serving_since(urls: Iterable[str], not_before: float) -> float | None:
     """When the earliest of the new pods' servers could first take a request, by its own
-    word: the time this asked its ``/health`` minus the ``uptime_s`` it answered (the
-    server's age since it set itself up, sub-second; the API's container ``startedAt`` is
-    whole seconds and precedes the interpreter's start-up). Not before ``not_before``;
-    None when no pod answers with an ``uptime_s`` (a foreign engine, an older server)."""
+    word: the time this asked its ``/health`` minus the ``serving_s`` it answered (an
+    engine pod: since its first engine could serve; a vLLM starts a minute after the
+    wrapper), else minus its ``uptime_s`` (the server's age since it set itself up,
+    sub-second; the API's container ``startedAt`` is whole seconds and precedes the
+    interpreter's start-up). Not before ``not_before``; None when no pod answers with
+    either (a foreign engine, an older server)."""
     times: list[float] = []
     with requests.Session() as session:
         http = JsonHttp(session)
         for url in urls:
             asked = time.time()  # before the answer: the estimate errs early (fail-closed)
             try:
-                uptime = http.get_json(f"{url}/health").get("uptime_s")
+                health = http.get_json(f"{url}/health")
             except ApiError:
                 continue
+            serving = health.get("serving_s")
+            uptime = serving if serving is not None else health.get("uptime_s")
             if isinstance(uptime, int | float) and not isinstance(uptime, bool) and uptime >= 0:
                 times.append(asked - float(uptime))
     return max(min(times), not_before) if times else None
