@@ -1,8 +1,10 @@
 #!/bin/sh
 # Entry point of the canarystack image (deploy/Dockerfile). The first argument is a role:
 #
-#   serve COMPONENT [ARGS]   python -m canarystack.COMPONENT ARGS (model, broker, router,
-#                            gate, rollback) once the admin token is a real one
+#   serve COMPONENT [ARGS]   python -m canarystack.COMPONENT ARGS (model, engine, broker,
+#                            router, gate, rollback) once the admin token is a real one
+#                            (engine: a real engine's pod, vLLM in the canarystack-vllm
+#                            image of deploy/Dockerfile.vllm)
 #   release-init [ARGS]      python deploy/release_init.py ARGS (create the release once)
 #   gameday-run [ARGS]       gameday run EXPERIMENTS --target $GAMEDAY_TARGET --out
 #                            $GAMEDAY_REPORTS ARGS; EXPERIMENTS from $GAMEDAY_EXPERIMENTS
@@ -72,8 +74,8 @@ case "$role" in
 serve)
     component="${1:-}"
     case "$component" in
-    model | broker | router | gate | rollback) ;;
-    *) die "serve what? '$component' is not a component: use model, broker, router, gate or rollback." ;;
+    model | engine | broker | router | gate | rollback) ;;
+    *) die "serve what? '$component' is not a component: use model, engine, broker, router, gate or rollback." ;;
     esac
     shift
     check_token

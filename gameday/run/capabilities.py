@@ -17,6 +17,7 @@ This module only reads experiments and targets.
 from __future__ import annotations
 
 import os
+import re
 from typing import TYPE_CHECKING, Any
 
 from gameday.targets import Target
@@ -54,6 +55,11 @@ NEEDS: dict[tuple[str, str], Any] = {
     ("probes.hostile", "flood_pinned_canary"): lambda a: ["pins"],
     ("probes.colouring", "drop_colour"): lambda a: ["colour_hops"],
     ("probes.kubernetes", "roll_out_bad_build"): lambda a: ["rollout:model-canary"],
+    # a rollout of a bad build (--kernel-fault MODE:N): the canary's engine must build MODE
+    ("probes.kubernetes", "roll_out_bad_canary"): lambda a: [
+        "broker",
+        f"{KERNEL_MODE}{str(a.get('kernel_fault') or DEFAULT_KERNEL_MODE).partition(':')[0]}",
+    ],
     ("probes.kubernetes", "undo_canary_rollout"): lambda a: ["rollout:model-canary"],
 }
 # Whole modules that only canarystack's own stack answers.
@@ -93,12 +99,22 @@ def _activities(experiment: Experiment) -> list[Activity]:
 def _resolved(value: Any, config: dict[str, Any]) -> Any:
     """An argument ``"${name}"`` as ``chaos run`` will see it: the configuration's value,
     an ``env`` entry's variable (from this process's environment, which ``gameday run``
-    passes on) or its default; anything else as written."""
-    if not (isinstance(value, str) and value.startswith("${") and value.endswith("}")):
+    passes on) or its default; ``${name}`` inside a longer string (``"${mode}:${n}"``)
+    replaced by its value's text; anything else as written."""
+    if not isinstance(value, str):
         return value
-    entry = config.get(value[2:-1], value)
+    if value.startswith("${") and value.endswith("}") and value.count("${") == 1:
+        return _value(value[2:-1], value, config)
+    return PLACEHOLDER.sub(lambda m: str(_value(m.group(1), m.group(0), config)), value)
+
+
+PLACEHOLDER = re.compile(r"\$\{([^}]+)\}")
+
+
+def _value(name: str, written: str, config: dict[str, Any]) -> Any:
+    entry = config.get(name, written)
     if isinstance(entry, dict) and entry.get("type") == "env":
-        return os.environ.get(str(entry.get("key")), entry.get("default", value))
+        return os.environ.get(str(entry.get("key")), entry.get("default", written))
     return entry
 
 
