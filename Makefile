@@ -193,13 +193,16 @@ ci-k8s: $(STAMP)
 # environment as /opt/vllm), the control, and the faulty canary as a real rollout of
 # vLLM's bad build (--kernel-fault: an FP8 KV cache where the CPU has AVX-512, else
 # bfloat16), which must trip on drift. A vLLM pod takes 1-2 min to start, so the rollout,
-# fresh-canary and healing waits are longer; always torn down.
+# fresh-canary and healing waits are longer, the canary's traffic is held at 0 while the
+# bad build's pods start (as a canary controller routes only to ready pods), and the load
+# runs 60 s before the fault (two vLLMs serve ~5 requests/s: the control needs 10 canary
+# outcomes at 5 %); always torn down.
 K8S_VLLM_GAMEDAYS ?= experiments/k8s/control.yaml experiments/k8s/faulty-canary-rollout.yaml
 .PHONY: test-k8s-vllm
 test-k8s-vllm: $(STAMP) $(VLLM_STAMP) $(VLLM_EXTRA_STAMP)
 	K8S_ENGINE=vllm VLLM_VENV=$(VLLM_HOME)/venv GAMEDAY_K8S_EXPERIMENTS="$(K8S_VLLM_GAMEDAYS)" \
-		$(ENGINE_ENV) $(VLLM_ENV) GAMEDAY_ROLLOUT_DEADLINE_S=600 \
-		GAMEDAY_FRESH_CANARY_DEADLINE_S=600 GAMEDAY_HEAL_WAIT_S=300 \
+		$(ENGINE_ENV) $(VLLM_ENV) GAMEDAY_ROLLOUT_DEADLINE_S=600 GAMEDAY_ROLLOUT_HOLD_TRAFFIC=true \
+		GAMEDAY_FRESH_CANARY_DEADLINE_S=600 GAMEDAY_HEAL_WAIT_S=300 GAMEDAY_WARMUP_S=60 \
 		deploy/loopback/ci.sh $(RUN_ARGS)
 
 # The foreign reference stack (deploy/foreign/README.md): Envoy (the `foreign` extra, PyPI

@@ -138,6 +138,7 @@ def start_fresh_canary(
 def roll_out_bad_canary(
     kernel_fault: str = "fp8-kv-scale:2048",
     deadline_s: float = 120.0,
+    hold_traffic: bool = False,
     configuration: Configuration | None = None,
 ) -> core.BuildRolledOut:
     """Roll the canary Deployment out to a known-bad build: its model container's args
@@ -150,13 +151,27 @@ def roll_out_bad_canary(
     interpreter's start-up), else when the rollout was seen done; the patch time and the
     others are in the detail.
     The canary version the broker knows is unchanged: the same version, a bad build of it,
-    as a rebuilt image under the same tag. Undo with ``undo_canary_rollout``."""
+    as a rebuilt image under the same tag. Undo with ``undo_canary_rollout``.
+
+    ``hold_traffic``: the canary's weight is 0 while the new pods start and comes back
+    when they serve (a canary controller sends traffic only to ready pods); the fault is
+    timed from then. For engines that take a minute to start (vLLM): without it, users
+    meet a minute of 503s from the starting pod and the gate trips on those errors, not
+    on the bad build."""
     with rollout_errors("rolling out a bad canary build"):
         value, mode, tokens = parse_kernel_fault(kernel_fault)
+        if not isinstance(hold_traffic, bool):
+            raise RolloutError(
+                f"argument hold_traffic is {hold_traffic!r}: give true or false (in an "
+                "experiment: a configuration entry with env_var_type: bool)"
+            )
+        hold = hold_traffic
     with canary_change(
         configuration, "roll_out_bad_canary", deadline_s, "rolling out a bad canary build"
     ) as change:
-        return core.roll_out_bad_build(change, value, mode, tokens, ledger(configuration))
+        broker = target_broker(change.target) if hold else None
+        book = ledger(configuration)
+        return core.roll_out_bad_build(change, value, mode, tokens, book, hold=broker)
 
 
 def roll_out_bad_build(

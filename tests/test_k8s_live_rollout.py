@@ -28,6 +28,7 @@ import yaml
 from chaoslib.exceptions import ActivityFailed
 
 from gameday.faults import FaultLedger
+from gameday.targets import rollout as core
 from gameday.targets.rollout import BuildRolloutDetail, first_of, serving_since
 from probes.kubernetes import BUILD_ANNOTATION, VERSION_ANNOTATION, roll_out_bad_canary
 from tests.k8s_fake import FakeApi, pod, serve_fake, workload
@@ -129,6 +130,75 @@ def test_the_bad_build_is_rolled_out_by_one_patch_and_ledgered_when_it_serves(
     started = detail["container_started_at"]
     assert started is not None and entry.time == started <= detail["rolled_out_at"]
     assert entry.url == "http://10.9.0.1:18011"
+
+
+class _Release:
+    """A broker's release in memory: what ``hold_traffic`` reads and patches, in order."""
+
+    def __init__(self, phase: str = "progressing", weight: int = 5) -> None:
+        self.state: dict[str, Any] = {"phase": phase, "weights": {"canary": weight}}
+        self.patches: list[tuple[dict[str, Any], str]] = []
+        self.deployment_patches_before: list[int] = []
+
+    def broker(self, seen: Any = None) -> core.Broker:
+        def patch(change: Any, reason: str) -> Any:
+            self.patches.append((change, reason))
+            self.state["weights"].update(change["weights"])
+            if seen is not None:  # how many Deployment patches the API had seen by then
+                self.deployment_patches_before.append(
+                    sum(1 for s in seen if s.method == "PATCH")
+                )
+            return json.loads(json.dumps(self.state))
+
+        return core.Broker(
+            lambda: json.loads(json.dumps(self.state)), patch, lambda v: v, lambda v, m: None
+        )
+
+
+def test_held_traffic_comes_back_only_to_a_release_still_progressing_at_zero() -> None:
+    quiet = _Release(weight=0)
+    assert core.hold_canary_traffic(quiet.broker()) is None and quiet.patches == []
+    tripped = _Release(phase="tripped")
+    assert core.hold_canary_traffic(tripped.broker()) is None and tripped.patches == []
+    held = _Release()
+    broker = held.broker()
+    assert core.hold_canary_traffic(broker) == 5
+    assert held.patches == [({"weights": {"canary": 0}}, core.HOLD_REASON)]
+    held.state["phase"] = "tripped"  # the gate (or an operator) acted meanwhile: it wins
+    assert core.give_canary_traffic_back(broker, 5, "ready") is None
+    held.state["phase"] = "progressing"
+    assert core.give_canary_traffic_back(broker, 5, "ready") is not None
+    assert held.state["weights"]["canary"] == 5
+
+
+def test_a_held_rollout_gives_the_canary_traffic_only_once_its_pods_serve(
+    fake: FakeApi, tmp_path: Path
+) -> None:
+    """hold_traffic (vLLM pods start for a minute): weight 0 before the Deployment's
+    patch, back after the rollout, and the fault timed from then."""
+    from probes.kubernetes import canary_change, ledger
+
+    cfg = config(tmp_path, ["model-canary"])
+    release = _Release()
+    with canary_change(cfg, "roll_out_bad_canary", 20, "testing") as change:
+        broker = release.broker(fake.seen)
+        value, mode, tokens = "nan-logits:100", "nan-logits", "100"
+        core.roll_out_bad_build(change, value, mode, tokens, ledger(cfg), hold=broker)
+    assert [c for c, _ in release.patches] == [
+        {"weights": {"canary": 0}},
+        {"weights": {"canary": 5}},
+    ]
+    assert release.deployment_patches_before == [0, 1]  # held before, back after the patch
+    (entry,) = FaultLedger(tmp_path / "run" / "faults.jsonl").entries()
+    detail = cast(BuildRolloutDetail, entry.detail)
+    assert detail["traffic_held"] == 5
+    assert entry.time == detail["traffic_back_at"] >= detail["rolled_out_at"]
+
+
+def test_a_hold_that_is_not_a_bool_is_refused(fake: FakeApi, tmp_path: Path) -> None:
+    cfg = config(tmp_path, ["model-canary"])
+    with pytest.raises(ActivityFailed, match="argument hold_traffic is 'yes': give true or false"):
+        roll_out_bad_canary(kernel_fault="nan-logits:100", hold_traffic="yes", configuration=cfg)  # type: ignore[arg-type]
 
 
 def test_the_fault_time_is_when_the_bad_builds_server_could_first_serve(

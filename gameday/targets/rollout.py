@@ -9,6 +9,7 @@ for the target, ``RolloutError`` (whole messages) for the rollout.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -92,6 +93,9 @@ class BuildRolloutDetail(TypedDict):
     listening_at: float | None
     rolled_out_at: float
     rollout_s: float
+    # hold_traffic: the canary weight held at 0 while the pods started, and when it came back
+    traffic_held: NotRequired[int]
+    traffic_back_at: NotRequired[float]
 
 
 class BuildKept(TypedDict):
@@ -399,15 +403,49 @@ def first_of(listening_at: float | None, started_at: float | None, rolled_out_at
 
 
 def roll_out_bad_build(
-    change: CanaryChange, value: str, mode: str, tokens: str, book: FaultLedger
+    change: CanaryChange,
+    value: str,
+    mode: str,
+    tokens: str,
+    book: FaultLedger,
+    hold: Broker | None = None,
 ) -> BuildRolledOut:
     """Roll the canary Deployment out to the bad build ``--kernel-fault VALUE`` and wait
     for it; ``book`` gets its entries, timed when its server could first serve
     (``serving_since``; else when its first container started, else when the rollout was
-    seen done), and the broker an annotation. What was done, in a JSON object."""
+    seen done), and the broker an annotation. ``hold``: the canary's traffic held while
+    its pods start (``roll_out_build``). What was done, in a JSON object."""
     dep = read_deployment(change.target, change.apps, change.name)
     build, patch = bad_build_patch(change.apps, dep, change.name, value)
-    return roll_out_build(change, build, patch, bad_build_params(mode, tokens, build), book)
+    params = bad_build_params(mode, tokens, build)
+    return roll_out_build(change, build, patch, params, book, hold=hold)
+
+
+HOLD_REASON = (
+    "gameday: canary weight 0 while the new canary pods start (a canary controller sends "
+    "traffic only to ready pods)"
+)
+
+
+def hold_canary_traffic(broker: Broker) -> int | None:
+    """Set a progressing release's canary weight to 0; the weight it had (None: nothing
+    to hold, the release is not progressing or its canary has no traffic)."""
+    release = broker.release()
+    weight = _object(release.get("weights")).get("canary")
+    if release.get("phase") != "progressing" or not isinstance(weight, int) or weight <= 0:
+        return None
+    broker.patch({"weights": {"canary": 0}}, HOLD_REASON)
+    return weight
+
+
+def give_canary_traffic_back(broker: Broker, weight: int, why: str) -> float | None:
+    """Give a release whose canary weight this held at 0 its ``weight`` back, only if it
+    is still progressing at 0 (a trip or an operator since then wins); when, or None."""
+    release = broker.release()
+    if release.get("phase") != "progressing" or _object(release.get("weights")).get("canary"):
+        return None
+    broker.patch({"weights": {"canary": weight}}, f"gameday: canary weight back to {weight}: {why}")
+    return time.time()
 
 
 def roll_out_build(
@@ -417,24 +455,46 @@ def roll_out_build(
     params: BadBuildParams,
     book: FaultLedger,
     admin_urls: bool = True,
+    hold: Broker | None = None,
 ) -> BuildRolledOut:
     """Patch the canary Deployment to ``build`` (``patch``: a JSON patch that sets its pod
     template's ``BUILD_ANNOTATION`` to ``build``) and wait for the rollout; ``book`` gets
     the bad build's entries (``params``), timed when its server could first serve
     (``first_of``), and the broker an annotation (best effort). What was done, in a JSON
-    object."""
+    object.
+
+    ``hold`` (the release's broker): the canary's weight is 0 from before the patch until
+    the new pods serve, as a canary controller sends traffic only to ready pods, and the
+    fault is timed from when the weight came back if that is later. Without it, users
+    meet the canary's restart (Recreate on one node): a second for the simulator, but a
+    vLLM pod answers 503 for its minute of start-up, and the gate rightly trips on those
+    errors before the bad build has served anything (seen on the loopback cluster)."""
     target, apps, name = change.target, change.apps, change.name
-    patched_at = time.time()
-    what = f"patching deployment/{name} in {target.namespace!r}"
-    patch_deployment(target, apps, name, patch, what)
-    pods = wait_rolled_out(target, apps, name, build, change.deadline, change.wait)
-    rolled_out_at = time.time()
-    started_at = first_started(pods, patched_at)
-    # A foreign engine has no fault API at the pod's address (admin_urls False): the
-    # ledger's entries then name none, and only the rollout's undo clears them.
-    urls = {r.name: r.url for r in target.replicas(CANARY)} if admin_urls else {}
-    listening_at = serving_since(urls.values(), started_at if started_at else patched_at)
+    held = hold_canary_traffic(hold) if hold is not None else None
+    back_at: float | None = None
+    try:
+        patched_at = time.time()
+        what = f"patching deployment/{name} in {target.namespace!r}"
+        patch_deployment(target, apps, name, patch, what)
+        pods = wait_rolled_out(target, apps, name, build, change.deadline, change.wait)
+        rolled_out_at = time.time()
+        started_at = first_started(pods, patched_at)
+        # A foreign engine has no fault API at the pod's address (admin_urls False): the
+        # ledger's entries then name none, and only the rollout's undo clears them.
+        urls = {r.name: r.url for r in target.replicas(CANARY)} if admin_urls else {}
+        listening_at = serving_since(urls.values(), started_at if started_at else patched_at)
+        if hold is not None and held is not None:
+            back_at = give_canary_traffic_back(hold, held, "the new canary pods are ready")
+    finally:
+        if hold is not None and held is not None and back_at is None:
+            # The rollout's own error is what the run reports; the weight is put back
+            # so the stack is left as found (a broker that fails here fails the next
+            # step, which names it).
+            with contextlib.suppress(Exception):
+                give_canary_traffic_back(hold, held, "the rollout did not complete")
     served_at = first_of(listening_at, started_at, rolled_out_at)
+    if back_at is not None:
+        served_at = max(served_at, back_at)
     detail: BuildRolloutDetail = {
         "rollout": f"deployment/{name}",
         "patched_at": patched_at,
@@ -443,6 +503,8 @@ def roll_out_build(
         "rolled_out_at": rolled_out_at,
         "rollout_s": round(rolled_out_at - patched_at, 3),
     }
+    if held is not None and back_at is not None:
+        detail["traffic_held"], detail["traffic_back_at"] = held, back_at
     names = [p.metadata.name for p in pods]
     for entry in bad_build_entries(
         [(p.metadata.name, p.metadata.uid) for p in pods], urls, params, detail, served_at
