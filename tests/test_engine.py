@@ -446,7 +446,9 @@ def test_a_pod_started_as_a_bad_build_serves_it_for_its_life(
     good = requests.get(healthy.url + "/health", timeout=5).json()
     assert (good["build_kernel_fault"], good["kv_cache_type"]) == (None, "f16")
     text = prompt(100, 64)
-    got = [parse_logprobs(complete(p.url, text, max_tokens=1).json())[0].top for p in (healthy, bad)]
+    got = [
+        parse_logprobs(complete(p.url, text, max_tokens=1).json())[0].top for p in (healthy, bad)
+    ]
     assert kl_topk(*got) > 1e-3  # the bad build drifts, as the q4_0 fault does
     assert complete(bad.url, text).headers["x-engine-kv-cache"] == "q4_0"
     # no injected fault to clear: the build stays what it is

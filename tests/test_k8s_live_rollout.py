@@ -145,9 +145,7 @@ class _Release:
             self.patches.append((change, reason))
             self.state["weights"].update(change["weights"])
             if seen is not None:  # how many Deployment patches the API had seen by then
-                self.deployment_patches_before.append(
-                    sum(1 for s in seen if s.method == "PATCH")
-                )
+                self.deployment_patches_before.append(sum(1 for s in seen if s.method == "PATCH"))
             return json.loads(json.dumps(self.state))
 
         return core.Broker(
@@ -176,7 +174,8 @@ def test_a_held_rollout_gives_the_canary_traffic_only_once_its_pods_serve(
 ) -> None:
     """hold_traffic (vLLM pods start for a minute): weight 0 before the Deployment's
     patch, back after the rollout, and the fault timed from then."""
-    from probes.kubernetes import canary_change, ledger
+    from probes._context import ledger
+    from probes.kubernetes import canary_change
 
     cfg = config(tmp_path, ["model-canary"])
     release = _Release()

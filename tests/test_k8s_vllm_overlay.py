@@ -59,14 +59,15 @@ def test_the_model_pods_are_vllm_engine_pods_whose_flags_the_engine_takes(
     cores = set()
     for name in MODELS:
         args = _args(docs, name)
-        assert args[:2] == ["serve", "engine"]  # the image's entry point: python -m canarystack.engine
+        assert args[:2] == ["serve", "engine"]  # the entry point: python -m canarystack.engine
         parsed = build_parser().parse_args(args[2:])  # every flag is one the engine has
         assert parsed.engine_kind == "vllm"
         assert parsed.engine_python == "/opt/vllm/bin/python"
         assert parsed.model_seed == 0  # both pods write the same generated model
         assert parsed.host == "127.0.0.1" and parsed.redis_url == "redis://127.0.0.1:18020"
         # the local vLLM stack's model settings
-        local = dict(zip(VLLM_STACK["args"]["model"][::2], VLLM_STACK["args"]["model"][1::2]))
+        model = VLLM_STACK["args"]["model"]
+        local = dict(zip(model[::2], model[1::2], strict=True))
         assert str(parsed.n_ctx) == local["--n-ctx"]
         assert str(parsed.default_max_tokens) == local["--default-max-tokens"]
         assert parsed.start_timeout_s == float(local["--start-timeout-s"])

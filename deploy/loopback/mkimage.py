@@ -350,9 +350,7 @@ def vllm_layer(layer: Layer, venv: Path, have: set[Path]) -> None:
     layer.link(f"{prefix}/bin/python3", "python")
     layer.link(f"{prefix}/bin/{ver}", "python")
     layer.tree(f"{prefix}/lib/{ver}/site-packages", site)
-    elves = [
-        p for p in site.rglob("*") if (p.suffix == ".so" or ".so." in p.name) and p.is_file()
-    ]
+    elves = [p for p in site.rglob("*") if (p.suffix == ".so" or ".so." in p.name) and p.is_file()]
     for tool in map(Path, VLLM_TOOLS):
         if not tool.is_file():
             fail(f"{tool} not found: vLLM runs it on a CPU; install Debian's util-linux")
@@ -360,8 +358,10 @@ def vllm_layer(layer: Layer, venv: Path, have: set[Path]) -> None:
         elves.append(tool.resolve())
     copied = system_libraries(layer, elves, skip=(str(venv),), have=have)
     names = ", ".join(sorted(p.name for p in copied)) or "none"
-    print(f"mkimage: /{prefix}: {len(elves)} shared objects; system libraries added: {names}",
-          file=sys.stderr)
+    print(
+        f"mkimage: /{prefix}: {len(elves)} shared objects; system libraries added: {names}",
+        file=sys.stderr,
+    )
 
 
 def vllm_site_packages(venv: Path) -> Path:
