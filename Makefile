@@ -189,7 +189,8 @@ ci-k8s: $(STAMP)
 	deploy/loopback/ci.sh $(RUN_ARGS)
 
 # vLLM as the model pods on the loopback cluster (deploy/k8s/components/vllm-engine,
-# overlay loopback-vllm): as ci-k8s, with the canarystack-vllm image (make vllm-venv's
+# overlay loopback-vllm): the image and manifest tests with the vllm extra installed
+# (tests/test_k8s_vllm_overlay.py, ~20 s), then as ci-k8s, with the canarystack-vllm image (make vllm-venv's
 # environment as /opt/vllm), the control, and the faulty canary as a real rollout of
 # vLLM's bad build (--kernel-fault: an FP8 KV cache where the CPU has AVX-512, else
 # bfloat16), which must trip on drift. A vLLM pod takes 1-2 min to start, so the rollout,
@@ -200,6 +201,7 @@ ci-k8s: $(STAMP)
 K8S_VLLM_GAMEDAYS ?= experiments/k8s/control.yaml experiments/k8s/faulty-canary-rollout.yaml
 .PHONY: test-k8s-vllm
 test-k8s-vllm: $(STAMP) $(VLLM_STAMP) $(VLLM_EXTRA_STAMP)
+	$(BIN)/python -m pytest tests/test_k8s_vllm_overlay.py $(PYTEST_ARGS)
 	K8S_ENGINE=vllm VLLM_VENV=$(VLLM_HOME)/venv GAMEDAY_K8S_EXPERIMENTS="$(K8S_VLLM_GAMEDAYS)" \
 		$(ENGINE_ENV) $(VLLM_ENV) GAMEDAY_ROLLOUT_DEADLINE_S=600 GAMEDAY_ROLLOUT_HOLD_TRAFFIC=true \
 		GAMEDAY_FRESH_CANARY_DEADLINE_S=600 GAMEDAY_HEAL_WAIT_S=300 GAMEDAY_WARMUP_S=60 \

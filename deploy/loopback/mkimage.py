@@ -105,9 +105,16 @@ def dependency_closure(
         name, extras = todo.pop()
         dist = by_name.get(name)
         if dist is None:
+            also = (
+                f" with the extras {', '.join(sorted(extras))} (pip install -e "
+                f"'.[{','.join(sorted(extras))}]'; make test-k8s-vllm installs them)"
+                if extras
+                else ""
+            )
             fail(
                 f"the distribution {name!r} is not installed in {sys.prefix}: run this script "
-                "with the project's virtual environment (.venv/bin/python) after `make venv`"
+                f"with the project's virtual environment (.venv/bin/python) after `make venv`"
+                f"{also}"
             )
         key = name + ("[" + ",".join(sorted(extras)) + "]" if extras else "")
         if key in seen:
