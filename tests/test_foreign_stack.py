@@ -156,12 +156,23 @@ def _served_by(info: dict[str, Any], n: int, pin: str | None = None) -> Counter[
 # ------------------------------------------------------------ without a stack
 
 
-def test_alert_rules_pass_promtool() -> None:
+@pytest.mark.parametrize("engine", ["sim", "vllm"])
+def test_alert_rules_pass_promtool(engine: str, tmp_path: Path) -> None:
+    """The rules each engine's stack writes (foreign.alert_rules: CanaryLatency's slack is
+    1 s over 1.5 x the baseline's p99 for vLLM on a CPU, 250 ms for the simulator)."""
     promtool = shutil.which("promtool")
     if not promtool:
         pytest.skip("promtool missing: deploy/debian-packages.sh installs prometheus")
+    foreign = _load("foreign")
+    rules = tmp_path / "rules.yml"
+    rules.write_text(foreign.alert_rules(engine))
+    slack = {"sim": 250, "vllm": 1000}[engine]
+    after_baseline = f'envoy_cluster_name="baseline"}}[10s])))\n          + {slack}\n'
+    assert after_baseline in rules.read_text()
+    if engine == "sim":
+        assert rules.read_text() == (FOREIGN / "rules.yml").read_text()
     result = subprocess.run(
-        [promtool, "check", "rules", str(FOREIGN / "rules.yml")],
+        [promtool, "check", "rules", str(rules)],
         capture_output=True,
         text=True,
         timeout=30,
