@@ -202,11 +202,21 @@ if [ ! -f "$IMAGE" ] || [ ! -f "$STATE/images/pause.tar" ] || [ -n "$stale" ]; t
     "$REPO/.venv/bin/python" "$HERE/mkimage.py" "$IMAGE" --pause "$STATE/images/pause.tar" >"$LOGS/mkimage.log" 2>&1 ||
         { tail -5 "$LOGS/mkimage.log" >&2; die "the image build failed; log: $LOGS/mkimage.log"; }
 fi
+import_image() { # import_image TAR NAME: import TAR and check containerd lists NAME
+    # Once in this state folder (2026-12-07, the vLLM image after a rebuilt canarystack
+    # one), containerd failed the unpack with "parent snapshot ... does not exist"; the
+    # same import a minute later worked: so one more try, said out loud.
+    if ! ctr_ images import "$1" >/dev/null; then
+        log "importing $1 failed; trying once more"
+        ctr_ images import "$1" >/dev/null
+    fi
+    # grep reads the whole list (not -q): under pipefail, a grep that exits at the first
+    # match makes ctr die of SIGPIPE, and the pipeline fail, whenever ctr writes the list in
+    # pieces.
+    ctr_ images ls -q | grep -x "$2" >/dev/null || die "containerd lists no $2 after the import"
+}
 ctr_ images import "$STATE/images/pause.tar" >/dev/null
-ctr_ images import "$IMAGE" >/dev/null
-# grep reads the whole list (not -q): under pipefail, a grep that exits at the first match
-# makes ctr die of SIGPIPE, and the pipeline fail, whenever ctr writes the list in pieces.
-ctr_ images ls -q | grep -x docker.io/library/canarystack:0.1.0 >/dev/null || die "containerd lists no canarystack:0.1.0 after the import"
+import_image "$IMAGE" docker.io/library/canarystack:0.1.0
 # K8S_ENGINE=vllm: the vLLM model pods' image too (deploy/Dockerfile.vllm's layout: the
 # canarystack image plus make vllm-venv's environment as /opt/vllm; ~4.3 GB, built in
 # about a minute, imported in about two).
@@ -219,8 +229,7 @@ if [ "$K8S_ENGINE" = vllm ]; then
             --vllm-venv "$VLLM_VENV" >"$LOGS/mkimage-vllm.log" 2>&1 ||
             { tail -5 "$LOGS/mkimage-vllm.log" >&2; die "the vLLM image build failed; log: $LOGS/mkimage-vllm.log"; }
     fi
-    ctr_ images import "$VLLM_IMAGE" >/dev/null
-    ctr_ images ls -q | grep -x docker.io/library/canarystack-vllm:0.1.0 >/dev/null || die "containerd lists no canarystack-vllm:0.1.0 after the import"
+    import_image "$VLLM_IMAGE" docker.io/library/canarystack-vllm:0.1.0
 fi
 
 # 6. One real kubelet, node "localhost", listening on 127.0.0.1 only. (It refuses a loopback
